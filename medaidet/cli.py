@@ -1,0 +1,96 @@
+"""The ``medaidet`` command.
+
+Sub-commands import their modules lazily, so ``medaidet stack install``
+works in an environment that has no chainer yet.
+"""
+import argparse
+import json
+import sys
+
+from medaidet.errors import MedaidetError
+
+
+def _stack_install(args) -> int:
+    from medaidet.stack import install
+    install(cuda=args.cuda, cache_dir=args.cache, force=args.force)
+    return 0
+
+
+def _stack_build(args) -> int:
+    from medaidet.stack import build_wheels
+    for path in build_wheels(cache_dir=args.cache, dest=args.dest, force=args.force):
+        print(path)
+    return 0
+
+
+def _stack_status(args) -> int:
+    from medaidet.stack import status
+    report = status()
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    return 0 if report.ok else 1
+
+
+def _doctor(args) -> int:
+    from medaidet.doctor import run_doctor
+    report = run_doctor(gpu_smoke=args.gpu_smoke)
+    print(report.to_json() if args.json else report)
+    return 1 if report.failed else 0
+
+
+def _course_run(args) -> int:
+    from medaidet.course import run_course
+    summary = run_course(profile=args.profile, only=args.only, out_dir=args.out,
+                         cell_timeout=args.cell_timeout)
+    return 0 if summary.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="medaidet", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    stack = commands.add_parser("stack", help="install and inspect chainer/chainercv/CuPy")
+    stack_commands = stack.add_subparsers(dest="stack_command", required=True)
+    p = stack_commands.add_parser("install", help="build (cached) and install patched "
+                                  "chainer/chainercv wheels, and CuPy when a GPU is present")
+    p.add_argument("--cuda", choices=["auto", "none", "12", "13"], default="auto",
+                   help="CuPy to install: auto = the one fitting this machine's driver "
+                        "and NumPy, none on a machine without a GPU (default: auto)")
+    p.add_argument("--cache", default=None, help="wheel/sdist cache directory")
+    p.add_argument("--force", action="store_true", help="rebuild and reinstall")
+    p.set_defaults(func=_stack_install)
+    p = stack_commands.add_parser("build", help="only build the wheels and print their paths")
+    p.add_argument("--cache", default=None, help="wheel/sdist cache directory")
+    p.add_argument("--dest", default=None, help="copy the wheels here too")
+    p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.set_defaults(func=_stack_build)
+    p = stack_commands.add_parser("status", help="what is installed and whether it is ours")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_stack_status)
+
+    p = commands.add_parser("doctor", help="check the environment; exit 1 if a check fails")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--gpu-smoke", action="store_true",
+                   help="also run a small real GPU workload with CUDA_LAUNCH_BLOCKING=1")
+    p.set_defaults(func=_doctor)
+
+    course = commands.add_parser("course", help="run the course notebooks with papermill")
+    course_commands = course.add_subparsers(dest="course_command", required=True)
+    p = course_commands.add_parser("run", help="execute every notebook in order")
+    p.add_argument("--profile", choices=["auto", "smoke", "full"], default="auto",
+                   help="auto = full on a GPU, smoke on CPU (default: auto)")
+    p.add_argument("--only", action="append", default=None, metavar="NAME",
+                   help="run only this notebook (name or stem; repeatable)")
+    p.add_argument("--out", default="outputs", help="output directory (default: outputs)")
+    p.add_argument("--cell-timeout", type=int, default=None,
+                   help="seconds per cell (default: the profile's)")
+    p.set_defaults(func=_course_run)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except MedaidetError as exc:
+        print(f"medaidet: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,87 @@
+"""Runtime settings that make the chainer stack behave on today's platforms.
+
+Applied once by ``import medaidet``; each action is recorded so the doctor
+and notebooks can say what was changed and why. Nothing is done when it is
+not needed, and chainer is never imported here.
+"""
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing :func:`apply` did (or could not do), and why."""
+
+    name: str
+    detail: str
+
+
+ACTIONS: list = []
+_applied = False
+
+
+def installed_cupy() -> list:
+    """(distribution name, version) of every installed CuPy package."""
+    found = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name == "cupy" or name.startswith("cupy-cuda") or name.startswith("cupy-rocm"):
+            found[name] = dist.version
+    return sorted(found.items())
+
+
+def _major(version: str) -> int:
+    try:
+        return int(version.split(".")[0])
+    except ValueError:
+        return 0
+
+
+def _disable_cudnn_on_cupy14(actions: list) -> None:
+    # CuPy 14 removed cuDNN: chainer must be told before it is imported,
+    # or it warns on every convolution that cuDNN is not enabled.
+    cupy = installed_cupy()
+    if not cupy or max(_major(v) for _, v in cupy) < 14:
+        return
+    if "chainer" in sys.modules:
+        if os.environ.get("CHAINER_CUDNN") != "0":
+            msg = ("chainer was imported before medaidet with CuPy >= 14 (no cuDNN): "
+                   "import medaidet first, or set CHAINER_CUDNN=0 before importing chainer, "
+                   "to silence chainer's 'cuDNN is not enabled' warnings.")
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            actions.append(Action("CHAINER_CUDNN", "not set: chainer was already imported"))
+        return
+    if "CHAINER_CUDNN" in os.environ:
+        actions.append(Action("CHAINER_CUDNN", "left as the user set it: "
+                              + os.environ["CHAINER_CUDNN"]))
+        return
+    os.environ["CHAINER_CUDNN"] = "0"
+    actions.append(Action("CHAINER_CUDNN", "set to 0: CuPy >= 14 has no cuDNN"))
+
+
+def _single_thread_opencv(actions: list) -> None:
+    # OpenCV's thread pool deadlocks in forked MultiprocessIterator workers.
+    if importlib.util.find_spec("cv2") is None:
+        return
+    try:
+        import cv2
+    except ImportError as exc:  # a broken OpenCV install: the doctor reports it
+        actions.append(Action("cv2.setNumThreads", f"skipped: cv2 does not import ({exc})"))
+        return
+    cv2.setNumThreads(0)
+    actions.append(Action("cv2.setNumThreads", "set to 0: avoids deadlocks in forked "
+                          "MultiprocessIterator workers"))
+
+
+def apply() -> list:
+    """Apply the settings once; return the list of :class:`Action` taken."""
+    global _applied
+    if not _applied:
+        _applied = True
+        _disable_cudnn_on_cupy14(ACTIONS)
+        _single_thread_opencv(ACTIONS)
+    return list(ACTIONS)

@@ -1,0 +1,157 @@
+"""Installing the stack into the running interpreter, and reporting on it.
+
+Never imports chainer, chainercv or CuPy: everything is read from the
+installed distributions' metadata, so it works before (and after a broken)
+install.
+"""
+import importlib.metadata
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from medaidet.compat import installed_cupy
+from medaidet.stack import cuda as cuda_choice
+from medaidet.stack import sources
+from medaidet.stack.build import NUMPY_RANGE, build_wheels
+from medaidet.stack.errors import StackError
+
+
+def installed_version(name: str):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def numpy_supported(version) -> bool:
+    return version is not None and SpecifierSet(NUMPY_RANGE).contains(version)
+
+
+@dataclass
+class StackStatus:
+    """What the stack consists of in this interpreter."""
+
+    python: str
+    numpy: object
+    numpy_supported: bool
+    chainer: object
+    chainer_ours: bool
+    chainercv: object
+    chainercv_ours: bool
+    cupy: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (self.chainer_ours and self.chainercv_ours and self.numpy_supported
+                and len(self.cupy) <= 1)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "cupy": [f"{n}=={v}" for n, v in self.cupy], "ok": self.ok}
+
+    def __str__(self) -> str:
+        def ours(flag):
+            return "medaidet build" if flag else "NOT medaidet's build"
+        lines = [
+            f"python     {self.python}",
+            f"numpy      {self.numpy or 'missing'}"
+            + ("" if self.numpy_supported else f"  (supported: {NUMPY_RANGE})"),
+            f"chainer    {self.chainer or 'missing'}"
+            + (f"  ({ours(self.chainer_ours)})" if self.chainer else ""),
+            f"chainercv  {self.chainercv or 'missing'}"
+            + (f"  ({ours(self.chainercv_ours)})" if self.chainercv else ""),
+            "cupy       " + (", ".join(f"{n}=={v}" for n, v in self.cupy) or "none"),
+        ]
+        if not self.ok:
+            lines.append("-> run: python -m medaidet stack install")
+        return "\n".join(lines)
+
+
+def status() -> StackStatus:
+    """Read what is installed, without importing any of it."""
+    numpy = installed_version("numpy")
+    chainer = installed_version("chainer")
+    chainercv = installed_version("chainercv")
+    return StackStatus(
+        python=sys.version.split()[0],
+        numpy=numpy,
+        numpy_supported=numpy_supported(numpy),
+        chainer=chainer,
+        chainer_ours=chainer == sources.CHAINER.wheel_version,
+        chainercv=chainercv,
+        chainercv_ours=chainercv == sources.CHAINERCV.wheel_version,
+        cupy=installed_cupy(),
+    )
+
+
+def _pip(args, log) -> None:
+    cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *args]
+    log("$ " + " ".join(cmd))
+    done = subprocess.run(cmd)
+    if done.returncode != 0:
+        raise StackError(f"pip install failed (exit {done.returncode}); its output is above. "
+                         f"Run `python -m medaidet doctor` for what is installed now.")
+
+
+def _numpy_constraint(log) -> str:
+    """Keep the platform's NumPy when it is supported (no Colab restart)."""
+    current = installed_version("numpy")
+    if numpy_supported(current):
+        log(f"keeping NumPy {current}")
+        return f"numpy=={current}\n"
+    if current:
+        log(f"NumPy {current} is outside {NUMPY_RANGE}: pip will change it "
+            "(on Colab/Jupyter, restart the runtime afterwards)")
+    return f"numpy{NUMPY_RANGE}\n"
+
+
+def _install_cupy(choice, numpy_version: str, constraints: Path, log) -> None:
+    present = installed_cupy()
+    if choice.requirement is None:
+        log(f"CuPy: none installed ({choice.reason})")
+        return
+    wanted = choice.requirement.split(">")[0].split("=")[0]
+    spec = SpecifierSet(choice.requirement[len(wanted):])
+    if present:
+        names = [n for n, _ in present]
+        if len(present) == 1 and names[0] == wanted and spec.contains(present[0][1]):
+            log(f"CuPy: keeping {wanted} {present[0][1]} ({choice.reason})")
+            return
+        raise StackError(
+            f"CuPy already installed as {', '.join(f'{n}=={v}' for n, v in present)}, but this "
+            f"machine needs {choice.requirement} ({choice.reason}). Two CuPy packages break "
+            f"each other: pip uninstall -y {' '.join(names)}, then run this again.")
+    log(f"CuPy: installing {choice.requirement} ({choice.reason})")
+    _pip([choice.requirement, "-c", str(constraints)], log)
+
+
+def install(cuda="auto", cache_dir=None, force=False, log=print) -> StackStatus:
+    """Build (cached) and install chainer/chainercv, and CuPy when wanted.
+
+    Idempotent: when our wheels are already installed nothing is reinstalled
+    unless ``force``.
+    """
+    wheels = build_wheels(cache_dir=cache_dir, force=force, log=log)
+    before = status()
+    with tempfile.TemporaryDirectory() as tmp:
+        constraints = Path(tmp) / "constraints.txt"
+        constraints.write_text(_numpy_constraint(log))
+        if before.chainer_ours and before.chainercv_ours and before.numpy_supported \
+                and not force:
+            log(f"chainer {before.chainer} and chainercv {before.chainercv} already installed")
+        else:
+            _pip([*map(str, wheels), "-c", str(constraints)], log)
+            if force:
+                _pip(["--force-reinstall", "--no-deps", *map(str, wheels)], log)
+        numpy_version = installed_version("numpy")
+        choice = cuda_choice.choose_cupy(cuda, numpy_version, cuda_choice.query_nvidia_smi())
+        _install_cupy(choice, numpy_version, constraints, log)
+    after = status()
+    log(str(after))
+    if not after.ok:
+        raise StackError("the stack is not complete after installing:\n" + str(after))
+    return after

@@ -1,0 +1,142 @@
+"""What we change in the upstream sources, and why (see shared stack notes).
+
+Three kinds of change:
+
+* :class:`Replace` — an exact text substitution that must match exactly
+  ``count`` times (the sdists are pinned, so a mismatch is a bug here);
+* :class:`RegexReplace` — a substitution over every ``.py`` file of a
+  package, for aliases removed from NumPy that appear at many sites;
+* :class:`Overlay` — a file of ours (``overlay/`` beside this module) added
+  to or replacing one in the tree.
+"""
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from medaidet.stack.errors import StackError
+
+OVERLAY_DIR = Path(__file__).parent / "overlay"
+
+
+@dataclass(frozen=True)
+class Replace:
+    path: str
+    old: str
+    new: str
+    why: str
+    count: int = 1
+
+    def apply(self, root: Path) -> str:
+        file = root / self.path
+        text = file.read_text(encoding="utf-8")
+        found = text.count(self.old)
+        if found != self.count:
+            raise StackError(f"patch for {self.path} expected {self.count} match(es) of "
+                             f"{self.old!r}, found {found}: the source is not the pinned one")
+        file.write_text(text.replace(self.old, self.new), encoding="utf-8")
+        return f"{self.path}: {self.why}"
+
+
+@dataclass(frozen=True)
+class RegexReplace:
+    package: str
+    pattern: str
+    repl: str
+    why: str
+    min_count: int = 1
+
+    def apply(self, root: Path) -> str:
+        regex = re.compile(self.pattern)
+        total = 0
+        for file in sorted((root / self.package).rglob("*.py")):
+            text = file.read_text(encoding="utf-8")
+            new, n = regex.subn(self.repl, text)
+            if n:
+                file.write_text(new, encoding="utf-8")
+                total += n
+        if total < self.min_count:
+            raise StackError(f"patch over {self.package}/ expected at least {self.min_count} "
+                             f"match(es) of {self.pattern!r}, found {total}")
+        return f"{self.package}/**.py ({total} sites): {self.why}"
+
+
+@dataclass(frozen=True)
+class Overlay:
+    path: str
+    why: str
+
+    def apply(self, root: Path) -> str:
+        source = OVERLAY_DIR / self.path
+        (root / self.path).parent.mkdir(parents=True, exist_ok=True)
+        (root / self.path).write_bytes(source.read_bytes())
+        return f"{self.path}: {self.why}"
+
+
+_HELPER_REQUIRE_SKIP = """    ws = pkg_resources.WorkingSet()
+    try:
+        ws.require(*requirements)
+        skip = {}
+    except pkg_resources.ResolutionError:
+        skip = {}
+"""
+
+CHAINER_PATCHES = (
+    Overlay("chainer/_requirements.py",
+            "requirement checks with importlib.metadata instead of pkg_resources"),
+    Overlay("chainer/_environment_check.py",
+            "no pkg_resources / numpy.distutils at import (setuptools >= 82, Python 3.12, "
+            "NumPy 2)"),
+    Replace("chainer/_version.py", "'specifier': '>=7.7.0,<8.0.0',",
+            "'specifier': '>=13.0.0,<15.0.0',",
+            "CuPy 13/14 are the supported CuPy versions of this build"),
+    Replace("chainer/_version.py", "            'cupy-cuda120',\n",
+            "            'cupy-cuda13x',\n            'cupy-cuda12x',\n            'cupy-cuda120',\n",
+            "know today's CuPy package names (multiple-install warning)"),
+    Replace("chainer/testing/helper.py", "import pkg_resources\n",
+            "from chainer import _requirements\n", "no pkg_resources"),
+    Replace("chainer/testing/helper.py", _HELPER_REQUIRE_SKIP.format("False", "True"),
+            "    skip = not _requirements.satisfied(*requirements)\n",
+            "with_requires without pkg_resources"),
+    Replace("chainer/testing/helper.py", _HELPER_REQUIRE_SKIP.format("True", "False"),
+            "    skip = _requirements.satisfied(*requirements)\n",
+            "without_requires without pkg_resources"),
+    Replace("chainer/testing/doctest_helper.py", "import pkg_resources\n",
+            "from chainer import _requirements\n", "no pkg_resources"),
+    Replace("chainer/testing/doctest_helper.py",
+            "    ws = pkg_resources.WorkingSet()\n    try:\n        ws.require(*requirements)\n"
+            "    except pkg_resources.ResolutionError:\n        return False\n",
+            "    if not _requirements.satisfied(*requirements):\n        return False\n",
+            "skipif_requires_satisfied without pkg_resources"),
+    Replace("chainer/functions/array/as_strided.py", "np.sctypes['int']",
+            "(np.int8, np.int16, np.int32, np.int64)", "np.sctypes was removed in NumPy 2"),
+    Replace("chainer/functions/array/as_strided.py", "np.sctypes['float']",
+            "(np.float16, np.float32, np.float64, np.longdouble)",
+            "np.sctypes was removed in NumPy 2"),
+    RegexReplace("chainer/functions/array", r"\bnumpy\.float\b", "numpy.float64",
+                 "numpy.float was removed in NumPy 1.24", min_count=6),
+    Replace("chainermn/communicators/_memory_utility.py",
+            "xp.array(v, copy=False, dtype=transfer_dtype)",
+            "xp.asarray(v, dtype=transfer_dtype)",
+            "copy=False raises in NumPy 2 when a copy is needed"),
+)
+
+CHAINERCV_PATCHES = (
+    Replace("chainercv/__init__.py", "import pkg_resources\n", "import importlib.metadata\n",
+            "no pkg_resources"),
+    Replace("chainercv/__init__.py", "pkg_resources.get_distribution('chainercv').version",
+            "importlib.metadata.version('chainercv')", "no pkg_resources"),
+    Replace("chainercv/utils/download.py", "from distutils.util import strtobool\n",
+            "def strtobool(value):\n"
+            "    return value.strip().lower() in ('y', 'yes', 't', 'true', 'on', '1')\n",
+            "distutils is gone from Python 3.12"),
+    RegexReplace("chainercv", r"\bnp\.(bool|int|float|object)\b(?!\.)", r"\1",
+                 "np.bool/np.int/np.float/np.object were removed in NumPy 1.24",
+                 min_count=15),
+    Overlay("chainercv/utils/bbox/_nms_gpu_post.py",
+            "NumPy replacement for the compiled module (its C no longer builds)"),
+)
+
+
+def apply_all(root: Path, patches) -> list:
+    """Apply ``patches`` to the source tree at ``root``; return one line per patch."""
+    return [patch.apply(root) for patch in patches]
