@@ -1,0 +1,34 @@
+"""Shared test helpers."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fake_distribution(site: Path, name: str, version: str) -> Path:
+    """Make ``importlib.metadata`` see ``name==version`` installed under ``site``."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return info
+
+
+def run_python(code: str, extra_path=None, env=None, timeout=300) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter of this environment, optionally with
+    ``extra_path`` first on PYTHONPATH (fake packages shadowing real ones)."""
+    full_env = dict(os.environ, **(env or {}))
+    paths = [str(p) for p in (extra_path or [])] + [str(REPO)]
+    full_env["PYTHONPATH"] = os.pathsep.join(paths)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture
+def site_dir(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    return site

@@ -1,0 +1,43 @@
+"""``import medaidet`` applies exactly the runtime settings that are needed."""
+from conftest import fake_distribution, run_python
+
+SHOW = "import os, medaidet; print(os.environ.get('CHAINER_CUDNN')); print(medaidet.compat_actions)"
+
+
+def test_cupy14_sets_cudnn_off_when_unset(site_dir):
+    fake_distribution(site_dir, "cupy-cuda12x", "14.0.0")
+    code = "import os; os.environ.pop('CHAINER_CUDNN', None)\n" + SHOW
+    done = run_python(code, extra_path=[site_dir])
+    assert done.stdout.splitlines()[0] == "0"
+    assert "CuPy >= 14 has no cuDNN" in done.stdout
+
+
+def test_cupy13_changes_nothing(site_dir):
+    fake_distribution(site_dir, "cupy-cuda12x", "13.6.0")
+    code = "import os; os.environ.pop('CHAINER_CUDNN', None)\n" + SHOW
+    done = run_python(code, extra_path=[site_dir])
+    assert done.stdout.splitlines()[0] == "None"
+    assert "CHAINER_CUDNN" not in done.stdout
+
+
+def test_warns_when_chainer_was_imported_first(site_dir):
+    fake_distribution(site_dir, "cupy-cuda12x", "14.1.0")
+    code = ("import os, warnings; os.environ.pop('CHAINER_CUDNN', None)\n"
+            "import chainer\nwarnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    import medaidet\n"
+            "print([str(x.message) for x in w if 'import medaidet first' in str(x.message)])\n"
+            "print(os.environ.get('CHAINER_CUDNN'))\n")
+    done = run_python(code, extra_path=[site_dir])
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert "import medaidet first" in out[-2] and out[-1] == "None"
+
+
+def test_opencv_threads_set_to_zero_when_present(site_dir):
+    cv2 = site_dir / "cv2"
+    cv2.mkdir()
+    (cv2 / "__init__.py").write_text("THREADS = [8]\n"
+                                     "def setNumThreads(n): THREADS.append(n)\n")
+    done = run_python("import medaidet, cv2; print(cv2.THREADS[-1])", extra_path=[site_dir])
+    assert done.stdout.split()[-1] == "0"

@@ -1,0 +1,136 @@
+"""The installed stack works: imports without removed APIs, the SSD path on CPU,
+the CuPy choice, and an idempotent installer."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, fake_distribution, run_python
+from medaidet.stack import cuda, sources, status
+from medaidet.stack.errors import StackError
+
+BLOCK_REMOVED_MODULES = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('pkg_resources', 'distutils') or name == 'numpy.distutils':
+            raise ImportError('blocked by the test: ' + name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_installed_stack_is_our_build():
+    report = status()
+    assert report.ok, str(report)
+    assert report.chainer == sources.CHAINER.wheel_version
+    assert report.chainercv == sources.CHAINERCV.wheel_version
+
+
+def test_imports_need_no_pkg_resources_nor_distutils():
+    code = BLOCK_REMOVED_MODULES + """
+import warnings
+warnings.simplefilter('error')
+warnings.filterwarnings('ignore', 'Overriding method', DeprecationWarning)
+import chainer, chainer.testing, chainercv, chainercv.utils, chainercv.links, chainercv.datasets
+from chainercv.links.model.ssd import multibox_loss, random_crop_with_bbox_constraints
+import chainermn
+print(chainercv.__version__)
+"""
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == sources.CHAINERCV.wheel_version
+
+
+def test_with_requires_works_without_pkg_resources():
+    code = BLOCK_REMOVED_MODULES + """
+from chainer import testing
+import unittest
+@testing.with_requires('numpy>=1.0')
+class A(unittest.TestCase):
+    def test(self): pass
+@testing.with_requires('numpy<1.0')
+class B(unittest.TestCase):
+    def test(self): pass
+print(getattr(A, '__unittest_skip__', False), getattr(B, '__unittest_skip__', False))
+"""
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
+
+
+def test_ssd300_forward_loss_backward_predict_on_cpu():
+    import chainer
+    from chainercv.links import SSD300
+    from chainercv.links.model.ssd import multibox_loss
+
+    chainer.global_config.train = True
+    model = SSD300(n_fg_class=3)
+    rng = np.random.RandomState(0)
+    img = rng.uniform(0, 255, (3, 300, 300)).astype(np.float32)
+    mb_locs, mb_confs = model((img - model.mean).astype(np.float32)[None])
+    assert mb_locs.shape == (1, 8732, 4) and mb_confs.shape == (1, 8732, 4)
+    gt_bbox = np.array([[20, 30, 120, 140], [150, 160, 200, 230]], dtype=np.float32)
+    gt_label = np.array([0, 2], dtype=np.int32)
+    gt_locs, gt_labels = model.coder.encode(gt_bbox, gt_label)
+    assert (gt_labels > 0).any()
+    loc_loss, conf_loss = multibox_loss(mb_locs, mb_confs, gt_locs[None], gt_labels[None], k=3)
+    assert np.isfinite(loc_loss.array) and float(loc_loss.array) > 0
+    assert np.isfinite(conf_loss.array) and float(conf_loss.array) > 0
+    model.cleargrads()
+    (loc_loss + conf_loss).backward()
+    for name, param in model.namedparams():
+        assert param.grad is not None and np.isfinite(param.grad).all(), name
+    model.use_preset("visualize")
+    with chainer.using_config("train", False):
+        bboxes, labels, scores = model.predict([img])
+    assert bboxes[0].dtype == np.float32 and bboxes[0].shape[1:] == (4,)
+    assert len(bboxes[0]) == len(labels[0]) == len(scores[0])
+    assert ((labels[0] >= 0) & (labels[0] < 3)).all()
+    assert (scores[0] >= 0.6).all()
+
+
+@pytest.mark.parametrize("arg, numpy_version, smi, expected", [
+    ("none", "2.3.0", "CUDA Version: 12.4", None),
+    ("auto", "2.3.0", None, None),
+    ("auto", "2.3.0", "| NVIDIA-SMI 550.54  Driver Version: 550.54  CUDA Version: 12.4 |",
+     "cupy-cuda12x>=14,<15"),
+    ("auto", "1.26.4", "CUDA Version: 12.2", "cupy-cuda12x>=13.6,<14"),
+    ("auto", "2.5.0", "CUDA Version: 13.0", "cupy-cuda13x>=14,<15"),
+    ("12", "1.26.4", None, "cupy-cuda12x>=13.6,<14"),
+    ("13", "2.1.0", None, "cupy-cuda13x>=14,<15"),
+])
+def test_cupy_choice(arg, numpy_version, smi, expected):
+    choice = cuda.choose_cupy(arg, numpy_version, smi)
+    assert choice.requirement == expected
+    assert choice.reason
+
+
+def test_cupy_choice_refuses_old_driver_and_unknown_output():
+    with pytest.raises(StackError, match="CUDA 11 only"):
+        cuda.choose_cupy("auto", "2.0.0", "CUDA Version: 11.4")
+    with pytest.raises(StackError, match="--cuda 12"):
+        cuda.choose_cupy("auto", "2.0.0", "NVIDIA-SMI has failed")
+
+
+def test_install_again_is_a_no_op_and_status_json():
+    cmd = [sys.executable, "-m", "medaidet", "stack", "install", "--cuda", "none"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "already installed" in done.stdout
+    assert "pip install" not in done.stdout
+    done = subprocess.run([sys.executable, "-m", "medaidet", "stack", "status", "--json"],
+                          capture_output=True, text=True, cwd=REPO)
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["ok"] and report["chainer_ours"]
+
+
+def test_install_refuses_to_add_a_second_cupy(site_dir):
+    fake_distribution(site_dir, "cupy-cuda11x", "12.3.0")
+    code = ("from medaidet.stack.install import _install_cupy\n"
+            "from medaidet.stack.cuda import choose_cupy\n"
+            "_install_cupy(choose_cupy('12', '2.2.0', None), '2.2.0', None, print)\n")
+    done = run_python(code, extra_path=[site_dir])
+    assert done.returncode != 0
+    assert "cupy-cuda11x==12.3.0" in done.stderr and "pip uninstall -y cupy-cuda11x" in done.stderr
