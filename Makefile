@@ -1,0 +1,49 @@
+# Two commands on a fresh Linux machine (see README):
+#   make run    set up if needed, then run the course with papermill
+#   make test   set up if needed, then run the tests under Python 3.11 + NumPy 1.26
+#               and Python 3.12 + NumPy 2.x
+# Interpreters are found on PATH or in pyenv; override: make test PY311=/path/python3.11
+
+# (pyenv's shims are skipped: they fail for versions that are not selected)
+find_python = $(firstword $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(1)))) \
+                          $(filter-out %/shims/python$(1),$(shell command -v python$(1) 2>/dev/null)))
+PY311 ?= $(call find_python,3.11)
+PY312 ?= $(call find_python,3.12)
+PROFILE ?= auto
+OUT ?= outputs
+PYTEST_ARGS ?= -q
+
+VENV311 := .venv-py311
+VENV312 := .venv-py312
+SETUP_INPUTS := pyproject.toml $(shell find medaidet/stack -name '*.py' 2>/dev/null)
+
+.PHONY: run test setup clean
+
+run: $(VENV312)/.ready
+	$(VENV312)/bin/python -m medaidet stack install --cuda auto
+	$(VENV312)/bin/python -m medaidet course run --profile $(PROFILE) --out $(OUT)
+
+test: $(VENV311)/.ready $(VENV312)/.ready
+	$(VENV311)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV312)/bin/python -m pytest $(PYTEST_ARGS)
+
+setup: $(VENV311)/.ready $(VENV312)/.ready
+
+# One venv per interpreter; the stack is installed by our own installer,
+# exactly as a user would (the NumPy pin picks the platform under test).
+$(VENV311)/.ready: $(SETUP_INPUTS)
+	@test -n "$(PY311)" || { echo "make: no Python 3.11 found; install it or pass PY311=/path/to/python3.11" >&2; exit 1; }
+	$(PY311) -m venv $(VENV311)
+	$(VENV311)/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 'numpy>=1.26,<2'
+	$(VENV311)/bin/python -m medaidet stack install --cuda none
+	touch $@
+
+$(VENV312)/.ready: $(SETUP_INPUTS)
+	@test -n "$(PY312)" || { echo "make: no Python 3.12 found; install it or pass PY312=/path/to/python3.12" >&2; exit 1; }
+	$(PY312) -m venv $(VENV312)
+	$(VENV312)/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 'numpy>=2,<2.6'
+	$(VENV312)/bin/python -m medaidet stack install --cuda none
+	touch $@
+
+clean:
+	rm -rf $(VENV311) $(VENV312) $(OUT) .pytest_cache
