@@ -37,6 +37,25 @@ def _doctor(args) -> int:
     return 1 if report.failed else 0
 
 
+def _data_download(args) -> int:
+    from medaidet.data.download import download_bccd
+    print(download_bccd(dest=args.dest, force=args.force))
+    return 0
+
+
+def _data_validate(args) -> int:
+    from medaidet.data.validate import validate_dataset
+    report = validate_dataset(args.root)
+    print(report.to_json() if args.json else report)
+    return 0
+
+
+def _data_synth(args) -> int:
+    from medaidet.data.synth import make_synthetic
+    print(make_synthetic(args.dest, n=args.n, seed=args.seed))
+    return 0
+
+
 def _course_run(args) -> int:
     from medaidet.course import run_course
     summary = run_course(profile=args.profile, only=args.only, out_dir=args.out,
@@ -72,6 +91,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-smoke", action="store_true",
                    help="also run a small real GPU workload with CUDA_LAUNCH_BLOCKING=1")
     p.set_defaults(func=_doctor)
+
+    data = commands.add_parser("data", help="BCCD: download, validate, synthetic data")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    p = data_commands.add_parser("download", help="fetch BCCD at the pinned commit, verify "
+                                 "every file, print the dataset root")
+    p.add_argument("--dest", default=None, help="dataset root to create (default: "
+                   "$MEDAIDET_DATA, else the cache directory)")
+    p.add_argument("--force", action="store_true", help="download again even if verified")
+    p.set_defaults(func=_data_download)
+    p = data_commands.add_parser("validate", help="report every annotation defect")
+    p.add_argument("root", nargs="?", default=None,
+                   help="dataset root (default: $MEDAIDET_DATA, else the cache directory)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_data_validate)
+    p = data_commands.add_parser("synth", help="write a small synthetic VOC-layout dataset")
+    p.add_argument("dest", help="folder to create")
+    p.add_argument("--n", type=int, default=24, help="number of images (default: 24)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.set_defaults(func=_data_synth)
 
     course = commands.add_parser("course", help="run the course notebooks with papermill")
     course_commands = course.add_subparsers(dest="course_command", required=True)

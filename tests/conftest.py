@@ -27,6 +27,15 @@ def run_python(code: str, extra_path=None, env=None, timeout=300) -> subprocess.
                           env=full_env, timeout=timeout, cwd=REPO)
 
 
+@pytest.fixture(scope="session")
+def bccd_root() -> Path:
+    """The real BCCD copy: ``$MEDAIDET_DATA``, else ``../shared/bccd`` beside the checkout."""
+    root = Path(os.environ.get("MEDAIDET_DATA") or REPO.parent / "shared" / "bccd")
+    if not (root / "Annotations").is_dir():
+        pytest.fail(f"BCCD not found at {root}: set MEDAIDET_DATA to a BCCD copy (VOC layout)")
+    return root
+
+
 @pytest.fixture
 def site_dir(tmp_path):
     site = tmp_path / "site"

@@ -1,0 +1,22 @@
+"""BCCD data: pinned download, validating loader, validation report, synthetic data.
+
+Names are imported lazily so that ``medaidet data download`` needs no chainer.
+"""
+import importlib
+
+_PUBLIC = {
+    "BCCD_LABEL_NAMES": "medaidet.data.bccd",
+    "BCCDDataset": "medaidet.data.bccd",
+    "download_bccd": "medaidet.data.download",
+    "resolve_root": "medaidet.data.download",
+    "validate_dataset": "medaidet.data.validate",
+    "make_synthetic": "medaidet.data.synth",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'medaidet.data' has no attribute {name!r}")
