@@ -130,7 +130,17 @@ def test_install_refuses_to_add_a_second_cupy(site_dir):
     fake_distribution(site_dir, "cupy-cuda11x", "12.3.0")
     code = ("from medaidet.stack.install import _install_cupy\n"
             "from medaidet.stack.cuda import choose_cupy\n"
-            "_install_cupy(choose_cupy('12', '2.2.0', None), '2.2.0', None, print)\n")
+            "_install_cupy(choose_cupy('12', '2.2.0', None), None, print)\n")
     done = run_python(code, extra_path=[site_dir])
     assert done.returncode != 0
     assert "cupy-cuda11x==12.3.0" in done.stderr and "pip uninstall -y cupy-cuda11x" in done.stderr
+
+
+def test_install_keeps_a_fitting_cupy(site_dir):
+    fake_distribution(site_dir, "cupy-cuda12x", "14.1.0")
+    code = ("from medaidet.stack.install import _install_cupy\n"
+            "from medaidet.stack.cuda import choose_cupy\n"
+            "_install_cupy(choose_cupy('12', '2.2.0', None), None, print)\n")
+    done = run_python(code, extra_path=[site_dir])
+    assert done.returncode == 0, done.stderr
+    assert "keeping cupy-cuda12x 14.1.0" in done.stdout

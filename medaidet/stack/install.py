@@ -109,22 +109,23 @@ def _numpy_constraint(log) -> str:
     return f"numpy{NUMPY_RANGE}\n"
 
 
-def _install_cupy(choice, numpy_version: str, constraints: Path, log) -> None:
+def _install_cupy(choice, constraints: Path, log) -> None:
     present = installed_cupy()
     if choice.requirement is None:
         log(f"CuPy: none installed ({choice.reason})")
         return
     wanted = choice.requirement.split(">")[0].split("=")[0]
     spec = SpecifierSet(choice.requirement[len(wanted):])
-    if present:
-        names = [n for n, _ in present]
-        if len(present) == 1 and names[0] == wanted and spec.contains(present[0][1]):
-            log(f"CuPy: keeping {wanted} {present[0][1]} ({choice.reason})")
-            return
+    names = [n for n, _ in present]
+    if names == [wanted] and spec.contains(present[0][1]):
+        log(f"CuPy: keeping {wanted} {present[0][1]} ({choice.reason})")
+        return
+    if present and names != [wanted]:
         raise StackError(
             f"CuPy already installed as {', '.join(f'{n}=={v}' for n, v in present)}, but this "
             f"machine needs {choice.requirement} ({choice.reason}). Two CuPy packages break "
             f"each other: pip uninstall -y {' '.join(names)}, then run this again.")
+    # the same package at another version is upgraded in place: still one CuPy
     log(f"CuPy: installing {choice.requirement} ({choice.reason})")
     _pip([choice.requirement, "-c", str(constraints)], log)
 
@@ -149,7 +150,7 @@ def install(cuda="auto", cache_dir=None, force=False, log=print) -> StackStatus:
                 _pip(["--force-reinstall", "--no-deps", *map(str, wheels)], log)
         numpy_version = installed_version("numpy")
         choice = cuda_choice.choose_cupy(cuda, numpy_version, cuda_choice.query_nvidia_smi())
-        _install_cupy(choice, numpy_version, constraints, log)
+        _install_cupy(choice, constraints, log)
     after = status()
     log(str(after))
     if not after.ok:
