@@ -1,0 +1,528 @@
+"""``medaidet data download``: pinned archive, per-file verification, safe atomic install.
+
+Archives are rebuilt from the real BCCD files in the upstream layout and served
+from a local HTTP server on 127.0.0.1; nothing here touches the network.
+"""
+import collections
+import http.server
+import io
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from medaidet.data import download as dl
+from medaidet.data.download import (ChecksumError, CorruptArchiveError, DataNotFoundError,
+                                    DestinationError, DownloadError, UnsafeArchiveError,
+                                    download_bccd, resolve_root, verify_dataset)
+from medaidet.errors import MedaidetError
+
+REPO = Path(__file__).resolve().parents[1]
+
+TOP = f"BCCD_Dataset-{dl.BCCD_COMMIT}"
+CORRUPTED = "JPEGImages/BloodImage_00042.jpg"
+
+
+def upstream_name(rel: str) -> str:
+    """Manifest path -> member name in GitHub's archive of the commit."""
+    return f"{TOP}/{rel}" if "/" not in rel else f"{TOP}/BCCD/{rel}"
+
+
+def _dir(name):
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    info.mode = 0o755
+    return info
+
+
+def make_tar_gz(entries) -> bytes:
+    """``entries``: ``(name, bytes)`` for regular files, or a ``TarInfo`` without data.
+    Written like ``git archive``: pax format with the commit as a global comment."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1, format=tarfile.PAX_FORMAT,
+                      pax_headers={"comment": dl.BCCD_COMMIT}) as tar:
+        for entry in entries:
+            if isinstance(entry, tarfile.TarInfo):
+                tar.addfile(entry)
+            else:
+                name, data = entry
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                info.mode = 0o644
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def upstream_entries(files: dict, replace=None):
+    """The whole upstream archive: directories, the manifest files, and extras we ignore."""
+    replace = replace or {}
+    entries = [_dir(f"{TOP}/"), ("%s/README.md" % TOP, b"# BCCD Dataset\n"),
+               (f"{TOP}/example.jpg", b"\xff\xd8not used\xff\xd9"),
+               _dir(f"{TOP}/scripts/"), (f"{TOP}/scripts/split.py", b"print('split')\n"),
+               _dir(f"{TOP}/BCCD/"), _dir(f"{TOP}/BCCD/ImageSets/"),
+               _dir(f"{TOP}/BCCD/ImageSets/Main/"), _dir(f"{TOP}/BCCD/Annotations/"),
+               _dir(f"{TOP}/BCCD/JPEGImages/")]
+    for rel, data in files.items():
+        entries.append((upstream_name(rel), replace.get(rel, data)))
+    return entries
+
+
+# --------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def good_files(bccd_root):
+    return {rel: (bccd_root / rel).read_bytes() for rel in dl.load_manifest()}
+
+
+class Server:
+    """Serves ``routes[path] = (status, body, content_length)`` on 127.0.0.1 and counts hits.
+    ``content_length``: True (the real one), None (header omitted) or an int (a lie)."""
+
+    def __init__(self):
+        self.routes = {}
+        self.hits = collections.Counter()
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                with server.lock:
+                    server.hits[self.path] += 1
+                if self.path not in server.routes:
+                    self.send_error(404, "Not Found")
+                    return
+                status, body, length = server.routes[self.path]
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-gzip")
+                if length is True:
+                    self.send_header("Content-Length", str(len(body)))
+                elif length is not None:
+                    self.send_header("Content-Length", str(length))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except OSError:
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever,
+                                       kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def add(self, path, body, status=200, content_length=True) -> str:
+        self.routes[path] = (status, body, content_length)
+        return self.url(path)
+
+    def url(self, path) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(good_files):
+    srv = Server()
+    good = make_tar_gz(upstream_entries(good_files))
+    corrupt = bytearray(good_files[CORRUPTED])
+    corrupt[len(corrupt) // 2] ^= 0xFF
+    srv.add("/good.tar.gz", good)
+    srv.add("/nolength.tar.gz", good, content_length=None)
+    srv.add("/cli.tar.gz", good)
+    srv.add("/corrupt.tar.gz",
+            make_tar_gz(upstream_entries(good_files, {CORRUPTED: bytes(corrupt)})))
+    srv.add("/truncated.tar.gz", good[: len(good) // 2])
+    srv.add("/dropped.tar.gz", good[: len(good) // 2], content_length=len(good))
+    srv.add("/page.html", b"<html><body>Please log in</body></html>")
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_for_localhost(monkeypatch):
+    for var in ("no_proxy", "NO_PROXY"):
+        monkeypatch.setenv(var, "127.0.0.1,localhost")
+    monkeypatch.delenv(dl.URL_ENV, raising=False)
+
+
+def leftovers(folder: Path, keep=()):
+    """Everything in ``folder`` except ``keep`` (temp files, partial folders...)."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in keep)
+
+
+def assert_complete(root: Path):
+    manifest = dl.load_manifest()
+    assert verify_dataset(root) == []
+    assert dl.is_verified(root)
+    marker = (root / dl.MARKER_NAME).read_text().splitlines()[0]
+    assert marker == dl.manifest_sha256()
+    files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    assert files == set(manifest) | {dl.MARKER_NAME}  # no README, scripts, example.jpg
+
+
+# --------------------------------------------------------------------------- manifest
+
+def test_manifest_lists_every_bccd_file_without_the_upstream_level():
+    manifest = dl.load_manifest()
+    assert len(manifest) == 734
+    assert sum(p.startswith("Annotations/") for p in manifest) == 364
+    assert sum(p.startswith("JPEGImages/") for p in manifest) == 364
+    assert {p for p in manifest if "/" not in p} == {"LICENSE", "test.csv"}
+    assert {p for p in manifest if p.startswith("ImageSets/")} == {
+        f"ImageSets/Main/{s}.txt" for s in ("train", "val", "trainval", "test")}
+    assert not [p for p in manifest if p.startswith("BCCD/")]
+    assert len(dl.manifest_sha256()) == 64
+
+
+def test_manifest_is_the_shared_sha256sums(bccd_root):
+    shared = bccd_root / "SHA256SUMS"
+    if not shared.is_file():
+        pytest.skip("this BCCD copy has no SHA256SUMS")
+    assert dl._manifest_bytes() == shared.read_bytes()
+
+
+def test_verify_dataset_accepts_the_real_copy(bccd_root):
+    assert verify_dataset(bccd_root) == []
+
+
+def test_verify_dataset_names_missing_and_changed_files(tmp_path, good_files):
+    for rel, data in good_files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    (tmp_path / "Annotations/BloodImage_00001.xml").unlink()
+    (tmp_path / "test.csv").write_bytes(b"filename\n")
+    problems = verify_dataset(tmp_path)
+    assert [(p.path, p.kind) for p in problems] == [
+        ("Annotations/BloodImage_00001.xml", "missing"), ("test.csv", "mismatch")]
+    path, kind, expected, actual = problems[1]
+    assert expected == dl.load_manifest()["test.csv"] and actual != expected
+    assert problems[0].actual is None
+
+
+# --------------------------------------------------------------------------- download
+
+def test_good_archive_installs_every_file_and_is_cached(tmp_path, server):
+    dest = tmp_path / "data" / "bccd"
+    url = server.url("/good.tar.gz")
+    before = server.hits["/good.tar.gz"]
+    root = download_bccd(dest=dest, url=url, progress=False)
+    assert root == dest.resolve()
+    assert_complete(root)
+    assert leftovers(dest.parent) == ["bccd"]
+    assert server.hits["/good.tar.gz"] == before + 1
+    assert resolve_root(dest) == root
+
+    # verified: no network at all, even with an unreachable URL
+    assert download_bccd(dest=dest, url="http://127.0.0.1:9/nothing", progress=False) == root
+    assert server.hits["/good.tar.gz"] == before + 1
+
+    # force: fetched again and replaced in place, no leftovers
+    (root / "Annotations" / "stale.xml").write_text("<old/>")
+    assert download_bccd(dest=dest, url=url, force=True, progress=False) == root
+    assert server.hits["/good.tar.gz"] == before + 2
+    assert_complete(root)
+    assert leftovers(dest.parent) == ["bccd"]
+
+
+def test_progress_bar_without_content_length(tmp_path, server, capsys):
+    root = download_bccd(dest=tmp_path / "bccd", url=server.url("/nolength.tar.gz"),
+                         progress=True)
+    assert_complete(root)
+    assert "BCCD download" in capsys.readouterr().err
+
+
+def test_corrupted_file_is_named_and_nothing_is_installed(tmp_path, server):
+    dest = tmp_path / "bccd"
+    with pytest.raises(ChecksumError) as info:
+        download_bccd(dest=dest, url=server.url("/corrupt.tar.gz"), progress=False)
+    assert CORRUPTED in str(info.value)
+    assert "1 with a wrong sha256" in str(info.value)
+    assert [(p.path, p.kind) for p in info.value.problems] == [(CORRUPTED, "mismatch")]
+    assert not dest.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_truncated_archive_is_a_named_error(tmp_path, server):
+    dest = tmp_path / "bccd"
+    url = server.url("/truncated.tar.gz")
+    with pytest.raises(CorruptArchiveError) as info:
+        download_bccd(dest=dest, url=url, progress=False)
+    assert isinstance(info.value, DownloadError)
+    assert url in str(info.value) and "not a complete tar archive" in str(info.value)
+    assert not dest.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_connection_dropped_mid_download(tmp_path, server):
+    dest = tmp_path / "bccd"
+    with pytest.raises(DownloadError) as info:
+        download_bccd(dest=dest, url=server.url("/dropped.tar.gz"), progress=False)
+    assert "bytes" in str(info.value)
+    assert not dest.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_web_page_instead_of_the_archive(tmp_path, server):
+    with pytest.raises(CorruptArchiveError, match="not a complete tar archive"):
+        download_bccd(dest=tmp_path / "bccd", url=server.url("/page.html"), progress=False)
+    assert leftovers(tmp_path) == []
+
+
+def _link(name, kind, target):
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = target
+    return info
+
+
+def _special(name, kind):
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    return info
+
+
+UNSAFE = {
+    "parent": lambda tmp: ("../evil.txt", ("../evil.txt", b"evil")),
+    "deep-parent": lambda tmp: (f"{TOP}/BCCD/../../evil.txt",
+                                (f"{TOP}/BCCD/../../evil.txt", b"evil")),
+    "absolute": lambda tmp: (str(tmp / "evil.txt"), (str(tmp / "evil.txt"), b"evil")),
+    "symlink": lambda tmp: (f"{TOP}/BCCD/JPEGImages/BloodImage_00000.jpg",
+                            _link(f"{TOP}/BCCD/JPEGImages/BloodImage_00000.jpg",
+                                  tarfile.SYMTYPE, "/etc/passwd")),
+    "symlink-dir": lambda tmp: (f"{TOP}/BCCD/Annotations",
+                                _link(f"{TOP}/BCCD/Annotations", tarfile.SYMTYPE, "/tmp")),
+    "hardlink": lambda tmp: (f"{TOP}/test.csv",
+                             _link(f"{TOP}/test.csv", tarfile.LNKTYPE, "/etc/passwd")),
+    "device": lambda tmp: (f"{TOP}/LICENSE", _special(f"{TOP}/LICENSE", tarfile.CHRTYPE)),
+    "fifo": lambda tmp: (f"{TOP}/scripts/pipe", _special(f"{TOP}/scripts/pipe",
+                                                          tarfile.FIFOTYPE)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSAFE))
+def test_unsafe_member_is_refused_and_nothing_is_written(tmp_path, server, good_files, case):
+    work = tmp_path / "work"
+    work.mkdir()
+    member, entry = UNSAFE[case](tmp_path)
+    # a few good files first, so the refusal happens mid-extraction
+    first = [(upstream_name(rel), good_files[rel]) for rel in sorted(good_files)[:5]]
+    path = f"/unsafe-{case}.tar.gz"
+    url = server.add(path, make_tar_gz([_dir(f"{TOP}/")] + first + [entry]))
+    dest = work / "bccd"
+    with pytest.raises(UnsafeArchiveError) as info:
+        download_bccd(dest=dest, url=url, progress=False)
+    assert info.value.member == member
+    assert repr(member) in str(info.value)
+    assert not dest.exists()
+    assert leftovers(work) == []
+    assert not list(tmp_path.rglob("evil.txt"))
+    assert not (tmp_path.parent / "evil.txt").exists()
+
+
+def _refused_port():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    return sock
+
+
+def test_server_down_says_how_to_place_the_data_by_hand(tmp_path):
+    sock = _refused_port()
+    try:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/bccd.tar.gz"
+        with pytest.raises(DownloadError) as info:
+            download_bccd(dest=tmp_path / "bccd", url=url, progress=False, timeout=5)
+    finally:
+        sock.close()
+    message = str(info.value)
+    assert not isinstance(info.value, CorruptArchiveError)
+    for needle in (url, "offline", dl.DEFAULT_URL, dl.BCCD_COMMIT, "MEDAIDET_DATA", "--dest",
+                   "Annotations/", "MEDAIDET_BCCD_URL=file://"):
+        assert needle in message
+    assert leftovers(tmp_path) == []
+
+
+def test_http_404_is_a_download_error(tmp_path, server):
+    with pytest.raises(DownloadError, match="HTTP 404"):
+        download_bccd(dest=tmp_path / "bccd", url=server.url("/missing.tar.gz"),
+                      progress=False)
+    assert leftovers(tmp_path) == []
+
+
+def test_file_url_works_for_an_archive_fetched_elsewhere(tmp_path, server):
+    archive = tmp_path / "bccd.tar.gz"
+    archive.write_bytes(server.routes["/good.tar.gz"][1])
+    root = download_bccd(dest=tmp_path / "bccd", url=archive.as_uri(), progress=False)
+    assert_complete(root)
+
+
+def test_url_from_the_environment(tmp_path, server, monkeypatch):
+    monkeypatch.setenv(dl.URL_ENV, server.url("/good.tar.gz"))
+    before = server.hits["/good.tar.gz"]
+    assert_complete(download_bccd(dest=tmp_path / "bccd", progress=False))
+    assert server.hits["/good.tar.gz"] == before + 1
+
+
+# --------------------------------------------------------------------------- existing folders
+
+def test_copy_placed_by_hand_is_verified_in_place_without_network(tmp_path, good_files):
+    dest = tmp_path / "bccd"
+    for rel, data in good_files.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
+    (dest / "SOURCE.txt").write_text("extra files are fine")
+    (dest / dl.MARKER_NAME).write_text("0" * 64 + "\n")  # a marker of another manifest
+    root = download_bccd(dest=dest, url="http://127.0.0.1:9/unused", progress=False)
+    assert root == dest.resolve() and dl.is_verified(root)
+
+
+def test_other_content_is_never_replaced_silently(tmp_path, server):
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("precious")
+    url = server.url("/good.tar.gz")
+    with pytest.raises(DestinationError, match="--force"):
+        download_bccd(dest=dest, url=url, progress=False)
+    with pytest.raises(DestinationError, match="refusing to replace"):
+        download_bccd(dest=dest, url=url, force=True, progress=False)
+    assert (dest / "notes.txt").read_text() == "precious"
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(DestinationError, match="not a folder"):
+        download_bccd(dest=afile, url=url, progress=False)
+
+
+def test_broken_copy_is_reported_then_replaced_with_force(tmp_path, server):
+    dest = tmp_path / "bccd"
+    (dest / "Annotations").mkdir(parents=True)
+    (dest / "Annotations" / "BloodImage_00000.xml").write_text("<broken/>")
+    url = server.url("/good.tar.gz")
+    with pytest.raises(DestinationError, match="not a verified BCCD copy"):
+        download_bccd(dest=dest, url=url, progress=False)
+    root = download_bccd(dest=dest, url=url, force=True, progress=False)
+    assert_complete(root)
+    assert leftovers(tmp_path) == ["bccd"]
+
+
+def test_empty_existing_folder_is_filled(tmp_path, server):
+    dest = tmp_path / "bccd"
+    dest.mkdir()
+    assert_complete(download_bccd(dest=dest, url=server.url("/good.tar.gz"), progress=False))
+
+
+def test_failed_forced_download_keeps_the_existing_dataset(tmp_path, server):
+    dest = tmp_path / "bccd"
+    root = download_bccd(dest=dest, url=server.url("/good.tar.gz"), progress=False)
+    with pytest.raises(ChecksumError):
+        download_bccd(dest=dest, url=server.url("/corrupt.tar.gz"), force=True, progress=False)
+    with pytest.raises(CorruptArchiveError):
+        download_bccd(dest=dest, url=server.url("/truncated.tar.gz"), force=True,
+                      progress=False)
+    assert_complete(root)
+    assert leftovers(tmp_path) == ["bccd"]
+
+
+# --------------------------------------------------------------------------- root resolution
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for var in (dl.DATA_ENV, "MEDAIDET_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def _dataset(path: Path) -> Path:
+    (path / "Annotations").mkdir(parents=True)
+    return path.resolve()
+
+
+def test_default_root_follows_the_cache_settings(clean_env, monkeypatch, tmp_path):
+    assert dl.default_root() == clean_env / ".cache" / "medaidet" / "bccd"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert dl.default_root() == tmp_path / "xdg" / "medaidet" / "bccd"
+    monkeypatch.setenv("MEDAIDET_CACHE", str(tmp_path / "cache"))
+    assert dl.default_root() == tmp_path / "cache" / "bccd"
+
+
+def test_resolve_root_order_explicit_then_env_then_cache(clean_env, monkeypatch, tmp_path):
+    cached = _dataset(clean_env / ".cache" / "medaidet" / "bccd")
+    assert resolve_root() == cached
+    from_env = _dataset(tmp_path / "env")
+    monkeypatch.setenv(dl.DATA_ENV, str(from_env))
+    assert resolve_root() == from_env
+    explicit = _dataset(tmp_path / "explicit")
+    assert resolve_root(explicit) == explicit
+    assert resolve_root(str(explicit)) == explicit
+
+
+def test_resolve_root_never_downloads_and_explains(clean_env, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataNotFoundError) as info:
+        resolve_root(empty)
+    message = str(info.value)
+    assert isinstance(info.value, MedaidetError)
+    for needle in (str(empty), "has no Annotations/", "medaidet data download",
+                   dl.UPSTREAM_REPO, dl.BCCD_COMMIT, "MEDAIDET_DATA=ROOT",
+                   "ROOT/JPEGImages/", "ROOT/ImageSets/Main/", "test.csv"):
+        assert needle in message
+    with pytest.raises(DataNotFoundError, match="the default cache directory"):
+        resolve_root()
+    assert list(empty.iterdir()) == []
+
+
+def test_download_destination_from_env_then_cache(clean_env, monkeypatch, tmp_path, server):
+    url = server.url("/good.tar.gz")
+    monkeypatch.setenv(dl.DATA_ENV, str(tmp_path / "env-root"))
+    assert download_bccd(url=url, progress=False) == (tmp_path / "env-root").resolve()
+    monkeypatch.delenv(dl.DATA_ENV)
+    monkeypatch.setenv("MEDAIDET_CACHE", str(tmp_path / "cache"))
+    root = download_bccd(url=url, progress=False)
+    assert root == (tmp_path / "cache" / "bccd").resolve()
+    assert resolve_root() == root
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _cli(args, env):
+    full_env = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    return subprocess.run([sys.executable, "-m", "medaidet", *args], capture_output=True,
+                          text=True, env=full_env, cwd=REPO, timeout=120)
+
+
+def test_cli_download_prints_the_root(tmp_path, server):
+    dest = tmp_path / "bccd"
+    result = _cli(["data", "download", "--dest", str(dest)],
+                  {dl.URL_ENV: server.url("/cli.tar.gz"), "no_proxy": "127.0.0.1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == str(dest.resolve())
+    assert_complete(dest)
+    assert server.hits["/cli.tar.gz"] == 1
+
+
+def test_cli_download_offline_exits_2_with_instructions(tmp_path):
+    sock = _refused_port()
+    try:
+        result = _cli(["data", "download", "--dest", str(tmp_path / "bccd")],
+                      {dl.URL_ENV: f"http://127.0.0.1:{sock.getsockname()[1]}/x.tar.gz"})
+    finally:
+        sock.close()
+    assert result.returncode == 2
+    assert result.stderr.startswith("medaidet: error: could not download BCCD")
+    assert "MEDAIDET_DATA" in result.stderr and "Traceback" not in result.stderr
+    assert leftovers(tmp_path) == []
+
