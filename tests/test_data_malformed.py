@@ -1,0 +1,447 @@
+"""A malformed-input corpus, generated here from a few real BCCD files.
+
+Every case copies five real images and annotations into a fresh root, breaks one thing,
+and checks both consumers: the loader raises its named error or reports its drop (never
+a raw KeyError/ValueError/ParseError), and the validator reports the defect with its
+image and object (and never raises).
+"""
+import shutil
+import sys
+import warnings
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from medaidet.data.bccd import (
+    SPLITS, AnnotationParseError, AnnotationWarning, BCCDDataset, ImageError, ImageSizeError,
+    InvalidObjectError, MissingFileError, SplitError, UnknownLabelError, UnsafeXMLError)
+from medaidet.data.validate import validate_dataset
+from medaidet.errors import MedaidetError
+
+SPLIT_LISTS = {"train": ["BloodImage_00001", "BloodImage_00003"],
+               "val": ["BloodImage_00000", "BloodImage_00002"],
+               "test": ["BloodImage_00004"]}
+SPLIT_LISTS["trainval"] = SPLIT_LISTS["val"] + SPLIT_LISTS["train"]
+TARGET = "BloodImage_00001"          # in train and trainval; 19 objects
+TARGET_OBJECTS = 19
+
+
+# --------------------------------------------------------------------------- corpus helpers
+
+@pytest.fixture
+def root(bccd_root, tmp_path):
+    """Five real BCCD images with their annotations and our own split lists."""
+    base = tmp_path / "root"
+    for folder in ("Annotations", "JPEGImages", "ImageSets/Main"):
+        (base / folder).mkdir(parents=True)
+    for ids in SPLIT_LISTS.values():
+        for image_id in ids:
+            shutil.copy(bccd_root / "Annotations" / f"{image_id}.xml", base / "Annotations")
+            shutil.copy(bccd_root / "JPEGImages" / f"{image_id}.jpg", base / "JPEGImages")
+    for split, ids in SPLIT_LISTS.items():
+        write_split(base, split, ids)
+    return base
+
+
+def write_split(root, split, lines):
+    (root / "ImageSets" / "Main" / f"{split}.txt").write_text("".join(f"{x}\n" for x in lines))
+
+
+def xml_file(root, image_id=TARGET):
+    return root / "Annotations" / f"{image_id}.xml"
+
+
+def jpg_file(root, image_id=TARGET):
+    return root / "JPEGImages" / f"{image_id}.jpg"
+
+
+def edit_objects(root, change, image_id=TARGET):
+    """Apply ``change(annotation_element, objects)`` to a (trusted, real) XML and save it."""
+    tree = ET.parse(xml_file(root, image_id))
+    change(tree.getroot(), tree.getroot().findall("object"))
+    tree.write(xml_file(root, image_id))
+
+
+def set_coord(index, tag, value):
+    def change(_, objects):
+        objects[index].find("bndbox").find(tag).text = value
+    return change
+
+
+def remove(index, path):
+    def change(_, objects):
+        parent = objects[index] if "/" not in path else objects[index].find(path.split("/")[0])
+        parent.remove(parent.find(path.split("/")[-1]))
+    return change
+
+
+def append_copy(index, shift=0):
+    def change(annotation, objects):
+        copy = ET.fromstring(ET.tostring(objects[index]))
+        for tag in ("xmin", "xmax"):
+            element = copy.find("bndbox").find(tag)
+            element.text = str(int(element.text) + shift)
+        annotation.append(copy)
+    return change
+
+
+def replace_xml(text):
+    def mutate(root):
+        xml_file(root).write_text(text)
+    return mutate
+
+
+OBJECT = ("<object><name>RBC</name><difficult>0</difficult><bndbox><xmin>10</xmin>"
+          "<ymin>10</ymin><xmax>90</xmax><ymax>90</ymax></bndbox></object>")
+BILLION_LAUGHS = """<?xml version="1.0"?>
+<!DOCTYPE annotation [
+  <!ENTITY lol "lol">
+  <!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">
+  <!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">
+  <!ENTITY lol4 "&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;">
+  <!ENTITY lol5 "&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;">
+  <!ENTITY lol6 "&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;">
+  <!ENTITY lol7 "&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;">
+  <!ENTITY lol8 "&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;">
+  <!ENTITY lol9 "&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;">
+]>
+<annotation><filename>&lol9;</filename>""" + OBJECT + "</annotation>"
+
+
+def external_entity_xml(secret_path):
+    return (f'<?xml version="1.0"?>\n<!DOCTYPE annotation [\n  <!ENTITY xxe SYSTEM '
+            f'"file://{secret_path}">\n]>\n<annotation><filename>&xxe;</filename>'
+            f'{OBJECT.replace("RBC", "&xxe;")}</annotation>')
+
+
+def truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+
+
+def resize_image(root):
+    with Image.open(jpg_file(root)) as img:
+        img.resize((320, 240)).save(jpg_file(root), quality=90)
+
+
+def add_orphan(root, bccd_root):
+    shutil.copy(bccd_root / "Annotations" / "BloodImage_00005.xml", root / "Annotations")
+    shutil.copy(bccd_root / "JPEGImages" / "BloodImage_00005.jpg", root / "JPEGImages")
+
+
+# --------------------------------------------------------------------------- expectations
+
+@dataclass
+class Dropped:
+    """Default mode drops object ``index`` of TARGET with a warning; strict mode raises."""
+    kind: str
+    index: int
+    severity: str = "error"
+
+
+@dataclass
+class Clipped(Dropped):
+    """Default mode clips the box with a warning; strict mode raises."""
+    severity: str = "warning"
+
+
+@dataclass
+class Refused:
+    """Building ``split`` raises ``error`` (both modes), its message naming ``mentions``."""
+    error: type
+    split: str = "train"
+    mentions: tuple = ()
+
+
+@dataclass
+class ReadFails:
+    """Building works; reading TARGET's image raises ImageError naming the file."""
+
+
+@dataclass
+class Accepted:
+    """Every split loads in strict mode; TARGET's boxes equal the unmodified ones."""
+    same_boxes: bool = True
+
+
+@dataclass
+class Case:
+    mutate: object
+    loader: object
+    issues: set                            # {(kind, image, object, severity)} that must appear
+    other_kinds: set = field(default_factory=set)   # further kinds allowed in the report
+
+
+X = str(TARGET)
+CASES = {
+    # ---- objects: dropped (or clipped) with a warning, strict mode raises
+    "reversed_coordinates": Case(
+        lambda r: edit_objects(r, lambda a, o: (set_coord(2, "xmin", "300")(a, o),
+                                                set_coord(2, "xmax", "200")(a, o))),
+        Dropped("bad_coordinates", 2), {("bad_coordinates", X, 2, "error")}),
+    "non_numeric_coordinate": Case(
+        lambda r: edit_objects(r, set_coord(1, "ymin", "12px")),
+        Dropped("bad_coordinates", 1), {("bad_coordinates", X, 1, "error")}),
+    "nan_coordinate": Case(
+        lambda r: edit_objects(r, set_coord(3, "xmax", "nan")),
+        Dropped("bad_coordinates", 3), {("bad_coordinates", X, 3, "error")}),
+    "missing_bndbox": Case(
+        lambda r: edit_objects(r, remove(4, "bndbox")),
+        Dropped("bad_coordinates", 4), {("bad_coordinates", X, 4, "error")}),
+    "missing_coordinate": Case(
+        lambda r: edit_objects(r, remove(5, "bndbox/ymax")),
+        Dropped("bad_coordinates", 5), {("bad_coordinates", X, 5, "error")}),
+    "zero_area_box": Case(
+        lambda r: edit_objects(r, lambda a, o: set_coord(2, "xmax", o[2].find(
+            "bndbox").findtext("xmin"))(a, o)),
+        Dropped("zero_area", 2), {("zero_area", X, 2, "error")}),
+    "box_outside_image": Case(
+        lambda r: edit_objects(r, lambda a, o: (set_coord(6, "xmin", "700")(a, o),
+                                                set_coord(6, "xmax", "760")(a, o))),
+        Dropped("out_of_bounds", 6), {("out_of_bounds", X, 6, "error")}),
+    "box_overhanging_border": Case(          # object 0 ends on the last row (ymax 480)
+        lambda r: edit_objects(r, set_coord(0, "ymax", "481")),
+        Clipped("out_of_bounds", 0), {("out_of_bounds", X, 0, "warning")}),
+    "duplicate_box": Case(
+        lambda r: edit_objects(r, append_copy(8)),
+        Dropped("duplicate_box", TARGET_OBJECTS),
+        {("duplicate_box", X, TARGET_OBJECTS, "error")}),
+    "near_duplicate_box": Case(
+        lambda r: edit_objects(r, append_copy(9, shift=2)),
+        Dropped("near_duplicate_box", TARGET_OBJECTS),
+        {("near_duplicate_box", X, TARGET_OBJECTS, "error")}),
+    # ---- labels
+    "unknown_label": Case(
+        lambda r: edit_objects(r, lambda a, o: setattr(o[3].find("name"), "text", "Neutrophil")),
+        Refused(UnknownLabelError, mentions=("'Neutrophil'", "object 3")),
+        {("unknown_label", X, 3, "error")}),
+    "missing_object_name": Case(
+        lambda r: edit_objects(r, remove(2, "name")),
+        Refused(UnknownLabelError, mentions=("object 2", "has no <name>")),
+        {("unknown_label", X, 2, "error")}),
+    "label_other_case_and_spaces": Case(
+        lambda r: xml_file(r).write_text(
+            xml_file(r).read_text().replace("<name>RBC</name>", "<name>  rbc\t</name>")
+            .replace("<name>WBC</name>", "<name>Wbc</name>")
+            .replace("<name>Platelets</name>", "<name>PLATELETS </name>")),
+        Accepted(), set()),
+    # ---- the XML itself
+    "entity_expansion_billion_laughs": Case(
+        replace_xml(BILLION_LAUGHS), Refused(UnsafeXMLError, mentions=("DTD or entities",)),
+        {("parse_error", X, None, "error")}),
+    "external_dtd": Case(
+        replace_xml('<?xml version="1.0"?>\n<!DOCTYPE annotation SYSTEM '
+                    '"http://127.0.0.1:9/voc.dtd">\n<annotation>' + OBJECT + "</annotation>"),
+        Refused(UnsafeXMLError), {("parse_error", X, None, "error")}),
+    "not_xml": Case(
+        replace_xml("BloodImage_00001.jpg RBC 68 315 286 480\n"),
+        Refused(AnnotationParseError, mentions=("not well-formed XML",)),
+        {("parse_error", X, None, "error")}),
+    "truncated_xml": Case(
+        lambda r: truncate(xml_file(r)), Refused(AnnotationParseError),
+        {("parse_error", X, None, "error")}),
+    "wrong_root_element": Case(
+        replace_xml("<html><body>" + OBJECT + "</body></html>"),
+        Refused(AnnotationParseError, mentions=("<html>",)), {("parse_error", X, None, "error")}),
+    "bogus_encoding_declaration": Case(
+        replace_xml('<?xml version="1.0" encoding="no-such-codec"?><annotation/>'),
+        Refused(AnnotationParseError), {("parse_error", X, None, "error")}),
+    # ---- images
+    "truncated_jpeg": Case(
+        lambda r: truncate(jpg_file(r)), ReadFails(), {("bad_image", X, None, "error")}),
+    "not_an_image": Case(
+        lambda r: jpg_file(r).write_text("not a JPEG"),
+        Refused(ImageError, mentions=("not a readable image",)),
+        {("bad_image", X, None, "error")}),
+    "xml_size_disagrees_with_image": Case(
+        lambda r: xml_file(r).write_text(xml_file(r).read_text()
+                                         .replace("<width>640</width>", "<width>320</width>")),
+        Refused(ImageSizeError, mentions=("320x480", "640x480")),
+        {("size_mismatch", X, None, "error")}),
+    "image_resized_after_annotation": Case(
+        resize_image, Refused(ImageSizeError, mentions=("640x480", "320x240")),
+        {("size_mismatch", X, None, "error")}, {"out_of_bounds"}),
+    # ---- files and split lists
+    "listed_id_without_files": Case(
+        lambda r: [write_split(r, s, SPLIT_LISTS[s] + ["BloodImage_99999"])
+                   for s in ("train", "trainval")],
+        Refused(MissingFileError, mentions=("BloodImage_99999", "train.txt")),
+        {("missing_file", "BloodImage_99999", None, "error")}),
+    "missing_image_file": Case(
+        lambda r: jpg_file(r).unlink(),
+        Refused(MissingFileError, mentions=(f"{TARGET}.jpg", "does not exist")),
+        {("missing_file", X, None, "error")}),
+    "duplicate_id_in_split": Case(
+        lambda r: write_split(r, "train", SPLIT_LISTS["train"] + [TARGET]),
+        Refused(SplitError, mentions=("train.txt", TARGET, "listed twice")),
+        {("split_error", X, None, "error")}),
+    "empty_split_file": Case(
+        lambda r: write_split(r, "test", []),
+        Refused(SplitError, split="test", mentions=("test.txt", "empty")),
+        {("split_error", None, None, "error"), ("orphan_file", "BloodImage_00004", None, "info")}),
+    "missing_split_file": Case(
+        lambda r: (r / "ImageSets/Main/val.txt").unlink(),
+        Refused(SplitError, split="val", mentions=("val.txt", "does not exist")),
+        {("split_error", None, None, "warning")}),
+    "path_in_split_list": Case(
+        lambda r: write_split(r, "train", SPLIT_LISTS["train"] + ["../../etc/passwd"]),
+        Refused(SplitError, mentions=("train.txt", "line 3", "../../etc/passwd")),
+        {("split_error", "../../etc/passwd", None, "error")}),
+    "split_list_not_utf8": Case(
+        lambda r: (r / "ImageSets/Main/train.txt").write_bytes(b"\xff\xfeB\x00\xff\n"),
+        Refused(SplitError, mentions=("train.txt", "UTF-8")),
+        {("split_error", None, None, "error")}, {"split_overlap", "orphan_file"}),
+    "id_in_train_and_test": Case(
+        lambda r: write_split(r, "test", SPLIT_LISTS["test"] + [TARGET]),
+        Accepted(), {("split_overlap", X, None, "error")}),
+    "metadata_disagrees": Case(
+        lambda r: xml_file(r).write_text(xml_file(r).read_text().replace(
+            f"<filename>{TARGET}.jpg", "<filename>BloodImage_00999.jpg")),
+        Accepted(), {("metadata_mismatch", X, None, "info")}),
+}
+
+
+# --------------------------------------------------------------------------- the tests
+
+def load_everything(root, strict):
+    """Build every split and read every example; return the errors (all must be ours)."""
+    errors = []
+    for split in SPLITS:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", AnnotationWarning)
+                dataset = BCCDDataset(root, split, strict=strict)
+                for i in range(len(dataset)):
+                    dataset[i]
+        except MedaidetError as exc:
+            errors.append(exc)
+    return errors
+
+
+def target_boxes(root, strict=True):
+    dataset = BCCDDataset(root, "train", strict=strict)
+    return dataset[dataset.ids.index(TARGET)][1:]
+
+
+def test_at_least_15_kinds():
+    assert len(CASES) >= 15
+
+
+def test_base_corpus_is_clean(root):
+    assert not load_everything(root, strict=True)
+    assert validate_dataset(root, check_checksums=False).issues == []
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_loader(name, root, bccd_root):
+    case = CASES[name]
+    expected = case.loader
+    original = target_boxes(root)
+    case.mutate(root)
+    # Whatever happens, no split raises anything but our named errors.
+    load_everything(root, strict=False)
+    load_everything(root, strict=True)
+
+    if isinstance(expected, Dropped):
+        verb = "clipped" if isinstance(expected, Clipped) else "dropped"
+        with pytest.warns(AnnotationWarning, match=rf"{verb} .*{TARGET}.*object {expected.index}"):
+            dataset = BCCDDataset(root, "train")
+        records = dataset.clipped if isinstance(expected, Clipped) else dataset.dropped
+        assert [(d.image_id, d.index, d.kind) for d in records] == [
+            (TARGET, expected.index, expected.kind)]
+        bbox, label = dataset[dataset.ids.index(TARGET)][1:]
+        # a clipped box stays; a dropped copy leaves the original 19; else one box less
+        kept = TARGET_OBJECTS - (not isinstance(expected, Clipped)
+                                 and expected.index < TARGET_OBJECTS)
+        assert len(bbox) == kept and bbox.dtype == np.float32 and label.dtype == np.int32
+        assert np.all(bbox[:, 2:] > bbox[:, :2]) and np.all(bbox >= 0)
+        assert np.all(bbox[:, 2] <= 479) and np.all(bbox[:, 3] <= 639)
+        with pytest.raises(InvalidObjectError) as info:
+            BCCDDataset(root, "train", strict=True)
+        error = info.value
+        assert error.kind == expected.kind and error.object_index == expected.index
+        assert str(xml_file(root)) in str(error) and f"object {expected.index}" in str(error)
+    elif isinstance(expected, Refused):
+        for strict in (False, True):
+            with pytest.raises(expected.error) as info:
+                BCCDDataset(root, expected.split, strict=strict)
+            message = str(info.value)
+            names_file = str(xml_file(root)) in message or str(jpg_file(root)) in message or \
+                str(root / "ImageSets" / "Main" / f"{expected.split}.txt") in message
+            assert names_file, message
+            for text in expected.mentions:
+                assert text in message, message
+    elif isinstance(expected, ReadFails):
+        dataset = BCCDDataset(root, "train", strict=True)
+        with pytest.raises(ImageError, match=str(jpg_file(root))):
+            dataset[dataset.ids.index(TARGET)]
+        # the boxes are still available without decoding the image
+        assert len(dataset.slice[:, "bbox"][dataset.ids.index(TARGET)]) == TARGET_OBJECTS
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", AnnotationWarning)
+            assert not load_everything(root, strict=True)
+            bbox, label = target_boxes(root)
+        np.testing.assert_array_equal(bbox, original[0])
+        np.testing.assert_array_equal(label, original[1])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_validator(name, root):
+    case = CASES[name]
+    case.mutate(root)
+    report = validate_dataset(root, check_checksums=False)
+    found = {(i.kind, i.image, i.object, i.severity) for i in report.issues}
+    assert case.issues <= found, str(report)
+    expected_kinds = {kind for kind, *_ in case.issues} | case.other_kinds
+    assert set(report.counts()) <= expected_kinds, str(report)
+    for issue in report.issues:
+        assert issue.detail and issue.action
+    report.to_json()
+    if any(i[0] in ("parse_error", "missing_file", "unknown_label", "size_mismatch", "bad_image")
+           for i in case.issues):
+        assert report.objects_kept < 5 * TARGET_OBJECTS    # the refused image is not counted
+
+
+def test_external_entity_is_never_read(root, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-CONTENT")
+    xml_file(root).write_text(external_entity_xml(secret))
+    opened = []
+    active = [True]
+
+    def audit(event, args):
+        if active[0] and event == "open" and args and str(args[0]) == str(secret):
+            opened.append(args)
+
+    sys.addaudithook(audit)       # hooks cannot be removed: this one switches itself off
+    try:
+        with pytest.raises(UnsafeXMLError) as info:
+            BCCDDataset(root, "train")
+        report = validate_dataset(root, check_checksums=False)
+    finally:
+        active[0] = False
+    assert not opened
+    assert "TOP-SECRET-CONTENT" not in str(info.value)
+    assert "TOP-SECRET-CONTENT" not in report.to_json()
+    assert {(i.kind, i.image) for i in report.issues} == {("parse_error", TARGET)}
+
+
+def test_checksum_mismatch_on_a_modified_bccd_file(root):
+    xml_file(root).write_text(xml_file(root).read_text().replace("<pose>", "<pose> ", 1))
+    report = validate_dataset(root)
+    mismatched = {i.image for i in report.by_kind("checksum_mismatch") if i.image}
+    assert mismatched == {TARGET}
+    assert all(i.severity == "warning" for i in report.by_kind("checksum_mismatch"))
+    assert "partial copy" not in report.checksums
+
+
+def test_orphan_files_are_reported_not_loaded(root, bccd_root):
+    add_orphan(root, bccd_root)
+    report = validate_dataset(root, check_checksums=False)
+    assert {(i.kind, i.image) for i in report.issues} == {("orphan_file", "BloodImage_00005")}
+    assert report.images == 5
+    assert not load_everything(root, strict=True)

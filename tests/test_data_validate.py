@@ -1,0 +1,176 @@
+"""The validation report on the real BCCD: the defects it finds, the JSON shape, the CLI."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from medaidet.data.validate import KINDS, SEVERITIES, ValidationReport, validate_dataset
+from conftest import REPO
+
+# What the loader drops: (image id, object index) -> kind.
+DROPPED = {
+    ("BloodImage_00338", 12): "zero_area",
+    ("BloodImage_00343", 3): "zero_area",
+    ("BloodImage_00020", 14): "near_duplicate_box",
+    ("BloodImage_00100", 2): "near_duplicate_box",
+    ("BloodImage_00104", 13): "near_duplicate_box",
+    ("BloodImage_00251", 7): "near_duplicate_box",
+    ("BloodImage_00284", 1): "near_duplicate_box",
+    ("BloodImage_00331", 2): "near_duplicate_box",
+    ("BloodImage_00403", 3): "near_duplicate_box",
+}
+
+# The same field of view photographed twice (each pair checked by eye), with the splits.
+SAME_FIELD = {
+    ("BloodImage_00037", "BloodImage_00038"): ("val", "train"),
+    ("BloodImage_00204", "BloodImage_00277"): ("train", "val"),
+    ("BloodImage_00205", "BloodImage_00276"): ("test", "train"),
+    ("BloodImage_00206", "BloodImage_00278"): ("train", "train"),
+    ("BloodImage_00223", "BloodImage_00263"): ("val", "train"),
+    ("BloodImage_00224", "BloodImage_00264"): ("train", "train"),
+    ("BloodImage_00226", "BloodImage_00261"): ("test", "val"),
+    ("BloodImage_00227", "BloodImage_00260"): ("test", "val"),
+    ("BloodImage_00228", "BloodImage_00259"): ("val", "train"),
+    ("BloodImage_00229", "BloodImage_00258"): ("test", "train"),
+    ("BloodImage_00230", "BloodImage_00257"): ("val", "train"),
+    ("BloodImage_00231", "BloodImage_00256"): ("train", "train"),
+    ("BloodImage_00233", "BloodImage_00254"): ("test", "train"),
+    ("BloodImage_00236", "BloodImage_00253"): ("val", "test"),
+    ("BloodImage_00237", "BloodImage_00252"): ("train", "train"),
+    ("BloodImage_00242", "BloodImage_00249"): ("train", "test"),
+    ("BloodImage_00243", "BloodImage_00250"): ("train", "train"),
+    ("BloodImage_00244", "BloodImage_00247"): ("val", "train"),
+    ("BloodImage_00248", "BloodImage_00249"): ("train", "test"),
+    ("BloodImage_00381", "BloodImage_00397"): ("val", "val"),
+    ("BloodImage_00382", "BloodImage_00395"): ("train", "train"),
+    ("BloodImage_00384", "BloodImage_00393"): ("train", "train"),
+    ("BloodImage_00386", "BloodImage_00391"): ("val", "test"),
+}
+# Files from another annotator/tool (labelImg on a Mac, folder "RBC"): only RBC boxed.
+FOREIGN = {"BloodImage_00171", "BloodImage_00178", "BloodImage_00228"}
+# Implausible sizes: a platelet boxed as WBC, two WBCs boxed as platelets, a tiny "RBC".
+MISLABELS = {("BloodImage_00113", 12), ("BloodImage_00133", 9), ("BloodImage_00135", 8),
+             ("BloodImage_00353", 12)}
+NO_WBC = {"BloodImage_00133", "BloodImage_00135", "BloodImage_00327"} | FOREIGN
+NO_RBC = {f"BloodImage_{n:05d}" for n in (134, 147, 150, 152, 224, 249, 250, 258, 267, 268,
+                                           303, 322, 327, 330, 350)}
+
+
+@pytest.fixture(scope="module")
+def report(bccd_root) -> ValidationReport:
+    return validate_dataset(bccd_root)
+
+
+def keys(report, kind, severity=None):
+    return {(i.image, i.object) for i in report.by_kind(kind)
+            if severity is None or i.severity == severity}
+
+
+def test_totals(report, bccd_root):
+    assert report.root == str(bccd_root.resolve())
+    assert report.images == 364 and report.objects_raw == 4888
+    assert report.objects_kept == 4888 - len(DROPPED)
+    assert report.per_class == {"rbc": 4155 - 9, "wbc": 372, "platelets": 361}
+    assert report.splits == {"train": 205, "val": 87, "trainval": 292, "test": 72}
+
+
+def test_kinds_found_on_bccd(report):
+    assert set(report.counts()) == {
+        "zero_area", "near_duplicate_box", "class_size_outlier", "missing_class",
+        "metadata_mismatch", "foreign_annotation", "near_duplicate_image"}
+    assert not report.by_kind("checksum_mismatch")
+    assert report.checksums.startswith("all 734 files")
+
+
+def test_dropped_objects_match_the_loader(report):
+    """Report and loader share the checks: the errors are exactly what the loader drops."""
+    errors = {(i.image, i.object): i.kind for i in report.issues if i.severity == "error"}
+    assert errors == DROPPED
+    for issue in report.by_kind("zero_area") + report.by_kind("near_duplicate_box"):
+        assert issue.image.startswith("BloodImage_") and isinstance(issue.object, int)
+        assert "dropped" in issue.action
+
+
+def test_class_size_outliers(report):
+    assert keys(report, "class_size_outlier", "warning") == MISLABELS
+    detail = {(i.image, i.object): i.detail for i in report.by_kind("class_size_outlier")}
+    assert "wbc box 31x27 px" in detail[("BloodImage_00113", 12)]
+    assert "fits platelets" in detail[("BloodImage_00113", 12)]
+    assert "fits wbc" in detail[("BloodImage_00133", 9)]
+    assert all(i.severity == "info" for i in report.by_kind("class_size_outlier")
+               if (i.image, i.object) not in MISLABELS)
+
+
+def test_missing_classes(report):
+    issues = report.by_kind("missing_class")
+    assert {i.image for i in issues if "no wbc box" in i.detail} == NO_WBC
+    assert {i.image for i in issues if "no rbc box" in i.detail} == NO_RBC
+    assert not any("no platelets box" in i.detail for i in issues)   # 55 %: not expected
+    assert all(i.object is None and i.severity == "warning" for i in issues)
+
+
+def test_foreign_annotations_and_metadata(report):
+    assert keys(report, "foreign_annotation") == {(image, None) for image in FOREIGN}
+    assert keys(report, "metadata_mismatch") == {(image, None) for image in FOREIGN}
+    detail = report.by_kind("foreign_annotation")[0].detail
+    assert 'verified="no"' in detail and "2 spaces instead of a tab" in detail
+    assert "<folder> is 'RBC'" in report.by_kind("metadata_mismatch")[0].detail
+
+
+def test_same_field_of_view_pairs(report):
+    pairs = {(p.a, p.b): (p.splits_a[0], p.splits_b[0]) for p in report.image_pairs}
+    assert pairs == SAME_FIELD
+    issues = {i.image: i for i in report.by_kind("near_duplicate_image")}
+    crossing = issues["BloodImage_00227"]
+    assert crossing.severity == "warning" and "crosses splits" in crossing.detail
+    assert "BloodImage_00260" in crossing.detail and "test" in crossing.detail
+    assert issues["BloodImage_00231"].severity == "info"
+    assert sum(i.severity == "warning" for i in issues.values()) == sum(
+        a != b for a, b in SAME_FIELD.values())
+
+
+def test_json_shape_is_exact(report):
+    data = json.loads(report.to_json())
+    assert data == report.to_dict()
+    assert list(data) == ["root", "images", "objects_raw", "objects_kept", "per_class", "splits",
+                          "issues"]
+    assert isinstance(data["root"], str)
+    for key in ("images", "objects_raw", "objects_kept"):
+        assert type(data[key]) is int
+    assert list(data["per_class"]) == ["rbc", "wbc", "platelets"]
+    assert list(data["splits"]) == ["train", "val", "trainval", "test"]
+    assert all(type(n) is int for n in [*data["per_class"].values(), *data["splits"].values()])
+    assert data["issues"]
+    for issue in data["issues"]:
+        assert list(issue) == ["image", "object", "kind", "severity", "detail", "action"]
+        assert issue["image"] is None or isinstance(issue["image"], str)
+        assert issue["object"] is None or type(issue["object"]) is int
+        assert issue["kind"] in KINDS and issue["severity"] in SEVERITIES
+        assert issue["detail"] and issue["action"]
+
+
+def test_text_and_html(report):
+    text = str(report)
+    assert "364 images" in text and "4879 kept" in text
+    for kind in report.counts():
+        assert kind in text and kind in report._repr_html_()
+    assert "BloodImage_00338 object 12" in text
+
+
+def test_cli_json(bccd_root):
+    result = subprocess.run([sys.executable, "-m", "medaidet", "data", "validate",
+                             str(bccd_root), "--json"], capture_output=True, text=True,
+                            cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["images"] == 364 and data["objects_raw"] == 4888
+    assert {i["kind"] for i in data["issues"]} >= {"zero_area", "near_duplicate_image"}
+
+
+def test_cli_without_data_says_how_to_get_it(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "medaidet", "data", "validate",
+                             str(tmp_path / "nowhere")], capture_output=True, text=True,
+                            cwd=REPO, timeout=300)
+    assert result.returncode == 2
+    assert "BCCD not found" in result.stderr and "medaidet data download" in result.stderr
