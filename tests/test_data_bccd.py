@@ -10,21 +10,9 @@ from medaidet.data.bccd import (
     BCCD_LABEL_NAMES, AnnotationWarning, BCCDDataset, InvalidObjectError, SplitError,
     parse_annotation, read_split)
 from medaidet.errors import MedaidetError
+from conftest import BCCD_DROPPED as DROPPED
 
 SPLIT_SIZES = {"train": 205, "val": 87, "trainval": 292, "test": 72}
-# What the loader drops on BCCD (found by the validator, checked by eye):
-# (image id, object index) -> kind.
-DROPPED = {
-    ("BloodImage_00338", 12): "zero_area",
-    ("BloodImage_00343", 3): "zero_area",
-    ("BloodImage_00020", 14): "near_duplicate_box",
-    ("BloodImage_00100", 2): "near_duplicate_box",
-    ("BloodImage_00104", 13): "near_duplicate_box",
-    ("BloodImage_00251", 7): "near_duplicate_box",
-    ("BloodImage_00284", 1): "near_duplicate_box",
-    ("BloodImage_00331", 2): "near_duplicate_box",
-    ("BloodImage_00403", 3): "near_duplicate_box",
-}
 
 
 @pytest.fixture(scope="module")

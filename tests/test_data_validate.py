@@ -6,20 +6,9 @@ import sys
 import pytest
 
 from medaidet.data.validate import KINDS, SEVERITIES, ValidationReport, validate_dataset
+from conftest import BCCD_DROPPED as DROPPED
 from conftest import REPO
 
-# What the loader drops: (image id, object index) -> kind.
-DROPPED = {
-    ("BloodImage_00338", 12): "zero_area",
-    ("BloodImage_00343", 3): "zero_area",
-    ("BloodImage_00020", 14): "near_duplicate_box",
-    ("BloodImage_00100", 2): "near_duplicate_box",
-    ("BloodImage_00104", 13): "near_duplicate_box",
-    ("BloodImage_00251", 7): "near_duplicate_box",
-    ("BloodImage_00284", 1): "near_duplicate_box",
-    ("BloodImage_00331", 2): "near_duplicate_box",
-    ("BloodImage_00403", 3): "near_duplicate_box",
-}
 
 # The same field of view photographed twice (each pair checked by eye), with the splits.
 SAME_FIELD = {

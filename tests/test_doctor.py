@@ -15,6 +15,7 @@ from medaidet import doctor
 from medaidet.compat import installed_cupy
 from medaidet.doctor import GIB, Check, DoctorReport, Facts, run_doctor
 from medaidet.stack import sources
+from conftest import fake_distribution
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS_CHAINER = sources.CHAINER.wheel_version
@@ -97,9 +98,7 @@ def doctor_in(tmp_path, files=(), dists=()):
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_text(text)
     for name, version in dists:
-        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        fake_distribution(site, name, version)
     paths = [str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     env.pop("CHAINER_CUDNN", None)
