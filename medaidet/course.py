@@ -15,7 +15,6 @@ Importing this module is cheap (papermill and chainer are imported only when
 needed), so notebooks can use :func:`resolve_profile`.
 """
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
@@ -26,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from medaidet.errors import MedaidetError
+from medaidet.stack.install import installed_version
 
 PROFILES = ("smoke", "full")
 CELL_TIMEOUT = {"smoke": 600, "full": 7200}
@@ -70,9 +70,9 @@ class CourseSummary:
     notebooks_dir: str = ""
     cell_timeout: int = 0
     python: str = field(default_factory=lambda: platform.python_version())
-    numpy: object = field(default_factory=lambda: _version("numpy"))
-    chainer: object = field(default_factory=lambda: _version("chainer"))
-    chainercv: object = field(default_factory=lambda: _version("chainercv"))
+    numpy: object = field(default_factory=lambda: installed_version("numpy"))
+    chainer: object = field(default_factory=lambda: installed_version("chainer"))
+    chainercv: object = field(default_factory=lambda: installed_version("chainercv"))
     date: str = field(default_factory=lambda: datetime.datetime.now().astimezone()
                       .isoformat(timespec="seconds"))
 
@@ -105,13 +105,6 @@ class CourseSummary:
             seconds = f"{r.seconds:.1f}" if r.status != "not run" else ""
             lines.append(f"| {r.name} | {status} | {seconds} | {output} | {error} |")
         return "\n".join(lines) + "\n"
-
-
-def _version(name: str):
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def resolve_profile(profile: str = "auto"):
