@@ -1,0 +1,505 @@
+"""SSD training augmentation for BCCD, with the boxes re-checked after augmentation.
+
+:class:`TrainTransform` is the course's recipe, which is ChainerCV's
+``examples/ssd/train.py`` ``Transform``::
+
+    random_distort -> random_expand (p=0.5, fill=mean) -> random_crop_with_bbox_constraints
+    -> resize_with_random_interpolation to size x size -> random horizontal flip
+    -> subtract mean -> coder.encode
+
+and two checks ChainerCV's does not make:
+
+* **before** augmenting, the sample itself (:func:`check_sample`): a label outside
+  ``[0, n_fg_class)``, a non-integer label array, a non-finite or reversed box, or
+  mismatched shapes raise :class:`InvalidSampleError`: the dataset is wrong, and
+  augmentation must not hide it. A box of zero height or width is dropped (it would only
+  bias the crop: its IoU with every crop is 0);
+* **after** crop, resize and flip (:func:`recheck_boxes`): every box is clipped to the
+  image, and a box with a non-finite coordinate or a height or width below ``min_size``
+  pixels (a sliver left by the crop, shrunk by the resize) is dropped, its label with it.
+
+So every box that reaches ``coder.encode`` is finite, inside the image and at least
+``min_size`` px on each side, and every label is in ``[0, n_fg_class)``: the encoded
+``mb_loc`` is finite at every positive prior and ``mb_label`` is in ``[0, n_fg_class]``.
+
+Conventions (ChainerCV's): ``img`` float32 (3, H, W), RGB, 0-255; ``bbox`` float32
+(R, 4) ``(y_min, x_min, y_max, x_max)``, 0-based, continuous coordinates (the image
+spans ``[0, H] x [0, W]``); ``label`` int32 (R,), 0-based foreground classes (the coder
+adds 1 and uses 0 for background).
+
+Randomness comes from Python's :mod:`random` module, as in ChainerCV's SSD transforms
+(the expansion coin too, which ChainerCV's example draws from NumPy): ``random.seed(n)``
+reproduces a sequence of augmentations.
+
+OpenCV is optional in this course (images are read with PIL). ChainerCV's
+``random_distort`` and ``resize_with_random_interpolation`` need it; without it
+(:data:`IMAGE_BACKEND` ``"numpy+PIL"``) this module uses ports of the two that draw the
+same random numbers in the same order (so the geometry of an augmentation for a given
+seed is the same with or without OpenCV): colour changes in NumPy with OpenCV's 8-bit
+HSV conventions, and a PIL resize with one of the five corresponding filters.
+"""
+from __future__ import annotations
+
+import copy
+import random
+import threading
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+import numpy as np
+from chainercv import transforms
+from chainercv.links.model.ssd import random_crop_with_bbox_constraints
+from PIL import Image
+
+from medaidet.errors import MedaidetError
+
+__all__ = [
+    "InvalidSampleError", "TransformStats", "RecheckedBoxes", "check_sample",
+    "recheck_boxes", "TrainTransform", "EncodeTransform", "DEFAULT_MIN_SIZE",
+    "IMAGE_BACKEND", "random_distort", "resize_with_random_interpolation",
+]
+
+try:
+    import cv2  # noqa: F401  (only whether it imports matters)
+    from chainercv.links.model.ssd import random_distort, resize_with_random_interpolation
+    IMAGE_BACKEND = "cv2"
+except ImportError:
+    IMAGE_BACKEND = "numpy+PIL"
+
+#: Smallest height and width (pixels of the network input) a box may have after
+#: augmentation. Below it the box is a sliver the crop left behind: it is dropped.
+DEFAULT_MIN_SIZE = 1.0
+
+
+# --------------------------------------------------------------------------- without OpenCV
+
+def rgb_to_hsv_u8(rgb):
+    """uint8 (3, H, W) RGB -> uint8 (3, H, W) HSV in OpenCV's 8-bit convention (H 0-179,
+    S and V 0-255), as ``cv2.cvtColor(hwc, cv2.COLOR_RGB2HSV)`` up to rounding."""
+    r, g, b = rgb.astype(np.float32)
+    v = np.maximum(np.maximum(r, g), b)
+    diff = v - np.minimum(np.minimum(r, g), b)
+    s = np.divide(255 * diff, v, out=np.zeros_like(v), where=v > 0)
+    red_max, green_max = v == r, v == g
+    # hue in sextants: (g - b) / diff if red is the maximum, 2 + (b - r) / diff if green,
+    # 4 + (r - g) / diff if blue; the checks in this order, as OpenCV's
+    h = np.where(red_max, g - b, np.where(green_max, b - r, r - g))
+    np.divide(h, diff, out=h, where=diff > 0)
+    h += np.where(red_max, np.float32(0), np.where(green_max, np.float32(2), np.float32(4)))
+    h *= 30
+    h[diff == 0] = 0
+    h[h < 0] += 180
+    out = np.empty(rgb.shape, dtype=np.uint8)
+    out[0] = np.rint(h) % 180
+    out[1] = np.rint(s)
+    out[2] = v
+    return out
+
+
+def hsv_to_rgb_u8(hsv):
+    """uint8 (3, H, W) HSV in OpenCV's 8-bit convention -> uint8 (3, H, W) RGB, as
+    ``cv2.cvtColor(hwc, cv2.COLOR_HSV2RGB)`` up to rounding."""
+    h, s, v = hsv.astype(np.float32)
+    h /= 30                         # sextant position, 0 to 6
+    vs = v * s
+    vs /= 255
+    out = np.empty(hsv.shape, dtype=np.uint8)
+    for channel, n in enumerate((5, 3, 1)):          # R, G, B
+        k = h + n
+        np.subtract(k, 6, out=k, where=k >= 6)       # (n + h) mod 6
+        weight = np.minimum(k, 4 - k)
+        np.clip(weight, 0, 1, out=weight)
+        weight *= vs
+        out[channel] = np.rint(v - weight)
+    return out
+
+
+def _random_distort_numpy(img, brightness_delta=32, contrast_low=0.5, contrast_high=1.5,
+                          saturation_low=0.5, saturation_high=1.5, hue_delta=18):
+    """ChainerCV's ``random_distort`` without OpenCV: the same steps, in the same order,
+    drawing the same random numbers. img: (3, H, W) RGB 0-255 -> float32 (3, H, W)."""
+    chw = img.astype(np.uint8)
+
+    def convert(x, alpha=1, beta=0):      # in float64, as ChainerCV's: the same truncation
+        x = x.astype(float) * alpha + beta
+        return np.clip(x, 0, 255).astype(np.uint8)
+
+    def brightness(x):
+        return convert(x, beta=random.uniform(-brightness_delta, brightness_delta)) \
+            if random.randrange(2) else x
+
+    def contrast(x):
+        return convert(x, alpha=random.uniform(contrast_low, contrast_high)) \
+            if random.randrange(2) else x
+
+    def saturation(x):
+        if not random.randrange(2):
+            return x
+        hsv = rgb_to_hsv_u8(x)
+        hsv[1] = convert(hsv[1], alpha=random.uniform(saturation_low, saturation_high))
+        return hsv_to_rgb_u8(hsv)
+
+    def hue(x):
+        if not random.randrange(2):
+            return x
+        hsv = rgb_to_hsv_u8(x)
+        hsv[0] = (hsv[0].astype(np.int16) + random.randint(-hue_delta, hue_delta)) % 180
+        return hsv_to_rgb_u8(hsv)
+
+    chw = brightness(chw)
+    if random.randrange(2):
+        chw = hue(saturation(contrast(chw)))
+    else:
+        chw = contrast(hue(saturation(chw)))
+    return chw.astype(np.float32)
+
+
+# The PIL filters matching, in order, the OpenCV interpolations ChainerCV chooses from
+# (INTER_LINEAR, INTER_AREA, INTER_NEAREST, INTER_CUBIC, INTER_LANCZOS4).
+_PIL_FILTERS = (Image.BILINEAR, Image.BOX, Image.NEAREST, Image.BICUBIC, Image.LANCZOS)
+
+
+def _resize_with_random_interpolation_pil(img, size):
+    """ChainerCV's ``resize_with_random_interpolation`` without OpenCV (PIL, one of five
+    filters chosen by the same draw). img float32 (C, H, W); size (H, W)."""
+    resample = random.choice(_PIL_FILTERS)
+    height, width = size
+    return np.stack([
+        np.asarray(Image.fromarray(np.ascontiguousarray(channel, dtype=np.float32))
+                   .resize((width, height), resample=resample))
+        for channel in img]).astype(np.float32, copy=False)
+
+
+if IMAGE_BACKEND != "cv2":
+    random_distort = _random_distort_numpy
+    resize_with_random_interpolation = _resize_with_random_interpolation_pil
+
+
+# --------------------------------------------------------------------------- checks
+
+class InvalidSampleError(MedaidetError, ValueError):
+    """A sample given to a transform is wrong: the dataset produced it.
+
+    Attributes: ``kind`` (``"label_range"``, ``"label_dtype"``, ``"shape"``,
+    ``"non_finite_box"``, ``"reversed_box"``, ``"image"``), ``box_index`` (the row of
+    ``bbox``/``label`` at fault, or None) and ``value`` (the offending value, or None).
+    """
+
+    def __init__(self, message: str, kind: str, box_index=None, value=None):
+        super().__init__(message)
+        self.kind = kind
+        self.box_index = box_index
+        self.value = value
+
+
+@dataclass
+class TransformStats:
+    """What a transform did to the boxes since it was made (or since ``reset_stats``).
+
+    ``dropped`` (the re-check's drops: ``too_small + non_finite``) is what training
+    should report; ``cropped_out`` is the SSD recipe's own behaviour (a box whose centre
+    falls outside the random crop leaves the sample) and is no defect.
+    """
+    samples: int = 0
+    boxes_in: int = 0            # boxes given to the transform
+    boxes_out: int = 0           # boxes encoded
+    degenerate_input: int = 0    # zero height or width as given: dropped before augmenting
+    cropped_out: int = 0         # centre outside the random crop (the recipe's own drop)
+    too_small: int = 0           # re-check: height or width < min_size after resize
+    non_finite: int = 0          # re-check: a non-finite coordinate after augmentation
+    clipped: int = 0             # re-check: moved back inside the image (rounding)
+
+    @property
+    def dropped(self) -> int:
+        """Boxes the re-check dropped (``too_small + non_finite``)."""
+        return self.too_small + self.non_finite
+
+    def as_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["dropped"] = self.dropped
+        return out
+
+
+class RecheckedBoxes(NamedTuple):
+    """:func:`recheck_boxes`' result: the boxes kept and what happened to the others."""
+    bbox: np.ndarray         # float32 (R', 4) (y_min, x_min, y_max, x_max), inside the image
+    label: np.ndarray        # int32 (R',), aligned with bbox
+    keep: np.ndarray         # bool (R,): which input rows were kept
+    too_small: int
+    non_finite: int
+    clipped: int
+
+
+def _as_arrays(bbox, label):
+    bbox = np.asarray(bbox)
+    label = np.asarray(label)
+    if bbox.ndim != 2 or bbox.shape[1] != 4:
+        raise InvalidSampleError(
+            f"bbox has shape {bbox.shape}; expected (R, 4) boxes (y_min, x_min, y_max, x_max)",
+            "shape")
+    if label.shape != (len(bbox),):
+        raise InvalidSampleError(
+            f"label has shape {label.shape} but bbox has {len(bbox)} boxes; expected label "
+            f"of shape ({len(bbox)},), one class per box", "shape")
+    if not (np.issubdtype(label.dtype, np.integer) and label.dtype != np.bool_):
+        raise InvalidSampleError(
+            f"label has dtype {label.dtype}; expected integers (int32 class indices)",
+            "label_dtype", value=label.dtype)
+    return bbox, label
+
+
+def _check_labels(label, n_fg_class):
+    bad = np.flatnonzero((label < 0) | (label >= n_fg_class))
+    if len(bad):
+        i = int(bad[0])
+        value = int(label[i])
+        hint = ("labels are 0-based foreground classes; the SSD coder adds the background "
+                "class itself: did the dataset add 1 for background?"
+                if value == n_fg_class else
+                "a negative label is no class (was -1 meant as 'ignore'?)" if value < 0 else
+                "is n_fg_class right for this dataset?")
+        more = f" ({len(bad) - 1} more box(es) out of range)" if len(bad) > 1 else ""
+        raise InvalidSampleError(
+            f"box {i}: label {value} is outside the allowed range [0, {n_fg_class}) "
+            f"(n_fg_class={n_fg_class}){more}; {hint}. The dataset is wrong: fix its labels",
+            "label_range", box_index=i, value=value)
+
+
+def check_sample(img, bbox, label, n_fg_class: int):
+    """Check one ``(img, bbox, label)`` before augmenting; return ``(bbox, label, keep)``.
+
+    Raises :class:`InvalidSampleError` for an image that is not (3, H, W), mismatched
+    shapes, non-integer labels, a label outside ``[0, n_fg_class)``, a box with a
+    non-finite coordinate or a reversed box (``y_max < y_min`` or ``x_max < x_min``).
+    Returns ``bbox`` as float32 and ``label`` as int32 without the boxes of zero
+    height or width, and ``keep`` (bool (R,)) saying which rows are left.
+    """
+    img = np.asarray(img)
+    if img.ndim != 3 or img.shape[0] != 3 or min(img.shape[1:]) < 1:
+        raise InvalidSampleError(
+            f"img has shape {img.shape}; expected (3, H, W), RGB, channels first", "image")
+    bbox, label = _as_arrays(bbox, label)
+    _check_labels(label, n_fg_class)
+    finite = np.isfinite(bbox).all(axis=1)
+    if not finite.all():
+        i = int(np.flatnonzero(~finite)[0])
+        raise InvalidSampleError(
+            f"box {i} is {bbox[i].tolist()}: a coordinate is not finite. The dataset is "
+            "wrong: fix or drop the box", "non_finite_box", box_index=i, value=bbox[i].tolist())
+    reversed_ = (bbox[:, 2] < bbox[:, 0]) | (bbox[:, 3] < bbox[:, 1])
+    if reversed_.any():
+        i = int(np.flatnonzero(reversed_)[0])
+        raise InvalidSampleError(
+            f"box {i} is {bbox[i].tolist()}: reversed (y_max < y_min or x_max < x_min). Boxes "
+            "are (y_min, x_min, y_max, x_max): was (x_min, y_min, x_max, y_max) or "
+            "(y, x, height, width) given?", "reversed_box", box_index=i,
+            value=bbox[i].tolist())
+    keep = (bbox[:, 2] > bbox[:, 0]) & (bbox[:, 3] > bbox[:, 1])
+    return bbox[keep].astype(np.float32), label[keep].astype(np.int32), keep
+
+
+def recheck_boxes(bbox, label, size, n_fg_class: int,
+                  min_size: float = DEFAULT_MIN_SIZE) -> RecheckedBoxes:
+    """Re-check boxes after augmentation: clip, drop degenerate ones, keep labels aligned.
+
+    Args:
+        bbox: (R, 4) ``(y_min, x_min, y_max, x_max)`` in the pixels of the image they now
+            belong to.
+        label: (R,) integer class indices.
+        size: that image's ``(H, W)``.
+        n_fg_class: labels must lie in ``[0, n_fg_class)``, else
+            :class:`InvalidSampleError` (augmentation never changes a label, so an
+            out-of-range one came from the dataset).
+        min_size: boxes whose height or width is below it (after clipping) are dropped.
+
+    Order: a box with a non-finite coordinate is dropped; the rest are clipped to
+    ``[0, H] x [0, W]``; then a box with height or width ``< min_size`` is dropped.
+    Returns :class:`RecheckedBoxes` (bbox float32, label int32).
+    """
+    bbox, label = _as_arrays(bbox, label)
+    _check_labels(label, n_fg_class)
+    height, width = size
+    bbox = bbox.astype(np.float32)
+    finite = np.isfinite(bbox).all(axis=1)
+    upper = np.array([height, width, height, width], dtype=np.float32)
+    clipped_bbox = np.clip(np.where(finite[:, None], bbox, 0), 0, upper)
+    moved = finite & np.any(clipped_bbox != bbox, axis=1)
+    extent = clipped_bbox[:, 2:] - clipped_bbox[:, :2]
+    big_enough = np.all(extent >= min_size, axis=1)
+    keep = finite & big_enough
+    return RecheckedBoxes(
+        bbox=clipped_bbox[keep], label=label[keep].astype(np.int32), keep=keep,
+        too_small=int(np.count_nonzero(finite & ~big_enough)),
+        non_finite=int(np.count_nonzero(~finite)),
+        clipped=int(np.count_nonzero(moved & keep)))
+
+
+class _EncodingTransform:
+    """What both transforms share: the coder (on CPU), the mean, the checks, the stats."""
+
+    def __init__(self, coder, size: int, mean, n_fg_class: int, min_size: float):
+        if int(n_fg_class) < 1:
+            raise ValueError(f"n_fg_class must be >= 1, got {n_fg_class}")
+        if not min_size > 0:
+            raise ValueError(f"min_size must be > 0 pixels, got {min_size}: a box of zero "
+                             "height or width gives log(0) in the encoded location")
+        # A CPU copy, as in ChainerCV's example: the model may move to the GPU, the
+        # transform runs in the data-loading workers.
+        self.coder = copy.copy(coder)
+        self.coder.to_cpu()
+        self.size = int(size)
+        self.mean = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
+        self.n_fg_class = int(n_fg_class)
+        self.min_size = float(min_size)
+        self.stats = TransformStats()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_model(cls, model, **kwargs):
+        """The transform for a ChainerCV SSD ``model``: its coder, input size, mean and
+        number of foreground classes."""
+        return cls(model.coder, model.insize, model.mean, n_fg_class=model.n_fg_class,
+                   **kwargs)
+
+    def reset_stats(self) -> TransformStats:
+        """Start counting afresh; return the counts so far."""
+        with self._lock:
+            old, self.stats = self.stats, TransformStats()
+        return old
+
+    def __getstate__(self):          # picklable for MultiprocessIterator
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _count(self, **counts):
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self.stats, name, getattr(self.stats, name) + value)
+
+    def _finish(self, img, bbox, label):
+        """The re-check after augmentation, counted: (bbox, label) to encode."""
+        checked = recheck_boxes(bbox, label, img.shape[1:], self.n_fg_class, self.min_size)
+        self._count(too_small=checked.too_small, non_finite=checked.non_finite,
+                    clipped=checked.clipped, boxes_out=len(checked.bbox))
+        return checked.bbox, checked.label
+
+    def _encode(self, img, bbox, label):
+        img = img - self.mean
+        mb_loc, mb_label = self.coder.encode(bbox, label)
+        return img.astype(np.float32, copy=False), mb_loc, mb_label
+
+    def _begin(self, img, bbox, label):
+        n_in = len(np.asarray(bbox))
+        bbox, label, keep = check_sample(img, bbox, label, self.n_fg_class)
+        self._count(samples=1, boxes_in=n_in, degenerate_input=int(np.count_nonzero(~keep)))
+        return np.asarray(img, dtype=np.float32), bbox, label
+
+
+class TrainTransform(_EncodingTransform):
+    """The course's SSD augmentation, re-checked: ``(img, bbox, label) -> (img, mb_loc, mb_label)``.
+
+    Args:
+        coder: the model's ``MultiboxCoder`` (``model.coder``); a CPU copy is kept.
+        size: the network's input size (300 for SSD300, ``model.insize``).
+        mean: the model's per-channel mean (``model.mean``, (3, 1, 1)); fills the
+            expansion canvas and is subtracted from the output.
+        n_fg_class: number of foreground classes (3 for BCCD); labels must lie in
+            ``[0, n_fg_class)``.
+        min_size: smallest height and width (pixels at ``size`` x ``size``) a box may keep
+            after augmentation; smaller ones are dropped with their labels.
+        expand_probability: chance of the random expansion ("zoom out"), 0.5 in the course.
+        max_expand_ratio: the canvas is up to this many times the image (4 in SSD).
+
+    Input: ``img`` float32 (3, H, W) RGB 0-255, ``bbox`` (R, 4) ``(y_min, x_min, y_max,
+    x_max)``, ``label`` int (R,). Output: ``img`` float32 (3, size, size) minus the mean,
+    ``mb_loc`` float32 (K, 4) and ``mb_label`` int32 (K,) for the K default boxes
+    (8732 for SSD300); ``mb_label`` 0 is background. Counts are kept in :attr:`stats`
+    (:class:`TransformStats`); with ``MultiprocessIterator`` each worker counts in its own
+    copy, so read them with ``SerialIterator``/``MultithreadIterator``.
+    Raises :class:`InvalidSampleError` for a wrong sample (see :func:`check_sample`).
+
+    Example::
+
+        transform = TrainTransform.for_model(model)       # SSD300(n_fg_class=3)
+        train = chainer.datasets.TransformDataset(BCCDDataset(split='train'), transform)
+    """
+
+    def __init__(self, coder, size: int, mean, n_fg_class: int = 3,
+                 min_size: float = DEFAULT_MIN_SIZE, expand_probability: float = 0.5,
+                 max_expand_ratio: float = 4):
+        super().__init__(coder, size, mean, n_fg_class, min_size)
+        self.expand_probability = float(expand_probability)
+        self.max_expand_ratio = float(max_expand_ratio)
+
+    def augment(self, img, bbox, label):
+        """The augmentation and the checks without mean and encoding.
+
+        Returns ``(img, bbox, label)``: img float32 (3, size, size) RGB 0-255 (mean not
+        subtracted), bbox float32 (R', 4) inside the image with height and width
+        ``>= min_size``, label int32 (R',). For looking at augmented samples.
+        """
+        img, bbox, label = self._begin(img, bbox, label)
+        # 1. colour
+        img = random_distort(img)
+        # 2. zoom out: the image on a larger canvas filled with the mean
+        if random.random() < self.expand_probability:
+            img, param = transforms.random_expand(
+                img, max_ratio=self.max_expand_ratio, fill=self.mean, return_param=True)
+            bbox = transforms.translate_bbox(
+                bbox, y_offset=param["y_offset"], x_offset=param["x_offset"])
+        # 3. zoom in: a crop that overlaps the boxes enough; boxes whose centre is
+        #    outside it leave the sample
+        img, param = random_crop_with_bbox_constraints(img, bbox, return_param=True)
+        n_before = len(bbox)
+        bbox, param = transforms.crop_bbox(
+            bbox, y_slice=param["y_slice"], x_slice=param["x_slice"],
+            allow_outside_center=False, return_param=True)
+        label = label[param["index"]]
+        self._count(cropped_out=n_before - len(bbox))
+        # 4. resize, with a random interpolation
+        _, height, width = img.shape
+        img = resize_with_random_interpolation(img, (self.size, self.size))
+        bbox = transforms.resize_bbox(bbox, (height, width), (self.size, self.size))
+        # 5. horizontal flip
+        img, param = transforms.random_flip(img, x_random=True, return_param=True)
+        bbox = transforms.flip_bbox(bbox, (self.size, self.size), x_flip=param["x_flip"])
+        # 6. the re-check: crop and resize can leave slivers; nothing invalid goes on
+        bbox, label = self._finish(img, bbox, label)
+        return img, bbox, label
+
+    def __call__(self, in_data):
+        img, bbox, label = in_data[:3]
+        img, bbox, label = self.augment(img, bbox, label)
+        return self._encode(img, bbox, label)
+
+
+class EncodeTransform(_EncodingTransform):
+    """No augmentation: resize to ``size`` x ``size`` (bilinear), re-check, subtract the
+    mean, encode. ``(img, bbox, label) -> (img, mb_loc, mb_label)``, deterministic.
+
+    For computing the training loss on fixed samples (the loss notebook, validation
+    loss). Arguments and conventions as :class:`TrainTransform`.
+    """
+
+    def __init__(self, coder, size: int, mean, n_fg_class: int = 3,
+                 min_size: float = DEFAULT_MIN_SIZE):
+        super().__init__(coder, size, mean, n_fg_class, min_size)
+
+    def resize(self, img, bbox, label):
+        """Resized ``(img, bbox, label)``, boxes re-checked, mean not subtracted."""
+        img, bbox, label = self._begin(img, bbox, label)
+        _, height, width = img.shape
+        img = transforms.resize(img, (self.size, self.size))
+        bbox = transforms.resize_bbox(bbox, (height, width), (self.size, self.size))
+        bbox, label = self._finish(img, bbox, label)
+        return img, bbox, label
+
+    def __call__(self, in_data):
+        img, bbox, label = in_data[:3]
+        img, bbox, label = self.resize(img, bbox, label)
+        return self._encode(img, bbox, label)
