@@ -109,6 +109,24 @@ def _numpy_constraint(log) -> str:
     return f"numpy{NUMPY_RANGE}\n"
 
 
+OPENCV_DISTRIBUTIONS = ("opencv-python-headless", "opencv-python", "opencv-contrib-python",
+                        "opencv-contrib-python-headless")
+
+
+def _install_opencv(constraints: Path, log) -> None:
+    # ChainerCV's augmentations use OpenCV when present (faster, and what Colab has).
+    # Installed under the NumPy constraint: opencv >= 4.12 needs NumPy 2, and
+    # unconstrained pip would silently upgrade NumPy 1.26 to get it.
+    present = [n for n in OPENCV_DISTRIBUTIONS if installed_version(n)]
+    if present:
+        log(f"OpenCV: keeping {present[0]} {installed_version(present[0])}")
+        return
+    numpy_major = int((installed_version("numpy") or "2").split(".")[0])
+    requirement = "opencv-python-headless" + ("<4.12" if numpy_major < 2 else "")
+    log(f"OpenCV: installing {requirement} (for NumPy {installed_version('numpy')})")
+    _pip([requirement, "-c", str(constraints)], log)
+
+
 def _install_cupy(choice, constraints: Path, log) -> None:
     present = installed_cupy()
     if choice.requirement is None:
@@ -148,6 +166,7 @@ def install(cuda="auto", cache_dir=None, force=False, log=print) -> StackStatus:
             _pip([*map(str, wheels), "-c", str(constraints)], log)
             if force:
                 _pip(["--force-reinstall", "--no-deps", *map(str, wheels)], log)
+        _install_opencv(constraints, log)
         numpy_version = installed_version("numpy")
         choice = cuda_choice.choose_cupy(cuda, numpy_version, cuda_choice.query_nvidia_smi())
         _install_cupy(choice, constraints, log)
