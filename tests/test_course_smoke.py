@@ -12,7 +12,8 @@ def test_every_notebook_runs_in_the_smoke_profile(tmp_path, monkeypatch, bccd_ro
     statuses = {r.name: (r.status, r.error) for r in summary.results}
     assert summary.ok, statuses
     names = [p.stem for p in list_notebooks(default_notebooks_dir())]
-    assert list(statuses) == names and {"00_environment", "01_data"} <= set(names)
+    assert list(statuses) == names
+    assert {"00_environment", "01_data", "02_model_and_loss"} <= set(names)
     for name in names:
         executed = nbformat.read(str(tmp_path / f"{name}.ipynb"), as_version=4)
         outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
@@ -31,3 +32,17 @@ def test_data_notebook_plots_and_reports(tmp_path, monkeypatch, bccd_root):
     assert len(figures) >= 5  # class balance, box sizes, samples, flagged objects, image pairs
     assert "every file matches" in text
     assert "zero_area" in text and "near_duplicate_image" in text
+
+
+def test_model_and_loss_notebook_shows_the_named_error(tmp_path, monkeypatch, bccd_root):
+    monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
+    summary = run_course(profile="smoke", only=["02"], out_dir=tmp_path, log=lambda *_: None)
+    assert summary.ok, summary.results
+    executed = nbformat.read(str(tmp_path / "02_model_and_loss.ipynb"), as_version=4)
+    outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) >= 2
+    assert "ChainerCV : IndexError" in text            # the unhelpful original
+    assert "ChainerCV : no error; loss = nan" in text  # the silent one
+    assert text.count("medaidet  : InvalidTargetsError") == 2
+    assert "every ground-truth box recovered" in text
