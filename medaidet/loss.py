@@ -38,13 +38,13 @@ __all__ = ["InvalidTargetsError", "DivergedError", "multibox_loss", "hard_negati
 
 # --------------------------------------------------------------------------- errors
 
-class InvalidTargetsError(MedaidetError, ValueError):
-    """The loss's inputs disagree in shape/dtype or the targets hold invalid values.
+class _Located:
+    """Where the loss found the problem. Attributes (``None`` where they do not
+    apply): ``argument`` (the argument at fault), ``batch_index``, ``prior_index``,
+    ``value`` (of the first bad entry), ``count`` (of bad entries) and ``allowed``
+    (the allowed range, in words)."""
 
-    Attributes (``None`` where they do not apply): ``argument`` (the argument at
-    fault), ``batch_index``, ``prior_index``, ``value`` (of the first bad entry),
-    ``count`` (of bad entries) and ``allowed`` (the allowed range, in words).
-    """
+    default_allowed = None
 
     def __init__(self, message, argument=None, batch_index=None, prior_index=None,
                  value=None, count=None, allowed=None):
@@ -54,10 +54,17 @@ class InvalidTargetsError(MedaidetError, ValueError):
         self.prior_index = prior_index
         self.value = value
         self.count = count
-        self.allowed = allowed
+        self.allowed = self.default_allowed if allowed is None else allowed
 
 
-class DivergedError(MedaidetError, FloatingPointError):
+class InvalidTargetsError(_Located, MedaidetError, ValueError):
+    """The loss's inputs disagree in shape/dtype or the targets hold invalid values.
+
+    Attributes: see :class:`_Located`.
+    """
+
+
+class DivergedError(_Located, MedaidetError, FloatingPointError):
     """The predictions (``mb_locs`` or ``mb_confs``) hold nan or inf: training diverged.
 
     A ``FloatingPointError``, not a ``ValueError``: nothing is wrong with what
@@ -65,18 +72,10 @@ class DivergedError(MedaidetError, FloatingPointError):
     up. Keeping it out of the ``ValueError`` family means an ``except
     ValueError`` written for bad annotations never swallows a diverged run, and
     it sits beside NumPy's own ``FloatingPointError`` (``errstate(all='raise')``).
-    Attributes as :class:`InvalidTargetsError`.
+    Attributes: see :class:`_Located`.
     """
 
-    def __init__(self, message, argument=None, batch_index=None, prior_index=None,
-                 value=None, count=None, allowed="finite values"):
-        super().__init__(message)
-        self.argument = argument
-        self.batch_index = batch_index
-        self.prior_index = prior_index
-        self.value = value
-        self.count = count
-        self.allowed = allowed
+    default_allowed = "finite values"
 
 
 # --------------------------------------------------------------------------- the loss

@@ -35,7 +35,6 @@ Parameter names are the keys of ``chainer.serializers.save_npz``, e.g.
 """
 from __future__ import annotations
 
-import hashlib
 import http.client
 import logging
 import os
@@ -51,6 +50,7 @@ from chainer.dataset import get_dataset_root
 from chainercv.links import SSD300, SSD512
 from chainercv.utils import download as _cv_download
 
+from medaidet.checksums import sha256_file
 from medaidet.data.bccd import BCCD_LABEL_NAMES
 from medaidet.errors import MedaidetError
 
@@ -295,7 +295,7 @@ def save_weights(model, path, compression: bool = False) -> str:
     try:
         with os.fdopen(fd, "wb") as f:
             chainer.serializers.save_npz(f, model, compression=compression)
-        digest = _sha256(Path(tmp))
+        digest = sha256_file(Path(tmp))
         os.replace(tmp, path)
         _write_text_atomic(_sidecar(path), f"{digest}  {path.name}\n")
     except BaseException:
@@ -318,7 +318,7 @@ def load_weights(model, path) -> WeightsReport:
     if sidecar.is_file():
         fields = sidecar.read_text().split()
         expected = fields[0].lower() if fields else ""
-        found = _sha256(path)
+        found = sha256_file(path)
         if found != expected:
             raise WeightsChecksumError(
                 f"{path} does not match its checksum file {sidecar.name}: expected sha256 "
@@ -329,14 +329,6 @@ def load_weights(model, path) -> WeightsReport:
 
 def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + SIDECAR_SUFFIX)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write_text_atomic(path: Path, text: str) -> None:

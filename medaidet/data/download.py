@@ -41,6 +41,7 @@ import zlib
 from pathlib import Path, PureWindowsPath
 from typing import NamedTuple
 
+from medaidet.checksums import sha256_file
 from medaidet.errors import MedaidetError
 
 __all__ = [
@@ -140,14 +141,6 @@ def manifest_sha256() -> str:
     return hashlib.sha256(_manifest_bytes()).hexdigest()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def verify_dataset(root) -> list[Problem]:
     """Re-hash every manifest file under ``root``; ``[]`` when all match.
 
@@ -160,7 +153,7 @@ def verify_dataset(root) -> list[Problem]:
         if not path.is_file():
             problems.append(Problem(rel, "missing", expected, None))
             continue
-        actual = _sha256(path)
+        actual = sha256_file(path)
         if actual != expected:
             problems.append(Problem(rel, "mismatch", expected, actual))
     return problems

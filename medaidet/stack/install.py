@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
 from medaidet.compat import installed_cupy
 from medaidet.stack import cuda as cuda_choice

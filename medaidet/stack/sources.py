@@ -3,7 +3,6 @@
 The files are fetched with pip itself (``pip download``), so whatever index
 the user's pip is configured for is used; no host is written here.
 """
-import hashlib
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from medaidet.checksums import sha256_file
 from medaidet.stack.errors import StackError
 
 # Bump when the patches or the overlay change: it becomes the local version
@@ -47,17 +47,9 @@ CHAINERCV = Sdist("chainercv", "0.13.1",
 SDISTS = (CHAINER, CHAINERCV)
 
 
-def sha256_of(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify(sdist: Sdist, path: Path) -> None:
     """Raise :class:`StackError` unless ``path`` has the pinned sha256."""
-    actual = sha256_of(path)
+    actual = sha256_file(path)
     if actual != sdist.sha256:
         raise StackError(
             f"{path}: sha256 {actual} does not match the pinned {sdist.sha256} for "
