@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.set_defaults(func=_data_synth)
 
+    from medaidet.train import add_train_parser  # these modules import chainer lazily
+    add_train_parser(commands)
+
     course = commands.add_parser("course", help="run the course notebooks with papermill")
     course_commands = course.add_subparsers(dest="course_command", required=True)
     p = course_commands.add_parser("run", help="execute every notebook in order")

@@ -1,0 +1,891 @@
+"""Train an SSD on BCCD: the course's recipe as one config, one function and one command.
+
+The recipe (ChainerCV's ``examples/ssd/train.py``, which the course copied) is the default of
+:class:`TrainConfig`: SSD300 from ImageNet VGG-16 weights, batch 32, MomentumSGD (lr 1e-3,
+momentum 0.9), bias gradients x2, weight decay 5e-4 on the other parameters, 300 epochs with
+the learning rate x0.1 at epochs 200 and 250, hard negatives k=3, alpha=1.
+``TrainConfig.profile('smoke')`` shrinks it to a few iterations on a few images from random
+weights (runs on a CPU in under a minute); ``TrainConfig.profile('full')`` is the recipe.
+
+:func:`train` reads top to bottom like the course: data -> iterator -> model + loss ->
+optimizer -> updater -> trainer with extensions -> run -> save. Everything it writes goes to
+``config.out``:
+
+* ``model.npz`` + ``model.npz.sha256``: model-only weights (:func:`medaidet.model.save_weights`),
+  what evaluation, counting and ``build_ssd(pretrained=PATH)`` load;
+* ``snapshot_latest.npz``: the whole trainer (model, optimizer state, iterator position, the
+  log, and the Python and NumPy random states), overwritten every ``snapshot_interval``
+  epochs and at the end; ``train(config, resume=PATH)`` continues from it;
+* ``metrics.json``: the log and the final numbers (see :class:`TrainResult`);
+* ``loss.png`` and ``map.png``: the loss curves and the validation mAP;
+* ``config.json``: the config the run used.
+
+Validation uses the 'evaluate' preset (score threshold 0.01: the course measured at 0.6) and
+VOC area AP (``use_07_metric=False``) at IoU 0.5, with the capped predictor of
+:mod:`medaidet.predict`.
+
+Resuming reproduces an uninterrupted run exactly on the CPU with ``n_processes=0``: the
+snapshot stores Python's and NumPy's global random states (chainer's own trainer snapshot
+does not), which drive the shuffling and the augmentation. With worker processes each worker
+draws its own random numbers (reseeded per process, see :class:`ReseedingTransform`), and on
+a GPU the kernels are not bitwise deterministic, so a resumed run is then only equivalent,
+not identical.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import multiprocessing
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from medaidet import compat
+from medaidet.errors import MedaidetError
+
+__all__ = ["TrainConfig", "TrainResult", "train", "ConfigError", "DeviceError", "ResumeError",
+           "PROFILES", "resolve_device", "add_train_parser", "config_from_args",
+           "RandomStateExtension", "ReseedingTransform"]
+
+PROFILES = ("smoke", "full")
+SNAPSHOT_NAME = "snapshot_latest.npz"
+WEIGHTS_NAME = "model.npz"
+
+
+class ConfigError(MedaidetError, ValueError):
+    """A training config (or config file) holds an unknown key or an impossible value."""
+
+
+class DeviceError(MedaidetError):
+    """The requested device cannot be used (no CUDA, no such GPU)."""
+
+
+class ResumeError(MedaidetError):
+    """A trainer snapshot cannot be resumed with this config (another dataset size, batch
+    size or model), or is not a trainer snapshot."""
+
+
+# --------------------------------------------------------------------------- config
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on. Defaults: the course's recipe.
+
+    Durations: training stops after ``iterations`` if given, else after ``epochs``;
+    ``lr_steps`` are epochs; ``eval_interval`` and ``snapshot_interval`` are epochs (``None``:
+    only at the end; evaluation and the snapshot always also happen at the end);
+    ``log_interval`` is iterations.
+    """
+
+    model: str = "ssd300"
+    pretrained: str | None = "imagenet"   # None, 'imagenet', 'voc0712' or an .npz path
+    batch_size: int = 32
+    lr: float = 1e-3
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    bias_grad_scale: float = 2.0
+    epochs: float = 300
+    iterations: int | None = None
+    lr_steps: tuple = (200, 250)
+    lr_gamma: float = 0.1
+    k: int = 3
+    alpha: float = 1.0
+    eval_interval: float | None = 1
+    eval_subset: int | None = None       # first N validation images; None: all
+    eval_batch_size: int = 8
+    log_interval: int = 10
+    snapshot_interval: float | None = 1
+    train_split: str = "train"
+    val_split: str = "val"
+    subset: int | None = None            # first N training images; None: all
+    n_processes: int | None = None       # None: min(4, cpu count); 0: SerialIterator
+    seed: int | None = None
+    device: str | int = "auto"           # 'cpu', 'gpu' (= GPU 0), an int, or 'auto'
+    data: str | None = None              # BCCD root; None: $MEDAIDET_DATA / the cache
+    out: str = "outputs/train"
+
+    def __post_init__(self):
+        self.validate()
+
+    # ---- construction
+
+    @classmethod
+    def profile(cls, name: str, **overrides) -> "TrainConfig":
+        """``'full'``: the recipe. ``'smoke'``: random init, 4 training images, batch 2,
+        4 iterations, evaluation on 2 validation images at the end, no worker processes."""
+        if name == "full":
+            base = {}
+        elif name == "smoke":
+            base = dict(pretrained=None, subset=4, batch_size=2, iterations=4,
+                        eval_interval=None, eval_subset=2, eval_batch_size=2, log_interval=1,
+                        snapshot_interval=None, n_processes=0, device="cpu", seed=0,
+                        out="outputs/train-smoke")
+        else:
+            raise ConfigError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
+        return cls.from_dict({**base, **overrides})
+
+    @classmethod
+    def from_dict(cls, values: dict, base: "TrainConfig | None" = None) -> "TrainConfig":
+        """A config from ``values`` (unknown keys raise :class:`ConfigError`), on top of
+        ``base`` (default: the recipe)."""
+        if not isinstance(values, dict):
+            raise ConfigError(f"a training config must be a mapping of option names to "
+                              f"values, got {type(values).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"unknown training option(s) {', '.join(unknown)}; known: "
+                              f"{', '.join(sorted(names))}")
+        merged = dataclasses.asdict(base) if base is not None else {}
+        merged.update(values)
+        if isinstance(merged.get("lr_steps"), list):
+            merged["lr_steps"] = tuple(merged["lr_steps"])
+        try:
+            return cls(**merged)
+        except TypeError as exc:
+            raise ConfigError(f"bad training config: {exc}") from None
+
+    @classmethod
+    def from_file(cls, path, base: "TrainConfig | None" = None) -> "TrainConfig":
+        """Read a JSON file (always) or a YAML file (``.yaml``/``.yml``; needs PyYAML)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read the config file {path}: {exc}") from None
+        if path.suffix.lower() in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise ConfigError(f"{path} is YAML but PyYAML is not installed: "
+                                  "pip install pyyaml, or write the config as JSON") from None
+            try:
+                values = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+        else:
+            try:
+                values = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+        try:
+            return cls.from_dict(values if values is not None else {}, base)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    def replace(self, **changes) -> "TrainConfig":
+        return self.from_dict(changes, base=self)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["lr_steps"] = list(self.lr_steps)
+        return out
+
+    # ---- checks
+
+    def validate(self) -> None:
+        def positive(name, integer=True, allow_none=False):
+            value = getattr(self, name)
+            if value is None and allow_none:
+                return
+            kinds = (int,) if integer else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
+                what = "a positive integer" if integer else "a positive number"
+                raise ConfigError(f"{name} must be {what}"
+                                  f"{' or null' if allow_none else ''}, got {value!r}")
+
+        for name in ("batch_size", "k", "log_interval", "eval_batch_size"):
+            positive(name)
+        for name in ("subset", "eval_subset", "iterations"):
+            positive(name, allow_none=True)
+        for name in ("epochs", "lr"):
+            positive(name, integer=False)
+        for name in ("eval_interval", "snapshot_interval"):
+            positive(name, integer=False, allow_none=True)
+        for name in ("momentum", "weight_decay", "bias_grad_scale", "alpha", "lr_gamma"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
+        if self.n_processes is not None and (isinstance(self.n_processes, bool) or not
+                                             isinstance(self.n_processes, int) or
+                                             self.n_processes < 0):
+            raise ConfigError(f"n_processes must be an integer >= 0 or null, "
+                              f"got {self.n_processes!r}")
+        if self.seed is not None and (isinstance(self.seed, bool)
+                                      or not isinstance(self.seed, int) or self.seed < 0):
+            raise ConfigError(f"seed must be an integer >= 0 or null, got {self.seed!r}")
+        try:
+            self.lr_steps = tuple(float(s) for s in self.lr_steps)
+        except (TypeError, ValueError):
+            raise ConfigError(f"lr_steps must be a list of epochs, got {self.lr_steps!r}") \
+                from None
+        parse_device(self.device)
+
+
+# --------------------------------------------------------------------------- device
+
+def parse_device(spec) -> str | int:
+    """``'cpu'``, ``'gpu'`` (GPU 0), ``'auto'``, an int (``-1``: CPU) or a digit string."""
+    if isinstance(spec, bool):
+        raise ConfigError(f"device must be 'cpu', 'gpu', 'auto' or a GPU number, got {spec!r}")
+    if isinstance(spec, int):
+        return "cpu" if spec < 0 else spec
+    text = str(spec).strip().lower()
+    if text in ("cpu", "gpu", "auto"):
+        return text
+    if text.lstrip("-").isdigit():
+        return parse_device(int(text))
+    if text.startswith("@cupy:") and text[6:].isdigit():
+        return int(text[6:])
+    if text == "@numpy":
+        return "cpu"
+    raise ConfigError(f"device must be 'cpu', 'gpu', 'auto' or a GPU number, got {spec!r}")
+
+
+def resolve_device(spec):
+    """The ``chainer.backend.Device`` for ``spec`` (see :func:`parse_device`).
+
+    Raises :class:`DeviceError` saying why CUDA cannot be used (CuPy missing or broken, as
+    chainer found it) when a GPU is asked for and none is usable.
+    """
+    import chainer
+    from chainer.backends import cuda
+
+    spec = parse_device(spec)
+    if spec == "cpu" or (spec == "auto" and not cuda.available):
+        return chainer.get_device("@numpy")
+    gpu = 0 if spec in ("gpu", "auto") else spec
+    if not cuda.available:
+        why = getattr(cuda, "_resolution_error", None)
+        why = f"{type(why).__name__}: {why}" if why is not None else "CuPy is not installed"
+        raise DeviceError(
+            f"device {spec!r} asks for GPU {gpu}, but CUDA cannot be used here: chainer "
+            f"could not use CuPy ({why}). Install CuPy with `medaidet stack install`, check "
+            f"with `medaidet doctor`, or train with --device cpu.")
+    count = cuda.cupy.cuda.runtime.getDeviceCount()
+    if gpu >= count:
+        raise DeviceError(f"device {spec!r}: there is no GPU {gpu} (this machine has "
+                          f"{count}); use --device 0..{count - 1}")
+    return chainer.get_device(f"@cupy:{gpu}")
+
+
+# --------------------------------------------------------------------------- randomness
+
+def seed_all(seed: int, device=None) -> None:
+    """Seed Python's ``random``, NumPy's global RNG and, on a GPU, CuPy's."""
+    random.seed(seed)
+    np.random.seed(seed)
+    if device is not None and device.xp is not np:
+        device.xp.random.seed(seed)
+
+
+class RandomStateExtension:
+    """Puts Python's and NumPy's global random states into the trainer snapshot.
+
+    Chainer's trainer snapshot restores the model, the optimizer and the iterator position
+    but not the random states that shuffle the data (NumPy) and draw the augmentation
+    (Python's ``random``): without them a resumed run sees other batches than an
+    uninterrupted one. Also records the training set size and batch size, so a snapshot
+    taken with another dataset is refused with a clear message. Never triggered itself;
+    only its ``serialize`` matters.
+    """
+
+    name = "train_state"
+    trigger = (10 ** 12, "iteration")
+    priority = 0
+
+    def __init__(self, train_size: int, batch_size: int):
+        self.train_size = int(train_size)
+        self.batch_size = int(batch_size)
+
+    def __call__(self, trainer):
+        pass
+
+    def serialize(self, serializer):
+        import chainer
+        if isinstance(serializer, chainer.serializer.Serializer):
+            version, internal, gauss = random.getstate()
+            serializer("python_version", np.int64(version))
+            serializer("python_state", np.asarray(internal, dtype=np.int64))
+            serializer("python_gauss", np.float64(np.nan if gauss is None else gauss))
+            kind, keys, pos, has_gauss, cached = np.random.get_state()
+            serializer("numpy_keys", np.asarray(keys, dtype=np.uint32))
+            serializer("numpy_pos", np.int64(pos))
+            serializer("numpy_has_gauss", np.int64(has_gauss))
+            serializer("numpy_cached_gaussian", np.float64(cached))
+            serializer("train_size", np.int64(self.train_size))
+            serializer("batch_size", np.int64(self.batch_size))
+            return
+        # loading: restore
+        internal = serializer("python_state", None)
+        version = int(serializer("python_version", None))
+        gauss = float(serializer("python_gauss", None))
+        random.setstate((version, tuple(int(v) for v in internal),
+                         None if math.isnan(gauss) else gauss))
+        np.random.set_state(("MT19937", np.asarray(serializer("numpy_keys", None),
+                                                   dtype=np.uint32),
+                             int(serializer("numpy_pos", None)),
+                             int(serializer("numpy_has_gauss", None)),
+                             float(serializer("numpy_cached_gaussian", None))))
+
+
+class ReseedingTransform:
+    """Wraps a transform so that every worker process draws its own random numbers.
+
+    ``MultiprocessIterator`` forks workers that inherit the parent's Python and NumPy random
+    states: without reseeding, every worker draws the *same* augmentation sequence. On the
+    first call in a new process this seeds ``random`` and NumPy from ``(seed, pid)`` (or
+    from the OS when ``seed`` is None). In the process that made it, it changes nothing.
+    """
+
+    def __init__(self, transform, seed: int | None = None):
+        self.transform = transform
+        self.seed = seed
+        self._pid = os.getpid()
+
+    def __call__(self, in_data):
+        pid = os.getpid()
+        if pid != self._pid:
+            self._pid = pid
+            entropy = None if self.seed is None else [self.seed, pid]
+            sequence = np.random.SeedSequence(entropy)
+            words = sequence.generate_state(2)
+            random.seed(int(words[0]))
+            np.random.seed(int(words[1]))
+        return self.transform(in_data)
+
+
+# --------------------------------------------------------------------------- data
+
+def _subset(dataset, n):
+    if n is None or n >= len(dataset):
+        return dataset
+    return dataset.slice[:n]
+
+
+def build_datasets(config: TrainConfig, model):
+    """``(train, val, transform)``: the augmented training set, the raw validation set, and
+    the :class:`~medaidet.transforms.TrainTransform` (its ``stats`` count the drops)."""
+    from chainer.datasets import TransformDataset
+
+    from medaidet.data.bccd import BCCDDataset
+    from medaidet.transforms import TrainTransform
+
+    train_base = _subset(BCCDDataset(config.data, config.train_split), config.subset)
+    val = _subset(BCCDDataset(config.data, config.val_split), config.eval_subset)
+    transform = TrainTransform.for_model(model)
+    return train_base, TransformDataset(train_base, ReseedingTransform(transform, config.seed)), \
+        val, transform
+
+
+def multiprocessing_problem() -> str | None:
+    """Why worker processes cannot be used here, or None."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return ("this platform cannot fork (Windows, or a Python without fork): "
+                "ChainerCV's datasets would have to be pickled to spawned workers")
+    try:
+        multiprocessing.get_context().Lock()     # needs POSIX semaphores (/dev/shm)
+    except (OSError, ImportError, NotImplementedError) as exc:
+        return f"multiprocessing does not work here ({type(exc).__name__}: {exc})"
+    return None
+
+
+def make_train_iterator(dataset, config: TrainConfig, log=print):
+    """``(iterator, n_processes)``: ``MultiprocessIterator`` with ``n_processes`` workers
+    (default ``min(4, cpu count)``), or ``SerialIterator`` (0, or workers impossible:
+    the reason is logged). Shuffled by NumPy's global RNG either way."""
+    import chainer
+
+    compat.apply()                   # cv2.setNumThreads(0) before any worker forks
+    n = config.n_processes
+    if n is None:
+        n = min(4, os.cpu_count() or 1)
+    if n > 0:
+        problem = multiprocessing_problem()
+        if problem:
+            log(f"train: using SerialIterator (no worker processes): {problem}")
+            n = 0
+    if n == 0:
+        return chainer.iterators.SerialIterator(dataset, config.batch_size), 0
+    try:
+        return chainer.iterators.MultiprocessIterator(
+            dataset, config.batch_size, n_processes=n, shared_mem=4 << 20), n
+    except Exception as exc:        # noqa: BLE001 (any failure: fall back, say why)
+        log(f"train: using SerialIterator: MultiprocessIterator failed "
+            f"({type(exc).__name__}: {exc})")
+        return chainer.iterators.SerialIterator(dataset, config.batch_size), 0
+
+
+# --------------------------------------------------------------------------- optimizer
+
+def make_optimizer(train_chain, config: TrainConfig):
+    """MomentumSGD with the recipe's hooks: bias gradients x ``bias_grad_scale``, weight
+    decay on every other parameter (as ChainerCV's example)."""
+    import chainer
+    from chainer.optimizer_hooks import WeightDecay
+    from chainercv.links.model.ssd import GradientScaling
+
+    optimizer = chainer.optimizers.MomentumSGD(lr=config.lr, momentum=config.momentum)
+    optimizer.setup(train_chain)
+    for param in train_chain.params():
+        if param.name == "b":
+            param.update_rule.add_hook(GradientScaling(config.bias_grad_scale))
+        else:
+            param.update_rule.add_hook(WeightDecay(config.weight_decay))
+    return optimizer
+
+
+# --------------------------------------------------------------------------- extensions
+
+class _EveryOrEnd:
+    """Fires every ``interval`` epochs (``None``: never) and at the end of training."""
+
+    def __init__(self, interval, unit, is_end):
+        from chainer.training.triggers import IntervalTrigger
+        self.interval = None if interval is None else IntervalTrigger(interval, unit)
+        self.is_end = is_end
+
+    def __call__(self, trainer):
+        fire = self.interval(trainer) if self.interval is not None else False
+        return fire or self.is_end(trainer)
+
+    def serialize(self, serializer):
+        if self.interval is not None:
+            self.interval.serialize(serializer["interval"])
+
+
+def _evaluator_class():
+    from chainercv.extensions import DetectionVOCEvaluator
+
+    class PresetEvaluator(DetectionVOCEvaluator):
+        """DetectionVOCEvaluator in the 'evaluate' preset (score 0.01); the model's own
+        thresholds are restored afterwards. Counts the seconds it spends."""
+
+        seconds = 0.0
+
+        def evaluate(self):
+            target = self._targets["main"]
+            old = target.score_thresh, target.nms_thresh
+            start = time.perf_counter()
+            target.use_preset("evaluate")
+            try:
+                return super().evaluate()
+            finally:
+                target.score_thresh, target.nms_thresh = old
+                self.seconds += time.perf_counter() - start
+
+    return PresetEvaluator
+
+
+def _tqdm_class():
+    """tqdm's notebook bar where it can render (Jupyter with ipywidgets), else the text bar
+    (a terminal; Jupyter without ipywidgets shows it too)."""
+    try:
+        import ipywidgets  # noqa: F401
+        from tqdm.auto import tqdm
+    except ImportError:
+        from tqdm import tqdm
+    return tqdm
+
+
+class _Monitor:
+    """Each iteration: remember the loss; drive the progress bar (loss and it/s)."""
+
+    trigger = (1, "iteration")
+    priority = 50     # after the evaluator (300) and LogReport (200)
+
+    def __init__(self, total: int, progress: bool):
+        self.total = total
+        self.progress = progress
+        self.bar = None
+        self.last_loss = None
+        self.iterations_run = 0
+
+    def initialize(self, trainer):
+        if self.progress and self.bar is None:
+            self.bar = _tqdm_class()(total=self.total, initial=trainer.updater.iteration,
+                                     desc="train", unit="it", dynamic_ncols=True,
+                                     mininterval=0.5, file=sys.stdout)
+
+    def __call__(self, trainer):
+        self.iterations_run += 1
+        loss = trainer.observation.get("main/loss")
+        if loss is not None:
+            self.last_loss = float(getattr(loss, "array", loss))
+        if self.bar is not None:
+            postfix = {"loss": f"{self.last_loss:.3f}"} if self.last_loss is not None else {}
+            mean_ap = trainer.observation.get("validation/main/map")
+            if mean_ap is not None:
+                postfix["val mAP"] = f"{float(mean_ap):.3f}"
+            self.bar.set_postfix(postfix, refresh=False)
+            self.bar.update(1)
+
+    def write(self, text):
+        (self.bar.write if self.bar is not None else print)(text)
+
+    def finalize(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _floats(log, key):
+    points = [(entry["iteration"], float(entry[key])) for entry in log if key in entry]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def write_plots(log, out) -> dict:
+    """``loss.png`` (total, loc and conf loss vs iteration) and ``map.png`` (validation
+    mAP and per-class AP vs iteration) from a LogReport log; returns their paths."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out = Path(out)
+    paths = {}
+    for name, keys, ylabel in (
+            ("loss", ("main/loss", "main/loss/loc", "main/loss/conf"), "loss"),
+            ("map", ("validation/main/map",) + tuple(
+                f"validation/main/ap/{c}" for c in ("rbc", "wbc", "platelets")),
+             "AP (VOC area, IoU 0.5, score >= 0.01)")):
+        fig = Figure(figsize=(6, 4), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        for key in keys:
+            x, y = _floats(log, key)
+            if x:
+                ax.plot(x, y, marker="o" if len(x) < 20 else None,
+                        label=key.split("/", 1)[1] if key != keys[0] or name == "loss"
+                        else "mAP", linewidth=2 if key == keys[0] else 1)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "no values yet", ha="center", va="center",
+                    transform=ax.transAxes)
+        else:
+            ax.legend()
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        path = out / f"{name}.png"
+        fig.savefig(path)
+        paths[name] = str(path)
+    return paths
+
+
+class _Plotter:
+    """After LogReport: redraw the PNGs (at most every ``min_seconds``; always at the end)
+    and print each evaluation."""
+
+    priority = 100
+
+    def __init__(self, out, log_report, monitor, is_end, min_seconds=30.0):
+        self.out = out
+        self.log_report = log_report
+        self.monitor = monitor
+        self.is_end = is_end
+        self.min_seconds = min_seconds
+        self._last = -math.inf
+        self._evals_shown = 0
+
+    def __call__(self, trainer):
+        log = self.log_report.log
+        evals = [e for e in log if "validation/main/map" in e]
+        for entry in evals[self._evals_shown:]:
+            aps = ", ".join(f"{c} {entry.get(f'validation/main/ap/{c}', float('nan')):.3f}"
+                            for c in ("rbc", "wbc", "platelets"))
+            self.monitor.write(f"iteration {entry['iteration']}: val mAP "
+                               f"{entry['validation/main/map']:.3f} ({aps})")
+        self._evals_shown = len(evals)
+        now = time.monotonic()
+        if self.is_end(trainer) or now - self._last >= self.min_seconds:
+            write_plots(log, self.out)
+            self._last = now
+
+
+# --------------------------------------------------------------------------- result
+
+@dataclass
+class TrainResult:
+    """What :func:`train` produced. ``metrics`` is what ``metrics.json`` holds."""
+
+    out: Path
+    weights: Path
+    sha256: str
+    snapshot: Path
+    metrics: dict
+    model: object = field(repr=False, default=None)
+
+    @property
+    def best_map(self):
+        return self.metrics.get("best_val_map")
+
+    def summary(self) -> str:
+        m = self.metrics
+        best = m.get("best_val_map")
+        best = "n/a" if best is None else f"{best:.3f} (iteration {m['best_val_iteration']})"
+        return (f"trained {m['iterations']} iterations ({m['iterations_this_run']} in this run, "
+                f"{m['seconds']:.0f} s, {m['images_per_second']:.2f} images/s); last loss "
+                f"{m['last_loss']}; best val mAP {best}\nweights: {self.weights} "
+                f"(sha256 {self.sha256[:12]}...)\nsnapshot: {self.snapshot}")
+
+
+def _json_number(value):
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _clean_log(log):
+    return [{k: (_json_number(v) if isinstance(v, (float, np.floating)) else v)
+             for k, v in entry.items()} for entry in log]
+
+
+# --------------------------------------------------------------------------- train
+
+def _check_snapshot(path: Path, train_size: int, batch_size: int) -> None:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            keys = set(npz.files)
+            prefix = f"extensions/{RandomStateExtension.name}/"
+            if not any(k.startswith("updater/") for k in keys):
+                raise ResumeError(f"{path} is not a trainer snapshot (no 'updater/' entries); "
+                                  "to start from model weights use pretrained=PATH instead")
+            if prefix + "train_size" not in keys:
+                raise ResumeError(f"{path} was not written by medaidet.train (it lacks the "
+                                  "random states); it cannot be resumed here")
+            size, batch = int(npz[prefix + "train_size"]), int(npz[prefix + "batch_size"])
+    except (OSError, ValueError) as exc:
+        raise ResumeError(f"{path} is not a readable trainer snapshot ({exc})") from None
+    if (size, batch) != (train_size, batch_size):
+        raise ResumeError(
+            f"{path} was taken training on {size} images with batch size {batch}; this "
+            f"config has {train_size} images and batch size {batch_size}. A trainer snapshot "
+            "holds the iterator's position in that dataset: resume with the same subset and "
+            "batch size, or start a new run from its model weights "
+            "(pretrained='.../model.npz').")
+
+
+def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
+          log=print) -> TrainResult:
+    """Train an SSD as ``config`` says (default: the course recipe); see the module docs.
+
+    Args:
+        config: a :class:`TrainConfig`.
+        resume: path of a trainer snapshot (``snapshot_latest.npz``) to continue from; the
+            config must use the same training images and batch size.
+        progress: show a progress bar (tqdm: a widget in Jupyter with ipywidgets, text
+            elsewhere).
+        log: where messages go (``print``).
+
+    Returns a :class:`TrainResult`. Raises :class:`DeviceError`, :class:`ResumeError`,
+    :class:`medaidet.model.WeightsNotFoundError` (``pretrained='imagenet'`` offline: the
+    message says where to put the file), and the dataset's errors.
+    """
+    compat.apply()
+    import chainer
+    from chainer import training
+    from chainer.training import extensions
+
+    from medaidet.data.bccd import BCCD_LABEL_NAMES
+    from medaidet.model import build_ssd, materialize, save_weights
+    from medaidet.predict import CappedPredictor
+    from medaidet.train_chain import MultiboxTrainChain
+
+    config = config if config is not None else TrainConfig()
+    config.validate()
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(config.device)
+    if config.seed is not None:
+        seed_all(config.seed, device)
+
+    # model (materialized now: its random initial values come from the seeded RNG in the
+    # same order every run, before the iterator draws its first order)
+    model = build_ssd(config.model, config.pretrained, n_fg_class=len(BCCD_LABEL_NAMES))
+    materialize(model)
+    if model.weights_report is not None:
+        log(f"train: {model.weights_report.summary()}")
+
+    # data
+    train_base, train_data, val_data, transform = build_datasets(config, model)
+    train_iter, n_processes = make_train_iterator(train_data, config, log)
+    val_iter = chainer.iterators.SerialIterator(val_data, config.eval_batch_size,
+                                                repeat=False, shuffle=False)
+
+    # loss, optimizer, updater
+    train_chain = MultiboxTrainChain(model, alpha=config.alpha, k=config.k)
+    train_chain.to_device(device)
+    device.use()
+    optimizer = make_optimizer(train_chain, config)
+    updater = training.updaters.StandardUpdater(train_iter, optimizer, device=device)
+
+    if config.iterations is not None:
+        stop = (config.iterations, "iteration")
+        total = config.iterations
+
+        def is_end(trainer):
+            return trainer.updater.iteration >= config.iterations
+    else:
+        stop = (config.epochs, "epoch")
+        total = math.ceil(config.epochs * len(train_base) / config.batch_size)
+
+        def is_end(trainer):
+            return trainer.updater.epoch_detail >= config.epochs
+    trainer = training.Trainer(updater, stop, out=str(out))
+
+    # extensions
+    trainer.extend(extensions.ExponentialShift("lr", config.lr_gamma, init=config.lr),
+                   trigger=training.triggers.ManualScheduleTrigger(list(config.lr_steps),
+                                                                   "epoch"))
+    evaluator = _evaluator_class()(val_iter, CappedPredictor(model), use_07_metric=False,
+                                   label_names=BCCD_LABEL_NAMES)
+    trainer.extend(evaluator, name="validation",
+                   trigger=_EveryOrEnd(config.eval_interval, "epoch", is_end))
+    log_report = extensions.LogReport(
+        trigger=_EveryOrEnd(config.log_interval, "iteration", is_end))
+    trainer.extend(log_report)
+    trainer.extend(extensions.observe_lr(), trigger=(1, "iteration"))
+    monitor = _Monitor(total, progress)
+    trainer.extend(monitor, name="monitor")
+    trainer.extend(_Plotter(out, log_report, monitor, is_end), name="plots",
+                   trigger=_EveryOrEnd(config.log_interval, "iteration", is_end))
+    trainer.extend(RandomStateExtension(len(train_base), config.batch_size))
+    trainer.extend(extensions.snapshot(filename=SNAPSHOT_NAME),
+                   trigger=_EveryOrEnd(config.snapshot_interval, "epoch", is_end),
+                   priority=-100)
+
+    if resume is not None:
+        resume = Path(resume)
+        if not resume.is_file():
+            raise ResumeError(f"no snapshot at {resume}")
+        _check_snapshot(resume, len(train_base), config.batch_size)
+        try:
+            chainer.serializers.load_npz(str(resume), trainer)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ResumeError(f"{resume} does not fit this trainer ({type(exc).__name__}: "
+                              f"{exc}): was it taken with another model or config?") from None
+        log(f"train: resumed from {resume} at iteration {updater.iteration}")
+
+    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    start_iteration = updater.iteration
+    start = time.perf_counter()
+    try:
+        trainer.run(show_loop_exception_msg=False)
+    finally:
+        monitor.finalize()
+        if hasattr(train_iter, "finalize"):
+            train_iter.finalize()
+    seconds = time.perf_counter() - start
+
+    # results
+    sha256 = save_weights(model, out / WEIGHTS_NAME)
+    iterations_run = updater.iteration - start_iteration
+    train_seconds = max(seconds - evaluator.seconds, 1e-9)
+    entries = _clean_log(log_report.log)
+    evals = [e for e in entries if e.get("validation/main/map") is not None]
+    best = max(evals, key=lambda e: e["validation/main/map"], default=None)
+    last_eval = [e for e in entries if "validation/main/map" in e]
+    last_eval = last_eval[-1] if last_eval else {}
+    plots = write_plots(log_report.log, out)
+    metrics = {
+        "iterations": int(updater.iteration),
+        "iterations_this_run": int(iterations_run),
+        "epochs": float(updater.epoch_detail),
+        "resumed_from": None if resume is None else str(resume),
+        "seconds": seconds,
+        "train_seconds": train_seconds,
+        "eval_seconds": evaluator.seconds,
+        "images_per_second": iterations_run * config.batch_size / train_seconds,
+        "seconds_per_epoch": (train_seconds / (iterations_run * config.batch_size)
+                              * len(train_base)) if iterations_run else None,
+        "last_loss": None if monitor.last_loss is None else _json_number(monitor.last_loss),
+        "best_val_map": None if best is None else best["validation/main/map"],
+        "best_val_iteration": None if best is None else best["iteration"],
+        "val_map": last_eval.get("validation/main/map"),
+        "val_ap": {c: last_eval.get(f"validation/main/ap/{c}") for c in BCCD_LABEL_NAMES},
+        "val_images": len(val_data),
+        "train_images": len(train_base),
+        "transform_stats": transform.stats.as_dict() if n_processes == 0 else None,
+        "n_processes": n_processes,
+        "device": str(device),
+        "weights": str(out / WEIGHTS_NAME),
+        "sha256": sha256,
+        "snapshot": str(out / SNAPSHOT_NAME),
+        "plots": plots,
+        "config": config.to_dict(),
+        "versions": {"chainer": chainer.__version__, "numpy": np.__version__},
+        "log": entries,
+    }
+    if n_processes == 0:
+        stats = transform.stats
+        log(f"train: augmentation dropped {stats.dropped} of {stats.boxes_in} boxes "
+            f"(too small {stats.too_small}, non-finite {stats.non_finite}); "
+            f"{stats.cropped_out} left the random crop (the recipe's own behaviour)")
+    else:
+        metrics["transform_stats_note"] = ("not counted: the transform ran in worker "
+                                           "processes; use n_processes=0 to count drops")
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    result = TrainResult(out=out, weights=out / WEIGHTS_NAME, sha256=sha256,
+                         snapshot=out / SNAPSHOT_NAME, metrics=metrics, model=model)
+    log(result.summary())
+    return result
+
+
+# --------------------------------------------------------------------------- CLI
+
+def add_train_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``medaidet train`` on an ``argparse`` sub-parsers object; its handler is
+    ``args.func`` (returns the exit status)."""
+    p = subparsers.add_parser(
+        "train", help="train an SSD on BCCD (the course recipe, or the smoke profile)",
+        description="Train an SSD on BCCD. Settings: the profile's, then --config FILE, "
+                    "then the flags.")
+    p.add_argument("--profile", choices=PROFILES, default="full",
+                   help="smoke: a few iterations on a few images from random weights; "
+                        "full: the course recipe (default: full)")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="JSON (or YAML, with PyYAML) file of TrainConfig options")
+    p.add_argument("--device", default=None, help="cpu, gpu (= GPU 0), auto, or a GPU number")
+    p.add_argument("--out", default=None, help="output directory")
+    p.add_argument("--resume", metavar="SNAPSHOT", default=None,
+                   help="continue from a trainer snapshot (snapshot_latest.npz)")
+    p.add_argument("--iterations", type=int, default=None, help="stop after N iterations")
+    p.add_argument("--epochs", type=float, default=None, help="stop after N epochs")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--subset", type=int, default=None, help="train on the first N images")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--data", metavar="ROOT", default=None, help="BCCD root")
+    p.add_argument("--pretrained", default=None,
+                   help="imagenet, voc0712, none, or a model-only .npz")
+    p.add_argument("--n-processes", type=int, default=None,
+                   help="data-loading worker processes (0: none)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_train_command)
+    return p
+
+
+def config_from_args(args) -> TrainConfig:
+    """The config of a ``medaidet train`` command line: profile, then file, then flags."""
+    config = TrainConfig.profile(args.profile)
+    if args.config:
+        config = TrainConfig.from_file(args.config, base=config)
+    flags = {"device": args.device, "out": args.out, "iterations": args.iterations,
+             "epochs": args.epochs, "batch_size": args.batch_size, "subset": args.subset,
+             "seed": args.seed, "data": args.data, "n_processes": args.n_processes}
+    changes = {k: v for k, v in flags.items() if v is not None}
+    if args.epochs is not None and args.iterations is None:
+        changes["iterations"] = None      # --epochs alone: the profile's iteration count yields
+    if args.pretrained is not None:
+        changes["pretrained"] = None if args.pretrained.lower() == "none" else args.pretrained
+    return config.replace(**changes) if changes else config
+
+
+def _train_command(args) -> int:
+    config = config_from_args(args)
+    train(config, resume=args.resume, progress=not args.no_progress)
+    return 0
