@@ -64,7 +64,7 @@ def _course_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="medaidet", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="medaidet", description="medaidet: the blood-cell detection course's command line.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     stack = commands.add_parser("stack", help="install and inspect chainer/chainercv/CuPy")
@@ -111,8 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.set_defaults(func=_data_synth)
 
-    from medaidet.train import add_train_parser  # these modules import chainer lazily
+    from medaidet.count import add_count_parser  # these modules import chainer lazily
+    from medaidet.evaluate import add_evaluate_parser
+    from medaidet.train import add_train_parser
     add_train_parser(commands)
+    add_evaluate_parser(commands)
+    add_count_parser(commands)
 
     course = commands.add_parser("course", help="run the course notebooks with papermill")
     course_commands = course.add_subparsers(dest="course_command", required=True)

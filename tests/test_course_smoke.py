@@ -1,24 +1,10 @@
-"""The whole course, every notebook in notebooks/, runs under the runner in the smoke profile."""
-import json
+"""What the data and model notebooks show, executed by the runner in the smoke profile.
 
+The whole course (every notebook, training included) runs in .ci/run after the unit tests:
+``make run PROFILE=smoke``."""
 import nbformat
 
-from medaidet.course import default_notebooks_dir, list_notebooks, run_course
-
-
-def test_every_notebook_runs_in_the_smoke_profile(tmp_path, monkeypatch, bccd_root):
-    monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))  # the kernels read the data from here
-    summary = run_course(profile="smoke", out_dir=tmp_path, log=lambda *_: None)
-    statuses = {r.name: (r.status, r.error) for r in summary.results}
-    assert summary.ok, statuses
-    names = [p.stem for p in list_notebooks(default_notebooks_dir())]
-    assert list(statuses) == names
-    assert {"00_environment", "01_data", "02_model_and_loss"} <= set(names)
-    for name in names:
-        executed = nbformat.read(str(tmp_path / f"{name}.ipynb"), as_version=4)
-        outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
-        assert outputs and not [o for o in outputs if o.output_type == "error"], name
-    assert json.loads((tmp_path / "summary.json").read_text())["profile"] == "smoke"
+from medaidet.course import run_course
 
 
 def test_data_notebook_plots_and_reports(tmp_path, monkeypatch, bccd_root):
@@ -46,3 +32,15 @@ def test_model_and_loss_notebook_shows_the_named_error(tmp_path, monkeypatch, bc
     assert "ChainerCV : no error; loss = nan" in text  # the silent one
     assert text.count("medaidet  : InvalidTargetsError") == 2
     assert "every ground-truth box recovered" in text
+
+
+def test_cli_train_evaluate_count_are_wired(tmp_path):
+    import subprocess
+    import sys
+    for command in ("train", "evaluate", "count"):
+        done = subprocess.run([sys.executable, "-m", "medaidet", command, "--help"],
+                              capture_output=True, text=True)
+        assert done.returncode == 0 and "usage: medaidet " + command in done.stdout
+    done = subprocess.run([sys.executable, "-m", "medaidet", "evaluate",
+                           str(tmp_path / "model.npz")], capture_output=True, text=True)
+    assert done.returncode == 2 and "model.npz" in done.stderr and "03" in done.stderr
