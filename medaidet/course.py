@@ -7,8 +7,10 @@ executed copies, ``summary.json`` and ``summary.md`` go to the output
 directory. The run stops at the first failing notebook, because later
 notebooks use what earlier ones produced.
 
-The kernels see ``MEDAIDET_COURSE_RUN=1`` and ``MEDAIDET_PROFILE`` in their
-environment. ``MEDAIDET_NOTEBOOKS`` points the runner at another notebooks
+The kernels see ``MEDAIDET_COURSE_RUN=1``, ``MEDAIDET_PROFILE`` and
+``MEDAIDET_COURSE_OUT`` (the output directory) in their environment; notebook 04
+leaves its test-set evaluation there (``evaluation.json``), and the summary reports
+its mAP. ``MEDAIDET_NOTEBOOKS`` points the runner at another notebooks
 directory (the default is the ``notebooks/`` folder of the source checkout).
 
 Importing this module is cheap (papermill and chainer are imported only when
@@ -33,6 +35,7 @@ NOTEBOOKS_ENV = "MEDAIDET_NOTEBOOKS"
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 NOT_RUN_NOTE = "an earlier notebook failed"
 _ERROR_CHARS = 500
+EVALUATION_FILE = "evaluation.json"  # written by notebook 04 into MEDAIDET_COURSE_OUT
 
 
 class CourseError(MedaidetError):
@@ -75,6 +78,7 @@ class CourseSummary:
     chainercv: object = field(default_factory=lambda: installed_version("chainercv"))
     date: str = field(default_factory=lambda: datetime.datetime.now().astimezone()
                       .isoformat(timespec="seconds"))
+    evaluation: object = None  # what notebook 04 wrote to <out>/evaluation.json, if it ran
 
     @property
     def ok(self) -> bool:
@@ -94,6 +98,7 @@ class CourseSummary:
             f"- python {self.python}, numpy {self.numpy}, chainer {self.chainer}, "
             f"chainercv {self.chainercv}",
             f"- notebooks: `{self.notebooks_dir}`; cell timeout {self.cell_timeout} s",
+            *self._evaluation_lines(),
             "",
             "| notebook | status | seconds | output | error |",
             "|---|---|---:|---|---|",
@@ -105,6 +110,21 @@ class CourseSummary:
             seconds = f"{r.seconds:.1f}" if r.status != "not run" else ""
             lines.append(f"| {r.name} | {status} | {seconds} | {output} | {error} |")
         return "\n".join(lines) + "\n"
+
+    def _evaluation_lines(self) -> list:
+        if not self.evaluation:
+            return []
+        lines = []
+        for name, p in self.evaluation.get("protocols", {}).items():
+            per_class = ", ".join(f"{c} {_fmt_ap(v)}" for c, v in p["ap_voc"].items())
+            lines.append(f"- {self.evaluation.get('split')} mAP, {name} protocol (score >= "
+                         f"{p['score_thresh']}, {self.evaluation.get('n_images')} images): "
+                         f"**{_fmt_ap(p['map_voc'])}** ({per_class})")
+        return lines
+
+
+def _fmt_ap(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def resolve_profile(profile: str = "auto"):
@@ -196,12 +216,13 @@ def _short_error(exc: BaseException, timeout: int) -> str:
 
 
 @contextmanager
-def _kernel_environment(profile: str):
+def _kernel_environment(profile: str, out_dir: Path):
     """Environment the kernels inherit; restored afterwards."""
-    keys = ("MEDAIDET_COURSE_RUN", "MEDAIDET_PROFILE", "PYTHONPATH")
+    keys = ("MEDAIDET_COURSE_RUN", "MEDAIDET_PROFILE", "MEDAIDET_COURSE_OUT", "PYTHONPATH")
     saved = {key: os.environ.get(key) for key in keys}
     os.environ["MEDAIDET_COURSE_RUN"] = "1"
     os.environ["MEDAIDET_PROFILE"] = profile
+    os.environ["MEDAIDET_COURSE_OUT"] = str(out_dir)  # where notebooks leave results
     # Kernels import the same medaidet as this runner, even when it is not installed.
     if (SOURCE_ROOT / "pyproject.toml").is_file():
         parts = [str(SOURCE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -256,6 +277,7 @@ def run_course(profile="auto", only=None, out_dir="outputs", cell_timeout=None,
     out_dir.mkdir(parents=True, exist_ok=True)
     for path in selected:  # copies from an earlier run would contradict this run's summary
         (out_dir / path.name).unlink(missing_ok=True)
+    (out_dir / EVALUATION_FILE).unlink(missing_ok=True)
 
     import papermill
 
@@ -268,7 +290,7 @@ def run_course(profile="auto", only=None, out_dir="outputs", cell_timeout=None,
         log(f"course: warning: {note}")
 
     failed = False
-    with _kernel_environment(profile):
+    with _kernel_environment(profile, out_dir):
         for path in selected:
             if failed:
                 result = NotebookResult(path.stem, "not run", note=NOT_RUN_NOTE)
@@ -302,6 +324,11 @@ def run_course(profile="auto", only=None, out_dir="outputs", cell_timeout=None,
             summary.results.append(result)
             log(result.line)
 
+    evaluation = out_dir / EVALUATION_FILE
+    if evaluation.is_file():
+        summary.evaluation = json.loads(evaluation.read_text(encoding="utf-8"))
+        for line in summary._evaluation_lines():
+            log("course: " + line[2:].replace("**", ""))
     summary_path = _write_summary(summary, out_dir)
     log(f"course: {'ok' if summary.ok else 'FAILED'}; summary: {summary_path}")
     return summary

@@ -208,3 +208,25 @@ def test_resolve_profile(monkeypatch):
     monkeypatch.setitem(sys.modules, "chainer.backends", None)
     profile, reason = resolve_profile("auto")
     assert profile == "smoke" and "chainer does not import" in reason
+
+
+def test_summary_reports_the_evaluation_a_notebook_leaves(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    evaluation = {"split": "test", "n_images": 4, "protocols": {
+        "evaluate": {"score_thresh": 0.01, "map_voc": 0.5,
+                     "ap_voc": {"rbc": 0.25, "wbc": 0.75, "platelets": None}}}}
+    make_notebook(notebooks, "04_eval",
+                  "import json, os, pathlib\n"
+                  "out = pathlib.Path(os.environ['MEDAIDET_COURSE_OUT'])\n"
+                  f"(out / 'evaluation.json').write_text(json.dumps({evaluation!r}))")
+    out = tmp_path / "out"
+    summary = run_course(profile="smoke", out_dir=out, notebooks_dir=notebooks, log=_quiet)
+    assert summary.ok and summary.evaluation == evaluation
+    assert json.loads((out / "summary.json").read_text())["evaluation"] == evaluation
+    md = (out / "summary.md").read_text()
+    assert "test mAP, evaluate protocol (score >= 0.01, 4 images): **0.500**" in md
+    assert "rbc 0.250, wbc 0.750, platelets n/a" in md
+    # a later run without that notebook does not report the stale file
+    make_notebook(notebooks, "04_eval", "print('no evaluation this time')")
+    assert run_course(profile="smoke", out_dir=out, notebooks_dir=notebooks,
+                      log=_quiet).evaluation is None
