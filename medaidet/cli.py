@@ -63,6 +63,30 @@ def _course_run(args) -> int:
     return 0 if summary.ok else 1
 
 
+def _add_model_commands(commands) -> None:
+    """train / evaluate / count define their own arguments and need chainer. Before the
+    stack is installed they are still listed, and say how to get it, so that
+    `python -m medaidet stack install` works in an environment without chainer."""
+    try:
+        from medaidet.count import add_count_parser
+        from medaidet.evaluate import add_evaluate_parser
+        from medaidet.train import add_train_parser
+    except ImportError as exc:
+        missing = f"{type(exc).__name__}: {exc}"
+
+        def needs_stack(args) -> int:
+            raise MedaidetError(f"`medaidet {args.command}` needs the chainer stack ({missing}): "
+                                "run `python -m medaidet stack install` first")
+
+        for name in ("train", "evaluate", "count"):
+            p = commands.add_parser(name, help=f"(needs chainer: {missing})")
+            p.set_defaults(func=needs_stack, accepts_any_arguments=True)
+        return
+    add_train_parser(commands)
+    add_evaluate_parser(commands)
+    add_count_parser(commands)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="medaidet", description="medaidet: the blood-cell detection course's command line.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -111,12 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.set_defaults(func=_data_synth)
 
-    from medaidet.count import add_count_parser  # these modules import chainer lazily
-    from medaidet.evaluate import add_evaluate_parser
-    from medaidet.train import add_train_parser
-    add_train_parser(commands)
-    add_evaluate_parser(commands)
-    add_count_parser(commands)
+    _add_model_commands(commands)
 
     course = commands.add_parser("course", help="run the course notebooks with papermill")
     course_commands = course.add_subparsers(dest="course_command", required=True)
@@ -133,7 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "accepts_any_arguments", False):
+        parser.error("unrecognized arguments: " + " ".join(extra))
     try:
         return args.func(args)
     except MedaidetError as exc:

@@ -144,3 +144,21 @@ def test_install_keeps_a_fitting_cupy(site_dir):
     done = run_python(code, extra_path=[site_dir])
     assert done.returncode == 0, done.stderr
     assert "keeping cupy-cuda12x 14.1.0" in done.stdout
+
+
+def test_cli_works_before_chainer_is_installed():
+    """`python -m medaidet stack …` must run in an environment without the stack."""
+    block = ("import importlib.abc, sys\n"
+             "class Block(importlib.abc.MetaPathFinder):\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.split('.')[0] in ('chainer', 'chainercv', 'cupy'):\n"
+             "            raise ImportError('not installed (blocked by the test): ' + name)\n"
+             "sys.meta_path.insert(0, Block())\n"
+             "from medaidet.cli import main\n")
+    done = run_python(block + "raise SystemExit(main(['stack', 'status', '--json']))")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["chainer_ours"]  # read from metadata, not imported
+    done = run_python(block + "raise SystemExit(main(['--help']))")
+    assert done.returncode == 0 and "train" in done.stdout, done.stderr
+    done = run_python(block + "raise SystemExit(main(['train', '--profile', 'smoke']))")
+    assert done.returncode == 2 and "medaidet stack install" in done.stderr
