@@ -11,6 +11,10 @@ its detections scoring ``>= score_thresh``; the annotated count is the number of
   those images still count in MAE and bias); NaN when no image has a box of the class.
   ``n_relative`` says over how many images it was taken.
 
+Predictions come from :func:`medaidet.evaluate.predict_split` (score >= 0.01), capped at
+``keep_top_k`` (200) detections per image: a count can never exceed that (BCCD images hold
+~11 RBC boxes on average, so only an untrained model reaches the cap).
+
 Read the RBC numbers with :data:`RBC_NOTE` in mind.
 """
 from __future__ import annotations
@@ -284,7 +288,7 @@ def plot_counts(result: CountResult):
     axes = fig.subplots(1, n, squeeze=False)[0]
     for l, (ax, name) in enumerate(zip(axes, result.label_names)):
         x, y = result.annotated[:, l], result.predicted[:, l]
-        top = max(1, int(x.max(initial=0)), int(y.max(initial=0))) + 1
+        top = max(1, int(x.max(initial=0)), int(y.max(initial=0))) * 1.05 + 1
         ax.plot([0, top], [0, top], color="0.5", ls="--", lw=1, label="y = x")
         ax.scatter(x, y, s=18, alpha=0.7, color=f"C{l}")
         ax.set(title=f"{name}: MAE {_fmt(result.mae[l])}, bias {_fmt(result.bias[l], sign=True)}",
