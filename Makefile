@@ -17,14 +17,21 @@ VENV311 := .venv-py311
 VENV312 := .venv-py312
 SETUP_INPUTS := pyproject.toml $(shell find medaidet/stack -name '*.py' 2>/dev/null)
 
-.PHONY: run test setup clean
+.PHONY: run test test-py311 test-py312 setup clean
 
 run: $(VENV312)/.ready
 	$(VENV312)/bin/python -m medaidet stack install --cuda auto
 	$(VENV312)/bin/python -m medaidet course run --profile $(PROFILE) --out $(OUT)
 
+# Both interpreters' suites run side by side (one per core); each one's output is
+# printed whole when it finishes, and either failing fails `make test`.
 test: $(VENV311)/.ready $(VENV312)/.ready
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-py311 test-py312
+
+test-py311: $(VENV311)/.ready
 	$(VENV311)/bin/python -m pytest $(PYTEST_ARGS)
+
+test-py312: $(VENV312)/.ready
 	$(VENV312)/bin/python -m pytest $(PYTEST_ARGS)
 
 setup: $(VENV311)/.ready $(VENV312)/.ready
