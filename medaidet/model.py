@@ -280,8 +280,28 @@ def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712") -> Path:
 
 # --------------------------------------------------------------------------- weight files
 
+def _write_npz(f, model, compression: bool) -> None:
+    """What ``chainer.serializers.save_npz`` writes, minus the clock: NumPy's ``savez``
+    stamps every zip entry with the current time, so identical weights saved twice get
+    different sha256s. Here every entry carries the same fixed date, in name order, and
+    identical weights give an identical file."""
+    serializer = chainer.serializers.DictionarySerializer()
+    serializer.save(model)
+    method = zipfile.ZIP_DEFLATED if compression else zipfile.ZIP_STORED
+    with zipfile.ZipFile(f, mode="w", compression=method, allowZip64=True) as archive:
+        for name in sorted(serializer.target):
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = method
+            with archive.open(info, "w", force_zip64=True) as entry:
+                np.lib.format.write_array(entry, np.asanyarray(serializer.target[name]),
+                                          allow_pickle=False)
+
+
 def save_weights(model, path, compression: bool = False) -> str:
-    """Save the model's parameters only (``save_npz``) and a ``.sha256`` sidecar.
+    """Save the model's parameters only (the ``save_npz`` format) and a ``.sha256`` sidecar.
+
+    The file is reproducible: the same weights give the same bytes and sha256 (see
+    :func:`_write_npz`).
 
     The sidecar holds ``<sha256>  <file name>`` (``sha256sum -c`` reads it). Both files are
     written under temporary names and renamed, so a crash never leaves a half-written
@@ -294,7 +314,7 @@ def save_weights(model, path, compression: bool = False) -> str:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
         with os.fdopen(fd, "wb") as f:
-            chainer.serializers.save_npz(f, model, compression=compression)
+            _write_npz(f, model, compression)
         digest = sha256_file(Path(tmp))
         os.replace(tmp, path)
         _write_text_atomic(_sidecar(path), f"{digest}  {path.name}\n")

@@ -24,12 +24,18 @@ Validation uses the 'evaluate' preset (score threshold 0.01: the course measured
 VOC area AP (``use_07_metric=False``) at IoU 0.5, with the capped predictor of
 :mod:`medaidet.predict`.
 
-Resuming reproduces an uninterrupted run exactly on the CPU with ``n_processes=0``: the
-snapshot stores Python's and NumPy's global random states (chainer's own trainer snapshot
-does not), which drive the shuffling and the augmentation. With worker processes each worker
-draws its own random numbers (reseeded per process, see :class:`ReseedingTransform`), and on
-a GPU the kernels are not bitwise deterministic, so a resumed run is then only equivalent,
-not identical.
+Reproducibility (:mod:`medaidet.seeding`): ``seed`` seeds Python, NumPy, CuPy and the data
+workers; ``deterministic`` also avoids worker processes and sets chainer's cuDNN switch. On
+the CPU with ``n_processes=0`` the same seed gives bitwise identical weights, and resuming
+reproduces an uninterrupted run exactly: the snapshot stores Python's and NumPy's global
+random states (chainer's own trainer snapshot does not), which drive the shuffling and the
+augmentation. With worker processes, or on a GPU, a rerun or a resumed run is equivalent but
+not bitwise identical (the seeding report says why).
+
+Divergence: :class:`StopOnNonFinite` checks the loss and the gradients before every update
+and the weights after it; a nan or inf stops training with :class:`TrainingDivergedError`
+naming the iteration, before a snapshot of that state is written: the last snapshot is left
+as it was, with finite weights.
 """
 from __future__ import annotations
 
@@ -52,7 +58,8 @@ from medaidet.errors import MedaidetError
 
 __all__ = ["TrainConfig", "TrainResult", "train", "ConfigError", "DeviceError", "ResumeError",
            "PROFILES", "resolve_device", "add_train_parser", "config_from_args",
-           "RandomStateExtension", "ReseedingTransform"]
+           "RandomStateExtension", "TrainingDivergedError", "StopOnNonFinite",
+           "n_processes_for"]
 
 PROFILES = ("smoke", "full")
 SNAPSHOT_NAME = "snapshot_latest.npz"
@@ -65,6 +72,18 @@ class ConfigError(MedaidetError, ValueError):
 
 class DeviceError(MedaidetError):
     """The requested device cannot be used (no CUDA, no such GPU)."""
+
+
+class TrainingDivergedError(MedaidetError, FloatingPointError):
+    """The loss or a gradient became nan or inf: training stopped before the update, at
+    ``iteration``; the last trainer snapshot (``snapshot``, from ``snapshot_iteration``) was
+    written before and is left as it was."""
+
+    def __init__(self, message, iteration=None, snapshot=None, snapshot_iteration=None):
+        super().__init__(message)
+        self.iteration = iteration
+        self.snapshot = snapshot
+        self.snapshot_iteration = snapshot_iteration
 
 
 class ResumeError(MedaidetError):
@@ -106,7 +125,10 @@ class TrainConfig:
     val_split: str = "val"
     subset: int | None = None            # first N training images; None: all
     n_processes: int | None = None       # None: min(4, cpu count); 0: SerialIterator
+                                         # (deterministic: None means 0)
     seed: int | None = None
+    deterministic: bool = False          # bitwise reproducible where possible (needs seed)
+    augment: bool = True                 # False: resize + encode only (no random augmentation)
     device: str | int = "auto"           # 'cpu', 'gpu' (= GPU 0), an int, or 'auto'
     data: str | None = None              # BCCD root; None: $MEDAIDET_DATA / the cache
     out: str = "outputs/train"
@@ -221,6 +243,11 @@ class TrainConfig:
         if self.seed is not None and (isinstance(self.seed, bool)
                                       or not isinstance(self.seed, int) or self.seed < 0):
             raise ConfigError(f"seed must be an integer >= 0 or null, got {self.seed!r}")
+        for name in ("deterministic", "augment"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.deterministic and self.seed is None:
+            raise ConfigError("deterministic=True needs a seed: set seed (--seed S) too")
         try:
             self.lr_steps = tuple(float(s) for s in self.lr_steps)
         except (TypeError, ValueError):
@@ -278,14 +305,6 @@ def resolve_device(spec):
 
 # --------------------------------------------------------------------------- randomness
 
-def seed_all(seed: int, device=None) -> None:
-    """Seed Python's ``random``, NumPy's global RNG and, on a GPU, CuPy's."""
-    random.seed(seed)
-    np.random.seed(seed)
-    if device is not None and device.xp is not np:
-        device.xp.random.seed(seed)
-
-
 class RandomStateExtension:
     """Puts Python's and NumPy's global random states into the trainer snapshot.
 
@@ -336,32 +355,6 @@ class RandomStateExtension:
                              float(serializer("numpy_cached_gaussian", None))))
 
 
-class ReseedingTransform:
-    """Wraps a transform so that every worker process draws its own random numbers.
-
-    ``MultiprocessIterator`` forks workers that inherit the parent's Python and NumPy random
-    states: without reseeding, every worker draws the *same* augmentation sequence. On the
-    first call in a new process this seeds ``random`` and NumPy from ``(seed, pid)`` (or
-    from the OS when ``seed`` is None). In the process that made it, it changes nothing.
-    """
-
-    def __init__(self, transform, seed: int | None = None):
-        self.transform = transform
-        self.seed = seed
-        self._pid = os.getpid()
-
-    def __call__(self, in_data):
-        pid = os.getpid()
-        if pid != self._pid:
-            self._pid = pid
-            entropy = None if self.seed is None else [self.seed, pid]
-            sequence = np.random.SeedSequence(entropy)
-            words = sequence.generate_state(2)
-            random.seed(int(words[0]))
-            np.random.seed(int(words[1]))
-        return self.transform(in_data)
-
-
 # --------------------------------------------------------------------------- data
 
 def _subset(dataset, n):
@@ -371,16 +364,19 @@ def _subset(dataset, n):
 
 
 def build_datasets(config: TrainConfig, model):
-    """``(train, val, transform)``: the augmented training set, the raw validation set, and
-    the :class:`~medaidet.transforms.TrainTransform` (its ``stats`` count the drops)."""
+    """``(train_base, train, val, transform)``: the training images, the augmented training
+    set, the raw validation set, and the :class:`~medaidet.transforms.TrainTransform`
+    (:class:`~medaidet.transforms.EncodeTransform` with ``augment=False``; its ``stats``
+    count the drops)."""
     from chainer.datasets import TransformDataset
 
     from medaidet.data.bccd import BCCDDataset
-    from medaidet.transforms import TrainTransform
+    from medaidet.seeding import ReseedingTransform
+    from medaidet.transforms import EncodeTransform, TrainTransform
 
     train_base = _subset(BCCDDataset(config.data, config.train_split), config.subset)
     val = _subset(BCCDDataset(config.data, config.val_split), config.eval_subset)
-    transform = TrainTransform.for_model(model)
+    transform = (TrainTransform if config.augment else EncodeTransform).for_model(model)
     return train_base, TransformDataset(train_base, ReseedingTransform(transform, config.seed)), \
         val, transform
 
@@ -397,16 +393,22 @@ def multiprocessing_problem() -> str | None:
     return None
 
 
+def n_processes_for(config: TrainConfig) -> int:
+    """Worker processes the config asks for: ``n_processes``, or when None ``min(4, cpu
+    count)`` (0 in deterministic mode: workers make the augmentation irreproducible)."""
+    if config.n_processes is not None:
+        return config.n_processes
+    return 0 if config.deterministic else min(4, os.cpu_count() or 1)
+
+
 def make_train_iterator(dataset, config: TrainConfig, log=print):
-    """``(iterator, n_processes)``: ``MultiprocessIterator`` with ``n_processes`` workers
-    (default ``min(4, cpu count)``), or ``SerialIterator`` (0, or workers impossible:
-    the reason is logged). Shuffled by NumPy's global RNG either way."""
+    """``(iterator, n_processes)``: ``MultiprocessIterator`` with
+    :func:`n_processes_for` workers, or ``SerialIterator`` (0, or workers impossible: the
+    reason is logged). Shuffled by NumPy's global RNG either way."""
     import chainer
 
     compat.apply()                   # cv2.setNumThreads(0) before any worker forks
-    n = config.n_processes
-    if n is None:
-        n = min(4, os.cpu_count() or 1)
+    n = n_processes_for(config)
     if n > 0:
         problem = multiprocessing_problem()
         if problem:
@@ -427,7 +429,7 @@ def make_train_iterator(dataset, config: TrainConfig, log=print):
 
 def make_optimizer(train_chain, config: TrainConfig):
     """MomentumSGD with the recipe's hooks: bias gradients x ``bias_grad_scale``, weight
-    decay on every other parameter (as ChainerCV's example)."""
+    decay on every other parameter (as ChainerCV's example); and :class:`StopOnNonFinite`."""
     import chainer
     from chainer.optimizer_hooks import WeightDecay
     from chainercv.links.model.ssd import GradientScaling
@@ -439,7 +441,96 @@ def make_optimizer(train_chain, config: TrainConfig):
             param.update_rule.add_hook(GradientScaling(config.bias_grad_scale))
         else:
             param.update_rule.add_hook(WeightDecay(config.weight_decay))
+    optimizer.add_hook(StopOnNonFinite("pre"))
+    optimizer.add_hook(StopOnNonFinite("post"))
     return optimizer
+
+
+# --------------------------------------------------------------------------- divergence
+
+class _NonFinite(FloatingPointError):
+    """Raised by :class:`StopOnNonFinite` inside the update; :func:`train` turns it into a
+    :class:`TrainingDivergedError`."""
+
+
+class StopOnNonFinite:
+    """Optimizer hook that stops training at the first nan or inf.
+
+    ``timing='pre'`` (after backward, before the update rule): this iteration's loss
+    (``main/loss`` as the train chain reported it) and every gradient. ``timing='post'``
+    (after the update): every parameter, so a step that overflows the weights is caught in
+    the iteration that made it, before the trainer writes a snapshot of it. One host
+    synchronisation each: the per-array checks travel together.
+    """
+
+    call_for_each_param = False
+
+    def __init__(self, timing: str = "pre", loss_key: str = "main/loss"):
+        if timing not in ("pre", "post"):
+            raise ValueError(f"timing must be 'pre' or 'post', got {timing!r}")
+        self.timing = timing
+        self.name = f"StopOnNonFinite_{timing}"
+        self.loss_key = loss_key
+
+    def __call__(self, optimizer):
+        import chainer
+
+        if self.timing == "pre":
+            try:
+                observation = chainer.reporter.get_current_reporter().observation
+            except IndexError:                      # no reporter: outside a trainer
+                observation = {}
+            loss = observation.get(self.loss_key)
+            if loss is not None:
+                value = float(getattr(loss, "array", loss))
+                if not math.isfinite(value):
+                    raise _NonFinite(f"the loss is {value}")
+            arrays = [(name, p.grad) for name, p in optimizer.target.namedparams()]
+            what = "gradient"
+        else:
+            arrays = [(name, p.array) for name, p in optimizer.target.namedparams()]
+            what = "weight array"
+        bad = _non_finite([(n, a) for n, a in arrays if a is not None])
+        if bad:
+            after = " after this iteration's update" if self.timing == "post" else ""
+            raise _NonFinite(f"{len(bad)} {what}(s) hold nan or inf{after}, first {bad[0]}")
+
+
+def _non_finite(named_arrays) -> list:
+    """Names of the arrays holding a nan or inf (one transfer to the host)."""
+    from chainer import backend
+
+    if not named_arrays:
+        return []
+    xp = backend.get_array_module(named_arrays[0][1])
+    finite = backend.CpuDevice().send(xp.stack([xp.isfinite(a).all() for _, a in named_arrays]))
+    return [name for (name, _), ok in zip(named_arrays, finite) if not ok]
+
+
+def _snapshot_iteration(path: Path):
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return int(npz["updater/iteration"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _diverged(cause, iteration: int, snapshot: Path) -> TrainingDivergedError:
+    snap_iteration = _snapshot_iteration(snapshot) if snapshot.is_file() else None
+    if snap_iteration is None:
+        kept = (f"no trainer snapshot had been written yet ({snapshot} does not exist): "
+                "set snapshot_interval to keep one")
+        snapshot_arg = None
+    else:
+        kept = (f"the last trainer snapshot, {snapshot} (iteration {snap_iteration}), is "
+                "intact")
+        snapshot_arg = snapshot
+    return TrainingDivergedError(
+        f"training diverged at iteration {iteration}: {cause}. Training stopped there: "
+        f"model.npz was not written and no snapshot of this state was taken; {kept}. Common causes: a learning rate too high for "
+        "this batch size (lower lr, or warm up), or a bad sample (medaidet data validate). "
+        "Start again with a lower lr, or resume from the snapshot once the cause is fixed.",
+        iteration=iteration, snapshot=snapshot_arg, snapshot_iteration=snap_iteration)
 
 
 # --------------------------------------------------------------------------- extensions
@@ -683,8 +774,10 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
         log: where messages go (``print``).
 
     Returns a :class:`TrainResult`. Raises :class:`DeviceError`, :class:`ResumeError`,
-    :class:`medaidet.model.WeightsNotFoundError` (``pretrained='imagenet'`` offline: the
-    message says where to put the file), and the dataset's errors.
+    :class:`TrainingDivergedError` (a nan/inf loss or gradient: which iteration, and the
+    snapshot left intact), :class:`medaidet.model.WeightsNotFoundError`
+    (``pretrained='imagenet'`` offline: the message says where to put the file), and the
+    dataset's errors.
     """
     compat.apply()
     import chainer
@@ -692,6 +785,7 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     from chainer.training import extensions
 
     from medaidet.data.bccd import BCCD_LABEL_NAMES
+    from medaidet.loss import DivergedError
     from medaidet.model import build_ssd, materialize, save_weights
     from medaidet.predict import CappedPredictor
     from medaidet.train_chain import MultiboxTrainChain
@@ -701,8 +795,12 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(config.device)
+    seeding = None
     if config.seed is not None:
-        seed_all(config.seed, device)
+        from medaidet.seeding import seed_everything
+        seeding = seed_everything(config.seed, [device], config.deterministic,
+                                  n_processes_for(config))
+        log(f"train: {seeding.table()}")
 
     # model (materialized now: its random initial values come from the seeded RNG in the
     # same order every run, before the iterator draws its first order)
@@ -776,6 +874,10 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     start = time.perf_counter()
     try:
         trainer.run(show_loop_exception_msg=False)
+    except (_NonFinite, DivergedError) as exc:
+        cause = (str(exc) if isinstance(exc, _NonFinite) else
+                 f"the network's outputs hold nan or inf ({exc})")
+        raise _diverged(cause, updater.iteration + 1, out / SNAPSHOT_NAME) from exc
     finally:
         monitor.finalize()
         if hasattr(train_iter, "finalize"):
@@ -818,6 +920,7 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
         "snapshot": str(out / SNAPSHOT_NAME),
         "plots": plots,
         "config": config.to_dict(),
+        "seeding": None if seeding is None else seeding.as_dict(),
         "versions": {"chainer": chainer.__version__, "numpy": np.__version__},
         "log": entries,
     }
@@ -858,7 +961,13 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=float, default=None, help="stop after N epochs")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--subset", type=int, default=None, help="train on the first N images")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed Python, NumPy, CuPy and the data workers (see medaidet.seeding)")
+    p.add_argument("--deterministic", action="store_true", default=None,
+                   help="bitwise reproducible where possible: no worker processes, "
+                        "deterministic cuDNN; needs --seed")
+    p.add_argument("--no-augment", dest="augment", action="store_false", default=None,
+                   help="no random augmentation (resize and encode only)")
     p.add_argument("--data", metavar="ROOT", default=None, help="BCCD root")
     p.add_argument("--pretrained", default=None,
                    help="imagenet, voc0712, none, or a model-only .npz")
@@ -876,7 +985,8 @@ def config_from_args(args) -> TrainConfig:
         config = TrainConfig.from_file(args.config, base=config)
     flags = {"device": args.device, "out": args.out, "iterations": args.iterations,
              "epochs": args.epochs, "batch_size": args.batch_size, "subset": args.subset,
-             "seed": args.seed, "data": args.data, "n_processes": args.n_processes}
+             "seed": args.seed, "data": args.data, "n_processes": args.n_processes,
+             "deterministic": args.deterministic, "augment": args.augment}
     changes = {k: v for k, v in flags.items() if v is not None}
     if args.epochs is not None and args.iterations is None:
         changes["iterations"] = None      # --epochs alone: the profile's iteration count yields

@@ -6,6 +6,7 @@ fails as offline would, so nothing here touches the network.
 import hashlib
 import logging
 import os
+import time
 import re
 import shutil
 import urllib.error
@@ -224,6 +225,12 @@ def test_local_npz_round_trip_with_sha256(tmp_path):
     assert load_weights(other, str(path)).loaded == report.loaded
     for key, array in params_of(other).items():
         np.testing.assert_array_equal(array, saved[key])
+
+    # the same weights saved again (later, elsewhere) are the same bytes: no clock inside
+    time.sleep(2.1)                              # zip dates have 2-second resolution
+    assert save_weights(loaded, tmp_path / "again.npz") == digest
+    with np.load(path) as npz:                   # still what chainer's own loader reads
+        assert sorted(npz.files) == sorted(saved)
 
 
 def test_checksum_mismatch_is_named(tmp_path, bccd_file):

@@ -1,14 +1,20 @@
-"""medaidet.train: config, smoke training on real BCCD, resume to the same weights, CLI."""
+"""medaidet.train: config, smoke training on real BCCD, seeds, kill + resume to the same
+weights, divergence, CLI."""
 import argparse
 import json
-import textwrap
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from conftest import run_python
-from medaidet.train import (ConfigError, DeviceError, ResumeError, TrainConfig,
-                            add_train_parser, config_from_args, resolve_device, train)
+from conftest import REPO
+from medaidet.train import (ConfigError, DeviceError, ResumeError, StopOnNonFinite,
+                            TrainConfig, TrainingDivergedError, add_train_parser,
+                            config_from_args, n_processes_for, resolve_device, train)
 
 # Tiny runs: SSD300 on a 2-core CPU is several seconds per image per iteration.
 TINY = dict(subset=2, batch_size=1, eval_subset=1, eval_batch_size=1, seed=0,
@@ -118,37 +124,128 @@ def test_smoke_training_writes_everything(run_a):
             param.array, dict(run_a.model.namedparams())[name].array)
 
 
-def test_resume_in_a_new_process_gives_the_same_weights(run_a, tmp_path, bccd_root):
-    """Run B stops at iteration 2; a new process resumes it (through the train command)
-    to iteration 4: the final weights equal the uninterrupted run's exactly."""
-    out = tmp_path / "run_b"
-    train(TrainConfig.profile("smoke", iterations=2, data=str(bccd_root), out=str(out),
-                              **TINY), progress=False)
-    first_leg = _arrays(out / "model.npz")
-    final_a = _arrays(run_a.weights)
-    assert any(not np.array_equal(first_leg[k], final_a[k]) for k in final_a)
+def _train_process(config: dict, cfg_path, resume=None) -> subprocess.Popen:
+    """``medaidet train`` in a new process (``python -m medaidet``), config from a file."""
+    cfg_path.write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "medaidet", "train", "--profile", "smoke", "--config",
+            str(cfg_path), "--no-progress"]
+    if resume is not None:
+        argv += ["--resume", str(resume)]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
-    config = dict(TINY, iterations=4, data=str(bccd_root), out=str(out))
-    (tmp_path / "cfg.json").write_text(json.dumps(config))
-    code = textwrap.dedent(f"""
-        import argparse
-        from medaidet.train import add_train_parser
-        parser = argparse.ArgumentParser()
-        add_train_parser(parser.add_subparsers(dest="command"))
-        args = parser.parse_args(["train", "--profile", "smoke", "--config",
-                                  {str(tmp_path / 'cfg.json')!r}, "--no-progress",
-                                  "--resume", {str(out / 'snapshot_latest.npz')!r}])
-        raise SystemExit(args.func(args))
-    """)
-    proc = run_python(code, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "resumed from" in proc.stdout
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["iterations"] == 4 and metrics["iterations_this_run"] == 2
-    final_b = _arrays(out / "model.npz")
+
+def test_same_seed_in_another_process_gives_bitwise_identical_weights(run_a, tmp_path,
+                                                                      bccd_root):
+    out = tmp_path / "run_b"
+    proc = _train_process(dict(TINY, iterations=4, data=str(bccd_root), out=str(out)),
+                          tmp_path / "cfg.json")
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    assert "seed 0" in output and "Python random" in output     # the seeding report
+    final_a, final_b = _arrays(run_a.weights), _arrays(out / "model.npz")
     assert final_b.keys() == final_a.keys()
     different = [k for k in final_a if not np.array_equal(final_a[k], final_b[k])]
     assert not different, f"{len(different)} parameters differ, e.g. {different[:3]}"
+    assert (out / "model.npz.sha256").read_text().split()[0] == run_a.sha256
+
+
+def test_another_seed_gives_other_weights(run_a, tmp_path, bccd_root):
+    result = train(TrainConfig.profile("smoke", data=str(bccd_root), out=str(tmp_path),
+                                       **dict(TINY, iterations=1, seed=1)),
+                   progress=False, log=lambda *_: None)
+    seed1 = _arrays(result.weights)
+    seed0 = _arrays(run_a.weights)
+    # every weight array was drawn from the seeded RNG: all differ (biases start at 0 and
+    # stay there in layers that are dead at random init, so they are not compared)
+    weights = [k for k in seed0 if k.endswith("/W")]
+    assert len(weights) > 30
+    assert all(not np.array_equal(seed1[k], seed0[k]) for k in weights)
+    assert result.metrics["seeding"]["seed"] == 1
+
+
+def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, tmp_path,
+                                                                        bccd_root):
+    """A real SIGKILL in the middle of training (a snapshot each epoch = 2 iterations);
+    a new process resumes from the snapshot to iteration 4: the weights equal the
+    uninterrupted run's bit for bit."""
+    out = tmp_path / "run_k"
+    config = dict(TINY, iterations=4, snapshot_interval=1, data=str(bccd_root), out=str(out))
+    snapshot = out / "snapshot_latest.npz"
+    proc = _train_process(config, tmp_path / "cfg.json")
+    deadline = time.monotonic() + 600
+    while not snapshot.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.kill()                                  # SIGKILL: no clean-up of any kind
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, \
+        f"the run ended before it could be killed (rc {proc.returncode}):\n{output}"
+    assert not (out / "model.npz").exists() and not (out / "metrics.json").exists()
+    with np.load(snapshot) as npz:
+        assert int(npz["updater/iteration"]) == 2
+
+    proc = _train_process(config, tmp_path / "cfg.json", resume=snapshot)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    assert "resumed from" in output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["iterations"] == 4 and metrics["iterations_this_run"] == 2
+    final_a, final_k = _arrays(run_a.weights), _arrays(out / "model.npz")
+    different = [k for k in final_a if not np.array_equal(final_a[k], final_k[k])]
+    assert not different, f"{len(different)} parameters differ, e.g. {different[:3]}"
+
+
+def test_divergence_stops_with_the_iteration_and_keeps_the_last_snapshot(tmp_path, bccd_root):
+    """The learning rate jumps x1e40 after epoch 1 (iteration 2): the weights blow up and
+    training must stop with a named error; the epoch-1 snapshot stays as it was."""
+    config = TrainConfig.profile("smoke", data=str(bccd_root), out=str(tmp_path), **dict(
+        TINY, iterations=6, snapshot_interval=1, lr_steps=(1,), lr_gamma=1e40))
+    with pytest.raises(TrainingDivergedError, match=r"diverged at iteration \d") as info:
+        train(config, progress=False, log=lambda *_: None)
+    err = info.value
+    assert isinstance(err, FloatingPointError)
+    assert 3 <= err.iteration <= 6
+    assert err.snapshot == tmp_path / "snapshot_latest.npz"
+    assert err.snapshot_iteration is not None and err.snapshot_iteration < err.iteration
+    assert f"(iteration {err.snapshot_iteration}), is intact" in str(err)
+    with np.load(err.snapshot) as npz:
+        assert int(npz["updater/iteration"]) == err.snapshot_iteration
+        weights = [npz[k] for k in npz.files if k.startswith("updater/model:main/")]
+        assert weights and all(np.isfinite(w).all() for w in weights)
+    assert not (tmp_path / "model.npz").exists()
+
+
+@pytest.mark.parametrize("timing, poison, match", [
+    ("pre", "input", "gradient\\(s\\) hold nan or inf, first /W"),
+    ("post", "lr", "weight array\\(s\\) hold nan or inf after this iteration's update"),
+])
+def test_stop_on_non_finite_before_and_after_the_update(timing, poison, match):
+    import chainer
+    import chainer.functions as F
+    import chainer.links as L
+
+    link = L.Linear(3, 2, initialW=np.ones((2, 3), np.float32))
+    optimizer = chainer.optimizers.SGD(lr=1e38 if poison == "lr" else 0.1)
+    optimizer.setup(link)
+    optimizer.add_hook(StopOnNonFinite(timing))
+    x = np.full((1, 3), np.nan if poison == "input" else 1e3, np.float32)
+    before = link.W.array.copy()
+    with pytest.raises(FloatingPointError, match=match):
+        optimizer.update(lambda: F.sum(link(x) ** 2))
+    if timing == "pre":
+        np.testing.assert_array_equal(link.W.array, before)      # the step was not applied
+
+
+def test_deterministic_needs_a_seed_and_means_no_workers():
+    with pytest.raises(ConfigError, match="deterministic=True needs a seed"):
+        TrainConfig(deterministic=True)
+    assert n_processes_for(TrainConfig(deterministic=True, seed=0)) == 0
+    assert n_processes_for(TrainConfig(deterministic=True, seed=0, n_processes=2)) == 2
+    assert n_processes_for(TrainConfig(seed=0)) >= 1
+    config = config_from_args(_parse(["--profile", "smoke", "--seed", "3", "--deterministic",
+                                      "--no-augment"]))
+    assert (config.seed, config.deterministic, config.augment) == (3, True, False)
 
 
 def test_resume_with_another_subset_is_refused(run_a, bccd_root, tmp_path):
