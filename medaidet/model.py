@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import math
 import os
 import tempfile
 import zipfile
@@ -58,7 +59,7 @@ __all__ = [
     "MODELS", "PRETRAINED", "CLASS_HEADS", "build_ssd", "materialize", "pretrained_url",
     "pretrained_cache_path", "pretrained_file", "save_weights", "load_weights",
     "WeightsReport", "WeightsError", "WeightsNotFoundError", "WeightsMismatchError",
-    "WeightsChecksumError", "WeightsFileError",
+    "WeightsChecksumError", "WeightsFileError", "WeightsComparison", "compare_weights",
 ]
 
 logger = logging.getLogger(__name__)
@@ -323,6 +324,58 @@ def save_weights(model, path, compression: bool = False) -> str:
             os.unlink(tmp)
         raise
     return digest
+
+
+@dataclass(frozen=True)
+class WeightsComparison:
+    """How two weight files differ (:func:`compare_weights`)."""
+
+    n_arrays: int
+    n_different: int
+    max_abs_diff: float
+    max_rel_diff: float        # per array max |a - b| / max(|a|, |b|); the largest
+    only_in_one: tuple = ()
+
+    @property
+    def identical(self) -> bool:
+        """Bit for bit: same names, every array equal."""
+        return self.n_different == 0 and not self.only_in_one
+
+    def summary(self) -> str:
+        if self.identical:
+            return f"identical ({self.n_arrays} arrays, bit for bit)"
+        extra = f"; only in one file: {', '.join(self.only_in_one)}" if self.only_in_one else ""
+        return (f"{self.n_different} of {self.n_arrays} arrays differ; largest difference "
+                f"{self.max_abs_diff:.3g} ({self.max_rel_diff:.3g} of the array's largest "
+                f"value){extra}")
+
+
+def compare_weights(a, b) -> WeightsComparison:
+    """Compare two model-only weight files (or ``{name: array}`` mappings) array by array."""
+    def arrays(source):
+        if isinstance(source, dict):
+            return source
+        with np.load(source, allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+
+    a, b = arrays(a), arrays(b)
+    common = sorted(set(a) & set(b))
+    n_different, max_abs, max_rel = 0, 0.0, 0.0
+    for name in common:
+        x, y = np.asarray(a[name]), np.asarray(b[name])
+        if x.shape != y.shape:
+            n_different += 1
+            max_abs = max_rel = math.inf
+            continue
+        if np.array_equal(x, y):
+            continue
+        n_different += 1
+        diff = float(np.max(np.abs(x.astype(np.float64) - y)))
+        scale = max(float(np.max(np.abs(x))), float(np.max(np.abs(y)))) or 1.0
+        max_abs, max_rel = max(max_abs, diff), max(max_rel, diff / scale)
+    return WeightsComparison(n_arrays=len(common), n_different=n_different,
+                             max_abs_diff=max_abs, max_rel_diff=max_rel,
+                             only_in_one=tuple(sorted(set(a) ^ set(b))))
 
 
 def load_weights(model, path) -> WeightsReport:

@@ -18,7 +18,7 @@ import pytest
 from chainercv.links import SSD300, SSD512
 
 from medaidet.errors import MedaidetError
-from medaidet.model import (WeightsChecksumError, WeightsFileError, WeightsMismatchError,
+from medaidet.model import (WeightsChecksumError, compare_weights, WeightsFileError, WeightsMismatchError,
                             WeightsNotFoundError, build_ssd, load_weights, materialize,
                             pretrained_cache_path, save_weights)
 
@@ -306,3 +306,15 @@ def test_bad_arguments(tmp_path):
     assert info.value.path == tmp_path / "nothing.npz"
     with pytest.raises(ValueError, match="unknown pretrained weights 'coco'"):
         pretrained_cache_path("ssd300", "coco")
+
+
+def test_compare_weights(tmp_path):
+    a = {"x/W": np.ones((2, 3), np.float32), "x/b": np.zeros(2, np.float32)}
+    np.savez(tmp_path / "a.npz", **a)
+    same = compare_weights(tmp_path / "a.npz", dict(a))
+    assert same.identical and same.n_arrays == 2 and "bit for bit" in same.summary()
+    b = dict(a, **{"x/W": a["x/W"] + np.float32(0.5)})
+    other = compare_weights(a, b)
+    assert not other.identical and other.n_different == 1
+    assert other.max_abs_diff == pytest.approx(0.5) and other.max_rel_diff == pytest.approx(0.5 / 1.5)
+    assert compare_weights(a, {"x/W": a["x/W"]}).only_in_one == ("x/b",)
