@@ -71,6 +71,7 @@ class Facts:
     nccl: object = None
     nccl_version: object = None
     nccl_error: str = ""
+    mpi: object = None                   # asdict(distributed.MpiInfo); None: not read
     cv2: object = None
     cv2_threads: object = None
     cv2_error: str = ""
@@ -169,6 +170,11 @@ def _gather_cuda(f: Facts) -> None:
         f.nccl, f.nccl_error = False, _err(exc)
 
 
+def _gather_mpi(f: Facts) -> None:
+    from medaidet import distributed  # imports neither chainer nor mpi4py.MPI
+    f.mpi = asdict(distributed.mpi_info())
+
+
 def _gather_opencv(f: Facts) -> None:
     if importlib.util.find_spec("cv2") is None:
         return
@@ -254,8 +260,8 @@ def gather_facts(gpu_smoke: bool = False) -> Facts:
     ``gather_errors`` and the doctor reports it as a failed line."""
     f = Facts()
     parts = {"compat": _gather_compat, "stack": _gather_stack, "cuda": _gather_cuda,
-             "opencv": _gather_opencv, "shm": _gather_shm, "cache": _gather_cache,
-             "notebook": _gather_notebook, "platform": _gather_platform}
+             "mpi": _gather_mpi, "opencv": _gather_opencv, "shm": _gather_shm,
+             "cache": _gather_cache, "notebook": _gather_notebook, "platform": _gather_platform}
     for name, part in parts.items():
         try:
             part(f)
@@ -468,6 +474,19 @@ def check_nccl(f: Facts) -> Check:
                  "multi-GPU ChainerMN (pure_nccl) needs it", fix)
 
 
+def check_mpi(f: Facts) -> Check:
+    """Multi-process training (ChainerMN) needs mpi4py, an MPI library and its mpiexec;
+    only `mpiexec -n N medaidet train --communicator ...` uses them, so a gap is a warning."""
+    m = f.mpi
+    if m is None:
+        return Check("mpi", "skip", "not checked")
+    if m.get("problem"):
+        return Check("mpi", "warn", f"{m['problem']}: multi-process training "
+                     "(mpiexec, ChainerMN) cannot run", m.get("fix") or "")
+    return Check("mpi", "ok", f"{m['library_name']} via mpi4py {m['mpi4py']}, mpiexec at "
+                 f"{m['mpiexec']}: ChainerMN naive can run")
+
+
 def check_opencv(f: Facts) -> Check:
     if f.cv2 is None:
         return Check("opencv", "skip", "not installed: PIL is used for image I/O")
@@ -537,8 +556,8 @@ def check_gpu_smoke(f: Facts) -> Check:
 
 
 CHECKS = (check_python, check_numpy, check_chainer, check_chainercv, check_cupy,
-          check_cuda_available, check_cudnn, check_gpu, check_nccl, check_opencv, check_shm,
-          check_cache, check_notebook, check_platform, check_compat)
+          check_cuda_available, check_cudnn, check_gpu, check_nccl, check_mpi, check_opencv,
+          check_shm, check_cache, check_notebook, check_platform, check_compat)
 
 
 # ---------------------------------------------------------------- report

@@ -80,11 +80,12 @@ class DivergedError(_Located, MedaidetError, FloatingPointError):
 
 # --------------------------------------------------------------------------- the loss
 
-def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, check=True):
+def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, check=True,
+                  n_positive=None):
     """SSD's localisation and confidence losses, with the targets checked first.
 
     Same arguments and results as ChainerCV's ``multibox_loss`` (eq. 2 and 3 of
-    Liu et al., SSD, ECCV 2016), plus ``check``.
+    Liu et al., SSD, ECCV 2016), plus ``check`` and ``n_positive``.
 
     Args:
         mb_locs (chainer.Variable or array): predicted location offsets,
@@ -102,16 +103,29 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
         check (bool): validate shapes, dtypes and values first (default). With
             ``False`` nothing is checked; invalid targets then give undefined
             results or, on the GPU, an asynchronous CUDA fault.
+        n_positive (number or 0-d array, optional): the normaliser to divide
+            both losses by instead of this call's own positive count. For
+            gradient accumulation (:class:`medaidet.memory.AccumulatingUpdater`):
+            a batch split into micro-batches must divide every micro-batch's loss
+            by the positives of the *whole* batch, so that the micro-batch losses
+            (and gradients) add up to the large batch's. Give it as the loss
+            itself would compute it: the batch's ``(gt_mb_labels > 0).sum()``,
+            and with a ``comm`` already averaged over workers
+            (``comm.allreduce_obj(count) / comm.size``); ``comm`` is then not
+            used by this call (one allreduce per batch, not per micro-batch).
+            A NumPy/Python scalar divides as ChainerCV does on the CPU, a 0-d
+            device array as it does on the GPU. ``None`` (default): this
+            call's own count, exactly as ChainerCV.
 
     Returns:
         tuple of chainer.Variable: ``(loc_loss, conf_loss)``, each a scalar
-        normalised by the number of positive priors; two float32 zeros when
-        there are none (as ChainerCV).
+        normalised by the number of positive priors (or by ``n_positive``); two
+        float32 zeros when that is 0 (as ChainerCV).
 
     Raises:
         InvalidTargetsError: shapes/dtypes disagree, a label is outside
-            ``[0, n_class)``, or an encoded location is not finite at a
-            positive prior.
+            ``[0, n_class)``, an encoded location is not finite at a
+            positive prior, or ``n_positive`` is not a finite number >= 0.
         DivergedError: ``mb_locs`` or ``mb_confs`` holds nan or inf.
 
     The success path synchronises with the host once (all check flags and the
@@ -122,11 +136,22 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
     negative priors are ignored (they are checked only where used). The coder
     fills them whenever an image has a degenerate box; ChainerCV's loss then
     becomes ``inf * 0 = nan``.
+
+    Why only the normaliser is needed for accumulation: everything else in the
+    loss is per image. The localisation loss is a sum over positive priors, the
+    confidence loss a sum over positives and hard negatives, and hard-negative
+    mining (:func:`hard_negative`) ranks each image's negatives by that image's
+    own losses and keeps ``k`` times that image's own positives. Splitting the
+    batch into micro-batches therefore selects the same priors and gives the
+    same unnormalised sums; only the division by the batch-wide positive
+    count couples the images.
     """
     mb_locs = chainer.as_variable(mb_locs)
     mb_confs = chainer.as_variable(mb_confs)
     gt_mb_locs = _as_array(gt_mb_locs)
     gt_mb_labels = _as_array(gt_mb_labels)
+    normaliser = None if n_positive is None else _as_array(n_positive)
+    host_normaliser = None if normaliser is None else _host_normaliser(normaliser)
     if check:
         _check_shapes(mb_locs.array, mb_confs.array, gt_mb_locs, gt_mb_labels)
 
@@ -139,10 +164,12 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
         if check:
             host_n_positive = _check_values(
                 mb_locs.array, mb_confs.array, gt_mb_locs, gt_mb_labels, positive, n_positive)
-        else:
+        elif normaliser is None:
             host_n_positive = int(_to_host(n_positive))
 
-        if comm:
+        if normaliser is not None:
+            n_positive, host_n_positive = normaliser, host_normaliser
+        elif comm:
             n_positive = comm.allreduce_obj(n_positive) / comm.size
             host_n_positive = n_positive
         if host_n_positive == 0:
@@ -158,6 +185,26 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
         conf_loss = F.sum(conf_loss) / n_positive
 
     return loc_loss, conf_loss
+
+
+def _host_normaliser(n_positive):
+    """The caller's normaliser as a host number, checked: a count, or an average of counts
+    over workers, so a real number >= 0 (a scalar or a 0-d array)."""
+    value = None
+    if isinstance(n_positive, (int, float, np.integer, np.floating)) \
+            and not isinstance(n_positive, (bool, np.bool_)):
+        value = float(n_positive)
+    elif getattr(n_positive, "shape", None) == () and \
+            getattr(n_positive, "dtype", np.dtype(object)).kind in "iuf":
+        value = float(_to_host(n_positive))
+    if value is None or not np.isfinite(value) or value < 0:
+        raise InvalidTargetsError(
+            f"n_positive = {n_positive!r} is not a valid normaliser: give the number of "
+            "positive priors (gt_mb_labels > 0) of the whole batch as a number >= 0 or a 0-d "
+            "array (with a comm: already averaged over workers), or None to use this call's "
+            "own count.", argument="n_positive", value=n_positive,
+            allowed="a finite number >= 0")
+    return value
 
 
 def hard_negative(x, positive, k):

@@ -129,6 +129,8 @@ class TrainConfig:
     seed: int | None = None
     deterministic: bool = False          # bitwise reproducible where possible (needs seed)
     augment: bool = True                 # False: resize + encode only (no random augmentation)
+    accumulate: int = 1                  # micro-batches per batch (gradient accumulation)
+    communicator: str | None = None      # ChainerMN: 'naive' (CPU/GPU), 'pure_nccl' (GPUs), ...
     device: str | int = "auto"           # 'cpu', 'gpu' (= GPU 0), an int, or 'auto'
     data: str | None = None              # BCCD root; None: $MEDAIDET_DATA / the cache
     out: str = "outputs/train"
@@ -223,7 +225,7 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be {what}"
                                   f"{' or null' if allow_none else ''}, got {value!r}")
 
-        for name in ("batch_size", "k", "log_interval", "eval_batch_size"):
+        for name in ("batch_size", "k", "log_interval", "eval_batch_size", "accumulate"):
             positive(name)
         for name in ("subset", "eval_subset", "iterations"):
             positive(name, allow_none=True)
@@ -246,6 +248,15 @@ class TrainConfig:
         for name in ("deterministic", "augment"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.batch_size % self.accumulate:
+            raise ConfigError(
+                f"batch_size {self.batch_size} is not divisible by accumulate "
+                f"{self.accumulate}: the batch is split into {self.accumulate} equal "
+                f"micro-batches; use a batch size that is a multiple of {self.accumulate}")
+        if self.communicator is not None and (not isinstance(self.communicator, str)
+                                              or not self.communicator):
+            raise ConfigError(f"communicator must be a ChainerMN communicator name or null, "
+                              f"got {self.communicator!r}")
         if self.deterministic and self.seed is None:
             raise ConfigError("deterministic=True needs a seed: set seed (--seed S) too")
         try:
@@ -401,12 +412,14 @@ def n_processes_for(config: TrainConfig) -> int:
     return 0 if config.deterministic else min(4, os.cpu_count() or 1)
 
 
-def make_train_iterator(dataset, config: TrainConfig, log=print):
+def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None):
     """``(iterator, n_processes)``: ``MultiprocessIterator`` with
     :func:`n_processes_for` workers, or ``SerialIterator`` (0, or workers impossible: the
-    reason is logged). Shuffled by NumPy's global RNG either way."""
+    reason is logged). Shuffled by NumPy's global RNG either way. ``batch_size``: this
+    process's batch (default ``config.batch_size``; a rank's share with ChainerMN)."""
     import chainer
 
+    batch_size = config.batch_size if batch_size is None else batch_size
     compat.apply()                   # cv2.setNumThreads(0) before any worker forks
     n = n_processes_for(config)
     if n > 0:
@@ -415,27 +428,39 @@ def make_train_iterator(dataset, config: TrainConfig, log=print):
             log(f"train: using SerialIterator (no worker processes): {problem}")
             n = 0
     if n == 0:
-        return chainer.iterators.SerialIterator(dataset, config.batch_size), 0
+        return chainer.iterators.SerialIterator(dataset, batch_size), 0
     try:
         return chainer.iterators.MultiprocessIterator(
-            dataset, config.batch_size, n_processes=n, shared_mem=4 << 20), n
+            dataset, batch_size, n_processes=n, shared_mem=4 << 20), n
     except Exception as exc:        # noqa: BLE001 (any failure: fall back, say why)
         log(f"train: using SerialIterator: MultiprocessIterator failed "
             f"({type(exc).__name__}: {exc})")
-        return chainer.iterators.SerialIterator(dataset, config.batch_size), 0
+        return chainer.iterators.SerialIterator(dataset, batch_size), 0
 
 
 # --------------------------------------------------------------------------- optimizer
 
-def make_optimizer(train_chain, config: TrainConfig):
+def make_optimizer(train_chain, config: TrainConfig, comm=None):
     """MomentumSGD with the recipe's hooks: bias gradients x ``bias_grad_scale``, weight
-    decay on every other parameter (as ChainerCV's example); and :class:`StopOnNonFinite`."""
+    decay on every other parameter (as ChainerCV's example); and :class:`StopOnNonFinite`.
+    With a ChainerMN ``comm``: wrapped by ``create_multi_node_optimizer`` (rank 0's
+    weights are broadcast here, before the first step; gradients are averaged over the
+    ranks before every update, so the hooks see the same gradients on every rank)."""
     import chainer
     from chainer.optimizer_hooks import WeightDecay
     from chainercv.links.model.ssd import GradientScaling
 
     optimizer = chainer.optimizers.MomentumSGD(lr=config.lr, momentum=config.momentum)
+    if comm is not None:
+        import chainermn
+        optimizer = chainermn.create_multi_node_optimizer(optimizer, comm)
     optimizer.setup(train_chain)
+    if comm is not None:
+        # ChainerMN broadcasts rank 0's weights in the first update() and skips that
+        # update: the first batch would be computed and thrown away, and the run would be
+        # one step behind a single-process one. Broadcast now (the parameters must have
+        # their shapes: materialize the model first).
+        optimizer.update()
     for param in train_chain.params():
         if param.name == "b":
             param.update_rule.add_hook(GradientScaling(config.bias_grad_scale))
@@ -444,6 +469,19 @@ def make_optimizer(train_chain, config: TrainConfig):
     optimizer.add_hook(StopOnNonFinite("pre"))
     optimizer.add_hook(StopOnNonFinite("post"))
     return optimizer
+
+
+def make_updater(train_iter, optimizer, device, accumulate: int = 1, comm=None):
+    """``StandardUpdater``, or with ``accumulate > 1`` the
+    :class:`medaidet.memory.AccumulatingUpdater` (the batch in ``accumulate``
+    micro-batches, the loss normalised by the whole batch's positives)."""
+    from chainer import training
+
+    if accumulate == 1:
+        return training.updaters.StandardUpdater(train_iter, optimizer, device=device)
+    from medaidet.memory import AccumulatingUpdater
+    return AccumulatingUpdater(train_iter, optimizer, device=device, accumulate=accumulate,
+                               comm=comm)
 
 
 # --------------------------------------------------------------------------- divergence
@@ -708,7 +746,7 @@ class TrainResult:
     out: Path
     weights: Path
     sha256: str
-    snapshot: Path
+    snapshot: Path | None          # None: a multi-process run (no trainer snapshot)
     metrics: dict
     model: object = field(repr=False, default=None)
 
@@ -723,7 +761,8 @@ class TrainResult:
         return (f"trained {m['iterations']} iterations ({m['iterations_this_run']} in this run, "
                 f"{m['seconds']:.0f} s, {m['images_per_second']:.2f} images/s); last loss "
                 f"{m['last_loss']}; best val mAP {best}\nweights: {self.weights} "
-                f"(sha256 {self.sha256[:12]}...)\nsnapshot: {self.snapshot}")
+                f"(sha256 {self.sha256[:12]}...)" +
+                (f"\nsnapshot: {self.snapshot}" if self.snapshot is not None else ""))
 
 
 def _json_number(value):
@@ -761,6 +800,31 @@ def _check_snapshot(path: Path, train_size: int, batch_size: int) -> None:
             "(pretrained='.../model.npz').")
 
 
+def _initial_model(config: TrainConfig):
+    from medaidet.data.bccd import BCCD_LABEL_NAMES
+    from medaidet.model import build_ssd, materialize
+
+    model = build_ssd(config.model, config.pretrained, n_fg_class=len(BCCD_LABEL_NAMES))
+    return materialize(model)
+
+
+def initial_weights(config: TrainConfig) -> dict:
+    """The weights a seeded run of ``config`` starts from, ``{save_npz name: array}``
+    (rank 0's, for a multi-process run): the seed set as :func:`train` sets it, then the
+    model built the same way. To see how far training moved each array. Needs
+    ``config.seed``; reseeds Python's and NumPy's global RNGs."""
+    import chainer
+
+    if config.seed is None:
+        raise ConfigError("initial_weights needs a seeded config (seed=...): without a "
+                          "seed the initial weights are not reproducible")
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    serializer = chainer.serializers.DictionarySerializer()
+    serializer.save(_initial_model(config))
+    return dict(serializer.target)
+
+
 def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
           log=print) -> TrainResult:
     """Train an SSD as ``config`` says (default: the course recipe); see the module docs.
@@ -780,47 +844,91 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     dataset's errors.
     """
     compat.apply()
+    config = config if config is not None else TrainConfig()
+    config.validate()
+    if config.communicator is None:
+        return _train(config, resume, progress, log, comm=None)
+    from medaidet import distributed
+
+    if resume is not None:
+        raise ResumeError("resuming a multi-process (ChainerMN) run is not supported: each "
+                          "rank's data order and random state would have to be restored. "
+                          "Start a new run from its weights (pretrained='.../model.npz').")
+    spec = distributed.communicator_spec(config.communicator)
+    wanted = parse_device(config.device)
+    if wanted == "auto":
+        from chainer.backends import cuda
+        wanted = "gpu" if cuda.available else "cpu"
+    device_kind = "cpu" if wanted == "cpu" else "gpu"
+    comm = distributed.create_communicator(spec.name, device_kind)
+    with distributed.abort_on_error(comm):
+        return _train(config, None, progress, log, comm=comm)
+
+
+def _train(config: TrainConfig, resume, progress: bool, log, comm) -> TrainResult:
+    """:func:`train`'s body; ``comm``: a ChainerMN communicator (this process is one rank)
+    or None. Only rank 0 logs, shows progress and writes files."""
     import chainer
     from chainer import training
     from chainer.training import extensions
 
     from medaidet.data.bccd import BCCD_LABEL_NAMES
     from medaidet.loss import DivergedError
-    from medaidet.model import build_ssd, materialize, save_weights
+    from medaidet.model import save_weights
     from medaidet.predict import CappedPredictor
     from medaidet.train_chain import MultiboxTrainChain
 
-    config = config if config is not None else TrainConfig()
-    config.validate()
+    root = comm is None or comm.rank == 0
+    if not root:
+        log, progress = (lambda *_, **__: None), False
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(config.device)
+    if root:
+        out.mkdir(parents=True, exist_ok=True)
+    if comm is None:
+        device = resolve_device(config.device)
+        batch_size = config.batch_size
+    else:
+        from medaidet import distributed
+        device = resolve_device(distributed.rank_device(comm, config.device))
+        batch_size = distributed.per_rank_batchsize(config.batch_size, comm.size)
+        if batch_size % config.accumulate:
+            raise ConfigError(
+                f"each of the {comm.size} ranks gets {batch_size} images per batch "
+                f"(batch_size {config.batch_size} / {comm.size}), not divisible by "
+                f"accumulate {config.accumulate}")
+        log(f"train: ChainerMN, communicator {config.communicator}, {comm.size} ranks, "
+            f"{batch_size} image{'' if batch_size == 1 else 's'} per rank per iteration "
+            f"(batch {config.batch_size} in all)")
     seeding = None
     if config.seed is not None:
         from medaidet.seeding import seed_everything
-        seeding = seed_everything(config.seed, [device], config.deterministic,
+        # each rank its own stream (data order, augmentation); the weights are rank 0's,
+        # broadcast by the multi-node optimizer before the first update
+        seed = config.seed if comm is None else config.seed + comm.rank
+        seeding = seed_everything(seed, [device], config.deterministic,
                                   n_processes_for(config))
         log(f"train: {seeding.table()}")
 
     # model (materialized now: its random initial values come from the seeded RNG in the
     # same order every run, before the iterator draws its first order)
-    model = build_ssd(config.model, config.pretrained, n_fg_class=len(BCCD_LABEL_NAMES))
-    materialize(model)
+    model = _initial_model(config)
     if model.weights_report is not None:
         log(f"train: {model.weights_report.summary()}")
 
     # data
     train_base, train_data, val_data, transform = build_datasets(config, model)
-    train_iter, n_processes = make_train_iterator(train_data, config, log)
+    if comm is not None:        # each rank trains on its own share of the images
+        train_data = distributed.scatter_dataset(train_data, comm, seed=config.seed or 0)
+    train_iter, n_processes = make_train_iterator(train_data, config, log, batch_size)
     val_iter = chainer.iterators.SerialIterator(val_data, config.eval_batch_size,
                                                 repeat=False, shuffle=False)
 
     # loss, optimizer, updater
-    train_chain = MultiboxTrainChain(model, alpha=config.alpha, k=config.k)
+    train_chain = MultiboxTrainChain(model, alpha=config.alpha, k=config.k, comm=comm)
     train_chain.to_device(device)
     device.use()
-    optimizer = make_optimizer(train_chain, config)
-    updater = training.updaters.StandardUpdater(train_iter, optimizer, device=device)
+    optimizer = make_optimizer(train_chain, config, comm)
+    updater = make_updater(train_iter, optimizer, device, config.accumulate, comm)
 
     if config.iterations is not None:
         stop = (config.iterations, "iteration")
@@ -841,21 +949,26 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
                    trigger=training.triggers.ManualScheduleTrigger(list(config.lr_steps),
                                                                    "epoch"))
     evaluator = _evaluator_class()(val_iter, CappedPredictor(model), use_07_metric=False,
-                                   label_names=BCCD_LABEL_NAMES)
+                                   label_names=BCCD_LABEL_NAMES, comm=comm)
     trainer.extend(evaluator, name="validation",
                    trigger=_EveryOrEnd(config.eval_interval, "epoch", is_end))
     log_report = extensions.LogReport(
         trigger=_EveryOrEnd(config.log_interval, "iteration", is_end))
-    trainer.extend(log_report)
-    trainer.extend(extensions.observe_lr(), trigger=(1, "iteration"))
     monitor = _Monitor(total, progress)
-    trainer.extend(monitor, name="monitor")
-    trainer.extend(_Plotter(out, log_report, monitor, is_end), name="plots",
-                   trigger=_EveryOrEnd(config.log_interval, "iteration", is_end))
-    trainer.extend(RandomStateExtension(len(train_base), config.batch_size))
-    trainer.extend(extensions.snapshot(filename=SNAPSHOT_NAME),
-                   trigger=_EveryOrEnd(config.snapshot_interval, "epoch", is_end),
-                   priority=-100)
+    if root:
+        trainer.extend(log_report)
+        trainer.extend(extensions.observe_lr(), trigger=(1, "iteration"))
+        trainer.extend(monitor, name="monitor")
+        trainer.extend(_Plotter(out, log_report, monitor, is_end), name="plots",
+                       trigger=_EveryOrEnd(config.log_interval, "iteration", is_end))
+    if comm is None:
+        trainer.extend(RandomStateExtension(len(train_base), config.batch_size))
+        trainer.extend(extensions.snapshot(filename=SNAPSHOT_NAME),
+                       trigger=_EveryOrEnd(config.snapshot_interval, "epoch", is_end),
+                       priority=-100)
+    else:
+        log("train: no trainer snapshot in a multi-process run (resume is not supported "
+            "there); the weights are saved at the end")
 
     if resume is not None:
         resume = Path(resume)
@@ -869,7 +982,8 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
                               f"{exc}): was it taken with another model or config?") from None
         log(f"train: resumed from {resume} at iteration {updater.iteration}")
 
-    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    if root:
+        (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     start_iteration = updater.iteration
     start = time.perf_counter()
     try:
@@ -885,6 +999,16 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     seconds = time.perf_counter() - start
 
     # results
+    rank_digests = None
+    if comm is not None:          # every rank must end with the same weights
+        from medaidet import distributed
+        distributed.check_ranks_agree(comm, model)
+        rank_digests = distributed.gather_digests(comm, distributed.param_digest(model))
+        if not root:
+            return TrainResult(out=out, weights=out / WEIGHTS_NAME, sha256="",
+                               snapshot=out / SNAPSHOT_NAME,
+                               metrics={"rank": comm.rank, "rank_digests": rank_digests},
+                               model=model)
     sha256 = save_weights(model, out / WEIGHTS_NAME)
     iterations_run = updater.iteration - start_iteration
     train_seconds = max(seconds - evaluator.seconds, 1e-9)
@@ -914,10 +1038,15 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
         "train_images": len(train_base),
         "transform_stats": transform.stats.as_dict() if n_processes == 0 else None,
         "n_processes": n_processes,
+        "accumulate": config.accumulate,
+        "communicator": config.communicator,
+        "ranks": 1 if comm is None else comm.size,
+        "batch_per_rank": batch_size,
+        "rank_digests": rank_digests,
         "device": str(device),
         "weights": str(out / WEIGHTS_NAME),
         "sha256": sha256,
-        "snapshot": str(out / SNAPSHOT_NAME),
+        "snapshot": str(out / SNAPSHOT_NAME) if comm is None else None,
         "plots": plots,
         "config": config.to_dict(),
         "seeding": None if seeding is None else seeding.as_dict(),
@@ -934,7 +1063,8 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
                                            "processes; use n_processes=0 to count drops")
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     result = TrainResult(out=out, weights=out / WEIGHTS_NAME, sha256=sha256,
-                         snapshot=out / SNAPSHOT_NAME, metrics=metrics, model=model)
+                         snapshot=out / SNAPSHOT_NAME if comm is None else None,
+                         metrics=metrics, model=model)
     log(result.summary())
     return result
 
@@ -966,6 +1096,12 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--deterministic", action="store_true", default=None,
                    help="bitwise reproducible where possible: no worker processes, "
                         "deterministic cuDNN; needs --seed")
+    p.add_argument("--accumulate", type=int, default=None, metavar="N",
+                   help="split each batch into N micro-batches (gradient accumulation: the "
+                        "memory of batch/N, the gradients of the whole batch)")
+    p.add_argument("--communicator", default=None, metavar="NAME",
+                   help="ChainerMN multi-process training under mpiexec: naive (CPU or GPU), "
+                        "pure_nccl (GPUs), ...; batch size is the total over all ranks")
     p.add_argument("--no-augment", dest="augment", action="store_false", default=None,
                    help="no random augmentation (resize and encode only)")
     p.add_argument("--data", metavar="ROOT", default=None, help="BCCD root")
@@ -986,7 +1122,8 @@ def config_from_args(args) -> TrainConfig:
     flags = {"device": args.device, "out": args.out, "iterations": args.iterations,
              "epochs": args.epochs, "batch_size": args.batch_size, "subset": args.subset,
              "seed": args.seed, "data": args.data, "n_processes": args.n_processes,
-             "deterministic": args.deterministic, "augment": args.augment}
+             "deterministic": args.deterministic, "augment": args.augment,
+             "accumulate": args.accumulate, "communicator": args.communicator}
     changes = {k: v for k, v in flags.items() if v is not None}
     if args.epochs is not None and args.iterations is None:
         changes["iterations"] = None      # --epochs alone: the profile's iteration count yields

@@ -35,6 +35,12 @@ class MultiboxTrainChain(chainer.Chain):
     encoded by the model's coder (label 0 is background), i.e. what
     :class:`medaidet.transforms.TrainTransform` returns, batched by
     ``chainer.dataset.concat_examples``. Returns the total loss (a 0-dim Variable).
+
+    ``forward(..., n_positive=N)`` divides the losses by ``N`` instead of this batch's
+    positive count (and skips ``comm``'s allreduce, which the caller did): for
+    :class:`medaidet.memory.AccumulatingUpdater`, which feeds a batch in micro-batches
+    and gives each the whole batch's count, so the micro-batch losses add up to the
+    batch's. The reported values are then this micro-batch's share of the batch's.
     """
 
     def __init__(self, model, alpha: float = 1, k: int = 3, comm=None, check: bool = True):
@@ -46,11 +52,11 @@ class MultiboxTrainChain(chainer.Chain):
         self.comm = comm
         self.check = check
 
-    def forward(self, imgs, gt_mb_locs, gt_mb_labels):
+    def forward(self, imgs, gt_mb_locs, gt_mb_labels, n_positive=None):
         mb_locs, mb_confs = self.model(imgs)
         loc_loss, conf_loss = multibox_loss(
             mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, self.k, comm=self.comm,
-            check=self.check)
+            check=self.check, n_positive=n_positive)
         loss = loc_loss * self.alpha + conf_loss
         chainer.reporter.report(
             {"loss": loss, "loss/loc": loc_loss, "loss/conf": conf_loss}, self)

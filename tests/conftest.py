@@ -44,7 +44,7 @@ def run_python(code: str, extra_path=None, env=None, timeout=300) -> subprocess.
 @pytest.fixture(scope="session")
 def bccd_root() -> Path:
     """The real BCCD copy: ``$MEDAIDET_DATA``, else ``../shared/bccd`` beside the checkout."""
-    root = Path(os.environ.get("MEDAIDET_DATA") or REPO.parent / "shared" / "bccd")
+    root = Path(os.environ.get("MEDAIDET_DATA") or REPO.parent / "shared" / "bccd").resolve()
     if not (root / "Annotations").is_dir():
         pytest.fail(f"BCCD not found at {root}: set MEDAIDET_DATA to a BCCD copy (VOC layout)")
     return root

@@ -22,7 +22,7 @@ OURS_CHAINER = sources.CHAINER.wheel_version
 OURS_CHAINERCV = sources.CHAINERCV.wheel_version
 GPU_LINES = ("cuda_available", "cudnn", "gpu", "nccl")
 ALL_NAMES = ("python", "numpy", "chainer", "chainercv", "cupy", "cuda_available", "cudnn",
-             "gpu", "nccl", "opencv", "shm", "cache", "notebook", "platform", "compat")
+             "gpu", "nccl", "mpi", "opencv", "shm", "cache", "notebook", "platform", "compat")
 
 
 def cpu_facts(**over) -> Facts:

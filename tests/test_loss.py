@@ -238,6 +238,93 @@ def test_comm_averages_positives_like_chainercv(positive_rate, others):
     assert_same_as_chainercv(inputs, 3, comm=FakeComm(4, others))
 
 
+# --------------------------------------------------------------------------- n_positive
+
+def micro_batch_losses(inputs, k, n_micro, n_positive):
+    """The loss of each of ``n_micro`` equal slices of the batch, divided by
+    ``n_positive``, with the gradients of its predictions."""
+    locs, confs, gt_locs, labels = inputs
+    size = len(locs) // n_micro
+    out = []
+    for start in range(0, len(locs), size):
+        part = slice(start, start + size)
+        mb_locs = chainer.Variable(locs[part].copy())
+        mb_confs = chainer.Variable(confs[part].copy())
+        loc_loss, conf_loss = multibox_loss(mb_locs, mb_confs, gt_locs[part], labels[part], k,
+                                            n_positive=n_positive)
+        if loc_loss.creator is not None:
+            (loc_loss + conf_loss).backward()
+        out.append((loc_loss, conf_loss, mb_locs.grad, mb_confs.grad))
+    return out
+
+
+def test_n_positive_equal_to_the_own_count_changes_nothing():
+    rng = np.random.RandomState(8)
+    inputs = make_inputs(rng, 3, N_PRIOR_SSD300, positive_rate=0.02, ties=True)
+    _, ours = both_losses(inputs, 3)
+    (given,) = micro_batch_losses(inputs, 3, 1, (inputs[3] > 0).sum())
+    for a, b in zip(ours, given):
+        assert np.array_equal(a.array if isinstance(a, chainer.Variable) else a,
+                              b.array if isinstance(b, chainer.Variable) else b)
+
+
+@pytest.mark.parametrize("n_micro", [2, 4])
+def test_micro_batches_with_the_batch_normaliser_add_up_to_the_batch(n_micro):
+    """Hard-negative mining is per image, so only the normaliser couples the images:
+    with the batch's positive count the micro-batch losses sum to the batch's loss and
+    every prediction's gradient is the batch's, bit for bit. With each micro-batch's
+    own count (the naive way) they do not."""
+    rng = np.random.RandomState(9)
+    inputs = make_inputs(rng, 4, N_PRIOR_SSD300, positive_rate=0.02)
+    labels = inputs[3]
+    labels[0, :4000] = 0                       # micro-batches with different counts
+    _, whole = both_losses(inputs, 3)
+    parts = micro_batch_losses(inputs, 3, n_micro, (labels > 0).sum())
+    for i in range(2):
+        assert sum(float(p[i].array) for p in parts) == pytest.approx(
+            float(whole[i].array), rel=1e-6)
+    assert np.array_equal(np.concatenate([p[2] for p in parts]), whole[2])
+    assert np.array_equal(np.concatenate([p[3] for p in parts]), whole[3])
+
+    size = 4 // n_micro
+    naive = [multibox_loss(*(a[j:j + size] for a in inputs), 3) for j in range(0, 4, size)]
+    naive_total = sum(float(loc.array + conf.array) for loc, conf in naive) / n_micro
+    assert naive_total != pytest.approx(float((whole[0] + whole[1]).array), rel=1e-3)
+
+
+def test_n_positive_skips_comm_and_zero_gives_zeros():
+    rng = np.random.RandomState(10)
+    locs, confs, gt_locs, labels = make_inputs(rng, 2, 300, positive_rate=0.1)
+    comm = FakeComm(4, 7)
+    given = multibox_loss(locs, confs, gt_locs, labels, 3, comm=comm,
+                          n_positive=((labels > 0).sum() + 7) / 4)
+    assert comm.received == []
+    expected = multibox_loss(locs, confs, gt_locs, labels, 3, comm=FakeComm(4, 7))
+    assert all(np.array_equal(a.array, b.array) for a, b in zip(expected, given))
+    for zero in (0, 0.0, np.int64(0), np.zeros((), np.int64)):
+        loc_loss, conf_loss = multibox_loss(locs, confs, gt_locs, labels, 3, n_positive=zero)
+        assert float(loc_loss.array) == float(conf_loss.array) == 0
+        assert loc_loss.dtype == np.float32
+
+
+def test_n_positive_as_an_array_divides_like_the_gpu_path():
+    rng = np.random.RandomState(11)
+    locs, confs, gt_locs, labels = make_inputs(rng, 2, 300, positive_rate=0.1)
+    scalar = multibox_loss(locs, confs, gt_locs, labels, 3, n_positive=(labels > 0).sum())
+    array = multibox_loss(locs, confs, gt_locs, labels, 3,
+                          n_positive=np.asarray((labels > 0).sum()))
+    for a, b in zip(scalar, array):
+        assert float(a.array) == pytest.approx(float(b.array), rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [-1, np.nan, np.inf, np.array([3, 4]), "7"])
+def test_invalid_n_positive_is_named(bad):
+    locs, confs, gt_locs, labels = valid()
+    with pytest.raises(InvalidTargetsError, match="n_positive") as info:
+        multibox_loss(locs, confs, gt_locs, labels, 3, n_positive=bad)
+    assert info.value.argument == "n_positive"
+
+
 # --------------------------------------------------------------------------- hard_negative
 
 def test_hard_negative_by_hand():

@@ -191,15 +191,36 @@ def test_arguments_reach_the_loss(monkeypatch):
     seen = {}
     real = train_chain.multibox_loss
 
-    def spy(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, check=True):
-        seen.update(k=k, comm=comm, check=check)
-        return real(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, check=check)
+    def spy(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, check=True,
+            n_positive=None):
+        seen.update(k=k, comm=comm, check=check, n_positive=n_positive)
+        return real(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, check=check,
+                    n_positive=n_positive)
 
     monkeypatch.setattr(train_chain, "multibox_loss", spy)
     comm = object()
     chain = MultiboxTrainChain(StubModel(), k=1, comm=comm, check=False)
     chain(*stub_targets())
-    assert seen == {"k": 1, "comm": comm, "check": False}
+    assert seen == {"k": 1, "comm": comm, "check": False, "n_positive": None}
+    chain(*stub_targets(), n_positive=17)
+    assert seen["n_positive"] == 17
+
+
+def test_n_positive_normalises_micro_batches_like_the_batch():
+    """Two micro-batches, each divided by the whole batch's positives, report and
+    return shares that add up to the batch's loss."""
+    stub = StubModel()
+    imgs, gt_mb_locs, gt_mb_labels = stub_targets(b=4)
+    gt_mb_labels[0, 2:] = 0                     # different positive counts per half
+    whole, whole_obs = run_reported(MultiboxTrainChain(stub), imgs, gt_mb_locs, gt_mb_labels)
+    n_positive = (gt_mb_labels > 0).sum()
+    parts = [run_reported(MultiboxTrainChain(stub), imgs[s], gt_mb_locs[s], gt_mb_labels[s],
+                          n_positive) for s in (slice(0, 2), slice(2, 4))]
+    assert sum(float(loss.array) for loss, _ in parts) == pytest.approx(
+        float(whole.array), rel=1e-6)
+    for key in KEYS:
+        assert sum(as_float(obs[key]) for _, obs in parts) == pytest.approx(
+            as_float(whole_obs[key]), rel=1e-6)
 
 
 def test_reports_nothing_outside_a_reporter():

@@ -137,6 +137,20 @@ def test_ci_downloads_bccd_and_points_medaidet_data_at_it(ci):
     assert env.get("MEDAIDET_DATA", "").endswith("data/bccd"), env
 
 
+def test_ci_and_the_ci_runner_install_mpi_and_require_its_tests(ci):
+    """The 2-rank ChainerMN tests skip without MPI unless CI_REQUIRE_MPI=1: both CI
+    entry points install Open MPI before `make test` and set it."""
+    lines = _run_lines(ci)
+    mpi = [i for i, line in enumerate(lines) if "openmpi-bin" in line]
+    test = next(i for i, line in enumerate(lines) if line.startswith("make test"))
+    assert mpi and mpi[0] < test, lines
+    env = {k: v for job in ci["jobs"].values() for k, v in (job.get("env") or {}).items()}
+    assert env.get("CI_REQUIRE_MPI") == "1", env
+    runner = (REPO / ".ci" / "run").read_text()
+    assert "openmpi-bin" in runner and "export CI_REQUIRE_MPI=1" in runner
+    assert runner.index("CI_REQUIRE_MPI=1") < runner.index("make test")
+
+
 def test_ci_caches_pip_and_the_medaidet_cache(ci):
     assert any(step.get("with", {}).get("cache") == "pip"
                for step in _uses(ci, "actions/setup-python")), "setup-python: cache: pip"

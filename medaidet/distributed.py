@@ -1,0 +1,769 @@
+"""Multi-process training with ChainerMN: which communicator, how to launch, what to check.
+
+``mpiexec -n N python -m medaidet train --communicator naive`` starts N copies of the
+trainer; each copy ("rank") trains on its own share of the images, and ChainerMN's
+multi-node optimizer averages the gradients over the ranks after every backward pass,
+so all ranks hold the same weights. This module is the glue the trainer and the
+notebooks use for that:
+
+* :data:`COMMUNICATORS` and :func:`create_communicator`: the names ChainerMN 7 accepts,
+  checked before MPI or NCCL is touched, so a wrong name or a GPU communicator on a
+  CPU machine is a named error instead of a crash inside ChainerMN;
+* :func:`mpi_info` / :func:`mpi_problem`: can MPI be used here at all (mpi4py, the MPI
+  library it loads, ``mpiexec``); the doctor's ``mpi`` line;
+* :func:`launched_by_mpi`, :func:`mpiexec_command`, :func:`launch`: start N ranks from
+  Python (a notebook) with the flags Open MPI needs in containers and on small machines;
+* :func:`is_root`, :func:`rank_device`, :func:`rank_seed`, :func:`per_rank_batchsize`,
+  :func:`scatter_dataset`, :func:`abort_on_error`, :func:`check_ranks_agree`: what the
+  trainer needs around ChainerMN's own calls.
+
+Nothing here imports chainer, chainermn or ``mpi4py.MPI`` at import time: importing
+``mpi4py.MPI`` initialises MPI, and the doctor must be able to describe a machine where
+any of them is missing or broken.
+"""
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import re
+import selectors
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from medaidet.errors import MedaidetError
+
+__all__ = [
+    "COMMUNICATORS", "GPU_COMMUNICATORS", "REMOVED_COMMUNICATORS", "CommunicatorSpec",
+    "INSTALL_MPI", "INSTALL_MPI4PY",
+    "DistributedError", "MPIUnavailableError", "UnknownCommunicatorError",
+    "CommunicatorDeviceError", "DistributedConfigError", "LaunchError", "LaunchTimeoutError",
+    "RanksDivergedError",
+    "MpiInfo", "mpi_info", "mpi_problem", "launched_by_mpi", "launch_env",
+    "communicator_spec", "create_communicator", "cuda_aware_mpi",
+    "mpiexec_command", "launch", "cpu_slots",
+    "is_root", "rank_device", "rank_seed", "per_rank_batchsize", "scatter_dataset",
+    "abort_on_error", "param_digest", "gather_digests", "check_ranks_agree",
+]
+
+
+# --------------------------------------------------------------------------- communicators
+
+@dataclass(frozen=True)
+class CommunicatorSpec:
+    """What one ChainerMN communicator needs. ``gpu``: it packs gradients in GPU
+    buffers (CuPy), so every rank must train on a GPU; ``nccl``: it uses NCCL through
+    CuPy; ``cuda_aware_mpi``: it hands GPU pointers straight to MPI, which only a
+    CUDA-aware MPI build survives (Debian's and PyPI's Open MPI are not)."""
+
+    name: str
+    gpu: bool
+    nccl: bool
+    cuda_aware_mpi: bool
+    use: str
+
+
+# The names ``chainermn.create_communicator`` of Chainer 7.8.1 accepts (its 'dummy'
+# does not exchange gradients at all -- it measures packing overhead -- so it is left
+# out: training with it silently trains N unrelated models).
+COMMUNICATORS = {
+    "naive": CommunicatorSpec("naive", gpu=False, nccl=False, cuda_aware_mpi=False,
+                              use="CPU or GPU: one MPI allreduce per parameter through host "
+                                  "memory (slow on GPUs; the one for CPU runs and tests)"),
+    "pure_nccl": CommunicatorSpec("pure_nccl", gpu=True, nccl=True, cuda_aware_mpi=False,
+                                  use="GPUs: NCCL allreduce of packed gradients (the "
+                                      "recommended one on GPUs)"),
+    "non_cuda_aware": CommunicatorSpec("non_cuda_aware", gpu=True, nccl=True,
+                                       cuda_aware_mpi=False,
+                                       use="GPUs: NCCL within a node, MPI through host "
+                                           "memory between nodes"),
+    "flat": CommunicatorSpec("flat", gpu=True, nccl=False, cuda_aware_mpi=True,
+                             use="GPUs: one MPI allreduce of packed GPU buffers; needs a "
+                                 "CUDA-aware MPI"),
+}
+GPU_COMMUNICATORS = tuple(name for name, spec in COMMUNICATORS.items() if spec.gpu)
+
+# Names that ChainerMN 6 and older knew; Chainer 7 (what `medaidet stack install`
+# builds) removed them. Old tutorials still pass them.
+REMOVED_COMMUNICATORS = {
+    "hierarchical": "pure_nccl",
+    "two_dimensional": "pure_nccl",
+    "single_node": "pure_nccl",
+    "dummy": "naive",
+}
+
+INSTALL_MPI4PY = "pip install 'medaidet[mpi]'"
+INSTALL_MPI = ("sudo apt-get install -y openmpi-bin libopenmpi-dev (Debian/Ubuntu), or "
+               "conda install -c conda-forge openmpi")
+
+
+# --------------------------------------------------------------------------- errors
+
+class DistributedError(MedaidetError):
+    """Base class of this module's errors."""
+
+
+class MPIUnavailableError(DistributedError, RuntimeError):
+    """mpi4py, the MPI library or ``mpiexec`` is missing: ChainerMN cannot run."""
+
+
+class UnknownCommunicatorError(DistributedError, ValueError):
+    """The communicator name is not one ChainerMN 7 accepts."""
+
+
+class CommunicatorDeviceError(DistributedError, ValueError):
+    """The communicator cannot work on this device: a GPU communicator on the CPU,
+    an NCCL communicator without NCCL, ``flat`` without a CUDA-aware MPI."""
+
+
+class DistributedConfigError(DistributedError, ValueError):
+    """A setting that does not fit the number of ranks (batch size, dataset size,
+    GPUs per host)."""
+
+
+class LaunchError(DistributedError, RuntimeError):
+    """``mpiexec`` failed. Attributes: ``command`` (list), ``returncode`` (``None``
+    on a timeout), ``output`` (everything the ranks printed) and ``tail`` (its last
+    lines, also in the message)."""
+
+    def __init__(self, message, command, returncode, output, tail):
+        super().__init__(message)
+        self.command = command
+        self.returncode = returncode
+        self.output = output
+        self.tail = tail
+
+
+class LaunchTimeoutError(LaunchError):
+    """``mpiexec`` ran past its timeout and was stopped."""
+
+
+class RanksDivergedError(DistributedError, RuntimeError):
+    """The ranks' parameters differ after training. Attribute ``digests``: the sha256
+    of each rank's parameters, by rank."""
+
+    def __init__(self, message, digests):
+        super().__init__(message)
+        self.digests = digests
+
+
+# --------------------------------------------------------------------------- is MPI usable
+
+@dataclass
+class MpiInfo:
+    """What :func:`mpi_info` found. ``problem`` is ``None`` when ChainerMN can run
+    (with ``fix`` empty); otherwise it says what is missing and ``fix`` how to get it."""
+
+    mpi4py: object = None        # mpi4py's version; None: not installed
+    library: str = ""            # first line of MPI.Get_library_version()
+    library_name: str = ""       # e.g. 'Open MPI 4.1.4', 'MPICH 4.1'
+    library_flavor: str = ""     # 'openmpi', 'mpich' or '' (unknown)
+    mpiexec: object = None       # path, or None when not on PATH
+    mpiexec_flavor: str = ""
+    problem: object = None
+    fix: str = ""
+
+
+# Runs in a child so that loading libmpi (and a crash doing so) never touches the caller:
+# with rc.initialize off, mpi4py loads the library without calling MPI_Init.
+_PROBE = r"""
+import json, mpi4py
+mpi4py.rc.initialize = False
+mpi4py.rc.finalize = False
+from mpi4py import MPI
+print(json.dumps({"library": MPI.Get_library_version()}))
+"""
+
+
+def _flavor(text: str) -> str:
+    """'openmpi', 'mpich' (MPICH, Intel MPI, MVAPICH: one ABI, the Hydra launcher) or ''."""
+    low = text.lower()
+    if "open mpi" in low or "openrte" in low or "open-mpi" in low:
+        return "openmpi"
+    if "mpich" in low or "hydra" in low or "intel(r) mpi" in low or "mvapich" in low:
+        return "mpich"
+    return ""
+
+
+def _library_name(library: str) -> str:
+    for pattern, name in ((r"Open MPI v?(\d+(?:\.\d+)*)", "Open MPI"),
+                          (r"MPICH Version:\s*(\S+)", "MPICH"),
+                          (r"Intel\(R\) MPI Library (\S+)", "Intel MPI"),
+                          (r"MVAPICH2? Version\s*:?\s*(\S+)", "MVAPICH")):
+        match = re.search(pattern, library)
+        if match:
+            return f"{name} {match.group(1)}"
+    return library.splitlines()[0].strip() if library.strip() else "unknown MPI"
+
+
+def _find_mpiexec():
+    return shutil.which("mpiexec") or shutil.which("mpirun")
+
+
+def _mpiexec_flavor(mpiexec: str) -> str:
+    try:
+        done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                              timeout=30, env=launch_env())
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return _flavor(done.stdout + done.stderr)
+
+
+def _probe_library() -> tuple:
+    """(library version text, error text): in-process when mpi4py.MPI is already
+    loaded here, else in a child interpreter."""
+    loaded = sys.modules.get("mpi4py.MPI")
+    if loaded is not None:
+        return loaded.Get_library_version().replace("\x00", ""), ""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                              timeout=60, env=launch_env())
+    except subprocess.TimeoutExpired:
+        return "", "loading the MPI library timed out after 60 s"
+    try:
+        library = json.loads(done.stdout.strip().splitlines()[-1])["library"]
+        return library.replace("\x00", ""), ""  # Open MPI's string ends in a NUL
+    except (IndexError, ValueError, KeyError):
+        lines = [line for line in (done.stderr or done.stdout).strip().splitlines() if line]
+        # the exception line of the traceback and what follows it (mpi4py's message
+        # lists every library path it tried, one a line)
+        starts = [i for i, line in enumerate(lines) if re.match(r"[A-Za-z_][\w.]*: ", line)]
+        shown = lines[starts[-1]:] if starts else lines[-3:]
+        return "", " / ".join(shown[:6]) or f"exit code {done.returncode}"
+
+
+def mpi_info() -> MpiInfo:
+    """Can ChainerMN run here? Looks for mpi4py, loads the MPI library it would use
+    (in a child process, without initialising MPI), finds ``mpiexec`` and checks that it
+    belongs to the same MPI as the library. Never raises."""
+    info = MpiInfo()
+    try:
+        import mpi4py  # the package only: MPI is loaded by mpi4py.MPI
+    except ImportError as exc:
+        info.problem = f"mpi4py does not import ({exc})"
+        info.fix = f"{INSTALL_MPI4PY}; and an MPI: {INSTALL_MPI}"
+        return info
+    info.mpi4py = getattr(mpi4py, "__version__", "?")
+    library, error = _probe_library()
+    if error:
+        info.problem = f"mpi4py {info.mpi4py} cannot load an MPI library ({error})"
+        info.fix = INSTALL_MPI
+        return info
+    info.library = library.strip().splitlines()[0].strip() if library.strip() else ""
+    info.library_name = _library_name(library)
+    info.library_flavor = _flavor(library)
+    info.mpiexec = _find_mpiexec()
+    if info.mpiexec is None:
+        info.problem = f"no mpiexec (or mpirun) on PATH ({info.library_name} itself loads)"
+        info.fix = INSTALL_MPI
+        return info
+    info.mpiexec_flavor = _mpiexec_flavor(info.mpiexec)
+    if info.library_flavor and info.mpiexec_flavor and \
+            info.library_flavor != info.mpiexec_flavor:
+        info.problem = (f"{info.mpiexec} is {info.mpiexec_flavor}'s launcher but mpi4py loads "
+                        f"{info.library_name}: every rank would run alone as rank 0 of 1")
+        info.fix = (f"put the {info.library_name} mpiexec first on PATH, or point mpi4py at "
+                    f"the matching library with MPI4PY_LIBMPI=/path/to/libmpi.so")
+    return info
+
+
+def mpi_problem():
+    """Why ChainerMN cannot run here (mpi4py missing, no MPI library, no ``mpiexec``,
+    a launcher from another MPI), or ``None`` when it can."""
+    return mpi_info().problem
+
+
+def launched_by_mpi(environ=None) -> bool:
+    """Was this process started by an MPI launcher (Open MPI's ``mpiexec``, MPICH's
+    Hydra, Slurm/PMIx)? The trainer refuses ``--communicator`` without it unless a
+    1-rank run is intended. Open MPI's singleton mode (MPI_Init without mpiexec) also
+    sets ``PMIX_RANK``, in the children of such a process too; it is not a launch."""
+    env = os.environ if environ is None else environ
+    if env.get("OMPI_MCA_ess") == "singleton":
+        return False
+    return any(env.get(name) for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
+# What an MPI launcher (or Open MPI's singleton MPI_Init) puts in a rank's environment.
+# Inherited by a nested mpiexec they make it join the parent's job: it fails with exit
+# code 1 and no output. Settings a user makes (OMPI_MCA_btl..., OMPI_ALLOW_RUN_AS_ROOT)
+# are kept.
+_LAUNCH_PREFIXES = ("PMIX_", "PMI_", "ORTE_", "OMPI_COMM_WORLD_", "OMPI_APP_CTX_",
+                    "OMPI_MCA_ess", "OMPI_MCA_orte_", "OMPI_MCA_pmix")
+_LAUNCH_NAMES = {"OMPI_COMMAND", "OMPI_ARGV", "OMPI_FILE_LOCATION", "OMPI_FIRST_RANKS",
+                 "OMPI_NUM_APP_CTX", "OMPI_UNIVERSE_SIZE", "OMPI_MCA_initial_wdir",
+                 "OMPI_MCA_shmem_RUNTIME_QUERY_hint", "OMPI_MCA_mpi_oversubscribe",
+                 "MPI_LOCALRANKID", "MPI_LOCALNRANKS"}
+
+
+def launch_env(environ=None) -> dict:
+    """A copy of ``environ`` (default ``os.environ``) without the variables of an
+    enclosing MPI launch, for starting ``mpiexec`` (or an MPI probe) from a process
+    that is itself a rank or has initialised MPI."""
+    env = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in env.items()
+            if not (k.startswith(_LAUNCH_PREFIXES) or k in _LAUNCH_NAMES)}
+
+
+# --------------------------------------------------------------------------- communicator
+
+def communicator_spec(name: str) -> CommunicatorSpec:
+    """The :class:`CommunicatorSpec` of ``name``; :class:`UnknownCommunicatorError`
+    listing the valid names (and the replacement of a removed one) otherwise."""
+    if name in COMMUNICATORS:
+        return COMMUNICATORS[name]
+    names = ", ".join(COMMUNICATORS)
+    if name in REMOVED_COMMUNICATORS:
+        instead = REMOVED_COMMUNICATORS[name]
+        why = ("does not exchange gradients (a ChainerMN benchmark)" if name == "dummy"
+               else "was removed in ChainerMN 7 (Chainer 7.8.1 is installed)")
+        raise UnknownCommunicatorError(f"communicator {name!r} {why}: use {instead!r} "
+                                       f"(valid: {names})")
+    raise UnknownCommunicatorError(f"unknown communicator {name!r}: use one of {names} "
+                                   f"('naive' on CPUs, 'pure_nccl' on GPUs)")
+
+
+def _device_kind(device) -> str:
+    """'cpu' or 'gpu' from 'cpu'/'gpu', chainer's '@numpy'/'@cupy:N', an int (-1: CPU)
+    or a chainer Device."""
+    xp = getattr(device, "xp", None)
+    if xp is not None:
+        return "cpu" if xp.__name__ == "numpy" else "gpu"
+    if isinstance(device, int) and not isinstance(device, bool):
+        return "cpu" if device < 0 else "gpu"
+    text = str(device).strip().lower()
+    if text in ("cpu", "@numpy", "numpy") or text.lstrip("-").isdigit() and int(text) < 0:
+        return "cpu"
+    if text in ("gpu", "cuda", "@cupy") or text.startswith("@cupy:") or text.isdigit():
+        return "gpu"
+    raise CommunicatorDeviceError(f"device_kind must be 'cpu' or 'gpu' (or a chainer device), "
+                                  f"got {device!r}")
+
+
+def _nccl_problem():
+    """Why NCCL cannot be used through CuPy, or None."""
+    try:
+        from cupy.cuda import nccl  # noqa: F401  (what chainermn.nccl imports)
+    except Exception as exc:  # ImportError, or a CUDA library that does not load
+        return f"{type(exc).__name__}: {exc}"
+    if not getattr(nccl, "available", True):
+        return "CuPy was built without NCCL"
+    return None
+
+
+def _import_mpi():
+    """``mpi4py.MPI`` (this initialises MPI), or :class:`MPIUnavailableError` saying
+    how to install what is missing."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise MPIUnavailableError(
+            f"ChainerMN needs mpi4py, which does not import ({exc}): {INSTALL_MPI4PY} "
+            f"(mpi4py>=4.1,<5), and an MPI library: {INSTALL_MPI}") from exc
+    except RuntimeError as exc:  # mpi4py >= 4 wheels: no libmpi to load
+        first = str(exc).strip().splitlines()
+        raise MPIUnavailableError(
+            f"mpi4py imports but finds no MPI library ({' / '.join(first[:2])}): "
+            f"install one: {INSTALL_MPI}") from exc
+    return MPI
+
+
+def cuda_aware_mpi():
+    """True/False: whether the MPI library mpi4py loaded can take GPU buffers
+    (``MPIX_Query_cuda_support``, Open MPI and MPICH 4); ``None`` when it cannot be
+    told. Call after MPI is initialised (:func:`create_communicator` does)."""
+    if "mpi4py.MPI" not in sys.modules:
+        return None
+    for soname in ("libmpi.so.40", "libmpi.so.12", "libmpi.so"):
+        try:  # RTLD_NOLOAD: only the library already in this process, never another one
+            lib = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except (OSError, AttributeError):
+            continue
+        query = getattr(lib, "MPIX_Query_cuda_support", None)
+        if query is None:
+            return None
+        query.restype = ctypes.c_int
+        return bool(query())
+    return None
+
+
+def create_communicator(name: str = "naive", device_kind="cpu", mpi_comm=None, **kwargs):
+    """ChainerMN's communicator ``name`` for ranks training on ``device_kind``
+    ('cpu' or 'gpu'; chainer device specs such as '@cupy:0' work too).
+
+    Checks first, in this order, so the error names the real cause rather than a
+    CuPy or MPI failure deep in ChainerMN: the name (:class:`UnknownCommunicatorError`),
+    a GPU communicator on the CPU or NCCL missing (:class:`CommunicatorDeviceError`),
+    mpi4py and the MPI library (:class:`MPIUnavailableError`), and for ``flat`` an MPI
+    that is not CUDA-aware (it would crash in the first allreduce). ``naive`` works on
+    CPU and GPU. Without ``mpiexec`` the communicator has one rank (MPI singleton).
+    ``kwargs`` go to ``chainermn.create_communicator`` (e.g. ``allreduce_grad_dtype``
+    for pure_nccl).
+    """
+    spec = communicator_spec(name)
+    kind = _device_kind(device_kind)
+    if spec.gpu and kind != "gpu":
+        raise CommunicatorDeviceError(
+            f"communicator {name!r} exchanges gradients in GPU memory, but the ranks train "
+            f"on the CPU: use --communicator naive on CPUs, or train on GPUs (--device gpu)")
+    if spec.nccl:
+        problem = _nccl_problem()
+        if problem:
+            raise CommunicatorDeviceError(
+                f"communicator {name!r} needs NCCL, which CuPy cannot load ({problem}): "
+                f"install it (see the nccl line of `medaidet doctor`; for CuPy 14: "
+                f"pip install nvidia-nccl-cu12), or use --communicator naive")
+    MPI = _import_mpi()
+    if spec.cuda_aware_mpi and cuda_aware_mpi() is False:
+        raise CommunicatorDeviceError(
+            f"communicator {name!r} hands GPU buffers to MPI, and this MPI "
+            f"({_library_name(MPI.Get_library_version())}) is not CUDA-aware: it would crash "
+            f"in the first allreduce. Use --communicator pure_nccl (NCCL) or naive")
+    import chainermn
+    try:
+        return chainermn.create_communicator(name, mpi_comm=mpi_comm, **kwargs)
+    except RuntimeError as exc:  # ChainerMN's own NCCL checks
+        raise CommunicatorDeviceError(f"communicator {name!r}: {exc}; use --communicator "
+                                      f"naive, or fix NCCL (see `medaidet doctor`)") from exc
+
+
+# --------------------------------------------------------------------------- launching
+
+def cpu_slots() -> int:
+    """The physical cores this process may run on: what Open MPI counts as slots
+    (it refuses ``-n`` above that without ``--oversubscribe``). Logical CPUs where
+    the topology cannot be read."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add((topo.joinpath("physical_package_id").read_text().strip(),
+                       topo.joinpath("core_id").read_text().strip()))
+        except OSError:
+            return len(cpus)
+    return max(1, len(cores))
+
+
+def mpiexec_command(n: int, argv, python=sys.executable, oversubscribe=None,
+                    mpiexec=None, flavor=None) -> list:
+    """The command line that starts ``n`` ranks of ``python argv...`` (``python=None``:
+    ``argv`` is the whole program), e.g. ``mpiexec --bind-to none -n 2 python -m
+    medaidet train --communicator naive``.
+
+    With Open MPI (``flavor``: 'openmpi', 'mpich' or '', detected from ``mpiexec
+    --version`` when ``None``) it adds ``--allow-run-as-root`` when running as root (Open
+    MPI refuses root otherwise: containers, Colab), ``--oversubscribe`` when ``n`` is
+    above :func:`cpu_slots` (``oversubscribe=None``) or when asked, and ``--bind-to none``:
+    Open MPI pins each rank to one core by default, and the data-loading worker processes
+    and BLAS threads a rank starts would all share that core. MPICH's Hydra needs none
+    of these.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise DistributedConfigError(f"the number of ranks must be a positive integer, "
+                                     f"got {n!r}")
+    argv = [str(a) for a in ([argv] if isinstance(argv, str) else argv)]
+    if mpiexec is None:
+        mpiexec = _find_mpiexec()
+        if mpiexec is None:
+            raise MPIUnavailableError(f"no mpiexec (or mpirun) on PATH: install an MPI: "
+                                      f"{INSTALL_MPI}")
+    if flavor is None:
+        flavor = _mpiexec_flavor(mpiexec)
+    cmd = [str(mpiexec)]
+    if flavor == "openmpi":
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        if oversubscribe or (oversubscribe is None and n > cpu_slots()):
+            cmd.append("--oversubscribe")
+        cmd += ["--bind-to", "none"]
+    cmd += ["-n", str(n)]
+    if python is not None:
+        cmd.append(str(python))
+    return cmd + argv
+
+
+# Known launcher failures -> what to do.
+_HINTS = (
+    ("not enough slots", "more ranks than cores: pass oversubscribe=True (--oversubscribe)"),
+    ("run as root", "Open MPI refuses root: add --allow-run-as-root (mpiexec_command does "
+                    "when it runs as root)"),
+    ("process_vm_readv", "the container forbids cross-process memory access: set "
+                         "OMPI_MCA_btl_vader_single_copy_mechanism=none"),
+    ("Read -1, expected", "the container forbids cross-process memory access: set "
+                          "OMPI_MCA_btl_vader_single_copy_mechanism=none"),
+    ("No module named", "if the ranks' Python lacks a module: pass python= the interpreter "
+                        "that has medaidet and the chainer stack"),
+)
+
+
+def _hint(output: str) -> str:
+    for needle, hint in _HINTS:
+        if needle in output:
+            return f"\nhint: {hint}"
+    return ""
+
+
+def _stop(proc) -> None:
+    """Stop mpiexec and its ranks (they share its session): TERM, then KILL."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def launch(n: int, argv, python=sys.executable, oversubscribe=None, timeout=3600,
+           env=None, cwd=None, stream=None, tail_lines=40, mpiexec=None):
+    """Run :func:`mpiexec_command` and wait, echoing what the ranks print as it comes
+    (to ``stream``, default ``sys.stdout``: a notebook cell shows it live; ``False``:
+    nowhere). Returns a
+    ``subprocess.CompletedProcess`` whose ``stdout`` is the whole output (stderr merged).
+
+    The ranks get ``env`` (default ``os.environ``) without an enclosing MPI launch's
+    variables (:func:`launch_env`: a kernel that created a communicator itself would
+    otherwise make mpiexec fail silently), with ``PYTHONUNBUFFERED=1`` and
+    ``CHAINERMN_FORCE_ABORT_ON_EXCEPTION=1`` (an uncaught exception on one rank aborts
+    all instead of leaving the others waiting forever). The ranks' outputs are merged as
+    they come, so lines of different ranks can interleave: let only rank 0 print
+    (:func:`is_root`).
+
+    Raises :class:`LaunchError` with the last ``tail_lines`` lines (and a hint for known
+    launcher failures) on a non-zero exit; :class:`LaunchTimeoutError` after stopping
+    every rank when ``timeout`` seconds pass; on KeyboardInterrupt the ranks are stopped
+    too.
+    """
+    cmd = mpiexec_command(n, argv, python=python, oversubscribe=oversubscribe, mpiexec=mpiexec)
+    full_env = launch_env(env)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env.setdefault("CHAINERMN_FORCE_ABORT_ON_EXCEPTION", "1")
+    out = sys.stdout if stream is None else (None if stream is False else stream)
+    shown = shlex.join(cmd)
+    chunks, tail, pending = [], deque(maxlen=tail_lines), b""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
+                            start_new_session=True)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    timed_out = False
+
+    def emit(data: bytes) -> None:
+        text = data.decode("utf-8", "replace")
+        chunks.append(text)
+        tail.extend(text.splitlines())
+        if out is not None:
+            out.write(text)
+            out.flush()
+
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    timed_out = True
+                    break
+                if not sel.select(timeout=None if left is None else min(left, 1.0)):
+                    continue
+                data = os.read(proc.stdout.fileno(), 65536)
+                if not data:
+                    break
+                pending += data
+                if b"\n" in pending:
+                    done, pending = pending.rsplit(b"\n", 1)
+                    emit(done + b"\n")
+        if pending:
+            emit(pending)
+        if not timed_out:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        if timed_out:
+            _stop(proc)
+    except BaseException:
+        _stop(proc)
+        raise
+    finally:
+        proc.stdout.close()
+    output = "".join(chunks)
+    last = "\n".join(tail)
+    if timed_out:
+        raise LaunchTimeoutError(f"`{shown}` ran past its timeout of {timeout} s and was "
+                                 f"stopped; last {len(tail)} lines:\n{last}{_hint(output)}",
+                                 cmd, None, output, last)
+    if proc.returncode != 0:
+        raise LaunchError(f"`{shown}` failed with exit code {proc.returncode}; last "
+                          f"{len(tail)} lines:\n{last}{_hint(output)}",
+                          cmd, proc.returncode, output, last)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout=output)
+
+
+# --------------------------------------------------------------------------- trainer helpers
+
+def is_root(comm) -> bool:
+    """True on rank 0, and without a communicator: the rank that writes logs, plots,
+    snapshots and the summary (every rank writing the same files corrupts them)."""
+    return comm is None or comm.rank == 0
+
+
+def rank_device(comm, device="gpu"):
+    """The device this rank trains on, as the trainer's device spec: 'cpu' stays
+    'cpu'; 'gpu'/'auto' (and '@cupy') become GPU ``comm.intra_rank`` -- the ranks on
+    one host take one GPU each. A fixed GPU number is kept only with one rank per host.
+    Raises :class:`DistributedConfigError` when a host runs more ranks than it has GPUs.
+    """
+    text = str(device).strip().lower()
+    if text in ("cpu", "@numpy") or (text.lstrip("-").isdigit() and int(text) < 0):
+        return "cpu"
+    cuda_ok, count = _gpu_count()
+    if text == "auto" and not cuda_ok:
+        return "cpu"
+    if text in ("gpu", "auto", "@cupy"):
+        gpu = comm.intra_rank
+    elif text.isdigit() or (text.startswith("@cupy:") and text[6:].isdigit()):
+        gpu = int(text.rsplit(":", 1)[-1])
+        if comm.intra_size > 1:
+            raise DistributedConfigError(
+                f"device {device!r} puts all {comm.intra_size} ranks of this host on one GPU: "
+                f"use --device gpu (each rank takes GPU <its rank on the host>)")
+        return gpu
+    else:
+        raise DistributedConfigError(f"device must be 'cpu', 'gpu', 'auto' or a GPU number, "
+                                     f"got {device!r}")
+    if cuda_ok and gpu >= count:
+        raise DistributedConfigError(
+            f"rank {comm.rank} is process {comm.intra_rank} on its host, which has only "
+            f"{count} GPU(s): start at most {count} ranks per host (mpiexec -n {count}, or "
+            f"--npernode {count} on several hosts)")
+    return gpu
+
+
+def _gpu_count() -> tuple:
+    try:
+        from chainer.backends import cuda
+        if not cuda.available:
+            return False, 0
+        return True, cuda.cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no chainer/CuPy or no driver: the trainer's device check says why
+        return False, 0
+
+
+def rank_seed(seed, comm):
+    """``seed + rank`` (``None`` stays ``None``): each rank draws its own shuffling and
+    augmentation stream. The initial weights need not match: the multi-node optimizer
+    broadcasts rank 0's before the first update."""
+    if seed is None or comm is None:
+        return seed
+    return int(seed) + comm.rank
+
+
+def per_rank_batchsize(batchsize: int, n_ranks: int) -> int:
+    """The per-rank batch size for a total ``batchsize`` (as ChainerCV's
+    ``train_multi.py``: the recipe's batch size and learning rate stay the same whatever
+    the number of ranks). :class:`DistributedConfigError` unless it divides evenly."""
+    if n_ranks < 1 or batchsize < n_ranks or batchsize % n_ranks:
+        lower = max(n_ranks, batchsize // n_ranks * n_ranks)
+        raise DistributedConfigError(
+            f"batch size {batchsize} (the total over all ranks) cannot be split evenly over "
+            f"{n_ranks} ranks: use a multiple of {n_ranks}, e.g. {lower} or {lower + n_ranks}")
+    return batchsize // n_ranks
+
+
+def scatter_dataset(dataset, comm, seed=0, shuffle=True):
+    """This rank's share of ``dataset`` (``chainermn.scatter_dataset``: rank 0's copy is
+    shuffled with ``seed``, split into equal parts and sent; other ranks may pass
+    ``None``). Scatter the plain dataset before wrapping it in transforms: the object
+    is pickled to every rank. :class:`DistributedConfigError` when there are fewer
+    samples than ranks (a rank would get an empty share)."""
+    import chainermn
+    size = len(dataset) if comm.rank == 0 else None
+    size = comm.bcast_obj(size)
+    if size < comm.size:
+        raise DistributedConfigError(
+            f"the dataset has {size} samples for {comm.size} ranks: every rank needs at "
+            f"least one; use more images or fewer ranks")
+    return chainermn.scatter_dataset(dataset if comm.rank == 0 else None, comm,
+                                     shuffle=shuffle, seed=seed)
+
+
+@contextlib.contextmanager
+def abort_on_error(comm, exit_code=1):
+    """Stop every rank when this one fails. An exception (or ``sys.exit`` with a
+    non-zero code) on one rank otherwise leaves the others waiting in the next
+    allreduce, and the failing rank itself hangs in MPI_Finalize at exit: the job never
+    ends. Inside this block, the error is printed (with the rank) and
+    ``MPI_Abort(exit_code)`` ends the whole job. With one rank (or no communicator) the
+    error propagates as usual."""
+    try:
+        yield
+    except BaseException as exc:
+        if comm is None or comm.size <= 1:
+            raise
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            raise
+        if isinstance(exc, MedaidetError):
+            text = f"medaidet: error: {exc}\n"
+        else:
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        sys.stdout.flush()
+        sys.stderr.write(f"[rank {comm.rank}/{comm.size}] {text}"
+                         f"[rank {comm.rank}/{comm.size}] aborting all ranks\n")
+        sys.stderr.flush()
+        comm.mpi_comm.Abort(exit_code)
+        raise  # not reached: MPI_Abort ends the process
+
+
+def param_digest(link) -> str:
+    """sha256 of a link's parameters (names, dtypes, shapes and values, in name order),
+    moved to the host first: equal digests mean bit-identical weights."""
+    import numpy as np
+    from chainer.backends import cuda
+    h = hashlib.sha256()
+    for name, param in sorted(link.namedparams()):
+        h.update(name.encode())
+        if param.array is None:
+            h.update(b"uninitialized")
+            continue
+        array = np.ascontiguousarray(cuda.to_cpu(param.array))
+        h.update(f"{array.dtype.str}{array.shape}".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()
+
+
+def gather_digests(comm, digest: str) -> list:
+    """Every rank's ``digest``, by rank, on every rank (gathered to rank 0, then
+    broadcast, so all ranks can act on the comparison together)."""
+    return comm.bcast_obj(comm.gather_obj(digest))
+
+
+def check_ranks_agree(comm, link, what="parameters") -> str:
+    """The digest of ``link``'s parameters when all ranks hold the same ones;
+    :class:`RanksDivergedError` on every rank when they do not. A collective call:
+    every rank must reach it (at the end of training)."""
+    digests = gather_digests(comm, param_digest(link))
+    odd = [rank for rank, d in enumerate(digests) if d != digests[0]]
+    if odd:
+        listed = ", ".join(f"rank {r}: {d[:12]}" for r, d in enumerate(digests))
+        raise RanksDivergedError(
+            f"the {what} differ across ranks after training (ranks {odd} differ from rank "
+            f"0; sha256 {listed}): every rank must train with the optimizer from "
+            f"chainermn.create_multi_node_optimizer and take the same number of updates "
+            f"(equal shares from scatter_dataset, the same iteration count)", digests)
+    return digests[0]

@@ -1,0 +1,216 @@
+"""Troubleshooting helpers for notebook 07: find the sample behind a bad label, check
+whether OpenCV survives being used in forked data-loading workers on this machine, and
+run the batch-size finder into a real out-of-memory error on a machine without a GPU.
+
+Each helper reproduces a failure from the course's history *safely* (no CUDA fault, no hang
+of the caller) and says what to do about it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import json
+import textwrap
+import time
+from dataclasses import dataclass
+
+from medaidet.transforms import InvalidSampleError, check_sample
+
+__all__ = ["InvalidSample", "find_invalid_samples", "OpenCVForkCheck", "opencv_fork_check",
+           "OutOfMemoryDemo", "out_of_memory_demo"]
+
+
+@dataclass
+class InvalidSample:
+    """One sample :func:`find_invalid_samples` rejected."""
+
+    index: int
+    image_id: str | None
+    kind: str
+    message: str
+
+    def __str__(self):
+        where = f"sample {self.index}" + (f" ({self.image_id})" if self.image_id else "")
+        return f"{where}: {self.message}"
+
+
+def find_invalid_samples(dataset, n_fg_class: int = 3, limit: int | None = None) -> list:
+    """Run :func:`medaidet.transforms.check_sample` on every sample of ``dataset`` (an
+    ``(img, bbox, label)`` dataset, before any transform) and list the ones it rejects,
+    with their index and, when the dataset has ``ids`` (BCCD and ChainerCV's VOC datasets
+    do), the image id: the file to open and fix.
+
+    The training transform raises on the *first* bad sample it meets, in shuffled order;
+    this finds all of them, in order. ``limit``: stop after this many findings.
+    """
+    ids = getattr(dataset, "ids", None)
+    found = []
+    for index in range(len(dataset)):
+        img, bbox, label = dataset[index][:3]
+        try:
+            check_sample(img, bbox, label, n_fg_class)
+        except InvalidSampleError as exc:
+            image_id = ids[index] if ids is not None and index < len(ids) else None
+            found.append(InvalidSample(index, image_id, exc.kind, str(exc)))
+            if limit is not None and len(found) >= limit:
+                break
+    return found
+
+
+@dataclass
+class OpenCVForkCheck:
+    """What :func:`opencv_fork_check` saw."""
+
+    threads: int
+    hung: bool
+    seconds: float
+    parallel_framework: str
+    output: str
+
+    def summary(self) -> str:
+        what = (f"HUNG (killed after {self.seconds:.0f} s)" if self.hung else
+                f"finished in {self.seconds:.1f} s")
+        return (f"cv2.setNumThreads({self.threads}) in the parent, then cv2.resize in 2 forked "
+                f"workers: {what}; OpenCV's parallel framework here: {self.parallel_framework}")
+
+
+_FORK_SCRIPT = textwrap.dedent("""
+    import multiprocessing, sys
+    import cv2, numpy as np
+    cv2.setNumThreads(int(sys.argv[1]))
+    img = np.random.rand(1200, 1600, 3).astype(np.float32)
+    for _ in range(5):          # the parent's OpenCV thread pool exists now
+        cv2.resize(img, (300, 300))
+    def work(i):
+        return float(cv2.resize(img, (300 + i % 3, 300)).sum())
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        print(len(pool.map(work, range(16))), "resizes done in the workers")
+""")
+
+
+def _parallel_framework() -> str:
+    try:
+        import cv2
+        info = cv2.getBuildInformation()
+    except Exception as exc:        # noqa: BLE001 (report, do not fail)
+        return f"unknown ({type(exc).__name__}: {exc})"
+    match = re.search(r"Parallel framework:\s*(.+)", info)
+    return match.group(1).strip() if match else "not stated in cv2.getBuildInformation()"
+
+
+def opencv_fork_check(threads: int = 4, timeout: float = 20.0) -> OpenCVForkCheck:
+    """Seed 001's hang, reproduced in a child process with a time limit.
+
+    The parent uses OpenCV with ``threads`` threads (its thread pool starts), then forks two
+    workers that call ``cv2.resize``: with OpenCV builds whose thread pool is not fork-safe
+    (OpenMP or TBB, as in some conda builds) the workers wait forever for threads that
+    were not copied into them: ``MultiprocessIterator`` then hangs. ``threads=0`` is the fix
+    medaidet applies on import (``cv2.setNumThreads(0)``). Builds with a fork-safe pool
+    finish either way; the result says which framework this OpenCV uses.
+    """
+    start = time.monotonic()
+    # a session of its own: on a hang, the stuck workers are killed with their parent
+    proc = subprocess.Popen([sys.executable, "-c", _FORK_SCRIPT, str(int(threads))],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        hung = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        hung = True
+    if not hung and proc.returncode != 0:
+        raise RuntimeError(f"the OpenCV fork check failed (exit {proc.returncode}): "
+                           f"{output.strip()[-800:]}")
+    return OpenCVForkCheck(threads=int(threads), hung=hung,
+                           seconds=time.monotonic() - start,
+                           parallel_framework=_parallel_framework(), output=output)
+
+
+@dataclass
+class OutOfMemoryDemo:
+    """What :func:`out_of_memory_demo` saw: the finder's report, its log lines as they
+    were printed, and the memory the child was given."""
+
+    report: "object"           # medaidet.memory.BatchSizeReport
+    lines: list
+    one_image_bytes: int
+    limit_bytes: int
+
+    def summary(self) -> str:
+        mib = 2 ** 20
+        return (f"address space limited to {self.limit_bytes / mib:.0f} MiB: what the model "
+                f"held plus 1.5x one image's forward + backward "
+                f"({self.one_image_bytes / mib:.0f} MiB)\n{self.report}")
+
+
+_OOM_SCRIPT = textwrap.dedent("""
+    import json, resource, sys, warnings
+    import numpy as np
+    import medaidet
+    from chainer.dataset import concat_examples
+    from chainer.datasets import TransformDataset
+    from medaidet.data.bccd import BCCDDataset
+    from medaidet.memory import find_batch_size
+    from medaidet.model import build_ssd, materialize
+    from medaidet.train_chain import MultiboxTrainChain
+    from medaidet.transforms import EncodeTransform
+
+    def vm(key):
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
+
+    root, start, headroom = json.loads(sys.argv[1])
+    np.random.seed(0)
+    model = materialize(build_ssd("ssd300", None, n_fg_class=3))
+    chain = MultiboxTrainChain(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = BCCDDataset(root, "train")
+    dataset = TransformDataset(base.slice[:2], EncodeTransform.for_model(model))
+    before = vm("VmSize")
+    loss = chain(*concat_examples([dataset[0]]))
+    loss.backward()
+    del loss
+    chain.cleargrads()
+    one_image = vm("VmPeak") - before
+    limit = vm("VmSize") + int(headroom * one_image)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    lines = []
+    report = find_batch_size(chain, dataset, start=start, log=lines.append)
+    print(json.dumps({"one_image": one_image, "limit": limit, "lines": lines,
+                      "report": report.as_dict()}))
+""")
+
+
+def out_of_memory_demo(data_root=None, start: int = 8, headroom: float = 1.5,
+                       timeout: float = 600) -> OutOfMemoryDemo:
+    """Seed 004's out-of-memory error, for real, on a machine without a GPU.
+
+    A child process builds SSD300, measures what one BCCD image's forward + backward pass
+    needs, limits its own address space (``RLIMIT_AS``, Linux) to what it holds plus
+    ``headroom`` times that, and runs :func:`medaidet.memory.find_batch_size` from
+    ``start``: large batches raise NumPy's ``MemoryError`` (CuPy's
+    ``OutOfMemoryError`` on a GPU), the finder frees, halves and retries, and reports every
+    try. The limit applies to the child only: this process is never short of memory.
+    """
+    from medaidet.data import resolve_root
+    from medaidet.memory import BatchSizeReport
+
+    if not sys.platform.startswith("linux"):
+        raise RuntimeError("out_of_memory_demo limits memory with RLIMIT_AS: Linux only")
+    root = str(resolve_root(data_root))
+    proc = subprocess.run([sys.executable, "-c", _OOM_SCRIPT,
+                           json.dumps([root, int(start), float(headroom)])],
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the out-of-memory demo failed (exit {proc.returncode}): "
+                           f"{proc.stderr.strip()[-1500:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return OutOfMemoryDemo(report=BatchSizeReport.from_dict(result["report"]),
+                           lines=result["lines"], one_image_bytes=result["one_image"],
+                           limit_bytes=result["limit"])

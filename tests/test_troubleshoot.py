@@ -1,0 +1,86 @@
+"""medaidet.troubleshoot: the bad-sample finder on real BCCD, the OpenCV fork check."""
+import numpy as np
+
+from medaidet.data.bccd import BCCDDataset
+from medaidet.troubleshoot import find_invalid_samples, opencv_fork_check
+
+
+class OneBased:
+    """A common mistake: labels shifted by +1 'for the background' before the transform."""
+
+    def __init__(self, dataset, shift_index):
+        self.dataset, self.shift_index = dataset, shift_index
+        self.ids = dataset.ids
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        img, bbox, label = self.dataset[i]
+        if i == self.shift_index:
+            label = label + 1
+        return img, bbox, label
+
+
+def test_finds_the_sample_and_names_its_file(bccd_root):
+    dataset = BCCDDataset(bccd_root, "val").slice[:6]
+    assert find_invalid_samples(dataset) == []
+    base = BCCDDataset(bccd_root, "val")
+    # a sample with a platelet (label 2): shifted, it becomes 3 = n_fg_class
+    index = next(i for i in range(len(base)) if 2 in base[i][2])
+    found = find_invalid_samples(OneBased(base, index))
+    assert [f.index for f in found] == [index]
+    assert found[0].image_id == base.ids[index]
+    assert "add 1 for background" in found[0].message
+    assert str(found[0]).startswith(f"sample {index} ({base.ids[index]}): ")
+
+
+def test_opencv_fork_check_finishes_or_reports_a_hang():
+    result = opencv_fork_check(threads=0, timeout=60)
+    assert not result.hung and "resizes done" in result.output
+    assert result.parallel_framework
+    assert "cv2.setNumThreads(0)" in result.summary()
+
+
+def test_a_hang_is_reported_and_its_workers_are_killed(monkeypatch, tmp_path):
+    """A child whose forked workers never finish: reported as hung, the whole process
+    group killed (no orphaned workers left behind)."""
+    import os
+    import time
+
+    import medaidet.troubleshoot as ts
+
+    pids = tmp_path / "pids"
+    monkeypatch.setattr(ts, "_FORK_SCRIPT", f"""
+import multiprocessing, os, time
+def work(i):
+    open({str(pids)!r}, "a").write(f"{{os.getpid()}}\\n")
+    time.sleep(120)
+with multiprocessing.get_context("fork").Pool(2) as pool:
+    pool.map(work, range(2))
+""")
+    result = ts.opencv_fork_check(threads=0, timeout=3)
+    assert result.hung and "HUNG" in result.summary()
+    time.sleep(0.5)
+    workers = [int(p) for p in pids.read_text().split()]
+    assert workers
+    for pid in workers:
+        try:
+            os.kill(pid, 0)
+            alive = not open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+        except (ProcessLookupError, FileNotFoundError):
+            alive = False
+        assert not alive, f"worker {pid} survived"
+
+
+def test_out_of_memory_demo_runs_the_finder_into_a_real_memory_error(bccd_root):
+    from medaidet.troubleshoot import out_of_memory_demo
+
+    demo = out_of_memory_demo(bccd_root, start=4)
+    tries = demo.report.tries
+    assert [t.batch_size for t in tries] == [4 >> i for i in range(len(tries))]
+    assert not tries[0].ok and tries[0].error.startswith("MemoryError")
+    assert tries[-1].ok and demo.report.best_batch_size == tries[-1].batch_size <= 2
+    assert len(demo.lines) == len(tries) and "out of memory" in demo.lines[0]
+    assert demo.limit_bytes > demo.one_image_bytes > 100 * 2**20      # SSD300: ~500 MiB
+    assert f"--accumulate {4 // tries[-1].batch_size}" in demo.summary()
