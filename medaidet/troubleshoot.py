@@ -140,12 +140,15 @@ class OutOfMemoryDemo:
     lines: list
     one_image_bytes: int
     limit_bytes: int
+    headroom: float
+    error: str | None = None   # NoBatchSizeFitsError's message when nothing fit
 
     def summary(self) -> str:
         mib = 2 ** 20
-        return (f"address space limited to {self.limit_bytes / mib:.0f} MiB: what the model "
-                f"held plus 1.5x one image's forward + backward "
+        text = (f"address space limited to {self.limit_bytes / mib:.0f} MiB: what the model "
+                f"held plus {self.headroom:g}x one image's forward + backward "
                 f"({self.one_image_bytes / mib:.0f} MiB)\n{self.report}")
+        return text + (f"\nNoBatchSizeFitsError: {self.error}" if self.error else "")
 
 
 _OOM_SCRIPT = textwrap.dedent("""
@@ -155,7 +158,7 @@ _OOM_SCRIPT = textwrap.dedent("""
     from chainer.dataset import concat_examples
     from chainer.datasets import TransformDataset
     from medaidet.data.bccd import BCCDDataset
-    from medaidet.memory import find_batch_size
+    from medaidet.memory import NoBatchSizeFitsError, find_batch_size
     from medaidet.model import build_ssd, materialize
     from medaidet.train_chain import MultiboxTrainChain
     from medaidet.transforms import EncodeTransform
@@ -180,10 +183,13 @@ _OOM_SCRIPT = textwrap.dedent("""
     one_image = vm("VmPeak") - before
     limit = vm("VmSize") + int(headroom * one_image)
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    lines = []
-    report = find_batch_size(chain, dataset, start=start, log=lines.append)
+    lines, error = [], None
+    try:
+        report = find_batch_size(chain, dataset, start=start, log=lines.append)
+    except NoBatchSizeFitsError as exc:
+        report, error = exc.report, str(exc)
     print(json.dumps({"one_image": one_image, "limit": limit, "lines": lines,
-                      "report": report.as_dict()}))
+                      "report": report.as_dict(), "error": error}))
 """)
 
 
@@ -197,6 +203,8 @@ def out_of_memory_demo(data_root=None, start: int = 8, headroom: float = 1.5,
     ``start``: large batches raise NumPy's ``MemoryError`` (CuPy's
     ``OutOfMemoryError`` on a GPU), the finder frees, halves and retries, and reports every
     try. The limit applies to the child only: this process is never short of memory.
+    With a ``headroom`` below 1 not even batch 1 fits: ``error`` then holds the message of
+    the finder's :class:`~medaidet.memory.NoBatchSizeFitsError`.
     """
     from medaidet.data import resolve_root
     from medaidet.memory import BatchSizeReport
@@ -213,4 +221,5 @@ def out_of_memory_demo(data_root=None, start: int = 8, headroom: float = 1.5,
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     return OutOfMemoryDemo(report=BatchSizeReport.from_dict(result["report"]),
                            lines=result["lines"], one_image_bytes=result["one_image"],
-                           limit_bytes=result["limit"])
+                           limit_bytes=result["limit"], headroom=float(headroom),
+                           error=result["error"])

@@ -1,7 +1,8 @@
-"""Shared test helpers."""
+"""Shared test helpers, and the split of the slow tests between two test runs."""
 import os
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,62 @@ BCCD_DROPPED = {
     ("BloodImage_00331", 2): "near_duplicate_box",
     ("BloodImage_00403", 3): "near_duplicate_box",
 }
+
+
+# `make test` runs the suite under two interpreters side by side. The tests marked
+# ``slow(seconds=N)`` (real SSD training, notebooks, 2 MPI ranks: about 400 s of the suite
+# on this 2-core machine) check logic that does not depend on the interpreter or NumPy, so
+# each runs in only one of the two: MEDAIDET_TEST_SHARD=K/N keeps the slow tests of the
+# modules assigned to shard K (whole modules, so module-scoped fixtures are built once;
+# the largest first, each to the shard with the least so far). Every other test runs in
+# both. Without the variable everything runs.
+SHARD_ENV = "MEDAIDET_TEST_SHARD"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"slow(seconds): a test that takes about that long on a 2-core CPU; "
+                   f"${SHARD_ENV}=K/N runs it in one shard of N only")
+
+
+def _shard(text):
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        k = n = -1
+    if not 0 <= k < n:
+        raise pytest.UsageError(f"{SHARD_ENV} must be K/N with 0 <= K < N, e.g. 0/2; "
+                                f"got {text!r}")
+    return k, n
+
+
+def pytest_collection_modifyitems(config, items):
+    text = os.environ.get(SHARD_ENV)
+    if not text:
+        return
+    k, n = _shard(text)
+    cost = defaultdict(float)
+    for item in items:
+        marker = item.get_closest_marker("slow")
+        if marker is not None:
+            cost[item.module.__name__] += marker.kwargs.get("seconds", 10)
+    load, owner = [0.0] * n, {}
+    for module in sorted(cost, key=lambda m: (-cost[m], m)):
+        owner[module] = load.index(min(load))
+        load[owner[module]] += cost[module]
+    keep, other = [], []
+    for item in items:
+        mine = item.get_closest_marker("slow") is None or owner[item.module.__name__] == k
+        (keep if mine else other).append(item)
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = keep
+
+
+def pytest_report_header(config):
+    text = os.environ.get(SHARD_ENV)
+    if text:
+        return f"{SHARD_ENV}={text}: slow tests of shard {text} only (the rest run elsewhere)"
 
 
 def fake_distribution(site: Path, name: str, version: str) -> Path:

@@ -140,6 +140,7 @@ def test_cli_parser_registers_count():
     assert callable(args.func)
 
 
+@pytest.mark.slow(seconds=10)
 def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
     from medaidet.model import build_ssd, save_weights
     np.random.seed(0)

@@ -54,6 +54,7 @@ def _code_outputs(nb):
     return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
 
 
+@pytest.mark.slow(seconds=4)
 @pytest.mark.skipif(not medaidet.stack.status().ok,
                     reason="the chainer stack is not installed here (python -m medaidet stack "
                            "install); notebook 00 would rightly fail")
@@ -83,6 +84,7 @@ def test_notebook_00_runs(tmp_path):
     assert "00_environment" in (tmp_path / "summary.md").read_text()
 
 
+@pytest.mark.slow(seconds=12)
 def test_failing_notebook_stops_the_course(failing_course, tmp_path):
     lines = []
     out = tmp_path / "out"
@@ -125,6 +127,7 @@ def test_failing_notebook_stops_the_course(failing_course, tmp_path):
     assert not (out / "01_fail.ipynb").exists() and not (out / "02_after.ipynb").exists()
 
 
+@pytest.mark.slow(seconds=4)
 def test_cli_exits_nonzero_when_a_notebook_fails(failing_course, tmp_path):
     env = dict(os.environ, MEDAIDET_NOTEBOOKS=str(failing_course))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
@@ -182,6 +185,7 @@ def test_missing_notebooks_dir_says_where(tmp_path):
         run_course(profile="smoke", notebooks_dir=missing, out_dir=tmp_path / "out", log=_quiet)
 
 
+@pytest.mark.slow(seconds=4)
 def test_cell_timeout(tmp_path):
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_slow", "import time; time.sleep(30)")

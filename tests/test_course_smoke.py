@@ -3,10 +3,12 @@
 The whole course (every notebook, training included) runs in .ci/run after the unit tests:
 ``make run PROFILE=smoke``."""
 import nbformat
+import pytest
 
 from medaidet.course import run_course
 
 
+@pytest.mark.slow(seconds=11)
 def test_data_notebook_plots_and_reports(tmp_path, monkeypatch, bccd_root):
     monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
     summary = run_course(profile="smoke", only=["01"], out_dir=tmp_path, log=lambda *_: None)
@@ -20,6 +22,7 @@ def test_data_notebook_plots_and_reports(tmp_path, monkeypatch, bccd_root):
     assert "zero_area" in text and "near_duplicate_image" in text
 
 
+@pytest.mark.slow(seconds=11)
 def test_model_and_loss_notebook_shows_the_named_error(tmp_path, monkeypatch, bccd_root):
     monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
     summary = run_course(profile="smoke", only=["02"], out_dir=tmp_path, log=lambda *_: None)
@@ -34,6 +37,7 @@ def test_model_and_loss_notebook_shows_the_named_error(tmp_path, monkeypatch, bc
     assert "every ground-truth box recovered" in text
 
 
+@pytest.mark.slow(seconds=4)
 def test_cli_train_evaluate_count_are_wired(tmp_path):
     import subprocess
     import sys

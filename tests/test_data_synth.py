@@ -284,6 +284,7 @@ def test_the_validator_accepts_larger_sets(tmp_path, n, seed):
 
 # ----------------------------------------------------------------------------- destination
 
+@pytest.mark.slow(seconds=3)
 def test_cli_writes_a_dataset_and_refuses_a_non_empty_destination(tmp_path):
     dest = tmp_path / "cli"
     cmd = [sys.executable, "-m", "medaidet", "data", "synth", str(dest), "--n", "6",

@@ -147,6 +147,7 @@ def test_text_and_html(report):
     assert "BloodImage_00338 object 12" in text
 
 
+@pytest.mark.slow(seconds=4)
 def test_cli_json(bccd_root):
     result = subprocess.run([sys.executable, "-m", "medaidet", "data", "validate",
                              str(bccd_root), "--json"], capture_output=True, text=True,

@@ -253,6 +253,7 @@ def test_launch_from_a_process_that_initialised_mpi(mpi):
     assert "returncode 0" in done.stdout
 
 
+@pytest.mark.slow(seconds=7)
 def test_launch_timeout_stops_the_ranks(mpi):
     start = time.perf_counter()
     program = ["-c", "import time; print('started', flush=True); time.sleep(120)"]
@@ -536,6 +537,7 @@ def test_distributed_imports_neither_chainer_nor_mpi():
 
 # ---------------------------------------------------------------- medaidet train on 2 ranks
 
+@pytest.mark.slow(seconds=60)
 def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
     """`mpiexec -n 2 medaidet train --communicator naive` on real BCCD (global batch 2 =
     1 image per rank, no augmentation so both runs see the same pixels): both ranks end

@@ -167,6 +167,7 @@ def random_weights(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow(seconds=10)
 def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_path):
     out = tmp_path / "eval"
     result = evaluate_weights(random_weights, split="test", root=bccd_root, subset=2,

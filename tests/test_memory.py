@@ -21,12 +21,12 @@ normalisation misses by 1.5e-2 to 0.17 (median 7e-2). In float64 the same compar
 agrees to ~5e-15 (checked by hand: too slow for the suite).
 
 The finder runs for real on the CPU in a subprocess whose address space is limited with
-``RLIMIT_AS``, so that large batches raise NumPy's MemoryError and batch 1 fits; a stub
-chain covers the search and the report quickly in this process.
+``RLIMIT_AS`` (``medaidet.troubleshoot.out_of_memory_demo``), so that large batches raise
+NumPy's MemoryError and batch 1 fits; a stub chain covers the search and the report
+quickly in this process.
 """
 import copy
 import json
-import textwrap
 import warnings
 
 import chainer
@@ -35,7 +35,6 @@ import numpy as np
 import pytest
 from chainer.training.updaters import StandardUpdater
 
-from conftest import run_python
 from medaidet.data.bccd import BCCDDataset
 from medaidet.errors import MedaidetError
 from medaidet.memory import (AccumulatingUpdater, AccumulationError, BatchSizeReport,
@@ -149,6 +148,7 @@ def test_the_samples_have_different_positive_counts(samples):
     assert batch_positives(samples) == sum(counts)
 
 
+@pytest.mark.slow(seconds=30)
 @pytest.mark.parametrize("n_micro", [2, 4])
 def test_accumulated_gradients_match_the_large_batch(runs, n_micro):
     large, accumulated = runs("standard"), runs(f"accumulate{n_micro}")
@@ -162,6 +162,7 @@ def test_accumulated_gradients_match_the_large_batch(runs, n_micro):
                                    atol=ATOL, err_msg=name)
 
 
+@pytest.mark.slow(seconds=2)
 def test_accumulated_update_moves_the_weights_like_the_large_batch(runs, initial_model):
     before = {"/model" + n: p.array for n, p in initial_model.namedparams()}
     large, accumulated = runs("standard"), runs("accumulate2")
@@ -171,6 +172,7 @@ def test_accumulated_update_moves_the_weights_like_the_large_batch(runs, initial
     assert sum(np.abs(m).max() > 0 for m in moved.values()) > 30
 
 
+@pytest.mark.slow(seconds=23)
 def test_naive_normalisation_does_not_match(runs):
     """Each micro-batch divided by its own positives weights the images differently
     (halves of 491 and 287 positives: 1/982 and 1/574 instead of 1/778): every gradient
@@ -427,84 +429,45 @@ def test_plot_memory():
     fig.savefig(__import__("io").BytesIO(), format="png")
 
 
-# The real thing: SSD300 on the CPU in a subprocess with a limited address space.
-# Calibration (no limit): the address space one image's forward + backward adds on top
-# of what the process holds (VmPeak - VmSize). Limit: what it holds now + 1.5 x that, so
-# batch 1 fits and batch 2 (about three times as much: im2col's columns for 2 images)
-# does not. Then a limit of what it holds + 50 MiB, where nothing fits.
-OOM_SCRIPT = textwrap.dedent("""
-    import json, resource, sys, warnings
-    import numpy as np
-    from chainer.dataset import concat_examples
-    from chainer.datasets import TransformDataset
-    from medaidet.data.bccd import BCCDDataset
-    from medaidet.memory import NoBatchSizeFitsError, find_batch_size
-    from medaidet.model import build_ssd, materialize
-    from medaidet.train_chain import MultiboxTrainChain
-    from medaidet.transforms import EncodeTransform
-
-    def status(key):
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-
-    np.random.seed(0)
-    model = materialize(build_ssd("ssd300", None, n_fg_class=3))
-    chain = MultiboxTrainChain(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        base = BCCDDataset(sys.argv[1], "train")
-    dataset = TransformDataset(base.slice[:2], EncodeTransform.for_model(model))
-    before = status("VmSize")
-    loss = chain(*concat_examples([dataset[0]]))
-    loss.backward()
-    del loss
-    chain.cleargrads()
-    one_image = status("VmPeak") - before
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = status("VmSize") + int(1.5 * one_image)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    lines = []
-    report = find_batch_size(chain, dataset, start=8, log=lines.append)
-    resource.setrlimit(resource.RLIMIT_AS, (status("VmSize") + 50 * 2**20, hard))
-    try:
-        find_batch_size(chain, dataset, start=2, log=lines.append)
-        error = None
-    except NoBatchSizeFitsError as exc:
-        error = {"message": str(exc), "report": exc.report.as_dict()}
-    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-    print(json.dumps({"one_image": one_image, "limit": limit, "lines": lines,
-                      "report": report.as_dict(), "text": str(report), "error": error}))
-""")
-
-
+# The real thing: SSD300 on the CPU in a subprocess with a limited address space
+# (medaidet.troubleshoot.out_of_memory_demo, which notebook 07 shows). Calibration (no
+# limit): the address space one image's forward + backward adds on top of what the
+# process holds (VmPeak - VmSize). Limit: what it holds now + 1.5 x that, so batch 1 fits
+# and batch 2 (about three times as much: im2col's columns for 2 images) does not. Then
+# + 0.05 x that, where nothing fits.
 @pytest.fixture(scope="module")
 def oom_run(bccd_root):
-    result = run_python(OOM_SCRIPT.replace("sys.argv[1]", repr(str(bccd_root))), timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    from medaidet.troubleshoot import out_of_memory_demo
+
+    return out_of_memory_demo(bccd_root, start=8, headroom=1.5)
 
 
+@pytest.mark.slow(seconds=13)
 def test_finder_survives_a_real_out_of_memory_on_the_cpu(oom_run):
-    report = oom_run["report"]
-    sizes = [t["batch_size"] for t in report["tries"]]
+    report = oom_run.report
+    sizes = [t.batch_size for t in report.tries]
     assert sizes[0] == 8 and sizes == [8 >> i for i in range(len(sizes))]    # halving
-    *failed, fit = report["tries"]
-    assert len(failed) >= 2 and fit["ok"]
+    *failed, fit = report.tries
+    assert len(failed) >= 2 and fit.ok and oom_run.error is None
     for t in failed:
-        assert not t["ok"] and t["error"].startswith("MemoryError"), t
-        assert t["peak_bytes"] is None
-    assert fit["peak_bytes"] > 100 * 2**20 and fit["seconds"] > 0     # SSD300: ~500 MiB
-    assert report["best_batch_size"] == fit["batch_size"] <= 2
-    assert report["accumulate"] == 8 // fit["batch_size"]
-    assert f"--accumulate {report['accumulate']}" in report["suggestion"]
-    assert len(oom_run["lines"]) >= len(sizes)                  # logged as it happened
-    assert "out of memory" in oom_run["text"] and "tracemalloc" in oom_run["text"]
+        assert not t.ok and t.error.startswith("MemoryError"), t
+        assert t.peak_bytes is None
+    assert fit.peak_bytes > 100 * 2**20 and fit.seconds > 0     # SSD300: ~500 MiB
+    assert report.best_batch_size == fit.batch_size <= 2
+    assert report.accumulate == 8 // fit.batch_size
+    assert f"--accumulate {report.accumulate}" in report.suggestion
+    assert len(oom_run.lines) == len(sizes) and "out of memory" in oom_run.lines[0]
+    assert oom_run.limit_bytes > oom_run.one_image_bytes > 100 * 2**20
+    text = oom_run.summary()
+    assert "out of memory" in text and "tracemalloc" in text and "1.5x one image" in text
 
 
-def test_no_batch_size_fits_on_the_cpu(oom_run):
-    error = oom_run["error"]
-    assert error is not None, oom_run["lines"]
-    assert "tried 2 -> 1" in error["message"] and "MemoryError" in error["message"]
-    assert [t["ok"] for t in error["report"]["tries"]] == [False, False]
+@pytest.mark.slow(seconds=7)
+def test_no_batch_size_fits_on_the_cpu(bccd_root):
+    from medaidet.troubleshoot import out_of_memory_demo
+
+    demo = out_of_memory_demo(bccd_root, start=2, headroom=0.05)
+    assert demo.error is not None, demo.lines
+    assert "tried 2 -> 1" in demo.error and "MemoryError" in demo.error
+    assert [t.ok for t in demo.report.tries] == [False, False]
+    assert "NoBatchSizeFitsError" in demo.summary()

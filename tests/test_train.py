@@ -98,6 +98,7 @@ def run_a(tmp_path_factory, bccd_root):
                                      out=str(out), **TINY), progress=False)
 
 
+@pytest.mark.slow(seconds=29)
 def test_smoke_training_writes_everything(run_a):
     from medaidet.model import build_ssd, load_weights
 
@@ -136,6 +137,7 @@ def _train_process(config: dict, cfg_path, resume=None) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow(seconds=30)
 def test_same_seed_in_another_process_gives_bitwise_identical_weights(run_a, tmp_path,
                                                                       bccd_root):
     out = tmp_path / "run_b"
@@ -151,6 +153,7 @@ def test_same_seed_in_another_process_gives_bitwise_identical_weights(run_a, tmp
     assert (out / "model.npz.sha256").read_text().split()[0] == run_a.sha256
 
 
+@pytest.mark.slow(seconds=17)
 def test_another_seed_gives_other_weights(run_a, tmp_path, bccd_root):
     result = train(TrainConfig.profile("smoke", data=str(bccd_root), out=str(tmp_path),
                                        **dict(TINY, iterations=1, seed=1)),
@@ -165,6 +168,7 @@ def test_another_seed_gives_other_weights(run_a, tmp_path, bccd_root):
     assert result.metrics["seeding"]["seed"] == 1
 
 
+@pytest.mark.slow(seconds=42)
 def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, tmp_path,
                                                                         bccd_root):
     """A real SIGKILL in the middle of training (a snapshot each epoch = 2 iterations);
@@ -196,6 +200,7 @@ def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, 
     assert not different, f"{len(different)} parameters differ, e.g. {different[:3]}"
 
 
+@pytest.mark.slow(seconds=20)
 def test_divergence_stops_with_the_iteration_and_keeps_the_last_snapshot(tmp_path, bccd_root):
     """The learning rate jumps x1e40 after epoch 1 (iteration 2): the weights blow up and
     training must stop with a named error; the epoch-1 snapshot stays as it was."""
@@ -248,6 +253,7 @@ def test_deterministic_needs_a_seed_and_means_no_workers():
     assert (config.seed, config.deterministic, config.augment) == (3, True, False)
 
 
+@pytest.mark.slow(seconds=5)
 def test_resume_with_another_subset_is_refused(run_a, bccd_root, tmp_path):
     config = TrainConfig.profile("smoke", iterations=5, data=str(bccd_root),
                                  out=str(tmp_path), **dict(TINY, subset=3))

@@ -72,15 +72,3 @@ with multiprocessing.get_context("fork").Pool(2) as pool:
             alive = False
         assert not alive, f"worker {pid} survived"
 
-
-def test_out_of_memory_demo_runs_the_finder_into_a_real_memory_error(bccd_root):
-    from medaidet.troubleshoot import out_of_memory_demo
-
-    demo = out_of_memory_demo(bccd_root, start=4)
-    tries = demo.report.tries
-    assert [t.batch_size for t in tries] == [4 >> i for i in range(len(tries))]
-    assert not tries[0].ok and tries[0].error.startswith("MemoryError")
-    assert tries[-1].ok and demo.report.best_batch_size == tries[-1].batch_size <= 2
-    assert len(demo.lines) == len(tries) and "out of memory" in demo.lines[0]
-    assert demo.limit_bytes > demo.one_image_bytes > 100 * 2**20      # SSD300: ~500 MiB
-    assert f"--accumulate {4 // tries[-1].batch_size}" in demo.summary()
