@@ -60,9 +60,17 @@ def as_float(value):
 def one_update(model, samples, make_updater, lr=1e-3):
     """One update of a copy of ``model`` on ``samples`` (one batch); the gradients, the
     weights after the update and what was reported."""
-    model = copy.deepcopy(model)
-    chain = MultiboxTrainChain(model)
+    chain = MultiboxTrainChain(copy.deepcopy(model))
     optimizer = chainer.optimizers.MomentumSGD(lr=lr, momentum=0.9)
+    observation = update_once(chain, optimizer, samples, make_updater)
+    assert optimizer.t == 1
+    return dict(grads={n: p.grad.copy() for n, p in chain.namedparams()},
+                params={n: p.array.copy() for n, p in chain.namedparams()},
+                observation=observation)
+
+
+def update_once(chain, optimizer, samples, make_updater):
+    """One update of ``chain`` on all ``samples`` as one batch; what was reported."""
     optimizer.setup(chain)
     iterator = chainer.iterators.SerialIterator(samples, len(samples), shuffle=False)
     updater = make_updater(iterator, optimizer)
@@ -71,10 +79,7 @@ def one_update(model, samples, make_updater, lr=1e-3):
     observation = {}
     with reporter.scope(observation):
         updater.update()
-    assert optimizer.t == 1
-    return dict(grads={n: p.grad.copy() for n, p in chain.namedparams()},
-                params={n: p.array.copy() for n, p in chain.namedparams()},
-                observation={k: as_float(v) for k, v in observation.items()})
+    return {k: as_float(v) for k, v in observation.items()}
 
 
 def naive(chain, n_micro):
@@ -218,16 +223,7 @@ def stub_samples(n=6, n_prior=12):
 
 def stub_update(samples, make_updater):
     chain = MultiboxTrainChain(StubModel())
-    optimizer = chainer.optimizers.SGD(lr=0.1)
-    optimizer.setup(chain)
-    iterator = chainer.iterators.SerialIterator(samples, len(samples), shuffle=False)
-    updater = make_updater(iterator, optimizer)
-    reporter = chainer.Reporter()
-    reporter.add_observer("main", chain)
-    observation = {}
-    with reporter.scope(observation):
-        updater.update()
-    return chain, {k: as_float(v) for k, v in observation.items()}
+    return chain, update_once(chain, chainer.optimizers.SGD(lr=0.1), samples, make_updater)
 
 
 @pytest.mark.parametrize("n_micro", [2, 3, 6])
