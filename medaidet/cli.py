@@ -64,12 +64,13 @@ def _course_run(args) -> int:
 
 
 def _add_model_commands(commands) -> None:
-    """train / evaluate / count define their own arguments and need chainer. Before the
+    """train / evaluate / count / batch-size define their own arguments and need chainer. Before the
     stack is installed they are still listed, and say how to get it, so that
     `python -m medaidet stack install` works in an environment without chainer."""
     try:
         from medaidet.count import add_count_parser
         from medaidet.evaluate import add_evaluate_parser
+        from medaidet.memory import add_batch_size_parser
         from medaidet.train import add_train_parser
     except ImportError as exc:
         missing = f"{type(exc).__name__}: {exc}"
@@ -78,13 +79,14 @@ def _add_model_commands(commands) -> None:
             raise MedaidetError(f"`medaidet {args.command}` needs the chainer stack ({missing}): "
                                 "run `python -m medaidet stack install` first")
 
-        for name in ("train", "evaluate", "count"):
+        for name in ("train", "evaluate", "count", "batch-size"):
             p = commands.add_parser(name, help=f"(needs chainer: {missing})")
             p.set_defaults(func=needs_stack, accepts_any_arguments=True)
         return
     add_train_parser(commands)
     add_evaluate_parser(commands)
     add_count_parser(commands)
+    add_batch_size_parser(commands)
 
 
 def build_parser() -> argparse.ArgumentParser:

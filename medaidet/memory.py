@@ -14,14 +14,18 @@ a few hundred MB in training (on the CPU chainer's im2col alone needs ~207 MB pe
   memory and tries again, reporting every try (peak memory, seconds, images/s) and the
   ``--accumulate`` that gives the recipe's batch with the batch size that fits.
 
-:func:`plot_memory` draws a report for the notebooks.
+:func:`plot_memory` draws a report for the notebooks; :func:`batch_size_on_bccd` runs the
+finder (or :func:`measure_batch_sizes`) on SSD and real BCCD images: ``medaidet
+batch-size``.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import time
 import tracemalloc
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -37,7 +41,8 @@ from medaidet.errors import MedaidetError
 __all__ = ["AccumulationError", "NoBatchSizeFitsError", "AccumulatingUpdater",
            "batch_positives", "BatchSizeTry", "BatchSizeReport", "find_batch_size",
            "measure_batch_sizes",
-           "PeakMemory", "is_out_of_memory", "free_memory", "plot_memory"]
+           "PeakMemory", "is_out_of_memory", "free_memory", "plot_memory",
+           "batch_size_on_bccd", "add_batch_size_parser"]
 
 
 class AccumulationError(MedaidetError, ValueError):
@@ -661,3 +666,96 @@ def plot_memory(report: BatchSizeReport):
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return fig
+
+
+# --------------------------------------------------------------------------- command
+
+def batch_size_on_bccd(device="auto", model="ssd300", start: int = 32, min_batch_size: int = 1,
+                       target_batch_size: int | None = None, sizes=None, data=None, out=None,
+                       log=print) -> BatchSizeReport:
+    """The finder (or, with ``sizes``, :func:`measure_batch_sizes`) for ``model`` (random
+    initial weights: memory does not depend on their values) on real BCCD training
+    images, encoded as the training transform encodes them. ``device``: as
+    ``medaidet train --device``. ``out``: a folder for ``batch_size.json`` and
+    ``memory.png``."""
+    from chainer.datasets import TransformDataset
+
+    from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+    from medaidet.model import build_ssd
+    from medaidet.train import resolve_device
+    from medaidet.train_chain import MultiboxTrainChain
+    from medaidet.transforms import EncodeTransform
+
+    device = resolve_device(device)
+    ssd = build_ssd(model, None)
+    with warnings.catch_warnings():          # the loader's report on BCCD is not the point
+        warnings.simplefilter("ignore", AnnotationWarning)
+        images = BCCDDataset(data, "train")
+    n = max(sizes) if sizes else start
+    dataset = TransformDataset(images.slice[:min(n, len(images))],
+                               EncodeTransform.for_model(ssd))
+    chain = MultiboxTrainChain(ssd)
+    if sizes:
+        report = measure_batch_sizes(chain, dataset, sizes, device=device, log=log)
+        if target_batch_size:
+            report.target_batch_size = target_batch_size
+    else:
+        report = find_batch_size(chain, dataset, device=device, start=start,
+                                 min_batch_size=min_batch_size,
+                                 target_batch_size=target_batch_size, log=log)
+    if out is not None:
+        from pathlib import Path
+        import json
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "batch_size.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        plot_memory(report).savefig(out / "memory.png", dpi=100)
+    return report
+
+
+def _positive(text) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _batch_size_command(args) -> int:
+    import json
+
+    log = None if args.json else print
+    try:
+        report = batch_size_on_bccd(args.device, args.model, args.start, args.min,
+                                    args.target, args.sizes, args.data, args.out, log=log)
+    except NoBatchSizeFitsError as exc:
+        if args.json:
+            print(json.dumps({**exc.report.as_dict(), "error": str(exc)}, indent=2))
+        raise
+    print(json.dumps(report.as_dict(), indent=2) if args.json else f"\n{report}")
+    return 0
+
+
+def add_batch_size_parser(subparsers):
+    """Register ``medaidet batch-size ...`` on an argparse ``subparsers`` object."""
+    p = subparsers.add_parser(
+        "batch-size", help="the largest training batch that fits in memory, and --accumulate",
+        description="Forward + backward of SSD on BCCD training images at --start, halving on "
+                    "out of memory until a batch fits; every try reported (peak memory, "
+                    "seconds, images/s) with the --accumulate that reaches --target. With "
+                    "--sizes: measure each of those batch sizes instead.")
+    p.add_argument("--device", default="auto", help="cpu, gpu or a GPU id (default: auto)")
+    p.add_argument("--model", default="ssd300", choices=["ssd300", "ssd512"])
+    p.add_argument("--start", type=_positive, default=32, help="first batch size (default 32)")
+    p.add_argument("--min", type=_positive, default=1, help="smallest batch size to try")
+    p.add_argument("--target", type=_positive, default=None,
+                   help="batch to reach with accumulation (default: --start)")
+    p.add_argument("--sizes", type=_positive, nargs="+", default=None, metavar="N",
+                   help="measure these batch sizes (all of them) instead of searching")
+    p.add_argument("--data", default=None, metavar="ROOT",
+                   help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write batch_size.json and memory.png here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_batch_size_command)
+    return p

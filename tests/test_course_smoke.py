@@ -38,10 +38,10 @@ def test_model_and_loss_notebook_shows_the_named_error(tmp_path, monkeypatch, bc
 
 
 @pytest.mark.slow(seconds=4)
-def test_cli_train_evaluate_count_are_wired(tmp_path):
+def test_cli_model_commands_are_wired(tmp_path):
     import subprocess
     import sys
-    for command in ("train", "evaluate", "count"):
+    for command in ("train", "evaluate", "count", "batch-size"):
         done = subprocess.run([sys.executable, "-m", "medaidet", command, "--help"],
                               capture_output=True, text=True)
         assert done.returncode == 0 and "usage: medaidet " + command in done.stdout

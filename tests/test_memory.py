@@ -467,3 +467,27 @@ def test_no_batch_size_fits_on_the_cpu(bccd_root):
     assert "tried 2 -> 1" in demo.error and "MemoryError" in demo.error
     assert [t.ok for t in demo.report.tries] == [False, False]
     assert "NoBatchSizeFitsError" in demo.summary()
+
+
+@pytest.mark.slow(seconds=25)
+def test_batch_size_command_on_real_bccd(bccd_root, tmp_path, capsys):
+    from medaidet.cli import main
+
+    out = tmp_path / "finder"
+    assert main(["batch-size", "--device", "cpu", "--sizes", "2", "1", "--target", "32",
+                 "--data", str(bccd_root), "--out", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [t["batch_size"] for t in data["tries"]] == [1, 2]
+    one, two = data["tries"]
+    assert one["ok"] and two["ok"] and two["peak_bytes"] > one["peak_bytes"] > 100 * 2**20
+    assert data["target_batch_size"] == 32 and data["accumulate"] == 16
+    assert json.loads((out / "batch_size.json").read_text()) == data
+    assert (out / "memory.png").read_bytes().startswith(b"\x89PNG")
+
+    assert main(["batch-size", "--device", "cpu", "--start", "1",
+                 "--data", str(bccd_root)]) == 0
+    text = capsys.readouterr().out
+    assert "batch 1: fits" in text and "no accumulation needed" in text
+    with pytest.raises(SystemExit):
+        main(["batch-size", "--start", "0"])
+    assert "must be a positive integer" in capsys.readouterr().err
