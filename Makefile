@@ -27,8 +27,11 @@ run: $(VENV312)/.ready
 # printed whole when it finishes, and either failing fails `make test`.
 # The slow tests (marked slow: real training, notebooks, MPI ranks) are split between the
 # two (tests/conftest.py, MEDAIDET_TEST_SHARD); `make test-py311` alone runs them all.
+# One BLAS/OpenMP thread per suite: two suites with a thread per core each would fight
+# over the cores (measured: SSD steps ~30% slower side by side).
 test: $(VENV311)/.ready $(VENV312)/.ready
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-py311 test-py312 \
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
+		$(MAKE) --no-print-directory -j2 --output-sync=target test-py311 test-py312 \
 		SHARD311=0/2 SHARD312=1/2
 
 test-py311: $(VENV311)/.ready

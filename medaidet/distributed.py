@@ -538,9 +538,10 @@ def launch(n: int, argv, python=sys.executable, oversubscribe=None, timeout=3600
 
     The ranks get ``env`` (default ``os.environ``) without an enclosing MPI launch's
     variables (:func:`launch_env`: a kernel that created a communicator itself would
-    otherwise make mpiexec fail silently), with ``PYTHONUNBUFFERED=1`` and
+    otherwise make mpiexec fail silently), with ``PYTHONUNBUFFERED=1``,
     ``CHAINERMN_FORCE_ABORT_ON_EXCEPTION=1`` (an uncaught exception on one rank aborts
-    all instead of leaving the others waiting forever). The ranks' outputs are merged as
+    all instead of leaving the others waiting forever) and, unless ``env`` sets it,
+    ``OMP_NUM_THREADS`` = cores / ranks (at least 1; OpenBLAS follows it). The ranks' outputs are merged as
     they come, so lines of different ranks can interleave: let only rank 0 print
     (:func:`is_root`).
 
@@ -553,6 +554,9 @@ def launch(n: int, argv, python=sys.executable, oversubscribe=None, timeout=3600
     full_env = launch_env(env)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env.setdefault("CHAINERMN_FORCE_ABORT_ON_EXCEPTION", "1")
+    # each rank's BLAS and OpenMP threads share the cores with the other ranks: n ranks
+    # with a thread per core each would oversubscribe them (torchrun does the same)
+    full_env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_slots() // n)))
     out = sys.stdout if stream is None else (None if stream is False else stream)
     shown = shlex.join(cmd)
     chunks, tail, pending = [], deque(maxlen=tail_lines), b""

@@ -23,10 +23,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import time
 import tracemalloc
 import warnings
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -704,9 +706,6 @@ def batch_size_on_bccd(device="auto", model="ssd300", start: int = 32, min_batch
                                  min_batch_size=min_batch_size,
                                  target_batch_size=target_batch_size, log=log)
     if out is not None:
-        from pathlib import Path
-        import json
-
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "batch_size.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
@@ -722,8 +721,6 @@ def _positive(text) -> int:
 
 
 def _batch_size_command(args) -> int:
-    import json
-
     log = None if args.json else print
     try:
         report = batch_size_on_bccd(args.device, args.model, args.start, args.min,
