@@ -812,14 +812,15 @@ def initial_weights(config: TrainConfig) -> dict:
     """The weights a seeded run of ``config`` starts from, ``{save_npz name: array}``
     (rank 0's, for a multi-process run): the seed set as :func:`train` sets it, then the
     model built the same way. To see how far training moved each array. Needs
-    ``config.seed``; reseeds Python's and NumPy's global RNGs."""
+    ``config.seed``; reseeds the global RNGs (:func:`medaidet.seeding.seed_everything`)."""
     import chainer
+
+    from medaidet.seeding import seed_everything
 
     if config.seed is None:
         raise ConfigError("initial_weights needs a seeded config (seed=...): without a "
                           "seed the initial weights are not reproducible")
-    random.seed(config.seed)
-    np.random.seed(config.seed)
+    seed_everything(config.seed, deterministic=config.deterministic)
     serializer = chainer.serializers.DictionarySerializer()
     serializer.save(_initial_model(config))
     return dict(serializer.target)
@@ -872,13 +873,14 @@ def _train(config: TrainConfig, resume, progress: bool, log, comm) -> TrainResul
     from chainer import training
     from chainer.training import extensions
 
+    from medaidet import distributed
     from medaidet.data.bccd import BCCD_LABEL_NAMES
     from medaidet.loss import DivergedError
     from medaidet.model import save_weights
     from medaidet.predict import CappedPredictor
     from medaidet.train_chain import MultiboxTrainChain
 
-    root = comm is None or comm.rank == 0
+    root = distributed.is_root(comm)
     if not root:
         log, progress = (lambda *_, **__: None), False
     out = Path(config.out)
@@ -888,7 +890,6 @@ def _train(config: TrainConfig, resume, progress: bool, log, comm) -> TrainResul
         device = resolve_device(config.device)
         batch_size = config.batch_size
     else:
-        from medaidet import distributed
         device = resolve_device(distributed.rank_device(comm, config.device))
         batch_size = distributed.per_rank_batchsize(config.batch_size, comm.size)
         if batch_size % config.accumulate:
@@ -904,9 +905,8 @@ def _train(config: TrainConfig, resume, progress: bool, log, comm) -> TrainResul
         from medaidet.seeding import seed_everything
         # each rank its own stream (data order, augmentation); the weights are rank 0's,
         # broadcast by the multi-node optimizer before the first update
-        seed = config.seed if comm is None else config.seed + comm.rank
-        seeding = seed_everything(seed, [device], config.deterministic,
-                                  n_processes_for(config))
+        seeding = seed_everything(distributed.rank_seed(config.seed, comm), [device],
+                                  config.deterministic, n_processes_for(config))
         log(f"train: {seeding.table()}")
 
     # model (materialized now: its random initial values come from the seeded RNG in the
@@ -1001,9 +1001,7 @@ def _train(config: TrainConfig, resume, progress: bool, log, comm) -> TrainResul
     # results
     rank_digests = None
     if comm is not None:          # every rank must end with the same weights
-        from medaidet import distributed
-        distributed.check_ranks_agree(comm, model)
-        rank_digests = distributed.gather_digests(comm, distributed.param_digest(model))
+        rank_digests = [distributed.check_ranks_agree(comm, model)] * comm.size
         if not root:
             return TrainResult(out=out, weights=out / WEIGHTS_NAME, sha256="",
                                snapshot=out / SNAPSHOT_NAME,
