@@ -2,12 +2,22 @@
 
 Sub-commands import their modules lazily, so ``medaidet stack install``
 works in an environment that has no chainer yet.
+
+A user's mistake ends in one line on stderr, exit status 2, never a traceback: a bad
+argument (argparse and :mod:`medaidet.arguments` name it), any named
+:class:`~medaidet.errors.MedaidetError`, and an operating-system error (a file that cannot be
+read or written). Ctrl-C ends with one line and status 130. ``--debug``, anywhere on the
+command line, shows the traceback instead.
 """
 import argparse
 import json
 import sys
+import traceback
 
+from medaidet.arguments import non_negative_int, positive_int
 from medaidet.errors import MedaidetError
+
+DEBUG_FLAG = "--debug"
 
 
 def _stack_install(args) -> int:
@@ -47,7 +57,7 @@ def _data_validate(args) -> int:
     from medaidet.data.validate import validate_dataset
     report = validate_dataset(args.root)
     print(report.to_json() if args.json else report)
-    return 0
+    return 0 if report.ok else 1
 
 
 def _data_synth(args) -> int:
@@ -89,8 +99,18 @@ def _add_model_commands(commands) -> None:
     add_batch_size_parser(commands)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse, with a usage mistake said in one line (the command, what is wrong, where
+    to look) instead of the usage block. Sub-command parsers are of this class too."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="medaidet", description="medaidet: the blood-cell detection course's command line.")
+    parser = CommandParser(
+        prog="medaidet", description="medaidet: the blood-cell detection course's command line.",
+        epilog=f"{DEBUG_FLAG} (anywhere on the line): show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
 
     stack = commands.add_parser("stack", help="install and inspect chainer/chainercv/CuPy")
@@ -133,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_data_validate)
     p = data_commands.add_parser("synth", help="write a small synthetic VOC-layout dataset")
     p.add_argument("dest", help="folder to create")
-    p.add_argument("--n", type=int, default=24, help="number of images (default: 24)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--n", type=positive_int, default=24, help="number of images (default: 24)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
     p.set_defaults(func=_data_synth)
 
     _add_model_commands(commands)
@@ -147,19 +167,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", action="append", default=None, metavar="NAME",
                    help="run only this notebook (name or stem; repeatable)")
     p.add_argument("--out", default="outputs", help="output directory (default: outputs)")
-    p.add_argument("--cell-timeout", type=int, default=None,
+    p.add_argument("--cell-timeout", type=positive_int, default=None,
                    help="seconds per cell (default: the profile's)")
     p.set_defaults(func=_course_run)
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    """The message of a user-facing error, for one line of stderr."""
+    if isinstance(exc, MedaidetError):
+        return str(exc)
+    # OSError: which file, and what the system said about it
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    what = exc.strerror or str(exc)
+    return f"{where}: {what}" if where else what
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in argv
+    argv = [a for a in argv if a != DEBUG_FLAG]
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "accepts_any_arguments", False):
         parser.error("unrecognized arguments: " + " ".join(extra))
     try:
         return args.func(args)
-    except MedaidetError as exc:
-        print(f"medaidet: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print("medaidet: interrupted", file=sys.stderr)
+        return 130
+    except (MedaidetError, OSError) as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"medaidet: error: {_one_line(exc)}", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@
 :data:`SETUP_CELL_SOURCE` is the source of the first code cell of every course
 notebook (tagged ``colab-setup``). On Colab (``"google.colab" in sys.modules``)
 it clones the repository named by ``REPO_URL`` when medaidet is not importable,
-``pip install -e`` it, runs ``python -m medaidet stack install --cuda auto``
+``pip install -e`` it with the ``mpi`` extra (Open MPI and mpi4py from PyPI), runs ``python -m medaidet stack install --cuda auto``
 when the chainer stack is not installed, and changes into the repository's
 ``notebooks/`` folder. Everywhere else (local Jupyter, papermill, Azure ML) it
 only assigns ``REPO_URL`` and imports ``sys``: it never installs anything
@@ -55,7 +55,8 @@ if "google.colab" in sys.modules:
                         "https://github.com/<user>/medaidet) and run the cell again, or "
                         f"upload the repository to {target}.")
                 run("git", "clone", "-q", "--depth", "1", repo_url, target)
-            run(sys.executable, "-m", "pip", "install", "-q", "-e", target)
+            # [mpi]: Open MPI and mpi4py from PyPI, for notebook 08's multi-process training
+            run(sys.executable, "-m", "pip", "install", "-q", "-e", target + "[mpi]")
             if target not in sys.path:  # this kernel started before the editable install
                 sys.path.insert(0, target)
             importlib.invalidate_caches()

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from medaidet.arguments import check_number, prepare_output_dir
 from medaidet.errors import MedaidetError
 from medaidet.stack.install import installed_version
 
@@ -270,11 +271,12 @@ def run_course(profile="auto", only=None, out_dir="outputs", cell_timeout=None,
     notebooks_dir = notebooks_dir.resolve()
     selected = select_notebooks(list_notebooks(notebooks_dir), only)
     profile, reason = resolve_profile(profile)
-    if cell_timeout is not None and int(cell_timeout) <= 0:
-        raise CourseError(f"cell_timeout must be a positive number of seconds, not {cell_timeout}")
-    timeout = int(cell_timeout) if cell_timeout is not None else CELL_TIMEOUT[profile]
-    out_dir = Path(out_dir).resolve()  # relative to the current directory
-    out_dir.mkdir(parents=True, exist_ok=True)
+    timeout = (check_number(cell_timeout, "--cell-timeout", integer=True)
+               if cell_timeout is not None else CELL_TIMEOUT[profile])
+    # The executed copies replace <out>/<name>.ipynb: never the notebooks themselves
+    # (nor anything in the dataset the kernels read).
+    out_dir = prepare_output_dir(out_dir, "--out",
+                                 inputs=(notebooks_dir, os.environ.get("MEDAIDET_DATA")))
     for path in selected:  # copies from an earlier run would contradict this run's summary
         (out_dir / path.name).unlink(missing_ok=True)
     (out_dir / EVALUATION_FILE).unlink(missing_ok=True)

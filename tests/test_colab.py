@@ -132,7 +132,7 @@ def test_colab_clones_and_installs_with_repo_url(monkeypatch, fake_colab, fake_p
     _exec(colab.setup_cell_source(url))
     assert fake_popen == [
         ["git", "clone", "-q", "--depth", "1", url, "/content/medaidet"],
-        [sys.executable, "-m", "pip", "install", "-q", "-e", "/content/medaidet"],
+        [sys.executable, "-m", "pip", "install", "-q", "-e", "/content/medaidet[mpi]"],
     ]
     assert sys.path[0] == "/content/medaidet"
 

@@ -10,6 +10,7 @@ import pytest
 from nbformat import v4
 
 import medaidet.stack
+from medaidet.arguments import ArgumentValueError, OutputDirError
 from medaidet.course import (CourseError, list_notebooks, resolve_profile, run_course,
                              select_notebooks)
 from medaidet.errors import MedaidetError
@@ -174,9 +175,27 @@ def test_only_unknown_name_lists_available(failing_course, tmp_path):
 
 
 def test_cell_timeout_must_be_positive(failing_course, tmp_path):
-    with pytest.raises(CourseError, match="positive"):
+    with pytest.raises(ArgumentValueError, match="--cell-timeout: 0 is out of range"):
         run_course(profile="smoke", notebooks_dir=failing_course, out_dir=tmp_path / "out",
                    cell_timeout=0, log=_quiet)
+
+
+@pytest.mark.parametrize("where", ["the notebooks folder", "inside it"])
+def test_out_in_the_notebooks_folder_is_refused_and_deletes_nothing(failing_course, where):
+    # it used to delete <out>/<name>.ipynb, i.e. every notebook, before running them
+    out = failing_course if where == "the notebooks folder" else failing_course / "runs"
+    before = {p.name: p.read_bytes() for p in failing_course.iterdir()}
+    with pytest.raises(OutputDirError, match=r"--out: .* which this run reads"):
+        run_course(profile="smoke", out_dir=out, notebooks_dir=failing_course, log=_quiet)
+    assert {p.name: p.read_bytes() for p in failing_course.iterdir()} == before
+
+
+def test_out_that_is_a_file_is_named_before_any_work(failing_course, tmp_path):
+    out = tmp_path / "results.txt"
+    out.write_text("mine")
+    with pytest.raises(OutputDirError, match="--out: .*results.txt is a file, not a folder"):
+        run_course(profile="smoke", out_dir=out, notebooks_dir=failing_course, log=_quiet)
+    assert out.read_text() == "mine"
 
 
 def test_missing_notebooks_dir_says_where(tmp_path):

