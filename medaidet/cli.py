@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "$MEDAIDET_DATA, else the cache directory)")
     p.add_argument("--force", action="store_true", help="download again even if verified")
     p.set_defaults(func=_data_download)
-    p = data_commands.add_parser("validate", help="report every annotation defect")
+    p = data_commands.add_parser("validate", help="report every annotation defect; exit 1 "
+                                 "when any is of severity error")
     p.add_argument("root", nargs="?", default=None,
                    help="dataset root (default: $MEDAIDET_DATA, else the cache directory)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
