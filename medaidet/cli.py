@@ -13,11 +13,16 @@ import argparse
 import json
 import sys
 import traceback
+from pathlib import Path
 
 from medaidet.arguments import non_negative_int, positive_int
 from medaidet.errors import MedaidetError
 
 DEBUG_FLAG = "--debug"
+# The import names of the dependencies pyproject.toml lists: missing, `python -m medaidet` is
+# running from a source checkout that was never installed.
+OWN_DEPENDENCIES = ("numpy", "packaging", "PIL", "matplotlib", "papermill", "nbformat",
+                    "ipykernel", "tqdm", "defusedxml")
 
 
 def _stack_install(args) -> int:
@@ -184,6 +189,17 @@ def _one_line(exc: BaseException) -> str:
     return f"{where}: {what}" if where else what
 
 
+def _install_hint(exc: ModuleNotFoundError):
+    """The one command to run first when ``exc`` is one of medaidet's own dependencies."""
+    if (exc.name or "").split(".")[0] not in OWN_DEPENDENCIES:
+        return None
+    checkout = Path(__file__).resolve().parent.parent
+    target = f"-e {checkout}" if (checkout / "pyproject.toml").is_file() else "medaidet"
+    return (f"{exc.name} is not installed: medaidet's own dependencies are missing in "
+            f"this environment ({sys.executable}); run first: "
+            f"{Path(sys.executable).name} -m pip install {target}")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in argv
@@ -199,6 +215,12 @@ def main(argv=None) -> int:
             traceback.print_exc()
         print("medaidet: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as exc:
+        hint = _install_hint(exc)
+        if hint is None or debug:
+            raise
+        print(f"medaidet: error: {hint}", file=sys.stderr)
+        return 2
     except (MedaidetError, OSError) as exc:
         if debug:
             traceback.print_exc()
