@@ -19,16 +19,18 @@ Read the RBC numbers with :data:`RBC_NOTE` in mind.
 """
 from __future__ import annotations
 
+import argparse
 import html
 import json
 import math
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from medaidet.evaluate import Predictions, add_common_arguments, predict_weights
+from medaidet.arguments import ArgumentValueError, check_number, probability
+from medaidet.evaluate import (EVALUATE_SCORE_THRESH, Predictions, add_common_arguments,
+                               check_run, predict_weights)
 
 __all__ = ["RBC_NOTE", "SWEEP_NOTE", "DEFAULT_SCORE_THRESH", "DEFAULT_THRESHOLDS",
            "CountResult", "SweepResult", "count_cells", "threshold_sweep", "plot_counts",
@@ -65,10 +67,20 @@ def _predicted_counts(preds: Predictions, score_thresh: float) -> np.ndarray:
                                                             preds.pred_scores)], n_class)
 
 
-def _check_thresh(preds: Predictions, score_thresh: float) -> None:
-    if score_thresh < preds.score_thresh:
-        raise ValueError(f"the predictions hold only scores >= {preds.score_thresh}; a "
-                         f"count at {score_thresh} would miss detections")
+def _check_thresh(score_thresh, lowest: float, name: str = "score_thresh") -> float:
+    """``score_thresh`` as a float from ``lowest`` (the predictions' own threshold) to 1.
+
+    Scores are softmax probabilities: NaN or a value above 1 would count nothing, and a
+    value below ``lowest`` would pretend to count detections the predictions do not hold.
+    1 is allowed (float32 softmax scores do reach 1.0, and the test is ``>=``).
+    """
+    value = check_number(score_thresh, name, "probability")
+    if value < lowest:
+        raise ArgumentValueError(
+            f"{name}: {score_thresh} is below {lowest:g}, the lowest score the predictions "
+            f"hold (the detector keeps only detections scoring >= {lowest:g}); expected a "
+            f"number from {lowest:g} to 1")
+    return value
 
 
 def _stats(predicted: np.ndarray, annotated: np.ndarray):
@@ -181,8 +193,12 @@ def _num(value):
 
 def count_cells(predictions: Predictions, score_thresh: float = DEFAULT_SCORE_THRESH
                 ) -> CountResult:
-    """Predicted (detections scoring ``>= score_thresh``) vs annotated counts."""
-    _check_thresh(predictions, score_thresh)
+    """Predicted (detections scoring ``>= score_thresh``) vs annotated counts.
+
+    ``score_thresh``: from ``predictions.score_thresh`` (0.01) to 1; else
+    :class:`medaidet.arguments.ArgumentValueError` (a ``ValueError``).
+    """
+    score_thresh = _check_thresh(score_thresh, predictions.score_thresh)
     n_class = len(predictions.label_names)
     predicted = _predicted_counts(predictions, score_thresh)
     annotated = _counts(predictions.gt_labels, n_class)
@@ -260,11 +276,11 @@ def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> 
     Warns (``UserWarning``) when ``predictions.split == 'test'``: a threshold chosen there
     is optimistic; choose it on val.
     """
-    thresholds = np.sort(np.asarray(thresholds, dtype=float).ravel())
+    thresholds = np.sort([_check_thresh(t, predictions.score_thresh, "thresholds")
+                          for t in np.asarray(thresholds, dtype=object).ravel()])
     if thresholds.size == 0:
-        raise ValueError("thresholds is empty")
-    for t in thresholds[:1]:
-        _check_thresh(predictions, t)
+        raise ArgumentValueError("thresholds: none given; expected score thresholds from "
+                                 f"{predictions.score_thresh:g} to 1")
     if predictions.split == "test":
         warnings.warn("threshold_sweep on the test split: " + SWEEP_NOTE, UserWarning,
                       stacklevel=2)
@@ -330,7 +346,16 @@ def count_weights(weights_path, split: str = "test", score_thresh=DEFAULT_SCORE_
 
     Writes ``counts.json`` (counts and sweep), ``counts.png`` and ``count_sweep.png`` to
     ``out_dir`` when given. Returns ``(CountResult, SweepResult)``.
+
+    Every argument is checked before the model is built (names as on the command line:
+    ``--score-thresh`` from 0.01 to 1, ``--subset``, ``--batch-size``, ``--out``, which is
+    created now), so a mistake fails at once, not after predicting the split.
     """
+    score_thresh = _check_thresh(score_thresh, EVALUATE_SCORE_THRESH, "--score-thresh")
+    for t in np.asarray(thresholds, dtype=object).ravel():
+        _check_thresh(t, EVALUATE_SCORE_THRESH, "thresholds")
+    root, subset, batch_size, out_dir = check_run(weights_path, root, subset, batch_size,
+                                                  out_dir)
     preds = predict_weights(weights_path, split, model_name, root, subset, device,
                             batch_size, progress)
     result = count_cells(preds, score_thresh)
@@ -340,8 +365,6 @@ def count_weights(weights_path, split: str = "test", score_thresh=DEFAULT_SCORE_
             warnings.simplefilter("ignore", UserWarning)
         sweep = threshold_sweep(preds, thresholds)
     if out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "counts.json").write_text(
             json.dumps({**result.to_dict(), "sweep": sweep.to_dict()}, indent=2) + "\n")
         plot_counts(result).savefig(out_dir / "counts.png", dpi=100)
@@ -363,6 +386,17 @@ def _count_command(args) -> int:
     return 0
 
 
+def count_threshold(text: str) -> float:
+    """argparse type of ``--score-thresh``: a probability, and not below the 0.01 the
+    detector predicts with (a lower threshold would count nothing more)."""
+    value = probability(text)
+    if value < EVALUATE_SCORE_THRESH:
+        raise argparse.ArgumentTypeError(
+            f"{text} is below {EVALUATE_SCORE_THRESH:g}, the lowest score the detector keeps; "
+            f"expected a number from {EVALUATE_SCORE_THRESH:g} to 1")
+    return value
+
+
 def add_count_parser(subparsers):
     """Register ``medaidet count WEIGHTS ...`` on an argparse ``subparsers`` object."""
     p = subparsers.add_parser(
@@ -372,8 +406,8 @@ def add_count_parser(subparsers):
                     "error, bias), plus a threshold sweep. --out writes counts.json, "
                     "counts.png and count_sweep.png.")
     add_common_arguments(p)
-    p.add_argument("--score-thresh", type=float, default=DEFAULT_SCORE_THRESH,
-                   help=f"count detections scoring at least this "
-                        f"(default: {DEFAULT_SCORE_THRESH})")
+    p.add_argument("--score-thresh", type=count_threshold, default=DEFAULT_SCORE_THRESH,
+                   help=f"count detections scoring at least this, from "
+                        f"{EVALUATE_SCORE_THRESH:g} to 1 (default: {DEFAULT_SCORE_THRESH})")
     p.set_defaults(func=_count_command)
     return p

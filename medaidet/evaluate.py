@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from medaidet.arguments import check_number, positive_int, prepare_output_dir
 from medaidet.model import WeightsNotFoundError
 from medaidet.train import resolve_device
 from medaidet.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
@@ -140,8 +141,7 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
     from medaidet.data.bccd import BCCD_LABEL_NAMES
     from medaidet.predict import predict
 
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+    batch_size = check_number(batch_size, "batch_size", "positive", integer=True)
     n = len(dataset)
     if ids is None:
         ids = list(getattr(dataset, "ids", range(n)))[:n]
@@ -397,19 +397,42 @@ def load_model(weights_path, model_name: str = "ssd300", device="cpu"):
     return model
 
 
+def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out_dir=None):
+    """The cheap checks of an evaluate/count run, done before the model is built and the
+    split predicted, so that a mistake costs nothing: the weight file exists, ``subset`` and
+    ``batch_size`` are whole numbers > 0, the dataset is there and ``out_dir`` can be written
+    (created now; it may not lie inside the dataset). Errors name the arguments as the
+    command line spells them (``--subset``, ``--out``).
+
+    Returns ``(root, subset, batch_size, out_dir)``: the dataset root and ``out_dir``
+    resolved (``out_dir`` ``None`` when not given), the numbers as ints.
+    """
+    from medaidet.data.download import resolve_root
+
+    path = Path(os.fspath(weights_path))
+    if not path.is_file():
+        raise _missing_weights(path)
+    if subset is not None:
+        subset = check_number(subset, "--subset", "positive", integer=True)
+    batch_size = check_number(batch_size, "--batch-size", "positive", integer=True)
+    root = resolve_root(root)
+    if out_dir is not None:
+        out_dir = prepare_output_dir(out_dir, "--out", inputs=(root,))
+    return root, subset, batch_size, out_dir
+
+
 def predict_weights(weights_path, split: str = "test", model_name: str = "ssd300",
                     root=None, subset=None, device="cpu", batch_size: int = 8,
                     progress: bool = True) -> Predictions:
     """Load weights and predict ``split`` (its first ``subset`` images when given)."""
     from medaidet.data.bccd import BCCDDataset
 
+    root, subset, batch_size, _ = check_run(weights_path, root, subset, batch_size)
     model = load_model(weights_path, model_name, device)
     # ChainerCV's evaluation convention: keep difficult boxes, flagged, so they are ignored.
     dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
     ids = list(dataset.ids)
     if subset is not None:
-        if subset < 1:
-            raise ValueError(f"subset must be >= 1, got {subset!r}")
         ids = ids[:subset]
         view = dataset.slice[:len(ids)]
     else:
@@ -425,17 +448,23 @@ def evaluate_weights(weights_path, split: str = "test", model_name: str = "ssd30
                      batch_size: int = 8, progress: bool = True) -> EvaluationResult:
     """Load, predict, evaluate; write ``evaluation.json`` and ``pr_curves.png`` to ``out_dir``.
 
-    Raises :class:`TrainedWeightsMissingError` (a ``WeightsNotFoundError``) when
-    ``weights_path`` does not exist.
+    Every argument is checked before the model is built (:func:`check_run`); ``out_dir`` is
+    created then, so a folder that cannot be written fails at once, not after predicting.
+
+    Raises:
+        TrainedWeightsMissingError: ``weights_path`` does not exist (a ``WeightsNotFoundError``).
+        medaidet.arguments.ArgumentValueError: ``subset`` or ``batch_size`` is not > 0.
+        medaidet.arguments.OutputDirError: ``out_dir`` is a file, cannot be created or
+            written, or lies inside the dataset.
     """
+    root, subset, batch_size, out_dir = check_run(weights_path, root, subset, batch_size,
+                                                  out_dir)
     preds = predict_weights(weights_path, split, model_name, root, subset, device,
                             batch_size, progress)
     result = evaluate(preds)
     result.info.update(weights=str(weights_path), model=model_name,
                        subset=subset, image_ids=list(preds.ids))
     if out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "evaluation.json").write_text(result.to_json() + "\n")
         plot_pr_curves(result).savefig(out_dir / "pr_curves.png", dpi=100)
     return result
@@ -454,10 +483,11 @@ def add_common_arguments(p) -> None:
                    help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write JSON and figures here")
-    p.add_argument("--subset", type=int, default=None, metavar="N",
+    p.add_argument("--subset", type=positive_int, default=None, metavar="N",
                    help="only the first N images of the split")
     p.add_argument("--device", default="cpu", help="cpu, gpu or a GPU id (default: cpu)")
-    p.add_argument("--batch-size", type=int, default=8, help="images per forward pass")
+    p.add_argument("--batch-size", type=positive_int, default=8,
+                   help="images per forward pass (default: 8)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 

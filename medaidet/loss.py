@@ -95,7 +95,8 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
         gt_mb_locs (array): encoded ground-truth locations, shape ``(B, K, 4)``,
             the dtype of ``mb_locs``. Only priors with a label > 0 are used.
         gt_mb_labels (array): integer labels, shape ``(B, K)``, each in
-            ``[0, n_class)`` (0 = background, foreground classes shifted by +1).
+            ``[0, n_class)`` (0 = background, foreground classes shifted by +1);
+            any signed or unsigned integer dtype but uint64.
         k (float): hard-negative ratio: at most ``k * n_positive`` negatives per
             image enter the confidence loss (3 in the paper).
         comm (chainermn communicator): if given, the positive count is averaged
@@ -123,9 +124,10 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
         float32 zeros when that is 0 (as ChainerCV).
 
     Raises:
-        InvalidTargetsError: shapes/dtypes disagree, a label is outside
-            ``[0, n_class)``, an encoded location is not finite at a
-            positive prior, or ``n_positive`` is not a finite number >= 0.
+        InvalidTargetsError: shapes/dtypes disagree or are unusable (uint64
+            labels), a label is outside ``[0, n_class)``, an encoded location
+            is not finite at a positive prior, or ``n_positive`` is not a
+            finite number >= 0.
         DivergedError: ``mb_locs`` or ``mb_confs`` holds nan or inf.
 
     The success path synchronises with the host once (all check flags and the
@@ -328,6 +330,30 @@ def _check_shapes(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels):
             f"gt_mb_labels must be integers (class indices), got {gt_mb_labels.dtype}: "
             "convert with .astype(numpy.int32) after checking that the values are whole "
             "numbers.", argument="gt_mb_labels", allowed="an integer dtype")
+    if not _usable_label_dtype(gt_mb_labels.dtype):
+        raise InvalidTargetsError(
+            f"gt_mb_labels is {gt_mb_labels.dtype}, which the loss cannot use as class "
+            f"indices: combined with the {np.dtype(np.intp)} index arithmetic it becomes "
+            f"{np.promote_types(np.intp, gt_mb_labels.dtype)}. Allowed: {_LABEL_DTYPES}. "
+            "Convert with .astype(numpy.int32) (MultiboxCoder.encode gives int32).",
+            argument="gt_mb_labels", allowed=_LABEL_DTYPES)
+
+
+def _usable_label_dtype(dtype) -> bool:
+    """Labels index the flattened scores (``arange(B * K) * n_class + label``): their dtype
+    must combine with the platform's index dtype into an integer. uint64 does not (NumPy
+    and CuPy promote int64 with uint64 to float64)."""
+    return np.dtype(dtype).kind in "iu" and np.promote_types(np.intp, dtype).kind in "iu"
+
+
+def _in_words(names) -> str:
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+#: The label dtypes the loss accepts, in words (every integer dtype but uint64).
+_LABEL_DTYPES = _in_words([np.dtype(t).name for t in (np.int8, np.int16, np.int32, np.int64,
+                                                      np.uint8, np.uint16, np.uint32,
+                                                      np.uint64) if _usable_label_dtype(t)])
 
 
 def _check_values(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, positive, n_positive):

@@ -39,8 +39,8 @@ import http.client
 import logging
 import math
 import os
-import tempfile
 import zipfile
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +52,7 @@ from chainercv.links import SSD300, SSD512
 from chainercv.utils import download as _cv_download
 
 from medaidet.checksums import sha256_file
+from medaidet.files import atomic_file
 from medaidet.data.bccd import BCCD_LABEL_NAMES
 from medaidet.errors import MedaidetError
 
@@ -59,7 +60,8 @@ __all__ = [
     "MODELS", "PRETRAINED", "CLASS_HEADS", "build_ssd", "materialize", "pretrained_url",
     "pretrained_cache_path", "pretrained_file", "save_weights", "load_weights",
     "WeightsReport", "WeightsError", "WeightsNotFoundError", "WeightsMismatchError",
-    "WeightsChecksumError", "WeightsFileError", "WeightsComparison", "compare_weights",
+    "WeightsChecksumError", "WeightsFileError", "WeightsNotFiniteError", "WeightsComparison",
+    "compare_weights",
 ]
 
 logger = logging.getLogger(__name__)
@@ -113,7 +115,19 @@ class WeightsChecksumError(WeightsError):
 
 
 class WeightsFileError(WeightsError):
-    """A weight file cannot be read as an ``.npz`` of plain arrays."""
+    """A weight file cannot be read as an ``.npz`` of plain arrays: it is another kind of
+    file (the message says which), empty, truncated or damaged."""
+
+
+class WeightsNotFiniteError(WeightsError):
+    """A weight file holds NaN or infinite values. ``parameter``: the first such array (in
+    name order); ``count``: how many arrays hold some."""
+
+    def __init__(self, message: str, path: Path, parameter: str, count: int):
+        super().__init__(message)
+        self.path = path
+        self.parameter = parameter
+        self.count = count
 
 
 # --------------------------------------------------------------------------- report
@@ -176,6 +190,7 @@ def build_ssd(name: str = "ssd300", pretrained=None,
         WeightsMismatchError: the file does not fit the model (names the parameter).
         WeightsChecksumError: a local file differs from its ``.sha256`` sidecar.
         WeightsFileError: the file is not a readable ``.npz`` of arrays.
+        WeightsNotFiniteError: the file holds NaN or infinite values.
     """
     cls = _model_class(name)
     if not isinstance(n_fg_class, (int, np.integer)) or isinstance(n_fg_class, bool) \
@@ -188,6 +203,9 @@ def build_ssd(name: str = "ssd300", pretrained=None,
         report = None
     elif pretrained == "imagenet":
         path = pretrained_file(name, "imagenet")
+        # Read and checked here first: ChainerCV's loader would fail on a damaged file with
+        # a raw zip error, and load NaNs without a word.
+        _check_finite(_read_arrays(path), path, _CAUSE_CACHED)
         # ChainerCV's own path: it finds the file in its cache and loads it (strict=False).
         model = cls(n_fg_class=n_fg_class, pretrained_model="imagenet")
         report = _imagenet_report(model, path)
@@ -195,7 +213,8 @@ def build_ssd(name: str = "ssd300", pretrained=None,
         path = pretrained_file(name, "voc0712")
         model = cls(n_fg_class=n_fg_class)
         report = _load(model, path, skip=CLASS_HEADS, strict=False,
-                       note="VOC's 21-class score heads; these classes get new ones")
+                       note="VOC's 21-class score heads; these classes get new ones",
+                       non_finite_cause=_CAUSE_CACHED)
     else:
         path = Path(os.fspath(pretrained))
         if not path.is_file():
@@ -312,17 +331,11 @@ def save_weights(model, path, compression: bool = False) -> str:
     path = Path(path)
     materialize(model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _write_npz(f, model, compression)
-        digest = sha256_file(Path(tmp))
-        os.replace(tmp, path)
-        _write_text_atomic(_sidecar(path), f"{digest}  {path.name}\n")
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path) as f:
+        _write_npz(f, model, compression)
+    digest = sha256_file(path)
+    with atomic_file(_sidecar(path), "w") as f:
+        f.write(f"{digest}  {path.name}\n")
     return digest
 
 
@@ -381,8 +394,12 @@ def compare_weights(a, b) -> WeightsComparison:
 def load_weights(model, path) -> WeightsReport:
     """Load a model-only weight file completely; verify its ``.sha256`` sidecar if present.
 
-    Every parameter of the model must be in the file with the same shape, and the file
-    must hold nothing else. Returns a :class:`WeightsReport`.
+    Every parameter of the model must be in the file with the same shape and finite values,
+    and the file must hold nothing else. Returns a :class:`WeightsReport`.
+
+    Raises:
+        WeightsNotFoundError, WeightsChecksumError, WeightsFileError (not an ``.npz`` of
+        arrays: says what the file is instead), WeightsMismatchError, WeightsNotFiniteError.
     """
     path = Path(path)
     if not path.is_file():
@@ -404,31 +421,117 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + SIDECAR_SUFFIX)
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+_EXPECTED = ("expected a ChainerCV/medaidet .npz: a zip of .npy arrays, one per parameter, as "
+             "medaidet.model.save_weights (the model.npz of `medaidet train`) or "
+             "chainer.serializers.save_npz writes it")
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")   # a zip's first entry; an empty zip
+_NOT_A_ZIP = [  # (leading bytes, what the file is)
+    (b"\x93NUMPY", "a single NumPy array (.npy, as numpy.save writes it)"),
+    (b"\x1f\x8b", "a gzip-compressed file (a .tar.gz or .gz archive?)"),
+    (b"BZh", "a bzip2-compressed file"),
+    (b"\xfd7zXZ\x00", "an xz-compressed file"),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file (chainer.serializers.save_hdf5 or Keras weights?)"),
+    (b"\x80", "a Python pickle (pickle.dump or an old torch.save?)"),
+]
+_CAUSE_DIVERGED = ("the training diverged before these were saved; use an earlier snapshot "
+                   "(or train again with a lower learning rate)")
+_CAUSE_CACHED = ("the cached file is damaged; delete it and let ChainerCV download it again")
+
+
+def _what_file(path: Path) -> str | None:
+    """What ``path`` holds, in words, when it is not a zip archive (``None`` when it is)."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if not head:
+        return "empty (0 bytes)"
+    if any(magic.startswith(head[:4]) for magic in _ZIP_MAGIC):
+        return None
+    if len(head) > 262 and head[257:262] == b"ustar":
+        return "a tar archive"
+    for magic, what in _NOT_A_ZIP:
+        if head.startswith(magic):
+            return what
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:  # maybe cut inside a character: try without the last 3 bytes
+        try:
+            text = head[:-3].decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+    if text is not None and "\x00" not in text:
+        first = text.strip().splitlines()[0][:40] if text.strip() else ""
+        return f"a text file (it begins {first!r})"
+    return f"not an .npz (it begins with the bytes {head[:8].hex(' ')})"
 
 
 def _read_arrays(path: Path) -> dict:
+    """Every array of the ``.npz`` at ``path``, by name. Anything else raises
+    :class:`WeightsFileError` saying what the file is and what was expected."""
+    what = _what_file(path)
+    if what is not None:
+        if what.startswith("empty"):
+            raise WeightsFileError(
+                f"{path} is empty (0 bytes): the save or copy that wrote it did not finish "
+                f"(an interrupted run, a full disk?); copy it again or use another file; "
+                f"{_EXPECTED}.")
+        raise WeightsFileError(f"{path} is {what}, not a weight file; {_EXPECTED}.")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {key: npz[key] for key in npz.files}
-    except ValueError as exc:  # object arrays need pickle
+        npz = np.load(path, allow_pickle=False)
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+        # it starts as a zip; the table of contents at its end is missing
+        size = path.stat().st_size
         raise WeightsFileError(
-            f"{path} holds Python objects, not only arrays ({exc}); a parameter saved "
-            f"before the model's first forward pass is one cause. Save with "
+            f"{path} is a truncated .npz: it starts as a zip archive but its end is missing "
+            f"({size} byte{'' if size == 1 else 's'} long; an interrupted copy, download or "
+            f"save, or a full disk). Copy or download it again, or save it again with "
             f"medaidet.model.save_weights.") from None
-    except (OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise WeightsFileError(
-            f"{path} is not a readable .npz file ({type(exc).__name__}: {exc}); it may be "
-            f"truncated: copy or download it again.") from None
+    with npz:
+        members = npz.zip.namelist()
+        other = [m for m in members if not m.endswith(".npy")]
+        if other:
+            raise WeightsFileError(
+                f"{path} is a zip archive but not an .npz of arrays: it holds {other[0]!r}"
+                f"{f' and {len(other) - 1} more' if len(other) > 1 else ''}, which is not a "
+                f".npy array (a PyTorch checkpoint or another tool's archive?); {_EXPECTED}.")
+        if not members:
+            raise WeightsFileError(f"{path} is an empty zip archive: no arrays; {_EXPECTED}.")
+        arrays = {}
+        for key in npz.files:
+            try:
+                arrays[key] = npz[key]
+            except ValueError as exc:
+                if "allow_pickle" not in str(exc) and "Object arrays" not in str(exc):
+                    raise _damaged(path, key, exc) from None
+                raise WeightsFileError(
+                    f"{path}: entry {key} holds Python objects, not numbers; a parameter "
+                    f"saved before the model's first forward pass is one cause. Save with "
+                    f"medaidet.model.save_weights.") from None
+            except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+                raise _damaged(path, key, exc) from None
+    return arrays
+
+
+def _damaged(path: Path, key: str, exc: Exception) -> WeightsFileError:
+    return WeightsFileError(
+        f"{path} is damaged: its entry {key} cannot be read ({exc}). Copy or download it "
+        f"again, or save it again with medaidet.model.save_weights.")
+
+
+def _check_finite(arrays: dict, path: Path, cause: str) -> None:
+    """Raise :class:`WeightsNotFiniteError` if a floating-point array holds NaN or inf:
+    such weights load without complaint and the model then predicts nothing."""
+    bad = [key for key in sorted(arrays) if np.asarray(arrays[key]).dtype.kind in "fc"
+           and not np.isfinite(arrays[key]).all()]
+    if not bad:
+        return
+    key = bad[0]
+    array = np.asarray(arrays[key])
+    n_nan, n_inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
+    raise WeightsNotFiniteError(
+        f"{path}: parameter {key} holds {n_nan} NaN and {n_inf} infinite of its {array.size} "
+        f"values ({len(bad)} of {len(arrays)} arrays hold NaN or inf; the first in name "
+        f"order is shown). A model with these weights detects nothing. Likely cause: "
+        f"{cause}.", path, key, len(bad))
 
 
 def _model_shapes(model) -> dict:
@@ -437,10 +540,12 @@ def _model_shapes(model) -> dict:
             for name, param in model.namedparams()}
 
 
-def _load(model, path: Path, skip: str | None, strict: bool, note: str = "") -> WeightsReport:
-    """Check every shape, then copy. ``skip``: a key prefix neither loaded nor checked.
-    ``strict``: the file may hold no entry the model lacks (otherwise such entries are
-    reported as skipped)."""
+def _load(model, path: Path, skip: str | None, strict: bool, note: str = "",
+          non_finite_cause: str = _CAUSE_DIVERGED) -> WeightsReport:
+    """Check every shape and that the values are finite, then copy. ``skip``: a key prefix
+    neither loaded nor checked. ``strict``: the file may hold no entry the model lacks
+    (otherwise such entries are reported as skipped). ``non_finite_cause``: the likely
+    cause named when a value is NaN or inf."""
     arrays = _read_arrays(path)
 
     def skipped(key):
@@ -461,6 +566,7 @@ def _load(model, path: Path, skip: str | None, strict: bool, note: str = "") -> 
         raise _mismatch(model, path, arrays, expected, wrong, [], [])
 
     loaded = tuple(k for k in sorted(expected) if not skipped(k))
+    _check_finite({k: arrays[k] for k in loaded}, path, non_finite_cause)
     chainer.serializers.NpzDeserializer(
         {k: arrays[k] for k in loaded}, strict=True,
         ignore_names=lambda key: skipped(key)).load(model)
@@ -481,7 +587,7 @@ def _imagenet_report(model, path: Path) -> WeightsReport:
             f"the ImageNet weights at {path} do not fit {type(model).__name__}: {exc}. "
             f"Delete the file and let ChainerCV download it again.",
             path, "extractor", None, None) from None
-    with np.load(path, allow_pickle=False) as npz:
+    with np.load(path, allow_pickle=False) as npz:   # read and checked in build_ssd
         files = sorted(npz.files)
     expected = _model_shapes(model)
     return WeightsReport(

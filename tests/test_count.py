@@ -159,3 +159,85 @@ def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
     for name in ("counts.png", "count_sweep.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert json.loads(capsys.readouterr().out)["n_images"] == 2
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+def _count_parser():
+    parser = argparse.ArgumentParser(prog="medaidet")
+    add_count_parser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "2", "inf", "0", "0.005", "half"])
+def test_cli_refuses_a_score_threshold_that_counts_nothing(value, capsys):
+    with pytest.raises(SystemExit) as info:
+        _count_parser().parse_args(["count", "w.npz", "--score-thresh", value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --score-thresh: {value if value != 'half' else repr(value)} is" in err
+    assert "expected a number from" in err
+
+
+@pytest.mark.parametrize("value, expected", [("0.01", 0.01), ("1", 1.0), ("0.35", 0.35)])
+def test_cli_accepts_thresholds_from_the_prediction_threshold_to_one(value, expected):
+    args = _count_parser().parse_args(["count", "w.npz", "--score-thresh", value])
+    assert args.score_thresh == expected
+
+
+@pytest.mark.parametrize("option", ["--subset", "--batch-size"])
+def test_cli_refuses_zero_subset_and_batch_size(option, capsys):
+    with pytest.raises(SystemExit):
+        _count_parser().parse_args(["count", "w.npz", option, "0"])
+    assert f"argument {option}: 0 is out of range" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 2.0, -1.0, float("inf")])
+def test_count_cells_refuses_a_threshold_that_is_not_a_probability(bad):
+    from medaidet.arguments import ArgumentValueError
+    with pytest.raises(ArgumentValueError, match=r"^score_thresh: .*expected a number from 0 to 1"):
+        count_cells(known_case(), bad)
+
+
+def test_count_cells_at_one_counts_only_saturated_scores():
+    preds = make_preds([[(0, 1.0), (0, 0.999)]], [[0]])
+    np.testing.assert_array_equal(count_cells(preds, 1.0).predicted, [[1, 0, 0]])
+
+
+def test_threshold_sweep_refuses_bad_thresholds():
+    from medaidet.arguments import ArgumentValueError
+    with pytest.raises(ArgumentValueError, match="^thresholds: nan"):
+        threshold_sweep(sweep_case(), [0.5, float("nan")])
+    with pytest.raises(ArgumentValueError, match="^thresholds: none given"):
+        threshold_sweep(sweep_case(), [])
+
+
+@pytest.fixture
+def no_prediction(monkeypatch):
+    import medaidet.evaluate as evaluate_module
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model was built before the arguments were checked")
+    monkeypatch.setattr(evaluate_module, "load_model", forbidden)
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), 2, 0.001])
+def test_count_weights_checks_the_threshold_before_predicting(tmp_path, bad, no_prediction):
+    from medaidet.arguments import ArgumentValueError
+    from medaidet.count import count_weights
+    weights = tmp_path / "model.npz"
+    weights.write_bytes(b"")
+    with pytest.raises(ArgumentValueError, match=r"^--score-thresh: "):
+        count_weights(weights, score_thresh=bad, progress=False)
+
+
+def test_count_out_that_is_a_file_fails_before_predicting(tmp_path, bccd_root, no_prediction,
+                                                          capsys):
+    from medaidet.cli import main
+    weights = tmp_path / "model.npz"
+    weights.write_bytes(b"")
+    out = tmp_path / "counts"
+    out.write_text("")
+    assert main(["count", str(weights), "--data", str(bccd_root), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err

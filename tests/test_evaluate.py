@@ -188,3 +188,88 @@ def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_pat
             d["protocols"]["evaluate"]["n_detections"][name]
     png = (out / "pr_curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+def _evaluate_parser():
+    parser = argparse.ArgumentParser(prog="medaidet")
+    add_evaluate_parser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+@pytest.mark.parametrize("option", ["--subset", "--batch-size"])
+@pytest.mark.parametrize("value", ["0", "-3", "1.5"])
+def test_cli_refuses_a_subset_or_batch_size_that_is_not_positive(option, value, capsys):
+    with pytest.raises(SystemExit) as info:
+        _evaluate_parser().parse_args(["evaluate", "w.npz", option, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: {value} is" in err and "expected a whole number > 0" in err
+
+
+@pytest.fixture
+def no_prediction(monkeypatch):
+    """Fails the test if the model is built: the checks must come before the work."""
+    import medaidet.evaluate as evaluate_module
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model was built before the arguments were checked")
+    monkeypatch.setattr(evaluate_module, "load_model", forbidden)
+
+
+@pytest.fixture
+def weights_file(tmp_path):
+    path = tmp_path / "model.npz"
+    path.write_bytes(b"")   # exists; never read when a check fails first
+    return path
+
+
+def test_out_that_is_a_file_fails_before_predicting(weights_file, bccd_root, tmp_path,
+                                                     no_prediction):
+    from medaidet.arguments import OutputDirError
+    out = tmp_path / "results.txt"
+    out.write_text("mine\n")
+    with pytest.raises(OutputDirError, match=r"--out: .*results\.txt is a file, not a folder"):
+        evaluate_weights(weights_file, root=bccd_root, subset=1, out_dir=out, progress=False)
+    assert out.read_text() == "mine\n"
+
+
+def test_out_that_cannot_be_created_fails_before_predicting(weights_file, bccd_root,
+                                                            tmp_path, no_prediction):
+    from medaidet.arguments import OutputDirError
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    with pytest.raises(OutputDirError, match=r"--out: cannot create the folder .*blocker/eval"):
+        evaluate_weights(weights_file, root=bccd_root, out_dir=blocker / "eval",
+                         progress=False)
+
+
+def test_out_inside_the_dataset_is_refused(weights_file, bccd_root, no_prediction):
+    from medaidet.arguments import OutputDirError
+    with pytest.raises(OutputDirError, match="which this run reads"):
+        evaluate_weights(weights_file, root=bccd_root, out_dir=bccd_root / "eval",
+                         progress=False)
+    assert not (bccd_root / "eval").exists()
+
+
+@pytest.mark.parametrize("name, kwargs", [("--subset", dict(subset=0)),
+                                          ("--batch-size", dict(batch_size=0)),
+                                          ("--subset", dict(subset=2.5))])
+def test_python_api_checks_numbers_before_predicting(weights_file, bccd_root, name, kwargs,
+                                                     no_prediction):
+    from medaidet.arguments import ArgumentValueError
+    with pytest.raises(ArgumentValueError, match=f"^{name}: .*expected a whole number > 0"):
+        evaluate_weights(weights_file, root=bccd_root, progress=False, **kwargs)
+
+
+def test_cli_out_that_is_a_file_is_one_line_before_any_work(weights_file, bccd_root,
+                                                            tmp_path, no_prediction, capsys):
+    from medaidet.cli import main
+    out = tmp_path / "results.txt"
+    out.write_text("")
+    assert main(["evaluate", str(weights_file), "--data", str(bccd_root),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err
+    assert err.count("\n") == 1

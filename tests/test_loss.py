@@ -433,6 +433,31 @@ def test_shape_mismatch_is_named(argument, shape):
     assert str(shape).replace(",)", ")") in str(info.value)
 
 
+def test_uint64_labels_are_refused_naming_the_dtype():
+    locs, confs, gt_locs, labels = valid()
+    with pytest.raises(InvalidTargetsError) as info:
+        multibox_loss(locs, confs, gt_locs, labels.astype(np.uint64), 3)
+    err, msg = info.value, str(info.value)
+    assert err.argument == "gt_mb_labels"
+    assert "gt_mb_labels is uint64" in msg and ".astype(numpy.int32)" in msg
+    assert "int8, int16, int32, int64, uint8, uint16 or uint32" in msg
+    assert err.allowed == "int8, int16, int32, int64, uint8, uint16 or uint32"
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64,
+                                   np.uint8, np.uint16, np.uint32])
+def test_every_accepted_label_dtype_gives_the_same_loss_and_gradients(dtype):
+    locs, confs, gt_locs, labels = valid()
+    results = []
+    for lab in (labels, labels.astype(dtype)):
+        mb_locs, mb_confs = chainer.Variable(locs.copy()), chainer.Variable(confs.copy())
+        loc_loss, conf_loss = multibox_loss(mb_locs, mb_confs, gt_locs, lab, 3)
+        (loc_loss + conf_loss).backward()
+        results.append([loc_loss.array, conf_loss.array, mb_locs.grad, mb_confs.grad])
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
+
+
 def test_gt_dtype_must_match_predictions():
     locs, confs, gt_locs, labels = valid()
     with pytest.raises(InvalidTargetsError, match="gt_mb_locs is float64 but mb_locs is float32"):

@@ -321,3 +321,132 @@ def test_compare_weights(tmp_path):
     assert not other.identical and other.n_different == 1
     assert other.max_abs_diff == pytest.approx(0.5) and other.max_rel_diff == pytest.approx(0.5 / 1.5)
     assert compare_weights(a, {"x/W": a["x/W"]}).only_in_one == ("x/b",)
+
+
+# --------------------------------------------------------------------------- what a file is
+
+def assert_no_chained_error(err):
+    """No raw zipfile/NumPy error shown under the named one."""
+    assert err.__cause__ is None
+    assert err.__context__ is None or err.__suppress_context__
+
+def _with_non_finite(bccd_file, path, key, value):
+    with np.load(bccd_file) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays[key] = arrays[key].copy()
+    arrays[key].flat[[3, 5]] = value
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_non_finite_weights_are_refused_naming_file_and_array(tmp_path, bccd_file, value):
+    from medaidet.model import WeightsNotFiniteError
+    path = _with_non_finite(bccd_file, tmp_path / "diverged.npz", "multibox/loc/2/b", value)
+    with pytest.raises(WeightsNotFiniteError) as info:
+        build_ssd("ssd300", path)
+    err, msg = info.value, str(info.value)
+    assert isinstance(err, MedaidetError)
+    assert (err.path, err.parameter, err.count) == (path, "multibox/loc/2/b", 1)
+    assert str(path) in msg and "multibox/loc/2/b" in msg
+    assert ("2 NaN and 0 infinite" if np.isnan(value) else "0 NaN and 2 infinite") in msg
+    assert "the training diverged before these were saved; use an earlier snapshot" in msg
+
+
+def test_evaluate_load_model_refuses_nan_weights(tmp_path, bccd_file):
+    from medaidet.evaluate import load_model
+    from medaidet.model import WeightsNotFiniteError
+    path = _with_non_finite(bccd_file, tmp_path / "model.npz", "extractor/conv1_1/W", np.nan)
+    with pytest.raises(WeightsNotFiniteError, match="extractor/conv1_1/W"):
+        load_model(path)
+
+
+def test_non_finite_voc_cache_says_download_again(dataset_root, voc_arrays):
+    from medaidet.model import WeightsNotFiniteError
+    arrays = dict(voc_arrays)
+    arrays["extractor/conv4_3/b"] = np.full_like(arrays["extractor/conv4_3/b"], np.nan)
+    put_in_cache("ssd300", "voc0712", arrays)
+    with pytest.raises(WeightsNotFiniteError, match="delete it and let ChainerCV download"):
+        build_ssd("ssd300", "voc0712")
+
+
+def _tar(path):
+    import tarfile
+    inner = path.with_suffix(".txt")
+    inner.write_text("x\n")
+    with tarfile.open(path, "w") as tar:
+        tar.add(inner, arcname="x.txt")
+
+
+def _zip_of_other_files(path):
+    import zipfile
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda p: np.save(p.open("wb"), np.zeros(3, np.float32)), "is a single NumPy array (.npy"),
+    (lambda p: p.write_text("extractor/conv1_1/W 0.1 0.2\n"),
+     "is a text file (it begins 'extractor/conv1_1/W 0.1 0.2')"),
+    (_tar, "is a tar archive"),
+    (lambda p: p.write_bytes(b"\x80\x04\x95\x05\x00."), "is a Python pickle"),
+    (lambda p: p.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100)), "is an HDF5 file"),
+    (_zip_of_other_files, "is a zip archive but not an .npz of arrays: it holds "
+                          "'archive/data.pkl'"),
+])
+def test_a_file_of_another_kind_says_what_it_is(tmp_path, make, what):
+    path = tmp_path / "weights.bin"
+    make(path)
+    with pytest.raises(WeightsFileError) as info:
+        build_ssd("ssd300", path)
+    msg = str(info.value)
+    assert msg.startswith(str(path)) and what in msg
+    assert "Python objects" not in msg
+    assert "expected a ChainerCV/medaidet .npz" in msg
+    assert_no_chained_error(info.value)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 30, 4096, -22, -1])
+def test_truncated_or_empty_npz_is_named(tmp_path, bccd_file, cut):
+    data = bccd_file.read_bytes()
+    path = tmp_path / "model.npz"
+    path.write_bytes(data[:cut] if cut >= 0 else data[:len(data) + cut])
+    with pytest.raises(WeightsFileError) as info:
+        load_weights(build_ssd("ssd300"), path)
+    msg = str(info.value)
+    assert str(path) in msg
+    assert ("is empty (0 bytes)" if cut == 0 else "is a truncated .npz") in msg
+    for raw in ("BadZipFile", "EOFError", "Python objects"):
+        assert raw not in msg
+    assert_no_chained_error(info.value)
+
+
+def test_damaged_entry_is_named(tmp_path, bccd_file):
+    path = tmp_path / "model.npz"
+    data = bytearray(bccd_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF        # inside an array: the zip's CRC no longer matches
+    path.write_bytes(bytes(data))       # (no sidecar: the checksum file would say it first)
+    with pytest.raises(WeightsFileError, match=r"model\.npz is damaged: its entry .* cannot "
+                                              r"be read \(Bad CRC-32"):
+        load_weights(build_ssd("ssd300"), path)
+
+
+# --------------------------------------------------------------------------- file modes
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_saved_weights_get_the_umask_mode_not_0600(tmp_path, umask_022):
+    model = chainer.links.Linear(2, 3)   # every parameter shaped: saved without a forward pass
+    path = tmp_path / "model.npz"
+    save_weights(model, path)
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+    assert oct((tmp_path / "model.npz.sha256").stat().st_mode & 0o777) == oct(0o644)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.npz", "model.npz.sha256"]
+    os.umask(0o077)
+    save_weights(model, tmp_path / "private.npz")
+    assert oct((tmp_path / "private.npz").stat().st_mode & 0o777) == oct(0o600)

@@ -115,3 +115,138 @@ def test_alias_regex_leaves_numpy_scalar_types_alone(tmp_path):
     assert (pkg / "a.py").read_text() == ("a = np.bool_\nb = np.int32\n"
                                           "c = np.zeros(3, dtype=bool)\nd = float\n"
                                           "e = np.object_\nf = int(3)\n")
+
+
+# --------------------------------------------------------------------------- cached wheels
+
+def _tiny_wheel(dest_dir, name="chainercv", version=None):
+    """A small wheel written by write_wheel, named as the real one (no sdist, no patches)."""
+    from medaidet.stack.wheel import write_wheel
+    version = version or {"chainer": sources.CHAINER,
+                          "chainercv": sources.CHAINERCV}[name].wheel_version
+    root = dest_dir.parent / f"src-{name}"
+    (root / name).mkdir(parents=True, exist_ok=True)
+    (root / name / "__init__.py").write_text("x = 1\n" * 200)
+    (root / name / "core.py").write_text("def f():\n    return 2\n" * 200)
+    return write_wheel(root, name=name, version=version, summary="test", packages=[(name, True)],
+                       requires=[], patch_notes=["none"], dest_dir=dest_dir)
+
+
+def _rewrite(wheel, change):
+    """Write ``wheel`` again with ``change(files)`` applied to its {name: bytes}: valid zip
+    CRCs, so only the RECORD can tell."""
+    files = _read(wheel)
+    change(files)
+    wheel.unlink()
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+
+
+def test_verify_wheel_accepts_what_write_wheel_writes(tmp_path):
+    from medaidet.stack.wheel import verify_wheel
+    verify_wheel(_tiny_wheel(tmp_path / "wheels"))
+
+
+def _truncate(wheel):
+    wheel.write_bytes(wheel.read_bytes()[:-100])
+
+
+def _flip_a_byte(wheel):
+    data = bytearray(wheel.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    wheel.write_bytes(bytes(data))
+
+
+def _change_a_module(wheel):
+    _rewrite(wheel, lambda files: files.update({"chainercv/core.py": b"def f():\n    return 3\n"}))
+
+
+def _drop_record(wheel):
+    _rewrite(wheel, lambda files: files.pop(
+        f"chainercv-{sources.CHAINERCV.wheel_version}.dist-info/RECORD"))
+
+
+def _add_a_file(wheel):
+    _rewrite(wheel, lambda files: files.update({"chainercv/extra.py": b"y = 2\n"}))
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (_truncate, "not a readable zip archive"),
+    (lambda w: w.write_bytes(b""), "not a readable zip archive"),
+    (_flip_a_byte, "cannot be read"),
+    (_change_a_module, "chainercv/core.py does not match its RECORD entry"),
+    (_drop_record, "has no RECORD"),
+    (_add_a_file, "chainercv/extra.py is not listed in its RECORD"),
+])
+def test_verify_wheel_names_what_is_broken(tmp_path, damage, reason):
+    from medaidet.stack.wheel import BrokenWheelError, verify_wheel
+    wheel = _tiny_wheel(tmp_path / "wheels")
+    damage(wheel)
+    with pytest.raises(BrokenWheelError, match=reason) as info:
+        verify_wheel(wheel)
+    assert isinstance(info.value, StackError) and str(wheel) in str(info.value)
+
+
+@pytest.fixture
+def fake_builds(monkeypatch):
+    """build_one replaced by a fast one writing a tiny wheel; the sdists it was asked for."""
+    import medaidet.stack.build as build_module
+    built = []
+
+    def build_one(sdist, cache_dir, log=print):
+        built.append(sdist.name)
+        return _tiny_wheel(cache_dir / "wheels", sdist.name)
+    monkeypatch.setattr(build_module, "build_one", build_one)
+    return built
+
+
+def test_a_truncated_cached_wheel_is_rebuilt_not_returned(tmp_path, fake_builds):
+    cache = tmp_path / "cache"
+    good = _tiny_wheel(cache / "wheels", "chainer")
+    broken = _tiny_wheel(cache / "wheels", "chainercv")
+    _truncate(broken)
+    good_bytes, good_mtime = good.read_bytes(), good.stat().st_mtime_ns
+    lines = []
+    wheels = build_wheels(cache_dir=cache, log=lines.append)
+    assert wheels == [good, broken] and fake_builds == ["chainercv"]
+    assert good.read_bytes() == good_bytes and good.stat().st_mtime_ns == good_mtime
+    from medaidet.stack.wheel import verify_wheel
+    verify_wheel(broken)                     # the rebuilt one
+    assert len(lines) == 1
+    assert lines[0].startswith(f"cached wheel {broken} is broken (") and \
+        lines[0].endswith("); rebuilding it")
+    # intact now: reused without a word
+    lines.clear()
+    assert build_wheels(cache_dir=cache, log=lines.append) == wheels
+    assert fake_builds == ["chainercv"] and lines == []
+
+
+@pytest.mark.parametrize("kind", ["file", "under a file"])
+def test_dest_that_cannot_be_a_folder_fails_before_building(tmp_path, fake_builds, kind):
+    from medaidet.arguments import OutputDirError
+    blocker = tmp_path / "wheels.txt"
+    blocker.write_text("mine\n")
+    dest = blocker if kind == "file" else blocker / "wheels"
+    with pytest.raises(OutputDirError, match=r"^--dest: ") as info:
+        build_wheels(cache_dir=tmp_path / "cache", dest=dest, log=lambda *_: None)
+    assert ("is a file, not a folder" if kind == "file" else "cannot create the folder") \
+        in str(info.value)
+    assert fake_builds == [] and blocker.read_text() == "mine\n"
+
+
+def test_dest_gets_copies_of_the_cached_wheels(tmp_path, fake_builds):
+    dest = tmp_path / "out" / "wheels"
+    copies = build_wheels(cache_dir=tmp_path / "cache", dest=dest, log=lambda *_: None)
+    assert [w.parent for w in copies] == [dest, dest] and all(w.is_file() for w in copies)
+
+
+def test_written_wheels_get_the_umask_mode_not_0600(tmp_path):
+    import os
+    old = os.umask(0o022)
+    try:
+        wheel = _tiny_wheel(tmp_path / "wheels")
+    finally:
+        os.umask(old)
+    assert oct(wheel.stat().st_mode & 0o777) == oct(0o644)
+    assert [p.name for p in wheel.parent.iterdir()] == [wheel.name]

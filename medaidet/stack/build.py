@@ -5,8 +5,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from medaidet.arguments import prepare_output_dir
 from medaidet.stack import patches, sources
-from medaidet.stack.wheel import write_wheel
+from medaidet.stack.wheel import BrokenWheelError, verify_wheel, write_wheel
 
 NUMPY_RANGE = ">=1.26,<2.6"
 
@@ -72,17 +73,33 @@ def build_one(sdist: sources.Sdist, cache_dir: Path, log=print) -> Path:
 def build_wheels(cache_dir=None, dest=None, force=False, log=print) -> list:
     """Build (or reuse from the cache) both wheels; return their paths.
 
+    A cached wheel is reused only when intact (:func:`~medaidet.stack.wheel.verify_wheel`:
+    zip CRCs and every file's sha256 against its RECORD); a broken one, e.g. truncated by an
+    interrupted copy or a full disk, is rebuilt, and ``log`` says so.
+
     With ``dest``, the wheels are also copied there (e.g. to carry them to
-    another machine).
+    another machine); it is created, or refused (:class:`~medaidet.arguments.OutputDirError`
+    naming ``--dest``), before anything is built.
     """
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    if dest:
+        dest = prepare_output_dir(dest, "--dest", inputs=(cache_dir / "wheels",))
     built = []
     for sdist in sources.SDISTS:
         wheel = wheel_path(sdist, cache_dir)
-        if force or not wheel.exists():
+        if force or not wheel.exists() or not _intact(wheel, log):
             wheel = build_one(sdist, cache_dir, log=log)
         built.append(wheel)
     if dest:
-        Path(dest).mkdir(parents=True, exist_ok=True)
-        built = [Path(shutil.copy2(w, Path(dest) / w.name)) for w in built]
+        built = [Path(shutil.copy2(w, dest / w.name)) for w in built]
     return built
+
+
+def _intact(wheel: Path, log) -> bool:
+    try:
+        verify_wheel(wheel)
+    except BrokenWheelError as exc:
+        log(f"cached wheel {wheel} is broken ({str(exc).removeprefix(f'{wheel}: ')}); "
+            "rebuilding it")
+        return False
+    return True
