@@ -4,14 +4,19 @@ Archives are rebuilt from the real BCCD files in the upstream layout and served
 from a local HTTP server on 127.0.0.1; nothing here touches the network.
 """
 import collections
+import gzip
 import http.server
 import io
+import logging
 import os
+import re
 import socket
 import subprocess
 import sys
 import tarfile
 import threading
+import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -81,10 +86,13 @@ def good_files(bccd_root):
 
 class Server:
     """Serves ``routes[path] = (status, body, content_length)`` on 127.0.0.1 and counts hits.
-    ``content_length``: True (the real one), None (header omitted) or an int (a lie)."""
+    ``content_length``: True (the real one), None (header omitted) or an int (a lie).
+    Paths in ``stalls`` send half the body, then hang until ``release`` is set."""
 
     def __init__(self):
         self.routes = {}
+        self.stalls = set()
+        self.release = threading.Event()
         self.hits = collections.Counter()
         self.lock = threading.Lock()
         server = self
@@ -105,7 +113,12 @@ class Server:
                     self.send_header("Content-Length", str(length))
                 self.end_headers()
                 try:
-                    self.wfile.write(body)
+                    if self.path in server.stalls:
+                        self.wfile.write(body[: len(body) // 2])
+                        self.wfile.flush()
+                        server.release.wait(60)
+                    else:
+                        self.wfile.write(body)
                 except OSError:
                     pass
 
@@ -126,6 +139,7 @@ class Server:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
 
     def close(self):
+        self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=10)
@@ -161,14 +175,16 @@ def leftovers(folder: Path, keep=()):
     return sorted(p.name for p in folder.iterdir() if p.name not in keep)
 
 
-def assert_complete(root: Path):
+def assert_complete(root: Path, extra=()):
+    """Every manifest file verified and marked; besides them only the files ``extra``
+    (the user's: a forced download leaves them where they are)."""
     manifest = dl.load_manifest()
     assert verify_dataset(root) == []
     assert dl.is_verified(root)
     marker = (root / dl.MARKER_NAME).read_text().splitlines()[0]
     assert marker == dl.manifest_sha256()
     files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
-    assert files == set(manifest) | {dl.MARKER_NAME}  # no README, scripts, example.jpg
+    assert files == set(manifest) | {dl.MARKER_NAME} | set(extra)  # no README, scripts...
 
 
 # --------------------------------------------------------------------------- manifest
@@ -227,11 +243,12 @@ def test_good_archive_installs_every_file_and_is_cached(tmp_path, server):
     assert download_bccd(dest=dest, url="http://127.0.0.1:9/nothing", progress=False) == root
     assert server.hits["/good.tar.gz"] == before + 1
 
-    # force: fetched again and replaced in place, no leftovers
+    # force: fetched again and replaced in place, no leftovers; a file of the user's stays
     (root / "Annotations" / "stale.xml").write_text("<old/>")
     assert download_bccd(dest=dest, url=url, force=True, progress=False) == root
     assert server.hits["/good.tar.gz"] == before + 2
-    assert_complete(root)
+    assert_complete(root, extra={"Annotations/stale.xml"})
+    assert (root / "Annotations" / "stale.xml").read_text() == "<old/>"
     assert leftovers(dest.parent) == ["bccd"]
 
 
@@ -273,8 +290,49 @@ def test_connection_dropped_mid_download(tmp_path, server):
     assert leftovers(tmp_path) == []
 
 
+def _zip_of(files: dict) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buf.getvalue()
+
+
+# What the server sends instead of the .tar.gz -> what the error must call it, and the fix.
+NOT_A_TAR_GZ = {
+    "zip": (lambda good, files: _zip_of({upstream_name(rel): files[rel]
+                                         for rel in sorted(files)[:20]}),
+            ("is a ZIP archive", ".tar.gz")),
+    "html": (lambda good, files: b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head>"
+             b"<body>Please log in</body></html>", ("is an HTML page", "'Sign in'", "proxy")),
+    "empty": (lambda good, files: b"", ("is empty (0 bytes)",)),
+    "truncated": (lambda good, files: good[: len(good) // 2],
+                  ("gzip data cut short", "run the download again")),
+    "gzip-not-tar": (lambda good, files: gzip.compress(b"filename,cell\n" * 100),
+                     ("gzip file whose content is not a tar archive",)),
+    "plain-text": (lambda good, files: b"BloodImage_00000.jpg,RBC\n",
+                   ("is not an archive", "b'BloodImage_00000.jpg,RBC")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_A_TAR_GZ))
+def test_not_a_tar_gz_says_what_the_file_is(tmp_path, server, good_files, case):
+    make, needles = NOT_A_TAR_GZ[case]
+    url = server.add(f"/not-tar-{case}", make(server.routes["/good.tar.gz"][1], good_files))
+    with pytest.raises(CorruptArchiveError) as info:
+        download_bccd(dest=tmp_path / "bccd", url=url, progress=False)
+    message = str(info.value)
+    assert url in message and "not a complete tar archive" in message
+    assert "expected a .tar.gz archive" in message and "Nothing was installed" in message
+    for needle in needles:
+        assert needle in message, message
+    if case != "truncated":
+        assert "cut short" not in message, message
+    assert leftovers(tmp_path) == []
+
+
 def test_a_web_page_instead_of_the_archive(tmp_path, server):
-    with pytest.raises(CorruptArchiveError, match="not a complete tar archive"):
+    with pytest.raises(CorruptArchiveError, match="not a complete tar archive: it is an HTML"):
         download_bccd(dest=tmp_path / "bccd", url=server.url("/page.html"), progress=False)
     assert leftovers(tmp_path) == []
 
@@ -366,6 +424,43 @@ def test_file_url_works_for_an_archive_fetched_elsewhere(tmp_path, server):
     assert_complete(root)
 
 
+URLS_WITHOUT_AN_ACCEPTED_SCHEME = {
+    "local-path": lambda archive: str(archive),
+    "relative-path": lambda archive: "bccd.tar.gz",
+    "ftp": lambda archive: "ftp://ftp.example.org/BCCD.tar.gz",
+    "windows-path": lambda archive: r"C:\\Users\\me\\BCCD.tar.gz",
+    "host-without-scheme": lambda archive: "github.com/Shenggan/BCCD_Dataset/archive/x.tar.gz",
+}
+
+
+@pytest.mark.parametrize("case", sorted(URLS_WITHOUT_AN_ACCEPTED_SCHEME))
+def test_url_without_an_accepted_scheme_is_a_named_error(tmp_path, server, case):
+    archive = tmp_path / "BCCD.tar.gz"
+    archive.write_bytes(server.routes["/good.tar.gz"][1])
+    url = URLS_WITHOUT_AN_ACCEPTED_SCHEME[case](archive)
+    dest = tmp_path / "out" / "bccd"
+    with pytest.raises(dl.UnsupportedURLError) as info:
+        download_bccd(dest=dest, url=url, progress=False)
+    assert isinstance(info.value, DownloadError) and isinstance(info.value, ValueError)
+    message = str(info.value)
+    assert repr(url) in message and "https://, http:// or file://" in message, message
+    # how to pass a local archive: its own file:// URL when the path exists
+    assert (archive.as_uri() if case == "local-path" else "file:///path/to/") in message
+    assert dl.URL_ENV in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["BCCD.tar.gz"]
+
+
+def test_cli_local_path_as_url_exits_2_without_a_traceback(tmp_path, server):
+    archive = tmp_path / "BCCD.tar.gz"
+    archive.write_bytes(server.routes["/good.tar.gz"][1])
+    result = _cli(["data", "download", "--dest", str(tmp_path / "bccd")],
+                  {dl.URL_ENV: str(archive)})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"medaidet: error: cannot download BCCD from '{archive}'")
+    assert archive.as_uri() in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["BCCD.tar.gz"]
+
+
 def test_url_from_the_environment(tmp_path, server, monkeypatch):
     monkeypatch.setenv(dl.URL_ENV, server.url("/good.tar.gz"))
     before = server.hits["/good.tar.gz"]
@@ -408,11 +503,82 @@ def test_broken_copy_is_reported_then_replaced_with_force(tmp_path, server):
     (dest / "Annotations").mkdir(parents=True)
     (dest / "Annotations" / "BloodImage_00000.xml").write_text("<broken/>")
     url = server.url("/good.tar.gz")
-    with pytest.raises(DestinationError, match="not a verified BCCD copy"):
+    with pytest.raises(DestinationError, match="not a verified BCCD copy") as info:
         download_bccd(dest=dest, url=url, progress=False)
+    assert "files that are not part of BCCD are left where they are" in str(info.value)
     root = download_bccd(dest=dest, url=url, force=True, progress=False)
     assert_complete(root)
     assert leftovers(tmp_path) == ["bccd"]
+
+
+# Files a user adds inside the dataset folder: a forced download must leave every one alone.
+USER_FILES = {
+    "notes.txt": b"my notes",
+    "Annotations/BloodImage_99999.xml": b"<annotation><filename>mine</filename></annotation>",
+    "JPEGImages/BloodImage_99999.jpg": b"\xff\xd8 my own image \xff\xd9",
+    "ImageSets/Main/my_split.txt": b"BloodImage_99999\n",
+    "mine/deep/result.csv": b"a,b\n1,2\n",
+}
+
+
+def add_user_files(root: Path):
+    for rel, data in USER_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+def assert_user_files_kept(root: Path):
+    for rel, data in USER_FILES.items():
+        assert (root / rel).read_bytes() == data, rel
+
+
+def test_force_replaces_only_the_bccd_files_and_keeps_the_users(tmp_path, server, caplog):
+    dest = tmp_path / "bccd"
+    url = server.url("/good.tar.gz")
+    root = download_bccd(dest=dest, url=url, progress=False)
+    add_user_files(root)
+    (root / CORRUPTED).write_bytes(b"edited")            # what checksum_mismatch reports
+    (root / "ImageSets" / "Main" / "train.txt").unlink()   # and a BCCD file deleted
+    with caplog.at_level(logging.INFO, logger=dl.__name__):
+        assert download_bccd(dest=dest, url=url, force=True, progress=False) == root
+    assert_complete(root, extra=USER_FILES)
+    assert_user_files_kept(root)
+    assert leftovers(tmp_path) == ["bccd"]
+    assert f"left {len(USER_FILES)} file(s) that are not part of BCCD" in caplog.text
+    assert "notes.txt" in caplog.text
+
+
+def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, server,
+                                                                   monkeypatch):
+    dest = tmp_path / "bccd"
+    url = server.url("/good.tar.gz")
+    root = download_bccd(dest=dest, url=url, progress=False)
+    add_user_files(root)
+    changed = list(dl.load_manifest())[-1]                # installed last
+    (root / changed).write_bytes(b"edited")
+    real_replace, moved = os.replace, []
+
+    def killed_after_ten_files(src, dst, **kwargs):
+        if Path(dst).parent.is_relative_to(root) and Path(dst).name != dl.MARKER_NAME:
+            if len(moved) == 10:
+                raise KeyboardInterrupt
+            moved.append(dst)
+        return real_replace(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "replace", killed_after_ten_files)
+    with pytest.raises(KeyboardInterrupt):
+        download_bccd(dest=dest, url=url, force=True, progress=False)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert len(moved) == 10
+    assert not dl.is_verified(root)
+    assert [(p.path, p.kind) for p in verify_dataset(root)] == [(changed, "mismatch")]
+    assert_user_files_kept(root)
+    assert leftovers(tmp_path) == ["bccd"]
+    with pytest.raises(DestinationError, match="not a verified BCCD copy"):
+        download_bccd(dest=dest, url=url, progress=False)
+    download_bccd(dest=dest, url=url, force=True, progress=False)
+    assert_complete(root, extra=USER_FILES)
+    assert_user_files_kept(root)
 
 
 def test_empty_existing_folder_is_filled(tmp_path, server):
@@ -431,6 +597,78 @@ def test_failed_forced_download_keeps_the_existing_dataset(tmp_path, server):
                       progress=False)
     assert_complete(root)
     assert leftovers(tmp_path) == ["bccd"]
+
+
+def _kill_mid_download(dest: Path, url: str) -> list:
+    """Start a real download in another process, SIGKILL it while the archive streams in
+    (the server stalls half-way), and return the names it left beside ``dest``."""
+    code = ("from medaidet.data.download import download_bccd\n"
+            f"download_bccd(dest={str(dest)!r}, url={url!r}, progress=False)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO), no_proxy="127.0.0.1")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            partial = [p for p in dest.parent.glob(f".{dest.name}.*.download")
+                       if p.stat().st_size > 0]
+            if partial:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the download never started")
+    finally:
+        proc.kill()
+        proc.wait()
+    return sorted(p.name for p in dest.parent.iterdir())
+
+
+def _age(path: Path, days: float):
+    stamp = time.time() - days * 86400
+    os.utime(path, (stamp, stamp))
+
+
+def test_leftovers_of_killed_downloads_are_swept_and_nothing_else(tmp_path, server):
+    work = tmp_path / "data"
+    work.mkdir()
+    dest = work / "bccd"
+    server.stalls.add("/stall.tar.gz")
+    server.add("/stall.tar.gz", server.routes["/good.tar.gz"][1])
+    killed = _kill_mid_download(dest, server.url("/stall.tar.gz"))
+    assert len(killed) == 2 and any(".partial-" in n for n in killed), killed
+    assert any(n.endswith(".download") for n in killed), killed
+
+    # A download still running in another process (same naming, a live pid) is left alone.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        live = []
+        for name in killed:
+            head, pid, tail = re.fullmatch(r"(.*-)(\d+)(-[0-9a-f]{8}.*)", name).groups()
+            live.append(f"{head}{sleeper.pid}{tail}")
+            (work / live[-1]).mkdir() if ".partial-" in name else (work / live[-1]).touch()
+        # Older medaidet named them without host and pid: removed once a day old.
+        old_style = [".bccd.partial-0a1b2c3d", ".bccd.k2j_x8a1.download"]
+        fresh_old_style = [".bccd.partial-0a1b2c3e", ".bccd.k2j_x8a2.download"]
+        other_host = [".bccd.partial-elsewhere-123-0a1b2c3d"]
+        for name in old_style + fresh_old_style + other_host:
+            (work / name).mkdir() if ".partial-" in name else (work / name).write_bytes(b"x")
+        for name in old_style:
+            _age(work / name, days=2)
+        # Not ours: other datasets' names, other patterns, a user's files.
+        foreign = [".bccd.notes", ".bccd.partial-mine", "bccd.download", "notes.download",
+                   ".bccd.download", ".other" + killed[0][len(".bccd"):], "bccd.partial-0a1b2c3d"]
+        for name in foreign:
+            (work / name).write_bytes(b"keep me")
+            _age(work / name, days=30)
+        download_bccd(dest=dest, url=server.url("/good.tar.gz"), progress=False)
+        assert_complete(dest)
+        assert leftovers(work) == sorted(["bccd", *live, *fresh_old_style, *other_host,
+                                          *foreign])
+        for name in foreign:
+            assert (work / name).read_bytes() == b"keep me"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 # --------------------------------------------------------------------------- root resolution

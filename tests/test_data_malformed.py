@@ -127,6 +127,32 @@ def resize_image(root):
         img.resize((320, 240)).save(jpg_file(root), quality=90)
 
 
+def resave_image(convert, image_format="PNG"):
+    """Replace TARGET's image by ``convert(rgb)`` (``rgb``: its pixels, uint8 (H, W, 3)),
+    saved in ``image_format`` under the same ``.jpg`` name (what a user's tool might do)."""
+    def mutate(root):
+        with Image.open(jpg_file(root)) as img:
+            rgb = np.asarray(img.convert("RGB"))
+        convert(rgb).save(jpg_file(root), format=image_format)
+    return mutate
+
+
+def with_alpha(rgb, transparent=False):
+    alpha = np.full(rgb.shape[:2], 255, dtype=np.uint8)
+    if transparent:
+        alpha[:60, :80] = 0
+    return Image.fromarray(np.dstack([rgb, alpha]))    # mode RGBA
+
+
+def gray_of(rgb):
+    """PIL's 8-bit grayscale of ``rgb``: uint8 (H, W)."""
+    return np.asarray(Image.fromarray(rgb).convert("L"))
+
+
+def gray_16bit(rgb):
+    return Image.fromarray(gray_of(rgb).astype(np.uint16) * 257)    # mode I;16, 0..65535
+
+
 def add_orphan(root, bccd_root):
     shutil.copy(bccd_root / "Annotations" / "BloodImage_00005.xml", root / "Annotations")
     shutil.copy(bccd_root / "JPEGImages" / "BloodImage_00005.jpg", root / "JPEGImages")
@@ -261,6 +287,19 @@ CASES = {
                                          .replace("<width>640</width>", "<width>320</width>")),
         Refused(ImageSizeError, mentions=("320x480", "640x480")),
         {("size_mismatch", X, None, "error")}),
+    # one decode rule (medaidet.data.bccd.decode_image) for loader and validator
+    "rgba_png_saved_as_jpg": Case(
+        resave_image(with_alpha), Accepted(), {("image_converted", X, None, "info")},
+        {"metadata_mismatch"}),
+    "rgba_with_transparent_pixels": Case(
+        resave_image(lambda rgb: with_alpha(rgb, transparent=True)), ReadFails(),
+        {("bad_image", X, None, "error")}, {"metadata_mismatch"}),
+    "grayscale_16bit_png_saved_as_jpg": Case(
+        resave_image(gray_16bit), Accepted(), {("image_converted", X, None, "info")},
+        {"metadata_mismatch"}),
+    "grayscale_8bit_jpeg": Case(
+        resave_image(lambda rgb: Image.fromarray(gray_of(rgb)), "JPEG"), Accepted(),
+        {("image_converted", X, None, "info")}, {"metadata_mismatch"}),
     "image_resized_after_annotation": Case(
         resize_image, Refused(ImageSizeError, mentions=("640x480", "320x240")),
         {("size_mismatch", X, None, "error")}, {"out_of_bounds"}),
@@ -332,7 +371,8 @@ def test_at_least_15_kinds():
 
 def test_base_corpus_is_clean(root):
     assert not load_everything(root, strict=True)
-    assert validate_dataset(root, check_checksums=False).issues == []
+    report = validate_dataset(root, check_checksums=False)
+    assert report.issues == [] and report.ok
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -400,6 +440,8 @@ def test_validator(name, root):
     assert set(report.counts()) <= expected_kinds, str(report)
     for issue in report.issues:
         assert issue.detail and issue.action
+    # ok: what the CLI's exit status follows (1 when an error is reported)
+    assert report.ok is not any(severity == "error" for *_, severity in case.issues)
     report.to_json()
     if any(i[0] in ("parse_error", "missing_file", "unknown_label", "size_mismatch", "bad_image")
            for i in case.issues):
@@ -437,6 +479,42 @@ def test_checksum_mismatch_on_a_modified_bccd_file(root):
     assert mismatched == {TARGET}
     assert all(i.severity == "warning" for i in report.by_kind("checksum_mismatch"))
     assert "partial copy" not in report.checksums
+
+
+# What the loader must return for each converted image, from the original pixels.
+CONVERTED = {
+    "rgba_png_saved_as_jpg": (lambda rgb: rgb, "alpha channel dropped"),
+    "grayscale_16bit_png_saved_as_jpg": (
+        lambda rgb: np.repeat(gray_of(rgb)[:, :, None], 3, axis=2), "16-bit"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVERTED))
+def test_converted_image_loads_as_the_validator_reports(name, root):
+    """16-bit values are scaled (65535 -> 255), not clipped to white; an opaque alpha
+    channel is dropped; the validator's info names the conversion the loader makes."""
+    expected, says = CONVERTED[name]
+    with Image.open(jpg_file(root)) as img:
+        rgb = np.asarray(img.convert("RGB"))
+    CASES[name].mutate(root)
+    dataset = BCCDDataset(root, "train", strict=True)
+    img = dataset[dataset.ids.index(TARGET)][0]
+    assert img.dtype == np.float32 and img.shape == (3, 480, 640)
+    np.testing.assert_array_equal(img, expected(rgb).transpose(2, 0, 1).astype(np.float32))
+    [issue] = validate_dataset(root, check_checksums=False).by_kind("image_converted")
+    assert issue.image == TARGET and says in issue.detail, issue.detail
+    assert str(jpg_file(root)) in issue.detail
+
+
+def test_transparent_image_is_refused_with_the_same_message_by_both(root):
+    CASES["rgba_with_transparent_pixels"].mutate(root)
+    dataset = BCCDDataset(root, "train", strict=True)
+    with pytest.raises(ImageError) as info:
+        dataset[dataset.ids.index(TARGET)]
+    [issue] = validate_dataset(root, check_checksums=False).by_kind("bad_image")
+    assert issue.detail == str(info.value)
+    assert "4800 transparent pixel(s)" in issue.detail and str(jpg_file(root)) in issue.detail
+    assert "when the image is read" in issue.action
 
 
 def test_orphan_files_are_reported_not_loaded(root, bccd_root):

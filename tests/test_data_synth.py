@@ -224,13 +224,42 @@ def test_splits_are_disjoint_cover_everything_and_trainval_is_train_plus_val(roo
         assert ids == sorted(ids) and len(set(ids)) == len(ids)
 
 
-@pytest.mark.parametrize("n, expected", [(1, (1, 0, 0)), (2, (1, 0, 1)), (3, (1, 1, 1)),
-                                         (5, (3, 1, 1)), (24, (14, 5, 5))])
+@pytest.mark.parametrize("n, expected", [(3, (1, 1, 1)), (4, (2, 1, 1)), (5, (3, 1, 1)),
+                                         (24, (14, 5, 5))])
 def test_split_sizes(n, expected):
     ids = [f"x{i}" for i in range(n)]
     splits = synth._splits(np.random.default_rng(0), ids)
     assert (len(splits["train"]), len(splits["val"]), len(splits["test"])) == expected
     assert sorted(splits["trainval"] + splits["test"]) == sorted(ids)
+
+
+def test_too_few_images_for_three_splits_is_refused_up_front(tmp_path):
+    """Every split list must name an image (the loader refuses an empty one): n < 3 is a
+    named error before anything is written; n = 3, the minimum, loads in every split."""
+    from medaidet.data.bccd import BCCDDataset
+    assert synth.MIN_IMAGES == 3
+    for n in (1, 2):
+        with pytest.raises(SynthError) as info:
+            make_synthetic(tmp_path / "ds", n=n)
+        assert str(info.value) == (
+            f"n={n} is too few images: each of the splits train, val and test needs at least "
+            "one, so n must be at least 3")
+        assert list(tmp_path.iterdir()) == []
+    root = make_synthetic(tmp_path / "ds", n=3, seed=1)
+    for split in SPLITS:
+        dataset = BCCDDataset(root, split=split, strict=True)
+        assert len(dataset) == len(read_split(root, split)) >= 1
+
+
+@pytest.mark.slow(seconds=2)
+def test_cli_synth_with_too_few_images_exits_2(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "medaidet", "data", "synth",
+                           str(tmp_path / "ds"), "--n", "2"], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("medaidet: error: n=2 is too few images")
+    assert "at least 3" in done.stderr and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- consumers
@@ -354,7 +383,7 @@ def test_a_failure_leaves_no_half_dataset(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"n": 0}, "positive"), ({"n": -3}, "positive"), ({"n": 2.5}, "positive"),
+    ({"n": 0}, "at least 3"), ({"n": -3}, "at least 3"), ({"n": 2.5}, "whole number"),
     ({"seed": -1}, "non-negative"), ({"size": (32, 640)}, "too small"),
     ({"size": "big"}, "height, width"),
 ])

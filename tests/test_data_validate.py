@@ -147,15 +147,32 @@ def test_text_and_html(report):
     assert "BloodImage_00338 object 12" in text
 
 
+def test_ok_is_false_when_errors_are_reported(report):
+    """``report.ok``: no issue of severity error. BCCD has 9 (boxes the loader drops)."""
+    assert report.ok is False
+    assert sum(row["error"] for row in report.counts().values()) == len(DROPPED)
+
+
+def _cli_validate(*args):
+    return subprocess.run([sys.executable, "-m", "medaidet", "data", "validate", *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
 @pytest.mark.slow(seconds=4)
 def test_cli_json(bccd_root):
-    result = subprocess.run([sys.executable, "-m", "medaidet", "data", "validate",
-                             str(bccd_root), "--json"], capture_output=True, text=True,
-                            cwd=REPO, timeout=300)
-    assert result.returncode == 0, result.stderr
+    result = _cli_validate(str(bccd_root), "--json")
+    assert result.returncode == 1, result.stderr     # errors reported: the 9 dropped boxes
     data = json.loads(result.stdout)
     assert data["images"] == 364 and data["objects_raw"] == 4888
     assert {i["kind"] for i in data["issues"]} >= {"zero_area", "near_duplicate_image"}
+
+
+def test_cli_exits_0_without_errors(tmp_path):
+    from medaidet.data.synth import make_synthetic
+    root = make_synthetic(tmp_path / "ds", n=3, seed=0)
+    result = _cli_validate(str(root))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 images" in result.stdout
 
 
 def test_cli_without_data_says_how_to_get_it(tmp_path):

@@ -17,8 +17,11 @@ Conventions (the same as ChainerCV's ``VOCBboxDataset``):
 * ``label``: int32, shape (R,), index into :data:`BCCD_LABEL_NAMES`.
 * ``difficult``: bool, shape (R,) (only with ``return_difficult=True``).
 
-Images are decoded by ChainerCV's ``read_image`` with its PIL backend: a truncated JPEG
-raises :class:`ImageError` (the cv2 backend would return it partly grey).
+Images are decoded by :func:`decode_image` (PIL), the one rule of what is readable, shared
+with ``validate_dataset``: 8-bit RGB as is; other 8-bit modes (grayscale, palette, CMYK)
+converted to RGB; 16-bit grayscale scaled to 0-255 (``value / 257``, never clipped to
+white); an alpha channel dropped when every pixel is opaque. A truncated file, transparent
+pixels or another pixel format raise :class:`ImageError` when the image is read.
 
 What the loader does with defective annotations (``validate_dataset`` reports the same
 findings, from the same code: :func:`parse_annotation` and :func:`check_annotation`):
@@ -47,12 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import chainer
 import defusedxml
 import defusedxml.ElementTree as SafeET
 import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
-from chainercv.utils import read_image
 from PIL import Image
 
 from medaidet.data.download import resolve_root
@@ -61,8 +62,9 @@ from medaidet.errors import MedaidetError
 __all__ = [
     "BCCD_LABEL_NAMES", "SPLITS", "BOUNDS_TOLERANCE", "NEAR_DUPLICATE_IOU",
     "BCCDDataset", "Annotation", "AnnotatedObject", "Finding", "CheckedAnnotation",
-    "ObjectIssue", "parse_annotation", "check_annotation", "read_split", "scan_split_file",
-    "read_image_size", "annotation_path", "image_path", "split_path",
+    "ObjectIssue", "DecodedImage", "parse_annotation", "check_annotation", "read_split",
+    "scan_split_file", "read_image_size", "decode_image", "annotation_path", "image_path",
+    "split_path",
     "AnnotationError", "AnnotationParseError", "UnsafeXMLError", "UnknownLabelError",
     "InvalidObjectError", "ImageSizeError", "SplitError", "MissingFileError", "ImageError",
     "AnnotationWarning",
@@ -143,7 +145,8 @@ class MissingFileError(MedaidetError):
 
 
 class ImageError(MedaidetError):
-    """An image file cannot be decoded (not an image, truncated, corrupt)."""
+    """An image file cannot be decoded (not an image, truncated, corrupt), or not as 8-bit
+    RGB (transparent pixels, a pixel format other than those :func:`decode_image` takes)."""
 
     def __init__(self, message: str, path=None, image_id=None):
         super().__init__(message)
@@ -392,6 +395,93 @@ def read_image_size(path, image_id=None) -> tuple[int, int]:
     return height, width
 
 
+class DecodedImage(NamedTuple):
+    """An image as the loader uses it, and how it got so.
+
+    pixels: uint8, shape (H, W, 3), RGB. mode: the file's PIL mode (``"RGB"``, ``"L"``,
+    ``"RGBA"``, ``"I;16"``...). bands: its number of channels. conversion: what was done
+    to make it 8-bit RGB, a sentence naming the file; None for an 8-bit RGB file.
+    """
+    pixels: np.ndarray
+    mode: str
+    bands: int
+    conversion: str | None
+
+
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def _to_rgb(img: Image.Image, path: Path, image_id) -> tuple[np.ndarray, str | None]:
+    """The loaded ``img`` as uint8 (H, W, 3) RGB, and the conversion made (or None)."""
+    mode = img.mode
+    if mode == "RGB":
+        return np.asarray(img), None
+    if mode in _SIXTEEN_BIT:
+        values = np.asarray(img)
+        low, high = (int(v) for v in img.getextrema())
+        if low < 0 or high > 65535:
+            raise ImageError(f"{path} is a {mode} image with values {low}..{high}, beyond 16 "
+                             "bits; save it as an 8-bit RGB JPEG", path=path, image_id=image_id)
+        gray = ((values.astype(np.uint32) + 128) // 257).astype(np.uint8)   # 65535 -> 255
+        return (np.repeat(gray[:, :, None], 3, axis=2),
+                f"{path} is 16-bit grayscale ({mode}): scaled to 8 bits (value / 257) and "
+                "repeated in R, G and B")
+    if img.has_transparency_data:
+        rgba = img.convert("RGBA")
+        alpha = np.asarray(rgba.getchannel("A"))
+        transparent = int(np.count_nonzero(alpha < 255))
+        if transparent:
+            raise ImageError(
+                f"{path} has {transparent} transparent pixel(s) (mode {mode}): the colours "
+                "under them are not what a viewer shows. Flatten it onto its background and "
+                "save it as an RGB JPEG", path=path, image_id=image_id)
+        return (np.asarray(rgba.convert("RGB")),
+                f"{path} is {mode} with every pixel opaque: alpha channel dropped")
+    if mode in ("L", "P", "1", "CMYK", "YCbCr", "LAB", "HSV"):
+        return (np.asarray(img.convert("RGB")),
+                f"{path} is {mode} (not RGB): converted to 8-bit RGB"
+                + (" (the gray value in R, G and B)" if mode in ("L", "1") else ""))
+    raise ImageError(f"{path} has the pixel format {mode}, which is not read as an image "
+                     "(32-bit or floating-point data?); save it as an 8-bit RGB JPEG",
+                     path=path, image_id=image_id)
+
+
+def decode_image(path, image_id=None, draft_size=None) -> DecodedImage:
+    """Decode an image as the loader uses it (8-bit RGB): the one readability rule, shared
+    by :class:`BCCDDataset` and ``validate_dataset``.
+
+    * 8-bit RGB: as is;
+    * 8-bit grayscale, palette, bilevel, CMYK, YCbCr: PIL's conversion to RGB;
+    * 16-bit grayscale (PNG/TIFF): ``value / 257``, rounded (0..65535 -> 0..255, so the
+      picture looks as in a viewer; not clipped to white), in R, G and B;
+    * an alpha channel (RGBA, LA, a palette with transparency): dropped when every pixel
+      is opaque; a transparent pixel raises :class:`ImageError`, since the colours under
+      it are not what the annotator saw;
+    * anything else (32-bit, floating point) and any undecodable data raise
+      :class:`ImageError`; a missing file raises :class:`MissingFileError`.
+
+    ``draft_size`` (width, height): a JPEG is decoded at the smallest scale not below it
+    (the validator's thumbnails); other formats in full.
+    """
+    path = Path(path)
+    try:
+        with Image.open(path) as img:
+            if draft_size is not None:
+                img.draft("RGB", draft_size)
+            img.load()
+            pixels, conversion = _to_rgb(img, path, image_id)
+            return DecodedImage(pixels, img.mode, len(img.getbands()), conversion)
+    except FileNotFoundError:
+        raise MissingFileError(f"image file {path} does not exist", path=path,
+                               image_id=image_id) from None
+    except MedaidetError:
+        raise
+    except Exception as exc:     # PIL: OSError (truncated), SyntaxError, ValueError, ...
+        raise ImageError(f"{path} cannot be decoded ({type(exc).__name__}: {exc}); "
+                         "restore it from the original dataset", path=path,
+                         image_id=image_id) from None
+
+
 # --------------------------------------------------------------------------- checks
 
 class Finding(NamedTuple):
@@ -419,14 +509,50 @@ def _fmt(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def _pairwise_iou(bbox):
-    """IoU of every pair of boxes (R, 4) ``(y_min, x_min, y_max, x_max)``; 0 for empty unions."""
-    tl = np.maximum(bbox[:, None, :2], bbox[None, :, :2])
-    br = np.minimum(bbox[:, None, 2:], bbox[None, :, 2:])
-    inter = np.prod(np.clip(br - tl, 0, None), axis=2)
-    area = np.prod(bbox[:, 2:] - bbox[:, :2], axis=1)
-    union = area[:, None] + area[None, :] - inter
+def _iou(box, others):
+    """IoU of ``box`` (4,) with each of ``others`` (N, 4), both
+    ``(y_min, x_min, y_max, x_max)``: shape (N,); 0 for empty unions."""
+    tl = np.maximum(box[:2], others[:, :2])
+    br = np.minimum(box[2:], others[:, 2:])
+    inter = np.prod(np.clip(br - tl, 0, None), axis=1)
+    union = np.prod(box[2:] - box[:2]) + np.prod(others[:, 2:] - others[:, :2], axis=1) - inter
     return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+
+
+def _duplicates(bbox, labels, threshold):
+    """Yield ``(j, k, exact, iou)`` for each box ``j`` (in order) that repeats an earlier
+    kept box ``k`` of its class: the first with the same coordinates (``exact``), else
+    the first with IoU >= ``threshold``. A box yielded is not kept.
+
+    ``bbox``: float32 (R, 4) ``(y_min, x_min, y_max, x_max)``, no empty box; ``labels``:
+    int (R,). Memory is O(R), whatever R (an all-pairs IoU matrix of 10,000 boxes takes
+    GBs). Only boxes whose ``y_min`` lie within a band are compared: for IoU >= t > 0,
+    the intersection is at most ``(h - d) * w`` of the upper box (height ``h``, width
+    ``w``, ``d`` the difference of the ``y_min``), so ``d <= (1 - t) * h``.
+    """
+    boxes = bbox.astype(np.float64)
+    keep = np.ones(len(boxes), dtype=bool)
+    if len(boxes) < 2:
+        return
+    band = ((1 - threshold) * float(np.max(boxes[:, 2] - boxes[:, 0])) + 1e-6
+            if threshold > 0 else np.inf)
+    order = np.argsort(boxes[:, 0], kind="stable")
+    tops = boxes[order, 0]
+    for j in range(1, len(boxes)):
+        lo = np.searchsorted(tops, boxes[j, 0] - band, side="left")
+        hi = np.searchsorted(tops, boxes[j, 0] + band, side="right")
+        near_by = np.sort(order[lo:hi])
+        near_by = near_by[near_by < j]
+        earlier = near_by[keep[near_by] & (labels[near_by] == labels[j])]
+        if not len(earlier):
+            continue
+        iou = _iou(boxes[j], boxes[earlier])
+        exact = np.flatnonzero(np.all(bbox[earlier] == bbox[j], axis=1))
+        near = np.flatnonzero(iou >= threshold)
+        if len(exact) or len(near):
+            first = exact[0] if len(exact) else near[0]
+            keep[j] = False
+            yield j, int(earlier[first]), bool(len(exact)), float(iou[first])
 
 
 def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_NAMES,
@@ -498,26 +624,19 @@ def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_
     bbox = np.array([c[2] for c in candidates], dtype=np.float32).reshape(-1, 4)
     labels = np.array([c[1] for c in candidates], dtype=np.int32)
     keep = np.ones(len(candidates), dtype=bool)
-    if len(candidates) > 1:
-        iou = _pairwise_iou(bbox.astype(np.float64))
-        for j in range(1, len(candidates)):
-            earlier = keep[:j] & (labels[:j] == labels[j])
-            exact = earlier & np.all(bbox[:j] == bbox[j], axis=1)
-            near = earlier & (iou[j, :j] >= near_duplicate_iou)
-            if exact.any() or near.any():
-                k = int(np.flatnonzero(exact if exact.any() else near)[0])
-                name = annotation.objects[candidates[j][0]].name.strip()
-                if exact.any():
-                    detail = (f"object {candidates[j][0]} ({name}) repeats object "
-                              f"{candidates[k][0]}: same class and coordinates")
-                    kind = "duplicate_box"
-                else:
-                    detail = (f"object {candidates[j][0]} ({name}) overlaps object "
-                              f"{candidates[k][0]} ({name}) with IoU {iou[j, k]:.2f}: the same "
-                              "cell boxed twice")
-                    kind = "near_duplicate_box"
-                findings.append(Finding(candidates[j][0], kind, detail, "drop"))
-                keep[j] = False
+    for j, k, exact, iou in _duplicates(bbox, labels, near_duplicate_iou):
+        name = annotation.objects[candidates[j][0]].name.strip()
+        if exact:
+            detail = (f"object {candidates[j][0]} ({name}) repeats object "
+                      f"{candidates[k][0]}: same class and coordinates")
+            kind = "duplicate_box"
+        else:
+            detail = (f"object {candidates[j][0]} ({name}) overlaps object "
+                      f"{candidates[k][0]} ({name}) with IoU {iou:.2f}: the same "
+                      "cell boxed twice")
+            kind = "near_duplicate_box"
+        findings.append(Finding(candidates[j][0], kind, detail, "drop"))
+        keep[j] = False
     return CheckedAnnotation(
         bbox=bbox[keep], label=labels[keep],
         difficult=np.array([c[3] for c in candidates], dtype=bool).reshape(-1)[keep],
@@ -628,15 +747,9 @@ class BCCDDataset(GetterDataset):
 
     def _get_image(self, i):
         path = self._image_paths[i]
-        try:
-            # ChainerCV's PIL backend: PIL raises on a truncated file, cv2 only warns and
-            # returns the missing part grey.
-            with chainer.using_config("cv_read_image_backend", "PIL"):
-                img = read_image(str(path), color=True)
-        except Exception as exc:     # PIL: OSError (truncated), SyntaxError, ValueError, ...
-            raise ImageError(f"{path} cannot be decoded ({type(exc).__name__}: {exc}); "
-                             "restore it from the original dataset", path=path,
-                             image_id=self.ids[i]) from None
+        # PIL, not cv2: PIL raises on a truncated file, cv2 only warns and returns the
+        # missing part grey.
+        img = decode_image(path, self.ids[i]).pixels.transpose(2, 0, 1).astype(np.float32)
         if img.shape[1:] != self._sizes[i]:
             raise ImageError(f"{path} changed size since the dataset was built: "
                              f"{img.shape[1:]} != {self._sizes[i]}", path, self.ids[i])

@@ -10,11 +10,19 @@ Safety rules of :func:`download_bccd`:
 * members with absolute names or ``..`` components, links and special files
   are refused (:class:`UnsafeArchiveError`), and only regular files named in
   the manifest are written, with size limits;
-* everything is staged under temporary names beside the destination; the
-  dataset appears with one directory rename, and only after every file
-  verified, with the marker file ``.medaidet-verified`` already inside. A
-  half-finished download never looks like a dataset, and temporary files are
-  removed on any failure;
+* the URL must be ``https://``, ``http://`` or ``file://``
+  (:class:`UnsupportedURLError` otherwise, before anything is written);
+* everything is staged under temporary names beside the destination and
+  verified before anything is installed. A new dataset appears with one
+  directory rename, the marker file ``.medaidet-verified`` already inside.
+  Into an existing folder (``force``), each file of the manifest is renamed
+  over its old copy and nothing else is touched: files the user added stay
+  where they are. The marker is removed first and put back last, so an
+  interrupted install is never taken for a verified copy;
+* temporary files are removed on any failure, and the leftovers of a
+  download that was killed (``.<name>.partial-*`` folders,
+  ``.<name>.*.download`` files beside the destination) are removed by the
+  next one (:func:`sweep_leftovers`); nothing else is ever deleted;
 * nothing is ever downloaded implicitly: :func:`resolve_root` only looks.
 
 Root resolution (both functions): explicit argument > ``$MEDAIDET_DATA`` >
@@ -29,13 +37,16 @@ import gzip
 import hashlib
 import http.client
 import importlib.resources
+import logging
 import os
 import re
 import secrets
 import shutil
+import socket
 import tarfile
-import tempfile
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zlib
 from pathlib import Path, PureWindowsPath
@@ -47,10 +58,12 @@ from medaidet.errors import MedaidetError
 __all__ = [
     "BCCD_COMMIT", "DEFAULT_URL", "UPSTREAM_REPO", "MANIFEST_NAME", "MARKER_NAME",
     "download_bccd", "resolve_root", "default_root", "verify_dataset", "is_verified",
-    "load_manifest", "manifest_sha256", "Problem",
-    "DataNotFoundError", "DownloadError", "CorruptArchiveError", "UnsafeArchiveError",
-    "ChecksumError", "DestinationError",
+    "load_manifest", "manifest_sha256", "sweep_leftovers", "Problem", "URL_SCHEMES",
+    "DataNotFoundError", "DownloadError", "UnsupportedURLError", "CorruptArchiveError",
+    "UnsafeArchiveError", "ChecksumError", "DestinationError",
 ]
+
+logger = logging.getLogger(__name__)
 
 UPSTREAM_REPO = "https://github.com/Shenggan/BCCD_Dataset"
 BCCD_COMMIT = "d272fb14cdff6e473fafeeeba32aba5f560e9e43"
@@ -60,6 +73,11 @@ DATA_ENV = "MEDAIDET_DATA"
 URL_ENV = "MEDAIDET_BCCD_URL"
 MANIFEST_NAME = f"bccd-{BCCD_COMMIT[:8]}.sha256"
 MARKER_NAME = ".medaidet-verified"
+#: The URL schemes :func:`download_bccd` accepts.
+URL_SCHEMES = ("https", "http", "file")
+#: Temporary files of another machine's download (or of an older medaidet, whose names
+#: carry no process) are removed once untouched this long.
+STALE_AFTER_S = 24 * 3600
 
 TIMEOUT_S = 60.0
 # Limits far above the real data (the largest file is ~200 kB, all of BCCD ~11 MB).
@@ -79,8 +97,12 @@ class DownloadError(MedaidetError):
     """The archive could not be fetched (offline, HTTP error, connection dropped)."""
 
 
+class UnsupportedURLError(DownloadError, ValueError):
+    """The URL has no scheme (a plain path) or one other than https, http or file."""
+
+
 class CorruptArchiveError(DownloadError):
-    """The fetched file is not a readable tar archive (truncated, or not an archive)."""
+    """The fetched file is not a readable tar archive (truncated, a ZIP, a web page...)."""
 
 
 class UnsafeArchiveError(MedaidetError):
@@ -251,6 +273,35 @@ def _download_error(url: str, dest: Path, reason: str, offline_hint: bool) -> Do
                          f"{_by_hand(url, dest)}")
 
 
+def _check_url(url: str) -> None:
+    """Raise :class:`UnsupportedURLError` unless ``url`` is https://, http:// or file://.
+
+    urllib would take a plain path for a relative URL and fail with a bare ValueError,
+    and would try FTP; a path of an archive on this machine is answered with its file://
+    URL.
+    """
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "file" or scheme in URL_SCHEMES and parts.netloc:
+        return
+    if not scheme or PureWindowsPath(url).drive:
+        what = "it has no scheme (a plain path?)"
+    elif scheme in URL_SCHEMES:
+        what = "it names no host"
+    else:
+        what = f"its scheme {scheme}:// is not supported"
+    local = Path(url).expanduser()
+    if local.is_file():
+        how = f"{local} is a file here: pass {local.resolve().as_uri()}"
+    else:
+        how = ("for an archive on this machine pass its file:// URL, e.g. "
+               "file:///path/to/BCCD.tar.gz")
+    raise UnsupportedURLError(
+        f"cannot download BCCD from {url!r}: {what}. Accepted URLs start with https://, "
+        f"http:// or file://; {how} (as url=, or in ${URL_ENV}). The default is "
+        f"{DEFAULT_URL}.")
+
+
 def _user_agent() -> str:
     from medaidet import __version__
     return f"medaidet/{__version__} (BCCD download; +{UPSTREAM_REPO})"
@@ -258,8 +309,8 @@ def _user_agent() -> str:
 
 def _fetch(url: str, target: Path, dest: Path, timeout: float, progress: bool) -> int:
     """Stream ``url`` into ``target``; returns the number of bytes."""
-    request = urllib.request.Request(url, headers={"User-Agent": _user_agent()})
     try:
+        request = urllib.request.Request(url, headers={"User-Agent": _user_agent()})
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as exc:
         raise _download_error(url, dest, f"the server answered HTTP {exc.code} {exc.reason}",
@@ -371,30 +422,185 @@ def _extract(archive: Path, staging: Path, manifest: dict[str, str], url: str) -
                 with open(target, "xb") as out:
                     shutil.copyfileobj(source, out, _CHUNK)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        what, fix = _identify(archive)
         raise CorruptArchiveError(
-            f"the file downloaded from {url} is not a complete tar archive "
-            f"({type(exc).__name__}: {exc}); the download was probably cut short, or the "
-            "server sent something else (an error or proxy page). Nothing was installed; "
-            "run the download again.") from None
+            f"the file downloaded from {url} is not a complete tar archive: it {what} "
+            f"(tarfile: {type(exc).__name__}: {exc}). {fix}; expected a .tar.gz archive "
+            f"like {DEFAULT_URL}. Nothing was installed.") from None
+
+
+_CUT_SHORT = "The download was probably cut short: run the download again"
+_CHECK_URL = (f"Check the URL (from url= or ${URL_ENV}): it does not point to the BCCD "
+              "archive")
+
+
+def _identify(path: Path) -> tuple[str, str]:
+    """What a file that is not a readable tar archive really is, from its content:
+    ``(what it is, what to do)``, each a phrase for the error message."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    if size == 0:
+        return "is empty (0 bytes)", "The server sent nothing: run the download again"
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return (f"is a ZIP archive ({size} bytes)",
+                "Use the .tar.gz archive of the same commit instead (GitHub serves both: "
+                ".../archive/<commit>.tar.gz rather than .../archive/<commit>.zip)")
+    if text.startswith((b"<!doctype html", b"<html")) or b"<html" in text[:1024]:
+        title = re.search(rb"<title[^>]*>([^<]{1,80})", head, re.IGNORECASE)
+        named = f" titled {title.group(1).decode('utf-8', 'replace').strip()!r}" if title else ""
+        return (f"is an HTML page{named} ({size} bytes)",
+                "The server sent a web page (an error, login or proxy page): check the URL "
+                f"(from url= or ${URL_ENV}) and your proxy settings")
+    if head.startswith(b"\x1f\x8b"):
+        try:
+            with gzip.open(path, "rb") as fh:
+                read = 0
+                while read <= MAX_EXTRACTED_BYTES and (chunk := fh.read(_CHUNK)):
+                    read += len(chunk)
+        except (EOFError, OSError, zlib.error):
+            return f"is gzip data cut short ({size} bytes)", _CUT_SHORT
+        return (f"is a complete gzip file whose content is not a tar archive ({size} bytes)",
+                _CHECK_URL)
+    if head.startswith((b"BZh", b"\xfd7zXZ\x00")) or head[257:262] == b"ustar":
+        return f"is a compressed or tar archive cut short ({size} bytes)", _CUT_SHORT
+    return f"is not an archive ({size} bytes, starting {head[:24]!r})", _CHECK_URL
 
 
 def _looks_like_dataset(root: Path) -> bool:
     return any((root / name).exists() for name in (MARKER_NAME, "Annotations", "JPEGImages"))
 
 
-def _install(staging: Path, root: Path) -> None:
-    """Move the verified ``staging`` folder to ``root``, replacing what is there."""
-    if not root.exists():
-        os.replace(staging, root)
-        return
-    old = root.parent / f".{root.name}.old-{secrets.token_hex(4)}"
-    os.replace(root, old)
+# --------------------------------------------------------------------------- temporary files
+#
+# Beside the dataset root ROOT, a download writes ``.ROOT.<tag>.download`` (the archive)
+# and ``.ROOT.partial-<tag>/`` (the files being extracted and verified), with
+# ``<tag> = <host>-<pid>-<8 hex digits>``: a later run can tell whether the process that
+# made them still runs.
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "", socket.gethostname()) or "host"
+
+
+def _temp_paths(root: Path) -> tuple[Path, Path]:
+    """(archive file, staging folder) of this run, beside ``root``."""
+    tag = f"{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+    return (root.parent / f".{root.name}.{tag}.download",
+            root.parent / f".{root.name}.partial-{tag}")
+
+
+_TAG = re.compile(r"(?P<host>[A-Za-z0-9.]+)-(?P<pid>[0-9]+)-[0-9a-f]{8}")
+# What older medaidet versions named them (tempfile.mkstemp, secrets.token_hex(4)).
+_OLD_DOWNLOAD = re.compile(r"[a-z0-9_]{8}")
+_OLD_PARTIAL = re.compile(r"[0-9a-f]{8}")
+
+
+def _process_alive(pid: int) -> bool:
+    if os.name == "nt":            # os.kill(pid, 0) would send CTRL_C_EVENT there
+        return True
     try:
-        os.replace(staging, root)
-    except BaseException:
-        os.replace(old, root)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                # e.g. PermissionError: it exists, another user's
+        return True
+    return True
+
+
+def _is_leftover(path: Path, root_name: str, started: float) -> bool:
+    """Whether ``path`` is a temporary file of a download of ``root_name`` that can no
+    longer finish: its process (on this machine) is gone, or it is untouched for
+    :data:`STALE_AFTER_S`. Names we do not make are never leftovers."""
+    name, prefix = path.name, f".{root_name}."
+    if not name.startswith(prefix):
+        return False
+    rest = name[len(prefix):]
+    if rest.startswith("partial-"):
+        tag, old_style = rest[len("partial-"):], _OLD_PARTIAL
+    elif rest.endswith(".download"):
+        tag, old_style = rest[:-len(".download")], _OLD_DOWNLOAD
+    else:
+        return False
+    match = _TAG.fullmatch(tag)
+    if not match and not old_style.fullmatch(tag):
+        return False
+    try:
+        age = started - path.lstat().st_mtime
+    except OSError:
+        return False
+    if match and match["host"] == _host() and not _process_alive(int(match["pid"])):
+        return True
+    return age > STALE_AFTER_S
+
+
+def sweep_leftovers(root) -> list[str]:
+    """Remove what killed downloads of ``root`` left beside it; returns the names removed.
+
+    Only our own temporary names (see the module docstring) are considered, and only
+    those whose process is gone or that are untouched for a day (a download running
+    elsewhere keeps its files). Called at the start of every :func:`download_bccd`.
+    """
+    root = Path(root)
+    started = time.time()
+    try:
+        entries = list(root.parent.iterdir())
+    except OSError:
+        return []
+    removed = []
+    for path in sorted(entries):
+        if not _is_leftover(path, root.name, started):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        if not os.path.lexists(path):
+            removed.append(path.name)
+    if removed:
+        logger.info("removed %d leftover(s) of interrupted downloads beside %s: %s",
+                    len(removed), root, ", ".join(removed))
+    return removed
+
+
+def _install(staging: Path, root: Path) -> None:
+    """Put the verified files of ``staging`` (the manifest's and the marker) in ``root``.
+
+    A new ``root`` is one rename of the folder. Into an existing one, each manifest file
+    is renamed over its old copy and nothing else is touched: files the user added stay.
+    The old marker is removed first and the new one renamed in last, so an install cut
+    short is never taken for a verified copy (and :func:`verify_dataset` passes on it
+    only once every file is in place).
+    """
+    if not root.exists():
+        try:
+            os.replace(staging, root)
+            return
+        except OSError:
+            if is_verified(root):
+                return      # another process installed a verified copy first
+            # something appeared there meanwhile: install file by file, below
+    current = root / MARKER_NAME
+    try:
+        current.unlink(missing_ok=True)
+        for rel, _ in _manifest():
+            current = root / rel
+            current.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / rel, current)
+        current = root / MARKER_NAME
+        os.replace(staging / MARKER_NAME, current)
+    except OSError as exc:
+        raise DestinationError(
+            f"cannot install {current} ({exc}); {root} is left unverified, with every file "
+            "that is not part of BCCD where it was. Make that path writable (or move what "
+            "is in its way) and run the download again with --force.") from None
+
+
+def _files_not_ours(root: Path) -> list[str]:
+    """Files under ``root`` that are neither in the manifest nor the marker."""
+    ours = set(load_manifest()) | {MARKER_NAME}
+    return sorted(rel for rel in (p.relative_to(root).as_posix() for p in root.rglob("*")
+                                  if p.is_file()) if rel not in ours)
 
 
 def download_bccd(dest=None, url=None, force=False, progress=True, timeout=TIMEOUT_S) -> Path:
@@ -407,13 +613,17 @@ def download_bccd(dest=None, url=None, force=False, progress=True, timeout=TIMEO
     A root already verified is returned without network access unless
     ``force``. An existing folder without the marker whose files all match
     the manifest (placed by hand) is marked and returned, also without network.
-    ``force`` replaces an existing dataset, but never a folder that does not
-    look like one.
+    ``force`` replaces the manifest's files of an existing dataset and leaves
+    every other file in it where it is (they are logged); it refuses a folder
+    that does not look like a dataset. Raises :class:`UnsupportedURLError` for
+    a URL that is not https://, http:// or file://.
     """
     root, _ = _choose_root(dest)
     root = root.resolve()
     url = url or os.environ.get(URL_ENV) or DEFAULT_URL
+    _check_url(url)
     manifest = load_manifest()
+    sweep_leftovers(root)
 
     if root.exists():
         if not root.is_dir():
@@ -428,22 +638,20 @@ def download_bccd(dest=None, url=None, force=False, progress=True, timeout=TIMEO
                     return root
                 raise DestinationError(
                     f"{root} exists and is not a verified BCCD copy "
-                    f"({_summarize(problems)}). Pass --force (force=True) to replace it with a "
-                    "fresh download, or choose another --dest.")
+                    f"({_summarize(problems)}). Pass --force (force=True) to replace the "
+                    "files of BCCD with a fresh download (files that are not part of BCCD "
+                    "are left where they are), or choose another --dest.")
         elif any(root.iterdir()) and not _looks_like_dataset(root):
             raise DestinationError(
                 f"refusing to replace {root}: it is not empty and does not look like a BCCD "
                 "copy (no Annotations/, JPEGImages/ or marker). Choose a new or empty --dest.")
 
-    parent = root.parent
     archive = staging = None
     try:
         try:
-            parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=f".{root.name}.", suffix=".download", dir=parent)
-            os.close(fd)
-            archive = Path(name)
-            staging = parent / f".{root.name}.partial-{secrets.token_hex(4)}"
+            root.parent.mkdir(parents=True, exist_ok=True)
+            archive, staging = _temp_paths(root)
+            archive.touch(exist_ok=False)
             staging.mkdir()
         except OSError as exc:
             raise DestinationError(f"cannot write beside {root}: {exc}. Choose another --dest "
@@ -460,20 +668,20 @@ def download_bccd(dest=None, url=None, force=False, progress=True, timeout=TIMEO
                 f"manifest {MANIFEST_NAME} (BCCD commit {BCCD_COMMIT}): "
                 f"{_summarize(problems)}. The archive is not BCCD at that commit or was "
                 "corrupted on the way; nothing was installed.", problems)
-        _write_marker(staging, f"downloaded from {url}")  # last file, before the rename
-        try:
-            _install(staging, root)
-        except OSError:
-            if not is_verified(root):
-                raise
-            # another process installed a verified copy first; ours is removed below
-        else:
-            staging = None
+        _write_marker(staging, f"downloaded from {url}")  # last file, before the install
+        existed = root.exists()
+        _install(staging, root)
     finally:
         if archive is not None:
             archive.unlink(missing_ok=True)
-        if staging is not None:
+        if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+    if existed:
+        kept = _files_not_ours(root)
+        if kept:
+            shown = ", ".join(kept[:10]) + (", ..." if len(kept) > 10 else "")
+            logger.info("%s: replaced the files of BCCD; left %d file(s) that are not part of "
+                        "BCCD where they were: %s", root, len(kept), shown)
     return root
 
 

@@ -47,12 +47,15 @@ from PIL import Image
 from medaidet.errors import MedaidetError
 
 __all__ = ["make_synthetic", "SynthError", "DestinationNotEmptyError", "SYNTH_LABEL_NAMES",
-           "README_MARKER"]
+           "README_MARKER", "MIN_IMAGES"]
 
 #: The label strings written, exactly BCCD's.
 SYNTH_LABEL_NAMES = ("RBC", "WBC", "Platelets")
 #: First line of README.txt; ``overwrite=True`` only replaces folders that start with it.
 README_MARKER = "SYNTHETIC DATA - medaidet synthetic blood-smear dataset (not real BCCD images)"
+
+#: The fewest images: one each for train, val and test (the loader refuses an empty split).
+MIN_IMAGES = 3
 
 _ID_FORMAT = "SynthImage_{:05d}"
 _JPEG_QUALITY = 90
@@ -368,11 +371,9 @@ def _schedule(rng, n, choices):
 
 
 def _splits(rng, ids):
-    """train/val/test about 60/20/20, at least one each when there are 3 or more images."""
+    """train/val/test about 60/20/20, at least one each (``len(ids) >= MIN_IMAGES``)."""
     n = len(ids)
-    n_val = n_test = max(1, round(0.2 * n)) if n >= 3 else 0
-    if n == 2:
-        n_test = 1
+    n_val = n_test = max(1, round(0.2 * n))
     order = [ids[i] for i in rng.permutation(n)]
     test = sorted(order[:n_test])
     val = sorted(order[n_test:n_test + n_val])
@@ -412,8 +413,11 @@ def _write(path: Path, data: bytes):
 
 
 def _check_args(n, seed, size):
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise SynthError(f"n must be a positive number of images, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise SynthError(f"n must be a whole number of images, got {n!r}")
+    if n < MIN_IMAGES:
+        raise SynthError(f"n={n} is too few images: each of the splits train, val and test "
+                         f"needs at least one, so n must be at least {MIN_IMAGES}")
     if n > 99999:
         raise SynthError(f"n={n} is too many for a synthetic demo set (at most 99999)")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -457,6 +461,8 @@ def _prepare_dest(dest: Path, overwrite: bool) -> bool:
 def make_synthetic(dest, n: int = 24, seed: int = 0, size=(480, 640),
                    overwrite: bool = False) -> Path:
     """Write a synthetic BCCD-like dataset of ``n`` images to ``dest``; returns its path.
+
+    ``n`` is at least :data:`MIN_IMAGES` (3), so that train, val and test each get an image.
 
     ``size`` is (height, width) of every image (BCCD's 480x640 by default; cell sizes scale
     down with smaller images). The dataset is built in a hidden folder beside ``dest`` and

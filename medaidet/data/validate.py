@@ -21,7 +21,12 @@ Kinds and their rules (per-object and per-file rules are
 
 * ``parse_error``: not well-formed XML, DTD/entities (refused unexpanded), no ``<annotation>``.
 * ``missing_file``: a listed id without ``Annotations/<id>.xml`` or ``JPEGImages/<id>.jpg``.
-* ``bad_image``: the image does not decode (not an image, truncated data).
+* ``bad_image``: the image does not decode as 8-bit RGB (not an image, truncated data,
+  transparent pixels, 32-bit or floating-point pixels).
+* ``image_converted``: the image decodes, but not as 8-bit RGB: the detail says what the
+  loader makes of it (16-bit grayscale scaled to 8 bits, an opaque alpha channel dropped,
+  grayscale/palette/CMYK converted). Both rules are
+  :func:`medaidet.data.bccd.decode_image`'s, which loader and validator call.
 * ``unknown_label``: ``<name>`` missing or not rbc/wbc/platelets (case-insensitive, stripped).
 * ``size_mismatch``: ``<size>`` disagrees with the image's real size.
 * ``bad_coordinates``: missing ``<bndbox>``/coordinate, non-numeric, reversed (max < min).
@@ -56,7 +61,8 @@ Kinds and their rules (per-object and per-file rules are
 * ``checksum_mismatch``: a file of the pinned BCCD release differs from the shipped
   sha256 manifest (checked only when the root holds files of that release).
 
-Each image is decoded once, at 1/8 scale (JPEG draft mode); all of BCCD takes a few seconds.
+Each image is decoded once, by the loader's :func:`~medaidet.data.bccd.decode_image`, at 1/8
+scale (JPEG draft mode); all of BCCD takes a few seconds.
 """
 from __future__ import annotations
 
@@ -75,8 +81,8 @@ from PIL import Image
 
 from medaidet.data.bccd import (
     BCCD_LABEL_NAMES, SPLITS, AnnotationParseError, ImageError, MissingFileError,
-    annotation_path, check_annotation, image_path, parse_annotation, read_image_size,
-    scan_split_file, split_path)
+    annotation_path, check_annotation, decode_image, image_path, parse_annotation,
+    read_image_size, scan_split_file, split_path)
 from medaidet.data.download import resolve_root
 
 __all__ = ["validate_dataset", "ValidationReport", "Issue", "ImagePair", "KINDS", "SEVERITIES"]
@@ -90,7 +96,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "missing_file": ("error", "BCCDDataset raises MissingFileError for any split listing "
                      "this id"),
     "bad_image": ("error", "BCCDDataset raises ImageError (at construction if the header is "
-                  "unreadable, when the image is read if its data is broken)"),
+                  "unreadable, when the image is read if its data is broken or not 8-bit "
+                  "RGB as the detail says)"),
+    "image_converted": ("info", "loaded converted to 8-bit RGB as the detail says"),
     "unknown_label": ("error", "BCCDDataset raises UnknownLabelError for any split listing "
                       "this image (both modes)"),
     "size_mismatch": ("error", "BCCDDataset raises ImageSizeError for any split listing this "
@@ -525,20 +533,23 @@ class _Validation:
         for record in self.images.values():
             if record.size is None:
                 continue
-            path = image_path(self.root, record.id)
             try:
-                with Image.open(path) as img:
-                    record.bands = len(img.getbands())
-                    img.draft("L", _THUMB)
-                    gray = img.convert("L")
-                    if gray.size != _THUMB:
-                        gray = gray.resize(_THUMB, Image.BILINEAR)
-                    thumbs.append(np.asarray(gray, dtype=np.float32))
-                    decoded.append(record)
-            except Exception as exc:       # truncated or corrupt data: PIL raises OSError etc.
-                self.add(record.id, None, "bad_image", f"{path} cannot be decoded "
-                         f"({type(exc).__name__}: {exc})")
+                image = decode_image(image_path(self.root, record.id), record.id,
+                                     draft_size=_THUMB)
+            except (ImageError, MissingFileError) as exc:
+                self.add(record.id, None, "bad_image", str(exc),
+                         action="BCCDDataset raises ImageError when the image is read "
+                         "(construction works: its header is readable)")
                 record.refused = True
+                continue
+            record.bands = image.bands
+            if image.conversion:
+                self.add(record.id, None, "image_converted", image.conversion)
+            gray = Image.fromarray(image.pixels).convert("L")
+            if gray.size != _THUMB:
+                gray = gray.resize(_THUMB, Image.BILINEAR)
+            thumbs.append(np.asarray(gray, dtype=np.float32))
+            decoded.append(record)
         self.pairs = []
         if len(decoded) < 2:
             return

@@ -1,0 +1,146 @@
+"""Annotations with very many boxes: the duplicate checks stay near-linear in memory and
+give the answers of the plain pair-by-pair rule.
+
+A real BCCD image is annotated with generated boxes (VOC XML, 1-based inclusive pixels).
+"""
+import re
+import shutil
+import tracemalloc
+import warnings
+
+import numpy as np
+import pytest
+
+from medaidet.data.bccd import (NEAR_DUPLICATE_IOU, AnnotationWarning, BCCDDataset,
+                                check_annotation, parse_annotation)
+from medaidet.data.validate import validate_dataset
+
+IMAGE_ID = "BloodImage_00001"        # 640x480
+NAMES = ("RBC", "WBC", "Platelets")
+N_BOXES = 10_000
+# The old all-pairs check needed about 8 x N^2 bytes per array (800 MB each for 10,000
+# boxes, several arrays at once); the file itself is under 2 MB.
+PEAK_LIMIT = 200 << 20
+
+
+def annotation_xml(boxes, labels) -> str:
+    """VOC XML for a 640x480 image; ``boxes``: (xmin, ymin, xmax, ymax) 1-based."""
+    objects = "".join(
+        f"<object><name>{NAMES[label]}</name><pose>Unspecified</pose><truncated>0</truncated>"
+        f"<difficult>0</difficult><bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin><xmax>{x1}</xmax>"
+        f"<ymax>{y1}</ymax></bndbox></object>\n"
+        for (x0, y0, x1, y1), label in zip(boxes, labels))
+    return (f"<annotation>\n\t<folder>JPEGImages</folder>\n\t<filename>{IMAGE_ID}.jpg"
+            "</filename>\n\t<size><width>640</width><height>480</height><depth>3</depth>"
+            f"</size>\n{objects}</annotation>\n")
+
+
+def lattice_with_planted_duplicates(n):
+    """``n`` boxes 20x20 px on a 6 px (x) by 4 px (y) lattice, so neighbours overlap (IoU
+    <= 0.67) but are never near duplicates; then every 100th box (from 100) is replaced by
+    an exact copy of the box 37 before it, and every 100th from 50 by a copy of the box
+    23 before it moved 1 px right (IoU 0.905). Returns (boxes, labels, exact, near) with
+    ``exact``/``near``: {index: index of the box it copies}."""
+    boxes, labels = [], []
+    for i in range(n):
+        x0, y0 = 1 + 6 * (i % 100), 1 + 4 * (i // 100)
+        boxes.append((x0, y0, x0 + 20, y0 + 20))
+        labels.append(i % 3)
+    exact = {k: k - 37 for k in range(100, n, 100)}
+    near = {k: k - 23 for k in range(50, n, 100)}
+    for k, source in exact.items():
+        boxes[k], labels[k] = boxes[source], labels[source]
+    for k, source in near.items():
+        x0, y0, x1, y1 = boxes[source]
+        boxes[k], labels[k] = (x0 + 1, y0, x1 + 1, y1), labels[source]
+    return boxes, labels, exact, near
+
+
+@pytest.fixture
+def many_boxes_root(bccd_root, tmp_path):
+    root = tmp_path / "many"
+    for folder in ("Annotations", "JPEGImages", "ImageSets/Main"):
+        (root / folder).mkdir(parents=True)
+    shutil.copy(bccd_root / "JPEGImages" / f"{IMAGE_ID}.jpg", root / "JPEGImages")
+    for split in ("train", "trainval"):
+        (root / "ImageSets" / "Main" / f"{split}.txt").write_text(f"{IMAGE_ID}\n")
+    boxes, labels, exact, near = lattice_with_planted_duplicates(N_BOXES)
+    (root / "Annotations" / f"{IMAGE_ID}.xml").write_text(annotation_xml(boxes, labels))
+    return root, exact, near
+
+
+def referenced(detail) -> int:
+    """The earlier object a duplicate finding names ("repeats object 63")."""
+    return int(re.search(r"(?:repeats|overlaps) object (\d+)", detail).group(1))
+
+
+@pytest.mark.slow(seconds=12)     # tracemalloc slows the XML parsing down a few times
+def test_ten_thousand_boxes_validate_in_bounded_memory(many_boxes_root):
+    root, exact, near = many_boxes_root
+    assert (root / "Annotations" / f"{IMAGE_ID}.xml").stat().st_size > 1_000_000
+    tracemalloc.start()
+    try:
+        report = validate_dataset(root, check_checksums=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < PEAK_LIMIT, f"peak {peak / 2**20:.0f} MiB"
+    assert report.objects_raw == N_BOXES
+    assert report.objects_kept == N_BOXES - len(exact) - len(near)
+    found = {kind: {i.object: referenced(i.detail) for i in report.by_kind(kind)}
+             for kind in ("duplicate_box", "near_duplicate_box")}
+    assert found == {"duplicate_box": exact, "near_duplicate_box": near}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AnnotationWarning)
+        dataset = BCCDDataset(root, "train")
+    assert len(dataset.dropped) == len(exact) + len(near)
+    assert len(dataset[0][1]) == report.objects_kept
+
+
+def reference_duplicates(boxes, labels, threshold):
+    """The rule, pair by pair: box j is dropped when an earlier *kept* box of its class
+    has its coordinates (``duplicate_box``, the first such) or else IoU >= threshold with
+    it (``near_duplicate_box``, the first such). Returns {j: (kind, k)}."""
+    def iou(a, b):
+        w = min(a[2], b[2]) - max(a[0], b[0])
+        h = min(a[3], b[3]) - max(a[1], b[1])
+        inter = max(w, 0) * max(h, 0)
+        union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+        return inter / union if union > 0 else 0.0
+
+    kept, dropped = [], {}
+    for j, box in enumerate(boxes):
+        same = [k for k in kept if labels[k] == labels[j]]
+        exact = [k for k in same if boxes[k] == box]
+        near = [k for k in same if iou(boxes[k], box) >= threshold]
+        if exact:
+            dropped[j] = ("duplicate_box", exact[0])
+        elif near:
+            dropped[j] = ("near_duplicate_box", near[0])
+        else:
+            kept.append(j)
+    return dropped
+
+
+def test_duplicate_rule_matches_the_pairwise_reference(tmp_path):
+    """Dense clusters: chains of near duplicates (A~B, B~C, A!~C), exact copies of dropped
+    boxes, two classes; 900 boxes span several blocks of the chunked comparison."""
+    rng = np.random.default_rng(0)
+    centres = rng.integers(30, 450, size=(150, 2))
+    boxes, labels = [], []
+    for _ in range(900):
+        cx, cy = centres[rng.integers(len(centres))]
+        x0, y0 = int(cx + rng.integers(-1, 2)), int(cy + rng.integers(-1, 2))
+        size = int(rng.choice([19, 20]))
+        boxes.append((x0, y0, x0 + size, y0 + size))
+        labels.append(int(rng.integers(2)))
+    path = tmp_path / f"{IMAGE_ID}.xml"
+    path.write_text(annotation_xml(boxes, labels))
+    checked = check_annotation(parse_annotation(path), (480, 640))
+    expected = reference_duplicates(boxes, labels, NEAR_DUPLICATE_IOU)
+    found = {f.index: (f.kind, referenced(f.detail)) for f in checked.findings}
+    assert found == expected
+    assert len(expected) > 300 and {k for k, _ in expected.values()} == {
+        "duplicate_box", "near_duplicate_box"}
+    assert checked.index.tolist() == [j for j in range(len(boxes)) if j not in expected]
