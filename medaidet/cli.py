@@ -11,6 +11,7 @@ command line, shows the traceback instead.
 """
 import argparse
 import json
+import logging
 import sys
 import traceback
 from pathlib import Path
@@ -159,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_data_validate)
     p = data_commands.add_parser("synth", help="write a small synthetic VOC-layout dataset")
     p.add_argument("dest", help="folder to create")
-    p.add_argument("--n", type=positive_int, default=24, help="number of images (default: 24)")
+    p.add_argument("--n", type=positive_int, default=24, help="number of images, at least 3: one per split (default: 24)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
     p.set_defaults(func=_data_synth)
 
@@ -200,6 +201,18 @@ def _install_hint(exc: ModuleNotFoundError):
             f"{Path(sys.executable).name} -m pip install {target}")
 
 
+def _show_medaidet_logs() -> None:
+    """What medaidet's modules log at INFO (files left alone by a download, leftovers swept,
+    weights loaded) goes to stderr, prefixed like every other line of the command."""
+    logger = logging.getLogger("medaidet")
+    if not any(getattr(h, "medaidet_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler()   # stderr
+        handler.setFormatter(logging.Formatter("medaidet: %(message)s"))
+        handler.medaidet_cli = True
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in argv
@@ -208,6 +221,7 @@ def main(argv=None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "accepts_any_arguments", False):
         parser.error("unrecognized arguments: " + " ".join(extra))
+    _show_medaidet_logs()
     try:
         return args.func(args)
     except KeyboardInterrupt:

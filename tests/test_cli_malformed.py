@@ -1,11 +1,10 @@
 """Malformed input for the ``medaidet`` command: one row per mistake a user makes.
 
 Each row is (input the test makes, command line, expected outcome). The contract for every
-row: exit status 2 (1 for ``data validate`` reporting errors), exactly one line on stderr
-that starts with ``medaidet`` and names the argument and the value at fault — no
-traceback — and nothing the user made is changed. The rows run the real ``main`` in this
-process (argparse included); the few that need a real process (Ctrl-C, a bare interpreter)
-run one.
+row: exit status 2, one error line on stderr, last, that starts with ``medaidet`` and names
+the argument and the value at fault — no traceback — and nothing the user made is changed.
+The rows run the real ``main`` in this process (argparse included); the few that need a
+real process (Ctrl-C, a bare interpreter) run one.
 """
 import json
 import os
@@ -14,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -54,13 +54,16 @@ def files(tmp_path_factory, bccd_root):
     poisoned[first] = np.full_like(poisoned[first], np.nan)
     made["nan"] = d / "nan.npz"
     np.savez(made["nan"], **poisoned)
+    made["zip"] = d / "BCCD.zip"
+    with zipfile.ZipFile(made["zip"], "w") as archive:
+        archive.writestr("BCCD/README.md", "not the tar.gz")
     for name, value in {"model": "ssd1024", "pretrained": 5, "out": 5, "data": 123}.items():
         made[f"config_{name}"] = d / f"config_{name}.json"
         made[f"config_{name}"].write_text(json.dumps({name: value}))
     return made
 
 
-# (id, argv from the inputs, substrings the one stderr line must hold)
+# (id, argv from the inputs, substrings the one error line must hold[, environment])
 ROWS = [
     # numbers
     ("train --epochs inf", lambda f: ["train", "--epochs", "inf"], ["--epochs", "inf"]),
@@ -122,6 +125,15 @@ ROWS = [
     ("evaluate tar file", lambda f: ["evaluate", str(f["tar"])], ["weights.tar"]),
     ("evaluate truncated", lambda f: ["evaluate", str(f["truncated"])], ["truncated.npz"]),
     ("evaluate NaN weights", lambda f: ["evaluate", str(f["nan"])], ["nan.npz"]),
+    # data
+    ("data synth --n 2", lambda f: ["data", "synth", str(f["dir"] / "synth2"), "--n", "2"],
+     ["n=2", "at least 3"]),
+    ("data download from a plain path",
+     lambda f: ["data", "download", "--dest", str(f["dir"] / "dl1")], ["https://", "file://"],
+     lambda f: {"MEDAIDET_BCCD_URL": str(f["zip"])}),
+    ("data download of a zip",
+     lambda f: ["data", "download", "--dest", str(f["dir"] / "dl2")], ["ZIP archive"],
+     lambda f: {"MEDAIDET_BCCD_URL": f["zip"].as_uri()}),
     # config values
     ("config model: ssd1024", lambda f: ["train", "--config", str(f["config_model"])],
      ["model", "ssd1024"]),
@@ -133,20 +145,24 @@ ROWS = [
 
 
 @pytest.mark.slow(seconds=30)
-@pytest.mark.parametrize("name,argv,expected", ROWS, ids=[row[0] for row in ROWS])
-def test_malformed_input_gives_one_named_line(name, argv, expected, files, capsys):
+@pytest.mark.parametrize("row", ROWS, ids=[row[0] for row in ROWS])
+def test_malformed_input_gives_one_named_line(row, files, capsys, monkeypatch):
+    name, argv, expected, *environ = row
+    for key, value in (environ[0](files) if environ else {}).items():
+        monkeypatch.setenv(key, value)
     before = files["a_file"].read_text()
     try:
         status = cli.main(argv(files))
     except SystemExit as exc:  # argparse's own exit
         status = exc.code
     captured = capsys.readouterr()
-    lines = [line for line in captured.err.splitlines() if line.strip()]
+    # what the command logged before it stopped may precede it; the error is one line, last
+    errors = [line for line in captured.err.splitlines() if "error:" in line]
     assert status == 2, (status, captured.err)
-    assert len(lines) == 1 and lines[0].startswith("medaidet"), captured.err
-    assert "Traceback" not in captured.err
+    assert len(errors) == 1 and errors[0].startswith("medaidet"), captured.err
+    assert captured.err.rstrip("\n").endswith(errors[0]) and "Traceback" not in captured.err
     for text in expected:
-        assert text in lines[0], (text, lines[0])
+        assert text in errors[0], (text, errors[0])
     assert files["a_file"].read_text() == before  # nothing of the user's was changed
 
 
