@@ -20,7 +20,6 @@ batch-size``.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
@@ -28,7 +27,6 @@ import time
 import tracemalloc
 import warnings
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -38,6 +36,8 @@ from chainer.backends import cuda
 from chainer.dataset import concat_examples, convert
 from chainer.training.updaters import StandardUpdater
 
+from medaidet.arguments import (ArgumentValueError, check_number, positive_int,
+                                prepare_output_dir)
 from medaidet.errors import MedaidetError
 
 __all__ = ["AccumulationError", "NoBatchSizeFitsError", "AccumulatingUpdater",
@@ -529,16 +529,45 @@ def _try_batch_size(train_chain, examples, batch_size, device) -> BatchSizeTry:
     return t
 
 
+def _check_search(start, min_batch_size, names=("start", "min_batch_size")) -> tuple:
+    """``(start, min_batch_size)`` as whole numbers ``1 <= min_batch_size <= start``; else
+    :class:`~medaidet.arguments.ArgumentValueError` naming them as ``names`` (the command
+    line's ``--start``, ``--min``)."""
+    start_name, min_name = names
+    start = check_number(start, start_name, integer=True)
+    min_batch_size = check_number(min_batch_size, min_name, integer=True)
+    if min_batch_size > start:
+        raise ArgumentValueError(f"{min_name}: {min_batch_size} is greater than {start_name} "
+                                 f"{start}; expected a batch size from 1 to {start_name}")
+    return start, min_batch_size
+
+
+def _check_sizes(sizes, name: str = "sizes") -> list:
+    """``sizes`` sorted, without repeats, each a whole number > 0; else
+    :class:`~medaidet.arguments.ArgumentValueError` naming ``name``."""
+    expected = "expected a list of batch sizes (whole numbers > 0)"
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+        raise ArgumentValueError(f"{name}: {sizes!r} is not a list; {expected}")
+    sizes = list(sizes)
+    if not sizes:
+        raise ArgumentValueError(f"{name}: [] is empty; {expected}")
+    checked = []
+    for size in sizes:
+        try:
+            checked.append(check_number(size, name, integer=True))
+        except ArgumentValueError:
+            raise ArgumentValueError(f"{name}: {sizes!r} holds {size!r}, not a batch size; "
+                                     f"{expected}") from None
+    return sorted(set(checked))
+
+
 def measure_batch_sizes(train_chain, dataset, sizes=(1, 2, 4, 8), device=None,
                         log=print) -> BatchSizeReport:
     """Peak memory and speed of a forward + backward pass at each of ``sizes`` (all of
     them: unlike :func:`find_batch_size` it does not stop at the first fit; a size that
     runs out of memory is recorded as such). ``target_batch_size`` of the report: the
     largest size. Plot it with :func:`plot_memory`."""
-    sizes = sorted(set(sizes))
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
-                        for b in sizes):
-        raise ValueError(f"sizes must be positive integers, got {sizes!r}")
+    sizes = _check_sizes(sizes)
     if len(dataset) == 0:
         raise ValueError("the dataset is empty: measuring needs at least one example")
     log = log or (lambda line: None)
@@ -590,11 +619,9 @@ def find_batch_size(train_chain, dataset, device=None, start: int = 32,
     Returns a :class:`BatchSizeReport`. Raises :class:`NoBatchSizeFitsError` (with the
     report) when even ``min_batch_size`` runs out of memory; other errors propagate.
     """
-    if isinstance(start, bool) or not isinstance(start, int) or \
-            isinstance(min_batch_size, bool) or not isinstance(min_batch_size, int) or \
-            not 1 <= min_batch_size <= start:
-        raise ValueError(f"need integers 1 <= min_batch_size <= start, got start={start!r}, "
-                         f"min_batch_size={min_batch_size!r}")
+    start, min_batch_size = _check_search(start, min_batch_size)
+    if target_batch_size is not None:
+        target_batch_size = check_number(target_batch_size, "target_batch_size", integer=True)
     if len(dataset) == 0:
         raise ValueError("the dataset is empty: the finder needs at least one example")
     log = log or (lambda line: None)
@@ -679,15 +706,27 @@ def batch_size_on_bccd(device="auto", model="ssd300", start: int = 32, min_batch
     initial weights: memory does not depend on their values) on real BCCD training
     images, encoded as the training transform encodes them. ``device``: as
     ``medaidet train --device``. ``out``: a folder for ``batch_size.json`` and
-    ``memory.png``."""
+    ``memory.png`` (created, and checked, before any work; not inside the dataset).
+    Bad arguments raise :class:`~medaidet.arguments.ArgumentValueError` or
+    :class:`~medaidet.arguments.OutputDirError` naming them, before the model is built."""
     from chainer.datasets import TransformDataset
 
     from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+    from medaidet.data.download import resolve_root
     from medaidet.model import build_ssd
     from medaidet.train import resolve_device
     from medaidet.train_chain import MultiboxTrainChain
     from medaidet.transforms import EncodeTransform
 
+    if sizes:
+        sizes = _check_sizes(sizes)
+    else:
+        start, min_batch_size = _check_search(start, min_batch_size)
+    if target_batch_size is not None:
+        target_batch_size = check_number(target_batch_size, "target_batch_size", integer=True)
+    data = resolve_root(data)
+    if out is not None:
+        out = prepare_output_dir(out, "out", inputs=(data,))
     device = resolve_device(device)
     ssd = build_ssd(model, None)
     with warnings.catch_warnings():          # the loader's report on BCCD is not the point
@@ -706,21 +745,19 @@ def batch_size_on_bccd(device="auto", model="ssd300", start: int = 32, min_batch
                                  min_batch_size=min_batch_size,
                                  target_batch_size=target_batch_size, log=log)
     if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
         (out / "batch_size.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
         plot_memory(report).savefig(out / "memory.png", dpi=100)
     return report
 
 
-def _positive(text) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def _batch_size_command(args) -> int:
+    from medaidet.data.download import resolve_root
+
+    # checked here first so that the messages name the flags the user typed
+    if not args.sizes:
+        _check_search(args.start, args.min, names=("--start", "--min"))
+    if args.out is not None:
+        prepare_output_dir(args.out, "--out", inputs=(resolve_root(args.data),))
     log = None if args.json else print
     try:
         report = batch_size_on_bccd(args.device, args.model, args.start, args.min,
@@ -743,11 +780,11 @@ def add_batch_size_parser(subparsers):
                     "--sizes: measure each of those batch sizes instead.")
     p.add_argument("--device", default="auto", help="cpu, gpu or a GPU id (default: auto)")
     p.add_argument("--model", default="ssd300", choices=["ssd300", "ssd512"])
-    p.add_argument("--start", type=_positive, default=32, help="first batch size (default 32)")
-    p.add_argument("--min", type=_positive, default=1, help="smallest batch size to try")
-    p.add_argument("--target", type=_positive, default=None,
+    p.add_argument("--start", type=positive_int, default=32, help="first batch size (default 32)")
+    p.add_argument("--min", type=positive_int, default=1, help="smallest batch size to try")
+    p.add_argument("--target", type=positive_int, default=None,
                    help="batch to reach with accumulation (default: --start)")
-    p.add_argument("--sizes", type=_positive, nargs="+", default=None, metavar="N",
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=None, metavar="N",
                    help="measure these batch sizes (all of them) instead of searching")
     p.add_argument("--data", default=None, metavar="ROOT",
                    help="BCCD root (default: $MEDAIDET_DATA, else the cache)")

@@ -36,38 +36,54 @@ Divergence: :class:`StopOnNonFinite` checks the loss and the gradients before ev
 and the weights after it; a nan or inf stops training with :class:`TrainingDivergedError`
 naming the iteration, before a snapshot of that state is written: the last snapshot is left
 as it was, with finite weights.
+
+Bad inputs end before any work, in one named error that names the field or flag, the
+value and what is expected: :meth:`TrainConfig.validate` checks every field;
+:func:`prepare_run` creates the output folder (refusing a file, an unwritable path or a
+folder inside the dataset) and checks the ``resume`` snapshot and the ``pretrained`` file.
+An example that fails to load in a data worker process (a truncated JPEG) ends the run with
+the same error as without workers (:class:`medaidet.data.bccd.ImageError`), not a hang.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import multiprocessing
 import os
+import pickle
 import random
 import sys
 import time
+import traceback
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from medaidet import compat
+from medaidet.arguments import (ArgumentValueError, check_number, non_negative_int,
+                                positive_float, positive_int, prepare_output_dir)
 from medaidet.errors import MedaidetError
 
 __all__ = ["TrainConfig", "TrainResult", "train", "ConfigError", "DeviceError", "ResumeError",
            "PROFILES", "resolve_device", "add_train_parser", "config_from_args",
            "RandomStateExtension", "TrainingDivergedError", "StopOnNonFinite",
-           "n_processes_for"]
+           "n_processes_for", "DataWorkerError", "prepare_run", "check_snapshot_file",
+           "check_weights_file"]
 
 PROFILES = ("smoke", "full")
 SNAPSHOT_NAME = "snapshot_latest.npz"
 WEIGHTS_NAME = "model.npz"
 
 
-class ConfigError(MedaidetError, ValueError):
-    """A training config (or config file) holds an unknown key or an impossible value."""
+class ConfigError(ArgumentValueError):
+    """A training config (or config file) holds an unknown key or an impossible value; the
+    message names the field, the value and what is expected."""
 
 
 class DeviceError(MedaidetError):
@@ -88,7 +104,12 @@ class TrainingDivergedError(MedaidetError, FloatingPointError):
 
 class ResumeError(MedaidetError):
     """A trainer snapshot cannot be resumed with this config (another dataset size, batch
-    size or model), or is not a trainer snapshot."""
+    size or model), or is not a trainer snapshot (missing, empty, truncated, not an .npz)."""
+
+
+class DataWorkerError(MedaidetError):
+    """A data-loading worker process failed with an error that cannot be sent to the main
+    process as itself (it cannot be pickled); the message names its type and its text."""
 
 
 # --------------------------------------------------------------------------- config
@@ -215,39 +236,50 @@ class TrainConfig:
     # ---- checks
 
     def validate(self) -> None:
-        def positive(name, integer=True, allow_none=False):
+        """Check every field; raise :class:`ConfigError` naming the first bad one, its value
+        and what is expected. The one place the fields are checked: construction calls it,
+        and so do :func:`train` and the ``medaidet train`` command (through the config
+        they build). Numbers written as text (YAML reads ``1e-3`` as text) become numbers,
+        paths become text (``config.json`` is JSON)."""
+        def number(name, rule="positive", integer=False, optional=False):
             value = getattr(self, name)
-            if value is None and allow_none:
+            if value is None and optional:
                 return
-            kinds = (int,) if integer else (int, float)
-            if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
-                what = "a positive integer" if integer else "a positive number"
-                raise ConfigError(f"{name} must be {what}"
-                                  f"{' or null' if allow_none else ''}, got {value!r}")
+            try:
+                checked = check_number(value, name, rule, integer)
+            except ArgumentValueError as exc:
+                raise ConfigError(f"{exc}{' or null' if optional else ''}") from None
+            if integer or isinstance(value, str):
+                setattr(self, name, checked)
 
         for name in ("batch_size", "k", "log_interval", "eval_batch_size", "accumulate"):
-            positive(name)
+            number(name, integer=True)
         for name in ("subset", "eval_subset", "iterations"):
-            positive(name, allow_none=True)
+            number(name, integer=True, optional=True)
         for name in ("epochs", "lr"):
-            positive(name, integer=False)
+            number(name)
         for name in ("eval_interval", "snapshot_interval"):
-            positive(name, integer=False, allow_none=True)
+            number(name, optional=True)
         for name in ("momentum", "weight_decay", "bias_grad_scale", "alpha", "lr_gamma"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
-        if self.n_processes is not None and (isinstance(self.n_processes, bool) or not
-                                             isinstance(self.n_processes, int) or
-                                             self.n_processes < 0):
-            raise ConfigError(f"n_processes must be an integer >= 0 or null, "
-                              f"got {self.n_processes!r}")
-        if self.seed is not None and (isinstance(self.seed, bool)
-                                      or not isinstance(self.seed, int) or self.seed < 0):
-            raise ConfigError(f"seed must be an integer >= 0 or null, got {self.seed!r}")
+            number(name, "non-negative")
+        for name in ("n_processes", "seed"):
+            number(name, "non-negative", integer=True, optional=True)
+        if not isinstance(self.lr_steps, (list, tuple)):
+            raise ConfigError(f"lr_steps: {self.lr_steps!r} is not a list; expected a list of "
+                              "epochs")
+        steps = []
+        for i, step in enumerate(self.lr_steps):
+            try:
+                steps.append(float(check_number(step, f"lr_steps[{i}]", "non-negative")))
+            except ArgumentValueError as exc:
+                raise ConfigError(str(exc)) from None
+        self.lr_steps = tuple(steps)
         for name in ("deterministic", "augment"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name}: {value!r} is not true or false; expected true or "
+                                  "false")
+        self._check_names()
         if self.batch_size % self.accumulate:
             raise ConfigError(
                 f"batch_size {self.batch_size} is not divisible by accumulate "
@@ -255,24 +287,57 @@ class TrainConfig:
                 f"micro-batches; use a batch size that is a multiple of {self.accumulate}")
         if self.communicator is not None and (not isinstance(self.communicator, str)
                                               or not self.communicator):
-            raise ConfigError(f"communicator must be a ChainerMN communicator name or null, "
-                              f"got {self.communicator!r}")
+            raise ConfigError(f"communicator: {self.communicator!r} is not a communicator "
+                              "name; expected a ChainerMN communicator name (naive, "
+                              "pure_nccl, ...) or null")
         if self.deterministic and self.seed is None:
             raise ConfigError("deterministic=True needs a seed: set seed (--seed S) too")
-        try:
-            self.lr_steps = tuple(float(s) for s in self.lr_steps)
-        except (TypeError, ValueError):
-            raise ConfigError(f"lr_steps must be a list of epochs, got {self.lr_steps!r}") \
-                from None
         parse_device(self.device)
+
+    def _check_names(self) -> None:
+        """The text fields: the model, the weights, the splits and the folders."""
+        from medaidet.model import MODELS, PRETRAINED
+
+        if not isinstance(self.model, str) or self.model.lower() not in MODELS:
+            raise ConfigError(f"model: {self.model!r} is not a model medaidet builds; "
+                              f"expected one of {', '.join(MODELS)}")
+        self.model = self.model.lower()
+        if isinstance(self.pretrained, str) and self.pretrained.strip().lower() == "none":
+            self.pretrained = None        # as the command line's --pretrained none
+        if self.pretrained is not None:
+            if not _is_path(self.pretrained):
+                raise ConfigError(
+                    f"pretrained: {self.pretrained!r} is not a weights name or file; expected "
+                    f"null, {', '.join(repr(p) for p in PRETRAINED)} or the path of a "
+                    "model-only .npz")
+            self.pretrained = os.fspath(self.pretrained)
+        for name in ("train_split", "val_split"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"{name}: {value!r} is not a split name; expected a split "
+                                  "such as 'train'")
+        if not _is_path(self.out):
+            raise ConfigError(f"out: {self.out!r} is not a folder path; expected a folder to "
+                              "write the results in")
+        self.out = os.fspath(self.out)
+        if self.data is not None:
+            if not _is_path(self.data):
+                raise ConfigError(f"data: {self.data!r} is not a folder path; expected null "
+                                  "($MEDAIDET_DATA or the cache) or the BCCD root")
+            self.data = os.fspath(self.data)
+
+
+def _is_path(value) -> bool:
+    """A non-empty str or os.PathLike (not a number, not a bool)."""
+    return isinstance(value, (str, os.PathLike)) and bool(str(os.fspath(value)).strip())
 
 
 # --------------------------------------------------------------------------- device
 
 def parse_device(spec) -> str | int:
     """``'cpu'``, ``'gpu'`` (GPU 0), ``'auto'``, an int (``-1``: CPU) or a digit string."""
-    if isinstance(spec, bool):
-        raise ConfigError(f"device must be 'cpu', 'gpu', 'auto' or a GPU number, got {spec!r}")
+    if isinstance(spec, bool) or spec is None:
+        raise _device_error(spec)
     if isinstance(spec, int):
         return "cpu" if spec < 0 else spec
     text = str(spec).strip().lower()
@@ -284,7 +349,12 @@ def parse_device(spec) -> str | int:
         return int(text[6:])
     if text == "@numpy":
         return "cpu"
-    raise ConfigError(f"device must be 'cpu', 'gpu', 'auto' or a GPU number, got {spec!r}")
+    raise _device_error(spec)
+
+
+def _device_error(spec) -> ConfigError:
+    return ConfigError(f"device: {spec!r} is not a device; expected 'cpu', 'gpu', 'auto' or "
+                       "a GPU number")
 
 
 def resolve_device(spec):
@@ -430,12 +500,94 @@ def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None
     if n == 0:
         return chainer.iterators.SerialIterator(dataset, batch_size), 0
     try:
-        return chainer.iterators.MultiprocessIterator(
-            dataset, batch_size, n_processes=n, shared_mem=4 << 20), n
+        return _worker_iterator_class()(
+            _CarryErrors(dataset), batch_size, n_processes=n, shared_mem=4 << 20), n
     except Exception as exc:        # noqa: BLE001 (any failure: fall back, say why)
         log(f"train: using SerialIterator: MultiprocessIterator failed "
             f"({type(exc).__name__}: {exc})")
         return chainer.iterators.SerialIterator(dataset, batch_size), 0
+
+
+# Chainer's MultiprocessIterator loads examples in worker processes driven by a thread in
+# the main process; an example that raises kills that thread, and the main process then
+# waits forever for its batch. So the workers never raise: they return the error as a
+# value (_FailedExample), and the iterator raises it in the main process.
+
+class _WorkerTraceback(Exception):
+    """The traceback of an error in a worker process, as text: the ``__cause__`` of the
+    error re-raised in the main process (``medaidet --debug`` shows it)."""
+
+    def __str__(self):
+        return self.args[0]
+
+
+class _FailedExample:
+    """What a worker returns for an example whose loading raised: the error, pickled in
+    the worker (one that cannot be pickled is described by its type and text), and the
+    worker's traceback."""
+
+    def __init__(self, index, exc: Exception):
+        self.index = index
+        self.description = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+        self.traceback = "".join(traceback.format_exception(type(exc), exc,
+                                                            exc.__traceback__))
+        try:
+            self.pickled = pickle.dumps(exc)
+            pickle.loads(self.pickled)            # and back: its __init__ may not accept it
+        except Exception:                         # noqa: BLE001 (described instead)
+            self.pickled = None
+
+    def error(self) -> Exception:
+        """The worker's error (or a :class:`DataWorkerError` describing it), its cause
+        the worker's traceback."""
+        exc = None
+        if self.pickled is not None:
+            try:
+                exc = pickle.loads(self.pickled)
+            except Exception:                     # noqa: BLE001 (described instead)
+                exc = None
+        if exc is None:
+            exc = DataWorkerError(f"a data-loading worker process failed on training example "
+                                  f"{self.index}: {self.description}")
+        exc.__cause__ = _WorkerTraceback(self.traceback)
+        return exc
+
+
+class _CarryErrors:
+    """``dataset`` for worker processes: an example that raises is returned as a
+    :class:`_FailedExample` instead."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        try:
+            return self.dataset[index]
+        except Exception as exc:                  # noqa: BLE001 (re-raised by the iterator)
+            return _FailedExample(index, exc)
+
+
+@functools.lru_cache(maxsize=None)
+def _worker_iterator_class():
+    import chainer
+
+    class WorkerErrorIterator(chainer.iterators.MultiprocessIterator):
+        """MultiprocessIterator over :class:`_CarryErrors`: raises the first error a
+        worker met, in the main process."""
+
+        def __next__(self):
+            batch = super().__next__()
+            for example in batch:
+                if isinstance(example, _FailedExample):
+                    raise example.error()
+            return batch
+
+        next = __next__
+
+    return WorkerErrorIterator
 
 
 # --------------------------------------------------------------------------- optimizer
@@ -777,6 +929,102 @@ def _clean_log(log):
 
 # --------------------------------------------------------------------------- train
 
+SNAPSHOT_EXPECTED = "the snapshot_latest.npz of a medaidet train run (in its output folder)"
+WEIGHTS_EXPECTED = ("imagenet, voc0712, none or a model-only .npz (the model.npz of a "
+                    "medaidet train run)")
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _npz_entries(path: Path, name: str, expected: str, error) -> list:
+    """The array names in the ``.npz`` at ``path`` (its zip directory only: no array is
+    read). Raises ``error`` naming ``name`` when it is missing, a folder, empty, a
+    ``.npy``, not a zip, or truncated."""
+    def fail(problem):
+        return error(f"{name}: {path} {problem}; expected {expected}")
+
+    if not path.exists():
+        raise fail("does not exist")
+    if path.is_dir():
+        raise fail("is a folder")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+        if not head:
+            raise fail("is empty")
+        if head == _NPY_MAGIC:
+            raise fail("is a .npy array file, not an .npz archive")
+        if not head.startswith(b"PK"):
+            raise fail("is not an .npz archive")
+        with zipfile.ZipFile(path) as archive:
+            return [entry[:-4] if entry.endswith(".npy") else entry
+                    for entry in archive.namelist()]
+    except zipfile.BadZipFile as exc:
+        raise fail(f"is truncated or corrupt ({exc})") from None
+    except OSError as exc:
+        raise fail(f"cannot be read ({exc.strerror or exc})") from None
+
+
+def check_snapshot_file(path, name: str = "resume") -> Path:
+    """``path`` if it looks like a trainer snapshot (an ``.npz`` with ``updater/``
+    entries), else :class:`ResumeError` naming ``name`` (the argument as the user wrote
+    it: ``--resume`` on the command line). Reads only the zip directory; whether the
+    snapshot fits the config is checked once the data are built."""
+    path = Path(path)
+    entries = _npz_entries(path, name, SNAPSHOT_EXPECTED, ResumeError)
+    if not any(entry.startswith("updater/") for entry in entries):
+        raise ResumeError(f"{name}: {path} is not a trainer snapshot (no 'updater/' entries); "
+                          f"expected {SNAPSHOT_EXPECTED}; to start from model weights use "
+                          "pretrained=PATH (--pretrained PATH) instead")
+    return path
+
+
+def check_weights_file(path, name: str = "pretrained") -> Path:
+    """``path`` if it looks like a model-only weight file (an ``.npz``), else
+    :class:`medaidet.model.WeightsNotFoundError` (missing) or
+    :class:`~medaidet.model.WeightsFileError` naming ``name``. Reads only the zip
+    directory; :func:`medaidet.model.load_weights` checks every array when it loads."""
+    from medaidet.model import WeightsFileError, WeightsNotFoundError
+
+    path = Path(path)
+    if not path.exists():
+        raise WeightsNotFoundError(f"{name}: {path} does not exist; expected "
+                                   f"{WEIGHTS_EXPECTED}", path)
+    entries = _npz_entries(path, name, WEIGHTS_EXPECTED, WeightsFileError)
+    if any(entry.startswith("updater/") for entry in entries):
+        raise WeightsFileError(f"{name}: {path} is a trainer snapshot, not model weights; "
+                               f"expected {WEIGHTS_EXPECTED}; to continue that run use "
+                               "resume=PATH (--resume PATH)")
+    return path
+
+
+def prepare_run(config: TrainConfig, resume=None, names=None) -> Path:
+    """Check, before any model or data is built, what a run of ``config`` reads and
+    writes: the dataset root exists, the output folder can be written (created now) and
+    is not inside the dataset, the ``resume`` snapshot and the ``pretrained`` file are
+    readable ``.npz`` files. ``names``: how the user wrote each of ``'out'``,
+    ``'resume'`` and ``'pretrained'`` (the command line passes ``--out`` ...); default:
+    the config's field names. Returns the output folder (resolved). Raises
+    :class:`medaidet.arguments.OutputDirError`, :class:`ResumeError`,
+    :class:`medaidet.model.WeightsError` or
+    :class:`medaidet.data.download.DataNotFoundError`."""
+    from medaidet.data.download import resolve_root
+    from medaidet.model import PRETRAINED
+
+    names = {"out": "out", "resume": "resume", "pretrained": "pretrained", **(names or {})}
+    config.validate()
+    if resume is not None and config.communicator is not None:
+        raise ResumeError(f"{names['resume']}: resuming a multi-process (ChainerMN) run is not "
+                          "supported: each rank's data order and random state would have to "
+                          "be restored. Start a new run from its weights "
+                          "(pretrained='.../model.npz').")
+    out = prepare_output_dir(config.out, names["out"], inputs=(resolve_root(config.data),))
+    if resume is not None:
+        check_snapshot_file(resume, names["resume"])
+    if config.pretrained is not None and config.pretrained not in PRETRAINED:
+        check_weights_file(config.pretrained, names["pretrained"])
+    return out
+
+
 def _check_snapshot(path: Path, train_size: int, batch_size: int) -> None:
     try:
         with np.load(path, allow_pickle=False) as npz:
@@ -789,8 +1037,9 @@ def _check_snapshot(path: Path, train_size: int, batch_size: int) -> None:
                 raise ResumeError(f"{path} was not written by medaidet.train (it lacks the "
                                   "random states); it cannot be resumed here")
             size, batch = int(npz[prefix + "train_size"]), int(npz[prefix + "batch_size"])
-    except (OSError, ValueError) as exc:
-        raise ResumeError(f"{path} is not a readable trainer snapshot ({exc})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise ResumeError(f"{path} is not a readable trainer snapshot ({type(exc).__name__}: "
+                          f"{exc}); expected {SNAPSHOT_EXPECTED}") from None
     if (size, batch) != (train_size, batch_size):
         raise ResumeError(
             f"{path} was taken training on {size} images with batch size {batch}; this "
@@ -846,15 +1095,11 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     """
     compat.apply()
     config = config if config is not None else TrainConfig()
-    config.validate()
+    prepare_run(config, resume)
     if config.communicator is None:
         return _train(config, resume, progress, log, comm=None)
     from medaidet import distributed
 
-    if resume is not None:
-        raise ResumeError("resuming a multi-process (ChainerMN) run is not supported: each "
-                          "rank's data order and random state would have to be restored. "
-                          "Start a new run from its weights (pretrained='.../model.npz').")
     spec = distributed.communicator_spec(config.communicator)
     wanted = parse_device(config.device)
     if wanted == "auto":
@@ -883,9 +1128,7 @@ def _train(config: TrainConfig, resume, progress: bool, log, comm) -> TrainResul
     root = distributed.is_root(comm)
     if not root:
         log, progress = (lambda *_, **__: None), False
-    out = Path(config.out)
-    if root:
-        out.mkdir(parents=True, exist_ok=True)
+    out = Path(config.out)            # created and checked by prepare_run
     if comm is None:
         device = resolve_device(config.device)
         batch_size = config.batch_size
@@ -972,14 +1215,15 @@ def _train(config: TrainConfig, resume, progress: bool, log, comm) -> TrainResul
 
     if resume is not None:
         resume = Path(resume)
-        if not resume.is_file():
-            raise ResumeError(f"no snapshot at {resume}")
         _check_snapshot(resume, len(train_base), config.batch_size)
         try:
             chainer.serializers.load_npz(str(resume), trainer)
         except (KeyError, ValueError, TypeError) as exc:
             raise ResumeError(f"{resume} does not fit this trainer ({type(exc).__name__}: "
                               f"{exc}): was it taken with another model or config?") from None
+        except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+            raise ResumeError(f"{resume} is truncated or corrupt ({type(exc).__name__}: "
+                              f"{exc}); expected {SNAPSHOT_EXPECTED}") from None
         log(f"train: resumed from {resume} at iteration {updater.iteration}")
 
     if root:
@@ -1085,16 +1329,16 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output directory")
     p.add_argument("--resume", metavar="SNAPSHOT", default=None,
                    help="continue from a trainer snapshot (snapshot_latest.npz)")
-    p.add_argument("--iterations", type=int, default=None, help="stop after N iterations")
-    p.add_argument("--epochs", type=float, default=None, help="stop after N epochs")
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--subset", type=int, default=None, help="train on the first N images")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--iterations", type=positive_int, default=None, help="stop after N iterations")
+    p.add_argument("--epochs", type=positive_float, default=None, help="stop after N epochs")
+    p.add_argument("--batch-size", type=positive_int, default=None)
+    p.add_argument("--subset", type=positive_int, default=None, help="train on the first N images")
+    p.add_argument("--seed", type=non_negative_int, default=None,
                    help="seed Python, NumPy, CuPy and the data workers (see medaidet.seeding)")
     p.add_argument("--deterministic", action="store_true", default=None,
                    help="bitwise reproducible where possible: no worker processes, "
                         "deterministic cuDNN; needs --seed")
-    p.add_argument("--accumulate", type=int, default=None, metavar="N",
+    p.add_argument("--accumulate", type=positive_int, default=None, metavar="N",
                    help="split each batch into N micro-batches (gradient accumulation: the "
                         "memory of batch/N, the gradients of the whole batch)")
     p.add_argument("--communicator", default=None, metavar="NAME",
@@ -1105,7 +1349,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--data", metavar="ROOT", default=None, help="BCCD root")
     p.add_argument("--pretrained", default=None,
                    help="imagenet, voc0712, none, or a model-only .npz")
-    p.add_argument("--n-processes", type=int, default=None,
+    p.add_argument("--n-processes", type=non_negative_int, default=None,
                    help="data-loading worker processes (0: none)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_train_command)
@@ -1132,5 +1376,9 @@ def config_from_args(args) -> TrainConfig:
 
 def _train_command(args) -> int:
     config = config_from_args(args)
+    # checked here first so that the messages name the flags the user typed
+    prepare_run(config, args.resume, names={
+        "out": "--out" if args.out is not None else "out", "resume": "--resume",
+        "pretrained": "--pretrained" if args.pretrained is not None else "pretrained"})
     train(config, resume=args.resume, progress=not args.no_progress)
     return 0

@@ -409,7 +409,7 @@ def test_measure_batch_sizes_tries_every_size_and_records_the_ones_that_fail():
     assert len(lines) == 4 and chain.w.grad is None
     back = BatchSizeReport.from_dict(json.loads(json.dumps(report.as_dict())))
     assert back.tries == report.tries and back.device == report.device
-    with pytest.raises(ValueError, match="positive integers"):
+    with pytest.raises(ValueError, match=r"^sizes: \[0, 2\] holds 0, not a batch size"):
         measure_batch_sizes(chain, stub_samples(2), sizes=(0, 2), log=None)
 
 
@@ -490,4 +490,73 @@ def test_batch_size_command_on_real_bccd(bccd_root, tmp_path, capsys):
     assert "batch 1: fits" in text and "no accumulation needed" in text
     with pytest.raises(SystemExit):
         main(["batch-size", "--start", "0"])
-    assert "must be a positive integer" in capsys.readouterr().err
+    assert "argument --start: 0 is out of range; expected a whole number > 0" in \
+        capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Building SSD is the start of the work: every check must come before it."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was built before the arguments were checked")
+    monkeypatch.setattr("medaidet.model.build_ssd", refuse)
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+def test_batch_size_command_min_greater_than_start(bccd_root, capsys, no_model):
+    from medaidet.cli import main
+
+    assert main(["batch-size", "--device", "cpu", "--start", "4", "--min", "8",
+                 "--data", str(bccd_root)]) == 2
+    assert _error_line(capsys) == ("medaidet: error: --min: 8 is greater than --start 4; "
+                                   "expected a batch size from 1 to --start")
+
+
+def test_batch_size_command_output_folder(bccd_root, tmp_path, capsys, no_model):
+    from medaidet.cli import main
+
+    file = tmp_path / "results"
+    file.write_text("mine")
+    argv = ["batch-size", "--device", "cpu", "--start", "1", "--data", str(bccd_root)]
+    assert main(argv + ["--out", str(file)]) == 2
+    assert _error_line(capsys) == (f"medaidet: error: --out: {file} is a file, not a folder; "
+                                   "give a folder path (it is created if missing)")
+    assert main(argv + ["--out", str(file / "finder")]) == 2
+    assert _error_line(capsys).startswith(
+        f"medaidet: error: --out: cannot create the folder {file / 'finder'} ")
+    data = tmp_path / "bccd"
+    (data / "Annotations").mkdir(parents=True)
+    assert main(["batch-size", "--device", "cpu", "--data", str(data),
+                 "--out", str(data / "finder")]) == 2
+    assert _error_line(capsys).startswith(
+        f"medaidet: error: --out: {data / 'finder'} is inside {data}, which this run reads")
+    assert not (data / "finder").exists() and file.read_text() == "mine"
+
+
+def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
+    from medaidet.arguments import ArgumentValueError, OutputDirError
+    from medaidet.memory import batch_size_on_bccd
+
+    with pytest.raises(ArgumentValueError, match="^min_batch_size: 8 is greater than start 4; "
+                                                 "expected a batch size from 1 to start$"):
+        batch_size_on_bccd("cpu", start=4, min_batch_size=8, data=bccd_root)
+    with pytest.raises(ArgumentValueError, match="^start: 0 is out of range"):
+        batch_size_on_bccd("cpu", start=0, data=bccd_root)
+    with pytest.raises(ArgumentValueError, match=r"^sizes: \[2, 0\] .* expected"):
+        batch_size_on_bccd("cpu", sizes=[2, 0], data=bccd_root)
+    file = tmp_path / "results"
+    file.write_text("mine")
+    with pytest.raises(OutputDirError, match="^out: .* is a file, not a folder"):
+        batch_size_on_bccd("cpu", start=1, data=bccd_root, out=file)
+    with pytest.raises(ArgumentValueError, match="^min_batch_size: 3 is greater than start 2"):
+        find_batch_size(HungryChain(fits=1), stub_samples(2), start=2, min_batch_size=3,
+                        log=None)
+    with pytest.raises(ArgumentValueError, match="^start: 1.5 is not a whole number"):
+        find_batch_size(HungryChain(fits=1), stub_samples(2), start=1.5, log=None)

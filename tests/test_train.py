@@ -4,6 +4,7 @@ import argparse
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -123,6 +124,33 @@ def test_smoke_training_writes_everything(run_a):
     for name, param in fresh.namedparams():
         np.testing.assert_array_equal(
             param.array, dict(run_a.model.namedparams())[name].array)
+
+
+def _umask_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@pytest.mark.slow(seconds=1)
+def test_snapshot_metrics_and_plots_get_the_usual_file_mode(run_a):
+    """What train() writes itself (the trainer snapshot, metrics.json, config.json, the
+    plots) is created as any file the user makes: 0666 less the umask (0644 under umask
+    022), readable by the course's other accounts, not 0600."""
+    out = run_a.out
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in out.iterdir()
+             if p.is_file() and not p.name.startswith("model.npz")}
+    assert set(modes) >= {"snapshot_latest.npz", "metrics.json", "config.json", "loss.png"}
+    assert modes == {name: oct(_umask_mode()) for name in modes}
+
+
+@pytest.mark.slow(seconds=1)
+def test_weights_get_the_usual_file_mode(run_a):
+    """model.npz and its .sha256 sidecar likewise: what evaluation on another account, or
+    a web server serving the course's results, must read."""
+    modes = {name: oct(stat.S_IMODE((run_a.out / name).stat().st_mode))
+             for name in ("model.npz", "model.npz.sha256")}
+    assert modes == {name: oct(_umask_mode()) for name in modes}
 
 
 def _train_process(config: dict, cfg_path, resume=None) -> subprocess.Popen:
@@ -261,3 +289,19 @@ def test_resume_with_another_subset_is_refused(run_a, bccd_root, tmp_path):
         train(config, resume=run_a.snapshot, progress=False)
     with pytest.raises(ResumeError, match="not a trainer snapshot"):
         train(config, resume=run_a.weights, progress=False)
+
+
+@pytest.mark.slow(seconds=10)
+def test_a_damaged_snapshot_is_a_named_error(run_a, bccd_root, tmp_path):
+    """Its zip directory is intact (the first check passes); an array in the middle is
+    not: loading it fails inside chainer, and that is a ResumeError too."""
+    data = bytearray(run_a.snapshot.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 256] = bytes(b ^ 0xFF for b in data[middle:middle + 256])
+    damaged = tmp_path / "snapshot_latest.npz"
+    damaged.write_bytes(bytes(data))
+    config = TrainConfig.profile("smoke", iterations=5, data=str(bccd_root),
+                                 out=str(tmp_path / "out"), **TINY)
+    with pytest.raises(ResumeError, match=r"snapshot_latest.npz is truncated or corrupt "
+                                          r"\((BadZipFile|error): .*\); expected the "):
+        train(config, resume=damaged, progress=False, log=lambda *_: None)
