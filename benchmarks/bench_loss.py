@@ -20,7 +20,7 @@ import chainer
 from chainer.backends import cuda
 from chainercv.links.model.ssd import multibox_loss as chainercv_loss
 
-from medaidet.loss import multibox_loss as medaidet_loss
+from medaidet.ssd.loss import multibox_loss as medaidet_loss
 
 N_PRIOR = 8732      # SSD300
 N_CLASS = 4         # background + RBC, WBC, Platelets

@@ -2,7 +2,7 @@
 
 The 'evaluate' preset (score 0.01, NMS 0.45) on a randomly initialized SSD300 (seeded), on
 the CPU: every prior passes the score threshold, so ChainerCV's NMS loops over all 8732
-boxes of each class. ``medaidet.predict.predict`` keeps the 400 best per class before NMS and
+boxes of each class. ``medaidet.ssd.predict.predict`` keeps the 400 best per class before NMS and
 the 200 best per image after it. Both are measured in the same run on the same images:
 
 * whole ``predict`` (preprocessing, forward pass, decoding, NMS), and
@@ -22,7 +22,7 @@ import numpy as np
 from chainercv.links import SSD300
 
 import medaidet  # noqa: F401  (runtime compat settings)
-from medaidet.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, decode_capped, predict
+from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, decode_capped, predict
 
 
 def load_images(n, seed):

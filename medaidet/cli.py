@@ -47,7 +47,7 @@ def _stack_status(args) -> int:
 
 
 def _doctor(args) -> int:
-    from medaidet.doctor import run_doctor
+    from medaidet.env.doctor import run_doctor
     report = run_doctor(gpu_smoke=args.gpu_smoke)
     print(report.to_json() if args.json else report)
     return 1 if report.failed else 0
@@ -73,7 +73,7 @@ def _data_synth(args) -> int:
 
 
 def _course_run(args) -> int:
-    from medaidet.course import run_course
+    from medaidet.env.course import run_course
     summary = run_course(profile=args.profile, only=args.only, out_dir=args.out,
                          cell_timeout=args.cell_timeout)
     return 0 if summary.ok else 1
@@ -84,10 +84,10 @@ def _add_model_commands(commands) -> None:
     stack is installed they are still listed, and say how to get it, so that
     `python -m medaidet stack install` works in an environment without chainer."""
     try:
-        from medaidet.count import add_count_parser
-        from medaidet.evaluate import add_evaluate_parser
-        from medaidet.memory import add_batch_size_parser
-        from medaidet.train import add_train_parser
+        from medaidet.evaluation.count import add_count_parser
+        from medaidet.evaluation.evaluate import add_evaluate_parser
+        from medaidet.scaling.memory import add_batch_size_parser
+        from medaidet.training.train import add_train_parser
     except ImportError as exc:
         missing = f"{type(exc).__name__}: {exc}"
 

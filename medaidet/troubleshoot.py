@@ -17,7 +17,7 @@ import textwrap
 import time
 from dataclasses import dataclass
 
-from medaidet.transforms import InvalidSampleError, check_sample
+from medaidet.ssd.transforms import InvalidSampleError, check_sample
 
 __all__ = ["InvalidSample", "find_invalid_samples", "OpenCVForkCheck", "opencv_fork_check",
            "OutOfMemoryDemo", "out_of_memory_demo"]
@@ -38,7 +38,7 @@ class InvalidSample:
 
 
 def find_invalid_samples(dataset, n_fg_class: int = 3, limit: int | None = None) -> list:
-    """Run :func:`medaidet.transforms.check_sample` on every sample of ``dataset`` (an
+    """Run :func:`medaidet.ssd.transforms.check_sample` on every sample of ``dataset`` (an
     ``(img, bbox, label)`` dataset, before any transform) and list the ones it rejects,
     with their index and, when the dataset has ``ids`` (BCCD and ChainerCV's VOC datasets
     do), the image id: the file to open and fix.
@@ -136,7 +136,7 @@ class OutOfMemoryDemo:
     """What :func:`out_of_memory_demo` saw: the finder's report, its log lines as they
     were printed, and the memory the child was given."""
 
-    report: "object"           # medaidet.memory.BatchSizeReport
+    report: "object"           # medaidet.scaling.memory.BatchSizeReport
     lines: list
     one_image_bytes: int
     limit_bytes: int
@@ -158,10 +158,10 @@ _OOM_SCRIPT = textwrap.dedent("""
     from chainer.dataset import concat_examples
     from chainer.datasets import TransformDataset
     from medaidet.data.bccd import BCCDDataset
-    from medaidet.memory import NoBatchSizeFitsError, find_batch_size
-    from medaidet.model import build_ssd, materialize
-    from medaidet.train_chain import MultiboxTrainChain
-    from medaidet.transforms import EncodeTransform
+    from medaidet.scaling.memory import NoBatchSizeFitsError, find_batch_size
+    from medaidet.ssd.model import build_ssd, materialize
+    from medaidet.ssd.train_chain import MultiboxTrainChain
+    from medaidet.ssd.transforms import EncodeTransform
 
     def vm(key):
         with open("/proc/self/status") as f:
@@ -199,15 +199,15 @@ def out_of_memory_demo(data_root=None, start: int = 8, headroom: float = 1.5,
 
     A child process builds SSD300, measures what one BCCD image's forward + backward pass
     needs, limits its own address space (``RLIMIT_AS``, Linux) to what it holds plus
-    ``headroom`` times that, and runs :func:`medaidet.memory.find_batch_size` from
+    ``headroom`` times that, and runs :func:`medaidet.scaling.memory.find_batch_size` from
     ``start``: large batches raise NumPy's ``MemoryError`` (CuPy's
     ``OutOfMemoryError`` on a GPU), the finder frees, halves and retries, and reports every
     try. The limit applies to the child only: this process is never short of memory.
     With a ``headroom`` below 1 not even batch 1 fits: ``error`` then holds the message of
-    the finder's :class:`~medaidet.memory.NoBatchSizeFitsError`.
+    the finder's :class:`~medaidet.scaling.memory.NoBatchSizeFitsError`.
     """
     from medaidet.data import resolve_root
-    from medaidet.memory import BatchSizeReport
+    from medaidet.scaling.memory import BatchSizeReport
 
     if not sys.platform.startswith("linux"):
         raise RuntimeError("out_of_memory_demo limits memory with RLIMIT_AS: Linux only")

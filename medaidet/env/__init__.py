@@ -1,0 +1,1 @@
+"""The environment (notebook 00): the doctor, Colab setup and the papermill course runner."""

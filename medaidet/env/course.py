@@ -1,0 +1,336 @@
+"""Run the course notebooks headless with papermill, in order, and summarise.
+
+``python -m medaidet course run`` calls :func:`run_course`. Each notebook in
+``notebooks/`` is executed in name order (``00_…``, ``01_…``) with the
+parameter ``profile`` injected after its cell tagged ``parameters``; the
+executed copies, ``summary.json`` and ``summary.md`` go to the output
+directory. The run stops at the first failing notebook, because later
+notebooks use what earlier ones produced.
+
+The kernels see ``MEDAIDET_COURSE_RUN=1``, ``MEDAIDET_PROFILE`` and
+``MEDAIDET_COURSE_OUT`` (the output directory) in their environment; notebook 04
+leaves its test-set evaluation there (``evaluation.json``), and the summary reports
+its mAP. ``MEDAIDET_NOTEBOOKS`` points the runner at another notebooks
+directory (the default is the ``notebooks/`` folder of the source checkout).
+
+Importing this module is cheap (papermill and chainer are imported only when
+needed), so notebooks can use :func:`resolve_profile`.
+"""
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from medaidet.arguments import check_number, prepare_output_dir
+from medaidet.errors import MedaidetError
+from medaidet.stack.install import installed_version
+
+PROFILES = ("smoke", "full")
+CELL_TIMEOUT = {"smoke": 600, "full": 7200}
+NOTEBOOKS_ENV = "MEDAIDET_NOTEBOOKS"
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # medaidet/env/course.py -> the checkout
+NOT_RUN_NOTE = "an earlier notebook failed"
+_ERROR_CHARS = 500
+EVALUATION_FILE = "evaluation.json"  # written by notebook 04 into MEDAIDET_COURSE_OUT
+
+
+class CourseError(MedaidetError):
+    """The course cannot be run as asked (no notebooks, unknown name, bad profile)."""
+
+
+@dataclass
+class NotebookResult:
+    """What happened to one notebook."""
+
+    name: str
+    status: str  # "ok", "failed" or "not run"
+    seconds: float = 0.0
+    output: object = None  # path of the executed notebook (str), None when not run
+    error: object = None  # "ExceptionName: message" (short), None unless failed
+    note: object = None  # why it was not run
+
+    @property
+    def line(self) -> str:
+        if self.status == "ok":
+            return f"{self.name}: ok ({self.seconds:.1f} s) -> {self.output}"
+        if self.status == "failed":
+            return f"{self.name}: FAILED after {self.seconds:.1f} s: {self.error} -> {self.output}"
+        return f"{self.name}: not run ({self.note})"
+
+
+@dataclass
+class CourseSummary:
+    """Result of :func:`run_course`; ``ok`` is True when every notebook ran clean."""
+
+    profile: str
+    results: list = field(default_factory=list)
+    profile_reason: str = ""
+    out_dir: str = ""
+    notebooks_dir: str = ""
+    cell_timeout: int = 0
+    python: str = field(default_factory=lambda: platform.python_version())
+    numpy: object = field(default_factory=lambda: installed_version("numpy"))
+    chainer: object = field(default_factory=lambda: installed_version("chainer"))
+    chainercv: object = field(default_factory=lambda: installed_version("chainercv"))
+    date: str = field(default_factory=lambda: datetime.datetime.now().astimezone()
+                      .isoformat(timespec="seconds"))
+    evaluation: object = None  # what notebook 04 wrote to <out>/evaluation.json, if it ran
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.results) and all(r.status == "ok" for r in self.results)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return data
+
+    def to_markdown(self) -> str:
+        lines = [
+            "# Course run: " + ("ok" if self.ok else "FAILED"),
+            "",
+            f"- profile: **{self.profile}** ({self.profile_reason})",
+            f"- date: {self.date}",
+            f"- python {self.python}, numpy {self.numpy}, chainer {self.chainer}, "
+            f"chainercv {self.chainercv}",
+            f"- notebooks: `{self.notebooks_dir}`; cell timeout {self.cell_timeout} s",
+            *self._evaluation_lines(),
+            "",
+            "| notebook | status | seconds | output | error |",
+            "|---|---|---:|---|---|",
+        ]
+        for r in self.results:
+            status = r.status if r.status != "not run" else f"not run ({r.note})"
+            output = f"[{Path(r.output).name}]({Path(r.output).name})" if r.output else ""
+            error = (r.error or "").replace("|", "\\|").replace("\n", " ")
+            seconds = f"{r.seconds:.1f}" if r.status != "not run" else ""
+            lines.append(f"| {r.name} | {status} | {seconds} | {output} | {error} |")
+        return "\n".join(lines) + "\n"
+
+    def _evaluation_lines(self) -> list:
+        if not self.evaluation:
+            return []
+        lines = []
+        for name, p in self.evaluation.get("protocols", {}).items():
+            per_class = ", ".join(f"{c} {_fmt_ap(v)}" for c, v in p["ap_voc"].items())
+            lines.append(f"- {self.evaluation.get('split')} mAP, {name} protocol (score >= "
+                         f"{p['score_thresh']}, {self.evaluation.get('n_images')} images): "
+                         f"**{_fmt_ap(p['map_voc'])}** ({per_class})")
+        return lines
+
+
+def _fmt_ap(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def resolve_profile(profile: str = "auto"):
+    """Return ``(profile, reason)``: "auto" is "full" on a usable GPU, else "smoke".
+
+    Never raises for a broken chainer/CuPy: it falls back to "smoke" and the
+    reason says why.
+    """
+    if profile in PROFILES:
+        return profile, "as requested"
+    if profile != "auto":
+        raise CourseError(f"unknown profile {profile!r}: use 'auto', 'smoke' or 'full'")
+    try:
+        import medaidet  # noqa: F401  (runtime settings before chainer)
+        from chainer.backends import cuda
+    except Exception as exc:  # a broken stack: the doctor (notebook 00) says more
+        return "smoke", f"auto: chainer does not import ({type(exc).__name__}: {exc})"
+    if not cuda.available:
+        from medaidet.compat import installed_cupy
+        if not installed_cupy():
+            return "smoke", "auto: no CuPy installed, running on the CPU"
+        why = getattr(cuda, "_resolution_error", None)
+        if why is not None:
+            return "smoke", (f"auto: CuPy is not usable ({type(why).__name__}: {why}); "
+                             f"run `python -m medaidet doctor`")
+        return "smoke", "auto: no CuPy, running on the CPU"
+    try:
+        count = cuda.cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return "smoke", f"auto: CuPy finds no GPU ({type(exc).__name__}: {exc})"
+    if count < 1:
+        return "smoke", "auto: CuPy finds no GPU"
+    return "full", f"auto: {count} GPU(s) usable"
+
+
+def default_notebooks_dir() -> Path:
+    """``$MEDAIDET_NOTEBOOKS``, else ``notebooks/`` of the source checkout."""
+    env = os.environ.get(NOTEBOOKS_ENV)
+    return Path(env) if env else SOURCE_ROOT / "notebooks"
+
+
+def list_notebooks(notebooks_dir) -> list:
+    """The course notebooks in ``notebooks_dir``, in name order."""
+    notebooks_dir = Path(notebooks_dir)
+    if not notebooks_dir.is_dir():
+        raise CourseError(
+            f"no notebooks directory at {notebooks_dir}: the course notebooks are expected in "
+            f"the notebooks/ folder of a source checkout of medaidet (installed with "
+            f"`pip install -e .`), or in the folder named by ${NOTEBOOKS_ENV}")
+    found = sorted(p for p in notebooks_dir.glob("*.ipynb") if p.is_file())
+    if not found:
+        raise CourseError(f"no *.ipynb notebooks in {notebooks_dir}")
+    return found
+
+
+def select_notebooks(notebooks: list, only) -> list:
+    """Keep the notebooks named in ``only`` (file name, stem or number prefix)."""
+    if not only:
+        return list(notebooks)
+    if isinstance(only, str):
+        only = [only]
+    chosen = set()
+    for name in only:
+        name = str(name).strip()
+        hits = [p for p in notebooks
+                if name in (p.name, p.stem, p.stem.split("_", 1)[0])]
+        if not hits:
+            available = ", ".join(f"{p.stem} ({p.stem.split('_', 1)[0]})" for p in notebooks)
+            raise CourseError(f"no notebook named {name!r}; available: {available}")
+        chosen.update(hits)
+    return [p for p in notebooks if p in chosen]
+
+
+def _short_error(exc: BaseException, timeout: int) -> str:
+    from nbclient.exceptions import CellTimeoutError
+    from papermill.exceptions import PapermillExecutionError
+    if isinstance(exc, PapermillExecutionError):
+        text = f"{exc.ename}: {exc.evalue} (at In [{exc.exec_count}])"
+    elif isinstance(exc, CellTimeoutError):
+        # nbclient's message ends with a preview of the cell between dashed lines
+        preview = [line.strip() for line in str(exc).split("-" * 19)[1:2]
+                   for line in line.splitlines() if line.strip()]
+        text = (f"CellTimeoutError: a cell ran longer than the {timeout} s cell timeout "
+                f"(--cell-timeout)" + (f": {preview[0]}" if preview else ""))
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    return text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS - 3] + "..."
+
+
+@contextmanager
+def _kernel_environment(profile: str, out_dir: Path):
+    """Environment the kernels inherit; restored afterwards."""
+    keys = ("MEDAIDET_COURSE_RUN", "MEDAIDET_PROFILE", "MEDAIDET_COURSE_OUT", "PYTHONPATH")
+    saved = {key: os.environ.get(key) for key in keys}
+    os.environ["MEDAIDET_COURSE_RUN"] = "1"
+    os.environ["MEDAIDET_PROFILE"] = profile
+    os.environ["MEDAIDET_COURSE_OUT"] = str(out_dir)  # where notebooks leave results
+    # Kernels import the same medaidet as this runner, even when it is not installed.
+    if (SOURCE_ROOT / "pyproject.toml").is_file():
+        parts = [str(SOURCE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                      if p and p != str(SOURCE_ROOT)]
+        os.environ["PYTHONPATH"] = os.pathsep.join(parts)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _kernel_note():
+    """A warning when the "python3" kernel is not this interpreter, else None."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+        spec = KernelSpecManager().get_kernel_spec("python3")
+    except Exception as exc:
+        return f"no python3 Jupyter kernel found ({type(exc).__name__}: {exc}); " \
+               f"install ipykernel in this environment"
+    exe = spec.argv[0] if spec.argv else ""
+    if exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
+        return None  # jupyter_client runs sys.executable for these
+    if Path(exe).is_absolute() and Path(exe).resolve() != Path(sys.executable).resolve():
+        return (f"the python3 kernel runs {exe}, not this interpreter ({sys.executable}): "
+                f"notebooks may see other packages (`python -m ipykernel install --user` "
+                f"in this environment fixes it)")
+    return None
+
+
+def _write_summary(summary: CourseSummary, out_dir: Path) -> Path:
+    path = out_dir / "summary.json"
+    path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n", encoding="utf-8")
+    (out_dir / "summary.md").write_text(summary.to_markdown(), encoding="utf-8")
+    return path
+
+
+def run_course(profile="auto", only=None, out_dir="outputs", cell_timeout=None,
+               notebooks_dir=None, log=print) -> CourseSummary:
+    """Execute the course notebooks in order with papermill; see the module docstring."""
+    notebooks_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()
+    notebooks_dir = notebooks_dir.resolve()
+    selected = select_notebooks(list_notebooks(notebooks_dir), only)
+    profile, reason = resolve_profile(profile)
+    timeout = (check_number(cell_timeout, "--cell-timeout", integer=True)
+               if cell_timeout is not None else CELL_TIMEOUT[profile])
+    # The executed copies replace <out>/<name>.ipynb: never the notebooks themselves
+    # (nor anything in the dataset the kernels read).
+    out_dir = prepare_output_dir(out_dir, "--out",
+                                 inputs=(notebooks_dir, os.environ.get("MEDAIDET_DATA")))
+    for path in selected:  # copies from an earlier run would contradict this run's summary
+        (out_dir / path.name).unlink(missing_ok=True)
+    (out_dir / EVALUATION_FILE).unlink(missing_ok=True)
+
+    import papermill
+
+    summary = CourseSummary(profile=profile, profile_reason=reason, out_dir=str(out_dir),
+                            notebooks_dir=str(notebooks_dir), cell_timeout=timeout)
+    log(f"course: profile {profile} ({reason}); {len(selected)} notebook(s) from "
+        f"{notebooks_dir}; cell timeout {timeout} s")
+    note = _kernel_note()
+    if note:
+        log(f"course: warning: {note}")
+
+    failed = False
+    with _kernel_environment(profile, out_dir):
+        for path in selected:
+            if failed:
+                result = NotebookResult(path.stem, "not run", note=NOT_RUN_NOTE)
+                summary.results.append(result)
+                log(result.line)
+                continue
+            output = out_dir / path.name
+            start = time.monotonic()
+            try:
+                papermill.execute_notebook(
+                    str(path), str(output), parameters={"profile": profile},
+                    kernel_name="python3", progress_bar=True, cwd=str(notebooks_dir),
+                    execution_timeout=timeout)
+            except KeyboardInterrupt:
+                summary.results.append(NotebookResult(
+                    path.stem, "failed", round(time.monotonic() - start, 2),
+                    str(output) if output.exists() else None,
+                    "KeyboardInterrupt: interrupted by the user"))
+                summary.results.extend(NotebookResult(p.stem, "not run", note="interrupted")
+                                       for p in selected[len(summary.results):])
+                _write_summary(summary, out_dir)
+                raise
+            except Exception as exc:
+                failed = True
+                result = NotebookResult(path.stem, "failed", round(time.monotonic() - start, 2),
+                                        str(output) if output.exists() else None,
+                                        _short_error(exc, timeout))
+            else:
+                result = NotebookResult(path.stem, "ok", round(time.monotonic() - start, 2),
+                                        str(output))
+            summary.results.append(result)
+            log(result.line)
+
+    evaluation = out_dir / EVALUATION_FILE
+    if evaluation.is_file():
+        summary.evaluation = json.loads(evaluation.read_text(encoding="utf-8"))
+        for line in summary._evaluation_lines():
+            log("course: " + line[2:].replace("**", ""))
+    summary_path = _write_summary(summary, out_dir)
+    log(f"course: {'ok' if summary.ok else 'FAILED'}; summary: {summary_path}")
+    return summary

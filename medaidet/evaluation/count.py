@@ -1,0 +1,413 @@
+"""Counting cells with a detector: predicted vs annotated counts per image and class.
+
+A lab wants counts, not boxes. The predicted count of a class in an image is the number of
+its detections scoring ``>= score_thresh``; the annotated count is the number of its boxes
+(difficult ones included; BCCD marks none). Per class, over the images:
+
+* ``mae``: mean absolute error, ``mean |predicted - annotated|`` (cells per image);
+* ``bias``: mean signed error, ``mean (predicted - annotated)``: > 0 over-counts;
+* ``relative_error``: mean absolute relative error, ``mean |predicted - annotated| /
+  annotated`` over the images with ``annotated > 0`` only (the ratio is undefined at 0;
+  those images still count in MAE and bias); NaN when no image has a box of the class.
+  ``n_relative`` says over how many images it was taken.
+
+Predictions come from :func:`medaidet.evaluation.evaluate.predict_split` (score >= 0.01), capped at
+``keep_top_k`` (200) detections per image: a count can never exceed that (BCCD images hold
+~11 RBC boxes on average, so only an untrained model reaches the cap).
+
+Read the RBC numbers with :data:`RBC_NOTE` in mind.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from medaidet.arguments import ArgumentValueError, check_number, probability
+from medaidet.evaluation.evaluate import (EVALUATE_SCORE_THRESH, Predictions, add_common_arguments,
+                               check_run, predict_weights)
+
+__all__ = ["RBC_NOTE", "SWEEP_NOTE", "DEFAULT_SCORE_THRESH", "DEFAULT_THRESHOLDS",
+           "CountResult", "SweepResult", "count_cells", "threshold_sweep", "plot_counts",
+           "plot_sweep", "count_weights", "add_count_parser"]
+
+DEFAULT_SCORE_THRESH = 0.5
+DEFAULT_THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
+
+RBC_NOTE = (
+    "RBC counts are biased by the annotation, not only by the detector. BCCD's RBC boxes "
+    "are incomplete: some images have no RBC box at all although red cells are visible "
+    "(the validator's missing_class findings: 15 images without an RBC box), and cells cut "
+    "by the image border or packed in clumps are often left unboxed. A detector that finds "
+    "those unboxed cells is scored as over-counting, so the measured RBC MAE and relative "
+    "error overstate its real error and the RBC bias is pushed positive (the annotated "
+    "count is too low, not necessarily the prediction too high). Platelets are small "
+    "(~18x24 px at 300x300, below SSD300's smallest 30 px default box), so the detector "
+    "tends to miss them: expect a negative platelet bias. WBC boxes are nearly complete "
+    "(about one per image) and their counts the most trustworthy.")
+
+SWEEP_NOTE = (
+    "The best threshold is chosen on the same images it is scored on: on the test split "
+    "that is optimistic. Choose the threshold on the val split and report test counts at it.")
+
+
+def _counts(labels_per_image, n_class: int) -> np.ndarray:
+    return np.array([np.bincount(np.asarray(lb, dtype=np.int64), minlength=n_class)[:n_class]
+                     for lb in labels_per_image], dtype=np.int64).reshape(-1, n_class)
+
+
+def _predicted_counts(preds: Predictions, score_thresh: float) -> np.ndarray:
+    n_class = len(preds.label_names)
+    return _counts([lb[s >= score_thresh] for lb, s in zip(preds.pred_labels,
+                                                            preds.pred_scores)], n_class)
+
+
+def _check_thresh(score_thresh, lowest: float, name: str = "score_thresh") -> float:
+    """``score_thresh`` as a float from ``lowest`` (the predictions' own threshold) to 1.
+
+    Scores are softmax probabilities: NaN or a value above 1 would count nothing, and a
+    value below ``lowest`` would pretend to count detections the predictions do not hold.
+    1 is allowed (float32 softmax scores do reach 1.0, and the test is ``>=``).
+    """
+    value = check_number(score_thresh, name, "probability")
+    if value < lowest:
+        raise ArgumentValueError(
+            f"{name}: {score_thresh} is below {lowest:g}, the lowest score the predictions "
+            f"hold (the detector keeps only detections scoring >= {lowest:g}); expected a "
+            f"number from {lowest:g} to 1")
+    return value
+
+
+def _stats(predicted: np.ndarray, annotated: np.ndarray):
+    """Per-class (mae, bias, relative_error, n_relative) of (N, C) count arrays."""
+    error = (predicted - annotated).astype(float)
+    n = len(error)
+    mae = np.abs(error).mean(axis=0) if n else np.full(error.shape[1], np.nan)
+    bias = error.mean(axis=0) if n else np.full(error.shape[1], np.nan)
+    has = annotated > 0
+    n_relative = has.sum(axis=0)
+    ratio = np.where(has, np.abs(error) / np.maximum(annotated, 1), 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = np.where(n_relative > 0, ratio.sum(axis=0) / np.maximum(n_relative, 1), np.nan)
+    return mae, bias, rel, n_relative
+
+
+@dataclass
+class CountResult:
+    """Counts at one score threshold. ``predicted``/``annotated``: int (N images, C classes).
+
+    Per class (arrays of length C): ``mae``, ``bias``, ``relative_error``, ``n_relative``
+    (see the module docs). Shows as a table (``_repr_html_``, ``str``); :meth:`rows` is the
+    per-image table, :meth:`to_dict` / :meth:`to_json` for files.
+    """
+    ids: list
+    label_names: tuple
+    score_thresh: float
+    predicted: np.ndarray
+    annotated: np.ndarray
+    mae: np.ndarray
+    bias: np.ndarray
+    relative_error: np.ndarray
+    n_relative: np.ndarray
+    split: str | None = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def error(self) -> np.ndarray:
+        """Signed error per image and class, ``predicted - annotated``."""
+        return self.predicted - self.annotated
+
+    def rows(self) -> list:
+        """The per-image table: one dict per image with ``<class>_pred``/``_true``/``_error``."""
+        out = []
+        for i, image_id in enumerate(self.ids):
+            row = {"image": image_id}
+            for l, name in enumerate(self.label_names):
+                row[f"{name}_pred"] = int(self.predicted[i, l])
+                row[f"{name}_true"] = int(self.annotated[i, l])
+                row[f"{name}_error"] = int(self.predicted[i, l] - self.annotated[i, l])
+            out.append(row)
+        return out
+
+    def _summary(self):
+        cols = ["class", "annotated", "predicted", "MAE", "rel. error", "bias"]
+        body = [[name, str(int(self.annotated[:, l].sum())),
+                 str(int(self.predicted[:, l].sum())), _fmt(self.mae[l]),
+                 _fmt(self.relative_error[l], pct=True), _fmt(self.bias[l], sign=True)]
+                for l, name in enumerate(self.label_names)]
+        return cols, body
+
+    def __str__(self):
+        cols, body = self._summary()
+        table = [cols] + body
+        widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
+        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                           for i, (c, w) in enumerate(zip(r, widths))) for r in table]
+        head = (f"Cell counts at score >= {self.score_thresh:g}, {self.split or 'split'} "
+                f"({len(self.ids)} images); MAE and bias in cells per image")
+        return "\n".join([head] + lines + ["", RBC_NOTE])
+
+    def _repr_html_(self):
+        cols, body = self._summary()
+        esc = html.escape
+        return ("<table><caption>" + esc(f"Cell counts at score >= {self.score_thresh:g}, "
+                                         f"{len(self.ids)} images") + "</caption><thead><tr>"
+                + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr></thead><tbody>"
+                + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>"
+                          for r in body)
+                + f"</tbody></table><p>{esc(RBC_NOTE)}</p>")
+
+    def to_dict(self) -> dict:
+        per_class = {name: {"annotated_total": int(self.annotated[:, l].sum()),
+                            "predicted_total": int(self.predicted[:, l].sum()),
+                            "mae": _num(self.mae[l]), "bias": _num(self.bias[l]),
+                            "relative_error": _num(self.relative_error[l]),
+                            "n_relative": int(self.n_relative[l])}
+                     for l, name in enumerate(self.label_names)}
+        return {"split": self.split, "score_thresh": self.score_thresh,
+                "n_images": len(self.ids), "label_names": list(self.label_names),
+                "per_class": per_class, "per_image": self.rows(), "rbc_note": RBC_NOTE,
+                **self.info}
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), indent=2, **kwargs)
+
+
+def _fmt(value, pct=False, sign=False) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    if pct:
+        return f"{100 * value:.1f}%"
+    return f"{value:+.2f}" if sign else f"{value:.2f}"
+
+
+def _num(value):
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def count_cells(predictions: Predictions, score_thresh: float = DEFAULT_SCORE_THRESH
+                ) -> CountResult:
+    """Predicted (detections scoring ``>= score_thresh``) vs annotated counts.
+
+    ``score_thresh``: from ``predictions.score_thresh`` (0.01) to 1; else
+    :class:`medaidet.arguments.ArgumentValueError` (a ``ValueError``).
+    """
+    score_thresh = _check_thresh(score_thresh, predictions.score_thresh)
+    n_class = len(predictions.label_names)
+    predicted = _predicted_counts(predictions, score_thresh)
+    annotated = _counts(predictions.gt_labels, n_class)
+    mae, bias, rel, n_rel = _stats(predicted, annotated)
+    return CountResult(list(predictions.ids), predictions.label_names, float(score_thresh),
+                       predicted, annotated, mae, bias, rel, n_rel, predictions.split)
+
+
+@dataclass
+class SweepResult:
+    """Count errors vs score threshold. Arrays (T thresholds, C classes): ``mae``,
+    ``bias``, ``relative_error``; ``best_threshold`` per class: the lowest threshold of
+    least MAE on *these* images (see :data:`SWEEP_NOTE`)."""
+    thresholds: np.ndarray
+    label_names: tuple
+    mae: np.ndarray
+    bias: np.ndarray
+    relative_error: np.ndarray
+    split: str | None = None
+
+    @property
+    def best_threshold(self) -> dict:
+        return {name: float(self.thresholds[int(np.argmin(self.mae[:, l]))])
+                for l, name in enumerate(self.label_names)}
+
+    @property
+    def best_mae(self) -> dict:
+        return {name: float(np.min(self.mae[:, l])) for l, name in enumerate(self.label_names)}
+
+    def rows(self) -> list:
+        return [{"score_thresh": float(t),
+                 **{f"{name}_mae": float(self.mae[i, l])
+                    for l, name in enumerate(self.label_names)}}
+                for i, t in enumerate(self.thresholds)]
+
+    def __str__(self):
+        cols = ["score>="] + [f"{n} MAE" for n in self.label_names]
+        table = [cols] + [[f"{t:g}"] + [f"{self.mae[i, l]:.2f}"
+                                        for l in range(len(self.label_names))]
+                          for i, t in enumerate(self.thresholds)]
+        widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table]
+        best = ", ".join(f"{n} {t:g} (MAE {self.best_mae[n]:.2f})"
+                         for n, t in self.best_threshold.items())
+        return "\n".join(lines + [f"best threshold on {self.split or 'these images'}: {best}",
+                                  SWEEP_NOTE])
+
+    def _repr_html_(self):
+        esc = html.escape
+        cols = ["score &gt;="] + [f"{esc(n)} MAE" for n in self.label_names]
+        best = self.best_threshold
+        body = ""
+        for i, t in enumerate(self.thresholds):
+            cells = "".join(
+                f"<td><b>{self.mae[i, l]:.2f}</b></td>" if best[n] == float(t)
+                else f"<td>{self.mae[i, l]:.2f}</td>" for l, n in enumerate(self.label_names))
+            body += f"<tr><td>{t:g}</td>{cells}</tr>"
+        return ("<table><thead><tr>" + "".join(f"<th>{c}</th>" for c in cols)
+                + f"</tr></thead><tbody>{body}</tbody></table><p>{esc(SWEEP_NOTE)}</p>")
+
+    def to_dict(self) -> dict:
+        return {"split": self.split, "thresholds": [float(t) for t in self.thresholds],
+                "label_names": list(self.label_names),
+                "mae": {n: [float(v) for v in self.mae[:, l]]
+                        for l, n in enumerate(self.label_names)},
+                "bias": {n: [float(v) for v in self.bias[:, l]]
+                         for l, n in enumerate(self.label_names)},
+                "best_threshold": self.best_threshold, "best_mae": self.best_mae,
+                "note": SWEEP_NOTE}
+
+
+def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> SweepResult:
+    """Count MAE, bias and relative error per class at each score threshold.
+
+    Warns (``UserWarning``) when ``predictions.split == 'test'``: a threshold chosen there
+    is optimistic; choose it on val.
+    """
+    thresholds = np.sort([_check_thresh(t, predictions.score_thresh, "thresholds")
+                          for t in np.asarray(thresholds, dtype=object).ravel()])
+    if thresholds.size == 0:
+        raise ArgumentValueError("thresholds: none given; expected score thresholds from "
+                                 f"{predictions.score_thresh:g} to 1")
+    if predictions.split == "test":
+        warnings.warn("threshold_sweep on the test split: " + SWEEP_NOTE, UserWarning,
+                      stacklevel=2)
+    n_class = len(predictions.label_names)
+    annotated = _counts(predictions.gt_labels, n_class)
+    stats = [_stats(_predicted_counts(predictions, t), annotated) for t in thresholds]
+    mae, bias, rel = (np.array([s[k] for s in stats]).reshape(len(thresholds), n_class)
+                      for k in range(3))
+    return SweepResult(thresholds, predictions.label_names, mae, bias, rel, predictions.split)
+
+
+def plot_counts(result: CountResult):
+    """Scatter of predicted vs annotated count per class, with the y = x line.
+
+    Returns a matplotlib ``Figure``.
+    """
+    from matplotlib.figure import Figure
+
+    n = len(result.label_names)
+    fig = Figure(figsize=(4.0 * n, 4.0), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    for l, (ax, name) in enumerate(zip(axes, result.label_names)):
+        x, y = result.annotated[:, l], result.predicted[:, l]
+        top = max(1, int(x.max(initial=0)), int(y.max(initial=0))) * 1.05 + 1
+        ax.plot([0, top], [0, top], color="0.5", ls="--", lw=1, label="y = x")
+        ax.scatter(x, y, s=18, alpha=0.7, color=f"C{l}")
+        ax.set(title=f"{name}: MAE {_fmt(result.mae[l])}, bias {_fmt(result.bias[l], sign=True)}",
+               xlabel="annotated count", ylabel="predicted count",
+               xlim=(-0.5, top), ylim=(-0.5, top), aspect="equal")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize="small")
+    fig.suptitle(f"Counts per image at score >= {result.score_thresh:g} "
+                 f"({len(result.ids)} images)")
+    return fig
+
+
+def plot_sweep(sweep: SweepResult):
+    """Count MAE vs score threshold, one line per class, best threshold marked.
+
+    Returns a matplotlib ``Figure``.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.0, 4.0), layout="constrained")
+    ax = fig.subplots()
+    best = sweep.best_threshold
+    for l, name in enumerate(sweep.label_names):
+        ax.plot(sweep.thresholds, sweep.mae[:, l], marker="o", ms=3, color=f"C{l}",
+                label=f"{name} (best {best[name]:g})")
+        ax.plot([best[name]], [sweep.best_mae[name]], marker="*", ms=12, color=f"C{l}")
+    ax.set(xlabel="score threshold", ylabel="count MAE (cells per image)",
+           title=f"Count error vs threshold ({sweep.split or 'split'}; choose on val)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def count_weights(weights_path, split: str = "test", score_thresh=DEFAULT_SCORE_THRESH,
+                  model_name: str = "ssd300", root=None, subset=None, device="cpu",
+                  out_dir=None, thresholds=DEFAULT_THRESHOLDS, batch_size: int = 8,
+                  progress: bool = True):
+    """Load, predict once, count at ``score_thresh`` and sweep ``thresholds``.
+
+    Writes ``counts.json`` (counts and sweep), ``counts.png`` and ``count_sweep.png`` to
+    ``out_dir`` when given. Returns ``(CountResult, SweepResult)``.
+
+    Every argument is checked before the model is built (names as on the command line:
+    ``--score-thresh`` from 0.01 to 1, ``--subset``, ``--batch-size``, ``--out``, which is
+    created now), so a mistake fails at once, not after predicting the split.
+    """
+    score_thresh = _check_thresh(score_thresh, EVALUATE_SCORE_THRESH, "--score-thresh")
+    for t in np.asarray(thresholds, dtype=object).ravel():
+        _check_thresh(t, EVALUATE_SCORE_THRESH, "thresholds")
+    root, subset, batch_size, out_dir = check_run(weights_path, root, subset, batch_size,
+                                                  out_dir)
+    preds = predict_weights(weights_path, split, model_name, root, subset, device,
+                            batch_size, progress)
+    result = count_cells(preds, score_thresh)
+    result.info.update(weights=str(weights_path), model=model_name, subset=subset)
+    with warnings.catch_warnings():
+        if split != "test":
+            warnings.simplefilter("ignore", UserWarning)
+        sweep = threshold_sweep(preds, thresholds)
+    if out_dir is not None:
+        (out_dir / "counts.json").write_text(
+            json.dumps({**result.to_dict(), "sweep": sweep.to_dict()}, indent=2) + "\n")
+        plot_counts(result).savefig(out_dir / "counts.png", dpi=100)
+        plot_sweep(sweep).savefig(out_dir / "count_sweep.png", dpi=100)
+    return result, sweep
+
+
+def _count_command(args) -> int:
+    result, sweep = count_weights(args.weights, split=args.split,
+                                  score_thresh=args.score_thresh, model_name=args.model,
+                                  root=args.data, subset=args.subset, device=args.device,
+                                  out_dir=args.out, batch_size=args.batch_size)
+    if args.json:
+        print(json.dumps({**result.to_dict(), "sweep": sweep.to_dict()}, indent=2))
+    else:
+        print(result)
+        print()
+        print(sweep)
+    return 0
+
+
+def count_threshold(text: str) -> float:
+    """argparse type of ``--score-thresh``: a probability, and not below the 0.01 the
+    detector predicts with (a lower threshold would count nothing more)."""
+    value = probability(text)
+    if value < EVALUATE_SCORE_THRESH:
+        raise argparse.ArgumentTypeError(
+            f"{text} is below {EVALUATE_SCORE_THRESH:g}, the lowest score the detector keeps; "
+            f"expected a number from {EVALUATE_SCORE_THRESH:g} to 1")
+    return value
+
+
+def add_count_parser(subparsers):
+    """Register ``medaidet count WEIGHTS ...`` on an argparse ``subparsers`` object."""
+    p = subparsers.add_parser(
+        "count", help="count cells per image and class; compare with the annotation",
+        description="Predict a BCCD split, count detections scoring >= --score-thresh per "
+                    "image and class, and compare with the annotated counts (MAE, relative "
+                    "error, bias), plus a threshold sweep. --out writes counts.json, "
+                    "counts.png and count_sweep.png.")
+    add_common_arguments(p)
+    p.add_argument("--score-thresh", type=count_threshold, default=DEFAULT_SCORE_THRESH,
+                   help=f"count detections scoring at least this, from "
+                        f"{EVALUATE_SCORE_THRESH:g} to 1 (default: {DEFAULT_SCORE_THRESH})")
+    p.set_defaults(func=_count_command)
+    return p

@@ -1,0 +1,512 @@
+"""Evaluate a trained SSD on a BCCD split: VOC AP at IoU 0.5, two protocols, PR curves.
+
+The course computed its published test mAP (0.719) with the model in ChainerCV's default
+'visualize' preset: only detections scoring at least 0.6 were scored. AP integrates
+precision over *all* recall levels, so the detector must hand over its low-scoring
+detections too; the 'evaluate' preset (score >= 0.01, NMS IoU 0.45) does. This module
+predicts once, in the 'evaluate' preset, and scores two protocols from the same
+predictions:
+
+* ``"evaluate"``: every detection (score >= 0.01) -- the correct protocol;
+* ``"course"``: only detections scoring >= 0.6, as the original course did (by mistake).
+
+Filtering the 0.01 predictions at 0.6 gives exactly what a forward pass at 0.6 would have
+given: greedy NMS keeps or drops a box by looking only at higher-scoring boxes, and the
+caps of :func:`medaidet.ssd.predict.predict` remove only the lowest-scoring candidates.
+
+Both metrics are ChainerCV's (:func:`chainercv.evaluations.eval_detection_voc`): VOC area
+AP (``use_07_metric=False``, what the course reported) and VOC2007's 11-point AP
+(``use_07_metric=True``). A class with boxes but no detection has AP 0; a class without
+any box in the split has AP NaN (``null`` in JSON) and is left out of the mean.
+
+Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels, float32, shape (R, 4);
+labels int32 (R,), indices into the label names; scores float32 (R,).
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from medaidet.arguments import check_number, positive_int, prepare_output_dir
+from medaidet.ssd.model import WeightsNotFoundError
+from medaidet.training.train import resolve_device
+from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
+
+__all__ = [
+    "IOU_THRESH", "PROTOCOLS", "EVALUATE_SCORE_THRESH", "COURSE_SCORE_THRESH",
+    "COURSE_PUBLISHED", "Predictions", "ProtocolResult", "EvaluationResult",
+    "TrainedWeightsMissingError", "predict_split", "evaluate", "plot_pr_curves",
+    "load_model", "predict_weights", "evaluate_weights",
+    "add_evaluate_parser",
+]
+
+IOU_THRESH = 0.5
+#: Score threshold of ChainerCV's 'evaluate' preset.
+EVALUATE_SCORE_THRESH = 0.01
+#: Score threshold of the 'visualize' preset, which the course evaluated with.
+COURSE_SCORE_THRESH = 0.6
+#: Protocol name -> score threshold. Both are scored from the same predictions.
+PROTOCOLS = {"evaluate": EVALUATE_SCORE_THRESH, "course": COURSE_SCORE_THRESH}
+#: The course's published test numbers (VOC area AP, score >= 0.6, 72 images).
+COURSE_PUBLISHED = {"map": 0.719, "ap": {"rbc": 0.760, "wbc": 0.965, "platelets": 0.432}}
+
+
+class TrainedWeightsMissingError(WeightsNotFoundError):
+    """The trained weights to evaluate or count with do not exist (train first)."""
+
+
+def _missing_weights(path: Path) -> TrainedWeightsMissingError:
+    return TrainedWeightsMissingError(
+        f"no trained weights at {path}: run notebook 03_training.ipynb or `medaidet train` "
+        f"first (it writes model-only weights and a .sha256 sidecar), then pass that file "
+        f"here (expected {path})", path)
+
+
+# --------------------------------------------------------------------------- predictions
+
+@dataclass
+class Predictions:
+    """Detections and ground truth of one split, one entry per image.
+
+    ``pred_bboxes[i]``: float32 (R, 4) ``(y_min, x_min, y_max, x_max)`` in image pixels;
+    ``pred_labels[i]``: int32 (R,); ``pred_scores[i]``: float32 (R,). ``gt_bboxes[i]``,
+    ``gt_labels[i]``, ``gt_difficults[i]`` (bool (G,)): the annotation. ``score_thresh``:
+    the lowest score the predictions were made with (every kept score is ``>=`` it).
+    """
+    ids: list
+    pred_bboxes: list
+    pred_labels: list
+    pred_scores: list
+    gt_bboxes: list
+    gt_labels: list
+    gt_difficults: list
+    label_names: tuple
+    score_thresh: float = EVALUATE_SCORE_THRESH
+    split: str | None = None
+
+    def __post_init__(self):
+        n = len(self.ids)
+        for name in ("pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Predictions.{name} has {len(getattr(self, name))} "
+                                 f"entries for {n} images")
+        if self.gt_difficults is None:
+            self.gt_difficults = [np.zeros(len(lb), dtype=bool) for lb in self.gt_labels]
+        if len(self.gt_difficults) != n:
+            raise ValueError(f"Predictions.gt_difficults has {len(self.gt_difficults)} "
+                             f"entries for {n} images")
+        self.label_names = tuple(self.label_names)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def filter(self, score_thresh: float) -> "Predictions":
+        """The detections scoring ``>= score_thresh`` (ground truth unchanged)."""
+        if score_thresh < self.score_thresh:
+            raise ValueError(f"these predictions hold only scores >= {self.score_thresh}; "
+                             f"cannot filter at {score_thresh}: predict again with a lower "
+                             "score threshold")
+        keep = [s >= score_thresh for s in self.pred_scores]
+        return Predictions(
+            list(self.ids), [b[k] for b, k in zip(self.pred_bboxes, keep)],
+            [lb[k] for lb, k in zip(self.pred_labels, keep)],
+            [s[k] for s, k in zip(self.pred_scores, keep)],
+            self.gt_bboxes, self.gt_labels, self.gt_difficults, self.label_names,
+            max(score_thresh, self.score_thresh), self.split)
+
+
+def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
+                  top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K, ids=None,
+                  label_names=None) -> Predictions:
+    """Predict every image of ``dataset`` in the 'evaluate' preset (score 0.01, NMS 0.45).
+
+    Args:
+        model: a ChainerCV SSD; its preset is set to 'evaluate' for the call and restored.
+        dataset: items ``(img, bbox, label)`` or ``(img, bbox, label, difficult)``, e.g.
+            ``BCCDDataset(root, 'test', use_difficult=True, return_difficult=True)``.
+        batch_size: images per forward pass.
+        progress: show a ``tqdm.auto`` bar (renders in Jupyter and in a terminal).
+        top_k, keep_top_k: the caps of :func:`medaidet.ssd.predict.predict`.
+        ids: image ids; default ``dataset.ids`` or the indices.
+        label_names: default ``dataset.label_names`` or BCCD's.
+    """
+    from tqdm.auto import tqdm
+
+    from medaidet.data.bccd import BCCD_LABEL_NAMES
+    from medaidet.ssd.predict import predict
+
+    batch_size = check_number(batch_size, "batch_size", "positive", integer=True)
+    n = len(dataset)
+    if ids is None:
+        ids = list(getattr(dataset, "ids", range(n)))[:n]
+    if label_names is None:
+        label_names = getattr(dataset, "label_names", BCCD_LABEL_NAMES)
+    out = {k: [] for k in ("pb", "pl", "ps", "gb", "gl", "gd")}
+    saved = (model.score_thresh, model.nms_thresh)
+    model.use_preset("evaluate")
+    try:
+        with tqdm(total=n, desc="predict", unit="img", disable=not progress) as bar:
+            for start in range(0, n, batch_size):
+                items = [dataset[i] for i in range(start, min(start + batch_size, n))]
+                bboxes, labels, scores = predict(model, [it[0] for it in items],
+                                                 top_k=top_k, keep_top_k=keep_top_k)
+                out["pb"] += bboxes
+                out["pl"] += labels
+                out["ps"] += scores
+                for it in items:
+                    out["gb"].append(np.asarray(it[1], dtype=np.float32).reshape(-1, 4))
+                    out["gl"].append(np.asarray(it[2], dtype=np.int32))
+                    out["gd"].append(np.asarray(it[3], dtype=bool) if len(it) > 3
+                                     else np.zeros(len(it[2]), dtype=bool))
+                bar.update(len(items))
+        score_thresh = float(model.score_thresh)
+    finally:
+        model.score_thresh, model.nms_thresh = saved
+    return Predictions(list(ids), out["pb"], out["pl"], out["ps"], out["gb"], out["gl"],
+                       out["gd"], tuple(label_names), score_thresh,
+                       getattr(dataset, "split", None))
+
+
+# --------------------------------------------------------------------------- evaluation
+
+@dataclass
+class ProtocolResult:
+    """AP of one protocol. Arrays are per class (NaN: no box of the class in the split).
+
+    ``precision[l]``/``recall[l]``: ChainerCV's PR curve of class ``l`` (detections in
+    descending score order), ``None`` when the class has no box.
+    """
+    name: str
+    score_thresh: float
+    ap_voc: np.ndarray
+    ap_voc07: np.ndarray
+    n_gt: np.ndarray
+    n_detections: np.ndarray
+    precision: list
+    recall: list
+
+    @property
+    def map_voc(self) -> float:
+        return _nanmean(self.ap_voc)
+
+    @property
+    def map_voc07(self) -> float:
+        return _nanmean(self.ap_voc07)
+
+
+def _nanmean(values) -> float:
+    values = np.asarray(values, dtype=float)
+    return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+
+
+def _pad(values, n, fill=np.nan):
+    out = np.full(n, fill, dtype=float)
+    values = np.asarray(values, dtype=float)[:n]
+    out[:len(values)] = values
+    return out
+
+
+def _score_protocol(preds: Predictions, name: str) -> ProtocolResult:
+    from chainercv.evaluations import calc_detection_voc_prec_rec, eval_detection_voc
+
+    n_class = len(preds.label_names)
+    n_gt = np.zeros(n_class, dtype=int)
+    n_det = np.zeros(n_class, dtype=int)
+    for gl, gd in zip(preds.gt_labels, preds.gt_difficults):
+        n_gt += np.bincount(gl[~gd], minlength=n_class)[:n_class]
+    for pl in preds.pred_labels:
+        n_det += np.bincount(pl, minlength=n_class)[:n_class]
+    args = (preds.pred_bboxes, preds.pred_labels, preds.pred_scores,
+            preds.gt_bboxes, preds.gt_labels, preds.gt_difficults)
+    if not any(len(x) for x in preds.gt_labels + preds.pred_labels):
+        # ChainerCV fails on a split with no box and no detection at all.
+        ap = ap07 = np.full(n_class, np.nan)
+        precision, recall = [None] * n_class, [None] * n_class
+    else:
+        # ChainerCV sizes its arrays by the largest label seen: pad to every class.
+        ap = _pad(eval_detection_voc(*args, iou_thresh=IOU_THRESH,
+                                     use_07_metric=False)["ap"], n_class)
+        ap07 = _pad(eval_detection_voc(*args, iou_thresh=IOU_THRESH,
+                                       use_07_metric=True)["ap"], n_class)
+        precision, recall = calc_detection_voc_prec_rec(*args, iou_thresh=IOU_THRESH)
+        precision = (list(precision) + [None] * n_class)[:n_class]
+        recall = (list(recall) + [None] * n_class)[:n_class]
+    return ProtocolResult(name, preds.score_thresh, ap, ap07, n_gt, n_det,
+                          precision, recall)
+
+
+@dataclass
+class EvaluationResult:
+    """AP per class and mean for each protocol (see the module docs).
+
+    ``protocols``: name -> :class:`ProtocolResult` (``"evaluate"``, ``"course"``).
+    Shows as a table in Jupyter (``_repr_html_``) and in a terminal (``str``);
+    :meth:`to_dict` / :meth:`to_json` for files.
+    """
+    label_names: tuple
+    protocols: dict
+    n_images: int
+    split: str | None = None
+    info: dict = field(default_factory=dict)
+
+    def __getitem__(self, name) -> ProtocolResult:
+        return self.protocols[name]
+
+    def _rows(self):
+        """(row name, [AP values in column order]) for every class and the mean."""
+        rows = []
+        for l, name in enumerate(self.label_names):
+            rows.append((name, [v for p in self.protocols.values()
+                                for v in (p.ap_voc[l], p.ap_voc07[l])],
+                         int(next(iter(self.protocols.values())).n_gt[l])))
+        rows.append(("mean", [v for p in self.protocols.values()
+                              for v in (p.map_voc, p.map_voc07)], None))
+        return rows
+
+    def _columns(self):
+        return [f"{kind} {name} (score>={p.score_thresh:g})"
+                for name, p in self.protocols.items() for kind in ("AP", "AP07")]
+
+    def __str__(self):
+        head = (f"VOC AP at IoU {IOU_THRESH} on {self.split or 'the split'} "
+                f"({self.n_images} images); AP = area (use_07_metric=False), "
+                "AP07 = VOC2007 11-point")
+        cols = ["class", "boxes"] + self._columns()
+        table = [cols] + [[name, "" if n is None else str(n)] + [_fmt(v) for v in vals]
+                          for name, vals, n in self._rows()]
+        widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
+        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                           for i, (c, w) in enumerate(zip(r, widths))) for r in table]
+        return "\n".join([head] + lines + [_COURSE_NOTE])
+
+    def _repr_html_(self):
+        esc = html.escape
+        head = "".join(f"<th>{esc(c)}</th>" for c in ["class", "boxes"] + self._columns())
+        body = "".join(
+            "<tr><td>" + esc(name) + "</td><td>" + ("" if n is None else str(n)) + "</td>"
+            + "".join(f"<td>{_fmt(v)}</td>" for v in vals) + "</tr>"
+            for name, vals, n in self._rows())
+        caption = esc(f"VOC AP at IoU {IOU_THRESH}, {self.split or 'split'}, "
+                      f"{self.n_images} images")
+        return (f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table><p>{esc(_COURSE_NOTE)}</p>")
+
+    def to_dict(self) -> dict:
+        """JSON-ready: NaN (no box of a class) becomes ``None``."""
+        protocols = {}
+        for name, p in self.protocols.items():
+            protocols[name] = {
+                "score_thresh": p.score_thresh,
+                "map_voc": _num(p.map_voc), "map_voc07": _num(p.map_voc07),
+                "ap_voc": {c: _num(v) for c, v in zip(self.label_names, p.ap_voc)},
+                "ap_voc07": {c: _num(v) for c, v in zip(self.label_names, p.ap_voc07)},
+                "n_gt": {c: int(v) for c, v in zip(self.label_names, p.n_gt)},
+                "n_detections": {c: int(v) for c, v in zip(self.label_names, p.n_detections)},
+            }
+        return {"split": self.split, "n_images": self.n_images, "iou_thresh": IOU_THRESH,
+                "label_names": list(self.label_names), "protocols": protocols,
+                "course_published": COURSE_PUBLISHED, **self.info}
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), indent=2, **kwargs)
+
+
+_COURSE_NOTE = ("The course published mAP 0.719 (rbc 0.760, wbc 0.965, platelets 0.432) "
+                "with the 'course' protocol: score >= 0.6 hides low-scoring detections, "
+                "truncates the PR curves and understates AP. Report the 'evaluate' protocol.")
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
+def _num(value):
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def evaluate(predictions: Predictions, label_names=None, protocols=None) -> EvaluationResult:
+    """VOC area AP and VOC07 11-point AP at IoU 0.5 for each protocol.
+
+    Args:
+        predictions: from :func:`predict_split` (scores ``>= 0.01``).
+        label_names: default ``predictions.label_names``.
+        protocols: name -> score threshold; default :data:`PROTOCOLS`. Each protocol
+            keeps the detections scoring ``>=`` its threshold.
+    """
+    if label_names is not None:
+        predictions = Predictions(**{**predictions.__dict__, "label_names": tuple(label_names)})
+    protocols = PROTOCOLS if protocols is None else protocols
+    results = {name: _score_protocol(predictions.filter(thresh), name)
+               for name, thresh in protocols.items()}
+    return EvaluationResult(predictions.label_names, results, len(predictions),
+                            predictions.split)
+
+
+def plot_pr_curves(result: EvaluationResult):
+    """Precision-recall curve per class (one panel each), one line per protocol.
+
+    The 'course' line stops where its recall runs out: everything below score 0.6 is lost.
+    Returns a matplotlib ``Figure`` (not shown; ``fig.savefig(...)`` to write it).
+    """
+    from matplotlib.figure import Figure
+
+    n = len(result.label_names)
+    fig = Figure(figsize=(4.2 * n, 4.0), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    styles = {"evaluate": dict(color="C0", lw=2), "course": dict(color="C3", ls="--", lw=2)}
+    for l, (ax, name) in enumerate(zip(axes, result.label_names)):
+        for proto, p in result.protocols.items():
+            prec, rec = p.precision[l], p.recall[l]
+            label = f"{proto} (score>={p.score_thresh:g}) AP {_fmt(p.ap_voc[l])}"
+            if prec is None or len(prec) == 0:
+                ax.plot([], [], label=label + " (no curve)", **styles.get(proto, {}))
+                continue
+            ax.plot(np.nan_to_num(rec), np.nan_to_num(prec), label=label,
+                    **styles.get(proto, {}))
+        ax.set(title=f"{name} ({int(result[next(iter(result.protocols))].n_gt[l])} boxes)",
+               xlabel="recall", ylabel="precision", xlim=(0, 1.02), ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower left", fontsize="small")
+    fig.suptitle(f"Precision-recall at IoU {IOU_THRESH}, {result.split or 'split'} "
+                 f"({result.n_images} images)")
+    return fig
+
+
+# --------------------------------------------------------------------------- weights
+
+def load_model(weights_path, model_name: str = "ssd300", device="cpu"):
+    """Build ``model_name`` for BCCD's 3 classes, load trained weights, move to ``device``."""
+    from medaidet.data.bccd import BCCD_LABEL_NAMES
+    from medaidet.ssd.model import build_ssd, load_weights
+
+    path = Path(os.fspath(weights_path))
+    if not path.is_file():
+        raise _missing_weights(path)
+    model = build_ssd(model_name, n_fg_class=len(BCCD_LABEL_NAMES))
+    load_weights(model, path)
+    device = resolve_device(device)   # named DeviceError when a GPU is asked for and unusable
+    device.use()
+    model.to_device(device)
+    return model
+
+
+def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out_dir=None):
+    """The cheap checks of an evaluate/count run, done before the model is built and the
+    split predicted, so that a mistake costs nothing: the weight file exists, ``subset`` and
+    ``batch_size`` are whole numbers > 0, the dataset is there and ``out_dir`` can be written
+    (created now; it may not lie inside the dataset). Errors name the arguments as the
+    command line spells them (``--subset``, ``--out``).
+
+    Returns ``(root, subset, batch_size, out_dir)``: the dataset root and ``out_dir``
+    resolved (``out_dir`` ``None`` when not given), the numbers as ints.
+    """
+    from medaidet.data.download import resolve_root
+
+    path = Path(os.fspath(weights_path))
+    if not path.is_file():
+        raise _missing_weights(path)
+    if subset is not None:
+        subset = check_number(subset, "--subset", "positive", integer=True)
+    batch_size = check_number(batch_size, "--batch-size", "positive", integer=True)
+    root = resolve_root(root)
+    if out_dir is not None:
+        out_dir = prepare_output_dir(out_dir, "--out", inputs=(root,))
+    return root, subset, batch_size, out_dir
+
+
+def predict_weights(weights_path, split: str = "test", model_name: str = "ssd300",
+                    root=None, subset=None, device="cpu", batch_size: int = 8,
+                    progress: bool = True) -> Predictions:
+    """Load weights and predict ``split`` (its first ``subset`` images when given)."""
+    from medaidet.data.bccd import BCCDDataset
+
+    root, subset, batch_size, _ = check_run(weights_path, root, subset, batch_size)
+    model = load_model(weights_path, model_name, device)
+    # ChainerCV's evaluation convention: keep difficult boxes, flagged, so they are ignored.
+    dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
+    ids = list(dataset.ids)
+    if subset is not None:
+        ids = ids[:subset]
+        view = dataset.slice[:len(ids)]
+    else:
+        view = dataset
+    preds = predict_split(model, view, batch_size=batch_size, progress=progress, ids=ids,
+                          label_names=dataset.label_names)
+    preds.split = split
+    return preds
+
+
+def evaluate_weights(weights_path, split: str = "test", model_name: str = "ssd300",
+                     root=None, subset=None, device="cpu", out_dir=None,
+                     batch_size: int = 8, progress: bool = True) -> EvaluationResult:
+    """Load, predict, evaluate; write ``evaluation.json`` and ``pr_curves.png`` to ``out_dir``.
+
+    Every argument is checked before the model is built (:func:`check_run`); ``out_dir`` is
+    created then, so a folder that cannot be written fails at once, not after predicting.
+
+    Raises:
+        TrainedWeightsMissingError: ``weights_path`` does not exist (a ``WeightsNotFoundError``).
+        medaidet.arguments.ArgumentValueError: ``subset`` or ``batch_size`` is not > 0.
+        medaidet.arguments.OutputDirError: ``out_dir`` is a file, cannot be created or
+            written, or lies inside the dataset.
+    """
+    root, subset, batch_size, out_dir = check_run(weights_path, root, subset, batch_size,
+                                                  out_dir)
+    preds = predict_weights(weights_path, split, model_name, root, subset, device,
+                            batch_size, progress)
+    result = evaluate(preds)
+    result.info.update(weights=str(weights_path), model=model_name,
+                       subset=subset, image_ids=list(preds.ids))
+    if out_dir is not None:
+        (out_dir / "evaluation.json").write_text(result.to_json() + "\n")
+        plot_pr_curves(result).savefig(out_dir / "pr_curves.png", dpi=100)
+    return result
+
+
+# --------------------------------------------------------------------------- CLI
+
+def add_common_arguments(p) -> None:
+    """Arguments shared by ``medaidet evaluate`` and ``medaidet count``."""
+    p.add_argument("weights", metavar="WEIGHTS", help="model-only .npz from medaidet train")
+    p.add_argument("--split", default="test", choices=["train", "val", "trainval", "test"],
+                   help="split to predict (default: test)")
+    p.add_argument("--model", default="ssd300", choices=["ssd300", "ssd512"],
+                   help="architecture the weights were trained with (default: ssd300)")
+    p.add_argument("--data", default=None, metavar="ROOT",
+                   help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write JSON and figures here")
+    p.add_argument("--subset", type=positive_int, default=None, metavar="N",
+                   help="only the first N images of the split")
+    p.add_argument("--device", default="cpu", help="cpu, gpu or a GPU id (default: cpu)")
+    p.add_argument("--batch-size", type=positive_int, default=8,
+                   help="images per forward pass (default: 8)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _evaluate_command(args) -> int:
+    result = evaluate_weights(args.weights, split=args.split, model_name=args.model,
+                              root=args.data, subset=args.subset, device=args.device,
+                              out_dir=args.out, batch_size=args.batch_size)
+    print(result.to_json() if args.json else result)
+    return 0
+
+
+def add_evaluate_parser(subparsers):
+    """Register ``medaidet evaluate WEIGHTS ...`` on an argparse ``subparsers`` object."""
+    p = subparsers.add_parser(
+        "evaluate", help="VOC AP of trained weights (score 0.01 and the course's 0.6)",
+        description="Predict a BCCD split in the 'evaluate' preset and report VOC area AP "
+                    "and VOC07 11-point AP at IoU 0.5, per class and mean, for score >= 0.01 "
+                    "and for the course's score >= 0.6. --out writes evaluation.json and "
+                    "pr_curves.png.")
+    add_common_arguments(p)
+    p.set_defaults(func=_evaluate_command)
+    return p

@@ -1,0 +1,1 @@
+"""Scaling (notebook 08): memory per batch size, gradient accumulation, ChainerMN."""

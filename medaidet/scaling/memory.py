@@ -1,0 +1,795 @@
+"""Fitting SSD training into the memory there is: gradient accumulation and a batch-size finder.
+
+The course's recipe trains with batch 32. SSD300's activations for one 300x300 image take
+a few hundred MB in training (on the CPU chainer's im2col alone needs ~207 MB per image for
+``conv1_2``), so batch 32 needs a large GPU. Two tools:
+
+* :class:`AccumulatingUpdater` (``--accumulate N``): each iteration takes the iterator's
+  batch, feeds it to the model in ``N`` micro-batches, adds their gradients up and
+  updates once. The gradients are the large batch's (up to float rounding): each
+  micro-batch's loss is divided by the positive priors of the *whole* batch (see
+  :func:`medaidet.ssd.loss.multibox_loss`'s ``n_positive``), so the micro-batch losses add up
+  to the batch's loss. Peak activation memory is that of one micro-batch.
+* :func:`find_batch_size`: tries forward + backward at a batch size, halves it on out of
+  memory and tries again, reporting every try (peak memory, seconds, images/s) and the
+  ``--accumulate`` that gives the recipe's batch with the batch size that fits.
+
+:func:`plot_memory` draws a report for the notebooks; :func:`batch_size_on_bccd` runs the
+finder (or :func:`measure_batch_sizes`) on SSD and real BCCD images: ``medaidet
+batch-size``.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import time
+import tracemalloc
+import warnings
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+import chainer
+from chainer import backend
+from chainer.backends import cuda
+from chainer.dataset import concat_examples, convert
+from chainer.training.updaters import StandardUpdater
+
+from medaidet.arguments import (ArgumentValueError, check_number, positive_int,
+                                prepare_output_dir)
+from medaidet.errors import MedaidetError
+
+__all__ = ["AccumulationError", "NoBatchSizeFitsError", "AccumulatingUpdater",
+           "batch_positives", "BatchSizeTry", "BatchSizeReport", "find_batch_size",
+           "measure_batch_sizes",
+           "PeakMemory", "is_out_of_memory", "free_memory", "plot_memory",
+           "batch_size_on_bccd", "add_batch_size_parser"]
+
+
+class AccumulationError(MedaidetError, ValueError):
+    """``accumulate`` is not a positive integer, or the batch cannot be split into
+    ``accumulate`` equal micro-batches."""
+
+
+class NoBatchSizeFitsError(MedaidetError, RuntimeError):
+    """Even the smallest batch size ran out of memory. ``report``: the
+    :class:`BatchSizeReport` of every try."""
+
+    def __init__(self, message: str, report: "BatchSizeReport"):
+        super().__init__(message)
+        self.report = report
+
+
+# --------------------------------------------------------------------------- accumulation
+
+def _labels(data, labels_key):
+    """The ``gt_mb_labels`` of one example or of a converted batch (tuple or dict)."""
+    if isinstance(data, dict):
+        return data["gt_mb_labels" if isinstance(labels_key, int) else labels_key]
+    return data[labels_key]
+
+
+def batch_positives(batch, comm=None, labels_key=2):
+    """The normaliser of a whole batch: its positive priors, as the loss counts them.
+
+    ``batch``: the iterator's list of examples, ``(img, gt_mb_loc, gt_mb_label)`` tuples
+    (or dicts with ``'gt_mb_labels'``); ``labels_key`` says where the labels are. Counted
+    on the host, before the batch goes to the device. Returns a ``numpy.int64`` (what the
+    loss's own ``(gt_mb_labels > 0).sum()`` is on the CPU), or, with a ChainerMN ``comm``,
+    the count averaged over workers exactly as the loss does
+    (``comm.allreduce_obj(count) / comm.size``).
+    """
+    count = np.int64(0)
+    for example in batch:
+        labels = _labels(example, labels_key)
+        xp = backend.get_array_module(labels)
+        count += np.int64(int(xp.count_nonzero(labels > 0)))
+    if comm:
+        return comm.allreduce_obj(count) / comm.size
+    return count
+
+
+def _on_device_of(normaliser, labels):
+    """The normaliser as the loss would hold it next to ``labels``: a NumPy scalar on the
+    CPU (the loss then divides as ChainerCV does there), a 0-d array on a GPU (likewise)."""
+    if backend.get_array_module(labels) is np:
+        return normaliser
+    return backend.get_device_from_array(labels).send(np.asarray(normaliser))
+
+
+class AccumulatingUpdater(StandardUpdater):
+    """``StandardUpdater`` that feeds each batch in ``accumulate`` micro-batches.
+
+    Each iteration: take the iterator's batch (``batch_size`` images); count its positive
+    priors once (:func:`batch_positives`; with a ``comm`` averaged over workers, one
+    allreduce per batch); clear the gradients; for each of the ``accumulate`` equal
+    micro-batches: convert it to the device, ``loss = target(*micro_batch,
+    n_positive=count)``, ``loss.backward()`` (the gradients add up), free its graph; then
+    one ``optimizer.update()``. So one update sees the gradients of the whole batch (the
+    same as ``StandardUpdater`` with that batch, up to float rounding: the sums run in
+    another order) while only one micro-batch's activations are alive at a time.
+
+    Args:
+        iterator, optimizer, converter, device, loss_func, loss_scale, auto_new_epoch,
+            input_device: as ``StandardUpdater``. The loss function (``loss_func`` or the
+            optimizer's target, e.g. :class:`medaidet.ssd.train_chain.MultiboxTrainChain`) must
+            take the keyword ``n_positive``.
+        accumulate: micro-batches per batch; must divide the batch size. 1: exactly
+            ``StandardUpdater`` (its ``update_core`` runs).
+        comm: ChainerMN communicator for the positive count; default the target's
+            ``comm`` attribute (the one its loss would use), else none.
+        labels_key: where an example (and a converted batch) holds ``gt_mb_labels``:
+            index 2 of the tuple (the training transform's order) or a dict key.
+
+    Reporting: the chain reports ``loss``, ``loss/loc`` and ``loss/conf`` once per
+    micro-batch, each time its share of the batch's loss. Inside a reporter scope each
+    micro-batch reports into its own dictionary; the updater then reports, under the
+    same keys (``main/loss`` ...), the sum for the keys named in ``summed`` (the batch's
+    loss, the same value ``StandardUpdater`` reports) and the mean over micro-batches for
+    any other key.
+
+    Raises :class:`AccumulationError` at construction if ``accumulate`` is not a positive
+    integer or does not divide the iterator's ``batch_size``, and at an iteration whose
+    batch does not split (a short last batch of a non-repeating iterator).
+    """
+
+    summed = ("loss", "loss/loc", "loss/conf")
+
+    def __init__(self, iterator, optimizer, converter=convert.concat_examples, device=None,
+                 loss_func=None, loss_scale=None, auto_new_epoch=True, accumulate: int = 1,
+                 comm=None, labels_key=2, **kwargs):
+        if isinstance(accumulate, bool) or not isinstance(accumulate, (int, np.integer)) \
+                or accumulate < 1:
+            raise AccumulationError(
+                f"accumulate={accumulate!r}: the number of micro-batches per batch must be "
+                "a positive integer (1: no accumulation).")
+        super().__init__(iterator, optimizer, converter=converter, device=device,
+                         loss_func=loss_func, loss_scale=loss_scale,
+                         auto_new_epoch=auto_new_epoch, **kwargs)
+        self.accumulate = int(accumulate)
+        target = self.loss_func or self._optimizers["main"].target
+        self.comm = comm if comm is not None else getattr(target, "comm", None)
+        self.labels_key = labels_key
+        batch_size = getattr(self._iterators["main"], "batch_size", None)
+        if batch_size is not None:
+            self._check_batch_size(batch_size, "the iterator's batch_size")
+
+    def _check_batch_size(self, batch_size, what):
+        n = self.accumulate
+        if batch_size % n == 0:
+            return
+        lower = batch_size - batch_size % n
+        divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
+        multiples = f"{lower} or {lower + n}" if lower else f"{n}"
+        raise AccumulationError(
+            f"{what} is {batch_size}, which accumulate={n} does not divide: each iteration "
+            f"splits the batch into {n} equal micro-batches. Use a batch size that is a "
+            f"multiple of {n} (e.g. {multiples}) or an accumulate that divides {batch_size} "
+            f"({', '.join(map(str, divisors))}). A non-repeating iterator's last batch "
+            "can be short: drop it or use repeat=True.")
+
+    def update_core(self):
+        if self.accumulate == 1:
+            super().update_core()
+            return
+        iterator = self._iterators["main"]
+        optimizer = self._optimizers["main"]
+        batch = iterator.next()
+        self._check_batch_size(len(batch), "this batch's size")
+        loss_func = self.loss_func or optimizer.target
+        n_positive = batch_positives(batch, self.comm, self.labels_key)
+        size = len(batch) // self.accumulate
+
+        if getattr(optimizer, "_use_cleargrads", True):
+            optimizer.target.cleargrads()
+        else:
+            optimizer.target.zerograds()
+        observations = []
+        for start in range(0, len(batch), size):
+            in_arrays = convert._call_converter(self.converter, batch[start:start + size],
+                                                self.input_device)
+            normaliser = _on_device_of(n_positive, _labels(in_arrays, self.labels_key))
+            observation = {}
+            with _reports_into(observation):
+                if isinstance(in_arrays, tuple):
+                    loss = loss_func(*in_arrays, n_positive=normaliser)
+                elif isinstance(in_arrays, dict):
+                    loss = loss_func(**in_arrays, n_positive=normaliser)
+                else:
+                    loss = loss_func(in_arrays, n_positive=normaliser)
+            loss.backward(loss_scale=getattr(optimizer, "_loss_scale", None))
+            # the graph (every activation of this micro-batch) dies here, before the next
+            del loss, in_arrays
+            observations.append({key: _as_array(value) for key, value in observation.items()})
+        self._report(observations)
+        optimizer.update()
+
+        if self.auto_new_epoch and iterator.is_new_epoch:
+            optimizer.new_epoch(auto=True)
+
+    def _report(self, observations):
+        keys = []
+        for observation in observations:
+            keys += [key for key in observation if key not in keys]
+        values = {}
+        for key in keys:
+            parts = [o[key] for o in observations if key in o]
+            total = parts[0]
+            for part in parts[1:]:
+                total = total + part
+            if not any(key == name or key.endswith("/" + name) for name in self.summed):
+                total = total / len(parts)
+            if isinstance(parts[0], chainer.get_array_types()):
+                # reported as the chain reports: a Variable (of a 0-d array; NumPy's
+                # arithmetic on 0-d arrays gives scalars)
+                total = chainer.Variable(backend.get_array_module(parts[0]).asarray(total))
+            values[key] = total
+        chainer.reporter.report(values)
+
+
+@contextlib.contextmanager
+def _reports_into(observation):
+    """Route reports to ``observation`` while inside (if a reporter is current)."""
+    try:
+        chainer.reporter.get_current_reporter()
+    except IndexError:                          # no reporter: the chain reports nowhere
+        yield
+        return
+    with chainer.reporter.report_scope(observation):
+        yield
+
+
+def _as_array(value):
+    return value.array if isinstance(value, chainer.Variable) else value
+
+
+# --------------------------------------------------------------------------- out of memory
+
+def _cupy():
+    return cuda.cupy if cuda.available else None
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` means the device ran out of memory.
+
+    ``MemoryError`` on the CPU (NumPy's ``_ArrayMemoryError`` is one); on a GPU CuPy's
+    ``cupy.cuda.memory.OutOfMemoryError``, and the allocation failures cuDNN, cuBLAS and
+    the CUDA runtime report under memory pressure (``..._ALLOC_FAILED``,
+    ``cudaErrorMemoryAllocation``).
+    """
+    if isinstance(exc, MemoryError):
+        return True
+    cupy = _cupy()
+    if cupy is None:
+        return False
+    if isinstance(exc, cupy.cuda.memory.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return type(exc).__module__.startswith("cupy") and (
+        "ALLOC_FAILED" in text or "cudaErrorMemoryAllocation" in text
+        or "out of memory" in text.lower())
+
+
+def free_memory(device=None) -> None:
+    """Collect garbage and, on a GPU, give CuPy's cached blocks back to the driver.
+
+    CuPy keeps freed device memory in its memory pool for reuse; after an out-of-memory
+    the pool holds the blocks of the failed try, so the next, smaller try would fail too
+    (or other processes could not use the memory). ``free_all_blocks`` of the default
+    pool and of the pinned host pool returns every block not in use.
+    """
+    gc.collect()
+    cupy = _cupy()
+    on_gpu = device is None or chainer.get_device(device).xp is not np
+    if cupy is not None and on_gpu:
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- the finder
+
+@dataclass
+class BatchSizeTry:
+    """One try of :func:`find_batch_size`.
+
+    ``peak_bytes``: the most memory the try held at once above what was allocated before
+    it (parameters and optimizer state are not in it; activations, gradients and the
+    inputs are); None for a failed try. ``seconds``: forward + backward (or until the
+    failure). ``device_free_bytes`` / ``device_total_bytes``: the GPU's free and total
+    memory after the backward pass (``cudaMemGetInfo``: other processes' use counts); None
+    on the CPU.
+    """
+    batch_size: int
+    ok: bool
+    error: str | None = None
+    peak_bytes: int | None = None
+    seconds: float | None = None
+    device_free_bytes: int | None = None
+    device_total_bytes: int | None = None
+
+    @property
+    def images_per_second(self) -> float | None:
+        if not self.ok or not self.seconds:
+            return None
+        return self.batch_size / self.seconds
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "images_per_second": self.images_per_second}
+
+
+@dataclass
+class BatchSizeReport:
+    """Every try of :func:`find_batch_size`, the largest batch size that fit and the
+    ``--accumulate`` that gives ``target_batch_size`` with it.
+
+    ``memory_measure`` says what ``peak_bytes`` measures (tracemalloc on the CPU, the CuPy
+    memory pool on a GPU). ``str(report)``: the table, the result and the suggestion.
+    """
+    device: str
+    memory_measure: str
+    target_batch_size: int
+    tries: list = field(default_factory=list)
+
+    @property
+    def best_batch_size(self) -> int | None:
+        """The largest batch size that fit, or None."""
+        return max((t.batch_size for t in self.tries if t.ok), default=None)
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        """The largest divisor of ``target_batch_size`` that fits (None if none does)."""
+        best = self.best_batch_size
+        if best is None:
+            return None
+        return max(d for d in range(1, min(best, self.target_batch_size) + 1)
+                   if self.target_batch_size % d == 0)
+
+    @property
+    def accumulate(self) -> int | None:
+        """Micro-batches per batch: ``target_batch_size // micro_batch_size``."""
+        micro = self.micro_batch_size
+        return None if micro is None else self.target_batch_size // micro
+
+    @property
+    def suggestion(self) -> str:
+        target, best = self.target_batch_size, self.best_batch_size
+        if best is None:
+            return (f"no batch size fits on {self.device}: free memory (other processes), "
+                    "use a smaller model input, or train on another device")
+        if best >= target:
+            return (f"target batch {target} fits on {self.device}: use --batch-size {target} "
+                    "(no accumulation needed)")
+        micro, n = self.micro_batch_size, self.accumulate
+        images = "image" if micro == 1 else "images"
+        return (f"target batch {target} -> use --batch-size {target} --accumulate {n} "
+                f"({n} micro-batches of {micro} {images} per update: the gradients of batch "
+                f"{target}, the activation memory of batch {micro})")
+
+    def table(self) -> str:
+        """One row per try, in the order they ran."""
+        rows = [("batch", "result", "peak memory", "seconds", "images/s", "error")]
+        for t in self.tries:
+            rows.append((str(t.batch_size), "ok" if t.ok else "out of memory",
+                         _format_bytes(t.peak_bytes),
+                         "-" if t.seconds is None else f"{t.seconds:.2f}",
+                         "-" if t.images_per_second is None else f"{t.images_per_second:.2f}",
+                         t.error or ""))
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        lines = []
+        for row in rows:
+            cells = [row[0].rjust(widths[0]), row[1].ljust(widths[1])]
+            cells += [cell.rjust(width) for cell, width in zip(row[2:5], widths[2:5])]
+            lines.append("  ".join(cells + [row[5]]).rstrip())
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        best = self.best_batch_size
+        result = "nothing fit" if best is None else f"largest batch size that fit: {best}"
+        return (f"batch-size finder on {self.device} (peak memory: {self.memory_measure})\n"
+                f"{self.table()}\n{result}\n{self.suggestion}")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BatchSizeReport":
+        """The report :meth:`as_dict` described (e.g. read back from another process)."""
+        fields = BatchSizeTry.__dataclass_fields__
+        return cls(device=data["device"], memory_measure=data["memory_measure"],
+                   target_batch_size=data["target_batch_size"],
+                   tries=[BatchSizeTry(**{k: v for k, v in t.items() if k in fields})
+                          for t in data["tries"]])
+
+    def as_dict(self) -> dict:
+        return {"device": self.device, "memory_measure": self.memory_measure,
+                "target_batch_size": self.target_batch_size,
+                "best_batch_size": self.best_batch_size,
+                "micro_batch_size": self.micro_batch_size, "accumulate": self.accumulate,
+                "suggestion": self.suggestion, "tries": [t.as_dict() for t in self.tries]}
+
+
+def _format_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+def _synchronize(device) -> None:
+    if device.xp is not np:
+        device.device.synchronize()
+
+
+class PeakMemory:
+    """``with PeakMemory(device) as peak: ...``: the most memory the block held at once,
+    above what was allocated when it began (``peak.bytes``, set on leaving the block).
+
+    * CPU: ``tracemalloc`` (started for the block unless it already runs). NumPy reports
+      every array it allocates to tracemalloc, so this is the peak of the arrays (and
+      Python objects) the block allocated; BLAS's own buffers and memory the C allocator
+      keeps cached are not in it. Tracing slows Python's own allocations, not NumPy's
+      arithmetic: a forward + backward of SSD300 takes about as long.
+    * GPU: CuPy's default memory pool, which every chainer array on the GPU comes from.
+      The pool is emptied (:func:`free_memory`) on entering, so the bytes it holds on
+      leaving (``total_bytes``: freed blocks stay cached) are the most the block held,
+      fragmentation included; minus the bytes in use on entering (parameters, optimizer
+      state) that is the block's peak. cuDNN's workspaces come from the pool too; the
+      CUDA context and cuBLAS's workspace do not. Leaving synchronizes the device and
+      records ``cudaMemGetInfo`` (``device_free_bytes``, ``device_total_bytes``: other
+      processes' memory counts there).
+
+    ``measure`` (class attribute per kind, also on the instance): the words for the
+    report.
+    """
+
+    HOST = "tracemalloc peak of NumPy and Python allocations"
+    GPU = "CuPy memory pool bytes held (pool emptied before)"
+
+    def __init__(self, device=None):
+        self.device = chainer.get_device(device if device is not None else "@numpy")
+        self.on_gpu = self.device.xp is not np
+        self.measure = self.GPU if self.on_gpu else self.HOST
+        self.bytes = None
+        self.device_free_bytes = self.device_total_bytes = None
+
+    def __enter__(self):
+        if self.on_gpu:
+            free_memory(self.device)
+            self._base = _cupy().get_default_memory_pool().used_bytes()
+        else:
+            self._started = not tracemalloc.is_tracing()
+            if self._started:
+                tracemalloc.start()
+            tracemalloc.reset_peak()
+            self._base = tracemalloc.get_traced_memory()[0]
+        return self
+
+    def __exit__(self, *exc):
+        if self.on_gpu:
+            cupy = _cupy()
+            _synchronize(self.device)
+            self.bytes = max(0, cupy.get_default_memory_pool().total_bytes() - self._base)
+            self.device_free_bytes, self.device_total_bytes = cupy.cuda.runtime.memGetInfo()
+        else:
+            self.bytes = max(0, tracemalloc.get_traced_memory()[1] - self._base)
+            if self._started:
+                tracemalloc.stop()
+        return False
+
+
+def _forward_backward(train_chain, examples, device, t):
+    """One try, measured; every array it makes dies with this frame (or, on an error,
+    with the traceback)."""
+    with PeakMemory(device) as peak:
+        began = time.perf_counter()
+        try:
+            in_arrays = concat_examples(examples, device)
+            train_chain.cleargrads()
+            loss = train_chain(*in_arrays)
+            loss.backward()
+            _synchronize(device)
+        finally:
+            t.seconds = time.perf_counter() - began
+    t.peak_bytes = peak.bytes
+    t.device_free_bytes, t.device_total_bytes = peak.device_free_bytes, peak.device_total_bytes
+
+
+def _prepare(train_chain, device):
+    device = train_chain.device if device is None else chainer.get_device(device)
+    train_chain.to_device(device)
+    device.use()
+    if device.xp is not np and _cupy() is None:
+        raise ValueError(f"device {device} is a GPU but CuPy is not available")
+    return device
+
+
+def _try_batch_size(train_chain, examples, batch_size, device) -> BatchSizeTry:
+    """Forward + backward of ``batch_size`` examples (``examples`` repeated as needed);
+    out of memory is recorded in the try, other errors propagate. Afterwards the try's
+    arrays are gone and the memory pools are emptied."""
+    t = BatchSizeTry(batch_size, ok=True)
+    batch = [examples[i % len(examples)] for i in range(batch_size)]
+    with chainer.using_config("train", True):
+        try:
+            _forward_backward(train_chain, batch, device, t)
+        except Exception as exc:                # noqa: BLE001 (re-raised unless OOM)
+            if not is_out_of_memory(exc):
+                raise
+            t.ok, t.error = False, _first_line(exc)
+    # the try's arrays are unreachable now (its frame and traceback are gone)
+    del batch
+    train_chain.cleargrads()
+    free_memory(device)
+    return t
+
+
+def _check_search(start, min_batch_size, names=("start", "min_batch_size")) -> tuple:
+    """``(start, min_batch_size)`` as whole numbers ``1 <= min_batch_size <= start``; else
+    :class:`~medaidet.arguments.ArgumentValueError` naming them as ``names`` (the command
+    line's ``--start``, ``--min``)."""
+    start_name, min_name = names
+    start = check_number(start, start_name, integer=True)
+    min_batch_size = check_number(min_batch_size, min_name, integer=True)
+    if min_batch_size > start:
+        raise ArgumentValueError(f"{min_name}: {min_batch_size} is greater than {start_name} "
+                                 f"{start}; expected a batch size from 1 to {start_name}")
+    return start, min_batch_size
+
+
+def _check_sizes(sizes, name: str = "sizes") -> list:
+    """``sizes`` sorted, without repeats, each a whole number > 0; else
+    :class:`~medaidet.arguments.ArgumentValueError` naming ``name``."""
+    expected = "expected a list of batch sizes (whole numbers > 0)"
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+        raise ArgumentValueError(f"{name}: {sizes!r} is not a list; {expected}")
+    sizes = list(sizes)
+    if not sizes:
+        raise ArgumentValueError(f"{name}: [] is empty; {expected}")
+    checked = []
+    for size in sizes:
+        try:
+            checked.append(check_number(size, name, integer=True))
+        except ArgumentValueError:
+            raise ArgumentValueError(f"{name}: {sizes!r} holds {size!r}, not a batch size; "
+                                     f"{expected}") from None
+    return sorted(set(checked))
+
+
+def measure_batch_sizes(train_chain, dataset, sizes=(1, 2, 4, 8), device=None,
+                        log=print) -> BatchSizeReport:
+    """Peak memory and speed of a forward + backward pass at each of ``sizes`` (all of
+    them: unlike :func:`find_batch_size` it does not stop at the first fit; a size that
+    runs out of memory is recorded as such). ``target_batch_size`` of the report: the
+    largest size. Plot it with :func:`plot_memory`."""
+    sizes = _check_sizes(sizes)
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty: measuring needs at least one example")
+    log = log or (lambda line: None)
+    device = _prepare(train_chain, device)
+    report = BatchSizeReport(device=str(device), memory_measure=PeakMemory(device).measure,
+                             target_batch_size=sizes[-1])
+    examples = [dataset[i] for i in range(min(sizes[-1], len(dataset)))]
+    for batch_size in sizes:
+        t = _try_batch_size(train_chain, examples, batch_size, device)
+        report.tries.append(t)
+        log(_log_line(t))
+    return report
+
+
+def find_batch_size(train_chain, dataset, device=None, start: int = 32,
+                    min_batch_size: int = 1, target_batch_size: int | None = None,
+                    log=print) -> BatchSizeReport:
+    """The largest batch size (``start``, ``start // 2``, ... ``min_batch_size``) whose
+    forward + backward pass fits in memory, with every try reported.
+
+    Args:
+        train_chain: the training chain (:class:`medaidet.ssd.train_chain.MultiboxTrainChain`):
+            ``train_chain(*batch)`` returns the loss. Moved to ``device``.
+        dataset: transformed examples (what the training iterator yields, e.g. a
+            ``TransformDataset`` with :class:`medaidet.ssd.transforms.TrainTransform`). A try
+            at batch size ``b`` uses its first ``b`` examples, repeated if it has fewer.
+        device: a chainer device spec (``'@numpy'``, ``'@cupy:0'``, ``-1``, ``0``) or
+            None: the chain's device.
+        start: the first batch size tried.
+        min_batch_size: the smallest one tried.
+        target_batch_size: the batch size to reach with accumulation (default: ``start``,
+            e.g. the recipe's 32) for the suggestion.
+        log: called with one line per try as it happens (``print``; None for silence).
+
+    Each try: ``concat_examples`` onto the device, clear the gradients, forward, backward,
+    and measure the peak memory and the seconds. No optimizer update (its state is
+    allocated at the first update and is the same at every batch size). On out of memory
+    (:func:`is_out_of_memory`) every reference to the try is dropped, the gradients are
+    cleared, garbage is collected and, on a GPU, CuPy's memory pools give their blocks back
+    (:func:`free_memory`); then the batch size is halved (not below ``min_batch_size``).
+    The first try that fits ends the search: it is the largest that fit.
+
+    Peak memory (:class:`PeakMemory`): on the CPU the ``tracemalloc`` peak during the try
+    (NumPy reports its arrays to tracemalloc), on a GPU the bytes CuPy's memory pool held
+    (emptied before the try); ``memory_measure`` in the report says which. Either is the
+    try's own memory: the parameters and the optimizer state come on top. The seconds of
+    the first try include one-time costs (cuDNN's autotuning, lazily initialized layers).
+
+    Returns a :class:`BatchSizeReport`. Raises :class:`NoBatchSizeFitsError` (with the
+    report) when even ``min_batch_size`` runs out of memory; other errors propagate.
+    """
+    start, min_batch_size = _check_search(start, min_batch_size)
+    if target_batch_size is not None:
+        target_batch_size = check_number(target_batch_size, "target_batch_size", integer=True)
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty: the finder needs at least one example")
+    log = log or (lambda line: None)
+    device = _prepare(train_chain, device)
+    on_gpu = device.xp is not np
+    report = BatchSizeReport(device=str(device), memory_measure=PeakMemory(device).measure,
+                             target_batch_size=target_batch_size or start)
+    examples = [dataset[i] for i in range(min(start, len(dataset)))]
+
+    batch_size = start
+    while True:
+        t = _try_batch_size(train_chain, examples, batch_size, device)
+        report.tries.append(t)
+        log(_log_line(t))
+        if t.ok:
+            return report
+        if batch_size <= min_batch_size:
+            break
+        batch_size = max(batch_size // 2, min_batch_size)
+
+    tried = " -> ".join(str(t.batch_size) for t in report.tries)
+    where = ("free GPU memory held by other processes (nvidia-smi lists them; restart "
+             "other notebooks' kernels), use a smaller model input (SSD300 instead of "
+             "SSD512), or train on the CPU (--device cpu: slow, but the host's memory)"
+             if on_gpu else
+             "close other programs or use a machine with more memory, or use a smaller "
+             "model input (SSD300 instead of SSD512)")
+    raise NoBatchSizeFitsError(
+        f"no batch size fits in memory on {device}: tried {tried}, and even batch "
+        f"{report.tries[-1].batch_size} ran out of memory ({report.tries[-1].error}). "
+        f"Try: {where}.", report)
+
+
+def _log_line(t: BatchSizeTry) -> str:
+    if t.ok:
+        return (f"batch {t.batch_size}: fits, peak {_format_bytes(t.peak_bytes)}, "
+                f"{t.seconds:.2f} s, {t.images_per_second:.2f} images/s")
+    return f"batch {t.batch_size}: out of memory after {t.seconds:.2f} s ({t.error})"
+
+
+# --------------------------------------------------------------------------- plot
+
+def plot_memory(report: BatchSizeReport):
+    """Peak memory against batch size, the tries that ran out of memory marked.
+
+    Returns a matplotlib ``Figure``.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.0, 4.0), layout="constrained")
+    ax = fig.subplots()
+    ok = sorted((t.batch_size, t.peak_bytes / 2**20) for t in report.tries
+                if t.ok and t.peak_bytes is not None)
+    failed = sorted(t.batch_size for t in report.tries if not t.ok)
+    top = max((mib for _, mib in ok), default=1.0) * 1.15
+    if ok:
+        ax.plot([b for b, _ in ok], [mib for _, mib in ok], marker="o", color="C0",
+                label="fits (peak)")
+    if failed:
+        ax.plot(failed, [top] * len(failed), linestyle="none", marker="x", ms=10,
+                mew=2, color="C3", label="out of memory")
+    best = report.best_batch_size
+    if best is not None:
+        ax.axvline(best, color="C2", linestyle="--", alpha=0.6, label=f"largest fit: {best}")
+    sizes = sorted({t.batch_size for t in report.tries})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.set_ylim(0, top * 1.1)
+    ax.set(xlabel="batch size", ylabel="peak memory (MiB)",
+           title=f"Memory per batch size on {report.device}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+# --------------------------------------------------------------------------- command
+
+def batch_size_on_bccd(device="auto", model="ssd300", start: int = 32, min_batch_size: int = 1,
+                       target_batch_size: int | None = None, sizes=None, data=None, out=None,
+                       log=print) -> BatchSizeReport:
+    """The finder (or, with ``sizes``, :func:`measure_batch_sizes`) for ``model`` (random
+    initial weights: memory does not depend on their values) on real BCCD training
+    images, encoded as the training transform encodes them. ``device``: as
+    ``medaidet train --device``. ``out``: a folder for ``batch_size.json`` and
+    ``memory.png`` (created, and checked, before any work; not inside the dataset).
+    Bad arguments raise :class:`~medaidet.arguments.ArgumentValueError` or
+    :class:`~medaidet.arguments.OutputDirError` naming them, before the model is built."""
+    from chainer.datasets import TransformDataset
+
+    from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+    from medaidet.data.download import resolve_root
+    from medaidet.ssd.model import build_ssd
+    from medaidet.training.train import resolve_device
+    from medaidet.ssd.train_chain import MultiboxTrainChain
+    from medaidet.ssd.transforms import EncodeTransform
+
+    if sizes:
+        sizes = _check_sizes(sizes)
+    else:
+        start, min_batch_size = _check_search(start, min_batch_size)
+    if target_batch_size is not None:
+        target_batch_size = check_number(target_batch_size, "target_batch_size", integer=True)
+    data = resolve_root(data)
+    if out is not None:
+        out = prepare_output_dir(out, "out", inputs=(data,))
+    device = resolve_device(device)
+    ssd = build_ssd(model, None)
+    with warnings.catch_warnings():          # the loader's report on BCCD is not the point
+        warnings.simplefilter("ignore", AnnotationWarning)
+        images = BCCDDataset(data, "train")
+    n = max(sizes) if sizes else start
+    dataset = TransformDataset(images.slice[:min(n, len(images))],
+                               EncodeTransform.for_model(ssd))
+    chain = MultiboxTrainChain(ssd)
+    if sizes:
+        report = measure_batch_sizes(chain, dataset, sizes, device=device, log=log)
+        if target_batch_size:
+            report.target_batch_size = target_batch_size
+    else:
+        report = find_batch_size(chain, dataset, device=device, start=start,
+                                 min_batch_size=min_batch_size,
+                                 target_batch_size=target_batch_size, log=log)
+    if out is not None:
+        (out / "batch_size.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        plot_memory(report).savefig(out / "memory.png", dpi=100)
+    return report
+
+
+def _batch_size_command(args) -> int:
+    from medaidet.data.download import resolve_root
+
+    # checked here first so that the messages name the flags the user typed
+    if not args.sizes:
+        _check_search(args.start, args.min, names=("--start", "--min"))
+    if args.out is not None:
+        prepare_output_dir(args.out, "--out", inputs=(resolve_root(args.data),))
+    log = None if args.json else print
+    try:
+        report = batch_size_on_bccd(args.device, args.model, args.start, args.min,
+                                    args.target, args.sizes, args.data, args.out, log=log)
+    except NoBatchSizeFitsError as exc:
+        if args.json:
+            print(json.dumps({**exc.report.as_dict(), "error": str(exc)}, indent=2))
+        raise
+    print(json.dumps(report.as_dict(), indent=2) if args.json else f"\n{report}")
+    return 0
+
+
+def add_batch_size_parser(subparsers):
+    """Register ``medaidet batch-size ...`` on an argparse ``subparsers`` object."""
+    p = subparsers.add_parser(
+        "batch-size", help="the largest training batch that fits in memory, and --accumulate",
+        description="Forward + backward of SSD on BCCD training images at --start, halving on "
+                    "out of memory until a batch fits; every try reported (peak memory, "
+                    "seconds, images/s) with the --accumulate that reaches --target. With "
+                    "--sizes: measure each of those batch sizes instead.")
+    p.add_argument("--device", default="auto", help="cpu, gpu or a GPU id (default: auto)")
+    p.add_argument("--model", default="ssd300", choices=["ssd300", "ssd512"])
+    p.add_argument("--start", type=positive_int, default=32, help="first batch size (default 32)")
+    p.add_argument("--min", type=positive_int, default=1, help="smallest batch size to try")
+    p.add_argument("--target", type=positive_int, default=None,
+                   help="batch to reach with accumulation (default: --start)")
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=None, metavar="N",
+                   help="measure these batch sizes (all of them) instead of searching")
+    p.add_argument("--data", default=None, metavar="ROOT",
+                   help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write batch_size.json and memory.png here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_batch_size_command)
+    return p

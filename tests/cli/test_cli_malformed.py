@@ -1,0 +1,215 @@
+"""Malformed input for the ``medaidet`` command: one row per mistake a user makes.
+
+Each row is (input the test makes, command line, expected outcome). The contract for every
+row: exit status 2, one error line on stderr, last, that starts with ``medaidet`` and names
+the argument and the value at fault — no traceback — and nothing the user made is changed.
+The rows run the real ``main`` in this process (argparse included); the few that need a
+real process (Ctrl-C, a bare interpreter) run one.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from medaidet import cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------- inputs the rows use
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, bccd_root):
+    """Every bad (and one good) input file, made once for all rows."""
+    d = tmp_path_factory.mktemp("inputs")
+    made = {"dir": d, "bccd": bccd_root}
+    made["a_file"] = d / "results.txt"
+    made["a_file"].write_text("a user's file\n")
+    made["npy"] = d / "weights.npy"
+    np.save(made["npy"], np.zeros(3, np.float32))
+    made["text"] = d / "weights.txt"
+    made["text"].write_text("not weights\n")
+    made["tar"] = d / "weights.tar"
+    with tarfile.open(made["tar"], "w") as tar:
+        tar.add(made["text"], arcname="weights.txt")
+    made["empty"] = d / "empty.npz"
+    made["empty"].write_bytes(b"")
+    from medaidet.ssd.model import build_ssd, save_weights
+    model = build_ssd("ssd300", pretrained=None)
+    made["weights"] = d / "model.npz"
+    save_weights(model, made["weights"])
+    made["truncated"] = d / "truncated.npz"
+    made["truncated"].write_bytes(made["weights"].read_bytes()[:4096])
+    with np.load(made["weights"]) as arrays:
+        poisoned = {k: arrays[k] for k in arrays.files}
+    first = sorted(poisoned)[0]
+    poisoned[first] = np.full_like(poisoned[first], np.nan)
+    made["nan"] = d / "nan.npz"
+    np.savez(made["nan"], **poisoned)
+    made["zip"] = d / "BCCD.zip"
+    with zipfile.ZipFile(made["zip"], "w") as archive:
+        archive.writestr("BCCD/README.md", "not the tar.gz")
+    for name, value in {"model": "ssd1024", "pretrained": 5, "out": 5, "data": 123}.items():
+        made[f"config_{name}"] = d / f"config_{name}.json"
+        made[f"config_{name}"].write_text(json.dumps({name: value}))
+    return made
+
+
+# (id, argv from the inputs, substrings the one error line must hold[, environment])
+ROWS = [
+    # numbers
+    ("train --epochs inf", lambda f: ["train", "--epochs", "inf"], ["--epochs", "inf"]),
+    ("train --subset 0", lambda f: ["train", "--subset", "0"], ["--subset", "0"]),
+    ("train --batch-size 0", lambda f: ["train", "--batch-size", "0"], ["--batch-size", "0"]),
+    ("train --iterations -1", lambda f: ["train", "--iterations", "-1"], ["--iterations", "-1"]),
+    ("evaluate --subset 0", lambda f: ["evaluate", str(f["weights"]), "--subset", "0"],
+     ["--subset", "0"]),
+    ("evaluate --batch-size 0", lambda f: ["evaluate", str(f["weights"]), "--batch-size", "0"],
+     ["--batch-size", "0"]),
+    ("count --score-thresh -1", lambda f: ["count", str(f["weights"]), "--score-thresh", "-1"],
+     ["--score-thresh", "-1"]),
+    ("count --score-thresh nan", lambda f: ["count", str(f["weights"]), "--score-thresh", "nan"],
+     ["--score-thresh", "nan"]),
+    ("count --score-thresh 2", lambda f: ["count", str(f["weights"]), "--score-thresh", "2"],
+     ["--score-thresh", "2"]),
+    ("batch-size --min 8 --start 4", lambda f: ["batch-size", "--min", "8", "--start", "4"],
+     ["--min", "8", "--start", "4"]),
+    ("data synth --n 0", lambda f: ["data", "synth", str(f["dir"] / "synth"), "--n", "0"],
+     ["--n", "0"]),
+    ("course run --cell-timeout 0", lambda f: ["course", "run", "--cell-timeout", "0"],
+     ["--cell-timeout", "0"]),
+    # output folders that are files or cannot be created
+    ("train --out FILE", lambda f: ["train", "--out", str(f["a_file"]), "--data", str(f["bccd"])],
+     ["--out", "results.txt", "is a file"]),
+    ("train --out under a file",
+     lambda f: ["train", "--out", str(f["a_file"] / "run"), "--data", str(f["bccd"])],
+     ["--out", "results.txt", "cannot create"]),
+    ("train --out inside the data",
+     lambda f: ["train", "--out", str(f["bccd"] / "runs"), "--data", str(f["bccd"])],
+     ["--out", "which this run reads"]),
+    ("evaluate --out FILE", lambda f: ["evaluate", str(f["weights"]), "--out", str(f["a_file"])],
+     ["--out", "results.txt", "is a file"]),
+    ("count --out FILE", lambda f: ["count", str(f["weights"]), "--out", str(f["a_file"])],
+     ["--out", "results.txt", "is a file"]),
+    ("batch-size --out FILE", lambda f: ["batch-size", "--out", str(f["a_file"])],
+     ["--out", "results.txt", "is a file"]),
+    ("course run --out FILE", lambda f: ["course", "run", "--out", str(f["a_file"])],
+     ["--out", "results.txt", "is a file"]),
+    ("course run --out notebooks", lambda f: ["course", "run", "--out", str(REPO / "notebooks")],
+     ["--out", "notebooks", "which this run reads"]),
+    ("stack build --dest FILE", lambda f: ["stack", "build", "--dest", str(f["a_file"])],
+     ["--dest", "results.txt", "is a file"]),
+    # files of the wrong kind
+    ("train --resume truncated", lambda f: ["train", "--resume", str(f["truncated"]),
+                                            "--data", str(f["bccd"]), "--out", str(f["dir"] / "r1")],
+     ["truncated.npz"]),
+    ("train --resume empty", lambda f: ["train", "--resume", str(f["empty"]),
+                                        "--data", str(f["bccd"]), "--out", str(f["dir"] / "r2")],
+     ["empty.npz"]),
+    ("train --resume .npy", lambda f: ["train", "--resume", str(f["npy"]),
+                                       "--data", str(f["bccd"]), "--out", str(f["dir"] / "r3")],
+     ["weights.npy"]),
+    ("train --pretrained .npy", lambda f: ["train", "--pretrained", str(f["npy"]),
+                                           "--data", str(f["bccd"]), "--out", str(f["dir"] / "r4")],
+     ["weights.npy"]),
+    ("evaluate .npy", lambda f: ["evaluate", str(f["npy"])], ["weights.npy"]),
+    ("evaluate text file", lambda f: ["evaluate", str(f["text"])], ["weights.txt"]),
+    ("evaluate tar file", lambda f: ["evaluate", str(f["tar"])], ["weights.tar"]),
+    ("evaluate truncated", lambda f: ["evaluate", str(f["truncated"])], ["truncated.npz"]),
+    ("evaluate NaN weights", lambda f: ["evaluate", str(f["nan"])], ["nan.npz"]),
+    # data
+    ("data synth --n 2", lambda f: ["data", "synth", str(f["dir"] / "synth2"), "--n", "2"],
+     ["n=2", "at least 3"]),
+    ("data download from a plain path",
+     lambda f: ["data", "download", "--dest", str(f["dir"] / "dl1")], ["https://", "file://"],
+     lambda f: {"MEDAIDET_BCCD_URL": str(f["zip"])}),
+    ("data download of a zip",
+     lambda f: ["data", "download", "--dest", str(f["dir"] / "dl2")], ["ZIP archive"],
+     lambda f: {"MEDAIDET_BCCD_URL": f["zip"].as_uri()}),
+    # config values
+    ("config model: ssd1024", lambda f: ["train", "--config", str(f["config_model"])],
+     ["model", "ssd1024"]),
+    ("config pretrained: 5", lambda f: ["train", "--config", str(f["config_pretrained"])],
+     ["pretrained", "5"]),
+    ("config out: 5", lambda f: ["train", "--config", str(f["config_out"])], ["out", "5"]),
+    ("config data: 123", lambda f: ["train", "--config", str(f["config_data"])], ["data", "123"]),
+]
+
+
+@pytest.mark.slow(seconds=30)
+@pytest.mark.parametrize("row", ROWS, ids=[row[0] for row in ROWS])
+def test_malformed_input_gives_one_named_line(row, files, capsys, monkeypatch):
+    name, argv, expected, *environ = row
+    for key, value in (environ[0](files) if environ else {}).items():
+        monkeypatch.setenv(key, value)
+    before = files["a_file"].read_text()
+    try:
+        status = cli.main(argv(files))
+    except SystemExit as exc:  # argparse's own exit
+        status = exc.code
+    captured = capsys.readouterr()
+    # what the command logged before it stopped may precede it; the error is one line, last
+    errors = [line for line in captured.err.splitlines() if "error:" in line]
+    assert status == 2, (status, captured.err)
+    assert len(errors) == 1 and errors[0].startswith("medaidet"), captured.err
+    assert captured.err.rstrip("\n").endswith(errors[0]) and "Traceback" not in captured.err
+    for text in expected:
+        assert text in errors[0], (text, errors[0])
+    assert files["a_file"].read_text() == before  # nothing of the user's was changed
+
+
+def test_debug_shows_the_traceback(files, capsys):
+    status = cli.main(["course", "run", "--out", str(files["a_file"]), "--debug"])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback (most recent call last)" in err
+    assert err.strip().splitlines()[-1].startswith("medaidet: error: --out:")
+
+
+def test_data_validate_exits_1_when_it_reports_errors(files, capsys):
+    # real BCCD has objects of severity error (zero-area and duplicate boxes)
+    assert cli.main(["data", "validate", str(files["bccd"])]) == 1
+    assert "zero_area" in capsys.readouterr().out
+
+
+def test_an_os_error_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    def unreadable(args):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "locked.npz"))
+    monkeypatch.setattr(cli, "_doctor", unreadable)
+    assert cli.main(["doctor"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"medaidet: error: {tmp_path / 'locked.npz'}: Permission denied\n"
+
+
+@pytest.mark.slow(seconds=10)
+def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path, bccd_root):
+    command = [sys.executable, "-m", "medaidet", "train", "--profile", "smoke",
+               "--data", str(bccd_root), "--out", str(tmp_path / "run"), "--n-processes", "0",
+               "--iterations", "1000"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    time.sleep(8)  # into model building or training
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "medaidet: interrupted"
+
+
+def test_a_bare_interpreter_is_told_the_one_command_to_run(tmp_path):
+    """`python -m medaidet stack install` from a checkout, in a venv with nothing installed."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")],
+                   check=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    done = subprocess.run([str(python), "-m", "medaidet", "stack", "install", "--cuda", "none"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert f"python -m pip install -e {REPO}" in line and "is not installed" in line

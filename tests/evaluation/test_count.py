@@ -1,0 +1,243 @@
+"""Counting: hand-made predictions with known counts, the threshold sweep, plots, CLI hook."""
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from medaidet.evaluation.count import (RBC_NOTE, SWEEP_NOTE, add_count_parser, count_cells,
+                            plot_counts, plot_sweep, threshold_sweep)
+from medaidet.evaluation.evaluate import Predictions
+
+NAMES = ("rbc", "wbc", "platelets")
+
+
+def make_preds(pred, gt, split=None):
+    """pred: per image a list of (label, score); gt: per image a list of labels.
+    Boxes are irrelevant to counting: all zeros."""
+    pl = [np.array([lb for lb, _ in p], dtype=np.int32) for p in pred]
+    ps = [np.array([s for _, s in p], dtype=np.float32) for p in pred]
+    pb = [np.zeros((len(p), 4), dtype=np.float32) for p in pred]
+    gl = [np.array(g, dtype=np.int32) for g in gt]
+    gb = [np.zeros((len(g), 4), dtype=np.float32) for g in gt]
+    return Predictions([f"img{i}" for i in range(len(gt))], pb, pl, ps, gb, gl, None,
+                       NAMES, 0.01, split)
+
+
+def known_case():
+    # image 0: annotated rbc 4, wbc 1, platelets 2
+    #          predicted (>= 0.5) rbc 6, wbc 1, platelets 1; below 0.5: one rbc, one wbc
+    # image 1: annotated rbc 2, wbc 1, platelets 0
+    #          predicted (>= 0.5) rbc 1, wbc 1, platelets 1
+    pred = [[(0, 0.9)] * 6 + [(0, 0.2), (1, 0.8), (1, 0.1), (2, 0.7)],
+            [(0, 0.55), (1, 0.5), (2, 0.95)]]
+    gt = [[0, 0, 0, 0, 1, 2, 2], [0, 0, 1]]
+    return make_preds(pred, gt)
+
+
+def test_counts_and_errors_are_exact():
+    result = count_cells(known_case(), score_thresh=0.5)
+    np.testing.assert_array_equal(result.predicted, [[6, 1, 1], [1, 1, 1]])
+    np.testing.assert_array_equal(result.annotated, [[4, 1, 2], [2, 1, 0]])
+    np.testing.assert_array_equal(result.error, [[2, 0, -1], [-1, 0, 1]])
+    np.testing.assert_allclose(result.mae, [1.5, 0.0, 1.0])
+    np.testing.assert_allclose(result.bias, [0.5, 0.0, 0.0])
+    # relative error: rbc mean(2/4, 1/2) = 0.5; wbc 0; platelets only image 0: 1/2
+    np.testing.assert_allclose(result.relative_error, [0.5, 0.0, 0.5])
+    np.testing.assert_array_equal(result.n_relative, [2, 2, 1])
+
+
+def test_threshold_is_inclusive_and_relative_error_guards_zero():
+    # No platelet box anywhere: relative error undefined (NaN, null in JSON), MAE defined.
+    preds = make_preds([[(2, 0.6), (0, 0.6)]], [[0]])
+    result = count_cells(preds, score_thresh=0.6)
+    np.testing.assert_array_equal(result.predicted, [[1, 0, 1]])
+    assert math.isnan(result.relative_error[2]) and result.n_relative[2] == 0
+    assert result.mae[2] == 1.0 and result.bias[2] == 1.0
+    d = result.to_dict()
+    json.dumps(d, allow_nan=False)
+    assert d["per_class"]["platelets"]["relative_error"] is None
+
+
+def test_per_image_table_text_and_json():
+    result = count_cells(known_case(), 0.5)
+    rows = result.rows()
+    assert rows[0] == {"image": "img0", "rbc_pred": 6, "rbc_true": 4, "rbc_error": 2,
+                       "wbc_pred": 1, "wbc_true": 1, "wbc_error": 0,
+                       "platelets_pred": 1, "platelets_true": 2, "platelets_error": -1}
+    text = str(result)
+    assert "1.50" in text and "+0.50" in text and RBC_NOTE in text
+    assert "<table>" in result._repr_html_()
+    d = json.loads(result.to_json())
+    assert d["per_class"]["rbc"]["mae"] == 1.5 and len(d["per_image"]) == 2
+
+
+def test_rbc_note_explains_the_bias():
+    for words in ("incomplete", "15 images", "over-count", "positive", "border", "clump",
+                  "Platelets"):
+        assert words in RBC_NOTE
+
+
+def test_refuses_a_threshold_below_the_predictions():
+    with pytest.raises(ValueError):
+        count_cells(known_case(), 0.001)
+
+
+def sweep_case():
+    # Every image: 3 rbc annotated; rbc detections at 0.9, 0.8, 0.7 (the true ones) and
+    # 0.3, 0.2 (spurious). Counts per threshold: 5 (<=0.2), 4 (<=0.3), 3 (<=0.7), 2, 1, 0.
+    pred = [[(0, s) for s in (0.9, 0.8, 0.7, 0.3, 0.2)]] * 4
+    return make_preds(pred, [[0, 0, 0]] * 4)
+
+
+def test_threshold_sweep_known_curve_and_best_threshold():
+    thresholds = [0.1, 0.25, 0.5, 0.75, 0.85, 0.95]
+    sweep = threshold_sweep(sweep_case(), thresholds)
+    np.testing.assert_allclose(sweep.mae[:, 0], [2, 1, 0, 1, 2, 3])
+    np.testing.assert_allclose(sweep.bias[:, 0], [2, 1, 0, -1, -2, -3])
+    assert sweep.best_threshold["rbc"] == 0.5
+    assert sweep.best_mae["rbc"] == 0.0
+    # predicted counts can only fall as the threshold rises: bias is non-increasing
+    for l in range(3):
+        assert np.all(np.diff(sweep.bias[:, l]) <= 0)
+    assert SWEEP_NOTE in str(sweep) and "<table>" in sweep._repr_html_()
+    d = sweep.to_dict()
+    json.dumps(d, allow_nan=False)
+    assert d["best_threshold"]["rbc"] == 0.5
+
+
+def test_sweep_on_test_split_warns_about_optimism():
+    preds = sweep_case()
+    preds.split = "test"
+    with pytest.warns(UserWarning, match="optimistic.*val split"):
+        threshold_sweep(preds, [0.5])
+
+
+def test_sweep_is_monotone_on_random_predictions():
+    rng = np.random.RandomState(0)
+    pred = [[(int(rng.randint(3)), float(rng.uniform(0.01, 1))) for _ in range(30)]
+            for _ in range(5)]
+    gt = [list(rng.randint(0, 3, size=20)) for _ in range(5)]
+    sweep = threshold_sweep(make_preds(pred, gt))
+    assert np.all(np.diff(sweep.bias, axis=0) <= 0)
+
+
+def test_plots_return_figures():
+    fig = plot_counts(count_cells(known_case(), 0.5))
+    assert isinstance(fig, Figure) and len(fig.axes) == 3
+    fig = plot_sweep(threshold_sweep(sweep_case()))
+    assert isinstance(fig, Figure) and len(fig.axes) == 1
+
+
+def test_cli_parser_registers_count():
+    parser = argparse.ArgumentParser()
+    add_count_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["count", "w.npz", "--score-thresh", "0.4", "--split", "val"])
+    assert (args.weights, args.split, args.score_thresh, args.device) == \
+        ("w.npz", "val", 0.4, "cpu")
+    assert callable(args.func)
+
+
+@pytest.mark.slow(seconds=10)
+def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
+    from medaidet.ssd.model import build_ssd, save_weights
+    np.random.seed(0)
+    weights = tmp_path / "ssd300_random.npz"
+    save_weights(build_ssd("ssd300", n_fg_class=3), weights)
+    parser = argparse.ArgumentParser()
+    add_count_parser(parser.add_subparsers(dest="command"))
+    out = tmp_path / "count"
+    args = parser.parse_args(["count", str(weights), "--data", str(bccd_root), "--subset",
+                              "2", "--split", "val", "--out", str(out), "--json"])
+    assert args.func(args) == 0
+    d = json.loads((out / "counts.json").read_text())
+    assert d["n_images"] == 2 and d["split"] == "val" and d["score_thresh"] == 0.5
+    assert set(d["per_class"]) == set(NAMES) and "best_threshold" in d["sweep"]
+    assert d["per_class"]["rbc"]["annotated_total"] > 0
+    for name in ("counts.png", "count_sweep.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert json.loads(capsys.readouterr().out)["n_images"] == 2
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+def _count_parser():
+    parser = argparse.ArgumentParser(prog="medaidet")
+    add_count_parser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "2", "inf", "0", "0.005", "half"])
+def test_cli_refuses_a_score_threshold_that_counts_nothing(value, capsys):
+    with pytest.raises(SystemExit) as info:
+        _count_parser().parse_args(["count", "w.npz", "--score-thresh", value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --score-thresh: {value if value != 'half' else repr(value)} is" in err
+    assert "expected a number from" in err
+
+
+@pytest.mark.parametrize("value, expected", [("0.01", 0.01), ("1", 1.0), ("0.35", 0.35)])
+def test_cli_accepts_thresholds_from_the_prediction_threshold_to_one(value, expected):
+    args = _count_parser().parse_args(["count", "w.npz", "--score-thresh", value])
+    assert args.score_thresh == expected
+
+
+@pytest.mark.parametrize("option", ["--subset", "--batch-size"])
+def test_cli_refuses_zero_subset_and_batch_size(option, capsys):
+    with pytest.raises(SystemExit):
+        _count_parser().parse_args(["count", "w.npz", option, "0"])
+    assert f"argument {option}: 0 is out of range" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 2.0, -1.0, float("inf")])
+def test_count_cells_refuses_a_threshold_that_is_not_a_probability(bad):
+    from medaidet.arguments import ArgumentValueError
+    with pytest.raises(ArgumentValueError, match=r"^score_thresh: .*expected a number from 0 to 1"):
+        count_cells(known_case(), bad)
+
+
+def test_count_cells_at_one_counts_only_saturated_scores():
+    preds = make_preds([[(0, 1.0), (0, 0.999)]], [[0]])
+    np.testing.assert_array_equal(count_cells(preds, 1.0).predicted, [[1, 0, 0]])
+
+
+def test_threshold_sweep_refuses_bad_thresholds():
+    from medaidet.arguments import ArgumentValueError
+    with pytest.raises(ArgumentValueError, match="^thresholds: nan"):
+        threshold_sweep(sweep_case(), [0.5, float("nan")])
+    with pytest.raises(ArgumentValueError, match="^thresholds: none given"):
+        threshold_sweep(sweep_case(), [])
+
+
+@pytest.fixture
+def no_prediction(monkeypatch):
+    import medaidet.evaluation.evaluate as evaluate_module
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model was built before the arguments were checked")
+    monkeypatch.setattr(evaluate_module, "load_model", forbidden)
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), 2, 0.001])
+def test_count_weights_checks_the_threshold_before_predicting(tmp_path, bad, no_prediction):
+    from medaidet.arguments import ArgumentValueError
+    from medaidet.evaluation.count import count_weights
+    weights = tmp_path / "model.npz"
+    weights.write_bytes(b"")
+    with pytest.raises(ArgumentValueError, match=r"^--score-thresh: "):
+        count_weights(weights, score_thresh=bad, progress=False)
+
+
+def test_count_out_that_is_a_file_fails_before_predicting(tmp_path, bccd_root, no_prediction,
+                                                          capsys):
+    from medaidet.cli import main
+    weights = tmp_path / "model.npz"
+    weights.write_bytes(b"")
+    out = tmp_path / "counts"
+    out.write_text("")
+    assert main(["count", str(weights), "--data", str(bccd_root), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err

@@ -1,0 +1,275 @@
+"""Evaluation: the protocols' semantics on synthetic predictions with known answers, and one
+real (tiny) run of evaluate_weights on BCCD with random-init SSD300 weights."""
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+
+from medaidet.errors import MedaidetError
+from medaidet.evaluation.evaluate import (PROTOCOLS, Predictions, TrainedWeightsMissingError,
+                               add_evaluate_parser, evaluate, evaluate_weights,
+                               plot_pr_curves)
+from medaidet.ssd.model import WeightsNotFoundError
+
+NAMES = ("rbc", "wbc", "platelets")
+
+
+def box(y, x, h=20, w=20):
+    return [y, x, y + h, x + w]
+
+
+def make_gt(n_images=3):
+    """Per image: two rbc, one wbc, one platelet, at distinct places."""
+    bboxes, labels = [], []
+    for i in range(n_images):
+        o = 10 * i
+        bboxes.append(np.array([box(o, 0), box(o, 50), box(o, 100, 60, 60), box(o, 200, 8, 8)],
+                               dtype=np.float32))
+        labels.append(np.array([0, 0, 1, 2], dtype=np.int32))
+    return bboxes, labels
+
+
+def preds_from(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, split=None):
+    return Predictions([f"img{i}" for i in range(len(gt_bboxes))],
+                       [np.asarray(b, dtype=np.float32).reshape(-1, 4) for b in pred_bboxes],
+                       [np.asarray(lb, dtype=np.int32) for lb in pred_labels],
+                       [np.asarray(s, dtype=np.float32) for s in pred_scores],
+                       gt_bboxes, gt_labels, None, NAMES, 0.01, split)
+
+
+def test_perfect_predictions_score_one_in_both_metrics_and_protocols():
+    gb, gl = make_gt()
+    preds = preds_from(gb, gl, [np.full(len(lb), 0.9) for lb in gl], gb, gl)
+    result = evaluate(preds, NAMES)
+    assert set(result.protocols) == set(PROTOCOLS) == {"evaluate", "course"}
+    for p in result.protocols.values():
+        np.testing.assert_allclose(p.ap_voc, 1.0)
+        np.testing.assert_allclose(p.ap_voc07, 1.0)
+        assert p.map_voc == pytest.approx(1.0) and p.map_voc07 == pytest.approx(1.0)
+        assert list(p.n_gt) == [6, 3, 3]
+
+
+def test_missing_class_scores_zero_and_others_one():
+    gb, gl = make_gt()
+    keep = [lb != 2 for lb in gl]           # never predict a platelet
+    preds = preds_from([b[k] for b, k in zip(gb, keep)], [lb[k] for lb, k in zip(gl, keep)],
+                       [np.full(k.sum(), 0.9) for k in keep], gb, gl)
+    p = evaluate(preds)["evaluate"]
+    np.testing.assert_allclose(p.ap_voc, [1, 1, 0])
+    np.testing.assert_allclose(p.ap_voc07, [1, 1, 0])
+    assert p.map_voc == pytest.approx(2 / 3)
+    assert p.n_detections[2] == 0
+
+
+def test_class_without_boxes_is_nan_and_left_out_of_the_mean():
+    # No platelet boxes and no platelet detections: ChainerCV would return only 2 classes.
+    gb, gl = make_gt()
+    keep = [lb != 2 for lb in gl]
+    gb, gl = [b[k] for b, k in zip(gb, keep)], [lb[k] for lb, k in zip(gl, keep)]
+    result = evaluate(preds_from(gb, gl, [np.full(len(lb), 0.9) for lb in gl], gb, gl))
+    p = result["evaluate"]
+    assert len(p.ap_voc) == 3 and math.isnan(p.ap_voc[2])
+    assert p.map_voc == pytest.approx(1.0)
+    d = result.to_dict()["protocols"]["evaluate"]
+    assert d["ap_voc"]["platelets"] is None
+    json.dumps(result.to_dict(), allow_nan=False)          # strict JSON, no NaN
+
+
+def test_score_filter_low_scores_count_in_evaluate_not_in_course():
+    gb, gl = make_gt()
+    # wbc detected perfectly but only at score 0.3: in [0.01, 0.6).
+    scores = [np.where(lb == 1, 0.3, 0.9) for lb in gl]
+    result = evaluate(preds_from(gb, gl, scores, gb, gl))
+    ev, course = result["evaluate"], result["course"]
+    assert ev.score_thresh == 0.01 and course.score_thresh == 0.6
+    np.testing.assert_allclose(ev.ap_voc, [1, 1, 1])
+    np.testing.assert_allclose(course.ap_voc, [1, 0, 1])
+    np.testing.assert_allclose(course.ap_voc07, [1, 0, 1])
+    assert ev.n_detections[1] == 3 and course.n_detections[1] == 0
+
+
+def test_low_scoring_false_positives_lower_ap_only_with_low_threshold_recall_gain():
+    # rbc: one true positive at 0.9 and one at 0.3, plus a false positive at 0.5 per image.
+    # evaluate sees everything: recall 1 reached at precision 2/3. course: recall 1/2.
+    gb, gl = make_gt(1)
+    fp = box(300, 300)
+    pb = [np.array([gb[0][0], fp, gb[0][1], gb[0][2], gb[0][3]])]
+    pl = [np.array([0, 0, 0, 1, 2])]
+    ps = [np.array([0.9, 0.5, 0.3, 0.9, 0.9])]
+    result = evaluate(preds_from(pb, pl, ps, gb, gl))
+    # Area AP (VOC2010+): precision envelope 1 up to recall 0.5, 2/3 up to 1.
+    assert result["evaluate"].ap_voc[0] == pytest.approx(0.5 + 0.5 * 2 / 3)
+    assert result["course"].ap_voc[0] == pytest.approx(0.5)
+    # The course's PR curve is the evaluate curve cut at score 0.6.
+    ev_rec, co_rec = result["evaluate"].recall[0], result["course"].recall[0]
+    np.testing.assert_allclose(co_rec, ev_rec[:len(co_rec)])
+    assert co_rec.max() == pytest.approx(0.5) and ev_rec.max() == pytest.approx(1.0)
+
+
+def test_filter_refuses_below_the_prediction_threshold_and_is_a_filter():
+    gb, gl = make_gt(1)
+    preds = preds_from(gb, gl, [np.array([0.05, 0.7, 0.6, 0.59])], gb, gl)
+    kept = preds.filter(0.6)
+    np.testing.assert_array_equal(kept.pred_scores[0], np.float32([0.7, 0.6]))
+    np.testing.assert_array_equal(kept.pred_labels[0], [0, 1])
+    assert kept.score_thresh == 0.6
+    with pytest.raises(ValueError, match="predict again"):
+        preds.filter(0.001)
+
+
+def test_table_json_and_figure():
+    gb, gl = make_gt()
+    result = evaluate(preds_from(gb, gl, [np.full(len(lb), 0.9) for lb in gl], gb, gl,
+                                 split="test"))
+    text = str(result)
+    assert "rbc" in text and "mean" in text and "1.000" in text and "0.719" in text
+    assert "<table>" in result._repr_html_()
+    d = json.loads(result.to_json())
+    assert set(d) >= {"split", "n_images", "iou_thresh", "protocols", "label_names"}
+    assert set(d["protocols"]) == {"evaluate", "course"}
+    assert set(d["protocols"]["course"]) >= {"score_thresh", "map_voc", "map_voc07",
+                                            "ap_voc", "ap_voc07"}
+    from matplotlib.figure import Figure
+    fig = plot_pr_curves(result)
+    assert isinstance(fig, Figure) and len(fig.axes) == 3
+
+
+def test_missing_weights_is_a_named_error(tmp_path, bccd_root):
+    missing = tmp_path / "runs" / "model.npz"
+    with pytest.raises(TrainedWeightsMissingError) as info:
+        evaluate_weights(missing, root=bccd_root, subset=1, progress=False)
+    assert isinstance(info.value, MedaidetError)
+    assert isinstance(info.value, WeightsNotFoundError)
+    message = str(info.value)
+    assert "03" in message and "medaidet train" in message and str(missing) in message
+    assert info.value.path == missing
+
+
+def test_cli_parser_registers_evaluate():
+    parser = argparse.ArgumentParser()
+    add_evaluate_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["evaluate", "w.npz", "--subset", "2", "--device", "gpu",
+                              "--out", "o", "--data", "d"])
+    assert (args.weights, args.split, args.model, args.subset, args.device, args.out,
+            args.data) == ("w.npz", "test", "ssd300", 2, "gpu", "o", "d")
+    assert callable(args.func)
+
+
+@pytest.fixture(scope="module")
+def random_weights(tmp_path_factory):
+    from medaidet.ssd.model import build_ssd, save_weights
+    np.random.seed(0)
+    model = build_ssd("ssd300", n_fg_class=3)
+    path = tmp_path_factory.mktemp("weights") / "ssd300_random.npz"
+    save_weights(model, path)
+    return path
+
+
+@pytest.mark.slow(seconds=10)
+def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_path):
+    out = tmp_path / "eval"
+    result = evaluate_weights(random_weights, split="test", root=bccd_root, subset=2,
+                              out_dir=out, progress=False)
+    assert result.n_images == 2 and result.split == "test"
+    d = json.loads((out / "evaluation.json").read_text())
+    assert d["n_images"] == 2 and len(d["image_ids"]) == 2
+    assert d["weights"] == str(random_weights)
+    for proto in ("evaluate", "course"):
+        p = d["protocols"][proto]
+        assert set(p["ap_voc"]) == set(NAMES)
+        for value in list(p["ap_voc"].values()) + list(p["ap_voc07"].values()):
+            assert value is None or 0.0 <= value <= 1.0
+        assert p["n_gt"]["rbc"] > 0
+    # the course protocol is a filter of the evaluate predictions
+    for name in NAMES:
+        assert d["protocols"]["course"]["n_detections"][name] <= \
+            d["protocols"]["evaluate"]["n_detections"][name]
+    png = (out / "pr_curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+def _evaluate_parser():
+    parser = argparse.ArgumentParser(prog="medaidet")
+    add_evaluate_parser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+@pytest.mark.parametrize("option", ["--subset", "--batch-size"])
+@pytest.mark.parametrize("value", ["0", "-3", "1.5"])
+def test_cli_refuses_a_subset_or_batch_size_that_is_not_positive(option, value, capsys):
+    with pytest.raises(SystemExit) as info:
+        _evaluate_parser().parse_args(["evaluate", "w.npz", option, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: {value} is" in err and "expected a whole number > 0" in err
+
+
+@pytest.fixture
+def no_prediction(monkeypatch):
+    """Fails the test if the model is built: the checks must come before the work."""
+    import medaidet.evaluation.evaluate as evaluate_module
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model was built before the arguments were checked")
+    monkeypatch.setattr(evaluate_module, "load_model", forbidden)
+
+
+@pytest.fixture
+def weights_file(tmp_path):
+    path = tmp_path / "model.npz"
+    path.write_bytes(b"")   # exists; never read when a check fails first
+    return path
+
+
+def test_out_that_is_a_file_fails_before_predicting(weights_file, bccd_root, tmp_path,
+                                                     no_prediction):
+    from medaidet.arguments import OutputDirError
+    out = tmp_path / "results.txt"
+    out.write_text("mine\n")
+    with pytest.raises(OutputDirError, match=r"--out: .*results\.txt is a file, not a folder"):
+        evaluate_weights(weights_file, root=bccd_root, subset=1, out_dir=out, progress=False)
+    assert out.read_text() == "mine\n"
+
+
+def test_out_that_cannot_be_created_fails_before_predicting(weights_file, bccd_root,
+                                                            tmp_path, no_prediction):
+    from medaidet.arguments import OutputDirError
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    with pytest.raises(OutputDirError, match=r"--out: cannot create the folder .*blocker/eval"):
+        evaluate_weights(weights_file, root=bccd_root, out_dir=blocker / "eval",
+                         progress=False)
+
+
+def test_out_inside_the_dataset_is_refused(weights_file, bccd_root, no_prediction):
+    from medaidet.arguments import OutputDirError
+    with pytest.raises(OutputDirError, match="which this run reads"):
+        evaluate_weights(weights_file, root=bccd_root, out_dir=bccd_root / "eval",
+                         progress=False)
+    assert not (bccd_root / "eval").exists()
+
+
+@pytest.mark.parametrize("name, kwargs", [("--subset", dict(subset=0)),
+                                          ("--batch-size", dict(batch_size=0)),
+                                          ("--subset", dict(subset=2.5))])
+def test_python_api_checks_numbers_before_predicting(weights_file, bccd_root, name, kwargs,
+                                                     no_prediction):
+    from medaidet.arguments import ArgumentValueError
+    with pytest.raises(ArgumentValueError, match=f"^{name}: .*expected a whole number > 0"):
+        evaluate_weights(weights_file, root=bccd_root, progress=False, **kwargs)
+
+
+def test_cli_out_that_is_a_file_is_one_line_before_any_work(weights_file, bccd_root,
+                                                            tmp_path, no_prediction, capsys):
+    from medaidet.cli import main
+    out = tmp_path / "results.txt"
+    out.write_text("")
+    assert main(["evaluate", str(weights_file), "--data", str(bccd_root),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err
+    assert err.count("\n") == 1

@@ -1,0 +1,562 @@
+"""Gradient accumulation and the batch-size finder (medaidet.scaling.memory).
+
+The accumulation tests run SSD300 (random init) on four real BCCD images whose positive
+counts differ (242, 249, 134 and 153 positive priors: halves of 491 and 287), one update
+per updater: the large batch (``StandardUpdater``) against 2 and 4 micro-batches, and
+against the naive way (each micro-batch divided by its own positives), which must not
+match. Each run is a forward + backward of 4 images (seconds per image on a CPU); the
+runs are cached per module. ``accumulate=1`` is checked on a stub model (it runs
+``StandardUpdater``'s own code).
+
+Tolerance of the gradients: relative to each parameter's gradient (L2 error <= 2e-3 of
+its norm, and elementwise within 1e-4 relative + 1e-2 of its largest entry), not a fixed
+1e-6. The weight gradients are float32 sums over ~10^5-10^6 terms (images x positions)
+with much cancellation, and the large batch groups them differently: BLAS blocks one
+GEMM over 4 images differently from four over 1 (the forward outputs already differ by
+~1e-6 relative; the losses are bit-equal here), and a ReLU input or a max-pooling tie
+within rounding of its neighbour then sends a gradient down another path. Measured
+(float32): the worst parameter's relative L2 error is 1.1e-4 with 2 micro-batches and
+5e-4 with 4, the worst element 1.1e-3 of its parameter's largest; the naive
+normalisation misses by 1.5e-2 to 0.17 (median 7e-2). In float64 the same comparison
+agrees to ~5e-15 (checked by hand: too slow for the suite).
+
+The finder runs for real on the CPU in a subprocess whose address space is limited with
+``RLIMIT_AS`` (``medaidet.troubleshoot.out_of_memory_demo``), so that large batches raise
+NumPy's MemoryError and batch 1 fits; a stub chain covers the search and the report
+quickly in this process.
+"""
+import copy
+import json
+import warnings
+
+import chainer
+import chainer.functions as F
+import numpy as np
+import pytest
+from chainer.training.updaters import StandardUpdater
+
+from medaidet.data.bccd import BCCDDataset
+from medaidet.errors import MedaidetError
+from medaidet.scaling.memory import (AccumulatingUpdater, AccumulationError, BatchSizeReport,
+                             BatchSizeTry, NoBatchSizeFitsError, batch_positives,
+                             find_batch_size, is_out_of_memory, measure_batch_sizes,
+                             plot_memory)
+from medaidet.ssd.model import build_ssd, materialize
+from medaidet.ssd.train_chain import MultiboxTrainChain
+from medaidet.ssd.transforms import EncodeTransform
+
+IDS = ("BloodImage_00001", "BloodImage_00005", "BloodImage_00004", "BloodImage_00022")
+KEYS = ("main/loss", "main/loss/loc", "main/loss/conf")
+RTOL, ATOL = 1e-4, 1e-6          # for the weights (and the stub model)
+GRAD_RTOL, GRAD_NORM_RTOL, GRAD_ATOL_OF_MAX = 1e-4, 2e-3, 1e-2
+
+
+# --------------------------------------------------------------------------- helpers
+
+def as_float(value):
+    return float(value.array if isinstance(value, chainer.Variable) else value)
+
+
+def one_update(model, samples, make_updater, lr=1e-3):
+    """One update of a copy of ``model`` on ``samples`` (one batch); the gradients, the
+    weights after the update and what was reported."""
+    chain = MultiboxTrainChain(copy.deepcopy(model))
+    optimizer = chainer.optimizers.MomentumSGD(lr=lr, momentum=0.9)
+    observation = update_once(chain, optimizer, samples, make_updater)
+    assert optimizer.t == 1
+    return dict(grads={n: p.grad.copy() for n, p in chain.namedparams()},
+                params={n: p.array.copy() for n, p in chain.namedparams()},
+                observation=observation)
+
+
+def update_once(chain, optimizer, samples, make_updater):
+    """One update of ``chain`` on all ``samples`` as one batch; what was reported."""
+    optimizer.setup(chain)
+    iterator = chainer.iterators.SerialIterator(samples, len(samples), shuffle=False)
+    updater = make_updater(iterator, optimizer)
+    reporter = chainer.Reporter()
+    reporter.add_observer("main", chain)
+    observation = {}
+    with reporter.scope(observation):
+        updater.update()
+    return {k: as_float(v) for k, v in observation.items()}
+
+
+def naive(chain, n_micro):
+    """The naive accumulation: each micro-batch divided by its own positives, the
+    micro-batch losses averaged."""
+    def loss(imgs, gt_mb_locs, gt_mb_labels, n_positive):
+        return chain(imgs, gt_mb_locs, gt_mb_labels) / n_micro
+    return loss
+
+
+UPDATERS = {
+    "standard": lambda it, opt: StandardUpdater(it, opt),
+    "accumulate2": lambda it, opt: AccumulatingUpdater(it, opt, accumulate=2),
+    "accumulate4": lambda it, opt: AccumulatingUpdater(it, opt, accumulate=4),
+    "naive2": lambda it, opt: AccumulatingUpdater(it, opt, accumulate=2,
+                                                  loss_func=naive(opt.target, 2)),
+}
+
+
+def gradient_error(ours, theirs):
+    """(relative L2 error, whether elementwise close) of one parameter's gradient, at
+    the scale of that gradient (see the module docstring)."""
+    scale = np.abs(theirs).max()
+    if scale == 0:
+        return float(np.abs(ours).max()), not ours.any()
+    relative = float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs))
+    close = np.allclose(ours, theirs, rtol=GRAD_RTOL, atol=GRAD_ATOL_OF_MAX * scale)
+    return relative, close
+
+
+def assert_gradients_close(ours, theirs, what):
+    assert ours.keys() == theirs.keys()
+    for name in theirs:
+        relative, close = gradient_error(ours[name], theirs[name])
+        assert relative <= GRAD_NORM_RTOL and close, \
+            f"{what} {name}: relative L2 error {relative:.2e}, elementwise close: {close}"
+
+
+# --------------------------------------------------------------------------- SSD300 on BCCD
+
+@pytest.fixture(scope="module")
+def samples(bccd_root):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dataset = BCCDDataset(bccd_root, "train")
+    transform = EncodeTransform.for_model(build_ssd("ssd300", None, n_fg_class=3))
+    return [transform(dataset[dataset.ids.index(i)]) for i in IDS]
+
+
+@pytest.fixture(scope="module")
+def initial_model():
+    np.random.seed(0)
+    return materialize(build_ssd("ssd300", None, n_fg_class=3))
+
+
+@pytest.fixture(scope="module")
+def runs(samples, initial_model):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = one_update(initial_model, samples, UPDATERS[name])
+        return cache[name]
+    return get
+
+
+def test_the_samples_have_different_positive_counts(samples):
+    counts = [int((label > 0).sum()) for _, _, label in samples]
+    assert counts == [242, 249, 134, 153]
+    assert counts[0] + counts[1] != counts[2] + counts[3]     # the naive way must differ
+    assert batch_positives(samples) == sum(counts)
+
+
+@pytest.mark.slow(seconds=30)
+@pytest.mark.parametrize("n_micro", [2, 4])
+def test_accumulated_gradients_match_the_large_batch(runs, n_micro):
+    large, accumulated = runs("standard"), runs(f"accumulate{n_micro}")
+    assert_gradients_close(accumulated["grads"], large["grads"], "gradient of")
+    assert sum(np.abs(g).max() > 0 for g in large["grads"].values()) > 30
+    for key in KEYS:       # the batch's loss, not the last micro-batch's share
+        assert accumulated["observation"][key] == pytest.approx(
+            large["observation"][key], rel=1e-5), key
+    for name, weight in large["params"].items():      # after the update (the recipe lr)
+        np.testing.assert_allclose(accumulated["params"][name], weight, rtol=RTOL,
+                                   atol=ATOL, err_msg=name)
+
+
+@pytest.mark.slow(seconds=2)
+def test_accumulated_update_moves_the_weights_like_the_large_batch(runs, initial_model):
+    before = {"/model" + n: p.array for n, p in initial_model.namedparams()}
+    large, accumulated = runs("standard"), runs("accumulate2")
+    moved = {name: large["params"][name] - start for name, start in before.items()}
+    assert_gradients_close({name: accumulated["params"][name] - start
+                            for name, start in before.items()}, moved, "update of")
+    assert sum(np.abs(m).max() > 0 for m in moved.values()) > 30
+
+
+@pytest.mark.slow(seconds=23)
+def test_naive_normalisation_does_not_match(runs):
+    """Each micro-batch divided by its own positives weights the images differently
+    (halves of 491 and 287 positives: 1/982 and 1/574 instead of 1/778): every gradient
+    misses by far more than the tolerance, so the tests above can fail."""
+    large, wrong = runs("standard"), runs("naive2")
+    used = [name for name, g in large["grads"].items() if g.any()]
+    assert len(used) > 30
+    errors = [gradient_error(wrong["grads"][name], large["grads"][name])[0] for name in used]
+    assert min(errors) > GRAD_NORM_RTOL                  # each one fails the tolerance
+    assert np.median(errors) > 10 * GRAD_NORM_RTOL
+
+
+# --------------------------------------------------------------------------- stub model
+
+class StubModel(chainer.Link):
+    """``model(imgs)`` -> (B, K, 4) locations and (B, K, n_class) scores that depend on
+    the image (so every sample's gradient differs) through learnable weights."""
+
+    def __init__(self, n_prior=12, n_class=4):
+        super().__init__()
+        rng = np.random.default_rng(0)
+        with self.init_scope():
+            self.loc = chainer.Parameter(rng.normal(size=(n_prior, 4)).astype(np.float32))
+            self.conf = chainer.Parameter(rng.normal(size=(n_prior, n_class)).astype(np.float32))
+
+    def forward(self, imgs):
+        scale = F.reshape(F.mean(imgs, axis=(1, 2, 3)), (-1, 1, 1))
+        b = len(imgs)
+        return (F.broadcast_to(self.loc, (b,) + self.loc.shape) * scale,
+                F.broadcast_to(self.conf, (b,) + self.conf.shape) * scale)
+
+
+def stub_samples(n=6, n_prior=12):
+    rng = np.random.default_rng(1)
+    out = []
+    for i in range(n):
+        labels = rng.integers(0, 4, size=n_prior).astype(np.int32)
+        labels[: i + 1] = 0                       # different positive counts
+        out.append((np.full((3, 4, 4), 1 + i / 3, np.float32),
+                    rng.normal(size=(n_prior, 4)).astype(np.float32), labels))
+    return out
+
+
+def stub_update(samples, make_updater):
+    chain = MultiboxTrainChain(StubModel())
+    return chain, update_once(chain, chainer.optimizers.SGD(lr=0.1), samples, make_updater)
+
+
+@pytest.mark.parametrize("n_micro", [2, 3, 6])
+def test_stub_accumulation_matches_the_batch(n_micro):
+    samples = stub_samples()
+    large, large_obs = stub_update(samples, StandardUpdater)
+    acc, acc_obs = stub_update(samples, lambda it, opt: AccumulatingUpdater(
+        it, opt, accumulate=n_micro))
+    for (name, p), q in zip(large.namedparams(), acc.params()):
+        np.testing.assert_allclose(q.grad, p.grad, rtol=1e-5, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(q.array, p.array, rtol=1e-5, atol=1e-7, err_msg=name)
+    for key in KEYS:
+        assert acc_obs[key] == pytest.approx(large_obs[key], rel=1e-5)
+
+
+def test_accumulate_1_is_the_standard_updater_bit_for_bit():
+    samples = stub_samples()
+    large, large_obs = stub_update(samples, StandardUpdater)
+    one, one_obs = stub_update(samples, lambda it, opt: AccumulatingUpdater(
+        it, opt, accumulate=1))
+    for p, q in zip(large.params(), one.params()):
+        assert np.array_equal(q.grad, p.grad) and np.array_equal(q.array, p.array)
+    assert one_obs == large_obs
+
+
+class FakeComm:
+    """``size`` and ``allreduce_obj``: the other workers together add ``others``."""
+
+    def __init__(self, size, others):
+        self.size, self.others, self.received = size, others, []
+
+    def allreduce_obj(self, obj):
+        self.received.append(obj)
+        return obj + self.others
+
+
+def test_comm_is_allreduced_once_per_batch_like_the_loss():
+    samples = stub_samples()
+    count = sum(int((label > 0).sum()) for _, _, label in samples)
+    big_comm, acc_comm = FakeComm(4, 50), FakeComm(4, 50)
+    chain = MultiboxTrainChain(StubModel(), comm=big_comm)
+    optimizer = chainer.optimizers.SGD(lr=0.1)
+    optimizer.setup(chain)
+    StandardUpdater(chainer.iterators.SerialIterator(samples, 6, shuffle=False),
+                    optimizer).update()
+    acc_chain = MultiboxTrainChain(StubModel(), comm=acc_comm)
+    acc_optimizer = chainer.optimizers.SGD(lr=0.1)
+    acc_optimizer.setup(acc_chain)
+    updater = AccumulatingUpdater(chainer.iterators.SerialIterator(samples, 6, shuffle=False),
+                                  acc_optimizer, accumulate=3)
+    assert updater.comm is acc_comm                  # the chain's comm, by default
+    updater.update()
+    assert big_comm.received == acc_comm.received == [count]    # once, the whole batch
+    for p, q in zip(chain.params(), acc_chain.params()):
+        np.testing.assert_allclose(q.array, p.array, rtol=1e-5, atol=1e-7)
+    assert batch_positives(samples, FakeComm(4, 50)) == (count + 50) / 4
+
+
+def test_reports_sum_losses_and_average_other_keys():
+    class Chain(MultiboxTrainChain):
+        def forward(self, *args, n_positive=None):
+            loss = super().forward(*args, n_positive=n_positive)
+            chainer.reporter.report({"imgs": len(args[0])}, self)
+            return loss
+
+    chain = Chain(StubModel())
+    optimizer = chainer.optimizers.SGD(lr=0.1)
+    optimizer.setup(chain)
+    updater = AccumulatingUpdater(chainer.iterators.SerialIterator(stub_samples(), 6),
+                                  optimizer, accumulate=3)
+    reporter = chainer.Reporter()
+    reporter.add_observer("main", chain)
+    observation = {}
+    with reporter.scope(observation):
+        updater.update()
+    assert as_float(observation["main/imgs"]) == 2                   # a mean, not 6
+    assert isinstance(observation["main/loss"], chainer.Variable)
+    assert observation["main/loss"].creator is None                  # no graph kept
+    updater.update()                                                 # no reporter: fine
+
+
+def test_batch_size_not_divisible_is_named():
+    chain = MultiboxTrainChain(StubModel())
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(chain)
+    iterator = chainer.iterators.SerialIterator(stub_samples(), 3)
+    with pytest.raises(AccumulationError, match="batch_size is 3") as info:
+        AccumulatingUpdater(iterator, optimizer, accumulate=2)
+    assert isinstance(info.value, MedaidetError) and isinstance(info.value, ValueError)
+    assert "accumulate=2" in str(info.value) and "(e.g. 2 or 4)" in str(info.value)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(AccumulationError, match="positive integer"):
+            AccumulatingUpdater(iterator, optimizer, accumulate=bad)
+    # a short last batch of a non-repeating iterator: named at that iteration
+    iterator = chainer.iterators.SerialIterator(stub_samples(5), 4, repeat=False,
+                                                shuffle=False)
+    updater = AccumulatingUpdater(iterator, optimizer, accumulate=2)
+    updater.update()
+    with pytest.raises(AccumulationError, match="this batch's size is 1"):
+        updater.update()
+
+
+# --------------------------------------------------------------------------- the finder
+
+class HungryChain(chainer.Chain):
+    """A chain whose forward needs an impossible amount of memory above ``fits`` images:
+    NumPy raises its real MemoryError (``_ArrayMemoryError``) for 2**60 bytes."""
+
+    def __init__(self, fits):
+        super().__init__()
+        with self.init_scope():
+            self.w = chainer.Parameter(np.ones(3, np.float32))
+        self.fits = fits
+        self.seen = []
+
+    def forward(self, imgs, gt_mb_locs, gt_mb_labels):
+        self.seen.append(len(imgs))
+        if len(imgs) > self.fits:
+            np.empty(2**60, np.uint8)
+        work = chainer.Variable(np.ones((len(imgs), 1 << 16), np.float32))
+        return F.sum(work * F.sum(self.w)) + F.sum(imgs)
+
+
+def test_finder_halves_until_it_fits_and_reports_every_try():
+    chain, lines = HungryChain(fits=3), []
+    report = find_batch_size(chain, stub_samples(4), start=32, log=lines.append)
+    assert chain.seen == [32, 16, 8, 4, 2]
+    assert [t.batch_size for t in report.tries] == [32, 16, 8, 4, 2]
+    assert [t.ok for t in report.tries] == [False] * 4 + [True]
+    assert all(t.error.startswith("MemoryError") for t in report.tries[:4])
+    assert report.best_batch_size == 2
+    assert report.tries[-1].peak_bytes >= 2 * 4 * (1 << 16)        # the (2, 65536) array
+    assert report.tries[-1].images_per_second > 0
+    assert len(lines) == 5 and "out of memory" in lines[0] and "fits" in lines[-1]
+    assert report.accumulate == 16 and report.micro_batch_size == 2
+    assert "--batch-size 32 --accumulate 16" in report.suggestion
+    text = str(report)
+    assert "out of memory" in text and "largest batch size that fit: 2" in text
+    assert "tracemalloc" in text
+    data = json.loads(json.dumps(report.as_dict()))
+    assert data["best_batch_size"] == 2 and len(data["tries"]) == 5
+    assert data["tries"][-1]["images_per_second"] > 0
+    assert chain.w.grad is None                                    # grads cleared after
+
+
+def test_finder_min_batch_size_target_and_a_fit_at_once():
+    report = find_batch_size(HungryChain(fits=5), stub_samples(2), start=12,
+                             min_batch_size=5, target_batch_size=30, log=None)
+    assert [t.batch_size for t in report.tries] == [12, 6, 5]
+    assert report.micro_batch_size == 5 and report.accumulate == 6
+    report = find_batch_size(HungryChain(fits=64), stub_samples(2), start=8, log=None)
+    assert [t.ok for t in report.tries] == [True]
+    assert "no accumulation needed" in report.suggestion and report.accumulate == 1
+
+
+def test_no_batch_size_fits_is_named():
+    with pytest.raises(NoBatchSizeFitsError, match="tried 4 -> 2 -> 1") as info:
+        find_batch_size(HungryChain(fits=0), stub_samples(2), start=4, log=None)
+    assert isinstance(info.value, MedaidetError)
+    assert "Try:" in str(info.value)
+    assert [t.ok for t in info.value.report.tries] == [False, False, False]
+
+
+def test_other_errors_propagate():
+    class Broken(HungryChain):
+        def forward(self, *args):
+            raise KeyError("not a memory problem")
+
+    with pytest.raises(KeyError):
+        find_batch_size(Broken(fits=1), stub_samples(2), start=2, log=None)
+    assert not is_out_of_memory(KeyError("x"))
+    assert is_out_of_memory(MemoryError())
+
+
+def test_measure_batch_sizes_tries_every_size_and_records_the_ones_that_fail():
+    chain, lines = HungryChain(fits=3), []
+    report = measure_batch_sizes(chain, stub_samples(4), sizes=(4, 1, 2, 8), log=lines.append)
+    assert chain.seen == [1, 2, 4, 8]                      # sorted, none skipped
+    assert [t.ok for t in report.tries] == [True, True, False, False]
+    one, two = report.tries[:2]
+    assert two.peak_bytes > one.peak_bytes >= 4 * (1 << 16)   # grows with the batch
+    assert report.best_batch_size == 2 and report.target_batch_size == 8
+    assert len(lines) == 4 and chain.w.grad is None
+    back = BatchSizeReport.from_dict(json.loads(json.dumps(report.as_dict())))
+    assert back.tries == report.tries and back.device == report.device
+    with pytest.raises(ValueError, match=r"^sizes: \[0, 2\] holds 0, not a batch size"):
+        measure_batch_sizes(chain, stub_samples(2), sizes=(0, 2), log=None)
+
+
+def test_plot_memory():
+    report = BatchSizeReport("@numpy", "tracemalloc", 8, [
+        BatchSizeTry(8, False, "MemoryError: x", seconds=0.1),
+        BatchSizeTry(4, False, "MemoryError: x", seconds=0.1),
+        BatchSizeTry(2, True, peak_bytes=3 << 30, seconds=4.0)])
+    fig = plot_memory(report)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "batch size" and "MiB" in ax.get_ylabel()
+    assert [line.get_label() for line in ax.lines][:2] == ["fits (peak)", "out of memory"]
+    fig.savefig(__import__("io").BytesIO(), format="png")
+
+
+# The real thing: SSD300 on the CPU in a subprocess with a limited address space
+# (medaidet.troubleshoot.out_of_memory_demo, which notebook 07 shows). Calibration (no
+# limit): the address space one image's forward + backward adds on top of what the
+# process holds (VmPeak - VmSize). Limit: what it holds now + 1.5 x that, so batch 1 fits
+# and batch 2 (about three times as much: im2col's columns for 2 images) does not. Then
+# + 0.05 x that, where nothing fits.
+@pytest.fixture(scope="module")
+def oom_run(bccd_root):
+    from medaidet.troubleshoot import out_of_memory_demo
+
+    return out_of_memory_demo(bccd_root, start=8, headroom=1.5)
+
+
+@pytest.mark.slow(seconds=13)
+def test_finder_survives_a_real_out_of_memory_on_the_cpu(oom_run):
+    report = oom_run.report
+    sizes = [t.batch_size for t in report.tries]
+    assert sizes[0] == 8 and sizes == [8 >> i for i in range(len(sizes))]    # halving
+    *failed, fit = report.tries
+    assert len(failed) >= 2 and fit.ok and oom_run.error is None
+    for t in failed:
+        assert not t.ok and t.error.startswith("MemoryError"), t
+        assert t.peak_bytes is None
+    assert fit.peak_bytes > 100 * 2**20 and fit.seconds > 0     # SSD300: ~500 MiB
+    assert report.best_batch_size == fit.batch_size <= 2
+    assert report.accumulate == 8 // fit.batch_size
+    assert f"--accumulate {report.accumulate}" in report.suggestion
+    assert len(oom_run.lines) == len(sizes) and "out of memory" in oom_run.lines[0]
+    assert oom_run.limit_bytes > oom_run.one_image_bytes > 100 * 2**20
+    text = oom_run.summary()
+    assert "out of memory" in text and "tracemalloc" in text and "1.5x one image" in text
+
+
+@pytest.mark.slow(seconds=7)
+def test_no_batch_size_fits_on_the_cpu(bccd_root):
+    from medaidet.troubleshoot import out_of_memory_demo
+
+    demo = out_of_memory_demo(bccd_root, start=2, headroom=0.05)
+    assert demo.error is not None, demo.lines
+    assert "tried 2 -> 1" in demo.error and "MemoryError" in demo.error
+    assert [t.ok for t in demo.report.tries] == [False, False]
+    assert "NoBatchSizeFitsError" in demo.summary()
+
+
+@pytest.mark.slow(seconds=25)
+def test_batch_size_command_on_real_bccd(bccd_root, tmp_path, capsys):
+    from medaidet.cli import main
+
+    out = tmp_path / "finder"
+    assert main(["batch-size", "--device", "cpu", "--sizes", "2", "1", "--target", "32",
+                 "--data", str(bccd_root), "--out", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [t["batch_size"] for t in data["tries"]] == [1, 2]
+    one, two = data["tries"]
+    assert one["ok"] and two["ok"] and two["peak_bytes"] > one["peak_bytes"] > 100 * 2**20
+    assert data["target_batch_size"] == 32 and data["accumulate"] == 16
+    assert json.loads((out / "batch_size.json").read_text()) == data
+    assert (out / "memory.png").read_bytes().startswith(b"\x89PNG")
+
+    assert main(["batch-size", "--device", "cpu", "--start", "1",
+                 "--data", str(bccd_root)]) == 0
+    text = capsys.readouterr().out
+    assert "batch 1: fits" in text and "no accumulation needed" in text
+    with pytest.raises(SystemExit):
+        main(["batch-size", "--start", "0"])
+    assert "argument --start: 0 is out of range; expected a whole number > 0" in \
+        capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Building SSD is the start of the work: every check must come before it."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was built before the arguments were checked")
+    monkeypatch.setattr("medaidet.ssd.model.build_ssd", refuse)
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+def test_batch_size_command_min_greater_than_start(bccd_root, capsys, no_model):
+    from medaidet.cli import main
+
+    assert main(["batch-size", "--device", "cpu", "--start", "4", "--min", "8",
+                 "--data", str(bccd_root)]) == 2
+    assert _error_line(capsys) == ("medaidet: error: --min: 8 is greater than --start 4; "
+                                   "expected a batch size from 1 to --start")
+
+
+def test_batch_size_command_output_folder(bccd_root, tmp_path, capsys, no_model):
+    from medaidet.cli import main
+
+    file = tmp_path / "results"
+    file.write_text("mine")
+    argv = ["batch-size", "--device", "cpu", "--start", "1", "--data", str(bccd_root)]
+    assert main(argv + ["--out", str(file)]) == 2
+    assert _error_line(capsys) == (f"medaidet: error: --out: {file} is a file, not a folder; "
+                                   "give a folder path (it is created if missing)")
+    assert main(argv + ["--out", str(file / "finder")]) == 2
+    assert _error_line(capsys).startswith(
+        f"medaidet: error: --out: cannot create the folder {file / 'finder'} ")
+    data = tmp_path / "bccd"
+    (data / "Annotations").mkdir(parents=True)
+    assert main(["batch-size", "--device", "cpu", "--data", str(data),
+                 "--out", str(data / "finder")]) == 2
+    assert _error_line(capsys).startswith(
+        f"medaidet: error: --out: {data / 'finder'} is inside {data}, which this run reads")
+    assert not (data / "finder").exists() and file.read_text() == "mine"
+
+
+def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
+    from medaidet.arguments import ArgumentValueError, OutputDirError
+    from medaidet.scaling.memory import batch_size_on_bccd
+
+    with pytest.raises(ArgumentValueError, match="^min_batch_size: 8 is greater than start 4; "
+                                                 "expected a batch size from 1 to start$"):
+        batch_size_on_bccd("cpu", start=4, min_batch_size=8, data=bccd_root)
+    with pytest.raises(ArgumentValueError, match="^start: 0 is out of range"):
+        batch_size_on_bccd("cpu", start=0, data=bccd_root)
+    with pytest.raises(ArgumentValueError, match=r"^sizes: \[2, 0\] .* expected"):
+        batch_size_on_bccd("cpu", sizes=[2, 0], data=bccd_root)
+    file = tmp_path / "results"
+    file.write_text("mine")
+    with pytest.raises(OutputDirError, match="^out: .* is a file, not a folder"):
+        batch_size_on_bccd("cpu", start=1, data=bccd_root, out=file)
+    with pytest.raises(ArgumentValueError, match="^min_batch_size: 3 is greater than start 2"):
+        find_batch_size(HungryChain(fits=1), stub_samples(2), start=2, min_batch_size=3,
+                        log=None)
+    with pytest.raises(ArgumentValueError, match="^start: 1.5 is not a whole number"):
+        find_batch_size(HungryChain(fits=1), stub_samples(2), start=1.5, log=None)

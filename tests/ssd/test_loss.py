@@ -1,0 +1,555 @@
+"""medaidet.ssd.loss against ChainerCV's multibox_loss: the same numbers, masks and
+gradients on valid inputs (random, tied, zero/all positives, k = 0/1/3), and
+named errors instead of crashes on invalid ones."""
+import numpy as np
+import pytest
+
+import chainer
+from chainercv.links.model.ssd import multibox_loss as cv_multibox_loss
+from chainercv.links.model.ssd.multibox_loss import (
+    _elementwise_softmax_cross_entropy as cv_softmax_cross_entropy,
+    _hard_negative as cv_hard_negative,
+)
+
+import medaidet.ssd.loss as loss_module
+from medaidet.errors import MedaidetError
+from medaidet.ssd.loss import DivergedError, InvalidTargetsError, hard_negative, multibox_loss
+
+N_PRIOR_SSD300 = 8732
+N_CLASS_BCCD = 4    # background + RBC, WBC, Platelets
+
+
+# --------------------------------------------------------------------------- helpers
+
+def make_inputs(rng, n_batch, n_prior, n_class=N_CLASS_BCCD, positive_rate=0.01,
+                ties=False, confident_background=False):
+    """Random (mb_locs, mb_confs, gt_mb_locs, gt_mb_labels) as the SSD model and
+    MultiboxCoder produce them. ``ties``: logits from {-1, 0, 1}, so many priors
+    share one loss value. ``confident_background``: most negatives predict
+    background by a margin of 50, so their loss is exactly 0 (ties with the
+    positives' 0 key)."""
+    if ties:
+        confs = rng.randint(-1, 2, (n_batch, n_prior, n_class)).astype(np.float32)
+    else:
+        confs = (rng.randn(n_batch, n_prior, n_class) * 2).astype(np.float32)
+    labels = np.where(rng.rand(n_batch, n_prior) < positive_rate,
+                      rng.randint(1, n_class, (n_batch, n_prior)), 0).astype(np.int32)
+    if confident_background:
+        sure = (labels == 0) & (rng.rand(n_batch, n_prior) < 0.9)
+        confs[sure, 0] = 50
+    locs = rng.randn(n_batch, n_prior, 4).astype(np.float32)
+    gt_locs = rng.randn(n_batch, n_prior, 4).astype(np.float32)
+    return locs, confs, gt_locs, labels
+
+
+def chainercv_mask(confs, labels, k):
+    """ChainerCV's hard negatives (its own functions), positives removed."""
+    ce = cv_softmax_cross_entropy(confs, labels).array
+    positive = labels > 0
+    return cv_hard_negative(ce, positive, k) & ~positive
+
+
+def our_mask(confs, labels, k):
+    ce = loss_module._SoftmaxCrossEntropy().apply((confs, labels))[0].array
+    return hard_negative(ce, labels > 0, k)
+
+
+def stable_sort_mask(confs, labels, k):
+    """What a single *stable* sort would choose (the road not taken)."""
+    ce = cv_softmax_cross_entropy(confs, labels).array
+    positive = labels > 0
+    order = (ce * (positive - 1)).argsort(axis=1, kind="stable")
+    rank = np.empty_like(order)
+    rank[np.arange(len(order))[:, None], order] = np.arange(order.shape[1])
+    return (rank < (positive.sum(axis=1) * k)[:, None]) & ~positive
+
+
+def both_losses(inputs, k, comm=None, variables=True):
+    """Forward and backward through ChainerCV's loss and ours on the same inputs."""
+    locs, confs, gt_locs, labels = inputs
+    results = []
+    for fn in (cv_multibox_loss, multibox_loss):
+        if variables:
+            mb_locs, mb_confs = chainer.Variable(locs.copy()), chainer.Variable(confs.copy())
+        else:
+            mb_locs, mb_confs = locs, confs
+        loc_loss, conf_loss = fn(mb_locs, mb_confs, gt_locs, labels, k, comm=comm)
+        if variables and loc_loss.creator is not None:
+            (loc_loss + conf_loss).backward()
+        grads = (mb_locs.grad, mb_confs.grad) if variables else (None, None)
+        results.append((loc_loss, conf_loss) + grads)
+    return results
+
+
+def assert_same_as_chainercv(inputs, k, comm=None, variables=True):
+    theirs, ours = both_losses(inputs, k, comm=comm, variables=variables)
+    for name, a, b in zip(("loc_loss", "conf_loss"), theirs[:2], ours[:2]):
+        assert isinstance(b, chainer.Variable)
+        assert b.dtype == a.dtype and b.shape == a.shape == (), name
+        assert np.array_equal(a.array, b.array), f"{name}: chainercv {a.array}, ours {b.array}"
+    for name, a, b in zip(("mb_locs.grad", "mb_confs.grad"), theirs[2:], ours[2:]):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert np.array_equal(a, b), f"{name} differs at {np.argwhere(a != b)[:5]}"
+    _, confs, _, labels = inputs
+    assert np.array_equal(our_mask(confs, labels, k), chainercv_mask(confs, labels, k))
+    return ours
+
+
+# --------------------------------------------------------------------------- equivalence
+
+def test_per_prior_cross_entropy_is_chainers_bit_for_bit():
+    # The masks can only agree if the losses they rank agree to the last bit.
+    rng = np.random.RandomState(0)
+    for n_class in range(1, 10):
+        for n_prior in (1, 7, 8, 100, N_PRIOR_SSD300):
+            _, confs, _, labels = make_inputs(rng, 2, n_prior, max(n_class, 2), 0.2)
+            confs = confs[..., :n_class] if n_class == 1 else confs
+            labels = np.minimum(labels, n_class - 1)
+            ours = loss_module._SoftmaxCrossEntropy().apply((confs, labels))[0].array
+            theirs = cv_softmax_cross_entropy(confs, labels).array
+            assert ours.dtype == theirs.dtype
+            assert np.array_equal(ours, theirs), (n_class, n_prior)
+
+
+@pytest.mark.parametrize("variables", [True, False], ids=["variables", "arrays"])
+def test_random_small_inputs_equal_chainercv(variables):
+    for seed in range(120):
+        rng = np.random.RandomState(seed)
+        n_batch = rng.randint(1, 5)
+        n_prior = int(rng.choice([1, 2, 5, 17, 64, 300]))
+        n_class = int(rng.choice([2, 3, 4, 6, 9, 21]))
+        k = [0, 1, 3, 2.5][seed % 4]
+        inputs = make_inputs(rng, n_batch, n_prior, n_class,
+                             positive_rate=float(rng.choice([0.01, 0.1, 0.5, 0.9])),
+                             ties=seed % 3 == 0, confident_background=seed % 5 == 0)
+        assert_same_as_chainercv(inputs, k, variables=variables)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+@pytest.mark.parametrize("n_batch", [1, 2, 3, 4])
+def test_ssd300_sized_inputs_equal_chainercv(n_batch, k):
+    for seed in range(3):
+        rng = np.random.RandomState(100 * n_batch + 10 * k + seed)
+        inputs = make_inputs(rng, n_batch, N_PRIOR_SSD300, N_CLASS_BCCD,
+                             positive_rate=[0.01, 0.05, 0.3][seed], ties=seed == 1)
+        assert_same_as_chainercv(inputs, k)
+
+
+def test_ties_choose_chainercvs_negatives_not_a_stable_sorts():
+    """Many equal losses straddle the k * n_positive cut: ours picks exactly
+    ChainerCV's tied negatives. A stable sort would pick others (checked, so
+    this test is not vacuous), which is why we sort like ChainerCV does."""
+    differs_from_stable = 0
+    for seed in range(12):
+        rng = np.random.RandomState(seed)
+        inputs = make_inputs(rng, 4, N_PRIOR_SSD300, N_CLASS_BCCD, positive_rate=0.02, ties=True)
+        assert_same_as_chainercv(inputs, 3)
+        _, confs, _, labels = inputs
+        theirs = chainercv_mask(confs, labels, 3)
+        differs_from_stable += not np.array_equal(stable_sort_mask(confs, labels, 3), theirs)
+    if differs_from_stable == 0:
+        pytest.skip("this NumPy's default argsort kept every tie in order: nothing to tell apart")
+
+
+def test_zero_loss_negatives_tied_with_positives_equal_chainercv():
+    # Confident background: losses exactly 0 tie with the positives' 0 key, and
+    # with many positives k * n_positive reaches into that tie group.
+    for seed in range(8):
+        rng = np.random.RandomState(seed)
+        inputs = make_inputs(rng, 3, N_PRIOR_SSD300, N_CLASS_BCCD, positive_rate=0.08,
+                             confident_background=True)
+        ce = cv_softmax_cross_entropy(inputs[1], inputs[3]).array
+        assert (ce[inputs[3] == 0] == 0).sum() > 1000
+        assert_same_as_chainercv(inputs, 3)
+
+
+def test_zero_positives_return_float32_zeros_like_chainercv():
+    rng = np.random.RandomState(1)
+    for n_batch in (1, 3):
+        locs, confs, gt_locs, labels = make_inputs(rng, n_batch, 50, positive_rate=0)
+        theirs = cv_multibox_loss(locs, confs, gt_locs, labels, 3)
+        ours = multibox_loss(locs, confs, gt_locs, labels, 3)
+        for a, b in zip(theirs, ours):
+            assert b.dtype == a.dtype == np.float32 and b.shape == () and float(b.array) == 0
+        assert_same_as_chainercv((locs, confs, gt_locs, labels), 3)
+
+
+def test_all_positives_equal_chainercv_and_mine_no_negatives():
+    rng = np.random.RandomState(2)
+    for n_prior in (1, 40, N_PRIOR_SSD300):
+        inputs = make_inputs(rng, 2, n_prior, positive_rate=1.0)
+        assert (inputs[3] > 0).all()
+        assert_same_as_chainercv(inputs, 3)
+        assert not our_mask(inputs[1], inputs[3], 3).any()
+
+
+def test_float64_float16_and_non_contiguous_scores_equal_chainercv():
+    rng = np.random.RandomState(3)
+    for dtype in (np.float64, np.float16):
+        inputs = [a.astype(dtype) if a.dtype.kind == "f" else a
+                  for a in make_inputs(rng, 2, 300, positive_rate=0.1)]
+        assert_same_as_chainercv(tuple(inputs), 3)
+    locs, confs, gt_locs, labels = make_inputs(rng, 2, 300, positive_rate=0.1)
+    transposed = np.ascontiguousarray(confs.transpose(2, 0, 1)).transpose(1, 2, 0)
+    assert not transposed.flags.c_contiguous
+    theirs = cv_multibox_loss(locs, transposed, gt_locs, labels, 3)
+    ours = multibox_loss(locs, transposed, gt_locs, labels, 3)
+    assert all(np.array_equal(a.array, b.array) for a, b in zip(theirs, ours))
+
+
+def test_targets_may_be_variables_and_labels_unsigned():
+    rng = np.random.RandomState(4)
+    locs, confs, gt_locs, labels = make_inputs(rng, 2, 200, positive_rate=0.1)
+    expected = multibox_loss(locs, confs, gt_locs, labels, 3)
+    for gl, lab in ((chainer.Variable(gt_locs), chainer.Variable(labels)),
+                    (gt_locs, labels.astype(np.uint8)), (gt_locs, labels.astype(np.int64))):
+        got = multibox_loss(locs, confs, gl, lab, 3)
+        assert all(np.array_equal(a.array, b.array) for a, b in zip(expected, got))
+
+
+class FakeComm:
+    """The part of a ChainerMN communicator the loss uses: ``size`` and
+    ``allreduce_obj`` (here: the other workers together contribute ``others``)."""
+
+    def __init__(self, size, others):
+        self.size = size
+        self.others = others
+        self.received = []
+
+    def allreduce_obj(self, obj):
+        self.received.append(obj)
+        return obj + self.others
+
+
+@pytest.mark.parametrize("positive_rate, others", [(0.05, 7), (0.05, 0), (0.0, 5), (0.0, 0)])
+def test_comm_averages_positives_like_chainercv(positive_rate, others):
+    rng = np.random.RandomState(5)
+    inputs = make_inputs(rng, 2, 500, positive_rate=positive_rate)
+    theirs_comm, ours_comm = FakeComm(4, others), FakeComm(4, others)
+    locs, confs, gt_locs, labels = inputs
+    theirs = cv_multibox_loss(locs, confs, gt_locs, labels, 3, comm=theirs_comm)
+    ours = multibox_loss(locs, confs, gt_locs, labels, 3, comm=ours_comm)
+    for a, b in zip(theirs, ours):
+        assert a.dtype == b.dtype and np.array_equal(a.array, b.array)
+    assert len(ours_comm.received) == len(theirs_comm.received) == 1
+    assert type(ours_comm.received[0]) is type(theirs_comm.received[0])
+    assert ours_comm.received[0] == theirs_comm.received[0] == (labels > 0).sum()
+    assert_same_as_chainercv(inputs, 3, comm=FakeComm(4, others))
+
+
+# --------------------------------------------------------------------------- n_positive
+
+def micro_batch_losses(inputs, k, n_micro, n_positive):
+    """The loss of each of ``n_micro`` equal slices of the batch, divided by
+    ``n_positive``, with the gradients of its predictions."""
+    locs, confs, gt_locs, labels = inputs
+    size = len(locs) // n_micro
+    out = []
+    for start in range(0, len(locs), size):
+        part = slice(start, start + size)
+        mb_locs = chainer.Variable(locs[part].copy())
+        mb_confs = chainer.Variable(confs[part].copy())
+        loc_loss, conf_loss = multibox_loss(mb_locs, mb_confs, gt_locs[part], labels[part], k,
+                                            n_positive=n_positive)
+        if loc_loss.creator is not None:
+            (loc_loss + conf_loss).backward()
+        out.append((loc_loss, conf_loss, mb_locs.grad, mb_confs.grad))
+    return out
+
+
+def test_n_positive_equal_to_the_own_count_changes_nothing():
+    rng = np.random.RandomState(8)
+    inputs = make_inputs(rng, 3, N_PRIOR_SSD300, positive_rate=0.02, ties=True)
+    _, ours = both_losses(inputs, 3)
+    (given,) = micro_batch_losses(inputs, 3, 1, (inputs[3] > 0).sum())
+    for a, b in zip(ours, given):
+        assert np.array_equal(a.array if isinstance(a, chainer.Variable) else a,
+                              b.array if isinstance(b, chainer.Variable) else b)
+
+
+@pytest.mark.parametrize("n_micro", [2, 4])
+def test_micro_batches_with_the_batch_normaliser_add_up_to_the_batch(n_micro):
+    """Hard-negative mining is per image, so only the normaliser couples the images:
+    with the batch's positive count the micro-batch losses sum to the batch's loss and
+    every prediction's gradient is the batch's, bit for bit. With each micro-batch's
+    own count (the naive way) they do not."""
+    rng = np.random.RandomState(9)
+    inputs = make_inputs(rng, 4, N_PRIOR_SSD300, positive_rate=0.02)
+    labels = inputs[3]
+    labels[0, :4000] = 0                       # micro-batches with different counts
+    _, whole = both_losses(inputs, 3)
+    parts = micro_batch_losses(inputs, 3, n_micro, (labels > 0).sum())
+    for i in range(2):
+        assert sum(float(p[i].array) for p in parts) == pytest.approx(
+            float(whole[i].array), rel=1e-6)
+    assert np.array_equal(np.concatenate([p[2] for p in parts]), whole[2])
+    assert np.array_equal(np.concatenate([p[3] for p in parts]), whole[3])
+
+    size = 4 // n_micro
+    naive = [multibox_loss(*(a[j:j + size] for a in inputs), 3) for j in range(0, 4, size)]
+    naive_total = sum(float(loc.array + conf.array) for loc, conf in naive) / n_micro
+    assert naive_total != pytest.approx(float((whole[0] + whole[1]).array), rel=1e-3)
+
+
+def test_n_positive_skips_comm_and_zero_gives_zeros():
+    rng = np.random.RandomState(10)
+    locs, confs, gt_locs, labels = make_inputs(rng, 2, 300, positive_rate=0.1)
+    comm = FakeComm(4, 7)
+    given = multibox_loss(locs, confs, gt_locs, labels, 3, comm=comm,
+                          n_positive=((labels > 0).sum() + 7) / 4)
+    assert comm.received == []
+    expected = multibox_loss(locs, confs, gt_locs, labels, 3, comm=FakeComm(4, 7))
+    assert all(np.array_equal(a.array, b.array) for a, b in zip(expected, given))
+    for zero in (0, 0.0, np.int64(0), np.zeros((), np.int64)):
+        loc_loss, conf_loss = multibox_loss(locs, confs, gt_locs, labels, 3, n_positive=zero)
+        assert float(loc_loss.array) == float(conf_loss.array) == 0
+        assert loc_loss.dtype == np.float32
+
+
+def test_n_positive_as_an_array_divides_like_the_gpu_path():
+    rng = np.random.RandomState(11)
+    locs, confs, gt_locs, labels = make_inputs(rng, 2, 300, positive_rate=0.1)
+    scalar = multibox_loss(locs, confs, gt_locs, labels, 3, n_positive=(labels > 0).sum())
+    array = multibox_loss(locs, confs, gt_locs, labels, 3,
+                          n_positive=np.asarray((labels > 0).sum()))
+    for a, b in zip(scalar, array):
+        assert float(a.array) == pytest.approx(float(b.array), rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [-1, np.nan, np.inf, np.array([3, 4]), "7"])
+def test_invalid_n_positive_is_named(bad):
+    locs, confs, gt_locs, labels = valid()
+    with pytest.raises(InvalidTargetsError, match="n_positive") as info:
+        multibox_loss(locs, confs, gt_locs, labels, 3, n_positive=bad)
+    assert info.value.argument == "n_positive"
+
+
+# --------------------------------------------------------------------------- hard_negative
+
+def test_hard_negative_by_hand():
+    loss = np.array([[0.5, 2.0, 0.1, 3.0, 1.0, 0.7]], dtype=np.float32)
+    positive = np.array([[False, False, False, True, False, False]])
+    # one positive, k = 2: the two negatives with the largest loss (2.0, 1.0)
+    assert hard_negative(loss, positive, 2).tolist() == [[False, True, False, False, True, False]]
+    assert not hard_negative(loss, positive, 0).any()
+    # k * n_positive > n_negative: every negative, never the positive
+    assert hard_negative(loss, positive, 10).tolist() == [[True, True, True, False, True, True]]
+    assert not hard_negative(loss, np.zeros_like(positive), 3).any()
+
+
+def test_hard_negative_count_is_min_of_k_positives_and_negatives():
+    rng = np.random.RandomState(6)
+    for _ in range(50):
+        n_prior = rng.randint(1, 60)
+        loss = (rng.rand(3, n_prior) + 0.01).astype(np.float32)    # distinct, > 0
+        positive = rng.rand(3, n_prior) < rng.rand()
+        k = rng.choice([0, 1, 3, 2.5])
+        mask = hard_negative(loss, positive, k)
+        assert not (mask & positive).any()
+        n_pos, n_neg = positive.sum(axis=1), (~positive).sum(axis=1)
+        expected = np.minimum(np.ceil(k * n_pos), n_neg)
+        assert mask.sum(axis=1).tolist() == expected.tolist()
+        for b in range(3):      # and they are the largest negative losses
+            if 0 < mask[b].sum() < n_neg[b]:
+                assert loss[b][mask[b]].min() >= loss[b][~mask[b] & ~positive[b]].max()
+
+
+# --------------------------------------------------------------------------- errors
+
+def valid(seed=7, n_batch=3, n_prior=20):
+    rng = np.random.RandomState(seed)
+    locs, confs, gt_locs, labels = make_inputs(rng, n_batch, n_prior, positive_rate=0.3)
+    return locs, confs, gt_locs, labels
+
+
+def test_error_classes():
+    assert issubclass(InvalidTargetsError, MedaidetError)
+    assert issubclass(InvalidTargetsError, ValueError)
+    assert issubclass(DivergedError, MedaidetError)
+    assert issubclass(DivergedError, FloatingPointError)
+    assert not issubclass(DivergedError, ValueError)
+    assert set(loss_module.__all__) == {"InvalidTargetsError", "DivergedError",
+                                        "multibox_loss", "hard_negative"}
+
+
+def test_label_equal_to_n_class_is_named_not_an_index_error():
+    locs, confs, gt_locs, labels = valid()
+    labels[1, 7] = 4
+    labels[2, 3] = 4
+    # ChainerCV on the CPU: a raw IndexError from deep inside softmax_cross_entropy
+    # (on the GPU the same read is the asynchronous fault of seed 000).
+    with pytest.raises(IndexError):
+        cv_multibox_loss(locs, confs, gt_locs, labels, 3)
+    with pytest.raises(InvalidTargetsError) as info:
+        multibox_loss(locs, confs, gt_locs, labels, 3)
+    err, msg = info.value, str(info.value)
+    assert (err.argument, err.batch_index, err.prior_index, err.value, err.count, err.allowed) \
+        == ("gt_mb_labels", 1, 7, 4, 2, "[0, 4)")
+    for part in ("gt_mb_labels[1, 7] = 4", "batch index 1", "prior index 7", "[0, 4)",
+                 "n_class = 4", "2 of 60 labels", "class 0 is background", "+1 offset",
+                 "n_fg_class", "background class was forgotten"):
+        assert part in msg, part
+
+
+def test_negative_label_is_named():
+    locs, confs, gt_locs, labels = valid()
+    labels[0, 11] = -1
+    # ChainerCV silently treats -1 as chainer's ignore label: no error, no loss.
+    cv_multibox_loss(locs, confs, gt_locs, labels, 3)
+    with pytest.raises(InvalidTargetsError) as info:
+        multibox_loss(locs, confs, gt_locs, labels, 3)
+    msg = str(info.value)
+    assert info.value.value == -1 and info.value.prior_index == 11
+    for part in ("gt_mb_labels[0, 11] = -1", "batch index 0", "prior index 11", "[0, 4)",
+                 "negative label", "ignore"):
+        assert part in msg, part
+
+
+def test_label_beyond_n_class_is_named():
+    locs, confs, gt_locs, labels = valid()
+    labels[2, 0] = 9
+    with pytest.raises(InvalidTargetsError, match=r"gt_mb_labels\[2, 0\] = 9.*more classes"):
+        multibox_loss(locs, confs, gt_locs, labels, 3)
+
+
+def test_float_labels_are_refused():
+    locs, confs, gt_locs, labels = valid()
+    with pytest.raises(InvalidTargetsError, match="must be integers.*float32") as info:
+        multibox_loss(locs, confs, gt_locs, labels.astype(np.float32), 3)
+    assert info.value.argument == "gt_mb_labels"
+
+
+@pytest.mark.parametrize("argument, shape", [
+    ("mb_confs", (3, 19, 4)), ("mb_locs", (3, 20, 5)), ("gt_mb_locs", (2, 20, 4)),
+    ("gt_mb_labels", (3, 20, 1)), ("mb_confs", (3, 20)),
+])
+def test_shape_mismatch_is_named(argument, shape):
+    args = dict(zip(("mb_locs", "mb_confs", "gt_mb_locs", "gt_mb_labels"), valid()))
+    args[argument] = np.zeros(shape, dtype=args[argument].dtype)
+    with pytest.raises(InvalidTargetsError, match="expected mb_locs \\(B, K, 4\\)") as info:
+        multibox_loss(k=3, **args)
+    assert info.value.argument == argument
+    assert str(shape).replace(",)", ")") in str(info.value)
+
+
+def test_uint64_labels_are_refused_naming_the_dtype():
+    locs, confs, gt_locs, labels = valid()
+    with pytest.raises(InvalidTargetsError) as info:
+        multibox_loss(locs, confs, gt_locs, labels.astype(np.uint64), 3)
+    err, msg = info.value, str(info.value)
+    assert err.argument == "gt_mb_labels"
+    assert "gt_mb_labels is uint64" in msg and ".astype(numpy.int32)" in msg
+    assert "int8, int16, int32, int64, uint8, uint16 or uint32" in msg
+    assert err.allowed == "int8, int16, int32, int64, uint8, uint16 or uint32"
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64,
+                                   np.uint8, np.uint16, np.uint32])
+def test_every_accepted_label_dtype_gives_the_same_loss_and_gradients(dtype):
+    locs, confs, gt_locs, labels = valid()
+    results = []
+    for lab in (labels, labels.astype(dtype)):
+        mb_locs, mb_confs = chainer.Variable(locs.copy()), chainer.Variable(confs.copy())
+        loc_loss, conf_loss = multibox_loss(mb_locs, mb_confs, gt_locs, lab, 3)
+        (loc_loss + conf_loss).backward()
+        results.append([loc_loss.array, conf_loss.array, mb_locs.grad, mb_confs.grad])
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
+
+
+def test_gt_dtype_must_match_predictions():
+    locs, confs, gt_locs, labels = valid()
+    with pytest.raises(InvalidTargetsError, match="gt_mb_locs is float64 but mb_locs is float32"):
+        multibox_loss(locs, confs, gt_locs.astype(np.float64), labels, 3)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_scores_raise_diverged(bad):
+    locs, confs, gt_locs, labels = valid()
+    confs[2, 5, 1] = bad
+    with pytest.raises(DivergedError) as info:
+        multibox_loss(locs, confs, gt_locs, labels, 3)
+    err, msg = info.value, str(info.value)
+    assert not isinstance(err, InvalidTargetsError) and not isinstance(err, ValueError)
+    assert (err.argument, err.batch_index, err.prior_index, err.count) == ("mb_confs", 2, 5, 1)
+    assert np.isnan(err.value[1]) if np.isnan(bad) else err.value[1] == bad
+    for part in ("mb_confs[2, 5]", "batch index 2", "prior index 5", "finite", "diverged",
+                 "learning rate", "mb_confs: 1"):
+        assert part in msg, part
+
+
+def test_non_finite_locations_raise_diverged():
+    locs, confs, gt_locs, labels = valid()
+    locs[0, 3, 2] = np.inf
+    locs[1, 4, 0] = np.nan
+    with pytest.raises(DivergedError, match=r"mb_locs\[0, 3\] = \[.*inf.*mb_locs: 2") as info:
+        multibox_loss(chainer.Variable(locs), confs, gt_locs, labels, 3)
+    assert info.value.count == 2
+
+
+def test_non_finite_gt_location_at_a_positive_prior_is_named():
+    locs, confs, gt_locs, labels = valid()
+    b, i = np.argwhere(labels > 0)[3]
+    gt_locs[b, i, 3] = -np.inf      # log(0): a zero-width box
+    with pytest.raises(InvalidTargetsError) as info:
+        multibox_loss(locs, confs, gt_locs, labels, 3)
+    err, msg = info.value, str(info.value)
+    assert (err.argument, err.batch_index, err.prior_index, err.count) == ("gt_mb_locs", b, i, 1)
+    assert err.value[3] == -np.inf
+    for part in (f"gt_mb_locs[{b}, {i}]", f"batch index {b}", f"prior index {i}", "-inf",
+                 f"label {labels[b, i]}", "positive prior", "finite values", "reversed",
+                 "zero-size", "log"):
+        assert part in msg, part
+
+
+def test_non_finite_gt_location_at_negative_priors_is_ignored():
+    # MultiboxCoder.encode writes offsets for every prior from its best box, so
+    # a degenerate box leaves nan/-inf at negatives too; they must not matter.
+    locs, confs, gt_locs, labels = valid()
+    bad = gt_locs.copy()
+    negatives = np.argwhere(labels == 0)[:4]
+    bad[negatives[0][0], negatives[0][1]] = [np.nan, -np.inf, np.inf, np.nan]
+    bad[negatives[1][0], negatives[1][1], 2] = -np.inf
+    finite = bad.copy()
+    finite[~np.isfinite(finite)] = 0
+    mb_locs = chainer.Variable(locs.copy())
+    ours = multibox_loss(mb_locs, confs, bad, labels, 3)
+    sum(ours).backward()
+    assert np.isfinite(mb_locs.grad).all()
+    # ChainerCV gives nan there (inf * 0); with the same entries made finite it agrees.
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(cv_multibox_loss(locs, confs, bad, labels, 3)[0].array)
+    expected = assert_same_as_chainercv((locs, confs, finite, labels), 3)
+    assert np.array_equal(ours[0].array, expected[0].array)
+    assert np.array_equal(mb_locs.grad, expected[2])
+
+
+def test_target_errors_are_reported_before_divergence():
+    locs, confs, gt_locs, labels = valid()
+    confs[0, 0, 0] = np.nan
+    labels[1, 1] = 4
+    with pytest.raises(InvalidTargetsError):
+        multibox_loss(locs, confs, gt_locs, labels, 3)
+
+
+def test_check_false_skips_the_checks():
+    locs, confs, gt_locs, labels = valid()
+    confs[0, 0, 0] = np.nan
+    loc_loss, conf_loss = multibox_loss(locs, confs, gt_locs, labels, 3, check=False)
+    assert np.isnan(conf_loss.array)
+    locs, confs, gt_locs, labels = valid()
+    b, i = np.argwhere(labels > 0)[0]
+    gt_locs[b, i, 2] = -np.inf
+    loc_loss, conf_loss = multibox_loss(locs, confs, gt_locs, labels, 3, check=False)
+    assert np.isinf(loc_loss.array)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_one_host_transfer_on_the_success_path(monkeypatch, check):
+    calls = []
+    real = loss_module._to_host
+    monkeypatch.setattr(loss_module, "_to_host", lambda a: calls.append(a) or real(a))
+    multibox_loss(*valid(n_prior=N_PRIOR_SSD300), 3, check=check)
+    assert len(calls) == 1
+    assert calls[0].size <= 8       # one small array of flags

@@ -1,0 +1,452 @@
+"""SSD builder and weight files, with weight files of the right shapes made here.
+
+ChainerCV's cache is laid out in a temporary dataset root; downloads are replaced by one that
+fails as offline would, so nothing here touches the network.
+"""
+import hashlib
+import logging
+import os
+import time
+import re
+import shutil
+import urllib.error
+
+import chainer
+import chainercv.utils.download
+import numpy as np
+import pytest
+from chainercv.links import SSD300, SSD512
+
+from medaidet.errors import MedaidetError
+from medaidet.ssd.model import (WeightsChecksumError, compare_weights, WeightsFileError, WeightsMismatchError,
+                            WeightsNotFoundError, build_ssd, load_weights, materialize,
+                            pretrained_cache_path, save_weights)
+
+CHAINERCV = {"ssd300": SSD300, "ssd512": SSD512}
+VGG16_KEYS = re.compile(r"extractor/conv([1-5]_[1-3]|6|7)/[Wb]$")  # the ImageNet file's
+
+
+def params_of(model):
+    return {name.lstrip("/"): param.array for name, param in model.namedparams()}
+
+
+def arrays_of(cls, n_fg_class, seed):
+    np.random.seed(seed)
+    return {k: v.copy() for k, v in params_of(materialize(cls(n_fg_class=n_fg_class))).items()}
+
+
+@pytest.fixture(autouse=True)
+def downloads(monkeypatch):
+    """chainercv's downloader, failing as it does offline; the URLs it was asked for."""
+    asked = []
+
+    def offline(url):
+        asked.append(url)
+        raise urllib.error.URLError("[Errno 101] Network is unreachable")
+
+    monkeypatch.setattr(chainercv.utils.download, "cached_download", offline)
+    return asked
+
+
+@pytest.fixture
+def dataset_root(tmp_path):
+    """A fresh ChainerCV cache: models go to <root>/pfnet/chainercv/models/."""
+    old = chainer.dataset.get_dataset_root()
+    chainer.dataset.set_dataset_root(str(tmp_path / "dataset"))
+    yield tmp_path / "dataset"
+    chainer.dataset.set_dataset_root(old)
+
+
+@pytest.fixture(scope="module")
+def voc_arrays():
+    """What ChainerCV's SSD300 VOC file holds: every parameter, with 20 classes."""
+    return arrays_of(SSD300, 20, seed=123)
+
+
+@pytest.fixture(scope="module")
+def bccd_file(tmp_path_factory):
+    """A model-only weight file of a 3-class SSD300, with its sidecar."""
+    path = tmp_path_factory.mktemp("weights") / "bccd_ssd300.npz"
+    np.random.seed(7)
+    save_weights(build_ssd("ssd300"), path)
+    return path
+
+
+def put_in_cache(name, pretrained, arrays):
+    path = pretrained_cache_path(name, pretrained)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **arrays)
+    return path
+
+
+# --------------------------------------------------------------------------- voc0712
+
+def test_chainercv_itself_refuses_voc_weights_for_three_classes():
+    # seed 001, before any download is attempted
+    with pytest.raises(ValueError, match="n_fg_class must be 20"):
+        SSD300(n_fg_class=3, pretrained_model="voc0712")
+
+
+@pytest.mark.slow(seconds=4)
+def test_voc0712_loads_everything_but_the_class_heads(dataset_root, voc_arrays, downloads,
+                                                      caplog):
+    path = put_in_cache("ssd300", "voc0712", voc_arrays)
+    url = SSD300._models["voc0712"]["url"]
+    assert path == dataset_root / "pfnet" / "chainercv" / "models" / url.rsplit("/", 1)[1]
+
+    np.random.seed(0)
+    fresh = params_of(materialize(build_ssd("ssd300")))
+    np.random.seed(0)
+    caplog.set_level(logging.INFO, logger="medaidet.ssd.model")
+    model = build_ssd("ssd300", "voc0712")
+    assert downloads == []  # found in the cache
+    assert isinstance(model, SSD300) and model.n_fg_class == 3
+
+    params = params_of(model)
+    assert set(params) == set(voc_arrays)
+    heads = sorted(k for k in params if k.startswith("multibox/conf/"))
+    assert len(heads) == 12
+    for key, array in params.items():
+        if key in heads:
+            # untouched: the random initialization a model without weights gets
+            np.testing.assert_array_equal(array, fresh[key])
+            assert array.shape[0] == voc_arrays[key].shape[0] // 21 * 4
+        else:
+            np.testing.assert_array_equal(array, voc_arrays[key])
+    for key in ("extractor/conv1_1/W", "extractor/conv11_2/b", "extractor/norm4/scale",
+                "multibox/loc/0/W", "multibox/loc/5/b"):
+        np.testing.assert_array_equal(params[key], voc_arrays[key])
+
+    report = model.weights_report
+    assert report.source == str(path)
+    assert report.loaded == tuple(sorted(set(params) - set(heads)))
+    assert report.skipped == tuple(heads) and report.initialized == tuple(heads)
+    assert "loaded 59 parameters" in str(report) and "skipped 12" in str(report)
+    assert "random init for 12 (multibox/conf 12)" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["reshape", "drop"])
+def test_voc_mismatch_outside_the_class_heads_is_named(dataset_root, voc_arrays, damage):
+    arrays = dict(voc_arrays)
+    if damage == "reshape":
+        arrays["multibox/loc/0/W"] = np.zeros((8, 512, 3, 3), dtype=np.float32)
+    else:
+        del arrays["extractor/conv1_1/b"]
+    put_in_cache("ssd300", "voc0712", arrays)
+    with pytest.raises(WeightsMismatchError) as info:
+        build_ssd("ssd300", "voc0712")
+    err = info.value
+    if damage == "reshape":
+        assert (err.parameter, err.expected, err.found) == \
+            ("multibox/loc/0/W", (16, 512, 3, 3), (8, 512, 3, 3))
+        assert "multibox/loc/0/W has shape (8, 512, 3, 3) in the file, the model expects " \
+               "(16, 512, 3, 3)" in str(err)
+    else:
+        assert (err.parameter, err.expected, err.found) == ("extractor/conv1_1/b", (64,), None)
+        assert "extractor/conv1_1/b (shape (64,)) is not in the file" in str(err)
+
+
+# --------------------------------------------------------------------------- imagenet
+
+@pytest.mark.filterwarnings("ignore:.*cv2:RuntimeWarning")  # ChainerCV's, about resizing
+def test_imagenet_is_chainercvs_own_path(dataset_root, voc_arrays, downloads):
+    vgg = {k: v for k, v in voc_arrays.items() if VGG16_KEYS.match(k)}
+    assert len(vgg) == 30  # conv1_1 ... conv5_3, conv6, conv7: W and b
+    path = put_in_cache("ssd300", "imagenet", vgg)
+    assert path == pretrained_cache_path("ssd512", "imagenet")  # one file for both
+    np.random.seed(0)
+    model = build_ssd("ssd300", "imagenet")
+    assert downloads == []
+    params = params_of(model)
+    for key in vgg:
+        np.testing.assert_array_equal(params[key], vgg[key])
+    for key in ("extractor/conv8_1/W", "multibox/loc/0/W"):  # random, not from the file
+        assert params[key].shape == voc_arrays[key].shape
+        assert not np.array_equal(params[key], voc_arrays[key])
+    assert params["multibox/conf/0/W"].shape == (16, 512, 3, 3)
+    report = model.weights_report
+    assert report.loaded == tuple(sorted(vgg)) and report.skipped == ()
+    assert set(report.initialized) == set(params) - set(vgg)
+
+
+@pytest.mark.filterwarnings("ignore:.*cv2:RuntimeWarning")
+def test_imagenet_file_that_does_not_fit_is_named(dataset_root, voc_arrays):
+    vgg = {k: v for k, v in voc_arrays.items() if VGG16_KEYS.match(k)}
+    vgg["extractor/conv1_2/W"] = np.zeros((64, 32, 3, 3), dtype=np.float32)
+    path = put_in_cache("ssd300", "imagenet", vgg)
+    with pytest.raises(WeightsMismatchError, match="do not fit SSD300") as info:
+        build_ssd("ssd300", "imagenet")
+    assert info.value.path == path and str(path) in str(info.value)
+
+
+# --------------------------------------------------------------------------- offline
+
+@pytest.mark.parametrize("name", ["ssd300", "ssd512"])
+@pytest.mark.parametrize("pretrained", ["imagenet", "voc0712"])
+def test_offline_says_which_file_to_place_where(dataset_root, downloads, name, pretrained):
+    url = CHAINERCV[name]._models[pretrained]["url"]
+    where = dataset_root / "pfnet" / "chainercv" / "models" / url.rsplit("/", 1)[1]
+    with pytest.raises(WeightsNotFoundError) as info:
+        build_ssd(name, pretrained)
+    err = info.value
+    assert isinstance(err, MedaidetError)
+    assert (err.path, err.url) == (where, url)
+    assert f"Place the file at:\n    {where}\n" in str(err)
+    assert f"It comes from:\n    {url}\n" in str(err)
+    assert "URLError" in str(err) and "Network is unreachable" in str(err)
+    assert err.__cause__ is None and err.__suppress_context__  # no URLError traceback
+    assert downloads == [url]  # ChainerCV's own download was tried, once
+    assert not where.exists()
+
+
+# --------------------------------------------------------------------------- local files
+
+@pytest.mark.slow(seconds=9)
+def test_local_npz_round_trip_with_sha256(tmp_path):
+    np.random.seed(1)
+    model = build_ssd("ssd300")
+    assert model.weights_report is None
+    path = tmp_path / "out" / "bccd_ssd300.npz"
+    digest = save_weights(model, path)
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert (tmp_path / "out" / "bccd_ssd300.npz.sha256").read_text() == \
+        f"{digest}  bccd_ssd300.npz\n"
+    assert sorted(os.listdir(path.parent)) == ["bccd_ssd300.npz", "bccd_ssd300.npz.sha256"]
+    saved = params_of(model)
+
+    np.random.seed(2)
+    loaded = build_ssd("ssd300", pretrained=path)
+    assert isinstance(loaded, SSD300)
+    for key, array in params_of(loaded).items():
+        np.testing.assert_array_equal(array, saved[key])
+    report = loaded.weights_report
+    assert report.loaded == tuple(sorted(saved)) and len(report.loaded) == 71
+    assert report.skipped == () and report.initialized == ()
+
+    other = build_ssd("ssd300")
+    assert load_weights(other, str(path)).loaded == report.loaded
+    for key, array in params_of(other).items():
+        np.testing.assert_array_equal(array, saved[key])
+
+    # the same weights saved again (later, elsewhere) are the same bytes: no clock inside
+    time.sleep(2.1)                              # zip dates have 2-second resolution
+    assert save_weights(loaded, tmp_path / "again.npz") == digest
+    with np.load(path) as npz:                   # still what chainer's own loader reads
+        assert sorted(npz.files) == sorted(saved)
+
+
+def test_checksum_mismatch_is_named(tmp_path, bccd_file):
+    path = tmp_path / bccd_file.name
+    shutil.copy(bccd_file, path)
+    shutil.copy(str(bccd_file) + ".sha256", str(path) + ".sha256")
+    expected = (tmp_path / (bccd_file.name + ".sha256")).read_text().split()[0]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte inside an array
+    path.write_bytes(bytes(data))
+    with pytest.raises(WeightsChecksumError) as info:
+        load_weights(build_ssd("ssd300"), path)
+    err = info.value
+    found = hashlib.sha256(bytes(data)).hexdigest()
+    assert (err.path, err.expected, err.found) == (path, expected, found)
+    assert str(path) in str(err) and expected in str(err) and found in str(err)
+
+
+def test_other_class_count_names_parameter_shapes_and_cause(bccd_file):
+    with pytest.raises(WeightsMismatchError) as info:
+        build_ssd("ssd300", bccd_file, n_fg_class=5)
+    err = info.value
+    assert (err.parameter, err.expected, err.found) == \
+        ("multibox/conf/0/W", (24, 512, 3, 3), (16, 512, 3, 3))
+    msg = str(err)
+    assert str(bccd_file) in msg
+    assert "multibox/conf/0/W has shape (16, 512, 3, 3) in the file, " \
+           "the model expects (24, 512, 3, 3)" in msg
+    assert "saved from a model with n_fg_class=3; this model has n_fg_class=5" in msg
+
+
+@pytest.mark.slow(seconds=6)
+def test_ssd512_file_into_ssd300_says_so(tmp_path):
+    path = tmp_path / "ssd512.npz"
+    np.savez(path, **arrays_of(SSD512, 3, seed=5))
+    with pytest.raises(WeightsMismatchError) as info:
+        build_ssd("ssd300", path)
+    msg = str(info.value)
+    assert info.value.parameter == "extractor/conv12_1/W"  # SSD512's extra layer
+    assert "the file has extractor/conv12_1/W (shape (128, 256, 1, 1)), which the model " \
+           "lacks" in msg
+    assert "the file was saved from SSD512; this model is SSD300" in msg
+    assert "build_ssd('ssd512', ...)" in msg
+
+
+def test_trainer_snapshot_is_recognized(tmp_path, bccd_file):
+    with np.load(bccd_file) as npz:
+        snapshot = {f"updater/model:main/model/{k}": npz[k] for k in npz.files}
+    snapshot["updater/iteration"] = np.array(100)
+    path = tmp_path / "snapshot_iter_100"
+    with open(path, "wb") as f:
+        np.savez(f, **snapshot)
+    with pytest.raises(WeightsMismatchError, match="trainer snapshot") as info:
+        build_ssd("ssd300", path)
+    assert info.value.parameter == "extractor/conv10_1/W"  # the first one missing
+    assert "path='updater/model:main/model/'" in str(info.value)
+
+
+@pytest.mark.parametrize("content", [b"not a zip file", "truncated"])
+def test_unreadable_file_is_named(tmp_path, bccd_file, content):
+    path = tmp_path / "broken.npz"
+    path.write_bytes(bccd_file.read_bytes()[:4096] if content == "truncated" else content)
+    with pytest.raises(WeightsFileError, match="broken.npz"):
+        build_ssd("ssd300", path)
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="unknown model 'ssd600'"):
+        build_ssd("ssd600")
+    with pytest.raises(ValueError, match="n_fg_class"):
+        build_ssd("ssd300", n_fg_class=0)
+    with pytest.raises(WeightsNotFoundError, match="no weight file at .*nothing.npz") as info:
+        build_ssd("ssd300", tmp_path / "nothing.npz")
+    assert info.value.path == tmp_path / "nothing.npz"
+    with pytest.raises(ValueError, match="unknown pretrained weights 'coco'"):
+        pretrained_cache_path("ssd300", "coco")
+
+
+def test_compare_weights(tmp_path):
+    a = {"x/W": np.ones((2, 3), np.float32), "x/b": np.zeros(2, np.float32)}
+    np.savez(tmp_path / "a.npz", **a)
+    same = compare_weights(tmp_path / "a.npz", dict(a))
+    assert same.identical and same.n_arrays == 2 and "bit for bit" in same.summary()
+    b = dict(a, **{"x/W": a["x/W"] + np.float32(0.5)})
+    other = compare_weights(a, b)
+    assert not other.identical and other.n_different == 1
+    assert other.max_abs_diff == pytest.approx(0.5) and other.max_rel_diff == pytest.approx(0.5 / 1.5)
+    assert compare_weights(a, {"x/W": a["x/W"]}).only_in_one == ("x/b",)
+
+
+# --------------------------------------------------------------------------- what a file is
+
+def assert_no_chained_error(err):
+    """No raw zipfile/NumPy error shown under the named one."""
+    assert err.__cause__ is None
+    assert err.__context__ is None or err.__suppress_context__
+
+def _with_non_finite(bccd_file, path, key, value):
+    with np.load(bccd_file) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays[key] = arrays[key].copy()
+    arrays[key].flat[[3, 5]] = value
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_non_finite_weights_are_refused_naming_file_and_array(tmp_path, bccd_file, value):
+    from medaidet.ssd.model import WeightsNotFiniteError
+    path = _with_non_finite(bccd_file, tmp_path / "diverged.npz", "multibox/loc/2/b", value)
+    with pytest.raises(WeightsNotFiniteError) as info:
+        build_ssd("ssd300", path)
+    err, msg = info.value, str(info.value)
+    assert isinstance(err, MedaidetError)
+    assert (err.path, err.parameter, err.count) == (path, "multibox/loc/2/b", 1)
+    assert str(path) in msg and "multibox/loc/2/b" in msg
+    assert ("2 NaN and 0 infinite" if np.isnan(value) else "0 NaN and 2 infinite") in msg
+    assert "the training diverged before these were saved; use an earlier snapshot" in msg
+
+
+def test_evaluate_load_model_refuses_nan_weights(tmp_path, bccd_file):
+    from medaidet.evaluation.evaluate import load_model
+    from medaidet.ssd.model import WeightsNotFiniteError
+    path = _with_non_finite(bccd_file, tmp_path / "model.npz", "extractor/conv1_1/W", np.nan)
+    with pytest.raises(WeightsNotFiniteError, match="extractor/conv1_1/W"):
+        load_model(path)
+
+
+def test_non_finite_voc_cache_says_download_again(dataset_root, voc_arrays):
+    from medaidet.ssd.model import WeightsNotFiniteError
+    arrays = dict(voc_arrays)
+    arrays["extractor/conv4_3/b"] = np.full_like(arrays["extractor/conv4_3/b"], np.nan)
+    put_in_cache("ssd300", "voc0712", arrays)
+    with pytest.raises(WeightsNotFiniteError, match="delete it and let ChainerCV download"):
+        build_ssd("ssd300", "voc0712")
+
+
+def _tar(path):
+    import tarfile
+    inner = path.with_suffix(".txt")
+    inner.write_text("x\n")
+    with tarfile.open(path, "w") as tar:
+        tar.add(inner, arcname="x.txt")
+
+
+def _zip_of_other_files(path):
+    import zipfile
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda p: np.save(p.open("wb"), np.zeros(3, np.float32)), "is a single NumPy array (.npy"),
+    (lambda p: p.write_text("extractor/conv1_1/W 0.1 0.2\n"),
+     "is a text file (it begins 'extractor/conv1_1/W 0.1 0.2')"),
+    (_tar, "is a tar archive"),
+    (lambda p: p.write_bytes(b"\x80\x04\x95\x05\x00."), "is a Python pickle"),
+    (lambda p: p.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100)), "is an HDF5 file"),
+    (_zip_of_other_files, "is a zip archive but not an .npz of arrays: it holds "
+                          "'archive/data.pkl'"),
+])
+def test_a_file_of_another_kind_says_what_it_is(tmp_path, make, what):
+    path = tmp_path / "weights.bin"
+    make(path)
+    with pytest.raises(WeightsFileError) as info:
+        build_ssd("ssd300", path)
+    msg = str(info.value)
+    assert msg.startswith(str(path)) and what in msg
+    assert "Python objects" not in msg
+    assert "expected a ChainerCV/medaidet .npz" in msg
+    assert_no_chained_error(info.value)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 30, 4096, -22, -1])
+def test_truncated_or_empty_npz_is_named(tmp_path, bccd_file, cut):
+    data = bccd_file.read_bytes()
+    path = tmp_path / "model.npz"
+    path.write_bytes(data[:cut] if cut >= 0 else data[:len(data) + cut])
+    with pytest.raises(WeightsFileError) as info:
+        load_weights(build_ssd("ssd300"), path)
+    msg = str(info.value)
+    assert str(path) in msg
+    assert ("is empty (0 bytes)" if cut == 0 else "is a truncated .npz") in msg
+    for raw in ("BadZipFile", "EOFError", "Python objects"):
+        assert raw not in msg
+    assert_no_chained_error(info.value)
+
+
+def test_damaged_entry_is_named(tmp_path, bccd_file):
+    path = tmp_path / "model.npz"
+    data = bytearray(bccd_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF        # inside an array: the zip's CRC no longer matches
+    path.write_bytes(bytes(data))       # (no sidecar: the checksum file would say it first)
+    with pytest.raises(WeightsFileError, match=r"model\.npz is damaged: its entry .* cannot "
+                                              r"be read \(Bad CRC-32"):
+        load_weights(build_ssd("ssd300"), path)
+
+
+# --------------------------------------------------------------------------- file modes
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_saved_weights_get_the_umask_mode_not_0600(tmp_path, umask_022):
+    model = chainer.links.Linear(2, 3)   # every parameter shaped: saved without a forward pass
+    path = tmp_path / "model.npz"
+    save_weights(model, path)
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+    assert oct((tmp_path / "model.npz.sha256").stat().st_mode & 0o777) == oct(0o644)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.npz", "model.npz.sha256"]
+    os.umask(0o077)
+    save_weights(model, tmp_path / "private.npz")
+    assert oct((tmp_path / "private.npz").stat().st_mode & 0o777) == oct(0o600)

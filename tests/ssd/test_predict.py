@@ -1,0 +1,290 @@
+"""Capped SSD prediction: identical to ChainerCV's when no cap binds, the caps' guarantees
+when one does, and the array contracts. No wall-clock assertions (see benchmarks/)."""
+import chainer
+import numpy as np
+import pytest
+from chainer.backends import cuda
+from chainercv.extensions import DetectionVOCEvaluator
+from chainercv.links import SSD300
+from chainercv.links.model.ssd import MultiboxCoder
+from chainercv.transforms import resize_bbox
+
+from medaidet.ssd import predict as predict_mod
+from medaidet.ssd.predict import (DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, CappedPredictor,
+                              decode_capped, predict)
+
+N_FG = 3
+
+
+def small_coder():
+    # 6x6x4 + 3x3x6 = 198 default boxes, heavily overlapping: NMS has work to do.
+    return MultiboxCoder(grids=(6, 3), aspect_ratios=((2,), (2, 3)), steps=(8, 16),
+                         sizes=(10, 20, 40), variance=(0.1, 0.2))
+
+
+def ssd300_coder():
+    # The real SSD300 layout (8732 default boxes), without building the network.
+    return MultiboxCoder(grids=(38, 19, 10, 5, 3, 1),
+                         aspect_ratios=((2,), (2, 3), (2, 3), (2, 3), (2,), (2,)),
+                         steps=(8, 16, 32, 64, 100, 300),
+                         sizes=(30, 60, 111, 162, 213, 264, 315), variance=(0.1, 0.2))
+
+
+def network_outputs(coder, seed, spread=2.0):
+    """(mb_loc, mb_conf) as an SSD would output for one image; distinct class scores."""
+    rng = np.random.RandomState(seed)
+    k = len(coder._default_bbox)
+    mb_loc = rng.normal(0, 0.5, (k, 4)).astype(np.float32)
+    mb_conf = rng.normal(0, spread, (k, N_FG + 1)).astype(np.float32)
+    return mb_loc, mb_conf
+
+
+def scores_of(mb_conf):
+    e = np.exp(mb_conf)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def assert_same(actual, expected):
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        np.testing.assert_array_equal(a, e)
+
+
+def assert_contract(bbox, label, score, n_fg=N_FG):
+    r = len(label)
+    assert bbox.dtype == np.float32 and bbox.shape == (r, 4)
+    assert label.dtype == np.int32 and label.shape == (r,)
+    assert score.dtype == np.float32 and score.shape == (r,)
+    assert ((label >= 0) & (label < n_fg)).all()
+    # ChainerCV's order: grouped by label, each group by descending score
+    assert (np.diff(label) >= 0).all()
+    for fg in range(n_fg):
+        assert (np.diff(score[label == fg]) <= 0).all()
+    # (y_min, x_min, y_max, x_max)
+    assert (bbox[:, 2] >= bbox[:, 0]).all() and (bbox[:, 3] >= bbox[:, 1]).all()
+
+
+@pytest.fixture
+def nms_inputs(monkeypatch):
+    """Record how many boxes each NMS call receives."""
+    sizes = []
+    real = predict_mod.non_maximum_suppression
+
+    def spy(bbox, thresh, score=None, limit=None):
+        sizes.append(len(bbox))
+        return real(bbox, thresh, score, limit)
+
+    monkeypatch.setattr(predict_mod, "non_maximum_suppression", spy)
+    return sizes
+
+
+# --------------------------------------------------------------------------- no cap binds
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("score_thresh", [0.01, 0.2, 0.5])
+@pytest.mark.parametrize("nms_thresh", [0.45, 0.7, None])
+def test_identical_to_chainercv_without_caps(seed, score_thresh, nms_thresh):
+    coder = small_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed)
+    expected = coder.decode(mb_loc, mb_conf, nms_thresh, score_thresh)
+    assert_same(decode_capped(coder, mb_loc, mb_conf, nms_thresh, score_thresh,
+                              top_k=None, keep_top_k=None), expected)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_identical_to_chainercv_when_caps_are_exactly_reached(seed):
+    coder = small_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed)
+    expected = coder.decode(mb_loc, mb_conf, 0.45, 0.01)
+    # the largest class's candidate count and the total after NMS: caps at the limit
+    top_k = int((scores_of(mb_conf)[:, 1:] >= 0.01).sum(axis=0).max())
+    keep_top_k = len(expected[2])
+    assert_same(decode_capped(coder, mb_loc, mb_conf, 0.45, 0.01, top_k, keep_top_k),
+                expected)
+
+
+def test_default_caps_do_not_bind_on_few_candidates_real_size(nms_inputs):
+    coder = ssd300_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed=0, spread=1.0)
+    # a threshold that leaves 60 candidates in the fullest class
+    thresh = float(np.sort(scores_of(mb_conf)[:, 1:], axis=0)[-60].max())
+    expected = coder.decode(mb_loc, mb_conf, 0.45, thresh)
+    assert 0 < len(expected[2]) <= DEFAULT_KEEP_TOP_K
+    assert_same(decode_capped(coder, mb_loc, mb_conf, 0.45, thresh), expected)
+    assert max(nms_inputs) == 60
+
+
+# --------------------------------------------------------------------------- caps bind
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("top_k", [1, 5, 20])
+def test_top_k_keeps_a_prefix_of_each_class(seed, top_k, nms_inputs):
+    coder = small_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed)
+    score = scores_of(mb_conf)[:, 1:]
+    for fg in range(N_FG):
+        assert len(np.unique(score[:, fg])) == len(score)  # distinct: no tie at the cap
+    uncapped = coder.decode(mb_loc, mb_conf, 0.45, 0.01)
+    nms_inputs.clear()
+    bbox, label, score_out = decode_capped(coder, mb_loc, mb_conf, 0.45, 0.01,
+                                           top_k=top_k, keep_top_k=None)
+    assert_contract(bbox, label, score_out)
+    assert len(nms_inputs) == N_FG and max(nms_inputs) == top_k  # the cap bound, and held
+    for fg in range(N_FG):
+        # the top_k-th highest candidate score of the class
+        cutoff = np.sort(score[:, fg][score[:, fg] >= 0.01])[-top_k]
+        ub, us = uncapped[0][uncapped[1] == fg], uncapped[2][uncapped[1] == fg]
+        cb, cs = bbox[label == fg], score_out[label == fg]
+        n = len(cs)
+        assert 1 <= n <= top_k
+        # exactly ChainerCV's detections of this class that scored at least the cutoff
+        np.testing.assert_array_equal(cs, us[:n])
+        np.testing.assert_array_equal(cb, ub[:n])
+        assert n == (us >= cutoff).sum()
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("keep_top_k", [1, 7, 30])
+def test_keep_top_k_keeps_the_best_in_chainercv_order(seed, keep_top_k):
+    coder = small_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed)
+    ub, ul, us = coder.decode(mb_loc, mb_conf, 0.45, 0.01)
+    assert len(us) > keep_top_k and len(np.unique(us)) == len(us)
+    bbox, label, score = decode_capped(coder, mb_loc, mb_conf, 0.45, 0.01,
+                                       top_k=None, keep_top_k=keep_top_k)
+    assert_contract(bbox, label, score)
+    best = np.sort(np.argsort(-us)[:keep_top_k])  # the best, in their original order
+    assert_same((bbox, label, score), (ub[best], ul[best], us[best]))
+
+
+def test_both_caps_on_the_real_layout(nms_inputs):
+    coder = ssd300_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed=1, spread=1.0)
+    counts = (scores_of(mb_conf)[:, 1:] >= 0.3).sum(axis=0)
+    assert counts.min() > DEFAULT_TOP_K  # the cap binds for every class
+    uncapped = coder.decode(mb_loc, mb_conf, 0.45, 0.3)
+    assert len(uncapped[2]) > DEFAULT_KEEP_TOP_K
+    bbox, label, score = decode_capped(coder, mb_loc, mb_conf, 0.45, 0.3)
+    assert_contract(bbox, label, score)
+    assert max(nms_inputs) == DEFAULT_TOP_K
+    assert len(score) == DEFAULT_KEEP_TOP_K
+    # every kept detection is one of ChainerCV's, with its label and score
+    ref = {(tuple(b), l, s) for b, l, s in zip(*uncapped)}
+    assert all((tuple(b), l, s) in ref for b, l, s in zip(bbox, label, score))
+
+
+def test_empty_result_keeps_shapes_and_dtypes():
+    coder = small_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed=0)
+    out = decode_capped(coder, mb_loc, mb_conf, 0.45, 1.01)
+    assert_contract(*out)
+    assert len(out[0]) == 0
+    assert_same(out, coder.decode(mb_loc, mb_conf, 0.45, 1.01))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "400", True])
+def test_caps_must_be_positive_ints(bad):
+    coder = small_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed=0)
+    with pytest.raises(ValueError, match="top_k"):
+        decode_capped(coder, mb_loc, mb_conf, top_k=bad)
+    with pytest.raises(ValueError, match="keep_top_k"):
+        decode_capped(coder, mb_loc, mb_conf, keep_top_k=bad)
+
+
+# --------------------------------------------------------------------------- with a model
+
+@pytest.fixture(scope="module")
+def model_and_image():
+    np.random.seed(0)
+    model = SSD300(n_fg_class=N_FG)
+    img = np.random.RandomState(1).uniform(0, 255, (3, 240, 320)).astype(np.float32)
+    x = model.xp.stack([model._prepare(img)])
+    with chainer.using_config("train", False), chainer.no_backprop_mode():
+        mb_locs, mb_confs = model(x)
+    return model, img, mb_locs.array[0], mb_confs.array[0]
+
+
+def test_predict_equals_chainercv_when_no_cap_binds(model_and_image):
+    model, img, _, mb_conf = model_and_image
+    # random weights put every prior above 0.01; this threshold leaves <= 100 per class
+    thresh = float(np.sort(scores_of(mb_conf)[:, 1:], axis=0)[-100].max())
+    model.score_thresh, model.nms_thresh = thresh, 0.45
+    try:
+        expected = model.predict([img])
+        got = predict(model, [img])
+    finally:
+        model.use_preset("visualize")
+    assert 0 < len(expected[2][0]) <= DEFAULT_KEEP_TOP_K
+    for g, e in zip(got, expected):
+        assert len(g) == 1
+        assert_same(g, e)
+
+
+@pytest.mark.slow(seconds=6)
+def test_evaluate_preset_respects_the_caps(model_and_image, nms_inputs):
+    model, img, mb_loc, mb_conf = model_and_image
+    assert (scores_of(mb_conf)[:, 1:] >= 0.01).sum(axis=0).min() > DEFAULT_TOP_K
+    model.use_preset("evaluate")
+    try:
+        bboxes, labels, scores = predict(model, [img])
+        batch = predict(model, [img, img[:, :200, :150]])
+    finally:
+        model.use_preset("visualize")
+    assert max(nms_inputs) == DEFAULT_TOP_K
+    assert len(batch[0]) == 2
+    for bbox, label, score in zip(*batch):
+        assert_contract(bbox, label, score)
+        assert 0 < len(score) <= DEFAULT_KEEP_TOP_K
+        assert (score >= 0.01).all()
+    # decoding the same network outputs directly gives the image's result, with the
+    # boxes taken from the 300x300 input frame to the image's own pixels
+    bbox, label, score = decode_capped(model.coder, mb_loc, mb_conf, 0.45, 0.01)
+    assert_same((resize_bbox(bbox, (300, 300), (240, 320)), label, score),
+                (bboxes[0], labels[0], scores[0]))
+
+
+@pytest.mark.slow(seconds=3)
+def test_capped_predictor_delegates_and_evaluates(model_and_image):
+    model, img, _, _ = model_and_image
+    predictor = CappedPredictor(model, top_k=50, keep_top_k=20)
+    predictor.use_preset("evaluate")
+    try:
+        assert (model.score_thresh, model.nms_thresh) == (0.01, 0.45)
+        predictor.score_thresh = 0.02
+        assert model.score_thresh == 0.02 and predictor.score_thresh == 0.02
+        bboxes, labels, scores = predictor.predict([img])
+        assert len(scores[0]) == 20
+        assert_same((bboxes[0], labels[0], scores[0]),
+                    [a[0] for a in predict(model, [img], top_k=50, keep_top_k=20)])
+        # the evaluator's target: a link with predict()
+        gt_bbox = np.array([[10, 10, 60, 80]], dtype=np.float32)
+        gt_label = np.array([1], dtype=np.int32)
+        it = chainer.iterators.SerialIterator([(img, gt_bbox, gt_label)], 1,
+                                              repeat=False, shuffle=False)
+        result = DetectionVOCEvaluator(it, predictor)()  # as a trainer would call it
+        assert "main/map" in result
+    finally:
+        model.use_preset("visualize")
+    with pytest.raises(ValueError, match="keep_top_k"):
+        CappedPredictor(model, keep_top_k=0)
+
+
+def test_predict_of_no_images(model_and_image):
+    assert predict(model_and_image[0], []) == ([], [], [])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda.available, reason="needs CuPy and a GPU")
+def test_cupy_gives_the_numpy_result():
+    import cupy
+    coder = ssd300_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed=1, spread=1.0)
+    expected = decode_capped(coder, mb_loc, mb_conf, 0.45, 0.3)
+    coder.to_gpu()
+    got = decode_capped(coder, cupy.asarray(mb_loc), cupy.asarray(mb_conf), 0.45, 0.3)
+    assert all(isinstance(a, cupy.ndarray) for a in got)
+    got = [cupy.asnumpy(a) for a in got]
+    # the same detections (NMS on the GPU rounds IoUs in float32: allow rare flips)
+    assert abs(len(got[2]) - len(expected[2])) <= 2
+    np.testing.assert_array_equal(got[2][:20], expected[2][:20])

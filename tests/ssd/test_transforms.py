@@ -1,0 +1,506 @@
+"""The SSD training transform: the course's recipe, and that it cannot emit invalid targets.
+
+The property tests run the real transform over many seeds on real BCCD samples (the one
+with the most boxes on the image border, the one with the smallest box, the two whose
+zero-area boxes the loader dropped) and on adversarial synthetic boxes (1-px boxes,
+boxes on and over the border, sub-pixel slivers a crop or resize leaves behind), and
+check every output: boxes finite, inside the image, at least ``min_size`` px, labels
+aligned and in range, and the encoded ``mb_loc`` finite at every positive prior.
+``MEDAIDET_PROPERTY_RUNS`` (default 1) multiplies the number of seeds.
+"""
+import math
+import os
+import pickle
+import random
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+from chainercv import transforms as cvt
+from chainercv.links import SSD300
+from chainercv.links.model.ssd import (
+    random_crop_with_bbox_constraints, random_distort as chainercv_random_distort,
+    resize_with_random_interpolation as chainercv_resize_with_random_interpolation)
+from PIL import Image
+
+import medaidet.ssd.transforms as T
+from medaidet.data.bccd import BCCDDataset
+from medaidet.errors import MedaidetError
+from medaidet.ssd.transforms import (
+    EncodeTransform, InvalidSampleError, TrainTransform, check_sample, recheck_boxes)
+
+RUNS = max(1, int(os.environ.get("MEDAIDET_PROPERTY_RUNS", "1")))
+SIZE = 300
+N_FG = 3
+# (split, id): most border boxes (9), smallest box (20 px), zero-area boxes dropped by the
+# loader (objects 3 and 12): the boxes next to them stay.
+REAL = [("train", "BloodImage_00046"), ("train", "BloodImage_00408"),
+        ("train", "BloodImage_00343"), ("val", "BloodImage_00338")]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return SSD300(n_fg_class=N_FG)
+
+
+@pytest.fixture(scope="module")
+def real_samples(bccd_root):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        datasets = {split: BCCDDataset(bccd_root, split) for split in ("train", "val")}
+    return [datasets[split][datasets[split].ids.index(image_id)] for split, image_id in REAL]
+
+
+@pytest.fixture
+def transform(model):
+    return TrainTransform.for_model(model)
+
+
+@pytest.fixture
+def geometry_only(monkeypatch):
+    """Replace the two pixel operations by stand-ins that draw the same random numbers
+    (so the geometry is the one the real transform would produce for the seed) but skip
+    the pixel work: boxes never depend on pixel values, and this makes thousands of runs
+    affordable. ``test_property_real_pixels`` runs the real pixel operations."""
+    def distort(img):
+        return img
+
+    def resize(img, size):
+        random.choice(T._PIL_FILTERS)
+        return np.zeros((img.shape[0],) + tuple(size), dtype=np.float32)
+
+    monkeypatch.setattr(T, "random_distort", distort)
+    monkeypatch.setattr(T, "resize_with_random_interpolation", resize)
+
+
+def assert_valid_boxes(bbox, label, size=SIZE, min_size=T.DEFAULT_MIN_SIZE):
+    assert bbox.dtype == np.float32 and bbox.ndim == 2 and bbox.shape[1] == 4
+    assert label.dtype == np.int32 and label.shape == (len(bbox),)
+    assert np.isfinite(bbox).all()
+    assert (bbox >= 0).all() and (bbox <= size).all()
+    assert (bbox[:, 2:] - bbox[:, :2] >= min_size).all()
+    assert ((label >= 0) & (label < N_FG)).all()
+
+
+def assert_valid_targets(mb_loc, mb_label, n_prior):
+    assert mb_loc.shape == (n_prior, 4) and mb_loc.dtype == np.float32
+    assert mb_label.shape == (n_prior,) and mb_label.dtype == np.int32
+    assert ((mb_label >= 0) & (mb_label <= N_FG)).all()
+    assert np.isfinite(mb_loc[mb_label > 0]).all()
+
+
+def assert_stats_add_up(stats):
+    assert stats.boxes_in == (stats.degenerate_input + stats.cropped_out + stats.too_small
+                              + stats.non_finite + stats.boxes_out)
+
+
+# --------------------------------------------------------------------------- the recipe
+
+def test_output_of_one_real_sample(transform, model, real_samples):
+    img, bbox, label = real_samples[0]
+    random.seed(0)
+    out_img, mb_loc, mb_label = transform((img, bbox, label))
+    assert out_img.shape == (3, SIZE, SIZE) and out_img.dtype == np.float32
+    # the mean is subtracted: pixel values are 0-255 (a little more after Lanczos/cubic)
+    restored = out_img + model.mean
+    assert -40 < restored.min() and restored.max() < 300 and restored.max() > 100
+    n_prior = len(model.coder._default_bbox)
+    assert n_prior == 8732
+    assert_valid_targets(mb_loc, mb_label, n_prior)
+    assert (mb_label > 0).any()
+    assert transform.stats.samples == 1 and transform.stats.boxes_in == len(bbox)
+
+
+def test_for_model_takes_the_models_settings(model):
+    transform = TrainTransform.for_model(model, min_size=2)
+    assert transform.size == model.insize == SIZE
+    assert transform.n_fg_class == N_FG and transform.min_size == 2
+    np.testing.assert_array_equal(transform.mean, model.mean)
+    assert transform.coder is not model.coder           # a CPU copy
+    assert transform.coder._default_bbox is model.coder._default_bbox   # still on CPU
+
+
+def test_same_seed_same_augmentation(transform, real_samples):
+    outputs = []
+    for _ in range(2):
+        random.seed(123)
+        outputs.append([transform(sample) for sample in real_samples[:2]])
+    for first, second in zip(*outputs):
+        for a, b in zip(first, second):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_augmentations_vary(transform, real_samples):
+    random.seed(5)
+    boxes = {tuple(np.round(transform.augment(*real_samples[0])[1][:1].ravel(), 3))
+             for _ in range(8)}
+    assert len(boxes) > 4
+
+
+def test_boxes_follow_the_image_without_expansion_or_crop(transform, monkeypatch):
+    """A box drawn as a bright rectangle stays on it through resize and flip."""
+    img = np.zeros((3, 120, 160), dtype=np.float32)
+    img[:, 30:60, 40:100] = 255
+    bbox = np.array([[30, 40, 60, 100]], dtype=np.float32)
+    monkeypatch.setattr(T, "random_distort", lambda x: x)
+    monkeypatch.setattr(T, "random_crop_with_bbox_constraints", lambda img, bbox, return_param: (
+        img, {"y_slice": slice(0, img.shape[1]), "x_slice": slice(0, img.shape[2])}))
+    transform.expand_probability = 0
+    flipped = set()
+    for seed in range(8):
+        random.seed(seed)
+        out, out_bbox, out_label = transform.augment(img, bbox, np.array([1]))
+        y0, x0, y1, x1 = np.round(out_bbox[0]).astype(int)
+        assert out[0, y0 + 3:y1 - 3, x0 + 3:x1 - 3].min() > 200
+        assert out[0].sum() / 255 == pytest.approx((y1 - y0) * (x1 - x0), rel=0.05)
+        assert out_label.tolist() == [1]
+        flipped.add((x0 + x1) / 2 > 150)
+    assert flipped == {True, False}
+
+
+# --------------------------------------------------------------------------- properties
+
+@pytest.mark.slow(seconds=27)
+def test_property_real_samples(transform, real_samples, geometry_only):
+    """Thousands of augmentations of real BCCD samples: every target is valid."""
+    n_prior = len(transform.coder._default_bbox)
+    positives = 0
+    runs = 0
+    for seed in range(250 * RUNS):
+        random.seed(seed)
+        for img, bbox, label in real_samples:
+            out_img, out_bbox, out_label = transform.augment(img, bbox, label)
+            assert out_img.shape == (3, SIZE, SIZE)
+            assert_valid_boxes(out_bbox, out_label)
+            mb_loc, mb_label = transform.coder.encode(out_bbox, out_label)
+            assert_valid_targets(mb_loc, mb_label, n_prior)
+            positives += int((mb_label > 0).sum())
+            runs += 1
+    stats = transform.stats
+    assert runs >= 1000 and stats.samples == runs
+    assert_stats_add_up(stats)
+    assert positives > 10 * runs and stats.boxes_out > 5 * runs
+    assert stats.cropped_out > 0             # the crop removed boxes, as SSD's does
+
+
+def test_property_real_pixels(transform, real_samples):
+    """The same on the real pixel operations (colour distortion, random interpolation)."""
+    n_prior = len(transform.coder._default_bbox)
+    for seed in range(12 * RUNS):
+        random.seed(10_000 + seed)
+        for sample in real_samples:
+            out_img, mb_loc, mb_label = transform(sample)
+            assert out_img.shape == (3, SIZE, SIZE) and np.isfinite(out_img).all()
+            assert_valid_targets(mb_loc, mb_label, n_prior)
+    assert_stats_add_up(transform.stats)
+
+
+def adversarial_boxes(rng, height, width):
+    """Boxes an augmentation can turn into slivers, in (y_min, x_min, y_max, x_max)."""
+    h, w = height, width
+    fixed = [
+        [0, 0, h, w],                      # the whole image
+        [0, 0, 1, 1], [h - 1, w - 1, h, w], [0, w - 1, 1, w], [h - 1, 0, h, 1],  # 1-px corners
+        [0, 0, 0.5, w], [h - 0.5, 0, h, w], [0, 0, h, 0.25], [0, w - 0.3, h, w],  # edge slivers
+        [h / 2, w / 2, h / 2 + 1, w / 2 + 1],                                    # 1-px centre
+        [h / 3, 10, h / 3 + 1e-3, w - 10],                                        # sub-pixel
+        [10, w / 4, h - 10, w / 4 + 0.01],
+        [-4, -4, 8, 8], [h - 6, w - 6, h + 3, w + 3],                             # overhanging
+        [0, 0, 0, 20], [5, 5, 30, 5],                                             # zero size
+    ]
+    n = 12
+    y = rng.uniform(0, h - 2, n)
+    x = rng.uniform(0, w - 2, n)
+    size = rng.uniform(0.05, 2, (n, 2))
+    random_boxes = np.stack([y, x, y + size[:, 0], x + size[:, 1]], axis=1)
+    bbox = np.concatenate([np.array(fixed, dtype=np.float64), random_boxes]).astype(np.float32)
+    label = rng.integers(0, N_FG, len(bbox)).astype(np.int32)
+    return bbox, label
+
+
+@pytest.mark.slow(seconds=5)
+def test_property_adversarial_boxes(transform, real_samples, geometry_only):
+    n_prior = len(transform.coder._default_bbox)
+    rng = np.random.default_rng(0)
+    for seed in range(250 * RUNS):
+        random.seed(20_000 + seed)
+        img, real_bbox, real_label = real_samples[seed % len(real_samples)]
+        bbox, label = adversarial_boxes(rng, *img.shape[1:])
+        if seed % 2:                       # on their own, and among the real boxes
+            bbox = np.concatenate([real_bbox, bbox])
+            label = np.concatenate([real_label, label])
+        # a distinct label per box lets us check that labels stay with their boxes
+        out_img, out_bbox, out_label = transform.augment(img, bbox, label)
+        assert_valid_boxes(out_bbox, out_label)
+        mb_loc, mb_label = transform.coder.encode(out_bbox, out_label)
+        assert_valid_targets(mb_loc, mb_label, n_prior)
+    stats = transform.stats
+    assert_stats_add_up(stats)
+    assert stats.degenerate_input == 2 * 250 * RUNS       # the two zero-size boxes
+    assert stats.too_small > 250 * RUNS                   # the re-check did drop slivers
+    assert stats.dropped == stats.too_small and stats.non_finite == 0
+
+
+def test_labels_stay_with_their_boxes(transform, geometry_only):
+    """Boxes of distinct shapes, one class each: after augmentation every kept box still
+    has its own class (the re-check drops rows of bbox and label together)."""
+    img = np.zeros((3, 480, 640), dtype=np.float32)
+    bbox = np.array([[100, 100, 101, 300],      # class 0: 1 px tall, 200 wide
+                     [200, 200, 300, 400],      # class 1: large
+                     [50, 400, 60, 405]],       # class 2: 10 tall, 5 wide
+                    dtype=np.float32)
+    label = np.array([0, 1, 2], dtype=np.int32)
+    kept = []
+    for seed in range(200):
+        random.seed(seed)
+        _, out_bbox, out_label = transform.augment(img, bbox, label)
+        assert len(out_bbox) == len(out_label)
+        for box, cls in zip(out_bbox, out_label):
+            h, w = box[2] - box[0], box[3] - box[1]
+            assert {0: w > 20 * h, 1: h > 10 and w > 10, 2: h > w / 2 and w < 20}[int(cls)]
+            kept.append(int(cls))
+    assert set(kept) == {0, 1, 2}
+    assert transform.stats.too_small > 0 and kept.count(0) < kept.count(1)
+
+
+def test_raw_chainercv_recipe_emits_what_the_recheck_prevents(transform, geometry_only):
+    """Without the re-check, the same recipe hands sub-pixel slivers to the coder (loc
+    targets of ~|40|); with a NaN box it hands NaN to the loss at a positive prior."""
+    img = np.zeros((3, 480, 640), dtype=np.float32)
+    bbox = np.array([[200, 100, 200.01, 500]], dtype=np.float32)   # 0.01 px tall
+    label = np.array([0], dtype=np.int32)
+
+    def raw(img, bbox, label):        # ChainerCV's example Transform, geometry only
+        if random.random() < 0.5:
+            img, param = cvt.random_expand(img, fill=0, return_param=True)
+            bbox = cvt.translate_bbox(bbox, y_offset=param["y_offset"],
+                                      x_offset=param["x_offset"])
+        img, param = random_crop_with_bbox_constraints(img, bbox, return_param=True)
+        bbox, param = cvt.crop_bbox(bbox, y_slice=param["y_slice"], x_slice=param["x_slice"],
+                                    allow_outside_center=False, return_param=True)
+        label = label[param["index"]]
+        bbox = cvt.resize_bbox(bbox, img.shape[1:], (SIZE, SIZE))
+        return transform.coder.encode(bbox, label)
+
+    extreme = 0
+    for seed in range(20):
+        random.seed(seed)
+        mb_loc, mb_label = raw(img, bbox, label)
+        extreme += (mb_label > 0).any() and np.abs(mb_loc[mb_label > 0]).max() > 20
+        random.seed(seed)
+        _, out_bbox, _ = transform.augment(img, bbox, label)
+        assert len(out_bbox) == 0
+    assert extreme > 5
+    assert transform.stats.too_small + transform.stats.cropped_out == 20
+
+    nan_box = np.array([[10, 10, 50, 50], [np.nan, 20, 60, 60]], dtype=np.float32)
+    random.seed(0)
+    mb_loc, mb_label = transform.coder.encode(nan_box, np.array([0, 1], dtype=np.int32))
+    assert not np.isfinite(mb_loc[mb_label > 0]).all()          # what ChainerCV would do
+    with pytest.raises(InvalidSampleError, match="box 1 .*not finite"):
+        transform.augment(img, nan_box, np.array([0, 1], dtype=np.int32))
+
+
+def test_sample_without_boxes(transform, real_samples):
+    img = real_samples[0][0]
+    random.seed(1)
+    out_img, mb_loc, mb_label = transform(
+        (img, np.zeros((0, 4), np.float32), np.zeros(0, np.int32)))
+    assert out_img.shape == (3, SIZE, SIZE)
+    assert (mb_label == 0).all() and np.isfinite(mb_loc).all()
+
+
+# --------------------------------------------------------------------------- the checks
+
+def test_recheck_boxes_clips_drops_and_keeps_labels_aligned():
+    bbox = np.array([
+        [10, 10, 50, 50],          # fine
+        [-3, 5, 20, 305],          # overhangs: clipped to [0, 5, 20, 300]
+        [100, 100, 100.5, 200],    # 0.5 px tall: dropped
+        [np.nan, 0, 10, 10],       # not finite: dropped
+        [290, 299.5, 310, 320],    # clipped to 0.5 px wide: dropped
+        [0, 0, 300, 300],          # the whole image
+        [7, 7, 8, 8],              # exactly min_size: kept
+        [1, 1, np.inf, 5],         # not finite: dropped
+    ], dtype=np.float32)
+    label = np.array([0, 1, 2, 0, 1, 2, 1, 0], dtype=np.int32)
+    checked = recheck_boxes(bbox, label, (300, 300), N_FG, min_size=1)
+    np.testing.assert_array_equal(checked.keep, [1, 1, 0, 0, 0, 1, 1, 0])
+    np.testing.assert_array_equal(checked.label, [0, 1, 2, 1])
+    np.testing.assert_array_equal(checked.bbox, [[10, 10, 50, 50], [0, 5, 20, 300],
+                                                 [0, 0, 300, 300], [7, 7, 8, 8]])
+    assert checked.bbox.dtype == np.float32 and checked.label.dtype == np.int32
+    assert (checked.too_small, checked.non_finite, checked.clipped) == (2, 2, 1)
+    assert recheck_boxes(bbox, label, (300, 300), N_FG, min_size=2).keep[6] == 0
+
+
+@pytest.mark.parametrize("bad, hint", [
+    (3, "did the dataset add 1 for background"),
+    (-1, "negative label"),
+    (7, "n_fg_class right"),
+])
+def test_label_outside_range_raises(transform, real_samples, bad, hint):
+    img, bbox, label = real_samples[0]
+    label = label.copy()
+    label[4] = bad
+    with pytest.raises(InvalidSampleError) as info:
+        transform((img, bbox, label))
+    message = str(info.value)
+    assert f"box 4: label {bad} is outside the allowed range [0, 3)" in message
+    assert hint in message and "dataset is wrong" in message
+    assert info.value.kind == "label_range" and info.value.box_index == 4
+    assert info.value.value == bad
+    assert isinstance(info.value, MedaidetError) and isinstance(info.value, ValueError)
+    with pytest.raises(InvalidSampleError, match="outside the allowed range"):
+        recheck_boxes(bbox, label, (480, 640), N_FG)
+
+
+@pytest.mark.parametrize("bbox, label, kind, text", [
+    ([[0, 0, 5, 5]], np.array([0.0]), "label_dtype", "dtype float64"),
+    ([[0, 0, 5, 5]], np.array([True]), "label_dtype", "dtype bool"),
+    ([[0, 0, 5, 5]], np.array([0, 1]), "shape", "one class per box"),
+    ([[0, 0, 5]], np.array([0]), "shape", r"expected \(R, 4\)"),
+    ([[0, 0, 5, np.inf]], np.array([0]), "non_finite_box", "box 0 .*not finite"),
+    ([[0, 0, 5, 5], [10, 20, 5, 30]], np.array([0, 1]), "reversed_box", "box 1 .*reversed"),
+])
+def test_wrong_sample_raises(bbox, label, kind, text):
+    img = np.zeros((3, 40, 40), np.float32)
+    with pytest.raises(InvalidSampleError, match=text) as info:
+        check_sample(img, np.array(bbox, np.float32), label, N_FG)
+    assert info.value.kind == kind
+
+
+def test_wrong_image_raises():
+    with pytest.raises(InvalidSampleError, match=r"expected \(3, H, W\)"):
+        check_sample(np.zeros((40, 40, 3), np.float32), np.zeros((0, 4)), np.zeros(0, int), 3)
+
+
+def test_zero_size_input_box_dropped_before_augmenting(transform):
+    img = np.zeros((3, 40, 40), np.float32)
+    bbox = np.array([[0, 0, 10, 10], [5, 5, 5, 20], [1, 1, 30, 1]], np.float32)
+    out_bbox, out_label, keep = check_sample(img, bbox, np.array([2, 1, 0]), N_FG)
+    assert keep.tolist() == [True, False, False] and out_label.tolist() == [2]
+    random.seed(0)
+    transform((img, bbox, np.array([2, 1, 0], np.int32)))
+    assert transform.stats.degenerate_input == 2
+
+
+def test_arguments_checked(model):
+    with pytest.raises(ValueError, match="min_size"):
+        TrainTransform.for_model(model, min_size=0)
+    with pytest.raises(ValueError, match="n_fg_class"):
+        TrainTransform(model.coder, 300, model.mean, n_fg_class=0)
+
+
+# --------------------------------------------------------------------------- counting
+
+def test_stats_reset_and_pickle(transform, real_samples):
+    random.seed(2)
+    transform(real_samples[1])
+    assert transform.stats.samples == 1
+    copy = pickle.loads(pickle.dumps(transform))     # as MultiprocessIterator does
+    random.seed(2)
+    copy(real_samples[1])
+    assert copy.stats.samples == 2
+    old = transform.reset_stats()
+    assert old.samples == 1 and transform.stats.samples == 0
+    assert set(old.as_dict()) >= {"samples", "boxes_in", "boxes_out", "dropped",
+                                  "too_small", "non_finite", "cropped_out"}
+
+
+# --------------------------------------------------------------------------- EncodeTransform
+
+def test_encode_transform_is_resize_and_encode(model, real_samples):
+    transform = EncodeTransform.for_model(model)
+    img, bbox, label = real_samples[1]
+    out_img, mb_loc, mb_label = transform((img, bbox, label))
+    again = transform((img, bbox, label))
+    for a, b in zip((out_img, mb_loc, mb_label), again):
+        np.testing.assert_array_equal(a, b)
+    expected_img = cvt.resize(img, (SIZE, SIZE)) - model.mean
+    np.testing.assert_allclose(out_img, expected_img, atol=1e-4)
+    expected = model.coder.encode(cvt.resize_bbox(bbox, img.shape[1:], (SIZE, SIZE)), label)
+    np.testing.assert_array_equal(mb_loc, expected[0])
+    np.testing.assert_array_equal(mb_label, expected[1])
+    assert transform.stats.boxes_out == 2 * len(bbox)
+
+
+# --------------------------------------------------------------------------- without OpenCV
+
+def _fake_cv2():
+    """Enough of cv2 for ChainerCV's two functions, built on this module's conversions."""
+    calls = []
+
+    def cvt_color(img, code):
+        chw = np.ascontiguousarray(img.transpose((2, 0, 1)))
+        if code == "BGR2HSV":
+            return T.rgb_to_hsv_u8(chw[::-1]).transpose((1, 2, 0))
+        return T.hsv_to_rgb_u8(chw)[::-1].transpose((1, 2, 0))
+
+    def resize(img, dsize, interpolation):
+        calls.append(interpolation)
+        return np.zeros((dsize[1], dsize[0], img.shape[2]), dtype=img.dtype)
+
+    return types.SimpleNamespace(
+        COLOR_BGR2HSV="BGR2HSV", COLOR_HSV2BGR="HSV2BGR", cvtColor=cvt_color, resize=resize,
+        INTER_LINEAR=0, INTER_AREA=1, INTER_NEAREST=2, INTER_CUBIC=3, INTER_LANCZOS4=4,
+        calls=calls)
+
+
+def test_distort_port_matches_chainercv(monkeypatch, real_samples):
+    """With the same colour conversions, the port computes exactly what ChainerCV's
+    ``random_distort`` computes, and draws the same random numbers."""
+    monkeypatch.setitem(sys.modules, "cv2", _fake_cv2())
+    img = real_samples[2][0][:, 100:220, 200:360]
+    for seed in range(40):
+        random.seed(seed)
+        expected = chainercv_random_distort(img)
+        state = random.getstate()
+        random.seed(seed)
+        got = T._random_distort_numpy(img)
+        assert random.getstate() == state
+        np.testing.assert_array_equal(got, expected)
+        assert got.dtype == np.float32
+
+
+def test_resize_port_draws_like_chainercv(monkeypatch):
+    fake = _fake_cv2()
+    monkeypatch.setitem(sys.modules, "cv2", fake)
+    img = np.random.default_rng(0).uniform(0, 255, (3, 37, 53)).astype(np.float32)
+    for seed in range(20):
+        random.seed(seed)
+        chainercv_resize_with_random_interpolation(img, (30, 20))
+        state = random.getstate()
+        random.seed(seed)
+        got = T._resize_with_random_interpolation_pil(img, (30, 20))
+        assert random.getstate() == state and got.shape == (3, 30, 20)
+        resample = T._PIL_FILTERS[fake.calls[-1]]
+        expected = np.stack([np.asarray(Image.fromarray(c).resize((20, 30), resample=resample))
+                             for c in img])
+        np.testing.assert_array_equal(got, expected)
+    assert set(fake.calls) == set(range(5))
+
+
+def test_hsv_conversions():
+    import colorsys
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (3, 20, 30)).astype(np.uint8)
+    rgb[:, 0, :4] = np.array([[0, 0, 0], [255, 255, 255], [90, 90, 90], [255, 0, 0]]).T
+    hsv = T.rgb_to_hsv_u8(rgb)
+    pixels = rgb.reshape(3, -1).T / 255
+    expected = np.array([colorsys.rgb_to_hsv(*p) for p in pixels]) * [180, 255, 255]
+    expected = np.rint(expected) % [180, 256, 256]
+    assert np.abs(hsv.reshape(3, -1).T - expected).max() <= 1
+    assert hsv[:, 0, 3].tolist() == [0, 255, 255]           # red
+    assert hsv[1, 0, :3].tolist() == [0, 0, 0]              # greys: no saturation
+    back = T.hsv_to_rgb_u8(hsv).astype(int)
+    assert np.abs(back - rgb).max() <= 4                     # H has 180 levels
+
+
+def test_image_backend_reported():
+    assert T.IMAGE_BACKEND in ("cv2", "numpy+PIL")
+    if T.IMAGE_BACKEND == "numpy+PIL":
+        assert T.random_distort is T._random_distort_numpy
+    assert math.isfinite(T.DEFAULT_MIN_SIZE)

@@ -1,0 +1,109 @@
+"""medaidet.training.seeding: what seed_everything seeds and reports, and worker reseeding."""
+import multiprocessing
+import random
+
+import numpy as np
+import pytest
+
+from medaidet.training.seeding import ReseedingTransform, SeedError, seed_everything
+
+
+def _draws():
+    return random.random(), float(np.random.rand())
+
+
+def test_same_seed_same_draws_other_seed_other_draws():
+    seed_everything(5)
+    first = _draws()
+    seed_everything(5)
+    assert _draws() == first
+    seed_everything(6)
+    assert _draws() != first
+
+
+def test_report_says_what_was_seeded_and_what_is_not_deterministic():
+    report = seed_everything(0, devices=None, deterministic=False, n_processes=0)
+    assert report.row("Python random").status == "seeded"
+    assert report.row("NumPy").status == "seeded"
+    assert report.row("shuffle order").status == "seeded"
+    assert report.row("CuPy").status == "n/a"            # a CPU run
+    assert report.not_deterministic == []
+    text = report.table()
+    assert text.splitlines()[0] == "seed 0, deterministic mode off"
+    assert "| Python random | seeded |" in report._repr_markdown_()
+    assert report.as_dict()["rows"][0]["item"] == "Python random"
+
+
+def test_workers_are_reported_as_not_deterministic():
+    report = seed_everything(1, n_processes=4)
+    row = report.row("iterator workers")
+    assert row.status == "not deterministic"
+    assert "n_processes=0" in row.detail
+    assert report.not_deterministic == [row]
+
+
+def test_deterministic_sets_chainers_cudnn_switch():
+    import chainer
+
+    old = chainer.config.cudnn_deterministic
+    try:
+        report = seed_everything(2, deterministic=True)
+        assert chainer.config.cudnn_deterministic is True
+        assert report.deterministic and report.row("cuDNN").detail.startswith(
+            "chainer.config.cudnn_deterministic = True")
+        seed_everything(2, deterministic=False)
+        assert chainer.config.cudnn_deterministic is False
+    finally:
+        chainer.config.cudnn_deterministic = old
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True, "3", 2 ** 32])
+def test_bad_seeds_are_named(seed):
+    with pytest.raises(SeedError, match="seed must be"):
+        seed_everything(seed)
+
+
+def _draw_in_worker(transform):
+    return multiprocessing.current_process().name, transform(None)
+
+
+def _draw(_):
+    return random.random(), float(np.random.rand())
+
+
+def test_each_worker_draws_its_own_stream():
+    """Forked workers inherit NumPy's state: without reseeding they all repeat it.
+    ReseedingTransform gives each worker its own stream, keyed by the seed and the worker."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("needs fork")
+    ctx = multiprocessing.get_context("fork")
+
+    def run(transform):
+        """Each worker's first draw."""
+        random.seed(0)
+        np.random.seed(0)
+        with ctx.Pool(2) as pool:
+            results = pool.map(_draw_in_worker, [transform] * 8, chunksize=1)
+        first = {}
+        for name, value in results:          # task order = each worker's own order
+            first.setdefault(name, value)
+        return first
+
+    random.seed(0)
+    np.random.seed(0)
+    parent = _draw(None)
+    plain = run(_draw)
+    reseeded = run(ReseedingTransform(_draw, seed=7))
+    # NumPy: every forked worker repeats the parent's stream (the bug)
+    assert {value[1] for value in plain.values()} == {parent[1]}
+    # Python's random reseeds itself from the OS in a forked child: different, but
+    # different in every run too
+    assert all(value[0] != parent[0] for value in plain.values())
+    # reseeded: both generators leave the parent's stream, each worker its own
+    assert all(value[0] != parent[0] and value[1] != parent[1] for value in reseeded.values())
+    if len(reseeded) == 2:
+        assert len({value[1] for value in reseeded.values()}) == 2
+    # in the process that made it, the wrapper changes nothing
+    random.seed(0)
+    np.random.seed(0)
+    assert ReseedingTransform(_draw, seed=7)(None) == parent

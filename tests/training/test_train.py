@@ -1,0 +1,307 @@
+"""medaidet.training.train: config, smoke training on real BCCD, seeds, kill + resume to the same
+weights, divergence, CLI."""
+import argparse
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from medaidet.training.train import (ConfigError, DeviceError, ResumeError, StopOnNonFinite,
+                            TrainConfig, TrainingDivergedError, add_train_parser,
+                            config_from_args, n_processes_for, resolve_device, train)
+
+# Tiny runs: SSD300 on a 2-core CPU is several seconds per image per iteration.
+TINY = dict(subset=2, batch_size=1, eval_subset=1, eval_batch_size=1, seed=0,
+            n_processes=0, pretrained=None, device="cpu")
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="medaidet")
+    add_train_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["train", *argv])
+
+
+def _arrays(path):
+    with np.load(path) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+# --------------------------------------------------------------------------- config
+
+def test_recipe_defaults():
+    c = TrainConfig()
+    assert (c.model, c.pretrained, c.batch_size, c.lr, c.momentum, c.weight_decay) == \
+        ("ssd300", "imagenet", 32, 1e-3, 0.9, 5e-4)
+    assert (c.bias_grad_scale, c.epochs, c.lr_steps, c.lr_gamma, c.k, c.alpha) == \
+        (2.0, 300, (200.0, 250.0), 0.1, 3, 1.0)
+    assert TrainConfig.profile("full") == c
+    smoke = TrainConfig.profile("smoke")
+    assert smoke.pretrained is None and smoke.n_processes == 0 and smoke.iterations
+    with pytest.raises(ConfigError, match="unknown profile"):
+        TrainConfig.profile("huge")
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError, match="batch_size"):
+        TrainConfig(batch_size=0)
+    with pytest.raises(ConfigError, match="unknown training option.*batchsize"):
+        TrainConfig.from_dict({"batchsize": 4})
+    with pytest.raises(ConfigError, match="device"):
+        TrainConfig(device="tpu")
+
+
+def test_config_file_json_and_flags(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"batch_size": 8, "lr_steps": [10, 20], "seed": 3,
+                                "eval_interval": 5}))
+    config = config_from_args(_parse(["--profile", "smoke", "--config", str(path),
+                                      "--seed", "7", "--iterations", "2", "--subset", "2",
+                                      "--device", "cpu", "--out", str(tmp_path / "o")]))
+    assert config.batch_size == 8 and config.lr_steps == (10.0, 20.0)
+    assert config.eval_interval == 5 and config.seed == 7          # the flag wins
+    assert config.iterations == 2 and config.subset == 2 and config.pretrained is None
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"lr": "fast"}')
+    with pytest.raises(ConfigError, match="bad.json.*lr"):
+        TrainConfig.from_file(bad)
+    yaml = pytest.importorskip("yaml")
+    y = tmp_path / "cfg.yaml"
+    y.write_text(yaml.safe_dump({"batch_size": 4, "device": 1}))
+    assert TrainConfig.from_file(y).batch_size == 4
+
+
+def test_gpu_without_cuda_is_a_named_error(tmp_path):
+    from chainer.backends import cuda
+    if cuda.available:
+        pytest.skip("CUDA is available here")
+    with pytest.raises(DeviceError, match="CUDA cannot be used.*--device cpu"):
+        resolve_device("gpu")
+    args = _parse(["--profile", "smoke", "--device", "gpu", "--out", str(tmp_path)])
+    with pytest.raises(DeviceError, match="GPU 0"):
+        args.func(args)
+    assert str(resolve_device("auto")) == "@numpy"
+
+
+# --------------------------------------------------------------------------- training
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory, bccd_root):
+    """Uninterrupted: 4 iterations, batch 1, 2 images, seed 0, evaluation at the end."""
+    out = tmp_path_factory.mktemp("run_a")
+    return train(TrainConfig.profile("smoke", iterations=4, data=str(bccd_root),
+                                     out=str(out), **TINY), progress=False)
+
+
+@pytest.mark.slow(seconds=29)
+def test_smoke_training_writes_everything(run_a):
+    from medaidet.ssd.model import build_ssd, load_weights
+
+    out = run_a.out
+    metrics = json.loads((out / "metrics.json").read_text())
+    for key in ("iterations", "seconds", "images_per_second", "last_loss", "best_val_map",
+                "val_map", "val_ap", "log", "sha256", "transform_stats"):
+        assert key in metrics, key
+    assert metrics["iterations"] == 4
+    assert np.isfinite(metrics["last_loss"])
+    assert set(metrics["val_ap"]) == {"rbc", "wbc", "platelets"}
+    assert metrics["val_map"] is None or 0 <= metrics["val_map"] <= 1
+    assert any("validation/main/map" in entry for entry in metrics["log"])
+    assert metrics["transform_stats"]["samples"] == 4
+    for name in ("loss.png", "map.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "model.npz.sha256").read_text().split()[0] == run_a.sha256
+    assert (out / "snapshot_latest.npz").is_file()
+    fresh = build_ssd("ssd300", None)
+    report = load_weights(fresh, out / "model.npz")
+    assert report.loaded
+    for name, param in fresh.namedparams():
+        np.testing.assert_array_equal(
+            param.array, dict(run_a.model.namedparams())[name].array)
+
+
+def _umask_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@pytest.mark.slow(seconds=1)
+def test_snapshot_metrics_and_plots_get_the_usual_file_mode(run_a):
+    """What train() writes itself (the trainer snapshot, metrics.json, config.json, the
+    plots) is created as any file the user makes: 0666 less the umask (0644 under umask
+    022), readable by the course's other accounts, not 0600."""
+    out = run_a.out
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in out.iterdir()
+             if p.is_file() and not p.name.startswith("model.npz")}
+    assert set(modes) >= {"snapshot_latest.npz", "metrics.json", "config.json", "loss.png"}
+    assert modes == {name: oct(_umask_mode()) for name in modes}
+
+
+@pytest.mark.slow(seconds=1)
+def test_weights_get_the_usual_file_mode(run_a):
+    """model.npz and its .sha256 sidecar likewise: what evaluation on another account, or
+    a web server serving the course's results, must read."""
+    modes = {name: oct(stat.S_IMODE((run_a.out / name).stat().st_mode))
+             for name in ("model.npz", "model.npz.sha256")}
+    assert modes == {name: oct(_umask_mode()) for name in modes}
+
+
+def _train_process(config: dict, cfg_path, resume=None) -> subprocess.Popen:
+    """``medaidet train`` in a new process (``python -m medaidet``), config from a file."""
+    cfg_path.write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "medaidet", "train", "--profile", "smoke", "--config",
+            str(cfg_path), "--no-progress"]
+    if resume is not None:
+        argv += ["--resume", str(resume)]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow(seconds=30)
+def test_same_seed_in_another_process_gives_bitwise_identical_weights(run_a, tmp_path,
+                                                                      bccd_root):
+    out = tmp_path / "run_b"
+    proc = _train_process(dict(TINY, iterations=4, data=str(bccd_root), out=str(out)),
+                          tmp_path / "cfg.json")
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    assert "seed 0" in output and "Python random" in output     # the seeding report
+    final_a, final_b = _arrays(run_a.weights), _arrays(out / "model.npz")
+    assert final_b.keys() == final_a.keys()
+    different = [k for k in final_a if not np.array_equal(final_a[k], final_b[k])]
+    assert not different, f"{len(different)} parameters differ, e.g. {different[:3]}"
+    assert (out / "model.npz.sha256").read_text().split()[0] == run_a.sha256
+
+
+@pytest.mark.slow(seconds=17)
+def test_another_seed_gives_other_weights(run_a, tmp_path, bccd_root):
+    result = train(TrainConfig.profile("smoke", data=str(bccd_root), out=str(tmp_path),
+                                       **dict(TINY, iterations=1, seed=1)),
+                   progress=False, log=lambda *_: None)
+    seed1 = _arrays(result.weights)
+    seed0 = _arrays(run_a.weights)
+    # every weight array was drawn from the seeded RNG: all differ (biases start at 0 and
+    # stay there in layers that are dead at random init, so they are not compared)
+    weights = [k for k in seed0 if k.endswith("/W")]
+    assert len(weights) > 30
+    assert all(not np.array_equal(seed1[k], seed0[k]) for k in weights)
+    assert result.metrics["seeding"]["seed"] == 1
+
+
+@pytest.mark.slow(seconds=42)
+def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, tmp_path,
+                                                                        bccd_root):
+    """A real SIGKILL in the middle of training (a snapshot each epoch = 2 iterations);
+    a new process resumes from the snapshot to iteration 4: the weights equal the
+    uninterrupted run's bit for bit."""
+    out = tmp_path / "run_k"
+    config = dict(TINY, iterations=4, snapshot_interval=1, data=str(bccd_root), out=str(out))
+    snapshot = out / "snapshot_latest.npz"
+    proc = _train_process(config, tmp_path / "cfg.json")
+    deadline = time.monotonic() + 600
+    while not snapshot.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.kill()                                  # SIGKILL: no clean-up of any kind
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, \
+        f"the run ended before it could be killed (rc {proc.returncode}):\n{output}"
+    assert not (out / "model.npz").exists() and not (out / "metrics.json").exists()
+    with np.load(snapshot) as npz:
+        assert int(npz["updater/iteration"]) == 2
+
+    proc = _train_process(config, tmp_path / "cfg.json", resume=snapshot)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    assert "resumed from" in output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["iterations"] == 4 and metrics["iterations_this_run"] == 2
+    final_a, final_k = _arrays(run_a.weights), _arrays(out / "model.npz")
+    different = [k for k in final_a if not np.array_equal(final_a[k], final_k[k])]
+    assert not different, f"{len(different)} parameters differ, e.g. {different[:3]}"
+
+
+@pytest.mark.slow(seconds=20)
+def test_divergence_stops_with_the_iteration_and_keeps_the_last_snapshot(tmp_path, bccd_root):
+    """The learning rate jumps x1e40 after epoch 1 (iteration 2): the weights blow up and
+    training must stop with a named error; the epoch-1 snapshot stays as it was."""
+    config = TrainConfig.profile("smoke", data=str(bccd_root), out=str(tmp_path), **dict(
+        TINY, iterations=6, snapshot_interval=1, lr_steps=(1,), lr_gamma=1e40))
+    with pytest.raises(TrainingDivergedError, match=r"diverged at iteration \d") as info:
+        train(config, progress=False, log=lambda *_: None)
+    err = info.value
+    assert isinstance(err, FloatingPointError)
+    assert 3 <= err.iteration <= 6
+    assert err.snapshot == tmp_path / "snapshot_latest.npz"
+    assert err.snapshot_iteration is not None and err.snapshot_iteration < err.iteration
+    assert f"(iteration {err.snapshot_iteration}), is intact" in str(err)
+    with np.load(err.snapshot) as npz:
+        assert int(npz["updater/iteration"]) == err.snapshot_iteration
+        weights = [npz[k] for k in npz.files if k.startswith("updater/model:main/")]
+        assert weights and all(np.isfinite(w).all() for w in weights)
+    assert not (tmp_path / "model.npz").exists()
+
+
+@pytest.mark.parametrize("timing, poison, match", [
+    ("pre", "input", "gradient\\(s\\) hold nan or inf, first /W"),
+    ("post", "lr", "weight array\\(s\\) hold nan or inf after this iteration's update"),
+])
+def test_stop_on_non_finite_before_and_after_the_update(timing, poison, match):
+    import chainer
+    import chainer.functions as F
+    import chainer.links as L
+
+    link = L.Linear(3, 2, initialW=np.ones((2, 3), np.float32))
+    optimizer = chainer.optimizers.SGD(lr=1e38 if poison == "lr" else 0.1)
+    optimizer.setup(link)
+    optimizer.add_hook(StopOnNonFinite(timing))
+    x = np.full((1, 3), np.nan if poison == "input" else 1e3, np.float32)
+    before = link.W.array.copy()
+    with pytest.raises(FloatingPointError, match=match):
+        optimizer.update(lambda: F.sum(link(x) ** 2))
+    if timing == "pre":
+        np.testing.assert_array_equal(link.W.array, before)      # the step was not applied
+
+
+def test_deterministic_needs_a_seed_and_means_no_workers():
+    with pytest.raises(ConfigError, match="deterministic=True needs a seed"):
+        TrainConfig(deterministic=True)
+    assert n_processes_for(TrainConfig(deterministic=True, seed=0)) == 0
+    assert n_processes_for(TrainConfig(deterministic=True, seed=0, n_processes=2)) == 2
+    assert n_processes_for(TrainConfig(seed=0)) >= 1
+    config = config_from_args(_parse(["--profile", "smoke", "--seed", "3", "--deterministic",
+                                      "--no-augment"]))
+    assert (config.seed, config.deterministic, config.augment) == (3, True, False)
+
+
+@pytest.mark.slow(seconds=5)
+def test_resume_with_another_subset_is_refused(run_a, bccd_root, tmp_path):
+    config = TrainConfig.profile("smoke", iterations=5, data=str(bccd_root),
+                                 out=str(tmp_path), **dict(TINY, subset=3))
+    with pytest.raises(ResumeError, match="2 images with batch size 1.*3 images"):
+        train(config, resume=run_a.snapshot, progress=False)
+    with pytest.raises(ResumeError, match="not a trainer snapshot"):
+        train(config, resume=run_a.weights, progress=False)
+
+
+@pytest.mark.slow(seconds=10)
+def test_a_damaged_snapshot_is_a_named_error(run_a, bccd_root, tmp_path):
+    """Its zip directory is intact (the first check passes); an array in the middle is
+    not: loading it fails inside chainer, and that is a ResumeError too."""
+    data = bytearray(run_a.snapshot.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 256] = bytes(b ^ 0xFF for b in data[middle:middle + 256])
+    damaged = tmp_path / "snapshot_latest.npz"
+    damaged.write_bytes(bytes(data))
+    config = TrainConfig.profile("smoke", iterations=5, data=str(bccd_root),
+                                 out=str(tmp_path / "out"), **TINY)
+    with pytest.raises(ResumeError, match=r"snapshot_latest.npz is truncated or corrupt "
+                                          r"\((BadZipFile|error): .*\); expected the "):
+        train(config, resume=damaged, progress=False, log=lambda *_: None)
