@@ -189,11 +189,11 @@ _OOM_SCRIPT = textwrap.dedent("""
     except NoBatchSizeFitsError as exc:
         report, error = exc.report, str(exc)
     print(json.dumps({"one_image": one_image, "limit": limit, "lines": lines,
-                      "report": report.as_dict(), "error": error}))
+                      "report": report.to_dict(), "error": error}))
 """)
 
 
-def out_of_memory_demo(data_root=None, start: int = 8, headroom: float = 1.5,
+def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
                        timeout: float = 600) -> OutOfMemoryDemo:
     """Seed 004's out-of-memory error, for real, on a machine without a GPU.
 
@@ -211,7 +211,7 @@ def out_of_memory_demo(data_root=None, start: int = 8, headroom: float = 1.5,
 
     if not sys.platform.startswith("linux"):
         raise RuntimeError("out_of_memory_demo limits memory with RLIMIT_AS: Linux only")
-    root = str(resolve_root(data_root))
+    root = str(resolve_root(root))
     proc = subprocess.run([sys.executable, "-c", _OOM_SCRIPT,
                            json.dumps([root, int(start), float(headroom)])],
                           capture_output=True, text=True, timeout=timeout)

@@ -132,7 +132,7 @@ def test_ci_calls_make_test_and_the_smoke_course(ci):
 def test_ci_downloads_bccd_and_points_medaidet_data_at_it(ci):
     lines = _run_lines(ci)
     download = [line for line in lines if "medaidet data download" in line]
-    assert download and "--dest data/bccd" in download[0], lines
+    assert download and "--root data/bccd" in download[0], lines
     env = {k: v for job in ci["jobs"].values() for k, v in (job.get("env") or {}).items()}
     assert env.get("MEDAIDET_DATA", "").endswith("data/bccd"), env
 

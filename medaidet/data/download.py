@@ -221,10 +221,10 @@ def _choose_root(root) -> tuple[Path, str]:
 
 def _layout_help() -> str:
     return (
-        "Get it with `medaidet data download [--dest DIR]` (Python: "
+        "Get it with `medaidet data download [--root DIR]` (Python: "
         "medaidet.data.download_bccd()), which fetches "
         f"{UPSTREAM_REPO} at commit {BCCD_COMMIT}, verifies every file and stores it at "
-        f"{default_root()} unless --dest or ${DATA_ENV} says otherwise.\n"
+        f"{default_root()} unless --root or ${DATA_ENV} says otherwise.\n"
         "Or place the files by hand, in this layout (the BCCD/ folder of that repository "
         "at that commit, plus LICENSE and test.csv from its top level):\n"
         "  ROOT/Annotations/BloodImage_00000.xml ...   (364 files)\n"
@@ -232,7 +232,7 @@ def _layout_help() -> str:
         "  ROOT/ImageSets/Main/{train,val,trainval,test}.txt\n"
         "  ROOT/LICENSE, ROOT/test.csv\n"
         f"and set {DATA_ENV}=ROOT (or pass ROOT explicitly); "
-        "`medaidet data download --dest ROOT` then verifies it without the network."
+        "`medaidet data download --root ROOT` then verifies it without the network."
     )
 
 
@@ -257,10 +257,10 @@ def _by_hand(url: str, dest: Path) -> str:
         f"  {DEFAULT_URL}\n"
         f"(the archive of {UPSTREAM_REPO} at commit {BCCD_COMMIT}), then either\n"
         f"  - copy it here and run `{URL_ENV}=file:///path/to/archive.tar.gz medaidet data "
-        f"download --dest {dest}` (extracts and verifies every file), or\n"
+        f"download --root {dest}` (extracts and verifies every file), or\n"
         "  - extract it and use its BCCD/ folder (Annotations/, JPEGImages/, ImageSets/Main/) "
         "with LICENSE and test.csv from the top level copied beside them; point "
-        f"{DATA_ENV} at that folder, or pass it as --dest (it is then verified in place)."
+        f"{DATA_ENV} at that folder, or pass it as --root (it is then verified in place)."
     )
 
 
@@ -603,10 +603,10 @@ def _files_not_ours(root: Path) -> list[str]:
                                   if p.is_file()) if rel not in ours)
 
 
-def download_bccd(dest=None, url=None, force=False, progress=True, timeout=TIMEOUT_S) -> Path:
+def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEOUT_S) -> Path:
     """Fetch BCCD at commit :data:`BCCD_COMMIT`, verify every file, return the dataset root.
 
-    ``dest``: the dataset root to create (default: ``$MEDAIDET_DATA``, else
+    ``root``: the dataset root to create (default: ``$MEDAIDET_DATA``, else
     :func:`default_root`). ``url``: the archive (default: ``$MEDAIDET_BCCD_URL``,
     else :data:`DEFAULT_URL`; ``file://`` works for an archive fetched elsewhere).
 
@@ -618,7 +618,7 @@ def download_bccd(dest=None, url=None, force=False, progress=True, timeout=TIMEO
     that does not look like a dataset. Raises :class:`UnsupportedURLError` for
     a URL that is not https://, http:// or file://.
     """
-    root, _ = _choose_root(dest)
+    root, _ = _choose_root(root)
     root = root.resolve()
     url = url or os.environ.get(URL_ENV) or DEFAULT_URL
     _check_url(url)
@@ -627,7 +627,7 @@ def download_bccd(dest=None, url=None, force=False, progress=True, timeout=TIMEO
 
     if root.exists():
         if not root.is_dir():
-            raise DestinationError(f"{root} exists and is not a folder; choose another --dest.")
+            raise DestinationError(f"{root} exists and is not a folder; choose another --root.")
         if not force:
             if is_verified(root):
                 return root
@@ -640,11 +640,11 @@ def download_bccd(dest=None, url=None, force=False, progress=True, timeout=TIMEO
                     f"{root} exists and is not a verified BCCD copy "
                     f"({_summarize(problems)}). Pass --force (force=True) to replace the "
                     "files of BCCD with a fresh download (files that are not part of BCCD "
-                    "are left where they are), or choose another --dest.")
+                    "are left where they are), or choose another --root.")
         elif any(root.iterdir()) and not _looks_like_dataset(root):
             raise DestinationError(
                 f"refusing to replace {root}: it is not empty and does not look like a BCCD "
-                "copy (no Annotations/, JPEGImages/ or marker). Choose a new or empty --dest.")
+                "copy (no Annotations/, JPEGImages/ or marker). Choose a new or empty --root.")
 
     archive = staging = None
     try:
@@ -654,7 +654,7 @@ def download_bccd(dest=None, url=None, force=False, progress=True, timeout=TIMEO
             archive.touch(exist_ok=False)
             staging.mkdir()
         except OSError as exc:
-            raise DestinationError(f"cannot write beside {root}: {exc}. Choose another --dest "
+            raise DestinationError(f"cannot write beside {root}: {exc}. Choose another --root "
                                    f"or set ${DATA_ENV}.") from None
 
         _fetch(url, archive, root, timeout, progress)

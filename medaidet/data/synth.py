@@ -458,26 +458,26 @@ def _prepare_dest(dest: Path, overwrite: bool) -> bool:
     return True
 
 
-def make_synthetic(dest, n: int = 24, seed: int = 0, size=(480, 640),
+def make_synthetic(root, n: int = 24, seed: int = 0, size=(480, 640),
                    overwrite: bool = False) -> Path:
-    """Write a synthetic BCCD-like dataset of ``n`` images to ``dest``; returns its path.
+    """Write a synthetic BCCD-like dataset of ``n`` images to ``root``; returns its path.
 
     ``n`` is at least :data:`MIN_IMAGES` (3), so that train, val and test each get an image.
 
     ``size`` is (height, width) of every image (BCCD's 480x640 by default; cell sizes scale
-    down with smaller images). The dataset is built in a hidden folder beside ``dest`` and
-    renamed into place, so ``dest`` never holds half a dataset. ``dest`` must not exist or be
+    down with smaller images). The dataset is built in a hidden folder beside ``root`` and
+    renamed into place, so ``root`` never holds half a dataset. ``root`` must not exist or be
     empty; with ``overwrite=True`` a synthetic dataset written there earlier (recognized by its
     README.txt) is replaced, anything else is still refused.
 
-    Raises :class:`DestinationNotEmptyError` for a non-empty ``dest`` and :class:`SynthError`
+    Raises :class:`DestinationNotEmptyError` for a non-empty ``root`` and :class:`SynthError`
     for bad arguments (both are :class:`medaidet.errors.MedaidetError`).
     """
     n, seed, size = _check_args(n, seed, size)
-    dest = Path(os.path.abspath(os.path.expanduser(os.fspath(dest))))
-    replace_old = _prepare_dest(dest, overwrite)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
+    replace_old = _prepare_dest(root, overwrite)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = root.parent / f".{root.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
     os.mkdir(tmp)
     old = None
     try:
@@ -506,16 +506,16 @@ def make_synthetic(dest, n: int = 24, seed: int = 0, size=(480, 640),
         for rel, data in files.items():
             _write(tmp / rel, data)
         if replace_old:
-            old = dest.parent / f".{dest.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-            os.rename(dest, old)
-        elif dest.is_dir():
-            dest.rmdir()                    # empty: make room for the rename
-        os.rename(tmp, dest)
+            old = root.parent / f".{root.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+            os.rename(root, old)
+        elif root.is_dir():
+            root.rmdir()                    # empty: make room for the rename
+        os.rename(tmp, root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and old.exists() and not dest.exists():
-            os.rename(old, dest)
+        if old is not None and old.exists() and not root.exists():
+            os.rename(old, root)
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    return dest
+    return root

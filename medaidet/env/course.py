@@ -70,7 +70,7 @@ class CourseSummary:
     profile: str
     results: list = field(default_factory=list)
     profile_reason: str = ""
-    out_dir: str = ""
+    out: str = ""
     notebooks_dir: str = ""
     cell_timeout: int = 0
     python: str = field(default_factory=lambda: platform.python_version())
@@ -138,26 +138,11 @@ def resolve_profile(profile: str = "auto"):
         return profile, "as requested"
     if profile != "auto":
         raise CourseError(f"unknown profile {profile!r}: use 'auto', 'smoke' or 'full'")
-    try:
-        import medaidet  # noqa: F401  (runtime settings before chainer)
-        from chainer.backends import cuda
-    except Exception as exc:  # a broken stack: the doctor (notebook 00) says more
-        return "smoke", f"auto: chainer does not import ({type(exc).__name__}: {exc})"
-    if not cuda.available:
-        from medaidet.compat import installed_cupy
-        if not installed_cupy():
-            return "smoke", "auto: no CuPy installed, running on the CPU"
-        why = getattr(cuda, "_resolution_error", None)
-        if why is not None:
-            return "smoke", (f"auto: CuPy is not usable ({type(why).__name__}: {why}); "
-                             f"run `python -m medaidet doctor`")
-        return "smoke", "auto: no CuPy, running on the CPU"
-    try:
-        count = cuda.cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        return "smoke", f"auto: CuPy finds no GPU ({type(exc).__name__}: {exc})"
-    if count < 1:
-        return "smoke", "auto: CuPy finds no GPU"
+    from medaidet.device import gpu_status
+
+    count, why = gpu_status()
+    if not count:
+        return "smoke", f"auto: no usable GPU ({why}), running on the CPU"
     return "full", f"auto: {count} GPU(s) usable"
 
 
@@ -217,13 +202,13 @@ def _short_error(exc: BaseException, timeout: int) -> str:
 
 
 @contextmanager
-def _kernel_environment(profile: str, out_dir: Path):
+def _kernel_environment(profile: str, out: Path):
     """Environment the kernels inherit; restored afterwards."""
     keys = ("MEDAIDET_COURSE_RUN", "MEDAIDET_PROFILE", "MEDAIDET_COURSE_OUT", "PYTHONPATH")
     saved = {key: os.environ.get(key) for key in keys}
     os.environ["MEDAIDET_COURSE_RUN"] = "1"
     os.environ["MEDAIDET_PROFILE"] = profile
-    os.environ["MEDAIDET_COURSE_OUT"] = str(out_dir)  # where notebooks leave results
+    os.environ["MEDAIDET_COURSE_OUT"] = str(out)  # where notebooks leave results
     # Kernels import the same medaidet as this runner, even when it is not installed.
     if (SOURCE_ROOT / "pyproject.toml").is_file():
         parts = [str(SOURCE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -257,14 +242,14 @@ def _kernel_note():
     return None
 
 
-def _write_summary(summary: CourseSummary, out_dir: Path) -> Path:
-    path = out_dir / "summary.json"
+def _write_summary(summary: CourseSummary, out: Path) -> Path:
+    path = out / "summary.json"
     path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n", encoding="utf-8")
-    (out_dir / "summary.md").write_text(summary.to_markdown(), encoding="utf-8")
+    (out / "summary.md").write_text(summary.to_markdown(), encoding="utf-8")
     return path
 
 
-def run_course(profile="auto", only=None, out_dir="outputs", cell_timeout=None,
+def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
                notebooks_dir=None, log=print) -> CourseSummary:
     """Execute the course notebooks in order with papermill; see the module docstring."""
     notebooks_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()
@@ -275,15 +260,15 @@ def run_course(profile="auto", only=None, out_dir="outputs", cell_timeout=None,
                if cell_timeout is not None else CELL_TIMEOUT[profile])
     # The executed copies replace <out>/<name>.ipynb: never the notebooks themselves
     # (nor anything in the dataset the kernels read).
-    out_dir = prepare_output_dir(out_dir, "--out",
+    out = prepare_output_dir(out, "--out",
                                  inputs=(notebooks_dir, os.environ.get("MEDAIDET_DATA")))
     for path in selected:  # copies from an earlier run would contradict this run's summary
-        (out_dir / path.name).unlink(missing_ok=True)
-    (out_dir / EVALUATION_FILE).unlink(missing_ok=True)
+        (out / path.name).unlink(missing_ok=True)
+    (out / EVALUATION_FILE).unlink(missing_ok=True)
 
     import papermill
 
-    summary = CourseSummary(profile=profile, profile_reason=reason, out_dir=str(out_dir),
+    summary = CourseSummary(profile=profile, profile_reason=reason, out=str(out),
                             notebooks_dir=str(notebooks_dir), cell_timeout=timeout)
     log(f"course: profile {profile} ({reason}); {len(selected)} notebook(s) from "
         f"{notebooks_dir}; cell timeout {timeout} s")
@@ -292,14 +277,14 @@ def run_course(profile="auto", only=None, out_dir="outputs", cell_timeout=None,
         log(f"course: warning: {note}")
 
     failed = False
-    with _kernel_environment(profile, out_dir):
+    with _kernel_environment(profile, out):
         for path in selected:
             if failed:
                 result = NotebookResult(path.stem, "not run", note=NOT_RUN_NOTE)
                 summary.results.append(result)
                 log(result.line)
                 continue
-            output = out_dir / path.name
+            output = out / path.name
             start = time.monotonic()
             try:
                 papermill.execute_notebook(
@@ -313,7 +298,7 @@ def run_course(profile="auto", only=None, out_dir="outputs", cell_timeout=None,
                     "KeyboardInterrupt: interrupted by the user"))
                 summary.results.extend(NotebookResult(p.stem, "not run", note="interrupted")
                                        for p in selected[len(summary.results):])
-                _write_summary(summary, out_dir)
+                _write_summary(summary, out)
                 raise
             except Exception as exc:
                 failed = True
@@ -326,11 +311,11 @@ def run_course(profile="auto", only=None, out_dir="outputs", cell_timeout=None,
             summary.results.append(result)
             log(result.line)
 
-    evaluation = out_dir / EVALUATION_FILE
+    evaluation = out / EVALUATION_FILE
     if evaluation.is_file():
         summary.evaluation = json.loads(evaluation.read_text(encoding="utf-8"))
         for line in summary._evaluation_lines():
             log("course: " + line[2:].replace("**", ""))
-    summary_path = _write_summary(summary, out_dir)
+    summary_path = _write_summary(summary, out)
     log(f"course: {'ok' if summary.ok else 'FAILED'}; summary: {summary_path}")
     return summary

@@ -578,11 +578,16 @@ class DoctorReport:
                 return check
         raise KeyError(name)
 
-    def summary(self) -> dict:
+    def counts(self) -> dict:
+        """``{status: number of checks}``."""
         return {s: sum(c.status == s for c in self.checks) for s in STATUSES}
 
+    def summary(self) -> str:
+        """One line: the number of checks of each status."""
+        return ", ".join(f"{n} {s}" for s, n in self.counts().items())
+
     def to_dict(self) -> dict:
-        return {"checks": [asdict(c) for c in self.checks], "summary": self.summary()}
+        return {"checks": [asdict(c) for c in self.checks], "counts": self.counts()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -594,7 +599,7 @@ class DoctorReport:
             lines.append(f"{c.name:<{width}}  {c.status.upper():<4}  {c.found}")
             if c.fix:
                 lines.append(f"{'':<{width}}        fix: {c.fix}")
-        lines.append(", ".join(f"{n} {s}" for s, n in self.summary().items()))
+        lines.append(self.summary())
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from medaidet.arguments import ArgumentValueError, check_number, probability
+from medaidet.device import DEFAULT_DEVICE
 from medaidet.evaluation.evaluate import (EVALUATE_SCORE_THRESH, Predictions, add_common_arguments,
                                check_run, predict_weights)
 
@@ -339,13 +340,13 @@ def plot_sweep(sweep: SweepResult):
 
 
 def count_weights(weights_path, split: str = "test", score_thresh=DEFAULT_SCORE_THRESH,
-                  model_name: str = "ssd300", root=None, subset=None, device="cpu",
-                  out_dir=None, thresholds=DEFAULT_THRESHOLDS, batch_size: int = 8,
+                  model_name: str = "ssd300", root=None, subset=None, device=DEFAULT_DEVICE,
+                  out=None, thresholds=DEFAULT_THRESHOLDS, batch_size: int = 8,
                   progress: bool = True):
     """Load, predict once, count at ``score_thresh`` and sweep ``thresholds``.
 
     Writes ``counts.json`` (counts and sweep), ``counts.png`` and ``count_sweep.png`` to
-    ``out_dir`` when given. Returns ``(CountResult, SweepResult)``.
+    ``out`` when given. Returns ``(CountResult, SweepResult)``.
 
     Every argument is checked before the model is built (names as on the command line:
     ``--score-thresh`` from 0.01 to 1, ``--subset``, ``--batch-size``, ``--out``, which is
@@ -354,8 +355,8 @@ def count_weights(weights_path, split: str = "test", score_thresh=DEFAULT_SCORE_
     score_thresh = _check_thresh(score_thresh, EVALUATE_SCORE_THRESH, "--score-thresh")
     for t in np.asarray(thresholds, dtype=object).ravel():
         _check_thresh(t, EVALUATE_SCORE_THRESH, "thresholds")
-    root, subset, batch_size, out_dir = check_run(weights_path, root, subset, batch_size,
-                                                  out_dir)
+    root, subset, batch_size, out = check_run(weights_path, root, subset, batch_size,
+                                                  out)
     preds = predict_weights(weights_path, split, model_name, root, subset, device,
                             batch_size, progress)
     result = count_cells(preds, score_thresh)
@@ -364,19 +365,19 @@ def count_weights(weights_path, split: str = "test", score_thresh=DEFAULT_SCORE_
         if split != "test":
             warnings.simplefilter("ignore", UserWarning)
         sweep = threshold_sweep(preds, thresholds)
-    if out_dir is not None:
-        (out_dir / "counts.json").write_text(
+    if out is not None:
+        (out / "counts.json").write_text(
             json.dumps({**result.to_dict(), "sweep": sweep.to_dict()}, indent=2) + "\n")
-        plot_counts(result).savefig(out_dir / "counts.png", dpi=100)
-        plot_sweep(sweep).savefig(out_dir / "count_sweep.png", dpi=100)
+        plot_counts(result).savefig(out / "counts.png", dpi=100)
+        plot_sweep(sweep).savefig(out / "count_sweep.png", dpi=100)
     return result, sweep
 
 
 def _count_command(args) -> int:
     result, sweep = count_weights(args.weights, split=args.split,
                                   score_thresh=args.score_thresh, model_name=args.model,
-                                  root=args.data, subset=args.subset, device=args.device,
-                                  out_dir=args.out, batch_size=args.batch_size)
+                                  root=args.root, subset=args.subset, device=args.device,
+                                  out=args.out, batch_size=args.batch_size)
     if args.json:
         print(json.dumps({**result.to_dict(), "sweep": sweep.to_dict()}, indent=2))
     else:

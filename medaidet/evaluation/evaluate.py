@@ -35,7 +35,7 @@ import numpy as np
 
 from medaidet.arguments import check_number, positive_int, prepare_output_dir
 from medaidet.ssd.model import WeightsNotFoundError
-from medaidet.training.train import resolve_device
+from medaidet.device import DEFAULT_DEVICE, resolve_device
 from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
 
 __all__ = [
@@ -381,7 +381,7 @@ def plot_pr_curves(result: EvaluationResult):
 
 # --------------------------------------------------------------------------- weights
 
-def load_model(weights_path, model_name: str = "ssd300", device="cpu"):
+def load_model(weights_path, model_name: str = "ssd300", device=DEFAULT_DEVICE):
     """Build ``model_name`` for BCCD's 3 classes, load trained weights, move to ``device``."""
     from medaidet.data.bccd import BCCD_LABEL_NAMES
     from medaidet.ssd.model import build_ssd, load_weights
@@ -397,15 +397,15 @@ def load_model(weights_path, model_name: str = "ssd300", device="cpu"):
     return model
 
 
-def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out_dir=None):
+def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=None):
     """The cheap checks of an evaluate/count run, done before the model is built and the
     split predicted, so that a mistake costs nothing: the weight file exists, ``subset`` and
-    ``batch_size`` are whole numbers > 0, the dataset is there and ``out_dir`` can be written
+    ``batch_size`` are whole numbers > 0, the dataset is there and ``out`` can be written
     (created now; it may not lie inside the dataset). Errors name the arguments as the
     command line spells them (``--subset``, ``--out``).
 
-    Returns ``(root, subset, batch_size, out_dir)``: the dataset root and ``out_dir``
-    resolved (``out_dir`` ``None`` when not given), the numbers as ints.
+    Returns ``(root, subset, batch_size, out)``: the dataset root and ``out``
+    resolved (``out`` ``None`` when not given), the numbers as ints.
     """
     from medaidet.data.download import resolve_root
 
@@ -416,13 +416,13 @@ def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out_dir
         subset = check_number(subset, "--subset", "positive", integer=True)
     batch_size = check_number(batch_size, "--batch-size", "positive", integer=True)
     root = resolve_root(root)
-    if out_dir is not None:
-        out_dir = prepare_output_dir(out_dir, "--out", inputs=(root,))
-    return root, subset, batch_size, out_dir
+    if out is not None:
+        out = prepare_output_dir(out, "--out", inputs=(root,))
+    return root, subset, batch_size, out
 
 
 def predict_weights(weights_path, split: str = "test", model_name: str = "ssd300",
-                    root=None, subset=None, device="cpu", batch_size: int = 8,
+                    root=None, subset=None, device=DEFAULT_DEVICE, batch_size: int = 8,
                     progress: bool = True) -> Predictions:
     """Load weights and predict ``split`` (its first ``subset`` images when given)."""
     from medaidet.data.bccd import BCCDDataset
@@ -444,29 +444,29 @@ def predict_weights(weights_path, split: str = "test", model_name: str = "ssd300
 
 
 def evaluate_weights(weights_path, split: str = "test", model_name: str = "ssd300",
-                     root=None, subset=None, device="cpu", out_dir=None,
+                     root=None, subset=None, device=DEFAULT_DEVICE, out=None,
                      batch_size: int = 8, progress: bool = True) -> EvaluationResult:
-    """Load, predict, evaluate; write ``evaluation.json`` and ``pr_curves.png`` to ``out_dir``.
+    """Load, predict, evaluate; write ``evaluation.json`` and ``pr_curves.png`` to ``out``.
 
-    Every argument is checked before the model is built (:func:`check_run`); ``out_dir`` is
+    Every argument is checked before the model is built (:func:`check_run`); ``out`` is
     created then, so a folder that cannot be written fails at once, not after predicting.
 
     Raises:
         TrainedWeightsMissingError: ``weights_path`` does not exist (a ``WeightsNotFoundError``).
         medaidet.arguments.ArgumentValueError: ``subset`` or ``batch_size`` is not > 0.
-        medaidet.arguments.OutputDirError: ``out_dir`` is a file, cannot be created or
+        medaidet.arguments.OutputDirError: ``out`` is a file, cannot be created or
             written, or lies inside the dataset.
     """
-    root, subset, batch_size, out_dir = check_run(weights_path, root, subset, batch_size,
-                                                  out_dir)
+    root, subset, batch_size, out = check_run(weights_path, root, subset, batch_size,
+                                                  out)
     preds = predict_weights(weights_path, split, model_name, root, subset, device,
                             batch_size, progress)
     result = evaluate(preds)
     result.info.update(weights=str(weights_path), model=model_name,
                        subset=subset, image_ids=list(preds.ids))
-    if out_dir is not None:
-        (out_dir / "evaluation.json").write_text(result.to_json() + "\n")
-        plot_pr_curves(result).savefig(out_dir / "pr_curves.png", dpi=100)
+    if out is not None:
+        (out / "evaluation.json").write_text(result.to_json() + "\n")
+        plot_pr_curves(result).savefig(out / "pr_curves.png", dpi=100)
     return result
 
 
@@ -479,13 +479,13 @@ def add_common_arguments(p) -> None:
                    help="split to predict (default: test)")
     p.add_argument("--model", default="ssd300", choices=["ssd300", "ssd512"],
                    help="architecture the weights were trained with (default: ssd300)")
-    p.add_argument("--data", default=None, metavar="ROOT",
+    p.add_argument("--root", default=None,
                    help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write JSON and figures here")
     p.add_argument("--subset", type=positive_int, default=None, metavar="N",
                    help="only the first N images of the split")
-    p.add_argument("--device", default="cpu", help="cpu, gpu or a GPU id (default: cpu)")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help="auto, cpu, gpu or a GPU number (default: auto)")
     p.add_argument("--batch-size", type=positive_int, default=8,
                    help="images per forward pass (default: 8)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -493,8 +493,8 @@ def add_common_arguments(p) -> None:
 
 def _evaluate_command(args) -> int:
     result = evaluate_weights(args.weights, split=args.split, model_name=args.model,
-                              root=args.data, subset=args.subset, device=args.device,
-                              out_dir=args.out, batch_size=args.batch_size)
+                              root=args.root, subset=args.subset, device=args.device,
+                              out=args.out, batch_size=args.batch_size)
     print(result.to_json() if args.json else result)
     return 0
 

@@ -38,6 +38,7 @@ from chainer.training.updaters import StandardUpdater
 
 from medaidet.arguments import (ArgumentValueError, check_number, positive_int,
                                 prepare_output_dir)
+from medaidet.device import DEFAULT_DEVICE, resolve_device
 from medaidet.errors import MedaidetError
 
 __all__ = ["AccumulationError", "NoBatchSizeFitsError", "AccumulatingUpdater",
@@ -319,7 +320,7 @@ class BatchSizeTry:
             return None
         return self.batch_size / self.seconds
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {**asdict(self), "images_per_second": self.images_per_second}
 
 
@@ -396,19 +397,19 @@ class BatchSizeReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> "BatchSizeReport":
-        """The report :meth:`as_dict` described (e.g. read back from another process)."""
+        """The report :meth:`to_dict` described (e.g. read back from another process)."""
         fields = BatchSizeTry.__dataclass_fields__
         return cls(device=data["device"], memory_measure=data["memory_measure"],
                    target_batch_size=data["target_batch_size"],
                    tries=[BatchSizeTry(**{k: v for k, v in t.items() if k in fields})
                           for t in data["tries"]])
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {"device": self.device, "memory_measure": self.memory_measure,
                 "target_batch_size": self.target_batch_size,
                 "best_batch_size": self.best_batch_size,
                 "micro_batch_size": self.micro_batch_size, "accumulate": self.accumulate,
-                "suggestion": self.suggestion, "tries": [t.as_dict() for t in self.tries]}
+                "suggestion": self.suggestion, "tries": [t.to_dict() for t in self.tries]}
 
 
 def _format_bytes(n) -> str:
@@ -699,8 +700,8 @@ def plot_memory(report: BatchSizeReport):
 
 # --------------------------------------------------------------------------- command
 
-def batch_size_on_bccd(device="auto", model="ssd300", start: int = 32, min_batch_size: int = 1,
-                       target_batch_size: int | None = None, sizes=None, data=None, out=None,
+def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32, min_batch_size: int = 1,
+                       target_batch_size: int | None = None, sizes=None, root=None, out=None,
                        log=print) -> BatchSizeReport:
     """The finder (or, with ``sizes``, :func:`measure_batch_sizes`) for ``model`` (random
     initial weights: memory does not depend on their values) on real BCCD training
@@ -714,7 +715,6 @@ def batch_size_on_bccd(device="auto", model="ssd300", start: int = 32, min_batch
     from medaidet.data.bccd import AnnotationWarning, BCCDDataset
     from medaidet.data.download import resolve_root
     from medaidet.ssd.model import build_ssd
-    from medaidet.training.train import resolve_device
     from medaidet.ssd.train_chain import MultiboxTrainChain
     from medaidet.ssd.transforms import EncodeTransform
 
@@ -724,14 +724,14 @@ def batch_size_on_bccd(device="auto", model="ssd300", start: int = 32, min_batch
         start, min_batch_size = _check_search(start, min_batch_size)
     if target_batch_size is not None:
         target_batch_size = check_number(target_batch_size, "target_batch_size", integer=True)
-    data = resolve_root(data)
+    root = resolve_root(root)
     if out is not None:
-        out = prepare_output_dir(out, "out", inputs=(data,))
+        out = prepare_output_dir(out, "out", inputs=(root,))
     device = resolve_device(device)
     ssd = build_ssd(model, None)
     with warnings.catch_warnings():          # the loader's report on BCCD is not the point
         warnings.simplefilter("ignore", AnnotationWarning)
-        images = BCCDDataset(data, "train")
+        images = BCCDDataset(root, "train")
     n = max(sizes) if sizes else start
     dataset = TransformDataset(images.slice[:min(n, len(images))],
                                EncodeTransform.for_model(ssd))
@@ -745,7 +745,7 @@ def batch_size_on_bccd(device="auto", model="ssd300", start: int = 32, min_batch
                                  min_batch_size=min_batch_size,
                                  target_batch_size=target_batch_size, log=log)
     if out is not None:
-        (out / "batch_size.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        (out / "batch_size.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         plot_memory(report).savefig(out / "memory.png", dpi=100)
     return report
 
@@ -757,16 +757,16 @@ def _batch_size_command(args) -> int:
     if not args.sizes:
         _check_search(args.start, args.min, names=("--start", "--min"))
     if args.out is not None:
-        prepare_output_dir(args.out, "--out", inputs=(resolve_root(args.data),))
+        prepare_output_dir(args.out, "--out", inputs=(resolve_root(args.root),))
     log = None if args.json else print
     try:
         report = batch_size_on_bccd(args.device, args.model, args.start, args.min,
-                                    args.target, args.sizes, args.data, args.out, log=log)
+                                    args.target, args.sizes, args.root, args.out, log=log)
     except NoBatchSizeFitsError as exc:
         if args.json:
-            print(json.dumps({**exc.report.as_dict(), "error": str(exc)}, indent=2))
+            print(json.dumps({**exc.report.to_dict(), "error": str(exc)}, indent=2))
         raise
-    print(json.dumps(report.as_dict(), indent=2) if args.json else f"\n{report}")
+    print(json.dumps(report.to_dict(), indent=2) if args.json else f"\n{report}")
     return 0
 
 
@@ -778,7 +778,7 @@ def add_batch_size_parser(subparsers):
                     "out of memory until a batch fits; every try reported (peak memory, "
                     "seconds, images/s) with the --accumulate that reaches --target. With "
                     "--sizes: measure each of those batch sizes instead.")
-    p.add_argument("--device", default="auto", help="cpu, gpu or a GPU id (default: auto)")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help="auto, cpu, gpu or a GPU number (default: auto)")
     p.add_argument("--model", default="ssd300", choices=["ssd300", "ssd512"])
     p.add_argument("--start", type=positive_int, default=32, help="first batch size (default 32)")
     p.add_argument("--min", type=positive_int, default=1, help="smallest batch size to try")
@@ -786,7 +786,7 @@ def add_batch_size_parser(subparsers):
                    help="batch to reach with accumulation (default: --start)")
     p.add_argument("--sizes", type=positive_int, nargs="+", default=None, metavar="N",
                    help="measure these batch sizes (all of them) instead of searching")
-    p.add_argument("--data", default=None, metavar="ROOT",
+    p.add_argument("--root", default=None,
                    help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write batch_size.json and memory.png here")

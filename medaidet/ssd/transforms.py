@@ -214,7 +214,7 @@ class TransformStats:
         """Boxes the re-check dropped (``too_small + non_finite``)."""
         return self.too_small + self.non_finite
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["dropped"] = self.dropped
         return out

@@ -70,28 +70,28 @@ def build_one(sdist: sources.Sdist, cache_dir: Path, log=print) -> Path:
                            patch_notes=notes, dest_dir=cache_dir / "wheels")
 
 
-def build_wheels(cache_dir=None, dest=None, force=False, log=print) -> list:
+def build_wheels(cache_dir=None, out=None, force=False, log=print) -> list:
     """Build (or reuse from the cache) both wheels; return their paths.
 
     A cached wheel is reused only when intact (:func:`~medaidet.stack.wheel.verify_wheel`:
     zip CRCs and every file's sha256 against its RECORD); a broken one, e.g. truncated by an
     interrupted copy or a full disk, is rebuilt, and ``log`` says so.
 
-    With ``dest``, the wheels are also copied there (e.g. to carry them to
+    With ``out``, the wheels are also copied there (e.g. to carry them to
     another machine); it is created, or refused (:class:`~medaidet.arguments.OutputDirError`
-    naming ``--dest``), before anything is built.
+    naming ``--out``), before anything is built.
     """
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    if dest:
-        dest = prepare_output_dir(dest, "--dest", inputs=(cache_dir / "wheels",))
+    if out:
+        out = prepare_output_dir(out, "--out", inputs=(cache_dir / "wheels",))
     built = []
     for sdist in sources.SDISTS:
         wheel = wheel_path(sdist, cache_dir)
         if force or not wheel.exists() or not _intact(wheel, log):
             wheel = build_one(sdist, cache_dir, log=log)
         built.append(wheel)
-    if dest:
-        built = [Path(shutil.copy2(w, dest / w.name)) for w in built]
+    if out:
+        built = [Path(shutil.copy2(w, out / w.name)) for w in built]
     return built
 
 

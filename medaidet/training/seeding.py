@@ -95,7 +95,7 @@ class SeedReport:
                 "|---|---|---|\n")
         return head + "\n".join(f"| {r.item} | {r.status} | {r.detail} |" for r in self.rows)
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {"seed": self.seed, "deterministic": self.deterministic,
                 "rows": [asdict(r) for r in self.rows]}
 

@@ -68,10 +68,11 @@ import numpy as np
 from medaidet import compat
 from medaidet.arguments import (ArgumentValueError, check_number, non_negative_int,
                                 positive_float, positive_int, prepare_output_dir)
+from medaidet.device import DEFAULT_DEVICE, DeviceError, parse_device, resolve_device
 from medaidet.errors import MedaidetError
 
-__all__ = ["TrainConfig", "TrainResult", "train", "ConfigError", "DeviceError", "ResumeError",
-           "PROFILES", "resolve_device", "add_train_parser", "config_from_args",
+__all__ = ["TrainConfig", "TrainResult", "train", "ConfigError", "ResumeError",
+           "PROFILES", "add_train_parser", "config_from_args",
            "RandomStateExtension", "TrainingDivergedError", "StopOnNonFinite",
            "n_processes_for", "DataWorkerError", "prepare_run", "check_snapshot_file",
            "check_weights_file"]
@@ -84,10 +85,6 @@ WEIGHTS_NAME = "model.npz"
 class ConfigError(ArgumentValueError):
     """A training config (or config file) holds an unknown key or an impossible value; the
     message names the field, the value and what is expected."""
-
-
-class DeviceError(MedaidetError):
-    """The requested device cannot be used (no CUDA, no such GPU)."""
 
 
 class TrainingDivergedError(MedaidetError, FloatingPointError):
@@ -152,8 +149,8 @@ class TrainConfig:
     augment: bool = True                 # False: resize + encode only (no random augmentation)
     accumulate: int = 1                  # micro-batches per batch (gradient accumulation)
     communicator: str | None = None      # ChainerMN: 'naive' (CPU/GPU), 'pure_nccl' (GPUs), ...
-    device: str | int = "auto"           # 'cpu', 'gpu' (= GPU 0), an int, or 'auto'
-    data: str | None = None              # BCCD root; None: $MEDAIDET_DATA / the cache
+    device: str | int = DEFAULT_DEVICE   # 'cpu', 'gpu' (= GPU 0), an int, or 'auto'
+    root: str | None = None              # BCCD root; None: $MEDAIDET_DATA / the cache
     out: str = "outputs/train"
 
     def __post_init__(self):
@@ -292,7 +289,10 @@ class TrainConfig:
                               "pure_nccl, ...) or null")
         if self.deterministic and self.seed is None:
             raise ConfigError("deterministic=True needs a seed: set seed (--seed S) too")
-        parse_device(self.device)
+        try:
+            parse_device(self.device, "device")
+        except DeviceError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _check_names(self) -> None:
         """The text fields: the model, the weights, the splits and the folders."""
@@ -320,11 +320,11 @@ class TrainConfig:
             raise ConfigError(f"out: {self.out!r} is not a folder path; expected a folder to "
                               "write the results in")
         self.out = os.fspath(self.out)
-        if self.data is not None:
-            if not _is_path(self.data):
-                raise ConfigError(f"data: {self.data!r} is not a folder path; expected null "
+        if self.root is not None:
+            if not _is_path(self.root):
+                raise ConfigError(f"root: {self.root!r} is not a folder path; expected null "
                                   "($MEDAIDET_DATA or the cache) or the BCCD root")
-            self.data = os.fspath(self.data)
+            self.root = os.fspath(self.root)
 
 
 def _is_path(value) -> bool:
@@ -333,56 +333,6 @@ def _is_path(value) -> bool:
 
 
 # --------------------------------------------------------------------------- device
-
-def parse_device(spec) -> str | int:
-    """``'cpu'``, ``'gpu'`` (GPU 0), ``'auto'``, an int (``-1``: CPU) or a digit string."""
-    if isinstance(spec, bool) or spec is None:
-        raise _device_error(spec)
-    if isinstance(spec, int):
-        return "cpu" if spec < 0 else spec
-    text = str(spec).strip().lower()
-    if text in ("cpu", "gpu", "auto"):
-        return text
-    if text.lstrip("-").isdigit():
-        return parse_device(int(text))
-    if text.startswith("@cupy:") and text[6:].isdigit():
-        return int(text[6:])
-    if text == "@numpy":
-        return "cpu"
-    raise _device_error(spec)
-
-
-def _device_error(spec) -> ConfigError:
-    return ConfigError(f"device: {spec!r} is not a device; expected 'cpu', 'gpu', 'auto' or "
-                       "a GPU number")
-
-
-def resolve_device(spec):
-    """The ``chainer.backend.Device`` for ``spec`` (see :func:`parse_device`).
-
-    Raises :class:`DeviceError` saying why CUDA cannot be used (CuPy missing or broken, as
-    chainer found it) when a GPU is asked for and none is usable.
-    """
-    import chainer
-    from chainer.backends import cuda
-
-    spec = parse_device(spec)
-    if spec == "cpu" or (spec == "auto" and not cuda.available):
-        return chainer.get_device("@numpy")
-    gpu = 0 if spec in ("gpu", "auto") else spec
-    if not cuda.available:
-        why = getattr(cuda, "_resolution_error", None)
-        why = f"{type(why).__name__}: {why}" if why is not None else "CuPy is not installed"
-        raise DeviceError(
-            f"device {spec!r} asks for GPU {gpu}, but CUDA cannot be used here: chainer "
-            f"could not use CuPy ({why}). Install CuPy with `medaidet stack install`, check "
-            f"with `medaidet doctor`, or train with --device cpu.")
-    count = cuda.cupy.cuda.runtime.getDeviceCount()
-    if gpu >= count:
-        raise DeviceError(f"device {spec!r}: there is no GPU {gpu} (this machine has "
-                          f"{count}); use --device 0..{count - 1}")
-    return chainer.get_device(f"@cupy:{gpu}")
-
 
 # --------------------------------------------------------------------------- randomness
 
@@ -455,8 +405,8 @@ def build_datasets(config: TrainConfig, model):
     from medaidet.training.seeding import ReseedingTransform
     from medaidet.ssd.transforms import EncodeTransform, TrainTransform
 
-    train_base = _subset(BCCDDataset(config.data, config.train_split), config.subset)
-    val = _subset(BCCDDataset(config.data, config.val_split), config.eval_subset)
+    train_base = _subset(BCCDDataset(config.root, config.train_split), config.subset)
+    val = _subset(BCCDDataset(config.root, config.val_split), config.eval_subset)
     transform = (TrainTransform if config.augment else EncodeTransform).for_model(model)
     return train_base, TransformDataset(train_base, ReseedingTransform(transform, config.seed)), \
         val, transform
@@ -1017,7 +967,7 @@ def prepare_run(config: TrainConfig, resume=None, names=None) -> Path:
                           "supported: each rank's data order and random state would have to "
                           "be restored. Start a new run from its weights "
                           "(pretrained='.../model.npz').")
-    out = prepare_output_dir(config.out, names["out"], inputs=(resolve_root(config.data),))
+    out = prepare_output_dir(config.out, names["out"], inputs=(resolve_root(config.root),))
     if resume is not None:
         check_snapshot_file(resume, names["resume"])
     if config.pretrained is not None and config.pretrained not in PRETRAINED:
@@ -1087,7 +1037,7 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
             elsewhere).
         log: where messages go (``print``).
 
-    Returns a :class:`TrainResult`. Raises :class:`DeviceError`, :class:`ResumeError`,
+    Returns a :class:`TrainResult`. Raises :class:`medaidet.device.DeviceError`, :class:`ResumeError`,
     :class:`TrainingDivergedError` (a nan/inf loss or gradient: which iteration, and the
     snapshot left intact), :class:`medaidet.ssd.model.WeightsNotFoundError`
     (``pretrained='imagenet'`` offline: the message says where to put the file), and the
@@ -1278,7 +1228,7 @@ def _train(config: TrainConfig, resume, progress: bool, log, comm) -> TrainResul
         "val_ap": {c: last_eval.get(f"validation/main/ap/{c}") for c in BCCD_LABEL_NAMES},
         "val_images": len(val_data),
         "train_images": len(train_base),
-        "transform_stats": transform.stats.as_dict() if n_processes == 0 else None,
+        "transform_stats": transform.stats.to_dict() if n_processes == 0 else None,
         "n_processes": n_processes,
         "accumulate": config.accumulate,
         "communicator": config.communicator,
@@ -1291,7 +1241,7 @@ def _train(config: TrainConfig, resume, progress: bool, log, comm) -> TrainResul
         "snapshot": str(out / SNAPSHOT_NAME) if comm is None else None,
         "plots": plots,
         "config": config.to_dict(),
-        "seeding": None if seeding is None else seeding.as_dict(),
+        "seeding": None if seeding is None else seeding.to_dict(),
         "versions": {"chainer": chainer.__version__, "numpy": np.__version__},
         "log": entries,
     }
@@ -1325,7 +1275,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                         "full: the course recipe (default: full)")
     p.add_argument("--config", metavar="FILE", default=None,
                    help="JSON (or YAML, with PyYAML) file of TrainConfig options")
-    p.add_argument("--device", default=None, help="cpu, gpu (= GPU 0), auto, or a GPU number")
+    p.add_argument("--device", default=None, help="auto, cpu, gpu (= GPU 0) or a GPU number (default: the profile's, auto)")
     p.add_argument("--out", default=None, help="output directory")
     p.add_argument("--resume", metavar="SNAPSHOT", default=None,
                    help="continue from a trainer snapshot (snapshot_latest.npz)")
@@ -1346,7 +1296,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                         "pure_nccl (GPUs), ...; batch size is the total over all ranks")
     p.add_argument("--no-augment", dest="augment", action="store_false", default=None,
                    help="no random augmentation (resize and encode only)")
-    p.add_argument("--data", metavar="ROOT", default=None, help="BCCD root")
+    p.add_argument("--root", default=None, help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
     p.add_argument("--pretrained", default=None,
                    help="imagenet, voc0712, none, or a model-only .npz")
     p.add_argument("--n-processes", type=non_negative_int, default=None,
@@ -1363,7 +1313,7 @@ def config_from_args(args) -> TrainConfig:
         config = TrainConfig.from_file(args.config, base=config)
     flags = {"device": args.device, "out": args.out, "iterations": args.iterations,
              "epochs": args.epochs, "batch_size": args.batch_size, "subset": args.subset,
-             "seed": args.seed, "data": args.data, "n_processes": args.n_processes,
+             "seed": args.seed, "root": args.root, "n_processes": args.n_processes,
              "deterministic": args.deterministic, "augment": args.augment,
              "accumulate": args.accumulate, "communicator": args.communicator}
     changes = {k: v for k, v in flags.items() if v is not None}

@@ -57,7 +57,7 @@ def files(tmp_path_factory, bccd_root):
     made["zip"] = d / "BCCD.zip"
     with zipfile.ZipFile(made["zip"], "w") as archive:
         archive.writestr("BCCD/README.md", "not the tar.gz")
-    for name, value in {"model": "ssd1024", "pretrained": 5, "out": 5, "data": 123}.items():
+    for name, value in {"model": "ssd1024", "pretrained": 5, "out": 5, "root": 123}.items():
         made[f"config_{name}"] = d / f"config_{name}.json"
         made[f"config_{name}"].write_text(json.dumps({name: value}))
     return made
@@ -87,13 +87,13 @@ ROWS = [
     ("course run --cell-timeout 0", lambda f: ["course", "run", "--cell-timeout", "0"],
      ["--cell-timeout", "0"]),
     # output folders that are files or cannot be created
-    ("train --out FILE", lambda f: ["train", "--out", str(f["a_file"]), "--data", str(f["bccd"])],
+    ("train --out FILE", lambda f: ["train", "--out", str(f["a_file"]), "--root", str(f["bccd"])],
      ["--out", "results.txt", "is a file"]),
     ("train --out under a file",
-     lambda f: ["train", "--out", str(f["a_file"] / "run"), "--data", str(f["bccd"])],
+     lambda f: ["train", "--out", str(f["a_file"] / "run"), "--root", str(f["bccd"])],
      ["--out", "results.txt", "cannot create"]),
     ("train --out inside the data",
-     lambda f: ["train", "--out", str(f["bccd"] / "runs"), "--data", str(f["bccd"])],
+     lambda f: ["train", "--out", str(f["bccd"] / "runs"), "--root", str(f["bccd"])],
      ["--out", "which this run reads"]),
     ("evaluate --out FILE", lambda f: ["evaluate", str(f["weights"]), "--out", str(f["a_file"])],
      ["--out", "results.txt", "is a file"]),
@@ -105,20 +105,20 @@ ROWS = [
      ["--out", "results.txt", "is a file"]),
     ("course run --out notebooks", lambda f: ["course", "run", "--out", str(REPO / "notebooks")],
      ["--out", "notebooks", "which this run reads"]),
-    ("stack build --dest FILE", lambda f: ["stack", "build", "--dest", str(f["a_file"])],
-     ["--dest", "results.txt", "is a file"]),
+    ("stack build --out FILE", lambda f: ["stack", "build", "--out", str(f["a_file"])],
+     ["--out", "results.txt", "is a file"]),
     # files of the wrong kind
     ("train --resume truncated", lambda f: ["train", "--resume", str(f["truncated"]),
-                                            "--data", str(f["bccd"]), "--out", str(f["dir"] / "r1")],
+                                            "--root", str(f["bccd"]), "--out", str(f["dir"] / "r1")],
      ["truncated.npz"]),
     ("train --resume empty", lambda f: ["train", "--resume", str(f["empty"]),
-                                        "--data", str(f["bccd"]), "--out", str(f["dir"] / "r2")],
+                                        "--root", str(f["bccd"]), "--out", str(f["dir"] / "r2")],
      ["empty.npz"]),
     ("train --resume .npy", lambda f: ["train", "--resume", str(f["npy"]),
-                                       "--data", str(f["bccd"]), "--out", str(f["dir"] / "r3")],
+                                       "--root", str(f["bccd"]), "--out", str(f["dir"] / "r3")],
      ["weights.npy"]),
     ("train --pretrained .npy", lambda f: ["train", "--pretrained", str(f["npy"]),
-                                           "--data", str(f["bccd"]), "--out", str(f["dir"] / "r4")],
+                                           "--root", str(f["bccd"]), "--out", str(f["dir"] / "r4")],
      ["weights.npy"]),
     ("evaluate .npy", lambda f: ["evaluate", str(f["npy"])], ["weights.npy"]),
     ("evaluate text file", lambda f: ["evaluate", str(f["text"])], ["weights.txt"]),
@@ -129,10 +129,10 @@ ROWS = [
     ("data synth --n 2", lambda f: ["data", "synth", str(f["dir"] / "synth2"), "--n", "2"],
      ["n=2", "at least 3"]),
     ("data download from a plain path",
-     lambda f: ["data", "download", "--dest", str(f["dir"] / "dl1")], ["https://", "file://"],
+     lambda f: ["data", "download", "--root", str(f["dir"] / "dl1")], ["https://", "file://"],
      lambda f: {"MEDAIDET_BCCD_URL": str(f["zip"])}),
     ("data download of a zip",
-     lambda f: ["data", "download", "--dest", str(f["dir"] / "dl2")], ["ZIP archive"],
+     lambda f: ["data", "download", "--root", str(f["dir"] / "dl2")], ["ZIP archive"],
      lambda f: {"MEDAIDET_BCCD_URL": f["zip"].as_uri()}),
     # config values
     ("config model: ssd1024", lambda f: ["train", "--config", str(f["config_model"])],
@@ -140,7 +140,7 @@ ROWS = [
     ("config pretrained: 5", lambda f: ["train", "--config", str(f["config_pretrained"])],
      ["pretrained", "5"]),
     ("config out: 5", lambda f: ["train", "--config", str(f["config_out"])], ["out", "5"]),
-    ("config data: 123", lambda f: ["train", "--config", str(f["config_data"])], ["data", "123"]),
+    ("config root: 123", lambda f: ["train", "--config", str(f["config_root"])], ["root", "123"]),
 ]
 
 
@@ -182,7 +182,7 @@ def test_data_validate_exits_1_when_it_reports_errors(files, capsys):
 def test_an_os_error_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     def unreadable(args):
         raise PermissionError(13, "Permission denied", str(tmp_path / "locked.npz"))
-    monkeypatch.setattr(cli, "_doctor", unreadable)
+    monkeypatch.setattr(cli.doctor, "_doctor", unreadable)
     assert cli.main(["doctor"]) == 2
     err = capsys.readouterr().err
     assert err == f"medaidet: error: {tmp_path / 'locked.npz'}: Permission denied\n"
@@ -191,7 +191,7 @@ def test_an_os_error_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
 @pytest.mark.slow(seconds=10)
 def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path, bccd_root):
     command = [sys.executable, "-m", "medaidet", "train", "--profile", "smoke",
-               "--data", str(bccd_root), "--out", str(tmp_path / "run"), "--n-processes", "0",
+               "--root", str(bccd_root), "--out", str(tmp_path / "run"), "--n-processes", "0",
                "--iterations", "1000"]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))

@@ -232,7 +232,7 @@ def test_good_archive_installs_every_file_and_is_cached(tmp_path, server):
     dest = tmp_path / "data" / "bccd"
     url = server.url("/good.tar.gz")
     before = server.hits["/good.tar.gz"]
-    root = download_bccd(dest=dest, url=url, progress=False)
+    root = download_bccd(root=dest, url=url, progress=False)
     assert root == dest.resolve()
     assert_complete(root)
     assert leftovers(dest.parent) == ["bccd"]
@@ -240,12 +240,12 @@ def test_good_archive_installs_every_file_and_is_cached(tmp_path, server):
     assert resolve_root(dest) == root
 
     # verified: no network at all, even with an unreachable URL
-    assert download_bccd(dest=dest, url="http://127.0.0.1:9/nothing", progress=False) == root
+    assert download_bccd(root=dest, url="http://127.0.0.1:9/nothing", progress=False) == root
     assert server.hits["/good.tar.gz"] == before + 1
 
     # force: fetched again and replaced in place, no leftovers; a file of the user's stays
     (root / "Annotations" / "stale.xml").write_text("<old/>")
-    assert download_bccd(dest=dest, url=url, force=True, progress=False) == root
+    assert download_bccd(root=dest, url=url, force=True, progress=False) == root
     assert server.hits["/good.tar.gz"] == before + 2
     assert_complete(root, extra={"Annotations/stale.xml"})
     assert (root / "Annotations" / "stale.xml").read_text() == "<old/>"
@@ -253,7 +253,7 @@ def test_good_archive_installs_every_file_and_is_cached(tmp_path, server):
 
 
 def test_progress_bar_without_content_length(tmp_path, server, capsys):
-    root = download_bccd(dest=tmp_path / "bccd", url=server.url("/nolength.tar.gz"),
+    root = download_bccd(root=tmp_path / "bccd", url=server.url("/nolength.tar.gz"),
                          progress=True)
     assert_complete(root)
     assert "BCCD download" in capsys.readouterr().err
@@ -262,7 +262,7 @@ def test_progress_bar_without_content_length(tmp_path, server, capsys):
 def test_corrupted_file_is_named_and_nothing_is_installed(tmp_path, server):
     dest = tmp_path / "bccd"
     with pytest.raises(ChecksumError) as info:
-        download_bccd(dest=dest, url=server.url("/corrupt.tar.gz"), progress=False)
+        download_bccd(root=dest, url=server.url("/corrupt.tar.gz"), progress=False)
     assert CORRUPTED in str(info.value)
     assert "1 with a wrong sha256" in str(info.value)
     assert [(p.path, p.kind) for p in info.value.problems] == [(CORRUPTED, "mismatch")]
@@ -274,7 +274,7 @@ def test_truncated_archive_is_a_named_error(tmp_path, server):
     dest = tmp_path / "bccd"
     url = server.url("/truncated.tar.gz")
     with pytest.raises(CorruptArchiveError) as info:
-        download_bccd(dest=dest, url=url, progress=False)
+        download_bccd(root=dest, url=url, progress=False)
     assert isinstance(info.value, DownloadError)
     assert url in str(info.value) and "not a complete tar archive" in str(info.value)
     assert not dest.exists()
@@ -284,7 +284,7 @@ def test_truncated_archive_is_a_named_error(tmp_path, server):
 def test_connection_dropped_mid_download(tmp_path, server):
     dest = tmp_path / "bccd"
     with pytest.raises(DownloadError) as info:
-        download_bccd(dest=dest, url=server.url("/dropped.tar.gz"), progress=False)
+        download_bccd(root=dest, url=server.url("/dropped.tar.gz"), progress=False)
     assert "bytes" in str(info.value)
     assert not dest.exists()
     assert leftovers(tmp_path) == []
@@ -320,7 +320,7 @@ def test_not_a_tar_gz_says_what_the_file_is(tmp_path, server, good_files, case):
     make, needles = NOT_A_TAR_GZ[case]
     url = server.add(f"/not-tar-{case}", make(server.routes["/good.tar.gz"][1], good_files))
     with pytest.raises(CorruptArchiveError) as info:
-        download_bccd(dest=tmp_path / "bccd", url=url, progress=False)
+        download_bccd(root=tmp_path / "bccd", url=url, progress=False)
     message = str(info.value)
     assert url in message and "not a complete tar archive" in message
     assert "expected a .tar.gz archive" in message and "Nothing was installed" in message
@@ -333,7 +333,7 @@ def test_not_a_tar_gz_says_what_the_file_is(tmp_path, server, good_files, case):
 
 def test_a_web_page_instead_of_the_archive(tmp_path, server):
     with pytest.raises(CorruptArchiveError, match="not a complete tar archive: it is an HTML"):
-        download_bccd(dest=tmp_path / "bccd", url=server.url("/page.html"), progress=False)
+        download_bccd(root=tmp_path / "bccd", url=server.url("/page.html"), progress=False)
     assert leftovers(tmp_path) == []
 
 
@@ -379,7 +379,7 @@ def test_unsafe_member_is_refused_and_nothing_is_written(tmp_path, server, good_
     url = server.add(path, make_tar_gz([_dir(f"{TOP}/")] + first + [entry]))
     dest = work / "bccd"
     with pytest.raises(UnsafeArchiveError) as info:
-        download_bccd(dest=dest, url=url, progress=False)
+        download_bccd(root=dest, url=url, progress=False)
     assert info.value.member == member
     assert repr(member) in str(info.value)
     assert not dest.exists()
@@ -399,12 +399,12 @@ def test_server_down_says_how_to_place_the_data_by_hand(tmp_path):
     try:
         url = f"http://127.0.0.1:{sock.getsockname()[1]}/bccd.tar.gz"
         with pytest.raises(DownloadError) as info:
-            download_bccd(dest=tmp_path / "bccd", url=url, progress=False, timeout=5)
+            download_bccd(root=tmp_path / "bccd", url=url, progress=False, timeout=5)
     finally:
         sock.close()
     message = str(info.value)
     assert not isinstance(info.value, CorruptArchiveError)
-    for needle in (url, "offline", dl.DEFAULT_URL, dl.BCCD_COMMIT, "MEDAIDET_DATA", "--dest",
+    for needle in (url, "offline", dl.DEFAULT_URL, dl.BCCD_COMMIT, "MEDAIDET_DATA", "--root",
                    "Annotations/", "MEDAIDET_BCCD_URL=file://"):
         assert needle in message
     assert leftovers(tmp_path) == []
@@ -412,7 +412,7 @@ def test_server_down_says_how_to_place_the_data_by_hand(tmp_path):
 
 def test_http_404_is_a_download_error(tmp_path, server):
     with pytest.raises(DownloadError, match="HTTP 404"):
-        download_bccd(dest=tmp_path / "bccd", url=server.url("/missing.tar.gz"),
+        download_bccd(root=tmp_path / "bccd", url=server.url("/missing.tar.gz"),
                       progress=False)
     assert leftovers(tmp_path) == []
 
@@ -420,7 +420,7 @@ def test_http_404_is_a_download_error(tmp_path, server):
 def test_file_url_works_for_an_archive_fetched_elsewhere(tmp_path, server):
     archive = tmp_path / "bccd.tar.gz"
     archive.write_bytes(server.routes["/good.tar.gz"][1])
-    root = download_bccd(dest=tmp_path / "bccd", url=archive.as_uri(), progress=False)
+    root = download_bccd(root=tmp_path / "bccd", url=archive.as_uri(), progress=False)
     assert_complete(root)
 
 
@@ -440,7 +440,7 @@ def test_url_without_an_accepted_scheme_is_a_named_error(tmp_path, server, case)
     url = URLS_WITHOUT_AN_ACCEPTED_SCHEME[case](archive)
     dest = tmp_path / "out" / "bccd"
     with pytest.raises(dl.UnsupportedURLError) as info:
-        download_bccd(dest=dest, url=url, progress=False)
+        download_bccd(root=dest, url=url, progress=False)
     assert isinstance(info.value, DownloadError) and isinstance(info.value, ValueError)
     message = str(info.value)
     assert repr(url) in message and "https://, http:// or file://" in message, message
@@ -453,7 +453,7 @@ def test_url_without_an_accepted_scheme_is_a_named_error(tmp_path, server, case)
 def test_cli_local_path_as_url_exits_2_without_a_traceback(tmp_path, server):
     archive = tmp_path / "BCCD.tar.gz"
     archive.write_bytes(server.routes["/good.tar.gz"][1])
-    result = _cli(["data", "download", "--dest", str(tmp_path / "bccd")],
+    result = _cli(["data", "download", "--root", str(tmp_path / "bccd")],
                   {dl.URL_ENV: str(archive)})
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"medaidet: error: cannot download BCCD from '{archive}'")
@@ -464,7 +464,7 @@ def test_cli_local_path_as_url_exits_2_without_a_traceback(tmp_path, server):
 def test_url_from_the_environment(tmp_path, server, monkeypatch):
     monkeypatch.setenv(dl.URL_ENV, server.url("/good.tar.gz"))
     before = server.hits["/good.tar.gz"]
-    assert_complete(download_bccd(dest=tmp_path / "bccd", progress=False))
+    assert_complete(download_bccd(root=tmp_path / "bccd", progress=False))
     assert server.hits["/good.tar.gz"] == before + 1
 
 
@@ -477,7 +477,7 @@ def test_copy_placed_by_hand_is_verified_in_place_without_network(tmp_path, good
         (dest / rel).write_bytes(data)
     (dest / "SOURCE.txt").write_text("extra files are fine")
     (dest / dl.MARKER_NAME).write_text("0" * 64 + "\n")  # a marker of another manifest
-    root = download_bccd(dest=dest, url="http://127.0.0.1:9/unused", progress=False)
+    root = download_bccd(root=dest, url="http://127.0.0.1:9/unused", progress=False)
     assert root == dest.resolve() and dl.is_verified(root)
 
 
@@ -487,15 +487,15 @@ def test_other_content_is_never_replaced_silently(tmp_path, server):
     (dest / "notes.txt").write_text("precious")
     url = server.url("/good.tar.gz")
     with pytest.raises(DestinationError, match="--force"):
-        download_bccd(dest=dest, url=url, progress=False)
+        download_bccd(root=dest, url=url, progress=False)
     with pytest.raises(DestinationError, match="refusing to replace"):
-        download_bccd(dest=dest, url=url, force=True, progress=False)
+        download_bccd(root=dest, url=url, force=True, progress=False)
     assert (dest / "notes.txt").read_text() == "precious"
 
     afile = tmp_path / "afile"
     afile.write_text("x")
     with pytest.raises(DestinationError, match="not a folder"):
-        download_bccd(dest=afile, url=url, progress=False)
+        download_bccd(root=afile, url=url, progress=False)
 
 
 def test_broken_copy_is_reported_then_replaced_with_force(tmp_path, server):
@@ -504,9 +504,9 @@ def test_broken_copy_is_reported_then_replaced_with_force(tmp_path, server):
     (dest / "Annotations" / "BloodImage_00000.xml").write_text("<broken/>")
     url = server.url("/good.tar.gz")
     with pytest.raises(DestinationError, match="not a verified BCCD copy") as info:
-        download_bccd(dest=dest, url=url, progress=False)
+        download_bccd(root=dest, url=url, progress=False)
     assert "files that are not part of BCCD are left where they are" in str(info.value)
-    root = download_bccd(dest=dest, url=url, force=True, progress=False)
+    root = download_bccd(root=dest, url=url, force=True, progress=False)
     assert_complete(root)
     assert leftovers(tmp_path) == ["bccd"]
 
@@ -535,12 +535,12 @@ def assert_user_files_kept(root: Path):
 def test_force_replaces_only_the_bccd_files_and_keeps_the_users(tmp_path, server, caplog):
     dest = tmp_path / "bccd"
     url = server.url("/good.tar.gz")
-    root = download_bccd(dest=dest, url=url, progress=False)
+    root = download_bccd(root=dest, url=url, progress=False)
     add_user_files(root)
     (root / CORRUPTED).write_bytes(b"edited")            # what checksum_mismatch reports
     (root / "ImageSets" / "Main" / "train.txt").unlink()   # and a BCCD file deleted
     with caplog.at_level(logging.INFO, logger=dl.__name__):
-        assert download_bccd(dest=dest, url=url, force=True, progress=False) == root
+        assert download_bccd(root=dest, url=url, force=True, progress=False) == root
     assert_complete(root, extra=USER_FILES)
     assert_user_files_kept(root)
     assert leftovers(tmp_path) == ["bccd"]
@@ -552,7 +552,7 @@ def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, ser
                                                                    monkeypatch):
     dest = tmp_path / "bccd"
     url = server.url("/good.tar.gz")
-    root = download_bccd(dest=dest, url=url, progress=False)
+    root = download_bccd(root=dest, url=url, progress=False)
     add_user_files(root)
     changed = list(dl.load_manifest())[-1]                # installed last
     (root / changed).write_bytes(b"edited")
@@ -567,7 +567,7 @@ def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, ser
 
     monkeypatch.setattr(os, "replace", killed_after_ten_files)
     with pytest.raises(KeyboardInterrupt):
-        download_bccd(dest=dest, url=url, force=True, progress=False)
+        download_bccd(root=dest, url=url, force=True, progress=False)
     monkeypatch.setattr(os, "replace", real_replace)
     assert len(moved) == 10
     assert not dl.is_verified(root)
@@ -575,8 +575,8 @@ def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, ser
     assert_user_files_kept(root)
     assert leftovers(tmp_path) == ["bccd"]
     with pytest.raises(DestinationError, match="not a verified BCCD copy"):
-        download_bccd(dest=dest, url=url, progress=False)
-    download_bccd(dest=dest, url=url, force=True, progress=False)
+        download_bccd(root=dest, url=url, progress=False)
+    download_bccd(root=dest, url=url, force=True, progress=False)
     assert_complete(root, extra=USER_FILES)
     assert_user_files_kept(root)
 
@@ -584,16 +584,16 @@ def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, ser
 def test_empty_existing_folder_is_filled(tmp_path, server):
     dest = tmp_path / "bccd"
     dest.mkdir()
-    assert_complete(download_bccd(dest=dest, url=server.url("/good.tar.gz"), progress=False))
+    assert_complete(download_bccd(root=dest, url=server.url("/good.tar.gz"), progress=False))
 
 
 def test_failed_forced_download_keeps_the_existing_dataset(tmp_path, server):
     dest = tmp_path / "bccd"
-    root = download_bccd(dest=dest, url=server.url("/good.tar.gz"), progress=False)
+    root = download_bccd(root=dest, url=server.url("/good.tar.gz"), progress=False)
     with pytest.raises(ChecksumError):
-        download_bccd(dest=dest, url=server.url("/corrupt.tar.gz"), force=True, progress=False)
+        download_bccd(root=dest, url=server.url("/corrupt.tar.gz"), force=True, progress=False)
     with pytest.raises(CorruptArchiveError):
-        download_bccd(dest=dest, url=server.url("/truncated.tar.gz"), force=True,
+        download_bccd(root=dest, url=server.url("/truncated.tar.gz"), force=True,
                       progress=False)
     assert_complete(root)
     assert leftovers(tmp_path) == ["bccd"]
@@ -603,7 +603,7 @@ def _kill_mid_download(dest: Path, url: str) -> list:
     """Start a real download in another process, SIGKILL it while the archive streams in
     (the server stalls half-way), and return the names it left beside ``dest``."""
     code = ("from medaidet.data.download import download_bccd\n"
-            f"download_bccd(dest={str(dest)!r}, url={url!r}, progress=False)\n")
+            f"download_bccd(root={str(dest)!r}, url={url!r}, progress=False)\n")
     env = dict(os.environ, PYTHONPATH=str(REPO), no_proxy="127.0.0.1")
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -660,7 +660,7 @@ def test_leftovers_of_killed_downloads_are_swept_and_nothing_else(tmp_path, serv
         for name in foreign:
             (work / name).write_bytes(b"keep me")
             _age(work / name, days=30)
-        download_bccd(dest=dest, url=server.url("/good.tar.gz"), progress=False)
+        download_bccd(root=dest, url=server.url("/good.tar.gz"), progress=False)
         assert_complete(dest)
         assert leftovers(work) == sorted(["bccd", *live, *fresh_old_style, *other_host,
                                           *foreign])
@@ -744,7 +744,7 @@ def _cli(args, env):
 
 def test_cli_download_prints_the_root(tmp_path, server):
     dest = tmp_path / "bccd"
-    result = _cli(["data", "download", "--dest", str(dest)],
+    result = _cli(["data", "download", "--root", str(dest)],
                   {dl.URL_ENV: server.url("/cli.tar.gz"), "no_proxy": "127.0.0.1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == str(dest.resolve())
@@ -755,7 +755,7 @@ def test_cli_download_prints_the_root(tmp_path, server):
 def test_cli_download_offline_exits_2_with_instructions(tmp_path):
     sock = _refused_port()
     try:
-        result = _cli(["data", "download", "--dest", str(tmp_path / "bccd")],
+        result = _cli(["data", "download", "--root", str(tmp_path / "bccd")],
                       {dl.URL_ENV: f"http://127.0.0.1:{sock.getsockname()[1]}/x.tar.gz"})
     finally:
         sock.close()

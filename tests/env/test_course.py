@@ -60,7 +60,7 @@ def _code_outputs(nb):
                     reason="the chainer stack is not installed here (python -m medaidet stack "
                            "install); notebook 00 would rightly fail")
 def test_notebook_00_runs(tmp_path):
-    summary = run_course(profile="smoke", only=["00"], out_dir=tmp_path, log=_quiet)
+    summary = run_course(profile="smoke", only=["00"], out=tmp_path, log=_quiet)
     assert summary.ok, summary.to_dict()
     assert summary.profile == "smoke"
     [result] = summary.results
@@ -90,7 +90,7 @@ def test_failing_notebook_stops_the_course(failing_course, tmp_path):
     lines = []
     out = tmp_path / "out"
     env_before = {key: os.environ.get(key) for key in ENV_KEYS}
-    summary = run_course(profile="smoke", out_dir=out, notebooks_dir=failing_course,
+    summary = run_course(profile="smoke", out=out, notebooks_dir=failing_course,
                          log=lines.append)
     assert not summary.ok
     assert [(r.name, r.status) for r in summary.results] == [
@@ -120,10 +120,10 @@ def test_failing_notebook_stops_the_course(failing_course, tmp_path):
     # a second run removes the copies of the first, so the folder matches the summary
     (failing_course / "01_fail.ipynb").unlink()
     make_notebook(failing_course, "01_fail", "print('fixed')")
-    assert run_course(profile="smoke", out_dir=out, notebooks_dir=failing_course,
+    assert run_course(profile="smoke", out=out, notebooks_dir=failing_course,
                       log=_quiet).ok
     make_notebook(failing_course, "00_ok", "raise ValueError('boom again')")
-    summary = run_course(profile="smoke", out_dir=out, notebooks_dir=failing_course, log=_quiet)
+    summary = run_course(profile="smoke", out=out, notebooks_dir=failing_course, log=_quiet)
     assert [r.status for r in summary.results] == ["failed", "not run", "not run"]
     assert not (out / "01_fail.ipynb").exists() and not (out / "02_after.ipynb").exists()
 
@@ -164,7 +164,7 @@ def test_only_selects_by_file_name_stem_or_number(failing_course):
 
 def test_only_unknown_name_lists_available(failing_course, tmp_path):
     with pytest.raises(CourseError) as info:
-        run_course(profile="smoke", only=["99_nope"], out_dir=tmp_path / "out",
+        run_course(profile="smoke", only=["99_nope"], out=tmp_path / "out",
                    notebooks_dir=failing_course, log=_quiet)
     assert isinstance(info.value, MedaidetError)
     message = str(info.value)
@@ -176,7 +176,7 @@ def test_only_unknown_name_lists_available(failing_course, tmp_path):
 
 def test_cell_timeout_must_be_positive(failing_course, tmp_path):
     with pytest.raises(ArgumentValueError, match="--cell-timeout: 0 is out of range"):
-        run_course(profile="smoke", notebooks_dir=failing_course, out_dir=tmp_path / "out",
+        run_course(profile="smoke", notebooks_dir=failing_course, out=tmp_path / "out",
                    cell_timeout=0, log=_quiet)
 
 
@@ -186,7 +186,7 @@ def test_out_in_the_notebooks_folder_is_refused_and_deletes_nothing(failing_cour
     out = failing_course if where == "the notebooks folder" else failing_course / "runs"
     before = {p.name: p.read_bytes() for p in failing_course.iterdir()}
     with pytest.raises(OutputDirError, match=r"--out: .* which this run reads"):
-        run_course(profile="smoke", out_dir=out, notebooks_dir=failing_course, log=_quiet)
+        run_course(profile="smoke", out=out, notebooks_dir=failing_course, log=_quiet)
     assert {p.name: p.read_bytes() for p in failing_course.iterdir()} == before
 
 
@@ -194,14 +194,14 @@ def test_out_that_is_a_file_is_named_before_any_work(failing_course, tmp_path):
     out = tmp_path / "results.txt"
     out.write_text("mine")
     with pytest.raises(OutputDirError, match="--out: .*results.txt is a file, not a folder"):
-        run_course(profile="smoke", out_dir=out, notebooks_dir=failing_course, log=_quiet)
+        run_course(profile="smoke", out=out, notebooks_dir=failing_course, log=_quiet)
     assert out.read_text() == "mine"
 
 
 def test_missing_notebooks_dir_says_where(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(CourseError, match="nowhere"):
-        run_course(profile="smoke", notebooks_dir=missing, out_dir=tmp_path / "out", log=_quiet)
+        run_course(profile="smoke", notebooks_dir=missing, out=tmp_path / "out", log=_quiet)
 
 
 @pytest.mark.slow(seconds=4)
@@ -209,7 +209,7 @@ def test_cell_timeout(tmp_path):
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_slow", "import time; time.sleep(30)")
     out = tmp_path / "out"
-    summary = run_course(profile="smoke", out_dir=out, notebooks_dir=notebooks,
+    summary = run_course(profile="smoke", out=out, notebooks_dir=notebooks,
                          cell_timeout=3, log=_quiet)
     [result] = summary.results
     assert result.status == "failed"
@@ -243,7 +243,7 @@ def test_summary_reports_the_evaluation_a_notebook_leaves(tmp_path):
                   "out = pathlib.Path(os.environ['MEDAIDET_COURSE_OUT'])\n"
                   f"(out / 'evaluation.json').write_text(json.dumps({evaluation!r}))")
     out = tmp_path / "out"
-    summary = run_course(profile="smoke", out_dir=out, notebooks_dir=notebooks, log=_quiet)
+    summary = run_course(profile="smoke", out=out, notebooks_dir=notebooks, log=_quiet)
     assert summary.ok and summary.evaluation == evaluation
     assert json.loads((out / "summary.json").read_text())["evaluation"] == evaluation
     md = (out / "summary.md").read_text()
@@ -251,5 +251,5 @@ def test_summary_reports_the_evaluation_a_notebook_leaves(tmp_path):
     assert "rbc 0.250, wbc 0.750, platelets n/a" in md
     # a later run without that notebook does not report the stale file
     make_notebook(notebooks, "04_eval", "print('no evaluation this time')")
-    assert run_course(profile="smoke", out_dir=out, notebooks_dir=notebooks,
+    assert run_course(profile="smoke", out=out, notebooks_dir=notebooks,
                       log=_quiet).evaluation is None

@@ -11,7 +11,7 @@ from medaidet.env.course import run_course
 @pytest.mark.slow(seconds=11)
 def test_data_notebook_plots_and_reports(tmp_path, monkeypatch, bccd_root):
     monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
-    summary = run_course(profile="smoke", only=["01"], out_dir=tmp_path, log=lambda *_: None)
+    summary = run_course(profile="smoke", only=["01"], out=tmp_path, log=lambda *_: None)
     assert summary.ok, summary.results
     executed = nbformat.read(str(tmp_path / "01_data.ipynb"), as_version=4)
     outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
@@ -25,7 +25,7 @@ def test_data_notebook_plots_and_reports(tmp_path, monkeypatch, bccd_root):
 @pytest.mark.slow(seconds=11)
 def test_model_and_loss_notebook_shows_the_named_error(tmp_path, monkeypatch, bccd_root):
     monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
-    summary = run_course(profile="smoke", only=["02"], out_dir=tmp_path, log=lambda *_: None)
+    summary = run_course(profile="smoke", only=["02"], out=tmp_path, log=lambda *_: None)
     assert summary.ok, summary.results
     executed = nbformat.read(str(tmp_path / "02_model_and_loss.ipynb"), as_version=4)
     outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
@@ -57,7 +57,7 @@ def test_scaling_notebook_without_mpi_runs_what_needs_none(tmp_path, monkeypatch
     monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
     monkeypatch.setenv("MPI4PY_LIBMPI", str(tmp_path / "no-such-libmpi.so"))
     monkeypatch.delenv("CI_REQUIRE_MPI", raising=False)
-    summary = run_course(profile="smoke", only=["08"], out_dir=tmp_path, log=lambda *_: None)
+    summary = run_course(profile="smoke", only=["08"], out=tmp_path, log=lambda *_: None)
     assert summary.ok, summary.results
     executed = nbformat.read(str(tmp_path / "08_scaling.ipynb"), as_version=4)
     outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]

@@ -84,8 +84,8 @@ def test_cli_json_exit_0():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
-    assert report["summary"]["fail"] == 0
-    assert sum(report["summary"].values()) == len(report["checks"]) == len(ALL_NAMES)
+    assert report["counts"]["fail"] == 0
+    assert sum(report["counts"].values()) == len(report["checks"]) == len(ALL_NAMES)
 
 
 # ---------------------------------------------------------------- simulated broken envs
@@ -349,9 +349,9 @@ def test_views_name_every_check():
     assert "fix: pip install" in text
     data = json.loads(report.to_json())
     assert data == report.to_dict()
-    assert data["summary"]["fail"] == 1 and report.failed
-    assert sum(data["summary"].values()) == len(data["checks"])
+    assert data["counts"]["fail"] == 1 and report.failed
+    assert sum(data["counts"].values()) == len(data["checks"])
     with pytest.raises(KeyError):
         report.by_name("nope")
-    assert DoctorReport([Check("x", "ok", "y")]).summary() == {"ok": 1, "warn": 0, "fail": 0,
+    assert DoctorReport([Check("x", "ok", "y")]).counts() == {"ok": 1, "warn": 0, "fail": 0,
                                                               "skip": 0}

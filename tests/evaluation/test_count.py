@@ -136,7 +136,7 @@ def test_cli_parser_registers_count():
     add_count_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["count", "w.npz", "--score-thresh", "0.4", "--split", "val"])
     assert (args.weights, args.split, args.score_thresh, args.device) == \
-        ("w.npz", "val", 0.4, "cpu")
+        ("w.npz", "val", 0.4, "auto")
     assert callable(args.func)
 
 
@@ -149,7 +149,7 @@ def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     add_count_parser(parser.add_subparsers(dest="command"))
     out = tmp_path / "count"
-    args = parser.parse_args(["count", str(weights), "--data", str(bccd_root), "--subset",
+    args = parser.parse_args(["count", str(weights), "--root", str(bccd_root), "--subset",
                               "2", "--split", "val", "--out", str(out), "--json"])
     assert args.func(args) == 0
     d = json.loads((out / "counts.json").read_text())
@@ -238,6 +238,6 @@ def test_count_out_that_is_a_file_fails_before_predicting(tmp_path, bccd_root, n
     weights.write_bytes(b"")
     out = tmp_path / "counts"
     out.write_text("")
-    assert main(["count", str(weights), "--data", str(bccd_root), "--out", str(out)]) == 2
+    assert main(["count", str(weights), "--root", str(bccd_root), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err

@@ -151,9 +151,9 @@ def test_cli_parser_registers_evaluate():
     parser = argparse.ArgumentParser()
     add_evaluate_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["evaluate", "w.npz", "--subset", "2", "--device", "gpu",
-                              "--out", "o", "--data", "d"])
+                              "--out", "o", "--root", "d"])
     assert (args.weights, args.split, args.model, args.subset, args.device, args.out,
-            args.data) == ("w.npz", "test", "ssd300", 2, "gpu", "o", "d")
+            args.root) == ("w.npz", "test", "ssd300", 2, "gpu", "o", "d")
     assert callable(args.func)
 
 
@@ -171,7 +171,7 @@ def random_weights(tmp_path_factory):
 def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_path):
     out = tmp_path / "eval"
     result = evaluate_weights(random_weights, split="test", root=bccd_root, subset=2,
-                              out_dir=out, progress=False)
+                              out=out, progress=False)
     assert result.n_images == 2 and result.split == "test"
     d = json.loads((out / "evaluation.json").read_text())
     assert d["n_images"] == 2 and len(d["image_ids"]) == 2
@@ -231,7 +231,7 @@ def test_out_that_is_a_file_fails_before_predicting(weights_file, bccd_root, tmp
     out = tmp_path / "results.txt"
     out.write_text("mine\n")
     with pytest.raises(OutputDirError, match=r"--out: .*results\.txt is a file, not a folder"):
-        evaluate_weights(weights_file, root=bccd_root, subset=1, out_dir=out, progress=False)
+        evaluate_weights(weights_file, root=bccd_root, subset=1, out=out, progress=False)
     assert out.read_text() == "mine\n"
 
 
@@ -241,14 +241,14 @@ def test_out_that_cannot_be_created_fails_before_predicting(weights_file, bccd_r
     blocker = tmp_path / "blocker"
     blocker.write_text("")
     with pytest.raises(OutputDirError, match=r"--out: cannot create the folder .*blocker/eval"):
-        evaluate_weights(weights_file, root=bccd_root, out_dir=blocker / "eval",
+        evaluate_weights(weights_file, root=bccd_root, out=blocker / "eval",
                          progress=False)
 
 
 def test_out_inside_the_dataset_is_refused(weights_file, bccd_root, no_prediction):
     from medaidet.arguments import OutputDirError
     with pytest.raises(OutputDirError, match="which this run reads"):
-        evaluate_weights(weights_file, root=bccd_root, out_dir=bccd_root / "eval",
+        evaluate_weights(weights_file, root=bccd_root, out=bccd_root / "eval",
                          progress=False)
     assert not (bccd_root / "eval").exists()
 
@@ -268,7 +268,7 @@ def test_cli_out_that_is_a_file_is_one_line_before_any_work(weights_file, bccd_r
     from medaidet.cli import main
     out = tmp_path / "results.txt"
     out.write_text("")
-    assert main(["evaluate", str(weights_file), "--data", str(bccd_root),
+    assert main(["evaluate", str(weights_file), "--root", str(bccd_root),
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err

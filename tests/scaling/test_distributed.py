@@ -567,7 +567,7 @@ def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
     config = dict(subset=2, batch_size=2, iterations=2, augment=False, seed=0,
                   snapshot_interval=None,
                   n_processes=0, pretrained=None, device="cpu", eval_subset=1,
-                  eval_batch_size=1, data=str(bccd_root))
+                  eval_batch_size=1, root=str(bccd_root))
     cfg = tmp_path / "mn.json"
     cfg.write_text(json.dumps(dict(config, communicator="naive", out=str(tmp_path / "mn"))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(

@@ -363,7 +363,7 @@ def test_finder_halves_until_it_fits_and_reports_every_try():
     text = str(report)
     assert "out of memory" in text and "largest batch size that fit: 2" in text
     assert "tracemalloc" in text
-    data = json.loads(json.dumps(report.as_dict()))
+    data = json.loads(json.dumps(report.to_dict()))
     assert data["best_batch_size"] == 2 and len(data["tries"]) == 5
     assert data["tries"][-1]["images_per_second"] > 0
     assert chain.w.grad is None                                    # grads cleared after
@@ -407,7 +407,7 @@ def test_measure_batch_sizes_tries_every_size_and_records_the_ones_that_fail():
     assert two.peak_bytes > one.peak_bytes >= 4 * (1 << 16)   # grows with the batch
     assert report.best_batch_size == 2 and report.target_batch_size == 8
     assert len(lines) == 4 and chain.w.grad is None
-    back = BatchSizeReport.from_dict(json.loads(json.dumps(report.as_dict())))
+    back = BatchSizeReport.from_dict(json.loads(json.dumps(report.to_dict())))
     assert back.tries == report.tries and back.device == report.device
     with pytest.raises(ValueError, match=r"^sizes: \[0, 2\] holds 0, not a batch size"):
         measure_batch_sizes(chain, stub_samples(2), sizes=(0, 2), log=None)
@@ -475,7 +475,7 @@ def test_batch_size_command_on_real_bccd(bccd_root, tmp_path, capsys):
 
     out = tmp_path / "finder"
     assert main(["batch-size", "--device", "cpu", "--sizes", "2", "1", "--target", "32",
-                 "--data", str(bccd_root), "--out", str(out), "--json"]) == 0
+                 "--root", str(bccd_root), "--out", str(out), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [t["batch_size"] for t in data["tries"]] == [1, 2]
     one, two = data["tries"]
@@ -485,7 +485,7 @@ def test_batch_size_command_on_real_bccd(bccd_root, tmp_path, capsys):
     assert (out / "memory.png").read_bytes().startswith(b"\x89PNG")
 
     assert main(["batch-size", "--device", "cpu", "--start", "1",
-                 "--data", str(bccd_root)]) == 0
+                 "--root", str(bccd_root)]) == 0
     text = capsys.readouterr().out
     assert "batch 1: fits" in text and "no accumulation needed" in text
     with pytest.raises(SystemExit):
@@ -514,7 +514,7 @@ def test_batch_size_command_min_greater_than_start(bccd_root, capsys, no_model):
     from medaidet.cli import main
 
     assert main(["batch-size", "--device", "cpu", "--start", "4", "--min", "8",
-                 "--data", str(bccd_root)]) == 2
+                 "--root", str(bccd_root)]) == 2
     assert _error_line(capsys) == ("medaidet: error: --min: 8 is greater than --start 4; "
                                    "expected a batch size from 1 to --start")
 
@@ -524,7 +524,7 @@ def test_batch_size_command_output_folder(bccd_root, tmp_path, capsys, no_model)
 
     file = tmp_path / "results"
     file.write_text("mine")
-    argv = ["batch-size", "--device", "cpu", "--start", "1", "--data", str(bccd_root)]
+    argv = ["batch-size", "--device", "cpu", "--start", "1", "--root", str(bccd_root)]
     assert main(argv + ["--out", str(file)]) == 2
     assert _error_line(capsys) == (f"medaidet: error: --out: {file} is a file, not a folder; "
                                    "give a folder path (it is created if missing)")
@@ -533,7 +533,7 @@ def test_batch_size_command_output_folder(bccd_root, tmp_path, capsys, no_model)
         f"medaidet: error: --out: cannot create the folder {file / 'finder'} ")
     data = tmp_path / "bccd"
     (data / "Annotations").mkdir(parents=True)
-    assert main(["batch-size", "--device", "cpu", "--data", str(data),
+    assert main(["batch-size", "--device", "cpu", "--root", str(data),
                  "--out", str(data / "finder")]) == 2
     assert _error_line(capsys).startswith(
         f"medaidet: error: --out: {data / 'finder'} is inside {data}, which this run reads")
@@ -546,15 +546,15 @@ def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
 
     with pytest.raises(ArgumentValueError, match="^min_batch_size: 8 is greater than start 4; "
                                                  "expected a batch size from 1 to start$"):
-        batch_size_on_bccd("cpu", start=4, min_batch_size=8, data=bccd_root)
+        batch_size_on_bccd("cpu", start=4, min_batch_size=8, root=bccd_root)
     with pytest.raises(ArgumentValueError, match="^start: 0 is out of range"):
-        batch_size_on_bccd("cpu", start=0, data=bccd_root)
+        batch_size_on_bccd("cpu", start=0, root=bccd_root)
     with pytest.raises(ArgumentValueError, match=r"^sizes: \[2, 0\] .* expected"):
-        batch_size_on_bccd("cpu", sizes=[2, 0], data=bccd_root)
+        batch_size_on_bccd("cpu", sizes=[2, 0], root=bccd_root)
     file = tmp_path / "results"
     file.write_text("mine")
     with pytest.raises(OutputDirError, match="^out: .* is a file, not a folder"):
-        batch_size_on_bccd("cpu", start=1, data=bccd_root, out=file)
+        batch_size_on_bccd("cpu", start=1, root=bccd_root, out=file)
     with pytest.raises(ArgumentValueError, match="^min_batch_size: 3 is greater than start 2"):
         find_batch_size(HungryChain(fits=1), stub_samples(2), start=2, min_batch_size=3,
                         log=None)

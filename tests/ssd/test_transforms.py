@@ -406,7 +406,7 @@ def test_stats_reset_and_pickle(transform, real_samples):
     assert copy.stats.samples == 2
     old = transform.reset_stats()
     assert old.samples == 1 and transform.stats.samples == 0
-    assert set(old.as_dict()) >= {"samples", "boxes_in", "boxes_out", "dropped",
+    assert set(old.to_dict()) >= {"samples", "boxes_in", "boxes_out", "dropped",
                                   "too_small", "non_finite", "cropped_out"}
 
 

@@ -228,8 +228,8 @@ def test_dest_that_cannot_be_a_folder_fails_before_building(tmp_path, fake_build
     blocker = tmp_path / "wheels.txt"
     blocker.write_text("mine\n")
     dest = blocker if kind == "file" else blocker / "wheels"
-    with pytest.raises(OutputDirError, match=r"^--dest: ") as info:
-        build_wheels(cache_dir=tmp_path / "cache", dest=dest, log=lambda *_: None)
+    with pytest.raises(OutputDirError, match=r"^--out: ") as info:
+        build_wheels(cache_dir=tmp_path / "cache", out=dest, log=lambda *_: None)
     assert ("is a file, not a folder" if kind == "file" else "cannot create the folder") \
         in str(info.value)
     assert fake_builds == [] and blocker.read_text() == "mine\n"
@@ -237,7 +237,7 @@ def test_dest_that_cannot_be_a_folder_fails_before_building(tmp_path, fake_build
 
 def test_dest_gets_copies_of_the_cached_wheels(tmp_path, fake_builds):
     dest = tmp_path / "out" / "wheels"
-    copies = build_wheels(cache_dir=tmp_path / "cache", dest=dest, log=lambda *_: None)
+    copies = build_wheels(cache_dir=tmp_path / "cache", out=dest, log=lambda *_: None)
     assert [w.parent for w in copies] == [dest, dest] and all(w.is_file() for w in copies)
 
 

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from medaidet.training.train import (ConfigError, DeviceError, ResumeError, StopOnNonFinite,
+from medaidet.device import DeviceError, resolve_device
+from medaidet.training.train import (ConfigError, ResumeError, StopOnNonFinite,
                             TrainConfig, TrainingDivergedError, add_train_parser,
-                            config_from_args, n_processes_for, resolve_device, train)
+                            config_from_args, n_processes_for, train)
 
 # Tiny runs: SSD300 on a 2-core CPU is several seconds per image per iteration.
 TINY = dict(subset=2, batch_size=1, eval_subset=1, eval_batch_size=1, seed=0,
@@ -95,7 +96,7 @@ def test_gpu_without_cuda_is_a_named_error(tmp_path):
 def run_a(tmp_path_factory, bccd_root):
     """Uninterrupted: 4 iterations, batch 1, 2 images, seed 0, evaluation at the end."""
     out = tmp_path_factory.mktemp("run_a")
-    return train(TrainConfig.profile("smoke", iterations=4, data=str(bccd_root),
+    return train(TrainConfig.profile("smoke", iterations=4, root=str(bccd_root),
                                      out=str(out), **TINY), progress=False)
 
 
@@ -169,7 +170,7 @@ def _train_process(config: dict, cfg_path, resume=None) -> subprocess.Popen:
 def test_same_seed_in_another_process_gives_bitwise_identical_weights(run_a, tmp_path,
                                                                       bccd_root):
     out = tmp_path / "run_b"
-    proc = _train_process(dict(TINY, iterations=4, data=str(bccd_root), out=str(out)),
+    proc = _train_process(dict(TINY, iterations=4, root=str(bccd_root), out=str(out)),
                           tmp_path / "cfg.json")
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output
@@ -183,7 +184,7 @@ def test_same_seed_in_another_process_gives_bitwise_identical_weights(run_a, tmp
 
 @pytest.mark.slow(seconds=17)
 def test_another_seed_gives_other_weights(run_a, tmp_path, bccd_root):
-    result = train(TrainConfig.profile("smoke", data=str(bccd_root), out=str(tmp_path),
+    result = train(TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path),
                                        **dict(TINY, iterations=1, seed=1)),
                    progress=False, log=lambda *_: None)
     seed1 = _arrays(result.weights)
@@ -203,7 +204,7 @@ def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, 
     a new process resumes from the snapshot to iteration 4: the weights equal the
     uninterrupted run's bit for bit."""
     out = tmp_path / "run_k"
-    config = dict(TINY, iterations=4, snapshot_interval=1, data=str(bccd_root), out=str(out))
+    config = dict(TINY, iterations=4, snapshot_interval=1, root=str(bccd_root), out=str(out))
     snapshot = out / "snapshot_latest.npz"
     proc = _train_process(config, tmp_path / "cfg.json")
     deadline = time.monotonic() + 600
@@ -232,7 +233,7 @@ def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, 
 def test_divergence_stops_with_the_iteration_and_keeps_the_last_snapshot(tmp_path, bccd_root):
     """The learning rate jumps x1e40 after epoch 1 (iteration 2): the weights blow up and
     training must stop with a named error; the epoch-1 snapshot stays as it was."""
-    config = TrainConfig.profile("smoke", data=str(bccd_root), out=str(tmp_path), **dict(
+    config = TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path), **dict(
         TINY, iterations=6, snapshot_interval=1, lr_steps=(1,), lr_gamma=1e40))
     with pytest.raises(TrainingDivergedError, match=r"diverged at iteration \d") as info:
         train(config, progress=False, log=lambda *_: None)
@@ -283,7 +284,7 @@ def test_deterministic_needs_a_seed_and_means_no_workers():
 
 @pytest.mark.slow(seconds=5)
 def test_resume_with_another_subset_is_refused(run_a, bccd_root, tmp_path):
-    config = TrainConfig.profile("smoke", iterations=5, data=str(bccd_root),
+    config = TrainConfig.profile("smoke", iterations=5, root=str(bccd_root),
                                  out=str(tmp_path), **dict(TINY, subset=3))
     with pytest.raises(ResumeError, match="2 images with batch size 1.*3 images"):
         train(config, resume=run_a.snapshot, progress=False)
@@ -300,7 +301,7 @@ def test_a_damaged_snapshot_is_a_named_error(run_a, bccd_root, tmp_path):
     data[middle:middle + 256] = bytes(b ^ 0xFF for b in data[middle:middle + 256])
     damaged = tmp_path / "snapshot_latest.npz"
     damaged.write_bytes(bytes(data))
-    config = TrainConfig.profile("smoke", iterations=5, data=str(bccd_root),
+    config = TrainConfig.profile("smoke", iterations=5, root=str(bccd_root),
                                  out=str(tmp_path / "out"), **TINY)
     with pytest.raises(ResumeError, match=r"snapshot_latest.npz is truncated or corrupt "
                                           r"\((BadZipFile|error): .*\); expected the "):

@@ -61,7 +61,7 @@ def test_numeric_flags_are_checked_by_argparse(flag, value, expected, capsys, no
                       "'imagenet', 'voc0712' or the path of a model-only .npz"),
     ("out", 5, "out: 5 is not a folder path; expected a folder to write the results in"),
     ("out", "", "out: '' is not a folder path; expected a folder to write the results in"),
-    ("data", 123, "data: 123 is not a folder path; expected null ($MEDAIDET_DATA or the "
+    ("root", 123, "root: 123 is not a folder path; expected null ($MEDAIDET_DATA or the "
                   "cache) or the BCCD root"),
     ("epochs", math.inf, "epochs: inf is out of range; expected a number > 0"),
     ("lr", math.nan, "lr: nan is out of range; expected a number > 0"),
@@ -74,8 +74,8 @@ def test_numeric_flags_are_checked_by_argparse(flag, value, expected, capsys, no
     ("train_split", 3, "train_split: 3 is not a split name; expected a split such as "
                        "'train'"),
     ("augment", "yes", "augment: 'yes' is not true or false; expected true or false"),
-    ("device", "tpu", "device: 'tpu' is not a device; expected 'cpu', 'gpu', 'auto' or a "
-                      "GPU number"),
+    ("device", "tpu", "device: 'tpu' is not a device; expected auto, cpu, gpu or a GPU "
+                      "number"),
 ])
 def test_config_fields_are_named(field, value, expected):
     with pytest.raises(ConfigError) as info:
@@ -104,8 +104,8 @@ def test_numbers_written_as_text_are_read_as_numbers():
 
 
 def test_paths_are_kept_as_text(tmp_path):
-    config = TrainConfig(out=tmp_path / "o", data=tmp_path, pretrained=tmp_path / "w.npz")
-    assert config.out == str(tmp_path / "o") and config.data == str(tmp_path)
+    config = TrainConfig(out=tmp_path / "o", root=tmp_path, pretrained=tmp_path / "w.npz")
+    assert config.out == str(tmp_path / "o") and config.root == str(tmp_path)
     assert config.pretrained == str(tmp_path / "w.npz")
     json.dumps(config.to_dict())                 # config.json can be written
     assert TrainConfig(pretrained="None").pretrained is None
@@ -137,13 +137,13 @@ def test_out_inside_the_dataset_is_refused(bccd_root, tmp_path, capsys, no_model
     data = tmp_path / "bccd"
     (data / "Annotations").mkdir(parents=True)
     out = data / "outputs"
-    assert main(["train", "--profile", "smoke", "--data", str(data), "--out", str(out)]) == 2
+    assert main(["train", "--profile", "smoke", "--root", str(data), "--out", str(out)]) == 2
     assert _error_line(capsys) == (
         f"medaidet: error: --out: {out} is inside {data}, which this run reads; choose a "
         "folder outside it (for example outputs/) so nothing of yours is overwritten")
     assert not out.exists()
     with pytest.raises(OutputDirError, match=r"^out: .* is inside"):
-        train(TrainConfig.profile("smoke", data=str(data), out=str(data)), progress=False)
+        train(TrainConfig.profile("smoke", root=str(data), out=str(data)), progress=False)
 
 
 # --------------------------------------------------------------------------- --resume, --pretrained

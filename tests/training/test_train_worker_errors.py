@@ -137,7 +137,7 @@ def test_train_with_a_broken_image_ends_with_the_named_error(broken_bccd, tmp_pa
     """The whole command, as the user ran it: with worker processes (the full profile's
     default) and without, the same one-line error and exit status 2."""
     done = run_guarded([sys.executable, "-m", "medaidet", "train", "--profile", "smoke",
-                        "--data", str(broken_bccd), "--out", str(tmp_path / "out"),
+                        "--root", str(broken_bccd), "--out", str(tmp_path / "out"),
                         "--subset", "2", "--batch-size", "2", "--iterations", "1",
                         "--n-processes", n_processes, "--no-progress"])
     assert done.returncode == 2, done.stdout + done.stderr

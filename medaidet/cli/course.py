@@ -1,0 +1,23 @@
+"""``medaidet course run``: every notebook, in order, with papermill."""
+from medaidet.arguments import positive_int
+
+
+def add_parser(commands) -> None:
+    course = commands.add_parser("course", help="run the course notebooks with papermill")
+    course_commands = course.add_subparsers(dest="course_command", required=True)
+    p = course_commands.add_parser("run", help="execute every notebook in order")
+    p.add_argument("--profile", choices=["auto", "smoke", "full"], default="auto",
+                   help="auto = full on a GPU, smoke on CPU (default: auto)")
+    p.add_argument("--only", action="append", default=None, metavar="NAME",
+                   help="run only this notebook (name or stem; repeatable)")
+    p.add_argument("--out", default="outputs", help="output directory (default: outputs)")
+    p.add_argument("--cell-timeout", type=positive_int, default=None,
+                   help="seconds per cell (default: the profile's)")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from medaidet.env.course import run_course
+    summary = run_course(profile=args.profile, only=args.only, out=args.out,
+                         cell_timeout=args.cell_timeout)
+    return 0 if summary.ok else 1

@@ -1,0 +1,46 @@
+"""``medaidet data download|validate|synth``: BCCD (notebook 01)."""
+from medaidet.arguments import non_negative_int, positive_int
+
+ROOT_HELP = "dataset root (default: $MEDAIDET_DATA, else the cache directory)"
+
+
+def add_parser(commands) -> None:
+    data = commands.add_parser("data", help="BCCD: download, validate, synthetic data")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    p = data_commands.add_parser("download", help="fetch BCCD at the pinned commit, verify "
+                                 "every file, print the dataset root")
+    p.add_argument("--root", default=None, help="dataset root to create (default: "
+                   "$MEDAIDET_DATA, else the cache directory)")
+    p.add_argument("--force", action="store_true", help="download again even if verified "
+                   "(replaces BCCD's own files only)")
+    p.set_defaults(func=_download)
+    p = data_commands.add_parser("validate", help="report every annotation defect; exit 1 "
+                                 "when any is of severity error")
+    p.add_argument("root", nargs="?", default=None, help=ROOT_HELP)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_validate)
+    p = data_commands.add_parser("synth", help="write a small synthetic VOC-layout dataset")
+    p.add_argument("root", help="dataset root to create")
+    p.add_argument("--n", type=positive_int, default=24,
+                   help="number of images, at least 3: one per split (default: 24)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
+    p.set_defaults(func=_synth)
+
+
+def _download(args) -> int:
+    from medaidet.data.download import download_bccd
+    print(download_bccd(root=args.root, force=args.force))
+    return 0
+
+
+def _validate(args) -> int:
+    from medaidet.data.validate import validate_dataset
+    report = validate_dataset(args.root)
+    print(report.to_json() if args.json else report)
+    return 0 if report.ok else 1
+
+
+def _synth(args) -> int:
+    from medaidet.data.synth import make_synthetic
+    print(make_synthetic(args.root, n=args.n, seed=args.seed))
+    return 0

@@ -1,0 +1,106 @@
+"""Which device to compute on: one reading of ``--device`` for every command.
+
+A device spec is ``"auto"`` (the default everywhere: GPU 0 when CUDA is usable, else the CPU),
+``"cpu"``, ``"gpu"`` (GPU 0), a GPU number (``-1``: the CPU), or chainer's ``"@numpy"`` /
+``"@cupy:N"``. :func:`parse_device` checks the spec without touching CUDA;
+:func:`gpu_status` says whether a GPU is usable and, if not, why (in chainer's own words);
+:func:`resolve_device` gives the ``chainer.backend.Device``, or one :class:`DeviceError`
+when a GPU is asked for and none is usable.
+
+chainer is imported only inside the functions: the doctor and the course runner read this
+module on machines where chainer is broken or missing.
+"""
+from medaidet.errors import MedaidetError
+
+__all__ = ["DEFAULT_DEVICE", "DeviceError", "parse_device", "device_kind", "gpu_status",
+           "resolve_device"]
+
+DEFAULT_DEVICE = "auto"
+
+
+class DeviceError(MedaidetError, ValueError):
+    """A device spec is not one, or names a GPU that cannot be used (no CUDA, no such GPU)."""
+
+
+def parse_device(spec=DEFAULT_DEVICE, name: str = "--device"):
+    """``"cpu"``, ``"gpu"``, ``"auto"`` or a GPU number for ``spec``; :class:`DeviceError`
+    naming ``name`` (the flag, or a config field) otherwise. Touches no GPU."""
+    if isinstance(spec, bool) or spec is None:
+        raise _not_a_device(spec, name)
+    if isinstance(spec, int):
+        return "cpu" if spec < 0 else spec
+    text = str(spec).strip().lower()
+    if text in ("cpu", "gpu", "auto"):
+        return text
+    if text.lstrip("-").isdigit():
+        return parse_device(int(text), name)
+    if text.startswith("@cupy:") and text[6:].isdigit():
+        return int(text[6:])
+    if text in ("@numpy", "numpy"):
+        return "cpu"
+    if text in ("@cupy", "cuda"):
+        return "gpu"
+    raise _not_a_device(spec, name)
+
+
+def _not_a_device(spec, name) -> DeviceError:
+    return DeviceError(f"{name}: {spec!r} is not a device; expected auto, cpu, gpu or a GPU "
+                       "number")
+
+
+def device_kind(spec) -> str:
+    """``"cpu"`` or ``"gpu"``: what ``spec`` (a spec, or a ``chainer.backend.Device``) runs
+    on; ``"auto"`` is resolved by :func:`gpu_status`."""
+    xp = getattr(spec, "xp", None)
+    if xp is not None:
+        return "cpu" if xp.__name__ == "numpy" else "gpu"
+    spec = parse_device(spec)
+    if spec == "auto":
+        return "gpu" if gpu_status()[0] > 0 else "cpu"
+    return "cpu" if spec == "cpu" else "gpu"
+
+
+def gpu_status():
+    """``(number of usable GPUs, why none is usable or "")``, as chainer sees CUDA."""
+    try:
+        import medaidet  # noqa: F401  (runtime settings before chainer)
+        from chainer.backends import cuda
+    except Exception as exc:   # a broken stack: the doctor says more
+        return 0, f"chainer does not import ({type(exc).__name__}: {exc})"
+    if not cuda.available:
+        from medaidet.compat import installed_cupy
+        if not installed_cupy():
+            return 0, "CuPy is not installed"
+        why = getattr(cuda, "_resolution_error", None)
+        if why is not None:
+            return 0, f"CuPy is not usable ({type(why).__name__}: {why})"
+        return 0, "chainer finds no CUDA"
+    try:
+        count = cuda.cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return 0, f"CuPy finds no GPU ({type(exc).__name__}: {exc})"
+    return count, "" if count else "CuPy finds no GPU"
+
+
+def resolve_device(spec=DEFAULT_DEVICE):
+    """The ``chainer.backend.Device`` for ``spec`` (see :func:`parse_device`). ``"auto"``
+    falls back to the CPU; a GPU asked for by name or number that cannot be used raises
+    :class:`DeviceError` saying why and what to do."""
+    import chainer
+
+    spec = parse_device(spec)
+    if spec == "cpu":
+        return chainer.get_device("@numpy")
+    count, why = gpu_status()
+    if spec == "auto":
+        return chainer.get_device("@cupy:0" if count else "@numpy")
+    gpu = 0 if spec == "gpu" else spec
+    if not count:
+        raise DeviceError(
+            f"--device {spec}: GPU {gpu} is asked for, but CUDA cannot be used here: {why}. "
+            "Install CuPy with `medaidet stack install`, check with `medaidet doctor`, or use "
+            "--device cpu.")
+    if gpu >= count:
+        raise DeviceError(f"--device {spec}: there is no GPU {gpu} (this machine has {count}); "
+                          f"use --device 0..{count - 1}")
+    return chainer.get_device(f"@cupy:{gpu}")
