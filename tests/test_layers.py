@@ -1,0 +1,119 @@
+"""The package's layers point one way, and no module imports itself back.
+
+Every ``import medaidet...`` of every module is read (at the top or inside a function: a
+lazy import is a dependency too) and checked against the layers below, lowest first. A
+module may import its own layer and those below it, never one above; and the graph of
+module imports has no cycle.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
+
+# lowest first: shared -> install path -> data -> ssd -> scaling -> training -> evaluation
+# -> troubleshooting -> environment -> command line
+LAYERS = [
+    ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files",
+                "medaidet.arguments", "medaidet.compat", "medaidet.device"]),
+    ("stack", ["medaidet.stack"]),
+    ("data", ["medaidet.data"]),
+    ("ssd", ["medaidet.ssd"]),
+    ("scaling", ["medaidet.scaling"]),
+    ("training", ["medaidet.training"]),
+    ("evaluation", ["medaidet.evaluation"]),
+    ("troubleshoot", ["medaidet.troubleshoot"]),
+    ("env", ["medaidet.env"]),
+    ("cli", ["medaidet.cli", "medaidet.__main__"]),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules():
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))
+            if "overlay" not in p.parts}   # the overlay is chainer's code, patched
+
+
+def imported(path: Path, known) -> set:
+    """The medaidet modules ``path`` imports (``from medaidet import x`` counts as
+    ``medaidet.x`` when that is a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            names = [n if n in known else node.module for n in names]
+        else:
+            continue
+        found.update(n for n in names if n == "medaidet" or n.startswith("medaidet."))
+    return found
+
+
+def layer_of(name: str):
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return index
+    return None
+
+
+def test_every_module_has_a_layer():
+    # the package's own __init__ applies compat only; it is the one module outside the layers
+    missing = [n for n in modules() if n != "medaidet" and layer_of(n) is None]
+    assert not missing, f"place these modules in LAYERS: {missing}"
+
+
+def test_imports_point_down_the_layers():
+    known = modules()
+    upward = []
+    for name, path in known.items():
+        here = layer_of(name)
+        for target in imported(path, known):
+            there = layer_of(target)
+            if here is not None and there is not None and there > here:
+                upward.append(f"{name} ({LAYERS[here][0]}) imports {target} "
+                              f"({LAYERS[there][0]})")
+    assert not upward, "imports against the layers:\n" + "\n".join(upward)
+
+
+def test_no_import_cycles():
+    known = modules()
+    graph = {name: {t for t in imported(path, known) if t in known and t != name
+                    and t != "medaidet"}
+             for name, path in known.items()}
+    # a package's __init__ re-exporting its own modules is not a cycle of the design
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
+    cycles = []
+    state = {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_checker_sees_a_lazy_upward_import(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from medaidet.training import train\n")
+    assert imported(source, {"medaidet.training.train"}) == {"medaidet.training.train"}
+    assert layer_of("medaidet.ssd.model") < layer_of("medaidet.training.train")
+
+
+@pytest.mark.parametrize("name", ["medaidet.stack.install", "medaidet.data.bccd"])
+def test_the_layers_name_real_modules(name):
+    assert name in modules()
