@@ -274,55 +274,14 @@ def gather_facts(gpu_smoke: bool = False) -> Facts:
 
 # ---------------------------------------------------------------- GPU smoke
 
-_SMOKE = r"""
-import json, sys, time, traceback
-out = {"device": sys.argv[1]}
-try:
-    import medaidet  # sets CHAINER_CUDNN=0 on CuPy 14, before chainer
-    import numpy as np
-    gpu = sys.argv[1] == "gpu"
-    if gpu:
-        import cupy as xp
-        sync = lambda: xp.cuda.Device().synchronize()
-    else:  # exercises this script on a machine without a GPU (tests)
-        xp, sync = np, lambda: None
-    t = time.perf_counter(); x = xp.ones(1 << 24, dtype=np.float32); sync()
-    out["alloc_ms"] = (time.perf_counter() - t) * 1e3
-    assert float(x.sum()) == float(1 << 24), "sum of a ones array is wrong"
-    a = np.random.RandomState(0).rand(32, 8732).astype(np.float32)
-    t = time.perf_counter(); order = xp.argsort(xp.asarray(a), axis=1); sync()
-    out["argsort_ms"] = (time.perf_counter() - t) * 1e3
-    order = order.get() if gpu else order
-    assert np.array_equal(np.take_along_axis(a, order, 1), np.sort(a, 1)), \
-        "argsort on (32, 8732) float32 disagrees with numpy"
-    import chainer
-    from chainercv.links import SSD300
-    model = SSD300(n_fg_class=3)
-    if gpu:
-        model.to_gpu(0)
-    img = xp.asarray(np.random.RandomState(1).rand(1, 3, 300, 300).astype(np.float32))
-    with chainer.using_config("train", False), chainer.no_backprop_mode():
-        for key in ("ssd_first_ms", "ssd_ms"):  # the first call compiles kernels
-            t = time.perf_counter(); locs, confs = model(img); sync()
-            out[key] = (time.perf_counter() - t) * 1e3
-    assert locs.shape == (1, 8732, 4) and confs.shape == (1, 8732, 4), (locs.shape, confs.shape)
-    assert bool(xp.isfinite(confs.array).all()), "SSD300 forward gave non-finite scores"
-    out["ok"] = True
-except BaseException:
-    out["ok"] = False
-    out["error"] = traceback.format_exc()[-1500:]
-print(json.dumps(out))
-"""
-
-
 def run_gpu_smoke(device: str = "gpu", timeout: int = 600) -> dict:
-    """Run a small real workload in a subprocess (a CUDA fault cannot kill the
+    """Run :mod:`medaidet.env.gpu_smoke` in a subprocess (a CUDA fault cannot kill the
     caller) with CUDA_LAUNCH_BLOCKING=1; returns ``{"ok": bool, ...timings or error}``."""
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
     start = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, "-c", _SMOKE, device], env=env, timeout=timeout,
-                              capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "medaidet.env.gpu_smoke", device], env=env,
+                              timeout=timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout} s"}
     lines = done.stdout.strip().splitlines()

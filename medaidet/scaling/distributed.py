@@ -172,17 +172,6 @@ class MpiInfo:
     fix: str = ""
 
 
-# Runs in a child so that loading libmpi (and a crash doing so) never touches the caller:
-# with rc.initialize off, mpi4py loads the library without calling MPI_Init.
-_PROBE = r"""
-import json, mpi4py
-mpi4py.rc.initialize = False
-mpi4py.rc.finalize = False
-from mpi4py import MPI
-print(json.dumps({"library": MPI.Get_library_version()}))
-"""
-
-
 def _flavor(text: str) -> str:
     """'openmpi', 'mpich' (MPICH, Intel MPI, MVAPICH: one ABI, the Hydra launcher) or ''."""
     low = text.lower()
@@ -235,7 +224,8 @@ def _probe_library() -> tuple:
     if loaded is not None:
         return loaded.Get_library_version().replace("\x00", ""), ""
     try:
-        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-m", "medaidet.scaling.mpi_probe"],
+                              capture_output=True, text=True,
                               timeout=60, env=launch_env())
     except subprocess.TimeoutExpired:
         return "", "loading the MPI library timed out after 60 s"

@@ -50,15 +50,18 @@ def test_a_hang_is_reported_and_its_workers_are_killed(monkeypatch, tmp_path):
     import medaidet.troubleshoot as ts
 
     pids = tmp_path / "pids"
-    monkeypatch.setattr(ts, "_FORK_SCRIPT", f"""
+    (tmp_path / "hanging_child.py").write_text(f"""
 import multiprocessing, os, time
 def work(i):
     open({str(pids)!r}, "a").write(f"{{os.getpid()}}\\n")
     time.sleep(120)
-with multiprocessing.get_context("fork").Pool(2) as pool:
-    pool.map(work, range(2))
+if __name__ == "__main__":
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(work, range(2))
 """)
-    result = ts.opencv_fork_check(threads=0, timeout=3)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p))
+    result = ts.opencv_fork_check(threads=0, timeout=3, program="hanging_child")
     assert result.hung and "HUNG" in result.summary()
     time.sleep(0.5)
     workers = [int(p) for p in pids.read_text().split()]

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import json
-import textwrap
 import time
 from dataclasses import dataclass
 
@@ -77,20 +76,6 @@ class OpenCVForkCheck:
                 f"workers: {what}; OpenCV's parallel framework here: {self.parallel_framework}")
 
 
-_FORK_SCRIPT = textwrap.dedent("""
-    import multiprocessing, sys
-    import cv2, numpy as np
-    cv2.setNumThreads(int(sys.argv[1]))
-    img = np.random.rand(1200, 1600, 3).astype(np.float32)
-    for _ in range(5):          # the parent's OpenCV thread pool exists now
-        cv2.resize(img, (300, 300))
-    def work(i):
-        return float(cv2.resize(img, (300 + i % 3, 300)).sum())
-    with multiprocessing.get_context("fork").Pool(2) as pool:
-        print(len(pool.map(work, range(16))), "resizes done in the workers")
-""")
-
-
 def _parallel_framework() -> str:
     try:
         import cv2
@@ -101,19 +86,22 @@ def _parallel_framework() -> str:
     return match.group(1).strip() if match else "not stated in cv2.getBuildInformation()"
 
 
-def opencv_fork_check(threads: int = 4, timeout: float = 20.0) -> OpenCVForkCheck:
-    """Seed 001's hang, reproduced in a child process with a time limit.
+def opencv_fork_check(threads: int = 4, timeout: float = 20.0,
+                      program: str = "medaidet.troubleshoot.fork_check") -> OpenCVForkCheck:
+    """The OpenCV fork hang, reproduced in a child process
+    (:mod:`medaidet.troubleshoot.fork_check`) with a time limit.
 
-    The parent uses OpenCV with ``threads`` threads (its thread pool starts), then forks two
+    The child uses OpenCV with ``threads`` threads (its thread pool starts), then forks two
     workers that call ``cv2.resize``: with OpenCV builds whose thread pool is not fork-safe
     (OpenMP or TBB, as in some conda builds) the workers wait forever for threads that
     were not copied into them: ``MultiprocessIterator`` then hangs. ``threads=0`` is the fix
     medaidet applies on import (``cv2.setNumThreads(0)``). Builds with a fork-safe pool
-    finish either way; the result says which framework this OpenCV uses.
+    finish either way; the result says which framework this OpenCV uses. ``program``: the
+    module the child runs (tests pass one that hangs on every build).
     """
     start = time.monotonic()
     # a session of its own: on a hang, the stuck workers are killed with their parent
-    proc = subprocess.Popen([sys.executable, "-c", _FORK_SCRIPT, str(int(threads))],
+    proc = subprocess.Popen([sys.executable, "-m", program, str(int(threads))],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -151,53 +139,11 @@ class OutOfMemoryDemo:
         return text + (f"\nNoBatchSizeFitsError: {self.error}" if self.error else "")
 
 
-_OOM_SCRIPT = textwrap.dedent("""
-    import json, resource, sys, warnings
-    import numpy as np
-    import medaidet
-    from chainer.dataset import concat_examples
-    from chainer.datasets import TransformDataset
-    from medaidet.data.bccd import BCCDDataset
-    from medaidet.scaling.memory import NoBatchSizeFitsError, find_batch_size
-    from medaidet.ssd.model import build_ssd, materialize
-    from medaidet.ssd.train_chain import MultiboxTrainChain
-    from medaidet.ssd.transforms import EncodeTransform
-
-    def vm(key):
-        with open("/proc/self/status") as f:
-            return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
-
-    root, start, headroom = json.loads(sys.argv[1])
-    np.random.seed(0)
-    model = materialize(build_ssd("ssd300", None, n_fg_class=3))
-    chain = MultiboxTrainChain(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        base = BCCDDataset(root, "train")
-    dataset = TransformDataset(base.slice[:2], EncodeTransform.for_model(model))
-    before = vm("VmSize")
-    loss = chain(*concat_examples([dataset[0]]))
-    loss.backward()
-    del loss
-    chain.cleargrads()
-    one_image = vm("VmPeak") - before
-    limit = vm("VmSize") + int(headroom * one_image)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    lines, error = [], None
-    try:
-        report = find_batch_size(chain, dataset, start=start, log=lines.append)
-    except NoBatchSizeFitsError as exc:
-        report, error = exc.report, str(exc)
-    print(json.dumps({"one_image": one_image, "limit": limit, "lines": lines,
-                      "report": report.to_dict(), "error": error}))
-""")
-
-
 def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
                        timeout: float = 600) -> OutOfMemoryDemo:
-    """Seed 004's out-of-memory error, for real, on a machine without a GPU.
+    """An out-of-memory error at a large batch size, for real, on a machine without a GPU.
 
-    A child process builds SSD300, measures what one BCCD image's forward + backward pass
+    A child process (:mod:`medaidet.troubleshoot.oom_demo`) builds SSD300, measures what one BCCD image's forward + backward pass
     needs, limits its own address space (``RLIMIT_AS``, Linux) to what it holds plus
     ``headroom`` times that, and runs :func:`medaidet.scaling.memory.find_batch_size` from
     ``start``: large batches raise NumPy's ``MemoryError`` (CuPy's
@@ -212,7 +158,7 @@ def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
     if not sys.platform.startswith("linux"):
         raise RuntimeError("out_of_memory_demo limits memory with RLIMIT_AS: Linux only")
     root = str(resolve_root(root))
-    proc = subprocess.run([sys.executable, "-c", _OOM_SCRIPT,
+    proc = subprocess.run([sys.executable, "-m", "medaidet.troubleshoot.oom_demo",
                            json.dumps([root, int(start), float(headroom)])],
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

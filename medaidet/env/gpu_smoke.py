@@ -1,0 +1,73 @@
+"""``python -m medaidet.env.gpu_smoke gpu|cpu``: a small real GPU workload, in a child.
+
+Allocates and sums a large array, sorts a (32, 8732) array as SSD's hard-negative mining
+does and checks it against NumPy, and runs SSD300 forward twice (the first call compiles
+kernels). Prints one JSON line: ``ok``, the timings in ms, or the error's traceback.
+:func:`medaidet.env.doctor.run_gpu_smoke` runs it with ``CUDA_LAUNCH_BLOCKING=1``, so a CUDA
+fault ends this process, not the doctor. ``cpu`` runs the same code with NumPy (tests).
+"""
+import json
+import sys
+import time
+import traceback
+
+
+def smoke(device: str) -> dict:
+    out = {"device": device}
+    try:
+        import medaidet  # noqa: F401  (sets CHAINER_CUDNN=0 on CuPy 14, before chainer)
+        import numpy as np
+        gpu = device == "gpu"
+        if gpu:
+            import cupy as xp
+
+            def sync():
+                xp.cuda.Device().synchronize()
+        else:
+            xp = np
+
+            def sync():
+                pass
+        t = time.perf_counter()
+        x = xp.ones(1 << 24, dtype=np.float32)
+        sync()
+        out["alloc_ms"] = (time.perf_counter() - t) * 1e3
+        assert float(x.sum()) == float(1 << 24), "sum of a ones array is wrong"
+        a = np.random.RandomState(0).rand(32, 8732).astype(np.float32)
+        t = time.perf_counter()
+        order = xp.argsort(xp.asarray(a), axis=1)
+        sync()
+        out["argsort_ms"] = (time.perf_counter() - t) * 1e3
+        order = order.get() if gpu else order
+        assert np.array_equal(np.take_along_axis(a, order, 1), np.sort(a, 1)), \
+            "argsort on (32, 8732) float32 disagrees with numpy"
+        import chainer
+        from chainercv.links import SSD300
+        model = SSD300(n_fg_class=3)
+        if gpu:
+            model.to_gpu(0)
+        img = xp.asarray(np.random.RandomState(1).rand(1, 3, 300, 300).astype(np.float32))
+        with chainer.using_config("train", False), chainer.no_backprop_mode():
+            for key in ("ssd_first_ms", "ssd_ms"):  # the first call compiles kernels
+                t = time.perf_counter()
+                locs, confs = model(img)
+                sync()
+                out[key] = (time.perf_counter() - t) * 1e3
+        assert locs.shape == (1, 8732, 4) and confs.shape == (1, 8732, 4), \
+            (locs.shape, confs.shape)
+        assert bool(xp.isfinite(confs.array).all()), "SSD300 forward gave non-finite scores"
+        out["ok"] = True
+    except BaseException:
+        out["ok"] = False
+        out["error"] = traceback.format_exc()[-1500:]
+    return out
+
+
+def main(argv=None) -> int:
+    device = (sys.argv[1:] if argv is None else argv)[0]
+    print(json.dumps(smoke(device)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
