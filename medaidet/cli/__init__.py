@@ -1,7 +1,8 @@
 """The ``medaidet`` command.
 
-Sub-commands import their modules lazily, so ``medaidet stack install``
-works in an environment that has no chainer yet.
+Each command group is a module of this package (``cli/stack.py``, ``cli/data.py``, …) that
+imports what it runs only when it runs, so ``medaidet stack install`` works in an environment
+that has no chainer yet.
 
 A user's mistake ends in one line on stderr, exit status 2, never a traceback: a bad
 argument (argparse and :mod:`medaidet.arguments` name it), any named
@@ -23,6 +24,8 @@ DEBUG_FLAG = "--debug"
 # running from a source checkout that was never installed.
 OWN_DEPENDENCIES = ("numpy", "packaging", "PIL", "matplotlib", "papermill", "nbformat",
                     "ipykernel", "tqdm", "defusedxml")
+# The commands that need the chainer stack (the others run before it is installed).
+MODEL_COMMANDS = ("train", "evaluate", "count", "batch-size")
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -57,9 +60,6 @@ def _add_unavailable(commands, name: str, exc: ImportError) -> None:
         raise exc
     p = commands.add_parser(name, help=f"(unavailable here: {exc})")
     p.set_defaults(func=unavailable, accepts_any_arguments=True)
-
-
-MODEL_COMMANDS = ("train", "evaluate", "count", "batch-size")
 
 
 def _needs_stack(exc: ImportError, command: str):
