@@ -193,7 +193,7 @@ def test_gpu_runs_on_self_hosted_gpu_runner_with_concurrency(gpu):
 
 def test_gpu_installs_checks_and_runs_the_full_course(gpu):
     lines = _run_lines(gpu)
-    order = ["pip install -e .", "medaidet stack install --cuda auto",
+    order = ["pip install -e '.[mpi]'", "medaidet stack install --cuda auto",
              "medaidet doctor --gpu-smoke", "medaidet data download", f"{RUNNER} --profile full"]
     found = []
     for needle in order:
