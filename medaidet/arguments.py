@@ -20,7 +20,7 @@ from pathlib import Path
 
 from medaidet.errors import MedaidetError
 
-__all__ = ["ArgumentValueError", "OutputDirError", "check_number", "positive_int",
+__all__ = ["ArgumentValueError", "OutputDirError", "check_number", "is_path", "positive_int",
            "non_negative_int", "positive_float", "probability", "prepare_output_dir"]
 
 
@@ -80,6 +80,11 @@ positive_float = _argparse_type("positive", False, "positive_float")
 probability = _argparse_type("probability", False, "probability")
 
 
+def is_path(value) -> bool:
+    """A non-empty str or os.PathLike (not a number, not a bool, not blank)."""
+    return isinstance(value, (str, os.PathLike)) and bool(str(os.fspath(value)).strip())
+
+
 def _is_within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
@@ -90,7 +95,7 @@ def prepare_output_dir(path, name: str = "--out", inputs=()) -> Path:
     root); the output may be neither one of them nor inside one — a run that writes there
     could overwrite or delete the user's own files. Returns the resolved path; raises
     :class:`OutputDirError` naming ``name`` and the path."""
-    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+    if not is_path(path):
         raise OutputDirError(f"{name}: {path!r} is not a folder path; expected a folder to "
                              "write the results in")
     out = Path(path).expanduser().resolve()

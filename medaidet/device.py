@@ -12,7 +12,7 @@ module on machines where chainer is broken or missing.
 """
 from medaidet.errors import MedaidetError
 
-__all__ = ["DEFAULT_DEVICE", "DeviceError", "parse_device", "device_kind", "gpu_status",
+__all__ = ["DEFAULT_DEVICE", "DeviceError", "parse_device", "gpu_status",
            "resolve_device"]
 
 DEFAULT_DEVICE = "auto"
@@ -46,18 +46,6 @@ def parse_device(spec=DEFAULT_DEVICE, name: str = "--device"):
 def _not_a_device(spec, name) -> DeviceError:
     return DeviceError(f"{name}: {spec!r} is not a device; expected auto, cpu, gpu or a GPU "
                        "number")
-
-
-def device_kind(spec) -> str:
-    """``"cpu"`` or ``"gpu"``: what ``spec`` (a spec, or a ``chainer.backend.Device``) runs
-    on; ``"auto"`` is resolved by :func:`gpu_status`."""
-    xp = getattr(spec, "xp", None)
-    if xp is not None:
-        return "cpu" if xp.__name__ == "numpy" else "gpu"
-    spec = parse_device(spec)
-    if spec == "auto":
-        return "gpu" if gpu_status()[0] > 0 else "cpu"
-    return "cpu" if spec == "cpu" else "gpu"
 
 
 def gpu_status():

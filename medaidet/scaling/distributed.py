@@ -39,6 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from medaidet.device import DeviceError, parse_device
 from medaidet.errors import MedaidetError
 
 __all__ = [
@@ -339,13 +340,12 @@ def _device_kind(device) -> str:
     xp = getattr(device, "xp", None)
     if xp is not None:
         return "cpu" if xp.__name__ == "numpy" else "gpu"
-    if isinstance(device, int) and not isinstance(device, bool):
-        return "cpu" if device < 0 else "gpu"
-    text = str(device).strip().lower()
-    if text in ("cpu", "@numpy", "numpy") or text.lstrip("-").isdigit() and int(text) < 0:
-        return "cpu"
-    if text in ("gpu", "cuda", "@cupy") or text.startswith("@cupy:") or text.isdigit():
-        return "gpu"
+    try:
+        spec = parse_device(device)
+    except DeviceError:
+        spec = "auto"        # not a device spec at all: the same error as "auto" below
+    if spec != "auto":       # a communicator is made per rank for a known device kind
+        return "cpu" if spec == "cpu" else "gpu"
     raise CommunicatorDeviceError(f"device_kind must be 'cpu' or 'gpu' (or a chainer device), "
                                   f"got {device!r}")
 

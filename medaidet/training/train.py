@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from medaidet import compat
-from medaidet.arguments import (ArgumentValueError, check_number, non_negative_int,
+from medaidet.arguments import (ArgumentValueError, check_number, is_path, non_negative_int,
                                 positive_float, positive_int, prepare_output_dir)
 from medaidet.device import DEFAULT_DEVICE, DeviceError, parse_device, resolve_device
 from medaidet.errors import MedaidetError
@@ -305,7 +305,7 @@ class TrainConfig:
         if isinstance(self.pretrained, str) and self.pretrained.strip().lower() == "none":
             self.pretrained = None        # as the command line's --pretrained none
         if self.pretrained is not None:
-            if not _is_path(self.pretrained):
+            if not is_path(self.pretrained):
                 raise ConfigError(
                     f"pretrained: {self.pretrained!r} is not a weights name or file; expected "
                     f"null, {', '.join(repr(p) for p in PRETRAINED)} or the path of a "
@@ -316,23 +316,16 @@ class TrainConfig:
             if not isinstance(value, str) or not value.strip():
                 raise ConfigError(f"{name}: {value!r} is not a split name; expected a split "
                                   "such as 'train'")
-        if not _is_path(self.out):
+        if not is_path(self.out):
             raise ConfigError(f"out: {self.out!r} is not a folder path; expected a folder to "
                               "write the results in")
         self.out = os.fspath(self.out)
         if self.root is not None:
-            if not _is_path(self.root):
+            if not is_path(self.root):
                 raise ConfigError(f"root: {self.root!r} is not a folder path; expected null "
                                   "($MEDAIDET_DATA or the cache) or the BCCD root")
             self.root = os.fspath(self.root)
 
-
-def _is_path(value) -> bool:
-    """A non-empty str or os.PathLike (not a number, not a bool)."""
-    return isinstance(value, (str, os.PathLike)) and bool(str(os.fspath(value)).strip())
-
-
-# --------------------------------------------------------------------------- device
 
 # --------------------------------------------------------------------------- randomness
 
