@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
 # -> troubleshooting -> environment -> command line
 LAYERS = [
     ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files",
-                "medaidet.arguments", "medaidet.compat", "medaidet.device"]),
+                "medaidet.arguments", "medaidet.compat", "medaidet.device",
+                "medaidet.numbers"]),
     ("stack", ["medaidet.stack"]),
     ("data", ["medaidet.data"]),
     ("ssd", ["medaidet.ssd"]),

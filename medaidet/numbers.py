@@ -1,0 +1,10 @@
+"""Numbers in results: a float that is nan or inf has no JSON form, so results say None."""
+import math
+
+
+def finite_or_none(value):
+    """``float(value)``, or None when it is nan or inf (or ``value`` is None)."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
