@@ -3,11 +3,12 @@
 One batch of ``--batch`` BCCD training images (deterministic: resized and encoded by
 ``EncodeTransform``), SSD300 with random weights (seeded), MomentumSGD. For each
 ``--accumulate`` N the same batch is fed as N micro-batches by
-:class:`medaidet.scaling.memory.AccumulatingUpdater` (N = 1: ``StandardUpdater``'s code), from
-the same initial weights. Printed per N: the best of ``--repeat`` timed updates (after one
-untimed warm-up update, which also allocates the optimizer state), the peak memory of an
-update (:class:`medaidet.scaling.memory.PeakMemory`: tracemalloc on the CPU, CuPy's memory pool
-on a GPU), and the largest relative L2 difference of any parameter's gradient from N = 1.
+:class:`medaidet.scaling.accumulation.AccumulatingUpdater` (N = 1: ``StandardUpdater``'s
+code), from the same initial weights. Printed per N: the best of ``--repeat`` timed updates
+(after one untimed warm-up update, which also allocates the optimizer state), the peak
+memory of an update (:class:`medaidet.scaling.batch_size.PeakMemory`: tracemalloc on the
+CPU, CuPy's memory pool on a GPU), and the largest relative L2 difference of any
+parameter's gradient from N = 1.
 Expected: peak memory falls roughly as 1/N, time per update grows a little (smaller
 GEMMs), gradients agree to float32 rounding (~1e-4).
 
@@ -24,7 +25,8 @@ import numpy as np
 
 import medaidet  # noqa: F401  (runtime compat settings)
 from medaidet.data.bccd import BCCDDataset
-from medaidet.scaling.memory import AccumulatingUpdater, PeakMemory
+from medaidet.scaling.accumulation import AccumulatingUpdater
+from medaidet.scaling.batch_size import PeakMemory
 from medaidet.ssd.model import build_ssd, materialize
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform

@@ -124,7 +124,7 @@ class OutOfMemoryDemo:
     """What :func:`out_of_memory_demo` saw: the finder's report, its log lines as they
     were printed, and the memory the child was given."""
 
-    report: "object"           # medaidet.scaling.memory.BatchSizeReport
+    report: "object"           # medaidet.scaling.batch_size.BatchSizeReport
     lines: list
     one_image_bytes: int
     limit_bytes: int
@@ -145,15 +145,15 @@ def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
 
     A child process (:mod:`medaidet.troubleshoot.oom_demo`) builds SSD300, measures what one BCCD image's forward + backward pass
     needs, limits its own address space (``RLIMIT_AS``, Linux) to what it holds plus
-    ``headroom`` times that, and runs :func:`medaidet.scaling.memory.find_batch_size` from
+    ``headroom`` times that, and runs :func:`medaidet.scaling.batch_size.find_batch_size` from
     ``start``: large batches raise NumPy's ``MemoryError`` (CuPy's
     ``OutOfMemoryError`` on a GPU), the finder frees, halves and retries, and reports every
     try. The limit applies to the child only: this process is never short of memory.
     With a ``headroom`` below 1 not even batch 1 fits: ``error`` then holds the message of
-    the finder's :class:`~medaidet.scaling.memory.NoBatchSizeFitsError`.
+    the finder's :class:`~medaidet.scaling.batch_size.NoBatchSizeFitsError`.
     """
     from medaidet.data import resolve_root
-    from medaidet.scaling.memory import BatchSizeReport
+    from medaidet.scaling.batch_size import BatchSizeReport
 
     if not sys.platform.startswith("linux"):
         raise RuntimeError("out_of_memory_demo limits memory with RLIMIT_AS: Linux only")

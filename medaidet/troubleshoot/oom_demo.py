@@ -3,8 +3,8 @@ error on the CPU, in a child whose address space is limited.
 
 Builds SSD300, measures what one BCCD image's forward + backward pass needs, limits this
 process's address space (``RLIMIT_AS``, Linux) to what it holds plus ``HEADROOM`` times that,
-and runs :func:`medaidet.scaling.memory.find_batch_size` from ``START``. Prints one JSON line:
-the finder's report, its log lines, the per-image bytes and the limit
+and runs :func:`medaidet.scaling.batch_size.find_batch_size` from ``START``. Prints one JSON
+line: the finder's report, its log lines, the per-image bytes and the limit
 (:func:`medaidet.troubleshoot.out_of_memory_demo` reads it).
 """
 import json
@@ -17,7 +17,7 @@ from chainer.dataset import concat_examples
 from chainer.datasets import TransformDataset
 
 from medaidet.data.bccd import BCCDDataset
-from medaidet.scaling.memory import NoBatchSizeFitsError, find_batch_size
+from medaidet.scaling.batch_size import NoBatchSizeFitsError, find_batch_size
 from medaidet.ssd.model import build_ssd, materialize
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform

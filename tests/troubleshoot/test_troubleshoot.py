@@ -1,5 +1,5 @@
 """medaidet.troubleshoot: the bad-sample finder on real BCCD, the OpenCV fork check (the
-out-of-memory demo is tested in test_memory)."""
+out-of-memory demo is tested in tests/scaling/test_batch_size.py)."""
 from medaidet.data.bccd import BCCDDataset
 from medaidet.troubleshoot import find_invalid_samples, opencv_fork_check
 

@@ -1,0 +1,214 @@
+"""Gradient accumulation: the gradients of a large batch with the memory of a small one.
+
+The course's recipe trains with batch 32. SSD300's activations for one 300x300 image take
+a few hundred MB in training (on the CPU chainer's im2col alone needs ~207 MB per image for
+``conv1_2``), so batch 32 needs a large GPU. :class:`AccumulatingUpdater` (``medaidet train
+--accumulate N``): each iteration takes the iterator's batch, feeds it to the model in ``N``
+micro-batches, adds their gradients up and updates once. The gradients are the large
+batch's (up to float rounding): each micro-batch's loss is divided by the positive priors
+of the *whole* batch (:func:`batch_positives`; see :func:`medaidet.ssd.loss.multibox_loss`'s
+``n_positive``), so the micro-batch losses add up to the batch's loss. Peak activation
+memory is that of one micro-batch.
+
+:mod:`medaidet.scaling.batch_size` finds the micro-batch that fits and the ``N`` to use.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+import chainer
+from chainer import backend
+from chainer.dataset import convert
+from chainer.training.updaters import StandardUpdater
+
+from medaidet.errors import MedaidetError
+
+__all__ = ["AccumulationError", "AccumulatingUpdater", "batch_positives"]
+
+
+class AccumulationError(MedaidetError, ValueError):
+    """``accumulate`` is not a positive integer, or the batch cannot be split into
+    ``accumulate`` equal micro-batches."""
+
+
+def _labels(data, labels_key):
+    """The ``gt_mb_labels`` of one example or of a converted batch (tuple or dict)."""
+    if isinstance(data, dict):
+        return data["gt_mb_labels" if isinstance(labels_key, int) else labels_key]
+    return data[labels_key]
+
+
+def batch_positives(batch, comm=None, labels_key=2):
+    """The normaliser of a whole batch: its positive priors, as the loss counts them.
+
+    ``batch``: the iterator's list of examples, ``(img, gt_mb_loc, gt_mb_label)`` tuples
+    (or dicts with ``'gt_mb_labels'``); ``labels_key`` says where the labels are. Counted
+    on the host, before the batch goes to the device. Returns a ``numpy.int64`` (what the
+    loss's own ``(gt_mb_labels > 0).sum()`` is on the CPU), or, with a ChainerMN ``comm``,
+    the count averaged over workers exactly as the loss does
+    (``comm.allreduce_obj(count) / comm.size``).
+    """
+    count = np.int64(0)
+    for example in batch:
+        labels = _labels(example, labels_key)
+        xp = backend.get_array_module(labels)
+        count += np.int64(int(xp.count_nonzero(labels > 0)))
+    if comm:
+        return comm.allreduce_obj(count) / comm.size
+    return count
+
+
+def _on_device_of(normaliser, labels):
+    """The normaliser as the loss would hold it next to ``labels``: a NumPy scalar on the
+    CPU (the loss then divides as ChainerCV does there), a 0-d array on a GPU (likewise)."""
+    if backend.get_array_module(labels) is np:
+        return normaliser
+    return backend.get_device_from_array(labels).send(np.asarray(normaliser))
+
+
+class AccumulatingUpdater(StandardUpdater):
+    """``StandardUpdater`` that feeds each batch in ``accumulate`` micro-batches.
+
+    Each iteration: take the iterator's batch (``batch_size`` images); count its positive
+    priors once (:func:`batch_positives`; with a ``comm`` averaged over workers, one
+    allreduce per batch); clear the gradients; for each of the ``accumulate`` equal
+    micro-batches: convert it to the device, ``loss = target(*micro_batch,
+    n_positive=count)``, ``loss.backward()`` (the gradients add up), free its graph; then
+    one ``optimizer.update()``. So one update sees the gradients of the whole batch (the
+    same as ``StandardUpdater`` with that batch, up to float rounding: the sums run in
+    another order) while only one micro-batch's activations are alive at a time.
+
+    Args:
+        iterator, optimizer, converter, device, loss_func, loss_scale, auto_new_epoch,
+            input_device: as ``StandardUpdater``. The loss function (``loss_func`` or the
+            optimizer's target, e.g. :class:`medaidet.ssd.train_chain.MultiboxTrainChain`) must
+            take the keyword ``n_positive``.
+        accumulate: micro-batches per batch; must divide the batch size. 1: exactly
+            ``StandardUpdater`` (its ``update_core`` runs).
+        comm: ChainerMN communicator for the positive count; default the target's
+            ``comm`` attribute (the one its loss would use), else none.
+        labels_key: where an example (and a converted batch) holds ``gt_mb_labels``:
+            index 2 of the tuple (the training transform's order) or a dict key.
+
+    Reporting: the chain reports ``loss``, ``loss/loc`` and ``loss/conf`` once per
+    micro-batch, each time its share of the batch's loss. Inside a reporter scope each
+    micro-batch reports into its own dictionary; the updater then reports, under the
+    same keys (``main/loss`` ...), the sum for the keys named in ``summed`` (the batch's
+    loss, the same value ``StandardUpdater`` reports) and the mean over micro-batches for
+    any other key.
+
+    Raises :class:`AccumulationError` at construction if ``accumulate`` is not a positive
+    integer or does not divide the iterator's ``batch_size``, and at an iteration whose
+    batch does not split (a short last batch of a non-repeating iterator).
+    """
+
+    summed = ("loss", "loss/loc", "loss/conf")
+
+    def __init__(self, iterator, optimizer, converter=convert.concat_examples, device=None,
+                 loss_func=None, loss_scale=None, auto_new_epoch=True, accumulate: int = 1,
+                 comm=None, labels_key=2, **kwargs):
+        if isinstance(accumulate, bool) or not isinstance(accumulate, (int, np.integer)) \
+                or accumulate < 1:
+            raise AccumulationError(
+                f"accumulate={accumulate!r}: the number of micro-batches per batch must be "
+                "a positive integer (1: no accumulation).")
+        super().__init__(iterator, optimizer, converter=converter, device=device,
+                         loss_func=loss_func, loss_scale=loss_scale,
+                         auto_new_epoch=auto_new_epoch, **kwargs)
+        self.accumulate = int(accumulate)
+        target = self.loss_func or self._optimizers["main"].target
+        self.comm = comm if comm is not None else getattr(target, "comm", None)
+        self.labels_key = labels_key
+        batch_size = getattr(self._iterators["main"], "batch_size", None)
+        if batch_size is not None:
+            self._check_batch_size(batch_size, "the iterator's batch_size")
+
+    def _check_batch_size(self, batch_size, what):
+        n = self.accumulate
+        if batch_size % n == 0:
+            return
+        lower = batch_size - batch_size % n
+        divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
+        multiples = f"{lower} or {lower + n}" if lower else f"{n}"
+        raise AccumulationError(
+            f"{what} is {batch_size}, which accumulate={n} does not divide: each iteration "
+            f"splits the batch into {n} equal micro-batches. Use a batch size that is a "
+            f"multiple of {n} (e.g. {multiples}) or an accumulate that divides {batch_size} "
+            f"({', '.join(map(str, divisors))}). A non-repeating iterator's last batch "
+            "can be short: drop it or use repeat=True.")
+
+    def update_core(self):
+        if self.accumulate == 1:
+            super().update_core()
+            return
+        iterator = self._iterators["main"]
+        optimizer = self._optimizers["main"]
+        batch = iterator.next()
+        self._check_batch_size(len(batch), "this batch's size")
+        loss_func = self.loss_func or optimizer.target
+        n_positive = batch_positives(batch, self.comm, self.labels_key)
+        size = len(batch) // self.accumulate
+
+        if getattr(optimizer, "_use_cleargrads", True):
+            optimizer.target.cleargrads()
+        else:
+            optimizer.target.zerograds()
+        observations = []
+        for start in range(0, len(batch), size):
+            in_arrays = convert._call_converter(self.converter, batch[start:start + size],
+                                                self.input_device)
+            normaliser = _on_device_of(n_positive, _labels(in_arrays, self.labels_key))
+            observation = {}
+            with _reports_into(observation):
+                if isinstance(in_arrays, tuple):
+                    loss = loss_func(*in_arrays, n_positive=normaliser)
+                elif isinstance(in_arrays, dict):
+                    loss = loss_func(**in_arrays, n_positive=normaliser)
+                else:
+                    loss = loss_func(in_arrays, n_positive=normaliser)
+            loss.backward(loss_scale=getattr(optimizer, "_loss_scale", None))
+            # the graph (every activation of this micro-batch) dies here, before the next
+            del loss, in_arrays
+            observations.append({key: _as_array(value) for key, value in observation.items()})
+        self._report(observations)
+        optimizer.update()
+
+        if self.auto_new_epoch and iterator.is_new_epoch:
+            optimizer.new_epoch(auto=True)
+
+    def _report(self, observations):
+        keys = []
+        for observation in observations:
+            keys += [key for key in observation if key not in keys]
+        values = {}
+        for key in keys:
+            parts = [o[key] for o in observations if key in o]
+            total = parts[0]
+            for part in parts[1:]:
+                total = total + part
+            if not any(key == name or key.endswith("/" + name) for name in self.summed):
+                total = total / len(parts)
+            if isinstance(parts[0], chainer.get_array_types()):
+                # reported as the chain reports: a Variable (of a 0-d array; NumPy's
+                # arithmetic on 0-d arrays gives scalars)
+                total = chainer.Variable(backend.get_array_module(parts[0]).asarray(total))
+            values[key] = total
+        chainer.reporter.report(values)
+
+
+@contextlib.contextmanager
+def _reports_into(observation):
+    """Route reports to ``observation`` while inside (if a reporter is current)."""
+    try:
+        chainer.reporter.get_current_reporter()
+    except IndexError:                          # no reporter: the chain reports nowhere
+        yield
+        return
+    with chainer.reporter.report_scope(observation):
+        yield
+
+
+def _as_array(value):
+    return value.array if isinstance(value, chainer.Variable) else value

@@ -1,0 +1,261 @@
+"""The batch-size finder (medaidet.scaling.batch_size) and ``medaidet batch-size``.
+
+The finder runs for real on the CPU in a subprocess whose address space is limited with
+``RLIMIT_AS`` (``medaidet.troubleshoot.out_of_memory_demo``), so that large batches raise
+NumPy's MemoryError and batch 1 fits; a stub chain covers the search and the report
+quickly in this process.
+"""
+import json
+
+import chainer
+import chainer.functions as F
+import numpy as np
+import pytest
+
+from medaidet.errors import MedaidetError
+from medaidet.scaling.batch_size import (BatchSizeReport, BatchSizeTry, NoBatchSizeFitsError,
+                                         find_batch_size, is_out_of_memory,
+                                         measure_batch_sizes, plot_memory)
+
+
+# --------------------------------------------------------------------------- the finder
+
+class HungryChain(chainer.Chain):
+    """A chain whose forward needs an impossible amount of memory above ``fits`` images:
+    NumPy raises its real MemoryError (``_ArrayMemoryError``) for 2**60 bytes."""
+
+    def __init__(self, fits):
+        super().__init__()
+        with self.init_scope():
+            self.w = chainer.Parameter(np.ones(3, np.float32))
+        self.fits = fits
+        self.seen = []
+
+    def forward(self, imgs, gt_mb_locs, gt_mb_labels):
+        self.seen.append(len(imgs))
+        if len(imgs) > self.fits:
+            np.empty(2**60, np.uint8)
+        work = chainer.Variable(np.ones((len(imgs), 1 << 16), np.float32))
+        return F.sum(work * F.sum(self.w)) + F.sum(imgs)
+
+
+def stub_samples(n):
+    """``n`` training examples ``(img, gt_mb_locs, gt_mb_labels)`` of 12 priors: what a
+    :class:`HungryChain` needs (it looks at the batch's length and sums the images)."""
+    return [(np.full((3, 4, 4), 1 + i / 3, np.float32), np.zeros((12, 4), np.float32),
+             np.zeros(12, np.int32)) for i in range(n)]
+
+
+def test_finder_halves_until_it_fits_and_reports_every_try():
+    chain, lines = HungryChain(fits=3), []
+    report = find_batch_size(chain, stub_samples(4), start=32, log=lines.append)
+    assert chain.seen == [32, 16, 8, 4, 2]
+    assert [t.batch_size for t in report.tries] == [32, 16, 8, 4, 2]
+    assert [t.ok for t in report.tries] == [False] * 4 + [True]
+    assert all(t.error.startswith("MemoryError") for t in report.tries[:4])
+    assert report.best_batch_size == 2
+    assert report.tries[-1].peak_bytes >= 2 * 4 * (1 << 16)        # the (2, 65536) array
+    assert report.tries[-1].images_per_second > 0
+    assert len(lines) == 5 and "out of memory" in lines[0] and "fits" in lines[-1]
+    assert report.accumulate == 16 and report.micro_batch_size == 2
+    assert "--batch-size 32 --accumulate 16" in report.suggestion
+    text = str(report)
+    assert "out of memory" in text and "largest batch size that fit: 2" in text
+    assert "tracemalloc" in text
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["best_batch_size"] == 2 and len(data["tries"]) == 5
+    assert data["tries"][-1]["images_per_second"] > 0
+    assert chain.w.grad is None                                    # grads cleared after
+
+
+def test_finder_min_batch_size_target_and_a_fit_at_once():
+    report = find_batch_size(HungryChain(fits=5), stub_samples(2), start=12,
+                             min_batch_size=5, target_batch_size=30, log=None)
+    assert [t.batch_size for t in report.tries] == [12, 6, 5]
+    assert report.micro_batch_size == 5 and report.accumulate == 6
+    report = find_batch_size(HungryChain(fits=64), stub_samples(2), start=8, log=None)
+    assert [t.ok for t in report.tries] == [True]
+    assert "no accumulation needed" in report.suggestion and report.accumulate == 1
+
+
+def test_no_batch_size_fits_is_named():
+    with pytest.raises(NoBatchSizeFitsError, match="tried 4 -> 2 -> 1") as info:
+        find_batch_size(HungryChain(fits=0), stub_samples(2), start=4, log=None)
+    assert isinstance(info.value, MedaidetError)
+    assert "Try:" in str(info.value)
+    assert [t.ok for t in info.value.report.tries] == [False, False, False]
+
+
+def test_other_errors_propagate():
+    class Broken(HungryChain):
+        def forward(self, *args):
+            raise KeyError("not a memory problem")
+
+    with pytest.raises(KeyError):
+        find_batch_size(Broken(fits=1), stub_samples(2), start=2, log=None)
+    assert not is_out_of_memory(KeyError("x"))
+    assert is_out_of_memory(MemoryError())
+
+
+def test_measure_batch_sizes_tries_every_size_and_records_the_ones_that_fail():
+    chain, lines = HungryChain(fits=3), []
+    report = measure_batch_sizes(chain, stub_samples(4), sizes=(4, 1, 2, 8), log=lines.append)
+    assert chain.seen == [1, 2, 4, 8]                      # sorted, none skipped
+    assert [t.ok for t in report.tries] == [True, True, False, False]
+    one, two = report.tries[:2]
+    assert two.peak_bytes > one.peak_bytes >= 4 * (1 << 16)   # grows with the batch
+    assert report.best_batch_size == 2 and report.target_batch_size == 8
+    assert len(lines) == 4 and chain.w.grad is None
+    back = BatchSizeReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert back.tries == report.tries and back.device == report.device
+    with pytest.raises(ValueError, match=r"^sizes: \[0, 2\] holds 0, not a batch size"):
+        measure_batch_sizes(chain, stub_samples(2), sizes=(0, 2), log=None)
+
+
+def test_plot_memory():
+    report = BatchSizeReport("@numpy", "tracemalloc", 8, [
+        BatchSizeTry(8, False, "MemoryError: x", seconds=0.1),
+        BatchSizeTry(4, False, "MemoryError: x", seconds=0.1),
+        BatchSizeTry(2, True, peak_bytes=3 << 30, seconds=4.0)])
+    fig = plot_memory(report)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "batch size" and "MiB" in ax.get_ylabel()
+    assert [line.get_label() for line in ax.lines][:2] == ["fits (peak)", "out of memory"]
+    fig.savefig(__import__("io").BytesIO(), format="png")
+
+
+# The real thing: SSD300 on the CPU in a subprocess with a limited address space
+# (medaidet.troubleshoot.out_of_memory_demo, which notebook 07 shows). Calibration (no
+# limit): the address space one image's forward + backward adds on top of what the
+# process holds (VmPeak - VmSize). Limit: what it holds now + 1.5 x that, so batch 1 fits
+# and batch 2 (about three times as much: im2col's columns for 2 images) does not. Then
+# + 0.05 x that, where nothing fits.
+@pytest.fixture(scope="module")
+def oom_run(bccd_root):
+    from medaidet.troubleshoot import out_of_memory_demo
+
+    return out_of_memory_demo(bccd_root, start=8, headroom=1.5)
+
+
+@pytest.mark.slow(seconds=13)
+def test_finder_survives_a_real_out_of_memory_on_the_cpu(oom_run):
+    report = oom_run.report
+    sizes = [t.batch_size for t in report.tries]
+    assert sizes[0] == 8 and sizes == [8 >> i for i in range(len(sizes))]    # halving
+    *failed, fit = report.tries
+    assert len(failed) >= 2 and fit.ok and oom_run.error is None
+    for t in failed:
+        assert not t.ok and t.error.startswith("MemoryError"), t
+        assert t.peak_bytes is None
+    assert fit.peak_bytes > 100 * 2**20 and fit.seconds > 0     # SSD300: ~500 MiB
+    assert report.best_batch_size == fit.batch_size <= 2
+    assert report.accumulate == 8 // fit.batch_size
+    assert f"--accumulate {report.accumulate}" in report.suggestion
+    assert len(oom_run.lines) == len(sizes) and "out of memory" in oom_run.lines[0]
+    assert oom_run.limit_bytes > oom_run.one_image_bytes > 100 * 2**20
+    text = oom_run.summary()
+    assert "out of memory" in text and "tracemalloc" in text and "1.5x one image" in text
+
+
+@pytest.mark.slow(seconds=7)
+def test_no_batch_size_fits_on_the_cpu(bccd_root):
+    from medaidet.troubleshoot import out_of_memory_demo
+
+    demo = out_of_memory_demo(bccd_root, start=2, headroom=0.05)
+    assert demo.error is not None, demo.lines
+    assert "tried 2 -> 1" in demo.error and "MemoryError" in demo.error
+    assert [t.ok for t in demo.report.tries] == [False, False]
+    assert "NoBatchSizeFitsError" in demo.summary()
+
+
+@pytest.mark.slow(seconds=25)
+def test_batch_size_command_on_real_bccd(bccd_root, tmp_path, capsys):
+    from medaidet.cli import main
+
+    out = tmp_path / "finder"
+    assert main(["batch-size", "--device", "cpu", "--sizes", "2", "1", "--target", "32",
+                 "--root", str(bccd_root), "--out", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [t["batch_size"] for t in data["tries"]] == [1, 2]
+    one, two = data["tries"]
+    assert one["ok"] and two["ok"] and two["peak_bytes"] > one["peak_bytes"] > 100 * 2**20
+    assert data["target_batch_size"] == 32 and data["accumulate"] == 16
+    assert json.loads((out / "batch_size.json").read_text()) == data
+    assert (out / "memory.png").read_bytes().startswith(b"\x89PNG")
+
+    assert main(["batch-size", "--device", "cpu", "--start", "1",
+                 "--root", str(bccd_root)]) == 0
+    text = capsys.readouterr().out
+    assert "batch 1: fits" in text and "no accumulation needed" in text
+    with pytest.raises(SystemExit):
+        main(["batch-size", "--start", "0"])
+    assert "argument --start: 0 is out of range; expected a whole number > 0" in \
+        capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Building SSD is the start of the work: every check must come before it."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was built before the arguments were checked")
+    monkeypatch.setattr("medaidet.ssd.model.build_ssd", refuse)
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+def test_batch_size_command_min_greater_than_start(bccd_root, capsys, no_model):
+    from medaidet.cli import main
+
+    assert main(["batch-size", "--device", "cpu", "--start", "4", "--min", "8",
+                 "--root", str(bccd_root)]) == 2
+    assert _error_line(capsys) == ("medaidet: error: --min: 8 is greater than --start 4; "
+                                   "expected a batch size from 1 to --start")
+
+
+def test_batch_size_command_output_folder(bccd_root, tmp_path, capsys, no_model):
+    from medaidet.cli import main
+
+    file = tmp_path / "results"
+    file.write_text("mine")
+    argv = ["batch-size", "--device", "cpu", "--start", "1", "--root", str(bccd_root)]
+    assert main(argv + ["--out", str(file)]) == 2
+    assert _error_line(capsys) == (f"medaidet: error: --out: {file} is a file, not a folder; "
+                                   "give a folder path (it is created if missing)")
+    assert main(argv + ["--out", str(file / "finder")]) == 2
+    assert _error_line(capsys).startswith(
+        f"medaidet: error: --out: cannot create the folder {file / 'finder'} ")
+    data = tmp_path / "bccd"
+    (data / "Annotations").mkdir(parents=True)
+    assert main(["batch-size", "--device", "cpu", "--root", str(data),
+                 "--out", str(data / "finder")]) == 2
+    assert _error_line(capsys).startswith(
+        f"medaidet: error: --out: {data / 'finder'} is inside {data}, which this run reads")
+    assert not (data / "finder").exists() and file.read_text() == "mine"
+
+
+def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
+    from medaidet.arguments import ArgumentValueError, OutputDirError
+    from medaidet.scaling.batch_size import batch_size_on_bccd
+
+    with pytest.raises(ArgumentValueError, match="^min_batch_size: 8 is greater than start 4; "
+                                                 "expected a batch size from 1 to start$"):
+        batch_size_on_bccd("cpu", start=4, min_batch_size=8, root=bccd_root)
+    with pytest.raises(ArgumentValueError, match="^start: 0 is out of range"):
+        batch_size_on_bccd("cpu", start=0, root=bccd_root)
+    with pytest.raises(ArgumentValueError, match=r"^sizes: \[2, 0\] .* expected"):
+        batch_size_on_bccd("cpu", sizes=[2, 0], root=bccd_root)
+    file = tmp_path / "results"
+    file.write_text("mine")
+    with pytest.raises(OutputDirError, match="^out: .* is a file, not a folder"):
+        batch_size_on_bccd("cpu", start=1, root=bccd_root, out=file)
+    with pytest.raises(ArgumentValueError, match="^min_batch_size: 3 is greater than start 2"):
+        find_batch_size(HungryChain(fits=1), stub_samples(2), start=2, min_batch_size=3,
+                        log=None)
+    with pytest.raises(ArgumentValueError, match="^start: 1.5 is not a whole number"):
+        find_batch_size(HungryChain(fits=1), stub_samples(2), start=1.5, log=None)
