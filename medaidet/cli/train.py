@@ -1,6 +1,73 @@
 """``medaidet train``: the course recipe from a terminal (notebook 03)."""
+from medaidet.arguments import non_negative_int, positive_float, positive_int
+from medaidet.training.config import PROFILES, TrainConfig
 
 
 def add_parser(commands) -> None:
-    from medaidet.training.train import add_train_parser
-    add_train_parser(commands)
+    p = commands.add_parser(
+        "train", help="train an SSD on BCCD (the course recipe, or the smoke profile)",
+        description="Train an SSD on BCCD. Settings: the profile's, then --config FILE, "
+                    "then the flags.")
+    p.add_argument("--profile", choices=PROFILES, default="full",
+                   help="smoke: a few iterations on a few images from random weights; "
+                        "full: the course recipe (default: full)")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="JSON (or YAML, with PyYAML) file of TrainConfig options")
+    p.add_argument("--device", default=None, help="auto, cpu, gpu (= GPU 0) or a GPU number (default: the profile's, auto)")
+    p.add_argument("--out", default=None, help="output directory")
+    p.add_argument("--resume", metavar="SNAPSHOT", default=None,
+                   help="continue from a trainer snapshot (snapshot_latest.npz)")
+    p.add_argument("--iterations", type=positive_int, default=None, help="stop after N iterations")
+    p.add_argument("--epochs", type=positive_float, default=None, help="stop after N epochs")
+    p.add_argument("--batch-size", type=positive_int, default=None)
+    p.add_argument("--subset", type=positive_int, default=None, help="train on the first N images")
+    p.add_argument("--seed", type=non_negative_int, default=None,
+                   help="seed Python, NumPy, CuPy and the data workers (see medaidet.training.seeding)")
+    p.add_argument("--deterministic", action="store_true", default=None,
+                   help="bitwise reproducible where possible: no worker processes, "
+                        "deterministic cuDNN; needs --seed")
+    p.add_argument("--accumulate", type=positive_int, default=None, metavar="N",
+                   help="split each batch into N micro-batches (gradient accumulation: the "
+                        "memory of batch/N, the gradients of the whole batch)")
+    p.add_argument("--communicator", default=None, metavar="NAME",
+                   help="ChainerMN multi-process training under mpiexec: naive (CPU or GPU), "
+                        "pure_nccl (GPUs), ...; batch size is the total over all ranks")
+    p.add_argument("--no-augment", dest="augment", action="store_false", default=None,
+                   help="no random augmentation (resize and encode only)")
+    p.add_argument("--root", default=None, help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
+    p.add_argument("--pretrained", default=None,
+                   help="imagenet, voc0712, none, or a model-only .npz")
+    p.add_argument("--n-processes", type=non_negative_int, default=None,
+                   help="data-loading worker processes (0: none)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_train)
+
+
+def config_from_args(args) -> TrainConfig:
+    """The config of a ``medaidet train`` command line: profile, then file, then flags."""
+    config = TrainConfig.profile(args.profile)
+    if args.config:
+        config = TrainConfig.from_file(args.config, base=config)
+    flags = {"device": args.device, "out": args.out, "iterations": args.iterations,
+             "epochs": args.epochs, "batch_size": args.batch_size, "subset": args.subset,
+             "seed": args.seed, "root": args.root, "n_processes": args.n_processes,
+             "deterministic": args.deterministic, "augment": args.augment,
+             "accumulate": args.accumulate, "communicator": args.communicator}
+    changes = {k: v for k, v in flags.items() if v is not None}
+    if args.epochs is not None and args.iterations is None:
+        changes["iterations"] = None      # --epochs alone: the profile's iteration count yields
+    if args.pretrained is not None:
+        changes["pretrained"] = None if args.pretrained.lower() == "none" else args.pretrained
+    return config.replace(**changes) if changes else config
+
+
+def _train(args) -> int:
+    from medaidet.training.run import prepare_run, train
+
+    config = config_from_args(args)
+    # checked here first so that the messages name the flags the user typed
+    prepare_run(config, args.resume, names={
+        "out": "--out" if args.out is not None else "out", "resume": "--resume",
+        "pretrained": "--pretrained" if args.pretrained is not None else "pretrained"})
+    train(config, resume=args.resume, progress=not args.no_progress)
+    return 0

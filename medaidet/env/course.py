@@ -29,8 +29,8 @@ from pathlib import Path
 from medaidet.arguments import check_number, prepare_output_dir
 from medaidet.errors import MedaidetError
 from medaidet.stack.install import installed_version
+from medaidet.training.config import PROFILES
 
-PROFILES = ("smoke", "full")
 CELL_TIMEOUT = {"smoke": 600, "full": 7200}
 NOTEBOOKS_ENV = "MEDAIDET_NOTEBOOKS"
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # medaidet/env/course.py -> the checkout

@@ -55,19 +55,20 @@ from medaidet.checksums import sha256_file
 from medaidet.files import atomic_file
 from medaidet.data.bccd import BCCD_LABEL_NAMES
 from medaidet.errors import MedaidetError
+from medaidet.ssd import MODEL_NAMES
 
 __all__ = [
     "MODELS", "PRETRAINED", "CLASS_HEADS", "build_ssd", "materialize", "pretrained_url",
     "pretrained_cache_path", "pretrained_file", "save_weights", "load_weights",
     "WeightsReport", "WeightsError", "WeightsNotFoundError", "WeightsMismatchError",
     "WeightsChecksumError", "WeightsFileError", "WeightsNotFiniteError", "WeightsComparison",
-    "compare_weights",
+    "compare_weights", "what_file_is",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Model names accepted by :func:`build_ssd`.
-MODELS = {"ssd300": SSD300, "ssd512": SSD512}
+#: Model name (:data:`medaidet.ssd.MODEL_NAMES`) -> ChainerCV class, for :func:`build_ssd`.
+MODELS = dict(zip(MODEL_NAMES, (SSD300, SSD512)))
 #: Named pretrained weights (ChainerCV's ``_models`` keys used here).
 PRETRAINED = ("imagenet", "voc0712")
 #: Prefix of the class-score heads: their shape depends on the number of classes.
@@ -438,7 +439,7 @@ _CAUSE_DIVERGED = ("the training diverged before these were saved; use an earlie
 _CAUSE_CACHED = ("the cached file is damaged; delete it and let ChainerCV download it again")
 
 
-def _what_file(path: Path) -> str | None:
+def what_file_is(path: Path) -> str | None:
     """What ``path`` holds, in words, when it is not a zip archive (``None`` when it is)."""
     with open(path, "rb") as f:
         head = f.read(512)
@@ -467,7 +468,7 @@ def _what_file(path: Path) -> str | None:
 def _read_arrays(path: Path) -> dict:
     """Every array of the ``.npz`` at ``path``, by name. Anything else raises
     :class:`WeightsFileError` saying what the file is and what was expected."""
-    what = _what_file(path)
+    what = what_file_is(path)
     if what is not None:
         if what.startswith("empty"):
             raise WeightsFileError(

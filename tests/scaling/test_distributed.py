@@ -562,7 +562,8 @@ def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
     have different numbers of cells, so a per-rank normalisation would not match --, the
     gradients are averaged, and rank 0's weights are broadcast before the first step)."""
     from medaidet.ssd.model import compare_weights
-    from medaidet.training.train import TrainConfig, train
+    from medaidet.training.config import TrainConfig
+    from medaidet.training.run import train
 
     config = dict(subset=2, batch_size=2, iterations=2, augment=False, seed=0,
                   snapshot_interval=None,
@@ -592,7 +593,7 @@ def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
     # largest update (float32 summation order; some biases do not move at all), and each
     # weight moved by at most 5% of its norm (from another seed's init: 140%). ChainerMN
     # skipping the first update (the bug this guards against) differed by 5.6e-3.
-    from medaidet.training.train import initial_weights
+    from medaidet.training.run import initial_weights
     initial = initial_weights(TrainConfig.profile("smoke", **config))
     with np.load(single.weights) as a, np.load(tmp_path / "mn" / "model.npz") as b:
         for name in a.files:
@@ -606,7 +607,9 @@ def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
 
 
 def test_resume_of_a_multi_process_run_is_refused(tmp_path):
-    from medaidet.training.train import ResumeError, TrainConfig, train
+    from medaidet.training.config import TrainConfig
+    from medaidet.training.run import train
+    from medaidet.training.snapshot import ResumeError
 
     config = TrainConfig.profile("smoke", communicator="naive", out=str(tmp_path))
     with pytest.raises(ResumeError, match="not supported"):

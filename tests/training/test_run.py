@@ -1,5 +1,5 @@
-"""medaidet.training.train: config, smoke training on real BCCD, seeds, kill + resume to the same
-weights, divergence, CLI."""
+"""medaidet.training.run (with config, snapshot and divergence): config, smoke training on real
+BCCD, seeds, kill + resume to the same weights, divergence, the ``medaidet train`` command."""
 import argparse
 import json
 import os
@@ -14,9 +14,13 @@ import pytest
 
 from conftest import REPO
 from medaidet.device import DeviceError, resolve_device
-from medaidet.training.train import (ConfigError, ResumeError, StopOnNonFinite,
-                            TrainConfig, TrainingDivergedError, add_train_parser,
-                            config_from_args, n_processes_for, train)
+from medaidet.cli import train as train_command
+from medaidet.cli.train import config_from_args
+from medaidet.training.config import ConfigError, TrainConfig
+from medaidet.training.divergence import StopOnNonFinite, TrainingDivergedError
+from medaidet.training.iterators import n_processes_for
+from medaidet.training.run import train
+from medaidet.training.snapshot import ResumeError
 
 # Tiny runs: SSD300 on a 2-core CPU is several seconds per image per iteration.
 TINY = dict(subset=2, batch_size=1, eval_subset=1, eval_batch_size=1, seed=0,
@@ -25,7 +29,7 @@ TINY = dict(subset=2, batch_size=1, eval_subset=1, eval_batch_size=1, seed=0,
 
 def _parse(argv):
     parser = argparse.ArgumentParser(prog="medaidet")
-    add_train_parser(parser.add_subparsers(dest="command", required=True))
+    train_command.add_parser(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["train", *argv])
 
 

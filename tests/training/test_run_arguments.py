@@ -1,4 +1,4 @@
-"""medaidet.training.train's inputs: every bad number, name, file or folder ends in one named error
+"""medaidet.training.run's inputs: every bad number, name, file or folder ends in one named error
 that says the argument as the user wrote it (``--epochs``, ``--resume``, or the config
 field ``model``), the value and what is expected, before any model or data is built."""
 import json
@@ -10,7 +10,9 @@ import pytest
 
 from medaidet.arguments import ArgumentValueError, OutputDirError
 from medaidet.cli import main
-from medaidet.training.train import ConfigError, ResumeError, TrainConfig, train
+from medaidet.training.config import ConfigError, TrainConfig
+from medaidet.training.run import train
+from medaidet.training.snapshot import ResumeError
 
 
 @pytest.fixture
@@ -19,8 +21,8 @@ def no_model(monkeypatch):
     must come before it."""
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the arguments were checked")
-    monkeypatch.setattr("medaidet.training.train._initial_model", refuse)
-    monkeypatch.setattr("medaidet.training.train.build_datasets", refuse)
+    monkeypatch.setattr("medaidet.training.recipe.make_model", refuse)
+    monkeypatch.setattr("medaidet.training.recipe.make_datasets", refuse)
 
 
 def _error_line(capsys) -> str:
@@ -160,17 +162,17 @@ def test_unusable_resume_file(kind, tmp_path, capsys, no_model):
     path = tmp_path / ("snapshot.npy" if kind == "npy" else "snapshot_latest.npz")
     if kind == "empty":
         path.write_bytes(b"")
-        problem = "is empty"
+        problem = "is empty (0 bytes)"
     elif kind == "truncated":
         data = _snapshot_like(path).read_bytes()
         path.write_bytes(data[:len(data) // 2])
         problem = "is truncated or corrupt"
     elif kind == "npy":
         np.save(path, np.zeros(3))
-        problem = "is a .npy array file, not an .npz archive"
+        problem = "is a single NumPy array (.npy, as numpy.save writes it)"
     elif kind == "text":
         path.write_text("not a snapshot")
-        problem = "is not an .npz archive"
+        problem = "is a text file (it begins 'not a snapshot')"
     elif kind == "weights":
         np.savez(path, **{"extractor/conv1_1/W": np.zeros(3)})
         problem = "is not a trainer snapshot (no 'updater/' entries)"
@@ -194,7 +196,7 @@ def test_missing_resume_file(tmp_path, capsys, no_model):
 
 
 def test_a_good_looking_resume_file_passes_the_first_check(tmp_path):
-    from medaidet.training.train import check_snapshot_file
+    from medaidet.training.snapshot import check_snapshot_file
     path = _snapshot_like(tmp_path / "snapshot_latest.npz")
     assert check_snapshot_file(path, "--resume") == path
 
@@ -206,7 +208,7 @@ def test_unusable_pretrained_file(kind, tmp_path, capsys, no_model):
     path = tmp_path / ("weights.npy" if kind == "npy" else "model.npz")
     if kind == "npy":
         np.save(path, np.zeros(3))
-        problem = "is a .npy array file, not an .npz archive"
+        problem = "is a single NumPy array (.npy, as numpy.save writes it)"
     elif kind == "truncated":
         np.savez(path, **{"extractor/conv1_1/W": np.zeros((64, 64))})
         data = path.read_bytes()

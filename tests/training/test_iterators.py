@@ -1,4 +1,4 @@
-"""medaidet.training.train with data-loading worker processes: an example that fails to load in a
+"""medaidet.training.iterators: data-loading worker processes: an example that fails to load in a
 worker ends the run with the same named error as without workers, instead of a hang.
 
 Chainer's MultiprocessIterator runs the workers from a prefetch thread that dies on the
@@ -61,7 +61,8 @@ def run_guarded(argv, timeout=HANG_SECONDS) -> subprocess.CompletedProcess:
 ITERATOR_CODE = """
 import sys, traceback
 from medaidet.data.bccd import BCCDDataset
-from medaidet.training.train import TrainConfig, make_train_iterator
+from medaidet.training.config import TrainConfig
+from medaidet.training.iterators import make_train_iterator
 
 dataset = BCCDDataset(sys.argv[1], "train")
 iterator, n = make_train_iterator(dataset, TrainConfig(batch_size=2, n_processes=2),
@@ -94,7 +95,8 @@ def test_worker_error_reaches_the_main_process_as_the_same_error(broken_bccd):
 
 UNPICKLABLE_CODE = """
 import threading
-from medaidet.training.train import TrainConfig, make_train_iterator
+from medaidet.training.config import TrainConfig
+from medaidet.training.iterators import make_train_iterator
 
 class Locked(Exception):
     def __init__(self, message):
@@ -125,7 +127,7 @@ def test_an_error_that_cannot_travel_is_named_by_its_type_and_message():
     done = run_guarded([sys.executable, "-c", UNPICKLABLE_CODE], timeout=QUICK_SECONDS)
     assert done.returncode == 0, done.stderr
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert lines["ERROR"] == "medaidet.training.train.DataWorkerError", done.stdout
+    assert lines["ERROR"] == "medaidet.training.iterators.DataWorkerError", done.stdout
     assert "__main__.Locked: example 2 holds a lock" in lines["MESSAGE"]
     assert "example 2" in lines["MESSAGE"]
 

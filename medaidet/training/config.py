@@ -1,0 +1,249 @@
+"""What a training run depends on: :class:`TrainConfig`, its profiles and its checks.
+
+The defaults are the course's recipe (ChainerCV's ``examples/ssd/train.py``, which the
+course copied): SSD300 from ImageNet VGG-16 weights, batch 32, MomentumSGD (lr 1e-3,
+momentum 0.9), bias gradients x2, weight decay 5e-4 on the other parameters, 300 epochs with
+the learning rate x0.1 at epochs 200 and 250 (the original course's schedule), hard
+negatives k=3, alpha=1. ``TrainConfig.profile('smoke')`` shrinks it to a few iterations on a
+few images from random weights (under a minute on a CPU).
+
+Bad values end here, before any work, in one :class:`ConfigError` that names the field, the
+value and what is expected. This module imports neither chainer nor the model code (the
+command line builds its parser from it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from medaidet.arguments import ArgumentValueError, check_number, is_path
+from medaidet.device import DEFAULT_DEVICE, DeviceError, parse_device
+
+__all__ = ["TrainConfig", "ConfigError", "PROFILES", "WEIGHTS_NAME"]
+
+PROFILES = ("smoke", "full")
+WEIGHTS_NAME = "model.npz"
+
+
+class ConfigError(ArgumentValueError):
+    """A training config (or config file) holds an unknown key or an impossible value; the
+    message names the field, the value and what is expected."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on. Defaults: the course's recipe.
+
+    Durations: training stops after ``iterations`` if given, else after ``epochs``;
+    ``lr_steps`` are epochs; ``eval_interval`` and ``snapshot_interval`` are epochs (``None``:
+    only at the end; evaluation and the snapshot always also happen at the end);
+    ``log_interval`` is iterations.
+    """
+
+    model: str = "ssd300"
+    pretrained: str | None = "imagenet"   # None, 'imagenet', 'voc0712' or an .npz path
+    batch_size: int = 32
+    lr: float = 1e-3
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    bias_grad_scale: float = 2.0
+    epochs: float = 300
+    iterations: int | None = None
+    lr_steps: tuple = (200, 250)
+    lr_gamma: float = 0.1
+    k: int = 3
+    alpha: float = 1.0
+    eval_interval: float | None = 1
+    eval_subset: int | None = None       # first N validation images; None: all
+    eval_batch_size: int = 8
+    log_interval: int = 10
+    snapshot_interval: float | None = 1
+    train_split: str = "train"
+    val_split: str = "val"
+    subset: int | None = None            # first N training images; None: all
+    n_processes: int | None = None       # None: min(4, cpu count); 0: SerialIterator
+                                         # (deterministic: None means 0)
+    seed: int | None = None
+    deterministic: bool = False          # bitwise reproducible where possible (needs seed)
+    augment: bool = True                 # False: resize + encode only (no random augmentation)
+    accumulate: int = 1                  # micro-batches per batch (gradient accumulation)
+    communicator: str | None = None      # ChainerMN: 'naive' (CPU/GPU), 'pure_nccl' (GPUs), ...
+    device: str | int = DEFAULT_DEVICE   # 'cpu', 'gpu' (= GPU 0), an int, or 'auto'
+    root: str | None = None              # BCCD root; None: $MEDAIDET_DATA / the cache
+    out: str = "outputs/train"
+
+    def __post_init__(self):
+        self.validate()
+
+    # ---- construction
+
+    @classmethod
+    def profile(cls, name: str, **overrides) -> "TrainConfig":
+        """``'full'``: the recipe. ``'smoke'``: random init, 4 training images, batch 2,
+        4 iterations, evaluation on 2 validation images at the end, no worker processes."""
+        if name == "full":
+            base = {}
+        elif name == "smoke":
+            base = dict(pretrained=None, subset=4, batch_size=2, iterations=4,
+                        eval_interval=None, eval_subset=2, eval_batch_size=2, log_interval=1,
+                        snapshot_interval=None, n_processes=0, device="cpu", seed=0,
+                        out="outputs/train-smoke")
+        else:
+            raise ConfigError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
+        return cls.from_dict({**base, **overrides})
+
+    @classmethod
+    def from_dict(cls, values: dict, base: "TrainConfig | None" = None) -> "TrainConfig":
+        """A config from ``values`` (unknown keys raise :class:`ConfigError`), on top of
+        ``base`` (default: the recipe)."""
+        if not isinstance(values, dict):
+            raise ConfigError(f"a training config must be a mapping of option names to "
+                              f"values, got {type(values).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"unknown training option(s) {', '.join(unknown)}; known: "
+                              f"{', '.join(sorted(names))}")
+        merged = dataclasses.asdict(base) if base is not None else {}
+        merged.update(values)
+        if isinstance(merged.get("lr_steps"), list):
+            merged["lr_steps"] = tuple(merged["lr_steps"])
+        try:
+            return cls(**merged)
+        except TypeError as exc:
+            raise ConfigError(f"bad training config: {exc}") from None
+
+    @classmethod
+    def from_file(cls, path, base: "TrainConfig | None" = None) -> "TrainConfig":
+        """Read a JSON file (always) or a YAML file (``.yaml``/``.yml``; needs PyYAML)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read the config file {path}: {exc}") from None
+        if path.suffix.lower() in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise ConfigError(f"{path} is YAML but PyYAML is not installed: "
+                                  "pip install pyyaml, or write the config as JSON") from None
+            try:
+                values = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+        else:
+            try:
+                values = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+        try:
+            return cls.from_dict(values if values is not None else {}, base)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    def replace(self, **changes) -> "TrainConfig":
+        return self.from_dict(changes, base=self)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["lr_steps"] = list(self.lr_steps)
+        return out
+
+    # ---- checks
+
+    def validate(self) -> None:
+        """Check every field; raise :class:`ConfigError` naming the first bad one, its value
+        and what is expected. The one place the fields are checked: construction calls it,
+        and so do :func:`train` and the ``medaidet train`` command (through the config
+        they build). Numbers written as text (YAML reads ``1e-3`` as text) become numbers,
+        paths become text (``config.json`` is JSON)."""
+        def number(name, rule="positive", integer=False, optional=False):
+            value = getattr(self, name)
+            if value is None and optional:
+                return
+            try:
+                checked = check_number(value, name, rule, integer)
+            except ArgumentValueError as exc:
+                raise ConfigError(f"{exc}{' or null' if optional else ''}") from None
+            if integer or isinstance(value, str):
+                setattr(self, name, checked)
+
+        for name in ("batch_size", "k", "log_interval", "eval_batch_size", "accumulate"):
+            number(name, integer=True)
+        for name in ("subset", "eval_subset", "iterations"):
+            number(name, integer=True, optional=True)
+        for name in ("epochs", "lr"):
+            number(name)
+        for name in ("eval_interval", "snapshot_interval"):
+            number(name, optional=True)
+        for name in ("momentum", "weight_decay", "bias_grad_scale", "alpha", "lr_gamma"):
+            number(name, "non-negative")
+        for name in ("n_processes", "seed"):
+            number(name, "non-negative", integer=True, optional=True)
+        if not isinstance(self.lr_steps, (list, tuple)):
+            raise ConfigError(f"lr_steps: {self.lr_steps!r} is not a list; expected a list of "
+                              "epochs")
+        steps = []
+        for i, step in enumerate(self.lr_steps):
+            try:
+                steps.append(float(check_number(step, f"lr_steps[{i}]", "non-negative")))
+            except ArgumentValueError as exc:
+                raise ConfigError(str(exc)) from None
+        self.lr_steps = tuple(steps)
+        for name in ("deterministic", "augment"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name}: {value!r} is not true or false; expected true or "
+                                  "false")
+        self._check_names()
+        if self.batch_size % self.accumulate:
+            raise ConfigError(
+                f"batch_size {self.batch_size} is not divisible by accumulate "
+                f"{self.accumulate}: the batch is split into {self.accumulate} equal "
+                f"micro-batches; use a batch size that is a multiple of {self.accumulate}")
+        if self.communicator is not None and (not isinstance(self.communicator, str)
+                                              or not self.communicator):
+            raise ConfigError(f"communicator: {self.communicator!r} is not a communicator "
+                              "name; expected a ChainerMN communicator name (naive, "
+                              "pure_nccl, ...) or null")
+        if self.deterministic and self.seed is None:
+            raise ConfigError("deterministic=True needs a seed: set seed (--seed S) too")
+        try:
+            parse_device(self.device, "device")
+        except DeviceError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def _check_names(self) -> None:
+        """The text fields: the model, the weights, the splits and the folders."""
+        from medaidet.ssd.model import MODELS, PRETRAINED
+
+        if not isinstance(self.model, str) or self.model.lower() not in MODELS:
+            raise ConfigError(f"model: {self.model!r} is not a model medaidet builds; "
+                              f"expected one of {', '.join(MODELS)}")
+        self.model = self.model.lower()
+        if isinstance(self.pretrained, str) and self.pretrained.strip().lower() == "none":
+            self.pretrained = None        # as the command line's --pretrained none
+        if self.pretrained is not None:
+            if not is_path(self.pretrained):
+                raise ConfigError(
+                    f"pretrained: {self.pretrained!r} is not a weights name or file; expected "
+                    f"null, {', '.join(repr(p) for p in PRETRAINED)} or the path of a "
+                    "model-only .npz")
+            self.pretrained = os.fspath(self.pretrained)
+        for name in ("train_split", "val_split"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"{name}: {value!r} is not a split name; expected a split "
+                                  "such as 'train'")
+        if not is_path(self.out):
+            raise ConfigError(f"out: {self.out!r} is not a folder path; expected a folder to "
+                              "write the results in")
+        self.out = os.fspath(self.out)
+        if self.root is not None:
+            if not is_path(self.root):
+                raise ConfigError(f"root: {self.root!r} is not a folder path; expected null "
+                                  "($MEDAIDET_DATA or the cache) or the BCCD root")
+            self.root = os.fspath(self.root)

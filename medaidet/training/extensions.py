@@ -1,0 +1,183 @@
+"""The trainer's extensions the course adds: when they fire, progress, plots, validation.
+
+* :class:`EveryOrEnd`: a trigger that fires every N epochs or iterations and at the end.
+* :func:`evaluator_class`: ChainerCV's ``DetectionVOCEvaluator`` in the 'evaluate' preset
+  (score 0.01; VOC area AP at IoU 0.5), timing itself.
+* :class:`Monitor`: the progress bar (tqdm, a widget in Jupyter) with loss and val mAP.
+* :class:`Plotter` and :func:`write_plots`: ``loss.png`` and ``map.png`` redrawn while
+  training runs, and every evaluation printed.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+from medaidet.data.bccd import BCCD_LABEL_NAMES
+
+__all__ = ["EveryOrEnd", "evaluator_class", "Monitor", "Plotter", "write_plots"]
+
+
+class EveryOrEnd:
+    """Fires every ``interval`` epochs (``None``: never) and at the end of training."""
+
+    def __init__(self, interval, unit, is_end):
+        from chainer.training.triggers import IntervalTrigger
+        self.interval = None if interval is None else IntervalTrigger(interval, unit)
+        self.is_end = is_end
+
+    def __call__(self, trainer):
+        fire = self.interval(trainer) if self.interval is not None else False
+        return fire or self.is_end(trainer)
+
+    def serialize(self, serializer):
+        if self.interval is not None:
+            self.interval.serialize(serializer["interval"])
+
+
+def evaluator_class():
+    from chainercv.extensions import DetectionVOCEvaluator
+
+    class PresetEvaluator(DetectionVOCEvaluator):
+        """DetectionVOCEvaluator in the 'evaluate' preset (score 0.01); the model's own
+        thresholds are restored afterwards. Counts the seconds it spends."""
+
+        seconds = 0.0
+
+        def evaluate(self):
+            target = self._targets["main"]
+            old = target.score_thresh, target.nms_thresh
+            start = time.perf_counter()
+            target.use_preset("evaluate")
+            try:
+                return super().evaluate()
+            finally:
+                target.score_thresh, target.nms_thresh = old
+                self.seconds += time.perf_counter() - start
+
+    return PresetEvaluator
+
+
+def _tqdm_class():
+    """tqdm's notebook bar where it can render (Jupyter with ipywidgets), else the text bar
+    (a terminal; Jupyter without ipywidgets shows it too)."""
+    try:
+        import ipywidgets  # noqa: F401
+        from tqdm.auto import tqdm
+    except ImportError:
+        from tqdm import tqdm
+    return tqdm
+
+
+class Monitor:
+    """Each iteration: remember the loss; drive the progress bar (loss and it/s)."""
+
+    trigger = (1, "iteration")
+    priority = 50     # after the evaluator (300) and LogReport (200)
+
+    def __init__(self, total: int, progress: bool):
+        self.total = total
+        self.progress = progress
+        self.bar = None
+        self.last_loss = None
+        self.iterations_run = 0
+
+    def initialize(self, trainer):
+        if self.progress and self.bar is None:
+            self.bar = _tqdm_class()(total=self.total, initial=trainer.updater.iteration,
+                                     desc="train", unit="it", dynamic_ncols=True,
+                                     mininterval=0.5, file=sys.stdout)
+
+    def __call__(self, trainer):
+        self.iterations_run += 1
+        loss = trainer.observation.get("main/loss")
+        if loss is not None:
+            self.last_loss = float(getattr(loss, "array", loss))
+        if self.bar is not None:
+            postfix = {"loss": f"{self.last_loss:.3f}"} if self.last_loss is not None else {}
+            mean_ap = trainer.observation.get("validation/main/map")
+            if mean_ap is not None:
+                postfix["val mAP"] = f"{float(mean_ap):.3f}"
+            self.bar.set_postfix(postfix, refresh=False)
+            self.bar.update(1)
+
+    def write(self, text):
+        (self.bar.write if self.bar is not None else print)(text)
+
+    def finalize(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _floats(log, key):
+    points = [(entry["iteration"], float(entry[key])) for entry in log if key in entry]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def write_plots(log, out) -> dict:
+    """``loss.png`` (total, loc and conf loss vs iteration) and ``map.png`` (validation
+    mAP and per-class AP vs iteration) from a LogReport log; returns their paths."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out = Path(out)
+    paths = {}
+    for name, keys, ylabel in (
+            ("loss", ("main/loss", "main/loss/loc", "main/loss/conf"), "loss"),
+            ("map", ("validation/main/map",) + tuple(
+                f"validation/main/ap/{c}" for c in BCCD_LABEL_NAMES),
+             "AP (VOC area, IoU 0.5, score >= 0.01)")):
+        fig = Figure(figsize=(6, 4), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        for key in keys:
+            x, y = _floats(log, key)
+            if x:
+                ax.plot(x, y, marker="o" if len(x) < 20 else None,
+                        label=key.split("/", 1)[1] if key != keys[0] or name == "loss"
+                        else "mAP", linewidth=2 if key == keys[0] else 1)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "no values yet", ha="center", va="center",
+                    transform=ax.transAxes)
+        else:
+            ax.legend()
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        path = out / f"{name}.png"
+        fig.savefig(path)
+        paths[name] = str(path)
+    return paths
+
+
+class Plotter:
+    """After LogReport: redraw the PNGs (at most every ``min_seconds``; always at the end)
+    and print each evaluation."""
+
+    priority = 100
+
+    def __init__(self, out, log_report, monitor, is_end, min_seconds=30.0):
+        self.out = out
+        self.log_report = log_report
+        self.monitor = monitor
+        self.is_end = is_end
+        self.min_seconds = min_seconds
+        self._last = -math.inf
+        self._evals_shown = 0
+
+    def __call__(self, trainer):
+        log = self.log_report.log
+        evals = [e for e in log if "validation/main/map" in e]
+        for entry in evals[self._evals_shown:]:
+            aps = ", ".join(f"{c} {entry.get(f'validation/main/ap/{c}', float('nan')):.3f}"
+                            for c in BCCD_LABEL_NAMES)
+            self.monitor.write(f"iteration {entry['iteration']}: val mAP "
+                               f"{entry['validation/main/map']:.3f} ({aps})")
+        self._evals_shown = len(evals)
+        now = time.monotonic()
+        if self.is_end(trainer) or now - self._last >= self.min_seconds:
+            write_plots(log, self.out)
+            self._last = now

@@ -1,0 +1,205 @@
+"""The training recipe as builders, in the order ChainerCV's ``examples/ssd/train.py`` reads.
+
+model -> train chain -> datasets and transform -> iterators -> optimizer (with its hooks)
+-> updater -> trainer -> extensions. Notebook 03 calls them one by one;
+:func:`medaidet.training.run.train` calls them in the same order and adds what the course
+needs around them (checks before any work, seeding, a divergence stop, snapshots with the
+random states, metrics and plots).
+
+Each builder takes the :class:`~medaidet.training.config.TrainConfig` and, where one process
+and a ChainerMN rank differ, the :class:`~medaidet.training.ranks.Ranks` of the run
+(``Ranks.for_config(config)``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import chainer
+from chainer import training
+from chainer.datasets import TransformDataset
+from chainer.optimizer_hooks import WeightDecay
+from chainer.training import extensions
+from chainercv.links.model.ssd import GradientScaling
+
+from medaidet.data.bccd import BCCD_LABEL_NAMES, BCCDDataset
+from medaidet.scaling.accumulation import AccumulatingUpdater
+from medaidet.ssd.model import build_ssd, materialize
+from medaidet.ssd.predict import CappedPredictor
+from medaidet.ssd.train_chain import MultiboxTrainChain
+from medaidet.ssd.transforms import EncodeTransform, TrainTransform
+from medaidet.training.config import TrainConfig
+from medaidet.training.divergence import StopOnNonFinite
+from medaidet.training.extensions import EveryOrEnd, Monitor, Plotter, evaluator_class
+from medaidet.training.iterators import make_train_iterator
+from medaidet.training.ranks import Ranks
+from medaidet.training.seeding import ReseedingTransform
+from medaidet.training.snapshot import SNAPSHOT_NAME, RandomStateExtension
+
+__all__ = ["make_model", "make_train_chain", "make_datasets", "make_iterators",
+           "make_optimizer", "make_updater", "make_trainer", "add_extensions",
+           "TrainingData", "Iterators", "Extensions"]
+
+
+def make_model(config: TrainConfig):
+    """The SSD of ``config.model`` for BCCD's three classes, from ``config.pretrained``
+    weights, with every parameter initialised now (random values are drawn here, from the
+    seeded RNG, before the iterator draws its first order)."""
+    model = build_ssd(config.model, config.pretrained, n_fg_class=len(BCCD_LABEL_NAMES))
+    return materialize(model)
+
+
+def make_train_chain(model, config: TrainConfig, ranks: Ranks):
+    """The model and the safe multibox loss (hard negatives ``k``, weight ``alpha``), on
+    this process's device."""
+    train_chain = MultiboxTrainChain(model, alpha=config.alpha, k=config.k, comm=ranks.comm)
+    train_chain.to_device(ranks.device)
+    ranks.device.use()
+    return train_chain
+
+
+@dataclass
+class TrainingData:
+    """``images``: the training images (all ranks'); ``train``: this process's share,
+    augmented and encoded for the loss; ``val``: the validation images, as they are;
+    ``transform``: the training transform (its ``stats`` count the boxes it drops)."""
+
+    images: object
+    train: object
+    val: object
+    transform: object
+
+
+def _first(dataset, n):
+    return dataset if n is None or n >= len(dataset) else dataset.slice[:n]
+
+
+def make_datasets(config: TrainConfig, model, ranks: Ranks) -> TrainingData:
+    """BCCD's training and validation splits (the first ``subset`` / ``eval_subset``
+    images), and the training transform: ChainerCV's augmentation then the multibox
+    encoding (:class:`~medaidet.ssd.transforms.TrainTransform`), or the encoding alone
+    with ``augment=False``, reseeded per example when ``config.seed`` is set."""
+    images = _first(BCCDDataset(config.root, config.train_split), config.subset)
+    val = _first(BCCDDataset(config.root, config.val_split), config.eval_subset)
+    transform = (TrainTransform if config.augment else EncodeTransform).for_model(model)
+    train = TransformDataset(images, ReseedingTransform(transform, config.seed))
+    return TrainingData(images, ranks.share(train, config.seed), val, transform)
+
+
+@dataclass
+class Iterators:
+    train: object
+    val: object
+    n_processes: int     # worker processes of the training iterator (0: none)
+
+
+def make_iterators(data: TrainingData, config: TrainConfig, ranks: Ranks,
+                   log=print) -> Iterators:
+    """The shuffled, repeating training iterator (worker processes where possible:
+    :func:`~medaidet.training.iterators.make_train_iterator`), and the validation iterator
+    (one pass, in order)."""
+    train_iter, n_processes = make_train_iterator(data.train, config, log, ranks.batch_size)
+    val_iter = chainer.iterators.SerialIterator(data.val, config.eval_batch_size,
+                                                repeat=False, shuffle=False)
+    return Iterators(train_iter, val_iter, n_processes)
+
+
+def make_optimizer(train_chain, config: TrainConfig, ranks: Ranks):
+    """MomentumSGD with the recipe's hooks: bias gradients x ``bias_grad_scale``, weight
+    decay on every other parameter (as ChainerCV's example), and :class:`StopOnNonFinite`
+    before and after every update. Shared over the ranks of a ChainerMN run."""
+    optimizer = ranks.wrap_optimizer(
+        chainer.optimizers.MomentumSGD(lr=config.lr, momentum=config.momentum))
+    optimizer.setup(train_chain)
+    ranks.broadcast_weights(optimizer)
+    for param in train_chain.params():
+        if param.name == "b":
+            param.update_rule.add_hook(GradientScaling(config.bias_grad_scale))
+        else:
+            param.update_rule.add_hook(WeightDecay(config.weight_decay))
+    optimizer.add_hook(StopOnNonFinite("pre"))
+    optimizer.add_hook(StopOnNonFinite("post"))
+    return optimizer
+
+
+def make_updater(train_iter, optimizer, config: TrainConfig, ranks: Ranks):
+    """``StandardUpdater``, or with ``accumulate > 1`` the
+    :class:`~medaidet.scaling.accumulation.AccumulatingUpdater` (the batch in
+    ``accumulate`` micro-batches, the loss normalised by the whole batch's positives)."""
+    if config.accumulate == 1:
+        return training.updaters.StandardUpdater(train_iter, optimizer, device=ranks.device)
+    return AccumulatingUpdater(train_iter, optimizer, device=ranks.device,
+                               accumulate=config.accumulate, comm=ranks.comm)
+
+
+@dataclass
+class Length:
+    """How long training runs: ``stop`` (the trainer's stop trigger), ``total`` iterations."""
+
+    config: TrainConfig
+    n_images: int
+
+    @property
+    def stop(self) -> tuple:
+        if self.config.iterations is not None:
+            return self.config.iterations, "iteration"
+        return self.config.epochs, "epoch"
+
+    @property
+    def total(self) -> int:
+        if self.config.iterations is not None:
+            return self.config.iterations
+        return math.ceil(self.config.epochs * self.n_images / self.config.batch_size)
+
+    def is_end(self, trainer) -> bool:
+        if self.config.iterations is not None:
+            return trainer.updater.iteration >= self.config.iterations
+        return trainer.updater.epoch_detail >= self.config.epochs
+
+
+def make_trainer(updater, config: TrainConfig, n_images: int):
+    """The trainer: ``iterations`` (or ``epochs`` of ``n_images``), writing to
+    ``config.out``."""
+    return training.Trainer(updater, Length(config, n_images).stop, out=str(config.out))
+
+
+@dataclass
+class Extensions:
+    """The extensions the run reads back: the evaluator (its seconds), the log, the
+    progress monitor (the last loss)."""
+
+    evaluator: object
+    log_report: object
+    monitor: object
+
+
+def add_extensions(trainer, model, val_iter, config: TrainConfig, ranks: Ranks,
+                   n_images: int, progress: bool = True) -> Extensions:
+    """The recipe's learning-rate steps and validation, then what the course adds: the log
+    (every ``log_interval`` iterations and at the end), the progress bar, the plots, and
+    (one process only) a trainer snapshot with the random states every
+    ``snapshot_interval`` epochs and at the end. Only rank 0 logs and writes."""
+    is_end = Length(config, n_images).is_end
+    trainer.extend(extensions.ExponentialShift("lr", config.lr_gamma, init=config.lr),
+                   trigger=training.triggers.ManualScheduleTrigger(list(config.lr_steps),
+                                                                   "epoch"))
+    evaluator = evaluator_class()(val_iter, CappedPredictor(model), use_07_metric=False,
+                                  label_names=BCCD_LABEL_NAMES, comm=ranks.comm)
+    trainer.extend(evaluator, name="validation",
+                   trigger=EveryOrEnd(config.eval_interval, "epoch", is_end))
+    log_report = extensions.LogReport(trigger=EveryOrEnd(config.log_interval, "iteration",
+                                                         is_end))
+    monitor = Monitor(Length(config, n_images).total, progress and ranks.is_root)
+    if ranks.is_root:
+        trainer.extend(log_report)
+        trainer.extend(extensions.observe_lr(), trigger=(1, "iteration"))
+        trainer.extend(monitor, name="monitor")
+        trainer.extend(Plotter(Path(config.out), log_report, monitor, is_end), name="plots",
+                       trigger=EveryOrEnd(config.log_interval, "iteration", is_end))
+    if ranks.keeps_snapshots:
+        trainer.extend(RandomStateExtension(n_images, config.batch_size))
+        trainer.extend(extensions.snapshot(filename=SNAPSHOT_NAME),
+                       trigger=EveryOrEnd(config.snapshot_interval, "epoch", is_end),
+                       priority=-100)
+    return Extensions(evaluator, log_report, monitor)

@@ -1,0 +1,178 @@
+"""A whole training run: :func:`train` is the recipe's builders plus what the course adds.
+
+:func:`train` checks what the run reads and writes before any work
+(:func:`prepare_run`), seeds every random number generator, builds the recipe with
+:mod:`medaidet.training.recipe` in ChainerCV's order, runs it (stopping at the first nan or
+inf: :mod:`medaidet.training.divergence`), and writes to ``config.out``:
+
+* ``model.npz`` + ``model.npz.sha256``: model-only weights
+  (:func:`medaidet.ssd.model.save_weights`), what evaluation, counting and
+  ``build_ssd(pretrained=PATH)`` load;
+* ``snapshot_latest.npz``: the whole trainer with the random states
+  (:mod:`medaidet.training.snapshot`), every ``snapshot_interval`` epochs and at the end;
+  ``train(config, resume=PATH)`` continues from it;
+* ``metrics.json``: the log and the final numbers (:func:`~medaidet.training.result.run_metrics`);
+* ``loss.png`` and ``map.png``: the loss curves and the validation AP;
+* ``config.json``: the config the run used.
+
+Validation uses the 'evaluate' preset (score threshold 0.01; the original course measured at
+0.6) and VOC area AP at IoU 0.5, with the capped predictor of :mod:`medaidet.ssd.predict`.
+Under ``mpiexec`` with ``config.communicator`` set, each process is one rank of a ChainerMN
+run (:class:`~medaidet.training.ranks.Ranks`); rank 0 writes the files.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import chainer
+
+from medaidet import compat
+from medaidet.arguments import prepare_output_dir
+from medaidet.data.download import resolve_root
+from medaidet.ssd.model import PRETRAINED, save_weights
+from medaidet.training import recipe
+from medaidet.training.config import WEIGHTS_NAME, ConfigError, TrainConfig
+from medaidet.training.divergence import stop_on_divergence
+from medaidet.training.extensions import write_plots
+from medaidet.training.iterators import n_processes_for
+from medaidet.training.ranks import Ranks
+from medaidet.training.result import TrainResult, run_metrics
+from medaidet.training.seeding import seed_everything
+from medaidet.training.snapshot import (SNAPSHOT_NAME, ResumeError, check_snapshot_file,
+                                        check_weights_file, load_snapshot)
+
+__all__ = ["train", "prepare_run", "initial_weights"]
+
+
+def prepare_run(config: TrainConfig, resume=None, names=None) -> Path:
+    """Check, before any model or data is built, what a run of ``config`` reads and
+    writes: the dataset root exists, the output folder can be written (created now) and
+    is not inside the dataset, the ``resume`` snapshot and the ``pretrained`` file are
+    readable ``.npz`` files. ``names``: how the user wrote each of ``'out'``,
+    ``'resume'`` and ``'pretrained'`` (the command line passes ``--out`` ...); default:
+    the config's field names. Returns the output folder (resolved). Raises
+    :class:`medaidet.arguments.OutputDirError`, :class:`ResumeError`,
+    :class:`medaidet.ssd.model.WeightsError` or
+    :class:`medaidet.data.download.DataNotFoundError`."""
+    names = {"out": "out", "resume": "resume", "pretrained": "pretrained", **(names or {})}
+    config.validate()
+    if resume is not None and config.communicator is not None:
+        raise ResumeError(f"{names['resume']}: resuming a multi-process (ChainerMN) run is not "
+                          "supported: each rank's data order and random state would have to "
+                          "be restored. Start a new run from its weights "
+                          "(pretrained='.../model.npz').")
+    out = prepare_output_dir(config.out, names["out"], inputs=(resolve_root(config.root),))
+    if resume is not None:
+        check_snapshot_file(resume, names["resume"])
+    if config.pretrained is not None and config.pretrained not in PRETRAINED:
+        check_weights_file(config.pretrained, names["pretrained"])
+    return out
+
+
+def initial_weights(config: TrainConfig) -> dict:
+    """The weights a seeded run of ``config`` starts from, ``{save_npz name: array}``
+    (rank 0's, for a multi-process run): the seed set as :func:`train` sets it, then the
+    model built the same way. To see how far training moved each array. Needs
+    ``config.seed``; reseeds the global RNGs
+    (:func:`medaidet.training.seeding.seed_everything`)."""
+    if config.seed is None:
+        raise ConfigError("initial_weights needs a seeded config (seed=...): without a "
+                          "seed the initial weights are not reproducible")
+    seed_everything(config.seed, deterministic=config.deterministic)
+    serializer = chainer.serializers.DictionarySerializer()
+    serializer.save(recipe.make_model(config))
+    return dict(serializer.target)
+
+
+def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
+          log=print) -> TrainResult:
+    """Train an SSD as ``config`` says (default: the course recipe); see the module docs.
+
+    Args:
+        config: a :class:`~medaidet.training.config.TrainConfig`.
+        resume: path of a trainer snapshot (``snapshot_latest.npz``) to continue from; the
+            config must use the same training images and batch size.
+        progress: show a progress bar (tqdm: a widget in Jupyter with ipywidgets, text
+            elsewhere).
+        log: where messages go (``print``).
+
+    Returns a :class:`~medaidet.training.result.TrainResult`. Raises
+    :class:`medaidet.device.DeviceError`, :class:`~medaidet.training.snapshot.ResumeError`,
+    :class:`~medaidet.training.divergence.TrainingDivergedError` (a nan/inf loss or
+    gradient: which iteration, and the snapshot left intact),
+    :class:`medaidet.ssd.model.WeightsNotFoundError` (``pretrained='imagenet'`` offline: the
+    message says where to put the file), and the dataset's errors.
+    """
+    compat.apply()
+    config = config if config is not None else TrainConfig()
+    prepare_run(config, resume)
+    ranks = Ranks.for_config(config)
+    with ranks.abort_on_error():
+        return _run(config, ranks, resume, progress, ranks.log(log))
+
+
+def _run(config: TrainConfig, ranks: Ranks, resume, progress: bool, log) -> TrainResult:
+    """:func:`train`'s body, top to bottom: seed, build, run, save."""
+    out = Path(config.out)                  # created and checked by prepare_run
+    if ranks.describe(config.batch_size):
+        log(f"train: {ranks.describe(config.batch_size)}, communicator {config.communicator}")
+    seeding = None
+    if config.seed is not None:   # each rank its own stream; the weights are rank 0's
+        seeding = seed_everything(ranks.seed(config.seed), [ranks.device],
+                                  config.deterministic, n_processes_for(config))
+        log(f"train: {seeding.table()}")
+
+    model = recipe.make_model(config)
+    if model.weights_report is not None:
+        log(f"train: {model.weights_report.summary()}")
+    train_chain = recipe.make_train_chain(model, config, ranks)
+    data = recipe.make_datasets(config, model, ranks)
+    iterators = recipe.make_iterators(data, config, ranks, log)
+    optimizer = recipe.make_optimizer(train_chain, config, ranks)
+    updater = recipe.make_updater(iterators.train, optimizer, config, ranks)
+    trainer = recipe.make_trainer(updater, config, len(data.images))
+    extensions = recipe.add_extensions(trainer, model, iterators.val, config, ranks,
+                                       len(data.images), progress)
+    if not ranks.keeps_snapshots:
+        log("train: no trainer snapshot in a multi-process run (resume is not supported "
+            "there); the weights are saved at the end")
+    if resume is not None:
+        load_snapshot(trainer, resume, len(data.images), config.batch_size)
+        log(f"train: resumed from {resume} at iteration {updater.iteration}")
+    if ranks.is_root:
+        (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+
+    start_iteration, start = updater.iteration, time.perf_counter()
+    try:
+        with stop_on_divergence(updater, out / SNAPSHOT_NAME):
+            trainer.run(show_loop_exception_msg=False)
+    finally:
+        extensions.monitor.finalize()
+        if hasattr(iterators.train, "finalize"):
+            iterators.train.finalize()
+    seconds = time.perf_counter() - start
+
+    rank_digests = ranks.agreed_digests(model)      # every rank must end with the same weights
+    snapshot = out / SNAPSHOT_NAME if ranks.keeps_snapshots else None
+    if not ranks.is_root:
+        return TrainResult(out=out, weights=out / WEIGHTS_NAME, sha256="", snapshot=snapshot,
+                           metrics={"rank": ranks.rank, "rank_digests": rank_digests},
+                           model=model)
+    sha256 = save_weights(model, out / WEIGHTS_NAME)
+    metrics = run_metrics(config, ranks, data, iterators, updater, extensions,
+                          start_iteration=start_iteration, seconds=seconds, resume=resume,
+                          weights=out / WEIGHTS_NAME, sha256=sha256, snapshot=snapshot,
+                          plots=write_plots(extensions.log_report.log, out), seeding=seeding,
+                          rank_digests=rank_digests)
+    if iterators.n_processes == 0:
+        stats = data.transform.stats
+        log(f"train: augmentation dropped {stats.dropped} of {stats.boxes_in} boxes "
+            f"(too small {stats.too_small}, non-finite {stats.non_finite}); "
+            f"{stats.cropped_out} left the random crop (the recipe's own behaviour)")
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    result = TrainResult(out=out, weights=out / WEIGHTS_NAME, sha256=sha256,
+                         snapshot=snapshot, metrics=metrics, model=model)
+    log(result.summary())
+    return result
