@@ -58,16 +58,8 @@ def run_guarded(argv, timeout=HANG_SECONDS) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-ITERATOR_CODE = """
-import sys, traceback
-from medaidet.data.bccd import BCCDDataset
-from medaidet.training.config import TrainConfig
-from medaidet.training.iterators import make_train_iterator
-
-dataset = BCCDDataset(sys.argv[1], "train")
-iterator, n = make_train_iterator(dataset, TrainConfig(batch_size=2, n_processes=2),
-                                  log=print)
-assert n == 2, n
+# the end of each program below: the first batch, and what it raised
+NEXT_BATCH = """
 try:
     next(iterator)
 except Exception as exc:
@@ -79,9 +71,21 @@ finally:
 print("DONE")
 """
 
+ITERATOR_CODE = """
+import sys, traceback
+from medaidet.data.bccd import BCCDDataset
+from medaidet.training.config import TrainConfig
+from medaidet.training.iterators import make_train_iterator
+
+dataset = BCCDDataset(sys.argv[1], "train")
+iterator, n = make_train_iterator(dataset, TrainConfig(batch_size=2, n_processes=2),
+                                  log=print)
+assert n == 2, n
+"""
+
 
 def test_worker_error_reaches_the_main_process_as_the_same_error(broken_bccd):
-    done = run_guarded([sys.executable, "-c", ITERATOR_CODE, str(broken_bccd)],
+    done = run_guarded([sys.executable, "-c", ITERATOR_CODE + NEXT_BATCH, str(broken_bccd)],
                        timeout=QUICK_SECONDS)
     assert done.returncode == 0, done.stderr
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
@@ -113,18 +117,12 @@ class Dataset:
 
 iterator, n = make_train_iterator(Dataset(), TrainConfig(batch_size=4, n_processes=2))
 assert n == 2, n
-try:
-    next(iterator)
-except Exception as exc:
-    print("ERROR", type(exc).__module__ + "." + type(exc).__qualname__)
-    print("MESSAGE", exc)
-finally:
-    iterator.finalize()
 """
 
 
 def test_an_error_that_cannot_travel_is_named_by_its_type_and_message():
-    done = run_guarded([sys.executable, "-c", UNPICKLABLE_CODE], timeout=QUICK_SECONDS)
+    done = run_guarded([sys.executable, "-c", UNPICKLABLE_CODE + NEXT_BATCH],
+                       timeout=QUICK_SECONDS)
     assert done.returncode == 0, done.stderr
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     assert lines["ERROR"] == "medaidet.training.iterators.DataWorkerError", done.stdout
