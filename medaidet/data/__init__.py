@@ -1,8 +1,12 @@
 """BCCD data: pinned download, validating loader, validation report, synthetic data.
 
-Names are imported lazily so that ``medaidet data download`` needs no chainer.
+Names are imported lazily so that ``medaidet data download`` needs no chainer; for the same
+reason :data:`SPLITS` is here (the command line offers them).
 """
 import importlib
+
+#: BCCD's image sets, ``ImageSets/Main/<split>.txt``.
+SPLITS = ("train", "val", "trainval", "test")
 
 _PUBLIC = {
     "BCCD_LABEL_NAMES": "medaidet.data.bccd",
@@ -13,7 +17,7 @@ _PUBLIC = {
     "make_synthetic": "medaidet.data.synth",
 }
 
-__all__ = sorted(_PUBLIC)
+__all__ = ["SPLITS"] + sorted(_PUBLIC)
 
 
 def __getattr__(name):

@@ -79,10 +79,11 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
+from medaidet.data import SPLITS
 from medaidet.data.bccd import (
-    BCCD_LABEL_NAMES, SPLITS, AnnotationParseError, ImageError, MissingFileError,
-    annotation_path, check_annotation, decode_image, image_path, parse_annotation,
-    read_image_size, scan_split_file, split_path)
+    BCCD_LABEL_NAMES, AnnotationParseError, ImageError, MissingFileError, annotation_path,
+    check_annotation, decode_image, image_path, parse_annotation, read_image_size,
+    scan_split_file, split_path)
 from medaidet.data.download import resolve_root
 
 __all__ = ["validate_dataset", "ValidationReport", "Issue", "ImagePair", "KINDS", "SEVERITIES"]

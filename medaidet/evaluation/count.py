@@ -19,7 +19,6 @@ Read the RBC numbers with :data:`RBC_NOTE` in mind.
 """
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import math
@@ -28,16 +27,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from medaidet.arguments import ArgumentValueError, check_number, probability
+from medaidet.arguments import ArgumentValueError, check_number
 from medaidet.device import DEFAULT_DEVICE
-from medaidet.evaluation.evaluate import (EVALUATE_SCORE_THRESH, Predictions, add_common_arguments,
-                               check_run, predict_weights)
+from medaidet.evaluation.evaluate import Predictions, check_run, predict_weights
+from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, EVALUATE_SCORE_THRESH
+from medaidet.numbers import finite_or_none
 
-__all__ = ["RBC_NOTE", "SWEEP_NOTE", "DEFAULT_SCORE_THRESH", "DEFAULT_THRESHOLDS",
-           "CountResult", "SweepResult", "count_cells", "threshold_sweep", "plot_counts",
-           "plot_sweep", "count_weights", "add_count_parser"]
+__all__ = ["RBC_NOTE", "SWEEP_NOTE", "DEFAULT_THRESHOLDS", "CountResult", "SweepResult",
+           "count_cells", "threshold_sweep", "plot_counts", "plot_sweep", "count_weights"]
 
-DEFAULT_SCORE_THRESH = 0.5
 DEFAULT_THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
 
 RBC_NOTE = (
@@ -166,8 +164,9 @@ class CountResult:
     def to_dict(self) -> dict:
         per_class = {name: {"annotated_total": int(self.annotated[:, l].sum()),
                             "predicted_total": int(self.predicted[:, l].sum()),
-                            "mae": _num(self.mae[l]), "bias": _num(self.bias[l]),
-                            "relative_error": _num(self.relative_error[l]),
+                            "mae": finite_or_none(self.mae[l]),
+                            "bias": finite_or_none(self.bias[l]),
+                            "relative_error": finite_or_none(self.relative_error[l]),
                             "n_relative": int(self.n_relative[l])}
                      for l, name in enumerate(self.label_names)}
         return {"split": self.split, "score_thresh": self.score_thresh,
@@ -187,12 +186,7 @@ def _fmt(value, pct=False, sign=False) -> str:
     return f"{value:+.2f}" if sign else f"{value:.2f}"
 
 
-def _num(value):
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def count_cells(predictions: Predictions, score_thresh: float = DEFAULT_SCORE_THRESH
+def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH
                 ) -> CountResult:
     """Predicted (detections scoring ``>= score_thresh``) vs annotated counts.
 
@@ -339,7 +333,7 @@ def plot_sweep(sweep: SweepResult):
     return fig
 
 
-def count_weights(weights_path, split: str = "test", score_thresh=DEFAULT_SCORE_THRESH,
+def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_THRESH,
                   model_name: str = "ssd300", root=None, subset=None, device=DEFAULT_DEVICE,
                   out=None, thresholds=DEFAULT_THRESHOLDS, batch_size: int = 8,
                   progress: bool = True):
@@ -371,44 +365,3 @@ def count_weights(weights_path, split: str = "test", score_thresh=DEFAULT_SCORE_
         plot_counts(result).savefig(out / "counts.png", dpi=100)
         plot_sweep(sweep).savefig(out / "count_sweep.png", dpi=100)
     return result, sweep
-
-
-def _count_command(args) -> int:
-    result, sweep = count_weights(args.weights, split=args.split,
-                                  score_thresh=args.score_thresh, model_name=args.model,
-                                  root=args.root, subset=args.subset, device=args.device,
-                                  out=args.out, batch_size=args.batch_size)
-    if args.json:
-        print(json.dumps({**result.to_dict(), "sweep": sweep.to_dict()}, indent=2))
-    else:
-        print(result)
-        print()
-        print(sweep)
-    return 0
-
-
-def count_threshold(text: str) -> float:
-    """argparse type of ``--score-thresh``: a probability, and not below the 0.01 the
-    detector predicts with (a lower threshold would count nothing more)."""
-    value = probability(text)
-    if value < EVALUATE_SCORE_THRESH:
-        raise argparse.ArgumentTypeError(
-            f"{text} is below {EVALUATE_SCORE_THRESH:g}, the lowest score the detector keeps; "
-            f"expected a number from {EVALUATE_SCORE_THRESH:g} to 1")
-    return value
-
-
-def add_count_parser(subparsers):
-    """Register ``medaidet count WEIGHTS ...`` on an argparse ``subparsers`` object."""
-    p = subparsers.add_parser(
-        "count", help="count cells per image and class; compare with the annotation",
-        description="Predict a BCCD split, count detections scoring >= --score-thresh per "
-                    "image and class, and compare with the annotated counts (MAE, relative "
-                    "error, bias), plus a threshold sweep. --out writes counts.json, "
-                    "counts.png and count_sweep.png.")
-    add_common_arguments(p)
-    p.add_argument("--score-thresh", type=count_threshold, default=DEFAULT_SCORE_THRESH,
-                   help=f"count detections scoring at least this, from "
-                        f"{EVALUATE_SCORE_THRESH:g} to 1 (default: {DEFAULT_SCORE_THRESH})")
-    p.set_defaults(func=_count_command)
-    return p

@@ -33,28 +33,19 @@ from pathlib import Path
 
 import numpy as np
 
-from medaidet.arguments import check_number, positive_int, prepare_output_dir
-from medaidet.ssd.model import WeightsNotFoundError
+from medaidet.arguments import check_number, prepare_output_dir
 from medaidet.device import DEFAULT_DEVICE, resolve_device
+from medaidet.evaluation.protocol import (COURSE_PUBLISHED, EVALUATE_SCORE_THRESH, IOU_THRESH,
+                                          PROTOCOLS)
+from medaidet.numbers import finite_or_none
+from medaidet.ssd.model import WeightsNotFoundError
 from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
 
 __all__ = [
-    "IOU_THRESH", "PROTOCOLS", "EVALUATE_SCORE_THRESH", "COURSE_SCORE_THRESH",
-    "COURSE_PUBLISHED", "Predictions", "ProtocolResult", "EvaluationResult",
-    "TrainedWeightsMissingError", "predict_split", "evaluate", "plot_pr_curves",
-    "load_model", "predict_weights", "evaluate_weights",
-    "add_evaluate_parser",
+    "Predictions", "ProtocolResult", "EvaluationResult", "TrainedWeightsMissingError",
+    "predict_split", "evaluate", "plot_pr_curves", "load_model",
+    "predict_weights", "evaluate_weights",
 ]
-
-IOU_THRESH = 0.5
-#: Score threshold of ChainerCV's 'evaluate' preset.
-EVALUATE_SCORE_THRESH = 0.01
-#: Score threshold of the 'visualize' preset, which the course evaluated with.
-COURSE_SCORE_THRESH = 0.6
-#: Protocol name -> score threshold. Both are scored from the same predictions.
-PROTOCOLS = {"evaluate": EVALUATE_SCORE_THRESH, "course": COURSE_SCORE_THRESH}
-#: The course's published test numbers (VOC area AP, score >= 0.6, 72 images).
-COURSE_PUBLISHED = {"map": 0.719, "ap": {"rbc": 0.760, "wbc": 0.965, "platelets": 0.432}}
 
 
 class TrainedWeightsMissingError(WeightsNotFoundError):
@@ -303,9 +294,11 @@ class EvaluationResult:
         for name, p in self.protocols.items():
             protocols[name] = {
                 "score_thresh": p.score_thresh,
-                "map_voc": _num(p.map_voc), "map_voc07": _num(p.map_voc07),
-                "ap_voc": {c: _num(v) for c, v in zip(self.label_names, p.ap_voc)},
-                "ap_voc07": {c: _num(v) for c, v in zip(self.label_names, p.ap_voc07)},
+                "map_voc": finite_or_none(p.map_voc),
+                "map_voc07": finite_or_none(p.map_voc07),
+                "ap_voc": {c: finite_or_none(v) for c, v in zip(self.label_names, p.ap_voc)},
+                "ap_voc07": {c: finite_or_none(v)
+                             for c, v in zip(self.label_names, p.ap_voc07)},
                 "n_gt": {c: int(v) for c, v in zip(self.label_names, p.n_gt)},
                 "n_detections": {c: int(v) for c, v in zip(self.label_names, p.n_detections)},
             }
@@ -324,11 +317,6 @@ _COURSE_NOTE = ("The course published mAP 0.719 (rbc 0.760, wbc 0.965, platelets
 
 def _fmt(value) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
-
-
-def _num(value):
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 def evaluate(predictions: Predictions, label_names=None, protocols=None) -> EvaluationResult:
@@ -468,45 +456,3 @@ def evaluate_weights(weights_path, split: str = "test", model_name: str = "ssd30
         (out / "evaluation.json").write_text(result.to_json() + "\n")
         plot_pr_curves(result).savefig(out / "pr_curves.png", dpi=100)
     return result
-
-
-# --------------------------------------------------------------------------- CLI
-
-def add_common_arguments(p) -> None:
-    """Arguments shared by ``medaidet evaluate`` and ``medaidet count``."""
-    p.add_argument("weights", metavar="WEIGHTS", help="model-only .npz from medaidet train")
-    p.add_argument("--split", default="test", choices=["train", "val", "trainval", "test"],
-                   help="split to predict (default: test)")
-    p.add_argument("--model", default="ssd300", choices=["ssd300", "ssd512"],
-                   help="architecture the weights were trained with (default: ssd300)")
-    p.add_argument("--root", default=None,
-                   help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="write JSON and figures here")
-    p.add_argument("--subset", type=positive_int, default=None, metavar="N",
-                   help="only the first N images of the split")
-    p.add_argument("--device", default=DEFAULT_DEVICE, help="auto, cpu, gpu or a GPU number (default: auto)")
-    p.add_argument("--batch-size", type=positive_int, default=8,
-                   help="images per forward pass (default: 8)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def _evaluate_command(args) -> int:
-    result = evaluate_weights(args.weights, split=args.split, model_name=args.model,
-                              root=args.root, subset=args.subset, device=args.device,
-                              out=args.out, batch_size=args.batch_size)
-    print(result.to_json() if args.json else result)
-    return 0
-
-
-def add_evaluate_parser(subparsers):
-    """Register ``medaidet evaluate WEIGHTS ...`` on an argparse ``subparsers`` object."""
-    p = subparsers.add_parser(
-        "evaluate", help="VOC AP of trained weights (score 0.01 and the course's 0.6)",
-        description="Predict a BCCD split in the 'evaluate' preset and report VOC area AP "
-                    "and VOC07 11-point AP at IoU 0.5, per class and mean, for score >= 0.01 "
-                    "and for the course's score >= 0.6. --out writes evaluation.json and "
-                    "pr_curves.png.")
-    add_common_arguments(p)
-    p.set_defaults(func=_evaluate_command)
-    return p

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from medaidet.data import SPLITS
 from medaidet.data.bccd import (
-    SPLITS, AnnotationParseError, AnnotationWarning, BCCDDataset, ImageError, ImageSizeError,
+    AnnotationParseError, AnnotationWarning, BCCDDataset, ImageError, ImageSizeError,
     InvalidObjectError, MissingFileError, SplitError, UnknownLabelError, UnsafeXMLError)
 from medaidet.data.validate import validate_dataset
 from medaidet.errors import MedaidetError

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from medaidet.evaluation.count import (RBC_NOTE, SWEEP_NOTE, add_count_parser, count_cells,
-                            plot_counts, plot_sweep, threshold_sweep)
+from medaidet.cli import count as count_cli
+from medaidet.evaluation.count import (RBC_NOTE, SWEEP_NOTE, count_cells, plot_counts,
+                                       plot_sweep, threshold_sweep)
 from medaidet.evaluation.evaluate import Predictions
 
 NAMES = ("rbc", "wbc", "platelets")
@@ -133,7 +134,7 @@ def test_plots_return_figures():
 
 def test_cli_parser_registers_count():
     parser = argparse.ArgumentParser()
-    add_count_parser(parser.add_subparsers(dest="command"))
+    count_cli.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["count", "w.npz", "--score-thresh", "0.4", "--split", "val"])
     assert (args.weights, args.split, args.score_thresh, args.device) == \
         ("w.npz", "val", 0.4, "auto")
@@ -147,7 +148,7 @@ def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
     weights = tmp_path / "ssd300_random.npz"
     save_weights(build_ssd("ssd300", n_fg_class=3), weights)
     parser = argparse.ArgumentParser()
-    add_count_parser(parser.add_subparsers(dest="command"))
+    count_cli.add_parser(parser.add_subparsers(dest="command"))
     out = tmp_path / "count"
     args = parser.parse_args(["count", str(weights), "--root", str(bccd_root), "--subset",
                               "2", "--split", "val", "--out", str(out), "--json"])
@@ -165,7 +166,7 @@ def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
 
 def _count_parser():
     parser = argparse.ArgumentParser(prog="medaidet")
-    add_count_parser(parser.add_subparsers(dest="command"))
+    count_cli.add_parser(parser.add_subparsers(dest="command"))
     return parser
 
 

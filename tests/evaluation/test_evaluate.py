@@ -7,10 +7,11 @@ import math
 import numpy as np
 import pytest
 
+from medaidet.cli import evaluate as evaluate_cli
 from medaidet.errors import MedaidetError
-from medaidet.evaluation.evaluate import (PROTOCOLS, Predictions, TrainedWeightsMissingError,
-                               add_evaluate_parser, evaluate, evaluate_weights,
-                               plot_pr_curves)
+from medaidet.evaluation.evaluate import (Predictions, TrainedWeightsMissingError, evaluate,
+                                          evaluate_weights, plot_pr_curves)
+from medaidet.evaluation.protocol import PROTOCOLS
 from medaidet.ssd.model import WeightsNotFoundError
 
 NAMES = ("rbc", "wbc", "platelets")
@@ -149,7 +150,7 @@ def test_missing_weights_is_a_named_error(tmp_path, bccd_root):
 
 def test_cli_parser_registers_evaluate():
     parser = argparse.ArgumentParser()
-    add_evaluate_parser(parser.add_subparsers(dest="command"))
+    evaluate_cli.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["evaluate", "w.npz", "--subset", "2", "--device", "gpu",
                               "--out", "o", "--root", "d"])
     assert (args.weights, args.split, args.model, args.subset, args.device, args.out,
@@ -194,7 +195,7 @@ def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_pat
 
 def _evaluate_parser():
     parser = argparse.ArgumentParser(prog="medaidet")
-    add_evaluate_parser(parser.add_subparsers(dest="command"))
+    evaluate_cli.add_parser(parser.add_subparsers(dest="command"))
     return parser
 
 
