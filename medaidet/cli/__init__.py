@@ -1,8 +1,9 @@
 """The ``medaidet`` command.
 
-Each command group is a module of this package (``cli/stack.py``, ``cli/data.py``, …) that
-imports what it runs only when it runs, so ``medaidet stack install`` works in an environment
-that has no chainer yet.
+Each command group is a module of this package (``cli/stack.py``, ``cli/data.py``, …): its
+``add_parser`` defines the arguments without NumPy or chainer, and its handlers import what
+they run only when they run, so ``medaidet --help`` and ``medaidet stack install`` work in an
+environment that has no chainer yet (a command that needs it then says what to install).
 
 A user's mistake ends in one line on stderr, exit status 2, never a traceback: a bad
 argument (argparse and :mod:`medaidet.arguments` name it), any named
@@ -42,24 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"{DEBUG_FLAG} (anywhere on the line): show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    for group in (stack, doctor, data):
+    for group in (stack, doctor, data, train, evaluate, count, batch_size, course):
         group.add_parser(commands)
-    # These define their arguments next to the code they run, which needs NumPy and chainer:
-    # before the stack is installed they are still listed, and say what to install.
-    for name, group in zip(MODEL_COMMANDS, (train, evaluate, count, batch_size)):
-        try:
-            group.add_parser(commands)
-        except ImportError as exc:
-            _add_unavailable(commands, name, exc)
-    course.add_parser(commands)
     return parser
-
-
-def _add_unavailable(commands, name: str, exc: ImportError) -> None:
-    def unavailable(args):
-        raise exc
-    p = commands.add_parser(name, help=f"(unavailable here: {exc})")
-    p.set_defaults(func=unavailable, accepts_any_arguments=True)
 
 
 def _needs_stack(exc: ImportError, command: str):
@@ -109,9 +95,7 @@ def main(argv=None) -> int:
     debug = DEBUG_FLAG in argv
     argv = [a for a in argv if a != DEBUG_FLAG]
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and not getattr(args, "accepts_any_arguments", False):
-        parser.error("unrecognized arguments: " + " ".join(extra))
+    args = parser.parse_args(argv)
     _show_medaidet_logs()
     try:
         return args.func(args)

@@ -1,0 +1,50 @@
+"""The ``medaidet`` command before the chainer stack is installed: every parser builds
+without importing it, and a command that needs it says, in one line, what to install.
+
+Each test runs a fresh interpreter (``sys.modules`` of this one already holds chainer).
+"""
+import pytest
+
+from conftest import run_python
+
+STACK = ("chainer", "chainercv", "chainermn", "cupy")
+# In the child, the stack's packages are missing: importing one raises ModuleNotFoundError.
+WITHOUT_STACK = f"""
+import sys
+
+class WithoutStack:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {STACK!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+sys.meta_path.insert(0, WithoutStack())
+"""
+
+
+def test_every_parser_builds_without_importing_the_stack():
+    done = run_python(f"""
+import sys
+from medaidet import cli
+cli.build_parser()
+print(sorted(m for m in sys.modules if m.split(".")[0] in {STACK!r}))
+""")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("argv", [["evaluate", "w.npz", "--help"], ["count", "--help"],
+                                  ["batch-size", "--help"]])
+def test_help_works_without_the_stack(argv):
+    done = run_python(WITHOUT_STACK + f"from medaidet import cli\ncli.main({argv!r})")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: medaidet {argv[0]} ")
+
+
+@pytest.mark.parametrize("argv", [["evaluate", "w.npz"], ["count", "w.npz"], ["batch-size"]])
+def test_a_model_command_without_the_stack_says_what_to_install(argv):
+    done = run_python(WITHOUT_STACK + f"from medaidet import cli\nsys.exit(cli.main({argv!r}))")
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"medaidet: error: `medaidet {argv[0]}` needs the chainer stack "
+                           "(ModuleNotFoundError: No module named 'chainer")
+    assert line.endswith("run `python -m medaidet stack install` first")
