@@ -8,9 +8,10 @@ def add_parser(commands) -> None:
         "train", help="train an SSD on BCCD (the course recipe, or the smoke profile)",
         description="Train an SSD on BCCD. Settings: the profile's, then --config FILE, "
                     "then the flags.")
-    p.add_argument("--profile", choices=PROFILES, default="full",
+    p.add_argument("--profile", choices=list(PROFILES), default="full",
                    help="smoke: a few iterations on a few images from random weights; "
-                        "full: the course recipe (default: full)")
+                        "cpu: the small SSD from random weights, minutes on a CPU; "
+                        "full: the course recipe, SSD300 (default: full)")
     p.add_argument("--config", metavar="FILE", default=None,
                    help="JSON (or YAML, with PyYAML) file of TrainConfig options")
     p.add_argument("--device", default=None, help="auto, cpu, gpu (= GPU 0) or a GPU number (default: the profile's, auto)")

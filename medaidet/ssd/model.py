@@ -1,7 +1,9 @@
-"""SSD300/SSD512 for the BCCD classes, and the weights they start from or were saved with.
+"""SSD300, SSD512 and SSDSmall for the BCCD classes, and the weights they start from or were
+saved with.
 
-:func:`build_ssd` makes ChainerCV's ``SSD300``/``SSD512`` for ``n_fg_class`` foreground
-classes (default: the three BCCD classes) and loads one of:
+:func:`build_ssd` makes ChainerCV's ``SSD300``/``SSD512`` (or :class:`~medaidet.ssd.small.SSDSmall`,
+which has no pretrained weights) for ``n_fg_class`` foreground classes (default: the three
+BCCD classes) and loads one of:
 
 * ``None``: nothing; every parameter keeps its random initialization (lazily shaped, as in
   ChainerCV: the parameters get their shapes on the first forward pass).
@@ -55,22 +57,21 @@ from medaidet.checksums import sha256_file
 from medaidet.files import atomic_file
 from medaidet.data.bccd import BCCD_LABEL_NAMES
 from medaidet.errors import MedaidetError
-from medaidet.ssd import MODEL_NAMES
+from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
+from medaidet.ssd.small import SSDSmall
 
 __all__ = [
     "MODELS", "PRETRAINED", "CLASS_HEADS", "build_ssd", "materialize", "pretrained_url",
     "pretrained_cache_path", "pretrained_file", "save_weights", "load_weights",
     "WeightsReport", "WeightsError", "WeightsNotFoundError", "WeightsMismatchError",
     "WeightsChecksumError", "WeightsFileError", "WeightsNotFiniteError", "WeightsComparison",
-    "compare_weights", "what_file_is",
+    "compare_weights", "what_file_is", "check_pretrained", "WITH_PRETRAINED",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: Model name (:data:`medaidet.ssd.MODEL_NAMES`) -> ChainerCV class, for :func:`build_ssd`.
-MODELS = dict(zip(MODEL_NAMES, (SSD300, SSD512)))
-#: Named pretrained weights (ChainerCV's ``_models`` keys used here).
-PRETRAINED = ("imagenet", "voc0712")
+MODELS = dict(zip(MODEL_NAMES, (SSD300, SSD512, SSDSmall)))
 #: Prefix of the class-score heads: their shape depends on the number of classes.
 CLASS_HEADS = "multibox/conf/"
 #: ChainerCV's model cache, relative to the dataset root (see ``download_model``).
@@ -194,6 +195,7 @@ def build_ssd(name: str = "ssd300", pretrained=None,
         WeightsNotFiniteError: the file holds NaN or infinite values.
     """
     cls = _model_class(name)
+    check_pretrained(name, pretrained)
     if not isinstance(n_fg_class, (int, np.integer)) or isinstance(n_fg_class, bool) \
             or n_fg_class < 1:
         raise ValueError(f"n_fg_class must be a positive int, got {n_fg_class!r}")
@@ -229,6 +231,16 @@ def build_ssd(name: str = "ssd300", pretrained=None,
     if report is not None:
         logger.info("%s %s", name, report.summary())
     return model
+
+
+def check_pretrained(name: str, pretrained) -> None:
+    """:class:`WeightsNotFoundError` when ``pretrained`` names weights (``'imagenet'``,
+    ``'voc0712'``) that model ``name`` does not have."""
+    if pretrained in PRETRAINED and str(name).lower() not in WITH_PRETRAINED:
+        raise WeightsNotFoundError(
+            f"{name} has no {pretrained!r} weights (only {', '.join(WITH_PRETRAINED)} do): "
+            f"train it from random weights (pretrained None, --pretrained none) or load a "
+            f"model-only .npz of it", Path(str(pretrained)))
 
 
 def materialize(model):
@@ -536,9 +548,14 @@ def _check_finite(arrays: dict, path: Path, cause: str) -> None:
 
 
 def _model_shapes(model) -> dict:
-    """save_npz key -> shape; ``None`` while a parameter is lazily shaped."""
-    return {name.lstrip("/"): None if param.array is None else tuple(param.shape)
-            for name, param in model.namedparams()}
+    """save_npz key -> shape: every parameter (``None`` while lazily shaped) and every
+    persistent value (batch normalisation's running mean and variance)."""
+    shapes = {name.lstrip("/"): None if param.array is None else tuple(param.shape)
+              for name, param in model.namedparams()}
+    for path, link in model.namedlinks():
+        for name in link._persistent:
+            shapes[f"{path}/{name}".lstrip("/")] = np.shape(getattr(link, name))
+    return shapes
 
 
 def _load(model, path: Path, skip: str | None, strict: bool, note: str = "",

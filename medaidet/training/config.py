@@ -21,10 +21,24 @@ from pathlib import Path
 
 from medaidet.arguments import ArgumentValueError, check_number, is_path
 from medaidet.device import DEFAULT_DEVICE, DeviceError, parse_device
+from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
 
-__all__ = ["TrainConfig", "ConfigError", "PROFILES", "WEIGHTS_NAME"]
+__all__ = ["TrainConfig", "ConfigError", "PROFILES", "OPTIMIZERS", "WEIGHTS_NAME"]
 
-PROFILES = ("smoke", "full")
+#: Named settings on top of the recipe (``'full'`` is the recipe itself).
+PROFILES = {
+    # a few iterations on a few images from random weights: the code runs, nothing is learnt
+    "smoke": dict(pretrained=None, subset=4, batch_size=2, iterations=4, eval_interval=None,
+                  eval_subset=2, eval_batch_size=2, log_interval=1, snapshot_interval=None,
+                  n_processes=0, device="cpu", seed=0, out="outputs/train-smoke"),
+    # the small SSD from random weights: a detector that works, trained on a CPU in minutes
+    "cpu": dict(model="ssd_small", pretrained=None, optimizer="adam", lr=2e-3,
+                batch_size=16, epochs=8, lr_steps=(6,), eval_interval=2, log_interval=5,
+                snapshot_interval=1, device="cpu", seed=0, out="outputs/train-cpu"),
+    # ChainerCV's SSD300 recipe, as the original course ran it (a GPU)
+    "full": {},
+}
+OPTIMIZERS = ("momentum_sgd", "adam")
 WEIGHTS_NAME = "model.npz"
 
 
@@ -46,8 +60,9 @@ class TrainConfig:
     model: str = "ssd300"
     pretrained: str | None = "imagenet"   # None, 'imagenet', 'voc0712' or an .npz path
     batch_size: int = 32
+    optimizer: str = "momentum_sgd"      # or 'adam' (lr is then Adam's alpha)
     lr: float = 1e-3
-    momentum: float = 0.9
+    momentum: float = 0.9                # momentum_sgd only
     weight_decay: float = 5e-4
     bias_grad_scale: float = 2.0
     epochs: float = 300
@@ -82,18 +97,13 @@ class TrainConfig:
 
     @classmethod
     def profile(cls, name: str, **overrides) -> "TrainConfig":
-        """``'full'``: the recipe. ``'smoke'``: random init, 4 training images, batch 2,
-        4 iterations, evaluation on 2 validation images at the end, no worker processes."""
-        if name == "full":
-            base = {}
-        elif name == "smoke":
-            base = dict(pretrained=None, subset=4, batch_size=2, iterations=4,
-                        eval_interval=None, eval_subset=2, eval_batch_size=2, log_interval=1,
-                        snapshot_interval=None, n_processes=0, device="cpu", seed=0,
-                        out="outputs/train-smoke")
-        else:
+        """The settings of :data:`PROFILES` ``name``, then ``overrides``. ``'full'``: the
+        recipe. ``'cpu'``: the small SSD from random weights with Adam, 8 epochs on a CPU.
+        ``'smoke'``: random init, 4 training images, batch 2, 4 iterations, evaluation on 2
+        validation images at the end, no worker processes."""
+        if name not in PROFILES:
             raise ConfigError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
-        return cls.from_dict({**base, **overrides})
+        return cls.from_dict({**PROFILES[name], **overrides})
 
     @classmethod
     def from_dict(cls, values: dict, base: "TrainConfig | None" = None) -> "TrainConfig":
@@ -218,12 +228,14 @@ class TrainConfig:
 
     def _check_names(self) -> None:
         """The text fields: the model, the weights, the splits and the folders."""
-        from medaidet.ssd.model import MODELS, PRETRAINED
-
-        if not isinstance(self.model, str) or self.model.lower() not in MODELS:
+        if not isinstance(self.model, str) or self.model.lower() not in MODEL_NAMES:
             raise ConfigError(f"model: {self.model!r} is not a model medaidet builds; "
-                              f"expected one of {', '.join(MODELS)}")
+                              f"expected one of {', '.join(MODEL_NAMES)}")
         self.model = self.model.lower()
+        if not isinstance(self.optimizer, str) or self.optimizer.lower() not in OPTIMIZERS:
+            raise ConfigError(f"optimizer: {self.optimizer!r} is not an optimizer the recipe "
+                              f"builds; expected one of {', '.join(OPTIMIZERS)}")
+        self.optimizer = self.optimizer.lower()
         if isinstance(self.pretrained, str) and self.pretrained.strip().lower() == "none":
             self.pretrained = None        # as the command line's --pretrained none
         if self.pretrained is not None:
@@ -233,6 +245,10 @@ class TrainConfig:
                     f"null, {', '.join(repr(p) for p in PRETRAINED)} or the path of a "
                     "model-only .npz")
             self.pretrained = os.fspath(self.pretrained)
+        if self.pretrained in PRETRAINED and self.model not in WITH_PRETRAINED:
+            raise ConfigError(f"pretrained: {self.model} has no {self.pretrained!r} weights "
+                              f"(only {', '.join(WITH_PRETRAINED)} do); expected null (random "
+                              "weights) or a model-only .npz of it")
         for name in ("train_split", "val_split"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():

@@ -38,7 +38,7 @@ from medaidet.training.seeding import ReseedingTransform
 from medaidet.training.snapshot import SNAPSHOT_NAME, RandomStateExtension
 
 __all__ = ["make_model", "make_train_chain", "make_datasets", "make_iterators",
-           "make_optimizer", "make_updater", "make_trainer", "add_extensions",
+           "make_optimizer", "lr_name", "make_updater", "make_trainer", "add_extensions",
            "TrainingData", "Iterators", "Extensions"]
 
 
@@ -105,12 +105,23 @@ def make_iterators(data: TrainingData, config: TrainConfig, ranks: Ranks,
     return Iterators(train_iter, val_iter, n_processes)
 
 
+def _optimizer(config: TrainConfig):
+    if config.optimizer == "adam":
+        return chainer.optimizers.Adam(alpha=config.lr)
+    return chainer.optimizers.MomentumSGD(lr=config.lr, momentum=config.momentum)
+
+
+def lr_name(config: TrainConfig) -> str:
+    """The optimizer's hyperparameter that the learning-rate steps scale (Adam's is alpha)."""
+    return "alpha" if config.optimizer == "adam" else "lr"
+
+
 def make_optimizer(train_chain, config: TrainConfig, ranks: Ranks):
-    """MomentumSGD with the recipe's hooks: bias gradients x ``bias_grad_scale``, weight
-    decay on every other parameter (as ChainerCV's example), and :class:`StopOnNonFinite`
-    before and after every update. Shared over the ranks of a ChainerMN run."""
-    optimizer = ranks.wrap_optimizer(
-        chainer.optimizers.MomentumSGD(lr=config.lr, momentum=config.momentum))
+    """MomentumSGD (the recipe; or Adam, ``optimizer='adam'``) with the recipe's hooks: bias
+    gradients x ``bias_grad_scale``, weight decay on every other parameter (as ChainerCV's
+    example), and :class:`StopOnNonFinite` before and after every update. Shared over the
+    ranks of a ChainerMN run."""
+    optimizer = ranks.wrap_optimizer(_optimizer(config))
     optimizer.setup(train_chain)
     ranks.broadcast_weights(optimizer)
     for param in train_chain.params():
@@ -181,9 +192,9 @@ def add_extensions(trainer, model, val_iter, config: TrainConfig, ranks: Ranks,
     (one process only) a trainer snapshot with the random states every
     ``snapshot_interval`` epochs and at the end. Only rank 0 logs and writes."""
     is_end = Length(config, n_images).is_end
-    trainer.extend(extensions.ExponentialShift("lr", config.lr_gamma, init=config.lr),
-                   trigger=training.triggers.ManualScheduleTrigger(list(config.lr_steps),
-                                                                   "epoch"))
+    lr_steps = training.triggers.ManualScheduleTrigger(list(config.lr_steps), "epoch")
+    trainer.extend(extensions.ExponentialShift(lr_name(config), config.lr_gamma,
+                                               init=config.lr), trigger=lr_steps)
     evaluator = evaluator_class()(val_iter, CappedPredictor(model), use_07_metric=False,
                                   label_names=BCCD_LABEL_NAMES, comm=ranks.comm)
     trainer.extend(evaluator, name="validation",

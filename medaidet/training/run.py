@@ -31,7 +31,8 @@ import chainer
 from medaidet import compat
 from medaidet.arguments import prepare_output_dir
 from medaidet.data.download import resolve_root
-from medaidet.ssd.model import PRETRAINED, save_weights
+from medaidet.ssd import PRETRAINED
+from medaidet.ssd.model import save_weights
 from medaidet.training import recipe
 from medaidet.training.config import WEIGHTS_NAME, ConfigError, TrainConfig
 from medaidet.training.divergence import stop_on_divergence

@@ -1,0 +1,52 @@
+"""medaidet.ssd.small: SSDSmall has SSD300's default boxes, is small, and its weights (with batch
+normalisation's running statistics) save and load exactly; no pretrained weights are claimed."""
+import chainer
+import numpy as np
+import pytest
+
+from medaidet.ssd.model import (WeightsNotFoundError, build_ssd, load_weights, materialize,
+                                 save_weights)
+from medaidet.ssd.small import SmallExtractor, SSDSmall
+
+
+def test_same_default_boxes_as_ssd300_from_a_small_extractor():
+    small, ssd300 = build_ssd("ssd_small"), build_ssd("ssd300")
+    np.testing.assert_array_equal(small.coder._default_bbox, ssd300.coder._default_bbox)
+    x = np.zeros((1, 3, 300, 300), np.float32)
+    with chainer.using_config("train", False), chainer.no_backprop_mode():
+        maps = small.extractor(x)
+        locs, confs = small(x)
+    assert [m.shape[2] for m in maps] == list(SmallExtractor.grids)
+    assert locs.shape == (1, 8732, 4) and confs.shape == (1, 8732, 4)
+    n_small = sum(p.size for p in small.params())
+    assert n_small < 2_000_000
+    materialize(ssd300)
+    assert n_small * 10 < sum(p.size for p in ssd300.extractor.params())
+
+
+def test_widths_must_name_the_stem_and_six_maps():
+    with pytest.raises(ValueError, match="2 stem widths and 6 map widths"):
+        SSDSmall(3, widths=(16, 32, 64))
+
+
+def test_weights_round_trip_with_batch_norm_statistics(tmp_path):
+    model = build_ssd("ssd_small")
+    x = np.random.default_rng(0).uniform(0, 255, (2, 3, 300, 300)).astype(np.float32)
+    with chainer.using_config("train", True):
+        model(x)                                   # moves the running mean and variance
+    bn = model.extractor[0][0].bn
+    assert np.abs(bn.avg_mean).sum() > 0
+    save_weights(model, tmp_path / "model.npz")
+    with np.load(tmp_path / "model.npz") as npz:
+        assert "extractor/0/0/bn/avg_mean" in npz.files
+    fresh = build_ssd("ssd_small")
+    load_weights(fresh, tmp_path / "model.npz")
+    np.testing.assert_array_equal(fresh.extractor[0][0].bn.avg_mean, bn.avg_mean)
+    with chainer.using_config("train", False), chainer.no_backprop_mode():
+        np.testing.assert_array_equal(fresh(x)[1].array, model(x)[1].array)
+
+
+@pytest.mark.parametrize("pretrained", ["imagenet", "voc0712"])
+def test_no_pretrained_weights_for_the_small_ssd(pretrained):
+    with pytest.raises(WeightsNotFoundError, match=f"ssd_small has no '{pretrained}' weights"):
+        build_ssd("ssd_small", pretrained)
