@@ -33,8 +33,9 @@ PROFILES = {
                   n_processes=0, device="cpu", seed=0, out="outputs/train-smoke"),
     # the small SSD from random weights: a detector that works, trained on a CPU in minutes
     "cpu": dict(model="ssd_small", pretrained=None, optimizer="adam", lr=2e-3,
-                batch_size=16, epochs=8, lr_steps=(6,), eval_interval=2, log_interval=5,
-                snapshot_interval=1, device="cpu", seed=0, out="outputs/train-cpu"),
+                batch_size=16, epochs=8, lr_steps=(6,), train_split="trainval",
+                eval_interval=2, log_interval=5, snapshot_interval=1, device="cpu", seed=0,
+                out="outputs/train-cpu"),
     # ChainerCV's SSD300 recipe, as the original course ran it (a GPU)
     "full": {},
 }

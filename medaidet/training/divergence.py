@@ -11,6 +11,9 @@ import contextlib
 import math
 from pathlib import Path
 
+import chainer
+from chainer import backend
+
 from medaidet.errors import MedaidetError
 from medaidet.ssd.loss import DivergedError
 from medaidet.training.snapshot import snapshot_iteration
@@ -55,8 +58,6 @@ class StopOnNonFinite:
         self.loss_key = loss_key
 
     def __call__(self, optimizer):
-        import chainer
-
         if self.timing == "pre":
             try:
                 observation = chainer.reporter.get_current_reporter().observation
@@ -80,8 +81,6 @@ class StopOnNonFinite:
 
 def _non_finite(named_arrays) -> list:
     """Names of the arrays holding a nan or inf (one transfer to the host)."""
-    from chainer import backend
-
     if not named_arrays:
         return []
     xp = backend.get_array_module(named_arrays[0][1])

@@ -1,7 +1,7 @@
 """The trainer's extensions the course adds: when they fire, progress, plots, validation.
 
 * :class:`EveryOrEnd`: a trigger that fires every N epochs or iterations and at the end.
-* :func:`evaluator_class`: ChainerCV's ``DetectionVOCEvaluator`` in the 'evaluate' preset
+* :class:`PresetEvaluator`: ChainerCV's ``DetectionVOCEvaluator`` in the 'evaluate' preset
   (score 0.01; VOC area AP at IoU 0.5), timing itself.
 * :class:`Monitor`: the progress bar (tqdm, a widget in Jupyter) with loss and val mAP.
 * :class:`Plotter` and :func:`write_plots`: ``loss.png`` and ``map.png`` redrawn while
@@ -14,16 +14,20 @@ import sys
 import time
 from pathlib import Path
 
+from chainer.training.triggers import IntervalTrigger
+from chainercv.extensions import DetectionVOCEvaluator
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
 from medaidet.data.bccd import BCCD_LABEL_NAMES
 
-__all__ = ["EveryOrEnd", "evaluator_class", "Monitor", "Plotter", "write_plots"]
+__all__ = ["EveryOrEnd", "PresetEvaluator", "Monitor", "Plotter", "write_plots"]
 
 
 class EveryOrEnd:
     """Fires every ``interval`` epochs (``None``: never) and at the end of training."""
 
     def __init__(self, interval, unit, is_end):
-        from chainer.training.triggers import IntervalTrigger
         self.interval = None if interval is None else IntervalTrigger(interval, unit)
         self.is_end = is_end
 
@@ -36,27 +40,22 @@ class EveryOrEnd:
             self.interval.serialize(serializer["interval"])
 
 
-def evaluator_class():
-    from chainercv.extensions import DetectionVOCEvaluator
+class PresetEvaluator(DetectionVOCEvaluator):
+    """ChainerCV's DetectionVOCEvaluator in the 'evaluate' preset (score 0.01); the model's
+    own thresholds are restored afterwards. Counts the seconds it spends."""
 
-    class PresetEvaluator(DetectionVOCEvaluator):
-        """DetectionVOCEvaluator in the 'evaluate' preset (score 0.01); the model's own
-        thresholds are restored afterwards. Counts the seconds it spends."""
+    seconds = 0.0
 
-        seconds = 0.0
-
-        def evaluate(self):
-            target = self._targets["main"]
-            old = target.score_thresh, target.nms_thresh
-            start = time.perf_counter()
-            target.use_preset("evaluate")
-            try:
-                return super().evaluate()
-            finally:
-                target.score_thresh, target.nms_thresh = old
-                self.seconds += time.perf_counter() - start
-
-    return PresetEvaluator
+    def evaluate(self):
+        target = self._targets["main"]
+        old = target.score_thresh, target.nms_thresh
+        start = time.perf_counter()
+        target.use_preset("evaluate")
+        try:
+            return super().evaluate()
+        finally:
+            target.score_thresh, target.nms_thresh = old
+            self.seconds += time.perf_counter() - start
 
 
 def _tqdm_class():
@@ -119,9 +118,6 @@ def _floats(log, key):
 def write_plots(log, out) -> dict:
     """``loss.png`` (total, loc and conf loss vs iteration) and ``map.png`` (validation
     mAP and per-class AP vs iteration) from a LogReport log; returns their paths."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     out = Path(out)
     paths = {}
     for name, keys, ylabel in (

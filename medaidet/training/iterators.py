@@ -8,11 +8,12 @@ same error as without workers (:class:`medaidet.data.bccd.ImageError`), not a ha
 """
 from __future__ import annotations
 
-import functools
 import multiprocessing
 import os
 import pickle
 import traceback
+
+import chainer
 
 from medaidet import compat
 from medaidet.errors import MedaidetError
@@ -52,7 +53,6 @@ def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None
     :func:`n_processes_for` workers, or ``SerialIterator`` (0, or workers impossible: the
     reason is logged). Shuffled by NumPy's global RNG either way. ``batch_size``: this
     process's batch (default ``config.batch_size``; a rank's share with ChainerMN)."""
-    import chainer
 
     batch_size = config.batch_size if batch_size is None else batch_size
     compat.apply()                   # cv2.setNumThreads(0) before any worker forks
@@ -65,7 +65,7 @@ def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None
     if n == 0:
         return chainer.iterators.SerialIterator(dataset, batch_size), 0
     try:
-        return _worker_iterator_class()(
+        return WorkerErrorIterator(
             _CarryErrors(dataset), batch_size, n_processes=n, shared_mem=4 << 20), n
     except Exception as exc:        # noqa: BLE001 (any failure: fall back, say why)
         log(f"train: using SerialIterator: MultiprocessIterator failed "
@@ -136,22 +136,16 @@ class _CarryErrors:
             return _FailedExample(index, exc)
 
 
-@functools.lru_cache(maxsize=None)
-def _worker_iterator_class():
-    import chainer
+class WorkerErrorIterator(chainer.iterators.MultiprocessIterator):
+    """MultiprocessIterator over :class:`_CarryErrors`: raises the first error a worker
+    met, in the main process."""
 
-    class WorkerErrorIterator(chainer.iterators.MultiprocessIterator):
-        """MultiprocessIterator over :class:`_CarryErrors`: raises the first error a
-        worker met, in the main process."""
+    def __next__(self):
+        batch = super().__next__()
+        for example in batch:
+            if isinstance(example, _FailedExample):
+                raise example.error()
+        return batch
 
-        def __next__(self):
-            batch = super().__next__()
-            for example in batch:
-                if isinstance(example, _FailedExample):
-                    raise example.error()
-            return batch
-
-        next = __next__
-
-    return WorkerErrorIterator
+    next = __next__
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from chainer.backends import cuda
+
 from medaidet.device import parse_device, resolve_device
 from medaidet.scaling import distributed
 from medaidet.training.config import ConfigError, TrainConfig
@@ -41,7 +43,6 @@ class Ranks:
         spec = distributed.communicator_spec(config.communicator)
         wanted = parse_device(config.device)
         if wanted == "auto":
-            from chainer.backends import cuda
             wanted = "gpu" if cuda.available else "cpu"
         comm = distributed.create_communicator(spec.name, "cpu" if wanted == "cpu" else "gpu")
         with distributed.abort_on_error(comm):

@@ -31,7 +31,7 @@ from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform, TrainTransform
 from medaidet.training.config import TrainConfig
 from medaidet.training.divergence import StopOnNonFinite
-from medaidet.training.extensions import EveryOrEnd, Monitor, Plotter, evaluator_class
+from medaidet.training.extensions import EveryOrEnd, Monitor, Plotter, PresetEvaluator
 from medaidet.training.iterators import make_train_iterator
 from medaidet.training.ranks import Ranks
 from medaidet.training.seeding import ReseedingTransform
@@ -195,7 +195,7 @@ def add_extensions(trainer, model, val_iter, config: TrainConfig, ranks: Ranks,
     lr_steps = training.triggers.ManualScheduleTrigger(list(config.lr_steps), "epoch")
     trainer.extend(extensions.ExponentialShift(lr_name(config), config.lr_gamma,
                                                init=config.lr), trigger=lr_steps)
-    evaluator = evaluator_class()(val_iter, CappedPredictor(model), use_07_metric=False,
+    evaluator = PresetEvaluator(val_iter, CappedPredictor(model), use_07_metric=False,
                                   label_names=BCCD_LABEL_NAMES, comm=ranks.comm)
     trainer.extend(evaluator, name="validation",
                    trigger=EveryOrEnd(config.eval_interval, "epoch", is_end))

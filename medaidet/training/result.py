@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import chainer
 import numpy as np
 
 from medaidet.data.bccd import BCCD_LABEL_NAMES
@@ -51,8 +52,6 @@ def run_metrics(config, ranks, data, iterators, updater, extensions, *, start_it
     """The numbers of a finished run (what ``metrics.json`` holds): how long, how fast,
     the last loss, the best and the last validation AP, what the data and the processes
     were, where the files are, the config, the seeding and the versions."""
-    import chainer
-
     iterations_run = updater.iteration - start_iteration
     eval_seconds = extensions.evaluator.seconds
     train_seconds = max(seconds - eval_seconds, 1e-9)

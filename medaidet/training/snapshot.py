@@ -19,6 +19,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
+import chainer
 import numpy as np
 
 from medaidet.errors import MedaidetError
@@ -61,7 +62,6 @@ class RandomStateExtension:
         pass
 
     def serialize(self, serializer):
-        import chainer
         if isinstance(serializer, chainer.serializer.Serializer):
             version, internal, gauss = random.getstate()
             serializer("python_version", np.int64(version))
@@ -147,8 +147,6 @@ def load_snapshot(trainer, path, train_size: int, batch_size: int) -> None:
     """Restore ``trainer`` (and the random states) from the snapshot at ``path``, after
     checking that it was taken on ``train_size`` images with ``batch_size``:
     :class:`ResumeError` otherwise, or when it does not fit this trainer's model."""
-    import chainer
-
     path = Path(path)
     _check_fits(path, train_size, batch_size)
     try:

@@ -58,7 +58,7 @@ def test_numeric_flags_are_checked_by_argparse(flag, value, expected, capsys, no
 
 @pytest.mark.parametrize("field, value, expected", [
     ("model", "ssd1024", "model: 'ssd1024' is not a model medaidet builds; expected one of "
-                         "ssd300, ssd512"),
+                         "ssd300, ssd512, ssd_small"),
     ("pretrained", 5, "pretrained: 5 is not a weights name or file; expected null, "
                       "'imagenet', 'voc0712' or the path of a model-only .npz"),
     ("out", 5, "out: 5 is not a folder path; expected a folder to write the results in"),
@@ -91,7 +91,8 @@ def test_config_file_fields_are_named_with_the_file(tmp_path, capsys, no_model):
     path.write_text(json.dumps({"model": "ssd1024"}))
     assert main(["train", "--profile", "smoke", "--config", str(path)]) == 2
     assert _error_line(capsys) == (f"medaidet: error: {path}: model: 'ssd1024' is not a "
-                                   "model medaidet builds; expected one of ssd300, ssd512")
+                                   "model medaidet builds; expected one of ssd300, ssd512, "
+                                   "ssd_small")
     path.write_text('{"epochs": Infinity, "iterations": null}')
     assert main(["train", "--profile", "smoke", "--config", str(path)]) == 2
     assert _error_line(capsys) == (f"medaidet: error: {path}: epochs: inf is out of range; "
