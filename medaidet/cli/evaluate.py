@@ -22,8 +22,9 @@ def add_weights_arguments(p) -> None:
     p.add_argument("weights", metavar="WEIGHTS", help="model-only .npz from medaidet train")
     p.add_argument("--split", default="test", choices=SPLITS,
                    help="split to predict (default: test)")
-    p.add_argument("--model", default="ssd300", choices=MODEL_NAMES,
-                   help="architecture the weights were trained with (default: ssd300)")
+    p.add_argument("--model", default=None, choices=MODEL_NAMES,
+                   help="architecture the weights were trained with (default: read from "
+                        "the weights' parameter names)")
     p.add_argument("--root", default=None,
                    help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
     p.add_argument("--out", default=None, metavar="DIR",

@@ -334,7 +334,7 @@ def plot_sweep(sweep: SweepResult):
 
 
 def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_THRESH,
-                  model_name: str = "ssd300", root=None, subset=None, device=DEFAULT_DEVICE,
+                  model_name: str | None = None, root=None, subset=None, device=DEFAULT_DEVICE,
                   out=None, thresholds=DEFAULT_THRESHOLDS, batch_size: int = 8,
                   progress: bool = True):
     """Load, predict once, count at ``score_thresh`` and sweep ``thresholds``.
@@ -354,7 +354,7 @@ def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_TH
     preds = predict_weights(weights_path, split, model_name, root, subset, device,
                             batch_size, progress)
     result = count_cells(preds, score_thresh)
-    result.info.update(weights=str(weights_path), model=model_name, subset=subset)
+    result.info.update(weights=str(weights_path), model=preds.model, subset=subset)
     with warnings.catch_warnings():
         if split != "test":
             warnings.simplefilter("ignore", UserWarning)

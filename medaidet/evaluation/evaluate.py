@@ -80,6 +80,7 @@ class Predictions:
     label_names: tuple
     score_thresh: float = EVALUATE_SCORE_THRESH
     split: str | None = None
+    model: str | None = None          # the model's name (MODEL_NAMES), when known
 
     def __post_init__(self):
         n = len(self.ids)
@@ -369,15 +370,19 @@ def plot_pr_curves(result: EvaluationResult):
 
 # --------------------------------------------------------------------------- weights
 
-def load_model(weights_path, model_name: str = "ssd300", device=DEFAULT_DEVICE):
-    """Build ``model_name`` for BCCD's 3 classes, load trained weights, move to ``device``."""
+def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVICE):
+    """Build ``model_name`` (None: the model the weights were saved from,
+    :func:`~medaidet.ssd.model.model_of_weights`) for BCCD's 3 classes, load the trained
+    weights, move it to ``device``. ``model.name`` is the model's name."""
     from medaidet.data.bccd import BCCD_LABEL_NAMES
-    from medaidet.ssd.model import build_ssd, load_weights
+    from medaidet.ssd.model import build_ssd, load_weights, model_of_weights
 
     path = Path(os.fspath(weights_path))
     if not path.is_file():
         raise _missing_weights(path)
+    model_name = model_name or model_of_weights(path)
     model = build_ssd(model_name, n_fg_class=len(BCCD_LABEL_NAMES))
+    model.name = model_name
     load_weights(model, path)
     device = resolve_device(device)   # named DeviceError when a GPU is asked for and unusable
     device.use()
@@ -409,7 +414,7 @@ def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=Non
     return root, subset, batch_size, out
 
 
-def predict_weights(weights_path, split: str = "test", model_name: str = "ssd300",
+def predict_weights(weights_path, split: str = "test", model_name: str | None = None,
                     root=None, subset=None, device=DEFAULT_DEVICE, batch_size: int = 8,
                     progress: bool = True) -> Predictions:
     """Load weights and predict ``split`` (its first ``subset`` images when given)."""
@@ -428,10 +433,11 @@ def predict_weights(weights_path, split: str = "test", model_name: str = "ssd300
     preds = predict_split(model, view, batch_size=batch_size, progress=progress, ids=ids,
                           label_names=dataset.label_names)
     preds.split = split
+    preds.model = model.name
     return preds
 
 
-def evaluate_weights(weights_path, split: str = "test", model_name: str = "ssd300",
+def evaluate_weights(weights_path, split: str = "test", model_name: str | None = None,
                      root=None, subset=None, device=DEFAULT_DEVICE, out=None,
                      batch_size: int = 8, progress: bool = True) -> EvaluationResult:
     """Load, predict, evaluate; write ``evaluation.json`` and ``pr_curves.png`` to ``out``.
@@ -450,7 +456,7 @@ def evaluate_weights(weights_path, split: str = "test", model_name: str = "ssd30
     preds = predict_weights(weights_path, split, model_name, root, subset, device,
                             batch_size, progress)
     result = evaluate(preds)
-    result.info.update(weights=str(weights_path), model=model_name,
+    result.info.update(weights=str(weights_path), model=preds.model,
                        subset=subset, image_ids=list(preds.ids))
     if out is not None:
         (out / "evaluation.json").write_text(result.to_json() + "\n")

@@ -66,6 +66,7 @@ __all__ = [
     "WeightsReport", "WeightsError", "WeightsNotFoundError", "WeightsMismatchError",
     "WeightsChecksumError", "WeightsFileError", "WeightsNotFiniteError", "WeightsComparison",
     "compare_weights", "what_file_is", "check_pretrained", "WITH_PRETRAINED",
+    "model_of_weights",
 ]
 
 logger = logging.getLogger(__name__)
@@ -231,6 +232,25 @@ def build_ssd(name: str = "ssd300", pretrained=None,
     if report is not None:
         logger.info("%s %s", name, report.summary())
     return model
+
+
+def model_of_weights(path) -> str:
+    """The model (a :data:`~medaidet.ssd.MODEL_NAMES` entry) a model-only ``.npz`` was saved
+    from, told by its parameter names (the zip directory only, no array is read):
+    ``ssd_small`` has numbered extractor stages, ``ssd512`` a seventh multibox head, else
+    ``ssd300``. A file that is not a readable ``.npz`` gives ``ssd300``:
+    :func:`load_weights` then says what is wrong with it."""
+    path = Path(path)
+    try:
+        if what_file_is(path) is not None:
+            return "ssd300"
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return "ssd300"
+    if any(name.startswith("extractor/0/") for name in names):
+        return "ssd_small"
+    return "ssd512" if "multibox/loc/6/W.npy" in names else "ssd300"
 
 
 def check_pretrained(name: str, pretrained) -> None:

@@ -154,7 +154,7 @@ def test_cli_parser_registers_evaluate():
     args = parser.parse_args(["evaluate", "w.npz", "--subset", "2", "--device", "gpu",
                               "--out", "o", "--root", "d"])
     assert (args.weights, args.split, args.model, args.subset, args.device, args.out,
-            args.root) == ("w.npz", "test", "ssd300", 2, "gpu", "o", "d")
+            args.root) == ("w.npz", "test", None, 2, "gpu", "o", "d")
     assert callable(args.func)
 
 
@@ -189,6 +189,18 @@ def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_pat
             d["protocols"]["evaluate"]["n_detections"][name]
     png = (out / "pr_curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow(seconds=5)
+def test_the_model_is_read_from_the_weights(bccd_root, tmp_path, capsys):
+    from medaidet.cli import main
+    from medaidet.ssd.model import build_ssd, save_weights
+
+    np.random.seed(0)
+    save_weights(build_ssd("ssd_small"), tmp_path / "small.npz")
+    assert main(["evaluate", str(tmp_path / "small.npz"), "--subset", "2", "--root",
+                 str(bccd_root), "--device", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "ssd_small"
 
 
 # --------------------------------------------------------------------------- bad arguments

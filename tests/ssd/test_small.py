@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from medaidet.ssd.model import (WeightsNotFoundError, build_ssd, load_weights, materialize,
-                                 save_weights)
+                                 model_of_weights, save_weights)
 from medaidet.ssd.small import SmallExtractor, SSDSmall
 
 
@@ -50,3 +50,16 @@ def test_weights_round_trip_with_batch_norm_statistics(tmp_path):
 def test_no_pretrained_weights_for_the_small_ssd(pretrained):
     with pytest.raises(WeightsNotFoundError, match=f"ssd_small has no '{pretrained}' weights"):
         build_ssd("ssd_small", pretrained)
+
+
+def test_the_model_is_told_from_the_weights_parameter_names(tmp_path):
+    save_weights(build_ssd("ssd_small"), tmp_path / "small.npz")
+    assert model_of_weights(tmp_path / "small.npz") == "ssd_small"
+    np.savez(tmp_path / "ssd512.npz", **{"extractor/conv1_1/W": np.zeros(1),
+                                          "multibox/loc/6/W": np.zeros(1)})
+    assert model_of_weights(tmp_path / "ssd512.npz") == "ssd512"
+    np.savez(tmp_path / "ssd300.npz", **{"extractor/conv1_1/W": np.zeros(1),
+                                          "multibox/loc/5/W": np.zeros(1)})
+    assert model_of_weights(tmp_path / "ssd300.npz") == "ssd300"
+    (tmp_path / "notes.txt").write_text("not weights")       # load_weights will say what it is
+    assert model_of_weights(tmp_path / "notes.txt") == "ssd300"
