@@ -1,12 +1,13 @@
 """``medaidet course run``: every notebook, in order, with papermill."""
 from medaidet.arguments import positive_int
+from medaidet.env.course import COURSE_PROFILES
 
 
 def add_parser(commands) -> None:
     course = commands.add_parser("course", help="run the course notebooks with papermill")
     course_commands = course.add_subparsers(dest="course_command", required=True)
     p = course_commands.add_parser("run", help="execute every notebook in order")
-    p.add_argument("--profile", choices=["auto", "smoke", "full"], default="auto",
+    p.add_argument("--profile", choices=["auto", *COURSE_PROFILES], default="auto",
                    help="auto = full on a GPU, smoke on CPU (default: auto)")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
                    help="run only this notebook (name or stem; repeatable)")

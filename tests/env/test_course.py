@@ -226,6 +226,9 @@ def test_resolve_profile(monkeypatch):
     assert resolve_profile("full") == ("full", "as requested")
     with pytest.raises(CourseError):
         resolve_profile("fast")
+    # training's cpu profile is not a course profile (yet): refused, not a KeyError later
+    with pytest.raises(CourseError, match="unknown profile 'cpu': use 'auto', 'smoke', 'full'"):
+        resolve_profile("cpu")
     # a chainer that does not import: smoke, and the reason says why
     monkeypatch.setitem(sys.modules, "chainer", None)
     monkeypatch.setitem(sys.modules, "chainer.backends", None)
