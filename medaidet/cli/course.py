@@ -1,6 +1,6 @@
 """``medaidet course run``: every notebook, in order, with papermill."""
 from medaidet.arguments import positive_int
-from medaidet.env.course import COURSE_PROFILES
+from medaidet.env import COURSE_PROFILES
 
 
 def add_parser(commands) -> None:

@@ -27,13 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from medaidet.arguments import check_number, prepare_output_dir
+from medaidet.env import CELL_TIMEOUT, COURSE_PROFILES
 from medaidet.errors import MedaidetError
 from medaidet.stack.install import installed_version
 
-# The profiles the notebooks are written for (training's cpu profile is not one of them yet),
-# and the seconds a cell may take in each.
-CELL_TIMEOUT = {"smoke": 600, "full": 7200}
-COURSE_PROFILES = tuple(CELL_TIMEOUT)
 NOTEBOOKS_ENV = "MEDAIDET_NOTEBOOKS"
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # medaidet/env/course.py -> the checkout
 NOT_RUN_NOTE = "an earlier notebook failed"
