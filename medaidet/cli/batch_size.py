@@ -3,6 +3,7 @@ import json
 
 from medaidet.arguments import positive_int, prepare_output_dir
 from medaidet.device import DEFAULT_DEVICE
+from medaidet.ssd import MODEL_NAMES
 
 
 def add_parser(commands) -> None:
@@ -14,7 +15,7 @@ def add_parser(commands) -> None:
                     "--sizes: measure each of those batch sizes instead.")
     p.add_argument("--device", default=DEFAULT_DEVICE,
                    help="auto, cpu, gpu or a GPU number (default: auto)")
-    p.add_argument("--model", default="ssd300", choices=["ssd300", "ssd512"])
+    p.add_argument("--model", default="ssd300", choices=MODEL_NAMES)
     p.add_argument("--start", type=positive_int, default=32, help="first batch size (default 32)")
     p.add_argument("--min", type=positive_int, default=1, help="smallest batch size to try")
     p.add_argument("--target", type=positive_int, default=None,

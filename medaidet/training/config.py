@@ -85,6 +85,8 @@ class TrainConfig:
     seed: int | None = None
     deterministic: bool = False          # bitwise reproducible where possible (needs seed)
     augment: bool = True                 # False: resize + encode only (no random augmentation)
+    max_expand_ratio: float = 4          # augmentation's zoom out: canvas up to N x the image
+                                         # (SSD's 4; 1: no zoom out)
     accumulate: int = 1                  # micro-batches per batch (gradient accumulation)
     communicator: str | None = None      # ChainerMN: 'naive' (CPU/GPU), 'pure_nccl' (GPUs), ...
     device: str | int = DEFAULT_DEVICE   # 'cpu', 'gpu' (= GPU 0), an int, or 'auto'
@@ -188,6 +190,11 @@ class TrainConfig:
             number(name, integer=True, optional=True)
         for name in ("epochs", "lr"):
             number(name)
+        number("max_expand_ratio")
+        if self.max_expand_ratio < 1:
+            raise ConfigError(f"max_expand_ratio: {self.max_expand_ratio!r} is below 1; "
+                              "expected the largest zoom-out canvas as a multiple of the "
+                              "image, 1 or more (1: no zoom out)")
         for name in ("eval_interval", "snapshot_interval"):
             number(name, optional=True)
         for name in ("momentum", "weight_decay", "bias_grad_scale", "alpha", "lr_gamma"):

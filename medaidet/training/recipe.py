@@ -82,7 +82,8 @@ def make_datasets(config: TrainConfig, model, ranks: Ranks) -> TrainingData:
     with ``augment=False``, reseeded per example when ``config.seed`` is set."""
     images = _first(BCCDDataset(config.root, config.train_split), config.subset)
     val = _first(BCCDDataset(config.root, config.val_split), config.eval_subset)
-    transform = (TrainTransform if config.augment else EncodeTransform).for_model(model)
+    transform = (TrainTransform.for_model(model, max_expand_ratio=config.max_expand_ratio)
+                 if config.augment else EncodeTransform.for_model(model))
     train = TransformDataset(images, ReseedingTransform(transform, config.seed))
     return TrainingData(images, ranks.share(train, config.seed), val, transform)
 
