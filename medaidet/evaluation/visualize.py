@@ -1,0 +1,552 @@
+"""Detections drawn on the images: what was found, what is wrong, what was missed.
+
+AP and count errors say *how much* a detector gets wrong; a picture says *what*. Each
+detection scoring ``>= score_thresh`` is matched to the ground truth exactly as VOC AP
+matches it (:func:`match_detections`, the rule of ChainerCV's
+``calc_detection_voc_prec_rec``), and drawn in one of three styles (Okabe-Ito colours,
+distinct for colour-blind readers and in grey, by line style too):
+
+* true positive: solid bluish green, a detection matched to a box of its class;
+* false positive: dashed orange, a detection matched to no box (a duplicate, a wrong
+  class, a poor overlap, or an unboxed cell: see :data:`~medaidet.evaluation.count.RBC_NOTE`);
+* missed: dotted blue, a ground-truth box no detection matched.
+
+Each box carries its class's initial (``R``, ``W``, ``P``); each panel's title has the
+counts per class, predicted/annotated (``rbc 18/21 · wbc 1/1 · platelets 0/2``), the same
+numbers :func:`~medaidet.evaluation.count.count_cells` counts at that threshold.
+
+:func:`gt_box_sizes` measures the found and the missed boxes at the model's input scale
+(300x300 for SSD300 and the small SSD), to set beside the default boxes' sizes: the small
+SSD's smallest is 20 px (:data:`medaidet.ssd.small.SIZES`), SSD300's 30 px.
+
+Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels, float32, shape (R, 4); labels
+int32 (R,), indices into the label names; scores float32 (R,). Images float32 (3, H, W),
+RGB, 0-255 (ChainerCV's layout).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from chainercv.utils import bbox_iou
+
+from medaidet.evaluation.evaluate import Predictions
+from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
+
+__all__ = ["STYLES", "DetectionMatch", "BoxSizes", "match_detections", "draw_detections",
+           "plot_detections", "gt_box_sizes", "plot_box_sizes"]
+
+#: Drawing style of each outcome (matplotlib ``Rectangle`` keywords). Okabe-Ito colours;
+#: the line styles tell them apart without colour.
+STYLES = {
+    "tp": dict(edgecolor="#009E73", linestyle="-", linewidth=1.6),
+    "fp": dict(edgecolor="#E69F00", linestyle="--", linewidth=1.8),
+    "missed": dict(edgecolor="#0072B2", linestyle=":", linewidth=2.2),
+}
+_LEGEND = {"tp": "true positive", "fp": "false positive", "missed": "missed (annotated)"}
+
+
+# --------------------------------------------------------------------------- matching
+
+@dataclass
+class DetectionMatch:
+    """The outcome of every detection and ground-truth box of one image.
+
+    Over the R detections (bool, shape (R,)): ``kept`` (score ``>= score_thresh``), ``tp``,
+    ``fp`` and ``ignored`` (matched to a *difficult* box: neither, as in VOC). A detection
+    below the threshold is none of ``tp``/``fp``/``ignored``. Over the G ground-truth boxes:
+    ``missed`` (bool (G,): a non-difficult box no kept detection matched) and ``matched_by``
+    (int (G,): the index of the detection that matched it, -1 if none).
+    """
+    kept: np.ndarray
+    tp: np.ndarray
+    fp: np.ndarray
+    ignored: np.ndarray
+    missed: np.ndarray
+    matched_by: np.ndarray
+
+    @property
+    def found(self) -> np.ndarray:
+        """bool (G,): ground-truth boxes matched by a true positive."""
+        return self.matched_by >= 0
+
+    @property
+    def n_tp(self) -> int:
+        return int(self.tp.sum())
+
+    @property
+    def n_fp(self) -> int:
+        return int(self.fp.sum())
+
+    @property
+    def n_missed(self) -> int:
+        return int(self.missed.sum())
+
+
+def _as_boxes(bbox) -> np.ndarray:
+    """float32 (R, 4); an empty list or array becomes (0, 4)."""
+    return np.asarray(bbox, dtype=np.float32).reshape(-1, 4)
+
+
+def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
+                     gt_difficult=None, iou_thresh: float = IOU_THRESH,
+                     score_thresh: float = COUNT_SCORE_THRESH) -> DetectionMatch:
+    """Match one image's detections to its ground truth, the way VOC AP does.
+
+    The detections scoring ``>= score_thresh`` are taken class by class in descending
+    score order; each goes to the ground-truth box of its class it overlaps most
+    (:func:`chainercv.utils.bbox_iou`). If that IoU is ``>= iou_thresh`` and the box is
+    still free, the detection is a true positive and takes the box; if the box is taken
+    already (a duplicate), or the best IoU is below the threshold, it is a false positive.
+    A box is matched at most once; boxes no detection took are missed. This is ChainerCV's
+    ``calc_detection_voc_prec_rec`` rule exactly, including VOC's integer-pixel
+    convention (``y_max``/``x_max`` + 1 before the IoU) and its handling of difficult
+    boxes (a detection on one is ignored; the box is never missed).
+
+    Args:
+        pred_bbox: float32 (R, 4), ``(y_min, x_min, y_max, x_max)`` in image pixels.
+        pred_label: int32 (R,). pred_score: float32 (R,).
+        gt_bbox: float32 (G, 4), ``(y_min, x_min, y_max, x_max)``. gt_label: int32 (G,).
+        gt_difficult: bool (G,) or None (none difficult).
+        iou_thresh: the IoU a match needs (VOC: 0.5).
+        score_thresh: detections below it are not drawn, counted or matched.
+
+    Returns:
+        :class:`DetectionMatch`: masks over the detections and over the boxes.
+    """
+    pred_bbox = _as_boxes(pred_bbox)
+    gt_bbox = _as_boxes(gt_bbox)
+    pred_label = np.asarray(pred_label, dtype=np.int32).reshape(-1)
+    pred_score = np.asarray(pred_score, dtype=np.float32).reshape(-1)
+    gt_label = np.asarray(gt_label, dtype=np.int32).reshape(-1)
+    gt_difficult = (np.zeros(len(gt_label), dtype=bool) if gt_difficult is None
+                    else np.asarray(gt_difficult, dtype=bool).reshape(-1))
+    r, g = len(pred_bbox), len(gt_bbox)
+    if not (len(pred_label) == len(pred_score) == r and len(gt_label) == len(gt_difficult) == g):
+        raise ValueError(f"match_detections: {r} predicted boxes with {len(pred_label)} labels "
+                         f"and {len(pred_score)} scores; {g} ground-truth boxes with "
+                         f"{len(gt_label)} labels and {len(gt_difficult)} difficult flags: "
+                         "each box needs one of each")
+    kept = pred_score >= score_thresh
+    tp = np.zeros(r, dtype=bool)
+    fp = np.zeros(r, dtype=bool)
+    ignored = np.zeros(r, dtype=bool)
+    matched_by = np.full(g, -1, dtype=np.int64)
+    taken = np.zeros(g, dtype=bool)
+    for label in np.unique(pred_label[kept]):
+        pred_idx = np.flatnonzero(kept & (pred_label == label))
+        # ChainerCV's order, ties included: argsort()[::-1]
+        pred_idx = pred_idx[pred_score[pred_idx].argsort()[::-1]]
+        gt_idx = np.flatnonzero(gt_label == label)
+        if len(gt_idx) == 0:
+            fp[pred_idx] = True
+            continue
+        # VOC evaluation follows integer typed bounding boxes (as ChainerCV does).
+        pb = pred_bbox[pred_idx].copy()
+        pb[:, 2:] += 1
+        gb = gt_bbox[gt_idx].copy()
+        gb[:, 2:] += 1
+        iou = bbox_iou(pb, gb)
+        best = iou.argmax(axis=1)
+        best[iou.max(axis=1) < iou_thresh] = -1
+        for p, b in zip(pred_idx, best):
+            if b < 0:
+                fp[p] = True
+                continue
+            box = gt_idx[b]
+            if gt_difficult[box]:
+                ignored[p] = True
+            elif not taken[box]:
+                tp[p] = True
+                matched_by[box] = p
+            else:
+                fp[p] = True
+            taken[box] = True
+    missed = (matched_by < 0) & ~gt_difficult
+    return DetectionMatch(kept, tp, fp, ignored, missed, matched_by)
+
+
+# --------------------------------------------------------------------------- drawing
+
+def _class_index(class_filter, label_names):
+    if class_filter is None:
+        return None
+    if isinstance(class_filter, str):
+        names = [n.lower() for n in label_names]
+        if class_filter.lower() not in names:
+            raise ValueError(f"class_filter: {class_filter!r} is not a class; expected one "
+                             f"of {', '.join(label_names)} (or its index)")
+        return names.index(class_filter.lower())
+    index = int(class_filter)
+    if not 0 <= index < len(label_names):
+        raise ValueError(f"class_filter: {class_filter} is not a class index; expected 0 to "
+                         f"{len(label_names) - 1} ({', '.join(label_names)})")
+    return index
+
+
+def _of_class(labels, class_index) -> np.ndarray:
+    """bool mask of ``labels`` equal to ``class_index`` (all True for None)."""
+    labels = np.asarray(labels).reshape(-1)
+    return np.ones(len(labels), dtype=bool) if class_index is None else labels == class_index
+
+
+def _tags(label_names):
+    """Class initials (``R``, ``W``, ``P``), or the names if two initials collide."""
+    initials = [n[:1].upper() for n in label_names]
+    return initials if len(set(initials)) == len(initials) else list(label_names)
+
+
+def _count_title(pred_label, kept, gt_label, label_names, class_index=None) -> str:
+    """``rbc 18/21 · wbc 1/1 · platelets 0/2``: kept detections / annotated boxes per class."""
+    classes = range(len(label_names)) if class_index is None else [class_index]
+    pred_label = np.asarray(pred_label).reshape(-1)
+    gt_label = np.asarray(gt_label).reshape(-1)
+    return " · ".join(f"{label_names[l]} {int(np.sum(kept & (pred_label == l)))}"
+                      f"/{int(np.sum(gt_label == l))}" for l in classes)
+
+
+def _legend_handles(totals=None):
+    from matplotlib.patches import Patch
+
+    return [Patch(facecolor="none", **STYLES[kind],
+                  label=_LEGEND[kind] + ("" if totals is None else f" ({totals[kind]})"))
+            for kind in ("tp", "fp", "missed")]
+
+
+def _to_hwc(img) -> np.ndarray:
+    img = np.asarray(img)
+    if img.ndim != 3 or img.shape[0] not in (1, 3):
+        raise ValueError(f"img: expected float (3, H, W) RGB 0-255 (ChainerCV's layout); "
+                         f"got shape {img.shape}")
+    hwc = img.transpose(1, 2, 0)
+    if hwc.shape[2] == 1:
+        hwc = np.repeat(hwc, 3, axis=2)
+    return np.clip(hwc, 0, 255).astype(np.uint8)
+
+
+def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
+                    label_names, score_thresh: float = COUNT_SCORE_THRESH,
+                    iou_thresh: float = IOU_THRESH, gt_difficult=None, class_filter=None,
+                    title: str | None = None, legend: bool = True,
+                    show_scores: bool = False) -> DetectionMatch:
+    """Draw ``img`` on ``ax`` with its detections matched to its ground truth.
+
+    True positives (solid green), false positives (dashed orange) and missed boxes (dotted
+    blue) are drawn as rectangles (:data:`STYLES`), each tagged with its class's initial
+    (and the score with ``show_scores``); the title holds ``title`` (e.g. the image id)
+    and, per class, kept detections / annotated boxes. Detections scoring below
+    ``score_thresh`` are not drawn; nor are detections on difficult boxes.
+
+    Args:
+        ax: a matplotlib ``Axes``.
+        img: float32 (3, H, W), RGB, 0-255.
+        pred_bbox, pred_label, pred_score: float32 (R, 4) ``(y_min, x_min, y_max, x_max)``,
+            int32 (R,), float32 (R,), in ``img``'s pixels.
+        gt_bbox, gt_label: float32 (G, 4) ``(y_min, x_min, y_max, x_max)``, int32 (G,).
+        label_names: the class names, indexed by label.
+        score_thresh, iou_thresh, gt_difficult: as for :func:`match_detections`.
+        class_filter: a class name or index: draw and count only that class.
+        legend: add a legend (with the number of boxes of each kind) to ``ax``.
+
+    Returns:
+        the :class:`DetectionMatch` of all classes (the drawing may show one).
+    """
+    from matplotlib.patches import Rectangle
+
+    label_names = tuple(label_names)
+    match = match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
+                             gt_difficult, iou_thresh, score_thresh)
+    pred_bbox, gt_bbox = _as_boxes(pred_bbox), _as_boxes(gt_bbox)
+    pred_label = np.asarray(pred_label, dtype=np.int32).reshape(-1)
+    pred_score = np.asarray(pred_score, dtype=np.float32).reshape(-1)
+    gt_label = np.asarray(gt_label, dtype=np.int32).reshape(-1)
+    only = _class_index(class_filter, label_names)
+    pred_in, gt_in = _of_class(pred_label, only), _of_class(gt_label, only)
+    tags = _tags(label_names)
+
+    ax.imshow(_to_hwc(img))
+    drawn = {"tp": [], "fp": [], "missed": []}
+    for kind, boxes, labels, mask, scores in (
+            ("missed", gt_bbox, gt_label, match.missed & gt_in, None),
+            ("fp", pred_bbox, pred_label, match.fp & pred_in, pred_score),
+            ("tp", pred_bbox, pred_label, match.tp & pred_in, pred_score)):
+        style = STYLES[kind]
+        for i in np.flatnonzero(mask):
+            y0, x0, y1, x1 = (float(v) for v in boxes[i])
+            ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, gid=kind, **style))
+            text = tags[labels[i]] if 0 <= labels[i] < len(tags) else str(labels[i])
+            if show_scores and scores is not None:
+                text += f" {scores[i]:.2f}"
+            # missed boxes tagged below their corner, detections above: a TP and the box it
+            # matched do not both show, but an FP over a missed box should stay readable
+            ax.text(x0 + 1, (y1 - 1) if kind == "missed" else (y0 + 1), text,
+                    fontsize=6, color="white", va="bottom" if kind == "missed" else "top",
+                    bbox=dict(facecolor=style["edgecolor"], edgecolor="none", pad=0.6,
+                              alpha=0.85), clip_on=True)
+            drawn[kind].append(i)
+    counts = _count_title(pred_label, match.kept, gt_label, label_names, only)
+    ax.set_title(counts if not title else f"{title}\n{counts}", fontsize=9)
+    ax.set_axis_off()
+    if legend:
+        ax.legend(handles=_legend_handles({k: len(v) for k, v in drawn.items()}),
+                  loc="upper right", fontsize="x-small", framealpha=0.8)
+    return match
+
+
+def _images_for(predictions: Predictions, dataset=None, root=None):
+    """The dataset whose images the predictions were made on, and an id -> index lookup."""
+    if dataset is None:
+        if predictions.split is None:
+            raise ValueError("plot_detections: the predictions do not say their split; pass "
+                             "dataset= (e.g. BCCDDataset(root, 'test')), whose images they are")
+        from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+
+        # predicting read the same annotations and warned about what it dropped already
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AnnotationWarning)
+            dataset = BCCDDataset(root, predictions.split, use_difficult=True)
+    ids = getattr(dataset, "ids", None)
+    index = {image_id: i for i, image_id in enumerate(ids)} if ids is not None else None
+    return dataset, index
+
+
+def _image(dataset, index, position, image_id):
+    if index is not None:
+        if image_id not in index:
+            raise ValueError(f"image {image_id!r} of the predictions is not in the dataset "
+                             "given: pass the dataset the predictions were made on")
+        position = index[image_id]
+    if hasattr(dataset, "slice") and "img" in getattr(dataset, "keys", ()):
+        return dataset.slice[:, "img"][position]     # decodes the image only
+    item = dataset[position]
+    return item[0] if isinstance(item, tuple) else item
+
+
+def _matches(predictions: Predictions, score_thresh, iou_thresh):
+    return [match_detections(*(getattr(predictions, k)[i] for k in (
+        "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
+        "gt_difficults")), iou_thresh=iou_thresh, score_thresh=score_thresh)
+        for i in range(len(predictions))]
+
+
+def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_names=None,
+                    score_thresh: float = COUNT_SCORE_THRESH, class_filter=None,
+                    dataset=None, root=None, sort_by: str | None = None, ncols: int = 3,
+                    iou_thresh: float = IOU_THRESH, show_scores: bool = False):
+    """A grid of images, each with its detections matched to its ground truth.
+
+    One panel per image (:func:`draw_detections`): true positives, false positives and
+    missed boxes in three styles, the image id and the counts per class (predicted /
+    annotated) in its title, one legend for the figure with the totals over the panels.
+
+    Args:
+        predictions: from :func:`~medaidet.evaluation.evaluate.predict_split` or
+            :func:`~medaidet.evaluation.evaluate.predict_weights`.
+        indices: positions in ``predictions`` (ints) or image ids (strs) to show;
+            default: ``n`` images, the first ones or the first by ``sort_by``.
+        label_names: default ``predictions.label_names``.
+        score_thresh: detections scoring at least this are drawn (from 0.01, what
+            predictions hold, to 1).
+        class_filter: a class name or index (e.g. ``"platelets"``): only that class.
+        dataset: the images: anything with ``(img, ...)`` items (float32 (3, H, W) RGB
+            0-255); with an ``ids`` attribute images are looked up by id. Default:
+            ``BCCDDataset(root, predictions.split)``.
+        sort_by: with ``indices=None``: ``"missed"``, ``"fp"`` or ``"errors"`` (both)
+            shows the ``n`` images with the most of them (of ``class_filter`` if given),
+            most first; None keeps the predictions' order.
+
+    Returns:
+        a matplotlib ``Figure`` (not shown; ``fig.savefig(...)`` to write it).
+    """
+    from matplotlib.figure import Figure
+
+    label_names = tuple(label_names or predictions.label_names)
+    if score_thresh < predictions.score_thresh:
+        raise ValueError(f"score_thresh: {score_thresh} is below {predictions.score_thresh:g}, "
+                         "the lowest score the predictions hold")
+    only = _class_index(class_filter, label_names)
+    # per image, of the class shown: (true positives, missed, false positives)
+    outcomes = [(int((m.tp & _of_class(pl, only)).sum()),
+                 int((m.missed & _of_class(gl, only)).sum()),
+                 int((m.fp & _of_class(pl, only)).sum()))
+                for m, pl, gl in zip(_matches(predictions, score_thresh, iou_thresh),
+                                     predictions.pred_labels, predictions.gt_labels)]
+    if indices is None:
+        order = list(range(len(predictions)))
+        if sort_by is not None:
+            if sort_by not in ("missed", "fp", "errors"):
+                raise ValueError(f"sort_by: {sort_by!r}; expected 'missed', 'fp', 'errors' "
+                                 "or None")
+
+            def errors(i):
+                missed, fp = outcomes[i][1:]
+                return (missed if sort_by != "fp" else 0) + (fp if sort_by != "missed" else 0)
+
+            order.sort(key=lambda i: -errors(i))       # stable: ties keep their order
+        indices = order[:n]
+    else:
+        position = {image_id: i for i, image_id in enumerate(predictions.ids)}
+        indices = [position[i] if isinstance(i, str) and i in position else i
+                   for i in indices]
+        bad = [i for i in indices
+               if isinstance(i, str) or not -len(predictions) <= int(i) < len(predictions)]
+        if bad:
+            raise ValueError(f"indices: {bad} are neither positions (0 to "
+                             f"{len(predictions) - 1}) nor image ids of the predictions")
+        indices = [int(i) % len(predictions) for i in indices]
+    if not indices:
+        raise ValueError("plot_detections: no image to show (empty predictions or indices)")
+    dataset, index = _images_for(predictions, dataset, root)
+
+    ncols = max(1, min(int(ncols), len(indices)))
+    nrows = math.ceil(len(indices) / ncols)
+    fig = Figure(figsize=(4.6 * ncols, 3.9 * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    totals = {"tp": 0, "fp": 0, "missed": 0}
+    for ax, i in zip(axes, indices):
+        image_id = predictions.ids[i]
+        img = _image(dataset, index, i, image_id)
+        draw_detections(
+            ax, img, predictions.pred_bboxes[i], predictions.pred_labels[i],
+            predictions.pred_scores[i], predictions.gt_bboxes[i], predictions.gt_labels[i],
+            label_names, score_thresh, iou_thresh, predictions.gt_difficults[i], class_filter,
+            title=str(image_id), legend=False, show_scores=show_scores)
+        for kind, value in zip(("tp", "missed", "fp"), outcomes[i]):
+            totals[kind] += value
+    for ax in axes[len(indices):]:
+        ax.set_axis_off()
+    what = "" if only is None else f"{label_names[only]} only; "
+    fig.suptitle(f"Detections at score >= {score_thresh:g} vs ground truth "
+                 f"({what}{predictions.split or 'split'}, IoU >= {iou_thresh:g}); "
+                 "titles: predicted/annotated per class")
+    fig.legend(handles=_legend_handles(totals), loc="outside lower center", ncols=3,
+               fontsize="small")
+    return fig
+
+
+# --------------------------------------------------------------------------- sizes
+
+@dataclass
+class BoxSizes:
+    """Sizes of the ground-truth boxes, found vs missed, per class.
+
+    Size is ``sqrt(h * w)`` of the box rescaled to the model's ``input_size`` x
+    ``input_size`` input (SSD resizes every image to a square, aspect ratio not kept), in
+    pixels: the scale the default boxes' sizes are given at. ``found[name]`` /
+    ``missed[name]``: float64 arrays (one size per box); difficult boxes are in neither.
+    """
+    label_names: tuple
+    found: dict
+    missed: dict
+    input_size: int
+    score_thresh: float
+    iou_thresh: float = IOU_THRESH
+
+    def rows(self) -> list:
+        out = []
+        for name in self.label_names:
+            f, m = self.found[name], self.missed[name]
+            out.append({"class": name, "found": len(f), "missed": len(m),
+                        "recall": len(f) / (len(f) + len(m)) if len(f) + len(m) else math.nan,
+                        "median_found": float(np.median(f)) if len(f) else math.nan,
+                        "median_missed": float(np.median(m)) if len(m) else math.nan})
+        return out
+
+    def missed_fraction_below(self, size: float) -> dict:
+        """Per class: of the boxes smaller than ``size`` px, the fraction missed (NaN: none)."""
+        out = {}
+        for name in self.label_names:
+            f = int((self.found[name] < size).sum())
+            m = int((self.missed[name] < size).sum())
+            out[name] = m / (f + m) if f + m else math.nan
+        return out
+
+    def __str__(self):
+        lines = [f"Ground-truth box sizes sqrt(h*w) at {self.input_size}x{self.input_size} "
+                 f"px, detections at score >= {self.score_thresh:g}"]
+        for r in self.rows():
+            lines.append(f"{r['class']:>10}: found {r['found']:4d} (median "
+                         f"{r['median_found']:5.1f} px), missed {r['missed']:4d} (median "
+                         f"{r['median_missed']:5.1f} px)")
+        return "\n".join(lines)
+
+
+def _image_sizes(predictions: Predictions, image_sizes, dataset, root):
+    if image_sizes is not None:
+        sizes = [tuple(int(v) for v in s) for s in image_sizes]
+        if len(sizes) != len(predictions):
+            raise ValueError(f"image_sizes: {len(sizes)} sizes for {len(predictions)} images")
+        return sizes
+    from medaidet.data.bccd import image_path, read_image_size
+    from medaidet.data.download import resolve_root
+
+    root = resolve_root(getattr(dataset, "root", None) if root is None else root)
+    # the header only: no image is decoded
+    return [read_image_size(image_path(root, image_id), image_id)
+            for image_id in predictions.ids]
+
+
+def gt_box_sizes(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH,
+                 iou_thresh: float = IOU_THRESH, input_size: int = 300, image_sizes=None,
+                 dataset=None, root=None) -> BoxSizes:
+    """Sizes of the found and the missed ground-truth boxes per class, at the model's input.
+
+    A box is found when a detection scoring ``>= score_thresh`` matches it
+    (:func:`match_detections`), missed otherwise. Its size is ``sqrt(h * w)`` after the
+    image is resized to ``input_size`` x ``input_size`` (300 for SSD300 and the small SSD,
+    512 for SSD512): compare it with the model's default-box sizes (smallest: 20 px for
+    the small SSD, :data:`medaidet.ssd.small.SIZES`; 30 px for SSD300).
+
+    Args:
+        image_sizes: ``(H, W)`` of each image; default: read from the image files'
+            headers in ``root`` (or ``dataset.root``, else ``$MEDAIDET_DATA``).
+    """
+    sizes = _image_sizes(predictions, image_sizes, dataset, root)
+    label_names = tuple(predictions.label_names)
+    found = {n: [] for n in label_names}
+    missed = {n: [] for n in label_names}
+    for i, m in enumerate(_matches(predictions, score_thresh, iou_thresh)):
+        h_img, w_img = sizes[i]
+        bbox = _as_boxes(predictions.gt_bboxes[i]).astype(np.float64)
+        h = (bbox[:, 2] - bbox[:, 0]) * input_size / h_img
+        w = (bbox[:, 3] - bbox[:, 1]) * input_size / w_img
+        size = np.sqrt(np.clip(h, 0, None) * np.clip(w, 0, None))
+        labels = np.asarray(predictions.gt_labels[i]).reshape(-1)
+        for l, name in enumerate(label_names):
+            found[name].extend(size[(labels == l) & m.found])
+            missed[name].extend(size[(labels == l) & m.missed])
+    return BoxSizes(label_names, {n: np.asarray(v, dtype=np.float64) for n, v in found.items()},
+                    {n: np.asarray(v, dtype=np.float64) for n, v in missed.items()},
+                    int(input_size), float(score_thresh), float(iou_thresh))
+
+
+def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
+    """Histograms of found vs missed box sizes, one panel per class (``classes``: default
+    all), stacked, with a vertical line at each of ``default_box_sizes`` (up to four, e.g.
+    ``(medaidet.ssd.small.SIZES[0], 30)`` for the small SSD's and SSD300's smallest; at the
+    same input scale).
+
+    Returns a matplotlib ``Figure``.
+    """
+    from matplotlib.figure import Figure
+
+    names = list(classes or sizes.label_names)
+    fig = Figure(figsize=(4.2 * len(names), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    for ax, name in zip(axes, names):
+        f, m = sizes.found[name], sizes.missed[name]
+        both = np.concatenate([f, m])
+        bins = np.linspace(both.min(), both.max() + 1, 21) if len(both) else 10
+        ax.hist([f, m], bins=bins, stacked=True, label=[f"found ({len(f)})",
+                                                        f"missed ({len(m)})"],
+                color=[STYLES["tp"]["edgecolor"], STYLES["missed"]["edgecolor"]])
+        for s, ls in zip(default_box_sizes, ("--", "-.", ":", (0, (5, 1, 1, 1)))):
+            ax.axvline(s, color="0.2", ls=ls, lw=1.2, label=f"default box {s:g} px")
+        ax.set(title=name, xlabel=f"box size sqrt(h*w) at {sizes.input_size}x"
+                                  f"{sizes.input_size} px", ylabel="boxes")
+        ax.legend(fontsize="small")
+    fig.suptitle(f"Found vs missed ground truth (score >= {sizes.score_thresh:g}, "
+                 f"IoU >= {sizes.iou_thresh:g})")
+    return fig

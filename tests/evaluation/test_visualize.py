@@ -1,0 +1,300 @@
+"""Detections drawn on images: VOC matching on hand-made boxes and against ChainerCV,
+drawing and grids on real BCCD test images, box sizes found vs missed."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+from medaidet.evaluation.count import count_cells  # noqa: E402
+from medaidet.evaluation.evaluate import Predictions  # noqa: E402
+from medaidet.evaluation.visualize import (STYLES, draw_detections, gt_box_sizes,  # noqa: E402
+                                           match_detections, plot_box_sizes,
+                                           plot_detections)
+
+NAMES = ("rbc", "wbc", "platelets")
+RBC, WBC, PLT = 0, 1, 2
+
+
+def boxes(*rows):
+    return np.array(rows, dtype=np.float32).reshape(-1, 4)
+
+
+def arr(values, dtype):
+    return np.array(values, dtype=dtype)
+
+
+def match(pred, gt, **kwargs):
+    """pred: [(box, label, score)], gt: [(box, label)]."""
+    return match_detections(boxes(*[p[0] for p in pred]), arr([p[1] for p in pred], np.int32),
+                            arr([p[2] for p in pred], np.float32),
+                            boxes(*[g[0] for g in gt]), arr([g[1] for g in gt], np.int32),
+                            **kwargs)
+
+
+# --------------------------------------------------------------------------- matching
+
+def test_perfect_prediction_is_a_true_positive():
+    m = match([((10, 10, 50, 50), RBC, 0.9)], [((10, 10, 50, 50), RBC)])
+    assert m.tp.tolist() == [True] and m.fp.tolist() == [False]
+    assert m.missed.tolist() == [False] and m.matched_by.tolist() == [0]
+
+
+def test_shifted_prediction_below_iou_is_a_false_positive_and_a_miss():
+    # 21x21 pixel boxes (VOC's +1) shifted by 10: IoU 11*21 / (2*441 - 231) = 0.35
+    m = match([((0, 10, 20, 30), RBC, 0.9)], [((0, 0, 20, 20), RBC)])
+    assert m.tp.tolist() == [False] and m.fp.tolist() == [True]
+    assert m.missed.tolist() == [True] and m.matched_by.tolist() == [-1]
+    # shifted by 5: IoU 16*21 / (2*441 - 336) = 0.62: a match
+    assert match([((0, 5, 20, 25), RBC, 0.9)], [((0, 0, 20, 20), RBC)]).tp.tolist() == [True]
+
+
+def test_two_predictions_on_one_box_the_higher_score_wins():
+    # the lower-scoring one is listed first: order is by score, not by position
+    m = match([((11, 10, 50, 50), WBC, 0.6), ((10, 10, 50, 50), WBC, 0.8)],
+              [((10, 10, 50, 50), WBC)])
+    assert m.tp.tolist() == [False, True] and m.fp.tolist() == [True, False]
+    assert m.missed.tolist() == [False] and m.matched_by.tolist() == [1]
+
+
+def test_class_mismatch_is_a_false_positive_and_a_miss():
+    m = match([((10, 10, 50, 50), WBC, 0.9)], [((10, 10, 50, 50), RBC)])
+    assert m.fp.tolist() == [True] and m.tp.tolist() == [False]
+    assert m.missed.tolist() == [True]
+
+
+def test_a_taken_best_box_makes_a_false_positive_even_with_another_box_free():
+    # VOC's greedy rule: each detection goes to its *best* box; if that one is taken it
+    # is a false positive, though it overlaps the free box B at IoU >= 0.5 too.
+    a, b = (0, 0, 40, 40), (0, 12, 40, 52)
+    pred = [((0, 0, 40, 40), RBC, 0.9), ((0, 4, 40, 44), RBC, 0.8)]
+    m = match(pred, [(a, RBC), (b, RBC)])
+    assert m.tp.tolist() == [True, False] and m.fp.tolist() == [False, True]
+    assert m.missed.tolist() == [False, True]
+
+
+def test_score_threshold_is_inclusive_and_drops_low_scores_from_matching():
+    pred = [((10, 10, 50, 50), PLT, 0.4)]
+    gt = [((10, 10, 50, 50), PLT)]
+    low = match(pred, gt, score_thresh=0.5)
+    assert low.kept.tolist() == [False]
+    assert not low.tp.any() and not low.fp.any() and low.missed.tolist() == [True]
+    at = match(pred, gt, score_thresh=np.float32(0.4))
+    assert at.tp.tolist() == [True] and at.missed.tolist() == [False]
+    # a low-scoring duplicate does not steal the box, and is neither TP nor FP
+    m = match([((10, 10, 50, 50), PLT, 0.3), ((10, 10, 50, 50), PLT, 0.7)], gt)
+    assert m.tp.tolist() == [False, True] and m.fp.tolist() == [False, False]
+
+
+def test_difficult_boxes_are_ignored_not_missed():
+    m = match([((10, 10, 50, 50), RBC, 0.9), ((100, 100, 140, 140), RBC, 0.8)],
+              [((10, 10, 50, 50), RBC), ((200, 200, 240, 240), RBC)],
+              gt_difficult=np.array([True, True]))
+    assert m.ignored.tolist() == [True, False] and m.fp.tolist() == [False, True]
+    assert not m.tp.any() and not m.missed.any()
+
+
+def test_no_predictions_or_no_boxes():
+    m = match_detections(np.zeros((0, 4), np.float32), [], [], boxes((0, 0, 9, 9)), [RBC])
+    assert m.missed.tolist() == [True] and m.tp.shape == (0,)
+    m = match_detections(boxes((0, 0, 9, 9)), [WBC], [0.9], [], [])
+    assert m.fp.tolist() == [True] and m.missed.shape == (0,)
+    with pytest.raises(ValueError, match="2 predicted boxes with 1 labels"):
+        match_detections(boxes((0, 0, 9, 9), (1, 1, 9, 9)), [0], [0.9, 0.8], [], [])
+
+
+# --------------------------------------------------------------------------- real data
+
+@pytest.fixture(scope="module")
+def test_split(bccd_root):
+    from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+    with pytest.warns(AnnotationWarning, match="BloodImage_00284"):   # a box drawn twice
+        return BCCDDataset(bccd_root, "test", use_difficult=True)
+
+
+def noisy_predictions(dataset, seed=0):
+    """Predictions made from the real test boxes: jittered, dropped, duplicated, relabelled,
+    plus random boxes; random scores. Every outcome of the matching occurs."""
+    rng = np.random.default_rng(seed)
+    pb, pl, ps, gb, gl = [], [], [], [], []
+    for i in range(len(dataset)):
+        bbox, label = dataset.slice[:, ("bbox", "label")][i]
+        keep = rng.random(len(label)) > 0.2
+        b = bbox[keep] + rng.normal(0, 6, (keep.sum(), 4)).astype(np.float32)
+        lb = label[keep].copy()
+        swap = rng.random(len(lb)) < 0.1
+        lb[swap] = rng.integers(0, 3, swap.sum())
+        dup = rng.random(len(lb)) < 0.15
+        b = np.concatenate([b, b[dup] + 2, np.tile(rng.uniform(0, 400, (2, 2)), 2)
+                            + np.array([0, 0, 30, 30], np.float32)]).astype(np.float32)
+        lb = np.concatenate([lb, lb[dup], rng.integers(0, 3, 2)]).astype(np.int32)
+        pb.append(b)
+        pl.append(lb)
+        ps.append(rng.uniform(0.01, 1, len(lb)).astype(np.float32))
+        gb.append(bbox)
+        gl.append(label)
+    return Predictions(list(dataset.ids), pb, pl, ps, gb, gl, None, NAMES, 0.01, "test")
+
+
+def test_matching_agrees_with_chainercv_voc_on_the_test_split(test_split):
+    from chainercv.evaluations import calc_detection_voc_prec_rec
+
+    preds = noisy_predictions(test_split)
+    thresh = 0.3
+    kept = preds.filter(thresh)
+    prec, rec = calc_detection_voc_prec_rec(
+        kept.pred_bboxes, kept.pred_labels, kept.pred_scores, kept.gt_bboxes, kept.gt_labels,
+        iou_thresh=0.5)
+    matches = [match_detections(*(getattr(preds, k)[i] for k in (
+        "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels")),
+        score_thresh=thresh) for i in range(len(preds))]
+    for l in range(3):
+        scores = np.concatenate([s[m.kept & (lb == l)] for s, lb, m in
+                                 zip(preds.pred_scores, preds.pred_labels, matches)])
+        tp = np.concatenate([m.tp[m.kept & (lb == l)]
+                             for lb, m in zip(preds.pred_labels, matches)])
+        fp = np.concatenate([m.fp[m.kept & (lb == l)]
+                             for lb, m in zip(preds.pred_labels, matches)])
+        assert (tp ^ fp).all()        # no difficult box: every kept detection is one
+        order = scores.argsort()[::-1]
+        ctp = np.cumsum(tp[order])
+        # the same precision after every detection, in score order, as VOC AP integrates
+        np.testing.assert_allclose(ctp / np.arange(1, len(ctp) + 1), prec[l])
+        n_pos = sum(int((g == l).sum()) for g in preds.gt_labels)
+        missed = sum(int(m.missed[g == l].sum()) for m, g in zip(matches, preds.gt_labels))
+        np.testing.assert_allclose(ctp[-1] / n_pos, rec[l][-1])
+        assert missed == n_pos - ctp[-1]
+        assert 0 < ctp[-1] and 0 < fp.sum() and 0 < missed   # every outcome occurs
+
+
+def known_predictions(dataset, n_images=4):
+    """Per image: every rbc and wbc box predicted exactly (TP), no platelet predicted
+    (missed), one small rbc box in the top-left corner (FP), one rbc below the threshold."""
+    pb, pl, ps, gb, gl = [], [], [], [], []
+    for i in range(n_images):
+        bbox, label = dataset.slice[:, ("bbox", "label")][i]
+        cells = label != PLT
+        pb.append(np.concatenate([bbox[cells], boxes((0, 0, 5, 5), (100, 100, 160, 160))]))
+        pl.append(np.concatenate([label[cells], [RBC, RBC]]).astype(np.int32))
+        ps.append(np.concatenate([np.linspace(0.99, 0.6, cells.sum()), [0.9, 0.2]])
+                  .astype(np.float32))
+        gb.append(bbox)
+        gl.append(label)
+    return Predictions(list(dataset.ids[:n_images]), pb, pl, ps, gb, gl, None, NAMES, 0.01,
+                       "test")
+
+
+def styled(ax):
+    """kind -> number of rectangles drawn in that kind's colour and line style."""
+    out = {}
+    for kind, style in STYLES.items():
+        out[kind] = sum(1 for p in ax.patches if isinstance(p, Rectangle)
+                        and to_hex(p.get_edgecolor()) == to_hex(style["edgecolor"])
+                        and p.get_linestyle() == style["linestyle"] and not p.get_fill())
+    return out
+
+
+def test_draw_detections_on_a_real_test_image(test_split):
+    preds = known_predictions(test_split, 1)
+    img = test_split.slice[:, "img"][0]
+    label = preds.gt_labels[0]
+    n_cells, n_plt = int((label != PLT).sum()), int((label == PLT).sum())
+    fig = Figure()
+    ax = fig.subplots()
+    m = draw_detections(ax, img, preds.pred_bboxes[0], preds.pred_labels[0],
+                        preds.pred_scores[0], preds.gt_bboxes[0], label, NAMES,
+                        score_thresh=0.5, title=preds.ids[0])
+    assert styled(ax) == {"tp": n_cells, "fp": 1, "missed": n_plt}
+    assert len(ax.patches) == n_cells + 1 + n_plt
+    assert (m.n_tp, m.n_fp, m.n_missed) == (n_cells, 1, n_plt)
+    assert ax.images[0].get_array().shape == (*img.shape[1:], 3)
+    # the title's counts are count_cells' at the same threshold
+    counts = count_cells(preds, 0.5)
+    expected = " · ".join(f"{n} {counts.predicted[0, l]}/{counts.annotated[0, l]}"
+                          for l, n in enumerate(NAMES))
+    assert ax.get_title() == f"{preds.ids[0]}\n{expected}"
+    assert f"platelets 0/{n_plt}" in ax.get_title()
+    tags = [t.get_text() for t in ax.texts]
+    assert tags.count("P") == n_plt and tags.count("R") == int((label == RBC).sum()) + 1
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [f"true positive ({n_cells})", "false positive (1)",
+                      f"missed (annotated) ({n_plt})"]
+    fig.savefig(__import__("io").BytesIO(), format="png")    # it renders
+
+
+def test_plot_detections_grid_and_class_filter(test_split):
+    preds = known_predictions(test_split, 4)
+    fig = plot_detections(preds, n=4, label_names=NAMES, dataset=test_split, ncols=2)
+    assert isinstance(fig, Figure)
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 4
+    for ax, image_id, gt in zip(panels, preds.ids, preds.gt_labels):
+        assert ax.get_title().startswith(image_id + "\n")
+        assert styled(ax) == {"tp": int((gt != PLT).sum()), "fp": 1,
+                              "missed": int((gt == PLT).sum())}
+    n_plt = sum(int((g == PLT).sum()) for g in preds.gt_labels)
+    assert n_plt > 0
+    assert [t.get_text() for t in fig.legends[0].get_texts()][2] == \
+        f"missed (annotated) ({n_plt})"
+
+    only = plot_detections(preds, indices=list(preds.ids[:4]), dataset=test_split,
+                           class_filter="platelets")
+    panels = [ax for ax in only.axes if ax.images]
+    assert sum(styled(ax)["missed"] for ax in panels) == n_plt
+    assert all(styled(ax)["tp"] == styled(ax)["fp"] == 0 for ax in panels)
+    for ax, gt in zip(panels, preds.gt_labels):
+        assert ax.get_title().split("\n")[1] == f"platelets 0/{int((gt == PLT).sum())}"
+    assert "platelets only" in only.get_suptitle()
+
+    # sort_by='missed': the images with the most missed platelets first
+    worst = plot_detections(preds, n=2, dataset=test_split, class_filter=PLT, sort_by="missed")
+    shown = [ax.get_title().split("\n")[0] for ax in worst.axes if ax.images]
+    n_missed = {i: int((g == PLT).sum()) for i, g in zip(preds.ids, preds.gt_labels)}
+    assert [n_missed[i] for i in shown] == sorted(n_missed.values(), reverse=True)[:2]
+
+
+def test_plot_detections_refuses_bad_arguments(test_split):
+    preds = known_predictions(test_split, 2)
+    with pytest.raises(ValueError, match="not a class"):
+        plot_detections(preds, dataset=test_split, class_filter="neutrophil")
+    with pytest.raises(ValueError, match="neither positions"):
+        plot_detections(preds, indices=[5], dataset=test_split)
+    with pytest.raises(ValueError, match="sort_by"):
+        plot_detections(preds, dataset=test_split, sort_by="worst")
+
+
+def test_gt_box_sizes_found_vs_missed_on_real_boxes(test_split, bccd_root):
+    from medaidet.data.bccd import image_path, read_image_size
+
+    preds = known_predictions(test_split, len(test_split))
+    sizes = gt_box_sizes(preds, root=bccd_root)
+    n_plt = sum(int((g == PLT).sum()) for g in preds.gt_labels)
+    n_rbc = sum(int((g == RBC).sum()) for g in preds.gt_labels)
+    assert len(sizes.found["platelets"]) == 0 and len(sizes.missed["platelets"]) == n_plt
+    assert len(sizes.found["rbc"]) == n_rbc and len(sizes.missed["rbc"]) == 0
+    # at 300x300 platelets are ~21 px, under SSD300's smallest default box (30 px);
+    # red cells ~55 px (notebook 01)
+    assert 15 < np.median(sizes.missed["platelets"]) < 30
+    assert 45 < np.median(sizes.found["rbc"]) < 65
+    assert sizes.missed_fraction_below(30)["platelets"] == 1.0
+    # by hand, for the first box of the first image
+    h_img, w_img = read_image_size(image_path(bccd_root, preds.ids[0]))
+    y0, x0, y1, x1 = preds.gt_bboxes[0][0]
+    first = np.sqrt((y1 - y0) * 300 / h_img * (x1 - x0) * 300 / w_img)
+    name = NAMES[preds.gt_labels[0][0]]
+    assert np.isclose((sizes.found[name] if name != "platelets" else sizes.missed[name])[0],
+                      first)
+    # the image sizes given, or read from the dataset's root: the same
+    given = gt_box_sizes(preds, image_sizes=[(h_img, w_img)] * len(preds))
+    np.testing.assert_allclose(given.missed["platelets"], sizes.missed["platelets"])
+    assert "platelets" in str(sizes)
+    fig = plot_box_sizes(sizes, default_box_sizes=(20, 30), classes=["platelets"])
+    (ax,) = fig.axes
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == [
+        "default box 20 px", "default box 30 px", "found (0)", f"missed ({n_plt})"]
+    # the stacked bars hold every platelet box once
+    assert sum(p.get_height() for p in ax.patches) == n_plt
