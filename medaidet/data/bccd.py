@@ -158,6 +158,11 @@ class AnnotationWarning(UserWarning):
     """Objects were dropped or clipped while loading (see ``.dropped`` / ``.clipped``)."""
 
 
+# Every split is loaded several times in a run (a notebook, the training recipe, the
+# evaluator): its report is shown the first time only, wherever the loading happens.
+warnings.filterwarnings("once", category=AnnotationWarning)
+
+
 # --------------------------------------------------------------------------- paths
 
 def split_path(root, split: str) -> Path:

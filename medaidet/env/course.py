@@ -128,9 +128,10 @@ def _fmt_ap(value) -> str:
 
 
 def resolve_profile(profile: str = "auto"):
-    """Return ``(profile, reason)``: "auto" is "full" on a usable GPU, else "smoke".
+    """Return ``(profile, reason)``: "auto" is "full" on a usable GPU, else "cpu" (the
+    small SSD, trained in minutes on the CPU).
 
-    Never raises for a broken chainer/CuPy: it falls back to "smoke" and the
+    Never raises for a broken chainer/CuPy: it falls back to "cpu" and the
     reason says why.
     """
     if profile in COURSE_PROFILES:
@@ -142,7 +143,7 @@ def resolve_profile(profile: str = "auto"):
 
     count, why = gpu_status()
     if not count:
-        return "smoke", f"auto: no usable GPU ({why}), running on the CPU"
+        return "cpu", f"auto: no usable GPU ({why}), running on the CPU"
     return "full", f"auto: {count} GPU(s) usable"
 
 

@@ -41,14 +41,14 @@ DEFAULT_THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
 RBC_NOTE = (
     "RBC counts are biased by the annotation, not only by the detector. BCCD's RBC boxes "
     "are incomplete: some images have no RBC box at all although red cells are visible "
-    "(the validator's missing_class findings: 15 images without an RBC box), and cells cut "
-    "by the image border or packed in clumps are often left unboxed. A detector that finds "
-    "those unboxed cells is scored as over-counting, so the measured RBC MAE and relative "
-    "error overstate its real error and the RBC bias is pushed positive (the annotated "
-    "count is too low, not necessarily the prediction too high). Platelets are small "
-    "(~18x24 px at 300x300, below SSD300's smallest 30 px default box), so the detector "
-    "tends to miss them: expect a negative platelet bias. WBC boxes are nearly complete "
-    "(about one per image) and their counts the most trustworthy.")
+    "(the validator's missing_class findings, notebook 01), and cells cut by the image "
+    "border or packed in clumps are often left unboxed. A detector that finds those unboxed "
+    "cells is scored as over-counting, so the measured RBC MAE and relative error overstate "
+    "its real error and the RBC bias is pushed positive (the annotated count is too low, not "
+    "necessarily the prediction too high). Platelets are small (about 18x24 px at 300x300, "
+    "smaller than SSD300's smallest default box), so the detector tends to miss them: expect "
+    "a negative platelet bias. WBC boxes are nearly complete (about one per image) and their "
+    "counts the most trustworthy.")
 
 SWEEP_NOTE = (
     "The best threshold is chosen on the same images it is scored on: on the test split "

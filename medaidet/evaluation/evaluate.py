@@ -44,7 +44,7 @@ from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
 __all__ = [
     "Predictions", "ProtocolResult", "EvaluationResult", "TrainedWeightsMissingError",
     "predict_split", "evaluate", "plot_pr_curves", "load_model",
-    "predict_weights", "evaluate_weights",
+    "predict_weights", "evaluate_weights", "course_weights",
 ]
 
 
@@ -388,6 +388,25 @@ def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVIC
     device.use()
     model.to_device(device)
     return model
+
+
+def course_weights(profile: str, run_dir) -> tuple:
+    """The weights notebooks 04 and 05 look at in ``profile``, and why: ``(path, reason)``.
+
+    * ``'full'``: what notebook 03 trained, ``<run_dir>/full/model.npz`` (it must exist).
+    * ``'cpu'``: ``<run_dir>/cpu/model.npz`` when notebook 03 trained it, else the small
+      SSD's weights that ship with medaidet (:func:`~medaidet.ssd.model.shipped_weights`).
+    * ``'smoke'``: the shipped weights: the smoke run's model saw 4 images for 4 iterations
+      and has nothing to show.
+    """
+    from medaidet.ssd.model import shipped_weights
+
+    fresh = Path(os.fspath(run_dir)) / profile / "model.npz"
+    if profile == "full" or (profile == "cpu" and fresh.is_file()):
+        return fresh, f"trained by notebook 03 in the {profile} profile"
+    why = ("the smoke run's model is untrained" if profile == "smoke"
+           else f"notebook 03 has not trained {fresh} yet")
+    return shipped_weights("ssd_small"), f"the small SSD's weights shipped with medaidet ({why})"
 
 
 def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=None):

@@ -11,7 +11,7 @@ BCCD classes) and loads one of:
   VGG-16 ImageNet weights for the extractor's VGG layers, the rest random.
 * ``'voc0712'``: every parameter of ChainerCV's PASCAL VOC model *except the class-score
   heads* (``multibox/conf/*``), which keep their random initialization. ChainerCV refuses
-  these weights unless ``n_fg_class == 20`` (seed 001); the box regressors (``multibox/loc``)
+  these weights unless ``n_fg_class == 20``; the box regressors (``multibox/loc``)
   and the whole extractor do not depend on the classes, so they are reused. (The heads
   are skipped even with ``n_fg_class=20``: for VOC's own detector use ChainerCV's
   ``SSD300(pretrained_model='voc0712')``.)
@@ -66,7 +66,7 @@ __all__ = [
     "WeightsReport", "WeightsError", "WeightsNotFoundError", "WeightsMismatchError",
     "WeightsChecksumError", "WeightsFileError", "WeightsNotFiniteError", "WeightsComparison",
     "compare_weights", "what_file_is", "check_pretrained", "WITH_PRETRAINED",
-    "model_of_weights",
+    "model_of_weights", "SHIPPED_WEIGHTS", "shipped_weights",
 ]
 
 logger = logging.getLogger(__name__)
@@ -78,6 +78,10 @@ CLASS_HEADS = "multibox/conf/"
 #: ChainerCV's model cache, relative to the dataset root (see ``download_model``).
 CACHE_SUBDIR = os.path.join("pfnet", "chainercv", "models")
 SIDECAR_SUFFIX = ".sha256"
+#: Trained weights that ship with the package (model-only, float16, with ``.sha256`` and a
+#: ``.json`` that says how they were made): the small SSD trained on BCCD trainval on a CPU,
+#: so that the evaluation and counting notebooks show a working detector at once.
+SHIPPED_WEIGHTS = {"ssd_small": Path(__file__).parent / "weights" / "ssd_small_bccd.npz"}
 
 
 # --------------------------------------------------------------------------- errors
@@ -307,6 +311,25 @@ def pretrained_cache_path(name: str = "ssd300", pretrained: str = "voc0712") -> 
     return Path(get_dataset_root(), CACHE_SUBDIR, os.path.basename(url))
 
 
+def shipped_weights(name: str = "ssd_small") -> Path:
+    """The trained weights of ``name`` that ship with medaidet (:data:`SHIPPED_WEIGHTS`);
+    their ``.json`` says the command and seed that reproduce them and their test AP.
+
+    Raises :class:`WeightsNotFoundError` when medaidet ships none for ``name`` or the file
+    is missing from this installation."""
+    if name not in SHIPPED_WEIGHTS:
+        raise WeightsNotFoundError(
+            f"medaidet ships trained weights only for {', '.join(SHIPPED_WEIGHTS)}, not "
+            f"{name!r}: train {name} (`medaidet train`) and use its model.npz", None)
+    path = SHIPPED_WEIGHTS[name]
+    if not path.is_file():
+        raise WeightsNotFoundError(
+            f"the shipped weights {path} are missing from this installation: reinstall "
+            f"medaidet (pip install -e <checkout>), or train them: `medaidet train "
+            f"--profile cpu`", path)
+    return path
+
+
 def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712") -> Path:
     """The cached weight file, downloaded by ChainerCV's ``download_model`` if missing.
 
@@ -333,28 +356,32 @@ def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712") -> Path:
 
 # --------------------------------------------------------------------------- weight files
 
-def _write_npz(f, model, compression: bool) -> None:
+def _write_npz(f, model, compression: bool, half: bool = False) -> None:
     """What ``chainer.serializers.save_npz`` writes, minus the clock: NumPy's ``savez``
     stamps every zip entry with the current time, so identical weights saved twice get
     different sha256s. Here every entry carries the same fixed date, in name order, and
-    identical weights give an identical file."""
+    identical weights give an identical file. ``half``: float32 arrays are stored as
+    float16 (loading casts them back)."""
     serializer = chainer.serializers.DictionarySerializer()
     serializer.save(model)
     method = zipfile.ZIP_DEFLATED if compression else zipfile.ZIP_STORED
     with zipfile.ZipFile(f, mode="w", compression=method, allowZip64=True) as archive:
         for name in sorted(serializer.target):
+            array = np.asanyarray(serializer.target[name])
+            if half and array.dtype == np.float32:
+                array = array.astype(np.float16)
             info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = method
             with archive.open(info, "w", force_zip64=True) as entry:
-                np.lib.format.write_array(entry, np.asanyarray(serializer.target[name]),
-                                          allow_pickle=False)
+                np.lib.format.write_array(entry, array, allow_pickle=False)
 
 
-def save_weights(model, path, compression: bool = False) -> str:
+def save_weights(model, path, compression: bool = False, half: bool = False) -> str:
     """Save the model's parameters only (the ``save_npz`` format) and a ``.sha256`` sidecar.
 
     The file is reproducible: the same weights give the same bytes and sha256 (see
-    :func:`_write_npz`).
+    :func:`_write_npz`). ``half``: store float32 arrays as float16 (half the size, for
+    weights that ship; :func:`load_weights` casts them back to the model's float32).
 
     The sidecar holds ``<sha256>  <file name>`` (``sha256sum -c`` reads it). Both files are
     written under temporary names and renamed, so a crash never leaves a half-written
@@ -365,7 +392,7 @@ def save_weights(model, path, compression: bool = False) -> str:
     materialize(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as f:
-        _write_npz(f, model, compression)
+        _write_npz(f, model, compression, half)
     digest = sha256_file(path)
     with atomic_file(_sidecar(path), "w") as f:
         f.write(f"{digest}  {path.name}\n")

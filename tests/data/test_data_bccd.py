@@ -1,5 +1,8 @@
 """The BCCD loader on the real data: published facts, conversions, drops, strict mode."""
+import os
 import shutil
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 
@@ -177,3 +180,19 @@ def test_parsed_annotations_are_cached(bccd_root):
 
 def test_errors_are_medaidet_errors():
     assert issubclass(InvalidObjectError, MedaidetError) and issubclass(SplitError, MedaidetError)
+
+
+def test_a_splits_annotation_report_is_shown_once_per_process(bccd_root):
+    # a notebook loads a split, then the training recipe and the evaluator load it again:
+    # the report appears the first time only (another split has its own report)
+    program = ("from medaidet.data.bccd import BCCDDataset\n"
+               "def notebook(): return BCCDDataset(None, 'val')\n"
+               "def recipe(): return BCCDDataset(None, 'val')\n"
+               "notebook(); recipe(); BCCDDataset(None, 'test'); BCCDDataset(None, 'test')\n")
+    env = {**os.environ, "MEDAIDET_DATA": str(bccd_root)}
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    reports = [line for line in done.stderr.splitlines() if "AnnotationWarning" in line]
+    assert len(reports) == 2, done.stderr
+    assert "BCCD val" in reports[0] and "BCCD test" in reports[1]

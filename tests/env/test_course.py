@@ -223,17 +223,16 @@ def test_cell_timeout(tmp_path):
 
 def test_resolve_profile(monkeypatch):
     assert resolve_profile("smoke") == ("smoke", "as requested")
+    assert resolve_profile("cpu") == ("cpu", "as requested")
     assert resolve_profile("full") == ("full", "as requested")
-    with pytest.raises(CourseError):
+    with pytest.raises(CourseError, match="unknown profile 'fast': use 'auto', 'smoke', 'cpu', "
+                                          "'full'"):
         resolve_profile("fast")
-    # training's cpu profile is not a course profile (yet): refused, not a KeyError later
-    with pytest.raises(CourseError, match="unknown profile 'cpu': use 'auto', 'smoke', 'full'"):
-        resolve_profile("cpu")
-    # a chainer that does not import: smoke, and the reason says why
+    # a chainer that does not import: the CPU course, and the reason says why
     monkeypatch.setitem(sys.modules, "chainer", None)
     monkeypatch.setitem(sys.modules, "chainer.backends", None)
     profile, reason = resolve_profile("auto")
-    assert profile == "smoke" and "chainer does not import" in reason
+    assert profile == "cpu" and "chainer does not import" in reason
 
 
 def test_summary_reports_the_evaluation_a_notebook_leaves(tmp_path):

@@ -1,17 +1,22 @@
-"""medaidet.ssd.small: SSDSmall has SSD300's default boxes, is small, and its weights (with batch
-normalisation's running statistics) save and load exactly; no pretrained weights are claimed."""
+"""medaidet.ssd.small: SSDSmall has SSD300's grids with default boxes sized for BCCD (more positives
+per platelet), is small, and its weights (with batch normalisation's running statistics, also
+as float16) save and load; no pretrained weights are claimed; the shipped weights detect."""
 import chainer
 import numpy as np
 import pytest
 
 from medaidet.ssd.model import (WeightsNotFoundError, build_ssd, load_weights, materialize,
                                  model_of_weights, save_weights)
-from medaidet.ssd.small import SmallExtractor, SSDSmall
+from medaidet.ssd.small import SIZES, SSD300_SIZES, SmallExtractor, SSDSmall
 
 
-def test_same_default_boxes_as_ssd300_from_a_small_extractor():
+def test_ssd300_grids_and_shapes_with_smaller_boxes_from_a_small_extractor():
     small, ssd300 = build_ssd("ssd_small"), build_ssd("ssd300")
-    np.testing.assert_array_equal(small.coder._default_bbox, ssd300.coder._default_bbox)
+    ours, theirs = small.coder._default_bbox, ssd300.coder._default_bbox   # (cy, cx, h, w)
+    np.testing.assert_array_equal(ours[:, :2], theirs[:, :2])             # same centres
+    assert ours[:, 2:].min() < theirs[:, 2:].min()
+    np.testing.assert_allclose(SSDSmall(3, sizes=SSD300_SIZES).coder._default_bbox, theirs,
+                               rtol=1e-6)
     x = np.zeros((1, 3, 300, 300), np.float32)
     with chainer.using_config("train", False), chainer.no_backprop_mode():
         maps = small.extractor(x)
@@ -63,3 +68,36 @@ def test_the_model_is_told_from_the_weights_parameter_names(tmp_path):
     assert model_of_weights(tmp_path / "ssd300.npz") == "ssd300"
     (tmp_path / "notes.txt").write_text("not weights")       # load_weights will say what it is
     assert model_of_weights(tmp_path / "notes.txt") == "ssd300"
+
+
+def _positives_per_box(model, boxes):
+    """How many default boxes each box (y_min, x_min, y_max, x_max, at 300x300) overlaps
+    with IoU >= 0.5: the positives it gives the loss besides its forced best match."""
+    from chainercv.utils import bbox_iou
+    default = model.coder._default_bbox          # (cy, cx, h, w) in input pixels
+    corners = np.concatenate([default[:, :2] - default[:, 2:] / 2,
+                              default[:, :2] + default[:, 2:] / 2], axis=1)
+    return (bbox_iou(boxes, corners) >= 0.5).sum(axis=1)
+
+
+def test_the_bccd_sizes_give_platelets_positives_ssd300_sizes_do_not(bccd_root):
+    from medaidet.data.bccd import BCCD_LABEL_NAMES, BCCDDataset
+
+    platelets, rbc = [], []
+    # every BCCD image is 640x480 (the loader checks each one's size); SSD sees 300x300
+    to_input = np.array([300 / 480, 300 / 640] * 2, dtype=np.float32)
+    for bbox, label in BCCDDataset(bccd_root, "trainval").slice[:, ("bbox", "label")]:
+        scaled = bbox * to_input
+        platelets.append(scaled[label == BCCD_LABEL_NAMES.index("platelets")])
+        rbc.append(scaled[label == BCCD_LABEL_NAMES.index("rbc")])
+    platelets, rbc = np.concatenate(platelets), np.concatenate(rbc)
+    ours = SSDSmall(3)
+    theirs = SSDSmall(3, sizes=SSD300_SIZES)
+    with_positives = {name: (_positives_per_box(m, platelets) > 0).mean()
+                      for name, m in (("bccd", ours), ("ssd300", theirs))}
+    # about half the platelets overlap no SSD300-sized box at IoU >= 0.5 (they get their
+    # forced best match only); with the BCCD sizes nearly all do
+    assert with_positives["ssd300"] < 0.6 and with_positives["bccd"] > 0.9, with_positives
+    # and red cells lose nothing
+    assert (_positives_per_box(ours, rbc) > 0).mean() >= 0.95
+    assert SIZES[0] < SSD300_SIZES[0]
