@@ -66,3 +66,46 @@ def test_one_parameters_cell_with_profile(path):
     assert "profile" in _assigned_names(cell.source), \
         f"{path.name}: the parameters cell must assign `profile`"
     assert "injected-parameters" not in cell.metadata.get("tags", [])
+
+
+def _markdown(nb) -> str:
+    return "\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_prerequisites_recap_and_graded_exercises(path):
+    text = _markdown(_read(path))
+    assert "**Prerequisites:**" in text, f"{path.name}: say what to run or know first"
+    assert re.search(r"^## Recap", text, re.M), f"{path.name}: end with a recap"
+    exercises = re.search(r"^## Exercises\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert exercises, f"{path.name}: end with an '## Exercises' section"
+    items = re.findall(r"^\d+\. ", exercises.group(1), re.M)
+    assert 3 <= len(items) <= 5, f"{path.name}: {len(items)} exercises, want 3 to 5"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_automation_cells_are_tagged_and_hidden(path):
+    # asserts for CI and files for the runner stay out of the reading flow
+    nb = _read(path)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        tags = cell.metadata.get("tags", [])
+        automation = (re.search(r"^assert ", cell.source, re.M)
+                      or "MEDAIDET_COURSE_OUT" in cell.source)
+        if automation and "colab-setup" not in tags:
+            assert "ci-check" in tags, f"{path.name} cell {index}: tag it ci-check"
+        if "ci-check" in tags:
+            assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, \
+                f"{path.name} cell {index}: a ci-check cell is hidden (jupyter.source_hidden)"
+
+
+def test_no_internal_incident_labels_in_the_product():
+    # "seed 003" meant something to the team that wrote the course, nothing to a learner
+    root = NOTEBOOKS_DIR.parent
+    files = [*NOTEBOOKS, root / "README.md", *root.glob("medaidet/**/*.py"),
+             *root.glob("docs/*.md")]
+    pattern = re.compile(r"\bseeds? 00\d|\bseed-00\d", re.I)
+    hits = [f"{f.relative_to(root)}: {m.group(0)}" for f in files
+            for m in pattern.finditer(f.read_text(encoding="utf-8"))]
+    assert not hits, hits

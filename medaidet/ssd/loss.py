@@ -3,7 +3,7 @@
 A drop-in for :func:`chainercv.links.model.ssd.multibox_loss` (same
 arguments, same ``(loc_loss, conf_loss)``, the same numbers on valid inputs).
 
-Why it exists (seed 000): on the GPU an out-of-range label or a broken box
+Why it exists: on the GPU an out-of-range label or a broken box
 faults asynchronously inside the loss, and the fault is reported later by the
 sort of hard-negative mining (``merge_sort: failed to synchronize``), leaving a
 dead CUDA context and no idea which sample was wrong. This loss checks the

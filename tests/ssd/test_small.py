@@ -101,3 +101,22 @@ def test_the_bccd_sizes_give_platelets_positives_ssd300_sizes_do_not(bccd_root):
     # and red cells lose nothing
     assert (_positives_per_box(ours, rbc) > 0).mean() >= 0.95
     assert SIZES[0] < SSD300_SIZES[0]
+
+
+def test_half_precision_weights_load_and_predict_alike(tmp_path):
+    model = build_ssd("ssd_small")
+    x = np.random.default_rng(0).uniform(0, 255, (1, 3, 300, 300)).astype(np.float32)
+    with chainer.using_config("train", True):
+        model(x)
+    save_weights(model, tmp_path / "full.npz")
+    save_weights(model, tmp_path / "half.npz", compression=True, half=True)
+    assert (tmp_path / "half.npz").stat().st_size < 0.6 * (tmp_path / "full.npz").stat().st_size
+    with np.load(tmp_path / "half.npz") as npz:
+        floats = {npz[k].dtype for k in npz.files if npz[k].dtype.kind == "f"}
+    assert floats == {np.dtype(np.float16)}
+    fresh = build_ssd("ssd_small")
+    load_weights(fresh, tmp_path / "half.npz")
+    assert fresh.extractor[0][0].conv.W.dtype == np.float32
+    with chainer.using_config("train", False), chainer.no_backprop_mode():
+        ours, theirs = fresh(x)[1].array, model(x)[1].array
+    np.testing.assert_allclose(ours, theirs, rtol=0.02, atol=0.05)

@@ -1,0 +1,56 @@
+"""The small SSD's weights that ship with medaidet: the file its record names, loadable, and a
+working detector: a fresh evaluation on BCCD's test split gives the AP the record states."""
+import json
+
+import numpy as np
+import pytest
+
+from medaidet.checksums import sha256_file
+from medaidet.evaluation.evaluate import course_weights, evaluate_weights
+from medaidet.ssd.model import SHIPPED_WEIGHTS, WeightsNotFoundError, shipped_weights
+
+PATH = SHIPPED_WEIGHTS["ssd_small"]
+
+
+def _record() -> dict:
+    return json.loads(PATH.with_suffix(".json").read_text())
+
+
+def test_the_shipped_file_is_small_half_precision_and_matches_its_record():
+    record = _record()
+    assert shipped_weights("ssd_small") == PATH
+    assert PATH.stat().st_size <= 5 * 2**20
+    assert sha256_file(PATH) == record["sha256"]
+    assert (PATH.parent / (PATH.name + ".sha256")).read_text().split()[0] == record["sha256"]
+    with np.load(PATH) as npz:
+        assert npz["extractor/0/0/conv/W"].dtype == np.float16
+    assert record["command"].startswith("python -m medaidet train --profile cpu --seed ")
+    assert record["config"]["model"] == "ssd_small" and record["config"]["pretrained"] is None
+
+
+def test_no_shipped_weights_for_other_models_is_a_named_error():
+    with pytest.raises(WeightsNotFoundError, match="only for ssd_small, not 'ssd300'"):
+        shipped_weights("ssd300")
+
+
+@pytest.mark.slow(seconds=40)
+def test_the_shipped_detector_scores_on_the_test_split_what_its_record_says(bccd_root):
+    record = _record()["test"]
+    result = evaluate_weights(PATH, split="test", root=bccd_root, device="cpu", progress=False)
+    ap = result["evaluate"]
+    assert result.n_images == record["n_images"] == 72
+    assert ap.map_voc == pytest.approx(record["map_voc"], abs=1e-3)
+    for name, value in zip(result.label_names, ap.ap_voc):
+        assert value == pytest.approx(record["ap_voc"][name], abs=1e-3), name
+    assert ap.map_voc > 0.7        # a working detector, not an untrained one (mAP ~0.002)
+
+
+def test_course_weights_per_profile(tmp_path):
+    runs = tmp_path / "runs"
+    assert course_weights("smoke", runs)[0] == PATH
+    path, why = course_weights("cpu", runs)
+    assert path == PATH and "has not trained" in why
+    (runs / "cpu").mkdir(parents=True)
+    (runs / "cpu" / "model.npz").write_bytes(b"")
+    assert course_weights("cpu", runs)[0] == runs / "cpu" / "model.npz"
+    assert course_weights("full", runs)[0] == runs / "full" / "model.npz"

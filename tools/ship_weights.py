@@ -1,0 +1,56 @@
+"""Ship a `medaidet train --profile cpu` run's weights with the package.
+
+    python tools/ship_weights.py RUN_DIR
+
+Reads RUN_DIR/model.npz and RUN_DIR/metrics.json, writes the model as float16 into
+medaidet/ssd/weights/ssd_small_bccd.npz (with its .sha256), evaluates the float16 copy on the
+test split and writes ssd_small_bccd.json: the command and seed that reproduce the run, the
+run's numbers and the shipped copy's test AP (tests/ssd/test_shipped_weights.py checks the
+recorded AP against a fresh evaluation).
+"""
+import json
+import sys
+from pathlib import Path
+
+import medaidet  # noqa: F401  (runtime settings before chainer)
+from medaidet.evaluation.evaluate import evaluate_weights, load_model
+from medaidet.ssd.model import SHIPPED_WEIGHTS, save_weights
+
+
+def main(run_dir: str) -> None:
+    run = Path(run_dir)
+    metrics = json.loads((run / "metrics.json").read_text())
+    config = metrics["config"]
+    if config["model"] != "ssd_small":
+        raise SystemExit(f"{run} trained {config['model']}; medaidet ships ssd_small only")
+    target = SHIPPED_WEIGHTS["ssd_small"]
+    model = load_model(run / "model.npz", device="cpu")
+    sha256 = save_weights(model, target, compression=True, half=True)
+    result = evaluate_weights(target, split="test", device="cpu", progress=False)
+    ap = result["evaluate"]
+    record = {
+        "model": "ssd_small",
+        "file": target.name,
+        "sha256": sha256,
+        "dtype": "float16 (loaded as float32)",
+        "command": f"python -m medaidet train --profile cpu --seed {config['seed']}",
+        "seed": config["seed"],
+        "config": config,
+        "trained": {k: metrics[k] for k in ("iterations", "epochs", "seconds", "train_seconds",
+                                            "images_per_second", "n_processes", "device",
+                                            "versions")},
+        "test": {"split": "test", "n_images": result.n_images,
+                 "score_thresh": ap.score_thresh, "iou_thresh": 0.5,
+                 "map_voc": round(float(ap.map_voc), 4),
+                 "ap_voc": {n: round(float(v), 4)
+                            for n, v in zip(result.label_names, ap.ap_voc)}},
+    }
+    target.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record["test"], indent=2))
+    print(f"{target}: {target.stat().st_size / 1e6:.2f} MB, sha256 {sha256}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    main(sys.argv[1])
