@@ -1,37 +1,29 @@
-"""The Colab setup cell: installs on Colab only, a no-op elsewhere; inserting it; badges."""
+"""The Colab setup cell: a no-op elsewhere; on Colab (a real run in a fresh venv shaped like
+Colab's) it clones, installs medaidet and the stack and keeps NumPy; the notebooks carry it."""
 import ast
-import importlib.util
+import glob
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import nbformat
 import pytest
 
-import medaidet
 import medaidet.stack
 from medaidet.env import colab
 
 REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 NOTEBOOK = REPO / "notebooks" / "00_environment.ipynb"
+TOOL = REPO / "tools" / "set_setup_cell.py"
 
-
-class FakePopen:
-    """Records commands instead of running them; every command succeeds."""
-
-    calls = []
-
-    def __init__(self, cmd, **kwargs):
-        FakePopen.calls.append(list(cmd))
-        self.stdout = iter(["fake output\n"])
-        self.returncode = 0
-
-    def wait(self):
-        return self.returncode
+# What stands in for Colab's own module. No google/__init__.py: ``google`` stays a
+# namespace package, as on Colab, so protobuf (google.protobuf, chainer's) still imports.
+STAND_IN_COLAB = '"""Stand-in for Colab\'s google.colab (tests/env/test_colab.py)."""\n'
 
 
 def _forbid(*args, **kwargs):
@@ -45,122 +37,233 @@ def no_processes(monkeypatch):
     monkeypatch.setattr(os, "system", _forbid)
 
 
-@pytest.fixture
-def fake_colab(monkeypatch):
-    google = types.ModuleType("google")
-    google_colab = types.ModuleType("google.colab")
-    google.colab = google_colab
-    monkeypatch.setitem(sys.modules, "google", sys.modules.get("google", google))
-    monkeypatch.setitem(sys.modules, "google.colab", google_colab)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    chdirs = []
-    monkeypatch.setattr(os, "chdir", chdirs.append)
-    return chdirs
-
-
-@pytest.fixture
-def stack_ok(monkeypatch):
-    monkeypatch.setattr(medaidet.stack, "status", lambda: types.SimpleNamespace(ok=True))
-
-
-@pytest.fixture
-def fake_popen(monkeypatch):
-    FakePopen.calls = []
-    monkeypatch.setattr(subprocess, "Popen", FakePopen)
-    return FakePopen.calls
-
-
 def _exec(source):
     namespace = {"__name__": "__main__"}
     exec(compile(source, "<colab-setup>", "exec"), namespace)
     return namespace
 
 
-def test_source_is_plain_python_with_repo_url_first():
-    tree = ast.parse(colab.SETUP_CELL_SOURCE)  # no IPython magics: papermill and exec run it
-    first = next(node for node in tree.body if not isinstance(node, ast.Expr))
-    assert isinstance(first, ast.Assign) and first.targets[0].id == "REPO_URL"
-    assert first.value.value == colab.REPO_URL_PLACEHOLDER
-    assert not any(line.lstrip().startswith(("!", "%"))
-                   for line in colab.SETUP_CELL_SOURCE.splitlines())
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP",
+                        colab.REPO_ENV, colab.COLAB_DIR_ENV)}
+    env.update(extra)
+    return env
+
+
+# --- the cell's text ---------------------------------------------------------------------
+
+def test_cell_is_short_plain_python():
+    ast.parse(colab.SETUP_CELL)  # no IPython magics: papermill, exec and `python -c` run it
+    lines = colab.SETUP_CELL.splitlines()
+    assert lines[0].startswith("# ") and len(lines) <= 9, colab.SETUP_CELL
+    assert not any(line.lstrip().startswith(("!", "%")) for line in lines)
+    assert "exec(" not in colab.SETUP_CELL and "eval(" not in colab.SETUP_CELL
+
+
+def test_default_repo_is_pyprojects_url_and_written_once_in_the_cell():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert colab.DEFAULT_REPO == project["urls"]["Repository"]
+    assert colab.SETUP_CELL.count(colab.DEFAULT_REPO) == 1
+    # named in the comment, read once, and named in the error that says how to set it
+    assert colab.SETUP_CELL.count(colab.REPO_ENV) == 3
 
 
 def test_noop_outside_colab(monkeypatch, no_processes):
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
     path_before, cwd_before = list(sys.path), os.getcwd()
     start = time.perf_counter()
-    namespace = _exec(colab.SETUP_CELL_SOURCE)
+    namespace = _exec(colab.SETUP_CELL)
     elapsed = time.perf_counter() - start
     assert elapsed < 0.05, f"the setup cell took {elapsed:.3f} s outside Colab"
-    assert namespace["REPO_URL"] == colab.REPO_URL_PLACEHOLDER
-    assert "_medaidet_colab_setup" not in namespace
+    assert "setup" not in namespace and "repo" not in namespace
     assert sys.path == path_before and os.getcwd() == cwd_before
 
 
-def test_colab_with_medaidet_and_stack_installed_does_nothing(fake_colab, stack_ok, no_processes):
-    namespace = _exec(colab.SETUP_CELL_SOURCE)
-    assert "_medaidet_colab_setup" not in namespace
-    assert fake_colab == [str(REPO / "notebooks")]  # only: into the course's notebooks folder
+# --- on Colab, for real: the stand-in google.colab, real processes -------------------------
+
+@pytest.fixture
+def stand_in_colab(tmp_path):
+    site = tmp_path / "stand-in"
+    (site / "google" / "colab").mkdir(parents=True)
+    (site / "google" / "colab" / "__init__.py").write_text(STAND_IN_COLAB)
+    return site
 
 
-def test_colab_installs_the_stack_when_missing(monkeypatch, fake_colab, fake_popen):
-    monkeypatch.setattr(medaidet.stack, "status", lambda: types.SimpleNamespace(ok=False))
-    monkeypatch.setattr(medaidet, "compat_actions", medaidet.compat_actions)
-    monkeypatch.setattr(importlib, "reload", lambda module: module)
-    _exec(colab.SETUP_CELL_SOURCE)
-    assert fake_popen == [[sys.executable, "-m", "medaidet", "stack", "install", "--cuda", "auto"]]
+def _run_cell_here(stand_in, tmp_path, **env):
+    """The cell in a fresh interpreter of this environment, on the stand-in Colab."""
+    code = ("import google.colab\n"
+            f"exec(compile({colab.SETUP_CELL!r}, '<colab-setup>', 'exec'))\n"
+            "import os; print('cwd:', os.getcwd())\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120,
+                          env=_clean_env(PYTHONPATH=os.pathsep.join([str(stand_in), str(REPO)]),
+                                         **env))
 
 
-def test_colab_placeholder_repo_url_and_no_medaidet_raises(monkeypatch, fake_colab, no_processes):
-    if Path("/content/medaidet/pyproject.toml").exists():
-        pytest.skip("a clone exists at /content/medaidet")
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "medaidet" else real_find_spec(name, *a))
-    with pytest.raises(RuntimeError, match="REPO_URL") as excinfo:
-        _exec(colab.SETUP_CELL_SOURCE)
-    assert "placeholder" in str(excinfo.value) and "top of this cell" in str(excinfo.value)
+@pytest.mark.parametrize("repo", [None, "https://github.com/<you>/medaidet"])
+def test_placeholder_repo_says_how_to_set_it(stand_in_colab, tmp_path, repo):
+    home = tmp_path / "content" / "medaidet"
+    env = {colab.COLAB_DIR_ENV: str(home), **({colab.REPO_ENV: repo} if repo else {})}
+    done = _run_cell_here(stand_in_colab, tmp_path, **env)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == ("RuntimeError: Set the repository first: "
+                    "%env MEDAIDET_REPO=https://github.com/<you>/medaidet"), done.stderr
+    assert not home.exists()
 
 
-def test_colab_clones_and_installs_with_repo_url(monkeypatch, fake_colab, fake_popen, stack_ok):
-    if Path("/content/medaidet/pyproject.toml").exists():
-        pytest.skip("a clone exists at /content/medaidet")
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "medaidet" else real_find_spec(name, *a))
-    url = "https://github.com/someone/medaidet"
-    _exec(colab.setup_cell_source(url))
-    assert fake_popen == [
-        ["git", "clone", "-q", "--depth", "1", url, "/content/medaidet"],
-        [sys.executable, "-m", "pip", "install", "-q", "-e", "/content/medaidet[mpi]"],
-    ]
-    assert sys.path[0] == "/content/medaidet"
+def test_bad_repo_fails_at_the_clone(stand_in_colab, tmp_path):
+    home = tmp_path / "content" / "medaidet"
+    done = _run_cell_here(stand_in_colab, tmp_path, **{colab.REPO_ENV: str(tmp_path / "none"),
+                                                       colab.COLAB_DIR_ENV: str(home)})
+    assert done.returncode != 0 and "CalledProcessError" in done.stderr, done.stderr
+    assert "'git', 'clone'" in done.stderr and not home.exists()
 
 
-def test_failed_command_raises(monkeypatch, fake_colab):
-    monkeypatch.setattr(medaidet.stack, "status", lambda: types.SimpleNamespace(ok=False))
-
-    class Failing(FakePopen):
-        def wait(self):
-            self.returncode = 3
-            return 3
-
-    monkeypatch.setattr(subprocess, "Popen", Failing)
-    with pytest.raises(RuntimeError, match=r"stack install --cuda auto` failed \(exit 3\)"):
-        _exec(colab.SETUP_CELL_SOURCE)
+def test_cell_with_clone_installed_and_stack_ok_only_changes_directory(stand_in_colab, tmp_path):
+    """This environment has medaidet and the stack: the cell starts no process, chdirs."""
+    assert medaidet.stack.status().ok, "this environment's stack is incomplete"
+    done = _run_cell_here(stand_in_colab, tmp_path, **{colab.COLAB_DIR_ENV: str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert "$ " not in done.stdout  # no command run
+    assert done.stdout.splitlines()[-1] == f"cwd: {REPO / 'notebooks'}"
 
 
-def test_setup_cell_source_repo_url():
-    source = colab.setup_cell_source("https://github.com/someone/medaidet")
-    assert 'REPO_URL = "https://github.com/someone/medaidet"' in source
-    assert colab.REPO_URL_PLACEHOLDER not in source.split("\n")[2]
-    assert colab.setup_cell_source() == colab.SETUP_CELL_SOURCE
-    with pytest.raises(ValueError):
-        colab.setup_cell_source('x"; import os')
+def test_setup_streams_a_failing_command_and_names_it(capsys):
+    with pytest.raises(RuntimeError, match=r"`.* -c .*` failed \(exit 3\); see the output above"):
+        colab._run(sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr);"
+                   " sys.exit(3)")
+    printed = capsys.readouterr().out
+    assert "out\n" in printed and "err\n" in printed
 
 
-def _setup_cells(nb):
-    return [c for c in nb.cells if colab.SETUP_CELL_TAG in c.metadata.get("tags", [])]
+def _python312():
+    found = sorted(glob.glob("/root/.pyenv/versions/3.12.*/bin/python3.12"))
+    return found[-1] if found else shutil.which("python3.12")
+
+
+def _git(*args, cwd=None):
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout
+
+
+def _source_repository(dest: Path) -> Path:
+    """A git repository with this checkout's working tree as its HEAD: a clone, with the
+    uncommitted changes (and untracked, not ignored, files) committed on top."""
+    _git("clone", "-q", str(REPO), str(dest))
+    changed = _git("ls-files", "-z", "--modified", "--deleted", "--others", "--exclude-standard",
+                   cwd=REPO).split("\0")
+    for rel in sorted({r for r in changed if r}):
+        src, dst = REPO / rel, dest / rel
+        if src.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+        elif dst.is_file():
+            dst.unlink()
+    if _git("status", "--porcelain", cwd=dest).strip():
+        _git("add", "-A", cwd=dest)
+        _git("-c", "user.name=test", "-c", "user.email=test@localhost", "commit", "-q", "-m",
+             "the working tree under test", cwd=dest)
+    return dest
+
+
+REPORT = """
+import importlib.metadata, json, os, sys
+import medaidet, medaidet.stack, numpy
+print("REPORT " + json.dumps({"cwd": os.getcwd(), "medaidet": medaidet.__file__,
+    "numpy": numpy.__version__, "numpy_installed": importlib.metadata.version("numpy"),
+    "stack_ok": medaidet.stack.status().ok, "stack": str(medaidet.stack.status())}))
+"""
+
+
+def _report(done):
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and lines, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    return json.loads(lines[-1][len("REPORT "):])
+
+
+@pytest.mark.slow(seconds=150)
+def test_setup_cell_on_a_fresh_colab_shaped_venv(tmp_path):
+    """For real: Python 3.12 venv with NumPy 2.0.x and matplotlib (as on Colab), a stand-in
+    google.colab, MEDAIDET_REPO a local repository. The cell clones, pip installs medaidet
+    (with [mpi]) and the stack (wheels from the shared MEDAIDET_CACHE), keeps NumPy, and
+    leaves the kernel in notebooks/."""
+    python312 = _python312()
+    if not python312:
+        pytest.skip("no Python 3.12 (pyenv or PATH)")
+    env = _clean_env(MEDAIDET_CACHE=str(medaidet.stack.default_cache_dir()),
+                     OMP_NUM_THREADS="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+
+    took = []
+
+    def run(*cmd, timeout=300, **kwargs):
+        start = time.perf_counter()
+        done = subprocess.run([*map(str, cmd)], capture_output=True, text=True, cwd=tmp_path,
+                              env=kwargs.pop("env", env), timeout=timeout, **kwargs)
+        took.append(f"{time.perf_counter() - start:5.1f} s  {' '.join(map(str, cmd))[:90]}")
+        assert done.returncode == 0, f"{cmd}:\n{done.stdout}\n{done.stderr}"
+        return done
+
+    venv = tmp_path / "venv"
+    run(python312, "-m", "venv", venv)
+    python = venv / "bin" / "python"
+    run(python, "-m", "pip", "install", "-q", "--no-compile", "numpy==2.0.*", "matplotlib")
+    numpy_before = run(python, "-c", "import numpy; print(numpy.__version__)").stdout.strip()
+    assert numpy_before.startswith("2.0.")
+    site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+                .stdout.strip())
+    (site / "google" / "colab").mkdir(parents=True)
+    (site / "google" / "colab" / "__init__.py").write_text(STAND_IN_COLAB)
+
+    start = time.perf_counter()
+    source = _source_repository(tmp_path / "source")
+    took.append(f"{time.perf_counter() - start:5.1f} s  the source repository")
+    home = tmp_path / "content" / "medaidet"
+    cell = tmp_path / "colab_setup_cell.py"
+    cell.write_text(colab.SETUP_CELL)
+    kernel = ("import google.colab  # Colab's kernel imports it at start\n"
+              f"exec(compile(open({str(cell)!r}).read(), '<colab-setup>', 'exec'))\n" + REPORT)
+    done = run(python, "-c", kernel, timeout=600,
+               env={**env, colab.REPO_ENV: str(source), colab.COLAB_DIR_ENV: str(home)})
+    print(done.stdout)
+    report = _report(done)
+    assert (home / ".git").is_dir() and (home / "pyproject.toml").is_file()
+    assert _git("rev-parse", "HEAD", cwd=home) == _git("rev-parse", "HEAD", cwd=source)
+    assert report["cwd"] == str(home / "notebooks")
+    assert Path(report["medaidet"]) == home / "medaidet" / "__init__.py"
+    assert report["stack_ok"], report["stack"]
+    assert report["numpy"] == report["numpy_installed"] == numpy_before  # no restart needed
+    assert "$ " in done.stdout and "stack install --cuda auto" in done.stdout
+
+    # a new kernel of that venv: medaidet installed (editable, from the clone), stack complete
+    after = _report(run(python, "-c", REPORT, env=env))
+    assert Path(after["medaidet"]) == home / "medaidet" / "__init__.py"
+    assert after["stack_ok"] and after["numpy_installed"] == numpy_before
+    mpi = run(python, "-c", "import importlib.metadata as m; print(m.version('mpi4py'))")
+    assert mpi.stdout.strip()  # the [mpi] extra
+
+    # the cell run again in that kernel state: nothing to install, no command
+    again = run(python, "-c", kernel, env={**env, colab.COLAB_DIR_ENV: str(home)})
+    assert "$ " not in again.stdout and _report(again)["cwd"] == str(home / "notebooks")
+    print("\n".join(took))
+    for done_with in (venv, home.parent):  # ~0.5 GB that pytest would keep for 3 runs
+        shutil.rmtree(done_with, ignore_errors=True)
+
+
+# --- the notebooks carry the cell ----------------------------------------------------------
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_starts_with_the_setup_cell(notebook):
+    nb = nbformat.read(str(notebook), as_version=nbformat.NO_CONVERT)
+    first = nb.cells[0]
+    assert first.cell_type == "code" and colab.SETUP_CELL_TAG in first.metadata.get("tags", [])
+    assert len(colab.setup_cells(nb)) == 1
+    if first.source != colab.SETUP_CELL:
+        pytest.fail(f"{notebook.name}: its colab-setup cell is not medaidet.env.colab.SETUP_CELL; "
+                    f"run: python tools/set_setup_cell.py", pytrace=False)
+    assert first.get("outputs") == [] and first.get("execution_count") is None
 
 
 def test_insert_setup_cell_is_first_idempotent_and_clean(tmp_path):
@@ -178,32 +281,66 @@ def test_insert_setup_cell_is_first_idempotent_and_clean(tmp_path):
     nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
     nbformat.validate(nb)
     cell = nb.cells[0]
-    assert cell.cell_type == "code"
+    assert cell.cell_type == "code" and cell.id == colab.SETUP_CELL_ID
     assert cell.metadata["tags"] == [colab.SETUP_CELL_TAG]
-    assert cell.source == colab.SETUP_CELL_SOURCE
+    assert cell.source == colab.SETUP_CELL
     assert cell.outputs == [] and cell.execution_count is None
-    assert len(_setup_cells(nb)) == 1
+    assert len(colab.setup_cells(nb)) == 1
     assert [c.source for c in nb.cells[1:]] == [c.source for c in original.cells]
     assert nb.metadata == original.metadata
     assert first_bytes.endswith(b"\n")
 
 
-def test_insert_setup_cell_updates_and_moves_an_old_cell(tmp_path):
+def test_insert_setup_cell_replaces_an_old_cell_keeping_id_and_tag(tmp_path):
     path = tmp_path / NOTEBOOK.name
     nb = nbformat.read(str(NOTEBOOK), as_version=nbformat.NO_CONVERT)
-    old = nbformat.v4.new_code_cell("print('old setup')", id="old-setup")
+    nb.cells = [c for c in nb.cells if colab.SETUP_CELL_TAG not in c.metadata.get("tags", [])]
+    rest = [c.source for c in nb.cells]
+    old = nbformat.v4.new_code_cell("REPO_URL = 'x'  # the old 53-line cell", id="old-setup")
     old.metadata["tags"] = [colab.SETUP_CELL_TAG]
+    old.metadata["collapsed"] = True
     old.outputs = [nbformat.v4.new_output("stream", text="x")]
     old.execution_count = 4
     nb.cells.insert(2, old)
     nbformat.write(nb, str(path))
 
-    assert colab.insert_setup_cell(path, repo_url="https://github.com/someone/medaidet") is True
+    assert colab.insert_setup_cell(path) is True
     nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
-    assert len(_setup_cells(nb)) == 1
-    assert nb.cells[0].source == colab.setup_cell_source("https://github.com/someone/medaidet")
-    assert nb.cells[0].outputs == [] and nb.cells[0].execution_count is None
-    assert "old setup" not in "".join(c.source for c in nb.cells)
+    assert len(colab.setup_cells(nb)) == 1
+    first = nb.cells[0]
+    assert first.source == colab.SETUP_CELL and first.id == "old-setup"
+    assert first.metadata == {"tags": [colab.SETUP_CELL_TAG], "collapsed": True}
+    assert first.outputs == [] and first.execution_count is None
+    assert [c.source for c in nb.cells[1:]] == rest
+
+
+def test_tool_updates_only_the_setup_cell(tmp_path):
+    """tools/set_setup_cell.py on copies of the notebooks: only their first cell changes."""
+    copies = []
+    for notebook in NOTEBOOKS:
+        shutil.copy(notebook, tmp_path / notebook.name)
+        copies.append(tmp_path / notebook.name)
+    bad = copies[0]
+    nb = nbformat.read(str(bad), as_version=nbformat.NO_CONVERT)
+    nb.cells[0].source = "REPO_URL = 'old'"
+    nbformat.write(nb, str(bad))
+
+    check = subprocess.run([sys.executable, str(TOOL), "--check", *map(str, copies)],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 1 and f"differs: {bad}" in check.stdout
+    done = subprocess.run([sys.executable, str(TOOL), *map(str, copies)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for original, copy in zip(NOTEBOOKS, copies):
+        before = nbformat.read(str(original), as_version=nbformat.NO_CONVERT)
+        after = nbformat.read(str(copy), as_version=nbformat.NO_CONVERT)
+        assert after.cells[0].source == colab.SETUP_CELL
+        assert after.cells[0].id == before.cells[0].id
+        assert after.cells[0].metadata == before.cells[0].metadata
+        assert after.cells[1:] == before.cells[1:] and after.metadata == before.metadata
+    check = subprocess.run([sys.executable, str(TOOL), "--check", *map(str, copies)],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout
 
 
 def test_notebook_with_setup_cell_still_has_its_parameters_cell(tmp_path):
