@@ -128,10 +128,13 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         ids: image ids; default ``dataset.ids`` or the indices.
         label_names: default ``dataset.label_names`` or BCCD's.
     """
-    from tqdm.auto import tqdm
-
     from medaidet.data.bccd import BCCD_LABEL_NAMES
     from medaidet.ssd.predict import predict
+
+    if progress:    # tqdm.auto warns where Jupyter has no ipywidgets: not imported for nothing
+        from tqdm.auto import tqdm
+    else:
+        from tqdm import tqdm
 
     batch_size = check_number(batch_size, "batch_size", "positive", integer=True)
     n = len(dataset)
