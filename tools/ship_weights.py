@@ -35,7 +35,7 @@ def main(run_dir: str) -> None:
         "dtype": "float16 (loaded as float32)",
         "command": f"python -m medaidet train --profile cpu --seed {config['seed']}",
         "seed": config["seed"],
-        "config": config,
+        "config": {k: v for k, v in config.items() if k not in ("out", "root")},
         "trained": {k: metrics[k] for k in ("iterations", "epochs", "seconds", "train_seconds",
                                             "images_per_second", "n_processes", "device",
                                             "versions")},
