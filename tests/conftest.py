@@ -98,6 +98,16 @@ def run_python(code: str, extra_path=None, env=None, timeout=300) -> subprocess.
                           env=full_env, timeout=timeout, cwd=REPO)
 
 
+@pytest.fixture(autouse=True)
+def fresh_annotation_reports():
+    """Each test sees a split's annotation report the first time it loads the split (the
+    loader shows each report once per process; tests check the report itself)."""
+    bccd = sys.modules.get("medaidet.data.bccd")
+    if bccd is not None:
+        bccd._REPORTED.clear()
+    yield
+
+
 @pytest.fixture(scope="session")
 def bccd_root() -> Path:
     """The real BCCD copy: ``$MEDAIDET_DATA``, else ``../shared/bccd`` beside the checkout."""

@@ -159,8 +159,9 @@ class AnnotationWarning(UserWarning):
 
 
 # Every split is loaded several times in a run (a notebook, the training recipe, the
-# evaluator): its report is shown the first time only, wherever the loading happens.
-warnings.filterwarnings("once", category=AnnotationWarning)
+# evaluator): its report is shown the first time only, wherever the loading happens (a
+# record of our own: Python's "once" filter forgets whenever warning filters change).
+_REPORTED = set()
 
 
 # --------------------------------------------------------------------------- paths
@@ -723,11 +724,13 @@ class BCCDDataset(GetterDataset):
             shown = "; ".join(f"{d.image_id}: {d.detail}"
                               for d in (self.dropped + self.clipped)[:3])
             more = len(self.dropped) + len(self.clipped) - 3
-            warnings.warn(AnnotationWarning(
+            message = (
                 f"BCCD {split} ({self.root}): dropped {len(self.dropped)} and clipped "
                 f"{len(self.clipped)} object(s): {shown}{f'; and {more} more' if more > 0 else ''}"
-                ". See dataset.dropped / dataset.clipped; strict=True raises instead"),
-                stacklevel=2)
+                ". See dataset.dropped / dataset.clipped; strict=True raises instead")
+            if message not in _REPORTED:
+                _REPORTED.add(message)
+                warnings.warn(AnnotationWarning(message), stacklevel=2)
 
         self.add_getter("img", self._get_image)
         self.add_getter(("bbox", "label", "difficult"), self._get_annotations)

@@ -378,7 +378,7 @@ def test_label_equal_to_n_class_is_named_not_an_index_error():
     labels[1, 7] = 4
     labels[2, 3] = 4
     # ChainerCV on the CPU: a raw IndexError from deep inside softmax_cross_entropy
-    # (on the GPU the same read is the asynchronous fault of seed 000).
+    # (on the GPU the same read is an asynchronous fault, reported later by the sort).
     with pytest.raises(IndexError):
         cv_multibox_loss(locs, confs, gt_locs, labels, 3)
     with pytest.raises(InvalidTargetsError) as info:

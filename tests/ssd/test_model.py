@@ -82,7 +82,7 @@ def put_in_cache(name, pretrained, arrays):
 # --------------------------------------------------------------------------- voc0712
 
 def test_chainercv_itself_refuses_voc_weights_for_three_classes():
-    # seed 001, before any download is attempted
+    # the reason the voc0712 helper exists; refused before any download is attempted
     with pytest.raises(ValueError, match="n_fg_class must be 20"):
         SSD300(n_fg_class=3, pretrained_model="voc0712")
 
