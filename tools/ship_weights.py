@@ -15,6 +15,8 @@ from pathlib import Path
 import medaidet  # noqa: F401  (runtime settings before chainer)
 from medaidet.evaluation.evaluate import evaluate_weights, load_model
 from medaidet.ssd.model import SHIPPED_WEIGHTS, save_weights
+from medaidet.ssd.small import SIZES
+from medaidet.training.config import TrainConfig
 
 
 def main(run_dir: str) -> None:
@@ -23,6 +25,12 @@ def main(run_dir: str) -> None:
     config = metrics["config"]
     if config["model"] != "ssd_small":
         raise SystemExit(f"{run} trained {config['model']}; medaidet ships ssd_small only")
+    # the record's command must reproduce the run: its config is the cpu profile's
+    profile = TrainConfig.profile("cpu", seed=config["seed"]).to_dict()
+    differ = sorted(k for k in profile if k not in ("out", "root") and profile[k] != config[k])
+    if differ:
+        raise SystemExit(f"{run} is not `medaidet train --profile cpu --seed {config['seed']}`: "
+                         f"{', '.join(f'{k}={config[k]!r} (profile: {profile[k]!r})' for k in differ)}")
     target = SHIPPED_WEIGHTS["ssd_small"]
     model = load_model(run / "model.npz", device="cpu")
     sha256 = save_weights(model, target, compression=True, half=True)
@@ -35,6 +43,7 @@ def main(run_dir: str) -> None:
         "dtype": "float16 (loaded as float32)",
         "command": f"python -m medaidet train --profile cpu --seed {config['seed']}",
         "seed": config["seed"],
+        "default_box_sizes": list(SIZES),
         "config": {k: v for k, v in config.items() if k not in ("out", "root")},
         "trained": {k: metrics[k] for k in ("iterations", "epochs", "seconds", "train_seconds",
                                             "images_per_second", "n_processes", "device",

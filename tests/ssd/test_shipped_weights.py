@@ -8,6 +8,8 @@ import pytest
 from medaidet.checksums import sha256_file
 from medaidet.evaluation.evaluate import course_weights, evaluate_weights
 from medaidet.ssd.model import SHIPPED_WEIGHTS, WeightsNotFoundError, shipped_weights
+from medaidet.ssd.small import SIZES
+from medaidet.training.config import TrainConfig
 
 PATH = SHIPPED_WEIGHTS["ssd_small"]
 
@@ -24,8 +26,11 @@ def test_the_shipped_file_is_small_half_precision_and_matches_its_record():
     assert (PATH.parent / (PATH.name + ".sha256")).read_text().split()[0] == record["sha256"]
     with np.load(PATH) as npz:
         assert npz["extractor/0/0/conv/W"].dtype == np.float16
-    assert record["command"].startswith("python -m medaidet train --profile cpu --seed ")
-    assert record["config"]["model"] == "ssd_small" and record["config"]["pretrained"] is None
+    # trained with today's default boxes and profile: the record's command reproduces them
+    assert record["default_box_sizes"] == list(SIZES)
+    assert record["command"] == f"python -m medaidet train --profile cpu --seed {record['seed']}"
+    profile = TrainConfig.profile("cpu", seed=record["seed"]).to_dict()
+    assert record["config"] == {k: v for k, v in profile.items() if k not in ("out", "root")}
 
 
 def test_no_shipped_weights_for_other_models_is_a_named_error():
