@@ -8,7 +8,8 @@ def add_parser(commands) -> None:
     course_commands = course.add_subparsers(dest="course_command", required=True)
     p = course_commands.add_parser("run", help="execute every notebook in order")
     p.add_argument("--profile", choices=["auto", *COURSE_PROFILES], default="auto",
-                   help="auto = full on a GPU, cpu (the small SSD, trained in minutes) without one; smoke = CI's quick check of the mechanics (default: auto)")
+                   help="auto: full on a GPU, else cpu (the small SSD, trained in minutes); "
+                        "smoke: CI's quick check of the mechanics (default: auto)")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
                    help="run only this notebook (name or stem; repeatable)")
     p.add_argument("--out", default="outputs", help="output directory (default: outputs)")

@@ -5,7 +5,7 @@ from medaidet.training.config import PROFILES, TrainConfig
 
 def add_parser(commands) -> None:
     p = commands.add_parser(
-        "train", help="train an SSD on BCCD (the course recipe, or the smoke profile)",
+        "train", help="train an SSD on BCCD (the course recipe, the small SSD on a CPU, or a smoke run)",
         description="Train an SSD on BCCD. Settings: the profile's, then --config FILE, "
                     "then the flags.")
     p.add_argument("--profile", choices=list(PROFILES), default="full",

@@ -4,5 +4,5 @@
 # a learner without a GPU, who trains the small SSD in notebook 03; full: the recipe on a
 # GPU), and the seconds a cell may take in each. Here, not in env/course.py, so that the
 # command line offers them before anything is installed.
-CELL_TIMEOUT = {"smoke": 600, "cpu": 2400, "full": 7200}
+CELL_TIMEOUT = {"smoke": 600, "cpu": 3600, "full": 7200}
 COURSE_PROFILES = tuple(CELL_TIMEOUT)

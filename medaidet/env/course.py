@@ -114,7 +114,10 @@ class CourseSummary:
     def _evaluation_lines(self) -> list:
         if not self.evaluation:
             return []
-        lines = []
+        weights = self.evaluation.get("weights")
+        lines = [f"- evaluated: {self.evaluation.get('model') or 'the model'} from {weights}"
+                 + (f" ({self.evaluation['weights_note']})"
+                    if self.evaluation.get("weights_note") else "")] if weights else []
         for name, p in self.evaluation.get("protocols", {}).items():
             per_class = ", ".join(f"{c} {_fmt_ap(v)}" for c, v in p["ap_voc"].items())
             lines.append(f"- {self.evaluation.get('split')} mAP, {name} protocol (score >= "

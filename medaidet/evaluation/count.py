@@ -45,10 +45,10 @@ RBC_NOTE = (
     "border or packed in clumps are often left unboxed. A detector that finds those unboxed "
     "cells is scored as over-counting, so the measured RBC MAE and relative error overstate "
     "its real error and the RBC bias is pushed positive (the annotated count is too low, not "
-    "necessarily the prediction too high). Platelets are small (about 18x24 px at 300x300, "
-    "smaller than SSD300's smallest default box), so the detector tends to miss them: expect "
-    "a negative platelet bias. WBC boxes are nearly complete (about one per image) and their "
-    "counts the most trustworthy.")
+    "necessarily the prediction too high). Platelets are small (about 18x24 px at 300x300): "
+    "a detector whose smallest default boxes are larger (SSD300's are 30 px) tends to miss "
+    "them, which shows as a negative platelet bias. WBC boxes are nearly complete (about one "
+    "per image) and their counts the most trustworthy.")
 
 SWEEP_NOTE = (
     "The best threshold is chosen on the same images it is scored on: on the test split "

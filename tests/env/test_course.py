@@ -239,7 +239,9 @@ def test_summary_reports_the_evaluation_a_notebook_leaves(tmp_path):
     notebooks = tmp_path / "notebooks"
     evaluation = {"split": "test", "n_images": 4, "protocols": {
         "evaluate": {"score_thresh": 0.01, "map_voc": 0.5,
-                     "ap_voc": {"rbc": 0.25, "wbc": 0.75, "platelets": None}}}}
+                     "ap_voc": {"rbc": 0.25, "wbc": 0.75, "platelets": None}}},
+        "model": "ssd_small", "weights": "/w/ssd_small_bccd.npz",
+        "weights_note": "the small SSD's weights shipped with medaidet"}
     make_notebook(notebooks, "04_eval",
                   "import json, os, pathlib\n"
                   "out = pathlib.Path(os.environ['MEDAIDET_COURSE_OUT'])\n"
@@ -251,6 +253,9 @@ def test_summary_reports_the_evaluation_a_notebook_leaves(tmp_path):
     md = (out / "summary.md").read_text()
     assert "test mAP, evaluate protocol (score >= 0.01, 4 images): **0.500**" in md
     assert "rbc 0.250, wbc 0.750, platelets n/a" in md
+    # which weights: the smoke run's own model is untrained, the shipped one is not
+    assert ("evaluated: ssd_small from /w/ssd_small_bccd.npz (the small SSD's weights "
+            "shipped with medaidet)") in md
     # a later run without that notebook does not report the stale file
     make_notebook(notebooks, "04_eval", "print('no evaluation this time')")
     assert run_course(profile="smoke", out=out, notebooks_dir=notebooks,

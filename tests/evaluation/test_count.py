@@ -76,7 +76,7 @@ def test_per_image_table_text_and_json():
 
 
 def test_rbc_note_explains_the_bias():
-    for words in ("incomplete", "15 images", "over-count", "positive", "border", "clump",
+    for words in ("incomplete", "missing_class", "over-count", "positive", "border", "clump",
                   "Platelets"):
         assert words in RBC_NOTE
 
