@@ -16,7 +16,8 @@ def test_data_notebook_plots_and_reports(tmp_path, monkeypatch, bccd_root):
     executed = nbformat.read(str(tmp_path / "01_data.ipynb"), as_version=4)
     outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
     figures = [o for o in outputs if "image/png" in o.get("data", {})]
-    text = "".join(o.get("text", "") for o in outputs)
+    # printed text, and the report shown once as a table (its HTML)
+    text = "".join(o.get("text", "") + o.get("data", {}).get("text/html", "") for o in outputs)
     assert len(figures) >= 5  # class balance, box sizes, samples, flagged objects, image pairs
     assert "every file matches" in text
     assert "zero_area" in text and "near_duplicate_image" in text
