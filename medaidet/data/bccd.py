@@ -61,7 +61,7 @@ from medaidet.data.download import resolve_root
 from medaidet.errors import MedaidetError
 
 __all__ = [
-    "BCCD_LABEL_NAMES", "BOUNDS_TOLERANCE", "NEAR_DUPLICATE_IOU",
+    "BCCD_LABEL_NAMES", "CLASS_COLORS", "BOUNDS_TOLERANCE", "NEAR_DUPLICATE_IOU",
     "BCCDDataset", "Annotation", "AnnotatedObject", "Finding", "CheckedAnnotation",
     "ObjectIssue", "DecodedImage", "parse_annotation", "check_annotation", "read_split",
     "scan_split_file", "read_image_size", "decode_image", "annotation_path", "image_path",
@@ -74,6 +74,8 @@ __all__ = [
 #: Class names in the course's order: label 0 is rbc, 1 wbc, 2 platelets. The XML
 #: says ``RBC``, ``WBC``, ``Platelets``; names are matched case-insensitively, stripped.
 BCCD_LABEL_NAMES = ("rbc", "wbc", "platelets")
+#: One matplotlib colour per class, the same in every figure of the course.
+CLASS_COLORS = {"rbc": "tab:red", "wbc": "tab:blue", "platelets": "tab:green"}
 
 #: Pixels a box may overhang the image and be clipped rather than dropped
 #: (0-based exports write ``xmin = 0``; VOC's smallest index is 1).
