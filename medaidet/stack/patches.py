@@ -80,6 +80,62 @@ _HELPER_REQUIRE_SKIP = """    ws = pkg_resources.WorkingSet()
         skip = {}
 """
 
+# Chainer's CPU convolution multiplies im2col's (n, c, kh, kw, out_h, out_w) array with
+# numpy.tensordot, which first copies it into (n * out_h * out_w, c * kh * kw) order; that copy
+# costs as much as the multiplication. One matrix product per image on the layout im2col gives
+# (numpy.matmul) needs no copy and leaves the result in NCHW order: same numbers (up to float
+# rounding), the small SSD's training step on a 2-core CPU about 1.4x faster
+# (benchmarks/bench_cpu_step.py). Forward, the weight gradient and the input gradient (the
+# deconvolution's forward) are changed; the grouped, iDeep and GPU paths are not.
+_CONV_FORWARD_OLD = """        kh, kw = W.shape[2:]
+        col = conv.im2col_cpu(
+            x, kh, kw, self.sy, self.sx, self.ph, self.pw,
+            cover_all=self.cover_all, dy=self.dy, dx=self.dx)
+        y = numpy.tensordot(
+            col, W, ((1, 2, 3), (1, 2, 3))).astype(x.dtype, copy=False)
+        if b is not None:
+            y += b
+        y = numpy.rollaxis(y, 3, 1)
+        return y,
+"""
+_CONV_FORWARD_NEW = """        out_c, _, kh, kw = W.shape
+        col = conv.im2col_cpu(
+            x, kh, kw, self.sy, self.sx, self.ph, self.pw,
+            cover_all=self.cover_all, dy=self.dy, dx=self.dx)
+        n, c, _, _, out_h, out_w = col.shape
+        y = numpy.matmul(W.reshape(out_c, c * kh * kw),
+                         col.reshape(n, c * kh * kw, out_h * out_w))
+        y = y.astype(x.dtype, copy=False).reshape(n, out_c, out_h, out_w)
+        if b is not None:
+            y += b.reshape(1, out_c, 1, 1)
+        return y,
+"""
+_CONV_GRAD_W_OLD = """        gW = numpy.tensordot(gy, col, ((0, 2, 3), (0, 4, 5))
+                             ).astype(self.W_dtype, copy=False)
+        return gW,
+"""
+_CONV_GRAD_W_NEW = """        n, c, kh, kw, out_h, out_w = col.shape
+        out_c = gy.shape[1]
+        gy = numpy.ascontiguousarray(gy).reshape(n, out_c, out_h * out_w)
+        col = col.reshape(n, c * kh * kw, out_h * out_w).transpose(0, 2, 1)
+        gW = numpy.matmul(gy, col).sum(axis=0).reshape(out_c, c, kh, kw)
+        gW = gW.astype(self.W_dtype, copy=False)
+        return gW,
+"""
+_DECONV_FORWARD_OLD = """        gcol = numpy.tensordot(W, x, (0, 1)).astype(x.dtype, copy=False)
+        gcol = numpy.rollaxis(gcol, 3)
+        y = conv.col2im_cpu(
+"""
+_DECONV_FORWARD_NEW = """        in_c, out_c, kh, kw = W.shape
+        n, _, h, w = x.shape
+        gcol = numpy.matmul(W.reshape(in_c, out_c * kh * kw).T,
+                            numpy.ascontiguousarray(x).reshape(n, in_c, h * w))
+        gcol = gcol.astype(x.dtype, copy=False).reshape(n, out_c, kh, kw, h, w)
+        y = conv.col2im_cpu(
+"""
+_CONV_WHY = ("CPU convolution: numpy.matmul on im2col's layout instead of numpy.tensordot, "
+             "which copies it first (about 1.4x faster training steps on a CPU)")
+
 CHAINER_PATCHES = (
     Overlay("chainer/_requirements.py",
             "requirement checks with importlib.metadata instead of pkg_resources"),
@@ -118,6 +174,12 @@ CHAINER_PATCHES = (
             "xp.array(v, copy=False, dtype=transfer_dtype)",
             "xp.asarray(v, dtype=transfer_dtype)",
             "copy=False raises in NumPy 2 when a copy is needed"),
+    Replace("chainer/functions/connection/convolution_2d.py", _CONV_FORWARD_OLD,
+            _CONV_FORWARD_NEW, _CONV_WHY),
+    Replace("chainer/functions/connection/convolution_2d.py", _CONV_GRAD_W_OLD,
+            _CONV_GRAD_W_NEW, _CONV_WHY),
+    Replace("chainer/functions/connection/deconvolution_2d.py", _DECONV_FORWARD_OLD,
+            _DECONV_FORWARD_NEW, _CONV_WHY),
 )
 
 CHAINERCV_PATCHES = (

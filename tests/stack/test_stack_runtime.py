@@ -91,6 +91,56 @@ def test_ssd300_forward_loss_backward_predict_on_cpu():
     assert (scores[0] >= 0.6).all()
 
 
+def _direct_convolution(x, W, stride, pad, dilate, out_hw):
+    """Convolution as a sum over kernel offsets (no im2col, no matrix product)."""
+    n, _, _, _ = x.shape
+    out_c, _, kh, kw = W.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad + stride), (pad, pad + stride)))
+    out_h, out_w = out_hw
+    y = np.zeros((n, out_c, out_h, out_w))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i * dilate:i * dilate + stride * out_h:stride,
+                       j * dilate:j * dilate + stride * out_w:stride]
+            y += np.einsum("nchw,oc->nohw", patch, W[:, :, i, j])
+    return y
+
+
+@pytest.mark.parametrize("stride, pad, dilate, cover_all", [
+    (1, 1, 1, False), (2, 1, 1, False), (1, 0, 1, False), (2, 0, 1, True), (1, 2, 2, False)])
+def test_cpu_convolution_agrees_with_a_direct_sum(stride, pad, dilate, cover_all):
+    # our build computes the CPU convolution with numpy.matmul instead of numpy.tensordot:
+    # forward, both gradients and the deconvolution must still be the convolution
+    import chainer
+    import chainer.functions as F
+    from chainer import gradient_check
+
+    rng = np.random.RandomState(0)
+    x = rng.randn(3, 5, 13, 11)
+    W = rng.randn(7, 5, 3, 3)
+    b = rng.randn(7)
+
+    def conv(x, W, b):
+        return F.convolution_2d(x, W, b, stride=stride, pad=pad, dilate=dilate,
+                                cover_all=cover_all)
+
+    y = conv(x, W, b).array
+    expected = _direct_convolution(x, W, stride, pad, dilate, y.shape[2:]) + b[:, None, None]
+    np.testing.assert_allclose(y, expected, rtol=1e-10, atol=1e-10)
+    gy = rng.randn(*y.shape)
+    gradient_check.check_backward(conv, (x, W, b), gy, dtype=np.float64, atol=1e-5, rtol=1e-4)
+    # the input gradient is a deconvolution: its forward is the convolution's transpose
+    x_var = chainer.Variable(x)
+    F.sum(conv(x_var, W, b) * gy).backward()
+    g = F.deconvolution_2d(gy, W, stride=stride, pad=pad, dilate=dilate,
+                           outsize=x.shape[2:]).array
+    np.testing.assert_allclose(x_var.grad, g, rtol=1e-10, atol=1e-10)
+    # float32 in, float32 out
+    y32 = conv(x.astype(np.float32), W.astype(np.float32), b.astype(np.float32)).array
+    assert y32.dtype == np.float32 and y32.flags.c_contiguous
+    np.testing.assert_allclose(y32, expected, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("arg, numpy_version, smi, expected", [
     ("none", "2.3.0", "CUDA Version: 12.4", None),
     ("auto", "2.3.0", None, None),

@@ -1,0 +1,107 @@
+"""Where a training step of the ``cpu`` profile goes on this CPU, measured in one run.
+
+The ``cpu`` profile trains the small SSD with batch 16 on BCCD trainval. A step is the
+augmentation of 16 images (ChainerCV's transform and the multibox encoding) and the model's
+forward, backward and update. This script measures, on the real data:
+
+* ``augment``: the 16 examples of a batch made in this process (no worker processes);
+* ``compute``: forward + backward + update on one fixed, already augmented batch;
+* ``step``: whole updater steps as training runs them, for each combination of worker
+  processes (0, 1, 2) and BLAS threads (1, 2): every combination runs in its own process
+  (the thread count is fixed when NumPy loads), after ``--warmup`` steps.
+
+It prints seconds per step and images per second, and each combination's speed as a ratio
+to the profile's default (2 workers, BLAS threads as the machine gives them).
+
+    python benchmarks/bench_cpu_step.py [--steps 8] [--warmup 2]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+COMBINATIONS = [(workers, threads) for workers in (0, 1, 2) for threads in (1, 2)]
+
+
+def build(n_processes):
+    from medaidet.training import recipe
+    from medaidet.training.config import TrainConfig
+    from medaidet.training.ranks import Ranks
+
+    config = TrainConfig.profile("cpu", n_processes=n_processes, out="/tmp/bench-cpu-step")
+    ranks = Ranks.for_config(config)
+    model = recipe.make_model(config)
+    chain = recipe.make_train_chain(model, config, ranks)
+    data = recipe.make_datasets(config, model, ranks)
+    iterators = recipe.make_iterators(data, config, ranks, log=lambda *a: None)
+    optimizer = recipe.make_optimizer(chain, config, ranks)
+    updater = recipe.make_updater(iterators.train, optimizer, config, ranks)
+    return config, chain, data, iterators, optimizer, updater
+
+
+def child(n_processes, steps, warmup):
+    """Run in a subprocess: seconds per updater step (and, without workers, the split)."""
+    import numpy as np
+    from chainer.dataset import concat_examples
+
+    config, chain, data, iterators, optimizer, updater = build(n_processes)
+    for _ in range(warmup):
+        updater.update()
+    start = time.perf_counter()
+    for _ in range(steps):
+        updater.update()
+    result = {"step": (time.perf_counter() - start) / steps}
+    if n_processes == 0:
+        rng = np.random.RandomState(0)
+        index = rng.permutation(len(data.train))[:config.batch_size]
+        start = time.perf_counter()
+        for _ in range(steps):
+            batch = [data.train[int(i)] for i in index]
+        result["augment"] = (time.perf_counter() - start) / steps
+        arrays = concat_examples(batch)
+        start = time.perf_counter()
+        for _ in range(steps):
+            optimizer.update(chain, *arrays)
+        result["compute"] = (time.perf_counter() - start) / steps
+    if hasattr(iterators.train, "finalize"):
+        iterators.train.finalize()
+    print(json.dumps(result))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--child", nargs=1, type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], args.steps, args.warmup)
+        return
+    print(f"{os.cpu_count()} CPUs; batch 16 of the cpu profile; {args.steps} steps after "
+          f"{args.warmup} warm-up steps per combination")
+    results = {}
+    for workers, threads in COMBINATIONS + [(2, None)]:
+        env = dict(os.environ)
+        for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env.pop(name, None)
+            if threads is not None:
+                env[name] = str(threads)
+        out = subprocess.run([sys.executable, __file__, "--child", str(workers),
+                              "--steps", str(args.steps), "--warmup", str(args.warmup)],
+                             env=env, check=True, capture_output=True, text=True).stdout
+        results[workers, threads] = json.loads(out.strip().splitlines()[-1])
+        r = results[workers, threads]
+        split = (f"  (augment {r['augment']:.2f} s, compute {r['compute']:.2f} s)"
+                 if "augment" in r else "")
+        print(f"workers {workers}, BLAS threads {threads or 'default'}: {r['step']:.2f} s "
+              f"per step, {16 / r['step']:.2f} images/s{split}", flush=True)
+    base = results[2, None]["step"]
+    print("speed against the default (2 workers, default threads):")
+    for (workers, threads), r in results.items():
+        print(f"  workers {workers}, threads {threads or 'default'}: {base / r['step']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
