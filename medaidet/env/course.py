@@ -10,7 +10,8 @@ notebooks use what earlier ones produced.
 The kernels see ``MEDAIDET_COURSE_RUN=1``, ``MEDAIDET_PROFILE`` and
 ``MEDAIDET_COURSE_OUT`` (the output directory) in their environment; notebook 04
 leaves its test-set evaluation there (``evaluation.json``), and the summary reports
-its mAP. ``MEDAIDET_NOTEBOOKS`` points the runner at another notebooks
+its mAP. A notebook with a ``run_dir`` parameter gets ``<out>/runs``: the training runs
+of one course run stay in its output directory. ``MEDAIDET_NOTEBOOKS`` points the runner at another notebooks
 directory (the default is the ``notebooks/`` folder of the source checkout).
 
 Importing this module is cheap (papermill and chainer are imported only when
@@ -36,6 +37,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]  # medaidet/env/course.py -> t
 NOT_RUN_NOTE = "an earlier notebook failed"
 _ERROR_CHARS = 500
 EVALUATION_FILE = "evaluation.json"  # written by notebook 04 into MEDAIDET_COURSE_OUT
+RUNS_DIR = "runs"  # <out>/runs: the notebooks' run_dir (training runs) under the runner
 
 
 class CourseError(MedaidetError):
@@ -253,6 +255,17 @@ def _write_summary(summary: CourseSummary, out: Path) -> Path:
     return path
 
 
+def _parameters(path: Path, profile: str, out: Path) -> dict:
+    """What the runner injects into a notebook: ``profile``, and ``run_dir`` =
+    ``<out>/runs`` where the notebook has that parameter (its training runs go there)."""
+    import papermill
+
+    parameters = {"profile": profile}
+    if "run_dir" in papermill.inspect_notebook(str(path)):
+        parameters["run_dir"] = str(out / RUNS_DIR)
+    return parameters
+
+
 def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
                notebooks_dir=None, log=print) -> CourseSummary:
     """Execute the course notebooks in order with papermill; see the module docstring."""
@@ -292,7 +305,7 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
             start = time.monotonic()
             try:
                 papermill.execute_notebook(
-                    str(path), str(output), parameters={"profile": profile},
+                    str(path), str(output), parameters=_parameters(path, profile, out),
                     kernel_name="python3", progress_bar=True, cwd=str(notebooks_dir),
                     execution_timeout=timeout)
             except KeyboardInterrupt:

@@ -467,10 +467,13 @@ class BoxSizes:
         lines = [f"Ground-truth box sizes sqrt(h*w) at {self.input_size}x{self.input_size} "
                  f"px, detections at score >= {self.score_thresh:g}"]
         for r in self.rows():
-            lines.append(f"{r['class']:>10}: found {r['found']:4d} (median "
-                         f"{r['median_found']:5.1f} px), missed {r['missed']:4d} (median "
-                         f"{r['median_missed']:5.1f} px)")
+            lines.append(f"{r['class']:>10}: found {r['found']:4d}{_median(r['median_found'])}, "
+                         f"missed {r['missed']:4d}{_median(r['median_missed'])}")
         return "\n".join(lines)
+
+
+def _median(value: float) -> str:
+    return "" if math.isnan(value) else f" (median {value:5.1f} px)"
 
 
 def _image_sizes(predictions: Predictions, image_sizes, dataset, root):

@@ -221,6 +221,23 @@ def test_cell_timeout(tmp_path):
     assert (out / "00_slow.ipynb").is_file()
 
 
+def test_runs_go_under_out_where_a_notebook_has_run_dir(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    path = make_notebook(notebooks, "03_train",
+                         "import pathlib\n"
+                         "pathlib.Path(run_dir, profile).mkdir(parents=True)\n"
+                         "pathlib.Path(run_dir, profile, 'model.npz').write_text('w')")
+    nb = nbformat.read(str(path), as_version=4)
+    nb.cells[0].source += '\nrun_dir = "../outputs/runs"'
+    nbformat.write(nb, str(path))
+    make_notebook(notebooks, "04_no_run_dir", "assert 'run_dir' not in globals()")
+    out = tmp_path / "out"
+    summary = run_course(profile="smoke", out=out, notebooks_dir=notebooks, log=_quiet)
+    assert summary.ok, summary.results
+    assert (out / "runs" / "smoke" / "model.npz").read_text() == "w"
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_resolve_profile(monkeypatch):
     assert resolve_profile("smoke") == ("smoke", "as requested")
     assert resolve_profile("cpu") == ("cpu", "as requested")

@@ -291,7 +291,9 @@ def test_gt_box_sizes_found_vs_missed_on_real_boxes(test_split, bccd_root):
     # the image sizes given, or read from the dataset's root: the same
     given = gt_box_sizes(preds, image_sizes=[(h_img, w_img)] * len(preds))
     np.testing.assert_allclose(given.missed["platelets"], sizes.missed["platelets"])
-    assert "platelets" in str(sizes)
+    text = str(sizes)
+    assert "platelets" in text and "nan" not in text     # no found platelet: no median shown
+    assert f"missed {n_plt:4d} (median" in text
     fig = plot_box_sizes(sizes, default_box_sizes=(20, 30), classes=["platelets"])
     (ax,) = fig.axes
     assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == [
