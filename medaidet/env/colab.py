@@ -1,7 +1,8 @@
 """Google Colab support: the first cell of every notebook, and "Open in Colab" links.
 
 :data:`SETUP_CELL` is the source of the first code cell of every course notebook
-(tagged ``colab-setup``), the same in all of them. On Colab
+(tagged ``colab-setup``), the same in all of them, shown as one line: its ``# @title``
+(:data:`SETUP_CELL_METADATA` folds the code away in Colab and JupyterLab). On Colab
 (``"google.colab" in sys.modules``) it is a bootstrap that does only what must
 happen before medaidet exists: when :data:`COLAB_DIR_ENV` (default
 ``/content/medaidet``) is not there yet, it ``git clone``\\ s the repository named
@@ -42,7 +43,7 @@ COLAB_URL = "https://colab.research.google.com/github/{slug}/blob/{branch}/noteb
 COLAB_BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 
 SETUP_CELL = f'''\
-# Google Colab: installs medaidet (from $MEDAIDET_REPO) and the chainer stack. Elsewhere: nothing.
+# @title Setup · on Google Colab: install medaidet (from ${REPO_ENV}) and the chainer stack; elsewhere nothing
 import os, subprocess, sys; home = os.environ.get("{COLAB_DIR_ENV}", "{DEFAULT_COLAB_DIR}")
 if "google.colab" in sys.modules and not os.path.exists(home):  # clone and install medaidet
     repo = os.environ.get("{REPO_ENV}", "{DEFAULT_REPO}")
@@ -51,6 +52,12 @@ if "google.colab" in sys.modules and not os.path.exists(home):  # clone and inst
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", home + "[mpi]"], check=True)
 if "google.colab" in sys.modules: sys.path.insert(0, home); from medaidet.env.colab import setup; setup(home)
 '''
+
+
+#: The cell's metadata besides its tag: a reader sees one line, the cell's title. Colab shows
+#: a cell with ``cellView: form`` as its ``# @title`` line (the code opens on a click);
+#: JupyterLab and Notebook 7 collapse a cell whose ``jupyter.source_hidden`` is true.
+SETUP_CELL_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
 
 
 def _run(*cmd) -> None:
@@ -146,6 +153,8 @@ def insert_setup_cell(notebook_path) -> bool:
             cell["id"] = old[0]["id"]
     if SETUP_CELL_TAG not in cell.metadata.get("tags", []):
         cell.metadata["tags"] = [*cell.metadata.get("tags", []), SETUP_CELL_TAG]
+    for key, value in SETUP_CELL_METADATA.items():
+        cell.metadata[key] = value
     if (nb.nbformat, nb.nbformat_minor) < (4, 5):
         cell.pop("id", None)
     elif not old:

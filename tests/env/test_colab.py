@@ -264,6 +264,10 @@ def test_notebook_starts_with_the_setup_cell(notebook):
         pytest.fail(f"{notebook.name}: its colab-setup cell is not medaidet.env.colab.SETUP_CELL; "
                     f"run: python tools/set_setup_cell.py", pytrace=False)
     assert first.get("outputs") == [] and first.get("execution_count") is None
+    # a reader sees one line: Colab's form view shows the title, Jupyter folds the code
+    assert colab.SETUP_CELL.splitlines()[0].startswith("# @title ")
+    assert first.metadata.get("cellView") == "form"
+    assert first.metadata.get("jupyter", {}).get("source_hidden") is True
 
 
 def test_insert_setup_cell_is_first_idempotent_and_clean(tmp_path):
@@ -282,7 +286,7 @@ def test_insert_setup_cell_is_first_idempotent_and_clean(tmp_path):
     nbformat.validate(nb)
     cell = nb.cells[0]
     assert cell.cell_type == "code" and cell.id == colab.SETUP_CELL_ID
-    assert cell.metadata["tags"] == [colab.SETUP_CELL_TAG]
+    assert cell.metadata == {"tags": [colab.SETUP_CELL_TAG], **colab.SETUP_CELL_METADATA}
     assert cell.source == colab.SETUP_CELL
     assert cell.outputs == [] and cell.execution_count is None
     assert len(colab.setup_cells(nb)) == 1
@@ -309,7 +313,8 @@ def test_insert_setup_cell_replaces_an_old_cell_keeping_id_and_tag(tmp_path):
     assert len(colab.setup_cells(nb)) == 1
     first = nb.cells[0]
     assert first.source == colab.SETUP_CELL and first.id == "old-setup"
-    assert first.metadata == {"tags": [colab.SETUP_CELL_TAG], "collapsed": True}
+    assert first.metadata == {"tags": [colab.SETUP_CELL_TAG], "collapsed": True,
+                              **colab.SETUP_CELL_METADATA}
     assert first.outputs == [] and first.execution_count is None
     assert [c.source for c in nb.cells[1:]] == rest
 
