@@ -11,8 +11,9 @@ The kernels see ``MEDAIDET_COURSE_RUN=1``, ``MEDAIDET_PROFILE`` and
 ``MEDAIDET_COURSE_OUT`` (the output directory) in their environment; notebook 04
 leaves its test-set evaluation there (``evaluation.json``), and the summary reports
 its mAP. A notebook with a ``run_dir`` parameter gets ``<out>/runs``: the training runs
-of one course run stay in its output directory. ``MEDAIDET_NOTEBOOKS`` points the runner at another notebooks
-directory (the default is the ``notebooks/`` folder of the source checkout).
+of one course run stay in its output directory. ``MEDAIDET_NOTEBOOKS`` points the runner
+at another notebooks directory (the default is the ``notebooks/`` folder of the source
+checkout).
 
 Importing this module is cheap (papermill and chainer are imported only when
 needed), so notebooks can use :func:`resolve_profile`.
