@@ -5,23 +5,36 @@
 # Interpreters are found on PATH or in pyenv; override: make test PY311=/path/python3.11
 
 # (pyenv's shims are skipped: they fail for versions that are not selected)
+VENV311 := .venv-py311
+VENV312 := .venv-py312
 find_python = $(firstword $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(1)))) \
                           $(filter-out %/shims/python$(1),$(shell command -v python$(1) 2>/dev/null)))
 PY311 ?= $(call find_python,3.11)
 PY312 ?= $(call find_python,3.12)
-PROFILE ?= auto
-OUT ?= outputs
+# PROFILE and OUT (where `make run` writes, and what `make clean` removes) are taken from
+# the command line only (`make run PROFILE=cpu OUT=DIR`): a makefile's own assignment wins
+# over a variable of the same, common name that happens to be exported.
+PROFILE := auto
+OUT := outputs
 PYTEST_ARGS ?= -q
+PY := $(VENV312)/bin/python
+# The file the course runner leaves in every output folder it made (medaidet.env.course).
+OUT_MARKER := .medaidet-course
 
-VENV311 := .venv-py311
-VENV312 := .venv-py312
 SETUP_INPUTS := pyproject.toml $(shell find medaidet/stack -name '*.py' 2>/dev/null)
 
-.PHONY: run test test-py311 test-py312 setup clean
+# Every path is quoted in the recipes: `make run "OUT=my outputs"` works.
+.PHONY: run test test-py311 test-py312 setup bccd clean
 
-run: $(VENV312)/.ready
-	$(VENV312)/bin/python -m medaidet stack install --cuda auto
-	$(VENV312)/bin/python -m medaidet course run --profile $(PROFILE) --out $(OUT)
+run: $(VENV312)/.ready bccd
+	"$(PY)" -m medaidet stack install --cuda auto
+	"$(PY)" -m medaidet course run --profile "$(PROFILE)" --out "$(OUT)"
+
+# BCCD for the course and the tests: the copy $$MEDAIDET_DATA names, else the cache's, each
+# verified against the manifest; with neither, the real download into the cache. Without a
+# network that stops here, in one message saying where to put a copy.
+bccd: $(VENV312)/.ready
+	"$(PY)" -m medaidet data download
 
 # Both interpreters' suites run side by side (one per core); each one's output is
 # printed whole when it finishes, and either failing fails `make test`.
@@ -29,16 +42,16 @@ run: $(VENV312)/.ready
 # two (tests/conftest.py, MEDAIDET_TEST_SHARD); `make test-py311` alone runs them all.
 # One BLAS/OpenMP thread per suite: two suites with a thread per core each would fight
 # over the cores (measured: SSD steps ~30% slower side by side).
-test: $(VENV311)/.ready $(VENV312)/.ready
+test: $(VENV311)/.ready $(VENV312)/.ready bccd
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
 		$(MAKE) --no-print-directory -j2 --output-sync=target test-py311 test-py312 \
 		SHARD311=0/2 SHARD312=1/2
 
 test-py311: $(VENV311)/.ready
-	$(if $(SHARD311),MEDAIDET_TEST_SHARD=$(SHARD311)) $(VENV311)/bin/python -m pytest $(PYTEST_ARGS)
+	$(if $(SHARD311),MEDAIDET_TEST_SHARD=$(SHARD311)) "$(VENV311)/bin/python" -m pytest $(PYTEST_ARGS)
 
 test-py312: $(VENV312)/.ready
-	$(if $(SHARD312),MEDAIDET_TEST_SHARD=$(SHARD312)) $(VENV312)/bin/python -m pytest $(PYTEST_ARGS)
+	$(if $(SHARD312),MEDAIDET_TEST_SHARD=$(SHARD312)) "$(VENV312)/bin/python" -m pytest $(PYTEST_ARGS)
 
 setup: $(VENV311)/.ready $(VENV312)/.ready
 
@@ -46,17 +59,22 @@ setup: $(VENV311)/.ready $(VENV312)/.ready
 # exactly as a user would (the NumPy pin picks the platform under test).
 $(VENV311)/.ready: $(SETUP_INPUTS)
 	@test -n "$(PY311)" || { echo "make: no Python 3.11 found; install it or pass PY311=/path/to/python3.11" >&2; exit 1; }
-	$(PY311) -m venv $(VENV311)
-	$(VENV311)/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 'numpy>=1.26,<2'
-	$(VENV311)/bin/python -m medaidet stack install --cuda none
+	"$(PY311)" -m venv "$(VENV311)"
+	"$(VENV311)/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' 'numpy>=1.26,<2'
+	"$(VENV311)/bin/python" -m medaidet stack install --cuda none
 	touch $@
 
 $(VENV312)/.ready: $(SETUP_INPUTS)
 	@test -n "$(PY312)" || { echo "make: no Python 3.12 found; install it or pass PY312=/path/to/python3.12" >&2; exit 1; }
-	$(PY312) -m venv $(VENV312)
-	$(VENV312)/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 'numpy>=2,<2.6'
-	$(VENV312)/bin/python -m medaidet stack install --cuda none
+	"$(PY312)" -m venv "$(VENV312)"
+	"$(VENV312)/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' 'numpy>=2,<2.6'
+	"$(VENV312)/bin/python" -m medaidet stack install --cuda none
 	touch $@
 
+# Removes the venvs, and OUT only where the course runner marked it as its own (a folder
+# `make run` made): anything else of that name is left, with a note.
 clean:
-	rm -rf $(VENV311) $(VENV312) $(OUT) .pytest_cache
+	rm -rf "$(VENV311)" "$(VENV312)" .pytest_cache
+	@if [ -f "$(OUT)/$(OUT_MARKER)" ]; then echo "rm -rf \"$(OUT)\""; rm -rf -- "$(OUT)"; \
+	elif [ -e "$(OUT)" ]; then echo "make clean: kept $(OUT): not a folder make run made \
+	(it has no $(OUT_MARKER)); remove it yourself if you mean to" >&2; fi

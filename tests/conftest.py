@@ -1,7 +1,9 @@
 """Shared test helpers, and the split of the slow tests between two test runs."""
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -52,6 +54,16 @@ def _shard(text):
 
 
 def pytest_collection_modifyitems(config, items):
+    _select_shard(items, config)
+    needing = [item for item in items if "bccd_root" in getattr(item, "fixturenames", ())]
+    if needing and _BCCD.get("root") is None:
+        pytest.exit(f"{len(needing)} of the {len(items)} tests selected read BCCD, and there "
+                    f"is no copy:\n{_BCCD.get('why')}\n`make test` provisions it first; running "
+                    "pytest directly, set MEDAIDET_DATA or run `python -m medaidet data "
+                    "download` first.", returncode=4)
+
+
+def _select_shard(items, config):
     text = os.environ.get(SHARD_ENV)
     if not text:
         return
@@ -108,13 +120,61 @@ def fresh_annotation_reports():
     yield
 
 
+def _find_bccd():
+    """``(root, None)`` where the package finds BCCD for the caller (an argument is never
+    given here: ``$MEDAIDET_DATA`` > the cache), else ``(None, why)``."""
+    from medaidet.data.download import DataNotFoundError, resolve_root
+    try:
+        return resolve_root(), None
+    except DataNotFoundError as missing:
+        return None, str(missing)
+
+
+# Variables of the caller's environment that change what medaidet does. The session starts
+# without them (a test that needs one sets it with monkeypatch), except MEDAIDET_DATA, which
+# points at the BCCD copy found for this session: a command run without --root reads the
+# same data on every machine, whatever the caller exported.
+CALLER_VARIABLES = ("MEDAIDET_DATA", "MEDAIDET_BCCD_URL", "MEDAIDET_NOTEBOOKS",
+                    "MEDAIDET_PROFILE", "MEDAIDET_COURSE_RUN", "MEDAIDET_COURSE_OUT",
+                    "MEDAIDET_REPO", "MEDAIDET_COLAB_DIR")
+_BCCD = {}
+_SESSION_ENV = {}
+
+
+def pytest_sessionstart(session):
+    # Set before the test modules are imported (and before module-scoped fixtures run).
+    # Pretrained weights a user has cached (~/.chainer/dataset) must not change what an
+    # offline test sees: chainer reads CHAINER_DATASET_ROOT when it is imported.
+    _BCCD["root"], _BCCD["why"] = _find_bccd()
+    _BCCD["tmp"] = Path(tempfile.mkdtemp(prefix="medaidet-tests-"))
+    (_BCCD["tmp"] / "chainer-dataset").mkdir()
+    for name in CALLER_VARIABLES:
+        os.environ.pop(name, None)
+    # without a copy: a folder that does not exist, so no test finds one by accident
+    _SESSION_ENV["MEDAIDET_DATA"] = str(_BCCD["root"] or _BCCD["tmp"] / "no-bccd")
+    _SESSION_ENV["CHAINER_DATASET_ROOT"] = str(_BCCD["tmp"] / "chainer-dataset")
+    os.environ.update(_SESSION_ENV)
+
+
+def pytest_sessionfinish(session):
+    if "tmp" in _BCCD:
+        shutil.rmtree(_BCCD["tmp"], ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def hermetic_environment(monkeypatch):
+    """Each test starts from the session's environment, whatever an earlier test left."""
+    for name in CALLER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in _SESSION_ENV.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.fixture(scope="session")
 def bccd_root() -> Path:
-    """The real BCCD copy: ``$MEDAIDET_DATA``, else ``../shared/bccd`` beside the checkout."""
-    root = Path(os.environ.get("MEDAIDET_DATA") or REPO.parent / "shared" / "bccd").resolve()
-    if not (root / "Annotations").is_dir():
-        pytest.fail(f"BCCD not found at {root}: set MEDAIDET_DATA to a BCCD copy (VOC layout)")
-    return root
+    """The real BCCD copy, found as the package finds it: ``$MEDAIDET_DATA``, else the
+    cache (``make test`` downloads it there first when neither has it)."""
+    return _BCCD["root"]    # found: without it, no test that needs it is run
 
 
 @pytest.fixture

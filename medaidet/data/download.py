@@ -216,7 +216,7 @@ def _choose_root(root) -> tuple[Path, str]:
     env = os.environ.get(DATA_ENV)
     if env:
         return Path(env).expanduser(), f"from ${DATA_ENV}"
-    return default_root(), "the default cache directory"
+    return default_root(), f"the default cache directory; ${DATA_ENV} is not set"
 
 
 def _layout_help() -> str:
@@ -618,7 +618,7 @@ def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEO
     that does not look like a dataset. Raises :class:`UnsupportedURLError` for
     a URL that is not https://, http:// or file://.
     """
-    root, _ = _choose_root(root)
+    root, source = _choose_root(root)
     root = root.resolve()
     url = url or os.environ.get(URL_ENV) or DEFAULT_URL
     _check_url(url)
@@ -647,6 +647,7 @@ def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEO
                 "copy (no Annotations/, JPEGImages/ or marker). Choose a new or empty --root.")
 
     archive = staging = None
+    existed = root.exists()
     try:
         try:
             root.parent.mkdir(parents=True, exist_ok=True)
@@ -657,7 +658,12 @@ def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEO
             raise DestinationError(f"cannot write beside {root}: {exc}. Choose another --root "
                                    f"or set ${DATA_ENV}.") from None
 
-        _fetch(url, archive, root, timeout, progress)
+        try:
+            _fetch(url, archive, root, timeout, progress)
+        except DownloadError as exc:
+            if existed:
+                raise
+            raise DownloadError(f"BCCD is not at {root} ({source}), and {exc}") from None
         _extract(archive, staging, manifest, url)
         archive.unlink()
         archive = None
@@ -687,6 +693,8 @@ def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEO
 
 def _write_marker(root: Path, how: str) -> None:
     text = f"{manifest_sha256()}\n# every file of {MANIFEST_NAME} verified; {how}\n"
+    if not root.stat().st_mode & 0o222:
+        return  # a copy made read-only on purpose is not written to, even by root
     try:
         (root / MARKER_NAME).write_text(text, encoding="utf-8")
     except OSError:

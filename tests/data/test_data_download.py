@@ -481,6 +481,21 @@ def test_copy_placed_by_hand_is_verified_in_place_without_network(tmp_path, good
     assert root == dest.resolve() and dl.is_verified(root)
 
 
+def test_a_read_only_copy_is_verified_in_place_and_left_unwritten(tmp_path, good_files):
+    dest = tmp_path / "bccd"
+    for rel, data in good_files.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
+    dest.chmod(0o555)   # as a shared copy is: even root (CI) must not write into it
+    try:
+        for _ in range(2):  # re-hashed each time, found good each time
+            assert download_bccd(root=dest, url="http://127.0.0.1:9/unused",
+                                 progress=False) == dest.resolve()
+        assert not (dest / dl.MARKER_NAME).exists()
+    finally:
+        dest.chmod(0o755)
+
+
 def test_other_content_is_never_replaced_silently(tmp_path, server):
     dest = tmp_path / "mine"
     dest.mkdir()
@@ -760,7 +775,8 @@ def test_cli_download_offline_exits_2_with_instructions(tmp_path):
     finally:
         sock.close()
     assert result.returncode == 2
-    assert result.stderr.startswith("medaidet: error: could not download BCCD")
+    assert result.stderr.startswith(f"medaidet: error: BCCD is not at {tmp_path / 'bccd'} "
+                                    "(given explicitly), and could not download BCCD")
     assert "MEDAIDET_DATA" in result.stderr and "Traceback" not in result.stderr
     assert leftovers(tmp_path) == []
 

@@ -1,0 +1,105 @@
+"""The Makefile behind README's two commands: BCCD provisioned before the tests and the
+course, one message when it cannot be, variables taken only from the command line, paths
+with spaces, and `make clean` removing only what `make run` made."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+
+# The venvs are never rebuilt by these tests (-o: take them as up to date).
+KEEP_VENVS = ["-o", ".venv-py311/.ready", "-o", ".venv-py312/.ready"]
+PROVISION = "-m medaidet data download"
+MARKER = ".medaidet-course"   # medaidet.env.course's: the runner's own output folders
+
+
+def make(*args, cwd=REPO, env=None):
+    """Run make with REPO's Makefile in ``cwd`` (relative paths such as the venvs and OUT
+    are taken there), in this environment without MEDAIDET_DATA, plus ``env``."""
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith("MAKE") and k != "MEDAIDET_DATA"}
+    full_env.update(env or {})
+    return subprocess.run(["make", "--no-print-directory", "-f", str(REPO / "Makefile"),
+                           *KEEP_VENVS, *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def recipe_lines(*args, env=None):
+    result = make("-n", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    return [line.strip() for line in result.stdout.splitlines()]
+
+
+def index_of(lines, needle):
+    return next(i for i, line in enumerate(lines) if needle in line)
+
+
+def test_bccd_is_provisioned_before_the_tests_and_before_the_first_notebook():
+    test = recipe_lines("test")
+    assert index_of(test, PROVISION) < index_of(test, "-m pytest")
+    run = recipe_lines("run")
+    assert index_of(run, PROVISION) < index_of(run, "-m medaidet course run")
+
+
+def test_out_and_profile_come_from_the_command_line_only():
+    exported = recipe_lines("run", env={"OUT": "/home/someone/thesis", "PROFILE": "x"})
+    assert exported[-1].endswith('course run --profile "auto" --out "outputs"'), exported
+    given = recipe_lines("run", "PROFILE=cpu", "OUT=my outputs")
+    assert given[-1].endswith('course run --profile "cpu" --out "my outputs"'), given
+
+
+def test_without_a_copy_or_a_network_make_stops_with_one_message(tmp_path):
+    """A fresh machine with no BCCD anywhere and no network (a refused local port stands in
+    for it): `make bccd`, which `make test` and `make run` run first, exits non-zero with one
+    error that says where it looked and how to provide a copy."""
+    result = make("bccd", f"PY={sys.executable}", cwd=tmp_path, env={
+        "MEDAIDET_CACHE": str(tmp_path / "cache"), "no_proxy": "127.0.0.1",
+        "MEDAIDET_BCCD_URL": "http://127.0.0.1:9/bccd.tar.gz"})
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 2, result.stderr   # medaidet's message, then make's "Error 2"
+    assert errors[0].startswith(f"medaidet: error: BCCD is not at {tmp_path / 'cache' / 'bccd'}"
+                                " (the default cache directory; $MEDAIDET_DATA is not set)")
+    for needle in ("MEDAIDET_DATA at that folder", "medaidet data download --root"):
+        assert needle in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "cache" / "bccd").exists()
+
+
+def test_with_a_copy_make_bccd_verifies_it_and_prints_its_root(tmp_path, bccd_root):
+    result = make("bccd", f"PY={sys.executable}", cwd=tmp_path, env={
+        "MEDAIDET_DATA": str(bccd_root), "MEDAIDET_BCCD_URL": "http://127.0.0.1:9/x"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == str(bccd_root)
+
+
+def test_clean_removes_only_a_folder_the_course_runner_made(tmp_path):
+    def folder(name, marked, files=("notes.txt",)):
+        path = tmp_path / name
+        path.mkdir()
+        for f in files:
+            (path / f).write_text("keep me")
+        if marked:
+            (path / MARKER).write_text("")
+        return path
+
+    thesis = folder("thesis", marked=False)
+    result = make("clean", "OUT=thesis", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (thesis / "notes.txt").read_text() == "keep me"
+    assert "make clean: kept thesis" in result.stderr and MARKER in result.stderr
+
+    exported = folder("outputs-of-someone", marked=True)
+    assert make("clean", cwd=tmp_path, env={"OUT": str(exported)}).returncode == 0
+    assert exported.is_dir()            # OUT from the environment is not make's OUT
+
+    made = folder("my outputs", marked=True, files=("01_data.ipynb", "summary.md"))
+    result = make("clean", "OUT=my outputs", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not made.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs-of-someone", "thesis"]
