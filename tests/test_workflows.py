@@ -96,7 +96,7 @@ def test_makefile_and_readme_use_the_runner():
     """The reference the workflows are compared with: `make run` calls the course runner."""
     makefile = (REPO / "Makefile").read_text()
     run_target = makefile.split("\nrun:", 1)[1].split("\n\n", 1)[0]
-    assert f"-m {RUNNER} --profile $(PROFILE)" in run_target
+    assert f'-m {RUNNER} --profile "$(PROFILE)"' in run_target
     assert "make test" in (REPO / ".ci" / "run").read_text()
     readme = (REPO / "README.md").read_text()
     assert "make run" in readme and RUNNER in readme
