@@ -56,6 +56,7 @@ import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 from PIL import Image
 
+from medaidet.arguments import ArgumentValueError, is_path
 from medaidet.data import SPLITS
 from medaidet.data.download import resolve_root
 from medaidet.errors import MedaidetError
@@ -669,8 +670,9 @@ class BCCDDataset(GetterDataset):
     """BCCD (or any dataset in its VOC layout) for ChainerCV: ``(img, bbox, label)``.
 
     Args:
-        root: dataset root; None: ``$MEDAIDET_DATA``, else the cache directory
-            (:func:`medaidet.data.download.resolve_root`).
+        root: dataset root, a str or ``os.PathLike`` (else
+            :class:`medaidet.arguments.ArgumentValueError`); None: ``$MEDAIDET_DATA``,
+            else the cache directory (:func:`medaidet.data.download.resolve_root`).
         split: ``'train'`` (205), ``'val'`` (87), ``'trainval'`` (292) or ``'test'`` (72).
         strict: raise :class:`InvalidObjectError` instead of dropping/clipping objects.
         use_difficult: keep objects marked difficult (ChainerCV's default: skip them;
@@ -692,6 +694,11 @@ class BCCDDataset(GetterDataset):
     def __init__(self, root=None, split: str = "train", strict: bool = False,
                  use_difficult: bool = False, return_difficult: bool = False):
         super().__init__()
+        if root is not None and not is_path(root):
+            raise ArgumentValueError(
+                f"root: {root!r} is not a folder path; expected a str or os.PathLike naming "
+                "the dataset root (the folder with Annotations/), or None for $MEDAIDET_DATA, "
+                "else the cache directory")
         self.root = resolve_root(root)
         self.split = split
         self.strict = strict

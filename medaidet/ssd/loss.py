@@ -21,6 +21,7 @@ encoded by :class:`chainercv.links.model.ssd.MultiboxCoder` as
 ``mb_confs`` has ``n_class = n_fg_class + 1`` scores per prior and labels run
 over ``0 .. n_class - 1``.
 """
+import math
 from collections import Counter
 
 import numpy as np
@@ -97,13 +98,15 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
         gt_mb_labels (array): integer labels, shape ``(B, K)``, each in
             ``[0, n_class)`` (0 = background, foreground classes shifted by +1);
             any signed or unsigned integer dtype but uint64.
-        k (float): hard-negative ratio: at most ``k * n_positive`` negatives per
-            image enter the confidence loss (3 in the paper).
+        k (int or float): hard-negative ratio, a finite number >= 0: at most
+            ``k * n_positive`` negatives per image enter the confidence loss (3 in
+            the paper; 0: positives only). As in ChainerCV it may be fractional.
         comm (chainermn communicator): if given, the positive count is averaged
             over workers with ``comm.allreduce_obj`` as ChainerCV does.
         check (bool): validate shapes, dtypes and values first (default). With
-            ``False`` nothing is checked; invalid targets then give undefined
-            results or, on the GPU, an asynchronous CUDA fault.
+            ``False`` only the argument types and ``k`` are checked (on the host,
+            no device work); invalid targets then give undefined results or, on
+            the GPU, an asynchronous CUDA fault.
         n_positive (number or 0-d array, optional): the normaliser to divide
             both losses by instead of this call's own positive count. For
             gradient accumulation (:class:`medaidet.scaling.accumulation.AccumulatingUpdater`):
@@ -124,10 +127,11 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
         float32 zeros when that is 0 (as ChainerCV).
 
     Raises:
-        InvalidTargetsError: shapes/dtypes disagree or are unusable (uint64
-            labels), a label is outside ``[0, n_class)``, an encoded location
-            is not finite at a positive prior, or ``n_positive`` is not a
-            finite number >= 0.
+        InvalidTargetsError: an argument is not an array (a list, say) or the
+            arrays are on different devices, ``k`` is not a finite number >= 0,
+            shapes/dtypes disagree or are unusable (uint64 labels), a label is
+            outside ``[0, n_class)``, an encoded location is not finite at a
+            positive prior, or ``n_positive`` is not a finite number >= 0.
         DivergedError: ``mb_locs`` or ``mb_confs`` holds nan or inf.
 
     The success path synchronises with the host once (all check flags and the
@@ -148,6 +152,7 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
     same unnormalised sums; only the division by the batch-wide positive
     count couples the images.
     """
+    _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k)
     mb_locs = chainer.as_variable(mb_locs)
     mb_confs = chainer.as_variable(mb_confs)
     gt_mb_locs = _as_array(gt_mb_locs)
@@ -215,7 +220,8 @@ def hard_negative(x, positive, k):
     Args:
         x (array): per-prior confidence loss, shape ``(B, K)``.
         positive (array of bool): positive priors, shape ``(B, K)``.
-        k (float): at most ``k * n_positive`` negatives are kept per image.
+        k (int or float): at most ``k * n_positive`` negatives are kept per image; a
+            finite number >= 0, else :class:`InvalidTargetsError`.
 
     Returns:
         array of bool, shape ``(B, K)``: the negatives (never a positive) whose
@@ -241,6 +247,7 @@ def hard_negative(x, positive, k):
     the cut itself is not clamped to ``n_negative``, because inside that tie
     group a clamped cut would keep other negatives than ChainerCV does.
     """
+    _check_k(k)
     x = _as_array(x)
     xp = backend.get_array_module(x)
     n_batch, n_prior = x.shape
@@ -286,6 +293,58 @@ def _as_array(a):
 def _to_host(a):
     """The one place this module moves check results to the host."""
     return cuda.to_cpu(a)
+
+
+#: Each array argument's expected form, in words.
+_ARRAY_FORMS = {
+    "mb_locs": "a chainer.Variable or array of shape (B, K, 4), floating point",
+    "mb_confs": "a chainer.Variable or array of shape (B, K, n_class), floating point",
+    "gt_mb_locs": "an array of shape (B, K, 4), the dtype of mb_locs",
+    "gt_mb_labels": "an integer array of shape (B, K)",
+}
+
+
+def _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k):
+    """Types, devices and ``k``: host-side metadata only, checked even with ``check=False``
+    (a list or a string would otherwise fail deep inside with a bare TypeError)."""
+    args = {"mb_locs": mb_locs, "mb_confs": mb_confs,
+            "gt_mb_locs": gt_mb_locs, "gt_mb_labels": gt_mb_labels}
+    array_types = chainer.get_array_types()
+    for name, a in args.items():
+        array = _as_array(a)
+        if not isinstance(array, array_types):
+            raise InvalidTargetsError(
+                f"{name} is a {type(a).__name__} ({_short_repr(a)}); expected "
+                f"{_ARRAY_FORMS[name]}, on the device of the model's outputs. Convert it with "
+                "xp.asarray(...) (xp = model.xp; numpy on the CPU) or batch the encoded "
+                "targets with chainer.dataset.concat_examples, as the training chain does.",
+                argument=name, value=a, allowed=_ARRAY_FORMS[name])
+    devices = {name: backend.get_device_from_array(_as_array(a)) for name, a in args.items()}
+    for name, device in devices.items():
+        if device != devices["mb_confs"]:
+            raise InvalidTargetsError(
+                f"{name} is on {device} but mb_confs is on {devices['mb_confs']}: all four "
+                "arrays must be on one device; move the targets with "
+                "chainer.dataset.to_device(device, ...) or model.xp.asarray(...).",
+                argument=name, value=str(device), allowed=f"arrays on {devices['mb_confs']}")
+    _check_k(k)
+
+
+def _check_k(k):
+    """``k`` is a real number (not a bool or a string), finite and >= 0."""
+    number = isinstance(k, (int, float, np.integer, np.floating)) \
+        and not isinstance(k, (bool, np.bool_))
+    if not number or (isinstance(k, (float, np.floating)) and not math.isfinite(k)) or k < 0:
+        raise InvalidTargetsError(
+            f"k = {k!r} is not a valid hard-negative ratio; expected a finite number >= 0 "
+            "(an int or a float, not a string or a bool): at most k * n_positive negatives "
+            "per image enter the confidence loss; SSD uses k = 3.",
+            argument="k", value=k, allowed="a finite number >= 0")
+
+
+def _short_repr(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _check_shapes(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels):

@@ -25,6 +25,13 @@ What holds:
 
 ``score_thresh`` and ``nms_thresh`` are the model's (``model.use_preset``).
 
+Checked before any work: images must be numeric arrays (3, H, W) with finite values, else
+:class:`medaidet.ssd.transforms.InvalidSampleError` naming the image's index in the batch
+(an HWC image is named as such, with the transpose that fixes it); ``score_thresh`` must be
+a number in ``[0, 1]``, ``nms_thresh`` ``None`` or a number in ``(0, 1]`` and the caps
+positive ints or ``None``, else :class:`medaidet.arguments.ArgumentValueError`. A NaN
+threshold or a NaN image would otherwise give no detections without a word.
+
 Boxes are ``(y_min, x_min, y_max, x_max)`` in the input image's pixels, float32, shape
 (R, 4); labels int32 (R,) in ``[0, n_fg_class)``; scores float32 (R,). Works on NumPy and
 CuPy arrays alike (the model's ``xp``); :func:`predict` returns NumPy arrays, as ChainerCV.
@@ -33,8 +40,12 @@ from __future__ import annotations
 
 import chainer
 import numpy as np
+from chainer.backends import cuda
 from chainercv import transforms
 from chainercv.utils import non_maximum_suppression
+
+from medaidet.arguments import ArgumentValueError
+from medaidet.ssd.transforms import InvalidSampleError
 
 __all__ = ["DEFAULT_TOP_K", "DEFAULT_KEEP_TOP_K", "decode_capped", "predict",
            "CappedPredictor"]
@@ -48,9 +59,114 @@ DEFAULT_KEEP_TOP_K = 200
 def _check_cap(name, value):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < 1:
+        raise ArgumentValueError(f"{name}: {value!r} is not a valid cap; expected a whole "
+                                 "number >= 1 (an int), or None for no cap")
     return int(value)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float, np.integer, np.floating)) \
+        and not isinstance(value, (bool, np.bool_))
+
+
+def _check_score_thresh(value, name="score_thresh"):
+    """``value`` unchanged if it is a number in [0, 1] (NaN fails the comparison)."""
+    if not (_is_number(value) and 0 <= value <= 1):
+        raise ArgumentValueError(
+            f"{name}: {value!r} is not a valid score threshold; expected a number from 0 to 1 "
+            "(a detection is kept when its class probability is >= it; ChainerCV's presets: "
+            "'visualize' 0.6, 'evaluate' 0.01). Outside that range, or NaN, nothing (or "
+            "everything) would pass without a word")
+    return value
+
+
+def _check_nms_thresh(value, name="nms_thresh"):
+    """``value`` unchanged if it is None (no NMS) or a number in (0, 1]."""
+    if value is not None and not (_is_number(value) and 0 < value <= 1):
+        raise ArgumentValueError(
+            f"{name}: {value!r} is not a valid NMS threshold; expected a number in (0, 1] "
+            "(NMS drops a box whose IoU with a higher-scoring box of its class is >= it; "
+            "ChainerCV's presets use 0.45), or None for no NMS. 0 or less would keep one box "
+            "per class, NaN or more than 1 would suppress nothing")
+    return value
+
+
+#: The image form :func:`predict` takes, in words.
+_IMAGE_FORM = "a numpy array (3, H, W) (RGB, channels first, values 0-255)"
+
+
+def _image_error(index, problem, fix, value=None):
+    return InvalidSampleError(f"imgs[{index}] {problem}; expected {_IMAGE_FORM}{fix}",
+                              "image", value=value)
+
+
+def _check_image(index, img):
+    """``img`` (the batch's ``index``-th) as a NumPy array (3, H, W) of finite numbers."""
+    if isinstance(img, chainer.get_array_types()):
+        img = cuda.to_cpu(img)      # ChainerCV resizes on the host
+    if not isinstance(img, np.ndarray):
+        kind = type(img)
+        name = kind.__name__ if kind.__module__ == "builtins" else \
+            f"{kind.__module__}.{kind.__qualname__}"
+        hint = (": convert with np.asarray(img, dtype=np.float32).transpose(2, 0, 1) (or read "
+                "it with chainercv.utils.read_image)" if hasattr(img, "getpixel") else
+                ": convert with np.asarray(img, dtype=np.float32)"
+                if isinstance(img, (list, tuple)) else "")
+        raise _image_error(index, f"is a {name}", hint, value=kind)
+    if img.dtype.kind not in "iuf":
+        raise _image_error(index, f"has dtype {img.dtype}", " (float32, or uint8)",
+                           value=img.dtype)
+    shape = img.shape
+    if img.ndim == 3 and shape[0] == 3 and min(shape[1:]) >= 1:
+        pass
+    elif img.ndim == 3 and shape[2] in (1, 3, 4) and shape[0] not in (1, 3, 4):
+        fix = {1: "np.repeat(img, 3, axis=2).transpose(2, 0, 1) (gray to RGB)",
+               3: "img.transpose(2, 0, 1)",
+               4: "img[..., :3].transpose(2, 0, 1) (without the alpha channel)"}[shape[2]]
+        raise _image_error(index, f"has shape {shape}, channels last (H, W, C) as PIL and "
+                           "OpenCV give", f": convert with {fix}", value=shape)
+    elif img.ndim == 3 and shape[0] == 1:
+        raise _image_error(index, f"has shape {shape}, one channel (grayscale)",
+                           ": repeat it to RGB with np.repeat(img, 3, axis=0)", value=shape)
+    elif img.ndim == 3 and shape[0] == 4:
+        raise _image_error(index, f"has shape {shape}, four channels (RGBA?)",
+                           ": drop the alpha channel with img[:3]", value=shape)
+    elif img.ndim == 2:
+        raise _image_error(index, f"has shape {shape}, a 2-D (H, W) image",
+                           ": make it RGB with np.stack([img] * 3)", value=shape)
+    else:
+        raise _image_error(index, f"has shape {shape}", "", value=shape)
+    if img.dtype.kind == "f" and not np.isfinite(img).all():
+        bad = ~np.isfinite(img)
+        raise InvalidSampleError(
+            f"imgs[{index}] holds {int(bad.sum())} nan/inf value(s) of {img.size}; expected "
+            "finite values 0-255: the image was decoded or preprocessed wrongly (a division "
+            "by zero in a normalisation?), and a non-finite image gives no detections",
+            "image", value=float(img[bad][0]))
+    return img
+
+
+def _as_images(imgs):
+    """The batch as a list of checked images; a single image given as the batch is named."""
+    if isinstance(imgs, chainer.get_array_types()) and imgs.ndim != 4:
+        raise InvalidSampleError(
+            f"imgs is one array of shape {imgs.shape}; expected a list of images, each "
+            f"{_IMAGE_FORM} (or one (B, 3, H, W) array): pass [img] for a single image",
+            "image", value=imgs.shape)
+    try:
+        imgs = list(imgs)
+    except TypeError:
+        raise InvalidSampleError(
+            f"imgs is {_short(imgs)}, not a list of images; expected a list of images, each "
+            f"{_IMAGE_FORM}", "image", value=imgs) from None
+    return [_check_image(i, img) for i, img in enumerate(imgs)]
+
+
+def _short(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _top(xp, score, k):
@@ -68,8 +184,8 @@ def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
         mb_loc: float array (K, 4), one image's box offsets (K default boxes).
         mb_conf: float array (K, n_fg_class + 1), one image's class logits; column 0 is
             the background.
-        nms_thresh: IoU threshold of NMS; ``None``: no NMS (as ChainerCV).
-        score_thresh: candidates need a class score ``>=`` this.
+        nms_thresh: IoU threshold of NMS, in ``(0, 1]``; ``None``: no NMS (as ChainerCV).
+        score_thresh: candidates need a class score ``>=`` this, a number in ``[0, 1]``.
         top_k: candidates kept per class before NMS (``None``: all).
         keep_top_k: detections kept per image after NMS (``None``: all).
 
@@ -80,6 +196,8 @@ def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
     """
     top_k = _check_cap("top_k", top_k)
     keep_top_k = _check_cap("keep_top_k", keep_top_k)
+    nms_thresh = _check_nms_thresh(nms_thresh)
+    score_thresh = _check_score_thresh(score_thresh)
     xp = chainer.backend.get_array_module(mb_loc)
 
     # The same expressions as MultiboxCoder.decode: its default boxes are float64, so the
@@ -128,8 +246,15 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K):
     Args:
         model: a ChainerCV ``SSD`` (``SSD300``/``SSD512``); its ``score_thresh`` and
             ``nms_thresh`` (``model.use_preset``) are used.
-        imgs: iterable of float arrays (3, H, W), RGB, values 0-255.
+        imgs: iterable of float arrays (3, H, W), RGB, values 0-255 (or one (B, 3, H, W)
+            array).
         top_k, keep_top_k: see :func:`decode_capped`.
+
+    Raises:
+        InvalidSampleError: an image is not a numeric array (3, H, W) or holds nan/inf;
+            the message names its index in ``imgs``.
+        ArgumentValueError: a cap, ``model.score_thresh`` or ``model.nms_thresh`` is out
+            of range (see :func:`decode_capped`).
 
     Returns:
         ``(bboxes, labels, scores)``: lists with one NumPy array per image, as
@@ -138,9 +263,11 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K):
     """
     top_k = _check_cap("top_k", top_k)
     keep_top_k = _check_cap("keep_top_k", keep_top_k)
+    _check_score_thresh(model.score_thresh, "model.score_thresh")
+    _check_nms_thresh(model.nms_thresh, "model.nms_thresh")
     xp = model.xp
     x, sizes = [], []
-    for img in imgs:
+    for img in _as_images(imgs):
         _, H, W = img.shape
         x.append(xp.array(model._prepare(img)))
         sizes.append((H, W))
@@ -169,7 +296,8 @@ class CappedPredictor(chainer.Chain):
     CappedPredictor(model))``.
 
     It holds the model itself (no copy): training the model changes what it predicts.
-    ``use_preset``, ``score_thresh`` and ``nms_thresh`` read and write the model's.
+    ``use_preset``, ``score_thresh`` and ``nms_thresh`` read and write the model's; a value
+    out of range (see :func:`decode_capped`) raises ``ArgumentValueError`` when it is set.
     """
 
     def __init__(self, model, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K):
@@ -194,7 +322,7 @@ class CappedPredictor(chainer.Chain):
 
     @score_thresh.setter
     def score_thresh(self, value):
-        self.model.score_thresh = value
+        self.model.score_thresh = _check_score_thresh(value)
 
     @property
     def nms_thresh(self):
@@ -202,4 +330,4 @@ class CappedPredictor(chainer.Chain):
 
     @nms_thresh.setter
     def nms_thresh(self, value):
-        self.model.nms_thresh = value
+        self.model.nms_thresh = _check_nms_thresh(value)

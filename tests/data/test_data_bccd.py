@@ -3,6 +3,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 import xml.etree.ElementTree as ET
 from collections import Counter
 
@@ -12,6 +13,7 @@ import pytest
 from medaidet.data.bccd import (
     BCCD_LABEL_NAMES, AnnotationWarning, BCCDDataset, InvalidObjectError, SplitError,
     parse_annotation, read_split)
+from medaidet.arguments import ArgumentValueError
 from medaidet.errors import MedaidetError
 from conftest import BCCD_DROPPED as DROPPED
 
@@ -196,3 +198,24 @@ def test_a_splits_annotation_report_is_shown_once_per_process(bccd_root):
     reports = [line for line in done.stderr.splitlines() if "AnnotationWarning" in line]
     assert len(reports) == 2, done.stderr
     assert "BCCD val" in reports[0] and "BCCD test" in reports[1]
+
+
+@pytest.mark.parametrize("bad", [123, 1.5, True, b"/data/bccd", ["/data/bccd"], "", "  "])
+def test_root_that_is_no_path_is_named(bad):
+    # it used to reach Path() and fail with a bare TypeError (or load the working directory)
+    with pytest.raises(ArgumentValueError) as info:
+        BCCDDataset(bad)
+    msg = str(info.value)
+    assert isinstance(info.value, MedaidetError)
+    assert msg.startswith(f"root: {bad!r} is not a folder path; expected a str or "
+                          "os.PathLike naming the dataset root")
+    assert msg.endswith("or None for $MEDAIDET_DATA, else the cache directory")
+
+
+def test_root_as_path_str_or_none_loads_the_same_split(bccd_root, monkeypatch):
+    monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AnnotationWarning)
+        loaded = [BCCDDataset(root, "test") for root in (bccd_root, str(bccd_root), None)]
+    assert {d.root for d in loaded} == {bccd_root.resolve()}
+    assert [len(d) for d in loaded] == [SPLIT_SIZES["test"]] * 3

@@ -553,3 +553,79 @@ def test_one_host_transfer_on_the_success_path(monkeypatch, check):
     multibox_loss(*valid(n_prior=N_PRIOR_SSD300), 3, check=check)
     assert len(calls) == 1
     assert calls[0].size <= 8       # one small array of flags
+
+
+# --------------------------------------------------------------------------- argument types and k
+
+ARGUMENT_NAMES = ("mb_locs", "mb_confs", "gt_mb_locs", "gt_mb_labels")
+
+
+@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("argument", ARGUMENT_NAMES)
+def test_a_list_instead_of_an_array_is_named(argument, check):
+    args = dict(zip(ARGUMENT_NAMES, valid()))
+    args[argument] = args[argument].tolist()
+    # ChainerCV: a bare AttributeError ('list' object has no attribute ...) or TypeError
+    with pytest.raises((AttributeError, TypeError)):
+        cv_multibox_loss(k=3, **args)
+    with pytest.raises(InvalidTargetsError) as info:
+        multibox_loss(k=3, check=check, **args)
+    err, msg = info.value, str(info.value)
+    assert err.argument == argument and err.value is args[argument]
+    assert msg.startswith(f"{argument} is a list (")
+    assert err.allowed in msg and "xp.asarray" in msg
+    form = {"mb_locs": "(B, K, 4)", "mb_confs": "(B, K, n_class)",
+            "gt_mb_locs": "(B, K, 4)", "gt_mb_labels": "integer array of shape (B, K)"}
+    assert form[argument] in err.allowed
+
+
+def test_list_labels_converted_as_the_message_says_give_the_array_loss():
+    locs, confs, gt_locs, labels = valid()
+    with pytest.raises(InvalidTargetsError, match="gt_mb_labels is a list"):
+        multibox_loss(locs, confs, gt_locs, labels.tolist(), 3)
+    fixed = np.asarray(labels.tolist())        # the message's fix: xp.asarray(...)
+    for a, b in zip(multibox_loss(locs, confs, gt_locs, fixed, 3),
+                    cv_multibox_loss(locs, confs, gt_locs, labels, 3)):
+        assert np.array_equal(a.array, b.array)
+
+
+@pytest.mark.parametrize("bad", ["3", None, True, np.bool_(True), -1, -0.5, np.nan, np.inf,
+                                 np.float32(np.nan), np.array([3]), [3]])
+def test_k_must_be_a_finite_number_not_below_0(bad):
+    locs, confs, gt_locs, labels = valid()
+    for check in (True, False):
+        with pytest.raises(InvalidTargetsError) as info:
+            multibox_loss(locs, confs, gt_locs, labels, bad, check=check)
+        err, msg = info.value, str(info.value)
+        assert err.argument == "k" and err.value is bad
+        assert msg.startswith(f"k = {bad!r} is not a valid hard-negative ratio")
+        assert "expected a finite number >= 0" in msg and err.allowed == "a finite number >= 0"
+    ce = loss_module._SoftmaxCrossEntropy().apply((confs, labels))[0].array
+    with pytest.raises(InvalidTargetsError, match="k = "):
+        hard_negative(ce, labels > 0, bad)
+
+
+def test_k_of_any_real_number_type_gives_chainercvs_loss():
+    # ChainerCV documents k as a float: ints, floats, NumPy scalars and fractions stay valid
+    locs, confs, gt_locs, labels = valid(n_prior=300)
+    for k, same_as in ((3, 3), (3.0, 3), (np.int64(3), 3), (np.float32(2.5), 2.5), (0, 0)):
+        ours = multibox_loss(locs, confs, gt_locs, labels, k)
+        theirs = cv_multibox_loss(locs, confs, gt_locs, labels, same_as)
+        for a, b in zip(ours, theirs):
+            assert np.array_equal(a.array, b.array), k
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not chainer.backends.cuda.available, reason="needs CuPy and a GPU")
+def test_targets_left_on_the_host_are_named():
+    import cupy
+    locs, confs, gt_locs, labels = valid()
+    with pytest.raises(InvalidTargetsError, match="gt_mb_labels is on @numpy but mb_confs "
+                                                  "is on @cupy:0") as info:
+        multibox_loss(cupy.asarray(locs), cupy.asarray(confs), cupy.asarray(gt_locs),
+                      labels, 3)
+    assert info.value.argument == "gt_mb_labels"
+    loc_loss, conf_loss = multibox_loss(cupy.asarray(locs), cupy.asarray(confs),
+                                        cupy.asarray(gt_locs), cupy.asarray(labels), 3)
+    expected = multibox_loss(locs, confs, gt_locs, labels, 3)
+    assert float(conf_loss.array) == pytest.approx(float(expected[1].array), rel=1e-5)

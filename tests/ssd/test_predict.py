@@ -8,8 +8,13 @@ from chainercv.extensions import DetectionVOCEvaluator
 from chainercv.links import SSD300
 from chainercv.links.model.ssd import MultiboxCoder
 from chainercv.transforms import resize_bbox
+from chainercv.utils import read_image
+from PIL import Image
 
+from medaidet.arguments import ArgumentValueError
+from medaidet.errors import MedaidetError
 from medaidet.ssd import predict as predict_mod
+from medaidet.ssd.transforms import InvalidSampleError
 from medaidet.ssd.predict import (DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, CappedPredictor,
                               decode_capped, predict)
 
@@ -176,19 +181,19 @@ def test_both_caps_on_the_real_layout(nms_inputs):
 def test_empty_result_keeps_shapes_and_dtypes():
     coder = small_coder()
     mb_loc, mb_conf = network_outputs(coder, seed=0)
-    out = decode_capped(coder, mb_loc, mb_conf, 0.45, 1.01)
+    out = decode_capped(coder, mb_loc, mb_conf, 0.45, 1.0)   # no softmax score reaches 1
     assert_contract(*out)
     assert len(out[0]) == 0
-    assert_same(out, coder.decode(mb_loc, mb_conf, 0.45, 1.01))
+    assert_same(out, coder.decode(mb_loc, mb_conf, 0.45, 1.0))
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, "400", True])
 def test_caps_must_be_positive_ints(bad):
     coder = small_coder()
     mb_loc, mb_conf = network_outputs(coder, seed=0)
-    with pytest.raises(ValueError, match="top_k"):
+    with pytest.raises(ArgumentValueError, match=f"^top_k: {bad!r} is not a valid cap"):
         decode_capped(coder, mb_loc, mb_conf, top_k=bad)
-    with pytest.raises(ValueError, match="keep_top_k"):
+    with pytest.raises(ArgumentValueError, match="^keep_top_k: .*or None for no cap"):
         decode_capped(coder, mb_loc, mb_conf, keep_top_k=bad)
 
 
@@ -288,3 +293,183 @@ def test_cupy_gives_the_numpy_result():
     # the same detections (NMS on the GPU rounds IoUs in float32: allow rare flips)
     assert abs(len(got[2]) - len(expected[2])) <= 2
     np.testing.assert_array_equal(got[2][:20], expected[2][:20])
+
+
+# --------------------------------------------------------------------------- misuse is named
+
+@pytest.fixture(scope="module")
+def blood_image(bccd_root):
+    """A real BCCD image as the model takes it: float32 (3, 480, 640), RGB, 0-255."""
+    img = read_image(str(bccd_root / "JPEGImages" / "BloodImage_00000.jpg"))
+    assert img.shape == (3, 480, 640) and img.dtype == np.float32
+    return img
+
+
+def test_hwc_image_is_named_with_its_index_and_the_fix(model_and_image, blood_image):
+    model = model_and_image[0]
+    hwc = blood_image.transpose(1, 2, 0)     # as PIL / OpenCV give it
+    with pytest.raises(Exception) as raw:    # ChainerCV: a bare cv2.error or ValueError
+        model.predict([hwc])
+    assert not isinstance(raw.value, MedaidetError)
+    for call in (lambda imgs: predict(model, imgs), CappedPredictor(model).predict):
+        with pytest.raises(InvalidSampleError) as info:
+            call([blood_image, hwc])
+        err, msg = info.value, str(info.value)
+        assert isinstance(err, MedaidetError) and err.kind == "image"
+        assert err.value == (480, 640, 3)
+        assert msg.startswith("imgs[1] has shape (480, 640, 3), channels last (H, W, C)")
+        assert "expected a numpy array (3, H, W) (RGB, channels first, values 0-255)" in msg
+        assert msg.endswith("convert with img.transpose(2, 0, 1)")
+    # the fix the message gives predicts exactly what the CHW image does
+    bboxes, labels, scores = predict(model, [hwc.transpose(2, 0, 1), blood_image])
+    assert len(scores[0]) > 0
+    for per_image in (bboxes, labels, scores):
+        np.testing.assert_array_equal(per_image[0], per_image[1])
+
+
+@pytest.mark.parametrize("make, problem, fix", [
+    (lambda img: img[:1], "has shape (1, 480, 640), one channel (grayscale)",
+     "np.repeat(img, 3, axis=0)"),
+    (lambda img: img[0], "has shape (480, 640), a 2-D (H, W) image", "np.stack([img] * 3)"),
+    (lambda img: np.concatenate([img, img[:1]]), "has shape (4, 480, 640), four channels",
+     "img[:3]"),
+    (lambda img: img[:1].transpose(1, 2, 0), "has shape (480, 640, 1), channels last",
+     "np.repeat(img, 3, axis=2).transpose(2, 0, 1)"),
+    (lambda img: np.concatenate([img, img[:1]]).transpose(1, 2, 0),
+     "has shape (480, 640, 4), channels last", "img[..., :3].transpose(2, 0, 1)"),
+    (lambda img: img[:, :0], "has shape (3, 0, 640)", "(RGB, channels first, values 0-255)"),
+    (lambda img: img[0, 0], "has shape (640,)", "(RGB, channels first, values 0-255)"),
+    (lambda img: img.astype(str), "has dtype <U", "(float32, or uint8)"),
+    (lambda img: img.tolist(), "is a list", "np.asarray(img, dtype=np.float32)"),
+    (lambda img: Image.fromarray(img.transpose(1, 2, 0).astype(np.uint8)),
+     "is a PIL.Image.Image",
+     "np.asarray(img, dtype=np.float32).transpose(2, 0, 1)"),
+], ids=["one-channel", "2-d", "rgba", "hwc-gray", "hwc-rgba", "empty", "1-d", "strings",
+        "list", "pil"])
+def test_images_of_the_wrong_form_are_named(model_and_image, blood_image, make, problem, fix):
+    bad = make(blood_image)
+    with pytest.raises(InvalidSampleError) as info:
+        predict(model_and_image[0], [blood_image, blood_image, bad])
+    msg = str(info.value)
+    assert info.value.kind == "image"
+    assert msg.startswith(f"imgs[2] {problem}"), msg
+    assert "expected a numpy array (3, H, W)" in msg and fix in msg
+
+
+def test_uint8_images_are_still_accepted(model_and_image, blood_image):
+    # as ChainerCV (its _prepare casts to float32): an integer image gives the float one's result
+    model = model_and_image[0]
+    as_uint8 = blood_image.astype(np.uint8)     # BCCD pixels are whole numbers already
+    np.testing.assert_array_equal(as_uint8, blood_image)
+    with_caps = predict(model, [as_uint8, blood_image])
+    for per_image in with_caps:
+        np.testing.assert_array_equal(per_image[0], per_image[1])
+
+
+@pytest.mark.parametrize("where, count", [("pixel", 1), ("channel", 480 * 640), ("all", None)])
+def test_non_finite_image_is_named_by_its_index(model_and_image, blood_image, where, count):
+    bad = blood_image.copy()
+    if where == "pixel":
+        bad[1, 200, 300] = np.inf
+    elif where == "channel":
+        bad[2] = np.nan
+    else:
+        bad[:] = np.nan            # ChainerCV and the capped predict gave 0 boxes silently
+    count = bad.size if count is None else count
+    with pytest.raises(InvalidSampleError) as info:
+        predict(model_and_image[0], [blood_image, bad])
+    err, msg = info.value, str(info.value)
+    assert err.kind == "image"
+    assert np.isinf(err.value) if where == "pixel" else np.isnan(err.value)
+    assert msg.startswith(f"imgs[1] holds {count} nan/inf value(s) of {bad.size}; expected "
+                          "finite values 0-255")
+
+
+def test_a_single_image_or_no_list_as_the_batch_is_named(model_and_image, blood_image):
+    model = model_and_image[0]
+    with pytest.raises(InvalidSampleError, match=r"^imgs is one array of shape \(3, 480, 640\)"
+                                                 r".*pass \[img\] for a single image"):
+        predict(model, blood_image)
+    with pytest.raises(InvalidSampleError, match="^imgs is None, not a list of images"):
+        predict(model, None)
+    # a (B, 3, H, W) array is a batch, as the docs say
+    bboxes, _, scores = predict(model, blood_image[None])
+    assert len(bboxes) == 1 and len(scores[0]) > 0
+
+
+BAD_SCORE_THRESH = [np.nan, np.float32(np.nan), -0.1, 1.5, np.inf, "0.5", None, True]
+BAD_NMS_THRESH = [-1, 0, np.nan, 1.5, np.inf, "0.45", True]
+
+
+@pytest.mark.parametrize("bad", BAD_SCORE_THRESH)
+def test_score_thresh_must_be_a_number_from_0_to_1(model_and_image, blood_image, bad):
+    model = model_and_image[0]
+    coder = small_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed=0)
+    expected = f"score_thresh: {bad!r} is not a valid score threshold; expected a number from " \
+               "0 to 1"
+    with pytest.raises(ArgumentValueError) as info:
+        decode_capped(coder, mb_loc, mb_conf, 0.45, bad)
+    assert str(info.value).startswith(expected)
+    predictor = CappedPredictor(model)
+    with pytest.raises(ArgumentValueError) as info:
+        predictor.score_thresh = bad
+    assert str(info.value).startswith(expected)
+    assert model.score_thresh == 0.6            # unchanged ('visualize')
+    model.score_thresh = bad                    # set on the ChainerCV model itself
+    try:
+        with pytest.raises(ArgumentValueError) as info:
+            predict(model, [blood_image])
+        assert str(info.value).startswith("model." + expected)
+    finally:
+        model.use_preset("visualize")
+
+
+@pytest.mark.parametrize("bad", BAD_NMS_THRESH)
+def test_nms_thresh_must_be_none_or_a_number_in_0_1(model_and_image, blood_image, bad):
+    model = model_and_image[0]
+    coder = small_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed=0)
+    expected = f"nms_thresh: {bad!r} is not a valid NMS threshold; expected a number in (0, 1]"
+    with pytest.raises(ArgumentValueError) as info:
+        decode_capped(coder, mb_loc, mb_conf, bad, 0.6)
+    assert str(info.value).startswith(expected) and "or None for no NMS" in str(info.value)
+    predictor = CappedPredictor(model)
+    with pytest.raises(ArgumentValueError) as info:
+        predictor.nms_thresh = bad
+    assert str(info.value).startswith(expected)
+    assert model.nms_thresh == 0.45
+    model.nms_thresh = bad
+    try:
+        with pytest.raises(ArgumentValueError, match=r"^model\.nms_thresh: "):
+            predict(model, [blood_image])
+    finally:
+        model.use_preset("visualize")
+
+
+def test_nan_thresholds_used_to_give_no_detections_silently():
+    coder = small_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed=0)
+    assert len(coder.decode(mb_loc, mb_conf, 0.45, np.nan)[0]) == 0    # ChainerCV: silent
+    assert len(coder.decode(mb_loc, mb_conf, 0.45, 0.6)[0]) > 0
+    with pytest.raises(ArgumentValueError, match="score_thresh: nan"):
+        decode_capped(coder, mb_loc, mb_conf, 0.45, np.nan)
+
+
+@pytest.mark.parametrize("score_thresh, nms_thresh", [
+    (0, 0.45), (1, 0.45), (np.float32(0.3), None), (0.3, 1), (np.float64(0.3), 0.45)])
+def test_thresholds_at_the_edges_are_accepted_and_equal_chainercv(score_thresh, nms_thresh):
+    coder = small_coder()
+    mb_loc, mb_conf = network_outputs(coder, seed=3)
+    got = decode_capped(coder, mb_loc, mb_conf, nms_thresh, score_thresh, None, None)
+    assert_same(got, coder.decode(mb_loc, mb_conf, nms_thresh, score_thresh))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda.available, reason="needs CuPy and a GPU")
+def test_cupy_images_are_taken_to_the_host():
+    import cupy
+    img = np.random.RandomState(0).uniform(0, 255, (3, 20, 30)).astype(np.float32)
+    checked = predict_mod._check_image(0, cupy.asarray(img))
+    assert isinstance(checked, np.ndarray)
+    np.testing.assert_array_equal(checked, img)
