@@ -12,9 +12,9 @@
 ``per_class``: the boxes :class:`~medaidet.data.bccd.BCCDDataset` yields (default mode,
 difficult objects included); ``splits``: ids per list. ``image`` is an id, or null for a
 dataset-level issue; ``object`` is the 0-based position of the ``<object>`` in its XML, or
-null. Severity: **error** -- the loader refuses or drops it, or the splits are not
-disjoint; **warning** -- loaded, but probably wrong (check it); **info** -- worth knowing,
-no effect on loading.
+null. Severity: **error** -- the loader refuses or drops it, the splits are not
+disjoint, or a split has no object to learn from or score; **warning** -- loaded, but
+probably wrong (check it); **info** -- worth knowing, no effect on loading.
 
 Kinds and their rules (per-object and per-file rules are
 :func:`medaidet.data.bccd.check_annotation`'s, so report and loader agree):
@@ -43,7 +43,11 @@ Kinds and their rules (per-object and per-file rules are
   ``|z| >= 5`` (implausible: a likely mislabel; the detail names the class whose size fits
   better), else **info** (unusual).
 * ``missing_class``: an image without any box of a class that at least 90 % of the
-  (at least 10) loadable images have: a likely unlabeled cell.
+  (at least 10) loadable images have: a likely unlabeled cell. Images without any box are
+  left to ``image_without_objects``.
+* ``image_without_objects``: a loadable image in which the loader keeps no box (no
+  ``<object>``, or every one dropped or marked difficult): trained as background only.
+  Fine for a truly empty field of view; in a blood smear, probably unannotated.
 * ``metadata_mismatch``: ``<filename>``, ``<path>``, ``<folder>`` or ``<depth>`` disagree
   with the real file, or ``<size>`` is missing.
 * ``foreign_annotation``: a file written unlike the rest (at least two of: root attributes,
@@ -52,6 +56,8 @@ Kinds and their rules (per-object and per-file rules are
 * ``split_error``: a split list missing, empty, with a duplicate or malformed id, or
   trainval != train + val.
 * ``split_overlap``: an id in two of train/val/test.
+* ``split_without_objects``: a split whose images (those whose annotation could be read)
+  hold no box the loader keeps, difficult ones skipped: nothing to learn from or to score.
 * ``orphan_file``: an annotation or image no split lists.
 * ``near_duplicate_image``: the same field of view photographed twice, found by content:
   phase correlation of 40x30 thumbnails proposes each image's 3 best partners and
@@ -113,6 +119,8 @@ KINDS: dict[str, tuple[str, str]] = {
                            "(strict=True: InvalidObjectError)"),
     "class_size_outlier": ("warning", "loaded as is: check the label (and the box)"),
     "missing_class": ("warning", "loaded as is: unboxed cells are trained as background"),
+    "image_without_objects": ("warning", "loaded with no box: everything in it is trained "
+                              "as background; annotate its cells unless the field is empty"),
     "metadata_mismatch": ("info", "ignored: files are found by the split-list id and the "
                           "image's own size is used"),
     "foreign_annotation": ("info", "parsed like the others: review its labels (annotators "
@@ -120,6 +128,10 @@ KINDS: dict[str, tuple[str, str]] = {
     "split_error": ("error", "BCCDDataset raises SplitError for this split"),
     "split_overlap": ("error", "loaded in both splits: evaluation is not independent of "
                       "training; keep each id in one split"),
+    "split_without_objects": ("error", "BCCDDataset loads it, every image as background "
+                              "only; training on it raises NothingToLearnError and "
+                              "evaluating on it NothingToEvaluateError: annotate its images "
+                              "(or list images with boxes)"),
     "orphan_file": ("info", "never read: no split lists it"),
     "near_duplicate_image": ("warning", "both loaded as is: keep the two in one split "
                              "(across splits they leak one into the other)"),
@@ -295,6 +307,24 @@ class _Image:
         self.refused = False         # the loader raises for it
 
 
+def _boxes(record: _Image) -> int:
+    """Boxes of ``record`` the training loader keeps: not dropped, not difficult."""
+    return int((~record.checked.difficult).sum())
+
+
+def _unkept(records) -> str:
+    """Why ``records`` (read, with no box kept) have no box, for a detail."""
+    raw = sum(len(r.annotation.objects) for r in records)
+    if not raw:
+        return "no <object> in the annotation" + ("s" if len(records) > 1 else "")
+    difficult = sum(int(r.checked.difficult.sum()) for r in records)
+    dropped = raw - sum(len(r.checked.label) for r in records)
+    why = [f"{n} {what}" for n, what in ((dropped, "dropped (see their findings)"),
+                                         (difficult, "marked difficult (skipped by default)"))
+           if n]
+    return f"{raw} <object> element(s), none kept: {', '.join(why)}"
+
+
 class _Validation:
     def __init__(self, root: Path):
         self.root = root
@@ -397,6 +427,25 @@ class _Validation:
     def loadable(self):
         return [r for r in self.images.values() if not r.refused and r.checked is not None]
 
+    # ---- what the loader keeps: images and splits without any box
+    def check_objects(self):
+        for record in self.loadable():
+            if not _boxes(record):
+                where = ", ".join(self.splits_of.get(record.id, [])) or "no split"
+                self.add(record.id, None, "image_without_objects",
+                         f"{_unkept([record])}; listed in {where}")
+        for split, ids in self.split_ids.items():
+            records = [self.images[i] for i in ids if self.images[i].checked is not None]
+            if not records or any(_boxes(r) for r in records):
+                continue      # nothing read (the errors above say why), or something to learn
+            listed = split_path(self.root, split).relative_to(self.root)
+            images = (f"its {len(ids)} image(s)" if len(records) == len(ids) else
+                      f"the {len(records)} of its {len(ids)} images whose annotation was read")
+            self.add(None, None, "split_without_objects",
+                     f"split {split} has no objects: none of {images} has a box the loader "
+                     f"keeps ({_unkept(records)}); check Annotations/<id>.xml of the ids in "
+                     f"{listed}")
+
     # ---- dataset-level statistics
     def check_class_sizes(self):
         labels, sizes, inner, where = [], [], [], []
@@ -457,9 +506,9 @@ class _Validation:
             if share[c] < CLASS_PRESENCE:
                 continue
             for record, present in zip(records, has[:, c]):
-                if not present:
+                if not present and _boxes(record):   # no box at all: image_without_objects
                     boxes = Counter(BCCD_LABEL_NAMES[x] for x in record.checked.label)
-                    what = ", ".join(f"{n} {k}" for n, k in boxes.items()) or "no boxes"
+                    what = ", ".join(f"{n} {k}" for n, k in boxes.items())
                     self.add(record.id, None, "missing_class",
                              f"no {name} box, while {share[c]:.0%} of images "
                              f"({int(has[:, c].sum())} of {len(records)}) have one; "
@@ -703,6 +752,7 @@ def validate_dataset(root=None, check_checksums: bool = True) -> ValidationRepor
     validation.read_splits()
     validation.read_files()
     validation.check_images()
+    validation.check_objects()
     validation.check_class_sizes()
     validation.check_missing_classes()
     validation.check_metadata()

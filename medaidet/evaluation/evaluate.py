@@ -17,7 +17,8 @@ caps of :func:`medaidet.ssd.predict.predict` remove only the lowest-scoring cand
 Both metrics are ChainerCV's (:func:`chainercv.evaluations.eval_detection_voc`): VOC area
 AP (``use_07_metric=False``, what the course reported) and VOC2007's 11-point AP
 (``use_07_metric=True``). A class with boxes but no detection has AP 0; a class without
-any box in the split has AP NaN (``null`` in JSON) and is left out of the mean.
+any box in the split has AP NaN (``null`` in JSON) and is left out of the mean; a split
+without any box at all has nothing to score and raises :class:`NothingToEvaluateError`.
 
 Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels, float32, shape (R, 4);
 labels int32 (R,), indices into the label names; scores float32 (R,).
@@ -35,6 +36,7 @@ import numpy as np
 
 from medaidet.arguments import check_number, prepare_output_dir
 from medaidet.device import DEFAULT_DEVICE, resolve_device
+from medaidet.errors import MedaidetError
 from medaidet.evaluation.protocol import (COURSE_PUBLISHED, EVALUATE_SCORE_THRESH, IOU_THRESH,
                                           PROTOCOLS)
 from medaidet.numbers import finite_or_none
@@ -43,6 +45,7 @@ from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
 
 __all__ = [
     "Predictions", "ProtocolResult", "EvaluationResult", "TrainedWeightsMissingError",
+    "NothingToEvaluateError",
     "predict_split", "evaluate", "plot_pr_curves", "load_model",
     "predict_weights", "evaluate_weights", "course_weights",
 ]
@@ -50,6 +53,16 @@ __all__ = [
 
 class TrainedWeightsMissingError(WeightsNotFoundError):
     """The trained weights to evaluate or count with do not exist (train first)."""
+
+
+class NothingToEvaluateError(MedaidetError):
+    """The images to evaluate hold no ground-truth box: AP is undefined for every class."""
+
+
+def _n_boxes(difficults) -> int:
+    """Ground-truth boxes that count in AP (difficult ones are ignored), from each image's
+    ``difficult`` flags."""
+    return sum(int((~np.asarray(d, dtype=bool)).sum()) for d in difficults)
 
 
 def _missing_weights(path: Path) -> TrainedWeightsMissingError:
@@ -219,19 +232,14 @@ def _score_protocol(preds: Predictions, name: str) -> ProtocolResult:
         n_det += np.bincount(pl, minlength=n_class)[:n_class]
     args = (preds.pred_bboxes, preds.pred_labels, preds.pred_scores,
             preds.gt_bboxes, preds.gt_labels, preds.gt_difficults)
-    if not any(len(x) for x in preds.gt_labels + preds.pred_labels):
-        # ChainerCV fails on a split with no box and no detection at all.
-        ap = ap07 = np.full(n_class, np.nan)
-        precision, recall = [None] * n_class, [None] * n_class
-    else:
-        # ChainerCV sizes its arrays by the largest label seen: pad to every class.
-        ap = _pad(eval_detection_voc(*args, iou_thresh=IOU_THRESH,
-                                     use_07_metric=False)["ap"], n_class)
-        ap07 = _pad(eval_detection_voc(*args, iou_thresh=IOU_THRESH,
-                                       use_07_metric=True)["ap"], n_class)
-        precision, recall = calc_detection_voc_prec_rec(*args, iou_thresh=IOU_THRESH)
-        precision = (list(precision) + [None] * n_class)[:n_class]
-        recall = (list(recall) + [None] * n_class)[:n_class]
+    # ChainerCV sizes its arrays by the largest label seen: pad to every class.
+    ap = _pad(eval_detection_voc(*args, iou_thresh=IOU_THRESH,
+                                 use_07_metric=False)["ap"], n_class)
+    ap07 = _pad(eval_detection_voc(*args, iou_thresh=IOU_THRESH,
+                                   use_07_metric=True)["ap"], n_class)
+    precision, recall = calc_detection_voc_prec_rec(*args, iou_thresh=IOU_THRESH)
+    precision = (list(precision) + [None] * n_class)[:n_class]
+    recall = (list(recall) + [None] * n_class)[:n_class]
     return ProtocolResult(name, preds.score_thresh, ap, ap07, n_gt, n_det,
                           precision, recall)
 
@@ -331,9 +339,19 @@ def evaluate(predictions: Predictions, label_names=None, protocols=None) -> Eval
         label_names: default ``predictions.label_names``.
         protocols: name -> score threshold; default :data:`PROTOCOLS`. Each protocol
             keeps the detections scoring ``>=`` its threshold.
+
+    Raises :class:`NothingToEvaluateError` when no image has a ground-truth box.
     """
     if label_names is not None:
         predictions = Predictions(**{**predictions.__dict__, "label_names": tuple(label_names)})
+    if not _n_boxes(predictions.gt_difficults):
+        where = (f"split {predictions.split} has" if predictions.split else
+                 "these predictions have")
+        raise NothingToEvaluateError(
+            f"{where} no objects: nothing to evaluate. None of the {len(predictions)} "
+            "images has a ground-truth box (difficult ones are ignored), so AP is undefined "
+            "for every class. Evaluate images with boxes (`medaidet data validate ROOT` "
+            "finds splits without objects)")
     protocols = PROTOCOLS if protocols is None else protocols
     results = {name: _score_protocol(predictions.filter(thresh), name)
                for name, thresh in protocols.items()}
@@ -357,7 +375,7 @@ def plot_pr_curves(result: EvaluationResult):
         for proto, p in result.protocols.items():
             prec, rec = p.precision[l], p.recall[l]
             label = f"{proto} (score>={p.score_thresh:g}) AP {_fmt(p.ap_voc[l])}"
-            if prec is None or len(prec) == 0:
+            if prec is None or rec is None or len(prec) == 0:    # no box or no detection
                 ax.plot([], [], label=label + " (no curve)", **styles.get(proto, {}))
                 continue
             ax.plot(np.nan_to_num(rec), np.nan_to_num(prec), label=label,
@@ -436,6 +454,31 @@ def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=Non
     return root, subset, batch_size, out
 
 
+def check_ground_truth(root, split: str, subset=None):
+    """Raise :class:`NothingToEvaluateError` when the images to evaluate (the first
+    ``subset`` of ``split``) hold no ground-truth box: before any model is built. Reads
+    the annotations only. Images without boxes are fine as long as some image has one."""
+    from medaidet.data.bccd import BCCDDataset, split_path
+
+    dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
+    difficults = list(dataset.slice[:, "difficult"])
+    n = len(difficults) if subset is None else min(subset, len(difficults))
+    if _n_boxes(difficults[:n]):
+        return
+    listed = split_path(dataset.root, split)
+    if n < len(difficults) and _n_boxes(difficults):
+        raise NothingToEvaluateError(
+            f"the first {n} images of split {split} ({listed}) have no objects: nothing to "
+            f"evaluate (--subset {subset}). Evaluate more of the split's {len(dataset)} "
+            "images (a larger --subset, or none)")
+    raise NothingToEvaluateError(
+        f"split {split} has no objects: nothing to evaluate. None of the {len(dataset)} "
+        f"images listed in {listed} has a ground-truth box (difficult ones are ignored), so "
+        f"AP is undefined for every class. Check Annotations/<id>.xml of the ids in that "
+        f"list, or run `medaidet data validate {dataset.root}`; or evaluate another split "
+        "(--split)")
+
+
 def predict_weights(weights_path, split: str = "test", model_name: str | None = None,
                     root=None, subset=None, device=DEFAULT_DEVICE, batch_size: int = 8,
                     progress: bool = True) -> Predictions:
@@ -472,9 +515,12 @@ def evaluate_weights(weights_path, split: str = "test", model_name: str | None =
         medaidet.arguments.ArgumentValueError: ``subset`` or ``batch_size`` is not > 0.
         medaidet.arguments.OutputDirError: ``out`` is a file, cannot be created or
             written, or lies inside the dataset.
+        NothingToEvaluateError: the images to evaluate hold no ground-truth box
+            (:func:`check_ground_truth`, before the model is built).
     """
     root, subset, batch_size, out = check_run(weights_path, root, subset, batch_size,
                                                   out)
+    check_ground_truth(root, split, subset)
     preds = predict_weights(weights_path, split, model_name, root, subset, device,
                             batch_size, progress)
     result = evaluate(preds)

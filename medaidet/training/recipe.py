@@ -23,7 +23,9 @@ from chainer.optimizer_hooks import WeightDecay
 from chainer.training import extensions
 from chainercv.links.model.ssd import GradientScaling
 
-from medaidet.data.bccd import BCCD_LABEL_NAMES, BCCDDataset
+from medaidet.data.bccd import (BCCD_LABEL_NAMES, BCCDDataset, annotation_path,
+                                 parse_annotation, split_path)
+from medaidet.errors import MedaidetError
 from medaidet.scaling.accumulation import AccumulatingUpdater
 from medaidet.ssd.model import build_ssd, materialize
 from medaidet.ssd.predict import CappedPredictor
@@ -39,7 +41,12 @@ from medaidet.training.snapshot import SNAPSHOT_NAME, RandomStateExtension
 
 __all__ = ["make_model", "make_train_chain", "make_datasets", "make_iterators",
            "make_optimizer", "lr_name", "make_updater", "make_trainer", "add_extensions",
-           "TrainingData", "Iterators", "Extensions"]
+           "TrainingData", "Iterators", "Extensions", "NothingToLearnError", "check_objects"]
+
+
+class NothingToLearnError(MedaidetError):
+    """The training images hold no box the loader keeps: every iteration would see only
+    background, with a loss of 0 and nothing learned."""
 
 
 def make_model(config: TrainConfig):
@@ -75,12 +82,44 @@ def _first(dataset, n):
     return dataset if n is None or n >= len(dataset) else dataset.slice[:n]
 
 
+def _n_boxes(dataset) -> int:
+    """Boxes in ``dataset``, read from the annotations (no image is decoded)."""
+    return sum(len(label) for label in dataset.slice[:, "label"])
+
+
+def check_objects(dataset, images, config: TrainConfig):
+    """Raise :class:`NothingToLearnError` when ``images`` (the first ``subset`` images of
+    the training split ``dataset``) hold no box the loader keeps. Images without boxes
+    are fine (background only) as long as some image has one."""
+    if _n_boxes(images):
+        return
+    split, root = config.train_split, dataset.root
+    listed = split_path(root, split)
+    if len(images) < len(dataset) and _n_boxes(dataset):
+        raise NothingToLearnError(
+            f"the first {len(images)} images of split {split} ({listed}) have no objects: "
+            f"nothing to learn (subset={config.subset}). Train on more of the split's "
+            f"{len(dataset)} images (a larger subset, or none)")
+    raw = sum(len(parse_annotation(annotation_path(root, i)).objects) for i in dataset.ids)
+    why = ("their annotations hold no <object>" if not raw else
+           f"the {raw} <object> element(s) of their annotations are all dropped as invalid "
+           "or marked difficult")
+    raise NothingToLearnError(
+        f"split {split} has no objects: nothing to learn. None of the {len(dataset)} images "
+        f"listed in {listed} has a box the loader keeps ({why}). Check Annotations/<id>.xml "
+        f"of the ids in that list, or run `medaidet data validate {root}`")
+
+
 def make_datasets(config: TrainConfig, model, ranks: Ranks) -> TrainingData:
     """BCCD's training and validation splits (the first ``subset`` / ``eval_subset``
     images), and the training transform: ChainerCV's augmentation then the multibox
     encoding (:class:`~medaidet.ssd.transforms.TrainTransform`), or the encoding alone
-    with ``augment=False``, reseeded per example when ``config.seed`` is set."""
-    images = _first(BCCDDataset(config.root, config.train_split), config.subset)
+    with ``augment=False``, reseeded per example when ``config.seed`` is set. Raises
+    :class:`NothingToLearnError` when the training images hold no box
+    (:func:`check_objects`)."""
+    dataset = BCCDDataset(config.root, config.train_split)
+    images = _first(dataset, config.subset)
+    check_objects(dataset, images, config)
     val = _first(BCCDDataset(config.root, config.val_split), config.eval_subset)
     transform = (TrainTransform.for_model(model, max_expand_ratio=config.max_expand_ratio)
                  if config.augment else EncodeTransform.for_model(model))

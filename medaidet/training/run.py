@@ -104,7 +104,9 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     :class:`~medaidet.training.divergence.TrainingDivergedError` (a nan/inf loss or
     gradient: which iteration, and the snapshot left intact),
     :class:`medaidet.ssd.model.WeightsNotFoundError` (``pretrained='imagenet'`` offline: the
-    message says where to put the file), and the dataset's errors.
+    message says where to put the file),
+    :class:`~medaidet.training.recipe.NothingToLearnError` (no box in the training images,
+    before any iteration), and the dataset's errors.
     """
     compat.apply()
     config = config if config is not None else TrainConfig()

@@ -286,3 +286,88 @@ def test_cli_out_that_is_a_file_is_one_line_before_any_work(weights_file, bccd_r
     err = capsys.readouterr().err
     assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err
     assert err.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- nothing to evaluate
+
+def test_predictions_without_any_box_are_a_named_error_not_nan():
+    """A split without boxes has no AP: it used to give nan for every class."""
+    from medaidet.evaluation.evaluate import NothingToEvaluateError
+    gb, gl = make_gt(2)
+    empty_b = [np.zeros((0, 4), dtype=np.float32)] * 2
+    empty_l = [np.zeros(0, dtype=np.int32)] * 2
+    preds = preds_from(gb, gl, [np.full(len(lb), 0.9) for lb in gl], empty_b, empty_l,
+                       split="test")
+    with pytest.raises(NothingToEvaluateError) as info:
+        evaluate(preds)
+    assert isinstance(info.value, MedaidetError)
+    assert str(info.value).startswith(
+        "split test has no objects: nothing to evaluate. None of the 2 images has a "
+        "ground-truth box (difficult ones are ignored), so AP is undefined for every class")
+    # difficult boxes only: ignored by AP, the same
+    difficult = Predictions(preds.ids, preds.pred_bboxes, preds.pred_labels, preds.pred_scores,
+                            gb, gl, [np.ones(len(lb), dtype=bool) for lb in gl], NAMES)
+    with pytest.raises(NothingToEvaluateError, match="^these predictions have no objects"):
+        evaluate(difficult)
+
+
+def test_pr_curves_of_a_class_with_detections_but_no_box():
+    """A class detected but not in the split has no recall: no curve, not a crash."""
+    gb, gl = make_gt()
+    keep = [lb != 2 for lb in gl]            # no platelet box, but the platelets detected
+    result = evaluate(preds_from(gb, gl, [np.full(len(lb), 0.9) for lb in gl],
+                                 [b[k] for b, k in zip(gb, keep)],
+                                 [lb[k] for lb, k in zip(gl, keep)]))
+    assert result["evaluate"].recall[2] is None and result["evaluate"].n_detections[2] == 3
+    fig = plot_pr_curves(result)
+    labels = [t.get_text() for t in fig.axes[2].get_legend().get_texts()]
+    assert all(label.endswith("(no curve)") for label in labels)
+
+
+def _strip_objects(root, image_ids):
+    import xml.etree.ElementTree as ET
+    for image_id in image_ids:
+        path = root / "Annotations" / f"{image_id}.xml"
+        tree = ET.parse(path)
+        for obj in tree.getroot().findall("object"):
+            tree.getroot().remove(obj)
+        tree.write(path)
+
+
+def _split_ids(root, split):
+    return (root / "ImageSets" / "Main" / f"{split}.txt").read_text().split()
+
+
+def test_cli_on_a_split_without_objects_fails_before_predicting(weights_file, tmp_path,
+                                                               no_prediction, capsys):
+    from medaidet.cli import main
+    from medaidet.data.synth import make_synthetic
+    root = make_synthetic(tmp_path / "ds", n=6, seed=0)
+    _strip_objects(root, _split_ids(root, "test"))
+    out = tmp_path / "eval"
+    assert main(["evaluate", str(weights_file), "--root", str(root), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"medaidet: error: split test has no objects: nothing to evaluate. None of the 1 "
+        f"images listed in {root}/ImageSets/Main/test.txt has a ground-truth box (difficult "
+        f"ones are ignored), so AP is undefined for every class. Check Annotations/<id>.xml "
+        f"of the ids in that list, or run `medaidet data validate {root}`; or evaluate "
+        f"another split (--split)\n")
+    assert not (out / "evaluation.json").exists()
+
+
+def test_a_subset_without_objects_asks_for_more_images(weights_file, tmp_path,
+                                                       no_prediction):
+    from medaidet.data.synth import make_synthetic
+    from medaidet.evaluation.evaluate import NothingToEvaluateError
+    root = make_synthetic(tmp_path / "ds", n=6, seed=0)
+    train = _split_ids(root, "train")
+    _strip_objects(root, train[:1])               # the others keep their boxes
+    with pytest.raises(NothingToEvaluateError) as info:
+        evaluate_weights(weights_file, split="train", root=root, subset=1, progress=False)
+    assert str(info.value) == (
+        f"the first 1 images of split train ({root}/ImageSets/Main/train.txt) have no "
+        f"objects: nothing to evaluate (--subset 1). Evaluate more of the split's "
+        f"{len(train)} images (a larger --subset, or none)")
+    with pytest.raises(AssertionError, match="model was built"):   # 2 images: one has boxes
+        evaluate_weights(weights_file, split="train", root=root, subset=2, progress=False)

@@ -3,6 +3,7 @@ the same weights as ``train()`` (which is those builders plus checks, snapshots 
 import numpy as np
 import pytest
 
+from medaidet.errors import MedaidetError
 from medaidet.training import recipe
 from medaidet.training.config import TrainConfig
 from medaidet.training.ranks import Ranks
@@ -62,3 +63,94 @@ def test_one_process_ranks():
     assert ranks.describe(3) is None and ranks.agreed_digests(object()) is None
     data = [1, 2, 3]
     assert ranks.share(data, seed=0) is data
+
+
+# --------------------------------------------------------------------------- nothing to learn
+
+def _synthetic(tmp_path, n=6):
+    from medaidet.data.synth import make_synthetic
+    root = make_synthetic(tmp_path / "ds", n=n, seed=0)
+    return root, (root / "ImageSets" / "Main" / "train.txt").read_text().split()
+
+
+def _edit_objects(root, image_ids, change):
+    """``change(annotation_element, object_element)`` for every <object> of ``image_ids``."""
+    import xml.etree.ElementTree as ET
+    for image_id in image_ids:
+        path = root / "Annotations" / f"{image_id}.xml"
+        tree = ET.parse(path)
+        for obj in tree.getroot().findall("object"):
+            change(tree.getroot(), obj)
+        tree.write(path)
+
+
+def _remove(annotation, obj):
+    annotation.remove(obj)
+
+
+def _mark_difficult(annotation, obj):
+    obj.find("difficult").text = "1"
+
+
+def test_training_on_a_split_without_objects_stops_before_any_iteration(tmp_path, capsys):
+    """It used to train on background only: exit 0, 'last loss 0.000', a model.npz."""
+    from medaidet.cli import main
+    root, train_ids = _synthetic(tmp_path)
+    _edit_objects(root, train_ids, _remove)
+    out = tmp_path / "run"
+    assert main(["train", "--profile", "smoke", "--root", str(root), "--out", str(out),
+                 "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"medaidet: error: split train has no objects: nothing to learn. None of the "
+        f"{len(train_ids)} images listed in {root}/ImageSets/Main/train.txt has a box the "
+        f"loader keeps (their annotations hold no <object>). Check Annotations/<id>.xml of "
+        f"the ids in that list, or run `medaidet data validate {root}`")
+    assert list(out.iterdir()) == []              # no weights, snapshot, metrics or config
+
+
+def _zero_width(annotation, obj):           # the loader drops the box
+    obj.find("bndbox/xmax").text = obj.find("bndbox/xmin").text
+
+
+@pytest.mark.parametrize("change", [_mark_difficult, _zero_width])
+def test_a_split_whose_objects_are_all_dropped_or_difficult_has_nothing_to_learn(
+        change, tmp_path):
+    import warnings
+    from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+    root, train_ids = _synthetic(tmp_path)
+    _edit_objects(root, train_ids, change)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AnnotationWarning)
+        dataset = BCCDDataset(root, "train")
+    with pytest.raises(recipe.NothingToLearnError) as info:
+        recipe.check_objects(dataset, dataset, TrainConfig(root=str(root)))
+    assert isinstance(info.value, MedaidetError)
+    assert "split train has no objects: nothing to learn" in str(info.value)
+    assert "<object> element(s) of their annotations are all dropped as invalid or marked " \
+        "difficult" in str(info.value)
+
+
+def test_images_without_objects_are_fine_when_the_split_has_some(tmp_path, monkeypatch):
+    """Background-only images are legitimate; only the training images as a whole must
+    hold a box. The check reads the annotations, never an image."""
+    from medaidet.data import bccd
+    from medaidet.data.bccd import BCCDDataset
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("an image was decoded")
+    monkeypatch.setattr(bccd, "decode_image", no_decoding)
+    root, train_ids = _synthetic(tmp_path)
+    _edit_objects(root, train_ids[:-1], _remove)
+    dataset = BCCDDataset(root, "train")
+    config = TrainConfig(root=str(root))
+    assert recipe.check_objects(dataset, dataset, config) is None
+    # ... but the first images alone (subset) have nothing to learn: say so, not the split
+    config = TrainConfig(root=str(root), subset=2)
+    with pytest.raises(recipe.NothingToLearnError) as info:
+        recipe.check_objects(dataset, dataset.slice[:2], config)
+    assert str(info.value) == (
+        f"the first 2 images of split train ({root}/ImageSets/Main/train.txt) have no "
+        f"objects: nothing to learn (subset=2). Train on more of the split's "
+        f"{len(train_ids)} images (a larger subset, or none)")
