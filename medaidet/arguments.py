@@ -10,7 +10,9 @@ are the ones every command shares:
 * :func:`check_number` for the same rules on values that come from Python or a config file;
 * :func:`prepare_output_dir`: create (or accept) an output folder *before* any work, and
   refuse one that is a file, is not writable, or is one of the run's inputs — a run must
-  never write into, or delete from, what it reads.
+  never write into, or delete from, what it reads. With a ``marker`` it also refuses a folder
+  that holds files but not the marker: a command that rewrites its folder (the course runner)
+  deletes and replaces files only in a folder it made.
 """
 import argparse
 import math
@@ -19,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from medaidet.errors import MedaidetError
+from medaidet.files import atomic_file
 
 __all__ = ["ArgumentValueError", "OutputDirError", "check_number", "is_path", "positive_int",
            "non_negative_int", "positive_float", "probability", "prepare_output_dir"]
@@ -30,8 +33,8 @@ class ArgumentValueError(MedaidetError, ValueError):
 
 
 class OutputDirError(MedaidetError, OSError):
-    """An output folder cannot be used: it is a file, cannot be created or written, or is one
-    of the run's inputs."""
+    """An output folder cannot be used: it is a file, cannot be created or written, is one
+    of the run's inputs, or holds someone's files (see ``marker``)."""
 
 
 # The rules: (test, what is expected). `kind` int values must be whole numbers.
@@ -89,11 +92,13 @@ def _is_within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def prepare_output_dir(path, name: str = "--out", inputs=()) -> Path:
+def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None) -> Path:
     """Create the output folder ``path`` (and its parents) now, before any work, and check
     that files can be written in it. ``inputs``: folders the run reads (notebooks, the dataset
     root); the output may be neither one of them nor inside one — a run that writes there
-    could overwrite or delete the user's own files. Returns the resolved path; raises
+    could overwrite or delete the user's own files. ``marker``: the name of a file that marks
+    the folder as the command's own; a folder that holds anything but lacks it is refused,
+    and a new or empty folder gets it. Returns the resolved path; raises
     :class:`OutputDirError` naming ``name`` and the path."""
     if not is_path(path):
         raise OutputDirError(f"{name}: {path!r} is not a folder path; expected a folder to "
@@ -121,4 +126,23 @@ def prepare_output_dir(path, name: str = "--out", inputs=()) -> Path:
     except OSError as exc:
         raise OutputDirError(f"{name}: cannot write in the folder {path} "
                              f"({exc.strerror or exc}); choose a folder you can write to") from None
+    if marker is not None:
+        _claim_output_dir(out, path, name, marker)
     return out
+
+
+def _claim_output_dir(out: Path, path, name: str, marker: str) -> None:
+    """Mark a new or empty folder ``out`` with the file ``marker``; refuse one that holds
+    files without it (they are someone's, and the command would replace or delete some)."""
+    if (out / marker).is_file():
+        return
+    found = sorted(p.name for p in out.iterdir())
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise OutputDirError(
+            f"{name}: the folder {path} already holds files ({shown}) and is not one this "
+            f"command made (it has no {marker} file); nothing was written or deleted there. "
+            f"Choose a new or empty folder for {name}, or move those files out of it")
+    with atomic_file(out / marker, "w") as f:
+        f.write(f"medaidet made this folder for its results ({name}); the next run into it "
+                "rewrites them.\n")

@@ -1,17 +1,33 @@
-"""Writing a file so that a crash never leaves half of one under its name.
+"""Writing a file so that a crash or a full disk never leaves half of one under its name.
 
 :func:`atomic_file` writes to a temporary ``.<name>.<random>.part`` beside the target and
 renames it onto the target only when the writing finished. The temporary file is created
 with the mode the umask gives any new file (typically 0644): ``tempfile.mkstemp`` would give
 0600, which the rename carries over, and weights or wheels in a shared folder would then be
 unreadable to everyone but their writer.
+
+:func:`write_files` writes several files that belong together (a result and its figure):
+either every one gets its new content or none changes.
+
+A full disk (``ENOSPC``), a full quota (``EDQUOT``) or the file-size limit (``EFBIG``) fails a
+``write()`` with an ``OSError`` that names no file; raised from here it names the file
+being written, so the user learns where the space ran out.
 """
+import errno
 import os
 import secrets
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_file"]
+__all__ = ["FULL_DISK_ERRNOS", "atomic_file", "is_full_disk", "write_files"]
+
+# The errors of a write that found no room: the disk, the user's quota, the file-size limit.
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def is_full_disk(exc: BaseException) -> bool:
+    """True when ``exc`` is an ``OSError`` of a write that found no room (see above)."""
+    return isinstance(exc, OSError) and exc.errno in FULL_DISK_ERRNOS
 
 
 def _create_part_file(path: Path):
@@ -29,13 +45,29 @@ def _create_part_file(path: Path):
 @contextmanager
 def atomic_file(path, mode: str = "wb"):
     """``with atomic_file(path) as f: f.write(...)``: ``path`` holds either its old content
-    or everything written, never a part. ``mode``: "wb" or "w" (text, UTF-8)."""
+    or everything written, never a part. ``mode``: "wb" or "w" (text, UTF-8). A full disk
+    raises an ``OSError`` whose ``filename`` is ``path``."""
     path = Path(path)
     fd, tmp = _create_part_file(path)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
         os.replace(tmp, path)
+    except OSError as exc:
+        if is_full_disk(exc) and exc.filename is None:
+            exc.filename = str(path)
+        raise
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_files(contents: dict) -> None:
+    """Write ``{path: bytes or str}`` (str as UTF-8) as one result: every file gets its new
+    content, or — when one write fails, a full disk say — none of them changes. Each file
+    is written in full beside its target first; the renames come last."""
+    with ExitStack() as stack:
+        for path, data in contents.items():
+            f = stack.enter_context(atomic_file(path, "wb"))
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()  # a full disk fails here, before any file is renamed

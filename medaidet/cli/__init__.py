@@ -8,10 +8,12 @@ environment that has no chainer yet (a command that needs it then says what to i
 A user's mistake ends in one line on stderr, exit status 2, never a traceback: a bad
 argument (argparse and :mod:`medaidet.arguments` name it), any named
 :class:`~medaidet.errors.MedaidetError`, and an operating-system error (a file that cannot be
-read or written). Ctrl-C ends with one line and status 130. ``--debug``, anywhere on the
+read or written; a full disk names the file and says what to do). Ctrl-C ends with one line
+and status 130. ``--debug``, anywhere on the
 command line, shows the traceback instead.
 """
 import argparse
+import errno
 import logging
 import sys
 import traceback
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from medaidet.cli import batch_size, count, course, data, doctor, evaluate, stack, train
 from medaidet.errors import MedaidetError
+from medaidet.files import is_full_disk
 
 DEBUG_FLAG = "--debug"
 # The import names of the dependencies pyproject.toml lists: missing, `python -m medaidet` is
@@ -57,14 +60,44 @@ def _needs_stack(exc: ImportError, command: str):
             "`python -m medaidet stack install` first")
 
 
-def _one_line(exc: BaseException) -> str:
-    """The message of a user-facing error, for one line of stderr."""
+def _one_line(exc: BaseException, args=None) -> str:
+    """The message of a user-facing error, for one line of stderr. ``args``: the parsed
+    command line, for what to do about a full disk."""
     if isinstance(exc, MedaidetError):
         return str(exc)
     # OSError: which file, and what the system said about it
     where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
     what = exc.strerror or str(exc)
+    if is_full_disk(exc):
+        what = f"{what}: {_no_room_fix(exc, args)}"
     return f"{where}: {what}" if where else what
+
+
+def _no_room_fix(exc: OSError, args) -> str:
+    """What to do when a write found no room (a full disk or quota, the file-size limit)."""
+    from medaidet.stack.build import default_cache_dir
+
+    out = getattr(args, "out", None)
+    target = folder = None
+    if exc.filename:
+        target = Path(exc.filename).expanduser().resolve()
+        folder = target if target.is_dir() else target.parent
+    elif out:  # an error that names no file: the output folder
+        target = folder = Path(out).expanduser().resolve()
+    disk = f"the disk that holds {folder}" if folder else "the disk this command writes to"
+    if exc.errno == errno.EFBIG:
+        fix = "the file outgrew the file-size limit (`ulimit -f`) or the file system's; raise it"
+    elif exc.errno == errno.EDQUOT:
+        fix = f"free space in your quota on {disk}"
+    else:
+        fix = f"free space on {disk}"
+    caches = [Path(p).expanduser().resolve()
+              for p in (getattr(args, "cache", None), default_cache_dir()) if p]
+    if target and out and target.is_relative_to(Path(out).expanduser().resolve()):
+        return fix + ", or choose an --out folder on another disk"
+    if target and any(target.is_relative_to(cache) for cache in caches):
+        return fix + ", or set $MEDAIDET_CACHE (or --cache) to a folder on another disk"
+    return fix + ", or write to a folder on another disk"
 
 
 def _install_hint(exc: ModuleNotFoundError):
@@ -114,5 +147,5 @@ def main(argv=None) -> int:
     except (MedaidetError, OSError) as exc:
         if debug:
             traceback.print_exc()
-        print(f"medaidet: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"medaidet: error: {_one_line(exc, args)}", file=sys.stderr)
         return 2

@@ -7,6 +7,13 @@ executed copies, ``summary.json`` and ``summary.md`` go to the output
 directory. The run stops at the first failing notebook, because later
 notebooks use what earlier ones produced.
 
+The output directory is the runner's own: it writes the file ``.medaidet-course``
+(:data:`OUT_MARKER`) into a new or empty one, and refuses a folder that holds files but
+not that marker (they are someone's). In its own folder a run deletes only what it is about
+to rewrite: the executed copies of the notebooks it runs, the summary, and
+``evaluation.json`` when it runs notebook 04. The summary files are written atomically: a
+full disk leaves none half-written.
+
 The kernels see ``MEDAIDET_COURSE_RUN=1``, ``MEDAIDET_PROFILE`` and
 ``MEDAIDET_COURSE_OUT`` (the output directory) in their environment; notebook 04
 leaves its test-set evaluation there (``evaluation.json``), and the summary reports
@@ -22,7 +29,9 @@ import datetime
 import json
 import os
 import platform
+import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -31,6 +40,7 @@ from pathlib import Path
 from medaidet.arguments import check_number, prepare_output_dir
 from medaidet.env import CELL_TIMEOUT, COURSE_PROFILES
 from medaidet.errors import MedaidetError
+from medaidet.files import is_full_disk, write_files
 from medaidet.stack.install import installed_version
 
 NOTEBOOKS_ENV = "MEDAIDET_NOTEBOOKS"
@@ -38,6 +48,11 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]  # medaidet/env/course.py -> t
 NOT_RUN_NOTE = "an earlier notebook failed"
 _ERROR_CHARS = 500
 EVALUATION_FILE = "evaluation.json"  # written by notebook 04 into MEDAIDET_COURSE_OUT
+EVALUATION_NOTEBOOK = "04"  # the number of the notebook that writes EVALUATION_FILE
+SUMMARY_FILES = ("summary.json", "summary.md")
+# In every output folder the runner made (or adopted empty): its own, to rewrite, and the
+# only kind `make clean` deletes. A folder with files and without it is refused.
+OUT_MARKER = ".medaidet-course"
 RUNS_DIR = "runs"  # <out>/runs: the notebooks' run_dir (training runs) under the runner
 
 
@@ -250,10 +265,40 @@ def _kernel_note():
 
 
 def _write_summary(summary: CourseSummary, out: Path) -> Path:
-    path = out / "summary.json"
-    path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n", encoding="utf-8")
-    (out / "summary.md").write_text(summary.to_markdown(), encoding="utf-8")
-    return path
+    json_path, md_path = (out / name for name in SUMMARY_FILES)
+    write_files({json_path: json.dumps(summary.to_dict(), indent=2) + "\n",
+                 md_path: summary.to_markdown()})
+    return json_path
+
+
+def _writes_evaluation(path: Path) -> bool:
+    return path.stem.split("_", 1)[0] == EVALUATION_NOTEBOOK
+
+
+def _clear_previous_results(out: Path, selected: list, log) -> None:
+    """Delete what this run rewrites (the copies of ``selected``, the summary, the
+    evaluation when notebook 04 runs): left from an earlier run, they would contradict this
+    run's summary. Nothing else in ``out`` is touched."""
+    names = [path.name for path in selected] + list(SUMMARY_FILES)
+    if any(_writes_evaluation(path) for path in selected):
+        names.append(EVALUATION_FILE)
+    previous = [name for name in names if (out / name).exists()]
+    if previous:
+        log(f"course: replacing {', '.join(previous)} of an earlier run in {out}")
+    for name in previous:
+        (out / name).unlink()
+
+
+def _read_evaluation(out: Path, log):
+    """What notebook 04 left in ``out``, or None (with a warning when it is not JSON)."""
+    path = out / EVALUATION_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        log(f"course: warning: {path} is not valid JSON ({exc}); the summary leaves it out")
+        return None
 
 
 def _parameters(path: Path, profile: str, out: Path) -> dict:
@@ -267,6 +312,74 @@ def _parameters(path: Path, profile: str, out: Path) -> dict:
     return parameters
 
 
+class _CtrlC:
+    """Ctrl-C during a notebook interrupts its running cell, as Jupyter's stop button does:
+    the cell ends in a KeyboardInterrupt, papermill saves the notebook and shuts the now idle
+    kernel down. (Tearing the kernel down in the middle of the cell, papermill's way, made
+    the kernel print a ZMQError traceback.) A second Ctrl-C, or one while no kernel runs,
+    raises KeyboardInterrupt at once."""
+
+    def __init__(self):
+        self.pressed = False
+        self.kernels = []  # the kernel managers papermill made, newest last
+
+    def manager_class(self):
+        """A jupyter_client kernel manager class that records its instances here."""
+        from jupyter_client import AsyncKernelManager
+        kernels = self.kernels
+
+        class RecordedKernelManager(AsyncKernelManager):
+            def __init__(self, **kwargs):
+                super().__init__(**kwargs)
+                kernels.append(self)
+
+        return RecordedKernelManager
+
+    def _on_sigint(self, signum, frame):
+        kernel = self.kernels[-1] if self.kernels else None
+        group = getattr(kernel.provisioner, "pgid", None) if kernel and kernel.has_kernel \
+            else None
+        if self.pressed or not group or not hasattr(os, "killpg"):
+            raise KeyboardInterrupt
+        self.pressed = True
+        os.killpg(group, signal.SIGINT)  # the kernel leads its own process group
+
+    @contextmanager
+    def interrupts_the_kernel(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signal handlers can only be set in the main thread
+            return
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _execute(path: Path, output: Path, parameters: dict, cwd: Path, timeout: int,
+             ctrl_c: _CtrlC) -> None:
+    """Execute one notebook with papermill; KeyboardInterrupt when Ctrl-C was pressed."""
+    import papermill
+    try:
+        papermill.execute_notebook(
+            str(path), str(output), parameters=parameters, kernel_name="python3",
+            progress_bar=True, cwd=str(cwd), execution_timeout=timeout,
+            kernel_manager_class=ctrl_c.manager_class())
+    except Exception:
+        if not ctrl_c.pressed:
+            raise
+    if ctrl_c.pressed:  # the cell stopped with a KeyboardInterrupt (or caught it, and went on)
+        raise KeyboardInterrupt
+
+
+def _close_progress_bars() -> None:
+    """Close papermill's progress bar, which a failed first write of the copy leaves open
+    (it would print itself again after the error line)."""
+    from tqdm import tqdm
+    for bar in list(tqdm._instances):
+        bar.close()
+
+
 def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
                notebooks_dir=None, log=print) -> CourseSummary:
     """Execute the course notebooks in order with papermill; see the module docstring."""
@@ -276,15 +389,12 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
     profile, reason = resolve_profile(profile)
     timeout = (check_number(cell_timeout, "--cell-timeout", integer=True)
                if cell_timeout is not None else CELL_TIMEOUT[profile])
-    # The executed copies replace <out>/<name>.ipynb: never the notebooks themselves
-    # (nor anything in the dataset the kernels read).
-    out = prepare_output_dir(out, "--out",
-                                 inputs=(notebooks_dir, os.environ.get("MEDAIDET_DATA")))
-    for path in selected:  # copies from an earlier run would contradict this run's summary
-        (out / path.name).unlink(missing_ok=True)
-    (out / EVALUATION_FILE).unlink(missing_ok=True)
+    # The executed copies replace <out>/<name>.ipynb: never the notebooks themselves (nor
+    # anything in the dataset the kernels read), nor files of a folder the runner did not make.
+    out = prepare_output_dir(out, "--out", marker=OUT_MARKER,
+                             inputs=(notebooks_dir, os.environ.get("MEDAIDET_DATA")))
 
-    import papermill
+    import papermill  # noqa: F401 (a missing papermill fails here, before anything is deleted)
 
     summary = CourseSummary(profile=profile, profile_reason=reason, out=str(out),
                             notebooks_dir=str(notebooks_dir), cell_timeout=timeout)
@@ -293,9 +403,11 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
     note = _kernel_note()
     if note:
         log(f"course: warning: {note}")
+    _clear_previous_results(out, selected, log)
 
     failed = False
-    with _kernel_environment(profile, out):
+    ctrl_c = _CtrlC()
+    with _kernel_environment(profile, out), ctrl_c.interrupts_the_kernel():
         for path in selected:
             if failed:
                 result = NotebookResult(path.stem, "not run", note=NOT_RUN_NOTE)
@@ -305,10 +417,8 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
             output = out / path.name
             start = time.monotonic()
             try:
-                papermill.execute_notebook(
-                    str(path), str(output), parameters=_parameters(path, profile, out),
-                    kernel_name="python3", progress_bar=True, cwd=str(notebooks_dir),
-                    execution_timeout=timeout)
+                _execute(path, output, _parameters(path, profile, out), notebooks_dir,
+                         timeout, ctrl_c)
             except KeyboardInterrupt:
                 summary.results.append(NotebookResult(
                     path.stem, "failed", round(time.monotonic() - start, 2),
@@ -319,6 +429,12 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
                 _write_summary(summary, out)
                 raise
             except Exception as exc:
+                if is_full_disk(exc):  # papermill writing the copy: stop, and name it
+                    output.unlink(missing_ok=True)  # a part of a notebook
+                    if exc.filename is None:
+                        exc.filename = str(output)
+                    _close_progress_bars()
+                    raise
                 failed = True
                 result = NotebookResult(path.stem, "failed", round(time.monotonic() - start, 2),
                                         str(output) if output.exists() else None,
@@ -329,9 +445,8 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
             summary.results.append(result)
             log(result.line)
 
-    evaluation = out / EVALUATION_FILE
-    if evaluation.is_file():
-        summary.evaluation = json.loads(evaluation.read_text(encoding="utf-8"))
+    if any(_writes_evaluation(path) for path in selected):  # else it is not this run's
+        summary.evaluation = _read_evaluation(out, log)
         for line in summary._evaluation_lines():
             log("course: " + line[2:].replace("**", ""))
     summary_path = _write_summary(summary, out)

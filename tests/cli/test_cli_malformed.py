@@ -6,6 +6,7 @@ the argument and the value at fault — no traceback — and nothing the user ma
 The rows run the real ``main`` in this process (argparse included); the few that need a
 real process (Ctrl-C, a bare interpreter) run one.
 """
+import errno
 import json
 import os
 import signal
@@ -105,6 +106,10 @@ ROWS = [
      ["--out", "results.txt", "is a file"]),
     ("course run --out notebooks", lambda f: ["course", "run", "--out", str(REPO / "notebooks")],
      ["--out", "notebooks", "which this run reads"]),
+    ("course run --out a folder of the user's files",
+     lambda f: ["course", "run", "--only", "00", "--out", str(f["dir"])],
+     ["--out: the folder ", "inputs", "already holds files (BCCD.zip, ",
+      "no .medaidet-course file", "Choose a new or empty folder for --out"]),
     ("stack build --out FILE", lambda f: ["stack", "build", "--out", str(f["a_file"])],
      ["--out", "results.txt", "is a file"]),
     # files of the wrong kind
@@ -186,6 +191,32 @@ def test_an_os_error_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     assert cli.main(["doctor"]) == 2
     err = capsys.readouterr().err
     assert err == f"medaidet: error: {tmp_path / 'locked.npz'}: Permission denied\n"
+
+
+def test_a_full_disk_names_the_folder_and_what_to_do(tmp_path, capsys, monkeypatch):
+    """A write that found no room says where and what to do, even when the OSError names no
+    file (a plain write() does not): the command's output folder then."""
+    def no_room(args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(cli.course, "_run", no_room)
+    assert cli.main(["course", "run", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        "medaidet: error: No space left on device: free space on the disk that holds "
+        f"{tmp_path / 'out'}, or choose an --out folder on another disk\n")
+
+
+def test_a_full_quota_in_the_cache_says_how_to_move_the_cache(tmp_path, capsys, monkeypatch):
+    wheel = tmp_path / "cache" / "wheels" / "chainer-7.8.1-py3-none-any.whl"
+
+    def no_room(args):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded", str(wheel))
+    monkeypatch.setenv("MEDAIDET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cli.doctor, "_doctor", no_room)
+    assert cli.main(["doctor"]) == 2
+    assert capsys.readouterr().err == (
+        f"medaidet: error: {wheel}: Disk quota exceeded: free space in your quota on the disk "
+        f"that holds {wheel.parent}, or set $MEDAIDET_CACHE (or --cache) to a folder on "
+        "another disk\n")
 
 
 @pytest.mark.slow(seconds=10)

@@ -1,8 +1,10 @@
 """The papermill course runner, on the real notebook 00 and on small made-up notebooks."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -11,8 +13,9 @@ from nbformat import v4
 
 import medaidet.stack
 from medaidet.arguments import ArgumentValueError, OutputDirError
-from medaidet.env.course import (CourseError, list_notebooks, resolve_profile, run_course,
-                             select_notebooks)
+from medaidet import cli
+from medaidet.env.course import (OUT_MARKER, CourseError, list_notebooks, resolve_profile,
+                                 run_course, select_notebooks)
 from medaidet.errors import MedaidetError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +52,18 @@ def failing_course(tmp_path):
 
 def _quiet(*args):
     pass
+
+
+def _cli_env(notebooks: Path) -> dict:
+    """The environment of a `python -m medaidet` subprocess on the made-up ``notebooks``."""
+    env = dict(os.environ, MEDAIDET_NOTEBOOKS=str(notebooks))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
+                                                       .split(os.pathsep) if p])
+    return env
+
+
+def _contents(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
 def _code_outputs(nb):
@@ -277,3 +292,202 @@ def test_summary_reports_the_evaluation_a_notebook_leaves(tmp_path):
     make_notebook(notebooks, "04_eval", "print('no evaluation this time')")
     assert run_course(profile="smoke", out=out, notebooks_dir=notebooks,
                       log=_quiet).evaluation is None
+
+
+# ------------------------------------------------ the output folder is the runner's own
+
+def test_a_folder_of_someone_elses_files_is_refused_and_left_alone(failing_course, tmp_path):
+    """Issue 23: `--out` on a folder of the user's deleted their evaluation.json and
+    overwrote summary.md/summary.json, even with `--only 00`."""
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    for name, text in {"evaluation.json": '{"map": 0.9}', "summary.md": "my notes",
+                       "summary.json": "{}", "figure.png": "png"}.items():
+        (mine / name).write_text(text)
+    before = _contents(mine)
+    with pytest.raises(OutputDirError) as info:
+        run_course(profile="smoke", only=["00"], out=mine, notebooks_dir=failing_course,
+                   log=_quiet)
+    message = str(info.value)
+    assert message.startswith(f"--out: the folder {mine} already holds files "
+                              "(evaluation.json, figure.png, summary.json and 1 more)"), message
+    assert f"it has no {OUT_MARKER} file" in message
+    assert "Choose a new or empty folder for --out, or move those files out of it" in message
+    assert _contents(mine) == before and not (mine / OUT_MARKER).exists()
+
+
+@pytest.mark.slow(seconds=4)
+def test_in_its_own_folder_a_run_replaces_only_what_it_rewrites(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    make_notebook(notebooks, "00_ok", "print('ok')")
+    make_notebook(notebooks, "04_eval",
+                  "import os, pathlib\n"
+                  "out = pathlib.Path(os.environ['MEDAIDET_COURSE_OUT'])\n"
+                  "(out / 'evaluation.json').write_text('{\"split\": \"test\"}')")
+    out = tmp_path / "out"
+    out.mkdir()  # an empty folder is adopted
+    assert run_course(profile="smoke", out=out, notebooks_dir=notebooks, log=_quiet).ok
+    assert (out / OUT_MARKER).is_file()
+    assert {"00_ok.ipynb", "04_eval.ipynb", "evaluation.json", "summary.json",
+            "summary.md"} <= set(os.listdir(out))
+    (out / "notes.txt").write_text("added by the user")
+    kept = {name: (out / name).read_bytes()
+            for name in ("04_eval.ipynb", "evaluation.json", "notes.txt")}
+
+    lines = []
+    summary = run_course(profile="smoke", only=["00"], out=out, notebooks_dir=notebooks,
+                         log=lines.append)
+    assert summary.ok and [r.name for r in summary.results] == ["00_ok"]
+    # notebook 04 did not run: its evaluation is neither deleted nor reported as this run's
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+    assert summary.evaluation is None
+    assert json.loads((out / "summary.json").read_text())["evaluation"] is None
+    assert f"course: replacing 00_ok.ipynb, summary.json, summary.md of an earlier run in " \
+           f"{out}" in lines
+
+
+@pytest.mark.slow(seconds=4)
+def test_the_default_outputs_folder_is_marked_as_the_runners(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    make_notebook(notebooks, "00_ok", "print('ok')")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    done = subprocess.run([sys.executable, "-m", "medaidet", "course", "run", "--profile",
+                           "smoke"], cwd=workdir, env=_cli_env(notebooks), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (workdir / "outputs" / OUT_MARKER).is_file()
+    assert (workdir / "outputs" / "summary.json").is_file()
+
+
+# ------------------------------------------------ Ctrl-C
+
+@pytest.mark.slow(seconds=4)
+def test_ctrl_c_ends_in_one_line_and_keeps_the_summary(tmp_path):
+    """Issue 23: Ctrl-C printed the kernel's zmq.error.ZMQError traceback before
+    'medaidet: interrupted'. Ctrl-C reaches the runner's process group only (a terminal's
+    foreground group); the kernel runs in a session of its own."""
+    notebooks = tmp_path / "notebooks"
+    started = tmp_path / "started"
+    make_notebook(notebooks, "00_sleep", "import pathlib, time\n"
+                                         f"pathlib.Path({str(started)!r}).touch()\n"
+                                         "time.sleep(120)\n")
+    make_notebook(notebooks, "01_after", "print('after')")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "medaidet", "course", "run", "--profile",
+                             "smoke", "--out", str(out)], cwd=tmp_path,
+                            env=_cli_env(notebooks), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert started.exists(), "the cell never started"
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        pressed = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - pressed < 30
+    assert "Traceback" not in err and "ZMQError" not in err, err
+    assert err.strip().splitlines()[-1] == "medaidet: interrupted"
+
+    data = json.loads((out / "summary.json").read_text())
+    assert [(r["name"], r["status"]) for r in data["results"]] == [
+        ("00_sleep", "failed"), ("01_after", "not run")]
+    assert data["results"][0]["error"] == "KeyboardInterrupt: interrupted by the user"
+    assert data["results"][1]["note"] == "interrupted"
+    # the interrupt reached the running cell: the executed copy shows where it stopped
+    kept = nbformat.read(str(out / "00_sleep.ipynb"), as_version=4)
+    assert [o.ename for o in _code_outputs(kept) if o.output_type == "error"] == [
+        "KeyboardInterrupt"]
+    assert not (out / "01_after.ipynb").exists()
+
+
+# ------------------------------------------------ a full disk
+
+FULL_DISK_RUN = """
+import resource, signal, sys
+from medaidet import cli
+from medaidet.env import course
+
+where, limit, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+real = getattr(course, where)
+def no_room_from_here(*args):
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    return real(*args)
+setattr(course, where, no_room_from_here)
+sys.exit(cli.main(["course", "run", "--profile", "smoke", "--out", out]))
+"""
+
+
+def _run_out_of_room(where: str, limit: int, notebooks: Path, out: Path):
+    """`course run` in a process whose files may grow to ``limit`` bytes from the moment
+    ``course.<where>`` is called: a real EFBIG, what a full disk does to a write."""
+    return subprocess.run([sys.executable, "-c", FULL_DISK_RUN, where, str(limit), str(out)],
+                          cwd=ROOT, env=_cli_env(notebooks), capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow(seconds=4)
+def test_no_room_for_the_summary_leaves_no_truncated_summary(tmp_path):
+    """Issue 23: a full disk left a 0-byte summary.json and an error naming no file."""
+    notebooks = tmp_path / "notebooks"
+    make_notebook(notebooks, "00_ok", "print('ok')")
+    out = tmp_path / "out"
+    done = _run_out_of_room("_write_summary", 100, notebooks, out)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"medaidet: error: {out / 'summary.json'}: File too large: the file outgrew the "
+        "file-size limit (`ulimit -f`) or the file system's; raise it, or choose an --out "
+        "folder on another disk")
+    assert "Traceback" not in done.stderr
+    assert (out / "00_ok.ipynb").is_file()
+    assert sorted(os.listdir(out)) == [OUT_MARKER, "00_ok.ipynb"]  # no summary, no .part
+
+
+@pytest.mark.slow(seconds=4)
+def test_no_room_for_an_executed_notebook_stops_and_names_it(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    make_notebook(notebooks, "00_ok", "print('ok')")
+    make_notebook(notebooks, "01_after", "print('after')")
+    out = tmp_path / "out"
+    done = _run_out_of_room("_execute", 1000, notebooks, out)  # the copy is ~2 kB
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        f"medaidet: error: {out / '00_ok.ipynb'}: File too large: ")
+    assert "Traceback" not in done.stderr
+    assert os.listdir(out) == [OUT_MARKER]  # the part of a notebook is not left behind
+
+
+@pytest.mark.slow(seconds=6)
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_full_disk_names_the_summary_and_what_to_do(tmp_path, monkeypatch, capsys):
+    """A real ENOSPC: the summary's temporary files write to /dev/full."""
+    import medaidet.files
+
+    def full_part_file(path):
+        fd, name = create_part_file(path)
+        if path.parent == out:
+            full = os.open("/dev/full", os.O_WRONLY)
+            os.dup2(full, fd)
+            os.close(full)
+        return fd, name
+
+    notebooks = tmp_path / "notebooks"
+    make_notebook(notebooks, "00_ok", "print('ok')")
+    out = tmp_path / "out"
+    run_course(profile="smoke", out=out, notebooks_dir=notebooks, log=_quiet)
+    create_part_file = medaidet.files._create_part_file
+    monkeypatch.setattr(medaidet.files, "_create_part_file", full_part_file)
+    monkeypatch.setenv("MEDAIDET_NOTEBOOKS", str(notebooks))
+    assert cli.main(["course", "run", "--profile", "smoke", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"medaidet: error: {out / 'summary.json'}: No space left on device: free space on "
+        f"the disk that holds {out}, or choose an --out folder on another disk")
+    assert sorted(os.listdir(out)) == [OUT_MARKER, "00_ok.ipynb"]

@@ -1,0 +1,76 @@
+"""medaidet.files: a full disk leaves no half-written file, and its error names the file."""
+import errno
+import os
+
+import pytest
+
+from conftest import run_python
+from medaidet.files import atomic_file, write_files
+
+needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"),
+                                    reason="needs Linux's /dev/full (every write: ENOSPC)")
+
+
+def _to_dev_full(f) -> None:
+    """From now on the writes to ``f`` go to /dev/full: a real "No space left on device"."""
+    f.flush()
+    full = os.open("/dev/full", os.O_WRONLY)
+    os.dup2(full, f.fileno())
+    os.close(full)
+
+
+@needs_dev_full
+@pytest.mark.parametrize("mode", ["w", "wb"])
+def test_a_full_disk_keeps_the_old_file_and_the_error_names_it(tmp_path, mode):
+    target = tmp_path / "summary.json"
+    target.write_text("old")
+    with pytest.raises(OSError) as info:
+        with atomic_file(target, mode) as f:
+            _to_dev_full(f)
+            f.write("new" * 10_000 if mode == "w" else b"new" * 10_000)
+    assert info.value.errno == errno.ENOSPC
+    assert info.value.filename == str(target)  # the write itself names no file
+    assert target.read_text() == "old"
+    assert os.listdir(tmp_path) == ["summary.json"]  # no .part left
+
+
+def test_other_errors_are_left_as_they_are(tmp_path):
+    target = tmp_path / "weights.npz"
+    with pytest.raises(ConnectionResetError) as info:
+        with atomic_file(target):
+            raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+    assert info.value.filename is None  # not a write that found no room: no file to blame
+    assert os.listdir(tmp_path) == []
+
+
+def test_write_files_writes_text_and_bytes(tmp_path):
+    write_files({tmp_path / "evaluation.json": "{\"map\": \"µ\"}\n",
+                 tmp_path / "pr_curves.png": b"\x89PNG"})
+    assert (tmp_path / "evaluation.json").read_text(encoding="utf-8") == "{\"map\": \"µ\"}\n"
+    assert (tmp_path / "pr_curves.png").read_bytes() == b"\x89PNG"
+    assert sorted(os.listdir(tmp_path)) == ["evaluation.json", "pr_curves.png"]
+
+
+def test_write_files_changes_none_when_one_finds_no_room(tmp_path):
+    """The figure does not fit (a real EFBIG: the file-size limit of a subprocess): the
+    result it belongs to keeps its old content too, instead of a new result without its
+    figure."""
+    (tmp_path / "evaluation.json").write_text("old result")
+    (tmp_path / "pr_curves.png").write_bytes(b"old figure")
+    done = run_python(f"""
+import resource, signal
+from pathlib import Path
+from medaidet.files import write_files
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))
+folder = Path({str(tmp_path)!r})
+try:
+    write_files({{folder / "evaluation.json": "new result", folder / "pr_curves.png": b"x" * 5000}})
+except OSError as exc:
+    print(exc.errno, exc.filename)
+""")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(errno.EFBIG), str(tmp_path / "pr_curves.png")]
+    assert (tmp_path / "evaluation.json").read_text() == "old result"
+    assert (tmp_path / "pr_curves.png").read_bytes() == b"old figure"
+    assert sorted(os.listdir(tmp_path)) == ["evaluation.json", "pr_curves.png"]
