@@ -14,12 +14,13 @@ A full disk (``ENOSPC``), a full quota (``EDQUOT``) or the file-size limit (``EF
 being written, so the user learns where the space ran out.
 """
 import errno
+import io
 import os
 import secrets
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-__all__ = ["FULL_DISK_ERRNOS", "atomic_file", "is_full_disk", "write_files"]
+__all__ = ["FULL_DISK_ERRNOS", "atomic_file", "is_full_disk", "png_bytes", "write_files"]
 
 # The errors of a write that found no room: the disk, the user's quota, the file-size limit.
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -60,6 +61,14 @@ def atomic_file(path, mode: str = "wb"):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def png_bytes(fig, dpi=None) -> bytes:
+    """A matplotlib figure as PNG bytes, for :func:`write_files` (``dpi``: the figure's own
+    when None)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", **({} if dpi is None else {"dpi": dpi}))
+    return buffer.getvalue()
 
 
 def write_files(contents: dict) -> None:

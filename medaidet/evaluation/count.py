@@ -31,6 +31,7 @@ from medaidet.arguments import ArgumentValueError, check_number
 from medaidet.device import DEFAULT_DEVICE
 from medaidet.evaluation.evaluate import Predictions, check_run, predict_weights
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, EVALUATE_SCORE_THRESH
+from medaidet.files import png_bytes, write_files
 from medaidet.numbers import finite_or_none
 
 __all__ = ["RBC_NOTE", "SWEEP_NOTE", "DEFAULT_THRESHOLDS", "CountResult", "SweepResult",
@@ -359,9 +360,10 @@ def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_TH
         if split != "test":
             warnings.simplefilter("ignore", UserWarning)
         sweep = threshold_sweep(preds, thresholds)
-    if out is not None:
-        (out / "counts.json").write_text(
-            json.dumps({**result.to_dict(), "sweep": sweep.to_dict()}, indent=2) + "\n")
-        plot_counts(result).savefig(out / "counts.png", dpi=100)
-        plot_sweep(sweep).savefig(out / "count_sweep.png", dpi=100)
+    if out is not None:  # all or none: a full disk leaves no result without its figures
+        write_files({
+            out / "counts.json": json.dumps({**result.to_dict(), "sweep": sweep.to_dict()},
+                                            indent=2) + "\n",
+            out / "counts.png": png_bytes(plot_counts(result), dpi=100),
+            out / "count_sweep.png": png_bytes(plot_sweep(sweep), dpi=100)})
     return result, sweep

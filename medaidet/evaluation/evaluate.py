@@ -37,6 +37,7 @@ import numpy as np
 from medaidet.arguments import check_number, prepare_output_dir
 from medaidet.device import DEFAULT_DEVICE, resolve_device
 from medaidet.errors import MedaidetError
+from medaidet.files import png_bytes, write_files
 from medaidet.evaluation.protocol import (COURSE_PUBLISHED, EVALUATE_SCORE_THRESH, IOU_THRESH,
                                           PROTOCOLS)
 from medaidet.numbers import finite_or_none
@@ -526,7 +527,7 @@ def evaluate_weights(weights_path, split: str = "test", model_name: str | None =
     result = evaluate(preds)
     result.info.update(weights=str(weights_path), model=preds.model,
                        subset=subset, image_ids=list(preds.ids))
-    if out is not None:
-        (out / "evaluation.json").write_text(result.to_json() + "\n")
-        plot_pr_curves(result).savefig(out / "pr_curves.png", dpi=100)
+    if out is not None:  # both or neither: a full disk leaves no result without its figure
+        write_files({out / "evaluation.json": result.to_json() + "\n",
+                     out / "pr_curves.png": png_bytes(plot_pr_curves(result), dpi=100)})
     return result

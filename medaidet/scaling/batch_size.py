@@ -30,6 +30,7 @@ from chainer.dataset import concat_examples
 
 from medaidet.arguments import ArgumentValueError, check_number, prepare_output_dir
 from medaidet.device import DEFAULT_DEVICE, resolve_device
+from medaidet.files import png_bytes, write_files
 from medaidet.errors import MedaidetError
 
 __all__ = ["NoBatchSizeFitsError", "BatchSizeTry", "BatchSizeReport", "PeakMemory",
@@ -545,8 +546,8 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
         report = find_batch_size(chain, dataset, device=device, start=start,
                                  min_batch_size=min_batch_size,
                                  target_batch_size=target_batch_size, log=log)
-    if out is not None:
-        (out / "batch_size.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        plot_memory(report).savefig(out / "memory.png", dpi=100)
+    if out is not None:  # both or neither (a full disk)
+        write_files({out / "batch_size.json": json.dumps(report.to_dict(), indent=2) + "\n",
+                     out / "memory.png": png_bytes(plot_memory(report), dpi=100)})
     return report
 

@@ -20,6 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from medaidet.data.bccd import BCCD_LABEL_NAMES
+from medaidet.files import png_bytes, write_files
 
 __all__ = ["EveryOrEnd", "PresetEvaluator", "Monitor", "Plotter", "write_plots"]
 
@@ -144,7 +145,7 @@ def write_plots(log, out) -> dict:
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
         path = out / f"{name}.png"
-        fig.savefig(path)
+        write_files({path: png_bytes(fig)})   # redrawn while training: never half a file
         paths[name] = str(path)
     return paths
 

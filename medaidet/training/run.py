@@ -31,6 +31,7 @@ import chainer
 from medaidet import compat
 from medaidet.arguments import prepare_output_dir
 from medaidet.data.download import resolve_root
+from medaidet.files import write_files
 from medaidet.ssd import PRETRAINED
 from medaidet.ssd.model import save_weights
 from medaidet.training import recipe
@@ -145,7 +146,7 @@ def _run(config: TrainConfig, ranks: Ranks, resume, progress: bool, log) -> Trai
         load_snapshot(trainer, resume, len(data.images), config.batch_size)
         log(f"train: resumed from {resume} at iteration {updater.iteration}")
     if ranks.is_root:
-        (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        write_files({out / "config.json": json.dumps(config.to_dict(), indent=2) + "\n"})
 
     start_iteration, start = updater.iteration, time.perf_counter()
     try:
@@ -174,7 +175,7 @@ def _run(config: TrainConfig, ranks: Ranks, resume, progress: bool, log) -> Trai
         log(f"train: augmentation dropped {stats.dropped} of {stats.boxes_in} boxes "
             f"(too small {stats.too_small}, non-finite {stats.non_finite}); "
             f"{stats.cropped_out} left the random crop (the recipe's own behaviour)")
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_files({out / "metrics.json": json.dumps(metrics, indent=2) + "\n"})
     result = TrainResult(out=out, weights=out / WEIGHTS_NAME, sha256=sha256,
                          snapshot=snapshot, metrics=metrics, model=model)
     log(result.summary())

@@ -371,3 +371,36 @@ def test_a_subset_without_objects_asks_for_more_images(weights_file, tmp_path,
         f"{len(train)} images (a larger --subset, or none)")
     with pytest.raises(AssertionError, match="model was built"):   # 2 images: one has boxes
         evaluate_weights(weights_file, split="train", root=root, subset=2, progress=False)
+
+
+# --------------------------------------------------------------------------- no room to write
+
+def test_cli_without_room_for_the_figure_leaves_neither_result_file(bccd_root, tmp_path):
+    """`medaidet evaluate --out` under a file-size limit that the JSON fits and the PR-curve
+    figure does not (a real EFBIG): one line naming the figure and what to do, and no
+    evaluation.json left without its figure."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from medaidet.ssd.model import shipped_weights
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past it fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, resource.RLIM_INFINITY))
+
+    out = tmp_path / "eval"
+    done = subprocess.run(
+        [sys.executable, "-m", "medaidet", "evaluate", str(shipped_weights()), "--root",
+         str(bccd_root), "--subset", "2", "--out", str(out)], capture_output=True, text=True,
+        cwd=REPO, timeout=300, preexec_fn=limit_file_size,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "MPLCONFIGDIR": str(tmp_path)})
+    assert done.returncode == 2, done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("medaidet: error:")]
+    assert error == [f"medaidet: error: {out / 'pr_curves.png'}: File too large: the file "
+                     "outgrew the file-size limit (`ulimit -f`) or the file system's; raise "
+                     "it, or choose an --out folder on another disk"], done.stderr
+    assert sorted(os.listdir(out)) == []
