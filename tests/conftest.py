@@ -100,6 +100,27 @@ def fake_distribution(site: Path, name: str, version: str) -> Path:
     return info
 
 
+def split_ids(root: Path, split: str) -> list:
+    """The image ids of ``ImageSets/Main/<split>.txt`` under ``root``."""
+    return (Path(root) / "ImageSets" / "Main" / f"{split}.txt").read_text().split()
+
+
+def remove_object(annotation, obj):
+    annotation.remove(obj)
+
+
+def edit_objects(root: Path, image_ids, change=remove_object) -> None:
+    """``change(annotation_element, object_element)`` for every <object> of the annotations
+    of ``image_ids`` (default: remove them all)."""
+    import xml.etree.ElementTree as ET
+    for image_id in image_ids:
+        path = Path(root) / "Annotations" / f"{image_id}.xml"
+        tree = ET.parse(path)
+        for obj in tree.getroot().findall("object"):
+            change(tree.getroot(), obj)
+        tree.write(path)
+
+
 def run_python(code: str, extra_path=None, env=None, timeout=300) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter of this environment, optionally with
     ``extra_path`` first on PYTHONPATH (fake packages shadowing real ones)."""

@@ -7,7 +7,7 @@ import pytest
 
 from medaidet.data.validate import KINDS, SEVERITIES, ValidationReport, validate_dataset
 from conftest import BCCD_DROPPED as DROPPED
-from conftest import REPO
+from conftest import REPO, edit_objects, split_ids
 
 
 # The same field of view photographed twice (each pair checked by eye), with the splits.
@@ -185,26 +185,11 @@ def test_cli_without_data_says_how_to_get_it(tmp_path):
 
 # --------------------------------------------------------------------------- no objects
 
-def _strip_objects(root, image_ids):
-    """Remove every <object> from the annotations of ``image_ids``."""
-    import xml.etree.ElementTree as ET
-    for image_id in image_ids:
-        path = root / "Annotations" / f"{image_id}.xml"
-        tree = ET.parse(path)
-        for obj in tree.getroot().findall("object"):
-            tree.getroot().remove(obj)
-        tree.write(path)
-
-
-def _split(root, split):
-    return (root / "ImageSets" / "Main" / f"{split}.txt").read_text().split()
-
-
 def test_a_split_without_objects_is_an_error_and_its_images_warnings(tmp_path):
     from medaidet.data.synth import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
-    train = _split(root, "train")
-    _strip_objects(root, train)
+    train = split_ids(root, "train")
+    edit_objects(root, train)
     report = validate_dataset(root, check_checksums=False)
     found = {(i.kind, i.image, i.severity) for i in report.issues}
     assert found == {("split_without_objects", None, "error")} | {
@@ -228,7 +213,7 @@ def test_a_split_without_objects_is_an_error_and_its_images_warnings(tmp_path):
 def test_every_split_without_objects(tmp_path):
     from medaidet.data.synth import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
-    _strip_objects(root, [p.stem for p in (root / "Annotations").glob("*.xml")])
+    edit_objects(root, [p.stem for p in (root / "Annotations").glob("*.xml")])
     report = validate_dataset(root, check_checksums=False)
     assert [i.detail.split(":")[0] for i in report.by_kind("split_without_objects")] == [
         f"split {split} has no objects" for split in ("train", "val", "trainval", "test")]
@@ -241,8 +226,8 @@ def test_images_without_objects_in_a_split_with_objects_are_only_warnings(tmp_pa
     and no missing_class for them (an image without any box is missing every class)."""
     from medaidet.data.synth import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=10, seed=0)    # 10 images: missing_class is on
-    empty = _split(root, "train")[0]
-    _strip_objects(root, [empty])
+    empty = split_ids(root, "train")[0]
+    edit_objects(root, [empty])
     report = validate_dataset(root, check_checksums=False)
     assert [(i.kind, i.image, i.severity) for i in report.issues] == [
         ("image_without_objects", empty, "warning")]
@@ -256,7 +241,7 @@ def test_an_image_whose_objects_are_all_dropped_has_no_objects(tmp_path):
     import xml.etree.ElementTree as ET
     from medaidet.data.synth import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
-    image_id = _split(root, "test")[0]          # the only test image
+    image_id = split_ids(root, "test")[0]          # the only test image
     path = root / "Annotations" / f"{image_id}.xml"
     tree = ET.parse(path)
     objects = tree.getroot().findall("object")

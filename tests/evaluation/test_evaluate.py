@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from conftest import REPO, edit_objects, split_ids
+
 from medaidet.cli import evaluate as evaluate_cli
 from medaidet.errors import MedaidetError
 from medaidet.evaluation.evaluate import (Predictions, TrainedWeightsMissingError, evaluate,
@@ -324,26 +326,12 @@ def test_pr_curves_of_a_class_with_detections_but_no_box():
     assert all(label.endswith("(no curve)") for label in labels)
 
 
-def _strip_objects(root, image_ids):
-    import xml.etree.ElementTree as ET
-    for image_id in image_ids:
-        path = root / "Annotations" / f"{image_id}.xml"
-        tree = ET.parse(path)
-        for obj in tree.getroot().findall("object"):
-            tree.getroot().remove(obj)
-        tree.write(path)
-
-
-def _split_ids(root, split):
-    return (root / "ImageSets" / "Main" / f"{split}.txt").read_text().split()
-
-
 def test_cli_on_a_split_without_objects_fails_before_predicting(weights_file, tmp_path,
                                                                no_prediction, capsys):
     from medaidet.cli import main
     from medaidet.data.synth import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
-    _strip_objects(root, _split_ids(root, "test"))
+    edit_objects(root, split_ids(root, "test"))
     out = tmp_path / "eval"
     assert main(["evaluate", str(weights_file), "--root", str(root), "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -361,8 +349,8 @@ def test_a_subset_without_objects_asks_for_more_images(weights_file, tmp_path,
     from medaidet.data.synth import make_synthetic
     from medaidet.evaluation.evaluate import NothingToEvaluateError
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
-    train = _split_ids(root, "train")
-    _strip_objects(root, train[:1])               # the others keep their boxes
+    train = split_ids(root, "train")
+    edit_objects(root, train[:1])               # the others keep their boxes
     with pytest.raises(NothingToEvaluateError) as info:
         evaluate_weights(weights_file, split="train", root=root, subset=1, progress=False)
     assert str(info.value) == (
@@ -385,7 +373,6 @@ def test_cli_without_room_for_the_figure_leaves_neither_result_file(bccd_root, t
     import subprocess
     import sys
 
-    from conftest import REPO
     from medaidet.ssd.model import shipped_weights
 
     def limit_file_size():

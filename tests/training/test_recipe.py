@@ -3,6 +3,7 @@ the same weights as ``train()`` (which is those builders plus checks, snapshots 
 import numpy as np
 import pytest
 
+from conftest import edit_objects, split_ids
 from medaidet.errors import MedaidetError
 from medaidet.training import recipe
 from medaidet.training.config import TrainConfig
@@ -70,22 +71,7 @@ def test_one_process_ranks():
 def _synthetic(tmp_path, n=6):
     from medaidet.data.synth import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=n, seed=0)
-    return root, (root / "ImageSets" / "Main" / "train.txt").read_text().split()
-
-
-def _edit_objects(root, image_ids, change):
-    """``change(annotation_element, object_element)`` for every <object> of ``image_ids``."""
-    import xml.etree.ElementTree as ET
-    for image_id in image_ids:
-        path = root / "Annotations" / f"{image_id}.xml"
-        tree = ET.parse(path)
-        for obj in tree.getroot().findall("object"):
-            change(tree.getroot(), obj)
-        tree.write(path)
-
-
-def _remove(annotation, obj):
-    annotation.remove(obj)
+    return root, split_ids(root, "train")
 
 
 def _mark_difficult(annotation, obj):
@@ -96,7 +82,7 @@ def test_training_on_a_split_without_objects_stops_before_any_iteration(tmp_path
     """It used to train on background only: exit 0, 'last loss 0.000', a model.npz."""
     from medaidet.cli import main
     root, train_ids = _synthetic(tmp_path)
-    _edit_objects(root, train_ids, _remove)
+    edit_objects(root, train_ids)
     out = tmp_path / "run"
     assert main(["train", "--profile", "smoke", "--root", str(root), "--out", str(out),
                  "--device", "cpu", "--no-progress"]) == 2
@@ -120,7 +106,7 @@ def test_a_split_whose_objects_are_all_dropped_or_difficult_has_nothing_to_learn
     import warnings
     from medaidet.data.bccd import AnnotationWarning, BCCDDataset
     root, train_ids = _synthetic(tmp_path)
-    _edit_objects(root, train_ids, change)
+    edit_objects(root, train_ids, change)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AnnotationWarning)
         dataset = BCCDDataset(root, "train")
@@ -142,7 +128,7 @@ def test_images_without_objects_are_fine_when_the_split_has_some(tmp_path, monke
         raise AssertionError("an image was decoded")
     monkeypatch.setattr(bccd, "decode_image", no_decoding)
     root, train_ids = _synthetic(tmp_path)
-    _edit_objects(root, train_ids[:-1], _remove)
+    edit_objects(root, train_ids[:-1])
     dataset = BCCDDataset(root, "train")
     config = TrainConfig(root=str(root))
     assert recipe.check_objects(dataset, dataset, config) is None
