@@ -92,13 +92,15 @@ def _is_within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None) -> Path:
+def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
+                       own_folders=()) -> Path:
     """Create the output folder ``path`` (and its parents) now, before any work, and check
     that files can be written in it. ``inputs``: folders the run reads (notebooks, the dataset
     root); the output may be neither one of them nor inside one — a run that writes there
     could overwrite or delete the user's own files. ``marker``: the name of a file that marks
     the folder as the command's own; a folder that holds anything but lacks it is refused,
-    and a new or empty folder gets it. Returns the resolved path; raises
+    and a new or empty folder gets it, as does one holding only folders named in
+    ``own_folders`` (what the command's own work leaves there by other ways). Returns the resolved path; raises
     :class:`OutputDirError` naming ``name`` and the path."""
     if not is_path(path):
         raise OutputDirError(f"{name}: {path!r} is not a folder path; expected a folder to "
@@ -127,16 +129,18 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None) -> Pat
         raise OutputDirError(f"{name}: cannot write in the folder {path} "
                              f"({exc.strerror or exc}); choose a folder you can write to") from None
     if marker is not None:
-        _claim_output_dir(out, path, name, marker)
+        _claim_output_dir(out, path, name, marker, own_folders)
     return out
 
 
-def _claim_output_dir(out: Path, path, name: str, marker: str) -> None:
-    """Mark a new or empty folder ``out`` with the file ``marker``; refuse one that holds
-    files without it (they are someone's, and the command would replace or delete some)."""
+def _claim_output_dir(out: Path, path, name: str, marker: str, own_folders=()) -> None:
+    """Mark a new or empty folder ``out`` (or one holding only ``own_folders``) with the file
+    ``marker``; refuse one that holds anything else without it (it is someone's, and the
+    command would replace or delete some)."""
     if (out / marker).is_file():
         return
-    found = sorted(p.name for p in out.iterdir())
+    found = sorted(p.name for p in out.iterdir()
+                   if not (p.name in own_folders and p.is_dir() and not p.is_symlink()))
     if found:
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
         raise OutputDirError(

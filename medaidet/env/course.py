@@ -8,8 +8,9 @@ directory. The run stops at the first failing notebook, because later
 notebooks use what earlier ones produced.
 
 The output directory is the runner's own: it writes the file ``.medaidet-course``
-(:data:`OUT_MARKER`) into a new or empty one, and refuses a folder that holds files but
-not that marker (they are someone's). In its own folder a run deletes only what it is about
+(:data:`OUT_MARKER`) into a new or empty one (or one holding only ``runs/``, where the
+notebooks run in Jupyter leave their training runs), and refuses a folder that holds other
+files but not that marker (they are someone's). In its own folder a run deletes only what it is about
 to rewrite: the executed copies of the notebooks it runs, the summary, and
 ``evaluation.json`` when it runs notebook 04. The summary files are written atomically: a
 full disk leaves none half-written.
@@ -391,7 +392,9 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
                if cell_timeout is not None else CELL_TIMEOUT[profile])
     # The executed copies replace <out>/<name>.ipynb: never the notebooks themselves (nor
     # anything in the dataset the kernels read), nor files of a folder the runner did not make.
-    out = prepare_output_dir(out, "--out", marker=OUT_MARKER,
+    # A folder holding only runs/ is the course's too: the notebooks opened in Jupyter train
+    # into ../outputs/runs.
+    out = prepare_output_dir(out, "--out", marker=OUT_MARKER, own_folders=(RUNS_DIR,),
                              inputs=(notebooks_dir, os.environ.get("MEDAIDET_DATA")))
 
     import papermill  # noqa: F401 (a missing papermill fails here, before anything is deleted)

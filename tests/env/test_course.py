@@ -317,6 +317,28 @@ def test_a_folder_of_someone_elses_files_is_refused_and_left_alone(failing_cours
 
 
 @pytest.mark.slow(seconds=4)
+def test_a_folder_with_only_the_notebooks_training_runs_is_the_courses(tmp_path):
+    """Notebooks opened in Jupyter train into ../outputs/runs: `make run` afterwards takes
+    that folder as its own and leaves the runs where they are; runs/ beside a file of the
+    user's does not make the folder the course's."""
+    notebooks = tmp_path / "notebooks"
+    make_notebook(notebooks, "00_ok", "print('ok')")
+    out = tmp_path / "outputs"
+    (out / "runs" / "cpu").mkdir(parents=True)
+    (out / "runs" / "cpu" / "model.npz").write_bytes(b"weights")
+    assert run_course(profile="smoke", out=out, notebooks_dir=notebooks, log=_quiet).ok
+    assert (out / OUT_MARKER).is_file()
+    assert (out / "runs" / "cpu" / "model.npz").read_bytes() == b"weights"
+
+    theirs = tmp_path / "theirs"
+    (theirs / "runs").mkdir(parents=True)
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(OutputDirError, match=r"already holds files \(notes\.txt\)"):
+        run_course(profile="smoke", out=theirs, notebooks_dir=notebooks, log=_quiet)
+    assert not (theirs / OUT_MARKER).exists()
+
+
+@pytest.mark.slow(seconds=4)
 def test_in_its_own_folder_a_run_replaces_only_what_it_rewrites(tmp_path):
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_ok", "print('ok')")
