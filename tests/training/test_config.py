@@ -1,6 +1,7 @@
 """medaidet.training.config: the profiles, and the names a config is checked against."""
 import pytest
 
+from conftest import split_ids
 from medaidet.training.config import PROFILES, ConfigError, TrainConfig
 
 
@@ -9,6 +10,18 @@ def test_every_profile_builds_a_valid_config():
         assert TrainConfig.profile(name).validate() is None
     with pytest.raises(ConfigError, match="unknown profile 'gpu': use one of smoke, cpu, full"):
         TrainConfig.profile("gpu")
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_no_profile_validates_or_tests_on_images_it_trains_on(name, bccd_root):
+    """The validation mAP, the learning curves and every threshold chosen on val are measured
+    on images the model never trained on; test is kept apart from both."""
+    config = TrainConfig.profile(name)
+    train, val, test = (set(split_ids(bccd_root, split))
+                        for split in (config.train_split, config.val_split, "test"))
+    assert train and val
+    assert not train & val, f"{name}: {len(train & val)} val images are training images"
+    assert not (train | val) & test
 
 
 def test_cpu_profile_is_the_small_ssd_from_random_weights_with_adam():

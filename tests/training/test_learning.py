@@ -7,7 +7,7 @@ from medaidet.training.config import TrainConfig
 from medaidet.training.run import train
 
 # Measured on a 2-core CPU with one thread: see docs/cpu-detector.md ("the CI check").
-SHORT = dict(train_split="train", batch_size=8, iterations=60, lr_steps=(), eval_interval=None,
+SHORT = dict(batch_size=8, iterations=60, lr_steps=(), eval_interval=None,
              eval_subset=40, n_processes=0, log_interval=20, snapshot_interval=None)
 UNTRAINED_WBC_AP = 0.10     # the untrained model scores below this
 LEARNED_WBC_AP = 0.50       # the trained one above this
