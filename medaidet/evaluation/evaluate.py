@@ -129,7 +129,7 @@ class Predictions:
 
 def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
                   top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K, ids=None,
-                  label_names=None) -> Predictions:
+                  label_names=None, return_candidates: bool = False):
     """Predict every image of ``dataset`` in the 'evaluate' preset (score 0.01, NMS 0.45).
 
     Args:
@@ -141,6 +141,11 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         top_k, keep_top_k: the caps of :func:`medaidet.ssd.predict.predict`.
         ids: image ids; default ``dataset.ids`` or the indices.
         label_names: default ``dataset.label_names`` or BCCD's.
+        return_candidates: also return, per image, the candidates before the caps and NMS
+            (:class:`medaidet.ssd.predict.Candidates`, for :mod:`medaidet.evaluation.analysis`).
+
+    Returns:
+        :class:`Predictions`; with ``return_candidates``, ``(predictions, candidates)``.
     """
     from medaidet.data.bccd import BCCD_LABEL_NAMES
     from medaidet.ssd.predict import predict
@@ -156,15 +161,17 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         ids = list(getattr(dataset, "ids", range(n)))[:n]
     if label_names is None:
         label_names = getattr(dataset, "label_names", BCCD_LABEL_NAMES)
-    out = {k: [] for k in ("pb", "pl", "ps", "gb", "gl", "gd")}
+    out = {k: [] for k in ("pb", "pl", "ps", "gb", "gl", "gd", "candidates")}
     saved = (model.score_thresh, model.nms_thresh)
     model.use_preset("evaluate")
     try:
         with tqdm(total=n, desc="predict", unit="img", disable=not progress) as bar:
             for start in range(0, n, batch_size):
                 items = [dataset[i] for i in range(start, min(start + batch_size, n))]
-                bboxes, labels, scores = predict(model, [it[0] for it in items],
-                                                 top_k=top_k, keep_top_k=keep_top_k)
+                bboxes, labels, scores, *candidates = predict(
+                    model, [it[0] for it in items], top_k=top_k, keep_top_k=keep_top_k,
+                    return_candidates=return_candidates)
+                out["candidates"] += candidates[0] if candidates else []
                 out["pb"] += bboxes
                 out["pl"] += labels
                 out["ps"] += scores
@@ -177,9 +184,10 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         score_thresh = float(model.score_thresh)
     finally:
         model.score_thresh, model.nms_thresh = saved
-    return Predictions(list(ids), out["pb"], out["pl"], out["ps"], out["gb"], out["gl"],
-                       out["gd"], tuple(label_names), score_thresh,
-                       getattr(dataset, "split", None))
+    preds = Predictions(list(ids), out["pb"], out["pl"], out["ps"], out["gb"], out["gl"],
+                        out["gd"], tuple(label_names), score_thresh,
+                        getattr(dataset, "split", None))
+    return (preds, out["candidates"]) if return_candidates else preds
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -482,8 +490,10 @@ def check_ground_truth(root, split: str, subset=None):
 
 def predict_weights(weights_path, split: str = "test", model_name: str | None = None,
                     root=None, subset=None, device=DEFAULT_DEVICE, batch_size: int = 8,
-                    progress: bool = True) -> Predictions:
-    """Load weights and predict ``split`` (its first ``subset`` images when given)."""
+                    progress: bool = True, return_candidates: bool = False):
+    """Load weights and predict ``split`` (its first ``subset`` images when given); with
+    ``return_candidates`` also the candidates before the caps and NMS (see
+    :func:`predict_split`)."""
     from medaidet.data.bccd import BCCDDataset
 
     root, subset, batch_size, _ = check_run(weights_path, root, subset, batch_size)
@@ -496,11 +506,13 @@ def predict_weights(weights_path, split: str = "test", model_name: str | None = 
         view = dataset.slice[:len(ids)]
     else:
         view = dataset
-    preds = predict_split(model, view, batch_size=batch_size, progress=progress, ids=ids,
-                          label_names=dataset.label_names)
+    result = predict_split(model, view, batch_size=batch_size, progress=progress, ids=ids,
+                           label_names=dataset.label_names,
+                           return_candidates=return_candidates)
+    preds = result[0] if return_candidates else result
     preds.split = split
     preds.model = model.name
-    return preds
+    return result
 
 
 def evaluate_weights(weights_path, split: str = "test", model_name: str | None = None,

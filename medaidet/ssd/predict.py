@@ -38,6 +38,8 @@ CuPy arrays alike (the model's ``xp``); :func:`predict` returns NumPy arrays, as
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import chainer
 import numpy as np
 from chainer.backends import cuda
@@ -47,13 +49,33 @@ from chainercv.utils import non_maximum_suppression
 from medaidet.arguments import ArgumentValueError
 from medaidet.ssd.transforms import InvalidSampleError
 
-__all__ = ["DEFAULT_TOP_K", "DEFAULT_KEEP_TOP_K", "decode_capped", "predict",
+__all__ = ["DEFAULT_TOP_K", "DEFAULT_KEEP_TOP_K", "Candidates", "decode_capped", "predict",
            "CappedPredictor"]
 
 #: Candidates kept per class before NMS (Caffe SSD's ``nms_param.top_k``).
 DEFAULT_TOP_K = 400
 #: Detections kept per image after NMS (Caffe SSD's ``keep_top_k``).
 DEFAULT_KEEP_TOP_K = 200
+
+
+class Candidates(NamedTuple):
+    """Every candidate of one image before the caps and NMS, and how far each got.
+
+    A candidate is a (default box, foreground class) pair whose class score is
+    ``>= score_thresh``; C of them in all, grouped by class (0, 1, ...), each group in
+    default-box order. ``bbox``: float32 (C, 4) ``(y_min, x_min, y_max, x_max)`` (in the
+    frame of whoever returned it: the model's input for :func:`decode_capped`, the image's
+    pixels for :func:`predict`); ``label``: int32 (C,); ``score``: float32 (C,). Three bool
+    (C,) masks, each a subset of the one before: ``in_top_k`` (survived the ``top_k`` cap
+    per class), ``after_nms`` (survived NMS), ``kept`` (survived the ``keep_top_k`` cap:
+    the detections returned, in another order).
+    """
+    bbox: object
+    label: object
+    score: object
+    in_top_k: object
+    after_nms: object
+    kept: object
 
 
 def _check_cap(name, value):
@@ -176,7 +198,8 @@ def _top(xp, score, k):
 
 
 def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
-                  top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K):
+                  top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
+                  return_candidates=False):
     """ChainerCV's ``MultiboxCoder.decode`` with the candidates capped (see the module docs).
 
     Args:
@@ -188,11 +211,14 @@ def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
         score_thresh: candidates need a class score ``>=`` this, a number in ``[0, 1]``.
         top_k: candidates kept per class before NMS (``None``: all).
         keep_top_k: detections kept per image after NMS (``None``: all).
+        return_candidates: also return the :class:`Candidates` (error analysis: which
+            boxes the caps and NMS removed); the detections are the same either way.
 
     Returns:
         ``(bbox, label, score)`` on the arrays' device: float32 (R, 4)
         ``(y_min, x_min, y_max, x_max)`` in the model's input frame (insize x insize),
-        int32 (R,), float32 (R,).
+        int32 (R,), float32 (R,). With ``return_candidates``: ``(bbox, label, score,
+        candidates)``, the candidates' boxes in the same frame.
     """
     top_k = _check_cap("top_k", top_k)
     keep_top_k = _check_cap("keep_top_k", keep_top_k)
@@ -214,19 +240,31 @@ def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
     mb_score /= mb_score.sum(axis=1, keepdims=True)
 
     bbox, label, score = [], [], []
+    # with return_candidates: per class, the candidates and the positions among them of
+    # those that survived the cap and NMS (the detections are computed as without it)
+    cands, survived, offset = [], [], 0
     for fg in range(mb_conf.shape[1] - 1):
         score_l = mb_score[:, fg + 1]       # column 0 is the background
         mask = score_l >= score_thresh
         bbox_l = mb_bbox[mask]
         score_l = score_l[mask]
+        where = xp.arange(len(score_l))
+        if return_candidates:
+            cands.append((bbox_l, score_l, fg))
         if top_k is not None and len(score_l) > top_k:
             keep = _top(xp, score_l, top_k)
             bbox_l, score_l = bbox_l[keep], score_l[keep]
+            where = where[keep]
+        after_cap = where
         if nms_thresh is not None:
             # No class can contribute more than keep_top_k detections to the image, so
             # NMS may stop there (its result is then a prefix of the full one).
             indices = non_maximum_suppression(bbox_l, nms_thresh, score_l, limit=keep_top_k)
             bbox_l, score_l = bbox_l[indices], score_l[indices]
+            where = where[indices]
+        if return_candidates:
+            survived.append((after_cap + offset, where + offset))
+            offset += len(cands[-1][1])
         bbox.append(bbox_l)
         label.append(xp.full((len(bbox_l),), fg, dtype=np.int32))
         score.append(score_l)
@@ -234,13 +272,38 @@ def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
     bbox = xp.vstack(bbox).astype(np.float32)
     label = xp.hstack(label).astype(np.int32)
     score = xp.hstack(score).astype(np.float32)
+    final = None
     if keep_top_k is not None and len(score) > keep_top_k:
         keep = _top(xp, score, keep_top_k)   # index order keeps ChainerCV's ordering
         bbox, label, score = bbox[keep], label[keep], score[keep]
-    return bbox, label, score
+        final = keep
+    if not return_candidates:
+        return bbox, label, score
+    return bbox, label, score, _candidates(xp, cands, survived, final)
 
 
-def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K):
+def _candidates(xp, cands, survived, final) -> Candidates:
+    """:class:`Candidates` from the per-class candidates ``(bbox, score, fg)``, the
+    positions ``(after the cap, after NMS)`` of the survivors in the concatenation, and
+    ``final``: positions among the NMS survivors kept by ``keep_top_k`` (None: all)."""
+    n = sum(len(s) for _, s, _ in cands)
+    bbox = xp.vstack([b for b, _, _ in cands]).astype(np.float32).reshape(-1, 4)
+    score = xp.hstack([s for _, s, _ in cands]).astype(np.float32).reshape(-1)
+    label = xp.hstack([xp.full((len(s),), fg, dtype=np.int32)
+                       for _, s, fg in cands]).reshape(-1)
+    in_top_k = xp.zeros(n, dtype=bool)
+    after_nms = xp.zeros(n, dtype=bool)
+    kept = xp.zeros(n, dtype=bool)
+    nms_positions = xp.hstack([w for _, w in survived]).astype(np.int64).reshape(-1)
+    for cap, _ in survived:
+        in_top_k[cap] = True
+    after_nms[nms_positions] = True
+    kept[nms_positions if final is None else nms_positions[final]] = True
+    return Candidates(bbox, label, score, in_top_k, after_nms, kept)
+
+
+def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
+            return_candidates=False):
     """``model.predict(imgs)`` of a ChainerCV SSD, with the candidates capped.
 
     Args:
@@ -249,6 +312,8 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K):
         imgs: iterable of float arrays (3, H, W), RGB, values 0-255 (or one (B, 3, H, W)
             array).
         top_k, keep_top_k: see :func:`decode_capped`.
+        return_candidates: also return, per image, the :class:`Candidates` before the
+            caps and NMS (NumPy, boxes in the image's pixels); the detections are the same.
 
     Raises:
         InvalidSampleError: an image is not a numeric array (3, H, W) or holds nan/inf;
@@ -259,7 +324,8 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K):
     Returns:
         ``(bboxes, labels, scores)``: lists with one NumPy array per image, as
         ``model.predict``: float32 (R, 4) ``(y_min, x_min, y_max, x_max)`` in the image's
-        pixels, int32 (R,), float32 (R,).
+        pixels, int32 (R,), float32 (R,). With ``return_candidates``: ``(bboxes, labels,
+        scores, candidates)``, ``candidates`` a list of :class:`Candidates`, one per image.
     """
     top_k = _check_cap("top_k", top_k)
     keep_top_k = _check_cap("keep_top_k", keep_top_k)
@@ -272,21 +338,28 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K):
         x.append(xp.array(model._prepare(img)))
         sizes.append((H, W))
     if not x:
-        return [], [], []
+        return ([], [], [], []) if return_candidates else ([], [], [])
 
     with chainer.using_config("train", False), chainer.no_backprop_mode():
         mb_locs, mb_confs = model(chainer.Variable(xp.stack(x)))
     mb_locs, mb_confs = mb_locs.array, mb_confs.array
 
-    bboxes, labels, scores = [], [], []
+    bboxes, labels, scores, candidates = [], [], [], []
+    to_cpu = chainer.backends.cuda.to_cpu
     for mb_loc, mb_conf, size in zip(mb_locs, mb_confs, sizes):
-        bbox, label, score = decode_capped(
+        bbox, label, score, *cands = decode_capped(
             model.coder, mb_loc, mb_conf, model.nms_thresh, model.score_thresh,
-            top_k=top_k, keep_top_k=keep_top_k)
+            top_k=top_k, keep_top_k=keep_top_k, return_candidates=return_candidates)
         bbox = transforms.resize_bbox(bbox, (model.insize, model.insize), size)
-        bboxes.append(chainer.backends.cuda.to_cpu(bbox))
-        labels.append(chainer.backends.cuda.to_cpu(label))
-        scores.append(chainer.backends.cuda.to_cpu(score))
+        bboxes.append(to_cpu(bbox))
+        labels.append(to_cpu(label))
+        scores.append(to_cpu(score))
+        if cands:
+            c = cands[0]
+            c_bbox = transforms.resize_bbox(c.bbox, (model.insize, model.insize), size)
+            candidates.append(Candidates(*(to_cpu(a) for a in (c_bbox, *c[1:]))))
+    if return_candidates:
+        return bboxes, labels, scores, candidates
     return bboxes, labels, scores
 
 
