@@ -100,8 +100,8 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
     could overwrite or delete the user's own files. ``marker``: the name of a file that marks
     the folder as the command's own; a folder that holds anything but lacks it is refused,
     and a new or empty folder gets it, as does one holding only folders named in
-    ``own_folders`` (what the command's own work leaves there by other ways). Returns the resolved path; raises
-    :class:`OutputDirError` naming ``name`` and the path."""
+    ``own_folders`` (what the command's own work leaves there by other ways). Returns the
+    resolved path; raises :class:`OutputDirError` naming ``name`` and the path."""
     if not is_path(path):
         raise OutputDirError(f"{name}: {path!r} is not a folder path; expected a folder to "
                              "write the results in")

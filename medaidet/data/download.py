@@ -647,7 +647,7 @@ def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEO
                 "copy (no Annotations/, JPEGImages/ or marker). Choose a new or empty --root.")
 
     archive = staging = None
-    existed = root.exists()
+    had_root = root.exists()   # else a failed download is said to have found no copy
     try:
         try:
             root.parent.mkdir(parents=True, exist_ok=True)
@@ -661,7 +661,7 @@ def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEO
         try:
             _fetch(url, archive, root, timeout, progress)
         except DownloadError as exc:
-            if existed:
+            if had_root:
                 raise
             raise DownloadError(f"BCCD is not at {root} ({source}), and {exc}") from None
         _extract(archive, staging, manifest, url)
