@@ -6,16 +6,19 @@ its detections scoring ``>= score_thresh``; the annotated count is the number of
 
 * ``mae``: mean absolute error, ``mean |predicted - annotated|`` (cells per image);
 * ``bias``: mean signed error, ``mean (predicted - annotated)``: > 0 over-counts;
-* ``relative_error``: mean absolute relative error, ``mean |predicted - annotated| /
-  annotated`` over the images with ``annotated > 0`` only (the ratio is undefined at 0;
-  those images still count in MAE and bias); NaN when no image has a box of the class.
-  ``n_relative`` says over how many images it was taken.
+* ``relative_error``: ``sum |predicted - annotated| / sum annotated`` over the images: the
+  share of the annotated cells the counts get wrong (an image with no box of the class
+  adds its over-count to the top, nothing to the bottom); NaN when no image has a box of
+  the class.
 
 Predictions come from :func:`medaidet.evaluation.evaluate.predict_split` (score >= 0.01), capped at
 ``keep_top_k`` (200) detections per image: a count can never exceed that (BCCD images hold
 ~11 RBC boxes on average, so only an untrained model reaches the cap).
 
-Read the RBC numbers with :data:`RBC_NOTE` in mind.
+Read the RBC numbers with :data:`RBC_NOTE` in mind. Images the validator flags
+``missing_class`` (no RBC or no WBC box although such cells are visible) can be *set aside*:
+:func:`count_cells` then reports the errors on all images and, beside them, on the others,
+and names the images and why (:func:`count_weights` does this by default).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import numpy as np
 
 from medaidet.arguments import ArgumentValueError, check_number
 from medaidet.device import DEFAULT_DEVICE
+from medaidet.evaluation.analysis import images_missing_class
 from medaidet.evaluation.evaluate import Predictions, check_run, predict_weights
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, EVALUATE_SCORE_THRESH
 from medaidet.files import png_bytes, write_files
@@ -40,16 +44,16 @@ __all__ = ["RBC_NOTE", "SWEEP_NOTE", "DEFAULT_THRESHOLDS", "CountResult", "Sweep
 DEFAULT_THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
 
 RBC_NOTE = (
-    "RBC counts are biased by the annotation, not only by the detector. BCCD's RBC boxes "
+    "RBC counts are limited by the annotation, not only by the detector. BCCD's RBC boxes "
     "are incomplete: some images have no RBC box at all although red cells are visible "
-    "(the validator's missing_class findings, notebook 01), and cells cut by the image "
-    "border or packed in clumps are often left unboxed. A detector that finds those unboxed "
-    "cells is scored as over-counting, so the measured RBC MAE and relative error overstate "
-    "its real error and the RBC bias is pushed positive (the annotated count is too low, not "
-    "necessarily the prediction too high). Platelets are small (about 18x24 px at 300x300): "
-    "a detector whose smallest default boxes are larger (SSD300's are 30 px) tends to miss "
-    "them, which shows as a negative platelet bias. WBC boxes are nearly complete (about one "
-    "per image) and their counts the most trustworthy.")
+    "(the validator's missing_class findings, notebook 01: set aside above when flagged), "
+    "and cells cut by the image border or packed in clumps are often left unboxed; where "
+    "BCCD has two photographs of the same field, their two RBC annotations disagree in "
+    "count (medaidet.data.agreement, notebook 05). A detector that finds unboxed cells is "
+    "scored as over-counting. Platelet and WBC boxes agree between such pairs. A low "
+    "platelet count at a fixed threshold is a confidence problem, not a size one: the "
+    "detector ranks platelets well (high AP) but scores them below 0.5, so choose the "
+    "threshold per class on val.")
 
 SWEEP_NOTE = (
     "The best threshold is chosen on the same images it is scored on: on the test split "
@@ -84,25 +88,23 @@ def _check_thresh(score_thresh, lowest: float, name: str = "score_thresh") -> fl
 
 
 def _stats(predicted: np.ndarray, annotated: np.ndarray):
-    """Per-class (mae, bias, relative_error, n_relative) of (N, C) count arrays."""
+    """Per-class (mae, bias, relative_error) of (N, C) count arrays."""
     error = (predicted - annotated).astype(float)
     n = len(error)
     mae = np.abs(error).mean(axis=0) if n else np.full(error.shape[1], np.nan)
     bias = error.mean(axis=0) if n else np.full(error.shape[1], np.nan)
-    has = annotated > 0
-    n_relative = has.sum(axis=0)
-    ratio = np.where(has, np.abs(error) / np.maximum(annotated, 1), 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rel = np.where(n_relative > 0, ratio.sum(axis=0) / np.maximum(n_relative, 1), np.nan)
-    return mae, bias, rel, n_relative
+    total = annotated.sum(axis=0)
+    rel = np.where(total > 0, np.abs(error).sum(axis=0) / np.maximum(total, 1), np.nan)
+    return mae, bias, rel
 
 
 @dataclass
 class CountResult:
     """Counts at one score threshold. ``predicted``/``annotated``: int (N images, C classes).
 
-    Per class (arrays of length C): ``mae``, ``bias``, ``relative_error``, ``n_relative``
-    (see the module docs). Shows as a table (``_repr_html_``, ``str``); :meth:`rows` is the
+    Per class (arrays of length C): ``mae``, ``bias``, ``relative_error``
+    (see the module docs), on all images. ``set_aside``: image id -> why it is set aside;
+    :meth:`without_set_aside` is the result on the other images. Shows as a table (``_repr_html_``, ``str``); :meth:`rows` is the
     per-image table, :meth:`to_dict` / :meth:`to_json` for files.
     """
     ids: list
@@ -113,14 +115,22 @@ class CountResult:
     mae: np.ndarray
     bias: np.ndarray
     relative_error: np.ndarray
-    n_relative: np.ndarray
     split: str | None = None
     info: dict = field(default_factory=dict)
+    set_aside: dict = field(default_factory=dict)
 
     @property
     def error(self) -> np.ndarray:
         """Signed error per image and class, ``predicted - annotated``."""
         return self.predicted - self.annotated
+
+    def without_set_aside(self) -> "CountResult":
+        """The same counts on the images not in :attr:`set_aside`."""
+        keep = [i for i, image_id in enumerate(self.ids) if image_id not in self.set_aside]
+        predicted, annotated = self.predicted[keep], self.annotated[keep]
+        return CountResult([self.ids[i] for i in keep], self.label_names, self.score_thresh,
+                           predicted, annotated, *_stats(predicted, annotated), self.split,
+                           dict(self.info))
 
     def rows(self) -> list:
         """The per-image table: one dict per image with ``<class>_pred``/``_true``/``_error``."""
@@ -135,12 +145,25 @@ class CountResult:
         return out
 
     def _summary(self):
+        """Columns and rows of the table; with images set aside, the errors on the other
+        images follow those on all."""
+        views = [self] + ([self.without_set_aside()] if self.set_aside else [])
         cols = ["class", "annotated", "predicted", "MAE", "rel. error", "bias"]
+        if self.set_aside:
+            n = len(self.ids) - len(self.set_aside)
+            cols += [f"{c} ({n} kept)" for c in ("MAE", "rel. error", "bias")]
         body = [[name, str(int(self.annotated[:, l].sum())),
-                 str(int(self.predicted[:, l].sum())), _fmt(self.mae[l]),
-                 _fmt(self.relative_error[l], pct=True), _fmt(self.bias[l], sign=True)]
+                 str(int(self.predicted[:, l].sum()))]
+                + [v for r in views for v in (_fmt(r.mae[l]), _fmt(r.relative_error[l], pct=True),
+                                              _fmt(r.bias[l], sign=True))]
                 for l, name in enumerate(self.label_names)]
         return cols, body
+
+    def _set_aside_text(self) -> str:
+        if not self.set_aside:
+            return ""
+        return (f"Set aside ({len(self.set_aside)} images the validator flags missing_class): "
+                + "; ".join(f"{i}: {why}" for i, why in self.set_aside.items()))
 
     def __str__(self):
         cols, body = self._summary()
@@ -150,7 +173,8 @@ class CountResult:
                            for i, (c, w) in enumerate(zip(r, widths))) for r in table]
         head = (f"Cell counts at score >= {self.score_thresh:g}, {self.split or 'split'} "
                 f"({len(self.ids)} images); MAE and bias in cells per image")
-        return "\n".join([head] + lines + ["", RBC_NOTE])
+        return "\n".join([head] + lines + ([self._set_aside_text()] if self.set_aside else [])
+                         + ["", RBC_NOTE])
 
     def _repr_html_(self):
         cols, body = self._summary()
@@ -160,20 +184,29 @@ class CountResult:
                 + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr></thead><tbody>"
                 + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>"
                           for r in body)
-                + f"</tbody></table><p>{esc(RBC_NOTE)}</p>")
+                + "</tbody></table>"
+                + (f"<p>{esc(self._set_aside_text())}</p>" if self.set_aside else "")
+                + f"<p>{esc(RBC_NOTE)}</p>")
+
+    def _per_class(self) -> dict:
+        return {name: {"annotated_total": int(self.annotated[:, l].sum()),
+                       "predicted_total": int(self.predicted[:, l].sum()),
+                       "mae": finite_or_none(self.mae[l]),
+                       "bias": finite_or_none(self.bias[l]),
+                       "relative_error": finite_or_none(self.relative_error[l])}
+                for l, name in enumerate(self.label_names)}
 
     def to_dict(self) -> dict:
-        per_class = {name: {"annotated_total": int(self.annotated[:, l].sum()),
-                            "predicted_total": int(self.predicted[:, l].sum()),
-                            "mae": finite_or_none(self.mae[l]),
-                            "bias": finite_or_none(self.bias[l]),
-                            "relative_error": finite_or_none(self.relative_error[l]),
-                            "n_relative": int(self.n_relative[l])}
-                     for l, name in enumerate(self.label_names)}
-        return {"split": self.split, "score_thresh": self.score_thresh,
-                "n_images": len(self.ids), "label_names": list(self.label_names),
-                "per_class": per_class, "per_image": self.rows(), "rbc_note": RBC_NOTE,
-                **self.info}
+        out = {"split": self.split, "score_thresh": self.score_thresh,
+               "n_images": len(self.ids), "label_names": list(self.label_names),
+               "per_class": self._per_class(), "per_image": self.rows(), "rbc_note": RBC_NOTE,
+               **self.info}
+        if self.set_aside:
+            rest = self.without_set_aside()
+            out.update(set_aside=dict(self.set_aside),
+                       without_set_aside={"n_images": len(rest.ids),
+                                          "per_class": rest._per_class()})
+        return out
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), indent=2, **kwargs)
@@ -187,20 +220,25 @@ def _fmt(value, pct=False, sign=False) -> str:
     return f"{value:+.2f}" if sign else f"{value:.2f}"
 
 
-def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH
-                ) -> CountResult:
+def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH,
+                set_aside=None) -> CountResult:
     """Predicted (detections scoring ``>= score_thresh``) vs annotated counts.
 
     ``score_thresh``: from ``predictions.score_thresh`` (0.01) to 1; else
-    :class:`medaidet.arguments.ArgumentValueError` (a ``ValueError``).
+    :class:`medaidet.arguments.ArgumentValueError` (a ``ValueError``). ``set_aside``:
+    ``{image id: why}`` of images to report apart (e.g.
+    :func:`medaidet.evaluation.analysis.images_missing_class`); ids not among the
+    predictions are ignored.
     """
     score_thresh = _check_thresh(score_thresh, predictions.score_thresh)
     n_class = len(predictions.label_names)
     predicted = _predicted_counts(predictions, score_thresh)
     annotated = _counts(predictions.gt_labels, n_class)
-    mae, bias, rel, n_rel = _stats(predicted, annotated)
-    return CountResult(list(predictions.ids), predictions.label_names, float(score_thresh),
-                       predicted, annotated, mae, bias, rel, n_rel, predictions.split)
+    mae, bias, rel = _stats(predicted, annotated)
+    ids = list(predictions.ids)
+    set_aside = {i: why for i, why in (set_aside or {}).items() if i in set(ids)}
+    return CountResult(ids, predictions.label_names, float(score_thresh), predicted,
+                       annotated, mae, bias, rel, predictions.split, set_aside=set_aside)
 
 
 @dataclass
@@ -338,7 +376,8 @@ def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_TH
                   model_name: str | None = None, root=None, subset=None, device=DEFAULT_DEVICE,
                   out=None, thresholds=DEFAULT_THRESHOLDS, batch_size: int = 8,
                   progress: bool = True):
-    """Load, predict once, count at ``score_thresh`` and sweep ``thresholds``.
+    """Load, predict once, count at ``score_thresh`` and sweep ``thresholds``. The images
+    the validator flags ``missing_class`` are set aside (reported apart, named with why).
 
     Writes ``counts.json`` (counts and sweep), ``counts.png`` and ``count_sweep.png`` to
     ``out`` when given. Returns ``(CountResult, SweepResult)``.
@@ -354,7 +393,9 @@ def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_TH
                                                   out)
     preds = predict_weights(weights_path, split, model_name, root, subset, device,
                             batch_size, progress)
-    result = count_cells(preds, score_thresh)
+    flagged = {image_id: "; ".join(why.split(";")[0] for why in details)
+               for image_id, details in images_missing_class(preds.ids, root=root).items()}
+    result = count_cells(preds, score_thresh, set_aside=flagged)
     result.info.update(weights=str(weights_path), model=preds.model, subset=subset)
     with warnings.catch_warnings():
         if split != "test":

@@ -45,9 +45,9 @@ def test_counts_and_errors_are_exact():
     np.testing.assert_array_equal(result.error, [[2, 0, -1], [-1, 0, 1]])
     np.testing.assert_allclose(result.mae, [1.5, 0.0, 1.0])
     np.testing.assert_allclose(result.bias, [0.5, 0.0, 0.0])
-    # relative error: rbc mean(2/4, 1/2) = 0.5; wbc 0; platelets only image 0: 1/2
-    np.testing.assert_allclose(result.relative_error, [0.5, 0.0, 0.5])
-    np.testing.assert_array_equal(result.n_relative, [2, 2, 1])
+    # relative error, sum |error| / sum annotated: rbc (2 + 1) / 6; wbc 0; platelets
+    # (1 + 1) / 2: image 1's extra platelet counts although it has no platelet box
+    np.testing.assert_allclose(result.relative_error, [0.5, 0.0, 1.0])
 
 
 def test_threshold_is_inclusive_and_relative_error_guards_zero():
@@ -55,7 +55,7 @@ def test_threshold_is_inclusive_and_relative_error_guards_zero():
     preds = make_preds([[(2, 0.6), (0, 0.6)]], [[0]])
     result = count_cells(preds, score_thresh=0.6)
     np.testing.assert_array_equal(result.predicted, [[1, 0, 1]])
-    assert math.isnan(result.relative_error[2]) and result.n_relative[2] == 0
+    assert math.isnan(result.relative_error[2])
     assert result.mae[2] == 1.0 and result.bias[2] == 1.0
     d = result.to_dict()
     json.dumps(d, allow_nan=False)
@@ -76,9 +76,40 @@ def test_per_image_table_text_and_json():
 
 
 def test_rbc_note_explains_the_bias():
-    for words in ("incomplete", "missing_class", "over-count", "positive", "border", "clump",
-                  "Platelets"):
+    for words in ("incomplete", "missing_class", "over-count", "border", "clump",
+                  "disagree", "confidence", "on val"):
         assert words in RBC_NOTE
+
+
+def test_set_aside_images_are_reported_apart_and_named():
+    result = count_cells(known_case(), 0.5, set_aside={"img1": "no rbc box", "other": "x"})
+    assert result.set_aside == {"img1": "no rbc box"}         # ids not predicted: ignored
+    # all images as before; without img1 only image 0: rbc |6 - 4| / 4, platelets 1 / 2
+    np.testing.assert_allclose(result.relative_error, [0.5, 0.0, 1.0])
+    rest = result.without_set_aside()
+    assert rest.ids == ["img0"]
+    np.testing.assert_allclose(rest.relative_error, [0.5, 0.0, 0.5])
+    np.testing.assert_allclose(rest.mae, [2.0, 0.0, 1.0])
+    text = str(result)
+    assert "(1 kept)" in text and "img1: no rbc box" in text
+    d = json.loads(result.to_json())
+    assert d["set_aside"] == {"img1": "no rbc box"}
+    assert d["without_set_aside"]["n_images"] == 1
+    assert d["without_set_aside"]["per_class"]["platelets"]["relative_error"] == 0.5
+    assert "img1: no rbc box" in result._repr_html_()
+    assert "kept" not in str(count_cells(known_case(), 0.5))
+
+
+def test_count_weights_sets_aside_the_images_the_validator_flags(bccd_root):
+    from medaidet.evaluation.count import count_weights
+    from medaidet.ssd.model import SHIPPED_WEIGHTS
+
+    result, _ = count_weights(SHIPPED_WEIGHTS["ssd_small"], split="test", progress=False)
+    assert sorted(result.set_aside) == ["BloodImage_00135", "BloodImage_00171",
+                                        "BloodImage_00178", "BloodImage_00249",
+                                        "BloodImage_00303", "BloodImage_00327"]
+    assert "no rbc box" in result.set_aside["BloodImage_00303"]
+    assert len(result.without_set_aside().ids) == 66
 
 
 def test_refuses_a_threshold_below_the_predictions():

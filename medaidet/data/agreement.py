@@ -1,0 +1,107 @@
+"""How far BCCD's annotation agrees with itself: the same cells, boxed twice.
+
+BCCD holds pairs of photographs of the same field of view, shifted by some pixels
+(:func:`medaidet.data.validate.validate_dataset` finds them: ``report.image_pairs``). Each
+photograph was annotated on its own, so a pair is two annotations of the same cells. On the
+part of the field both show, the two annotations should hold the same number of boxes per
+class; where they do not, the annotation itself is uncertain by that much.
+
+That is the yardstick for counting: a detector is scored against one annotation, and a second
+annotation of the same cells, scored the same way, is as good as a count can look against it.
+:func:`count_agreement` gives that number, ``sum |a - b| / sum b`` per class over the pairs
+(``a`` scored against ``b``, and ``b`` against ``a``: the two directions are averaged), next to
+the counts of every pair.
+
+A box belongs to the shared part when its centre lies inside the shared rectangle shrunk by
+``margin`` pixels (at full resolution) on every side, in both frames: cells cut by a frame's
+border are boxed in one photograph and half outside the other, and would count as
+disagreement that is not one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from medaidet.data.bccd import BCCD_LABEL_NAMES, annotation_path, parse_annotation
+
+__all__ = ["PairCounts", "pair_counts", "count_agreement"]
+
+
+@dataclass(frozen=True)
+class PairCounts:
+    """Boxes per class on the shared part of one same-field pair: ``a`` and ``b`` are
+    int arrays (one count per class), ``region`` the shared rectangle in ``a``'s pixels
+    ``(x_min, y_min, x_max, y_max)``."""
+    a: str
+    b: str
+    splits_a: tuple
+    splits_b: tuple
+    region: tuple
+    counts_a: np.ndarray
+    counts_b: np.ndarray
+
+
+def _boxes(root, image_id):
+    """(centres (N, 2) as x, y; labels (N,); (height, width)) of an annotation's usable boxes."""
+    ann = parse_annotation(annotation_path(root, image_id))
+    objs = [o for o in ann.objects if o.bndbox is not None and o.label is not None]
+    centres = np.array([((o.bndbox[0] + o.bndbox[2]) / 2, (o.bndbox[1] + o.bndbox[3]) / 2)
+                        for o in objs], dtype=float).reshape(-1, 2)
+    return centres, np.array([o.label for o in objs], dtype=int), ann.size
+
+
+def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES) -> list:
+    """:class:`PairCounts` of each :class:`~medaidet.data.validate.ImagePair` in ``pairs``.
+
+    ``pair.dx``/``pair.dy``: how far ``b``'s content appears moved in ``a``, so a point
+    ``(x, y)`` of ``b`` is ``(x + dx, y + dy)`` in ``a``. Pairs whose shared part is empty
+    after the margin are left out.
+    """
+    out = []
+    n_class = len(label_names)
+    for pair in pairs:
+        centres_a, labels_a, size_a = _boxes(root, pair.a)
+        centres_b, labels_b, size_b = _boxes(root, pair.b)
+        (h_a, w_a), (h_b, w_b) = size_a, size_b
+        # b's frame in a's pixels is [dx, dx + w_b] x [dy, dy + h_b]
+        x0 = max(0, pair.dx) + margin
+        y0 = max(0, pair.dy) + margin
+        x1 = min(w_a, pair.dx + w_b) - margin
+        y1 = min(h_a, pair.dy + h_b) - margin
+        if x1 <= x0 or y1 <= y0:
+            continue
+
+        def inside(centres):
+            return ((centres[:, 0] >= x0) & (centres[:, 0] < x1)
+                    & (centres[:, 1] >= y0) & (centres[:, 1] < y1))
+
+        shifted_b = centres_b + np.array([pair.dx, pair.dy], dtype=float)
+        counts_a = np.bincount(labels_a[inside(centres_a)], minlength=n_class)[:n_class]
+        counts_b = np.bincount(labels_b[inside(shifted_b)], minlength=n_class)[:n_class]
+        out.append(PairCounts(pair.a, pair.b, tuple(pair.splits_a), tuple(pair.splits_b),
+                              (x0, y0, x1, y1), counts_a, counts_b))
+    return out
+
+
+def count_agreement(rows, label_names=BCCD_LABEL_NAMES, exclude=()) -> dict:
+    """Per class: the relative count error of one annotation scored against the other,
+    ``(sum |a - b| / sum b + sum |a - b| / sum a) / 2`` over the pairs (``None`` when a
+    class has no box), with the pairs used and the boxes in each annotation.
+
+    ``exclude``: image ids to leave out (pairs with either image among them), e.g. the
+    images the validator flags ``missing_class``.
+    """
+    exclude = set(exclude)
+    kept = [r for r in rows if r.a not in exclude and r.b not in exclude]
+    out = {}
+    for l, name in enumerate(label_names):
+        a = np.array([r.counts_a[l] for r in kept], dtype=float)
+        b = np.array([r.counts_b[l] for r in kept], dtype=float)
+        diff = np.abs(a - b).sum()
+        error = (None if not (a.sum() and b.sum())
+                 else float((diff / b.sum() + diff / a.sum()) / 2))
+        out[name] = {"relative_error": error, "n_pairs": len(kept),
+                     "boxes_a": int(a.sum()), "boxes_b": int(b.sum()),
+                     "abs_difference": int(diff)}
+    return out

@@ -1,0 +1,60 @@
+"""medaidet.data.agreement on BCCD's real same-field pairs."""
+import numpy as np
+import pytest
+
+from medaidet.data.agreement import count_agreement, pair_counts
+from medaidet.data.bccd import annotation_path, parse_annotation
+from medaidet.data.validate import ImagePair, validate_dataset
+
+
+@pytest.fixture(scope="module")
+def report(bccd_root):
+    return validate_dataset(bccd_root, check_checksums=False)
+
+
+def test_an_image_paired_with_itself_agrees_exactly(bccd_root):
+    image = "BloodImage_00037"
+    pair = ImagePair(image, image, ("val",), ("val",), 0, 0, 1.0, 1.0)
+    [row] = pair_counts(bccd_root, [pair], margin=0)
+    objs = parse_annotation(annotation_path(bccd_root, image)).objects
+    expected = np.bincount([o.label for o in objs], minlength=3)
+    assert row.counts_a.tolist() == row.counts_b.tolist() == expected.tolist()
+    result = count_agreement([row])
+    assert all(result[c]["relative_error"] == 0 for c in ("rbc", "wbc", "platelets"))
+
+
+def test_margin_keeps_only_boxes_whose_centre_is_inside(bccd_root):
+    image = "BloodImage_00037"
+    pair = ImagePair(image, image, (), (), 0, 0, 1.0, 1.0)
+    all_boxes = pair_counts(bccd_root, [pair], margin=0)[0].counts_a.sum()
+    inner = pair_counts(bccd_root, [pair], margin=100)[0]
+    assert inner.region == (100, 100, 540, 380)
+    assert 0 < inner.counts_a.sum() < all_boxes
+
+
+def test_bccd_pairs_agree_on_wbc_and_platelets_but_not_on_rbc(bccd_root, report):
+    """The measurement docs/cpu-detector.md reports: the shift maps one annotation onto the
+    other (white cells and platelets agree box for box), and red cells disagree."""
+    flagged = {i.image for i in report.by_kind("missing_class")}
+    rows = pair_counts(bccd_root, report.image_pairs)
+    result = count_agreement(rows, exclude=flagged)
+    assert result["wbc"]["n_pairs"] >= 15
+    assert result["wbc"]["relative_error"] == 0
+    assert result["platelets"]["relative_error"] == 0
+    assert 0.1 < result["rbc"]["relative_error"] < 0.4
+    # with the shift the wrong way round the white cells no longer line up
+    flipped = [p._replace(dx=-p.dx, dy=-p.dy) for p in report.image_pairs]
+    wrong = count_agreement(pair_counts(bccd_root, flipped), exclude=flagged)
+    assert wrong["wbc"]["relative_error"] > 0.1
+
+
+def test_flagged_images_are_left_out_and_an_empty_class_gives_none(bccd_root, report):
+    rows = pair_counts(bccd_root, report.image_pairs)
+    everything = count_agreement(rows)
+    flagged = {i.image for i in report.by_kind("missing_class")}
+    kept = count_agreement(rows, exclude=flagged)
+    assert kept["rbc"]["n_pairs"] < everything["rbc"]["n_pairs"]
+    # a pair whose shared part holds no platelet: no ratio to take
+    image = "BloodImage_00230"
+    pair = ImagePair(image, image, (), (), 0, 0, 1.0, 1.0)
+    assert count_agreement(pair_counts(bccd_root, [pair]))["platelets"]["relative_error"] is None
