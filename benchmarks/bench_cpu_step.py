@@ -1,8 +1,8 @@
 """Where a training step of the ``cpu`` profile goes on this CPU, measured in one run.
 
-The ``cpu`` profile trains the small SSD with batch 16 on BCCD trainval. A step is the
-augmentation of 16 images (ChainerCV's transform and the multibox encoding) and the model's
-forward, backward and update. This script measures, on the real data:
+The ``cpu`` profile trains the small SSD on BCCD train in mini-batches (its ``batch_size``).
+A step is the augmentation of a batch (ChainerCV's transform and the multibox encoding) and
+the model's forward, backward and update. This script measures, on the real data:
 
 * ``augment``: the 16 examples of a batch made in this process (no worker processes);
 * ``compute``: forward + backward + update on one fixed, already augmented batch;
@@ -11,9 +11,11 @@ forward, backward and update. This script measures, on the real data:
   (the thread count is fixed when NumPy loads), after ``--warmup`` steps.
 
 It prints seconds per step and images per second, and each combination's speed as a ratio
-to the profile's default (2 workers, BLAS threads as the machine gives them).
+to the profile's default (2 workers, BLAS threads as the machine gives them). Then, with the
+profile's defaults, the previous profile's batch size (16, until 2026-11-25) against the
+profile's: seconds per step, images/s, updates per second and the ratios, in the same run.
 
-    python benchmarks/bench_cpu_step.py [--steps 8] [--warmup 2]
+    python benchmarks/bench_cpu_step.py [--steps 8] [--warmup 2] [--only-batches]
 """
 import argparse
 import json
@@ -23,14 +25,17 @@ import sys
 import time
 
 COMBINATIONS = [(workers, threads) for workers in (0, 1, 2) for threads in (1, 2)]
+PREVIOUS_BATCH_SIZE = 16
 
 
-def build(n_processes):
+def build(n_processes, batch_size=None):
     from medaidet.training import recipe
     from medaidet.training.config import TrainConfig
     from medaidet.training.ranks import Ranks
 
     config = TrainConfig.profile("cpu", n_processes=n_processes, out="/tmp/bench-cpu-step")
+    if batch_size is not None:
+        config = config.replace(batch_size=batch_size)
     ranks = Ranks.for_config(config)
     model = recipe.make_model(config)
     chain = recipe.make_train_chain(model, config, ranks)
@@ -41,18 +46,18 @@ def build(n_processes):
     return config, chain, data, iterators, optimizer, updater
 
 
-def child(n_processes, steps, warmup):
+def child(n_processes, steps, warmup, batch_size=None):
     """Run in a subprocess: seconds per updater step (and, without workers, the split)."""
     import numpy as np
     from chainer.dataset import concat_examples
 
-    config, chain, data, iterators, optimizer, updater = build(n_processes)
+    config, chain, data, iterators, optimizer, updater = build(n_processes, batch_size)
     for _ in range(warmup):
         updater.update()
     start = time.perf_counter()
     for _ in range(steps):
         updater.update()
-    result = {"step": (time.perf_counter() - start) / steps}
+    result = {"step": (time.perf_counter() - start) / steps, "batch_size": config.batch_size}
     if n_processes == 0:
         rng = np.random.RandomState(0)
         index = rng.permutation(len(data.train))[:config.batch_size]
@@ -70,37 +75,63 @@ def child(n_processes, steps, warmup):
     print(json.dumps(result))
 
 
+def run_child(workers, threads, steps, warmup, batch_size=None) -> dict:
+    env = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.pop(name, None)
+        if threads is not None:
+            env[name] = str(threads)
+    command = [sys.executable, __file__, "--child", str(workers), "--steps", str(steps),
+               "--warmup", str(warmup)]
+    if batch_size is not None:
+        command += ["--batch-size", str(batch_size)]
+    out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--only-batches", action="store_true",
+                        help="only the previous profile's batch size against the profile's")
     parser.add_argument("--child", nargs=1, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], args.steps, args.warmup)
+        child(args.child[0], args.steps, args.warmup, args.batch_size)
         return
-    print(f"{os.cpu_count()} CPUs; batch 16 of the cpu profile; {args.steps} steps after "
+    from medaidet.training.config import TrainConfig
+
+    batch = TrainConfig.profile("cpu").batch_size
+    print(f"{os.cpu_count()} CPUs; batch {batch} of the cpu profile; {args.steps} steps after "
           f"{args.warmup} warm-up steps per combination")
-    results = {}
-    for workers, threads in COMBINATIONS + [(2, None)]:
-        env = dict(os.environ)
-        for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            env.pop(name, None)
-            if threads is not None:
-                env[name] = str(threads)
-        out = subprocess.run([sys.executable, __file__, "--child", str(workers),
-                              "--steps", str(args.steps), "--warmup", str(args.warmup)],
-                             env=env, check=True, capture_output=True, text=True).stdout
-        results[workers, threads] = json.loads(out.strip().splitlines()[-1])
-        r = results[workers, threads]
-        split = (f"  (augment {r['augment']:.2f} s, compute {r['compute']:.2f} s)"
-                 if "augment" in r else "")
-        print(f"workers {workers}, BLAS threads {threads or 'default'}: {r['step']:.2f} s "
-              f"per step, {16 / r['step']:.2f} images/s{split}", flush=True)
-    base = results[2, None]["step"]
-    print("speed against the default (2 workers, default threads):")
-    for (workers, threads), r in results.items():
-        print(f"  workers {workers}, threads {threads or 'default'}: {base / r['step']:.2f}x")
+    if not args.only_batches:
+        results = {}
+        for workers, threads in COMBINATIONS + [(2, None)]:
+            r = results[workers, threads] = run_child(workers, threads, args.steps,
+                                                      args.warmup)
+            split = (f"  (augment {r['augment']:.2f} s, compute {r['compute']:.2f} s)"
+                     if "augment" in r else "")
+            print(f"workers {workers}, BLAS threads {threads or 'default'}: {r['step']:.2f} s "
+                  f"per step, {batch / r['step']:.2f} images/s{split}", flush=True)
+        base = results[2, None]["step"]
+        print("speed against the default (2 workers, default threads):")
+        for (workers, threads), r in results.items():
+            print(f"  workers {workers}, threads {threads or 'default'}: "
+                  f"{base / r['step']:.2f}x")
+    print(f"the previous profile's batch ({PREVIOUS_BATCH_SIZE}) against the profile's "
+          f"({batch}), 2 workers, default threads:")
+    rates = {}
+    for size in dict.fromkeys((PREVIOUS_BATCH_SIZE, batch)):
+        r = run_child(2, None, args.steps * PREVIOUS_BATCH_SIZE // size, args.warmup, size)
+        rates[size] = (size / r["step"], 1 / r["step"])
+        print(f"  batch {size}: {r['step']:.3f} s per step, {rates[size][0]:.2f} images/s, "
+              f"{rates[size][1]:.2f} updates/s", flush=True)
+    if len(rates) == 2:
+        (old_images, old_updates), (new_images, new_updates) = rates.values()
+        print(f"  batch {batch} against {PREVIOUS_BATCH_SIZE}: images/s x"
+              f"{new_images / old_images:.2f}, updates/s x{new_updates / old_updates:.2f}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ import medaidet  # noqa: F401  (runtime settings before chainer)
 from medaidet.data.bccd import CLASS_COLORS, AnnotationWarning
 from medaidet.evaluation.analysis import (LOST_STAGES, box_outcomes, detection_scores,
                                           format_table, images_missing_class, missed_by,
-                                          recall_precision, stage_counts, subset)
+                                          plot_detection_scores, recall_precision,
+                                          stage_counts, subset)
 from medaidet.evaluation.evaluate import predict_weights
 from medaidet.evaluation.visualize import plot_detections
 
@@ -104,30 +105,6 @@ def plot_recall_by_stage(outcomes, flagged, split):
     fig.suptitle(f"Ground-truth boxes covered (IoU >= 0.5, same class) by a candidate before "
                  f"the caps and NMS vs by a detection after them, {split}; dashed: without "
                  "the images flagged missing_class", fontsize=9)
-    return fig
-
-
-def plot_scores(scores, split, thresholds):
-    from matplotlib.figure import Figure
-
-    names = list(scores)
-    fig = Figure(figsize=(4.3 * len(names), 3.6), layout="constrained")
-    axes = fig.subplots(1, len(names), squeeze=False)[0]
-    bins = np.linspace(0, 1, 26)
-    for ax, name in zip(axes, names):
-        tp, fp = scores[name]["tp"], scores[name]["fp"]
-        ax.hist(tp, bins=bins, color=CLASS_COLORS[name], alpha=0.85,
-                label=f"true positives ({len(tp)})")
-        ax.hist(fp, bins=bins, histtype="step", color="black", lw=1.5,
-                label=f"false positives ({len(fp)})")
-        for t in thresholds:
-            ax.axvline(t, color="0.4", ls=":", lw=1)
-        ax.set_yscale("log")
-        ax.set(title=name, xlabel="detection score", ylabel="detections (log scale)")
-        ax.legend(fontsize="x-small")
-    fig.suptitle(f"Scores of true vs false positives (VOC matching at IoU 0.5, all "
-                 f"detections >= 0.01), {split}; dotted: {', '.join(map(str, thresholds))}",
-                 fontsize=9)
     return fig
 
 
@@ -210,7 +187,7 @@ def main(argv=None):
     t = args.thresholds[0]
     figs = {
         "recall_by_stage": plot_recall_by_stage(outcomes, flagged, args.split),
-        "scores": plot_scores(detection_scores(preds), args.split, args.thresholds),
+        "scores": plot_detection_scores(detection_scores(preds), args.thresholds, args.split),
         "misses_by_size_crowding": plot_misses(outcomes, args.split, t),
     }
     idx = top_false_positive_images(preds, t)

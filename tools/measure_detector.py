@@ -45,7 +45,7 @@ def measure(weights: Path, splits) -> dict:
         ev = evaluate(p)
         kept = subset(p, flagged)
         result[s] = {
-            "n_images": len(p),
+            "n_images": len(p), "ids": list(p.ids),
             "map": ev["evaluate"].map_voc, "map_course": ev["course"].map_voc,
             "ap": dict(zip(p.label_names, map(float, ev["evaluate"].ap_voc))),
             "ap_course": dict(zip(p.label_names, map(float, ev["course"].ap_voc))),

@@ -3,20 +3,29 @@
     python tools/ship_weights.py RUN_DIR
 
 Reads RUN_DIR/model.npz and RUN_DIR/metrics.json, writes the model as float16 into
-medaidet/ssd/weights/ssd_small_bccd.npz (with its .sha256), evaluates the float16 copy on the
-test split and writes ssd_small_bccd.json: the command and seed that reproduce the run, the
-run's numbers and the shipped copy's test AP (tests/ssd/test_shipped_weights.py checks the
-recorded AP against a fresh evaluation).
+medaidet/ssd/weights/ssd_small_bccd.npz (with its .sha256), evaluates the float16 copy and
+writes ssd_small_bccd.json: the command and seed that reproduce the run, the run's numbers, the
+shipped copy's test AP at both protocols (score >= 0.01 and the course's >= 0.6) and its count
+errors on test at thresholds chosen on val (tools/measure_detector.py), on all test images and
+without those the validator flags missing_class (tests/ssd/test_shipped_weights.py checks the
+recorded numbers against a fresh evaluation).
 """
 import json
 import sys
 from pathlib import Path
 
 import medaidet  # noqa: F401  (runtime settings before chainer)
-from medaidet.evaluation.evaluate import evaluate_weights, load_model
+from measure_detector import measure  # tools/, beside this file
+
+from medaidet.evaluation.analysis import images_missing_class
+from medaidet.evaluation.evaluate import load_model
 from medaidet.ssd.model import SHIPPED_WEIGHTS, save_weights
 from medaidet.ssd.small import SIZES
 from medaidet.training.config import TrainConfig
+
+
+def _rounded(values: dict) -> dict:
+    return {n: None if v is None else round(v, 4) for n, v in values.items()}
 
 
 def main(run_dir: str) -> None:
@@ -34,8 +43,8 @@ def main(run_dir: str) -> None:
     target = SHIPPED_WEIGHTS["ssd_small"]
     model = load_model(run / "model.npz", device="cpu")
     sha256 = save_weights(model, target, compression=True, half=True)
-    result = evaluate_weights(target, split="test", device="cpu", progress=False)
-    ap = result["evaluate"]
+    numbers = measure(target, ("val", "test"))
+    test = numbers["test"]
     record = {
         "model": "ssd_small",
         "file": target.name,
@@ -48,14 +57,27 @@ def main(run_dir: str) -> None:
         "trained": {k: metrics[k] for k in ("iterations", "epochs", "seconds", "train_seconds",
                                             "images_per_second", "n_processes", "device",
                                             "versions")},
-        "test": {"split": "test", "n_images": result.n_images,
-                 "score_thresh": ap.score_thresh, "iou_thresh": 0.5,
-                 "map_voc": round(float(ap.map_voc), 4),
-                 "ap_voc": {n: round(float(v), 4)
-                            for n, v in zip(result.label_names, ap.ap_voc)}},
+        "test": {"split": "test", "n_images": test["n_images"],
+                 "score_thresh": 0.01, "iou_thresh": 0.5,
+                 "map_voc": round(test["map"], 4),
+                 "ap_voc": {n: round(v, 4) for n, v in test["ap"].items()},
+                 "course_protocol": {"score_thresh": 0.6,
+                                     "map_voc": round(test["map_course"], 4),
+                                     "ap_voc": {n: round(v, 4)
+                                                for n, v in test["ap_course"].items()}}},
+        "val": {"split": "val", "n_images": numbers["val"]["n_images"],
+                "map_voc": round(numbers["val"]["map"], 4),
+                "course_protocol_map_voc": round(numbers["val"]["map_course"], 4)},
+        "counts": {
+            "definition": "sum |predicted - annotated| / sum annotated per class, on test, "
+                          "counting detections scoring >= the class's threshold",
+            "thresholds_chosen_on_val": numbers["count_thresholds_chosen_on_val"],
+            "test_relative_error": _rounded(test["count_error"]),
+            "test_relative_error_without_set_aside": _rounded(test["count_error_unflagged"]),
+            "set_aside": images_missing_class(test["ids"], brief=True)},
     }
     target.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record["test"], indent=2))
+    print(json.dumps({k: record[k] for k in ("test", "val", "counts")}, indent=2))
     print(f"{target}: {target.stat().st_size / 1e6:.2f} MB, sha256 {sha256}")
 
 

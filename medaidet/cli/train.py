@@ -11,6 +11,7 @@ def add_parser(commands) -> None:
     p.add_argument("--profile", choices=list(PROFILES), default="full",
                    help="smoke: a few iterations on a few images from random weights; "
                         "cpu: the small SSD from random weights, minutes on a CPU; "
+                        "cpu-long: the same, three times as long; "
                         "full: the course recipe, SSD300 (default: full)")
     p.add_argument("--config", metavar="FILE", default=None,
                    help="JSON (or YAML, with PyYAML) file of TrainConfig options")

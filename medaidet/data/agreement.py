@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from medaidet.data.bccd import BCCD_LABEL_NAMES, annotation_path, parse_annotation
+from medaidet.data.download import resolve_root
 
 __all__ = ["PairCounts", "pair_counts", "count_agreement"]
 
@@ -54,10 +55,12 @@ def _boxes(root, image_id):
 def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES) -> list:
     """:class:`PairCounts` of each :class:`~medaidet.data.validate.ImagePair` in ``pairs``.
 
+    ``root``: the BCCD root (``None``: ``$MEDAIDET_DATA``, else the cache).
     ``pair.dx``/``pair.dy``: how far ``b``'s content appears moved in ``a``, so a point
     ``(x, y)`` of ``b`` is ``(x + dx, y + dy)`` in ``a``. Pairs whose shared part is empty
     after the margin are left out.
     """
+    root = resolve_root(root)
     out = []
     n_class = len(label_names)
     for pair in pairs:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 from chainercv.utils import bbox_iou
 
+from medaidet.data.bccd import CLASS_COLORS
 from medaidet.evaluation.evaluate import Predictions
 from medaidet.evaluation.protocol import IOU_THRESH
 from medaidet.evaluation.visualize import _image_sizes, match_detections
@@ -54,7 +55,8 @@ from medaidet.ssd.predict import Candidates
 
 __all__ = ["STAGES", "LOST_STAGES", "CANDIDATE_SETS", "BoxOutcomes",
            "images_missing_class", "subset",
-           "recall_precision", "detection_scores", "box_outcomes", "stage_counts",
+           "recall_precision", "detection_scores", "plot_detection_scores", "box_outcomes",
+           "stage_counts",
            "missed_by", "format_table"]
 
 #: Candidate sets, in the order prediction narrows them (see :class:`BoxOutcomes`).
@@ -67,7 +69,7 @@ STAGES = ("found",) + LOST_STAGES
 
 # --------------------------------------------------------------------------- image sets
 
-def images_missing_class(ids=None, report=None, root=None) -> dict:
+def images_missing_class(ids=None, report=None, root=None, brief: bool = False) -> dict:
     """The images the validator flags as missing a class, and why.
 
     Args:
@@ -77,7 +79,9 @@ def images_missing_class(ids=None, report=None, root=None) -> dict:
 
     Returns:
         ``{image id: [detail, ...]}`` of the ``missing_class`` findings, e.g.
-        ``{"BloodImage_00134": ["no rbc box, while 96% of images ... have one; ..."]}``.
+        ``{"BloodImage_00134": ["no rbc box, while 96% of images ... have one; ..."]}``;
+        with ``brief``, ``{image id: "no rbc box"}`` (the first clause of each detail), as
+        :func:`medaidet.evaluation.count.count_cells` takes it for ``set_aside``.
     """
     if report is None:
         from medaidet.data.validate import validate_dataset
@@ -87,6 +91,9 @@ def images_missing_class(ids=None, report=None, root=None) -> dict:
     for issue in report.by_kind("missing_class"):
         if wanted is None or issue.image in wanted:
             out.setdefault(issue.image, []).append(issue.detail)
+    if brief:
+        return {image: "; ".join(d.split(";")[0].split(",")[0] for d in details)
+                for image, details in out.items()}
     return out
 
 
@@ -176,6 +183,36 @@ def detection_scores(predictions: Predictions, score_thresh: float | None = None
             out[name]["fp"].extend(ps[m.fp & (pl == l)])
     return {n: {k: np.asarray(v, dtype=np.float64) for k, v in d.items()}
             for n, d in out.items()}
+
+
+def plot_detection_scores(scores: dict, thresholds=(0.5, 0.6), split: str | None = None):
+    """Histograms of the true and false positives' scores per class (from
+    :func:`detection_scores`), log counts, ``thresholds`` dotted. A class whose true
+    positives sit left of a threshold is found by the detector but not counted at it.
+
+    Returns a matplotlib ``Figure``.
+    """
+    from matplotlib.figure import Figure
+
+    names = list(scores)
+    fig = Figure(figsize=(4.3 * len(names), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    bins = np.linspace(0, 1, 26)
+    for ax, name in zip(axes, names):
+        tp, fp = scores[name]["tp"], scores[name]["fp"]
+        ax.hist(tp, bins=bins, color=CLASS_COLORS.get(name, "C0"), alpha=0.85,
+                label=f"true positives ({len(tp)})")
+        ax.hist(fp, bins=bins, histtype="step", color="black", lw=1.5,
+                label=f"false positives ({len(fp)})")
+        for t in thresholds:
+            ax.axvline(t, color="0.4", ls=":", lw=1)
+        ax.set_yscale("log")
+        ax.set(title=name, xlabel="detection score", ylabel="detections (log scale)")
+        ax.legend(fontsize="x-small")
+    where = f", {split}" if split else ""
+    fig.suptitle(f"Scores of true vs false positives (VOC matching at IoU 0.5){where}; "
+                 f"dotted: {', '.join(f'{t:g}' for t in thresholds)}", fontsize=9)
+    return fig
 
 
 # --------------------------------------------------------------------------- boxes

@@ -393,9 +393,8 @@ def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_TH
                                                   out)
     preds = predict_weights(weights_path, split, model_name, root, subset, device,
                             batch_size, progress)
-    flagged = {image_id: "; ".join(why.split(";")[0] for why in details)
-               for image_id, details in images_missing_class(preds.ids, root=root).items()}
-    result = count_cells(preds, score_thresh, set_aside=flagged)
+    result = count_cells(preds, score_thresh,
+                         set_aside=images_missing_class(preds.ids, root=root, brief=True))
     result.info.update(weights=str(weights_path), model=preds.model, subset=subset)
     with warnings.catch_warnings():
         if split != "test":

@@ -87,7 +87,9 @@ class Monitor:
         if self.progress and self.bar is None:
             self.bar = _tqdm_class()(total=self.total, initial=trainer.updater.iteration,
                                      desc="train", unit="it", dynamic_ncols=True,
-                                     mininterval=0.5, file=sys.stdout)
+                                     mininterval=0.5, file=sys.stdout,
+                                     # at most ~200 redraws: a stored notebook keeps each
+                                     miniters=max(1, (self.total or 0) // 200))
 
     def __call__(self, trainer):
         self.iterations_run += 1

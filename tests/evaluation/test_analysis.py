@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from medaidet.data.validate import Issue
-from medaidet.evaluation.analysis import (box_outcomes, detection_scores, images_missing_class,
-                                          missed_by, recall_precision, stage_counts, subset)
+from medaidet.evaluation.analysis import (box_outcomes, detection_scores,
+                                          images_missing_class, missed_by,
+                                          plot_detection_scores, recall_precision,
+                                          stage_counts, subset)
 from medaidet.evaluation.evaluate import Predictions, predict_weights
 from medaidet.ssd.predict import Candidates
 
@@ -59,6 +61,14 @@ def test_detection_scores_split_true_from_false_positives():
     assert len(s["platelets"]["tp"]) == 0
     # above the duplicate's score it is no detection at all
     assert len(detection_scores(preds_of(pred, gt), 0.5)["rbc"]["fp"]) == 0
+    # the figure: one panel per class, each holding its true and its false positives
+    fig = plot_detection_scores(s, thresholds=(0.5,), split="val")
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == ["rbc", "wbc", "platelets"]
+    legend = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert legend == ["true positives (1)", "false positives (1)"]
+    assert sum(p.get_height() for p in axes[0].containers[0]) == 1   # the TP's bar
+    assert "val" in fig._suptitle.get_text() and "0.5" in fig._suptitle.get_text()
 
 
 def staged_image():
@@ -151,6 +161,10 @@ def test_images_set_aside_and_subsets():
 
     flagged = images_missing_class(["img0", "img1", "img2"], report=Report())
     assert flagged == {"img1": ["no rbc box", "no wbc box"]}
+    Report.issues[2] = Issue("img5", None, "missing_class", "warning",
+                             "no rbc box, while 96% of images have one; check it", "")
+    assert images_missing_class(report=Report(), brief=True) == {
+        "img1": "no rbc box; no wbc box", "img5": "no rbc box"}
     assert set(images_missing_class(report=Report())) == {"img1", "img5"}
 
     preds, cands, _ = staged_image()

@@ -48,6 +48,30 @@ def test_the_shipped_detector_scores_on_the_test_split_what_its_record_says(bccd
     for name, value in zip(result.label_names, ap.ap_voc):
         assert value == pytest.approx(record["ap_voc"][name], abs=1e-3), name
     assert ap.map_voc > 0.7        # a working detector, not an untrained one (mAP ~0.002)
+    course = result["course"]
+    assert course.score_thresh == record["course_protocol"]["score_thresh"] == 0.6
+    assert course.map_voc == pytest.approx(record["course_protocol"]["map_voc"], abs=1e-3)
+
+
+@pytest.mark.slow(seconds=40)
+def test_the_recorded_count_errors_are_what_counting_at_the_val_thresholds_gives(bccd_root):
+    from medaidet.evaluation.analysis import images_missing_class
+    from medaidet.evaluation.count import count_cells, threshold_sweep
+    from medaidet.evaluation.evaluate import predict_weights
+
+    counts = _record()["counts"]
+    chosen = counts["thresholds_chosen_on_val"]
+    val = predict_weights(PATH, "val", root=bccd_root, device="cpu", progress=False)
+    assert threshold_sweep(val).best_threshold == chosen       # chosen on val, not on test
+    test = predict_weights(PATH, "test", root=bccd_root, device="cpu", progress=False)
+    flagged = images_missing_class(test.ids, root=bccd_root, brief=True)
+    assert flagged == counts["set_aside"]
+    for l, (name, t) in enumerate(chosen.items()):
+        result = count_cells(test, t, set_aside=flagged)
+        assert result.relative_error[l] == pytest.approx(
+            counts["test_relative_error"][name], abs=1e-3), name
+        assert result.without_set_aside().relative_error[l] == pytest.approx(
+            counts["test_relative_error_without_set_aside"][name], abs=1e-3), name
 
 
 def test_course_weights_per_profile(tmp_path):

@@ -8,7 +8,7 @@ from medaidet.training.config import PROFILES, ConfigError, TrainConfig
 def test_every_profile_builds_a_valid_config():
     for name in PROFILES:
         assert TrainConfig.profile(name).validate() is None
-    with pytest.raises(ConfigError, match="unknown profile 'gpu': use one of smoke, cpu, full"):
+    with pytest.raises(ConfigError, match="unknown profile 'gpu': use one of smoke, cpu, full, cpu-long"):
         TrainConfig.profile("gpu")
 
 
@@ -28,6 +28,10 @@ def test_cpu_profile_is_the_small_ssd_from_random_weights_with_adam():
     config = TrainConfig.profile("cpu")
     assert (config.model, config.pretrained, config.optimizer) == ("ssd_small", None, "adam")
     assert config.device == "cpu"
+    long = TrainConfig.profile("cpu-long")
+    assert long.epochs == 3 * config.epochs and long.lr_steps[0] > config.lr_steps[0]
+    differ = {k for k, v in long.to_dict().items() if config.to_dict()[k] != v}
+    assert differ == {"epochs", "lr_steps", "eval_interval", "snapshot_interval", "out"}
 
 
 @pytest.mark.parametrize("pretrained", ["imagenet", "voc0712"])
