@@ -50,9 +50,9 @@ RBC_NOTE = (
     "and cells cut by the image border or packed in clumps are often left unboxed; where "
     "BCCD has two photographs of the same field, their two RBC annotations disagree in "
     "count (medaidet.data.agreement, notebook 05). A detector that finds unboxed cells is "
-    "scored as over-counting. Platelet and WBC boxes agree between such pairs. A low "
-    "platelet count at a fixed threshold is a confidence problem, not a size one: the "
-    "detector ranks platelets well (high AP) but scores them below 0.5, so choose the "
+    "scored as over-counting. Platelet and WBC boxes agree between such pairs. A class "
+    "with a high AP but a low count at a fixed threshold is found but scored below it (a "
+    "confidence problem: notebook 04 measures whether size plays a part): choose the "
     "threshold per class on val.")
 
 SWEEP_NOTE = (

@@ -112,19 +112,36 @@ class Predictions:
     def __len__(self):
         return len(self.ids)
 
-    def filter(self, score_thresh: float) -> "Predictions":
-        """The detections scoring ``>= score_thresh`` (ground truth unchanged)."""
-        if score_thresh < self.score_thresh:
+    def filter(self, score_thresh) -> "Predictions":
+        """The detections scoring ``>= score_thresh`` (ground truth unchanged).
+
+        ``score_thresh``: one threshold, or one per class as ``{class name: threshold}``
+        (every class named; e.g. the thresholds notebook 05 chooses on val). The result's
+        ``score_thresh`` is the lowest of them.
+        """
+        if isinstance(score_thresh, dict):
+            missing = [n for n in self.label_names if n not in score_thresh]
+            unknown = [n for n in score_thresh if n not in self.label_names]
+            if missing or unknown:
+                raise ValueError(f"score_thresh: per-class thresholds need exactly the classes "
+                                 f"{', '.join(self.label_names)}; missing {missing or 'none'}, "
+                                 f"unknown {unknown or 'none'}")
+            per_class = np.array([float(score_thresh[n]) for n in self.label_names])
+        else:
+            per_class = np.full(len(self.label_names), float(score_thresh))
+        lowest = float(per_class.min())
+        if lowest < self.score_thresh:
             raise ValueError(f"these predictions hold only scores >= {self.score_thresh}; "
-                             f"cannot filter at {score_thresh}: predict again with a lower "
+                             f"cannot filter at {lowest}: predict again with a lower "
                              "score threshold")
-        keep = [s >= score_thresh for s in self.pred_scores]
+        keep = [s >= per_class[np.asarray(lb, dtype=int)]
+                for s, lb in zip(self.pred_scores, self.pred_labels)]
         return Predictions(
             list(self.ids), [b[k] for b, k in zip(self.pred_bboxes, keep)],
             [lb[k] for lb, k in zip(self.pred_labels, keep)],
             [s[k] for s, k in zip(self.pred_scores, keep)],
             self.gt_bboxes, self.gt_labels, self.gt_difficults, self.label_names,
-            max(score_thresh, self.score_thresh), self.split)
+            max(lowest, self.score_thresh), self.split, self.model)
 
 
 def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,

@@ -120,6 +120,17 @@ def test_filter_refuses_below_the_prediction_threshold_and_is_a_filter():
     assert kept.score_thresh == 0.6
     with pytest.raises(ValueError, match="predict again"):
         preds.filter(0.001)
+    # one threshold per class: labels of the four detections are those of the boxes
+    labels = [int(v) for v in gl[0]]
+    per_class = preds.filter({"rbc": 0.01, "wbc": 0.65, "platelets": 0.6})
+    thresholds = {0: 0.01, 1: 0.65, 2: 0.6}
+    expected = [s for s, lb in zip([0.05, 0.7, 0.6, 0.59], labels) if s >= thresholds[lb]]
+    np.testing.assert_allclose(per_class.pred_scores[0], expected, rtol=1e-6)
+    assert per_class.score_thresh == 0.01
+    with pytest.raises(ValueError, match="missing \\['platelets'\\], unknown \\['plt'\\]"):
+        preds.filter({"rbc": 0.5, "wbc": 0.5, "plt": 0.5})
+    with pytest.raises(ValueError, match="predict again"):
+        preds.filter({"rbc": 0.001, "wbc": 0.5, "platelets": 0.5})
 
 
 def test_table_json_and_figure():
