@@ -17,41 +17,40 @@ import json
 import warnings
 from pathlib import Path
 
-import numpy as np
-
 import medaidet  # noqa: F401  (runtime settings before chainer)
 from medaidet.data.bccd import AnnotationWarning
-from medaidet.evaluation.analysis import images_missing_class, subset
+from medaidet.evaluation.analysis import images_missing_class
 from medaidet.evaluation.count import count_cells, threshold_sweep
 from medaidet.evaluation.evaluate import evaluate, predict_weights
+from medaidet.numbers import finite_or_none
 
 
-def count_error(preds, thresholds: dict) -> dict:
-    """sum|pred - annotated| / sum annotated per class, at one threshold per class."""
-    out = {}
+def count_errors(preds, thresholds: dict, set_aside: dict) -> tuple:
+    """Per class, the relative count error (sum |predicted - annotated| / sum annotated) at
+    the class's threshold: on all images, and without the images in ``set_aside``."""
+    everything, kept = {}, {}
     for l, name in enumerate(preds.label_names):
-        c = count_cells(preds, thresholds[name])
-        total = c.annotated[:, l].sum()
-        out[name] = float(np.abs(c.error[:, l]).sum() / total) if total else None
-    return out
+        result = count_cells(preds, thresholds[name], set_aside=set_aside)
+        everything[name] = finite_or_none(result.relative_error[l])
+        kept[name] = finite_or_none(result.without_set_aside().relative_error[l])
+    return everything, kept
 
 
 def measure(weights: Path, splits) -> dict:
     preds = {s: predict_weights(weights, s, progress=False) for s in splits}
     chosen = threshold_sweep(preds["val"]).best_threshold
-    flagged = images_missing_class()
+    flagged = images_missing_class(brief=True)
     result = {"weights": str(weights), "count_thresholds_chosen_on_val": chosen}
     for s, p in preds.items():
         ev = evaluate(p)
-        kept = subset(p, flagged)
+        everything, kept = count_errors(p, chosen, flagged)
         result[s] = {
             "n_images": len(p), "ids": list(p.ids),
             "map": ev["evaluate"].map_voc, "map_course": ev["course"].map_voc,
             "ap": dict(zip(p.label_names, map(float, ev["evaluate"].ap_voc))),
             "ap_course": dict(zip(p.label_names, map(float, ev["course"].ap_voc))),
-            "count_error": count_error(p, chosen),
-            "count_error_unflagged": count_error(kept, chosen),
-            "n_unflagged": len(kept),
+            "count_error": everything, "count_error_unflagged": kept,
+            "n_unflagged": len([i for i in p.ids if i not in flagged]),
         }
     return result
 

@@ -110,8 +110,9 @@ class TrainConfig:
     def profile(cls, name: str, **overrides) -> "TrainConfig":
         """The settings of :data:`PROFILES` ``name``, then ``overrides``. ``'full'``: the
         recipe. ``'cpu'``: the small SSD from random weights with Adam, 39 epochs of batch 4
-        on a CPU; ``'cpu-long'`` the same for three times as long. ``'smoke'``: random init, 4 training images, batch 2, 4 iterations,
-        evaluation on 2 validation images at the end, no worker processes."""
+        on a CPU; ``'cpu-long'``: the same for three times as long. ``'smoke'``: random
+        init, 4 training images, batch 2, 4 iterations, evaluation on 2 validation images at
+        the end, no worker processes."""
         if name not in PROFILES:
             raise ConfigError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
         return cls.from_dict({**PROFILES[name], **overrides})
