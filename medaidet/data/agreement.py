@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from medaidet.data.bccd import BCCD_LABEL_NAMES, annotation_path, parse_annotation
+from medaidet.data.bccd import (BCCD_LABEL_NAMES, annotation_path, image_path,
+                                parse_annotation, read_image_size)
 from medaidet.data.download import resolve_root
 
 __all__ = ["PairCounts", "pair_counts", "count_agreement"]
@@ -31,9 +32,9 @@ __all__ = ["PairCounts", "pair_counts", "count_agreement"]
 
 @dataclass(frozen=True)
 class PairCounts:
-    """Boxes per class on the shared part of one same-field pair: ``a`` and ``b`` are
-    int arrays (one count per class), ``region`` the shared rectangle in ``a``'s pixels
-    ``(x_min, y_min, x_max, y_max)``."""
+    """Boxes per class on the shared part of one same-field pair: ``a`` and ``b`` are the
+    image ids, ``counts_a`` and ``counts_b`` int arrays (one count per class), ``region``
+    the shared rectangle in ``a``'s pixels ``(x_min, y_min, x_max, y_max)``."""
     a: str
     b: str
     splits_a: tuple
@@ -44,12 +45,14 @@ class PairCounts:
 
 
 def _boxes(root, image_id):
-    """(centres (N, 2) as x, y; labels (N,); (height, width)) of an annotation's usable boxes."""
+    """(centres (N, 2) as x, y; labels (N,); (height, width)) of an annotation's usable
+    boxes; the size from the image's header when the annotation has none."""
     ann = parse_annotation(annotation_path(root, image_id))
+    size = ann.size or read_image_size(image_path(root, image_id), image_id)
     objs = [o for o in ann.objects if o.bndbox is not None and o.label is not None]
     centres = np.array([((o.bndbox[0] + o.bndbox[2]) / 2, (o.bndbox[1] + o.bndbox[3]) / 2)
                         for o in objs], dtype=float).reshape(-1, 2)
-    return centres, np.array([o.label for o in objs], dtype=int), ann.size
+    return centres, np.array([o.label for o in objs], dtype=int), size
 
 
 def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES) -> list:

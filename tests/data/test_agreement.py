@@ -58,3 +58,22 @@ def test_flagged_images_are_left_out_and_an_empty_class_gives_none(bccd_root, re
     image = "BloodImage_00230"
     pair = ImagePair(image, image, (), (), 0, 0, 1.0, 1.0)
     assert count_agreement(pair_counts(bccd_root, [pair]))["platelets"]["relative_error"] is None
+
+
+def test_an_annotation_without_size_takes_it_from_the_image(bccd_root, tmp_path):
+    import re
+    import shutil
+
+    image = "BloodImage_00037"
+    (tmp_path / "Annotations").mkdir()
+    (tmp_path / "JPEGImages").mkdir()
+    xml = annotation_path(bccd_root, image).read_text()
+    (tmp_path / "Annotations" / f"{image}.xml").write_text(
+        re.sub(r"<size>.*?</size>", "", xml, flags=re.S))
+    shutil.copy(bccd_root / "JPEGImages" / f"{image}.jpg", tmp_path / "JPEGImages")
+    assert parse_annotation(tmp_path / "Annotations" / f"{image}.xml").size is None
+    pair = ImagePair(image, image, (), (), 0, 0, 1.0, 1.0)
+    [row] = pair_counts(tmp_path, [pair], margin=100)
+    assert row.region == (100, 100, 540, 380)           # 640 x 480 read from the JPEG
+    [reference] = pair_counts(bccd_root, [pair], margin=100)
+    assert row.counts_a.tolist() == reference.counts_a.tolist()
