@@ -348,7 +348,8 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
             default: ``n`` images, the first ones or the first by ``sort_by``.
         label_names: default ``predictions.label_names``.
         score_thresh: detections scoring at least this are drawn (from 0.01, what
-            predictions hold, to 1).
+            predictions hold, to 1); or one per class, ``{class name: threshold}`` (as
+            :meth:`~medaidet.evaluation.evaluate.Predictions.filter` takes them).
         class_filter: a class name or index (e.g. ``"platelets"``): only that class.
         dataset: the images: anything with ``(img, ...)`` items (float32 (3, H, W) RGB
             0-255); with an ``ids`` attribute images are looked up by id. Default:
@@ -363,6 +364,11 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
     from matplotlib.figure import Figure
 
     label_names = tuple(label_names or predictions.label_names)
+    at = f"score >= {score_thresh:g}" if not isinstance(score_thresh, dict) else (
+        "scores >= " + ", ".join(f"{n} {t:g}" for n, t in score_thresh.items()))
+    if isinstance(score_thresh, dict):
+        predictions = predictions.filter(score_thresh)
+        score_thresh = predictions.score_thresh
     if score_thresh < predictions.score_thresh:
         raise ValueError(f"score_thresh: {score_thresh} is below {predictions.score_thresh:g}, "
                          "the lowest score the predictions hold")
@@ -418,7 +424,7 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
     for ax in axes[len(indices):]:
         ax.set_axis_off()
     what = "" if only is None else f"{label_names[only]} only; "
-    fig.suptitle(f"Detections at score >= {score_thresh:g} vs ground truth "
+    fig.suptitle(f"Detections at {at} vs ground truth "
                  f"({what}{predictions.split or 'split'}, IoU >= {iou_thresh:g}); "
                  "titles: predicted/annotated per class")
     fig.legend(handles=_legend_handles(totals), loc="outside lower center", ncols=3,

@@ -257,6 +257,20 @@ def test_plot_detections_grid_and_class_filter(test_split):
     assert [n_missed[i] for i in shown] == sorted(n_missed.values(), reverse=True)[:2]
 
 
+def test_plot_detections_takes_a_threshold_per_class(test_split):
+    preds = known_predictions(test_split, 2)
+    low = plot_detections(preds, n=2, dataset=test_split, score_thresh=0.1)
+    per_class = plot_detections(preds, n=2, dataset=test_split,
+                                score_thresh={"rbc": 0.1, "wbc": 1.0, "platelets": 0.5})
+    assert "scores >= rbc 0.1, wbc 1, platelets 0.5" in per_class.get_suptitle()
+    for ax_low, ax, gt in zip([a for a in low.axes if a.images],
+                              [a for a in per_class.axes if a.images], preds.gt_labels):
+        n_wbc, n_plt = int((gt == WBC).sum()), int((gt == PLT).sum())
+        # no white cell reaches 1.0: each is missed; the red cells are drawn as at 0.1
+        assert styled(ax) == {"tp": styled(ax_low)["tp"] - n_wbc, "fp": styled(ax_low)["fp"],
+                              "missed": n_plt + n_wbc}
+
+
 def test_plot_detections_refuses_bad_arguments(test_split):
     preds = known_predictions(test_split, 2)
     with pytest.raises(ValueError, match="not a class"):
