@@ -34,12 +34,18 @@ class Ranks:
     batch_size: int
 
     @classmethod
+    def one_process(cls, config: TrainConfig) -> "Ranks":
+        """One process on ``config.device`` (resolved: ``auto`` is the GPU when one is
+        usable), with the config's whole batch."""
+        return cls(None, resolve_device(config.device), config.batch_size)
+
+    @classmethod
     def for_config(cls, config: TrainConfig) -> "Ranks":
         """One process, or (``config.communicator`` set) this rank of a ChainerMN run: the
         communicator is created now (its errors name MPI or NCCL problems), each rank
         takes its own GPU, and the batch is split evenly over the ranks."""
         if config.communicator is None:
-            return cls(None, resolve_device(config.device), config.batch_size)
+            return cls.one_process(config)
         spec = distributed.communicator_spec(config.communicator)
         wanted = parse_device(config.device)
         if wanted == "auto":

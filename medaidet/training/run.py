@@ -34,7 +34,7 @@ from medaidet.data.download import resolve_root
 from medaidet.files import write_files
 from medaidet.ssd import PRETRAINED
 from medaidet.ssd.model import save_weights
-from medaidet.training import recipe
+from medaidet.training.recipe import Recipe
 from medaidet.training.config import WEIGHTS_NAME, ConfigError, TrainConfig
 from medaidet.training.divergence import stop_on_divergence
 from medaidet.training.extensions import write_plots
@@ -84,7 +84,7 @@ def initial_weights(config: TrainConfig) -> dict:
                           "seed the initial weights are not reproducible")
     seed_everything(config.seed, deterministic=config.deterministic)
     serializer = chainer.serializers.DictionarySerializer()
-    serializer.save(recipe.make_model(config))
+    serializer.save(Recipe(config).model())
     return dict(serializer.target)
 
 
@@ -128,17 +128,11 @@ def _run(config: TrainConfig, ranks: Ranks, resume, progress: bool, log) -> Trai
                                   config.deterministic, n_processes_for(config))
         log(f"train: {seeding.table()}")
 
-    model = recipe.make_model(config)
+    built = Recipe(config, ranks).build(log, progress)
+    model, data, iterators = built.model, built.data, built.iterators
+    updater, trainer, extensions = built.updater, built.trainer, built.extensions
     if model.weights_report is not None:
         log(f"train: {model.weights_report.summary()}")
-    train_chain = recipe.make_train_chain(model, config, ranks)
-    data = recipe.make_datasets(config, model, ranks)
-    iterators = recipe.make_iterators(data, config, ranks, log)
-    optimizer = recipe.make_optimizer(train_chain, config, ranks)
-    updater = recipe.make_updater(iterators.train, optimizer, config, ranks)
-    trainer = recipe.make_trainer(updater, config, len(data.images))
-    extensions = recipe.add_extensions(trainer, model, iterators.val, config, ranks,
-                                       len(data.images), progress)
     if not ranks.keeps_snapshots:
         log("train: no trainer snapshot in a multi-process run (resume is not supported "
             "there); the weights are saved at the end")

@@ -21,8 +21,8 @@ def no_model(monkeypatch):
     must come before it."""
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the arguments were checked")
-    monkeypatch.setattr("medaidet.training.recipe.make_model", refuse)
-    monkeypatch.setattr("medaidet.training.recipe.make_datasets", refuse)
+    monkeypatch.setattr("medaidet.training.recipe.Recipe.model", refuse)
+    monkeypatch.setattr("medaidet.training.recipe.Recipe.datasets", refuse)
 
 
 def _error_line(capsys) -> str:
