@@ -1,10 +1,11 @@
-"""Multi-process training with ChainerMN: which communicator, how to launch, what to check.
+"""Multi-process training with ChainerMN: which communicator, is MPI usable, how to launch.
 
 ``mpiexec -n N python -m medaidet train --communicator naive`` starts N copies of the
 trainer; each copy ("rank") trains on its own share of the images, and ChainerMN's
 multi-node optimizer averages the gradients over the ranks after every backward pass,
-so all ranks hold the same weights. This module is the glue the trainer and the
-notebooks use for that:
+so all ranks hold the same weights. What each rank does differently in a run (its device,
+seed, share, and the check that all ranks agree) is
+:class:`medaidet.training.ranks.Ranks`'s; this module is what comes before a run:
 
 * :data:`COMMUNICATORS` and :func:`create_communicator`: the names ChainerMN 7 accepts,
   checked before MPI or NCCL is touched, so a wrong name or a GPU communicator on a
@@ -12,18 +13,13 @@ notebooks use for that:
 * :func:`mpi_info` / :func:`mpi_problem`: can MPI be used here at all (mpi4py, the MPI
   library it loads, ``mpiexec``); the doctor's ``mpi`` line;
 * :func:`launched_by_mpi`, :func:`mpiexec_command`, :func:`launch`: start N ranks from
-  Python (a notebook) with the flags Open MPI needs in containers and on small machines;
-* :func:`is_root`, :func:`rank_device`, :func:`rank_seed`, :func:`per_rank_batchsize`,
-  :func:`scatter_dataset`, :func:`abort_on_error`, :func:`check_ranks_agree`: what the
-  trainer needs around ChainerMN's own calls.
+  Python (a notebook) with the flags Open MPI needs in containers and on small machines.
 
 Nothing here imports chainer, chainermn or ``mpi4py.MPI`` at import time: importing
 ``mpi4py.MPI`` initialises MPI, and the doctor must be able to describe a machine where
 any of them is missing or broken.
 """
-import contextlib
 import ctypes
-import hashlib
 import json
 import os
 import re
@@ -34,7 +30,6 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +42,9 @@ __all__ = [
     "INSTALL_MPI",
     "DistributedError", "MPIUnavailableError", "UnknownCommunicatorError",
     "CommunicatorDeviceError", "DistributedConfigError", "LaunchError", "LaunchTimeoutError",
-    "RanksDivergedError",
     "MpiInfo", "mpi_info", "mpi_problem", "launched_by_mpi", "launch_env",
     "communicator_spec", "create_communicator", "cuda_aware_mpi",
     "mpiexec_command", "launch", "cpu_slots",
-    "is_root", "rank_device", "rank_seed", "per_rank_batchsize", "scatter_dataset",
-    "abort_on_error", "param_digest", "gather_digests", "check_ranks_agree",
 ]
 
 
@@ -126,8 +118,8 @@ class CommunicatorDeviceError(DistributedError, ValueError):
 
 
 class DistributedConfigError(DistributedError, ValueError):
-    """A setting that does not fit the number of ranks (batch size, dataset size,
-    GPUs per host)."""
+    """A setting that does not fit the number of ranks (the number itself, batch size,
+    dataset size, GPUs per host)."""
 
 
 class LaunchError(DistributedError, RuntimeError):
@@ -145,15 +137,6 @@ class LaunchError(DistributedError, RuntimeError):
 
 class LaunchTimeoutError(LaunchError):
     """``mpiexec`` ran past its timeout and was stopped."""
-
-
-class RanksDivergedError(DistributedError, RuntimeError):
-    """The ranks' parameters differ after training. Attribute ``digests``: the sha256
-    of each rank's parameters, by rank."""
-
-    def __init__(self, message, digests):
-        super().__init__(message)
-        self.digests = digests
 
 
 # --------------------------------------------------------------------------- is MPI usable
@@ -619,157 +602,3 @@ def launch(n: int, argv, python=sys.executable, oversubscribe=None, timeout=3600
                           f"{len(tail)} lines:\n{last}{_hint(output)}",
                           cmd, proc.returncode, output, last)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout=output)
-
-
-# --------------------------------------------------------------------------- trainer helpers
-
-def is_root(comm) -> bool:
-    """True on rank 0, and without a communicator: the rank that writes logs, plots,
-    snapshots and the summary (every rank writing the same files corrupts them)."""
-    return comm is None or comm.rank == 0
-
-
-def rank_device(comm, device="gpu"):
-    """The device this rank trains on, as the trainer's device spec: 'cpu' stays
-    'cpu'; 'gpu'/'auto' (and '@cupy') become GPU ``comm.intra_rank`` -- the ranks on
-    one host take one GPU each. A fixed GPU number is kept only with one rank per host.
-    Raises :class:`DistributedConfigError` when a host runs more ranks than it has GPUs.
-    """
-    text = str(device).strip().lower()
-    if text in ("cpu", "@numpy") or (text.lstrip("-").isdigit() and int(text) < 0):
-        return "cpu"
-    cuda_ok, count = _gpu_count()
-    if text == "auto" and not cuda_ok:
-        return "cpu"
-    if text in ("gpu", "auto", "@cupy"):
-        gpu = comm.intra_rank
-    elif text.isdigit() or (text.startswith("@cupy:") and text[6:].isdigit()):
-        gpu = int(text.rsplit(":", 1)[-1])
-        if comm.intra_size > 1:
-            raise DistributedConfigError(
-                f"device {device!r} puts all {comm.intra_size} ranks of this host on one GPU: "
-                f"use --device gpu (each rank takes GPU <its rank on the host>)")
-        return gpu
-    else:
-        raise DistributedConfigError(f"device must be 'cpu', 'gpu', 'auto' or a GPU number, "
-                                     f"got {device!r}")
-    if cuda_ok and gpu >= count:
-        raise DistributedConfigError(
-            f"rank {comm.rank} is process {comm.intra_rank} on its host, which has only "
-            f"{count} GPU(s): start at most {count} ranks per host (mpiexec -n {count}, or "
-            f"--npernode {count} on several hosts)")
-    return gpu
-
-
-def _gpu_count() -> tuple:
-    try:
-        from chainer.backends import cuda
-        if not cuda.available:
-            return False, 0
-        return True, cuda.cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no chainer/CuPy or no driver: the trainer's device check says why
-        return False, 0
-
-
-def rank_seed(seed, comm):
-    """``seed + rank`` (``None`` stays ``None``): each rank draws its own shuffling and
-    augmentation stream. The initial weights need not match: the multi-node optimizer
-    broadcasts rank 0's before the first update."""
-    if seed is None or comm is None:
-        return seed
-    return int(seed) + comm.rank
-
-
-def per_rank_batchsize(batchsize: int, n_ranks: int) -> int:
-    """The per-rank batch size for a total ``batchsize`` (as ChainerCV's
-    ``train_multi.py``: the recipe's batch size and learning rate stay the same whatever
-    the number of ranks). :class:`DistributedConfigError` unless it divides evenly."""
-    if n_ranks < 1 or batchsize < n_ranks or batchsize % n_ranks:
-        lower = max(n_ranks, batchsize // n_ranks * n_ranks)
-        raise DistributedConfigError(
-            f"batch size {batchsize} (the total over all ranks) cannot be split evenly over "
-            f"{n_ranks} ranks: use a multiple of {n_ranks}, e.g. {lower} or {lower + n_ranks}")
-    return batchsize // n_ranks
-
-
-def scatter_dataset(dataset, comm, seed=0, shuffle=True):
-    """This rank's share of ``dataset`` (``chainermn.scatter_dataset``: rank 0's copy is
-    shuffled with ``seed``, split into equal parts and sent; other ranks may pass
-    ``None``). Scatter the plain dataset before wrapping it in transforms: the object
-    is pickled to every rank. :class:`DistributedConfigError` when there are fewer
-    samples than ranks (a rank would get an empty share)."""
-    import chainermn
-    size = len(dataset) if comm.rank == 0 else None
-    size = comm.bcast_obj(size)
-    if size < comm.size:
-        raise DistributedConfigError(
-            f"the dataset has {size} samples for {comm.size} ranks: every rank needs at "
-            f"least one; use more images or fewer ranks")
-    return chainermn.scatter_dataset(dataset if comm.rank == 0 else None, comm,
-                                     shuffle=shuffle, seed=seed)
-
-
-@contextlib.contextmanager
-def abort_on_error(comm, exit_code=1):
-    """Stop every rank when this one fails. An exception (or ``sys.exit`` with a
-    non-zero code) on one rank otherwise leaves the others waiting in the next
-    allreduce, and the failing rank itself hangs in MPI_Finalize at exit: the job never
-    ends. Inside this block, the error is printed (with the rank) and
-    ``MPI_Abort(exit_code)`` ends the whole job. With one rank (or no communicator) the
-    error propagates as usual."""
-    try:
-        yield
-    except BaseException as exc:
-        if comm is None or comm.size <= 1:
-            raise
-        if isinstance(exc, SystemExit) and exc.code in (None, 0):
-            raise
-        if isinstance(exc, MedaidetError):
-            text = f"medaidet: error: {exc}\n"
-        else:
-            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        sys.stdout.flush()
-        sys.stderr.write(f"[rank {comm.rank}/{comm.size}] {text}"
-                         f"[rank {comm.rank}/{comm.size}] aborting all ranks\n")
-        sys.stderr.flush()
-        comm.mpi_comm.Abort(exit_code)
-        raise  # not reached: MPI_Abort ends the process
-
-
-def param_digest(link) -> str:
-    """sha256 of a link's parameters (names, dtypes, shapes and values, in name order),
-    moved to the host first: equal digests mean bit-identical weights."""
-    import numpy as np
-    from chainer.backends import cuda
-    h = hashlib.sha256()
-    for name, param in sorted(link.namedparams()):
-        h.update(name.encode())
-        if param.array is None:
-            h.update(b"uninitialized")
-            continue
-        array = np.ascontiguousarray(cuda.to_cpu(param.array))
-        h.update(f"{array.dtype.str}{array.shape}".encode())
-        h.update(array.tobytes())
-    return h.hexdigest()
-
-
-def gather_digests(comm, digest: str) -> list:
-    """Every rank's ``digest``, by rank, on every rank (gathered to rank 0, then
-    broadcast, so all ranks can act on the comparison together)."""
-    return comm.bcast_obj(comm.gather_obj(digest))
-
-
-def check_ranks_agree(comm, link, what="parameters") -> str:
-    """The digest of ``link``'s parameters when all ranks hold the same ones;
-    :class:`RanksDivergedError` on every rank when they do not. A collective call:
-    every rank must reach it (at the end of training)."""
-    digests = gather_digests(comm, param_digest(link))
-    odd = [rank for rank, d in enumerate(digests) if d != digests[0]]
-    if odd:
-        listed = ", ".join(f"rank {r}: {d[:12]}" for r, d in enumerate(digests))
-        raise RanksDivergedError(
-            f"the {what} differ across ranks after training (ranks {odd} differ from rank "
-            f"0; sha256 {listed}): every rank must train with the optimizer from "
-            f"chainermn.create_multi_node_optimizer and take the same number of updates "
-            f"(equal shares from scatter_dataset, the same iteration count)", digests)
-    return digests[0]

@@ -1,5 +1,6 @@
-"""Tests for medaidet.scaling.distributed: real 2-rank ChainerMN runs on the CPU (Open MPI via
-mpi4py, communicator 'naive'), the named errors, the mpiexec command line and launch().
+"""Tests for medaidet.scaling.distributed and the ranks of a run (medaidet.training.ranks): real
+2-rank ChainerMN runs on the CPU (Open MPI via mpi4py, communicator 'naive'), the named errors,
+the mpiexec command line and launch().
 
 The MPI runs skip only when mpiexec/mpi4py/libmpi are missing, and never in CI: '.[test]'
 brings Open MPI and mpi4py from PyPI, and .ci/run exports CI_REQUIRE_MPI=1, which turns the
@@ -23,7 +24,9 @@ from medaidet.env import doctor
 from medaidet.scaling.distributed import (COMMUNICATORS, GPU_COMMUNICATORS, CommunicatorDeviceError,
                                   DistributedConfigError, LaunchError, LaunchTimeoutError,
                                   MPIUnavailableError, UnknownCommunicatorError)
+from medaidet.device import DeviceError
 from medaidet.errors import MedaidetError
+from medaidet.training.ranks import Ranks, param_digest, per_rank_batchsize, rank_device
 from conftest import run_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,19 +121,22 @@ import chainermn
 from chainercv.extensions import DetectionVOCEvaluator
 from medaidet.scaling import distributed as dist
 from medaidet.ssd.loss import multibox_loss
+from medaidet.scaling.distributed import DistributedConfigError
+from medaidet.training.ranks import Ranks, RanksDivergedError, per_rank_batchsize
 
 comm = dist.create_communicator("naive", "cpu")
+ranks = Ranks(comm, chainer.get_device("@numpy"), 8)
 out = {"rank": comm.rank, "size": comm.size, "intra_rank": comm.intra_rank,
-       "root": dist.is_root(comm), "launched": dist.launched_by_mpi(),
+       "root": ranks.is_root, "launched": dist.launched_by_mpi(),
        "cuda_aware": dist.cuda_aware_mpi()}
-np.random.seed(dist.rank_seed(0, comm))  # different streams; weights come from rank 0
+np.random.seed(ranks.seed(0))  # different streams; weights come from rank 0
 
 rng = np.random.RandomState(0)
 x = rng.rand(64, 4).astype(np.float32)
 y = (x.sum(axis=1) > 2).astype(np.int32)
 ids = np.arange(64, dtype=np.int32)
 data = chainer.datasets.TupleDataset(x, y, ids) if comm.rank == 0 else None
-share = dist.scatter_dataset(data, comm, seed=0)
+share = ranks.share(data, seed=0)
 out["share"] = sorted(int(s[2]) for s in share)
 
 class Net(chainer.Chain):
@@ -144,7 +150,7 @@ class Net(chainer.Chain):
 model = Net()
 optimizer = chainermn.create_multi_node_optimizer(chainer.optimizers.MomentumSGD(0.1), comm)
 optimizer.setup(model)
-batch = dist.per_rank_batchsize(16, comm.size)
+batch = per_rank_batchsize(16, comm.size)
 it = chainer.iterators.SerialIterator(share, batch, shuffle=True)
 updater = chainer.training.StandardUpdater(it, optimizer, loss_func=model)
 trainer = chainer.training.Trainer(updater, (6, "iteration"), out="result")
@@ -162,7 +168,7 @@ trainer.extend(DetectionVOCEvaluator(val_iter, Detector(), comm=comm), trigger=(
 trainer.run()
 out["map"] = trainer.observation.get("validation/main/map")
 out["map"] = None if out["map"] is None else float(out["map"])
-out["digest"] = dist.check_ranks_agree(comm, model)
+out["digest"] = ranks.agreed_digests(model)[0]
 
 # the safe loss with comm: 1 positive on rank 0, 3 on rank 1 -> normaliser (1 + 3) / 2
 n_pos = 1 + 2 * comm.rank
@@ -176,14 +182,14 @@ out["loc_loss"] = float(loc.array)
 if comm.rank == 1:
     model.fc.W.array[0, 0] += 1
 try:
-    dist.check_ranks_agree(comm, model)
-except dist.RanksDivergedError as exc:
+    ranks.agreed_digests(model)
+except RanksDivergedError as exc:
     out["diverged"] = str(exc)
     out["diverged_digests"] = exc.digests
 
 try:
-    dist.scatter_dataset([1] if comm.rank == 0 else None, comm)
-except dist.DistributedConfigError as exc:
+    ranks.share([1] if comm.rank == 0 else None, seed=0)
+except DistributedConfigError as exc:
     out["too_small"] = str(exc)
 
 try:
@@ -224,8 +230,9 @@ ABORT_2_RANKS = r'''
 import numpy as np
 from medaidet.scaling import distributed as dist
 from medaidet.errors import MedaidetError
+from medaidet.training.ranks import Ranks
 comm = dist.create_communicator("naive")
-with dist.abort_on_error(comm):
+with Ranks(comm, None, 1).abort_on_error():
     if comm.rank == 1:
         raise MedaidetError("annotation 7 of BloodImage_00001.xml is broken (test)")
     comm.allreduce(np.ones(3, np.float32))  # rank 0 would wait here forever
@@ -484,42 +491,47 @@ def fake_comm(rank=0, size=1, intra_rank=None, intra_size=None):
                            intra_size=size if intra_size is None else intra_size)
 
 
+def ranks_of(comm):
+    return Ranks(comm, None, 1)
+
+
 def test_is_root_and_rank_seed():
-    assert dist.is_root(None) and dist.is_root(fake_comm(0, 2))
-    assert not dist.is_root(fake_comm(1, 2))
-    assert dist.rank_seed(7, fake_comm(3, 4)) == 10
-    assert dist.rank_seed(None, fake_comm(3, 4)) is None
-    assert dist.rank_seed(7, None) == 7
+    assert ranks_of(None).is_root and ranks_of(fake_comm(0, 2)).is_root
+    assert not ranks_of(fake_comm(1, 2)).is_root
+    assert ranks_of(fake_comm(3, 4)).seed(7) == 10
+    assert ranks_of(fake_comm(3, 4)).seed(None) is None
+    assert ranks_of(None).seed(7) == 7
 
 
 @pytest.mark.parametrize("total,ranks,per_rank", [(32, 4, 8), (2, 2, 1), (5, 1, 5)])
 def test_per_rank_batchsize(total, ranks, per_rank):
-    assert dist.per_rank_batchsize(total, ranks) == per_rank
+    assert per_rank_batchsize(total, ranks) == per_rank
 
 
 @pytest.mark.parametrize("total,ranks,suggest", [(30, 4, "28 or 32"), (1, 2, "2 or 4")])
 def test_per_rank_batchsize_that_does_not_split(total, ranks, suggest):
     with pytest.raises(DistributedConfigError) as info:
-        dist.per_rank_batchsize(total, ranks)
+        per_rank_batchsize(total, ranks)
     assert f"batch size {total}" in str(info.value) and f"over {ranks} ranks" in str(info.value)
     assert suggest in str(info.value)
 
 
 def test_rank_device(monkeypatch):
-    monkeypatch.setattr(dist, "_gpu_count", lambda: (False, 0))
+    """The rank's device is read by medaidet.device's one parser and GPU count."""
+    monkeypatch.setattr("medaidet.training.ranks.gpu_status", lambda: (0, "no CUDA"))
     comm = fake_comm(3, 4, intra_rank=1, intra_size=2)
-    assert dist.rank_device(comm, "cpu") == "cpu" and dist.rank_device(comm, -1) == "cpu"
-    assert dist.rank_device(comm, "auto") == "cpu"
-    assert dist.rank_device(comm, "gpu") == 1  # the trainer then says CUDA is missing
+    assert rank_device(comm, "cpu") == "cpu" and rank_device(comm, -1) == "cpu"
+    assert rank_device(comm, "auto") == "cpu"
+    assert rank_device(comm, "gpu") == 1  # the trainer then says CUDA is missing
     with pytest.raises(DistributedConfigError, match="--device gpu"):
-        dist.rank_device(comm, 0)
-    assert dist.rank_device(fake_comm(0, 1), "@cupy:2") == 2
-    monkeypatch.setattr(dist, "_gpu_count", lambda: (True, 1))
-    assert dist.rank_device(fake_comm(0, 2, 0, 2), "auto") == 0
+        rank_device(comm, 0)
+    assert rank_device(fake_comm(0, 1), "@cupy:2") == 2
+    monkeypatch.setattr("medaidet.training.ranks.gpu_status", lambda: (1, ""))
+    assert rank_device(fake_comm(0, 2, 0, 2), "auto") == 0
     with pytest.raises(DistributedConfigError, match=r"only 1 GPU\(s\).*mpiexec -n 1"):
-        dist.rank_device(comm, "gpu")
-    with pytest.raises(DistributedConfigError, match="'cpu', 'gpu', 'auto'"):
-        dist.rank_device(comm, "tpu")
+        rank_device(comm, "gpu")
+    with pytest.raises(DeviceError, match="'tpu' is not a device; expected auto, cpu, gpu"):
+        rank_device(comm, "tpu")
 
 
 def test_param_digest():
@@ -528,18 +540,18 @@ def test_param_digest():
     a, b = L.Linear(3, 2), L.Linear(3, 2)
     b.W.array[...] = a.W.array
     b.b.array[...] = a.b.array
-    assert dist.param_digest(a) == dist.param_digest(b)
+    assert param_digest(a) == param_digest(b)
     b.W.array[0, 0] = np.nextafter(b.W.array[0, 0], np.float32(np.inf))
-    assert dist.param_digest(a) != dist.param_digest(b)
-    assert dist.param_digest(L.Linear(None, 2)) != dist.param_digest(L.Linear(3, 2))
+    assert param_digest(a) != param_digest(b)
+    assert param_digest(L.Linear(None, 2)) != param_digest(L.Linear(3, 2))
 
 
 def test_abort_on_error_without_ranks_reraises():
     with pytest.raises(KeyError):
-        with dist.abort_on_error(None):
+        with ranks_of(None).abort_on_error():
             raise KeyError("x")
     with pytest.raises(ValueError):
-        with dist.abort_on_error(fake_comm(0, 1)):
+        with ranks_of(fake_comm(0, 1)).abort_on_error():
             raise ValueError("x")
 
 
