@@ -27,7 +27,8 @@ import medaidet  # noqa: F401  (runtime compat settings)
 from medaidet.data.bccd import BCCDDataset
 from medaidet.scaling.accumulation import AccumulatingUpdater
 from medaidet.scaling.batch_size import PeakMemory
-from medaidet.ssd.model import build_ssd, materialize
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.weight_files import materialize
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform
 

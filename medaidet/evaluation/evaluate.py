@@ -41,7 +41,7 @@ from medaidet.files import png_bytes, write_files
 from medaidet.evaluation.protocol import (COURSE_PUBLISHED, EVALUATE_SCORE_THRESH, IOU_THRESH,
                                           PROTOCOLS)
 from medaidet.numbers import finite_or_none
-from medaidet.ssd.model import WeightsNotFoundError
+from medaidet.ssd.weight_files import WeightsNotFoundError
 from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
 
 __all__ = [
@@ -422,7 +422,8 @@ def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVIC
     :func:`~medaidet.ssd.model.model_of_weights`) for BCCD's 3 classes, load the trained
     weights, move it to ``device``. ``model.name`` is the model's name."""
     from medaidet.data.bccd import BCCD_LABEL_NAMES
-    from medaidet.ssd.model import build_ssd, load_weights, model_of_weights
+    from medaidet.ssd.model import build_ssd, model_of_weights
+    from medaidet.ssd.weight_files import load_weights
 
     path = Path(os.fspath(weights_path))
     if not path.is_file():
@@ -442,11 +443,11 @@ def course_weights(profile: str, run_dir) -> tuple:
 
     * ``'full'``: what notebook 03 trained, ``<run_dir>/full/model.npz`` (it must exist).
     * ``'cpu'``: ``<run_dir>/cpu/model.npz`` when notebook 03 trained it, else the small
-      SSD's weights that ship with medaidet (:func:`~medaidet.ssd.model.shipped_weights`).
+      SSD's weights that ship with medaidet (:func:`~medaidet.ssd.pretrained.shipped_weights`).
     * ``'smoke'``: the shipped weights: the smoke run's model saw 4 images for 4 iterations
       and has nothing to show.
     """
-    from medaidet.ssd.model import shipped_weights
+    from medaidet.ssd.pretrained import shipped_weights
 
     fresh = Path(os.fspath(run_dir)) / profile / "model.npz"
     if profile == "full" or (profile == "cpu" and fresh.is_file()):

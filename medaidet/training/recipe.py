@@ -26,7 +26,8 @@ from medaidet.data.bccd import (BCCD_LABEL_NAMES, BCCDDataset, annotation_path,
                                  parse_annotation, split_path)
 from medaidet.errors import MedaidetError
 from medaidet.scaling.accumulation import AccumulatingUpdater
-from medaidet.ssd.model import build_ssd, materialize
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.weight_files import materialize
 from medaidet.ssd.predict import CappedPredictor
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform, TrainTransform

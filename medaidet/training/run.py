@@ -6,7 +6,7 @@
 inf: :mod:`medaidet.training.divergence`), and writes to ``config.out``:
 
 * ``model.npz`` + ``model.npz.sha256``: model-only weights
-  (:func:`medaidet.ssd.model.save_weights`), what evaluation, counting and
+  (:func:`medaidet.ssd.weight_files.save_weights`), what evaluation, counting and
   ``build_ssd(pretrained=PATH)`` load;
 * ``snapshot_latest.npz``: the whole trainer with the random states
   (:mod:`medaidet.training.snapshot`), every ``snapshot_interval`` epochs and at the end;
@@ -33,7 +33,7 @@ from medaidet.arguments import prepare_output_dir
 from medaidet.data.download import resolve_root
 from medaidet.files import write_files
 from medaidet.ssd import PRETRAINED
-from medaidet.ssd.model import save_weights
+from medaidet.ssd.weight_files import save_weights
 from medaidet.training.recipe import Recipe
 from medaidet.training.config import WEIGHTS_NAME, ConfigError, TrainConfig
 from medaidet.training.divergence import stop_on_divergence
@@ -56,7 +56,7 @@ def prepare_run(config: TrainConfig, resume=None, names=None) -> Path:
     ``'resume'`` and ``'pretrained'`` (the command line passes ``--out`` ...); default:
     the config's field names. Returns the output folder (resolved). Raises
     :class:`medaidet.arguments.OutputDirError`, :class:`ResumeError`,
-    :class:`medaidet.ssd.model.WeightsError` or
+    :class:`medaidet.ssd.weight_files.WeightsError` or
     :class:`medaidet.data.download.DataNotFoundError`."""
     names = {"out": "out", "resume": "resume", "pretrained": "pretrained", **(names or {})}
     config.validate()
@@ -104,7 +104,7 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     :class:`medaidet.device.DeviceError`, :class:`~medaidet.training.snapshot.ResumeError`,
     :class:`~medaidet.training.divergence.TrainingDivergedError` (a nan/inf loss or
     gradient: which iteration, and the snapshot left intact),
-    :class:`medaidet.ssd.model.WeightsNotFoundError` (``pretrained='imagenet'`` offline: the
+    :class:`medaidet.ssd.weight_files.WeightsNotFoundError` (``pretrained='imagenet'`` offline: the
     message says where to put the file),
     :class:`~medaidet.training.recipe.NothingToLearnError` (no box in the training images,
     before any iteration), and the dataset's errors.

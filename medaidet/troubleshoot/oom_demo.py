@@ -18,7 +18,8 @@ from chainer.datasets import TransformDataset
 
 from medaidet.data.bccd import BCCDDataset
 from medaidet.scaling.batch_size import NoBatchSizeFitsError, find_batch_size
-from medaidet.ssd.model import build_ssd, materialize
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.weight_files import materialize
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform
 

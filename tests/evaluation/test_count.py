@@ -102,7 +102,7 @@ def test_set_aside_images_are_reported_apart_and_named():
 
 def test_count_weights_sets_aside_the_images_the_validator_flags(bccd_root):
     from medaidet.evaluation.count import count_weights
-    from medaidet.ssd.model import SHIPPED_WEIGHTS
+    from medaidet.ssd.pretrained import SHIPPED_WEIGHTS
 
     result, _ = count_weights(SHIPPED_WEIGHTS["ssd_small"], split="test", progress=False)
     assert sorted(result.set_aside) == ["BloodImage_00135", "BloodImage_00171",
@@ -174,7 +174,8 @@ def test_cli_parser_registers_count():
 
 @pytest.mark.slow(seconds=10)
 def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
-    from medaidet.ssd.model import build_ssd, save_weights
+    from medaidet.ssd.model import build_ssd
+    from medaidet.ssd.weight_files import save_weights
     np.random.seed(0)
     weights = tmp_path / "ssd300_random.npz"
     save_weights(build_ssd("ssd300", n_fg_class=3), weights)

@@ -14,7 +14,7 @@ from medaidet.errors import MedaidetError
 from medaidet.evaluation.evaluate import (Predictions, TrainedWeightsMissingError, evaluate,
                                           evaluate_weights, plot_pr_curves)
 from medaidet.evaluation.protocol import PROTOCOLS
-from medaidet.ssd.model import WeightsNotFoundError
+from medaidet.ssd.weight_files import WeightsNotFoundError
 
 NAMES = ("rbc", "wbc", "platelets")
 
@@ -173,7 +173,8 @@ def test_cli_parser_registers_evaluate():
 
 @pytest.fixture(scope="module")
 def random_weights(tmp_path_factory):
-    from medaidet.ssd.model import build_ssd, save_weights
+    from medaidet.ssd.model import build_ssd
+    from medaidet.ssd.weight_files import save_weights
     np.random.seed(0)
     model = build_ssd("ssd300", n_fg_class=3)
     path = tmp_path_factory.mktemp("weights") / "ssd300_random.npz"
@@ -207,7 +208,8 @@ def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_pat
 @pytest.mark.slow(seconds=5)
 def test_the_model_is_read_from_the_weights(bccd_root, tmp_path, capsys):
     from medaidet.cli import main
-    from medaidet.ssd.model import build_ssd, save_weights
+    from medaidet.ssd.model import build_ssd
+    from medaidet.ssd.weight_files import save_weights
 
     np.random.seed(0)
     save_weights(build_ssd("ssd_small"), tmp_path / "small.npz")
@@ -384,7 +386,7 @@ def test_cli_without_room_for_the_figure_leaves_neither_result_file(bccd_root, t
     import subprocess
     import sys
 
-    from medaidet.ssd.model import shipped_weights
+    from medaidet.ssd.pretrained import shipped_weights
 
     def limit_file_size():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past it fails with EFBIG

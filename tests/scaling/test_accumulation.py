@@ -33,7 +33,8 @@ from medaidet.data.bccd import BCCDDataset
 from medaidet.errors import MedaidetError
 from medaidet.scaling.accumulation import (AccumulatingUpdater, AccumulationError,
                                            batch_positives)
-from medaidet.ssd.model import build_ssd, materialize
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.weight_files import materialize
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform
 

@@ -5,8 +5,8 @@ import chainer
 import numpy as np
 import pytest
 
-from medaidet.ssd.model import (WeightsNotFoundError, build_ssd, load_weights, materialize,
-                                 model_of_weights, save_weights)
+from medaidet.ssd.model import build_ssd, model_of_weights
+from medaidet.ssd.weight_files import load_weights, materialize, save_weights, WeightsNotFoundError
 from medaidet.ssd.small import SIZES, SSD300_SIZES, SmallExtractor, SSDSmall
 
 

@@ -204,7 +204,7 @@ def test_a_good_looking_resume_file_passes_the_first_check(tmp_path):
 
 @pytest.mark.parametrize("kind", ["npy", "missing", "truncated"])
 def test_unusable_pretrained_file(kind, tmp_path, capsys, no_model):
-    from medaidet.ssd.model import WeightsError
+    from medaidet.ssd.weight_files import WeightsError
 
     path = tmp_path / ("weights.npy" if kind == "npy" else "model.npz")
     if kind == "npy":
