@@ -164,7 +164,7 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
     Returns:
         :class:`Predictions`; with ``return_candidates``, ``(predictions, candidates)``.
     """
-    from medaidet.data.bccd import BCCD_LABEL_NAMES
+    from medaidet.data import BCCD_LABEL_NAMES
     from medaidet.ssd.predict import predict
 
     if progress:    # tqdm.auto warns where Jupyter has no ipywidgets: not imported for nothing
@@ -421,7 +421,7 @@ def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVIC
     """Build ``model_name`` (None: the model the weights were saved from,
     :func:`~medaidet.ssd.model.model_of_weights`) for BCCD's 3 classes, load the trained
     weights, move it to ``device``. ``model.name`` is the model's name."""
-    from medaidet.data.bccd import BCCD_LABEL_NAMES
+    from medaidet.data import BCCD_LABEL_NAMES
     from medaidet.ssd.model import build_ssd, model_of_weights
     from medaidet.ssd.weight_files import load_weights
 
@@ -485,7 +485,8 @@ def check_ground_truth(root, split: str, subset=None):
     """Raise :class:`NothingToEvaluateError` when the images to evaluate (the first
     ``subset`` of ``split``) hold no ground-truth box: before any model is built. Reads
     the annotations only. Images without boxes are fine as long as some image has one."""
-    from medaidet.data.bccd import BCCDDataset, split_path
+    from medaidet.data.bccd import BCCDDataset
+    from medaidet.data.voc import split_path
 
     dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
     difficults = list(dataset.slice[:, "difficult"])

@@ -488,7 +488,8 @@ def _image_sizes(predictions: Predictions, image_sizes, dataset, root):
         if len(sizes) != len(predictions):
             raise ValueError(f"image_sizes: {len(sizes)} sizes for {len(predictions)} images")
         return sizes
-    from medaidet.data.bccd import image_path, read_image_size
+    from medaidet.data.image import read_image_size
+    from medaidet.data.voc import image_path
     from medaidet.data.download import resolve_root
 
     root = resolve_root(getattr(dataset, "root", None) if root is None else root)

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from chainercv.links import SSD300, SSD512
 
-from medaidet.data.bccd import BCCD_LABEL_NAMES
+from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.ssd import MODEL_NAMES
 from medaidet.ssd.pretrained import check_pretrained, pretrained_file
 from medaidet.ssd.small import SSDSmall

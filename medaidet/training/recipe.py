@@ -22,8 +22,10 @@ from chainer.optimizer_hooks import WeightDecay
 from chainer.training import extensions
 from chainercv.links.model.ssd import GradientScaling
 
-from medaidet.data.bccd import (BCCD_LABEL_NAMES, BCCDDataset, annotation_path,
-                                 parse_annotation, split_path)
+from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.data.annotation import parse_annotation
+from medaidet.data.bccd import BCCDDataset
+from medaidet.data.voc import annotation_path, split_path
 from medaidet.errors import MedaidetError
 from medaidet.scaling.accumulation import AccumulatingUpdater
 from medaidet.ssd.model import build_ssd

@@ -7,7 +7,7 @@ from pathlib import Path
 import chainer
 import numpy as np
 
-from medaidet.data.bccd import BCCD_LABEL_NAMES
+from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.numbers import finite_or_none
 
 __all__ = ["TrainResult", "run_metrics"]
