@@ -59,7 +59,6 @@ def prepare_run(config: TrainConfig, resume=None, names=None) -> Path:
     :class:`medaidet.ssd.weight_files.WeightsError` or
     :class:`medaidet.data.download.DataNotFoundError`."""
     names = {"out": "out", "resume": "resume", "pretrained": "pretrained", **(names or {})}
-    config.validate()
     if resume is not None and config.communicator is not None:
         raise ResumeError(f"{names['resume']}: resuming a multi-process (ChainerMN) run is not "
                           "supported: each rank's data order and random state would have to "
@@ -89,7 +88,7 @@ def initial_weights(config: TrainConfig) -> dict:
 
 
 def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
-          log=print) -> TrainResult:
+          log=print, names=None) -> TrainResult:
     """Train an SSD as ``config`` says (default: the course recipe); see the module docs.
 
     Args:
@@ -99,6 +98,8 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
         progress: show a progress bar (tqdm: a widget in Jupyter with ipywidgets, text
             elsewhere).
         log: where messages go (``print``).
+        names: how the user wrote ``out``, ``resume`` and ``pretrained``, for the messages
+            of :func:`prepare_run` (the command line passes ``--out`` ...).
 
     Returns a :class:`~medaidet.training.result.TrainResult`. Raises
     :class:`medaidet.device.DeviceError`, :class:`~medaidet.training.snapshot.ResumeError`,
@@ -111,7 +112,7 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     """
     compat.apply()
     config = config if config is not None else TrainConfig()
-    prepare_run(config, resume)
+    prepare_run(config, resume, names)
     ranks = Ranks.for_config(config)
     with ranks.abort_on_error():
         return _run(config, ranks, resume, progress, ranks.log(log))
