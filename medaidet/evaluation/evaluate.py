@@ -29,8 +29,10 @@ import html
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -95,6 +97,7 @@ class Predictions:
     score_thresh: float = EVALUATE_SCORE_THRESH
     split: str | None = None
     model: str | None = None          # the model's name (MODEL_NAMES), when known
+    seconds: float | None = None      # how long predicting took, when measured
 
     def __post_init__(self):
         n = len(self.ids)
@@ -141,12 +144,12 @@ class Predictions:
             [lb[k] for lb, k in zip(self.pred_labels, keep)],
             [s[k] for s, k in zip(self.pred_scores, keep)],
             self.gt_bboxes, self.gt_labels, self.gt_difficults, self.label_names,
-            max(lowest, self.score_thresh), self.split, self.model)
+            max(lowest, self.score_thresh), self.split, self.model, self.seconds)
 
 
 def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
                   top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K, ids=None,
-                  label_names=None, return_candidates: bool = False):
+                  label_names=None, split=None, return_candidates: bool = False):
     """Predict every image of ``dataset`` in the 'evaluate' preset (score 0.01, NMS 0.45).
 
     Args:
@@ -158,11 +161,13 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         top_k, keep_top_k: the caps of :func:`medaidet.ssd.predict.predict`.
         ids: image ids; default ``dataset.ids`` or the indices.
         label_names: default ``dataset.label_names`` or BCCD's.
+        split: the split's name, kept with the predictions; default ``dataset.split``.
         return_candidates: also return, per image, the candidates before the caps and NMS
             (:class:`medaidet.ssd.predict.Candidates`, for :mod:`medaidet.evaluation.analysis`).
 
     Returns:
-        :class:`Predictions`; with ``return_candidates``, ``(predictions, candidates)``.
+        :class:`Predictions` (with the split, the model's name and the seconds the loop
+        took); with ``return_candidates``, ``(predictions, candidates)``.
     """
     from medaidet.data import BCCD_LABEL_NAMES
     from medaidet.ssd.predict import predict
@@ -181,6 +186,7 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
     out = {k: [] for k in ("pb", "pl", "ps", "gb", "gl", "gd", "candidates")}
     saved = (model.score_thresh, model.nms_thresh)
     model.use_preset("evaluate")
+    start = time.perf_counter()
     try:
         with tqdm(total=n, desc="predict", unit="img", disable=not progress) as bar:
             for start in range(0, n, batch_size):
@@ -203,7 +209,8 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         model.score_thresh, model.nms_thresh = saved
     preds = Predictions(list(ids), out["pb"], out["pl"], out["ps"], out["gb"], out["gl"],
                         out["gd"], tuple(label_names), score_thresh,
-                        getattr(dataset, "split", None))
+                        split if split is not None else getattr(dataset, "split", None),
+                        getattr(model, "name", None), time.perf_counter() - start)
     return (preds, out["candidates"]) if return_candidates else preds
 
 
@@ -457,15 +464,25 @@ def course_weights(profile: str, run_dir) -> tuple:
     return shipped_weights("ssd_small"), f"the small SSD's weights shipped with medaidet ({why})"
 
 
-def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=None):
-    """The cheap checks of an evaluate/count run, done before the model is built and the
-    split predicted, so that a mistake costs nothing: the weight file exists, ``subset`` and
-    ``batch_size`` are whole numbers > 0, the dataset is there and ``out`` can be written
-    (created now; it may not lie inside the dataset). Errors name the arguments as the
-    command line spells them (``--subset``, ``--out``).
+class CheckedRun(NamedTuple):
+    """The arguments of an evaluate/count run after :func:`check_run`: the weight file, the
+    dataset root and ``out`` resolved (``out`` ``None`` when not given), the numbers as ints."""
 
-    Returns ``(root, subset, batch_size, out)``: the dataset root and ``out``
-    resolved (``out`` ``None`` when not given), the numbers as ints.
+    weights: Path
+    root: Path
+    subset: int | None
+    batch_size: int
+    out: Path | None
+
+
+def check_run(weights_path, root=None, subset=None, batch_size: int = 8,
+              out=None) -> CheckedRun:
+    """The cheap checks of an evaluate/count run, done once, before the model is built and
+    the split predicted, so that a mistake costs nothing: the weight file exists, ``subset``
+    and ``batch_size`` are whole numbers > 0, the dataset is there and ``out`` can be
+    written (created now; it may not lie inside the dataset). Errors name the arguments as
+    the command line spells them (``--subset``, ``--out``). Returns a :class:`CheckedRun`
+    for :func:`predict_run`.
     """
     from medaidet.data.download import resolve_root
 
@@ -478,7 +495,7 @@ def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=Non
     root = resolve_root(root)
     if out is not None:
         out = prepare_output_dir(out, "--out", inputs=(root,))
-    return root, subset, batch_size, out
+    return CheckedRun(path, root, subset, batch_size, out)
 
 
 def check_ground_truth(root, split: str, subset=None):
@@ -512,11 +529,19 @@ def predict_weights(weights_path, split: str = "test", model_name: str | None = 
                     progress: bool = True, return_candidates: bool = False):
     """Load weights and predict ``split`` (its first ``subset`` images when given); with
     ``return_candidates`` also the candidates before the caps and NMS (see
-    :func:`predict_split`)."""
+    :func:`predict_split`). The arguments are checked first (:func:`check_run`)."""
+    return predict_run(check_run(weights_path, root, subset, batch_size), split, model_name,
+                       device, progress, return_candidates)
+
+
+def predict_run(run: CheckedRun, split: str = "test", model_name: str | None = None,
+                device=DEFAULT_DEVICE, progress: bool = True,
+                return_candidates: bool = False):
+    """:func:`predict_weights` for arguments :func:`check_run` has checked."""
     from medaidet.data.bccd import BCCDDataset
 
-    root, subset, batch_size, _ = check_run(weights_path, root, subset, batch_size)
-    model = load_model(weights_path, model_name, device)
+    root, subset, batch_size = run.root, run.subset, run.batch_size
+    model = load_model(run.weights, model_name, device)
     # ChainerCV's evaluation convention: keep difficult boxes, flagged, so they are ignored.
     dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
     ids = list(dataset.ids)
@@ -525,13 +550,9 @@ def predict_weights(weights_path, split: str = "test", model_name: str | None = 
         view = dataset.slice[:len(ids)]
     else:
         view = dataset
-    result = predict_split(model, view, batch_size=batch_size, progress=progress, ids=ids,
-                           label_names=dataset.label_names,
-                           return_candidates=return_candidates)
-    preds = result[0] if return_candidates else result
-    preds.split = split
-    preds.model = model.name
-    return result
+    return predict_split(model, view, batch_size=batch_size, progress=progress, ids=ids,
+                         label_names=dataset.label_names, split=split,
+                         return_candidates=return_candidates)
 
 
 def evaluate_weights(weights_path, split: str = "test", model_name: str | None = None,
@@ -550,14 +571,13 @@ def evaluate_weights(weights_path, split: str = "test", model_name: str | None =
         NothingToEvaluateError: the images to evaluate hold no ground-truth box
             (:func:`check_ground_truth`, before the model is built).
     """
-    root, subset, batch_size, out = check_run(weights_path, root, subset, batch_size,
-                                                  out)
-    check_ground_truth(root, split, subset)
-    preds = predict_weights(weights_path, split, model_name, root, subset, device,
-                            batch_size, progress)
+    run = check_run(weights_path, root, subset, batch_size, out)
+    check_ground_truth(run.root, split, run.subset)
+    preds = predict_run(run, split, model_name, device, progress)
     result = evaluate(preds)
     result.info.update(weights=str(weights_path), model=preds.model,
-                       subset=subset, image_ids=list(preds.ids))
+                       subset=run.subset, image_ids=list(preds.ids))
+    out = run.out
     if out is not None:  # both or neither: a full disk leaves no result without its figure
         write_files({out / "evaluation.json": result.to_json() + "\n",
                      out / "pr_curves.png": png_bytes(plot_pr_curves(result), dpi=100)})

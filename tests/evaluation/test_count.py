@@ -274,3 +274,27 @@ def test_count_out_that_is_a_file_fails_before_predicting(tmp_path, bccd_root, n
     assert main(["count", str(weights), "--root", str(bccd_root), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err
+
+
+def test_count_and_evaluate_check_their_arguments_once(monkeypatch, bccd_root):
+    """check_run runs once per command: count_weights and evaluate_weights predict through
+    predict_run, which takes the checked arguments, not predict_weights, which checks again."""
+    from medaidet.evaluation import count as count_module, evaluate as evaluate_module
+    from medaidet.evaluation.count import count_weights
+    from medaidet.evaluation.evaluate import evaluate_weights
+    from medaidet.ssd.pretrained import SHIPPED_WEIGHTS
+
+    calls = []
+    real = evaluate_module.check_run
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(evaluate_module, "check_run", counted)
+    monkeypatch.setattr(count_module, "check_run", counted)
+    weights = SHIPPED_WEIGHTS["ssd_small"]
+    result, _ = count_weights(weights, split="test", root=bccd_root, subset=2, progress=False)
+    assert len(calls) == 1 and result.info["subset"] == 2
+    evaluated = evaluate_weights(weights, split="test", root=bccd_root, subset=2,
+                                 progress=False)
+    assert len(calls) == 2 and evaluated.n_images == 2
