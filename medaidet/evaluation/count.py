@@ -29,6 +29,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from medaidet.arguments import ArgumentValueError, check_number
 from medaidet.device import DEFAULT_DEVICE
@@ -331,7 +332,6 @@ def plot_counts(result: CountResult):
 
     Returns a matplotlib ``Figure``.
     """
-    from matplotlib.figure import Figure
 
     n = len(result.label_names)
     fig = Figure(figsize=(4.0 * n, 4.0), layout="constrained")
@@ -356,7 +356,6 @@ def plot_sweep(sweep: SweepResult):
 
     Returns a matplotlib ``Figure``.
     """
-    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.0, 4.0), layout="constrained")
     ax = fig.subplots()

@@ -35,16 +35,24 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from chainercv.evaluations import calc_detection_voc_prec_rec, eval_detection_voc
+from matplotlib.figure import Figure
 
 from medaidet.arguments import check_number, prepare_output_dir
+from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.data.bccd import BCCDDataset
+from medaidet.data.download import resolve_root
+from medaidet.data.voc import split_path
 from medaidet.device import DEFAULT_DEVICE, resolve_device
 from medaidet.errors import MedaidetError
 from medaidet.files import png_bytes, write_files
 from medaidet.evaluation.protocol import (COURSE_PUBLISHED, EVALUATE_SCORE_THRESH, IOU_THRESH,
                                           PROTOCOLS)
 from medaidet.numbers import finite_or_none
-from medaidet.ssd.weight_files import WeightsNotFoundError
-from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
+from medaidet.ssd.model import build_ssd, model_of_weights
+from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, predict
+from medaidet.ssd.pretrained import shipped_weights
+from medaidet.ssd.weight_files import WeightsNotFoundError, load_weights
 
 __all__ = [
     "Predictions", "ProtocolResult", "EvaluationResult", "TrainedWeightsMissingError",
@@ -169,8 +177,6 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         :class:`Predictions` (with the split, the model's name and the seconds the loop
         took); with ``return_candidates``, ``(predictions, candidates)``.
     """
-    from medaidet.data import BCCD_LABEL_NAMES
-    from medaidet.ssd.predict import predict
 
     if progress:    # tqdm.auto warns where Jupyter has no ipywidgets: not imported for nothing
         from tqdm.auto import tqdm
@@ -254,7 +260,6 @@ def _pad(values, n, fill=np.nan):
 
 
 def _score_protocol(preds: Predictions, name: str) -> ProtocolResult:
-    from chainercv.evaluations import calc_detection_voc_prec_rec, eval_detection_voc
 
     n_class = len(preds.label_names)
     n_gt = np.zeros(n_class, dtype=int)
@@ -398,7 +403,6 @@ def plot_pr_curves(result: EvaluationResult):
     The 'course' line stops where its recall runs out: everything below score 0.6 is lost.
     Returns a matplotlib ``Figure`` (not shown; ``fig.savefig(...)`` to write it).
     """
-    from matplotlib.figure import Figure
 
     n = len(result.label_names)
     fig = Figure(figsize=(4.2 * n, 4.0), layout="constrained")
@@ -428,9 +432,6 @@ def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVIC
     """Build ``model_name`` (None: the model the weights were saved from,
     :func:`~medaidet.ssd.model.model_of_weights`) for BCCD's 3 classes, load the trained
     weights, move it to ``device``. ``model.name`` is the model's name."""
-    from medaidet.data import BCCD_LABEL_NAMES
-    from medaidet.ssd.model import build_ssd, model_of_weights
-    from medaidet.ssd.weight_files import load_weights
 
     path = Path(os.fspath(weights_path))
     if not path.is_file():
@@ -454,7 +455,6 @@ def course_weights(profile: str, run_dir) -> tuple:
     * ``'smoke'``: the shipped weights: the smoke run's model saw 4 images for 4 iterations
       and has nothing to show.
     """
-    from medaidet.ssd.pretrained import shipped_weights
 
     fresh = Path(os.fspath(run_dir)) / profile / "model.npz"
     if profile == "full" or (profile == "cpu" and fresh.is_file()):
@@ -484,7 +484,6 @@ def check_run(weights_path, root=None, subset=None, batch_size: int = 8,
     the command line spells them (``--subset``, ``--out``). Returns a :class:`CheckedRun`
     for :func:`predict_run`.
     """
-    from medaidet.data.download import resolve_root
 
     path = Path(os.fspath(weights_path))
     if not path.is_file():
@@ -502,8 +501,6 @@ def check_ground_truth(root, split: str, subset=None):
     """Raise :class:`NothingToEvaluateError` when the images to evaluate (the first
     ``subset`` of ``split``) hold no ground-truth box: before any model is built. Reads
     the annotations only. Images without boxes are fine as long as some image has one."""
-    from medaidet.data.bccd import BCCDDataset
-    from medaidet.data.voc import split_path
 
     dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
     difficults = list(dataset.slice[:, "difficult"])
@@ -538,7 +535,6 @@ def predict_run(run: CheckedRun, split: str = "test", model_name: str | None = N
                 device=DEFAULT_DEVICE, progress: bool = True,
                 return_candidates: bool = False):
     """:func:`predict_weights` for arguments :func:`check_run` has checked."""
-    from medaidet.data.bccd import BCCDDataset
 
     root, subset, batch_size = run.root, run.subset, run.batch_size
     model = load_model(run.weights, model_name, device)

@@ -27,11 +27,18 @@ import numpy as np
 import chainer
 from chainer.backends import cuda
 from chainer.dataset import concat_examples
+from chainer.datasets import TransformDataset
+from matplotlib.figure import Figure
 
 from medaidet.arguments import ArgumentValueError, check_number, prepare_output_dir
+from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+from medaidet.data.download import resolve_root
 from medaidet.device import DEFAULT_DEVICE, resolve_device
 from medaidet.files import png_bytes, write_files
 from medaidet.errors import MedaidetError
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.train_chain import MultiboxTrainChain
+from medaidet.ssd.transforms import EncodeTransform
 
 __all__ = ["NoBatchSizeFitsError", "BatchSizeTry", "BatchSizeReport", "PeakMemory",
            "is_out_of_memory", "free_memory", "check_search", "find_batch_size",
@@ -472,7 +479,6 @@ def plot_memory(report: BatchSizeReport):
 
     Returns a matplotlib ``Figure``.
     """
-    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.0, 4.0), layout="constrained")
     ax = fig.subplots()
@@ -512,13 +518,7 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
     ``memory.png`` (created, and checked, before any work; not inside the dataset).
     Bad arguments raise :class:`~medaidet.arguments.ArgumentValueError` or
     :class:`~medaidet.arguments.OutputDirError` naming them, before the model is built."""
-    from chainer.datasets import TransformDataset
 
-    from medaidet.data.bccd import AnnotationWarning, BCCDDataset
-    from medaidet.data.download import resolve_root
-    from medaidet.ssd.model import build_ssd
-    from medaidet.ssd.train_chain import MultiboxTrainChain
-    from medaidet.ssd.transforms import EncodeTransform
 
     if sizes:
         sizes = _check_sizes(sizes)
