@@ -85,14 +85,13 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from medaidet.data import SPLITS
-from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.data import BCCD_LABEL_NAMES, SPLITS
 from medaidet.data.annotation import AnnotationParseError, parse_annotation
 from medaidet.data.annotation_checks import check_annotation
-from medaidet.data.image import decode_image, ImageError, read_image_size
+from medaidet.data.image import ImageError, decode_image, read_image_size
 from medaidet.data.voc import (annotation_path, image_path, MissingFileError, scan_split_file,
                                split_path)
-from medaidet.data.download import resolve_root
+from medaidet.data.download import BCCD_COMMIT, load_manifest, resolve_root, verify_dataset
 
 __all__ = ["validate_dataset", "ValidationReport", "Issue", "ImagePair", "KINDS", "SEVERITIES"]
 
@@ -627,7 +626,6 @@ class _Validation:
 
     # ---- checksums
     def check_checksums(self) -> str:
-        from medaidet.data.download import BCCD_COMMIT, load_manifest, verify_dataset
         manifest = load_manifest()
         present = [rel for rel in manifest if (self.root / rel).is_file()]
         if not any(rel.startswith(("Annotations/", "JPEGImages/")) for rel in present):
