@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
 
-# lowest first: shared -> install path -> data -> ssd -> scaling -> training -> evaluation
+# lowest first: shared -> install path -> data -> ssd -> training -> scaling -> evaluation
 # -> troubleshooting -> environment -> command line
 LAYERS = [
     ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files",
@@ -21,8 +21,8 @@ LAYERS = [
     ("stack", ["medaidet.stack"]),
     ("data", ["medaidet.data"]),
     ("ssd", ["medaidet.ssd"]),
-    ("scaling", ["medaidet.scaling"]),
     ("training", ["medaidet.training"]),
+    ("scaling", ["medaidet.scaling"]),
     ("evaluation", ["medaidet.evaluation"]),
     ("troubleshoot", ["medaidet.troubleshoot"]),
     ("env", ["medaidet.env"]),

@@ -7,7 +7,7 @@ few hundred MB in training, so batch 32 needs a large GPU.
 memory (:func:`is_out_of_memory`; :func:`free_memory` gives the failed try's memory back)
 and tries again, reporting every try (peak memory, seconds, images/s: :class:`PeakMemory`)
 and the ``--accumulate`` that gives the recipe's batch with the batch size that fits
-(:class:`medaidet.scaling.accumulation.AccumulatingUpdater` then trains with it).
+(:class:`medaidet.training.accumulation.AccumulatingUpdater` then trains with it).
 
 :func:`plot_memory` draws a report for the notebooks; :func:`batch_size_on_bccd` runs the
 finder (or :func:`measure_batch_sizes`) on SSD and real BCCD images: ``medaidet
@@ -33,12 +33,11 @@ from matplotlib.figure import Figure
 from medaidet.arguments import ArgumentValueError, check_number, prepare_output_dir
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
 from medaidet.data.download import resolve_root
-from medaidet.device import DEFAULT_DEVICE, resolve_device
+from medaidet.device import DEFAULT_DEVICE
 from medaidet.files import png_bytes, write_files
 from medaidet.errors import MedaidetError
-from medaidet.ssd.model import build_ssd
-from medaidet.ssd.train_chain import MultiboxTrainChain
-from medaidet.ssd.transforms import EncodeTransform
+from medaidet.training.config import TrainConfig
+from medaidet.training.recipe import Recipe
 
 __all__ = ["NoBatchSizeFitsError", "BatchSizeTry", "BatchSizeReport", "PeakMemory",
            "is_out_of_memory", "free_memory", "check_search", "find_batch_size",
@@ -517,9 +516,9 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
     ``medaidet train --device``. ``out``: a folder for ``batch_size.json`` and
     ``memory.png`` (created, and checked, before any work; not inside the dataset).
     Bad arguments raise :class:`~medaidet.arguments.ArgumentValueError` or
-    :class:`~medaidet.arguments.OutputDirError` naming them, before the model is built."""
-
-
+    :class:`~medaidet.arguments.OutputDirError` naming them, before the model is built.
+    The model, its loss and the encoded images are the training recipe's
+    (:class:`~medaidet.training.recipe.Recipe`), without augmentation."""
     if sizes:
         sizes = _check_sizes(sizes)
     else:
@@ -529,15 +528,16 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
     root = resolve_root(root)
     if out is not None:
         out = prepare_output_dir(out, "out", inputs=(root,))
-    device = resolve_device(device)
-    ssd = build_ssd(model, None)
+    recipe = Recipe(TrainConfig(model=model, pretrained=None, augment=False, device=device,
+                                root=str(root)))
+    device = recipe.ranks.device       # DeviceError here when a GPU is asked for and unusable
+    ssd = recipe.model()
     with warnings.catch_warnings():          # the loader's report on BCCD is not the point
         warnings.simplefilter("ignore", AnnotationWarning)
         images = BCCDDataset(root, "train")
     n = max(sizes) if sizes else start
-    dataset = TransformDataset(images.slice[:min(n, len(images))],
-                               EncodeTransform.for_model(ssd))
-    chain = MultiboxTrainChain(ssd)
+    dataset = TransformDataset(images.slice[:min(n, len(images))], recipe.transform(ssd))
+    chain = recipe.train_chain(ssd)
     if sizes:
         report = measure_batch_sizes(chain, dataset, sizes, device=device, log=log)
         if target_batch_size:

