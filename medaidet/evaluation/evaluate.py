@@ -53,6 +53,7 @@ from medaidet.ssd.model import build_ssd, model_of_weights
 from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, predict
 from medaidet.ssd.pretrained import shipped_weights
 from medaidet.ssd.weight_files import WeightsNotFoundError, load_weights
+from medaidet.tables import Table
 
 __all__ = [
     "Predictions", "ProtocolResult", "EvaluationResult", "TrainedWeightsMissingError",
@@ -337,6 +338,19 @@ class EvaluationResult:
                       f"{self.n_images} images")
         return (f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
                 f"<tbody>{body}</tbody></table><p>{esc(_COURSE_NOTE)}</p>")
+
+    def summary_table(self, published: bool = True) -> Table:
+        """mAP and AP per class (VOC area), one row per protocol; first, with
+        ``published``, the original course's published numbers at its score >= 0.6."""
+        names = list(self.label_names)
+        table = Table(["", "mAP", *names])
+        if published:
+            table.append(["original course (score >= 0.6, published)", COURSE_PUBLISHED["map"],
+                          *(COURSE_PUBLISHED["ap"][c] for c in names)])
+        for name, p in self.protocols.items():
+            table.append([f"this model, {name} protocol (score >= {p.score_thresh:g})",
+                          p.map_voc, *(float(v) for v in p.ap_voc)])
+        return table
 
     def to_dict(self) -> dict:
         """JSON-ready: NaN (no box of a class) becomes ``None``."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from medaidet.arguments import ArgumentValueError, check_number, is_path
 from medaidet.device import DEFAULT_DEVICE, DeviceError, parse_device
+from medaidet.tables import Table
 from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
 
 __all__ = ["TrainConfig", "ConfigError", "PROFILES", "OPTIMIZERS", "WEIGHTS_NAME"]
@@ -175,6 +176,11 @@ class TrainConfig:
         out = dataclasses.asdict(self)
         out["lr_steps"] = list(self.lr_steps)
         return out
+
+    def table(self, fields=None) -> Table:
+        """``fields`` (default: all) and their values, one row each."""
+        names = list(fields) if fields is not None else [f.name for f in dataclasses.fields(self)]
+        return Table(["setting", "value"], [[f"`{n}`", repr(getattr(self, n))] for n in names])
 
     # ---- checks
 

@@ -57,3 +57,10 @@ def test_unknown_optimizer_is_named():
     with pytest.raises(ConfigError, match="^optimizer: 'rmsprop' is not an optimizer the recipe "
                                           "builds; expected one of momentum_sgd, adam"):
         TrainConfig(optimizer="rmsprop")
+
+
+def test_a_config_shows_its_settings_as_a_table():
+    table = TrainConfig.profile("cpu").table(["model", "batch_size", "lr_steps"])
+    assert table.rows == [["`model`", "'ssd_small'"], ["`batch_size`", "4"],
+                          ["`lr_steps`", "(30.0,)"]]
+    assert table.to_markdown().startswith("| setting | value |\n|---|---|")
