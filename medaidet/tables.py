@@ -19,7 +19,7 @@ def _is_number(value) -> bool:
     return isinstance(value, numbers.Number) and not isinstance(value, bool)
 
 
-@dataclass
+@dataclass(repr=False)
 class Table:
     """``columns``: the header; ``rows``: one sequence of cells per row, as many as columns."""
 
@@ -73,3 +73,5 @@ class Table:
         return "\n".join("  ".join(t[j].rjust(w) if numeric[j] else t[j].ljust(w)
                                    for j, w in enumerate(widths)).rstrip()
                          for t in texts)
+
+    __repr__ = __str__       # Jupyter's text/plain, and any viewer that shows only that

@@ -19,6 +19,7 @@ def test_text_is_aligned_for_a_terminal():
     table = Table(["class", "AP"], [["rbc", 0.84], ["platelets", 0.9]], float_format=".2f")
     assert str(table).splitlines() == ["class        AP", "rbc        0.84",
                                        "platelets  0.90"]
+    assert repr(table) == str(table)          # text/plain in a notebook: the table, no dump
 
 
 def test_a_row_of_the_wrong_length_is_named():

@@ -80,8 +80,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
         or "out of memory" in text.lower())
 
 
-def free_memory(device=None) -> None:
-    """Collect garbage and, on a GPU, give CuPy's cached blocks back to the driver.
+def free_memory(device) -> None:
+    """Collect garbage and, on a GPU ``device`` (a chainer device or spec), give CuPy's
+    cached blocks back to the driver.
 
     CuPy keeps freed device memory in its memory pool for reuse; after an out-of-memory
     the pool holds the blocks of the failed try, so the next, smaller try would fail too
@@ -90,7 +91,7 @@ def free_memory(device=None) -> None:
     """
     gc.collect()
     cupy = _cupy()
-    on_gpu = device is None or chainer.get_device(device).xp is not np
+    on_gpu = chainer.get_device(device).xp is not np
     if cupy is not None and on_gpu:
         cupy.get_default_memory_pool().free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()
@@ -236,8 +237,9 @@ def _synchronize(device) -> None:
 
 
 class PeakMemory:
-    """``with PeakMemory(device) as peak: ...``: the most memory the block held at once,
-    above what was allocated when it began (``peak.bytes``, set on leaving the block).
+    """``with PeakMemory(device) as peak: ...``: the most memory the block held at once on
+    ``device`` (a chainer device or spec), above what was allocated when it began
+    (``peak.bytes``, set on leaving the block).
 
     * CPU: ``tracemalloc`` (started for the block unless it already runs). NumPy reports
       every array it allocates to tracemalloc, so this is the peak of the arrays (and
@@ -260,8 +262,8 @@ class PeakMemory:
     HOST = "tracemalloc peak of NumPy and Python allocations"
     GPU = "CuPy memory pool bytes held (pool emptied before)"
 
-    def __init__(self, device=None):
-        self.device = chainer.get_device(device if device is not None else "@numpy")
+    def __init__(self, device):
+        self.device = chainer.get_device(device)
         self.on_gpu = self.device.xp is not np
         self.measure = self.GPU if self.on_gpu else self.HOST
         self.bytes = None
