@@ -3,7 +3,7 @@
 One batch of ``--batch`` BCCD training images (deterministic: resized and encoded by
 ``EncodeTransform``), SSD300 with random weights (seeded), MomentumSGD. For each
 ``--accumulate`` N the same batch is fed as N micro-batches by
-:class:`medaidet.scaling.accumulation.AccumulatingUpdater` (N = 1: ``StandardUpdater``'s
+:class:`medaidet.training.accumulation.AccumulatingUpdater` (N = 1: ``StandardUpdater``'s
 code), from the same initial weights. Printed per N: the best of ``--repeat`` timed updates
 (after one untimed warm-up update, which also allocates the optimizer state), the peak
 memory of an update (:class:`medaidet.scaling.batch_size.PeakMemory`: tracemalloc on the
@@ -25,9 +25,10 @@ import numpy as np
 
 import medaidet  # noqa: F401  (runtime compat settings)
 from medaidet.data.bccd import BCCDDataset
-from medaidet.scaling.accumulation import AccumulatingUpdater
+from medaidet.training.accumulation import AccumulatingUpdater
 from medaidet.scaling.batch_size import PeakMemory
-from medaidet.ssd.model import build_ssd, materialize
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.weight_files import materialize
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform
 

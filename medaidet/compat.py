@@ -85,3 +85,19 @@ def apply() -> list:
         _disable_cudnn_on_cupy14(ACTIONS)
         _single_thread_opencv(ACTIONS)
     return list(ACTIONS)
+
+
+def reapply() -> list:
+    """Apply the settings again, for a stack that changed in this process (``medaidet stack
+    install`` just added CuPy: its settings were not needed when ``import medaidet`` ran).
+    Returns the actions taken, which ``medaidet.compat_actions`` then holds too. Call it
+    before the first ``import chainer``."""
+    global _applied
+    importlib.invalidate_caches()
+    ACTIONS.clear()
+    _applied = False
+    actions = apply()
+    medaidet = sys.modules.get("medaidet")
+    if medaidet is not None:
+        medaidet.compat_actions = actions
+    return actions

@@ -41,3 +41,14 @@ def test_opencv_threads_set_to_zero_when_present(site_dir):
                                      "def setNumThreads(n): THREADS.append(n)\n")
     done = run_python("import medaidet, cv2; print(cv2.THREADS[-1])", extra_path=[site_dir])
     assert done.stdout.split()[-1] == "0"
+
+
+def test_reapply_runs_the_settings_again_and_updates_the_package_record():
+    """After `medaidet stack install` adds CuPy in a running kernel (Colab), the settings are
+    decided again: the same checks as at import, recorded where the doctor reads them."""
+    import medaidet
+    from medaidet import compat
+    before = compat.apply()
+    again = compat.reapply()
+    assert [a.name for a in again] == [a.name for a in before]
+    assert medaidet.compat_actions == again and compat.apply() == again

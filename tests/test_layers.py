@@ -12,17 +12,17 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
 
-# lowest first: shared -> install path -> data -> ssd -> scaling -> training -> evaluation
+# lowest first: shared -> install path -> data -> ssd -> training -> scaling -> evaluation
 # -> troubleshooting -> environment -> command line
 LAYERS = [
     ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files",
                 "medaidet.arguments", "medaidet.compat", "medaidet.device",
-                "medaidet.numbers"]),
+                "medaidet.numbers", "medaidet.tables"]),
     ("stack", ["medaidet.stack"]),
     ("data", ["medaidet.data"]),
     ("ssd", ["medaidet.ssd"]),
-    ("scaling", ["medaidet.scaling"]),
     ("training", ["medaidet.training"]),
+    ("scaling", ["medaidet.scaling"]),
     ("evaluation", ["medaidet.evaluation"]),
     ("troubleshoot", ["medaidet.troubleshoot"]),
     ("env", ["medaidet.env"]),
@@ -40,16 +40,30 @@ def modules():
             if "overlay" not in p.parts}   # the overlay is chainer's code, patched
 
 
-def imported(path: Path, known) -> set:
-    """The medaidet modules ``path`` imports (``from medaidet import x`` counts as
-    ``medaidet.x`` when that is a module)."""
+def imported(path: Path, known, name: str | None = None) -> set:
+    """The medaidet modules ``path`` (the module ``name``) depends on: its imports, absolute
+    or relative (``from ..training import run``; ``from medaidet import x`` counts as
+    ``medaidet.x`` when that is a module), and every string that names one of the ``known``
+    modules exactly (``importlib.import_module("medaidet.data.bccd")``, ``[sys.executable,
+    "-m", "medaidet.env.gpu_smoke"]``)."""
+    if name is None:
+        name = module_name(path) if PACKAGE in path.parents else "medaidet"
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [f"{node.module}.{alias.name}" for alias in node.names]
-            names = [n if n in known else node.module for n in names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            names = [n if n in known else base for n in names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and node.value in known:
+            names = [node.value]
         else:
             continue
         found.update(n for n in names if n == "medaidet" or n.startswith("medaidet."))
@@ -74,7 +88,7 @@ def test_imports_point_down_the_layers():
     upward = []
     for name, path in known.items():
         here = layer_of(name)
-        for target in imported(path, known):
+        for target in imported(path, known, name):
             there = layer_of(target)
             if here is not None and there is not None and there > here:
                 upward.append(f"{name} ({LAYERS[here][0]}) imports {target} "
@@ -84,7 +98,7 @@ def test_imports_point_down_the_layers():
 
 def test_no_import_cycles():
     known = modules()
-    graph = {name: {t for t in imported(path, known) if t in known and t != name
+    graph = {name: {t for t in imported(path, known, name) if t in known and t != name
                     and t != "medaidet"}
              for name, path in known.items()}
     # a package's __init__ re-exporting its own modules is not a cycle of the design
@@ -113,6 +127,19 @@ def test_the_checker_sees_a_lazy_upward_import(tmp_path):
     source.write_text("def f():\n    from medaidet.training import run\n")
     assert imported(source, {"medaidet.training.run"}) == {"medaidet.training.run"}
     assert layer_of("medaidet.ssd.model") < layer_of("medaidet.training.run")
+
+
+def test_the_checker_sees_relative_imports_and_module_strings(tmp_path):
+    known = {"medaidet.training.run", "medaidet.training", "medaidet.env.gpu_smoke",
+             "medaidet.ssd.loss"}
+    source = tmp_path / "model.py"           # read as the module medaidet.ssd.model
+    source.write_text("from ..training import run\nfrom . import loss\n"
+                      "import importlib, subprocess, sys\n"
+                      "subprocess.run([sys.executable, '-m', 'medaidet.env.gpu_smoke'])\n"
+                      "importlib.import_module('medaidet.training.run')\n"
+                      "note = 'medaidet.ssd.model is named in a sentence, not imported'\n")
+    assert imported(source, known, "medaidet.ssd.model") == {
+        "medaidet.training.run", "medaidet.ssd.loss", "medaidet.env.gpu_smoke"}
 
 
 @pytest.mark.parametrize("name", ["medaidet.stack.install", "medaidet.data.bccd"])

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import medaidet  # noqa: F401  (runtime settings before chainer)
-from medaidet.data.bccd import CLASS_COLORS, AnnotationWarning
+from medaidet.data.bccd import AnnotationWarning, CLASS_COLORS
 from medaidet.evaluation.analysis import (LOST_STAGES, box_outcomes, detection_scores,
                                           format_table, images_missing_class, missed_by,
                                           plot_detection_scores, recall_precision,

@@ -19,7 +19,8 @@ from measure_detector import measure  # tools/, beside this file
 
 from medaidet.evaluation.analysis import images_missing_class
 from medaidet.evaluation.evaluate import load_model
-from medaidet.ssd.model import SHIPPED_WEIGHTS, save_weights
+from medaidet.ssd.pretrained import SHIPPED_WEIGHTS
+from medaidet.ssd.weight_files import save_weights
 from medaidet.ssd.small import SIZES
 from medaidet.training.config import TrainConfig
 

@@ -64,12 +64,11 @@ def config_from_args(args) -> TrainConfig:
 
 
 def _train(args) -> int:
-    from medaidet.training.run import prepare_run, train
+    from medaidet.training.run import train
 
     config = config_from_args(args)
-    # checked here first so that the messages name the flags the user typed
-    prepare_run(config, args.resume, names={
+    # the messages of the checks before any work name the flags the user typed
+    train(config, resume=args.resume, progress=not args.no_progress, names={
         "out": "--out" if args.out is not None else "out", "resume": "--resume",
         "pretrained": "--pretrained" if args.pretrained is not None else "pretrained"})
-    train(config, resume=args.resume, progress=not args.no_progress)
     return 0

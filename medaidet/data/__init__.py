@@ -1,15 +1,17 @@
 """BCCD data: pinned download, validating loader, validation report, synthetic data.
 
 Names are imported lazily so that ``medaidet data download`` needs no chainer; for the same
-reason :data:`SPLITS` is here (the command line offers them).
+reason :data:`SPLITS` and :data:`BCCD_LABEL_NAMES` are here (the command line offers them).
 """
 import importlib
 
 #: BCCD's image sets, ``ImageSets/Main/<split>.txt``.
 SPLITS = ("train", "val", "trainval", "test")
+#: Class names in the course's order: label 0 is rbc, 1 wbc, 2 platelets. The XML
+#: says ``RBC``, ``WBC``, ``Platelets``; names are matched case-insensitively, stripped.
+BCCD_LABEL_NAMES = ("rbc", "wbc", "platelets")
 
 _PUBLIC = {
-    "BCCD_LABEL_NAMES": "medaidet.data.bccd",
     "BCCDDataset": "medaidet.data.bccd",
     "download_bccd": "medaidet.data.download",
     "resolve_root": "medaidet.data.download",
@@ -17,7 +19,7 @@ _PUBLIC = {
     "make_synthetic": "medaidet.data.synth",
 }
 
-__all__ = ["SPLITS"] + sorted(_PUBLIC)
+__all__ = ["SPLITS", "BCCD_LABEL_NAMES"] + sorted(_PUBLIC)
 
 
 def __getattr__(name):

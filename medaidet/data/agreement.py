@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from medaidet.data.bccd import (BCCD_LABEL_NAMES, annotation_path, image_path,
-                                parse_annotation, read_image_size)
+from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.data.annotation import parse_annotation
+from medaidet.data.image import read_image_size
+from medaidet.data.voc import annotation_path, image_path
 from medaidet.data.download import resolve_root
 
 __all__ = ["PairCounts", "pair_counts", "count_agreement"]

@@ -52,8 +52,10 @@ import zlib
 from pathlib import Path, PureWindowsPath
 from typing import NamedTuple
 
+from medaidet import __version__
 from medaidet.checksums import sha256_file
 from medaidet.errors import MedaidetError
+from medaidet.stack.build import default_cache_dir
 
 __all__ = [
     "BCCD_COMMIT", "DEFAULT_URL", "UPSTREAM_REPO", "MANIFEST_NAME", "MARKER_NAME",
@@ -206,7 +208,6 @@ def _summarize(problems: list[Problem], limit: int = 5) -> str:
 def default_root() -> Path:
     """``<cache>/bccd``, the cache being ``$MEDAIDET_CACHE``, else
     ``$XDG_CACHE_HOME/medaidet``, else ``~/.cache/medaidet``."""
-    from medaidet.stack.build import default_cache_dir
     return default_cache_dir() / "bccd"
 
 
@@ -303,7 +304,6 @@ def _check_url(url: str) -> None:
 
 
 def _user_agent() -> str:
-    from medaidet import __version__
     return f"medaidet/{__version__} (BCCD download; +{UPSTREAM_REPO})"
 
 

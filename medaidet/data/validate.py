@@ -17,7 +17,7 @@ disjoint, or a split has no object to learn from or score; **warning** -- loaded
 probably wrong (check it); **info** -- worth knowing, no effect on loading.
 
 Kinds and their rules (per-object and per-file rules are
-:func:`medaidet.data.bccd.check_annotation`'s, so report and loader agree):
+:func:`medaidet.data.annotation_checks.check_annotation`'s, so report and loader agree):
 
 * ``parse_error``: not well-formed XML, DTD/entities (refused unexpanded), no ``<annotation>``.
 * ``missing_file``: a listed id without ``Annotations/<id>.xml`` or ``JPEGImages/<id>.jpg``.
@@ -26,13 +26,13 @@ Kinds and their rules (per-object and per-file rules are
 * ``image_converted``: the image decodes, but not as 8-bit RGB: the detail says what the
   loader makes of it (16-bit grayscale scaled to 8 bits, an opaque alpha channel dropped,
   grayscale/palette/CMYK converted). Both rules are
-  :func:`medaidet.data.bccd.decode_image`'s, which loader and validator call.
+  :func:`medaidet.data.image.decode_image`'s, which loader and validator call.
 * ``unknown_label``: ``<name>`` missing or not rbc/wbc/platelets (case-insensitive, stripped).
 * ``size_mismatch``: ``<size>`` disagrees with the image's real size.
 * ``bad_coordinates``: missing ``<bndbox>``/coordinate, non-numeric, reversed (max < min).
 * ``zero_area``: zero width or height.
 * ``out_of_bounds``: outside VOC's ``1..W`` x ``1..H``; more than
-  :data:`~medaidet.data.bccd.BOUNDS_TOLERANCE` px: dropped (error), else clipped (warning).
+  :data:`~medaidet.data.annotation_checks.BOUNDS_TOLERANCE` px: dropped (error), else clipped (warning).
 * ``duplicate_box``: same class and coordinates as an earlier box.
 * ``near_duplicate_box``: same class, IoU >= 0.9 with an earlier box (one cell boxed twice).
 * ``class_size_outlier``: box size ``s = sqrt(w * h)`` far from its class's own
@@ -67,7 +67,7 @@ Kinds and their rules (per-object and per-file rules are
 * ``checksum_mismatch``: a file of the pinned BCCD release differs from the shipped
   sha256 manifest (checked only when the root holds files of that release).
 
-Each image is decoded once, by the loader's :func:`~medaidet.data.bccd.decode_image`, at 1/8
+Each image is decoded once, by the loader's :func:`~medaidet.data.image.decode_image`, at 1/8
 scale (JPEG draft mode); all of BCCD takes a few seconds.
 """
 from __future__ import annotations
@@ -85,12 +85,13 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from medaidet.data import SPLITS
-from medaidet.data.bccd import (
-    BCCD_LABEL_NAMES, AnnotationParseError, ImageError, MissingFileError, annotation_path,
-    check_annotation, decode_image, image_path, parse_annotation, read_image_size,
-    scan_split_file, split_path)
-from medaidet.data.download import resolve_root
+from medaidet.data import BCCD_LABEL_NAMES, SPLITS
+from medaidet.data.annotation import AnnotationParseError, parse_annotation
+from medaidet.data.annotation_checks import check_annotation
+from medaidet.data.image import ImageError, decode_image, read_image_size
+from medaidet.data.voc import (annotation_path, image_path, MissingFileError, scan_split_file,
+                               split_path)
+from medaidet.data.download import BCCD_COMMIT, load_manifest, resolve_root, verify_dataset
 
 __all__ = ["validate_dataset", "ValidationReport", "Issue", "ImagePair", "KINDS", "SEVERITIES"]
 
@@ -625,7 +626,6 @@ class _Validation:
 
     # ---- checksums
     def check_checksums(self) -> str:
-        from medaidet.data.download import BCCD_COMMIT, load_manifest, verify_dataset
         manifest = load_manifest()
         present = [rel for rel in manifest if (self.root / rel).is_file()]
         if not any(rel.startswith(("Annotations/", "JPEGImages/")) for rel in present):

@@ -103,9 +103,7 @@ def setup(home=None, cuda: str = "auto") -> None:
 
     if not medaidet.stack.status().ok:
         _run(sys.executable, "-m", "medaidet", "stack", "install", "--cuda", cuda)
-        importlib.invalidate_caches()
-        importlib.reload(medaidet.compat)  # runtime settings again, for the new CuPy
-        medaidet.compat_actions = medaidet.compat.apply()
+        medaidet.compat.reapply()           # runtime settings again, for the new CuPy
     notebooks = os.path.join(home, "notebooks")
     if os.path.isdir(notebooks) and os.path.abspath(os.getcwd()) != notebooks:
         os.chdir(notebooks)

@@ -169,6 +169,16 @@ def resolve_profile(profile: str = "auto"):
     return "full", f"auto: {count} GPU(s) usable"
 
 
+def course_profile(profile: str = "auto", log=print) -> str:
+    """The profile a notebook runs in: ``profile`` itself, or for ``"auto"`` what
+    :func:`resolve_profile` chooses, with the reason logged. The one line that opens every
+    notebook after its parameters."""
+    chosen, why = resolve_profile(profile)
+    if profile == "auto":
+        log(f"profile: {chosen} ({why})")
+    return chosen
+
+
 def default_notebooks_dir() -> Path:
     """``$MEDAIDET_NOTEBOOKS``, else ``notebooks/`` of the source checkout."""
     env = os.environ.get(NOTEBOOKS_ENV)

@@ -46,11 +46,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from chainercv.utils import bbox_iou
+from matplotlib.figure import Figure
 
 from medaidet.data.bccd import CLASS_COLORS
+from medaidet.data.validate import validate_dataset
 from medaidet.evaluation.evaluate import Predictions
 from medaidet.evaluation.protocol import IOU_THRESH
-from medaidet.evaluation.visualize import _image_sizes, match_detections
+from medaidet.evaluation.visualize import image_sizes_of, match_detections
 from medaidet.ssd.predict import Candidates
 
 __all__ = ["STAGES", "LOST_STAGES", "CANDIDATE_SETS", "BoxOutcomes",
@@ -84,7 +86,6 @@ def images_missing_class(ids=None, report=None, root=None, brief: bool = False) 
         :func:`medaidet.evaluation.count.count_cells` takes it for ``set_aside``.
     """
     if report is None:
-        from medaidet.data.validate import validate_dataset
         report = validate_dataset(root, check_checksums=False)
     wanted = None if ids is None else set(ids)
     out = {}
@@ -192,7 +193,6 @@ def plot_detection_scores(scores: dict, thresholds=(0.5, 0.6), split: str | None
 
     Returns a matplotlib ``Figure``.
     """
-    from matplotlib.figure import Figure
 
     names = list(scores)
     fig = Figure(figsize=(4.3 * len(names), 3.6), layout="constrained")
@@ -334,7 +334,7 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
     if candidates is not None and len(candidates) != len(predictions):
         raise ValueError(f"candidates: {len(candidates)} entries for {len(predictions)} "
                          "images")
-    sizes = _image_sizes(predictions, image_sizes, None, root)
+    sizes = image_sizes_of(predictions, image_sizes, None, root)
     cols = {k: [] for k in ("image_id", "label", "size", "crowding")}
     best = {k: [] for k in CANDIDATE_SETS}
     found = {float(t): [] for t in score_threshs}

@@ -29,11 +29,12 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from medaidet.arguments import ArgumentValueError, check_number
 from medaidet.device import DEFAULT_DEVICE
 from medaidet.evaluation.analysis import images_missing_class
-from medaidet.evaluation.evaluate import Predictions, check_run, predict_weights
+from medaidet.evaluation.evaluate import Predictions, check_run, predict_run
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, EVALUATE_SCORE_THRESH
 from medaidet.files import png_bytes, write_files
 from medaidet.numbers import finite_or_none
@@ -331,7 +332,6 @@ def plot_counts(result: CountResult):
 
     Returns a matplotlib ``Figure``.
     """
-    from matplotlib.figure import Figure
 
     n = len(result.label_names)
     fig = Figure(figsize=(4.0 * n, 4.0), layout="constrained")
@@ -356,7 +356,6 @@ def plot_sweep(sweep: SweepResult):
 
     Returns a matplotlib ``Figure``.
     """
-    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.0, 4.0), layout="constrained")
     ax = fig.subplots()
@@ -389,13 +388,12 @@ def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_TH
     score_thresh = _check_thresh(score_thresh, EVALUATE_SCORE_THRESH, "--score-thresh")
     for t in np.asarray(thresholds, dtype=object).ravel():
         _check_thresh(t, EVALUATE_SCORE_THRESH, "thresholds")
-    root, subset, batch_size, out = check_run(weights_path, root, subset, batch_size,
-                                                  out)
-    preds = predict_weights(weights_path, split, model_name, root, subset, device,
-                            batch_size, progress)
+    run = check_run(weights_path, root, subset, batch_size, out)
+    preds = predict_run(run, split, model_name, device, progress)
     result = count_cells(preds, score_thresh,
-                         set_aside=images_missing_class(preds.ids, root=root, brief=True))
-    result.info.update(weights=str(weights_path), model=preds.model, subset=subset)
+                         set_aside=images_missing_class(preds.ids, root=run.root, brief=True))
+    result.info.update(weights=str(weights_path), model=preds.model, subset=run.subset)
+    out = run.out
     with warnings.catch_warnings():
         if split != "test":
             warnings.simplefilter("ignore", UserWarning)

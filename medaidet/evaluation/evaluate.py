@@ -29,20 +29,31 @@ import html
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+from chainercv.evaluations import calc_detection_voc_prec_rec, eval_detection_voc
+from matplotlib.figure import Figure
 
 from medaidet.arguments import check_number, prepare_output_dir
+from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.data.bccd import BCCDDataset
+from medaidet.data.download import resolve_root
+from medaidet.data.voc import split_path
 from medaidet.device import DEFAULT_DEVICE, resolve_device
 from medaidet.errors import MedaidetError
 from medaidet.files import png_bytes, write_files
 from medaidet.evaluation.protocol import (COURSE_PUBLISHED, EVALUATE_SCORE_THRESH, IOU_THRESH,
                                           PROTOCOLS)
 from medaidet.numbers import finite_or_none
-from medaidet.ssd.model import WeightsNotFoundError
-from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
+from medaidet.ssd.model import build_ssd, model_of_weights
+from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, predict
+from medaidet.ssd.pretrained import shipped_weights
+from medaidet.ssd.weight_files import WeightsNotFoundError, load_weights
+from medaidet.tables import Table
 
 __all__ = [
     "Predictions", "ProtocolResult", "EvaluationResult", "TrainedWeightsMissingError",
@@ -95,6 +106,7 @@ class Predictions:
     score_thresh: float = EVALUATE_SCORE_THRESH
     split: str | None = None
     model: str | None = None          # the model's name (MODEL_NAMES), when known
+    seconds: float | None = None      # how long predicting took, when measured
 
     def __post_init__(self):
         n = len(self.ids)
@@ -141,12 +153,12 @@ class Predictions:
             [lb[k] for lb, k in zip(self.pred_labels, keep)],
             [s[k] for s, k in zip(self.pred_scores, keep)],
             self.gt_bboxes, self.gt_labels, self.gt_difficults, self.label_names,
-            max(lowest, self.score_thresh), self.split, self.model)
+            max(lowest, self.score_thresh), self.split, self.model, self.seconds)
 
 
 def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
                   top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K, ids=None,
-                  label_names=None, return_candidates: bool = False):
+                  label_names=None, split=None, return_candidates: bool = False):
     """Predict every image of ``dataset`` in the 'evaluate' preset (score 0.01, NMS 0.45).
 
     Args:
@@ -158,14 +170,14 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         top_k, keep_top_k: the caps of :func:`medaidet.ssd.predict.predict`.
         ids: image ids; default ``dataset.ids`` or the indices.
         label_names: default ``dataset.label_names`` or BCCD's.
+        split: the split's name, kept with the predictions; default ``dataset.split``.
         return_candidates: also return, per image, the candidates before the caps and NMS
             (:class:`medaidet.ssd.predict.Candidates`, for :mod:`medaidet.evaluation.analysis`).
 
     Returns:
-        :class:`Predictions`; with ``return_candidates``, ``(predictions, candidates)``.
+        :class:`Predictions` (with the split, the model's name and the seconds the loop
+        took); with ``return_candidates``, ``(predictions, candidates)``.
     """
-    from medaidet.data.bccd import BCCD_LABEL_NAMES
-    from medaidet.ssd.predict import predict
 
     if progress:    # tqdm.auto warns where Jupyter has no ipywidgets: not imported for nothing
         from tqdm.auto import tqdm
@@ -181,6 +193,7 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
     out = {k: [] for k in ("pb", "pl", "ps", "gb", "gl", "gd", "candidates")}
     saved = (model.score_thresh, model.nms_thresh)
     model.use_preset("evaluate")
+    start = time.perf_counter()
     try:
         with tqdm(total=n, desc="predict", unit="img", disable=not progress) as bar:
             for start in range(0, n, batch_size):
@@ -203,7 +216,8 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         model.score_thresh, model.nms_thresh = saved
     preds = Predictions(list(ids), out["pb"], out["pl"], out["ps"], out["gb"], out["gl"],
                         out["gd"], tuple(label_names), score_thresh,
-                        getattr(dataset, "split", None))
+                        split if split is not None else getattr(dataset, "split", None),
+                        getattr(model, "name", None), time.perf_counter() - start)
     return (preds, out["candidates"]) if return_candidates else preds
 
 
@@ -247,7 +261,6 @@ def _pad(values, n, fill=np.nan):
 
 
 def _score_protocol(preds: Predictions, name: str) -> ProtocolResult:
-    from chainercv.evaluations import calc_detection_voc_prec_rec, eval_detection_voc
 
     n_class = len(preds.label_names)
     n_gt = np.zeros(n_class, dtype=int)
@@ -326,6 +339,19 @@ class EvaluationResult:
         return (f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
                 f"<tbody>{body}</tbody></table><p>{esc(_COURSE_NOTE)}</p>")
 
+    def summary_table(self, published: bool = True) -> Table:
+        """mAP and AP per class (VOC area), one row per protocol; first, with
+        ``published``, the original course's published numbers at its score >= 0.6."""
+        names = list(self.label_names)
+        table = Table(["", "mAP", *names])
+        if published:
+            table.append(["original course (score >= 0.6, published)", COURSE_PUBLISHED["map"],
+                          *(COURSE_PUBLISHED["ap"][c] for c in names)])
+        for name, p in self.protocols.items():
+            table.append([f"this model, {name} protocol (score >= {p.score_thresh:g})",
+                          p.map_voc, *(float(v) for v in p.ap_voc)])
+        return table
+
     def to_dict(self) -> dict:
         """JSON-ready: NaN (no box of a class) becomes ``None``."""
         protocols = {}
@@ -391,7 +417,6 @@ def plot_pr_curves(result: EvaluationResult):
     The 'course' line stops where its recall runs out: everything below score 0.6 is lost.
     Returns a matplotlib ``Figure`` (not shown; ``fig.savefig(...)`` to write it).
     """
-    from matplotlib.figure import Figure
 
     n = len(result.label_names)
     fig = Figure(figsize=(4.2 * n, 4.0), layout="constrained")
@@ -421,8 +446,6 @@ def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVIC
     """Build ``model_name`` (None: the model the weights were saved from,
     :func:`~medaidet.ssd.model.model_of_weights`) for BCCD's 3 classes, load the trained
     weights, move it to ``device``. ``model.name`` is the model's name."""
-    from medaidet.data.bccd import BCCD_LABEL_NAMES
-    from medaidet.ssd.model import build_ssd, load_weights, model_of_weights
 
     path = Path(os.fspath(weights_path))
     if not path.is_file():
@@ -442,11 +465,10 @@ def course_weights(profile: str, run_dir) -> tuple:
 
     * ``'full'``: what notebook 03 trained, ``<run_dir>/full/model.npz`` (it must exist).
     * ``'cpu'``: ``<run_dir>/cpu/model.npz`` when notebook 03 trained it, else the small
-      SSD's weights that ship with medaidet (:func:`~medaidet.ssd.model.shipped_weights`).
+      SSD's weights that ship with medaidet (:func:`~medaidet.ssd.pretrained.shipped_weights`).
     * ``'smoke'``: the shipped weights: the smoke run's model saw 4 images for 4 iterations
       and has nothing to show.
     """
-    from medaidet.ssd.model import shipped_weights
 
     fresh = Path(os.fspath(run_dir)) / profile / "model.npz"
     if profile == "full" or (profile == "cpu" and fresh.is_file()):
@@ -456,17 +478,26 @@ def course_weights(profile: str, run_dir) -> tuple:
     return shipped_weights("ssd_small"), f"the small SSD's weights shipped with medaidet ({why})"
 
 
-def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=None):
-    """The cheap checks of an evaluate/count run, done before the model is built and the
-    split predicted, so that a mistake costs nothing: the weight file exists, ``subset`` and
-    ``batch_size`` are whole numbers > 0, the dataset is there and ``out`` can be written
-    (created now; it may not lie inside the dataset). Errors name the arguments as the
-    command line spells them (``--subset``, ``--out``).
+class CheckedRun(NamedTuple):
+    """The arguments of an evaluate/count run after :func:`check_run`: the weight file, the
+    dataset root and ``out`` resolved (``out`` ``None`` when not given), the numbers as ints."""
 
-    Returns ``(root, subset, batch_size, out)``: the dataset root and ``out``
-    resolved (``out`` ``None`` when not given), the numbers as ints.
+    weights: Path
+    root: Path
+    subset: int | None
+    batch_size: int
+    out: Path | None
+
+
+def check_run(weights_path, root=None, subset=None, batch_size: int = 8,
+              out=None) -> CheckedRun:
+    """The cheap checks of an evaluate/count run, done once, before the model is built and
+    the split predicted, so that a mistake costs nothing: the weight file exists, ``subset``
+    and ``batch_size`` are whole numbers > 0, the dataset is there and ``out`` can be
+    written (created now; it may not lie inside the dataset). Errors name the arguments as
+    the command line spells them (``--subset``, ``--out``). Returns a :class:`CheckedRun`
+    for :func:`predict_run`.
     """
-    from medaidet.data.download import resolve_root
 
     path = Path(os.fspath(weights_path))
     if not path.is_file():
@@ -477,14 +508,13 @@ def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=Non
     root = resolve_root(root)
     if out is not None:
         out = prepare_output_dir(out, "--out", inputs=(root,))
-    return root, subset, batch_size, out
+    return CheckedRun(path, root, subset, batch_size, out)
 
 
 def check_ground_truth(root, split: str, subset=None):
     """Raise :class:`NothingToEvaluateError` when the images to evaluate (the first
     ``subset`` of ``split``) hold no ground-truth box: before any model is built. Reads
     the annotations only. Images without boxes are fine as long as some image has one."""
-    from medaidet.data.bccd import BCCDDataset, split_path
 
     dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
     difficults = list(dataset.slice[:, "difficult"])
@@ -510,11 +540,18 @@ def predict_weights(weights_path, split: str = "test", model_name: str | None = 
                     progress: bool = True, return_candidates: bool = False):
     """Load weights and predict ``split`` (its first ``subset`` images when given); with
     ``return_candidates`` also the candidates before the caps and NMS (see
-    :func:`predict_split`)."""
-    from medaidet.data.bccd import BCCDDataset
+    :func:`predict_split`). The arguments are checked first (:func:`check_run`)."""
+    return predict_run(check_run(weights_path, root, subset, batch_size), split, model_name,
+                       device, progress, return_candidates)
 
-    root, subset, batch_size, _ = check_run(weights_path, root, subset, batch_size)
-    model = load_model(weights_path, model_name, device)
+
+def predict_run(run: CheckedRun, split: str = "test", model_name: str | None = None,
+                device=DEFAULT_DEVICE, progress: bool = True,
+                return_candidates: bool = False):
+    """:func:`predict_weights` for arguments :func:`check_run` has checked."""
+
+    root, subset, batch_size = run.root, run.subset, run.batch_size
+    model = load_model(run.weights, model_name, device)
     # ChainerCV's evaluation convention: keep difficult boxes, flagged, so they are ignored.
     dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
     ids = list(dataset.ids)
@@ -523,13 +560,9 @@ def predict_weights(weights_path, split: str = "test", model_name: str | None = 
         view = dataset.slice[:len(ids)]
     else:
         view = dataset
-    result = predict_split(model, view, batch_size=batch_size, progress=progress, ids=ids,
-                           label_names=dataset.label_names,
-                           return_candidates=return_candidates)
-    preds = result[0] if return_candidates else result
-    preds.split = split
-    preds.model = model.name
-    return result
+    return predict_split(model, view, batch_size=batch_size, progress=progress, ids=ids,
+                         label_names=dataset.label_names, split=split,
+                         return_candidates=return_candidates)
 
 
 def evaluate_weights(weights_path, split: str = "test", model_name: str | None = None,
@@ -548,14 +581,13 @@ def evaluate_weights(weights_path, split: str = "test", model_name: str | None =
         NothingToEvaluateError: the images to evaluate hold no ground-truth box
             (:func:`check_ground_truth`, before the model is built).
     """
-    root, subset, batch_size, out = check_run(weights_path, root, subset, batch_size,
-                                                  out)
-    check_ground_truth(root, split, subset)
-    preds = predict_weights(weights_path, split, model_name, root, subset, device,
-                            batch_size, progress)
+    run = check_run(weights_path, root, subset, batch_size, out)
+    check_ground_truth(run.root, split, run.subset)
+    preds = predict_run(run, split, model_name, device, progress)
     result = evaluate(preds)
     result.info.update(weights=str(weights_path), model=preds.model,
-                       subset=subset, image_ids=list(preds.ids))
+                       subset=run.subset, image_ids=list(preds.ids))
+    out = run.out
     if out is not None:  # both or neither: a full disk leaves no result without its figure
         write_files({out / "evaluation.json": result.to_json() + "\n",
                      out / "pr_curves.png": png_bytes(plot_pr_curves(result), dpi=100)})

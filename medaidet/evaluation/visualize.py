@@ -31,7 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from chainercv.utils import bbox_iou
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
 
+from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+from medaidet.data.download import resolve_root
+from medaidet.data.image import read_image_size
+from medaidet.data.voc import image_path
 from medaidet.evaluation.evaluate import Predictions
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
 
@@ -208,7 +214,6 @@ def _count_title(pred_label, kept, gt_label, label_names, class_index=None) -> s
 
 
 def _legend_handles(totals=None):
-    from matplotlib.patches import Patch
 
     return [Patch(facecolor="none", **STYLES[kind],
                   label=_LEGEND[kind] + ("" if totals is None else f" ({totals[kind]})"))
@@ -253,7 +258,6 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
     Returns:
         the :class:`DetectionMatch` of all classes (the drawing may show one).
     """
-    from matplotlib.patches import Rectangle
 
     label_names = tuple(label_names)
     match = match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
@@ -301,8 +305,6 @@ def _images_for(predictions: Predictions, dataset=None, root=None):
         if predictions.split is None:
             raise ValueError("plot_detections: the predictions do not say their split; pass "
                              "dataset= (e.g. BCCDDataset(root, 'test')), whose images they are")
-        from medaidet.data.bccd import AnnotationWarning, BCCDDataset
-
         # predicting read the same annotations and warned about what it dropped already
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AnnotationWarning)
@@ -361,7 +363,6 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
     Returns:
         a matplotlib ``Figure`` (not shown; ``fig.savefig(...)`` to write it).
     """
-    from matplotlib.figure import Figure
 
     label_names = tuple(label_names or predictions.label_names)
     at = f"score >= {score_thresh:g}" if not isinstance(score_thresh, dict) else (
@@ -482,14 +483,14 @@ def _median(value: float) -> str:
     return "" if math.isnan(value) else f" (median {value:5.1f} px)"
 
 
-def _image_sizes(predictions: Predictions, image_sizes, dataset, root):
+def image_sizes_of(predictions: Predictions, image_sizes, dataset, root):
+    """(height, width) of every image of ``predictions``: ``image_sizes`` when given, else
+    from ``dataset`` or the image files' headers under ``root`` (nothing is decoded)."""
     if image_sizes is not None:
         sizes = [tuple(int(v) for v in s) for s in image_sizes]
         if len(sizes) != len(predictions):
             raise ValueError(f"image_sizes: {len(sizes)} sizes for {len(predictions)} images")
         return sizes
-    from medaidet.data.bccd import image_path, read_image_size
-    from medaidet.data.download import resolve_root
 
     root = resolve_root(getattr(dataset, "root", None) if root is None else root)
     # the header only: no image is decoded
@@ -512,7 +513,7 @@ def gt_box_sizes(predictions: Predictions, score_thresh: float = COUNT_SCORE_THR
         image_sizes: ``(H, W)`` of each image; default: read from the image files'
             headers in ``root`` (or ``dataset.root``, else ``$MEDAIDET_DATA``).
     """
-    sizes = _image_sizes(predictions, image_sizes, dataset, root)
+    sizes = image_sizes_of(predictions, image_sizes, dataset, root)
     label_names = tuple(predictions.label_names)
     found = {n: [] for n in label_names}
     missed = {n: [] for n in label_names}
@@ -539,7 +540,6 @@ def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
 
     Returns a matplotlib ``Figure``.
     """
-    from matplotlib.figure import Figure
 
     names = list(classes or sizes.label_names)
     fig = Figure(figsize=(4.2 * len(names), 3.6), layout="constrained")

@@ -1,1 +1,2 @@
-"""Scaling (notebook 08): memory per batch size, gradient accumulation, ChainerMN."""
+"""Scaling (notebooks 07 and 08): the batch size that fits in memory, and launching a
+ChainerMN run on several processes. Built on the training recipe (:mod:`medaidet.training`)."""

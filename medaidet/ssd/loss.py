@@ -109,7 +109,7 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
             the GPU, an asynchronous CUDA fault.
         n_positive (number or 0-d array, optional): the normaliser to divide
             both losses by instead of this call's own positive count. For
-            gradient accumulation (:class:`medaidet.scaling.accumulation.AccumulatingUpdater`):
+            gradient accumulation (:class:`medaidet.training.accumulation.AccumulatingUpdater`):
             a batch split into micro-batches must divide every micro-batch's loss
             by the positives of the *whole* batch, so that the micro-batch losses
             (and gradients) add up to the large batch's. Give it as the loss

@@ -1,5 +1,4 @@
-"""SSD300, SSD512 and SSDSmall for the BCCD classes, and the weights they start from or were
-saved with.
+"""SSD300, SSD512 and SSDSmall for the BCCD classes, built with the weights they start from.
 
 :func:`build_ssd` makes ChainerCV's ``SSD300``/``SSD512`` (or :class:`~medaidet.ssd.small.SSDSmall`,
 which has no pretrained weights) for ``n_fg_class`` foreground classes (default: the three
@@ -15,163 +14,39 @@ BCCD classes) and loads one of:
   and the whole extractor do not depend on the classes, so they are reused. (The heads
   are skipped even with ``n_fg_class=20``: for VOC's own detector use ChainerCV's
   ``SSD300(pretrained_model='voc0712')``.)
-* a path to an ``.npz`` file: a model-only weight file (:func:`save_weights`) of a model with
-  the same architecture and classes, loaded completely; a ``.sha256`` sidecar is verified.
+* a path to an ``.npz`` file: a model-only weight file
+  (:func:`~medaidet.ssd.weight_files.save_weights`) of a model with the same architecture and
+  classes, loaded completely; a ``.sha256`` sidecar is verified.
 
-Named ImageNet/VOC weights come from ChainerCV's model cache, the same files ChainerCV uses:
-``<dataset root>/pfnet/chainercv/models/<the URL's file name>``, where the dataset root is
-``$CHAINER_DATASET_ROOT`` (default ``~/.chainer/dataset``; see
-``chainer.dataset.set_dataset_root``). A missing file is downloaded by ChainerCV's
-``download_model``; offline, :class:`WeightsNotFoundError` says which file to place where and
-the URL it comes from.
-
-Before any array is copied, every shape is checked against the model; a mismatch raises
-:class:`WeightsMismatchError` naming the parameter, both shapes and the likely cause
-(another ``n_fg_class``, SSD300 vs SSD512, a trainer snapshot instead of model weights).
-The model is first *materialized* (:func:`materialize`: one forward pass on a blank image)
-so that every expected shape is known exactly. What was loaded is described by a
-:class:`WeightsReport` (``model.weights_report``, also logged at INFO level).
-
-Parameter names are the keys of ``chainer.serializers.save_npz``, e.g.
-``extractor/conv1_1/W``, ``multibox/loc/0/W``, ``multibox/conf/0/W``.
+Where the named weights come from: :mod:`medaidet.ssd.pretrained`. How a weight file is read
+and checked: :mod:`medaidet.ssd.weight_files`. What was loaded is described by a
+:class:`~medaidet.ssd.weight_files.WeightsReport` (``model.weights_report``, also logged at
+INFO level).
 """
 from __future__ import annotations
 
-import http.client
 import logging
-import math
 import os
 import zipfile
-import zlib
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
-import chainer
 import numpy as np
-from chainer.dataset import get_dataset_root
 from chainercv.links import SSD300, SSD512
-from chainercv.utils import download as _cv_download
 
-from medaidet.checksums import sha256_file
-from medaidet.files import atomic_file
-from medaidet.data.bccd import BCCD_LABEL_NAMES
-from medaidet.errors import MedaidetError
-from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
+from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.ssd import MODEL_NAMES
+from medaidet.ssd.pretrained import check_pretrained, pretrained_file
 from medaidet.ssd.small import SSDSmall
+from medaidet.ssd.weight_files import (WeightsNotFoundError, check_cached_weights,
+                                       imagenet_report, load_all_but_class_heads,
+                                       load_weights, what_file_is)
 
-__all__ = [
-    "MODELS", "PRETRAINED", "CLASS_HEADS", "build_ssd", "materialize", "pretrained_url",
-    "pretrained_cache_path", "pretrained_file", "save_weights", "load_weights",
-    "WeightsReport", "WeightsError", "WeightsNotFoundError", "WeightsMismatchError",
-    "WeightsChecksumError", "WeightsFileError", "WeightsNotFiniteError", "WeightsComparison",
-    "compare_weights", "what_file_is", "check_pretrained", "WITH_PRETRAINED",
-    "model_of_weights", "SHIPPED_WEIGHTS", "shipped_weights",
-]
+__all__ = ["MODELS", "build_ssd", "model_of_weights"]
 
 logger = logging.getLogger(__name__)
 
 #: Model name (:data:`medaidet.ssd.MODEL_NAMES`) -> ChainerCV class, for :func:`build_ssd`.
 MODELS = dict(zip(MODEL_NAMES, (SSD300, SSD512, SSDSmall)))
-#: Prefix of the class-score heads: their shape depends on the number of classes.
-CLASS_HEADS = "multibox/conf/"
-#: ChainerCV's model cache, relative to the dataset root (see ``download_model``).
-CACHE_SUBDIR = os.path.join("pfnet", "chainercv", "models")
-SIDECAR_SUFFIX = ".sha256"
-#: Trained weights that ship with the package (model-only, float16, with ``.sha256`` and a
-#: ``.json`` that says how they were made): the small SSD trained on BCCD trainval on a CPU,
-#: so that the evaluation and counting notebooks show a working detector at once.
-SHIPPED_WEIGHTS = {"ssd_small": Path(__file__).parent / "weights" / "ssd_small_bccd.npz"}
-
-
-# --------------------------------------------------------------------------- errors
-
-class WeightsError(MedaidetError):
-    """Base class of the weight-loading errors."""
-
-
-class WeightsNotFoundError(WeightsError):
-    """A weight file is not where it should be and could not be downloaded."""
-
-    def __init__(self, message: str, path: Path, url: str | None = None):
-        super().__init__(message)
-        self.path = path
-        self.url = url
-
-
-class WeightsMismatchError(WeightsError):
-    """A weight file does not fit the model: a parameter is missing, extra or another shape."""
-
-    def __init__(self, message: str, path: Path, parameter: str,
-                 expected: tuple | None, found: tuple | None):
-        super().__init__(message)
-        self.path = path
-        self.parameter = parameter
-        self.expected = expected
-        self.found = found
-
-
-class WeightsChecksumError(WeightsError):
-    """A weight file's sha256 differs from its ``.sha256`` sidecar."""
-
-    def __init__(self, message: str, path: Path, expected: str, found: str):
-        super().__init__(message)
-        self.path = path
-        self.expected = expected
-        self.found = found
-
-
-class WeightsFileError(WeightsError):
-    """A weight file cannot be read as an ``.npz`` of plain arrays: it is another kind of
-    file (the message says which), empty, truncated or damaged."""
-
-
-class WeightsNotFiniteError(WeightsError):
-    """A weight file holds NaN or infinite values. ``parameter``: the first such array (in
-    name order); ``count``: how many arrays hold some."""
-
-    def __init__(self, message: str, path: Path, parameter: str, count: int):
-        super().__init__(message)
-        self.path = path
-        self.parameter = parameter
-        self.count = count
-
-
-# --------------------------------------------------------------------------- report
-
-@dataclass(frozen=True)
-class WeightsReport:
-    """What a weight file gave a model. Names are ``save_npz`` keys (``extractor/conv1_1/W``)."""
-
-    source: str                    # the file read
-    loaded: tuple[str, ...]        # model parameters set from the file
-    skipped: tuple[str, ...]       # entries of the file that were not used
-    initialized: tuple[str, ...]   # model parameters left at their random initialization
-    note: str = ""                 # why entries were skipped, when they were
-
-    def summary(self) -> str:
-        parts = [f"{Path(self.source).name}: loaded {len(self.loaded)} parameters"
-                 f"{_groups(self.loaded)}"]
-        if self.skipped:
-            parts.append(f"skipped {len(self.skipped)} from the file{_groups(self.skipped)}"
-                         + (f" ({self.note})" if self.note else ""))
-        if self.initialized:
-            parts.append(f"random init for {len(self.initialized)}{_groups(self.initialized)}")
-        return "; ".join(parts)
-
-    __str__ = summary
-
-
-def _group(name: str) -> str:
-    head = name.split("/")
-    return "/".join(head[:2]) if head[0] == "multibox" else head[0]
-
-
-def _groups(names) -> str:
-    if not names:
-        return ""
-    counts = Counter(_group(n) for n in names)
-    return " (" + ", ".join(f"{g} {c}" for g, c in sorted(counts.items())) + ")"
 
 
 # --------------------------------------------------------------------------- model
@@ -211,24 +86,20 @@ def build_ssd(name: str = "ssd300", pretrained=None,
         report = None
     elif pretrained == "imagenet":
         path = pretrained_file(name, "imagenet")
-        # Read and checked here first: ChainerCV's loader would fail on a damaged file with
-        # a raw zip error, and load NaNs without a word.
-        _check_finite(_read_arrays(path), path, _CAUSE_CACHED)
+        check_cached_weights(path)
         # ChainerCV's own path: it finds the file in its cache and loads it (strict=False).
         model = cls(n_fg_class=n_fg_class, pretrained_model="imagenet")
-        report = _imagenet_report(model, path)
+        report = imagenet_report(model, path)
     elif pretrained == "voc0712":
         path = pretrained_file(name, "voc0712")
         model = cls(n_fg_class=n_fg_class)
-        report = _load(model, path, skip=CLASS_HEADS, strict=False,
-                       note="VOC's 21-class score heads; these classes get new ones",
-                       non_finite_cause=_CAUSE_CACHED)
+        report = load_all_but_class_heads(model, path)
     else:
         path = Path(os.fspath(pretrained))
         if not path.is_file():
             raise WeightsNotFoundError(
                 f"no weight file at {path}: pretrained must be None, 'imagenet', 'voc0712' "
-                f"or the path of an .npz saved by medaidet.ssd.model.save_weights", path)
+                f"or the path of an .npz saved by medaidet.ssd.weight_files.save_weights", path)
         model = cls(n_fg_class=n_fg_class)
         report = load_weights(model, path)
 
@@ -257,455 +128,8 @@ def model_of_weights(path) -> str:
     return "ssd512" if "multibox/loc/6/W.npy" in names else "ssd300"
 
 
-def check_pretrained(name: str, pretrained) -> None:
-    """:class:`WeightsNotFoundError` when ``pretrained`` names weights (``'imagenet'``,
-    ``'voc0712'``) that model ``name`` does not have."""
-    if pretrained in PRETRAINED and str(name).lower() not in WITH_PRETRAINED:
-        raise WeightsNotFoundError(
-            f"{name} has no {pretrained!r} weights (only {', '.join(WITH_PRETRAINED)} do): "
-            f"train it from random weights (pretrained None, --pretrained none) or load a "
-            f"model-only .npz of it", Path(str(pretrained)))
-
-
-def materialize(model):
-    """Give every lazily shaped parameter its shape: one forward pass on a blank image.
-
-    ChainerCV's convolutions learn their input channels on the first forward pass; until
-    then their weights are uninitialized and cannot be checked, saved or copied. Draws the
-    random initial values from NumPy's global RNG (seeded runs stay reproducible). Returns
-    ``model``; does nothing when every parameter already has its array.
-    """
-    if all(param.array is not None for param in model.params()):
-        return model
-    x = model.xp.zeros((1, 3, model.insize, model.insize), dtype=np.float32)
-    with chainer.using_config("train", False), chainer.no_backprop_mode():
-        model(x)
-    return model
-
-
 def _model_class(name: str):
     cls = MODELS.get(str(name).lower())
     if cls is None:
         raise ValueError(f"unknown model {name!r}: use one of {', '.join(MODELS)}")
     return cls
-
-
-# --------------------------------------------------------------------------- cache
-
-def pretrained_url(name: str = "ssd300", pretrained: str = "voc0712") -> str:
-    """The URL ChainerCV downloads ``pretrained`` weights of model ``name`` from."""
-    cls = _model_class(name)
-    if pretrained not in PRETRAINED:
-        raise ValueError(f"unknown pretrained weights {pretrained!r}: use one of "
-                         f"{', '.join(PRETRAINED)}, a file path, or None")
-    return cls._models[pretrained]["url"]
-
-
-def pretrained_cache_path(name: str = "ssd300", pretrained: str = "voc0712") -> Path:
-    """Where ChainerCV keeps (and looks for) that file: ``<root>/pfnet/chainercv/models/<name>``.
-
-    Computed as ChainerCV's ``download_model`` does (the URL's base name under
-    ``get_dataset_directory('pfnet/chainercv/models')``), without creating anything.
-    """
-    url = pretrained_url(name, pretrained)
-    return Path(get_dataset_root(), CACHE_SUBDIR, os.path.basename(url))
-
-
-def shipped_weights(name: str = "ssd_small") -> Path:
-    """The trained weights of ``name`` that ship with medaidet (:data:`SHIPPED_WEIGHTS`);
-    their ``.json`` says the command and seed that reproduce them and their test AP.
-
-    Raises :class:`WeightsNotFoundError` when medaidet ships none for ``name`` or the file
-    is missing from this installation."""
-    if name not in SHIPPED_WEIGHTS:
-        raise WeightsNotFoundError(
-            f"medaidet ships trained weights only for {', '.join(SHIPPED_WEIGHTS)}, not "
-            f"{name!r}: train {name} (`medaidet train`) and use its model.npz", None)
-    path = SHIPPED_WEIGHTS[name]
-    if not path.is_file():
-        raise WeightsNotFoundError(
-            f"the shipped weights {path} are missing from this installation: reinstall "
-            f"medaidet (pip install -e <checkout>), or train them: `medaidet train "
-            f"--profile cpu`", path)
-    return path
-
-
-def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712") -> Path:
-    """The cached weight file, downloaded by ChainerCV's ``download_model`` if missing.
-
-    Raises:
-        WeightsNotFoundError: not cached and the download failed (offline, HTTP error).
-            ``.path`` is where to place the file, ``.url`` where it comes from.
-    """
-    url = pretrained_url(name, pretrained)
-    path = pretrained_cache_path(name, pretrained)
-    if path.is_file():
-        return path
-    try:
-        return Path(_cv_download.download_model(url))
-    except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
-        reason = getattr(exc, "reason", None) or exc
-        raise WeightsNotFoundError(
-            f"the {pretrained!r} weights for {name} are not in ChainerCV's cache and could "
-            f"not be downloaded ({type(exc).__name__}: {reason}).\n"
-            f"Place the file at:\n    {path}\n"
-            f"It comes from:\n    {url}\n"
-            f"(download it where there is network access and copy it there; the cache root "
-            f"is $CHAINER_DATASET_ROOT, default ~/.chainer/dataset)", path, url) from None
-
-
-# --------------------------------------------------------------------------- weight files
-
-def _write_npz(f, model, compression: bool, half: bool = False) -> None:
-    """What ``chainer.serializers.save_npz`` writes, minus the clock: NumPy's ``savez``
-    stamps every zip entry with the current time, so identical weights saved twice get
-    different sha256s. Here every entry carries the same fixed date, in name order, and
-    identical weights give an identical file. ``half``: float32 arrays are stored as
-    float16 (loading casts them back)."""
-    serializer = chainer.serializers.DictionarySerializer()
-    serializer.save(model)
-    method = zipfile.ZIP_DEFLATED if compression else zipfile.ZIP_STORED
-    with zipfile.ZipFile(f, mode="w", compression=method, allowZip64=True) as archive:
-        for name in sorted(serializer.target):
-            array = np.asanyarray(serializer.target[name])
-            if half and array.dtype == np.float32:
-                array = array.astype(np.float16)
-            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = method
-            with archive.open(info, "w", force_zip64=True) as entry:
-                np.lib.format.write_array(entry, array, allow_pickle=False)
-
-
-def save_weights(model, path, compression: bool = False, half: bool = False) -> str:
-    """Save the model's parameters only (the ``save_npz`` format) and a ``.sha256`` sidecar.
-
-    The file is reproducible: the same weights give the same bytes and sha256 (see
-    :func:`_write_npz`). ``half``: store float32 arrays as float16 (half the size, for
-    weights that ship; :func:`load_weights` casts them back to the model's float32).
-
-    The sidecar holds ``<sha256>  <file name>`` (``sha256sum -c`` reads it). Both files are
-    written under temporary names and renamed, so a crash never leaves a half-written
-    file under ``path``. Uncompressed by default: weights shrink by ~8% at several seconds'
-    cost. Returns the sha256 hex digest.
-    """
-    path = Path(path)
-    materialize(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as f:
-        _write_npz(f, model, compression, half)
-    digest = sha256_file(path)
-    with atomic_file(_sidecar(path), "w") as f:
-        f.write(f"{digest}  {path.name}\n")
-    return digest
-
-
-@dataclass(frozen=True)
-class WeightsComparison:
-    """How two weight files differ (:func:`compare_weights`)."""
-
-    n_arrays: int
-    n_different: int
-    max_abs_diff: float
-    max_rel_diff: float        # per array max |a - b| / max(|a|, |b|); the largest
-    only_in_one: tuple = ()
-
-    @property
-    def identical(self) -> bool:
-        """Bit for bit: same names, every array equal."""
-        return self.n_different == 0 and not self.only_in_one
-
-    def summary(self) -> str:
-        if self.identical:
-            return f"identical ({self.n_arrays} arrays, bit for bit)"
-        extra = f"; only in one file: {', '.join(self.only_in_one)}" if self.only_in_one else ""
-        return (f"{self.n_different} of {self.n_arrays} arrays differ; largest difference "
-                f"{self.max_abs_diff:.3g} ({self.max_rel_diff:.3g} of the array's largest "
-                f"value){extra}")
-
-
-def compare_weights(a, b) -> WeightsComparison:
-    """Compare two model-only weight files (or ``{name: array}`` mappings) array by array."""
-    def arrays(source):
-        if isinstance(source, dict):
-            return source
-        with np.load(source, allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}
-
-    a, b = arrays(a), arrays(b)
-    common = sorted(set(a) & set(b))
-    n_different, max_abs, max_rel = 0, 0.0, 0.0
-    for name in common:
-        x, y = np.asarray(a[name]), np.asarray(b[name])
-        if x.shape != y.shape:
-            n_different += 1
-            max_abs = max_rel = math.inf
-            continue
-        if np.array_equal(x, y):
-            continue
-        n_different += 1
-        diff = float(np.max(np.abs(x.astype(np.float64) - y)))
-        scale = max(float(np.max(np.abs(x))), float(np.max(np.abs(y)))) or 1.0
-        max_abs, max_rel = max(max_abs, diff), max(max_rel, diff / scale)
-    return WeightsComparison(n_arrays=len(common), n_different=n_different,
-                             max_abs_diff=max_abs, max_rel_diff=max_rel,
-                             only_in_one=tuple(sorted(set(a) ^ set(b))))
-
-
-def load_weights(model, path) -> WeightsReport:
-    """Load a model-only weight file completely; verify its ``.sha256`` sidecar if present.
-
-    Every parameter of the model must be in the file with the same shape and finite values,
-    and the file must hold nothing else. Returns a :class:`WeightsReport`.
-
-    Raises:
-        WeightsNotFoundError, WeightsChecksumError, WeightsFileError (not an ``.npz`` of
-        arrays: says what the file is instead), WeightsMismatchError, WeightsNotFiniteError.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise WeightsNotFoundError(f"no weight file at {path}", path)
-    sidecar = _sidecar(path)
-    if sidecar.is_file():
-        fields = sidecar.read_text().split()
-        expected = fields[0].lower() if fields else ""
-        found = sha256_file(path)
-        if found != expected:
-            raise WeightsChecksumError(
-                f"{path} does not match its checksum file {sidecar.name}: expected sha256 "
-                f"{expected or '(empty sidecar)'}, found {found}. The file changed after it "
-                f"was saved or was copied only partly; copy it again.", path, expected, found)
-    return _load(model, path, skip=None, strict=True)
-
-
-def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + SIDECAR_SUFFIX)
-
-
-_EXPECTED = ("expected a ChainerCV/medaidet .npz: a zip of .npy arrays, one per parameter, as "
-             "medaidet.ssd.model.save_weights (the model.npz of `medaidet train`) or "
-             "chainer.serializers.save_npz writes it")
-_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")   # a zip's first entry; an empty zip
-_NOT_A_ZIP = [  # (leading bytes, what the file is)
-    (b"\x93NUMPY", "a single NumPy array (.npy, as numpy.save writes it)"),
-    (b"\x1f\x8b", "a gzip-compressed file (a .tar.gz or .gz archive?)"),
-    (b"BZh", "a bzip2-compressed file"),
-    (b"\xfd7zXZ\x00", "an xz-compressed file"),
-    (b"\x89HDF\r\n\x1a\n", "an HDF5 file (chainer.serializers.save_hdf5 or Keras weights?)"),
-    (b"\x80", "a Python pickle (pickle.dump or an old torch.save?)"),
-]
-_CAUSE_DIVERGED = ("the training diverged before these were saved; use an earlier snapshot "
-                   "(or train again with a lower learning rate)")
-_CAUSE_CACHED = ("the cached file is damaged; delete it and let ChainerCV download it again")
-
-
-def what_file_is(path: Path) -> str | None:
-    """What ``path`` holds, in words, when it is not a zip archive (``None`` when it is)."""
-    with open(path, "rb") as f:
-        head = f.read(512)
-    if not head:
-        return "empty (0 bytes)"
-    if any(magic.startswith(head[:4]) for magic in _ZIP_MAGIC):
-        return None
-    if len(head) > 262 and head[257:262] == b"ustar":
-        return "a tar archive"
-    for magic, what in _NOT_A_ZIP:
-        if head.startswith(magic):
-            return what
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:  # maybe cut inside a character: try without the last 3 bytes
-        try:
-            text = head[:-3].decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-    if text is not None and "\x00" not in text:
-        first = text.strip().splitlines()[0][:40] if text.strip() else ""
-        return f"a text file (it begins {first!r})"
-    return f"not an .npz (it begins with the bytes {head[:8].hex(' ')})"
-
-
-def _read_arrays(path: Path) -> dict:
-    """Every array of the ``.npz`` at ``path``, by name. Anything else raises
-    :class:`WeightsFileError` saying what the file is and what was expected."""
-    what = what_file_is(path)
-    if what is not None:
-        if what.startswith("empty"):
-            raise WeightsFileError(
-                f"{path} is empty (0 bytes): the save or copy that wrote it did not finish "
-                f"(an interrupted run, a full disk?); copy it again or use another file; "
-                f"{_EXPECTED}.")
-        raise WeightsFileError(f"{path} is {what}, not a weight file; {_EXPECTED}.")
-    try:
-        npz = np.load(path, allow_pickle=False)
-    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
-        # it starts as a zip; the table of contents at its end is missing
-        size = path.stat().st_size
-        raise WeightsFileError(
-            f"{path} is a truncated .npz: it starts as a zip archive but its end is missing "
-            f"({size} byte{'' if size == 1 else 's'} long; an interrupted copy, download or "
-            f"save, or a full disk). Copy or download it again, or save it again with "
-            f"medaidet.ssd.model.save_weights.") from None
-    with npz:
-        members = npz.zip.namelist()
-        other = [m for m in members if not m.endswith(".npy")]
-        if other:
-            raise WeightsFileError(
-                f"{path} is a zip archive but not an .npz of arrays: it holds {other[0]!r}"
-                f"{f' and {len(other) - 1} more' if len(other) > 1 else ''}, which is not a "
-                f".npy array (a PyTorch checkpoint or another tool's archive?); {_EXPECTED}.")
-        if not members:
-            raise WeightsFileError(f"{path} is an empty zip archive: no arrays; {_EXPECTED}.")
-        arrays = {}
-        for key in npz.files:
-            try:
-                arrays[key] = npz[key]
-            except ValueError as exc:
-                if "allow_pickle" not in str(exc) and "Object arrays" not in str(exc):
-                    raise _damaged(path, key, exc) from None
-                raise WeightsFileError(
-                    f"{path}: entry {key} holds Python objects, not numbers; a parameter "
-                    f"saved before the model's first forward pass is one cause. Save with "
-                    f"medaidet.ssd.model.save_weights.") from None
-            except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
-                raise _damaged(path, key, exc) from None
-    return arrays
-
-
-def _damaged(path: Path, key: str, exc: Exception) -> WeightsFileError:
-    return WeightsFileError(
-        f"{path} is damaged: its entry {key} cannot be read ({exc}). Copy or download it "
-        f"again, or save it again with medaidet.ssd.model.save_weights.")
-
-
-def _check_finite(arrays: dict, path: Path, cause: str) -> None:
-    """Raise :class:`WeightsNotFiniteError` if a floating-point array holds NaN or inf:
-    such weights load without complaint and the model then predicts nothing."""
-    bad = [key for key in sorted(arrays) if np.asarray(arrays[key]).dtype.kind in "fc"
-           and not np.isfinite(arrays[key]).all()]
-    if not bad:
-        return
-    key = bad[0]
-    array = np.asarray(arrays[key])
-    n_nan, n_inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
-    raise WeightsNotFiniteError(
-        f"{path}: parameter {key} holds {n_nan} NaN and {n_inf} infinite of its {array.size} "
-        f"values ({len(bad)} of {len(arrays)} arrays hold NaN or inf; the first in name "
-        f"order is shown). A model with these weights detects nothing. Likely cause: "
-        f"{cause}.", path, key, len(bad))
-
-
-def _model_shapes(model) -> dict:
-    """save_npz key -> shape: every parameter (``None`` while lazily shaped) and every
-    persistent value (batch normalisation's running mean and variance)."""
-    shapes = {name.lstrip("/"): None if param.array is None else tuple(param.shape)
-              for name, param in model.namedparams()}
-    for path, link in model.namedlinks():
-        for name in link._persistent:
-            shapes[f"{path}/{name}".lstrip("/")] = np.shape(getattr(link, name))
-    return shapes
-
-
-def _load(model, path: Path, skip: str | None, strict: bool, note: str = "",
-          non_finite_cause: str = _CAUSE_DIVERGED) -> WeightsReport:
-    """Check every shape and that the values are finite, then copy. ``skip``: a key prefix
-    neither loaded nor checked. ``strict``: the file may hold no entry the model lacks
-    (otherwise such entries are reported as skipped). ``non_finite_cause``: the likely
-    cause named when a value is NaN or inf."""
-    arrays = _read_arrays(path)
-
-    def skipped(key):
-        return skip is not None and key.startswith(skip)
-
-    # Names first: they need no forward pass (a snapshot or an SSD512 file fails fast).
-    expected = _model_shapes(model)
-    missing = [k for k in sorted(expected) if not skipped(k) and k not in arrays]
-    extra = [k for k in sorted(arrays) if k not in expected and not skipped(k)] \
-        if strict else []
-    if missing or extra:
-        raise _mismatch(model, path, arrays, expected, [], missing, extra)
-    materialize(model)
-    expected = _model_shapes(model)
-    wrong = [k for k in sorted(expected)
-             if not skipped(k) and tuple(arrays[k].shape) != expected[k]]
-    if wrong:
-        raise _mismatch(model, path, arrays, expected, wrong, [], [])
-
-    loaded = tuple(k for k in sorted(expected) if not skipped(k))
-    _check_finite({k: arrays[k] for k in loaded}, path, non_finite_cause)
-    chainer.serializers.NpzDeserializer(
-        {k: arrays[k] for k in loaded}, strict=True,
-        ignore_names=lambda key: skipped(key)).load(model)
-    return WeightsReport(
-        source=str(path), loaded=loaded,
-        skipped=tuple(k for k in sorted(arrays) if k not in loaded),
-        initialized=tuple(k for k in sorted(expected) if skipped(k)),
-        note=note if skip else "")
-
-
-def _imagenet_report(model, path: Path) -> WeightsReport:
-    # ChainerCV loaded the file (strict=False); materializing now shapes the rest and
-    # fails here, not in the first training step, if the file does not fit the extractor.
-    try:
-        materialize(model)
-    except (chainer.utils.type_check.InvalidType, ValueError) as exc:
-        raise WeightsMismatchError(
-            f"the ImageNet weights at {path} do not fit {type(model).__name__}: {exc}. "
-            f"Delete the file and let ChainerCV download it again.",
-            path, "extractor", None, None) from None
-    with np.load(path, allow_pickle=False) as npz:   # read and checked in build_ssd
-        files = sorted(npz.files)
-    expected = _model_shapes(model)
-    return WeightsReport(
-        source=str(path), loaded=tuple(k for k in files if k in expected),
-        skipped=tuple(k for k in files if k not in expected),
-        initialized=tuple(k for k in sorted(expected) if k not in files))
-
-
-def _mismatch(model, path, arrays, expected, wrong, missing, extra) -> WeightsMismatchError:
-    if wrong:
-        key = wrong[0]
-        what = f"parameter {key} has shape {tuple(arrays[key].shape)} in the file, " \
-               f"the model expects {expected[key]}"
-        found, want = tuple(arrays[key].shape), expected[key]
-    elif missing:
-        key = missing[0]
-        shape = "" if expected[key] is None else f" (shape {expected[key]})"
-        what = f"parameter {key}{shape} is not in the file"
-        found, want = None, expected[key]
-    else:
-        key = extra[0]
-        what = f"the file has {key} (shape {tuple(arrays[key].shape)}), which the model lacks"
-        found, want = tuple(arrays[key].shape), None
-    counts = f"{len(wrong)} of another shape, {len(missing)} missing, {len(extra)} extra"
-    message = (f"{path} does not fit {type(model).__name__}(n_fg_class={model.n_fg_class}): "
-               f"{what} ({counts}). Likely cause: {_likely_cause(model, arrays)}")
-    return WeightsMismatchError(message, path, key, want, found)
-
-
-def _likely_cause(model, arrays) -> str:
-    keys = list(arrays)
-    prefixes = sorted({k.split("/")[0] for k in keys if "/" in k})
-    if any(k.startswith("updater/") for k in keys):
-        return ("this is a trainer snapshot (keys start with 'updater/'), not model weights. "
-                "Load it with chainer.serializers.load_npz(path, model, "
-                "path='updater/model:main/model/'), then save_weights(model, ...).")
-    is_512_file = "extractor/conv12_1/W" in arrays
-    is_512_model = isinstance(model, SSD512)
-    if is_512_file != is_512_model:
-        return (f"the file was saved from {'SSD512' if is_512_file else 'SSD300'}; this model "
-                f"is {type(model).__name__}. Build the same model: "
-                f"build_ssd('{'ssd512' if is_512_file else 'ssd300'}', ...).")
-    loc, conf = arrays.get("multibox/loc/0/W"), arrays.get("multibox/conf/0/W")
-    if loc is not None and conf is not None and loc.shape[0] % 4 == 0:
-        n_anchor = loc.shape[0] // 4
-        if n_anchor and conf.shape[0] % n_anchor == 0:
-            n_fg = conf.shape[0] // n_anchor - 1
-            if n_fg != model.n_fg_class:
-                return (f"the file was saved from a model with n_fg_class={n_fg}; this model "
-                        f"has n_fg_class={model.n_fg_class}. Build it with "
-                        f"n_fg_class={n_fg}, or start from 'voc0712'/'imagenet' weights, "
-                        f"which do not depend on the classes.")
-    if not any(k.startswith(("extractor/", "multibox/")) for k in keys):
-        return (f"the file holds no SSD parameters (top-level names: "
-                f"{', '.join(prefixes[:5]) or 'none'}); it is not an SSD weight file.")
-    return "the file was saved from a different architecture or a modified model."

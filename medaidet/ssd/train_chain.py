@@ -38,7 +38,7 @@ class MultiboxTrainChain(chainer.Chain):
 
     ``forward(..., n_positive=N)`` divides the losses by ``N`` instead of this batch's
     positive count (and skips ``comm``'s allreduce, which the caller did): for
-    :class:`medaidet.scaling.accumulation.AccumulatingUpdater`, which feeds a batch in
+    :class:`medaidet.training.accumulation.AccumulatingUpdater`, which feeds a batch in
     micro-batches and gives each the whole batch's count, so the micro-batch losses add up
     to the batch's. The reported values are then this micro-batch's share of the batch's.
     """

@@ -1,11 +1,12 @@
 """Training (notebooks 03 and 06): the course recipe as builders, and a whole run.
 
 * ``config``: :class:`~medaidet.training.config.TrainConfig`, the recipe's settings and profiles;
-* ``recipe``: the builders, in ChainerCV's order (model, train chain, datasets, iterators,
-  optimizer, updater, trainer, extensions);
-* ``run``: :func:`~medaidet.training.run.train`, the builders plus checks, seeding,
+* ``recipe``: :class:`~medaidet.training.recipe.Recipe`, one method per piece, in ChainerCV's
+  order (model, train chain, datasets, iterators, optimizer, updater, trainer, extensions);
+* ``run``: :func:`~medaidet.training.run.train`, the recipe plus checks, seeding,
   snapshots, metrics and plots;
-* ``ranks``: one process or a ChainerMN rank; ``iterators``: worker processes for the
+* ``ranks``: one process or a ChainerMN rank; ``communicator``: which ChainerMN communicator,
+  checked; ``accumulation``: a batch in micro-batches (gradient accumulation); ``iterators``: worker processes for the
   augmentation; ``divergence``: stop at the first nan or inf; ``snapshot``: snapshots with
   the random states, and resume; ``extensions``: progress, plots, validation;
   ``result``: :class:`~medaidet.training.result.TrainResult`; ``seeding``: every random

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from medaidet.arguments import ArgumentValueError, check_number, is_path
 from medaidet.device import DEFAULT_DEVICE, DeviceError, parse_device
+from medaidet.tables import Table
 from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
 
 __all__ = ["TrainConfig", "ConfigError", "PROFILES", "OPTIMIZERS", "WEIGHTS_NAME"]
@@ -56,7 +57,7 @@ class ConfigError(ArgumentValueError):
     message names the field, the value and what is expected."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on. Defaults: the course's recipe.
 
@@ -102,7 +103,9 @@ class TrainConfig:
     out: str = "outputs/train"
 
     def __post_init__(self):
-        self.validate()
+        # the one check of a config: it is immutable, so it stays valid (see validate)
+        for name, value in _normalised(dataclasses.asdict(self)).items():
+            object.__setattr__(self, name, value)
 
     # ---- construction
 
@@ -174,109 +177,126 @@ class TrainConfig:
         out["lr_steps"] = list(self.lr_steps)
         return out
 
+    def table(self, fields=None) -> Table:
+        """``fields`` (default: all) and their values, one row each."""
+        names = list(fields) if fields is not None else [f.name for f in dataclasses.fields(self)]
+        return Table(["setting", "value"], [[f"`{n}`", repr(getattr(self, n))] for n in names])
+
     # ---- checks
 
-    def validate(self) -> None:
-        """Check every field; raise :class:`ConfigError` naming the first bad one, its value
-        and what is expected. The one place the fields are checked: construction calls it,
-        and so do :func:`train` and the ``medaidet train`` command (through the config
-        they build). Numbers written as text (YAML reads ``1e-3`` as text) become numbers,
-        paths become text (``config.json`` is JSON)."""
-        def number(name, rule="positive", integer=False, optional=False):
-            value = getattr(self, name)
-            if value is None and optional:
-                return
-            try:
-                checked = check_number(value, name, rule, integer)
-            except ArgumentValueError as exc:
-                raise ConfigError(f"{exc}{' or null' if optional else ''}") from None
-            if integer or isinstance(value, str):
-                setattr(self, name, checked)
+    def validate(self) -> "TrainConfig":
+        """Check every field: the config with its fields normalised, or :class:`ConfigError`
+        naming the first bad one, its value and what is expected. Pure: ``self`` is not
+        changed (a new config is returned when a field changes). Construction runs the same
+        check once (a config is immutable, so it stays valid): every ``TrainConfig`` is a
+        checked one."""
+        values = _normalised(dataclasses.asdict(self))
+        return self if values == dataclasses.asdict(self) else TrainConfig(**values)
 
-        for name in ("batch_size", "k", "log_interval", "eval_batch_size", "accumulate"):
-            number(name, integer=True)
-        for name in ("subset", "eval_subset", "iterations"):
-            number(name, integer=True, optional=True)
-        for name in ("epochs", "lr"):
-            number(name)
-        number("max_expand_ratio")
-        if self.max_expand_ratio < 1:
-            raise ConfigError(f"max_expand_ratio: {self.max_expand_ratio!r} is below 1; "
-                              "expected the largest zoom-out canvas as a multiple of the "
-                              "image, 1 or more (1: no zoom out)")
-        for name in ("eval_interval", "snapshot_interval"):
-            number(name, optional=True)
-        for name in ("momentum", "weight_decay", "bias_grad_scale", "alpha", "lr_gamma"):
-            number(name, "non-negative")
-        for name in ("n_processes", "seed"):
-            number(name, "non-negative", integer=True, optional=True)
-        if not isinstance(self.lr_steps, (list, tuple)):
-            raise ConfigError(f"lr_steps: {self.lr_steps!r} is not a list; expected a list of "
-                              "epochs")
-        steps = []
-        for i, step in enumerate(self.lr_steps):
-            try:
-                steps.append(float(check_number(step, f"lr_steps[{i}]", "non-negative")))
-            except ArgumentValueError as exc:
-                raise ConfigError(str(exc)) from None
-        self.lr_steps = tuple(steps)
-        for name in ("deterministic", "augment"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ConfigError(f"{name}: {value!r} is not true or false; expected true or "
-                                  "false")
-        self._check_names()
-        if self.batch_size % self.accumulate:
-            raise ConfigError(
-                f"batch_size {self.batch_size} is not divisible by accumulate "
-                f"{self.accumulate}: the batch is split into {self.accumulate} equal "
-                f"micro-batches; use a batch size that is a multiple of {self.accumulate}")
-        if self.communicator is not None and (not isinstance(self.communicator, str)
-                                              or not self.communicator):
-            raise ConfigError(f"communicator: {self.communicator!r} is not a communicator "
-                              "name; expected a ChainerMN communicator name (naive, "
-                              "pure_nccl, ...) or null")
-        if self.deterministic and self.seed is None:
-            raise ConfigError("deterministic=True needs a seed: set seed (--seed S) too")
+
+def _normalised(values: dict) -> dict:
+    """``values`` (every field of a :class:`TrainConfig`) checked, with numbers written as
+    text (YAML reads ``1e-3`` as text) made numbers, whole numbers ints, paths text
+    (``config.json`` is JSON) and names lower-case; :class:`ConfigError` naming the first
+    bad field otherwise. Does not change ``values``."""
+    v = dict(values)
+
+    def number(name, rule="positive", integer=False, optional=False):
+        value = v[name]
+        if value is None and optional:
+            return
         try:
-            parse_device(self.device, "device")
-        except DeviceError as exc:
-            raise ConfigError(str(exc)) from None
+            checked = check_number(value, name, rule, integer)
+        except ArgumentValueError as exc:
+            raise ConfigError(f"{exc}{' or null' if optional else ''}") from None
+        if integer or isinstance(value, str):
+            v[name] = checked
 
-    def _check_names(self) -> None:
-        """The text fields: the model, the weights, the splits and the folders."""
-        if not isinstance(self.model, str) or self.model.lower() not in MODEL_NAMES:
-            raise ConfigError(f"model: {self.model!r} is not a model medaidet builds; "
-                              f"expected one of {', '.join(MODEL_NAMES)}")
-        self.model = self.model.lower()
-        if not isinstance(self.optimizer, str) or self.optimizer.lower() not in OPTIMIZERS:
-            raise ConfigError(f"optimizer: {self.optimizer!r} is not an optimizer the recipe "
-                              f"builds; expected one of {', '.join(OPTIMIZERS)}")
-        self.optimizer = self.optimizer.lower()
-        if isinstance(self.pretrained, str) and self.pretrained.strip().lower() == "none":
-            self.pretrained = None        # as the command line's --pretrained none
-        if self.pretrained is not None:
-            if not is_path(self.pretrained):
-                raise ConfigError(
-                    f"pretrained: {self.pretrained!r} is not a weights name or file; expected "
-                    f"null, {', '.join(repr(p) for p in PRETRAINED)} or the path of a "
-                    "model-only .npz")
-            self.pretrained = os.fspath(self.pretrained)
-        if self.pretrained in PRETRAINED and self.model not in WITH_PRETRAINED:
-            raise ConfigError(f"pretrained: {self.model} has no {self.pretrained!r} weights "
-                              f"(only {', '.join(WITH_PRETRAINED)} do); expected null (random "
-                              "weights) or a model-only .npz of it")
-        for name in ("train_split", "val_split"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value.strip():
-                raise ConfigError(f"{name}: {value!r} is not a split name; expected a split "
-                                  "such as 'train'")
-        if not is_path(self.out):
-            raise ConfigError(f"out: {self.out!r} is not a folder path; expected a folder to "
-                              "write the results in")
-        self.out = os.fspath(self.out)
-        if self.root is not None:
-            if not is_path(self.root):
-                raise ConfigError(f"root: {self.root!r} is not a folder path; expected null "
-                                  "($MEDAIDET_DATA or the cache) or the BCCD root")
-            self.root = os.fspath(self.root)
+    for name in ("batch_size", "k", "log_interval", "eval_batch_size", "accumulate"):
+        number(name, integer=True)
+    for name in ("subset", "eval_subset", "iterations"):
+        number(name, integer=True, optional=True)
+    for name in ("epochs", "lr"):
+        number(name)
+    number("max_expand_ratio")
+    if v["max_expand_ratio"] < 1:
+        raise ConfigError(f"max_expand_ratio: {v['max_expand_ratio']!r} is below 1; "
+                          "expected the largest zoom-out canvas as a multiple of the "
+                          "image, 1 or more (1: no zoom out)")
+    for name in ("eval_interval", "snapshot_interval"):
+        number(name, optional=True)
+    for name in ("momentum", "weight_decay", "bias_grad_scale", "alpha", "lr_gamma"):
+        number(name, "non-negative")
+    for name in ("n_processes", "seed"):
+        number(name, "non-negative", integer=True, optional=True)
+    if not isinstance(v["lr_steps"], (list, tuple)):
+        raise ConfigError(f"lr_steps: {v['lr_steps']!r} is not a list; expected a list of "
+                          "epochs")
+    steps = []
+    for i, step in enumerate(v["lr_steps"]):
+        try:
+            steps.append(float(check_number(step, f"lr_steps[{i}]", "non-negative")))
+        except ArgumentValueError as exc:
+            raise ConfigError(str(exc)) from None
+    v["lr_steps"] = tuple(steps)
+    for name in ("deterministic", "augment"):
+        if not isinstance(v[name], bool):
+            raise ConfigError(f"{name}: {v[name]!r} is not true or false; expected true or "
+                              "false")
+    v.update(_normalised_names(v))
+    if v["batch_size"] % v["accumulate"]:
+        raise ConfigError(
+            f"batch_size {v['batch_size']} is not divisible by accumulate "
+            f"{v['accumulate']}: the batch is split into {v['accumulate']} equal "
+            f"micro-batches; use a batch size that is a multiple of {v['accumulate']}")
+    communicator = v["communicator"]
+    if communicator is not None and (not isinstance(communicator, str) or not communicator):
+        raise ConfigError(f"communicator: {communicator!r} is not a communicator "
+                          "name; expected a ChainerMN communicator name (naive, "
+                          "pure_nccl, ...) or null")
+    if v["deterministic"] and v["seed"] is None:
+        raise ConfigError("deterministic=True needs a seed: set seed (--seed S) too")
+    try:
+        parse_device(v["device"], "device")
+    except DeviceError as exc:
+        raise ConfigError(str(exc)) from None
+    return v
+
+
+def _normalised_names(v: dict) -> dict:
+    """The text fields checked: the model, the optimizer, the weights, the splits and the
+    folders; returns their normalised values."""
+    model, optimizer, pretrained = v["model"], v["optimizer"], v["pretrained"]
+    if not isinstance(model, str) or model.lower() not in MODEL_NAMES:
+        raise ConfigError(f"model: {model!r} is not a model medaidet builds; "
+                          f"expected one of {', '.join(MODEL_NAMES)}")
+    model = model.lower()
+    if not isinstance(optimizer, str) or optimizer.lower() not in OPTIMIZERS:
+        raise ConfigError(f"optimizer: {optimizer!r} is not an optimizer the recipe "
+                          f"builds; expected one of {', '.join(OPTIMIZERS)}")
+    if isinstance(pretrained, str) and pretrained.strip().lower() == "none":
+        pretrained = None        # as the command line's --pretrained none
+    if pretrained is not None:
+        if not is_path(pretrained):
+            raise ConfigError(
+                f"pretrained: {pretrained!r} is not a weights name or file; expected "
+                f"null, {', '.join(repr(p) for p in PRETRAINED)} or the path of a "
+                "model-only .npz")
+        pretrained = os.fspath(pretrained)
+    if pretrained in PRETRAINED and model not in WITH_PRETRAINED:
+        raise ConfigError(f"pretrained: {model} has no {pretrained!r} weights "
+                          f"(only {', '.join(WITH_PRETRAINED)} do); expected null (random "
+                          "weights) or a model-only .npz of it")
+    for name in ("train_split", "val_split"):
+        if not isinstance(v[name], str) or not v[name].strip():
+            raise ConfigError(f"{name}: {v[name]!r} is not a split name; expected a split "
+                              "such as 'train'")
+    if not is_path(v["out"]):
+        raise ConfigError(f"out: {v['out']!r} is not a folder path; expected a folder to "
+                          "write the results in")
+    if v["root"] is not None and not is_path(v["root"]):
+        raise ConfigError(f"root: {v['root']!r} is not a folder path; expected null "
+                          "($MEDAIDET_DATA or the cache) or the BCCD root")
+    return {"model": model, "optimizer": optimizer.lower(), "pretrained": pretrained,
+            "out": os.fspath(v["out"]),
+            "root": None if v["root"] is None else os.fspath(v["root"])}

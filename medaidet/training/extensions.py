@@ -19,7 +19,7 @@ from chainercv.extensions import DetectionVOCEvaluator
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from medaidet.data.bccd import BCCD_LABEL_NAMES
+from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.files import png_bytes, write_files
 
 __all__ = ["EveryOrEnd", "PresetEvaluator", "Monitor", "Plotter", "write_plots"]

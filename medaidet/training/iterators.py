@@ -4,7 +4,7 @@ Augmenting an image costs a large share of a training step on the CPU, so the tr
 iterator runs the transform in worker processes (chainer's ``MultiprocessIterator``) where
 the platform allows it, and falls back to the ``SerialIterator`` (saying why) where it does
 not. An example that fails to load in a worker (a truncated JPEG) ends the run with the
-same error as without workers (:class:`medaidet.data.bccd.ImageError`), not a hang.
+same error as without workers (:class:`medaidet.data.image.ImageError`), not a hang.
 """
 from __future__ import annotations
 

@@ -4,20 +4,92 @@ A run is either one process (the usual case) or one rank of a ChainerMN run star
 ``mpiexec`` (notebook 08). The run asks a :class:`Ranks` object, never the communicator,
 everything that differs between the two: which device this process trains on, its share
 of the batch and of the images, its random seed, whether it writes the files, how the
-optimizer shares gradients, and whether every rank ended with the same weights.
+optimizer shares gradients, what happens when one rank fails, and whether every rank ended
+with the same weights. The communicator is :mod:`medaidet.training.communicator`'s; starting the ranks
+(``mpiexec``) is :mod:`medaidet.scaling.distributed`'s.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import sys
+import traceback
 from dataclasses import dataclass
 
+import numpy as np
 from chainer.backends import cuda
 
-from medaidet.device import parse_device, resolve_device
-from medaidet.scaling import distributed
+from medaidet.device import gpu_status, parse_device, resolve_device
+from medaidet.errors import MedaidetError
+from medaidet.training.communicator import (DistributedConfigError, DistributedError,
+                                            communicator_spec, create_communicator)
 from medaidet.training.config import ConfigError, TrainConfig
 
-__all__ = ["Ranks"]
+__all__ = ["Ranks", "RanksDivergedError", "per_rank_batchsize",
+           "rank_device", "param_digest"]
+
+
+class RanksDivergedError(DistributedError, RuntimeError):
+    """The ranks' parameters differ after training. Attribute ``digests``: the sha256
+    of each rank's parameters, by rank."""
+
+    def __init__(self, message, digests):
+        super().__init__(message)
+        self.digests = digests
+
+
+def per_rank_batchsize(batchsize: int, n_ranks: int) -> int:
+    """The per-rank batch size for a total ``batchsize`` (as ChainerCV's
+    ``train_multi.py``: the recipe's batch size and learning rate stay the same whatever
+    the number of ranks). :class:`DistributedConfigError` unless it divides evenly."""
+    if n_ranks < 1 or batchsize < n_ranks or batchsize % n_ranks:
+        lower = max(n_ranks, batchsize // n_ranks * n_ranks)
+        raise DistributedConfigError(
+            f"batch size {batchsize} (the total over all ranks) cannot be split evenly over "
+            f"{n_ranks} ranks: use a multiple of {n_ranks}, e.g. {lower} or {lower + n_ranks}")
+    return batchsize // n_ranks
+
+
+def rank_device(comm, device="gpu"):
+    """The device this rank trains on, ``'cpu'`` or a GPU number, from the run's device
+    spec (read by :func:`medaidet.device.parse_device`): the CPU stays the CPU; ``gpu``
+    and ``auto`` (with a usable GPU) become GPU ``comm.intra_rank`` -- the ranks on one
+    host take one GPU each. A fixed GPU number is kept only with one rank per host.
+    Raises :class:`DistributedConfigError` when a host runs more ranks than it has GPUs."""
+    spec = parse_device(device)
+    if spec == "cpu":
+        return "cpu"
+    count, _ = gpu_status()
+    if spec == "auto" and not count:
+        return "cpu"
+    if isinstance(spec, int):
+        if comm.intra_size > 1:
+            raise DistributedConfigError(
+                f"device {device!r} puts all {comm.intra_size} ranks of this host on one GPU: "
+                f"use --device gpu (each rank takes GPU <its rank on the host>)")
+        return spec
+    gpu = comm.intra_rank
+    if count and gpu >= count:
+        raise DistributedConfigError(
+            f"rank {comm.rank} is process {comm.intra_rank} on its host, which has only "
+            f"{count} GPU(s): start at most {count} ranks per host (mpiexec -n {count}, or "
+            f"--npernode {count} on several hosts)")
+    return gpu      # no GPU at all: resolve_device then says why CUDA cannot be used
+
+
+def param_digest(link) -> str:
+    """sha256 of a link's parameters (names, dtypes, shapes and values, in name order),
+    moved to the host first: equal digests mean bit-identical weights."""
+    h = hashlib.sha256()
+    for name, param in sorted(link.namedparams()):
+        h.update(name.encode())
+        if param.array is None:
+            h.update(b"uninitialized")
+            continue
+        array = np.ascontiguousarray(cuda.to_cpu(param.array))
+        h.update(f"{array.dtype.str}{array.shape}".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()
 
 
 @dataclass
@@ -34,25 +106,32 @@ class Ranks:
     batch_size: int
 
     @classmethod
+    def one_process(cls, config: TrainConfig) -> "Ranks":
+        """One process on ``config.device`` (resolved: ``auto`` is the GPU when one is
+        usable), with the config's whole batch."""
+        return cls(None, resolve_device(config.device), config.batch_size)
+
+    @classmethod
     def for_config(cls, config: TrainConfig) -> "Ranks":
         """One process, or (``config.communicator`` set) this rank of a ChainerMN run: the
         communicator is created now (its errors name MPI or NCCL problems), each rank
         takes its own GPU, and the batch is split evenly over the ranks."""
         if config.communicator is None:
-            return cls(None, resolve_device(config.device), config.batch_size)
-        spec = distributed.communicator_spec(config.communicator)
+            return cls.one_process(config)
+        spec = communicator_spec(config.communicator)
         wanted = parse_device(config.device)
         if wanted == "auto":
-            wanted = "gpu" if cuda.available else "cpu"
-        comm = distributed.create_communicator(spec.name, "cpu" if wanted == "cpu" else "gpu")
-        with distributed.abort_on_error(comm):
-            batch_size = distributed.per_rank_batchsize(config.batch_size, comm.size)
+            wanted = "gpu" if gpu_status()[0] else "cpu"
+        comm = create_communicator(spec.name, "cpu" if wanted == "cpu" else "gpu")
+        ranks = cls(comm, None, config.batch_size)
+        with ranks.abort_on_error():
+            batch_size = per_rank_batchsize(config.batch_size, comm.size)
             if batch_size % config.accumulate:
                 raise ConfigError(
                     f"each of the {comm.size} ranks gets {batch_size} images per batch "
                     f"(batch_size {config.batch_size} / {comm.size}), not divisible by "
                     f"accumulate {config.accumulate}")
-            device = resolve_device(distributed.rank_device(comm, config.device))
+            device = resolve_device(rank_device(comm, config.device))
         return cls(comm, device, batch_size)
 
     # ---- who is who
@@ -69,7 +148,7 @@ class Ranks:
     def is_root(self) -> bool:
         """Rank 0 (or the only process): the one that logs, shows progress and writes the
         files (every rank writing the same files would corrupt them)."""
-        return distributed.is_root(self.comm)
+        return self.rank == 0
 
     @property
     def keeps_snapshots(self) -> bool:
@@ -92,16 +171,28 @@ class Ranks:
     # ---- what each rank does differently
 
     def seed(self, seed):
-        """This process's seed: ``seed + rank`` (each rank its own shuffling and
-        augmentation; the weights are rank 0's, see :meth:`broadcast_weights`)."""
-        return distributed.rank_seed(seed, self.comm)
+        """This process's seed: ``seed + rank`` (``None`` stays ``None``): each rank draws
+        its own shuffling and augmentation stream. The initial weights need not match:
+        :meth:`broadcast_weights` gives every rank rank 0's."""
+        return seed if seed is None else int(seed) + self.rank
 
     def share(self, dataset, seed):
-        """This process's images: all of them, or this rank's equal share (shuffled with
-        ``seed``)."""
+        """This process's images: all of them, or this rank's equal share
+        (``chainermn.scatter_dataset``: rank 0's copy is shuffled with ``seed``, split into
+        equal parts and sent; other ranks may pass ``None``). Scatter the plain dataset
+        before wrapping it in transforms: the object is pickled to every rank.
+        :class:`DistributedConfigError` when there are fewer images than ranks."""
         if self.comm is None:
             return dataset
-        return distributed.scatter_dataset(dataset, self.comm, seed=seed or 0)
+        import chainermn     # an optional dependency (the mpi extra)
+        comm = self.comm
+        size = comm.bcast_obj(len(dataset) if comm.rank == 0 else None)
+        if size < comm.size:
+            raise DistributedConfigError(
+                f"the dataset has {size} samples for {comm.size} ranks: every rank needs at "
+                f"least one; use more images or fewer ranks")
+        return chainermn.scatter_dataset(dataset if comm.rank == 0 else None, comm,
+                                         shuffle=True, seed=seed or 0)
 
     def wrap_optimizer(self, optimizer):
         """``optimizer``, or ChainerMN's multi-node optimizer around it (gradients are
@@ -109,7 +200,7 @@ class Ranks:
         on every rank)."""
         if self.comm is None:
             return optimizer
-        import chainermn
+        import chainermn     # an optional dependency (the mpi extra)
         return chainermn.create_multi_node_optimizer(optimizer, self.comm)
 
     def broadcast_weights(self, optimizer) -> None:
@@ -119,17 +210,48 @@ class Ranks:
         if self.comm is not None:
             optimizer.update()
 
-    def agreed_digests(self, model):
-        """None for one process; else every rank's sha256 of the weights, after checking
-        that they are identical (:class:`~medaidet.scaling.distributed.RanksDivergedError`
-        on every rank if not). Every rank must call it."""
+    def agreed_digests(self, model, what="parameters"):
+        """None for one process; else every rank's sha256 of ``model``'s parameters, by
+        rank, after checking that they are identical (:class:`RanksDivergedError` on every
+        rank if not). A collective call: every rank must reach it (at the end of
+        training)."""
         if self.comm is None:
             return None
-        return [distributed.check_ranks_agree(self.comm, model)] * self.size
+        comm = self.comm      # gathered to rank 0, then broadcast: all ranks act together
+        digests = comm.bcast_obj(comm.gather_obj(param_digest(model)))
+        odd = [rank for rank, d in enumerate(digests) if d != digests[0]]
+        if odd:
+            listed = ", ".join(f"rank {r}: {d[:12]}" for r, d in enumerate(digests))
+            raise RanksDivergedError(
+                f"the {what} differ across ranks after training (ranks {odd} differ from "
+                f"rank 0; sha256 {listed}): every rank must train with the optimizer from "
+                f"chainermn.create_multi_node_optimizer and take the same number of updates "
+                f"(equal shares from scatter_dataset, the same iteration count)", digests)
+        return digests
 
     @contextlib.contextmanager
-    def abort_on_error(self):
-        """An error on one rank ends every rank (see
-        :func:`~medaidet.scaling.distributed.abort_on_error`); nothing for one process."""
-        with distributed.abort_on_error(self.comm):
+    def abort_on_error(self, exit_code=1):
+        """Stop every rank when this one fails. An exception (or ``sys.exit`` with a
+        non-zero code) on one rank otherwise leaves the others waiting in the next
+        allreduce, and the failing rank itself hangs in MPI_Finalize at exit: the job never
+        ends. Inside this block, the error is printed (with the rank) and
+        ``MPI_Abort(exit_code)`` ends the whole job. With one process (or one rank) the
+        error propagates as usual."""
+        try:
             yield
+        except BaseException as exc:
+            comm = self.comm
+            if comm is None or comm.size <= 1:
+                raise
+            if isinstance(exc, SystemExit) and exc.code in (None, 0):
+                raise
+            if isinstance(exc, MedaidetError):
+                text = f"medaidet: error: {exc}\n"
+            else:
+                text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            sys.stdout.flush()
+            sys.stderr.write(f"[rank {comm.rank}/{comm.size}] {text}"
+                             f"[rank {comm.rank}/{comm.size}] aborting all ranks\n")
+            sys.stderr.flush()
+            comm.mpi_comm.Abort(exit_code)
+            raise  # not reached: MPI_Abort ends the process

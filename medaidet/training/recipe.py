@@ -1,14 +1,13 @@
-"""The training recipe as builders, in the order ChainerCV's ``examples/ssd/train.py`` reads.
+"""The training recipe, in the order ChainerCV's ``examples/ssd/train.py`` reads it.
 
 model -> train chain -> datasets and transform -> iterators -> optimizer (with its hooks)
--> updater -> trainer -> extensions. Notebook 03 calls them one by one;
-:func:`medaidet.training.run.train` calls them in the same order and adds what the course
-needs around them (checks before any work, seeding, a divergence stop, snapshots with the
-random states, metrics and plots).
-
-Each builder takes the :class:`~medaidet.training.config.TrainConfig` and, where one process
-and a ChainerMN rank differ, the :class:`~medaidet.training.ranks.Ranks` of the run
-(``Ranks.for_config(config)``).
+-> updater -> trainer -> extensions. A :class:`Recipe` holds a
+:class:`~medaidet.training.config.TrainConfig` and the processes that run it
+(:class:`~medaidet.training.ranks.Ranks`: by default one process on the config's device), and
+builds each piece with one method; :meth:`Recipe.build` builds them all, in that order.
+:func:`medaidet.training.run.train` is ``build()`` plus what the course adds around it
+(checks before any work, seeding, a divergence stop, snapshots with the random states,
+metrics and plots). Notebook 03 writes the same recipe out in plain ChainerCV.
 """
 from __future__ import annotations
 
@@ -23,11 +22,14 @@ from chainer.optimizer_hooks import WeightDecay
 from chainer.training import extensions
 from chainercv.links.model.ssd import GradientScaling
 
-from medaidet.data.bccd import (BCCD_LABEL_NAMES, BCCDDataset, annotation_path,
-                                 parse_annotation, split_path)
+from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.data.annotation import parse_annotation
+from medaidet.data.bccd import BCCDDataset
+from medaidet.data.voc import annotation_path, split_path
 from medaidet.errors import MedaidetError
-from medaidet.scaling.accumulation import AccumulatingUpdater
-from medaidet.ssd.model import build_ssd, materialize
+from medaidet.training.accumulation import AccumulatingUpdater
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.weight_files import materialize
 from medaidet.ssd.predict import CappedPredictor
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform, TrainTransform
@@ -39,43 +41,13 @@ from medaidet.training.ranks import Ranks
 from medaidet.training.seeding import ReseedingTransform
 from medaidet.training.snapshot import SNAPSHOT_NAME, RandomStateExtension
 
-__all__ = ["make_model", "make_train_chain", "make_datasets", "make_iterators",
-           "make_optimizer", "lr_name", "make_updater", "make_trainer", "add_extensions",
-           "TrainingData", "Iterators", "Extensions", "NothingToLearnError", "check_objects"]
+__all__ = ["Recipe", "Built", "TrainingData", "Iterators", "Extensions", "Length", "lr_name",
+           "NothingToLearnError", "check_objects"]
 
 
 class NothingToLearnError(MedaidetError):
     """The training images hold no box the loader keeps: every iteration would see only
     background, with a loss of 0 and nothing learned."""
-
-
-def make_model(config: TrainConfig):
-    """The SSD of ``config.model`` for BCCD's three classes, from ``config.pretrained``
-    weights, with every parameter initialised now (random values are drawn here, from the
-    seeded RNG, before the iterator draws its first order)."""
-    model = build_ssd(config.model, config.pretrained, n_fg_class=len(BCCD_LABEL_NAMES))
-    return materialize(model)
-
-
-def make_train_chain(model, config: TrainConfig, ranks: Ranks):
-    """The model and the safe multibox loss (hard negatives ``k``, weight ``alpha``), on
-    this process's device."""
-    train_chain = MultiboxTrainChain(model, alpha=config.alpha, k=config.k, comm=ranks.comm)
-    train_chain.to_device(ranks.device)
-    ranks.device.use()
-    return train_chain
-
-
-@dataclass
-class TrainingData:
-    """``images``: the training images (all ranks'); ``train``: this process's share,
-    augmented and encoded for the loss; ``val``: the validation images, as they are;
-    ``transform``: the training transform (its ``stats`` count the boxes it drops)."""
-
-    images: object
-    train: object
-    val: object
-    transform: object
 
 
 def _first(dataset, n):
@@ -110,21 +82,16 @@ def check_objects(dataset, images, config: TrainConfig):
         f"of the ids in that list, or run `medaidet data validate {root}`")
 
 
-def make_datasets(config: TrainConfig, model, ranks: Ranks) -> TrainingData:
-    """BCCD's training and validation splits (the first ``subset`` / ``eval_subset``
-    images), and the training transform: ChainerCV's augmentation then the multibox
-    encoding (:class:`~medaidet.ssd.transforms.TrainTransform`), or the encoding alone
-    with ``augment=False``, reseeded per example when ``config.seed`` is set. Raises
-    :class:`NothingToLearnError` when the training images hold no box
-    (:func:`check_objects`)."""
-    dataset = BCCDDataset(config.root, config.train_split)
-    images = _first(dataset, config.subset)
-    check_objects(dataset, images, config)
-    val = _first(BCCDDataset(config.root, config.val_split), config.eval_subset)
-    transform = (TrainTransform.for_model(model, max_expand_ratio=config.max_expand_ratio)
-                 if config.augment else EncodeTransform.for_model(model))
-    train = TransformDataset(images, ReseedingTransform(transform, config.seed))
-    return TrainingData(images, ranks.share(train, config.seed), val, transform)
+@dataclass
+class TrainingData:
+    """``images``: the training images (all ranks'); ``train``: this process's share,
+    augmented and encoded for the loss; ``val``: the validation images, as they are;
+    ``transform``: the training transform (its ``stats`` count the boxes it drops)."""
+
+    images: object
+    train: object
+    val: object
+    transform: object
 
 
 @dataclass
@@ -134,62 +101,14 @@ class Iterators:
     n_processes: int     # worker processes of the training iterator (0: none)
 
 
-def make_iterators(data: TrainingData, config: TrainConfig, ranks: Ranks,
-                   log=print) -> Iterators:
-    """The shuffled, repeating training iterator (worker processes where possible:
-    :func:`~medaidet.training.iterators.make_train_iterator`), and the validation iterator
-    (one pass, in order)."""
-    train_iter, n_processes = make_train_iterator(data.train, config, log, ranks.batch_size)
-    val_iter = chainer.iterators.SerialIterator(data.val, config.eval_batch_size,
-                                                repeat=False, shuffle=False)
-    return Iterators(train_iter, val_iter, n_processes)
-
-
-def _optimizer(config: TrainConfig):
-    if config.optimizer == "adam":
-        return chainer.optimizers.Adam(alpha=config.lr)
-    return chainer.optimizers.MomentumSGD(lr=config.lr, momentum=config.momentum)
-
-
-def lr_name(config: TrainConfig) -> str:
-    """The optimizer's hyperparameter that the learning-rate steps scale (Adam's is alpha)."""
-    return "alpha" if config.optimizer == "adam" else "lr"
-
-
-def make_optimizer(train_chain, config: TrainConfig, ranks: Ranks):
-    """MomentumSGD (the recipe; or Adam, ``optimizer='adam'``) with the recipe's hooks: bias
-    gradients x ``bias_grad_scale``, weight decay on every other parameter (as ChainerCV's
-    example), and :class:`StopOnNonFinite` before and after every update. Shared over the
-    ranks of a ChainerMN run."""
-    optimizer = ranks.wrap_optimizer(_optimizer(config))
-    optimizer.setup(train_chain)
-    ranks.broadcast_weights(optimizer)
-    for param in train_chain.params():
-        if param.name == "b":
-            param.update_rule.add_hook(GradientScaling(config.bias_grad_scale))
-        else:
-            param.update_rule.add_hook(WeightDecay(config.weight_decay))
-    optimizer.add_hook(StopOnNonFinite("pre"))
-    optimizer.add_hook(StopOnNonFinite("post"))
-    return optimizer
-
-
-def make_updater(train_iter, optimizer, config: TrainConfig, ranks: Ranks):
-    """``StandardUpdater``, or with ``accumulate > 1`` the
-    :class:`~medaidet.scaling.accumulation.AccumulatingUpdater` (the batch in
-    ``accumulate`` micro-batches, the loss normalised by the whole batch's positives)."""
-    if config.accumulate == 1:
-        return training.updaters.StandardUpdater(train_iter, optimizer, device=ranks.device)
-    return AccumulatingUpdater(train_iter, optimizer, device=ranks.device,
-                               accumulate=config.accumulate, comm=ranks.comm)
-
-
 @dataclass
 class Length:
-    """How long training runs: ``stop`` (the trainer's stop trigger), ``total`` iterations."""
+    """How long training runs: ``stop`` (the trainer's stop trigger), ``total`` iterations
+    of ``batch_size`` images over ``n_images`` (one process's images and batch)."""
 
     config: TrainConfig
     n_images: int
+    batch_size: int | None = None      # None: the config's
 
     @property
     def stop(self) -> tuple:
@@ -201,18 +120,13 @@ class Length:
     def total(self) -> int:
         if self.config.iterations is not None:
             return self.config.iterations
-        return math.ceil(self.config.epochs * self.n_images / self.config.batch_size)
+        batch_size = self.batch_size or self.config.batch_size
+        return math.ceil(self.config.epochs * self.n_images / batch_size)
 
     def is_end(self, trainer) -> bool:
         if self.config.iterations is not None:
             return trainer.updater.iteration >= self.config.iterations
         return trainer.updater.epoch_detail >= self.config.epochs
-
-
-def make_trainer(updater, config: TrainConfig, n_images: int):
-    """The trainer: ``iterations`` (or ``epochs`` of ``n_images``), writing to
-    ``config.out``."""
-    return training.Trainer(updater, Length(config, n_images).stop, out=str(config.out))
 
 
 @dataclass
@@ -225,32 +139,175 @@ class Extensions:
     monitor: object
 
 
-def add_extensions(trainer, model, val_iter, config: TrainConfig, ranks: Ranks,
-                   n_images: int, progress: bool = True) -> Extensions:
-    """The recipe's learning-rate steps and validation, then what the course adds: the log
-    (every ``log_interval`` iterations and at the end), the progress bar, the plots, and
-    (one process only) a trainer snapshot with the random states every
-    ``snapshot_interval`` epochs and at the end. Only rank 0 logs and writes."""
-    is_end = Length(config, n_images).is_end
-    lr_steps = training.triggers.ManualScheduleTrigger(list(config.lr_steps), "epoch")
-    trainer.extend(extensions.ExponentialShift(lr_name(config), config.lr_gamma,
-                                               init=config.lr), trigger=lr_steps)
-    evaluator = PresetEvaluator(val_iter, CappedPredictor(model), use_07_metric=False,
-                                  label_names=BCCD_LABEL_NAMES, comm=ranks.comm)
-    trainer.extend(evaluator, name="validation",
-                   trigger=EveryOrEnd(config.eval_interval, "epoch", is_end))
-    log_report = extensions.LogReport(trigger=EveryOrEnd(config.log_interval, "iteration",
-                                                         is_end))
-    monitor = Monitor(Length(config, n_images).total, progress and ranks.is_root)
-    if ranks.is_root:
-        trainer.extend(log_report)
-        trainer.extend(extensions.observe_lr(), trigger=(1, "iteration"))
-        trainer.extend(monitor, name="monitor")
-        trainer.extend(Plotter(Path(config.out), log_report, monitor, is_end), name="plots",
-                       trigger=EveryOrEnd(config.log_interval, "iteration", is_end))
-    if ranks.keeps_snapshots:
-        trainer.extend(RandomStateExtension(n_images, config.batch_size))
-        trainer.extend(extensions.snapshot(filename=SNAPSHOT_NAME),
-                       trigger=EveryOrEnd(config.snapshot_interval, "epoch", is_end),
-                       priority=-100)
-    return Extensions(evaluator, log_report, monitor)
+@dataclass
+class Built:
+    """Every piece of a built recipe (:meth:`Recipe.build`), by name."""
+
+    model: object
+    train_chain: object
+    data: TrainingData
+    iterators: Iterators
+    optimizer: object
+    updater: object
+    trainer: object
+    extensions: Extensions
+
+
+def lr_name(config: TrainConfig) -> str:
+    """The optimizer's hyperparameter that the learning-rate steps scale (Adam's is alpha)."""
+    return "alpha" if config.optimizer == "adam" else "lr"
+
+
+def _images_and_batch(updater) -> tuple:
+    """``(images, batch size)`` of this process's training iterator."""
+    iterator = updater.get_iterator("main")
+    return len(iterator.dataset), iterator.batch_size
+
+
+@dataclass
+class Recipe:
+    """The course's training recipe for ``config``, one method per piece.
+
+    ``ranks``: the processes that run it; None (the default) is one process on
+    ``config.device``. A ChainerMN run passes ``Ranks.for_config(config)``: the methods then
+    give each rank its device, its share of the images and of the batch, and share the
+    gradients.
+    """
+
+    config: TrainConfig
+    ranks: Ranks | None = None
+
+    def __post_init__(self):
+        if self.ranks is None:
+            self.ranks = Ranks.one_process(self.config)
+
+    def model(self):
+        """The SSD of ``config.model`` for BCCD's three classes, from ``config.pretrained``
+        weights, with every parameter initialised now (random values are drawn here, from
+        the seeded RNG, before the iterator draws its first order)."""
+        config = self.config
+        return materialize(build_ssd(config.model, config.pretrained,
+                                     n_fg_class=len(BCCD_LABEL_NAMES)))
+
+    def train_chain(self, model):
+        """The model and the safe multibox loss (hard negatives ``k``, weight ``alpha``), on
+        this process's device."""
+        train_chain = MultiboxTrainChain(model, alpha=self.config.alpha, k=self.config.k,
+                                         comm=self.ranks.comm)
+        train_chain.to_device(self.ranks.device)
+        self.ranks.device.use()
+        return train_chain
+
+    def transform(self, model):
+        """The training transform: ChainerCV's augmentation then the multibox encoding
+        (:class:`~medaidet.ssd.transforms.TrainTransform`), or the encoding alone with
+        ``augment=False``."""
+        if self.config.augment:
+            return TrainTransform.for_model(model, max_expand_ratio=self.config.max_expand_ratio)
+        return EncodeTransform.for_model(model)
+
+    def datasets(self, model) -> TrainingData:
+        """BCCD's training and validation splits (the first ``subset`` / ``eval_subset``
+        images), the training images through :meth:`transform`, reseeded per worker
+        process when ``config.seed`` is set. Raises :class:`NothingToLearnError` when the
+        training images hold no box (:func:`check_objects`)."""
+        config = self.config
+        dataset = BCCDDataset(config.root, config.train_split)
+        images = _first(dataset, config.subset)
+        check_objects(dataset, images, config)
+        val = _first(BCCDDataset(config.root, config.val_split), config.eval_subset)
+        transform = self.transform(model)
+        train = TransformDataset(images, ReseedingTransform(transform, config.seed))
+        return TrainingData(images, self.ranks.share(train, config.seed), val, transform)
+
+    def iterators(self, data: TrainingData, log=print) -> Iterators:
+        """The shuffled, repeating training iterator (worker processes where possible:
+        :func:`~medaidet.training.iterators.make_train_iterator`), and the validation
+        iterator (one pass, in order)."""
+        train_iter, n_processes = make_train_iterator(data.train, self.config, log,
+                                                      self.ranks.batch_size)
+        val_iter = chainer.iterators.SerialIterator(data.val, self.config.eval_batch_size,
+                                                    repeat=False, shuffle=False)
+        return Iterators(train_iter, val_iter, n_processes)
+
+    def optimizer(self, train_chain):
+        """MomentumSGD (the recipe; or Adam, ``optimizer='adam'``) with the recipe's hooks:
+        bias gradients x ``bias_grad_scale``, weight decay on every other parameter (as
+        ChainerCV's example), and :class:`StopOnNonFinite` before and after every update.
+        Shared over the ranks of a ChainerMN run."""
+        config = self.config
+        if config.optimizer == "adam":
+            optimizer = chainer.optimizers.Adam(alpha=config.lr)
+        else:
+            optimizer = chainer.optimizers.MomentumSGD(lr=config.lr, momentum=config.momentum)
+        optimizer = self.ranks.wrap_optimizer(optimizer)
+        optimizer.setup(train_chain)
+        self.ranks.broadcast_weights(optimizer)
+        for param in train_chain.params():
+            if param.name == "b":
+                param.update_rule.add_hook(GradientScaling(config.bias_grad_scale))
+            else:
+                param.update_rule.add_hook(WeightDecay(config.weight_decay))
+        optimizer.add_hook(StopOnNonFinite("pre"))
+        optimizer.add_hook(StopOnNonFinite("post"))
+        return optimizer
+
+    def updater(self, train_iter, optimizer):
+        """``StandardUpdater``, or with ``accumulate > 1`` the
+        :class:`~medaidet.training.accumulation.AccumulatingUpdater` (the batch in
+        ``accumulate`` micro-batches, the loss normalised by the whole batch's positives)."""
+        if self.config.accumulate == 1:
+            return training.updaters.StandardUpdater(train_iter, optimizer,
+                                                     device=self.ranks.device)
+        return AccumulatingUpdater(train_iter, optimizer, device=self.ranks.device,
+                                   accumulate=self.config.accumulate, comm=self.ranks.comm)
+
+    def trainer(self, updater):
+        """The trainer: ``iterations`` (or ``epochs`` of the training images), writing to
+        ``config.out``."""
+        length = Length(self.config, *_images_and_batch(updater))
+        return training.Trainer(updater, length.stop, out=str(self.config.out))
+
+    def extensions(self, trainer, model, val_iter, progress: bool = True) -> Extensions:
+        """The recipe's learning-rate steps and validation, then what the course adds: the
+        log (every ``log_interval`` iterations and at the end), the progress bar, the
+        plots, and (one process only) a trainer snapshot with the random states every
+        ``snapshot_interval`` epochs and at the end. Only rank 0 logs and writes."""
+        config, ranks = self.config, self.ranks
+        length = Length(config, *_images_and_batch(trainer.updater))
+        lr_steps = training.triggers.ManualScheduleTrigger(list(config.lr_steps), "epoch")
+        trainer.extend(extensions.ExponentialShift(lr_name(config), config.lr_gamma,
+                                                   init=config.lr), trigger=lr_steps)
+        evaluator = PresetEvaluator(val_iter, CappedPredictor(model), use_07_metric=False,
+                                    label_names=BCCD_LABEL_NAMES, comm=ranks.comm)
+        trainer.extend(evaluator, name="validation",
+                       trigger=EveryOrEnd(config.eval_interval, "epoch", length.is_end))
+        log_report = extensions.LogReport(trigger=EveryOrEnd(config.log_interval, "iteration",
+                                                             length.is_end))
+        monitor = Monitor(length.total, progress and ranks.is_root)
+        if ranks.is_root:
+            trainer.extend(log_report)
+            trainer.extend(extensions.observe_lr(), trigger=(1, "iteration"))
+            trainer.extend(monitor, name="monitor")
+            trainer.extend(Plotter(Path(config.out), log_report, monitor, length.is_end),
+                           name="plots",
+                           trigger=EveryOrEnd(config.log_interval, "iteration", length.is_end))
+        if ranks.keeps_snapshots:
+            trainer.extend(RandomStateExtension(length.n_images, length.batch_size))
+            trainer.extend(extensions.snapshot(filename=SNAPSHOT_NAME),
+                           trigger=EveryOrEnd(config.snapshot_interval, "epoch", length.is_end),
+                           priority=-100)
+        return Extensions(evaluator, log_report, monitor)
+
+    def build(self, log=print, progress: bool = True) -> Built:
+        """Every piece, in the recipe's order: model -> train chain -> data -> iterators
+        -> optimizer -> updater -> trainer -> extensions."""
+        model = self.model()
+        train_chain = self.train_chain(model)
+        data = self.datasets(model)
+        iterators = self.iterators(data, log)
+        optimizer = self.optimizer(train_chain)
+        updater = self.updater(iterators.train, optimizer)
+        trainer = self.trainer(updater)
+        ext = self.extensions(trainer, model, iterators.val, progress)
+        return Built(model, train_chain, data, iterators, optimizer, updater, trainer, ext)

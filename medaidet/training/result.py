@@ -7,8 +7,9 @@ from pathlib import Path
 import chainer
 import numpy as np
 
-from medaidet.data.bccd import BCCD_LABEL_NAMES
+from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.numbers import finite_or_none
+from medaidet.tables import Table
 
 __all__ = ["TrainResult", "run_metrics"]
 
@@ -27,6 +28,18 @@ class TrainResult:
 
     def to_dict(self) -> dict:
         return dict(self.metrics)
+
+    def validation_table(self) -> Table:
+        """Every validation of the run: iteration, epoch, val mAP and AP per class (the
+        split is the config's ``val_split``)."""
+        m = self.metrics
+        names = list(m["val_ap"])
+        table = Table(["iteration", "epoch", f"{m['config']['val_split']} mAP", *names])
+        for entry in m["log"]:
+            if "validation/main/map" in entry:
+                table.append([entry["iteration"], entry["epoch"], entry["validation/main/map"],
+                              *(entry.get(f"validation/main/ap/{n}") for n in names)])
+        return table
 
     def summary(self) -> str:
         m = self.metrics

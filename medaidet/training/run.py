@@ -6,7 +6,7 @@
 inf: :mod:`medaidet.training.divergence`), and writes to ``config.out``:
 
 * ``model.npz`` + ``model.npz.sha256``: model-only weights
-  (:func:`medaidet.ssd.model.save_weights`), what evaluation, counting and
+  (:func:`medaidet.ssd.weight_files.save_weights`), what evaluation, counting and
   ``build_ssd(pretrained=PATH)`` load;
 * ``snapshot_latest.npz``: the whole trainer with the random states
   (:mod:`medaidet.training.snapshot`), every ``snapshot_interval`` epochs and at the end;
@@ -33,8 +33,8 @@ from medaidet.arguments import prepare_output_dir
 from medaidet.data.download import resolve_root
 from medaidet.files import write_files
 from medaidet.ssd import PRETRAINED
-from medaidet.ssd.model import save_weights
-from medaidet.training import recipe
+from medaidet.ssd.weight_files import save_weights
+from medaidet.training.recipe import Recipe
 from medaidet.training.config import WEIGHTS_NAME, ConfigError, TrainConfig
 from medaidet.training.divergence import stop_on_divergence
 from medaidet.training.extensions import write_plots
@@ -56,10 +56,9 @@ def prepare_run(config: TrainConfig, resume=None, names=None) -> Path:
     ``'resume'`` and ``'pretrained'`` (the command line passes ``--out`` ...); default:
     the config's field names. Returns the output folder (resolved). Raises
     :class:`medaidet.arguments.OutputDirError`, :class:`ResumeError`,
-    :class:`medaidet.ssd.model.WeightsError` or
+    :class:`medaidet.ssd.weight_files.WeightsError` or
     :class:`medaidet.data.download.DataNotFoundError`."""
     names = {"out": "out", "resume": "resume", "pretrained": "pretrained", **(names or {})}
-    config.validate()
     if resume is not None and config.communicator is not None:
         raise ResumeError(f"{names['resume']}: resuming a multi-process (ChainerMN) run is not "
                           "supported: each rank's data order and random state would have to "
@@ -84,12 +83,12 @@ def initial_weights(config: TrainConfig) -> dict:
                           "seed the initial weights are not reproducible")
     seed_everything(config.seed, deterministic=config.deterministic)
     serializer = chainer.serializers.DictionarySerializer()
-    serializer.save(recipe.make_model(config))
+    serializer.save(Recipe(config).model())
     return dict(serializer.target)
 
 
 def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
-          log=print) -> TrainResult:
+          log=print, names=None) -> TrainResult:
     """Train an SSD as ``config`` says (default: the course recipe); see the module docs.
 
     Args:
@@ -99,19 +98,21 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
         progress: show a progress bar (tqdm: a widget in Jupyter with ipywidgets, text
             elsewhere).
         log: where messages go (``print``).
+        names: how the user wrote ``out``, ``resume`` and ``pretrained``, for the messages
+            of :func:`prepare_run` (the command line passes ``--out`` ...).
 
     Returns a :class:`~medaidet.training.result.TrainResult`. Raises
     :class:`medaidet.device.DeviceError`, :class:`~medaidet.training.snapshot.ResumeError`,
     :class:`~medaidet.training.divergence.TrainingDivergedError` (a nan/inf loss or
     gradient: which iteration, and the snapshot left intact),
-    :class:`medaidet.ssd.model.WeightsNotFoundError` (``pretrained='imagenet'`` offline: the
+    :class:`medaidet.ssd.weight_files.WeightsNotFoundError` (``pretrained='imagenet'`` offline: the
     message says where to put the file),
     :class:`~medaidet.training.recipe.NothingToLearnError` (no box in the training images,
     before any iteration), and the dataset's errors.
     """
     compat.apply()
     config = config if config is not None else TrainConfig()
-    prepare_run(config, resume)
+    prepare_run(config, resume, names)
     ranks = Ranks.for_config(config)
     with ranks.abort_on_error():
         return _run(config, ranks, resume, progress, ranks.log(log))
@@ -128,17 +129,11 @@ def _run(config: TrainConfig, ranks: Ranks, resume, progress: bool, log) -> Trai
                                   config.deterministic, n_processes_for(config))
         log(f"train: {seeding.table()}")
 
-    model = recipe.make_model(config)
+    built = Recipe(config, ranks).build(log, progress)
+    model, data, iterators = built.model, built.data, built.iterators
+    updater, trainer, extensions = built.updater, built.trainer, built.extensions
     if model.weights_report is not None:
         log(f"train: {model.weights_report.summary()}")
-    train_chain = recipe.make_train_chain(model, config, ranks)
-    data = recipe.make_datasets(config, model, ranks)
-    iterators = recipe.make_iterators(data, config, ranks, log)
-    optimizer = recipe.make_optimizer(train_chain, config, ranks)
-    updater = recipe.make_updater(iterators.train, optimizer, config, ranks)
-    trainer = recipe.make_trainer(updater, config, len(data.images))
-    extensions = recipe.add_extensions(trainer, model, iterators.val, config, ranks,
-                                       len(data.images), progress)
     if not ranks.keeps_snapshots:
         log("train: no trainer snapshot in a multi-process run (resume is not supported "
             "there); the weights are saved at the end")

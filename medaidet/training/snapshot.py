@@ -23,7 +23,7 @@ import chainer
 import numpy as np
 
 from medaidet.errors import MedaidetError
-from medaidet.ssd.model import WeightsFileError, WeightsNotFoundError, what_file_is
+from medaidet.ssd.weight_files import WeightsFileError, WeightsNotFoundError, what_file_is
 
 __all__ = ["SNAPSHOT_NAME", "ResumeError", "RandomStateExtension", "check_snapshot_file",
            "check_weights_file", "load_snapshot", "snapshot_iteration"]
@@ -91,7 +91,7 @@ class RandomStateExtension:
 def _npz_entries(path: Path, name: str, expected: str, error) -> list:
     """The array names in the ``.npz`` at ``path`` (its zip directory only: no array is
     read). Raises ``error`` naming ``name`` when it is missing, a folder, not a zip (what
-    it is instead: :func:`medaidet.ssd.model.what_file_is`) or truncated."""
+    it is instead: :func:`medaidet.ssd.weight_files.what_file_is`) or truncated."""
     def fail(problem):
         return error(f"{name}: {path} {problem}; expected {expected}")
 
@@ -128,9 +128,9 @@ def check_snapshot_file(path, name: str = "resume") -> Path:
 
 def check_weights_file(path, name: str = "pretrained") -> Path:
     """``path`` if it looks like a model-only weight file (an ``.npz``), else
-    :class:`medaidet.ssd.model.WeightsNotFoundError` (missing) or
-    :class:`~medaidet.ssd.model.WeightsFileError` naming ``name``. Reads only the zip
-    directory; :func:`medaidet.ssd.model.load_weights` checks every array when it loads."""
+    :class:`medaidet.ssd.weight_files.WeightsNotFoundError` (missing) or
+    :class:`~medaidet.ssd.weight_files.WeightsFileError` naming ``name``. Reads only the zip
+    directory; :func:`medaidet.ssd.weight_files.load_weights` checks every array when it loads."""
     path = Path(path)
     if not path.exists():
         raise WeightsNotFoundError(f"{name}: {path} does not exist; expected "

@@ -16,6 +16,8 @@ import json
 import time
 from dataclasses import dataclass
 
+from medaidet.data.download import resolve_root
+from medaidet.scaling.batch_size import BatchSizeReport
 from medaidet.ssd.transforms import InvalidSampleError, check_sample
 
 __all__ = ["InvalidSample", "find_invalid_samples", "OpenCVForkCheck", "opencv_fork_check",
@@ -152,9 +154,6 @@ def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
     With a ``headroom`` below 1 not even batch 1 fits: ``error`` then holds the message of
     the finder's :class:`~medaidet.scaling.batch_size.NoBatchSizeFitsError`.
     """
-    from medaidet.data import resolve_root
-    from medaidet.scaling.batch_size import BatchSizeReport
-
     if not sys.platform.startswith("linux"):
         raise RuntimeError("out_of_memory_demo limits memory with RLIMIT_AS: Linux only")
     root = str(resolve_root(root))

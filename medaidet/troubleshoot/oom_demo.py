@@ -18,9 +18,8 @@ from chainer.datasets import TransformDataset
 
 from medaidet.data.bccd import BCCDDataset
 from medaidet.scaling.batch_size import NoBatchSizeFitsError, find_batch_size
-from medaidet.ssd.model import build_ssd, materialize
-from medaidet.ssd.train_chain import MultiboxTrainChain
-from medaidet.ssd.transforms import EncodeTransform
+from medaidet.training.config import TrainConfig
+from medaidet.training.recipe import Recipe
 
 
 def _vm(key: str) -> int:
@@ -32,12 +31,16 @@ def _vm(key: str) -> int:
 def main(argv=None) -> int:
     root, start, headroom = json.loads((sys.argv[1:] if argv is None else argv)[0])
     np.random.seed(0)
-    model = materialize(build_ssd("ssd300", None, n_fg_class=3))
-    chain = MultiboxTrainChain(model)
+    # the course's recipe for SSD300 from random weights, on the CPU, encoding without
+    # augmentation: the same model, loss and encoded images as training
+    recipe = Recipe(TrainConfig(model="ssd300", pretrained=None, augment=False, device="cpu",
+                                root=root, subset=2))
+    model = recipe.model()
+    chain = recipe.train_chain(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         base = BCCDDataset(root, "train")
-    dataset = TransformDataset(base.slice[:2], EncodeTransform.for_model(model))
+    dataset = TransformDataset(base.slice[:2], recipe.transform(model))
     before = _vm("VmSize")
     loss = chain(*concat_examples([dataset[0]]))
     loss.backward()

@@ -10,9 +10,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from medaidet.data.bccd import (
-    BCCD_LABEL_NAMES, AnnotationWarning, BCCDDataset, InvalidObjectError, SplitError,
-    parse_annotation, read_split)
+from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.data.annotation import parse_annotation
+from medaidet.data.annotation_checks import InvalidObjectError
+from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+from medaidet.data.voc import read_split, SplitError
 from medaidet.arguments import ArgumentValueError
 from medaidet.errors import MedaidetError
 from conftest import BCCD_DROPPED as DROPPED

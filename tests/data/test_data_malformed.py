@@ -17,9 +17,11 @@ from PIL import Image
 
 from medaidet.data import SPLITS
 from medaidet.data import bccd as bccd_module
-from medaidet.data.bccd import (
-    AnnotationParseError, AnnotationWarning, BCCDDataset, ImageError, ImageSizeError,
-    InvalidObjectError, MissingFileError, SplitError, UnknownLabelError, UnsafeXMLError)
+from medaidet.data.annotation import AnnotationParseError, UnsafeXMLError
+from medaidet.data.annotation_checks import ImageSizeError, InvalidObjectError, UnknownLabelError
+from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+from medaidet.data.image import ImageError
+from medaidet.data.voc import MissingFileError, SplitError
 from medaidet.data.validate import validate_dataset
 from medaidet.errors import MedaidetError
 
@@ -289,7 +291,7 @@ CASES = {
                                          .replace("<width>640</width>", "<width>320</width>")),
         Refused(ImageSizeError, mentions=("320x480", "640x480")),
         {("size_mismatch", X, None, "error")}),
-    # one decode rule (medaidet.data.bccd.decode_image) for loader and validator
+    # one decode rule (medaidet.data.image.decode_image) for loader and validator
     "rgba_png_saved_as_jpg": Case(
         resave_image(with_alpha), Accepted(), {("image_converted", X, None, "info")},
         {"metadata_mismatch"}),

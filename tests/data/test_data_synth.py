@@ -266,7 +266,8 @@ def test_cli_synth_with_too_few_images_exits_2(tmp_path):
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_the_loader_reads_it_without_dropping_anything(root, strict):
-    from medaidet.data.bccd import BCCD_LABEL_NAMES, AnnotationWarning, BCCDDataset
+    from medaidet.data import BCCD_LABEL_NAMES
+    from medaidet.data.bccd import AnnotationWarning, BCCDDataset
     for split in SPLITS:
         with warnings.catch_warnings():
             warnings.simplefilter("error", AnnotationWarning)   # warned when it drops or clips

@@ -511,3 +511,12 @@ def test_a_full_disk_names_the_summary_and_what_to_do(tmp_path, monkeypatch, cap
         f"medaidet: error: {out / 'summary.json'}: No space left on device: free space on "
         f"the disk that holds {out}, or choose an --out folder on another disk")
     assert sorted(os.listdir(out)) == [OUT_MARKER, "00_ok.ipynb"]
+
+
+def test_course_profile_opens_a_notebook_in_one_call():
+    from medaidet.env.course import course_profile, resolve_profile
+    said = []
+    assert course_profile("smoke", log=said.append) == "smoke" and said == []
+    chosen = course_profile("auto", log=said.append)
+    assert chosen == resolve_profile("auto")[0] and said == [
+        f"profile: {chosen} ({resolve_profile('auto')[1]})"]

@@ -102,7 +102,7 @@ def test_set_aside_images_are_reported_apart_and_named():
 
 def test_count_weights_sets_aside_the_images_the_validator_flags(bccd_root):
     from medaidet.evaluation.count import count_weights
-    from medaidet.ssd.model import SHIPPED_WEIGHTS
+    from medaidet.ssd.pretrained import SHIPPED_WEIGHTS
 
     result, _ = count_weights(SHIPPED_WEIGHTS["ssd_small"], split="test", progress=False)
     assert sorted(result.set_aside) == ["BloodImage_00135", "BloodImage_00171",
@@ -174,7 +174,8 @@ def test_cli_parser_registers_count():
 
 @pytest.mark.slow(seconds=10)
 def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
-    from medaidet.ssd.model import build_ssd, save_weights
+    from medaidet.ssd.model import build_ssd
+    from medaidet.ssd.weight_files import save_weights
     np.random.seed(0)
     weights = tmp_path / "ssd300_random.npz"
     save_weights(build_ssd("ssd300", n_fg_class=3), weights)
@@ -273,3 +274,27 @@ def test_count_out_that_is_a_file_fails_before_predicting(tmp_path, bccd_root, n
     assert main(["count", str(weights), "--root", str(bccd_root), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err
+
+
+def test_count_and_evaluate_check_their_arguments_once(monkeypatch, bccd_root):
+    """check_run runs once per command: count_weights and evaluate_weights predict through
+    predict_run, which takes the checked arguments, not predict_weights, which checks again."""
+    from medaidet.evaluation import count as count_module, evaluate as evaluate_module
+    from medaidet.evaluation.count import count_weights
+    from medaidet.evaluation.evaluate import evaluate_weights
+    from medaidet.ssd.pretrained import SHIPPED_WEIGHTS
+
+    calls = []
+    real = evaluate_module.check_run
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(evaluate_module, "check_run", counted)
+    monkeypatch.setattr(count_module, "check_run", counted)
+    weights = SHIPPED_WEIGHTS["ssd_small"]
+    result, _ = count_weights(weights, split="test", root=bccd_root, subset=2, progress=False)
+    assert len(calls) == 1 and result.info["subset"] == 2
+    evaluated = evaluate_weights(weights, split="test", root=bccd_root, subset=2,
+                                 progress=False)
+    assert len(calls) == 2 and evaluated.n_images == 2

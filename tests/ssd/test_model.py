@@ -18,9 +18,11 @@ import pytest
 from chainercv.links import SSD300, SSD512
 
 from medaidet.errors import MedaidetError
-from medaidet.ssd.model import (WeightsChecksumError, compare_weights, WeightsFileError, WeightsMismatchError,
-                            WeightsNotFoundError, build_ssd, load_weights, materialize,
-                            pretrained_cache_path, save_weights)
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.pretrained import pretrained_cache_path
+from medaidet.ssd.weight_files import (compare_weights, load_weights, materialize, save_weights,
+                                       WeightsChecksumError, WeightsFileError,
+                                       WeightsMismatchError, WeightsNotFoundError)
 
 CHAINERCV = {"ssd300": SSD300, "ssd512": SSD512}
 VGG16_KEYS = re.compile(r"extractor/conv([1-5]_[1-3]|6|7)/[Wb]$")  # the ImageNet file's
@@ -341,7 +343,7 @@ def _with_non_finite(bccd_file, path, key, value):
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 def test_non_finite_weights_are_refused_naming_file_and_array(tmp_path, bccd_file, value):
-    from medaidet.ssd.model import WeightsNotFiniteError
+    from medaidet.ssd.weight_files import WeightsNotFiniteError
     path = _with_non_finite(bccd_file, tmp_path / "diverged.npz", "multibox/loc/2/b", value)
     with pytest.raises(WeightsNotFiniteError) as info:
         build_ssd("ssd300", path)
@@ -355,14 +357,14 @@ def test_non_finite_weights_are_refused_naming_file_and_array(tmp_path, bccd_fil
 
 def test_evaluate_load_model_refuses_nan_weights(tmp_path, bccd_file):
     from medaidet.evaluation.evaluate import load_model
-    from medaidet.ssd.model import WeightsNotFiniteError
+    from medaidet.ssd.weight_files import WeightsNotFiniteError
     path = _with_non_finite(bccd_file, tmp_path / "model.npz", "extractor/conv1_1/W", np.nan)
     with pytest.raises(WeightsNotFiniteError, match="extractor/conv1_1/W"):
         load_model(path)
 
 
 def test_non_finite_voc_cache_says_download_again(dataset_root, voc_arrays):
-    from medaidet.ssd.model import WeightsNotFiniteError
+    from medaidet.ssd.weight_files import WeightsNotFiniteError
     arrays = dict(voc_arrays)
     arrays["extractor/conv4_3/b"] = np.full_like(arrays["extractor/conv4_3/b"], np.nan)
     put_in_cache("ssd300", "voc0712", arrays)

@@ -7,7 +7,8 @@ import pytest
 
 from medaidet.checksums import sha256_file
 from medaidet.evaluation.evaluate import course_weights, evaluate_weights
-from medaidet.ssd.model import SHIPPED_WEIGHTS, WeightsNotFoundError, shipped_weights
+from medaidet.ssd.pretrained import SHIPPED_WEIGHTS, shipped_weights
+from medaidet.ssd.weight_files import WeightsNotFoundError
 from medaidet.ssd.small import SIZES
 from medaidet.training.config import TrainConfig
 

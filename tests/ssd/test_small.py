@@ -5,8 +5,8 @@ import chainer
 import numpy as np
 import pytest
 
-from medaidet.ssd.model import (WeightsNotFoundError, build_ssd, load_weights, materialize,
-                                 model_of_weights, save_weights)
+from medaidet.ssd.model import build_ssd, model_of_weights
+from medaidet.ssd.weight_files import load_weights, materialize, save_weights, WeightsNotFoundError
 from medaidet.ssd.small import SIZES, SSD300_SIZES, SmallExtractor, SSDSmall
 
 
@@ -82,7 +82,8 @@ def _positives_per_box(model, boxes):
 
 @pytest.mark.slow(seconds=20)
 def test_the_bccd_sizes_give_platelets_positives_ssd300_sizes_do_not(bccd_root):
-    from medaidet.data.bccd import BCCD_LABEL_NAMES, BCCDDataset
+    from medaidet.data import BCCD_LABEL_NAMES
+    from medaidet.data.bccd import BCCDDataset
 
     platelets, rbc = [], []
     # every BCCD image is 640x480 (the loader checks each one's size); SSD sees 300x300

@@ -1,4 +1,6 @@
 """medaidet.training.config: the profiles, and the names a config is checked against."""
+import dataclasses
+
 import pytest
 
 from conftest import split_ids
@@ -7,7 +9,8 @@ from medaidet.training.config import PROFILES, ConfigError, TrainConfig
 
 def test_every_profile_builds_a_valid_config():
     for name in PROFILES:
-        assert TrainConfig.profile(name).validate() is None
+        config = TrainConfig.profile(name)
+        assert config.validate() is config         # constructed means checked and normal
     with pytest.raises(ConfigError, match="unknown profile 'gpu': use one of smoke, cpu, full, cpu-long"):
         TrainConfig.profile("gpu")
 
@@ -40,7 +43,24 @@ def test_the_small_ssd_has_no_named_weights(pretrained):
         TrainConfig(model="ssd_small", pretrained=pretrained)
 
 
+def test_validate_is_pure_and_construction_normalises_once():
+    config = TrainConfig(model="SSD_small", pretrained="None", lr="1e-3", lr_steps=[1, 2])
+    assert (config.model, config.pretrained, config.lr, config.lr_steps) == \
+        ("ssd_small", None, 1e-3, (1.0, 2.0))
+    assert config.validate() is config
+    with pytest.raises(dataclasses.FrozenInstanceError):   # immutable: it stays valid
+        config.batch_size = 0
+    assert config.replace(batch_size=8).batch_size == 8 and config.batch_size == 32
+
+
 def test_unknown_optimizer_is_named():
     with pytest.raises(ConfigError, match="^optimizer: 'rmsprop' is not an optimizer the recipe "
                                           "builds; expected one of momentum_sgd, adam"):
         TrainConfig(optimizer="rmsprop")
+
+
+def test_a_config_shows_its_settings_as_a_table():
+    table = TrainConfig.profile("cpu").table(["model", "batch_size", "lr_steps"])
+    assert table.rows == [["`model`", "'ssd_small'"], ["`batch_size`", "4"],
+                          ["`lr_steps`", "(30.0,)"]]
+    assert table.to_markdown().startswith("| setting | value |\n|---|---|")

@@ -89,7 +89,7 @@ def test_worker_error_reaches_the_main_process_as_the_same_error(broken_bccd):
                        timeout=QUICK_SECONDS)
     assert done.returncode == 0, done.stderr
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert lines["ERROR"] == "medaidet.data.bccd.ImageError", done.stdout
+    assert lines["ERROR"] == "medaidet.data.image.ImageError", done.stdout
     assert f"{BROKEN}.jpg cannot be decoded" in lines["MESSAGE"]
     # the worker's traceback travels as the cause (shown with --debug)
     assert "Traceback" in lines["WORKER"] and "_get_image" in lines["WORKER"]

@@ -1,5 +1,5 @@
-"""medaidet.training.recipe: the builders, called one by one as notebook 03 calls them, train
-the same weights as ``train()`` (which is those builders plus checks, snapshots and metrics)."""
+"""medaidet.training.recipe: the Recipe's pieces, built one by one, train the same weights as
+``train()`` (which is ``Recipe.build()`` plus checks, snapshots and metrics)."""
 import numpy as np
 import pytest
 
@@ -8,6 +8,7 @@ from medaidet.errors import MedaidetError
 from medaidet.training import recipe
 from medaidet.training.config import TrainConfig
 from medaidet.training.ranks import Ranks
+from medaidet.training.recipe import Recipe
 from medaidet.training.run import train
 from medaidet.training.seeding import seed_everything
 
@@ -20,22 +21,22 @@ def _weights(model) -> dict:
 
 
 @pytest.mark.slow(seconds=30)
-def test_the_builders_in_order_train_what_train_trains(tmp_path, bccd_root):
+def test_the_pieces_in_order_train_what_train_trains(tmp_path, bccd_root):
     by_train = train(TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path / "a"),
                                          **TINY), progress=False)
 
     config = TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path / "b"), **TINY)
     seed_everything(config.seed)
-    ranks = Ranks.for_config(config)
-    model = recipe.make_model(config)
-    train_chain = recipe.make_train_chain(model, config, ranks)
-    data = recipe.make_datasets(config, model, ranks)
-    iterators = recipe.make_iterators(data, config, ranks)
-    optimizer = recipe.make_optimizer(train_chain, config, ranks)
-    updater = recipe.make_updater(iterators.train, optimizer, config, ranks)
-    trainer = recipe.make_trainer(updater, config, len(data.images))
-    extensions = recipe.add_extensions(trainer, model, iterators.val, config, ranks,
-                                       len(data.images), progress=False)
+    r = Recipe(config)                       # one process on config.device: no Ranks to make
+    assert r.ranks.comm is None and r.ranks.batch_size == 1
+    model = r.model()
+    train_chain = r.train_chain(model)
+    data = r.datasets(model)
+    iterators = r.iterators(data)
+    optimizer = r.optimizer(train_chain)
+    updater = r.updater(iterators.train, optimizer)
+    trainer = r.trainer(updater)
+    extensions = r.extensions(trainer, model, iterators.val, progress=False)
     trainer.run()
 
     assert updater.iteration == 3
@@ -46,13 +47,27 @@ def test_the_builders_in_order_train_what_train_trains(tmp_path, bccd_root):
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
     seed_everything(config.seed)              # and training moved them from where they began
-    initial = _weights(recipe.make_model(config))
+    initial = _weights(Recipe(config).model())
     assert any(not np.array_equal(got[name], initial[name]) for name in got)
+
+
+def test_build_gives_every_piece_in_order(tmp_path, bccd_root):
+    config = TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path), **TINY)
+    built = Recipe(config).build(log=lambda *a: None, progress=False)
+    assert built.train_chain.model is built.model
+    assert built.optimizer.target is built.train_chain
+    assert built.updater.get_optimizer("main") is built.optimizer
+    assert built.updater.get_iterator("main") is built.iterators.train
+    assert built.trainer.updater is built.updater
+    assert built.extensions.monitor.total == 3
+    assert len(built.data.images) == 2 and len(built.iterators.val.dataset) == 1
 
 
 def test_training_length_in_epochs_or_iterations():
     by_epochs = recipe.Length(TrainConfig(epochs=2.5, batch_size=4), n_images=10)
     assert by_epochs.stop == (2.5, "epoch") and by_epochs.total == 7
+    per_rank = recipe.Length(TrainConfig(epochs=2.5, batch_size=4), n_images=5, batch_size=2)
+    assert per_rank.total == 7                   # one of two ranks: half the images and batch
     by_iterations = recipe.Length(TrainConfig(iterations=5, batch_size=4), n_images=10)
     assert by_iterations.stop == (5, "iteration") and by_iterations.total == 5
 
@@ -140,3 +155,36 @@ def test_images_without_objects_are_fine_when_the_split_has_some(tmp_path, monke
         f"the first 2 images of split train ({root}/ImageSets/Main/train.txt) have no "
         f"objects: nothing to learn (subset=2). Train on more of the split's "
         f"{len(train_ids)} images (a larger subset, or none)")
+
+
+# --------------------------------------------------------------------------- notebook 03
+
+def _notebook_cell(cell_id: str) -> str:
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "notebooks" / "03_training.ipynb"
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return "".join(next(c["source"] for c in cells if c.get("id") == cell_id))
+
+
+@pytest.mark.slow(seconds=30)
+def test_notebook_03_recipe_written_out_trains_what_train_trains(tmp_path, bccd_root):
+    """Notebook 03 writes the recipe out in plain ChainerCV (no Ranks, no cleanup call); run
+    from the same seed it must train bit-identical weights to train()."""
+    from pathlib import Path
+    build, run = _notebook_cell("recipe-build"), _notebook_cell("recipe-run")
+    assert "Ranks" not in build + run and "finalize" not in build + run
+    page = {"profile": "smoke", "root": str(bccd_root), "out": Path(tmp_path),
+            "config": TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path))}
+    exec(compile(build, "recipe-build", "exec"), page)
+    exec(compile(run, "recipe-run", "exec"), page)
+    demo = page["demo"]
+    assert page["updater"].iteration == demo.iterations == 2
+
+    by_train = train(demo.replace(out=str(tmp_path / "by-train")), progress=False)
+    expected, got = _weights(by_train.model), _weights(page["model"])
+    assert expected.keys() == got.keys()
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    log = page["trainer"].get_extension("LogReport").log
+    assert by_train.metrics["log"][-1]["main/loss"] == log[-1]["main/loss"]

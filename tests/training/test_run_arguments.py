@@ -21,8 +21,8 @@ def no_model(monkeypatch):
     must come before it."""
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the arguments were checked")
-    monkeypatch.setattr("medaidet.training.recipe.make_model", refuse)
-    monkeypatch.setattr("medaidet.training.recipe.make_datasets", refuse)
+    monkeypatch.setattr("medaidet.training.recipe.Recipe.model", refuse)
+    monkeypatch.setattr("medaidet.training.recipe.Recipe.datasets", refuse)
 
 
 def _error_line(capsys) -> str:
@@ -204,7 +204,7 @@ def test_a_good_looking_resume_file_passes_the_first_check(tmp_path):
 
 @pytest.mark.parametrize("kind", ["npy", "missing", "truncated"])
 def test_unusable_pretrained_file(kind, tmp_path, capsys, no_model):
-    from medaidet.ssd.model import WeightsError
+    from medaidet.ssd.weight_files import WeightsError
 
     path = tmp_path / ("weights.npy" if kind == "npy" else "model.npz")
     if kind == "npy":
@@ -226,3 +226,18 @@ def test_unusable_pretrained_file(kind, tmp_path, capsys, no_model):
         train(TrainConfig.profile("smoke", out=str(tmp_path / "o"), pretrained=str(path)),
               progress=False)
 
+
+
+def test_the_command_checks_its_run_once(monkeypatch, tmp_path, bccd_root):
+    """prepare_run runs once per `medaidet train`, with the flags' names in its messages."""
+    from medaidet.training import run as run_module
+    calls = []
+    real = run_module.prepare_run
+
+    def counted(config, resume=None, names=None):
+        calls.append(names)
+        return real(config, resume, names)
+    monkeypatch.setattr(run_module, "prepare_run", counted)
+    assert main(["train", "--profile", "smoke", "--root", str(bccd_root), "--iterations", "1",
+                 "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert len(calls) == 1 and calls[0]["out"] == "--out"

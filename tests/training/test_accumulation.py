@@ -1,4 +1,4 @@
-"""Gradient accumulation (medaidet.scaling.accumulation).
+"""Gradient accumulation (medaidet.training.accumulation).
 
 The accumulation tests run SSD300 (random init) on four real BCCD images whose positive
 counts differ (242, 249, 134 and 153 positive priors: halves of 491 and 287), one update
@@ -31,9 +31,10 @@ from chainer.training.updaters import StandardUpdater
 
 from medaidet.data.bccd import BCCDDataset
 from medaidet.errors import MedaidetError
-from medaidet.scaling.accumulation import (AccumulatingUpdater, AccumulationError,
+from medaidet.training.accumulation import (AccumulatingUpdater, AccumulationError,
                                            batch_positives)
-from medaidet.ssd.model import build_ssd, materialize
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.weight_files import materialize
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform
 

@@ -1,0 +1,134 @@
+"""Decoding an image as the loader uses it (8-bit RGB): the one rule of what is readable,
+shared by :class:`~medaidet.data.bccd.BCCDDataset` and ``validate_dataset``.
+
+8-bit RGB as is; other 8-bit modes (grayscale, palette, CMYK) converted to RGB; 16-bit
+grayscale scaled to 0-255 (``value / 257``, never clipped to white); an alpha channel dropped
+when every pixel is opaque. A truncated file, transparent pixels or another pixel format raise
+:class:`ImageError` when the image is read.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from PIL import Image
+
+from medaidet.data.voc import MissingFileError
+from medaidet.errors import MedaidetError
+
+__all__ = ["read_image_size", "decode_image", "DecodedImage", "ImageError"]
+
+
+class ImageError(MedaidetError):
+    """An image file cannot be decoded (not an image, truncated, corrupt), or not as 8-bit
+    RGB (transparent pixels, a pixel format other than those :func:`decode_image` takes)."""
+
+    def __init__(self, message: str, path=None, image_id=None):
+        super().__init__(message)
+        self.path = None if path is None else Path(path)
+        self.image_id = image_id
+
+
+def read_image_size(path, image_id=None) -> tuple[int, int]:
+    """(height, width) from the image header (no decoding). Raises
+    :class:`MissingFileError` or :class:`ImageError`."""
+    path = Path(path)
+    try:
+        with Image.open(path) as img:
+            width, height = img.size
+    except FileNotFoundError:
+        raise MissingFileError(f"image file {path} does not exist", path=path,
+                               image_id=image_id) from None
+    except Exception as exc:     # PIL raises OSError, SyntaxError, ValueError, ...
+        raise ImageError(f"{path} is not a readable image ({type(exc).__name__}: {exc}); "
+                         "restore it from the original dataset", path=path,
+                         image_id=image_id) from None
+    return height, width
+
+
+class DecodedImage(NamedTuple):
+    """An image as the loader uses it, and how it got so.
+
+    pixels: uint8, shape (H, W, 3), RGB. mode: the file's PIL mode (``"RGB"``, ``"L"``,
+    ``"RGBA"``, ``"I;16"``...). bands: its number of channels. conversion: what was done
+    to make it 8-bit RGB, a sentence naming the file; None for an 8-bit RGB file.
+    """
+    pixels: np.ndarray
+    mode: str
+    bands: int
+    conversion: str | None
+
+
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def _to_rgb(img: Image.Image, path: Path, image_id) -> tuple[np.ndarray, str | None]:
+    """The loaded ``img`` as uint8 (H, W, 3) RGB, and the conversion made (or None)."""
+    mode = img.mode
+    if mode == "RGB":
+        return np.asarray(img), None
+    if mode in _SIXTEEN_BIT:
+        values = np.asarray(img)
+        low, high = (int(v) for v in img.getextrema())
+        if low < 0 or high > 65535:
+            raise ImageError(f"{path} is a {mode} image with values {low}..{high}, beyond 16 "
+                             "bits; save it as an 8-bit RGB JPEG", path=path, image_id=image_id)
+        gray = ((values.astype(np.uint32) + 128) // 257).astype(np.uint8)   # 65535 -> 255
+        return (np.repeat(gray[:, :, None], 3, axis=2),
+                f"{path} is 16-bit grayscale ({mode}): scaled to 8 bits (value / 257) and "
+                "repeated in R, G and B")
+    if img.has_transparency_data:
+        rgba = img.convert("RGBA")
+        alpha = np.asarray(rgba.getchannel("A"))
+        transparent = int(np.count_nonzero(alpha < 255))
+        if transparent:
+            raise ImageError(
+                f"{path} has {transparent} transparent pixel(s) (mode {mode}): the colours "
+                "under them are not what a viewer shows. Flatten it onto its background and "
+                "save it as an RGB JPEG", path=path, image_id=image_id)
+        return (np.asarray(rgba.convert("RGB")),
+                f"{path} is {mode} with every pixel opaque: alpha channel dropped")
+    if mode in ("L", "P", "1", "CMYK", "YCbCr", "LAB", "HSV"):
+        return (np.asarray(img.convert("RGB")),
+                f"{path} is {mode} (not RGB): converted to 8-bit RGB"
+                + (" (the gray value in R, G and B)" if mode in ("L", "1") else ""))
+    raise ImageError(f"{path} has the pixel format {mode}, which is not read as an image "
+                     "(32-bit or floating-point data?); save it as an 8-bit RGB JPEG",
+                     path=path, image_id=image_id)
+
+
+def decode_image(path, image_id=None, draft_size=None) -> DecodedImage:
+    """Decode an image as the loader uses it (8-bit RGB): the one readability rule, shared
+    by :class:`BCCDDataset` and ``validate_dataset``.
+
+    * 8-bit RGB: as is;
+    * 8-bit grayscale, palette, bilevel, CMYK, YCbCr: PIL's conversion to RGB;
+    * 16-bit grayscale (PNG/TIFF): ``value / 257``, rounded (0..65535 -> 0..255, so the
+      picture looks as in a viewer; not clipped to white), in R, G and B;
+    * an alpha channel (RGBA, LA, a palette with transparency): dropped when every pixel
+      is opaque; a transparent pixel raises :class:`ImageError`, since the colours under
+      it are not what the annotator saw;
+    * anything else (32-bit, floating point) and any undecodable data raise
+      :class:`ImageError`; a missing file raises :class:`MissingFileError`.
+
+    ``draft_size`` (width, height): a JPEG is decoded at the smallest scale not below it
+    (the validator's thumbnails); other formats in full.
+    """
+    path = Path(path)
+    try:
+        with Image.open(path) as img:
+            if draft_size is not None:
+                img.draft("RGB", draft_size)
+            img.load()
+            pixels, conversion = _to_rgb(img, path, image_id)
+            return DecodedImage(pixels, img.mode, len(img.getbands()), conversion)
+    except FileNotFoundError:
+        raise MissingFileError(f"image file {path} does not exist", path=path,
+                               image_id=image_id) from None
+    except MedaidetError:
+        raise
+    except Exception as exc:     # PIL: OSError (truncated), SyntaxError, ValueError, ...
+        raise ImageError(f"{path} cannot be decoded ({type(exc).__name__}: {exc}); "
+                         "restore it from the original dataset", path=path,
+                         image_id=image_id) from None

@@ -1,0 +1,108 @@
+"""Where a model's starting weights come from: ChainerCV's named pretrained weights (ImageNet
+VGG-16, PASCAL VOC) in ChainerCV's model cache, and the trained weights that ship with medaidet.
+
+Named ImageNet/VOC weights come from ChainerCV's model cache, the same files ChainerCV uses:
+``<dataset root>/pfnet/chainercv/models/<the URL's file name>``, where the dataset root is
+``$CHAINER_DATASET_ROOT`` (default ``~/.chainer/dataset``; see
+``chainer.dataset.set_dataset_root``). A missing file is downloaded by ChainerCV's
+``download_model``; offline, :class:`~medaidet.ssd.weight_files.WeightsNotFoundError` says
+which file to place where and the URL it comes from.
+"""
+from __future__ import annotations
+
+import http.client
+import os
+from pathlib import Path
+
+from chainer.dataset import get_dataset_root
+from chainercv.links import SSD300, SSD512
+from chainercv.utils import download as _cv_download
+
+from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
+from medaidet.ssd.weight_files import WeightsNotFoundError
+
+__all__ = ["CACHE_SUBDIR", "SHIPPED_WEIGHTS", "check_pretrained", "pretrained_url",
+           "pretrained_cache_path", "pretrained_file", "shipped_weights"]
+
+#: ChainerCV's model cache, relative to the dataset root (see ``download_model``).
+CACHE_SUBDIR = os.path.join("pfnet", "chainercv", "models")
+#: Trained weights that ship with the package (model-only, float16, with ``.sha256`` and a
+#: ``.json`` that says how they were made): the small SSD trained on BCCD on a CPU, so that
+#: the evaluation and counting notebooks show a working detector at once.
+SHIPPED_WEIGHTS = {"ssd_small": Path(__file__).parent / "weights" / "ssd_small_bccd.npz"}
+#: The ChainerCV classes whose ``_models`` table holds the URLs (:data:`WITH_PRETRAINED`).
+_CLASSES = {"ssd300": SSD300, "ssd512": SSD512}
+
+
+def check_pretrained(name: str, pretrained) -> None:
+    """:class:`WeightsNotFoundError` when ``pretrained`` names weights (``'imagenet'``,
+    ``'voc0712'``) that model ``name`` does not have."""
+    if pretrained in PRETRAINED and str(name).lower() not in WITH_PRETRAINED:
+        raise WeightsNotFoundError(
+            f"{name} has no {pretrained!r} weights (only {', '.join(WITH_PRETRAINED)} do): "
+            f"train it from random weights (pretrained None, --pretrained none) or load a "
+            f"model-only .npz of it", Path(str(pretrained)))
+
+
+def pretrained_url(name: str = "ssd300", pretrained: str = "voc0712") -> str:
+    """The URL ChainerCV downloads ``pretrained`` weights of model ``name`` from."""
+    if str(name).lower() not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}: use one of {', '.join(MODEL_NAMES)}")
+    check_pretrained(name, pretrained)
+    if pretrained not in PRETRAINED:
+        raise ValueError(f"unknown pretrained weights {pretrained!r}: use one of "
+                         f"{', '.join(PRETRAINED)}, a file path, or None")
+    return _CLASSES[str(name).lower()]._models[pretrained]["url"]
+
+
+def pretrained_cache_path(name: str = "ssd300", pretrained: str = "voc0712") -> Path:
+    """Where ChainerCV keeps (and looks for) that file: ``<root>/pfnet/chainercv/models/<name>``.
+
+    Computed as ChainerCV's ``download_model`` does (the URL's base name under
+    ``get_dataset_directory('pfnet/chainercv/models')``), without creating anything.
+    """
+    url = pretrained_url(name, pretrained)
+    return Path(get_dataset_root(), CACHE_SUBDIR, os.path.basename(url))
+
+
+def shipped_weights(name: str = "ssd_small") -> Path:
+    """The trained weights of ``name`` that ship with medaidet (:data:`SHIPPED_WEIGHTS`);
+    their ``.json`` says the command and seed that reproduce them and their test AP.
+
+    Raises :class:`WeightsNotFoundError` when medaidet ships none for ``name`` or the file
+    is missing from this installation."""
+    if name not in SHIPPED_WEIGHTS:
+        raise WeightsNotFoundError(
+            f"medaidet ships trained weights only for {', '.join(SHIPPED_WEIGHTS)}, not "
+            f"{name!r}: train {name} (`medaidet train`) and use its model.npz", None)
+    path = SHIPPED_WEIGHTS[name]
+    if not path.is_file():
+        raise WeightsNotFoundError(
+            f"the shipped weights {path} are missing from this installation: reinstall "
+            f"medaidet (pip install -e <checkout>), or train them: `medaidet train "
+            f"--profile cpu`", path)
+    return path
+
+
+def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712") -> Path:
+    """The cached weight file, downloaded by ChainerCV's ``download_model`` if missing.
+
+    Raises:
+        WeightsNotFoundError: not cached and the download failed (offline, HTTP error).
+            ``.path`` is where to place the file, ``.url`` where it comes from.
+    """
+    url = pretrained_url(name, pretrained)
+    path = pretrained_cache_path(name, pretrained)
+    if path.is_file():
+        return path
+    try:
+        return Path(_cv_download.download_model(url))
+    except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
+        reason = getattr(exc, "reason", None) or exc
+        raise WeightsNotFoundError(
+            f"the {pretrained!r} weights for {name} are not in ChainerCV's cache and could "
+            f"not be downloaded ({type(exc).__name__}: {reason}).\n"
+            f"Place the file at:\n    {path}\n"
+            f"It comes from:\n    {url}\n"
+            f"(download it where there is network access and copy it there; the cache root "
+            f"is $CHAINER_DATASET_ROOT, default ~/.chainer/dataset)", path, url) from None

@@ -1,0 +1,77 @@
+"""Tables that render themselves: as Markdown in a notebook, as aligned text in a terminal.
+
+The course's results (an evaluation, a config, a training log, a comparison of runs) are small
+tables. :class:`Table` holds the column names and the rows; ``display(table)`` in Jupyter shows
+it as Markdown (``_repr_markdown_``), ``print(table)`` as text. Cells are written as given, except
+floats (``float_format``, default 3 decimals) and missing values (``None``, NaN: ``n/a``);
+columns whose cells are all numbers are right-aligned.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+
+__all__ = ["Table"]
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Number) and not isinstance(value, bool)
+
+
+@dataclass(repr=False)
+class Table:
+    """``columns``: the header; ``rows``: one sequence of cells per row, as many as columns."""
+
+    columns: list
+    rows: list = field(default_factory=list)
+    float_format: str = ".3f"
+
+    def __post_init__(self):
+        self.columns = [str(c) for c in self.columns]
+        self.rows = [list(row) for row in self.rows]
+        for i, row in enumerate(self.rows):
+            if len(row) != len(self.columns):
+                raise ValueError(f"Table: row {i} has {len(row)} cells for "
+                                 f"{len(self.columns)} columns ({', '.join(self.columns)})")
+
+    def append(self, row) -> None:
+        """Add one row (as many cells as columns)."""
+        row = list(row)
+        if len(row) != len(self.columns):
+            raise ValueError(f"Table: a row of {len(row)} cells for {len(self.columns)} "
+                             f"columns ({', '.join(self.columns)})")
+        self.rows.append(row)
+
+    def cell(self, value) -> str:
+        """The text of one cell."""
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "n/a"
+        if isinstance(value, float):
+            return format(value, self.float_format)
+        return str(value)
+
+    def _numeric(self) -> list:
+        return [bool(self.rows) and all(_is_number(row[j]) or row[j] is None
+                                        for row in self.rows)
+                for j in range(len(self.columns))]
+
+    def to_markdown(self) -> str:
+        numeric = self._numeric()
+        lines = ["| " + " | ".join(self.columns) + " |",
+                 "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+        lines += ["| " + " | ".join(self.cell(v) for v in row) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()
+
+    def __str__(self) -> str:
+        texts = [self.columns] + [[self.cell(v) for v in row] for row in self.rows]
+        widths = [max(len(t[j]) for t in texts) for j in range(len(self.columns))]
+        numeric = self._numeric()
+        return "\n".join("  ".join(t[j].rjust(w) if numeric[j] else t[j].ljust(w)
+                                   for j, w in enumerate(widths)).rstrip()
+                         for t in texts)
+
+    __repr__ = __str__       # Jupyter's text/plain, and any viewer that shows only that
