@@ -17,7 +17,9 @@ def smoke(device: str) -> dict:
     try:
         import medaidet  # noqa: F401  (sets CHAINER_CUDNN=0 on CuPy 14, before chainer)
         import numpy as np
-        gpu = device == "gpu"
+
+        from medaidet.device import parse_device
+        gpu = parse_device(device) != "cpu"   # "gpu" (or a GPU number): GPU 0
         if gpu:
             import cupy as xp
 

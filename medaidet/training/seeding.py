@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from medaidet.device import parse_device
 from medaidet.errors import MedaidetError
 
 __all__ = ["seed_everything", "SeedReport", "SeedRow", "ReseedingTransform", "SeedError"]
@@ -109,18 +110,23 @@ def _check_seed(seed) -> int:
 
 
 def _gpu_ids(devices) -> list:
-    """GPU ids among ``devices`` (chainer devices, ints, or None)."""
+    """GPU ids among ``devices``: chainer devices, or device specs as
+    :func:`medaidet.device.parse_device` reads them (``"gpu"`` is GPU 0; the CPU and ``None``
+    have none)."""
     ids = []
     for device in devices or ():
         if device is None:
             continue
-        if isinstance(device, (int, np.integer)):
-            if device >= 0:
-                ids.append(int(device))
+        xp = getattr(device, "xp", None)
+        if xp is not None:                     # a chainer device
+            if xp is not np:
+                ids.append(int(device.device.id))
             continue
-        xp = getattr(device, "xp", np)
-        if xp is not np:
-            ids.append(int(device.device.id))
+        spec = parse_device(int(device) if isinstance(device, np.integer) else device)
+        if spec == "gpu":
+            ids.append(0)
+        elif isinstance(spec, int):
+            ids.append(spec)
     return sorted(set(ids))
 
 
