@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from medaidet.arguments import check_number, prepare_output_dir
+from medaidet.device import gpu_status
 from medaidet.env import CELL_TIMEOUT, COURSE_PROFILES
 from medaidet.errors import MedaidetError
 from medaidet.files import is_full_disk, write_files
@@ -161,8 +162,6 @@ def resolve_profile(profile: str = "auto"):
     if profile != "auto":
         raise CourseError(f"unknown profile {profile!r}: use 'auto', "
                           f"{', '.join(repr(p) for p in COURSE_PROFILES)}")
-    from medaidet.device import gpu_status
-
     count, why = gpu_status()
     if not count:
         return "cpu", f"auto: no usable GPU ({why}), running on the CPU"

@@ -29,6 +29,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from medaidet import compat
+from medaidet.scaling import distributed  # imports neither chainer nor mpi4py.MPI
 from medaidet.stack import sources
 from medaidet.stack.build import NUMPY_RANGE
 from medaidet.stack.install import installed_version
@@ -171,7 +172,6 @@ def _gather_cuda(f: Facts) -> None:
 
 
 def _gather_mpi(f: Facts) -> None:
-    from medaidet.scaling import distributed  # imports neither chainer nor mpi4py.MPI
     f.mpi = asdict(distributed.mpi_info())
 
 
