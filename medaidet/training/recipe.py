@@ -27,12 +27,12 @@ from medaidet.data.annotation import parse_annotation
 from medaidet.data.bccd import BCCDDataset
 from medaidet.data.voc import annotation_path, split_path
 from medaidet.errors import MedaidetError
-from medaidet.training.accumulation import AccumulatingUpdater
 from medaidet.ssd.model import build_ssd
-from medaidet.ssd.weight_files import materialize
 from medaidet.ssd.predict import CappedPredictor
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform, TrainTransform
+from medaidet.ssd.weight_files import materialize
+from medaidet.training.accumulation import AccumulatingUpdater
 from medaidet.training.config import TrainConfig
 from medaidet.training.divergence import StopOnNonFinite
 from medaidet.training.extensions import EveryOrEnd, Monitor, Plotter, PresetEvaluator
