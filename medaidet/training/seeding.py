@@ -35,7 +35,9 @@ import os
 import random
 from dataclasses import asdict, dataclass, field
 
+import chainer
 import numpy as np
+from chainer.backends import cuda
 
 from medaidet.device import parse_device
 from medaidet.errors import MedaidetError
@@ -131,9 +133,6 @@ def _gpu_ids(devices) -> list:
 
 
 def _cudnn_row(deterministic: bool) -> SeedRow:
-    import chainer
-    from chainer.backends import cuda
-
     chainer.config.cudnn_deterministic = bool(deterministic)
     flag = f"chainer.config.cudnn_deterministic = {bool(deterministic)}"
     if not cuda.available:
