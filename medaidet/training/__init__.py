@@ -1,4 +1,4 @@
-"""Training (notebooks 03 and 06): the course recipe as builders, and a whole run.
+"""Training (notebooks 03 and 06): the course recipe, and a whole run.
 
 * ``config``: :class:`~medaidet.training.config.TrainConfig`, the recipe's settings and profiles;
 * ``recipe``: :class:`~medaidet.training.recipe.Recipe`, one method per piece, in ChainerCV's

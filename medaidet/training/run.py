@@ -1,8 +1,8 @@
-"""A whole training run: :func:`train` is the recipe's builders plus what the course adds.
+"""A whole training run: :func:`train` is the recipe plus what the course adds.
 
 :func:`train` checks what the run reads and writes before any work
 (:func:`prepare_run`), seeds every random number generator, builds the recipe with
-:mod:`medaidet.training.recipe` in ChainerCV's order, runs it (stopping at the first nan or
+:class:`~medaidet.training.recipe.Recipe` in ChainerCV's order, runs it (stopping at the first nan or
 inf: :mod:`medaidet.training.divergence`), and writes to ``config.out``:
 
 * ``model.npz`` + ``model.npz.sha256``: model-only weights
