@@ -2,8 +2,8 @@
 
 :func:`train` checks what the run reads and writes before any work
 (:func:`prepare_run`), seeds every random number generator, builds the recipe with
-:class:`~medaidet.training.recipe.Recipe` in ChainerCV's order, runs it (stopping at the first nan or
-inf: :mod:`medaidet.training.divergence`), and writes to ``config.out``:
+:class:`~medaidet.training.recipe.Recipe` in ChainerCV's order, runs it (stopping at the
+first nan or inf: :mod:`medaidet.training.divergence`), and writes to ``config.out``:
 
 * ``model.npz`` + ``model.npz.sha256``: model-only weights
   (:func:`medaidet.ssd.weight_files.save_weights`), what evaluation, counting and
