@@ -54,6 +54,7 @@ from medaidet.evaluation.evaluate import Predictions
 from medaidet.evaluation.protocol import IOU_THRESH
 from medaidet.evaluation.visualize import image_sizes_of, match_detections
 from medaidet.ssd.predict import Candidates
+from medaidet.tables import Table
 
 __all__ = ["STAGES", "LOST_STAGES", "CANDIDATE_SETS", "BoxOutcomes",
            "images_missing_class", "subset",
@@ -417,14 +418,7 @@ def missed_by(outcomes: BoxOutcomes, score_thresh: float, by: str, bins) -> dict
 
 
 def format_table(rows, columns=None) -> str:
-    """A list of dicts as a markdown table (floats to 3 decimals, NaN as ``n/a``)."""
+    """A list of dicts as a markdown table (:class:`~medaidet.tables.Table`: floats to 3
+    decimals, NaN as ``n/a``)."""
     columns = list(columns or rows[0].keys())
-
-    def cell(v):
-        if isinstance(v, float):
-            return "n/a" if math.isnan(v) else f"{v:.3f}"
-        return str(v)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    return Table(columns, [[r[c] for c in columns] for r in rows]).to_markdown()
