@@ -12,10 +12,12 @@ the model's forward, backward and update. This script measures, on the real data
 
 It prints seconds per step and images per second, and each combination's speed as a ratio
 to the profile's default (2 workers, BLAS threads as the machine gives them). Then, with the
-profile's defaults, the previous profile's batch size (16, until 2026-11-25) against the
-profile's: seconds per step, images/s, updates per second and the ratios, in the same run.
+profile's defaults, the earlier profiles' settings against the profile's, in the same run:
+the batch size (16 before batch 4) in seconds per step, images/s, updates per second and
+their ratios, and SSD's augmentation (colour distortion on, zoom-out to 2x, before both were
+left out) in seconds per step and images/s.
 
-    python benchmarks/bench_cpu_step.py [--steps 8] [--warmup 2] [--only-batches]
+    python benchmarks/bench_cpu_step.py [--steps 8] [--warmup 2] [--only-previous]
 """
 import argparse
 import json
@@ -26,32 +28,32 @@ import time
 
 COMBINATIONS = [(workers, threads) for workers in (0, 1, 2) for threads in (1, 2)]
 PREVIOUS_BATCH_SIZE = 16
+PREVIOUS_AUGMENTATION = {"color_distortion": True, "max_expand_ratio": 2}
 
 
-def build(n_processes, batch_size=None):
-    from medaidet.training import recipe
+def build(n_processes, overrides):
+    """The profile's training pieces (the course's ``Recipe``), with ``overrides``."""
     from medaidet.training.config import TrainConfig
-    from medaidet.training.ranks import Ranks
+    from medaidet.training.recipe import Recipe
 
-    config = TrainConfig.profile("cpu", n_processes=n_processes, out="/tmp/bench-cpu-step")
-    if batch_size is not None:
-        config = config.replace(batch_size=batch_size)
-    ranks = Ranks.for_config(config)
-    model = recipe.make_model(config)
-    chain = recipe.make_train_chain(model, config, ranks)
-    data = recipe.make_datasets(config, model, ranks)
-    iterators = recipe.make_iterators(data, config, ranks, log=lambda *a: None)
-    optimizer = recipe.make_optimizer(chain, config, ranks)
-    updater = recipe.make_updater(iterators.train, optimizer, config, ranks)
+    config = TrainConfig.profile("cpu", n_processes=n_processes, out="/tmp/bench-cpu-step",
+                                 **overrides)
+    r = Recipe(config)
+    model = r.model()
+    chain = r.train_chain(model)
+    data = r.datasets(model)
+    iterators = r.iterators(data)
+    optimizer = r.optimizer(chain)
+    updater = r.updater(iterators.train, optimizer)
     return config, chain, data, iterators, optimizer, updater
 
 
-def child(n_processes, steps, warmup, batch_size=None):
+def child(n_processes, steps, warmup, overrides):
     """Run in a subprocess: seconds per updater step (and, without workers, the split)."""
     import numpy as np
     from chainer.dataset import concat_examples
 
-    config, chain, data, iterators, optimizer, updater = build(n_processes, batch_size)
+    config, chain, data, iterators, optimizer, updater = build(n_processes, overrides)
     for _ in range(warmup):
         updater.update()
     start = time.perf_counter()
@@ -75,16 +77,14 @@ def child(n_processes, steps, warmup, batch_size=None):
     print(json.dumps(result))
 
 
-def run_child(workers, threads, steps, warmup, batch_size=None) -> dict:
+def run_child(workers, threads, steps, warmup, overrides=None) -> dict:
     env = dict(os.environ)
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env.pop(name, None)
         if threads is not None:
             env[name] = str(threads)
     command = [sys.executable, __file__, "--child", str(workers), "--steps", str(steps),
-               "--warmup", str(warmup)]
-    if batch_size is not None:
-        command += ["--batch-size", str(batch_size)]
+               "--warmup", str(warmup), "--overrides", json.dumps(overrides or {})]
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -93,20 +93,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--only-batches", action="store_true",
-                        help="only the previous profile's batch size against the profile's")
+    parser.add_argument("--only-previous", action="store_true",
+                        help="only the earlier profiles' settings against the profile's")
     parser.add_argument("--child", nargs=1, type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--overrides", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], args.steps, args.warmup, args.batch_size)
+        child(args.child[0], args.steps, args.warmup, json.loads(args.overrides))
         return
     from medaidet.training.config import TrainConfig
 
     batch = TrainConfig.profile("cpu").batch_size
     print(f"{os.cpu_count()} CPUs; batch {batch} of the cpu profile; {args.steps} steps after "
           f"{args.warmup} warm-up steps per combination")
-    if not args.only_batches:
+    if not args.only_previous:
         results = {}
         for workers, threads in COMBINATIONS + [(2, None)]:
             r = results[workers, threads] = run_child(workers, threads, args.steps,
@@ -120,11 +120,12 @@ def main():
         for (workers, threads), r in results.items():
             print(f"  workers {workers}, threads {threads or 'default'}: "
                   f"{base / r['step']:.2f}x")
-    print(f"the previous profile's batch ({PREVIOUS_BATCH_SIZE}) against the profile's "
+    print(f"the previous batch size ({PREVIOUS_BATCH_SIZE}) against the profile's "
           f"({batch}), 2 workers, default threads:")
     rates = {}
     for size in dict.fromkeys((PREVIOUS_BATCH_SIZE, batch)):
-        r = run_child(2, None, args.steps * PREVIOUS_BATCH_SIZE // size, args.warmup, size)
+        r = run_child(2, None, args.steps * PREVIOUS_BATCH_SIZE // size, args.warmup,
+                      {"batch_size": size})
         rates[size] = (size / r["step"], 1 / r["step"])
         print(f"  batch {size}: {r['step']:.3f} s per step, {rates[size][0]:.2f} images/s, "
               f"{rates[size][1]:.2f} updates/s", flush=True)
@@ -132,6 +133,14 @@ def main():
         (old_images, old_updates), (new_images, new_updates) = rates.values()
         print(f"  batch {batch} against {PREVIOUS_BATCH_SIZE}: images/s x"
               f"{new_images / old_images:.2f}, updates/s x{new_updates / old_updates:.2f}")
+    print("SSD's augmentation (colour distortion, zoom-out to 2x) against the profile's "
+          "(neither), batch {batch}, 2 workers, default threads:".format(batch=batch))
+    steps = args.steps * PREVIOUS_BATCH_SIZE // batch
+    before = run_child(2, None, steps, args.warmup, PREVIOUS_AUGMENTATION)["step"]
+    now = run_child(2, None, steps, args.warmup)["step"]
+    for name, step in (("with them", before), ("without", now)):
+        print(f"  {name}: {step:.3f} s per step, {batch / step:.2f} images/s", flush=True)
+    print(f"  without against with: images/s x{before / now:.2f}")
 
 
 if __name__ == "__main__":

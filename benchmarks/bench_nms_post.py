@@ -6,6 +6,7 @@ replacement and of a whole CPU NMS, and their ratio.
 
     python benchmarks/bench_nms_post.py
 """
+import argparse
 import time
 
 import numpy as np
@@ -30,7 +31,7 @@ def suppression_mask(bbox, thresh):
     return np.packbits(padded, axis=1, bitorder="little").view("<u8").ravel(), col_blocks
 
 
-def best_of(fn, repeat=5):
+def best_of(fn, repeat):
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -40,14 +41,17 @@ def best_of(fn, repeat=5):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=5, help="best of N timings per size")
+    repeat = parser.parse_args().repeat
     rng = np.random.RandomState(0)
     print(f"{'boxes':>6} {'post (ms)':>10} {'cpu nms (ms)':>13} {'ratio':>6}")
     for n in (100, 1000, 4000, 8732):
         tl = rng.uniform(0, 300, (n, 2))
         bbox = np.hstack([tl, tl + rng.uniform(5, 60, (n, 2))]).astype(np.float32)
         mask, col_blocks = suppression_mask(bbox, 0.45)
-        post = best_of(lambda: _nms_gpu_post(mask, n, THREADS_PER_BLOCK, col_blocks))
-        cpu = best_of(lambda: non_maximum_suppression(bbox, 0.45))
+        post = best_of(lambda: _nms_gpu_post(mask, n, THREADS_PER_BLOCK, col_blocks), repeat)
+        cpu = best_of(lambda: non_maximum_suppression(bbox, 0.45), repeat)
         print(f"{n:>6} {post * 1e3:>10.2f} {cpu * 1e3:>13.2f} {post / cpu:>6.2f}")
 
 

@@ -10,8 +10,8 @@ errors on test at thresholds chosen on val (tools/measure_detector.py), on all t
 without those the validator flags missing_class (tests/ssd/test_shipped_weights.py checks the
 recorded numbers against a fresh evaluation).
 """
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import medaidet  # noqa: F401  (runtime settings before chainer)
@@ -83,6 +83,6 @@ def main(run_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit(__doc__)
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", help="a `medaidet train --profile cpu` output folder")
+    main(parser.parse_args().run_dir)

@@ -414,6 +414,8 @@ class TrainTransform(_EncodingTransform):
             after augmentation; smaller ones are dropped with their labels.
         expand_probability: chance of the random expansion ("zoom out"), 0.5 in the course.
         max_expand_ratio: the canvas is up to this many times the image (4 in SSD).
+        color_distortion: ChainerCV's ``random_distort`` first (random brightness,
+            contrast, saturation and hue, as in SSD); False leaves the colours as they are.
 
     Input: ``img`` float32 (3, H, W) RGB 0-255, ``bbox`` (R, 4) ``(y_min, x_min, y_max,
     x_max)``, ``label`` int (R,). Output: ``img`` float32 (3, size, size) minus the mean,
@@ -431,10 +433,11 @@ class TrainTransform(_EncodingTransform):
 
     def __init__(self, coder, size: int, mean, n_fg_class: int = 3,
                  min_size: float = DEFAULT_MIN_SIZE, expand_probability: float = 0.5,
-                 max_expand_ratio: float = 4):
+                 max_expand_ratio: float = 4, color_distortion: bool = True):
         super().__init__(coder, size, mean, n_fg_class, min_size)
         self.expand_probability = float(expand_probability)
         self.max_expand_ratio = float(max_expand_ratio)
+        self.color_distortion = bool(color_distortion)
 
     def augment(self, img, bbox, label):
         """The augmentation and the checks without mean and encoding.
@@ -445,7 +448,8 @@ class TrainTransform(_EncodingTransform):
         """
         img, bbox, label = self._begin(img, bbox, label)
         # 1. colour
-        img = random_distort(img)
+        if self.color_distortion:
+            img = random_distort(img)
         # 2. zoom out: the image on a larger canvas filled with the mean
         if random.random() < self.expand_probability:
             img, param = transforms.random_expand(

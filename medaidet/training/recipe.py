@@ -203,7 +203,8 @@ class Recipe:
         (:class:`~medaidet.ssd.transforms.TrainTransform`), or the encoding alone with
         ``augment=False``."""
         if self.config.augment:
-            return TrainTransform.for_model(model, max_expand_ratio=self.config.max_expand_ratio)
+            return TrainTransform.for_model(model, max_expand_ratio=self.config.max_expand_ratio,
+                                            color_distortion=self.config.color_distortion)
         return EncodeTransform.for_model(model)
 
     def datasets(self, model) -> TrainingData:

@@ -132,6 +132,23 @@ def test_same_seed_same_augmentation(transform, real_samples):
             np.testing.assert_array_equal(a, b)
 
 
+def test_without_color_distortion_the_pixels_keep_their_colours(model, monkeypatch):
+    """color_distortion=False: no random_distort; without zoom-out, crop and flip an image of
+    one colour comes out that colour, where the distortion changes it."""
+    calls = []
+    monkeypatch.setattr(T, "random_distort", lambda img: calls.append(1) or img * 0.5)
+    monkeypatch.setattr(T, "random_crop_with_bbox_constraints", lambda img, bbox, return_param: (
+        img, {"y_slice": slice(0, img.shape[1]), "x_slice": slice(0, img.shape[2])}))
+    img = np.empty((3, 120, 160), dtype=np.float32)
+    img[:] = np.array([200, 120, 180], dtype=np.float32)[:, None, None]
+    bbox, label = np.array([[30, 40, 60, 100]], dtype=np.float32), np.array([1])
+    for distort, expected in [(False, [200, 120, 180]), (True, [100, 60, 90])]:
+        t = TrainTransform.for_model(model, expand_probability=0, color_distortion=distort)
+        out, _, _ = t.augment(img, bbox, label)
+        np.testing.assert_allclose(out.mean(axis=(1, 2)), expected, atol=0.5)
+    assert len(calls) == 1
+
+
 def test_augmentations_vary(transform, real_samples):
     random.seed(5)
     boxes = {tuple(np.round(transform.augment(*real_samples[0])[1][:1].ravel(), 3))

@@ -5,6 +5,7 @@ import pytest
 
 from conftest import edit_objects, split_ids
 from medaidet.errors import MedaidetError
+from medaidet.ssd.transforms import EncodeTransform, TrainTransform
 from medaidet.training import recipe
 from medaidet.training.config import TrainConfig
 from medaidet.training.ranks import Ranks
@@ -61,6 +62,20 @@ def test_build_gives_every_piece_in_order(tmp_path, bccd_root):
     assert built.trainer.updater is built.updater
     assert built.extensions.monitor.total == 3
     assert len(built.data.images) == 2 and len(built.iterators.val.dataset) == 1
+
+
+@pytest.mark.parametrize("profile, zoom_out, colours", [
+    ("full", 4, True),          # SSD's augmentation
+    ("cpu", 1, False),          # chosen on val for the small SSD (docs/cpu-detector.md)
+])
+def test_the_transform_augments_as_the_profile_says(profile, zoom_out, colours):
+    r = Recipe(TrainConfig.profile(profile, pretrained=None))
+    model = r.model()
+    transform = r.transform(model)
+    assert isinstance(transform, TrainTransform)
+    assert (transform.max_expand_ratio, transform.color_distortion) == (zoom_out, colours)
+    plain = Recipe(r.config.replace(augment=False)).transform(model)
+    assert isinstance(plain, EncodeTransform)
 
 
 def test_training_length_in_epochs_or_iterations():
@@ -168,14 +183,20 @@ def _notebook_cell(cell_id: str) -> str:
 
 
 @pytest.mark.slow(seconds=30)
-def test_notebook_03_recipe_written_out_trains_what_train_trains(tmp_path, bccd_root):
+@pytest.mark.parametrize("augmentation", [
+    {},                                                    # SSD's: the full profile's
+    {"max_expand_ratio": 1, "color_distortion": False},    # the cpu profile's
+], ids=["ssd", "cpu-profile"])
+def test_notebook_03_recipe_written_out_trains_what_train_trains(tmp_path, bccd_root,
+                                                                 augmentation):
     """Notebook 03 writes the recipe out in plain ChainerCV (no Ranks, no cleanup call); run
-    from the same seed it must train bit-identical weights to train()."""
+    from the same seed it must train bit-identical weights to train(), with either
+    profile's augmentation."""
     from pathlib import Path
     build, run = _notebook_cell("recipe-build"), _notebook_cell("recipe-run")
     assert "Ranks" not in build + run and "finalize" not in build + run
-    page = {"profile": "smoke", "root": str(bccd_root), "out": Path(tmp_path),
-            "config": TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path))}
+    config = TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path), **augmentation)
+    page = {"profile": "smoke", "root": str(bccd_root), "out": Path(tmp_path), "config": config}
     exec(compile(build, "recipe-build", "exec"), page)
     exec(compile(run, "recipe-run", "exec"), page)
     demo = page["demo"]
