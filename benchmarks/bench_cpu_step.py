@@ -38,14 +38,9 @@ def build(n_processes, overrides):
 
     config = TrainConfig.profile("cpu", n_processes=n_processes, out="/tmp/bench-cpu-step",
                                  **overrides)
-    r = Recipe(config)
-    model = r.model()
-    chain = r.train_chain(model)
-    data = r.datasets(model)
-    iterators = r.iterators(data)
-    optimizer = r.optimizer(chain)
-    updater = r.updater(iterators.train, optimizer)
-    return config, chain, data, iterators, optimizer, updater
+    built = Recipe(config).build(log=lambda *a: None, progress=False)
+    return (config, built.train_chain, built.data, built.iterators, built.optimizer,
+            built.updater)
 
 
 def child(n_processes, steps, warmup, overrides):
