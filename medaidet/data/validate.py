@@ -178,7 +178,7 @@ class ImagePair(NamedTuple):
     correlation: float       # normalized correlation of the overlapping part
 
 
-@dataclass
+@dataclass(repr=False)
 class ValidationReport:
     """What :func:`validate_dataset` found. ``to_dict()`` / ``to_json()`` give the JSON
     shape in the module docstring; the other attributes are for notebooks."""
@@ -265,6 +265,9 @@ class ValidationReport:
             if len(issues) > shown:
                 lines.append(f"  ... and {len(issues) - shown} more (to_json() lists all)")
         return "\n".join(lines)
+
+    def __repr__(self):      # the text view, also what a notebook stores beside the HTML
+        return str(self)
 
     def _repr_html_(self) -> str:
         e = html.escape

@@ -521,7 +521,7 @@ CHECKS = (check_python, check_numpy, check_chainer, check_chainercv, check_cupy,
 
 # ---------------------------------------------------------------- report
 
-@dataclass
+@dataclass(repr=False)
 class DoctorReport:
     """The checks in order; text, JSON and HTML views of them."""
 
@@ -560,6 +560,9 @@ class DoctorReport:
                 lines.append(f"{'':<{width}}        fix: {c.fix}")
         lines.append(self.summary())
         return "\n".join(lines)
+
+    def __repr__(self):      # the text view, also what a notebook stores beside the HTML
+        return str(self)
 
     def _repr_html_(self) -> str:
         colours = {"ok": "#c8e6c9", "warn": "#ffe0b2", "fail": "#ffcdd2", "skip": "#eeeeee"}

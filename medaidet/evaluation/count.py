@@ -99,7 +99,7 @@ def _stats(predicted: np.ndarray, annotated: np.ndarray):
     return mae, bias, rel
 
 
-@dataclass
+@dataclass(repr=False)
 class CountResult:
     """Counts at one score threshold. ``predicted``/``annotated``: int (N images, C classes).
 
@@ -177,6 +177,9 @@ class CountResult:
         return "\n".join([head] + lines + ([self._set_aside_text()] if self.set_aside else [])
                          + ["", RBC_NOTE])
 
+    def __repr__(self):      # the text view, also what a notebook stores beside the HTML
+        return str(self)
+
     def _repr_html_(self):
         cols, body = self._summary()
         esc = html.escape
@@ -242,7 +245,7 @@ def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRE
                        annotated, mae, bias, rel, predictions.split, set_aside=set_aside)
 
 
-@dataclass
+@dataclass(repr=False)
 class SweepResult:
     """Count errors vs score threshold. Arrays (T thresholds, C classes): ``mae``,
     ``bias``, ``relative_error``; ``best_threshold`` per class: the lowest threshold of
@@ -280,6 +283,9 @@ class SweepResult:
                          for n, t in self.best_threshold.items())
         return "\n".join(lines + [f"best threshold on {self.split or 'these images'}: {best}",
                                   SWEEP_NOTE])
+
+    def __repr__(self):      # the text view, also what a notebook stores beside the HTML
+        return str(self)
 
     def _repr_html_(self):
         esc = html.escape

@@ -283,7 +283,7 @@ def _score_protocol(preds: Predictions, name: str) -> ProtocolResult:
                           precision, recall)
 
 
-@dataclass
+@dataclass(repr=False)
 class EvaluationResult:
     """AP per class and mean for each protocol (see the module docs).
 
@@ -326,6 +326,9 @@ class EvaluationResult:
         lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                            for i, (c, w) in enumerate(zip(r, widths))) for r in table]
         return "\n".join([head] + lines + [_COURSE_NOTE])
+
+    def __repr__(self):      # the text view, also what a notebook stores beside the HTML
+        return str(self)
 
     def _repr_html_(self):
         esc = html.escape

@@ -152,6 +152,14 @@ def write_plots(log, out) -> dict:
     return paths
 
 
+def _ap_text(value) -> str:
+    """An AP for the progress line: three decimals, or why there is none (ChainerCV's AP is
+    NaN for a class without a box in the validation images)."""
+    if value is None or not math.isfinite(value):
+        return "n/a (no boxes)"
+    return f"{value:.3f}"
+
+
 class Plotter:
     """After LogReport: redraw the PNGs (at most every ``min_seconds``; always at the end)
     and print each evaluation."""
@@ -171,10 +179,10 @@ class Plotter:
         log = self.log_report.log
         evals = [e for e in log if "validation/main/map" in e]
         for entry in evals[self._evals_shown:]:
-            aps = ", ".join(f"{c} {entry.get(f'validation/main/ap/{c}', float('nan')):.3f}"
+            aps = ", ".join(f"{c} {_ap_text(entry.get(f'validation/main/ap/{c}'))}"
                             for c in BCCD_LABEL_NAMES)
             self.monitor.write(f"iteration {entry['iteration']}: val mAP "
-                               f"{entry['validation/main/map']:.3f} ({aps})")
+                               f"{_ap_text(entry['validation/main/map'])} ({aps})")
         self._evals_shown = len(evals)
         now = time.monotonic()
         if self.is_end(trainer) or now - self._last >= self.min_seconds:

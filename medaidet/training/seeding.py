@@ -63,7 +63,7 @@ class SeedRow:
     detail: str
 
 
-@dataclass
+@dataclass(repr=False)
 class SeedReport:
     """What :func:`seed_everything` did; print it (a table) or show it in a notebook."""
 
@@ -90,7 +90,7 @@ class SeedReport:
         lines += [f"  {r.item:<{width}}  {r.status:<{status}}  {r.detail}" for r in self.rows]
         return "\n".join(lines)
 
-    __str__ = table
+    __str__ = __repr__ = table     # repr: what a notebook stores beside the table
 
     def _repr_markdown_(self):          # a table in Jupyter
         head = (f"**seed {self.seed}**, deterministic mode "

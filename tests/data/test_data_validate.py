@@ -144,6 +144,7 @@ def test_text_and_html(report):
     assert "364 images" in text and "4879 kept" in text
     for kind in report.counts():
         assert kind in text and kind in report._repr_html_()
+    assert repr(report) == text      # what a notebook stores as text: no raw fields
     assert "BloodImage_00338 object 12" in text
 
 

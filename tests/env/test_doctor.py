@@ -343,6 +343,7 @@ def test_a_crashing_check_or_gather_becomes_a_fail(monkeypatch):
 def test_views_name_every_check():
     report = run_doctor(gpu_smoke=True, facts=cpu_facts(numpy="2.7.0"))
     text, page = str(report), report._repr_html_()
+    assert repr(report) == text
     assert "<table>" in page and "#ffcdd2" in page  # the fail line is coloured
     for check in report.checks:
         assert check.name in text and f"<td>{check.name}</td>" in page

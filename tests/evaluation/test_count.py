@@ -71,6 +71,7 @@ def test_per_image_table_text_and_json():
     text = str(result)
     assert "1.50" in text and "+0.50" in text and RBC_NOTE in text
     assert "<table>" in result._repr_html_()
+    assert repr(result) == text      # a notebook stores the table as text, not the arrays
     d = json.loads(result.to_json())
     assert d["per_class"]["rbc"]["mae"] == 1.5 and len(d["per_image"]) == 2
 
@@ -135,6 +136,7 @@ def test_threshold_sweep_known_curve_and_best_threshold():
     for l in range(3):
         assert np.all(np.diff(sweep.bias[:, l]) <= 0)
     assert SWEEP_NOTE in str(sweep) and "<table>" in sweep._repr_html_()
+    assert repr(sweep) == str(sweep)
     d = sweep.to_dict()
     json.dumps(d, allow_nan=False)
     assert d["best_threshold"]["rbc"] == 0.5

@@ -140,6 +140,7 @@ def test_table_json_and_figure():
     text = str(result)
     assert "rbc" in text and "mean" in text and "1.000" in text and "0.719" in text
     assert "<table>" in result._repr_html_()
+    assert repr(result) == text and "array(" not in repr(result)
     summary = result.summary_table().to_markdown().splitlines()
     assert summary[0] == "|  | mAP | rbc | wbc | platelets |"
     assert summary[2] == "| original course (score >= 0.6, published) | 0.719 | 0.760 | 0.965 | 0.432 |"

@@ -31,6 +31,7 @@ def test_report_says_what_was_seeded_and_what_is_not_deterministic():
     text = report.table()
     assert text.splitlines()[0] == "seed 0, deterministic mode off"
     assert "| Python random | seeded |" in report._repr_markdown_()
+    assert repr(report) == text
     assert report.to_dict()["rows"][0]["item"] == "Python random"
 
 
