@@ -15,6 +15,7 @@ memory is that of one micro-batch.
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import numpy as np
 
@@ -25,7 +26,8 @@ from chainer.training.updaters import StandardUpdater
 
 from medaidet.errors import MedaidetError
 
-__all__ = ["AccumulationError", "AccumulatingUpdater", "batch_positives"]
+__all__ = ["AccumulationError", "AccumulatingUpdater", "batch_positives",
+           "gradient_difference"]
 
 
 class AccumulationError(MedaidetError, ValueError):
@@ -212,3 +214,35 @@ def _reports_into(observation):
 
 def _as_array(value):
     return value.array if isinstance(value, chainer.Variable) else value
+
+
+def gradient_difference(model, samples, accumulate: int) -> float:
+    """How far the gradient of ``accumulate`` micro-batches is from the whole batch's.
+
+    ``model``: a ChainerCV SSD (left unchanged); ``samples``: one batch of encoded
+    ``(img, mb_loc, mb_label)`` (e.g. through ``EncodeTransform``). One backward pass of a
+    copy of the model on the whole batch, one through :class:`AccumulatingUpdater` in
+    ``accumulate`` micro-batches; returns ``||g_micro - g_batch|| / ||g_batch||`` over all
+    parameters together.
+
+    For a network without batch normalisation (SSD300) this is float rounding (about
+    1e-4). With batch normalisation (the small SSD) it is not: each micro-batch is
+    normalised by its own mean and variance, so the micro-batches compute another function
+    than the batch, and another gradient. ChainerMN's ranks are the same case: each rank
+    normalises its own images.
+    """
+    from medaidet.ssd.train_chain import MultiboxTrainChain
+
+    grads = []
+    for n in (1, accumulate):
+        chain = MultiboxTrainChain(copy.deepcopy(model))
+        optimizer = chainer.optimizers.SGD(lr=0.0)       # the gradient, not a step
+        optimizer.setup(chain)
+        iterator = chainer.iterators.SerialIterator(list(samples), len(samples),
+                                                    shuffle=False)
+        AccumulatingUpdater(iterator, optimizer, accumulate=n).update()
+        grads.append(np.concatenate([np.asarray(backend.CpuDevice().send(p.grad),
+                                                dtype=np.float64).ravel()
+                                     for p in chain.params() if p.grad is not None]))
+    batch, micro = grads
+    return float(np.linalg.norm(micro - batch) / np.linalg.norm(batch))
