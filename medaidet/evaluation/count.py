@@ -32,6 +32,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from medaidet.arguments import ArgumentValueError, check_number
+from medaidet.data.bccd import CLASS_COLORS
 from medaidet.device import DEFAULT_DEVICE
 from medaidet.evaluation.analysis import images_missing_class
 from medaidet.evaluation.evaluate import Predictions, check_run, predict_run
@@ -56,6 +57,8 @@ RBC_NOTE = (
     "confidence problem: notebook 04 measures whether size plays a part): choose the "
     "threshold per class on val.")
 
+#: :func:`plot_sweep`'s axis fits the thresholds from here up (lower ones may run off it).
+SWEEP_AXIS_FROM = 0.2
 SWEEP_NOTE = (
     "The best threshold is chosen on the same images it is scored on: on the test split "
     "that is optimistic. Choose the threshold on the val split and report test counts at it.")
@@ -346,7 +349,7 @@ def plot_counts(result: CountResult):
         x, y = result.annotated[:, l], result.predicted[:, l]
         top = max(1, int(x.max(initial=0)), int(y.max(initial=0))) * 1.05 + 1
         ax.plot([0, top], [0, top], color="0.5", ls="--", lw=1, label="y = x")
-        ax.scatter(x, y, s=18, alpha=0.7, color=f"C{l}")
+        ax.scatter(x, y, s=18, alpha=0.7, color=CLASS_COLORS.get(name, f"C{l}"))
         ax.set(title=f"{name}: MAE {_fmt(result.mae[l])}, bias {_fmt(result.bias[l], sign=True)}",
                xlabel="annotated count", ylabel="predicted count",
                xlim=(-0.5, top), ylim=(-0.5, top), aspect="equal")
@@ -367,11 +370,21 @@ def plot_sweep(sweep: SweepResult):
     ax = fig.subplots()
     best = sweep.best_threshold
     for l, name in enumerate(sweep.label_names):
-        ax.plot(sweep.thresholds, sweep.mae[:, l], marker="o", ms=3, color=f"C{l}",
+        color = CLASS_COLORS.get(name, f"C{l}")
+        ax.plot(sweep.thresholds, sweep.mae[:, l], marker="o", ms=3, color=color,
                 label=f"{name} (best {best[name]:g})")
-        ax.plot([best[name]], [sweep.best_mae[name]], marker="*", ms=12, color=f"C{l}")
+        ax.plot([best[name]], [sweep.best_mae[name]], marker="*", ms=12, color=color)
     ax.set(xlabel="score threshold", ylabel="count MAE (cells per image)",
            title=f"Count error vs threshold ({sweep.split or 'split'}; choose on val)")
+    # the lowest thresholds count thousands of background boxes: an MAE in the hundreds
+    # would flatten every line that matters, so the axis stops above the rest
+    rest = sweep.mae[sweep.thresholds >= SWEEP_AXIS_FROM]
+    highest = float(np.nanmax(sweep.mae, initial=0.0))
+    top = 1.3 * float(np.nanmax(rest, initial=0.0)) if rest.size else highest
+    if top > 0 and highest > top:
+        ax.set_ylim(0, top)
+        ax.text(0.01, 0.98, f"below score {SWEEP_AXIS_FROM:g}: off the scale "
+                f"(MAE up to {highest:.0f})", transform=ax.transAxes, va="top", fontsize="small")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return fig

@@ -20,6 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.data.bccd import CLASS_COLORS
 from medaidet.files import png_bytes, write_files
 
 __all__ = ["EveryOrEnd", "PresetEvaluator", "Monitor", "Plotter", "write_plots"]
@@ -118,32 +119,38 @@ def _floats(log, key):
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def write_plots(log, out) -> dict:
-    """``loss.png`` (total, loc and conf loss vs iteration) and ``map.png`` (validation
-    mAP and per-class AP vs iteration) from a LogReport log; returns their paths."""
+def write_plots(log, out, val_split: str = "val") -> dict:
+    """``loss.png`` (total, loc and conf loss on the training batches vs iteration) and
+    ``map.png`` (mAP and per-class AP on ``val_split`` vs iteration) from a LogReport log;
+    returns their paths."""
     out = Path(out)
     paths = {}
-    for name, keys, ylabel in (
-            ("loss", ("main/loss", "main/loss/loc", "main/loss/conf"), "loss"),
-            ("map", ("validation/main/map",) + tuple(
-                f"validation/main/ap/{c}" for c in BCCD_LABEL_NAMES),
-             "AP (VOC area, IoU 0.5, score >= 0.01)")):
+    # (log key, legend, colour): the classes in the course's colours (CLASS_COLORS)
+    curves = {
+        "loss": [("main/loss", "loss (loc + conf)", "black"),
+                 ("main/loss/loc", "loc: smooth L1 of the offsets", "tab:purple"),
+                 ("main/loss/conf", "conf: cross-entropy", "tab:olive")],
+        "map": [("validation/main/map", "mAP", "black")]
+               + [(f"validation/main/ap/{c}", c, CLASS_COLORS[c]) for c in BCCD_LABEL_NAMES],
+    }
+    ylabels = {"loss": "loss on the training batches",
+               "map": f"AP on {val_split} (VOC area, IoU 0.5, score >= 0.01)"}
+    for name, series in curves.items():
         fig = Figure(figsize=(6, 4), dpi=100)
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
-        for key in keys:
+        for i, (key, label, color) in enumerate(series):
             x, y = _floats(log, key)
             if x:
-                ax.plot(x, y, marker="o" if len(x) < 20 else None,
-                        label=key.split("/", 1)[1] if key != keys[0] or name == "loss"
-                        else "mAP", linewidth=2 if key == keys[0] else 1)
+                ax.plot(x, y, marker="o" if len(x) < 20 else None, label=label, color=color,
+                        linewidth=2 if i == 0 else 1)
         if not ax.lines:
             ax.text(0.5, 0.5, "no values yet", ha="center", va="center",
                     transform=ax.transAxes)
         else:
             ax.legend()
         ax.set_xlabel("iteration")
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(ylabels[name])
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
         path = out / f"{name}.png"
@@ -166,8 +173,10 @@ class Plotter:
 
     priority = 100
 
-    def __init__(self, out, log_report, monitor, is_end, min_seconds=30.0):
+    def __init__(self, out, log_report, monitor, is_end, min_seconds=30.0,
+                 val_split: str = "val"):
         self.out = out
+        self.val_split = val_split
         self.log_report = log_report
         self.monitor = monitor
         self.is_end = is_end
@@ -181,10 +190,10 @@ class Plotter:
         for entry in evals[self._evals_shown:]:
             aps = ", ".join(f"{c} {_ap_text(entry.get(f'validation/main/ap/{c}'))}"
                             for c in BCCD_LABEL_NAMES)
-            self.monitor.write(f"iteration {entry['iteration']}: val mAP "
+            self.monitor.write(f"iteration {entry['iteration']}: {self.val_split} mAP "
                                f"{_ap_text(entry['validation/main/map'])} ({aps})")
         self._evals_shown = len(evals)
         now = time.monotonic()
         if self.is_end(trainer) or now - self._last >= self.min_seconds:
-            write_plots(log, self.out)
+            write_plots(log, self.out, self.val_split)
             self._last = now

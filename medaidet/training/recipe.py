@@ -290,7 +290,8 @@ class Recipe:
             trainer.extend(log_report)
             trainer.extend(extensions.observe_lr(), trigger=(1, "iteration"))
             trainer.extend(monitor, name="monitor")
-            trainer.extend(Plotter(Path(config.out), log_report, monitor, length.is_end),
+            trainer.extend(Plotter(Path(config.out), log_report, monitor, length.is_end,
+                                   val_split=config.val_split),
                            name="plots",
                            trigger=EveryOrEnd(config.log_interval, "iteration", length.is_end))
         if ranks.keeps_snapshots:

@@ -163,7 +163,8 @@ def _run(config: TrainConfig, ranks: Ranks, resume, progress: bool, log) -> Trai
     metrics = run_metrics(config, ranks, data, iterators, updater, extensions,
                           start_iteration=start_iteration, seconds=seconds, resume=resume,
                           weights=out / WEIGHTS_NAME, sha256=sha256, snapshot=snapshot,
-                          plots=write_plots(extensions.log_report.log, out), seeding=seeding,
+                          plots=write_plots(extensions.log_report.log, out, config.val_split),
+                          seeding=seeding,
                           rank_digests=rank_digests)
     if iterators.n_processes == 0:
         stats = data.transform.stats

@@ -4,6 +4,7 @@ import json
 import math
 
 import numpy as np
+from matplotlib.colors import to_rgb
 import pytest
 from matplotlib.figure import Figure
 
@@ -158,11 +159,30 @@ def test_sweep_is_monotone_on_random_predictions():
     assert np.all(np.diff(sweep.bias, axis=0) <= 0)
 
 
-def test_plots_return_figures():
+def test_plots_return_figures_in_the_class_colours():
+    from medaidet.data.bccd import CLASS_COLORS
     fig = plot_counts(count_cells(known_case(), 0.5))
     assert isinstance(fig, Figure) and len(fig.axes) == 3
+    for ax, name in zip(fig.axes, NAMES):
+        colour = ax.collections[0].get_facecolor()[0][:3]
+        np.testing.assert_allclose(colour, to_rgb(CLASS_COLORS[name]), err_msg=name)
     fig = plot_sweep(threshold_sweep(sweep_case()))
     assert isinstance(fig, Figure) and len(fig.axes) == 1
+    assert [to_rgb(line.get_color()) for line in fig.axes[0].lines[::2]] == [
+        to_rgb(CLASS_COLORS[name]) for name in NAMES]
+
+
+def test_the_sweep_axis_is_not_flattened_by_the_lowest_thresholds():
+    """At score 0.05 a detector counts background by the hundred; the plot keeps its axis
+    for the thresholds that matter and says what it left off."""
+    pred = [[(0, 0.06)] * 200 + [(0, s) for s in (0.9, 0.8, 0.7, 0.3)]] * 4
+    sweep = threshold_sweep(make_preds(pred, [[0, 0, 0]] * 4), [0.05, 0.25, 0.5, 0.75])
+    assert sweep.mae[0, 0] == 201
+    ax = plot_sweep(sweep).axes[0]
+    assert ax.get_ylim()[1] < 10
+    assert "off the scale (MAE up to 201)" in " ".join(t.get_text() for t in ax.texts)
+    ax = plot_sweep(threshold_sweep(sweep_case())).axes[0]
+    assert not ax.texts                         # nothing to leave off: the whole curve
 
 
 def test_cli_parser_registers_count():

@@ -18,3 +18,28 @@ def test_the_validation_line_says_why_a_class_has_no_ap(tmp_path):
     assert lines == ["iteration 3: val mAP 0.500 (rbc 0.400, wbc 0.600, "
                      "platelets n/a (no boxes))"]
     assert (tmp_path / "map.png").is_file()
+
+
+def test_the_ap_plot_draws_each_class_in_its_course_colour(tmp_path):
+    """map.png: every class in CLASS_COLORS (the colour every figure of the course gives it),
+    no colour from matplotlib's default cycle, and the split named on the axis."""
+    import numpy as np
+    from matplotlib.colors import to_rgb
+    from PIL import Image
+
+    from medaidet.data.bccd import CLASS_COLORS
+    from medaidet.training.extensions import write_plots
+
+    log = [{"iteration": i, "main/loss": 3.0 - i / 10, "validation/main/map": 0.1 * i,
+            "validation/main/ap/rbc": 0.08 * i, "validation/main/ap/wbc": 0.12 * i,
+            "validation/main/ap/platelets": 0.05 * i} for i in range(1, 8)]
+    paths = write_plots(log, tmp_path, val_split="val")
+    pixels = np.asarray(Image.open(paths["map"]).convert("RGB")).reshape(-1, 3)
+    present = {tuple(p) for p in np.unique(pixels, axis=0)}
+
+    def rgb(colour):
+        return tuple(round(255 * v) for v in to_rgb(colour))
+
+    for name, colour in CLASS_COLORS.items():
+        assert rgb(colour) in present, name
+    assert rgb("tab:orange") not in present        # the default cycle's second colour
