@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -86,11 +87,13 @@ class Monitor:
 
     def initialize(self, trainer):
         if self.progress and self.bar is None:
+            # a stored notebook keeps every redraw as an output: about 200 where someone
+            # watches, about 10 in a headless course run (`medaidet course run`)
+            redraws = 10 if os.environ.get("MEDAIDET_COURSE_RUN") else 200
             self.bar = _tqdm_class()(total=self.total, initial=trainer.updater.iteration,
                                      desc="train", unit="it", dynamic_ncols=True,
                                      mininterval=0.5, file=sys.stdout,
-                                     # at most ~200 redraws: a stored notebook keeps each
-                                     miniters=max(1, (self.total or 0) // 200))
+                                     miniters=max(1, (self.total or 0) // redraws))
 
     def __call__(self, trainer):
         self.iterations_run += 1

@@ -1,6 +1,8 @@
 """medaidet.training.extensions: what a run shows while it trains."""
 from types import SimpleNamespace
 
+import pytest
+
 from medaidet.training.extensions import Plotter
 
 
@@ -43,3 +45,26 @@ def test_the_ap_plot_draws_each_class_in_its_course_colour(tmp_path):
     for name, colour in CLASS_COLORS.items():
         assert rgb(colour) in present, name
     assert rgb("tab:orange") not in present        # the default cycle's second colour
+
+
+@pytest.mark.parametrize("course_run, most", [(None, 205), ("1", 12)])
+def test_a_headless_course_run_stores_a_short_progress_bar(monkeypatch, capsys, course_run,
+                                                           most):
+    """Each redraw of the bar is an output a stored notebook keeps: about 200 at most where
+    someone watches, about 10 in `medaidet course run`."""
+    from medaidet.training.extensions import Monitor
+
+    if course_run:
+        monkeypatch.setenv("MEDAIDET_COURSE_RUN", course_run)
+    else:
+        monkeypatch.delenv("MEDAIDET_COURSE_RUN", raising=False)
+    monitor = Monitor(total=1000, progress=True)
+    trainer = SimpleNamespace(updater=SimpleNamespace(iteration=0),
+                              observation={"main/loss": 1.0})
+    monitor.initialize(trainer)
+    monitor.bar.mininterval = 0          # redraws limited by iterations only, not by time
+    for _ in range(1000):
+        monitor(trainer)
+    monitor.finalize()
+    redraws = capsys.readouterr().out.count("\r")
+    assert most // 2 < redraws <= most
