@@ -157,7 +157,7 @@ def _find_bccd():
 # same data on every machine, whatever the caller exported.
 CALLER_VARIABLES = ("MEDAIDET_DATA", "MEDAIDET_BCCD_URL", "MEDAIDET_NOTEBOOKS",
                     "MEDAIDET_PROFILE", "MEDAIDET_COURSE_RUN", "MEDAIDET_COURSE_OUT",
-                    "MEDAIDET_REPO", "MEDAIDET_COLAB_DIR")
+                    "MEDAIDET_REPO", "MEDAIDET_COLAB_DIR", "MEDAIDET_QUIET_ANNOTATIONS")
 _BCCD = {}
 _SESSION_ENV = {}
 

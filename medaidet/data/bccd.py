@@ -24,7 +24,9 @@ findings, from the same code):
 """
 from __future__ import annotations
 
+import os
 import warnings
+from collections import Counter
 from typing import NamedTuple
 
 import numpy as np
@@ -39,8 +41,10 @@ from medaidet.data.download import resolve_root
 from medaidet.data.image import ImageError, decode_image, read_image_size
 from medaidet.data.voc import (MissingFileError, annotation_path, image_path, read_split,
                                split_path)
+from medaidet.tables import Table
 
-__all__ = ["CLASS_COLORS", "BCCDDataset", "ObjectIssue", "AnnotationWarning"]
+__all__ = ["CLASS_COLORS", "BCCDDataset", "ObjectIssue", "AnnotationWarning",
+           "annotation_report", "quiet_annotation_warnings", "QUIET_ENV"]
 
 #: One matplotlib colour per class, the same in every figure of the course.
 CLASS_COLORS = {"rbc": "tab:red", "wbc": "tab:blue", "platelets": "tab:green"}
@@ -49,6 +53,11 @@ CLASS_COLORS = {"rbc": "tab:red", "wbc": "tab:blue", "platelets": "tab:green"}
 class AnnotationWarning(UserWarning):
     """Objects were dropped or clipped while loading (see ``.dropped`` / ``.clipped``)."""
 
+
+#: Set (not empty, not "0") in the environment: no :class:`AnnotationWarning`, in this process
+#: and in the processes it starts (data workers, MPI ranks). See
+#: :func:`quiet_annotation_warnings`.
+QUIET_ENV = "MEDAIDET_QUIET_ANNOTATIONS"
 
 # Every split is loaded several times in a run (a notebook, the training recipe, the
 # evaluator): its report is shown the first time only, wherever the loading happens (a
@@ -138,7 +147,7 @@ class BCCDDataset(GetterDataset):
                 f"BCCD {split} ({self.root}): dropped {len(self.dropped)} and clipped "
                 f"{len(self.clipped)} object(s): {shown}{f'; and {more} more' if more > 0 else ''}"
                 ". See dataset.dropped / dataset.clipped; strict=True raises instead")
-            if message not in _REPORTED:
+            if message not in _REPORTED and os.environ.get(QUIET_ENV, "") in ("", "0"):
                 _REPORTED.add(message)
                 warnings.warn(AnnotationWarning(message), stacklevel=2)
 
@@ -176,3 +185,27 @@ class BCCDDataset(GetterDataset):
     def _get_annotations(self, i):
         bbox, label, difficult = self._boxes[i]
         return bbox.copy(), label.copy(), difficult.copy()
+
+
+def quiet_annotation_warnings() -> None:
+    """No more :class:`AnnotationWarning` from the loader, here and in the processes this
+    one starts (it sets :data:`QUIET_ENV`). For a notebook that shows
+    :func:`annotation_report` once instead of a warning wherever a split is loaded; the
+    objects are dropped and clipped all the same, and every dataset still lists them."""
+    os.environ[QUIET_ENV] = "1"
+
+
+def annotation_report(root=None, splits=("train", "val", "test")) -> Table:
+    """What the loader drops and clips in each split: one row per split with its images,
+    the objects it keeps, the objects dropped and clipped, and why (the checks' kinds, as
+    :func:`~medaidet.data.validate.validate_dataset` names them)."""
+    table = Table(["split", "images", "objects kept", "dropped", "clipped", "why"])
+    for split in splits:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AnnotationWarning)
+            dataset = BCCDDataset(root, split)
+        kept = sum(len(label) for label in dataset.slice[:, "label"])
+        why = Counter(issue.kind for issue in dataset.dropped + dataset.clipped)
+        table.append([split, len(dataset), kept, len(dataset.dropped), len(dataset.clipped),
+                      ", ".join(f"{kind} {n}" for kind, n in why.items()) or "-"])
+    return table

@@ -13,7 +13,7 @@ import pytest
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.annotation import parse_annotation
 from medaidet.data.annotation_checks import InvalidObjectError
-from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+from medaidet.data.bccd import AnnotationWarning, BCCDDataset, annotation_report
 from medaidet.data.voc import read_split, SplitError
 from medaidet.arguments import ArgumentValueError
 from medaidet.errors import MedaidetError
@@ -200,6 +200,34 @@ def test_a_splits_annotation_report_is_shown_once_per_process(bccd_root):
     reports = [line for line in done.stderr.splitlines() if "AnnotationWarning" in line]
     assert len(reports) == 2, done.stderr
     assert "BCCD val" in reports[0] and "BCCD test" in reports[1]
+
+
+def test_quiet_annotation_warnings_reach_the_processes_it_starts(bccd_root):
+    """A notebook that shows annotation_report once turns the warnings off, for itself and
+    for what it starts (MPI ranks, workers); the objects are dropped all the same."""
+    program = ("import subprocess, sys\n"
+               "from medaidet.data.bccd import BCCDDataset, quiet_annotation_warnings\n"
+               "quiet_annotation_warnings()\n"
+               "print(len(BCCDDataset(None, 'val').dropped))\n"
+               "subprocess.run([sys.executable, '-c', 'from medaidet.data.bccd import "
+               "BCCDDataset; BCCDDataset(None, \"test\")'], check=True)\n")
+    env = {**os.environ, "MEDAIDET_DATA": str(bccd_root)}
+    env.pop("MEDAIDET_QUIET_ANNOTATIONS", None)
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3"]
+    assert "AnnotationWarning" not in done.stderr, done.stderr
+
+
+def test_the_annotation_report_counts_what_each_split_drops(bccd_root):
+    table = annotation_report(bccd_root)
+    rows = {row[0]: row[1:] for row in table.rows}
+    assert rows["train"][:4] == [205, 2800, 5, 0]
+    assert rows["val"][:4] == [87, 1135, 3, 0]
+    assert rows["test"] == [72, 944, 1, 0, "near_duplicate_box 1"]
+    assert sum(row[1] for row in rows.values()) == 4879        # notebook 01's total kept
+    assert "| test | 72 | 944 | 1 | 0 | near_duplicate_box 1 |" in table.to_markdown()
 
 
 @pytest.mark.parametrize("bad", [123, 1.5, True, b"/data/bccd", ["/data/bccd"], "", "  "])
