@@ -12,7 +12,7 @@ module on machines where chainer is broken or missing.
 """
 from medaidet.errors import MedaidetError
 
-__all__ = ["DEFAULT_DEVICE", "DeviceError", "parse_device", "gpu_status",
+__all__ = ["DEFAULT_DEVICE", "DeviceError", "parse_device", "device_name", "gpu_status",
            "resolve_device"]
 
 DEFAULT_DEVICE = "auto"
@@ -41,6 +41,18 @@ def parse_device(spec=DEFAULT_DEVICE, name: str = "--device"):
     if text in ("@cupy", "cuda"):
         return "gpu"
     raise _not_a_device(spec, name)
+
+
+def device_name(spec) -> str:
+    """A device spec in words, for titles and messages: "the CPU", "GPU 0", "a GPU", "auto"
+    (anything :func:`parse_device` does not read is returned as given)."""
+    try:
+        device = parse_device(spec)
+    except DeviceError:
+        return str(spec)
+    if isinstance(device, int):
+        return f"GPU {device}"
+    return {"cpu": "the CPU", "gpu": "a GPU"}.get(device, device)
 
 
 def _not_a_device(spec, name) -> DeviceError:

@@ -33,7 +33,7 @@ from matplotlib.figure import Figure
 from medaidet.arguments import ArgumentValueError, check_number, prepare_output_dir
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
 from medaidet.data.download import resolve_root
-from medaidet.device import DEFAULT_DEVICE
+from medaidet.device import DEFAULT_DEVICE, device_name
 from medaidet.files import png_bytes, write_files
 from medaidet.errors import MedaidetError
 from medaidet.training.config import TrainConfig
@@ -201,7 +201,8 @@ class BatchSizeReport:
     def __str__(self) -> str:
         best = self.best_batch_size
         result = "nothing fit" if best is None else f"largest batch size that fit: {best}"
-        return (f"batch-size finder on {self.device} (peak memory: {self.memory_measure})\n"
+        return (f"batch-size finder on {device_name(self.device)} (peak memory: "
+                f"{self.memory_measure})\n"
                 f"{self.table()}\n{result}\n{self.suggestion}")
 
     @classmethod
@@ -490,9 +491,9 @@ def plot_memory(report: BatchSizeReport):
     if ok:
         ax.plot([b for b, _ in ok], [mib for _, mib in ok], marker="o", color="C0",
                 label="fits (peak)")
-    if failed:
-        ax.plot(failed, [top] * len(failed), linestyle="none", marker="x", ms=10,
-                mew=2, color="C3", label="out of memory")
+    if failed:        # a try that failed has no peak: marked on the axis, not at a height
+        ax.plot(failed, [0] * len(failed), linestyle="none", marker="x", ms=10, mew=2,
+                color="C3", clip_on=False, label="out of memory (no peak: it failed)")
     best = report.best_batch_size
     if best is not None:
         ax.axvline(best, color="C2", linestyle="--", alpha=0.6, label=f"largest fit: {best}")
@@ -500,8 +501,8 @@ def plot_memory(report: BatchSizeReport):
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set_ylim(0, top * 1.1)
-    ax.set(xlabel="batch size", ylabel="peak memory (MiB)",
-           title=f"Memory per batch size on {report.device}")
+    ax.set(xlabel="batch size", ylabel=f"peak memory (MiB, {report.memory_measure})",
+           title=f"Memory per batch size on {device_name(report.device)}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return fig
