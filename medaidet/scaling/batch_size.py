@@ -501,8 +501,9 @@ def plot_memory(report: BatchSizeReport):
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set_ylim(0, top * 1.1)
-    ax.set(xlabel="batch size", ylabel=f"peak memory (MiB, {report.memory_measure})",
-           title=f"Memory per batch size on {device_name(report.device)}")
+    ax.set(xlabel="batch size", ylabel="peak memory (MiB)")
+    ax.set_title(f"Memory per batch size on {device_name(report.device)}\n"
+                 f"(peak: {report.memory_measure})", fontsize="medium")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return fig

@@ -119,15 +119,15 @@ def test_plot_memory():
         BatchSizeTry(2, True, peak_bytes=3 << 30, seconds=4.0)])
     fig = plot_memory(report)
     ax = fig.axes[0]
-    assert ax.get_xlabel() == "batch size" and "MiB, tracemalloc" in ax.get_ylabel()
-    assert ax.get_title() == "Memory per batch size on the CPU"
+    assert ax.get_xlabel() == "batch size" and ax.get_ylabel() == "peak memory (MiB)"
+    assert ax.get_title() == "Memory per batch size on the CPU\n(peak: tracemalloc)"
     fits, failed = ax.lines[:2]
     assert (fits.get_label(), failed.get_label()) == ("fits (peak)",
                                                      "out of memory (no peak: it failed)")
     assert list(failed.get_xdata()) == [4, 8] and list(failed.get_ydata()) == [0, 0]
     fig.savefig(__import__("io").BytesIO(), format="png")
     report.device = "@cupy:1"
-    assert plot_memory(report).axes[0].get_title() == "Memory per batch size on GPU 1"
+    assert plot_memory(report).axes[0].get_title().startswith("Memory per batch size on GPU 1\n")
 
 
 # The real thing: SSD300 on the CPU in a subprocess with a limited address space
