@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
 LAYERS = [
     ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files",
                 "medaidet.arguments", "medaidet.compat", "medaidet.device",
-                "medaidet.numbers", "medaidet.tables"]),
+                "medaidet.numbers", "medaidet.tables", "medaidet.exercises"]),
     ("stack", ["medaidet.stack"]),
     ("data", ["medaidet.data"]),
     ("ssd", ["medaidet.ssd"]),

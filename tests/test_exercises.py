@@ -1,0 +1,31 @@
+"""medaidet.exercises: a learner's answer against the run's solution."""
+import pytest
+
+from medaidet.exercises import check, compare
+
+SOLUTION = {"train": (3, 1.25), "val": (1, 0.9)}
+
+
+def test_a_right_answer_within_the_tolerance(capsys):
+    assert check({"train": [3, 1.26], "val": (1, 0.9)}, SOLUTION, "exercise 1")
+    assert capsys.readouterr().out == "exercise 1: right\n"
+
+
+@pytest.mark.parametrize("answer, says", [
+    ({"train": (3, 1.25)}, "expected the keys ['train', 'val'], got ['train']"),
+    ({"train": (4, 1.25), "val": (1, 0.9)}, "4 at ['train'][0] is not the answer (within 1%)"),
+    ({"train": (3,), "val": (1, 0.9)}, "expected 2 values at ['train'], got (3,)"),
+    ({"train": ("3", 1.25), "val": (1, 0.9)}, "expected a number at ['train'][0], got '3'"),
+    ([3, 1.25], "expected a dict with keys ['train', 'val'], got list"),
+])
+def test_a_wrong_answer_says_where(answer, says, capsys):
+    assert not check(answer, SOLUTION, "exercise 1")
+    assert capsys.readouterr().out == f"exercise 1: not yet: {says}\n"
+
+
+def test_no_answer_yet_and_text_answers(capsys):
+    assert not check(None, SOLUTION, "exercise 2")
+    assert "no answer yet" in capsys.readouterr().out
+    assert compare(" InvalidObjectError ", "invalidobjecterror") is None
+    assert compare("KeyError", "InvalidObjectError") == "'KeyError' is not the answer"
+    assert compare(True, 1) == "expected a number, got True"
