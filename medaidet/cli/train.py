@@ -11,7 +11,8 @@ def add_parser(commands) -> None:
     p.add_argument("--profile", choices=list(PROFILES), default="full",
                    help="smoke: a few iterations on a few images from random weights; "
                         "cpu: the small SSD from random weights, minutes on a CPU; "
-                        "cpu-long: the same, three times as long; "
+                        "cpu-long: three times as long, with SSD's colour distortion and a "
+                        "2x zoom-out; "
                         "full: the course recipe, SSD300 (default: full)")
     p.add_argument("--config", metavar="FILE", default=None,
                    help="JSON (or YAML, with PyYAML) file of TrainConfig options")

@@ -34,7 +34,9 @@ def test_cpu_profile_is_the_small_ssd_from_random_weights_with_adam():
     long = TrainConfig.profile("cpu-long")
     assert long.epochs == 3 * config.epochs and long.lr_steps[0] > config.lr_steps[0]
     differ = {k for k, v in long.to_dict().items() if config.to_dict()[k] != v}
-    assert differ == {"epochs", "lr_steps", "eval_interval", "snapshot_interval", "out"}
+    assert differ == {"epochs", "lr_steps", "eval_interval", "snapshot_interval", "out",
+                      "max_expand_ratio", "color_distortion"}
+    assert (long.max_expand_ratio, long.color_distortion) == (2, True)    # measured so
 
 
 @pytest.mark.parametrize("pretrained", ["imagenet", "voc0712"])
