@@ -73,40 +73,59 @@ def _tqdm_class():
 
 
 class Monitor:
-    """Each iteration: remember the loss; drive the progress bar (loss and it/s)."""
+    """Each iteration: remember the loss; show the progress (loss and speed).
+
+    Where someone watches: a tqdm bar. In a headless course run (``medaidet course run``,
+    which sets ``MEDAIDET_COURSE_RUN``), the executed notebook stores every redraw of a bar
+    as an output of its own (tqdm also redraws on a timer), so progress is about ten plain
+    lines there instead.
+    """
 
     trigger = (1, "iteration")
     priority = 50     # after the evaluator (300) and LogReport (200)
+    STORED_LINES = 10
 
     def __init__(self, total: int, progress: bool):
         self.total = total
         self.progress = progress
         self.bar = None
+        self.lines_every = None          # iterations between progress lines (course run)
         self.last_loss = None
         self.iterations_run = 0
+        self._start = None
 
     def initialize(self, trainer):
-        if self.progress and self.bar is None:
-            # a stored notebook keeps every redraw as an output: about 200 where someone
-            # watches, about 10 in a headless course run (`medaidet course run`)
-            redraws = 10 if os.environ.get("MEDAIDET_COURSE_RUN") else 200
-            self.bar = _tqdm_class()(total=self.total, initial=trainer.updater.iteration,
-                                     desc="train", unit="it", dynamic_ncols=True,
-                                     mininterval=0.5, file=sys.stdout,
-                                     miniters=max(1, (self.total or 0) // redraws))
+        if not self.progress or self.bar is not None or self.lines_every is not None:
+            return
+        if os.environ.get("MEDAIDET_COURSE_RUN"):
+            self.lines_every = max(1, (self.total or 0) // self.STORED_LINES)
+            self._start = time.perf_counter()
+            return
+        self.bar = _tqdm_class()(total=self.total, initial=trainer.updater.iteration,
+                                 desc="train", unit="it", dynamic_ncols=True,
+                                 mininterval=0.5, file=sys.stdout,
+                                 miniters=max(1, (self.total or 0) // 200))
 
     def __call__(self, trainer):
         self.iterations_run += 1
         loss = trainer.observation.get("main/loss")
         if loss is not None:
             self.last_loss = float(getattr(loss, "array", loss))
+        postfix = {"loss": f"{self.last_loss:.3f}"} if self.last_loss is not None else {}
+        mean_ap = trainer.observation.get("validation/main/map")
+        if mean_ap is not None:
+            postfix["val mAP"] = f"{float(mean_ap):.3f}"
         if self.bar is not None:
-            postfix = {"loss": f"{self.last_loss:.3f}"} if self.last_loss is not None else {}
-            mean_ap = trainer.observation.get("validation/main/map")
-            if mean_ap is not None:
-                postfix["val mAP"] = f"{float(mean_ap):.3f}"
             self.bar.set_postfix(postfix, refresh=False)
             self.bar.update(1)
+        elif self.lines_every is not None:
+            iteration = trainer.updater.iteration
+            if iteration % self.lines_every == 0 or iteration == self.total:
+                seconds = time.perf_counter() - self._start
+                done = f"{iteration}/{self.total}" if self.total else str(iteration)
+                print(f"train: {done} iterations, {seconds:.0f} s, "
+                      f"{self.iterations_run / max(seconds, 1e-9):.2f} it/s"
+                      + "".join(f", {k} {v}" for k, v in postfix.items()), flush=True)
 
     def write(self, text):
         (self.bar.write if self.bar is not None else print)(text)
