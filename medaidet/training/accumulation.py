@@ -225,8 +225,8 @@ def gradient_difference(model, samples, accumulate: int) -> float:
     ``accumulate`` micro-batches; returns ``||g_micro - g_batch|| / ||g_batch||`` over all
     parameters together.
 
-    For a network without batch normalisation (SSD300) this is float rounding (about
-    1e-4). With batch normalisation (the small SSD) it is not: each micro-batch is
+    For a network without batch normalisation (SSD300) this is float rounding (well
+    under 1e-4). With batch normalisation (the small SSD) it is not: each micro-batch is
     normalised by its own mean and variance, so the micro-batches compute another function
     than the batch, and another gradient. ChainerMN's ranks are the same case: each rank
     normalises its own images.
