@@ -7,6 +7,7 @@ not needed, and chainer is never imported here.
 import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -22,6 +23,30 @@ class Action:
 
 ACTIONS: list = []
 _applied = False
+
+# The NumPy versions the patched chainer 7.8.1 / chainercv 0.13.1 are tested with (the stack's
+# wheels require them). Here, in a module of the standard library only, because Colab's setup
+# cell checks the runtime's NumPy before anything of medaidet's is installed.
+NUMPY_OLDEST = (1, 26)
+NUMPY_BELOW = (2, 6)
+NUMPY_RANGE = ">={}.{},<{}.{}".format(*NUMPY_OLDEST, *NUMPY_BELOW)
+
+
+def numpy_newer_than_supported(version) -> bool:
+    """Whether the NumPy ``version`` (e.g. ``"2.6.0"``) is at or past :data:`NUMPY_BELOW`:
+    one the stack does not support and medaidet will not replace by an older one."""
+    found = re.match(r"(\d+)\.(\d+)", str(version or ""))
+    return bool(found) and (int(found[1]), int(found[2])) >= NUMPY_BELOW
+
+
+def numpy_too_new_message(version) -> str:
+    """What to say when the interpreter's NumPy is newer than the stack supports."""
+    return (f"This Python has NumPy {version}; the chainer stack supports numpy{NUMPY_RANGE}. "
+            f"medaidet never replaces an installed NumPy by an older one (on Colab or in any "
+            f"running kernel that needs a restart, and it can break packages built for the "
+            f"newer NumPy). To use the course here, install a supported NumPy yourself: "
+            f'pip install "numpy{NUMPY_RANGE}", restart the kernel (Colab: Runtime > Restart '
+            f"session) and run the setup again.")
 
 
 def installed_cupy() -> list:

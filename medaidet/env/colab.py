@@ -1,63 +1,102 @@
 """Google Colab support: the first cell of every notebook, and "Open in Colab" links.
 
-:data:`SETUP_CELL` is the source of the first code cell of every course notebook
-(tagged ``colab-setup``), the same in all of them, shown as one line: its ``# @title``
-(:data:`SETUP_CELL_METADATA` folds the code away in Colab and JupyterLab). On Colab
-(``"google.colab" in sys.modules``) it is a bootstrap that does only what must
-happen before medaidet exists: when :data:`COLAB_DIR_ENV` (default
-``/content/medaidet``) is not there yet, it ``git clone``\\ s the repository named
-by ``$MEDAIDET_REPO`` (a URL or a local path; default :data:`DEFAULT_REPO`, the
-project's URL in pyproject's ``[project.urls]``) and ``pip install -e`` s it with
-the ``mpi`` extra. Then it calls :func:`setup`, which installs the chainer stack
-when it is missing and changes into ``notebooks/``. Everywhere else (local
-Jupyter, papermill, Azure ML) the cell imports ``os``, ``subprocess`` and ``sys``
-and does nothing: it never installs anything behind the user's back.
+Every course notebook starts with a setup cell (tagged ``colab-setup``) written by
+:func:`setup_cell`, shown as one line: its ``# @title`` (:data:`SETUP_CELL_METADATA` folds
+the code away in Colab and JupyterLab). On Colab (``"google.colab" in sys.modules``) it does
+only what must happen before medaidet exists: when :data:`COLAB_DIR_ENV` (default
+``/content/medaidet``) is not there yet, it ``git clone``\\ s the repository named by
+``$MEDAIDET_REPO`` (a URL or a local path; default: the project's repository). Then it
+calls :func:`setup`, which installs medaidet with the extras that notebook needs (only
+notebook 08 needs one: ``mpi``), keeping the runtime's NumPy, installs the chainer stack
+when it is missing and changes into ``notebooks/``. Everywhere else (local Jupyter,
+papermill, Azure ML) the cell imports ``os``, ``subprocess`` and ``sys`` and does nothing:
+it never installs anything behind the user's back.
 
-The repository is configured in one place: ``MEDAIDET_REPO``, e.g. in a Colab
-cell ``%env MEDAIDET_REPO=https://github.com/<you>/medaidet``. Its default is
-written once, in :data:`SETUP_CELL` (the cell runs before the package exists);
-the tests check that it is pyproject's ``[project.urls] Repository``.
-
-``python tools/set_setup_cell.py`` (:func:`insert_setup_cell`) writes the cell
-into the notebooks; :func:`colab_badge` gives the README's markdown link.
+The repository's URL is written in one place, pyproject's ``[project.urls] Repository``
+(:func:`repository_url`). ``python tools/set_colab.py`` writes it into every notebook's
+setup cell (:func:`insert_setup_cell`) and into README's table of "Open in Colab" badges
+(:func:`update_readme_badges`); the tests check that both agree with pyproject. A notebook
+names the extras it needs in its metadata (``{"medaidet": {"extras": ["mpi"]}}``).
 
 This module imports nothing beyond the standard library at import time: the cell
-imports it from the fresh clone, before the stack is installed.
+imports it from the fresh clone, before anything is installed.
 """
 import importlib
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+from medaidet.compat import numpy_newer_than_supported, numpy_too_new_message
 
 SETUP_CELL_TAG = "colab-setup"
 SETUP_CELL_ID = "colab-setup"
 REPO_ENV = "MEDAIDET_REPO"
 COLAB_DIR_ENV = "MEDAIDET_COLAB_DIR"
 DEFAULT_COLAB_DIR = "/content/medaidet"
-# pyproject's [project.urls] Repository (tests/env/test_colab.py checks they are equal).
-# A URL with "<...>" in it is a placeholder: the cell then asks for MEDAIDET_REPO.
-DEFAULT_REPO = "https://github.com/<your-github-user>/medaidet"
 COLAB_URL = "https://colab.research.google.com/github/{slug}/blob/{branch}/notebooks/{name}"
 COLAB_BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
+# README's badge table lies between these two lines (tools/set_colab.py rewrites it)
+BADGES_BEGIN = "<!-- colab-badges: written by tools/set_colab.py from pyproject's Repository -->"
+BADGES_END = "<!-- /colab-badges -->"
 
-SETUP_CELL = f'''\
-# @title Setup · on Google Colab: install medaidet (from ${REPO_ENV}) and the chainer stack; elsewhere nothing
-import os, subprocess, sys; home = os.environ.get("{COLAB_DIR_ENV}", "{DEFAULT_COLAB_DIR}")
-if "google.colab" in sys.modules and not os.path.exists(home):  # clone and install medaidet
-    repo = os.environ.get("{REPO_ENV}", "{DEFAULT_REPO}")
-    if "<" in repo: raise RuntimeError("Set the repository first: %env {REPO_ENV}=https://github.com/<you>/medaidet")
+_CELL = '''\
+# @title Setup · on Google Colab: install {package} (from ${repo_env}) and the chainer stack; elsewhere nothing
+import os, subprocess, sys; home = os.environ.get("{dir_env}", "{default_dir}")
+if "google.colab" in sys.modules and not os.path.exists(home):  # clone medaidet
+    repo = os.environ.get("{repo_env}", "{repo}")
+    if "<" in repo: raise RuntimeError("Set the repository first: %env {repo_env}=https://github.com/<you>/medaidet")
     subprocess.run(["git", "clone", "-q", repo, home], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", home + "[mpi]"], check=True)
-if "google.colab" in sys.modules: sys.path.insert(0, home); from medaidet.env.colab import setup; setup(home)
+if "google.colab" in sys.modules: sys.path.insert(0, home); from medaidet.env.colab import setup; setup({setup_args})
 '''
+
+
+def setup_cell(repo: str, extras=()) -> str:
+    """The source of a notebook's setup cell: clone ``repo`` (unless ``$MEDAIDET_REPO``
+    names another; a URL with ``<...>`` in it is a placeholder the cell asks to replace)
+    and install medaidet with ``extras``."""
+    extras = list(extras)
+    return _CELL.format(
+        package="medaidet" + (f"[{','.join(extras)}]" if extras else ""), repo=repo,
+        repo_env=REPO_ENV, dir_env=COLAB_DIR_ENV, default_dir=DEFAULT_COLAB_DIR,
+        setup_args="home" + (", extras=[" + ", ".join(f'"{e}"' for e in extras) + "]"
+                             if extras else ""))
 
 
 #: The cell's metadata besides its tag: a reader sees one line, the cell's title. Colab shows
 #: a cell with ``cellView: form`` as its ``# @title`` line (the code opens on a click);
 #: JupyterLab and Notebook 7 collapse a cell whose ``jupyter.source_hidden`` is true.
 SETUP_CELL_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
+
+
+def repository_url(pyproject) -> str:
+    """``[project.urls] Repository`` of the ``pyproject.toml`` at ``pyproject``."""
+    text = Path(pyproject).read_text(encoding="utf-8")
+    try:
+        import tomllib
+    except ImportError:   # Python 3.10: the one line, read plainly
+        found = re.search(r'(?m)^Repository\s*=\s*"([^"]+)"', text)
+        url = found[1] if found else None
+    else:
+        url = tomllib.loads(text).get("project", {}).get("urls", {}).get("Repository")
+    if not url:
+        raise ValueError(f"{pyproject}: no [project.urls] Repository")
+    return url
+
+
+def repository_slug(url: str) -> str:
+    """``owner/name`` of a GitHub repository URL."""
+    found = re.fullmatch(r"https://github\.com/([^/]+/[^/]+?)(?:\.git)?/?", url)
+    if not found:
+        raise ValueError(f"not a GitHub repository URL: {url!r} (https://github.com/owner/name)")
+    return found[1]
+
+
+class NumpyNotSupportedError(RuntimeError):
+    """The runtime's NumPy is newer than the stack supports (medaidet never downgrades it)."""
 
 
 def _run(*cmd) -> None:
@@ -73,28 +112,60 @@ def _run(*cmd) -> None:
                            f"see the output above")
 
 
-def _installed(name: str) -> bool:
+def _version(name: str):
     try:
-        importlib.metadata.distribution(name)
+        return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+        return None
 
 
-def setup(home=None, cuda: str = "auto") -> None:
-    """What :data:`SETUP_CELL` does once medaidet's clone ``home`` is on ``sys.path``.
+def _installed(name: str) -> bool:
+    return _version(name) is not None
 
-    Installs the clone (``pip install -e home[mpi]``) when no medaidet is installed
-    (an earlier run of the cell stopped after the clone, or the repository was
-    uploaded by hand), runs ``python -m medaidet stack install --cuda <cuda>`` when
-    the stack is not complete (it keeps the platform's NumPy: no runtime restart)
-    and applies :mod:`medaidet.compat` again for the new CuPy, then changes into
-    ``home/notebooks``. The cell calls it on Colab only; it installs wherever it runs.
+
+def _missing(extras) -> list:
+    """What ``pip install -e home[extras]`` would add: ``["medaidet"]`` when medaidet is not
+    installed, else the distributions ``extras`` require that are not installed."""
+    if not _installed("medaidet"):
+        return ["medaidet"]
+    from packaging.requirements import Requirement   # a dependency of medaidet: installed now
+
+    missing = []
+    for line in importlib.metadata.requires("medaidet") or []:
+        requirement = Requirement(line)
+        needed = any(requirement.marker and requirement.marker.evaluate({"extra": extra})
+                     for extra in extras)
+        if needed and not _installed(requirement.name):
+            missing.append(requirement.name)
+    return missing
+
+
+def setup(home=None, extras=(), cuda: str = "auto") -> None:
+    """What a notebook's setup cell does once medaidet's clone ``home`` is on ``sys.path``.
+
+    Stops with :class:`NumpyNotSupportedError` when the runtime's NumPy is newer than the
+    stack supports (saying how to get one it supports) instead of replacing it. Installs
+    the clone with the notebook's ``extras`` (``pip install -e home[extras]``, the NumPy
+    there held where it is) when medaidet or something an extra needs is missing, runs
+    ``python -m medaidet stack install --cuda <cuda>`` when the stack is not complete (it
+    keeps the NumPy too: no runtime restart) and applies :mod:`medaidet.compat` again for
+    the new CuPy, then changes into ``home/notebooks``. The cell calls it on Colab only; it
+    installs wherever it runs.
     """
     home = os.path.abspath(home or os.environ.get(COLAB_DIR_ENV, DEFAULT_COLAB_DIR))
-    if not _installed("medaidet"):
-        # [mpi]: Open MPI and mpi4py from PyPI, for notebook 08's multi-process training
-        _run(sys.executable, "-m", "pip", "install", "-q", "-e", home + "[mpi]")
+    numpy = _version("numpy")
+    if numpy_newer_than_supported(numpy):
+        raise NumpyNotSupportedError(numpy_too_new_message(numpy))
+    missing = _missing(extras)
+    if missing:
+        print("installing medaidet" + (f" with {', '.join(extras)}" if extras else "")
+              + f" (missing: {', '.join(missing)})", flush=True)
+        target = home + (f"[{','.join(extras)}]" if extras else "")
+        with tempfile.TemporaryDirectory() as tmp:
+            constraints = Path(tmp) / "constraints.txt"   # the runtime's NumPy stays
+            constraints.write_text(f"numpy=={numpy}\n" if numpy else "")
+            _run(sys.executable, "-m", "pip", "install", "-q", "-e", target,
+                 "-c", str(constraints))
     importlib.invalidate_caches()
 
     import medaidet
@@ -120,10 +191,36 @@ def colab_url(repo_slug: str, notebook_path, branch: str = "main") -> str:
 
 def colab_badge(repo_slug: str, notebook_path, branch: str = "main") -> str:
     """Markdown "Open in Colab" badge linking to ``notebook_path`` (its file name under
-    ``notebooks/``) of the GitHub repository ``repo_slug`` ("owner/name"). The notebook
-    opened from it installs from ``$MEDAIDET_REPO`` (default :data:`DEFAULT_REPO`), so
-    set that to the same repository."""
+    ``notebooks/``) of the GitHub repository ``repo_slug`` ("owner/name")."""
     return f"[![Open In Colab]({COLAB_BADGE_IMAGE})]({colab_url(repo_slug, notebook_path, branch)})"
+
+
+def badge_table(repo_url: str, notebook_paths) -> str:
+    """README's table: one row per notebook ("00 environment"), its "Open in Colab" badge
+    for the repository at ``repo_url``."""
+    slug = repository_slug(repo_url)
+    rows = ["| notebook | |", "|---|---|"]
+    for path in sorted(map(Path, notebook_paths), key=lambda p: p.name):
+        rows.append(f"| {path.stem.replace('_', ' ')} | {colab_badge(slug, path)} |")
+    return "\n".join(rows)
+
+
+def update_readme_badges(readme, repo_url: str, notebook_paths, write: bool = True) -> bool:
+    """Put :func:`badge_table` between README's :data:`BADGES_BEGIN` and :data:`BADGES_END`
+    lines. Returns whether the table there differs (and, with ``write``, rewrites it)."""
+    path = Path(readme)
+    text = path.read_text(encoding="utf-8")
+    begin, end = text.find(BADGES_BEGIN + "\n"), text.find(BADGES_END)
+    if begin < 0 or end < begin:
+        raise ValueError(f"{path}: no lines {BADGES_BEGIN!r} … {BADGES_END!r} to put the "
+                         f"badges between")
+    inner = begin + len(BADGES_BEGIN) + 1
+    new = text[:inner] + badge_table(repo_url, notebook_paths) + "\n" + text[end:]
+    if new == text:
+        return False
+    if write:
+        path.write_text(new, encoding="utf-8")
+    return True
 
 
 def setup_cells(nb) -> list:
@@ -131,8 +228,19 @@ def setup_cells(nb) -> list:
     return [c for c in nb.cells if SETUP_CELL_TAG in c.get("metadata", {}).get("tags", [])]
 
 
-def insert_setup_cell(notebook_path) -> bool:
-    """Make :data:`SETUP_CELL` the first cell of the notebook, tagged ``colab-setup``.
+def notebook_extras(nb) -> list:
+    """The extras of medaidet the notebook ``nb`` needs: its metadata's
+    ``medaidet.extras`` (e.g. ``["mpi"]``), else none."""
+    return list(nb.metadata.get("medaidet", {}).get("extras", []))
+
+
+def notebook_setup_cell(nb, repo: str) -> str:
+    """The setup cell the notebook ``nb`` should start with, for the repository ``repo``."""
+    return setup_cell(repo, notebook_extras(nb))
+
+
+def insert_setup_cell(notebook_path, repo: str) -> bool:
+    """Make :func:`notebook_setup_cell` the first cell of the notebook, tagged ``colab-setup``.
 
     An existing ``colab-setup`` cell is replaced (wherever it was; its id and metadata
     are kept), without outputs or execution count; nothing else in the notebook
@@ -144,7 +252,7 @@ def insert_setup_cell(notebook_path) -> bool:
     nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
     before = nbformat.writes(nb)
     old = setup_cells(nb)
-    cell = nbformat.v4.new_code_cell(source=SETUP_CELL)
+    cell = nbformat.v4.new_code_cell(source=notebook_setup_cell(nb, repo))
     if old:
         cell.metadata = old[0].metadata
         if "id" in old[0]:

@@ -466,19 +466,20 @@ def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVIC
 def course_weights(profile: str, run_dir) -> tuple:
     """The weights notebooks 04 and 05 look at in ``profile``, and why: ``(path, reason)``.
 
-    * ``'full'``: what notebook 03 trained, ``<run_dir>/full/model.npz`` (it must exist).
-    * ``'cpu'``: ``<run_dir>/cpu/model.npz`` when notebook 03 trained it, else the small
-      SSD's weights that ship with medaidet (:func:`~medaidet.ssd.pretrained.shipped_weights`).
+    * ``'full'`` and ``'cpu'``: ``<run_dir>/<profile>/model.npz`` when notebook 03 trained
+      it, else the small SSD's weights that ship with medaidet
+      (:func:`~medaidet.ssd.pretrained.shipped_weights`), so that either notebook also runs
+      opened alone (on Colab each notebook has a runtime of its own).
     * ``'smoke'``: the shipped weights: the smoke run's model saw 4 images for 4 iterations
       and has nothing to show.
     """
 
     fresh = Path(os.fspath(run_dir)) / profile / "model.npz"
-    if profile == "full" or (profile == "cpu" and fresh.is_file()):
+    if profile != "smoke" and fresh.is_file():
         return fresh, f"trained by notebook 03 in the {profile} profile"
     why = ("the smoke run's model is untrained" if profile == "smoke"
-           else f"notebook 03 has not trained {fresh} yet")
-    return shipped_weights("ssd_small"), f"the small SSD's weights shipped with medaidet ({why})"
+           else f"notebook 03 has not trained {fresh} in this runtime")
+    return shipped_weights("ssd_small"), f"the small SSD's weights shipped with medaidet: {why}"
 
 
 class CheckedRun(NamedTuple):

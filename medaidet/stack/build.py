@@ -6,10 +6,10 @@ import tempfile
 from pathlib import Path
 
 from medaidet.arguments import prepare_output_dir
+from medaidet.compat import NUMPY_RANGE
 from medaidet.stack import patches, sources
 from medaidet.stack.wheel import BrokenWheelError, verify_wheel, write_wheel
 
-NUMPY_RANGE = ">=1.26,<2.6"
 
 # (sdist, packages as (dir, recursive), Requires-Dist, patches, summary)
 _RECIPES = {

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from medaidet.compat import installed_cupy
+from medaidet.compat import installed_cupy, numpy_newer_than_supported, numpy_too_new_message
 from medaidet.stack import cuda as cuda_choice
 from medaidet.stack import sources
 from medaidet.stack.build import NUMPY_RANGE, build_wheels
@@ -97,11 +97,15 @@ def _pip(args, log) -> None:
 
 
 def _numpy_constraint(log) -> str:
-    """Keep the platform's NumPy when it is supported (no Colab restart)."""
+    """Keep the platform's NumPy when it is supported (no Colab restart); never replace a
+    newer one by an older one (:class:`StackError` says what to do); install or upgrade
+    one that is missing or too old."""
     current = installed_version("numpy")
     if numpy_supported(current):
         log(f"keeping NumPy {current}")
         return f"numpy=={current}\n"
+    if numpy_newer_than_supported(current):
+        raise StackError(numpy_too_new_message(current))
     if current:
         log(f"NumPy {current} is outside {NUMPY_RANGE}: pip will change it "
             "(on Colab/Jupyter, restart the runtime afterwards)")
@@ -153,11 +157,12 @@ def install(cuda="auto", cache_dir=None, force=False, log=print) -> StackStatus:
     Idempotent: when our wheels are already installed nothing is reinstalled
     unless ``force``.
     """
+    numpy_constraint = _numpy_constraint(log)   # first: a NumPy that is too new stops here
     wheels = build_wheels(cache_dir=cache_dir, force=force, log=log)
     before = status()
     with tempfile.TemporaryDirectory() as tmp:
         constraints = Path(tmp) / "constraints.txt"
-        constraints.write_text(_numpy_constraint(log))
+        constraints.write_text(numpy_constraint)
         if before.chainer_ours and before.chainercv_ours and before.numpy_supported \
                 and not force:
             log(f"chainer {before.chainer} and chainercv {before.chainercv} already installed")

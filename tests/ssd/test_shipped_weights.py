@@ -76,11 +76,17 @@ def test_the_recorded_count_errors_are_what_counting_at_the_val_thresholds_gives
 
 
 def test_course_weights_per_profile(tmp_path):
+    """Notebook 03's model where it trained one, else the shipped weights, in every profile
+    (04 or 05 opened alone in a runtime of its own); the smoke run's model never."""
     runs = tmp_path / "runs"
-    assert course_weights("smoke", runs)[0] == PATH
-    path, why = course_weights("cpu", runs)
-    assert path == PATH and "has not trained" in why
-    (runs / "cpu").mkdir(parents=True)
-    (runs / "cpu" / "model.npz").write_bytes(b"")
-    assert course_weights("cpu", runs)[0] == runs / "cpu" / "model.npz"
-    assert course_weights("full", runs)[0] == runs / "full" / "model.npz"
+    for profile in ("cpu", "full"):
+        path, why = course_weights(profile, runs)
+        assert path == PATH and "has not trained" in why and str(runs / profile) in why
+    for profile in ("smoke", "cpu", "full"):
+        (runs / profile).mkdir(parents=True)
+        (runs / profile / "model.npz").write_bytes(b"")
+    assert course_weights("smoke", runs) == (PATH, "the small SSD's weights shipped with "
+                                             "medaidet: the smoke run's model is untrained")
+    for profile in ("cpu", "full"):
+        assert course_weights(profile, runs) == (
+            runs / profile / "model.npz", f"trained by notebook 03 in the {profile} profile")

@@ -196,6 +196,30 @@ def test_install_keeps_a_fitting_cupy(site_dir):
     assert "keeping cupy-cuda12x 14.1.0" in done.stdout
 
 
+def test_install_never_replaces_a_newer_numpy_by_an_older_one(site_dir, tmp_path):
+    """A NumPy past the supported range (as a newer Colab image would have): install stops
+    before building or pip, and says how to get a supported one; nothing is changed."""
+    fake_distribution(site_dir, "numpy", "2.6.0")
+    cache = tmp_path / "cache"
+    code = ("from medaidet.stack.install import install\n"
+            f"install(cuda='none', cache_dir={str(cache)!r})\n")
+    done = run_python(code, extra_path=[site_dir])
+    assert done.returncode != 0 and "StackError" in done.stderr
+    message = done.stderr.strip().splitlines()[-1]
+    assert "This Python has NumPy 2.6.0" in message and "numpy>=1.26,<2.6" in message
+    assert 'pip install "numpy>=1.26,<2.6"' in message and "restart" in message
+    assert "pip install" not in done.stdout and not cache.exists()
+
+
+@pytest.mark.parametrize("version, newer", [("2.5.5", False), ("1.26.4", False), ("2.6.0", True),
+                                            ("2.10.0", True), ("3.0.0rc1", True), ("1.24.4", False),
+                                            (None, False)])
+def test_numpy_newer_than_supported(version, newer):
+    from medaidet.compat import NUMPY_RANGE, numpy_newer_than_supported
+    assert NUMPY_RANGE == ">=1.26,<2.6"
+    assert numpy_newer_than_supported(version) is newer
+
+
 def test_cli_works_before_chainer_is_installed():
     """`python -m medaidet stack …` must run in an environment without the stack."""
     block = ("import importlib.abc, sys\n"
