@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["check", "compare"]
+__all__ = ["check", "compare", "Verdict"]
 
 
 def compare(answer, solution, rtol: float = 1e-2, where: str = "") -> str | None:
@@ -48,11 +48,29 @@ def compare(answer, solution, rtol: float = 1e-2, where: str = "") -> str | None
     return None if answer == solution else f"{answer!r}{at} is not the answer"
 
 
-def check(answer, solution, exercise: str, rtol: float = 1e-2) -> bool:
-    """Print whether ``answer`` is right; True if it is. ``None``: not answered yet."""
+class Verdict:
+    """What :func:`check` returns: true when the answer is right. A notebook shows nothing for
+    it (``check`` has printed the verdict already; a bare ``True``/``False`` would repeat it)."""
+
+    def __init__(self, right: bool):
+        self.right = bool(right)
+
+    def __bool__(self) -> bool:
+        return self.right
+
+    def __repr__(self) -> str:
+        return f"Verdict(right={self.right})"
+
+    def _ipython_display_(self) -> None:
+        """IPython calls this instead of showing the repr: nothing more to show."""
+
+
+def check(answer, solution, exercise: str, rtol: float = 1e-2) -> Verdict:
+    """Print whether ``answer`` is right; the :class:`Verdict` is true if it is. ``None``: not
+    answered yet."""
     if answer is None:
         print(f"{exercise}: no answer yet (set it in the cell above and run both again)")
-        return False
+        return Verdict(False)
     problem = compare(answer, solution, rtol)
     print(f"{exercise}: " + ("right" if problem is None else f"not yet: {problem}"))
-    return problem is None
+    return Verdict(problem is None)

@@ -29,3 +29,15 @@ def test_no_answer_yet_and_text_answers(capsys):
     assert compare(" InvalidObjectError ", "invalidobjecterror") is None
     assert compare("KeyError", "InvalidObjectError") == "'KeyError' is not the answer"
     assert compare(True, 1) == "expected a number, got True"
+
+
+def test_a_notebook_shows_nothing_for_the_verdict(capsys):
+    """The solution cells end with check(...): IPython must not add "False" under the printout."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    formatter = InteractiveShell.instance().display_formatter
+    for answer in (None, {"train": (3, 1.25), "val": (1, 0.9)}):
+        verdict = check(answer, SOLUTION, "exercise 1")
+        assert formatter.format(verdict) == ({}, {})
+        assert formatter.format(bool(verdict)) != ({}, {})   # what a plain bool would show
+    assert capsys.readouterr().out.count("exercise 1: ") == 2

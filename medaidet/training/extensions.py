@@ -128,7 +128,10 @@ class Monitor:
                       + "".join(f", {k} {v}" for k, v in postfix.items()), flush=True)
 
     def write(self, text):
-        (self.bar.write if self.bar is not None else print)(text)
+        """A line among the progress (an evaluation's APs); nothing when the run was asked
+        for no progress (``train(progress=False)``)."""
+        if self.progress:
+            (self.bar.write if self.bar is not None else print)(text)
 
     def finalize(self):
         if self.bar is not None:

@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from medaidet.training.extensions import Plotter
+from medaidet.training.extensions import Monitor, Plotter
 
 
 def test_the_validation_line_says_why_a_class_has_no_ap(tmp_path):
@@ -20,6 +20,14 @@ def test_the_validation_line_says_why_a_class_has_no_ap(tmp_path):
     assert lines == ["iteration 3: val mAP 0.500 (rbc 0.400, wbc 0.600, "
                      "platelets n/a (no boxes))"]
     assert (tmp_path / "map.png").is_file()
+
+
+def test_a_run_without_progress_prints_no_validation_line(capsys, monkeypatch):
+    monkeypatch.setenv("MEDAIDET_COURSE_RUN", "1")    # the plain lines of a course run
+    Monitor(total=10, progress=False).write("iteration 3: val mAP 0.500")
+    assert capsys.readouterr().out == ""
+    Monitor(total=10, progress=True).write("iteration 3: val mAP 0.500")
+    assert capsys.readouterr().out == "iteration 3: val mAP 0.500\n"
 
 
 def test_the_ap_plot_draws_each_class_in_its_course_colour(tmp_path):
