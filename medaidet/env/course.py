@@ -15,6 +15,10 @@ to rewrite: the executed copies of the notebooks it runs, the summary, and
 ``evaluation.json`` when it runs notebook 04. The summary files are written atomically: a
 full disk leaves none half-written.
 
+A notebook that runs through is "ok" even when its cells print warnings to stderr; its
+line and the summary (``warnings``) list them (:func:`printed_warnings`), and CI requires
+none.
+
 The kernels see ``MEDAIDET_COURSE_RUN=1``, ``MEDAIDET_PROFILE`` and
 ``MEDAIDET_COURSE_OUT`` (the output directory) in their environment; notebook 04
 leaves its test-set evaluation there (``evaluation.json``), and the summary reports
@@ -30,6 +34,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import signal
 import sys
 import threading
@@ -72,11 +77,14 @@ class NotebookResult:
     output: object = None  # path of the executed notebook (str), None when not run
     error: object = None  # "ExceptionName: message" (short), None unless failed
     note: object = None  # why it was not run
+    warnings: list = field(default_factory=list)  # warning lines its cells printed
 
     @property
     def line(self) -> str:
         if self.status == "ok":
-            return f"{self.name}: ok ({self.seconds:.1f} s) -> {self.output}"
+            printed = (f"; {len(self.warnings)} warning line(s) in its outputs, the first: "
+                       f"{self.warnings[0]}" if self.warnings else "")
+            return f"{self.name}: ok ({self.seconds:.1f} s) -> {self.output}{printed}"
         if self.status == "failed":
             return f"{self.name}: FAILED after {self.seconds:.1f} s: {self.error} -> {self.output}"
         return f"{self.name}: not run ({self.note})"
@@ -126,7 +134,8 @@ class CourseSummary:
         for r in self.results:
             status = r.status if r.status != "not run" else f"not run ({r.note})"
             output = f"[{Path(r.output).name}]({Path(r.output).name})" if r.output else ""
-            error = (r.error or "").replace("|", "\\|").replace("\n", " ")
+            error = (r.error or (f"{len(r.warnings)} warning line(s), the first: {r.warnings[0]}"
+                                 if r.warnings else "")).replace("|", "\\|").replace("\n", " ")
             seconds = f"{r.seconds:.1f}" if r.status != "not run" else ""
             lines.append(f"| {r.name} | {status} | {seconds} | {output} | {error} |")
         return "\n".join(lines) + "\n"
@@ -148,6 +157,26 @@ class CourseSummary:
 
 def _fmt_ap(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
+
+
+# "path:line: SomeWarning: message" (Python's warnings), "SomeWarning: …", or a logger's WARNING
+_WARNING = re.compile(r"^(?:\S.*:\d+: )?[A-Z]\w*Warning: |\bWARNING\b")
+
+
+def printed_warnings(notebook) -> list:
+    """The warnings an executed notebook's cells wrote to stderr, one line each ("cell N:
+    file:line: SomeWarning: message"; Python prints the warning's source line after it,
+    which is not repeated here). A course whose outputs hold none reads cleanly."""
+    import nbformat
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    found = []
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream" and output.get("name") == "stderr":
+                found += [f"cell {index}: {line.strip()[:300]}"
+                          for line in output.get("text", "").splitlines() if _WARNING.search(line)]
+    return found
 
 
 def resolve_profile(profile: str = "auto"):
@@ -453,7 +482,7 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
                                         _short_error(exc, timeout))
             else:
                 result = NotebookResult(path.stem, "ok", round(time.monotonic() - start, 2),
-                                        str(output))
+                                        str(output), warnings=printed_warnings(output))
             summary.results.append(result)
             log(result.line)
 

@@ -253,6 +253,38 @@ def test_runs_go_under_out_where_a_notebook_has_run_dir(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+def test_warnings_a_notebook_prints_are_listed(tmp_path, capsys):
+    """A warning on stderr does not fail the notebook, but its line and the summary say so;
+    text on stdout that mentions a warning is not one."""
+    notebooks = tmp_path / "notebooks"
+    make_notebook(notebooks, "00_warns", "print('a UserWarning explained on stdout')",
+                  "import warnings\nwarnings.warn('careful with this', UserWarning)")
+    make_notebook(notebooks, "01_clean", "print('fine')")
+    out = tmp_path / "out"
+    summary = run_course(profile="smoke", out=out, notebooks_dir=notebooks)
+    assert summary.ok
+    warned, clean = summary.results
+    assert len(warned.warnings) == 1 and warned.warnings[0].startswith("cell ")
+    assert warned.warnings[0].endswith(".py:2: UserWarning: careful with this")
+    assert clean.warnings == []
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("00_warns: ok (") and line.endswith(
+        "; 1 warning line(s) in its outputs, the first: " + warned.warnings[0]) for line in lines)
+    data = json.loads((out / "summary.json").read_text())
+    assert [r["warnings"] for r in data["results"]] == [warned.warnings, []]
+    assert "1 warning line(s)" in (out / "summary.md").read_text()
+
+    # CI's check (tools/check_course_outputs.py) fails on it, and passes a clean run
+    tool = [sys.executable, str(ROOT / "tools" / "check_course_outputs.py")]
+    done = subprocess.run([*tool, str(out)], capture_output=True, text=True)
+    assert done.returncode == 1 and f"00_warns: {warned.warnings[0]}" in done.stderr
+    clean_out = tmp_path / "clean"
+    assert run_course(profile="smoke", out=clean_out, notebooks_dir=notebooks, only=["01"]).ok
+    done = subprocess.run([*tool, str(clean_out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "1 executed notebook, no warning in their outputs\n"
+
+
 def test_resolve_profile(monkeypatch):
     assert resolve_profile("smoke") == ("smoke", "as requested")
     assert resolve_profile("cpu") == ("cpu", "as requested")
