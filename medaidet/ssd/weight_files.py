@@ -217,8 +217,8 @@ class WeightsComparison:
             return f"identical ({self.n_arrays} arrays, bit for bit)"
         extra = f"; only in one file: {', '.join(self.only_in_one)}" if self.only_in_one else ""
         return (f"{self.n_different} of {self.n_arrays} arrays differ; largest difference "
-                f"{self.max_abs_diff:.3g} ({self.max_rel_diff:.3g} of the array's largest "
-                f"value){extra}")
+                f"{self.max_abs_diff:.3g}; relative to its array's largest value, up to "
+                f"{self.max_rel_diff:.3g}{extra}")
 
 
 def compare_weights(a, b) -> WeightsComparison:
