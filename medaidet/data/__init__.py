@@ -10,6 +10,9 @@ SPLITS = ("train", "val", "trainval", "test")
 #: Class names in the course's order: label 0 is rbc, 1 wbc, 2 platelets. The XML
 #: says ``RBC``, ``WBC``, ``Platelets``; names are matched case-insensitively, stripped.
 BCCD_LABEL_NAMES = ("rbc", "wbc", "platelets")
+#: One colour per class, the same in every figure of the course, in the exported model's
+#: drawings and on the web page: matplotlib's tab:red, tab:blue and tab:green.
+CLASS_COLORS = {"rbc": "#d62728", "wbc": "#1f77b4", "platelets": "#2ca02c"}
 
 _PUBLIC = {
     "BCCDDataset": "medaidet.data.bccd",
@@ -19,7 +22,7 @@ _PUBLIC = {
     "make_synthetic": "medaidet.data.synth",
 }
 
-__all__ = ["SPLITS", "BCCD_LABEL_NAMES"] + sorted(_PUBLIC)
+__all__ = ["SPLITS", "BCCD_LABEL_NAMES", "CLASS_COLORS"] + sorted(_PUBLIC)
 
 
 def __getattr__(name):

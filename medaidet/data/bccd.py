@@ -33,7 +33,7 @@ import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 
 from medaidet.arguments import ArgumentValueError, is_path
-from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS  # noqa: F401 (CLASS_COLORS: here too)
 from medaidet.data.annotation import AnnotationError, parse_annotation
 from medaidet.data.annotation_checks import (Finding, ImageSizeError, InvalidObjectError,
                                              UnknownLabelError, check_annotation)
@@ -46,8 +46,6 @@ from medaidet.tables import Table
 __all__ = ["CLASS_COLORS", "BCCDDataset", "ObjectIssue", "AnnotationWarning",
            "annotation_report", "quiet_annotation_warnings", "QUIET_ENV"]
 
-#: One matplotlib colour per class, the same in every figure of the course.
-CLASS_COLORS = {"rbc": "tab:red", "wbc": "tab:blue", "platelets": "tab:green"}
 
 
 class AnnotationWarning(UserWarning):

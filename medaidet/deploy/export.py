@@ -1,0 +1,151 @@
+"""An ONNX model of a trained SSD (``medaidet export``; notebook 09).
+
+:func:`export_onnx` reads the weights as ``evaluate`` does (the model is the one the file was
+saved from), wraps the SSD so the graph takes the image's pixels and gives what decoding needs
+(the mean subtracted inside; ``locs`` and the softmaxed ``scores``), traces it with the
+``onnx_chainer`` of the chainer build (:mod:`medaidet.deploy.onnx_compat` makes it work with
+today's ``onnx``), stores the default boxes, variances, class names and presets in the
+model's metadata, checks the graph with ``onnx.checker`` and writes it atomically.
+"""
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from medaidet.deploy.detector import METADATA_KEY
+from medaidet.errors import MedaidetError
+
+__all__ = ["export_onnx", "ExportedModel", "UnsupportedOpsetError", "OPSETS", "DEFAULT_OPSET",
+           "METADATA_KEY"]
+
+#: The opsets onnx_chainer writes (7 to 11); 11 is the default (onnxruntime and
+#: onnxruntime-web run it).
+OPSETS = range(7, 12)
+DEFAULT_OPSET = 11
+
+
+class UnsupportedOpsetError(MedaidetError):
+    """The ONNX opset asked for is one onnx_chainer cannot write."""
+
+
+@dataclass(frozen=True)
+class ExportedModel:
+    """What :func:`export_onnx` wrote: ``path``, the model's name, input size and opset."""
+
+    path: Path
+    model: str
+    insize: int
+    opset: int
+    n_default_boxes: int
+
+    def __str__(self) -> str:
+        return (f"{self.path}: {self.model}, input 3x{self.insize}x{self.insize}, "
+                f"{self.n_default_boxes} default boxes, ONNX opset {self.opset}")
+
+
+def _check_opset(opset) -> int:
+    if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)) or opset not in OPSETS:
+        raise UnsupportedOpsetError(
+            f"opset {opset!r}: onnx_chainer writes ONNX opsets {OPSETS.start} to "
+            f"{OPSETS.stop - 1}; use {DEFAULT_OPSET} (onnxruntime and onnxruntime-web run it)")
+    return int(opset)
+
+
+def _pixels_in(ssd):
+    """A chain from one image's pixels (1, 3, S, S), 0-255, to ``(locs, scores)``."""
+    import chainer
+    import chainer.functions as F
+
+    class PixelsIn(chainer.Chain):
+        def __init__(self):
+            super().__init__()
+            with self.init_scope():
+                self.ssd = ssd
+            self.mean = np.asarray(ssd.mean, dtype=np.float32)[None]    # (1, 3, 1, 1)
+
+        def forward(self, image):
+            locs, confs = self.ssd(image - self.mean)
+            return locs, F.softmax(confs, axis=2)
+
+    return PixelsIn()
+
+
+def decoding_metadata(model) -> dict:
+    """What turns the model's outputs into detections, for the model's metadata."""
+    from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS
+    from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
+
+    coder = model.coder
+    return {
+        "model": model.name, "insize": int(model.insize),
+        "label_names": list(BCCD_LABEL_NAMES),
+        "class_colors": [CLASS_COLORS[name] for name in BCCD_LABEL_NAMES],
+        "default_boxes": np.asarray(coder._default_bbox, dtype=np.float64).tolist(),
+        "variances": [float(v) for v in coder._variance],
+        "presets": {"evaluate": {"score_thresh": 0.01, "nms_thresh": 0.45},
+                    "visualize": {"score_thresh": 0.6, "nms_thresh": 0.45}},
+        "top_k": DEFAULT_TOP_K, "keep_top_k": DEFAULT_KEEP_TOP_K,
+        "box_order": "y_min, x_min, y_max, x_max",
+    }
+
+
+def _writable(out: Path) -> Path:
+    """``out``, once its folder exists and can be written: an ``OSError`` naming it if not."""
+    if out.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder; give the .onnx file to write",
+                                str(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise PermissionError(errno.EACCES, "cannot be written here (permission denied); "
+                              "choose another --out", str(out))
+    return out
+
+
+def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> ExportedModel:
+    """Write the SSD trained into ``weights`` (a model-only ``.npz``) as ONNX to ``out``.
+
+    Raises :class:`UnsupportedOpsetError` (``opset`` outside 7-11),
+    :class:`~medaidet.evaluation.evaluate.TrainedWeightsMissingError` (no file at
+    ``weights``) and the weight loader's named errors (a file that is not the weights of an
+    SSD of this course), and ``OSError`` naming ``out`` when it cannot be written; all
+    before anything is written. A failed write leaves no partial file.
+    """
+    import chainer
+    import onnx
+
+    from medaidet.deploy import onnx_compat
+    from medaidet.evaluation.evaluate import load_model
+    from medaidet.files import atomic_file
+
+    opset = _check_opset(opset)
+    out = _writable(Path(os.fspath(out)))
+    model = load_model(weights, model_name=model_name, device="cpu")
+    metadata = decoding_metadata(model)   # now: wrapped, the link is renamed "ssd"
+    onnx_compat.apply()
+    import onnx_chainer
+
+    x = np.zeros((1, 3, model.insize, model.insize), dtype=np.float32)
+    with chainer.using_config("train", False):
+        graph = onnx_chainer.export(_pixels_in(model), x, opset_version=opset,
+                                    input_names=["image"], output_names=["locs", "scores"])
+    # the weights are constants (initializers), not inputs a caller could override
+    constants = {t.name for t in graph.graph.initializer}
+    inputs = [i for i in graph.graph.input if i.name not in constants]
+    del graph.graph.input[:]
+    graph.graph.input.extend(inputs)
+    onnx.helper.set_model_props(graph, {METADATA_KEY: json.dumps(metadata)})
+    graph.doc_string = (f"medaidet {metadata['model']} for BCCD (rbc, wbc, platelets): image "
+                        f"(1, 3, {model.insize}, {model.insize}) RGB 0-255 -> locs, scores")
+    onnx.checker.check_model(graph)
+    data = io.BytesIO()
+    onnx.save(graph, data)
+    with atomic_file(out) as f:
+        f.write(data.getvalue())
+    return ExportedModel(out, metadata["model"], int(model.insize), opset,
+                         len(model.coder._default_bbox))

@@ -1,0 +1,199 @@
+"""medaidet export: an ONNX model whose detections are chainer's, on every test image."""
+import json
+import subprocess
+import sys
+
+import chainer
+import numpy as np
+import onnx
+import pytest
+from chainercv.evaluations import eval_detection_voc
+
+from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.data.bccd import BCCDDataset
+from medaidet.deploy import onnx_compat
+from medaidet.deploy.detector import METADATA_KEY, ModelFileError, OnnxDetector
+from medaidet.deploy.export import UnsupportedOpsetError, export_onnx
+from medaidet.evaluation.evaluate import TrainedWeightsMissingError, load_model, predict_split
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.pretrained import shipped_weights
+from medaidet.ssd.weight_files import materialize, save_weights
+
+from conftest import REPO
+
+COUNT_SCORE = 0.5   # notebook 05's threshold
+pytestmark = pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("onnx") / "ssd_small.onnx"
+    return export_onnx(shipped_weights("ssd_small"), out)
+
+
+@pytest.fixture(scope="module")
+def test_split(bccd_root):
+    dataset = BCCDDataset(bccd_root, "test", use_difficult=True, return_difficult=True)
+    return dataset, [dataset[i][0] for i in range(len(dataset))]
+
+
+def test_onnx_gets_its_mapping_module_back():
+    onnx_compat.apply()
+    from onnx import TensorProto
+    from onnx.mapping import (NP_TYPE_TO_TENSOR_TYPE, STORAGE_TENSOR_TYPE_TO_FIELD,
+                              TENSOR_TYPE_TO_NP_TYPE)
+
+    assert NP_TYPE_TO_TENSOR_TYPE[np.dtype("float32")] == TensorProto.FLOAT
+    assert NP_TYPE_TO_TENSOR_TYPE[np.dtype("int64")] == TensorProto.INT64
+    assert TENSOR_TYPE_TO_NP_TYPE[TensorProto.FLOAT16] == np.dtype("float16")
+    assert STORAGE_TENSOR_TYPE_TO_FIELD[TensorProto.FLOAT] == "float_data"
+    # float16 is stored in int32_data: the old table did not name a field for it
+    assert TensorProto.FLOAT16 not in STORAGE_TENSOR_TYPE_TO_FIELD
+    assert onnx_compat.apply() is False     # once is enough
+
+
+def test_the_graph_is_valid_and_says_what_it_holds(exported):
+    model = onnx.load(str(exported.path))
+    onnx.checker.check_model(model)
+    assert [i.name for i in model.graph.input] == ["image"]    # the weights are constants
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert shape == [1, 3, 300, 300]                              # one image at a time
+    assert [o.name for o in model.graph.output] == ["locs", "scores"]
+    assert model.opset_import[0].version == exported.opset == 11
+    meta = json.loads({p.key: p.value for p in model.metadata_props}[METADATA_KEY])
+    assert meta["model"] == exported.model == "ssd_small" and meta["insize"] == 300
+    assert meta["label_names"] == list(BCCD_LABEL_NAMES)
+    assert np.asarray(meta["default_boxes"]).shape == (exported.n_default_boxes, 4) == (8732, 4)
+    assert meta["variances"] == [0.1, 0.2]
+    assert str(exported) == (f"{exported.path}: ssd_small, input 3x300x300, 8732 default boxes, "
+                             "ONNX opset 11")
+
+
+@pytest.mark.slow(seconds=40)
+def test_the_same_detections_as_chainer_on_every_test_image(exported, test_split):
+    """Raw outputs within 1e-4; boxes within 0.5 px, labels equal, scores within 1e-4; the same
+    test mAP to 3 decimals and the same counts per image and class."""
+    dataset, images = test_split
+    model = load_model(shipped_weights("ssd_small"))
+    theirs = predict_split(model, dataset, progress=False)       # the 'evaluate' preset
+    detector = OnnxDetector(exported.path)
+    assert (detector.score_thresh, detector.nms_thresh) == (0.01, 0.45)   # predict_split's
+
+    worst_raw = 0.0
+    for image in images[:8]:
+        locs, scores, _ = detector.raw([image])
+        with chainer.using_config("train", False), chainer.no_backprop_mode():
+            mb_locs, mb_confs = model(model.xp.asarray(model._prepare(image))[None])
+        probabilities = chainer.functions.softmax(mb_confs, axis=2).array
+        worst_raw = max(worst_raw, np.abs(locs - mb_locs.array).max(),
+                        np.abs(scores - probabilities).max())
+    assert worst_raw < 1e-4
+
+    ours = [[], [], []]
+    for start in range(0, len(images), 8):
+        for part, found in zip(ours, detector.predict(images[start:start + 8])):
+            part.extend(found)
+    for i in range(len(images)):
+        assert np.array_equal(ours[1][i], theirs.pred_labels[i]), dataset.ids[i]
+        np.testing.assert_allclose(ours[0][i], theirs.pred_bboxes[i], atol=0.5, rtol=0)
+        np.testing.assert_allclose(ours[2][i], theirs.pred_scores[i], atol=1e-4, rtol=0)
+        counted = [np.bincount(labels[scores >= COUNT_SCORE], minlength=3).tolist()
+                   for labels, scores in ((ours[1][i], ours[2][i]),
+                                          (theirs.pred_labels[i], theirs.pred_scores[i]))]
+        assert counted[0] == counted[1], dataset.ids[i]
+    gt = (theirs.gt_bboxes, theirs.gt_labels, theirs.gt_difficults)
+    ours_map = eval_detection_voc(*ours, *gt)["map"]
+    theirs_map = eval_detection_voc(theirs.pred_bboxes, theirs.pred_labels, theirs.pred_scores,
+                                    *gt)["map"]
+    assert round(ours_map, 3) == round(theirs_map, 3) and ours_map > 0.85
+
+
+@pytest.mark.slow(seconds=30)
+def test_ssd300_exports_with_the_same_outputs(tmp_path, test_split):
+    chainer.global_config.dtype = np.float32
+    np.random.seed(0)
+    model = materialize(build_ssd("ssd300", None, n_fg_class=3))
+    weights = tmp_path / "ssd300.npz"
+    save_weights(model, weights)
+    exported = export_onnx(weights, tmp_path / "ssd300.onnx")
+    assert exported.model == "ssd300" and exported.n_default_boxes == 8732
+    detector = OnnxDetector(exported.path)
+    image = test_split[1][0]
+    locs, scores, _ = detector.raw([image])
+    with chainer.using_config("train", False), chainer.no_backprop_mode():
+        mb_locs, mb_confs = model(model._prepare(image)[None])
+    assert np.abs(locs - mb_locs.array).max() < 1e-4
+    assert np.abs(scores - chainer.functions.softmax(mb_confs, axis=2).array).max() < 1e-4
+
+
+def test_mistakes_are_named_before_any_work(tmp_path):
+    weights = shipped_weights("ssd_small")
+    with pytest.raises(UnsupportedOpsetError, match=r"opset 13: onnx_chainer writes ONNX opsets "
+                                                   r"7 to 11; use 11"):
+        export_onnx(weights, tmp_path / "m.onnx", opset=13)
+    with pytest.raises(TrainedWeightsMissingError, match="no trained weights at"):
+        export_onnx(tmp_path / "none.npz", tmp_path / "m.onnx")
+    with pytest.raises(IsADirectoryError) as error:
+        export_onnx(weights, tmp_path)
+    assert error.value.filename == str(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(OSError) as error:
+        export_onnx(weights, blocker / "m.onnx")
+    assert str(blocker) in str(error.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]   # nothing written
+
+
+def test_the_detector_refuses_what_it_cannot_use(tmp_path, exported):
+    with pytest.raises(ModelFileError, match=r"no model at .*none.onnx: write one with "
+                                             r"`medaidet export WEIGHTS --out"):
+        OnnxDetector(tmp_path / "none.onnx")
+    other = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]),
+        opset_imports=[onnx.helper.make_opsetid("", 11)])
+    onnx.save(other, str(tmp_path / "other.onnx"))
+    with pytest.raises(ModelFileError, match="not one `medaidet export` wrote"):
+        OnnxDetector(tmp_path / "other.onnx")
+    (tmp_path / "text.onnx").write_text("not a model")
+    with pytest.raises(ModelFileError, match="is not an ONNX model onnxruntime can load"):
+        OnnxDetector(tmp_path / "text.onnx")
+    detector = OnnxDetector(exported.path)
+    with pytest.raises(ValueError, match=r"images\[0\] has shape \(480, 640, 3\)"):
+        detector.predict([np.zeros((480, 640, 3), np.float32)])
+    with pytest.raises(ValueError, match=r"images\[1\] holds nan"):
+        detector.predict([np.zeros((3, 8, 8)), np.full((3, 8, 8), np.nan)])
+
+
+BLOCK_CHAINER = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('chainer', 'chainercv', 'chainermn', 'cupy', 'onnx_chainer'):
+            raise ImportError('not installed (blocked by the test): ' + name)
+sys.meta_path.insert(0, Block())
+from medaidet.cli import main
+code = main(sys.argv[1:])
+assert not [m for m in sys.modules if m.split('.')[0] in ('chainer', 'chainercv')]
+sys.exit(code)
+"""
+
+
+def test_count_image_runs_without_chainer(tmp_path, exported, bccd_root):
+    images = sorted((bccd_root / "JPEGImages").glob("*.jpg"))[:2]
+    done = subprocess.run([sys.executable, "-c", BLOCK_CHAINER, "count-image", *map(str, images),
+                           "--model", str(exported.path), "--out", str(tmp_path / "out"),
+                           "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    detector = OnnxDetector(exported.path)
+    from medaidet.deploy.detector import read_rgb
+    for result, image in zip(printed, images):
+        assert result["counts"] == detector.count(read_rgb(image), score_thresh=0.5)
+        assert sum(result["counts"].values()) == len(result["detections"]) > 0
+        written = json.loads((tmp_path / "out" / f"{image.stem}.json").read_text())
+        assert written == result
+        from PIL import Image
+        with Image.open(tmp_path / "out" / f"{image.stem}.png") as drawn:
+            assert drawn.size == (640, 480)
