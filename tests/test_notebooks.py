@@ -110,3 +110,47 @@ def test_no_internal_incident_labels_in_the_product():
     hits = [f"{f.relative_to(root)}: {m.group(0)}" for f in files
             for m in pattern.finditer(f.read_text(encoding="utf-8"))]
     assert not hits, hits
+
+
+def _heading(cell) -> str:
+    return cell.source.splitlines()[0] if cell.cell_type == "markdown" and cell.source else ""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_every_exercise_has_a_solution(path):
+    """After "## Exercises", a "## Solutions" section with a "### Exercise N · …" part for each
+    exercise, not empty. A part that asks for an answer (``my_answer_N = …`` in a visible cell)
+    has a folded solution cell (``jupyter.source_hidden``) after it that checks the answer:
+    ``check(… my_answer_N …)``."""
+    cells = _read(path).cells
+    exercises = [i for i, c in enumerate(cells) if c.cell_type == "markdown"
+                 and re.search(r"(?m)^## Exercises$", c.source)]
+    assert len(exercises) == 1, f"{path.name}: one markdown cell with '## Exercises'"
+    listed = re.split(r"(?m)^## Exercises$", cells[exercises[0]].source)[1]
+    numbers = [int(n) for n in re.findall(r"(?m)^(\d+)\. ", listed)]
+    assert numbers == list(range(1, len(numbers) + 1)) and numbers, f"{path.name}: {numbers}"
+    starts = [i for i, c in enumerate(cells) if _heading(c) == "## Solutions"]
+    assert len(starts) == 1 and starts[0] > exercises[0], \
+        f"{path.name}: a '## Solutions' markdown cell after the exercises"
+    parts = {}
+    for i in range(starts[0] + 1, len(cells)):
+        found = re.fullmatch(r"### Exercise (\d+) · .+", _heading(cells[i]))
+        if found:
+            parts[int(found[1])] = [i]
+        elif parts and not _heading(cells[i]).startswith("## "):
+            parts[max(parts)].append(i)
+    assert sorted(parts) == numbers, f"{path.name}: solutions for {sorted(parts)}, " \
+                                     f"exercises {numbers}"
+    for n, part in parts.items():
+        body = [cells[i] for i in part[1:]]
+        assert body or "\n" in cells[part[0]].source.strip(), \
+            f"{path.name}: exercise {n} has a heading and no solution"
+        answers = [c for c in body if c.cell_type == "code"
+                   and f"my_answer_{n}" in _assigned_names(c.source)]
+        for answer in answers:
+            assert not answer.metadata.get("jupyter", {}).get("source_hidden"), \
+                f"{path.name}: the my_answer_{n} cell is for the learner: do not fold it"
+            later = body[body.index(answer) + 1:]
+            assert any(c.cell_type == "code" and re.search(rf"check\(.*\bmy_answer_{n}\b", c.source)
+                       and c.metadata.get("jupyter", {}).get("source_hidden") for c in later), \
+                f"{path.name}: exercise {n}: a folded solution cell calling check(my_answer_{n}, …)"

@@ -218,8 +218,12 @@ class Recipe:
         check_objects(dataset, images, config)
         val = _first(BCCDDataset(config.root, config.val_split), config.eval_subset)
         transform = self.transform(model)
-        train = TransformDataset(images, ReseedingTransform(transform, config.seed))
-        return TrainingData(images, self.ranks.share(train, config.seed), val, transform)
+        # each rank's share of the plain images, wrapped here: a ReseedingTransform made on
+        # rank 0 and sent to another rank would take that rank for a worker process and
+        # reseed it from its process id (seeded runs would differ from run to run)
+        mine = self.ranks.share(images, config.seed)
+        train = TransformDataset(mine, ReseedingTransform(transform, config.seed))
+        return TrainingData(images, train, val, transform)
 
     def iterators(self, data: TrainingData, log=print) -> Iterators:
         """The shuffled, repeating training iterator (worker processes where possible:

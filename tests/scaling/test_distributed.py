@@ -623,6 +623,28 @@ def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
                 f"{name}: 2 ranks vs 1 process differ by {diff:.3g}, the update was {largest:.3g}"
 
 
+@pytest.mark.slow(seconds=40)
+def test_two_rank_training_with_augmentation_is_reproducible(mpi, tmp_path, bccd_root):
+    """Two seeded 2-rank runs with SSD's random augmentation end with the same weights: each
+    rank draws from seed + rank (the transform is made on the rank, not sent from rank 0)."""
+    config = dict(model="ssd_small", subset=4, batch_size=4, iterations=2, augment=True,
+                  seed=0, snapshot_interval=None, n_processes=0, pretrained=None,
+                  device="cpu", eval_subset=1, eval_batch_size=1, root=str(bccd_root))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    digests = []
+    for run in ("a", "b"):
+        cfg = tmp_path / f"{run}.json"
+        cfg.write_text(json.dumps(dict(config, communicator="naive", out=str(tmp_path / run))))
+        dist.launch(2, ["-m", "medaidet", "train", "--profile", "smoke", "--config", str(cfg),
+                        "--no-progress"], timeout=900, env=env, cwd=tmp_path,
+                    stream=io.StringIO())
+        metrics = json.loads((tmp_path / run / "metrics.json").read_text())
+        assert metrics["ranks"] == 2 and metrics["rank_digests"][0] == metrics["rank_digests"][1]
+        digests.append(metrics["rank_digests"][0])
+    assert digests[0] == digests[1], "two seeded 2-rank runs ended with different weights"
+
+
 def test_resume_of_a_multi_process_run_is_refused(tmp_path):
     from medaidet.training.config import TrainConfig
     from medaidet.training.run import train
