@@ -13,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
 
 # lowest first: shared -> install path -> data -> ssd -> training -> scaling -> evaluation
-# -> troubleshooting -> environment -> command line
+# -> troubleshooting -> deployment -> environment -> command line
 LAYERS = [
     ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files",
                 "medaidet.arguments", "medaidet.compat", "medaidet.device",
@@ -25,6 +25,7 @@ LAYERS = [
     ("scaling", ["medaidet.scaling"]),
     ("evaluation", ["medaidet.evaluation"]),
     ("troubleshoot", ["medaidet.troubleshoot"]),
+    ("deploy", ["medaidet.deploy"]),
     ("env", ["medaidet.env"]),
     ("cli", ["medaidet.cli", "medaidet.__main__"]),
 ]

@@ -193,7 +193,7 @@ def test_gpu_runs_on_self_hosted_gpu_runner_with_concurrency(gpu):
 
 def test_gpu_installs_checks_and_runs_the_full_course(gpu):
     lines = _run_lines(gpu)
-    order = ["pip install -e '.[mpi]'", "medaidet stack install --cuda auto",
+    order = ["pip install -e '.[mpi,export]'", "medaidet stack install --cuda auto",
              "medaidet doctor --gpu-smoke", "medaidet data download", f"{RUNNER} --profile full"]
     found = []
     for needle in order:
@@ -231,7 +231,7 @@ def test_azureml_job_is_a_command_job(azureml_job):
 
 def test_azureml_job_runs_the_full_course(azureml_job):
     command = azureml_job["command"]
-    for needle in ("pip install -e .", "medaidet stack install --cuda auto",
+    for needle in ("pip install -e '.[export]'", "medaidet stack install --cuda auto",
                    "medaidet data download"):
         assert needle in command, command
     assert f"{RUNNER} --profile full --out ${{{{outputs.course}}}}" in command, command

@@ -69,19 +69,24 @@ class OnnxDetector:
 
     ``preset``: ``"evaluate"`` (score >= 0.01, what mAP and counts are computed from; the
     default) or ``"visualize"`` (score >= 0.6); ``score_thresh``/``nms_thresh`` override it.
+    ``threads``: onnxruntime's threads per operator (None: its default, one per core).
     ``label_names``, ``insize``, ``model`` (the SSD's name) come from the file.
     """
 
     def __init__(self, path, preset: str = "evaluate", score_thresh=None, nms_thresh=None,
-                 providers=("CPUExecutionProvider",)):
+                 providers=("CPUExecutionProvider",), threads=None):
         path = Path(os.fspath(path))
         if not path.is_file():
             raise ModelFileError(f"no model at {path}: write one with `medaidet export "
                                  f"WEIGHTS --out {path}`")
         import onnxruntime
 
+        options = onnxruntime.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = int(threads)
         try:
-            self.session = onnxruntime.InferenceSession(str(path), providers=list(providers))
+            self.session = onnxruntime.InferenceSession(str(path), options,
+                                                        providers=list(providers))
         except Exception as exc:     # onnxruntime's own errors name no class worth catching
             raise ModelFileError(f"{path} is not an ONNX model onnxruntime can load "
                                  f"({type(exc).__name__}: {str(exc)[:200]})") from None

@@ -159,8 +159,9 @@ def _fmt_ap(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-# "path:line: SomeWarning: message" (Python's warnings), "SomeWarning: …", or a logger's WARNING
-_WARNING = re.compile(r"^(?:\S.*:\d+: )?[A-Z]\w*Warning: |\bWARNING\b")
+# "path:line: SomeWarning: message" (Python's warnings), "SomeWarning: …", a logger's WARNING,
+# or onnxruntime's "[W:onnxruntime:, …]"
+_WARNING = re.compile(r"^(?:\S.*:\d+: )?[A-Z]\w*Warning: |\bWARNING\b|\[W:onnxruntime")
 
 
 def printed_warnings(notebook) -> list:

@@ -101,18 +101,21 @@ def test_readme_badges_are_pyprojects_repository():
     text = README.read_text(encoding="utf-8")
     table = text[text.index(colab.BADGES_BEGIN):text.index(colab.BADGES_END)]
     slug = colab.repository_slug(URL)
-    assert table.count(f"/github/{slug}/blob/main/notebooks/") == len(NOTEBOOKS) == 9
+    assert table.count(f"/github/{slug}/blob/main/notebooks/") == len(NOTEBOOKS) == 10
 
 
 def test_notebooks_name_the_extras_they_use():
-    """Only the notebook that runs MPI installs the mpi extra (Open MPI and mpi4py)."""
+    """Only the notebook that runs MPI installs the mpi extra (Open MPI and mpi4py), only the
+    one that exports to ONNX the export extra (onnx and onnxruntime)."""
     for notebook in NOTEBOOKS:
         nb = nbformat.read(str(notebook), as_version=nbformat.NO_CONVERT)
         code = "\n".join(c.source for c in nb.cells[1:] if c.cell_type == "code")
-        uses_mpi = any(word in code for word in ("mpiexec", "mpi4py", "chainermn", "run_mpi"))
-        assert colab.notebook_extras(nb) == (["mpi"] if uses_mpi else []), notebook.name
-    assert [p.name for p in NOTEBOOKS
-            if colab.notebook_extras(nbformat.read(str(p), as_version=4))] == ["08_scaling.ipynb"]
+        uses = {"mpi": any(word in code for word in ("mpiexec", "mpi4py", "chainermn")),
+                "export": any(word in code for word in ("import onnx", "export_onnx"))}
+        assert colab.notebook_extras(nb) == [e for e, used in uses.items() if used], notebook.name
+    assert {p.name: colab.notebook_extras(nbformat.read(str(p), as_version=4))
+            for p in NOTEBOOKS if colab.notebook_extras(nbformat.read(str(p), as_version=4))} \
+        == {"08_scaling.ipynb": ["mpi"], "09_using_the_detector.ipynb": ["export"]}
 
 
 def test_noop_outside_colab(monkeypatch, no_processes):
@@ -360,7 +363,9 @@ def test_notebook_starts_with_the_setup_cell(notebook):
     if first.source != colab.notebook_setup_cell(nb, URL):
         pytest.fail(f"{notebook.name}: its colab-setup cell is not the one for pyproject's "
                     f"Repository and its extras; run: python tools/set_colab.py", pytrace=False)
-    assert first.source == (MPI_CELL if notebook.name == "08_scaling.ipynb" else CELL)
+    assert first.source == {"08_scaling.ipynb": MPI_CELL,
+                            "09_using_the_detector.ipynb": colab.setup_cell(URL, ["export"])
+                            }.get(notebook.name, CELL)
     assert first.get("outputs") == [] and first.get("execution_count") is None
     # a reader sees one line: Colab's form view shows the title, Jupyter folds the code
     assert first.source.splitlines()[0].startswith("# @title ")
@@ -455,7 +460,7 @@ def test_tool_writes_a_new_repository_into_every_cell_and_the_badges(tmp_path):
     new_cut = new_text.index(colab.BADGES_BEGIN), new_text.index(colab.BADGES_END)
     assert new_text[:new_cut[0]] == old_text[:cut[0]] and new_text[new_cut[1]:] == old_text[cut[1]:]
     table = new_text[new_cut[0]:new_cut[1]]
-    assert table.count("/github/someone/medaidet/blob/main/notebooks/") == 9
+    assert table.count("/github/someone/medaidet/blob/main/notebooks/") == len(NOTEBOOKS)
     assert colab.repository_slug(URL) not in table
     assert tool("--check").returncode == 0
 

@@ -258,21 +258,24 @@ def test_warnings_a_notebook_prints_are_listed(tmp_path, capsys):
     text on stdout that mentions a warning is not one."""
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_warns", "print('a UserWarning explained on stdout')",
-                  "import warnings\nwarnings.warn('careful with this', UserWarning)")
+                  "import warnings\nwarnings.warn('careful with this', UserWarning)",
+                  "import sys\nprint('\\x1b[0;93m2026-11-25 [W:onnxruntime:, graph.cc:1492 Graph] "
+                  "Initializer x appears in graph inputs', file=sys.stderr)")
     make_notebook(notebooks, "01_clean", "print('fine')")
     out = tmp_path / "out"
     summary = run_course(profile="smoke", out=out, notebooks_dir=notebooks)
     assert summary.ok
     warned, clean = summary.results
-    assert len(warned.warnings) == 1 and warned.warnings[0].startswith("cell ")
+    assert len(warned.warnings) == 2 and warned.warnings[0].startswith("cell ")
     assert warned.warnings[0].endswith(".py:2: UserWarning: careful with this")
+    assert "[W:onnxruntime:, graph.cc:1492 Graph] Initializer x" in warned.warnings[1]
     assert clean.warnings == []
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("00_warns: ok (") and line.endswith(
-        "; 1 warning line(s) in its outputs, the first: " + warned.warnings[0]) for line in lines)
+        "; 2 warning line(s) in its outputs, the first: " + warned.warnings[0]) for line in lines)
     data = json.loads((out / "summary.json").read_text())
     assert [r["warnings"] for r in data["results"]] == [warned.warnings, []]
-    assert "1 warning line(s)" in (out / "summary.md").read_text()
+    assert "2 warning line(s)" in (out / "summary.md").read_text()
 
     # CI's check (tools/check_course_outputs.py) fails on it, and passes a clean run
     tool = [sys.executable, str(ROOT / "tools" / "check_course_outputs.py")]
