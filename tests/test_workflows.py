@@ -146,8 +146,20 @@ def test_ci_and_the_ci_runner_require_the_mpi_tests_without_a_system_mpi(ci):
     env = {k: v for job in ci["jobs"].values() for k, v in (job.get("env") or {}).items()}
     assert env.get("CI_REQUIRE_MPI") == "1", env
     runner = (REPO / ".ci" / "run").read_text()
-    assert "apt-get" not in runner and "export CI_REQUIRE_MPI=1" in runner
+    apt = [line for line in runner.splitlines() if "apt-get" in line]
+    assert all("install -y -q chromium" in line or "apt-get update" in line for line in apt), \
+        f"the CI runner installs only the browser from apt: {apt}"
+    assert "export CI_REQUIRE_MPI=1" in runner
     assert runner.index("CI_REQUIRE_MPI=1") < runner.index("make test")
+
+
+def test_the_ci_runner_installs_and_requires_the_browser():
+    """The web page's test runs in a real Chromium: .ci/run installs it from apt before the
+    tests and sets CI_REQUIRE_BROWSER=1, so a missing browser fails instead of skipping."""
+    runner = (REPO / ".ci" / "run").read_text()
+    for needle in ("apt-get install -y -q chromium", "export CI_REQUIRE_BROWSER=1",
+                   "export MEDAIDET_SCREENSHOTS="):
+        assert needle in runner and runner.index(needle) < runner.index("make test"), needle
 
 
 def test_ci_caches_pip_and_the_medaidet_cache(ci):

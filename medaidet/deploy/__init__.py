@@ -11,8 +11,9 @@
 The exported model takes ``image``, float32 (1, 3, S, S): one image's RGB pixels 0-255
 resized to the model's input size S (the mean is subtracted inside), and returns ``locs``
 (1, K, 4), the box offsets of the K default boxes, and ``scores`` (1, K, n_fg_class + 1), the
-class probabilities (column 0: background). What decoding needs besides (the default boxes, the
-variances, the class names, the presets) is stored in the model's metadata
+class probabilities (column 0: background), and ``default_boxes`` (K, 4), a constant, for runtimes
+that cannot read metadata. What decoding needs (the default boxes, the variances, the class
+names, the presets) is stored in the model's metadata too
 (:data:`~medaidet.deploy.detector.METADATA_KEY`).
 
 Nothing here imports chainer at import time.

@@ -95,6 +95,20 @@ def decoding_metadata(model) -> dict:
     }
 
 
+def _add_default_boxes_output(graph, default_boxes) -> None:
+    """A third output, ``default_boxes`` (K, 4) ``(center y, center x, height, width)`` in the
+    input's pixels: a constant, for runtimes that cannot read the metadata (a browser)."""
+    import onnx
+    from onnx import numpy_helper
+
+    boxes = np.asarray(default_boxes, dtype=np.float32)
+    graph.graph.initializer.append(numpy_helper.from_array(boxes, "default_boxes_value"))
+    graph.graph.node.append(onnx.helper.make_node("Identity", ["default_boxes_value"],
+                                                  ["default_boxes"]))
+    graph.graph.output.append(onnx.helper.make_tensor_value_info(
+        "default_boxes", onnx.TensorProto.FLOAT, list(boxes.shape)))
+
+
 def _writable(out: Path) -> Path:
     """``out``, once its folder exists and can be written: an ``OSError`` naming it if not."""
     if out.is_dir():
@@ -139,6 +153,10 @@ def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> Ex
     inputs = [i for i in graph.graph.input if i.name not in constants]
     del graph.graph.input[:]
     graph.graph.input.extend(inputs)
+    _add_default_boxes_output(graph, metadata["default_boxes"])
+    # the oldest file format that holds this opset, not onnx's newest: older runtimes (a
+    # browser's onnxruntime-web lags onnxruntime) read it
+    graph.ir_version = onnx.helper.find_min_ir_version_for(list(graph.opset_import))
     onnx.helper.set_model_props(graph, {METADATA_KEY: json.dumps(metadata)})
     graph.doc_string = (f"medaidet {metadata['model']} for BCCD (rbc, wbc, platelets): image "
                         f"(1, 3, {model.insize}, {model.insize}) RGB 0-255 -> locs, scores")

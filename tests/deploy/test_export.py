@@ -58,13 +58,18 @@ def test_the_graph_is_valid_and_says_what_it_holds(exported):
     assert [i.name for i in model.graph.input] == ["image"]    # the weights are constants
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     assert shape == [1, 3, 300, 300]                              # one image at a time
-    assert [o.name for o in model.graph.output] == ["locs", "scores"]
+    assert [o.name for o in model.graph.output] == ["locs", "scores", "default_boxes"]
     assert model.opset_import[0].version == exported.opset == 11
+    assert model.ir_version == 6     # the file format of opset 11 (onnxruntime-web reads it)
     meta = json.loads({p.key: p.value for p in model.metadata_props}[METADATA_KEY])
     assert meta["model"] == exported.model == "ssd_small" and meta["insize"] == 300
     assert meta["label_names"] == list(BCCD_LABEL_NAMES)
     assert np.asarray(meta["default_boxes"]).shape == (exported.n_default_boxes, 4) == (8732, 4)
     assert meta["variances"] == [0.1, 0.2]
+    import onnxruntime
+    session = onnxruntime.InferenceSession(str(exported.path), providers=["CPUExecutionProvider"])
+    constant, = session.run(["default_boxes"], {"image": np.zeros((1, 3, 300, 300), np.float32)})
+    np.testing.assert_allclose(constant, meta["default_boxes"], rtol=1e-6)
     assert str(exported) == (f"{exported.path}: ssd_small, input 3x300x300, 8732 default boxes, "
                              "ONNX opset 11")
 

@@ -1,0 +1,136 @@
+"""web/: the page counts cells in a real browser (Chromium, headless) as OnnxDetector does.
+
+The page and its onnxruntime-web (``npm ci`` in web/) and an exported model are served on
+127.0.0.1; Playwright drives Debian's Chromium through three test images picked in the file
+chooser, and each image's counts and boxes are compared with OnnxDetector's in Python. The
+last page is kept as a screenshot (``$MEDAIDET_SCREENSHOTS``, else the test's tmp folder).
+
+Without a browser, Playwright or npm the test is skipped with a loud reason, except where
+``CI_REQUIRE_BROWSER=1`` (.ci/run sets it, and installs Chromium): there it fails.
+"""
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from medaidet.deploy.detector import OnnxDetector, read_rgb
+from medaidet.deploy.export import export_onnx
+from medaidet.ssd.pretrained import shipped_weights
+
+from conftest import REPO
+
+WEB = REPO / "web"
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+def _missing(what: str):
+    message = f"the browser test cannot run: {what}"
+    if os.environ.get("CI_REQUIRE_BROWSER") == "1":
+        pytest.fail(message + " (CI_REQUIRE_BROWSER=1: .ci/run installs it)", pytrace=False)
+    pytest.skip("!!! " + message)
+
+
+@pytest.fixture(scope="module")
+def browser_path():
+    found = next((shutil.which(name) for name in BROWSERS if shutil.which(name)), None)
+    if found is None:
+        _missing("no Chromium on PATH (Debian: apt-get install chromium)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, browser_path):
+    """web/ with its node_modules (npm ci when missing) and an exported model, served on
+    127.0.0.1."""
+    if not (WEB / "node_modules" / "onnxruntime-web").is_dir():
+        if shutil.which("npm") is None:
+            _missing("npm is not installed, and web/node_modules is missing")
+        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+                              cwd=WEB, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    root = tmp_path_factory.mktemp("site")
+    for name in ("index.html", "app.js", "detector.js"):
+        shutil.copy(WEB / name, root / name)
+    (root / "node_modules").symlink_to(WEB / "node_modules")
+    export_onnx(shipped_weights("ssd_small"), root / "model.onnx")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}/index.html"
+    server.shutdown()
+
+
+def _match(ours, theirs):
+    """Pairs of the page's and Python's detections of one class, by IoU (greedy, best first)."""
+    pairs, free = [], list(range(len(theirs)))
+    for box in ours:
+        if not free:
+            break
+        ious = [_iou(box, theirs[j]) for j in free]
+        best = int(np.argmax(ious))
+        pairs.append((box, theirs[free[best]], ious[best]))
+        free.pop(best)
+    return pairs
+
+
+def _iou(a, b):
+    top, left = max(a[0], b[0]), max(a[1], b[1])
+    bottom, right = min(a[2], b[2]), min(a[3], b[3])
+    if top >= bottom or left >= right:
+        return 0.0
+    overlap = (bottom - top) * (right - left)
+    area = lambda box: (box[2] - box[0]) * (box[3] - box[1])  # noqa: E731
+    return overlap / (area(a) + area(b) - overlap)
+
+
+@pytest.mark.slow(seconds=40)
+def test_the_page_counts_as_the_python_detector(site, browser_path, bccd_root, tmp_path):
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("the playwright package is not installed (pip install -e '.[test]')")
+    root, url = site
+    detector = OnnxDetector(root / "model.onnx")
+    images = sorted((bccd_root / "JPEGImages").glob("*.jpg"))[:3]
+    shots = Path(os.environ.get("MEDAIDET_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, headless=True,
+                                    args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 900, "height": 1000})
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(url)
+        page.wait_for_selector('#status[data-state="ready"]', timeout=60_000)
+        for image in images:
+            page.set_input_files("#file", str(image))
+            page.wait_for_function(
+                f"window.medaidetResult && window.medaidetResult.image === {image.name!r}",
+                timeout=60_000)
+            result = page.evaluate("window.medaidetResult")
+            assert page.get_attribute("#status", "data-state") == "done"
+            bboxes, labels, scores = detector.predict([read_rgb(image)])
+            counted = scores[0] >= 0.5
+            expected = {name: int((labels[0][counted] == i).sum())
+                        for i, name in enumerate(detector.label_names)}
+            assert result["counts"] == expected, image.name
+            for i, name in enumerate(detector.label_names):
+                ours = [d["box"] for d in result["detections"] if d["labelName"] == name]
+                theirs = bboxes[0][counted & (labels[0] == i)].tolist()
+                for box, other, iou in _match(ours, theirs):
+                    assert iou > 0.99 and np.abs(np.subtract(box, other)).max() < 1.0, \
+                        (image.name, name, box, other)
+            shown = {name: int(page.inner_text(f'td[data-class="{name}"]'))
+                     for name in detector.label_names}
+            assert shown == expected
+        page.screenshot(path=str(shots / "web_page.png"), full_page=True)
+        browser.close()
+    assert errors == []
+    assert (shots / "web_page.png").stat().st_size > 10_000
