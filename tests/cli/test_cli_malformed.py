@@ -225,8 +225,11 @@ def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path, bccd_root):
     command = [sys.executable, "-m", "medaidet", "train", "--profile", "smoke",
                "--root", str(bccd_root), "--out", str(tmp_path / "run"), "--n-processes", "0",
                "--iterations", "1000"]
+    # Python turns SIGINT into KeyboardInterrupt unless its parent ignored the signal (as
+    # a shell does for a command started in the background): the child starts with it on
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                            text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(8)  # into model building or training
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
