@@ -203,3 +203,13 @@ def site_dir(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     return site
+
+
+def python312():
+    """A Python 3.12 interpreter (pyenv's, else PATH's) for tests that build a fresh venv;
+    None when there is none."""
+    import glob
+    import shutil
+
+    found = sorted(glob.glob("/root/.pyenv/versions/3.12.*/bin/python3.12"))
+    return found[-1] if found else shutil.which("python3.12")

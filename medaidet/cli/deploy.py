@@ -2,8 +2,9 @@
 import json
 from pathlib import Path
 
-from medaidet.arguments import probability
+from medaidet.cli.count import count_threshold
 from medaidet.errors import MedaidetError
+from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
 
 EXTRAS = {"onnx": "export", "onnx_chainer": "export", "onnxruntime": "deploy"}
 
@@ -43,8 +44,9 @@ def add_parser(commands) -> None:
                     "drawn) per image.")
     p.add_argument("images", nargs="+", help="image files (JPEG, PNG, ...)")
     p.add_argument("--model", required=True, help="the .onnx file `medaidet export` wrote")
-    p.add_argument("--score-thresh", type=probability, default=0.5,
-                   help="count detections scoring at least this (default: 0.5, as notebook 05)")
+    p.add_argument("--score-thresh", type=count_threshold, default=COUNT_SCORE_THRESH,
+                   help=f"count detections scoring at least this (default: {COUNT_SCORE_THRESH}, "
+                        "as notebook 05)")
     p.add_argument("--out", help="folder for a .json and an annotated .png per image")
     p.add_argument("--json", action="store_true", help="print the counts as JSON")
     p.set_defaults(func=_count_image)

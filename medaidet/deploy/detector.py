@@ -16,6 +16,7 @@ import numpy as np
 
 from medaidet.deploy.decode import decode, resize_boxes
 from medaidet.errors import MedaidetError
+from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
 
 __all__ = ["OnnxDetector", "ModelFileError", "METADATA_KEY", "read_rgb", "resize_image"]
 
@@ -138,7 +139,7 @@ class OnnxDetector:
             out_scores.append(score)
         return bboxes, labels, out_scores
 
-    def count(self, image, score_thresh: float = 0.5) -> dict:
+    def count(self, image, score_thresh: float = COUNT_SCORE_THRESH) -> dict:
         """Cells per class in ``image``: its detections scoring ``>= score_thresh``."""
         _, labels, scores = self.predict([image])
         counted = labels[0][scores[0] >= score_thresh]

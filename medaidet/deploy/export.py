@@ -79,6 +79,7 @@ def _pixels_in(ssd):
 def decoding_metadata(model) -> dict:
     """What turns the model's outputs into detections, for the model's metadata."""
     from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS
+    from medaidet.evaluation.protocol import COURSE_SCORE_THRESH, EVALUATE_SCORE_THRESH
     from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
 
     coder = model.coder
@@ -88,8 +89,10 @@ def decoding_metadata(model) -> dict:
         "class_colors": [CLASS_COLORS[name] for name in BCCD_LABEL_NAMES],
         "default_boxes": np.asarray(coder._default_bbox, dtype=np.float64).tolist(),
         "variances": [float(v) for v in coder._variance],
-        "presets": {"evaluate": {"score_thresh": 0.01, "nms_thresh": 0.45},
-                    "visualize": {"score_thresh": 0.6, "nms_thresh": 0.45}},
+        "presets": {"evaluate": {"score_thresh": EVALUATE_SCORE_THRESH,
+                                 "nms_thresh": model.nms_thresh},
+                    "visualize": {"score_thresh": COURSE_SCORE_THRESH,
+                                  "nms_thresh": model.nms_thresh}},
         "top_k": DEFAULT_TOP_K, "keep_top_k": DEFAULT_KEEP_TOP_K,
         "box_order": "y_min, x_min, y_max, x_max",
     }

@@ -1,5 +1,4 @@
 """`pip install medaidet[deploy]` in a fresh venv that has never seen chainer: count-image works."""
-import glob
 import json
 import shutil
 import subprocess
@@ -11,22 +10,18 @@ from medaidet.deploy.detector import OnnxDetector, read_rgb
 from medaidet.deploy.export import export_onnx
 from medaidet.ssd.pretrained import shipped_weights
 
-from conftest import REPO
+from conftest import REPO, python312
 
-
-def _python312():
-    found = sorted(glob.glob("/root/.pyenv/versions/3.12.*/bin/python3.12"))
-    return found[-1] if found else shutil.which("python3.12")
 
 
 @pytest.mark.slow(seconds=90)
 def test_count_image_in_a_venv_without_chainer(tmp_path, bccd_root):
-    python312 = _python312()
-    if not python312:
+    interpreter = python312()
+    if not interpreter:
         pytest.skip("no Python 3.12 (pyenv or PATH)")
     model = export_onnx(shipped_weights("ssd_small"), tmp_path / "model.onnx").path
     venv = tmp_path / "venv"
-    subprocess.run([python312, "-m", "venv", str(venv)], check=True)
+    subprocess.run([interpreter, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-compile",
                            "--disable-pip-version-check", "-e", f"{REPO}[deploy]"],

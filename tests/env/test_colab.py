@@ -3,7 +3,6 @@ Colab's) it clones, installs medaidet with the notebook's extras and the stack a
 and notebook 04 then runs alone; the notebooks carry the cell, README the badges, both written
 from pyproject's repository URL."""
 import ast
-import glob
 import json
 import os
 import shutil
@@ -17,7 +16,7 @@ import pytest
 
 import medaidet.stack
 from medaidet.env import colab
-from conftest import fake_distribution, run_python
+from conftest import fake_distribution, python312, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -187,10 +186,6 @@ def test_setup_streams_a_failing_command_and_names_it(capsys):
     assert "out\n" in printed and "err\n" in printed
 
 
-def _python312():
-    found = sorted(glob.glob("/root/.pyenv/versions/3.12.*/bin/python3.12"))
-    return found[-1] if found else shutil.which("python3.12")
-
 
 def _git(*args, cwd=None):
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
@@ -249,8 +244,8 @@ def test_setup_cell_on_a_fresh_colab_shaped_venv_then_notebook_04_alone(tmp_path
     google.colab at start (as Colab's does), with its own parameters: no notebook 03 ran
     in this runtime, so it evaluates the shipped weights and says so. Last, notebook 08's
     cell adds the mpi extra, NumPy still where it was."""
-    python312 = _python312()
-    if not python312:
+    interpreter = python312()
+    if not interpreter:
         pytest.skip("no Python 3.12 (pyenv or PATH)")
     env = _clean_env(MEDAIDET_CACHE=str(medaidet.stack.default_cache_dir()),
                      OMP_NUM_THREADS="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
@@ -266,7 +261,7 @@ def test_setup_cell_on_a_fresh_colab_shaped_venv_then_notebook_04_alone(tmp_path
         return done
 
     venv = tmp_path / "venv"
-    run(python312, "-m", "venv", venv)
+    run(interpreter, "-m", "venv", venv)
     python = venv / "bin" / "python"
     run(python, "-m", "pip", "install", "-q", "--no-compile", "numpy==2.0.*", "matplotlib")
     numpy_before = run(python, "-c", "import numpy; print(numpy.__version__)").stdout.strip()
