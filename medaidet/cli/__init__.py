@@ -27,7 +27,7 @@ DEBUG_FLAG = "--debug"
 # The import names of the dependencies pyproject.toml lists: missing, `python -m medaidet` is
 # running from a source checkout that was never installed.
 OWN_DEPENDENCIES = ("numpy", "packaging", "PIL", "matplotlib", "papermill", "nbformat",
-                    "ipykernel", "tqdm", "defusedxml")
+                    "ipykernel", "tqdm", "defusedxml", "safetensors")
 # The commands that need the chainer stack (the others run before it is installed).
 MODEL_COMMANDS = ("train", "evaluate", "count", "batch-size", "export")
 

@@ -31,8 +31,9 @@ from medaidet.errors import MedaidetError
 from medaidet.files import atomic_file
 
 __all__ = [
-    "CLASS_HEADS", "SIDECAR_SUFFIX", "materialize", "save_weights", "load_weights",
-    "compare_weights", "what_file_is", "check_cached_weights", "load_all_but_class_heads",
+    "CLASS_HEADS", "SIDECAR_SUFFIX", "materialize", "save_weights", "write_arrays",
+    "load_weights", "compare_weights", "what_file_is", "check_cached_weights",
+    "load_all_but_class_heads",
     "imagenet_report", "WeightsReport", "WeightsComparison", "WeightsError",
     "WeightsNotFoundError", "WeightsMismatchError", "WeightsChecksumError", "WeightsFileError",
     "WeightsNotFiniteError",
@@ -162,10 +163,14 @@ def _write_npz(f, model, compression: bool, half: bool = False) -> None:
     float16 (loading casts them back)."""
     serializer = chainer.serializers.DictionarySerializer()
     serializer.save(model)
+    _write_zip(f, serializer.target, compression, half)
+
+
+def _write_zip(f, arrays: dict, compression: bool = False, half: bool = False) -> None:
     method = zipfile.ZIP_DEFLATED if compression else zipfile.ZIP_STORED
     with zipfile.ZipFile(f, mode="w", compression=method, allowZip64=True) as archive:
-        for name in sorted(serializer.target):
-            array = np.asanyarray(serializer.target[name])
+        for name in sorted(arrays):
+            array = np.asanyarray(arrays[name])
             if half and array.dtype == np.float32:
                 array = array.astype(np.float16)
             info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
@@ -191,6 +196,20 @@ def save_weights(model, path, compression: bool = False, half: bool = False) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as f:
         _write_npz(f, model, compression, half)
+    return _write_sidecar(path)
+
+
+def write_arrays(arrays: dict, path) -> str:
+    """Save ``{name: array}`` as :func:`save_weights` saves a model (the same reproducible
+    ``.npz`` and ``.sha256`` sidecar, written atomically). Returns the sha256."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as f:
+        _write_zip(f, arrays)
+    return _write_sidecar(path)
+
+
+def _write_sidecar(path: Path) -> str:
     digest = sha256_file(path)
     with atomic_file(_sidecar(path), "w") as f:
         f.write(f"{digest}  {path.name}\n")

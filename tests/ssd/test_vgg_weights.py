@@ -1,0 +1,331 @@
+"""The VGG-16 converter, proven on weights made here (no model hub is reachable).
+
+Random weights in torchvision's layout and names are converted, loaded into ChainerCV's SSD300
+and run on a real BCCD image; every convolution's output, conv1_1 to conv5_3, is compared
+with a NumPy reference that applies the *unconverted* weights to the same image in
+torchvision's convention ((pixel / 255 - mean) / std) with SSD's pooling. The reference is
+NumPy, not PyTorch: PyTorch's Linux wheels bring gigabytes of CUDA libraries, more than CI's
+install budget, and a 3×3 convolution is nine matrix products.
+"""
+import math
+
+import chainer
+import numpy as np
+import pytest
+from chainercv.links import SSD300
+from chainercv.transforms import resize
+from chainercv.utils import read_image
+from safetensors.numpy import save_file
+from torch_writer import write_pth
+
+from medaidet.errors import MedaidetError
+from medaidet.ssd.torch_files import TorchFileError, read_state_dict
+from medaidet.ssd.vgg_weights import (SSD_MEAN, TORCHVISION_MEAN_255, VGGLayoutError,
+                                      convert_file, convert_vgg16, read_vgg16)
+from medaidet.ssd.weight_files import (WeightsFileError, WeightsNotFiniteError, load_weights,
+                                       materialize)
+
+# torchvision's vgg16(): where each 3×3 convolution sits in `features`, and its width
+CONV_INDEX = [0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28]
+WIDTHS = [64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512]
+NAMES = ["conv1_1", "conv1_2", "conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv3_3",
+         "conv4_1", "conv4_2", "conv4_3", "conv5_1", "conv5_2", "conv5_3"]
+POOL_BEFORE = {"conv2_1", "conv3_1", "conv4_1", "conv5_1"}
+MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+
+
+def torchvision_vgg16(seed):
+    """Random weights with torchvision vgg16's names and shapes (He-scaled, so activations
+    keep their size through thirteen layers; biases non-zero, so they matter)."""
+    rng = np.random.default_rng(seed)
+
+    def he(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32)
+                * np.float32(math.sqrt(2 / math.prod(shape[1:]))))
+
+    state, width_in = {}, 3
+    for index, width in zip(CONV_INDEX, WIDTHS):
+        state[f"features.{index}.weight"] = he(width, width_in, 3, 3)
+        state[f"features.{index}.bias"] = rng.standard_normal(width, dtype=np.float32) * 0.1
+        width_in = width
+    for index, shape in ((0, (4096, 25088)), (3, (4096, 4096)), (6, (1000, 4096))):
+        state[f"classifier.{index}.weight"] = he(*shape)
+        state[f"classifier.{index}.bias"] = rng.standard_normal(shape[0], dtype=np.float32)
+    return state
+
+
+def timm_layout(state):
+    """The same weights as timm's vgg16.tv_in1k holds them: fc6/fc7 as convolutions."""
+    out = {k: v for k, v in state.items() if k.startswith("features.")}
+    out["pre_logits.fc1.weight"] = state["classifier.0.weight"].reshape(4096, 512, 7, 7)
+    out["pre_logits.fc1.bias"] = state["classifier.0.bias"]
+    out["pre_logits.fc2.weight"] = state["classifier.3.weight"].reshape(4096, 4096, 1, 1)
+    out["pre_logits.fc2.bias"] = state["classifier.3.bias"]
+    out["head.fc.weight"] = state["classifier.6.weight"]
+    out["head.fc.bias"] = state["classifier.6.bias"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def vgg_state():
+    return torchvision_vgg16(seed=0)
+
+
+@pytest.fixture(scope="module")
+def vgg_files(vgg_state, tmp_path_factory):
+    """The weights as torchvision's .pth and as timm's safetensors file."""
+    folder = tmp_path_factory.mktemp("vgg")
+    write_pth(vgg_state, folder / "vgg16.pth")
+    save_file(timm_layout(vgg_state), str(folder / "model.safetensors"))
+    return {"torchvision": folder / "vgg16.pth", "timm": folder / "model.safetensors"}
+
+
+@pytest.fixture(scope="module")
+def image(bccd_root):
+    """A real BCCD image, resized to SSD300's input as ChainerCV does."""
+    return resize(read_image(str(bccd_root / "JPEGImages" / "BloodImage_00000.jpg")),
+                  (300, 300))
+
+
+# --------------------------------------------------------------------------- reference
+
+def conv3x3(x, weight, bias):
+    """A 3×3 convolution, padding 1: the sum of nine shifted matrix products."""
+    c, h, w = x.shape
+    padded = np.pad(x, ((0, 0), (1, 1), (1, 1)))
+    out = np.repeat(bias[:, None].astype(np.float64), h * w, axis=1)
+    for i in range(3):
+        for j in range(3):
+            out += weight[:, :, i, j].astype(np.float64) @ \
+                padded[:, i:i + h, j:j + w].reshape(c, -1)
+    return out.reshape(-1, h, w)
+
+
+def pool_ceil(x):
+    """2×2 max pooling, stride 2, the last window taken even when it is cut (ceil mode)."""
+    c, h, w = x.shape
+    padded = np.full((c, h + h % 2, w + w % 2), -np.inf)
+    padded[:, :h, :w] = x
+    return padded.reshape(c, padded.shape[1] // 2, 2, padded.shape[2] // 2, 2).max(axis=(2, 4))
+
+
+def reference(state, image):
+    """Every convolution's output (before its ReLU), unconverted weights, torchvision input."""
+    x = (image.astype(np.float64) / 255 - MEAN[:, None, None]) / STD[:, None, None]
+    outputs = {}
+    for name, index in zip(NAMES, CONV_INDEX):
+        if name in POOL_BEFORE:
+            x = pool_ceil(x)
+        outputs[name] = conv3x3(x, state[f"features.{index}.weight"],
+                                state[f"features.{index}.bias"])
+        x = np.maximum(outputs[name], 0)
+    return outputs
+
+
+class Outputs(chainer.LinkHook):
+    """Records what each named link of ChainerCV's extractor returns."""
+
+    name = "outputs"
+
+    def __init__(self):
+        self.by_link = {}
+
+    def forward_postprocess(self, args):
+        if args.link.name in NAMES:
+            self.by_link[args.link.name] = args.out.array
+
+
+def chainercv_outputs(npz, image, mean):
+    model = SSD300(n_fg_class=3)
+    chainer.serializers.load_npz(str(npz), model, strict=False)
+    x = (image - np.asarray(mean, dtype=np.float32).reshape(3, 1, 1))[None]
+    with chainer.using_config("train", False), Outputs() as hook:
+        model.extractor(x)
+    return {name: hook.by_link[name][0] for name in NAMES}, model
+
+
+def relative(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+# --------------------------------------------------------------------------- exactness
+
+@pytest.mark.slow(seconds=8)
+@pytest.mark.parametrize("layout", ["torchvision", "timm"])
+def test_converted_extractor_equals_the_reference_layer_by_layer(vgg_state, vgg_files, image,
+                                                                  layout, tmp_path):
+    # the SSD subtracts torchvision's mean (x 255): the conversion is exact everywhere
+    out = tmp_path / "vgg.npz"
+    report = convert_file(vgg_files[layout], out, mean=TORCHVISION_MEAN_255)
+    assert report.layout == layout and report.n_arrays == 31
+    ours, model = chainercv_outputs(out, image, TORCHVISION_MEAN_255)
+    want = reference(vgg_state, image)
+    assert ours["conv4_3"].shape == (512, 38, 38)          # ceil-mode pooling: 300 -> 38
+    assert ours["conv5_3"].shape == want["conv5_3"].shape == (512, 19, 19)
+    for name in NAMES:
+        assert ours[name].shape == want[name].shape, name
+        assert relative(ours[name], want[name]) <= 1e-4, (name, relative(ours[name],
+                                                                          want[name]))
+        assert np.abs(want[name]).max() > 0.1, name         # not a comparison of zeros
+    np.testing.assert_array_equal(model.extractor.norm4.scale.array, np.full(512, 20))
+
+
+@pytest.mark.slow(seconds=6)
+def test_with_chainercvs_mean_only_the_padded_frame_of_conv1_1_differs(vgg_state, vgg_files,
+                                                                        image, tmp_path):
+    out = tmp_path / "vgg.npz"
+    convert_file(vgg_files["torchvision"], out)                    # ChainerCV's mean
+    ours, _ = chainercv_outputs(out, image, SSD_MEAN)
+    x = (image.astype(np.float64) / 255 - MEAN[:, None, None]) / STD[:, None, None]
+    want = conv3x3(x, vgg_state["features.0.weight"], vgg_state["features.0.bias"])
+    diff = ours["conv1_1"] - want
+    scale = np.abs(want).max()
+    # inside the frame: exact
+    assert np.abs(diff[:, 1:-1, 1:-1]).max() / scale <= 1e-5
+    # on the frame: the taps over zero padding, which stands for pixel value SSD_MEAN here
+    # and 255 x torchvision's mean there: sum over those taps of weight x mean difference
+    shift = (SSD_MEAN - 255 * MEAN) / (255 * STD)
+    weight = vgg_state["features.0.weight"].astype(np.float64)
+    zero = np.zeros(64)
+    inside = conv3x3(np.broadcast_to(shift[:, None, None], (3, 300, 300)), weight, zero)
+    expected = np.einsum("ocij,c->o", weight, shift)[:, None, None] - inside
+    assert np.abs(diff - expected).max() / scale <= 1e-5
+    assert np.abs(expected[:, 0, :]).max() / scale > 1e-3    # the frame's term is real
+
+
+def test_fc6_fc7_subsampling_element_by_element(vgg_state, tmp_path):
+    arrays, layout = convert_vgg16(vgg_state)
+    assert layout == "torchvision"
+    fc6 = vgg_state["classifier.0.weight"]          # (4096, 25088): input c*49 + row*7 + col
+    conv6 = arrays["extractor/conv6/W"]
+    assert conv6.shape == (1024, 512, 3, 3)
+    o, c, i, j = np.meshgrid(np.arange(1024), np.arange(512), np.arange(3), np.arange(3),
+                             indexing="ij")
+    np.testing.assert_array_equal(conv6, fc6[4 * o, c * 49 + (3 * i) * 7 + 3 * j])
+    np.testing.assert_array_equal(arrays["extractor/conv6/b"],
+                                  vgg_state["classifier.0.bias"][0:4096:4])
+    fc7 = vgg_state["classifier.3.weight"]
+    conv7 = arrays["extractor/conv7/W"]
+    assert conv7.shape == (1024, 1024, 1, 1)
+    o, c = np.meshgrid(np.arange(1024), np.arange(1024), indexing="ij")
+    np.testing.assert_array_equal(conv7[:, :, 0, 0], fc7[4 * o, 4 * c])
+    np.testing.assert_array_equal(arrays["extractor/conv7/b"],
+                                  vgg_state["classifier.3.bias"][0:4096:4])
+    # every other convolution but conv1_1 is copied bit for bit
+    for name, index in list(zip(NAMES, CONV_INDEX))[1:]:
+        np.testing.assert_array_equal(arrays[f"extractor/{name}/W"],
+                                      vgg_state[f"features.{index}.weight"])
+
+
+@pytest.mark.slow(seconds=8)
+def test_both_formats_give_the_same_file(vgg_files, tmp_path):
+    digests = {layout: convert_file(path, tmp_path / f"{layout}.npz").sha256
+               for layout, path in vgg_files.items()}
+    assert digests["torchvision"] == digests["timm"]
+    model = SSD300(n_fg_class=3)
+    arrays = dict(np.load(tmp_path / "timm.npz"))
+    assert sorted(arrays) == sorted(
+        [f"extractor/{n}/{p}" for n in NAMES + ["conv6", "conv7"] for p in "Wb"]
+        + ["extractor/norm4/scale"])
+    materialize(model)
+    chainer.serializers.load_npz(str(tmp_path / "timm.npz"), model, strict=False)
+    assert (tmp_path / "timm.npz.sha256").read_text().split()[0] == digests["timm"]
+
+
+# --------------------------------------------------------------------------- bad input
+
+def small_copy(state, **changes):
+    out = dict(state)
+    out.update(changes)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def test_wrong_names_are_named(vgg_state):
+    state = small_copy(vgg_state, **{"features.10.weight": None})
+    with pytest.raises(VGGLayoutError) as info:
+        convert_vgg16(state, path="x.pth")
+    err = info.value
+    assert isinstance(err, MedaidetError)
+    assert (err.parameter, err.expected, err.found) == ("features.10.weight", (256, 128, 3, 3),
+                                                        None)
+    assert "features.10.weight (shape (256, 128, 3, 3)) is not in the file" in str(err)
+    assert "12 convolutions, VGG-16 has 13" in str(err)
+
+
+def test_vgg16_with_batch_norm_is_named(vgg_state):
+    state = {}
+    for position, index in enumerate(CONV_INDEX):        # vgg16_bn: conv, bn, relu
+        bn_index = index + position + 1
+        state[f"features.{index + position}.weight"] = vgg_state[f"features.{index}.weight"]
+        state[f"features.{bn_index}.running_mean"] = np.zeros(WIDTHS[position], np.float32)
+    with pytest.raises(VGGLayoutError, match="vgg16_bn"):
+        convert_vgg16(state)
+
+
+def test_classifier_only_is_named(vgg_state):
+    state = {k: v for k, v in vgg_state.items() if k.startswith("classifier.")}
+    with pytest.raises(VGGLayoutError, match="holds only the classifier"):
+        convert_vgg16(state, path="head.pth")
+
+
+def test_wrong_shape_is_named(vgg_state):
+    state = small_copy(vgg_state, **{"classifier.0.weight": np.zeros((4096, 9216), np.float32)})
+    with pytest.raises(VGGLayoutError) as info:
+        convert_vgg16(state, path="alexnet.pth")
+    assert "classifier.0.weight has shape (4096, 9216) in the file, VGG-16 has (4096, 25088)" \
+        in str(info.value)
+
+
+def test_nan_weights_are_named(vgg_state):
+    bad = vgg_state["features.12.weight"].copy()
+    bad[0, 0, 0, 0] = np.nan
+    with pytest.raises(WeightsNotFiniteError) as info:
+        convert_vgg16(small_copy(vgg_state, **{"features.12.weight": bad}), path="v.pth")
+    assert info.value.parameter == "features.12.weight"
+    assert "1 NaN and 0 infinite" in str(info.value)
+
+
+@pytest.mark.parametrize("layout", ["torchvision", "timm"])
+def test_truncated_file_is_named(vgg_files, layout, tmp_path):
+    source = vgg_files[layout]
+    cut = tmp_path / source.name
+    with open(source, "rb") as f:
+        cut.write_bytes(f.read(source.stat().st_size // 2))
+    with pytest.raises(WeightsFileError, match="truncated or damaged") as info:
+        read_vgg16(cut)
+    assert str(cut) in str(info.value)
+
+
+def test_other_files_are_named(tmp_path, bccd_root):
+    empty = tmp_path / "empty.pth"
+    empty.write_bytes(b"")
+    with pytest.raises(WeightsFileError, match="is empty"):
+        read_vgg16(empty)
+    jpeg = bccd_root / "JPEGImages" / "BloodImage_00000.jpg"
+    with pytest.raises(WeightsFileError, match="neither a PyTorch state dict"):
+        read_vgg16(jpeg)
+
+
+# --------------------------------------------------------------------------- .pth reader
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+def test_reads_what_pytorch_itself_saved(fmt, request):
+    """Files saved by PyTorch 1.12.1 (tools/make_torch_fixtures.py), both formats."""
+    data = request.path.parent / "data"
+    expected = dict(np.load(data / "torch_state_expected.npz"))
+    got = read_state_dict(data / f"torch_state_{fmt}.pth")
+    assert list(got) == list(expected)
+    for key, value in expected.items():
+        assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+    assert got["shared.tail"][0] == got["shared.full"][5]   # a view at storage offset 5
+
+
+def test_a_pickle_that_runs_code_is_refused(tmp_path):
+    import pickle
+    import zipfile
+    path = tmp_path / "evil.pth"
+    with zipfile.ZipFile(path, "w") as archive:       # what an attack would put there
+        archive.writestr("archive/data.pkl", pickle.dumps({"w": print}, protocol=2))
+    with pytest.raises(TorchFileError, match=r"holds (__builtin__|builtins)\.print"):
+        read_state_dict(path)
