@@ -6,8 +6,10 @@ BCCD classes) and loads one of:
 
 * ``None``: nothing; every parameter keeps its random initialization (lazily shaped, as in
   ChainerCV: the parameters get their shapes on the first forward pass).
-* ``'imagenet'``: ChainerCV's own path, ``SSD300(n_fg_class, pretrained_model='imagenet')``:
-  VGG-16 ImageNet weights for the extractor's VGG layers, the rest random.
+* ``'imagenet'``: ImageNet VGG-16 weights for the extractor's VGG layers, the rest random
+  (what ``SSD300(n_fg_class, pretrained_model='imagenet')`` loads), from the first source
+  that works: the cache, ChainerCV's server, torchvision's or timm's file, converted
+  (:mod:`medaidet.ssd.imagenet`); the report says which.
 * ``'voc0712'``: every parameter of ChainerCV's PASCAL VOC model *except the class-score
   heads* (``multibox/conf/*``), which keep their random initialization. ChainerCV refuses
   these weights unless ``n_fg_class == 20``; the box regressors (``multibox/loc``)
@@ -18,7 +20,8 @@ BCCD classes) and loads one of:
   (:func:`~medaidet.ssd.weight_files.save_weights`) of a model with the same architecture and
   classes, loaded completely; a ``.sha256`` sidecar is verified.
 
-Where the named weights come from: :mod:`medaidet.ssd.pretrained`. How a weight file is read
+Where the named weights come from: :mod:`medaidet.ssd.imagenet` (ImageNet) and
+:mod:`medaidet.ssd.pretrained` (VOC). How a weight file is read
 and checked: :mod:`medaidet.ssd.weight_files`. What was loaded is described by a
 :class:`~medaidet.ssd.weight_files.WeightsReport` (``model.weights_report``, also logged at
 INFO level).
@@ -35,11 +38,11 @@ from chainercv.links import SSD300, SSD512
 
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.ssd import MODEL_NAMES
+from medaidet.ssd.imagenet import imagenet_weights
 from medaidet.ssd.pretrained import check_pretrained, pretrained_file
 from medaidet.ssd.small import SSDSmall
-from medaidet.ssd.weight_files import (WeightsNotFoundError, check_cached_weights,
-                                       imagenet_report, load_all_but_class_heads,
-                                       load_weights, what_file_is)
+from medaidet.ssd.weight_files import (WeightsNotFoundError, load_all_but_class_heads,
+                                       load_backbone, load_weights, what_file_is)
 
 __all__ = ["MODELS", "build_ssd", "model_of_weights"]
 
@@ -85,11 +88,9 @@ def build_ssd(name: str = "ssd300", pretrained=None,
         model = cls(n_fg_class=n_fg_class)
         report = None
     elif pretrained == "imagenet":
-        path = pretrained_file(name, "imagenet")
-        check_cached_weights(path)
-        # ChainerCV's own path: it finds the file in its cache and loads it (strict=False).
-        model = cls(n_fg_class=n_fg_class, pretrained_model="imagenet")
-        report = imagenet_report(model, path)
+        path, source, how = imagenet_weights()
+        model = cls(n_fg_class=n_fg_class)
+        report = load_backbone(model, path, origin=f"{source.describe()}, {how}")
     elif pretrained == "voc0712":
         path = pretrained_file(name, "voc0712")
         model = cls(n_fg_class=n_fg_class)

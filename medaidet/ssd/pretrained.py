@@ -1,7 +1,8 @@
-"""Where a model's starting weights come from: ChainerCV's named pretrained weights (ImageNet
-VGG-16, PASCAL VOC) in ChainerCV's model cache, and the trained weights that ship with medaidet.
+"""Where a model's starting weights come from: ChainerCV's named pretrained weights (PASCAL
+VOC) in ChainerCV's model cache, and the trained weights that ship with medaidet. (ImageNet
+VGG-16 has several sources: :mod:`medaidet.ssd.imagenet`.)
 
-Named ImageNet/VOC weights come from ChainerCV's model cache, the same files ChainerCV uses:
+Named weights come from ChainerCV's model cache, the same files ChainerCV uses:
 ``<dataset root>/pfnet/chainercv/models/<the URL's file name>``, where the dataset root is
 ``$CHAINER_DATASET_ROOT`` (default ``~/.chainer/dataset``; see
 ``chainer.dataset.set_dataset_root``). A missing file is downloaded by ChainerCV's

@@ -48,7 +48,7 @@ from medaidet.ssd.weight_files import (WeightsFileError, WeightsMismatchError,
                                        write_arrays)
 
 __all__ = [
-    "CONVS", "TORCHVISION_MEAN", "TORCHVISION_STD", "TORCHVISION_MEAN_255", "SSD_MEAN",
+    "CONVS", "CHAINERCV_SHAPES", "TORCHVISION_MEAN", "TORCHVISION_STD", "TORCHVISION_MEAN_255", "SSD_MEAN",
     "NORM4_SCALE", "VGG16_SHAPES", "read_vgg16", "convert_vgg16", "convert_file",
     "decimate_fc6", "decimate_fc7", "VGGConversion", "VGGLayoutError",
 ]
@@ -78,6 +78,17 @@ for _name, _width in zip(CONVS, _WIDTHS):
     VGG16_SHAPES[f"features.{FEATURE_INDEX[_name]}.bias"] = (_width,)
     _in = _width
 del _in, _name, _width
+#: What a ChainerCV ImageNet VGG-16 file holds (ChainerCV's server file; the converter's
+#: output, which adds ``extractor/norm4/scale``): names and shapes.
+CHAINERCV_SHAPES = {}
+_in = 3
+for _name, _width in zip(CONVS, _WIDTHS):
+    CHAINERCV_SHAPES[f"extractor/{_name}/W"] = (_width, _in, 3, 3)
+    CHAINERCV_SHAPES[f"extractor/{_name}/b"] = (_width,)
+    _in = _width
+del _in, _name, _width
+CHAINERCV_SHAPES.update({"extractor/conv6/W": (1024, 512, 3, 3), "extractor/conv6/b": (1024,),
+                         "extractor/conv7/W": (1024, 1024, 1, 1), "extractor/conv7/b": (1024,)})
 #: fc6 and fc7 in each publisher's layout: torchvision's Linear layers, timm's 7×7 and 1×1
 #: convolutions (``pre_logits``); the ImageNet classifier (``classifier.6``/``head.fc``)
 #: is not used.

@@ -32,9 +32,9 @@ from medaidet.files import atomic_file
 
 __all__ = [
     "CLASS_HEADS", "SIDECAR_SUFFIX", "materialize", "save_weights", "write_arrays",
-    "load_weights", "compare_weights", "what_file_is", "check_cached_weights",
+    "load_weights", "compare_weights", "what_file_is", "read_arrays", "check_cached_weights",
     "load_all_but_class_heads",
-    "imagenet_report", "WeightsReport", "WeightsComparison", "WeightsError",
+    "load_backbone", "WeightsReport", "WeightsComparison", "WeightsError",
     "WeightsNotFoundError", "WeightsMismatchError", "WeightsChecksumError", "WeightsFileError",
     "WeightsNotFiniteError",
 ]
@@ -108,9 +108,11 @@ class WeightsReport:
     skipped: tuple[str, ...]       # entries of the file that were not used
     initialized: tuple[str, ...]   # model parameters left at their random initialization
     note: str = ""                 # why entries were skipped, when they were
+    origin: str = ""               # where the file came from, when it matters (ImageNet)
 
     def summary(self) -> str:
-        parts = [f"{Path(self.source).name}: loaded {len(self.loaded)} parameters"
+        origin = f" ({self.origin})" if self.origin else ""
+        parts = [f"{Path(self.source).name}{origin}: loaded {len(self.loaded)} parameters"
                  f"{_groups(self.loaded)}"]
         if self.skipped:
             parts.append(f"skipped {len(self.skipped)} from the file{_groups(self.skipped)}"
@@ -312,7 +314,7 @@ _NOT_A_ZIP = [  # (leading bytes, what the file is)
 ]
 _CAUSE_DIVERGED = ("the training diverged before these were saved; use an earlier snapshot "
                    "(or train again with a lower learning rate)")
-_CAUSE_CACHED = ("the cached file is damaged; delete it and let ChainerCV download it again")
+_CAUSE_CACHED = ("the cached file is damaged; delete it and it is downloaded again")
 
 
 def what_file_is(path: Path) -> str | None:
@@ -341,7 +343,7 @@ def what_file_is(path: Path) -> str | None:
     return f"not an .npz (it begins with the bytes {head[:8].hex(' ')})"
 
 
-def _read_arrays(path: Path) -> dict:
+def read_arrays(path: Path) -> dict:
     """Every array of the ``.npz`` at ``path``, by name. Anything else raises
     :class:`WeightsFileError` saying what the file is and what was expected."""
     what = what_file_is(path)
@@ -428,7 +430,7 @@ def _load(model, path: Path, skip: str | None, strict: bool, note: str = "",
     neither loaded nor checked. ``strict``: the file may hold no entry the model lacks
     (otherwise such entries are reported as skipped). ``non_finite_cause``: the likely
     cause named when a value is NaN or inf."""
-    arrays = _read_arrays(path)
+    arrays = read_arrays(path)
 
     def skipped(key):
         return skip is not None and key.startswith(skip)
@@ -459,24 +461,23 @@ def _load(model, path: Path, skip: str | None, strict: bool, note: str = "",
         note=note if skip else "")
 
 
-def imagenet_report(model, path: Path) -> WeightsReport:
-    """What ChainerCV's own ImageNet loading gave ``model`` from ``path`` (it loads with
-    ``strict=False`` and says nothing): the model is materialized first, so a file that does
-    not fit the extractor fails here, not in the first training step."""
-    try:
-        materialize(model)
-    except (chainer.utils.type_check.InvalidType, ValueError) as exc:
-        raise WeightsMismatchError(
-            f"the ImageNet weights at {path} do not fit {type(model).__name__}: {exc}. "
-            f"Delete the file and let ChainerCV download it again.",
-            path, "extractor", None, None) from None
-    with np.load(path, allow_pickle=False) as npz:   # read and checked before ChainerCV
-        files = sorted(npz.files)
-    expected = _model_shapes(model)
+def load_backbone(model, path: Path, origin: str = "") -> WeightsReport:
+    """Load an ImageNet VGG-16 file (ChainerCV's, or converted by
+    :mod:`medaidet.ssd.vgg_weights`) into SSD300/SSD512: every entry must be a parameter of
+    the model with its shape and finite values; the model's other parameters (the extra
+    layers, the heads) keep their random initialization. ``origin``: where the file came
+    from, for the report. What ChainerCV's own ``pretrained_model='imagenet'`` does, checked."""
+    arrays = read_arrays(path)
+    expected = _model_shapes(materialize(model))
+    unknown = [k for k in sorted(arrays) if k not in expected]
+    wrong = [k for k in sorted(arrays) if k in expected and tuple(arrays[k].shape) != expected[k]]
+    if unknown or wrong:
+        raise _mismatch(model, path, arrays, expected, wrong, [], unknown)
+    _check_finite(arrays, path, _CAUSE_CACHED)
+    chainer.serializers.NpzDeserializer(arrays, strict=False).load(model)
     return WeightsReport(
-        source=str(path), loaded=tuple(k for k in files if k in expected),
-        skipped=tuple(k for k in files if k not in expected),
-        initialized=tuple(k for k in sorted(expected) if k not in files))
+        source=str(path), loaded=tuple(sorted(arrays)), skipped=(),
+        initialized=tuple(k for k in sorted(expected) if k not in arrays), origin=origin)
 
 
 def _mismatch(model, path, arrays, expected, wrong, missing, extra) -> WeightsMismatchError:
@@ -529,11 +530,14 @@ def _likely_cause(model, arrays) -> str:
     return "the file was saved from a different architecture or a modified model."
 
 
-def check_cached_weights(path: Path) -> None:
+def check_cached_weights(path: Path) -> dict:
     """Read every array of a cached pretrained file and check it is finite: ChainerCV's own
     loader would fail on a damaged file with a raw zip error, and load NaNs without a word.
-    :class:`WeightsFileError` or :class:`WeightsNotFiniteError` naming the file."""
-    _check_finite(_read_arrays(path), path, _CAUSE_CACHED)
+    Returns the arrays; :class:`WeightsFileError` or :class:`WeightsNotFiniteError` naming
+    the file."""
+    arrays = read_arrays(path)
+    _check_finite(arrays, path, _CAUSE_CACHED)
+    return arrays
 
 
 def load_all_but_class_heads(model, path: Path) -> WeightsReport:

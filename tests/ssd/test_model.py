@@ -9,7 +9,9 @@ import os
 import time
 import re
 import shutil
+import socket
 import urllib.error
+from dataclasses import replace
 
 import chainer
 import chainercv.utils.download
@@ -18,6 +20,7 @@ import pytest
 from chainercv.links import SSD300, SSD512
 
 from medaidet.errors import MedaidetError
+from medaidet.ssd import imagenet
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.pretrained import pretrained_cache_path
 from medaidet.ssd.weight_files import (compare_weights, load_weights, materialize, save_weights,
@@ -39,7 +42,9 @@ def arrays_of(cls, n_fg_class, seed):
 
 @pytest.fixture(autouse=True)
 def downloads(monkeypatch):
-    """chainercv's downloader, failing as it does offline; the URLs it was asked for."""
+    """chainercv's downloader, failing as it does offline; the URLs it was asked for. The
+    ImageNet sources' servers are a closed port on 127.0.0.1 (tests/ssd/test_imagenet.py
+    serves them)."""
     asked = []
 
     def offline(url):
@@ -47,6 +52,11 @@ def downloads(monkeypatch):
         raise urllib.error.URLError("[Errno 101] Network is unreachable")
 
     monkeypatch.setattr(chainercv.utils.download, "cached_download", offline)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setattr(imagenet, "SOURCES", tuple(
+        replace(source, url=f"{closed}/{source.file_name}") for source in imagenet.SOURCES))
     return asked
 
 
@@ -150,8 +160,7 @@ def test_voc_mismatch_outside_the_class_heads_is_named(dataset_root, voc_arrays,
 
 # --------------------------------------------------------------------------- imagenet
 
-@pytest.mark.filterwarnings("ignore:.*cv2:RuntimeWarning")  # ChainerCV's, about resizing
-def test_imagenet_is_chainercvs_own_path(dataset_root, voc_arrays, downloads):
+def test_imagenet_is_chainercvs_own_file(dataset_root, voc_arrays, downloads):
     vgg = {k: v for k, v in voc_arrays.items() if VGG16_KEYS.match(k)}
     assert len(vgg) == 30  # conv1_1 ... conv5_3, conv6, conv7: W and b
     path = put_in_cache("ssd300", "imagenet", vgg)
@@ -171,12 +180,13 @@ def test_imagenet_is_chainercvs_own_path(dataset_root, voc_arrays, downloads):
     assert set(report.initialized) == set(params) - set(vgg)
 
 
-@pytest.mark.filterwarnings("ignore:.*cv2:RuntimeWarning")
 def test_imagenet_file_that_does_not_fit_is_named(dataset_root, voc_arrays):
     vgg = {k: v for k, v in voc_arrays.items() if VGG16_KEYS.match(k)}
     vgg["extractor/conv1_2/W"] = np.zeros((64, 32, 3, 3), dtype=np.float32)
     path = put_in_cache("ssd300", "imagenet", vgg)
-    with pytest.raises(WeightsMismatchError, match="do not fit SSD300") as info:
+    with pytest.raises(WeightsMismatchError,
+                       match="is not ChainerCV's ImageNet VGG-16: extractor/conv1_2/W has "
+                             r"shape \(64, 32, 3, 3\), expected \(64, 64, 3, 3\)") as info:
         build_ssd("ssd300", "imagenet")
     assert info.value.path == path and str(path) in str(info.value)
 
@@ -184,7 +194,7 @@ def test_imagenet_file_that_does_not_fit_is_named(dataset_root, voc_arrays):
 # --------------------------------------------------------------------------- offline
 
 @pytest.mark.parametrize("name", ["ssd300", "ssd512"])
-@pytest.mark.parametrize("pretrained", ["imagenet", "voc0712"])
+@pytest.mark.parametrize("pretrained", ["voc0712"])
 def test_offline_says_which_file_to_place_where(dataset_root, downloads, name, pretrained):
     url = CHAINERCV[name]._models[pretrained]["url"]
     where = dataset_root / "pfnet" / "chainercv" / "models" / url.rsplit("/", 1)[1]
@@ -199,6 +209,19 @@ def test_offline_says_which_file_to_place_where(dataset_root, downloads, name, p
     assert err.__cause__ is None and err.__suppress_context__  # no URLError traceback
     assert downloads == [url]  # ChainerCV's own download was tried, once
     assert not where.exists()
+
+
+@pytest.mark.parametrize("name", ["ssd300", "ssd512"])
+def test_offline_imagenet_lists_every_source(dataset_root, name):
+    # ImageNet has three sources (tests/ssd/test_imagenet.py): each URL and file is named
+    with pytest.raises(WeightsNotFoundError) as info:
+        build_ssd(name, "imagenet")
+    err = info.value
+    assert isinstance(err, MedaidetError)
+    for source in imagenet.SOURCES:
+        assert source.url in str(err) and source.file_name in str(err)
+    assert str(err).count("Connection refused") == 3
+    assert err.path == dataset_root / "pfnet" / "chainercv" / "models"
 
 
 # --------------------------------------------------------------------------- local files
@@ -368,7 +391,7 @@ def test_non_finite_voc_cache_says_download_again(dataset_root, voc_arrays):
     arrays = dict(voc_arrays)
     arrays["extractor/conv4_3/b"] = np.full_like(arrays["extractor/conv4_3/b"], np.nan)
     put_in_cache("ssd300", "voc0712", arrays)
-    with pytest.raises(WeightsNotFiniteError, match="delete it and let ChainerCV download"):
+    with pytest.raises(WeightsNotFiniteError, match="delete it and it is downloaded again"):
         build_ssd("ssd300", "voc0712")
 
 

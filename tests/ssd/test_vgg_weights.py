@@ -7,8 +7,6 @@ torchvision's convention ((pixel / 255 - mean) / std) with SSD's pooling. The re
 NumPy, not PyTorch: PyTorch's Linux wheels bring gigabytes of CUDA libraries, more than CI's
 install budget, and a 3×3 convolution is nine matrix products.
 """
-import math
-
 import chainer
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ from chainercv.links import SSD300
 from chainercv.transforms import resize
 from chainercv.utils import read_image
 from safetensors.numpy import save_file
-from torch_writer import write_pth
+from vgg_files import CONV_INDEX, WIDTHS, timm_layout, torchvision_vgg16, write_pth
 
 from medaidet.errors import MedaidetError
 from medaidet.ssd.torch_files import TorchFileError, read_state_dict
@@ -25,45 +23,10 @@ from medaidet.ssd.vgg_weights import (SSD_MEAN, TORCHVISION_MEAN_255, VGGLayoutE
 from medaidet.ssd.weight_files import (WeightsFileError, WeightsNotFiniteError, load_weights,
                                        materialize)
 
-# torchvision's vgg16(): where each 3×3 convolution sits in `features`, and its width
-CONV_INDEX = [0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28]
-WIDTHS = [64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512]
 NAMES = ["conv1_1", "conv1_2", "conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv3_3",
          "conv4_1", "conv4_2", "conv4_3", "conv5_1", "conv5_2", "conv5_3"]
 POOL_BEFORE = {"conv2_1", "conv3_1", "conv4_1", "conv5_1"}
 MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
-
-
-def torchvision_vgg16(seed):
-    """Random weights with torchvision vgg16's names and shapes (He-scaled, so activations
-    keep their size through thirteen layers; biases non-zero, so they matter)."""
-    rng = np.random.default_rng(seed)
-
-    def he(*shape):
-        return (rng.standard_normal(shape, dtype=np.float32)
-                * np.float32(math.sqrt(2 / math.prod(shape[1:]))))
-
-    state, width_in = {}, 3
-    for index, width in zip(CONV_INDEX, WIDTHS):
-        state[f"features.{index}.weight"] = he(width, width_in, 3, 3)
-        state[f"features.{index}.bias"] = rng.standard_normal(width, dtype=np.float32) * 0.1
-        width_in = width
-    for index, shape in ((0, (4096, 25088)), (3, (4096, 4096)), (6, (1000, 4096))):
-        state[f"classifier.{index}.weight"] = he(*shape)
-        state[f"classifier.{index}.bias"] = rng.standard_normal(shape[0], dtype=np.float32)
-    return state
-
-
-def timm_layout(state):
-    """The same weights as timm's vgg16.tv_in1k holds them: fc6/fc7 as convolutions."""
-    out = {k: v for k, v in state.items() if k.startswith("features.")}
-    out["pre_logits.fc1.weight"] = state["classifier.0.weight"].reshape(4096, 512, 7, 7)
-    out["pre_logits.fc1.bias"] = state["classifier.0.bias"]
-    out["pre_logits.fc2.weight"] = state["classifier.3.weight"].reshape(4096, 4096, 1, 1)
-    out["pre_logits.fc2.bias"] = state["classifier.3.bias"]
-    out["head.fc.weight"] = state["classifier.6.weight"]
-    out["head.fc.bias"] = state["classifier.6.bias"]
-    return out
 
 
 @pytest.fixture(scope="module")

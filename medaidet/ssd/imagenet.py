@@ -1,0 +1,295 @@
+"""Where SSD300's and SSD512's ImageNet VGG-16 comes from: several sources, each checked.
+
+``build_ssd("ssd300", pretrained="imagenet")`` needs ImageNet VGG-16 weights in ChainerCV's
+layout. ChainerCV publishes them on one server (since 2017, with no checksum); torchvision and
+timm publish the same network's weights, which :mod:`medaidet.ssd.vgg_weights` converts.
+:func:`imagenet_weights` takes the first of these that works:
+
+1. **the cache**, ChainerCV's model folder (``<dataset root>/pfnet/chainercv/models``, the
+   dataset root being ``$CHAINER_DATASET_ROOT``, default ``~/.chainer/dataset``): ChainerCV's
+   file; a file converted earlier (its ``.sha256`` sidecar verified); or torchvision's or
+   timm's file placed there by hand (checked, then converted);
+2. **ChainerCV's server** (:data:`SOURCES` in this order);
+3. **torchvision's file**, ``vgg16-397923af.pth``;
+4. **timm's file**, ``vgg16.tv_in1k``'s ``model.safetensors``.
+
+Every download is checked against what its publisher publishes before it is used: for
+torchvision, the first 8 hex digits of the file's sha256, which torchvision writes into the
+file name and ``torch.hub`` checks; for timm, the file's full sha256, which the model hub
+lists for every file; ChainerCV published none, so its file must hold exactly VGG-16's
+parameter names and shapes, with finite values. A file that fails is deleted and the next
+source is tried; when none works, :class:`~medaidet.ssd.weight_files.WeightsNotFoundError`
+lists every source's URL, why it failed, and where to place any one of the files by hand.
+"""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from chainer.dataset import get_dataset_root
+from chainercv.links import SSD300
+
+from medaidet import __version__
+from medaidet.checksums import sha256_file
+from medaidet.files import atomic_file
+from medaidet.ssd.pretrained import CACHE_SUBDIR
+from medaidet.ssd.vgg_weights import CHAINERCV_SHAPES, SSD_MEAN, convert_vgg16, read_vgg16
+from medaidet.ssd.weight_files import (SIDECAR_SUFFIX, WeightsError, WeightsMismatchError,
+                                       WeightsNotFoundError, check_cached_weights,
+                                       write_arrays)
+
+__all__ = ["ImagenetSource", "SOURCES", "cache_dir", "imagenet_weights",
+           "imagenet_status", "check_chainercv_file"]
+
+logger = logging.getLogger(__name__)
+
+TIMEOUT_S = 60.0
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ImagenetSource:
+    """One publisher's ImageNet VGG-16 file and how a download of it is checked."""
+
+    name: str                        # 'chainercv', 'torchvision', 'timm'
+    url: str
+    file_name: str                   # its name in the cache
+    sha256: str | None = None        # the full digest its publisher lists
+    sha256_prefix: str | None = None  # the digest's first hex digits its publisher gives
+    converted: bool = True           # False: ChainerCV's own layout, used as it is
+
+    @property
+    def converted_name(self) -> str:
+        return f"ssd_vgg16_imagenet_from_{self.name}.npz"
+
+    def describe(self) -> str:
+        return {"chainercv": "ChainerCV's model server",
+                "torchvision": "torchvision's ImageNet VGG-16 (converted)",
+                "timm": "timm's vgg16.tv_in1k (converted)"}.get(self.name, self.name)
+
+
+#: The sources, in the order they are tried.
+SOURCES = (
+    ImagenetSource("chainercv", SSD300._models["imagenet"]["url"],
+                   os.path.basename(SSD300._models["imagenet"]["url"]), converted=False),
+    ImagenetSource("torchvision", "https://download.pytorch.org/models/vgg16-397923af.pth",
+                   "vgg16-397923af.pth", sha256_prefix="397923af"),
+    ImagenetSource("timm", "https://huggingface.co/timm/vgg16.tv_in1k/resolve/main/"
+                   "model.safetensors", "vgg16.tv_in1k.safetensors",
+                   sha256="57b026918159a6bf9faf8405c3a551903768e7138989d9c6224a14227203fad8"),
+)
+
+
+class _Failed(Exception):
+    """One source did not give usable weights (the message says why)."""
+
+
+def cache_dir() -> Path:
+    """ChainerCV's model folder, where every source's file is kept (nothing is created)."""
+    return Path(get_dataset_root(), CACHE_SUBDIR)
+
+
+# --------------------------------------------------------------------------- checks
+
+def check_chainercv_file(path: Path) -> None:
+    """ChainerCV's ImageNet file must hold VGG-16's 30 parameters (conv1_1 … conv5_3, conv6,
+    conv7) with their shapes and finite values: ChainerCV published no checksum for it.
+    Raises :class:`WeightsFileError`, :class:`WeightsMismatchError` or
+    :class:`WeightsNotFiniteError`."""
+    arrays = check_cached_weights(path)              # readable, finite
+    for key, shape in CHAINERCV_SHAPES.items():
+        found = tuple(arrays[key].shape) if key in arrays else None
+        if found != shape:
+            what = "is missing" if found is None else f"has shape {found}"
+            raise WeightsMismatchError(
+                f"{path} is not ChainerCV's ImageNet VGG-16: {key} {what}, expected "
+                f"{shape}. Delete it; it is downloaded again.", path, key, shape, found)
+
+
+def _check_digest(source: ImagenetSource, digest: str) -> None:
+    if source.sha256 and digest != source.sha256:
+        raise _Failed(f"its sha256 {digest} is not the {source.sha256} its publisher lists "
+                      f"(a changed or damaged file); it was deleted")
+    if source.sha256_prefix and not digest.startswith(source.sha256_prefix):
+        raise _Failed(f"its sha256 {digest} does not begin with {source.sha256_prefix}, as "
+                      f"its file name says it must (a changed or damaged file); it was "
+                      f"deleted")
+
+
+def _sidecar_ok(path: Path) -> bool:
+    sidecar = path.with_name(path.name + SIDECAR_SUFFIX)
+    if not (path.is_file() and sidecar.is_file()):
+        return False
+    fields = sidecar.read_text().split()
+    return bool(fields) and fields[0] == sha256_file(path)
+
+
+# --------------------------------------------------------------------------- downloads
+
+def _download(source: ImagenetSource, target: Path, progress: bool, timeout: float) -> None:
+    """Stream ``source.url`` to ``target`` (atomically), checking its sha256 on the way."""
+    from tqdm.auto import tqdm
+
+    request = urllib.request.Request(
+        source.url, headers={"User-Agent": f"medaidet/{__version__}"})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        raise _Failed(f"the server answered HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        raise _Failed(f"unreachable ({exc.reason})") from None
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise _Failed(f"unreachable ({type(exc).__name__}: {exc})") from None
+    digest = hashlib.sha256()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with response:
+        length = response.headers.get("Content-Length")
+        total = int(length) if length and length.strip().isdigit() else None
+        received = 0
+        with atomic_file(target) as out, tqdm(
+                total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                desc=f"{source.name} VGG-16", disable=not progress, leave=False) as bar:
+            while True:
+                try:
+                    chunk = response.read(_CHUNK)
+                except (OSError, http.client.HTTPException) as exc:
+                    raise _Failed(f"the connection broke after {received} bytes "
+                                  f"({type(exc).__name__}: {exc})") from None
+                if not chunk:
+                    break
+                received += len(chunk)
+                digest.update(chunk)
+                out.write(chunk)
+                bar.update(len(chunk))
+            if total is not None and received != total:
+                raise _Failed(f"got {received} of the {total} bytes announced")
+            _check_digest(source, digest.hexdigest())   # raised inside: nothing is kept
+
+
+def _convert(source: ImagenetSource, raw: Path, mean) -> Path:
+    out = cache_dir() / source.converted_name
+    try:
+        arrays, _ = convert_vgg16(read_vgg16(raw), mean=mean, path=raw)
+    except WeightsError as exc:
+        raise _Failed(f"it cannot be converted: {exc}") from None
+    write_arrays(arrays, out)
+    return out
+
+
+def _from_cache(source: ImagenetSource, mean) -> Path | None:
+    folder = cache_dir()
+    if not source.converted:
+        path = folder / source.file_name
+        if path.is_file():
+            check_chainercv_file(path)       # a damaged cached file is named, not skipped
+            return path
+        return None
+    converted = folder / source.converted_name
+    if _sidecar_ok(converted):
+        return converted
+    raw = folder / source.file_name
+    if raw.is_file():                        # placed by hand: checked like a download
+        try:
+            _check_digest(source, sha256_file(raw))
+        except _Failed as exc:
+            raise WeightsMismatchError(
+                f"{raw} is not {source.describe()}'s published file: "
+                f"{str(exc).replace('; it was deleted', '')}. Delete it, or replace it with "
+                f"the file from {source.url}", raw, source.file_name, None, None) from None
+        return _convert(source, raw, mean)
+    return None
+
+
+def _from_server(source: ImagenetSource, mean, progress: bool, timeout: float) -> Path:
+    folder = cache_dir()
+    if not source.converted:
+        path = folder / source.file_name
+        _download(source, path, progress, timeout)
+        try:
+            check_chainercv_file(path)
+        except WeightsError as exc:
+            path.unlink()
+            raise _Failed(f"the file it sent is not VGG-16 ({exc}); it was deleted") from None
+        return path
+    raw = folder / f".{source.file_name}.download"
+    _download(source, raw, progress, timeout)
+    try:
+        return _convert(source, raw, mean)
+    finally:
+        raw.unlink(missing_ok=True)          # only the converted file is kept
+
+
+def imagenet_weights(progress: bool = True, timeout: float = TIMEOUT_S,
+                     sources=None) -> tuple[Path, ImagenetSource, str]:
+    """A ChainerCV-layout ImageNet VGG-16 ``.npz`` for SSD300/SSD512, from the first source
+    that gives one (see the module docstring): ``(path, source, how)``, ``how`` being
+    ``'cache'`` or ``'download'``.
+
+    Raises:
+        WeightsNotFoundError: no source worked; the message lists each URL, why it failed
+            and where to place any one of the files. ``.path`` is the cache folder.
+        WeightsMismatchError, WeightsFileError, WeightsNotFiniteError: a file in the cache
+            is damaged or is not what its name says (named; delete it).
+    """
+    sources = SOURCES if sources is None else tuple(sources)
+    for source in sources:
+        path = _from_cache(source, SSD_MEAN)
+        if path is not None:
+            return path, source, "cache"
+    failures = []
+    for source in sources:
+        logger.info("ImageNet VGG-16: trying %s, %s", source.describe(), source.url)
+        try:
+            return _from_server(source, SSD_MEAN, progress, timeout), source, "download"
+        except _Failed as exc:
+            logger.warning("ImageNet VGG-16 from %s failed: %s", source.name, exc)
+            failures.append((source, str(exc)))
+    folder = cache_dir()
+    lines = "\n".join(f"  {i}. {s.describe()}: {s.url}\n     {why}"
+                      for i, (s, why) in enumerate(failures, 1))
+    places = "\n".join(f"  {folder / s.file_name}" for s in sources)
+    raise WeightsNotFoundError(
+        f"SSD's ImageNet VGG-16 weights are not in the cache and no source could give "
+        f"them:\n{lines}\n"
+        f"Download any one of these files where there is network access and place it at "
+        f"its path (it is checked, and converted if needed, on first use):\n{places}\n"
+        f"(the folder is ChainerCV's model cache: $CHAINER_DATASET_ROOT/{CACHE_SUBDIR}, "
+        f"default ~/.chainer/dataset/{CACHE_SUBDIR}). Or train from random weights: "
+        f"pretrained None (--pretrained none).",
+        folder, sources[0].url if sources else None)
+
+
+def imagenet_status(timeout: float = 3.0, sources=None) -> list[tuple[ImagenetSource, str]]:
+    """For ``medaidet doctor``: each source's state, ``'cached'`` (with the file),
+    ``'reachable'`` (its server answers a HEAD request) or ``'unreachable (why)'``.
+    Nothing is downloaded or converted."""
+    sources = SOURCES if sources is None else tuple(sources)
+    folder = cache_dir()
+    states = []
+    for source in sources:
+        cached = [folder / source.file_name]
+        if source.converted:
+            cached.insert(0, folder / source.converted_name)
+        found = next((p for p in cached if p.is_file()), None)
+        if found is not None:
+            states.append((source, f"cached ({found})"))
+            continue
+        request = urllib.request.Request(source.url, method="HEAD",
+                                         headers={"User-Agent": f"medaidet/{__version__}"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout):
+                states.append((source, "reachable"))
+        except urllib.error.HTTPError as exc:
+            states.append((source, f"unreachable (HTTP {exc.code} {exc.reason})"))
+        except urllib.error.URLError as exc:
+            states.append((source, f"unreachable ({exc.reason})"))
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            states.append((source, f"unreachable ({type(exc).__name__})"))
+    return states
+

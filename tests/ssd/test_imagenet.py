@@ -1,0 +1,208 @@
+"""SSD's ImageNet VGG-16 from several sources, against a real HTTP server on 127.0.0.1.
+
+The server serves files made here (random weights in each publisher's layout); the sources'
+pins are those files' sha256s, checked by the same code that checks the published files.
+"""
+import functools
+import hashlib
+import http.server
+import logging
+import socket
+import threading
+from dataclasses import replace
+
+import chainer
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+from vgg_files import timm_layout, torchvision_vgg16, write_pth
+
+from medaidet.ssd import imagenet
+from medaidet.ssd.imagenet import SOURCES, imagenet_status, imagenet_weights
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.vgg_weights import CHAINERCV_SHAPES, convert_vgg16
+from medaidet.ssd.weight_files import WeightsMismatchError, WeightsNotFoundError
+
+
+def sha256(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def state():
+    return torchvision_vgg16(seed=1)
+
+
+@pytest.fixture(scope="module")
+def served(state, tmp_path_factory):
+    """A folder served on 127.0.0.1 holding each publisher's file (and ChainerCV's layout)."""
+    root = tmp_path_factory.mktemp("www")
+    write_pth(state, root / "vgg16-397923af.pth")
+    save_file(timm_layout(state), str(root / "model.safetensors"))
+    converted, _ = convert_vgg16(state)
+    np.savez(root / "ssd_vgg16_imagenet_converted_2017_06_09.npz",
+             **{k: v for k, v in converted.items() if k in CHAINERCV_SHAPES})
+    np.savez(root / "not_vgg.npz", **{"extractor/conv1_1/W": np.zeros((8, 3, 3, 3))})
+    handler = functools.partial(Quiet, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def closed_port_url(name):
+    with socket.socket() as s:          # a port nothing listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/{name}"
+
+
+def sources(served, chainercv="closed", torchvision="good", timm="good"):
+    """The three sources with local URLs; each 'good', 'closed', '404', 'wrong-sha' or
+    'not-vgg'."""
+    root, base = served
+    files = {"chainercv": "ssd_vgg16_imagenet_converted_2017_06_09.npz",
+             "torchvision": "vgg16-397923af.pth", "timm": "model.safetensors"}
+    out = []
+    for source, how in zip(SOURCES, (chainercv, torchvision, timm)):
+        name = files[source.name]
+        url = {"closed": closed_port_url(name), "404": f"{base}/missing/{name}",
+               "not-vgg": f"{base}/not_vgg.npz"}.get(how, f"{base}/{name}")
+        digest = sha256(root / name)
+        if how == "wrong-sha":
+            digest = hashlib.sha256(b"another file").hexdigest()
+        if source.sha256:
+            source = replace(source, sha256=digest)
+        if source.sha256_prefix:
+            source = replace(source, sha256_prefix=digest[:8])
+        out.append(replace(source, url=url))
+    return tuple(out)
+
+
+@pytest.fixture
+def cache(tmp_path):
+    old = chainer.dataset.get_dataset_root()
+    chainer.dataset.set_dataset_root(str(tmp_path / "dataset"))
+    yield tmp_path / "dataset" / "pfnet" / "chainercv" / "models"
+    chainer.dataset.set_dataset_root(old)
+
+
+def params(model):
+    return {name.lstrip("/"): p.array for name, p in model.namedparams()}
+
+
+# --------------------------------------------------------------------------- the chain
+
+@pytest.mark.slow(seconds=10)
+def test_chainercv_unreachable_builds_from_torchvisions_file(served, state, cache,
+                                                              monkeypatch, caplog):
+    chain = sources(served, chainercv="closed")
+    monkeypatch.setattr(imagenet, "SOURCES", chain)
+    caplog.set_level(logging.INFO, logger="medaidet")
+    model = build_ssd("ssd300", pretrained="imagenet")
+    report = model.weights_report
+    assert report.origin == "torchvision's ImageNet VGG-16 (converted), download"
+    assert "torchvision's ImageNet VGG-16 (converted), download" in report.summary()
+    assert "ssd_vgg16_imagenet_from_torchvision.npz" in report.source
+    assert "Connection refused" in caplog.text        # ChainerCV's server was tried first
+    want, _ = convert_vgg16(state)                     # proven exact in test_vgg_weights
+    got = params(model)
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+    assert len(report.loaded) == 31 and "extractor/conv8_1/W" in report.initialized
+    # kept: the converted file and its sidecar; not the 500 MB download
+    assert sorted(p.name for p in cache.iterdir()) == [
+        "ssd_vgg16_imagenet_from_torchvision.npz",
+        "ssd_vgg16_imagenet_from_torchvision.npz.sha256"]
+    # the next build finds it in the cache, with every server closed
+    monkeypatch.setattr(imagenet, "SOURCES", sources(served, "closed", "closed", "closed"))
+    again = build_ssd("ssd512", pretrained="imagenet")
+    assert again.weights_report.origin.endswith(", cache")
+    np.testing.assert_array_equal(params(again)["extractor/conv6/W"],
+                                  want["extractor/conv6/W"])
+
+
+@pytest.mark.slow(seconds=8)
+def test_404_then_wrong_checksum_then_timm(served, state, cache, caplog):
+    caplog.set_level(logging.WARNING, logger="medaidet")
+    chain = sources(served, chainercv="404", torchvision="wrong-sha", timm="good")
+    path, source, how = imagenet_weights(progress=False, sources=chain)
+    assert (source.name, how) == ("timm", "download")
+    assert "HTTP 404" in caplog.text and "does not begin with" in caplog.text
+    assert sorted(p.name for p in cache.iterdir()) == [
+        "ssd_vgg16_imagenet_from_timm.npz", "ssd_vgg16_imagenet_from_timm.npz.sha256"]
+    want, _ = convert_vgg16(state)
+    with np.load(path) as npz:
+        assert sorted(npz.files) == sorted(want)
+        np.testing.assert_array_equal(npz["extractor/conv7/W"], want["extractor/conv7/W"])
+
+
+def test_chainercvs_own_file_is_used_as_it_is(served, cache):
+    path, source, how = imagenet_weights(progress=False, sources=sources(served, "good"))
+    assert (source.name, how) == ("chainercv", "download")
+    assert path == cache / "ssd_vgg16_imagenet_converted_2017_06_09.npz"
+    assert sha256(path) == sha256(served[0] / path.name)      # no conversion
+
+
+def test_a_server_file_that_is_not_vgg16_is_deleted(served, cache, caplog):
+    chain = sources(served, chainercv="not-vgg", torchvision="closed", timm="good")
+    _, source, _ = imagenet_weights(progress=False, sources=chain)
+    assert source.name == "timm"
+    assert "is not ChainerCV's ImageNet VGG-16" in caplog.text
+    assert not (cache / "ssd_vgg16_imagenet_converted_2017_06_09.npz").exists()
+
+
+def test_offline_one_error_lists_every_source(served, cache):
+    chain = sources(served, "closed", "closed", "404")
+    with pytest.raises(WeightsNotFoundError) as info:
+        imagenet_weights(progress=False, sources=chain)
+    text = str(info.value)
+    for source in chain:
+        assert source.url in text
+        assert str(cache / source.file_name) in text
+    assert text.count("Connection refused") == 2 and "HTTP 404" in text
+    assert info.value.path == cache
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+# --------------------------------------------------------------------------- by hand
+
+def test_a_file_placed_by_hand_is_checked_and_converted(served, state, cache):
+    chain = sources(served, "closed", "closed", "closed")
+    cache.mkdir(parents=True)
+    (cache / "vgg16-397923af.pth").write_bytes((served[0] / "vgg16-397923af.pth").read_bytes())
+    path, source, how = imagenet_weights(progress=False, sources=chain)
+    assert (source.name, how, path.name) == ("torchvision", "cache",
+                                             "ssd_vgg16_imagenet_from_torchvision.npz")
+    assert (cache / "vgg16-397923af.pth").exists()        # the user's file is kept
+
+
+def test_a_wrong_file_placed_by_hand_is_named(served, cache):
+    chain = sources(served, "closed", "closed", "closed")
+    cache.mkdir(parents=True)
+    wrong = cache / "vgg16.tv_in1k.safetensors"
+    wrong.write_bytes(b"{}" * 10)
+    with pytest.raises(WeightsMismatchError) as info:
+        imagenet_weights(progress=False, sources=chain)
+    assert str(wrong) in str(info.value) and "is not timm's" in str(info.value)
+
+
+# --------------------------------------------------------------------------- doctor
+
+def test_status_says_cached_reachable_or_not(served, cache):
+    chain = sources(served, chainercv="closed", torchvision="good", timm="404")
+    states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
+    assert states["chainercv"].startswith("unreachable (") and "refused" in states["chainercv"]
+    assert states["torchvision"] == "reachable"
+    assert states["timm"] == "unreachable (HTTP 404 File not found)"
+    imagenet_weights(progress=False, sources=chain)
+    states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
+    assert states["torchvision"].startswith("cached (") and "from_torchvision" in \
+        states["torchvision"]
