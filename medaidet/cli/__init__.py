@@ -19,7 +19,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from medaidet.cli import batch_size, count, course, data, deploy, doctor, evaluate, stack, train
+from medaidet.cli import (batch_size, count, course, data, deploy, doctor, evaluate, stack, train,
+                          weights)
 from medaidet.errors import MedaidetError
 from medaidet.files import is_full_disk
 
@@ -29,7 +30,7 @@ DEBUG_FLAG = "--debug"
 OWN_DEPENDENCIES = ("numpy", "packaging", "PIL", "matplotlib", "papermill", "nbformat",
                     "ipykernel", "tqdm", "defusedxml", "safetensors")
 # The commands that need the chainer stack (the others run before it is installed).
-MODEL_COMMANDS = ("train", "evaluate", "count", "batch-size", "export")
+MODEL_COMMANDS = ("train", "evaluate", "count", "batch-size", "export", "weights")
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -46,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"{DEBUG_FLAG} (anywhere on the line): show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    for group in (stack, doctor, data, train, evaluate, count, batch_size, course, deploy):
+    for group in (stack, doctor, data, train, evaluate, count, batch_size, course, deploy,
+                  weights):
         group.add_parser(commands)
     return parser
 

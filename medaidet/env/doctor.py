@@ -85,6 +85,8 @@ class Facts:
     platform: str = "local"
     platform_why: str = ""
     compat_actions: list = field(default_factory=list)  # [(name, detail)]
+    imagenet: list = field(default_factory=list)  # [(source, its URL, state)]
+    imagenet_error: str = ""             # why the sources could not be looked at
     smoke: object = None                 # gpu smoke result dict; None: not run
     gather_errors: list = field(default_factory=list)
 
@@ -220,6 +222,15 @@ def _gather_cache(f: Facts) -> None:
     f.caches = [(label, str(path), _writable_error(path)) for label, path in cache_dirs()]
 
 
+def _gather_imagenet(f: Facts) -> None:
+    try:
+        from medaidet.ssd.imagenet import imagenet_status
+    except ImportError as exc:     # no chainer stack yet
+        f.imagenet_error = _err(exc)
+        return
+    f.imagenet = [(s.describe(), s.url, state) for s, state in imagenet_status()]
+
+
 def _gather_notebook(f: Facts) -> None:
     try:
         import papermill
@@ -261,7 +272,8 @@ def gather_facts(gpu_smoke: bool = False) -> Facts:
     f = Facts()
     parts = {"compat": _gather_compat, "stack": _gather_stack, "cuda": _gather_cuda,
              "mpi": _gather_mpi, "opencv": _gather_opencv, "shm": _gather_shm,
-             "cache": _gather_cache, "notebook": _gather_notebook, "platform": _gather_platform}
+             "cache": _gather_cache, "imagenet": _gather_imagenet,
+             "notebook": _gather_notebook, "platform": _gather_platform}
     for name, part in parts.items():
         try:
             part(f)
@@ -479,6 +491,23 @@ def check_cache(f: Facts) -> Check:
                                                     for label in bad))
 
 
+def check_imagenet(f: Facts) -> Check:
+    """Where SSD300's ImageNet VGG-16 would come from (the full profile's start)."""
+    if f.imagenet_error:
+        return Check("imagenet", "skip", f"chainer does not import ({f.imagenet_error})")
+    usable = [(name, state) for name, _, state in f.imagenet
+              if state.startswith(("cached", "reachable"))]
+    listed = "; ".join(f"{name}: {state}" for name, _, state in f.imagenet)
+    if usable:
+        return Check("imagenet", "ok", f"SSD300 would start from {usable[0][0]} "
+                     f"({usable[0][1].split(' (')[0]}). {listed}")
+    return Check("imagenet", "warn", f"no source cached or reachable: {listed}",
+                 "the full profile (SSD300 from ImageNet) needs one: place one of these files "
+                 "in ChainerCV's model cache ($CHAINER_DATASET_ROOT/pfnet/chainercv/models): "
+                 + ", ".join(url for _, url, _ in f.imagenet)
+                 + "; the cpu and smoke profiles need none")
+
+
 def check_notebook(f: Facts) -> Check:
     pm = f"papermill {f.papermill}" if f.papermill else f"no papermill ({f.papermill_error})"
     kernel = ("python3 kernel" if "python3" in f.kernels else
@@ -516,7 +545,8 @@ def check_gpu_smoke(f: Facts) -> Check:
 
 CHECKS = (check_python, check_numpy, check_chainer, check_chainercv, check_cupy,
           check_cuda_available, check_cudnn, check_gpu, check_nccl, check_mpi, check_opencv,
-          check_shm, check_cache, check_notebook, check_platform, check_compat)
+          check_shm, check_cache, check_imagenet, check_notebook, check_platform,
+          check_compat)
 
 
 # ---------------------------------------------------------------- report

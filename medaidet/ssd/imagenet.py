@@ -266,30 +266,30 @@ def imagenet_weights(progress: bool = True, timeout: float = TIMEOUT_S,
 
 
 def imagenet_status(timeout: float = 3.0, sources=None) -> list[tuple[ImagenetSource, str]]:
-    """For ``medaidet doctor``: each source's state, ``'cached'`` (with the file),
-    ``'reachable'`` (its server answers a HEAD request) or ``'unreachable (why)'``.
-    Nothing is downloaded or converted."""
+    """For ``medaidet doctor``: each source's state, ``'cached (path)'``, ``'reachable'``
+    (its server answers a HEAD request; all are asked at once, within ``timeout``) or
+    ``'unreachable (why)'``. Nothing is downloaded or converted."""
+    from concurrent.futures import ThreadPoolExecutor
+
     sources = SOURCES if sources is None else tuple(sources)
     folder = cache_dir()
-    states = []
-    for source in sources:
-        cached = [folder / source.file_name]
-        if source.converted:
-            cached.insert(0, folder / source.converted_name)
-        found = next((p for p in cached if p.is_file()), None)
-        if found is not None:
-            states.append((source, f"cached ({found})"))
-            continue
+
+    def state(source: ImagenetSource) -> str:
+        names = [source.file_name] + ([source.converted_name] if source.converted else [])
+        found = [folder / name for name in names if (folder / name).is_file()]
+        if found:
+            return f"cached ({found[-1]})"
         request = urllib.request.Request(source.url, method="HEAD",
                                          headers={"User-Agent": f"medaidet/{__version__}"})
         try:
             with urllib.request.urlopen(request, timeout=timeout):
-                states.append((source, "reachable"))
+                return "reachable"
         except urllib.error.HTTPError as exc:
-            states.append((source, f"unreachable (HTTP {exc.code} {exc.reason})"))
+            return f"unreachable (HTTP {exc.code} {exc.reason})"
         except urllib.error.URLError as exc:
-            states.append((source, f"unreachable ({exc.reason})"))
+            return f"unreachable ({exc.reason})"
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            states.append((source, f"unreachable ({type(exc).__name__})"))
-    return states
+            return f"unreachable ({type(exc).__name__})"
 
+    with ThreadPoolExecutor(max_workers=max(1, len(sources))) as pool:
+        return list(zip(sources, pool.map(state, sources)))

@@ -202,6 +202,10 @@ def _read_zip(path: Path):
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
         pickles = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
+        if names and all(n.endswith(".npy") for n in names):
+            raise TorchFileError(
+                f"{path} is an .npz of NumPy arrays, not a PyTorch file (already in "
+                f"ChainerCV's layout, e.g. converted before?).")
         if len(pickles) != 1:
             raise TorchFileError(
                 f"{path} is a zip archive but not a torch.save file: it holds "

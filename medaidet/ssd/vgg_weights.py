@@ -266,7 +266,8 @@ def _layout_error(state, path, key, expected, found) -> VGGLayoutError:
                  f"timm's vgg16.tv_in1k model.safetensors.")
     elif len([k for k in features if k.endswith(".weight")]) != 13:
         n = len([k for k in features if k.endswith(".weight")])
-        cause = (f"the file has {n} convolutions, VGG-16 has 13 (VGG-11, -13 or -19?): use "
+        cause = (f"the file has {n} convolution{'' if n == 1 else 's'}, VGG-16 has 13 (VGG-11, -13 or "
+                 f"-19?): use "
                  f"VGG-16's weights.")
     else:
         cause = "the file was saved from a modified VGG-16; use the published file."

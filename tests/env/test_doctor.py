@@ -22,7 +22,8 @@ OURS_CHAINER = sources.CHAINER.wheel_version
 OURS_CHAINERCV = sources.CHAINERCV.wheel_version
 GPU_LINES = ("cuda_available", "cudnn", "gpu", "nccl")
 ALL_NAMES = ("python", "numpy", "chainer", "chainercv", "cupy", "cuda_available", "cudnn",
-             "gpu", "nccl", "mpi", "opencv", "shm", "cache", "notebook", "platform", "compat")
+             "gpu", "nccl", "mpi", "opencv", "shm", "cache", "imagenet", "notebook", "platform",
+             "compat")
 
 
 def cpu_facts(**over) -> Facts:
@@ -283,6 +284,28 @@ def test_unwritable_cache_fails(tmp_path, monkeypatch):
     assert line.status == "fail" and "NOT writable" in line.found
     assert line.fix == "export MEDAIDET_DATA=/a/writable/dir"
     assert not (tmp_path / "new").exists()  # the check creates no directories
+
+
+IMAGENET = [("ChainerCV's model server", "http://a/x.npz", "unreachable (refused)"),
+            ("torchvision's ImageNet VGG-16 (converted)", "http://b/vgg16.pth", "reachable"),
+            ("timm's vgg16.tv_in1k (converted)", "http://c/model.safetensors", "cached (/c/f)")]
+
+
+def test_imagenet_names_the_first_usable_source():
+    line = doctor.check_imagenet(cpu_facts(imagenet=IMAGENET))
+    assert line.status == "ok"
+    assert line.found.startswith("SSD300 would start from torchvision's ImageNet VGG-16 "
+                                 "(converted) (reachable).")
+    assert "ChainerCV's model server: unreachable (refused)" in line.found
+
+
+def test_imagenet_without_any_source_warns_with_every_url():
+    facts = cpu_facts(imagenet=[(n, u, "unreachable (offline)") for n, u, _ in IMAGENET])
+    line = doctor.check_imagenet(facts)
+    assert line.status == "warn" and line.found.startswith("no source cached or reachable")
+    assert all(url in line.fix for _, url, _ in IMAGENET) and "cpu and smoke" in line.fix
+    assert doctor.check_imagenet(cpu_facts(imagenet_error="No module named 'chainer'")
+                                 ).status == "skip"
 
 
 def test_notebook_needs_papermill_and_kernel():

@@ -292,3 +292,25 @@ def test_a_pickle_that_runs_code_is_refused(tmp_path):
         archive.writestr("archive/data.pkl", pickle.dumps({"w": print}, protocol=2))
     with pytest.raises(TorchFileError, match=r"holds (__builtin__|builtins)\.print"):
         read_state_dict(path)
+
+
+# --------------------------------------------------------------------------- command
+
+@pytest.mark.slow(seconds=5)
+def test_the_command_converts_and_says_what_it_wrote(vgg_files, tmp_path):
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "vgg.npz"
+    done = subprocess.run([sys.executable, "-m", "medaidet", "weights", "convert",
+                           str(vgg_files["timm"]), "--out", str(out), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert (said["layout"], said["arrays"], said["mean"]) == ("timm", 31, list(SSD_MEAN))
+    assert said["sha256"] == (tmp_path / "vgg.npz.sha256").read_text().split()[0]
+    bad = subprocess.run([sys.executable, "-m", "medaidet", "weights", "convert",
+                          str(tmp_path / "vgg.npz"), "--out", str(tmp_path / "x.npz")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "is an .npz of NumPy arrays, not a PyTorch file" in bad.stderr
