@@ -1,4 +1,4 @@
-"""Write the small PyTorch files tests/ssd/test_torch_files.py reads (needs PyTorch).
+"""Write the small PyTorch files tests/ssd/test_vgg_weights.py reads (needs PyTorch).
 
     python tools/make_torch_fixtures.py tests/ssd/data
 
@@ -8,15 +8,15 @@ a 0-d tensor, a slice sharing another entry's storage and a transposed (non-cont
 and ``torch_state_expected.npz``, the same values as NumPy saves them. The committed files
 were written with PyTorch 1.12.1 (the legacy format is what torchvision's 2017 files use).
 """
+import argparse
 import sys
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
-import torch
 
 
-def state():
+def state(torch):
     base = torch.arange(20, dtype=torch.float32) * 0.25 - 2
     sd = OrderedDict()
     sd["features.0.weight"] = torch.linspace(-1, 1, 108).reshape(4, 3, 3, 3)
@@ -32,9 +32,17 @@ def state():
     return sd
 
 
-def main(out: Path):
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="the folder to write (tests/ssd/data)")
+    out = parser.parse_args(argv).out
+    try:
+        import torch
+    except ImportError:
+        sys.exit("this script needs PyTorch (pip install torch): it writes files as PyTorch "
+                 "itself saves them")
     out.mkdir(parents=True, exist_ok=True)
-    sd = state()
+    sd = state(torch)
     torch.save(sd, out / "torch_state_zip.pth")
     torch.save(sd, out / "torch_state_legacy.pth", _use_new_zipfile_serialization=False)
     np.savez(out / "torch_state_expected.npz",
@@ -43,4 +51,4 @@ def main(out: Path):
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main()

@@ -74,7 +74,16 @@ class ImagenetSource:
                 "timm": "timm's vgg16.tv_in1k (converted)"}.get(self.name, self.name)
 
 
-#: The sources, in the order they are tried.
+#: The sources, in the order they are tried. Where each pin comes from:
+#:
+#: * ChainerCV's file: no checksum was ever published, and none could be confirmed from here
+#:   (the server is not reachable from where this was written): names, shapes and finite
+#:   values are checked instead (:func:`check_chainercv_file`).
+#: * torchvision's file: ``397923af``, the sha256 prefix in the file name that torchvision
+#:   publishes and ``torch.hub.load_state_dict_from_url(check_hash=True)`` checks.
+#: * timm's file: the sha256 the model hub lists for ``timm/vgg16.tv_in1k``'s
+#:   ``model.safetensors`` (its LFS object id). The hub was not reachable from where this
+#:   was written; the value is the one two independent public projects pin for that file.
 SOURCES = (
     ImagenetSource("chainercv", SSD300._models["imagenet"]["url"],
                    os.path.basename(SSD300._models["imagenet"]["url"]), converted=False),
@@ -217,7 +226,7 @@ def _from_server(source: ImagenetSource, mean, progress: bool, timeout: float) -
             path.unlink()
             raise _Failed(f"the file it sent is not VGG-16 ({exc}); it was deleted") from None
         return path
-    raw = folder / f".{source.file_name}.download"
+    raw = folder / f".{source.file_name}.{os.getpid()}.download"   # one per process
     _download(source, raw, progress, timeout)
     try:
         return _convert(source, raw, mean)
@@ -248,7 +257,7 @@ def imagenet_weights(progress: bool = True, timeout: float = TIMEOUT_S,
         try:
             return _from_server(source, SSD_MEAN, progress, timeout), source, "download"
         except _Failed as exc:
-            logger.warning("ImageNet VGG-16 from %s failed: %s", source.name, exc)
+            logger.info("ImageNet VGG-16 from %s failed: %s", source.name, exc)
             failures.append((source, str(exc)))
     folder = cache_dir()
     lines = "\n".join(f"  {i}. {s.describe()}: {s.url}\n     {why}"

@@ -131,7 +131,7 @@ def test_chainercv_unreachable_builds_from_torchvisions_file(served, state, cach
 
 @pytest.mark.slow(seconds=8)
 def test_404_then_wrong_checksum_then_timm(served, state, cache, caplog):
-    caplog.set_level(logging.WARNING, logger="medaidet")
+    caplog.set_level(logging.INFO, logger="medaidet")
     chain = sources(served, chainercv="404", torchvision="wrong-sha", timm="good")
     path, source, how = imagenet_weights(progress=False, sources=chain)
     assert (source.name, how) == ("timm", "download")
@@ -152,6 +152,7 @@ def test_chainercvs_own_file_is_used_as_it_is(served, cache):
 
 
 def test_a_server_file_that_is_not_vgg16_is_deleted(served, cache, caplog):
+    caplog.set_level(logging.INFO, logger="medaidet")
     chain = sources(served, chainercv="not-vgg", torchvision="closed", timm="good")
     _, source, _ = imagenet_weights(progress=False, sources=chain)
     assert source.name == "timm"
