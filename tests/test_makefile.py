@@ -46,11 +46,16 @@ def test_bccd_is_provisioned_before_the_tests_and_before_the_first_notebook():
     assert index_of(run, PROVISION) < index_of(run, "-m medaidet course run")
 
 
-def test_out_and_profile_come_from_the_command_line_only():
-    exported = recipe_lines("run", env={"OUT": "/home/someone/thesis", "PROFILE": "x"})
-    assert exported[-1].endswith('course run --profile "auto" --out "outputs"'), exported
+def test_out_profile_and_edition_come_from_the_command_line_only():
+    exported = recipe_lines("run", env={"OUT": "/home/someone/thesis", "PROFILE": "x",
+                                        "COURSE_LANG": "ja"})
+    assert exported[-1].endswith('course run --profile "auto" --lang "en" --out "outputs"'), \
+        exported
     given = recipe_lines("run", "PROFILE=cpu", "OUT=my outputs")
-    assert given[-1].endswith('course run --profile "cpu" --out "my outputs"'), given
+    assert given[-1].endswith('course run --profile "cpu" --lang "en" --out "my outputs"'), given
+    japanese = recipe_lines("run", "COURSE_LANG=ja")
+    assert japanese[-1].endswith('course run --profile "auto" --lang "ja" --out "outputs/ja"'), \
+        japanese
 
 
 def test_without_a_copy_or_a_network_make_stops_with_one_message(tmp_path):

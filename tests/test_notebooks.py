@@ -8,6 +8,9 @@ import pytest
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+# with the Japanese edition's (tests/test_japanese_edition.py keeps the two editions paired)
+EVERY = NOTEBOOKS + sorted((NOTEBOOKS_DIR / "ja").glob("*.ipynb"))
+EVERY_IDS = [str(p.relative_to(NOTEBOOKS_DIR)) for p in EVERY]
 
 
 def _read(path):
@@ -33,7 +36,7 @@ def test_names_are_numbered_and_unique():
     assert len(prefixes) == len(set(prefixes)), f"two notebooks share a number: {prefixes}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", EVERY, ids=EVERY_IDS)
 def test_valid_nbformat4(path):
     nb = _read(path)
     assert nb.nbformat == 4
@@ -42,7 +45,7 @@ def test_valid_nbformat4(path):
     assert kernelspec is None or kernelspec.get("name") == "python3", kernelspec
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", EVERY, ids=EVERY_IDS)
 def test_committed_without_outputs(path):
     nb = _read(path)
     assert "papermill" not in nb.metadata, f"{path.name} is an executed copy (papermill metadata)"
@@ -56,7 +59,7 @@ def test_committed_without_outputs(path):
             f"{path.name} cell {index} has execution metadata: clear it"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", EVERY, ids=EVERY_IDS)
 def test_one_parameters_cell_with_profile(path):
     nb = _read(path)
     tagged = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
@@ -83,7 +86,7 @@ def test_prerequisites_recap_and_graded_exercises(path):
     assert 3 <= len(items) <= 5, f"{path.name}: {len(items)} exercises, want 3 to 5"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", EVERY, ids=EVERY_IDS)
 def test_automation_cells_are_tagged_and_hidden(path):
     # asserts for CI and files for the runner stay out of the reading flow
     nb = _read(path)
@@ -103,8 +106,8 @@ def test_automation_cells_are_tagged_and_hidden(path):
 def test_no_internal_incident_labels_in_the_product():
     # "seed 003" meant something to the team that wrote the course, nothing to a learner
     root = NOTEBOOKS_DIR.parent
-    files = [*NOTEBOOKS, root / "README.md", *root.glob("medaidet/**/*.py"),
-             *root.glob("docs/*.md"), *root.glob("tools/*.py"),
+    files = [*EVERY, *root.glob("README*.md"), *root.glob("medaidet/**/*.py"),
+             *root.glob("docs/**/*.md"), *root.glob("tools/*.py"),
              *(f for f in root.glob("tests/**/*.py") if f.name != "test_notebooks.py")]
     pattern = re.compile(r"\bseeds? 00\d|\bseed-00\d", re.I)
     hits = [f"{f.relative_to(root)}: {m.group(0)}" for f in files

@@ -1,7 +1,9 @@
 """Write what Colab needs from pyproject's repository URL: every notebook's setup cell and
-README's table of "Open in Colab" badges.
+the READMEs' tables of "Open in Colab" badges (README.md: the English notebooks; README.ja.md:
+the Japanese edition's).
 
-    python tools/set_colab.py            # every notebooks/*.ipynb, and README.md
+    python tools/set_colab.py            # every notebook (notebooks/, notebooks/ja/), and the
+                                         # READMEs (README.md, README.ja.md)
     python tools/set_colab.py A.ipynb …  # only these notebooks (and README.md)
     python tools/set_colab.py --check    # change nothing; exit 1 if something differs
 
@@ -34,7 +36,8 @@ def differs(path: Path, repo: str) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path,
-                        help="notebooks to update (default: notebooks/*.ipynb)")
+                        help="notebooks to update (default: notebooks/*.ipynb and "
+                             "notebooks/ja/*.ipynb)")
     parser.add_argument("--check", action="store_true",
                         help="only report the files that differ (exit 1)")
     parser.add_argument("--pyproject", type=Path, default=REPO / "pyproject.toml",
@@ -43,7 +46,8 @@ def main(argv=None) -> int:
                         help="the README whose badge table is written (default: %(default)s)")
     args = parser.parse_args(argv)
     repo = colab.repository_url(args.pyproject)
-    paths = args.notebooks or sorted((REPO / "notebooks").glob("*.ipynb"))
+    paths = args.notebooks or [*sorted((REPO / "notebooks").glob("*.ipynb")),
+                               *sorted((REPO / "notebooks" / "ja").glob("*.ipynb"))]
     if not paths:
         parser.error("no notebooks found")
     stale = []
@@ -56,11 +60,16 @@ def main(argv=None) -> int:
             print(f"updated: {path}")
         else:
             print(f"unchanged: {path}")
-    every = sorted((REPO / "notebooks").glob("*.ipynb"))   # the table lists the whole course
-    if colab.update_readme_badges(args.readme, repo, every, write=not args.check):
-        if args.check:
-            stale.append(args.readme)
-        print(f"{'differs' if args.check else 'updated'}: {args.readme}")
+    # each table lists a whole edition of the course
+    readmes = [(args.readme, sorted((REPO / "notebooks").glob("*.ipynb")))]
+    japanese = args.readme.with_name("README.ja.md")
+    if japanese.is_file():
+        readmes.append((japanese, sorted((REPO / "notebooks" / "ja").glob("*.ipynb"))))
+    for readme, every in readmes:
+        if colab.update_readme_badges(readme, repo, every, write=not args.check):
+            if args.check:
+                stale.append(readme)
+            print(f"{'differs' if args.check else 'updated'}: {readme}")
     return 1 if stale else 0
 
 

@@ -1,6 +1,6 @@
 """``medaidet course run``: every notebook, in order, with papermill."""
 from medaidet.arguments import positive_int
-from medaidet.env import COURSE_PROFILES
+from medaidet.env import COURSE_LANGS, COURSE_PROFILES
 
 
 def add_parser(commands) -> None:
@@ -12,7 +12,11 @@ def add_parser(commands) -> None:
                         "smoke: CI's quick check of the mechanics (default: auto)")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
                    help="run only this notebook (name or stem; repeatable)")
-    p.add_argument("--out", default="outputs", help="output directory (default: outputs)")
+    p.add_argument("--lang", choices=list(COURSE_LANGS), default="en",
+                   help="the edition: en (notebooks/) or ja, the Japanese edition "
+                        "(notebooks/ja/; 日本語版) (default: en)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: outputs; outputs/ja for --lang ja)")
     p.add_argument("--cell-timeout", type=positive_int, default=None,
                    help="seconds per cell (default: the profile's)")
     p.set_defaults(func=_run)
@@ -20,6 +24,7 @@ def add_parser(commands) -> None:
 
 def _run(args) -> int:
     from medaidet.env.course import run_course
-    summary = run_course(profile=args.profile, only=args.only, out=args.out,
-                         cell_timeout=args.cell_timeout)
+    out = args.out or ("outputs" if args.lang == "en" else f"outputs/{args.lang}")
+    summary = run_course(profile=args.profile, only=args.only, out=out,
+                         cell_timeout=args.cell_timeout, lang=args.lang)
     return 0 if summary.ok else 1

@@ -6,3 +6,6 @@
 # command line offers them before anything is installed.
 CELL_TIMEOUT = {"smoke": 600, "cpu": 3600, "full": 7200}
 COURSE_PROFILES = tuple(CELL_TIMEOUT)
+# The editions of the course: the English notebooks (notebooks/) and the Japanese ones
+# (notebooks/ja/, the same file names and code), by the language code `--lang` takes.
+COURSE_LANGS = {"en": "English", "ja": "Japanese (日本語版)"}

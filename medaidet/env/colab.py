@@ -182,11 +182,16 @@ def setup(home=None, extras=(), cuda: str = "auto") -> None:
 
 
 def colab_url(repo_slug: str, notebook_path, branch: str = "main") -> str:
-    """Colab's address of ``notebooks/<name>.ipynb`` in the GitHub repository ``repo_slug``."""
+    """Colab's address of ``notebooks/<name>.ipynb`` (or ``notebooks/ja/<name>.ipynb``, the
+    Japanese edition's) in the GitHub repository ``repo_slug``."""
     slug = repo_slug.strip("/")
     if slug.count("/") != 1 or not all(slug.split("/")):
         raise ValueError(f"repo_slug must be 'owner/name', got {repo_slug!r}")
-    return COLAB_URL.format(slug=slug, branch=branch, name=Path(notebook_path).name)
+    path = Path(notebook_path)
+    # an edition's notebook (notebooks/ja/NAME) keeps its folder
+    name = f"{path.parent.name}/{path.name}" if path.parent.parent.name == "notebooks" \
+        else path.name
+    return COLAB_URL.format(slug=slug, branch=branch, name=name)
 
 
 def colab_badge(repo_slug: str, notebook_path, branch: str = "main") -> str:

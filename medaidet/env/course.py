@@ -25,7 +25,8 @@ leaves its test-set evaluation there (``evaluation.json``), and the summary repo
 its mAP. A notebook with a ``run_dir`` parameter gets ``<out>/runs``: the training runs
 of one course run stay in its output directory. ``MEDAIDET_NOTEBOOKS`` points the runner
 at another notebooks directory (the default is the ``notebooks/`` folder of the source
-checkout).
+checkout). ``lang='ja'`` runs the Japanese edition, the ``ja/`` folder of that directory
+(the same notebooks with their text in Japanese); the summary says which edition ran.
 
 Importing this module is cheap (papermill and chainer are imported only when
 needed), so notebooks can use :func:`resolve_profile`.
@@ -45,7 +46,7 @@ from pathlib import Path
 
 from medaidet.arguments import check_number, prepare_output_dir
 from medaidet.device import gpu_status
-from medaidet.env import CELL_TIMEOUT, COURSE_PROFILES
+from medaidet.env import CELL_TIMEOUT, COURSE_LANGS, COURSE_PROFILES
 from medaidet.errors import MedaidetError
 from medaidet.files import is_full_disk, write_files
 from medaidet.stack.install import installed_version
@@ -97,6 +98,7 @@ class CourseSummary:
     profile: str
     results: list = field(default_factory=list)
     profile_reason: str = ""
+    lang: str = "en"                # the edition: a key of COURSE_LANGS
     out: str = ""
     notebooks_dir: str = ""
     cell_timeout: int = 0
@@ -122,6 +124,7 @@ class CourseSummary:
             "# Course run: " + ("ok" if self.ok else "FAILED"),
             "",
             f"- profile: **{self.profile}** ({self.profile_reason})",
+            f"- edition: {COURSE_LANGS.get(self.lang, self.lang)} (`--lang {self.lang}`)",
             f"- date: {self.date}",
             f"- python {self.python}, numpy {self.numpy}, chainer {self.chainer}, "
             f"chainercv {self.chainercv}",
@@ -208,10 +211,15 @@ def course_profile(profile: str = "auto", log=print) -> str:
     return chosen
 
 
-def default_notebooks_dir() -> Path:
-    """``$MEDAIDET_NOTEBOOKS``, else ``notebooks/`` of the source checkout."""
+def default_notebooks_dir(lang: str = "en") -> Path:
+    """``$MEDAIDET_NOTEBOOKS``, else ``notebooks/`` of the source checkout; for ``lang``
+    ``'ja'`` its ``ja/`` folder."""
+    if lang not in COURSE_LANGS:
+        raise CourseError(f"unknown edition --lang {lang!r}: use one of "
+                          f"{', '.join(COURSE_LANGS)}")
     env = os.environ.get(NOTEBOOKS_ENV)
-    return Path(env) if env else SOURCE_ROOT / "notebooks"
+    root = Path(env) if env else SOURCE_ROOT / "notebooks"
+    return root if lang == "en" else root / lang
 
 
 def list_notebooks(notebooks_dir) -> list:
@@ -421,9 +429,10 @@ def _close_progress_bars() -> None:
 
 
 def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
-               notebooks_dir=None, log=print) -> CourseSummary:
-    """Execute the course notebooks in order with papermill; see the module docstring."""
-    notebooks_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()
+               notebooks_dir=None, log=print, lang="en") -> CourseSummary:
+    """Execute the course notebooks in order with papermill; see the module docstring.
+    ``lang``: the edition (``'en'``, ``'ja'``), when ``notebooks_dir`` is not given."""
+    notebooks_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir(lang)
     notebooks_dir = notebooks_dir.resolve()
     selected = select_notebooks(list_notebooks(notebooks_dir), only)
     profile, reason = resolve_profile(profile)
@@ -433,15 +442,17 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
     # anything in the dataset the kernels read), nor files of a folder the runner did not make.
     # A folder holding only runs/ is the course's too: the notebooks opened in Jupyter train
     # into ../outputs/runs.
-    out = prepare_output_dir(out, "--out", marker=OUT_MARKER, own_folders=(RUNS_DIR,),
+    # So is one holding the other editions' outputs (outputs/ja).
+    out = prepare_output_dir(out, "--out", marker=OUT_MARKER,
+                             own_folders=(RUNS_DIR, *(e for e in COURSE_LANGS if e != "en")),
                              inputs=(notebooks_dir, os.environ.get("MEDAIDET_DATA")))
 
     import papermill  # noqa: F401 (a missing papermill fails here, before anything is deleted)
 
     summary = CourseSummary(profile=profile, profile_reason=reason, out=str(out),
-                            notebooks_dir=str(notebooks_dir), cell_timeout=timeout)
-    log(f"course: profile {profile} ({reason}); {len(selected)} notebook(s) from "
-        f"{notebooks_dir}; cell timeout {timeout} s")
+                            notebooks_dir=str(notebooks_dir), cell_timeout=timeout, lang=lang)
+    log(f"course: profile {profile} ({reason}); {COURSE_LANGS.get(lang, lang)} edition, "
+        f"{len(selected)} notebook(s) from {notebooks_dir}; cell timeout {timeout} s")
     note = _kernel_note()
     if note:
         log(f"course: warning: {note}")

@@ -417,6 +417,31 @@ def test_the_default_outputs_folder_is_marked_as_the_runners(tmp_path):
     assert (workdir / "outputs" / "summary.json").is_file()
 
 
+@pytest.mark.slow(seconds=8)
+def test_lang_ja_runs_the_japanese_edition_into_outputs_ja(tmp_path):
+    """`--lang ja` runs notebooks/ja/ into outputs/ja and says so; the English run into
+    outputs afterwards takes outputs/ja for the course's own."""
+    notebooks = tmp_path / "notebooks"
+    make_notebook(notebooks, "00_ok", "print('english')")
+    make_notebook(notebooks / "ja", "00_ok", "print('日本語')")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    for lang in ("ja", "en"):
+        done = subprocess.run([sys.executable, "-m", "medaidet", "course", "run", "--profile",
+                               "smoke", "--lang", lang], cwd=workdir, env=_cli_env(notebooks),
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    ja, en = workdir / "outputs" / "ja", workdir / "outputs"
+    assert "日本語" in (ja / "00_ok.ipynb").read_text(encoding="utf-8")
+    assert "english" in (en / "00_ok.ipynb").read_text(encoding="utf-8")
+    assert json.loads((ja / "summary.json").read_text())["lang"] == "ja"
+    assert "- edition: Japanese (日本語版) (`--lang ja`)" in (ja / "summary.md").read_text(
+        encoding="utf-8")
+    assert "- edition: English (`--lang en`)" in (en / "summary.md").read_text()
+    with pytest.raises(CourseError, match="unknown edition --lang 'fr'"):
+        run_course(profile="smoke", out=tmp_path / "x", lang="fr", log=_quiet)
+
+
 # ------------------------------------------------ Ctrl-C
 
 @pytest.mark.slow(seconds=4)

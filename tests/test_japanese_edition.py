@@ -1,0 +1,217 @@
+"""The Japanese edition (notebooks/ja/) stays the English one's pair: the same notebooks, the
+same code, the same sections, prerequisites, recap and exercises, and its text in Japanese.
+
+The English edition is the one edited first; these tests fail as soon as the two drift apart
+(a code cell changed in one only, a section or exercise added to one only, a paragraph left
+in English), and say which notebook, cell and line.
+"""
+import io
+import re
+import tokenize
+from collections import Counter
+from pathlib import Path
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EN_DIR, JA_DIR = REPO / "notebooks", REPO / "notebooks" / "ja"
+EN = sorted(EN_DIR.glob("*.ipynb"))
+PAIRS = [(path, JA_DIR / path.name) for path in EN]
+IDS = [path.stem for path in EN]
+GLOSSARY = REPO / "docs" / "ja" / "glossary.md"
+
+JAPANESE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff]")
+STANDARD_HEADINGS = {"## Recap": "## まとめ", "## Exercises": "## 演習",
+                     "## Solutions": "## 解答"}
+
+
+def read(path):
+    return nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
+
+
+def without_comments(source: str) -> str:
+    """Python source without its comments (the Japanese edition may translate them);
+    a cell that is not plain Python (a shell or magic line) is compared as it is."""
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if t.type != tokenize.COMMENT]
+        return tokenize.untokenize(tokens)
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return source
+
+
+def prose(markdown: str) -> str:
+    """The markdown without fenced code, inline code, URLs, link targets and formulas."""
+    text = re.sub(r"(?ms)^```.*?^```", "", markdown)
+    text = re.sub(r"`[^`]*`", "", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    text = re.sub(r"https?://\S+", "", text)
+    text = re.sub(r"(?s)\$\$.*?\$\$", "", text)
+    text = re.sub(r"\$[^$\n]+\$", "", text)
+    return text
+
+
+def outside_fences(markdown: str) -> str:
+    return re.sub(r"(?ms)^```.*?^```", "", markdown)
+
+
+def headings(markdown: str) -> list:
+    return [line for line in outside_fences(markdown).splitlines() if re.match(r"#+ ", line)]
+
+
+def heading_key(line: str) -> tuple:
+    """What a heading must keep in translation: its level and its number ("1 ·", "2.",
+    "Exercise 3" = "演習 3")."""
+    level, text = re.match(r"(#+) (.*)", line).groups()
+    for en, ja in STANDARD_HEADINGS.items():
+        if line.strip() in (en, ja):
+            return len(level), en
+    number = re.match(r"(?:Exercise |演習 ?)?(\d+)(?: ·|\.)", text)
+    kind = "exercise" if re.match(r"Exercise |演習", text) else "section"
+    return len(level), (kind, number.group(1)) if number else None
+
+
+def list_items(markdown: str) -> int:
+    return len(re.findall(r"(?m)^\s*(?:[*+-]|\d+\.) ", outside_fences(markdown)))
+
+
+def table_rows(markdown: str) -> int:
+    return len(re.findall(r"(?m)^\|", outside_fences(markdown)))
+
+
+def code_spans(markdown: str) -> Counter:
+    """Inline code, a span broken over two lines counted as on one."""
+    return Counter(re.sub(r"\s+", " ", span)
+                   for span in re.findall(r"`[^`]+`", outside_fences(markdown)))
+
+
+def numbers(markdown: str) -> set:
+    return set(re.findall(r"\d+(?:[.,]\d+)*", prose(markdown)))
+
+
+def test_every_english_notebook_has_a_japanese_pair_and_no_other():
+    assert JA_DIR.is_dir(), "no notebooks/ja/: the Japanese edition is missing"
+    japanese = sorted(p.name for p in JA_DIR.glob("*.ipynb"))
+    assert japanese == [p.name for p in EN]
+
+
+@pytest.mark.parametrize("en,ja", PAIRS, ids=IDS)
+def test_same_cells_same_code_same_tags(en, ja):
+    a, b = read(en), read(ja)
+    assert [c.cell_type for c in a.cells] == [c.cell_type for c in b.cells], \
+        f"{ja.name}: the cells differ from {en.name} in number or kind"
+    assert a.metadata.get("medaidet") == b.metadata.get("medaidet")
+    for index, (x, y) in enumerate(zip(a.cells, b.cells)):
+        assert x.metadata.get("tags", []) == y.metadata.get("tags", []), \
+            f"{ja.name} cell {index}: tags {y.metadata.get('tags')} != {x.metadata.get('tags')}"
+        assert x.metadata.get("jupyter") == y.metadata.get("jupyter"), f"{ja.name} cell {index}"
+        if x.cell_type == "code":
+            assert without_comments(x.source) == without_comments(y.source), \
+                f"{ja.name} cell {index}: its code differs from {en.name}'s: copy it over"
+
+
+@pytest.mark.parametrize("en,ja", PAIRS, ids=IDS)
+def test_same_sections_lists_tables_code_and_numbers(en, ja):
+    a, b = read(en), read(ja)
+    for index, (x, y) in enumerate(zip(a.cells, b.cells)):
+        if x.cell_type != "markdown":
+            continue
+        where = f"{ja.name} cell {index}"
+        assert [heading_key(h) for h in headings(x.source)] == \
+            [heading_key(h) for h in headings(y.source)], \
+            f"{where}: headings {headings(y.source)} do not match {headings(x.source)}"
+        assert list_items(x.source) == list_items(y.source), f"{where}: list items"
+        assert table_rows(x.source) == table_rows(y.source), f"{where}: table rows"
+        assert re.findall(r"(?ms)^```.*?^```", x.source) == \
+            re.findall(r"(?ms)^```.*?^```", y.source), f"{where}: a code block differs"
+        assert code_spans(x.source) == code_spans(y.source), \
+            f"{where}: inline code differs: only in English " \
+            f"{code_spans(x.source) - code_spans(y.source)}, only in Japanese " \
+            f"{code_spans(y.source) - code_spans(x.source)}"
+        assert set(re.findall(r"https?://[^\s)>\]]+", x.source)) == \
+            set(re.findall(r"https?://[^\s)>\]]+", y.source)), f"{where}: links differ"
+        missing = numbers(x.source) - numbers(y.source)
+        assert not missing, f"{where}: numbers of the English text missing: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("en,ja", PAIRS, ids=IDS)
+def test_prerequisites_recap_exercises_and_solutions(en, ja):
+    text = "\n".join(c.source for c in read(ja).cells if c.cell_type == "markdown")
+    english = "\n".join(c.source for c in read(en).cells if c.cell_type == "markdown")
+    assert "**前提:**" in text, f"{ja.name}: no '**前提:**' (Prerequisites)"
+    assert re.search(r"(?m)^## まとめ$", text), f"{ja.name}: no '## まとめ' (Recap)"
+    assert re.search(r"(?m)^## 解答$", text), f"{ja.name}: no '## 解答' (Solutions)"
+    listed = re.search(r"(?ms)^## 演習\n(.*?)(?=^## |\Z)", text)
+    assert listed, f"{ja.name}: no '## 演習' (Exercises)"
+    listed_en = re.search(r"(?ms)^## Exercises\n(.*?)(?=^## |\Z)", english)
+    assert re.findall(r"(?m)^(\d+)\. ", listed.group(1)) == \
+        re.findall(r"(?m)^(\d+)\. ", listed_en.group(1)), f"{ja.name}: the exercises differ"
+    assert re.findall(r"(?m)^### 演習 (\d+) · ", text) == \
+        re.findall(r"(?m)^### Exercise (\d+) · ", english), f"{ja.name}: the solutions differ"
+
+
+@pytest.mark.parametrize("en,ja", PAIRS, ids=IDS)
+def test_the_text_is_japanese(en, ja):
+    """Every paragraph, list item, table cell and heading with English words in it has
+    Japanese in it too: nothing was left untranslated (code, names, formulas aside)."""
+    left = []
+    for index, cell in enumerate(read(ja).cells):
+        if cell.cell_type != "markdown":
+            continue
+        for block in re.split(r"\n\s*\n|\n(?=\s*(?:[*+-]|\d+\.) )|\n(?=#)", prose(cell.source)):
+            for part in block.split("|"):
+                words = re.findall(r"[A-Za-z]{3,}", part)
+                if len(words) >= 4 and not JAPANESE.search(part):
+                    left.append(f"cell {index}: {part.strip()[:80]!r}")
+    assert not left, f"{ja.name}: English left untranslated:\n" + "\n".join(left)
+
+
+def glossary():
+    rows = re.findall(r"(?m)^\| ([^|]+?) \| ([^|]+?) \|", GLOSSARY.read_text(encoding="utf-8"))
+    return [(en, ja) for en, ja in rows if en not in ("English", "---")]
+
+
+def test_the_glossary_has_each_term_and_its_english():
+    terms = dict(glossary())
+    for en in ("object detection", "default box", "non-maximum suppression (NMS)",
+               "average precision (AP), mAP", "learning rate", "batch normalization",
+               "reproducibility", "data parallelism"):
+        assert en in terms and JAPANESE.search(terms[en]), en
+
+
+# Words the glossary chose against: a notebook that uses one of them has drifted from it.
+NOT_OURS = {"訓練": "学習", "境界ボックス": "バウンディングボックス",
+            "非最大抑制": "非最大値抑制", "平均精度": "平均適合率",
+            "既定ボックス": "デフォルトボックス"}
+
+
+@pytest.mark.parametrize("en,ja", PAIRS, ids=IDS)
+def test_the_glossarys_terms_are_used(en, ja):
+    text = "\n".join(c.source for c in read(ja).cells if c.cell_type == "markdown")
+    for avoid, use in NOT_OURS.items():
+        if use:
+            assert avoid not in text, f"{ja.name}: '{avoid}': the glossary says '{use}'"
+
+
+def test_the_readmes_link_each_other_and_give_the_two_commands():
+    english = (REPO / "README.md").read_text(encoding="utf-8")
+    japanese = (REPO / "README.ja.md").read_text(encoding="utf-8")
+    assert "(README.ja.md)" in english.split("\n## ")[0], "README.md: link README.ja.md at the top"
+    assert "(README.md)" in japanese.split("\n## ")[0]
+    block = re.search(r"(?s)## クイックスタート.*?```bash\n(.*?)```", japanese).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["make run COURSE_LANG=ja", "make test"]
+    assert JAPANESE.search(prose(japanese.split("## Colab")[0]))
+
+
+def test_the_japanese_readme_opens_the_japanese_notebooks_on_colab():
+    import sys
+    sys.path.insert(0, str(REPO))
+    from medaidet.env import colab
+    url = colab.repository_url(REPO / "pyproject.toml")
+    japanese = sorted(JA_DIR.glob("*.ipynb"))
+    assert colab.update_readme_badges(REPO / "README.ja.md", url, japanese, write=False) is \
+        False, "README.ja.md's Colab badges are stale: run python tools/set_colab.py"
+    text = (REPO / "README.ja.md").read_text(encoding="utf-8")
+    assert text.count(f"/blob/main/notebooks/ja/") == len(japanese) == len(EN)
