@@ -70,23 +70,16 @@ SSD_MEAN = np.array([123.0, 117.0, 104.0])
 #: ChainerCV's initial conv4_3 normalisation scale (``VGG16.norm4``).
 NORM4_SCALE = 20.0
 
-#: The source layers and shapes a VGG-16 file must hold, in torchvision's names.
-VGG16_SHAPES = {}
-_in = 3
-for _name, _width in zip(CONVS, _WIDTHS):
+#: The convolutions' shapes, in the names of the file they come from (torchvision's
+#: ``VGG16_SHAPES``) and of ChainerCV's ImageNet file (``CHAINERCV_SHAPES``: ChainerCV's
+#: server file; the converter's output adds ``extractor/norm4/scale``).
+VGG16_SHAPES, CHAINERCV_SHAPES = {}, {}
+for _name, _width, _in in zip(CONVS, _WIDTHS, (3, *_WIDTHS[:-1])):
     VGG16_SHAPES[f"features.{FEATURE_INDEX[_name]}.weight"] = (_width, _in, 3, 3)
     VGG16_SHAPES[f"features.{FEATURE_INDEX[_name]}.bias"] = (_width,)
-    _in = _width
-del _in, _name, _width
-#: What a ChainerCV ImageNet VGG-16 file holds (ChainerCV's server file; the converter's
-#: output, which adds ``extractor/norm4/scale``): names and shapes.
-CHAINERCV_SHAPES = {}
-_in = 3
-for _name, _width in zip(CONVS, _WIDTHS):
     CHAINERCV_SHAPES[f"extractor/{_name}/W"] = (_width, _in, 3, 3)
     CHAINERCV_SHAPES[f"extractor/{_name}/b"] = (_width,)
-    _in = _width
-del _in, _name, _width
+del _name, _width, _in
 CHAINERCV_SHAPES.update({"extractor/conv6/W": (1024, 512, 3, 3), "extractor/conv6/b": (1024,),
                          "extractor/conv7/W": (1024, 1024, 1, 1), "extractor/conv7/b": (1024,)})
 #: fc6 and fc7 in each publisher's layout: torchvision's Linear layers, timm's 7×7 and 1×1

@@ -14,8 +14,7 @@ from dataclasses import replace
 import chainer
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
-from vgg_files import timm_layout, torchvision_vgg16, write_pth
+from vgg_files import torchvision_vgg16, write_vgg_files
 
 from medaidet.ssd import imagenet
 from medaidet.ssd.imagenet import SOURCES, imagenet_status, imagenet_weights
@@ -37,8 +36,7 @@ def state():
 def served(state, tmp_path_factory):
     """A folder served on 127.0.0.1 holding each publisher's file (and ChainerCV's layout)."""
     root = tmp_path_factory.mktemp("www")
-    write_pth(state, root / "vgg16-397923af.pth")
-    save_file(timm_layout(state), str(root / "model.safetensors"))
+    write_vgg_files(state, root, pth="vgg16-397923af.pth")
     converted, _ = convert_vgg16(state)
     np.savez(root / "ssd_vgg16_imagenet_converted_2017_06_09.npz",
              **{k: v for k, v in converted.items() if k in CHAINERCV_SHAPES})

@@ -13,8 +13,7 @@ import pytest
 from chainercv.links import SSD300
 from chainercv.transforms import resize
 from chainercv.utils import read_image
-from safetensors.numpy import save_file
-from vgg_files import CONV_INDEX, WIDTHS, timm_layout, torchvision_vgg16, write_pth
+from vgg_files import CONV_INDEX, WIDTHS, torchvision_vgg16, write_vgg_files
 
 from medaidet.errors import MedaidetError
 from medaidet.ssd.torch_files import TorchFileError, read_state_dict
@@ -37,10 +36,7 @@ def vgg_state():
 @pytest.fixture(scope="module")
 def vgg_files(vgg_state, tmp_path_factory):
     """The weights as torchvision's .pth and as timm's safetensors file."""
-    folder = tmp_path_factory.mktemp("vgg")
-    write_pth(vgg_state, folder / "vgg16.pth")
-    save_file(timm_layout(vgg_state), str(folder / "model.safetensors"))
-    return {"torchvision": folder / "vgg16.pth", "timm": folder / "model.safetensors"}
+    return write_vgg_files(vgg_state, tmp_path_factory.mktemp("vgg"))
 
 
 @pytest.fixture(scope="module")

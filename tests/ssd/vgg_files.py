@@ -99,3 +99,11 @@ def timm_layout(state):
     out["head.fc.weight"] = state["classifier.6.weight"]
     out["head.fc.bias"] = state["classifier.6.bias"]
     return out
+
+
+def write_vgg_files(state, folder, pth="vgg16.pth", safetensors="model.safetensors") -> dict:
+    """``state`` as torchvision's ``.pth`` and as timm's safetensors file in ``folder``."""
+    from safetensors.numpy import save_file
+    write_pth(state, folder / pth)
+    save_file(timm_layout(state), str(folder / safetensors))
+    return {"torchvision": folder / pth, "timm": folder / safetensors}
