@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
 # lowest first: shared -> install path -> data -> ssd -> training -> scaling -> evaluation
 # -> troubleshooting -> deployment -> environment -> command line
 LAYERS = [
-    ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files",
+    ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files", "medaidet.downloads",
                 "medaidet.arguments", "medaidet.compat", "medaidet.device",
                 "medaidet.numbers", "medaidet.tables", "medaidet.exercises"]),
     ("stack", ["medaidet.stack"]),

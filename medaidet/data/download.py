@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import http.client
 import importlib.resources
 import logging
 import os
@@ -45,15 +44,14 @@ import shutil
 import socket
 import tarfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import zlib
 from pathlib import Path, PureWindowsPath
 from typing import NamedTuple
 
 from medaidet import __version__
 from medaidet.checksums import sha256_file
+from medaidet.downloads import FetchError, stream_url
 from medaidet.errors import MedaidetError
 from medaidet.stack.build import default_cache_dir
 
@@ -310,47 +308,12 @@ def _user_agent() -> str:
 def _fetch(url: str, target: Path, dest: Path, timeout: float, progress: bool) -> int:
     """Stream ``url`` into ``target``; returns the number of bytes."""
     try:
-        request = urllib.request.Request(url, headers={"User-Agent": _user_agent()})
-        response = urllib.request.urlopen(request, timeout=timeout)
-    except urllib.error.HTTPError as exc:
-        raise _download_error(url, dest, f"the server answered HTTP {exc.code} {exc.reason}",
-                              offline_hint=False) from None
-    except urllib.error.URLError as exc:
-        raise _download_error(url, dest, f"{exc.reason}", offline_hint=True) from None
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        raise _download_error(url, dest, f"{type(exc).__name__}: {exc}",
-                              offline_hint=True) from None
-
-    from tqdm.auto import tqdm
-
-    with response:
-        length = response.headers.get("Content-Length")
-        total = int(length) if length and length.strip().isdigit() else None
-        if total is not None and total > MAX_DOWNLOAD_BYTES:
-            raise _download_error(url, dest, f"it announces {total} bytes, more than the "
-                                  f"{MAX_DOWNLOAD_BYTES} allowed", offline_hint=False)
-        received = 0
-        with open(target, "wb") as out, tqdm(total=total, unit="B", unit_scale=True,
-                                             unit_divisor=1024, desc="BCCD download",
-                                             disable=not progress, leave=False) as bar:
-            while True:
-                try:
-                    chunk = response.read(_CHUNK)
-                except (OSError, http.client.HTTPException) as exc:
-                    raise _download_error(
-                        url, dest, f"the connection broke after {received} bytes "
-                        f"({type(exc).__name__}: {exc})", offline_hint=True) from None
-                if not chunk:
-                    break
-                received += len(chunk)
-                if received > MAX_DOWNLOAD_BYTES:
-                    raise _download_error(url, dest, f"more than {MAX_DOWNLOAD_BYTES} bytes",
-                                          offline_hint=False)
-                out.write(chunk)
-                bar.update(len(chunk))
-    if total is not None and received != total:
-        raise _download_error(url, dest, f"got {received} of the {total} bytes announced",
-                              offline_hint=True)
+        with open(target, "wb") as out:
+            received, _ = stream_url(url, out, timeout=timeout, user_agent=_user_agent(),
+                                     desc="BCCD download", progress=progress,
+                                     max_bytes=MAX_DOWNLOAD_BYTES)
+    except FetchError as exc:
+        raise _download_error(url, dest, exc.reason, offline_hint=exc.offline) from None
     return received
 
 

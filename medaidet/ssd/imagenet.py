@@ -23,7 +23,6 @@ lists every source's URL, why it failed, and where to place any one of the files
 """
 from __future__ import annotations
 
-import hashlib
 import http.client
 import logging
 import os
@@ -37,6 +36,7 @@ from chainercv.links import SSD300
 
 from medaidet import __version__
 from medaidet.checksums import sha256_file
+from medaidet.downloads import FetchError, stream_url
 from medaidet.files import atomic_file
 from medaidet.ssd.pretrained import CACHE_SUBDIR
 from medaidet.ssd.vgg_weights import CHAINERCV_SHAPES, SSD_MEAN, convert_vgg16, read_vgg16
@@ -50,7 +50,6 @@ __all__ = ["ImagenetSource", "SOURCES", "cache_dir", "imagenet_weights",
 logger = logging.getLogger(__name__)
 
 TIMEOUT_S = 60.0
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -142,43 +141,17 @@ def _sidecar_ok(path: Path) -> bool:
 # --------------------------------------------------------------------------- downloads
 
 def _download(source: ImagenetSource, target: Path, progress: bool, timeout: float) -> None:
-    """Stream ``source.url`` to ``target`` (atomically), checking its sha256 on the way."""
-    from tqdm.auto import tqdm
-
-    request = urllib.request.Request(
-        source.url, headers={"User-Agent": f"medaidet/{__version__}"})
-    try:
-        response = urllib.request.urlopen(request, timeout=timeout)
-    except urllib.error.HTTPError as exc:
-        raise _Failed(f"the server answered HTTP {exc.code} {exc.reason}") from None
-    except urllib.error.URLError as exc:
-        raise _Failed(f"unreachable ({exc.reason})") from None
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        raise _Failed(f"unreachable ({type(exc).__name__}: {exc})") from None
-    digest = hashlib.sha256()
+    """Stream ``source.url`` to ``target`` (atomically), checking its sha256."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with response:
-        length = response.headers.get("Content-Length")
-        total = int(length) if length and length.strip().isdigit() else None
-        received = 0
-        with atomic_file(target) as out, tqdm(
-                total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                desc=f"{source.name} VGG-16", disable=not progress, leave=False) as bar:
-            while True:
-                try:
-                    chunk = response.read(_CHUNK)
-                except (OSError, http.client.HTTPException) as exc:
-                    raise _Failed(f"the connection broke after {received} bytes "
-                                  f"({type(exc).__name__}: {exc})") from None
-                if not chunk:
-                    break
-                received += len(chunk)
-                digest.update(chunk)
-                out.write(chunk)
-                bar.update(len(chunk))
-            if total is not None and received != total:
-                raise _Failed(f"got {received} of the {total} bytes announced")
-            _check_digest(source, digest.hexdigest())   # raised inside: nothing is kept
+    with atomic_file(target) as out:
+        try:
+            _, digest = stream_url(source.url, out, timeout=timeout,
+                                   user_agent=f"medaidet/{__version__}",
+                                   desc=f"{source.name} VGG-16", progress=progress)
+        except FetchError as exc:
+            raise _Failed(f"unreachable ({exc.reason})" if exc.offline else exc.reason) \
+                from None
+        _check_digest(source, digest)   # raised inside: nothing is kept
 
 
 def _convert(source: ImagenetSource, raw: Path, mean) -> Path:

@@ -1,0 +1,71 @@
+"""The one HTTP download loop (BCCD's archive, SSD's ImageNet weights): a URL streamed into an
+open file with a progress bar, its length and size limit checked and its sha256 computed on
+the way. What went wrong is a :class:`FetchError`, whose ``reason`` each caller puts into its
+own message (what to do differs: place BCCD by hand, try the next weight source)."""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import urllib.error
+import urllib.request
+
+__all__ = ["FetchError", "stream_url"]
+
+_CHUNK = 1 << 20
+
+
+class FetchError(Exception):
+    """A download failed. ``reason``: what happened, in words; ``offline``: whether being
+    offline (or behind a proxy) may be the cause."""
+
+    def __init__(self, reason: str, offline: bool):
+        super().__init__(reason)
+        self.reason, self.offline = reason, offline
+
+
+def stream_url(url: str, out, *, timeout: float, user_agent: str, desc: str,
+               progress: bool = True, max_bytes: int | None = None) -> tuple[int, str]:
+    """Write what ``url`` answers into the binary file ``out``; returns (bytes, sha256 hex).
+
+    Raises :class:`FetchError` for an HTTP error, an unreachable server, a connection that
+    breaks, more than ``max_bytes`` (announced or received) or fewer bytes than announced.
+    """
+    try:
+        response = urllib.request.urlopen(
+            urllib.request.Request(url, headers={"User-Agent": user_agent}), timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        raise FetchError(f"the server answered HTTP {exc.code} {exc.reason}", False) from None
+    except urllib.error.URLError as exc:
+        raise FetchError(f"{exc.reason}", True) from None
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise FetchError(f"{type(exc).__name__}: {exc}", True) from None
+
+    from tqdm.auto import tqdm
+
+    digest = hashlib.sha256()
+    with response:
+        length = response.headers.get("Content-Length")
+        total = int(length) if length and length.strip().isdigit() else None
+        if total is not None and max_bytes is not None and total > max_bytes:
+            raise FetchError(f"it announces {total} bytes, more than the {max_bytes} allowed",
+                             False)
+        received = 0
+        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
+                  disable=not progress, leave=False) as bar:
+            while True:
+                try:
+                    chunk = response.read(_CHUNK)
+                except (OSError, http.client.HTTPException) as exc:
+                    raise FetchError(f"the connection broke after {received} bytes "
+                                     f"({type(exc).__name__}: {exc})", True) from None
+                if not chunk:
+                    break
+                received += len(chunk)
+                if max_bytes is not None and received > max_bytes:
+                    raise FetchError(f"more than {max_bytes} bytes", False)
+                digest.update(chunk)
+                out.write(chunk)
+                bar.update(len(chunk))
+    if total is not None and received != total:
+        raise FetchError(f"got {received} of the {total} bytes announced", True)
+    return received, digest.hexdigest()
