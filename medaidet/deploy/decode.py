@@ -9,7 +9,7 @@ unless it overlaps a better one of its class at IoU >= ``nms_thresh``; the image
 """
 import numpy as np
 
-__all__ = ["boxes_from_offsets", "non_maximum_suppression", "decode", "resize_boxes"]
+__all__ = ["boxes_from_offsets", "box_iou", "non_maximum_suppression", "decode", "resize_boxes"]
 
 
 def boxes_from_offsets(locs, default_boxes, variances):
@@ -24,6 +24,18 @@ def boxes_from_offsets(locs, default_boxes, variances):
     return boxes
 
 
+def box_iou(a, b):
+    """IoU of every box of ``a`` (N, 4) with every box of ``b`` (M, 4): (N, M). Boxes
+    ``(y_min, x_min, y_max, x_max)``; boxes that do not overlap have IoU 0."""
+    a, b = np.asarray(a)[:, None], np.asarray(b)[None]
+    top_left = np.maximum(a[..., :2], b[..., :2])
+    bottom_right = np.minimum(a[..., 2:], b[..., 2:])
+    overlap = np.prod(bottom_right - top_left, axis=2) * (top_left < bottom_right).all(axis=2)
+    area_a = np.prod(a[..., 2:] - a[..., :2], axis=2)
+    area_b = np.prod(b[..., 2:] - b[..., :2], axis=2)
+    return overlap / (area_a + area_b - overlap)
+
+
 def non_maximum_suppression(boxes, thresh, scores, limit=None):
     """Indices of the boxes kept, best score first: a box is dropped when its IoU with a
     kept, better-scoring box is >= ``thresh``; at most ``limit`` are kept."""
@@ -31,13 +43,9 @@ def non_maximum_suppression(boxes, thresh, scores, limit=None):
         return np.zeros((0,), dtype=np.int32)
     order = scores.argsort()[::-1]
     boxes = boxes[order]
-    areas = np.prod(boxes[:, 2:] - boxes[:, :2], axis=1)
     kept = np.zeros(len(boxes), dtype=bool)
     for i, box in enumerate(boxes):
-        top_left = np.maximum(box[:2], boxes[kept, :2])
-        bottom_right = np.minimum(box[2:], boxes[kept, 2:])
-        overlap = np.prod(bottom_right - top_left, axis=1) * (top_left < bottom_right).all(axis=1)
-        if (overlap / (areas[i] + areas[kept] - overlap) >= thresh).any():
+        if (box_iou(box[None], boxes[kept]) >= thresh).any():
             continue
         kept[i] = True
         if limit is not None and np.count_nonzero(kept) >= limit:

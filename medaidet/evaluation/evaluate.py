@@ -193,11 +193,11 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
     out = {k: [] for k in ("pb", "pl", "ps", "gb", "gl", "gd", "candidates")}
     saved = (model.score_thresh, model.nms_thresh)
     model.use_preset("evaluate")
-    start = time.perf_counter()
+    began = time.perf_counter()
     try:
         with tqdm(total=n, desc="predict", unit="img", disable=not progress) as bar:
-            for start in range(0, n, batch_size):
-                items = [dataset[i] for i in range(start, min(start + batch_size, n))]
+            for first in range(0, n, batch_size):
+                items = [dataset[i] for i in range(first, min(first + batch_size, n))]
                 bboxes, labels, scores, *candidates = predict(
                     model, [it[0] for it in items], top_k=top_k, keep_top_k=keep_top_k,
                     return_candidates=return_candidates)
@@ -217,7 +217,7 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
     preds = Predictions(list(ids), out["pb"], out["pl"], out["ps"], out["gb"], out["gl"],
                         out["gd"], tuple(label_names), score_thresh,
                         split if split is not None else getattr(dataset, "split", None),
-                        getattr(model, "name", None), time.perf_counter() - start)
+                        getattr(model, "name", None), time.perf_counter() - began)
     return (preds, out["candidates"]) if return_candidates else preds
 
 

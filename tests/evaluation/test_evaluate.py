@@ -223,6 +223,27 @@ def test_the_model_is_read_from_the_weights(bccd_root, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["model"] == "ssd_small"
 
 
+@pytest.mark.slow(seconds=5)
+@pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")
+def test_seconds_is_the_time_the_prediction_loop_took(bccd_root):
+    """Several batches (the loop's index once overwrote the timer's start)."""
+    import time
+
+    from medaidet.data.bccd import BCCDDataset
+    from medaidet.evaluation.evaluate import predict_split
+    from medaidet.ssd.model import build_ssd
+
+    np.random.seed(0)
+    model = build_ssd("ssd_small")
+    dataset = BCCDDataset(bccd_root, "val").slice[:5]
+    began = time.perf_counter()
+    predictions = predict_split(model, dataset, batch_size=2, progress=False)
+    took = time.perf_counter() - began
+    assert len(predictions) == 5
+    assert 0 < predictions.seconds <= took
+    assert predictions.filter(0.5).seconds == predictions.seconds
+
+
 # --------------------------------------------------------------------------- bad arguments
 
 def _evaluate_parser():
