@@ -55,8 +55,9 @@ class Parity:
     def __str__(self):
         lines = [f"{self.n_images} images, {self.n_detections[0]} and {self.n_detections[1]} "
                  f"detections: {self.n_same} the same (boxes within "
-                 f"{self.box_difference:.1e} px), {self.n_ties} ties (NMS kept the other of two "
-                 f"overlapping boxes scored alike), {len(self.differences)} without a partner; "
+                 f"{self.box_difference:.1e} px), {self.n_ties} tie{'' if self.n_ties == 1 else 's'} "
+                 "(NMS kept the other of two overlapping boxes scored alike), "
+                 f"{len(self.differences)} without a partner; "
                  f"scores within {self.score_difference:.1e}; "
                  + ("the same counts" if not self.count_differences else
                     f"counts differ in {len(self.count_differences)} images")]
