@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
 LAYERS = [
     ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files", "medaidet.downloads",
                 "medaidet.arguments", "medaidet.compat", "medaidet.device",
-                "medaidet.numbers", "medaidet.tables", "medaidet.exercises"]),
+                "medaidet.numbers", "medaidet.tables", "medaidet.exercises",
+                "medaidet.colors"]),
     ("stack", ["medaidet.stack"]),
     ("data", ["medaidet.data"]),
     ("ssd", ["medaidet.ssd"]),

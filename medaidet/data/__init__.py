@@ -5,14 +5,13 @@ reason :data:`SPLITS` and :data:`BCCD_LABEL_NAMES` are here (the command line of
 """
 import importlib
 
+from medaidet.colors import CLASS_COLORS   # one colour per class (medaidet.colors)
+
 #: BCCD's image sets, ``ImageSets/Main/<split>.txt``.
 SPLITS = ("train", "val", "trainval", "test")
 #: Class names in the course's order: label 0 is rbc, 1 wbc, 2 platelets. The XML
 #: says ``RBC``, ``WBC``, ``Platelets``; names are matched case-insensitively, stripped.
 BCCD_LABEL_NAMES = ("rbc", "wbc", "platelets")
-#: One colour per class, the same in every figure of the course, in the exported model's
-#: drawings and on the web page: matplotlib's tab:red, tab:blue and tab:green.
-CLASS_COLORS = {"rbc": "#d62728", "wbc": "#1f77b4", "platelets": "#2ca02c"}
 
 _PUBLIC = {
     "BCCDDataset": "medaidet.data.bccd",

@@ -39,6 +39,7 @@ from chainercv.evaluations import calc_detection_voc_prec_rec, eval_detection_vo
 from matplotlib.figure import Figure
 
 from medaidet.arguments import check_number, prepare_output_dir
+from medaidet.colors import line_style
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.bccd import BCCDDataset
 from medaidet.data.download import resolve_root
@@ -424,7 +425,8 @@ def plot_pr_curves(result: EvaluationResult):
     n = len(result.label_names)
     fig = Figure(figsize=(4.2 * n, 4.0), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False)[0]
-    styles = {"evaluate": dict(color="C0", lw=2), "course": dict(color="C3", ls="--", lw=2)}
+    styles = {proto: dict(line_style(k), marker=None, lw=2)     # no class colour: greys
+              for k, proto in enumerate(result.protocols)}
     for l, (ax, name) in enumerate(zip(axes, result.label_names)):
         for proto, p in result.protocols.items():
             prec, rec = p.precision[l], p.recall[l]

@@ -3,13 +3,13 @@
 AP and count errors say *how much* a detector gets wrong; a picture says *what*. Each
 detection scoring ``>= score_thresh`` is matched to the ground truth exactly as VOC AP
 matches it (:func:`match_detections`, the rule of ChainerCV's
-``calc_detection_voc_prec_rec``), and drawn in one of three styles (Okabe-Ito colours,
-distinct for colour-blind readers and in grey, by line style too):
+``calc_detection_voc_prec_rec``), and drawn in one of three styles, none in a class's colour
+(:data:`medaidet.colors.OUTCOME_STYLES`; told apart by line style too):
 
-* true positive: solid bluish green, a detection matched to a box of its class;
-* false positive: dashed orange, a detection matched to no box (a duplicate, a wrong
+* correct (a true positive): solid black, a detection matched to a box of its class;
+* false (a false positive): dashed orange, a detection matched to no box (a duplicate, a wrong
   class, a poor overlap, or an unboxed cell: see :data:`~medaidet.evaluation.count.RBC_NOTE`);
-* missed: dotted blue, a ground-truth box no detection matched.
+* missed: dotted black, a ground-truth box no detection matched.
 
 Each box carries its class's initial (``R``, ``W``, ``P``); each panel's title has the
 counts per class, predicted/annotated (``rbc 18/21 · wbc 1/1 · platelets 0/2``), the same
@@ -34,6 +34,7 @@ from chainercv.utils import bbox_iou
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from medaidet.colors import OUTCOME_LABELS, OUTCOME_STYLES, bar_style
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
 from medaidet.data.download import resolve_root
 from medaidet.data.image import read_image_size
@@ -44,14 +45,10 @@ from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
 __all__ = ["STYLES", "DetectionMatch", "BoxSizes", "match_detections", "draw_detections",
            "plot_detections", "gt_box_sizes", "plot_box_sizes"]
 
-#: Drawing style of each outcome (matplotlib ``Rectangle`` keywords). Okabe-Ito colours;
-#: the line styles tell them apart without colour.
-STYLES = {
-    "tp": dict(edgecolor="#009E73", linestyle="-", linewidth=1.6),
-    "fp": dict(edgecolor="#E69F00", linestyle="--", linewidth=1.8),
-    "missed": dict(edgecolor="#0072B2", linestyle=":", linewidth=2.2),
-}
-_LEGEND = {"tp": "true positive", "fp": "false positive", "missed": "missed (annotated)"}
+#: Drawing style of each outcome (matplotlib ``Rectangle`` keywords): no class colour, and
+#: the line styles tell them apart without colour (:mod:`medaidet.colors`).
+STYLES = OUTCOME_STYLES
+_LEGEND = OUTCOME_LABELS
 
 
 # --------------------------------------------------------------------------- matching
@@ -238,8 +235,8 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
                     show_scores: bool = False) -> DetectionMatch:
     """Draw ``img`` on ``ax`` with its detections matched to its ground truth.
 
-    True positives (solid green), false positives (dashed orange) and missed boxes (dotted
-    blue) are drawn as rectangles (:data:`STYLES`), each tagged with its class's initial
+    Correct detections (solid black), false ones (dashed orange) and missed boxes (dotted
+    black) are drawn as rectangles (:data:`STYLES`), each tagged with its class's initial
     (and the score with ``show_scores``); the title holds ``title`` (e.g. the image id)
     and, per class, kept detections / annotated boxes. Detections scoring below
     ``score_thresh`` are not drawn; nor are detections on difficult boxes.
@@ -285,10 +282,13 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
                 text += f" {scores[i]:.2f}"
             # missed boxes tagged below their corner, detections above: a TP and the box it
             # matched do not both show, but an FP over a missed box should stay readable
+            # a missed box's tag is white on black's dotted outline, a detection's filled
             ax.text(x0 + 1, (y1 - 1) if kind == "missed" else (y0 + 1), text,
-                    fontsize=6, color="white", va="bottom" if kind == "missed" else "top",
-                    bbox=dict(facecolor=style["edgecolor"], edgecolor="none", pad=0.6,
-                              alpha=0.85), clip_on=True)
+                    fontsize=6, color="black" if kind == "missed" else "white",
+                    va="bottom" if kind == "missed" else "top",
+                    bbox=dict(facecolor="white" if kind == "missed" else style["edgecolor"],
+                              edgecolor=style["edgecolor"] if kind == "missed" else "none",
+                              pad=0.6, alpha=0.85), clip_on=True)
             drawn[kind].append(i)
     counts = _count_title(pred_label, match.kept, gt_label, label_names, only)
     ax.set_title(counts if not title else f"{title}\n{counts}", fontsize=9)
@@ -548,9 +548,11 @@ def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
         f, m = sizes.found[name], sizes.missed[name]
         both = np.concatenate([f, m])
         bins = np.linspace(both.min(), both.max() + 1, 21) if len(both) else 10
-        ax.hist([f, m], bins=bins, stacked=True, label=[f"found ({len(f)})",
-                                                        f"missed ({len(m)})"],
-                color=[STYLES["tp"]["edgecolor"], STYLES["missed"]["edgecolor"]])
+        # found: solid dark bars; missed: white, dotted, stacked on top (as the drawings)
+        counts_found, edges, _ = ax.hist(f, bins=bins, label=f"found ({len(f)})",
+                                         **bar_style(0))
+        ax.hist(m, bins=edges, bottom=counts_found, label=f"missed ({len(m)})",
+                **dict(bar_style(0), color="white", hatch="..."))
         for s, ls in zip(default_box_sizes, ("--", "-.", ":", (0, (5, 1, 1, 1)))):
             ax.axvline(s, color="0.2", ls=ls, lw=1.2, label=f"default box {s:g} px")
         ax.set(title=name, xlabel=f"box size sqrt(h*w) at {sizes.input_size}x"

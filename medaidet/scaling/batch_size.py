@@ -31,6 +31,7 @@ from chainer.datasets import TransformDataset
 from matplotlib.figure import Figure
 
 from medaidet.arguments import ArgumentValueError, check_number, prepare_output_dir
+from medaidet.colors import line_style
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
 from medaidet.data.download import resolve_root
 from medaidet.device import DEFAULT_DEVICE, device_name
@@ -476,8 +477,14 @@ def _log_line(t: BatchSizeTry) -> str:
 
 # --------------------------------------------------------------------------- plot
 
-def plot_memory(report: BatchSizeReport):
+def plot_memory(report: BatchSizeReport, limit_bytes: int | None = None,
+                limit_label: str = "memory limit"):
     """Peak memory against batch size, the tries that ran out of memory marked.
+
+    ``limit_bytes``: the memory a try could use, when known (e.g. the out-of-memory demo's
+    room above what the model holds): drawn as a line, the failed tries on it (they needed
+    more). Without it the failed tries are marked at the top of the axis: a failed try has
+    no peak to plot. Lines and markers in black and grey: no class colour.
 
     Returns a matplotlib ``Figure``.
     """
@@ -487,16 +494,21 @@ def plot_memory(report: BatchSizeReport):
     ok = sorted((t.batch_size, t.peak_bytes / 2**20) for t in report.tries
                 if t.ok and t.peak_bytes is not None)
     failed = sorted(t.batch_size for t in report.tries if not t.ok)
-    top = max((mib for _, mib in ok), default=1.0) * 1.15
+    limit = None if limit_bytes is None else limit_bytes / 2**20
+    top = max([mib for _, mib in ok] + ([limit] if limit else []), default=1.0) * 1.15
     if ok:
-        ax.plot([b for b, _ in ok], [mib for _, mib in ok], marker="o", color="C0",
-                label="fits (peak)")
-    if failed:        # a try that failed has no peak: marked on the axis, not at a height
-        ax.plot(failed, [0] * len(failed), linestyle="none", marker="x", ms=10, mew=2,
-                color="C3", clip_on=False, label="out of memory (no peak: it failed)")
+        ax.plot([b for b, _ in ok], [mib for _, mib in ok], label="fits (peak)",
+                **line_style(0))
+    if limit is not None:
+        ax.axhline(limit, color="0.4", linestyle="--", lw=1.2,
+                   label=f"{limit_label}: {limit:,.0f} MiB")
+    if failed:
+        ax.plot(failed, [limit if limit is not None else top * 1.1] * len(failed),
+                linestyle="none", marker="x", ms=10, mew=2, color="black", clip_on=False,
+                label="out of memory (needed more" + (" than the limit)" if limit else ")"))
     best = report.best_batch_size
     if best is not None:
-        ax.axvline(best, color="C2", linestyle="--", alpha=0.6, label=f"largest fit: {best}")
+        ax.axvline(best, color="0.6", linestyle=":", lw=1.5, label=f"largest fit: {best}")
     sizes = sorted({t.batch_size for t in report.tries})
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])

@@ -133,6 +133,11 @@ class OutOfMemoryDemo:
     headroom: float
     error: str | None = None   # NoBatchSizeFitsError's message when nothing fit
 
+    @property
+    def room_bytes(self) -> int:
+        """What a try could allocate above what the model held: ``headroom`` x one image."""
+        return int(self.headroom * self.one_image_bytes)
+
     def summary(self) -> str:
         mib = 2 ** 20
         text = (f"address space limited to {self.limit_bytes / mib:.0f} MiB: what the model "

@@ -122,10 +122,18 @@ def test_plot_memory():
     assert ax.get_xlabel() == "batch size" and ax.get_ylabel() == "peak memory (MiB)"
     assert ax.get_title() == "Memory per batch size on the CPU\n(peak: tracemalloc)"
     fits, failed = ax.lines[:2]
-    assert (fits.get_label(), failed.get_label()) == ("fits (peak)",
-                                                     "out of memory (no peak: it failed)")
-    assert list(failed.get_xdata()) == [4, 8] and list(failed.get_ydata()) == [0, 0]
+    assert (fits.get_label(), failed.get_label()) == ("fits (peak)", "out of memory (needed more)")
+    # a failed try has no peak: marked above the highest peak, not at 0 MiB
+    assert list(failed.get_xdata()) == [4, 8]
+    assert min(failed.get_ydata()) > 3 * 1024 and ax.get_ylim()[1] >= max(failed.get_ydata())
     fig.savefig(__import__("io").BytesIO(), format="png")
+    # with the memory a try could use: a line there, the failed tries on it
+    ax = plot_memory(report, limit_bytes=4 << 30, limit_label="room").axes[0]
+    limit, = [line for line in ax.lines if line.get_label() == "room: 4,096 MiB"]
+    failed, = [line for line in ax.lines if line.get_label().startswith("out of memory")]
+    assert failed.get_label() == "out of memory (needed more than the limit)"
+    assert list(failed.get_ydata()) == [4096, 4096] and list(limit.get_ydata()) == [4096, 4096]
+    assert all(line.get_color() in ("black", "0.4", "0.6") for line in ax.lines)
     report.device = "@cupy:1"
     assert plot_memory(report).axes[0].get_title().startswith("Memory per batch size on GPU 1\n")
 
