@@ -37,6 +37,7 @@ import os
 import platform
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -372,12 +373,16 @@ class _CtrlC:
         self.kernels = []  # the kernel managers papermill made, newest last
 
     def manager_class(self):
-        """A jupyter_client kernel manager class that records its instances here."""
+        """A jupyter_client kernel manager class that records its instances here. Its kernels
+        talk over Unix sockets (``ipc``) where there are any: over TCP, without encryption,
+        ipykernel warns once per notebook, and a local course has no use for a network port."""
         from jupyter_client import AsyncKernelManager
         kernels = self.kernels
 
         class RecordedKernelManager(AsyncKernelManager):
             def __init__(self, **kwargs):
+                if hasattr(socket, "AF_UNIX"):
+                    kwargs.setdefault("transport", "ipc")
                 super().__init__(**kwargs)
                 kernels.append(self)
 

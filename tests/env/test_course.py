@@ -442,6 +442,21 @@ def test_lang_ja_runs_the_japanese_edition_into_outputs_ja(tmp_path):
         run_course(profile="smoke", out=tmp_path / "x", lang="fr", log=_quiet)
 
 
+@pytest.mark.slow(seconds=4)
+def test_the_kernel_talks_over_unix_sockets_and_prints_no_encryption_warning(tmp_path):
+    """Over TCP without encryption ipykernel warned once per notebook on the terminal."""
+    notebooks = tmp_path / "notebooks"
+    make_notebook(notebooks, "00_connection", "import json, ipykernel.connect\n"
+                  "print(json.loads(ipykernel.connect.get_connection_info())['transport'])")
+    done = subprocess.run([sys.executable, "-m", "medaidet", "course", "run", "--profile",
+                           "smoke", "--out", str(tmp_path / "out")], cwd=tmp_path,
+                          env=_cli_env(notebooks), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "without encryption" not in done.stdout + done.stderr
+    nb = nbformat.read(str(tmp_path / "out" / "00_connection.ipynb"), as_version=4)
+    assert [out.text.strip() for out in _code_outputs(nb) if "text" in out] == ["ipc"]
+
+
 # ------------------------------------------------ Ctrl-C
 
 @pytest.mark.slow(seconds=4)
