@@ -554,7 +554,7 @@ def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
         ax.hist(m, bins=edges, bottom=counts_found, label=f"missed ({len(m)})",
                 **dict(bar_style(0), color="white", hatch="..."))
         for s, ls in zip(default_box_sizes, ("--", "-.", ":", (0, (5, 1, 1, 1)))):
-            ax.axvline(s, color="0.2", ls=ls, lw=1.2, label=f"default box {s:g} px")
+            ax.axvline(s, color="0.55", ls=ls, lw=1.8, label=f"default box {s:g} px")
         ax.set(title=name, xlabel=f"box size sqrt(h*w) at {sizes.input_size}x"
                                   f"{sizes.input_size} px", ylabel="boxes")
         ax.legend(fontsize="small")
