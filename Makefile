@@ -11,13 +11,15 @@ find_python = $(firstword $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/$
                           $(filter-out %/shims/python$(1),$(shell command -v python$(1) 2>/dev/null)))
 PY311 ?= $(call find_python,3.11)
 PY312 ?= $(call find_python,3.12)
-# PROFILE, COURSE_LANG and OUT (where `make run` writes, and what `make clean` removes) are taken from
+# PROFILE, COURSE_LANG, SEED and OUT (where `make run` writes, and what `make clean` removes) are taken from
 # the command line only (`make run PROFILE=cpu OUT=DIR`): a makefile's own assignment wins
 # over a variable of the same, common name that happens to be exported.
 PROFILE := auto
 # COURSE_LANG=ja runs the Japanese edition (notebooks/ja/) into outputs/ja (not LANG: that
 # is the locale).
 COURSE_LANG := en
+# SEED=N trains notebook 03's detector with seed N (default: the profile's).
+SEED :=
 OUT := $(if $(filter en,$(COURSE_LANG)),outputs,outputs/$(COURSE_LANG))
 PYTEST_ARGS ?= -q
 PY := $(VENV312)/bin/python
@@ -31,7 +33,7 @@ SETUP_INPUTS := pyproject.toml $(shell find medaidet/stack -name '*.py' 2>/dev/n
 
 run: $(VENV312)/.ready bccd
 	"$(PY)" -m medaidet stack install --cuda auto
-	"$(PY)" -m medaidet course run --profile "$(PROFILE)" --lang "$(COURSE_LANG)" --out "$(OUT)"
+	"$(PY)" -m medaidet course run --profile "$(PROFILE)" --lang "$(COURSE_LANG)" --out "$(OUT)"$(if $(SEED), --seed "$(SEED)")
 
 # BCCD for the course and the tests: the copy $$MEDAIDET_DATA names, else the cache's, each
 # verified against the manifest; with neither, the real download into the cache. Without a

@@ -53,6 +53,10 @@ def test_out_profile_and_edition_come_from_the_command_line_only():
         exported
     given = recipe_lines("run", "PROFILE=cpu", "OUT=my outputs")
     assert given[-1].endswith('course run --profile "cpu" --lang "en" --out "my outputs"'), given
+    seeded = recipe_lines("run", "SEED=1")
+    assert seeded[-1].endswith('course run --profile "auto" --lang "en" --out "outputs" '
+                               '--seed "1"'), seeded
+    assert recipe_lines("run", env={"SEED": "5"})[-1].endswith('--out "outputs"')
     japanese = recipe_lines("run", "COURSE_LANG=ja")
     assert japanese[-1].endswith('course run --profile "auto" --lang "ja" --out "outputs/ja"'), \
         japanese

@@ -1,5 +1,5 @@
 """``medaidet course run``: every notebook, in order, with papermill."""
-from medaidet.arguments import positive_int
+from medaidet.arguments import non_negative_int, positive_int
 from medaidet.env import COURSE_LANGS, COURSE_PROFILES
 
 
@@ -19,6 +19,9 @@ def add_parser(commands) -> None:
                    help="output directory (default: outputs; outputs/ja for --lang ja)")
     p.add_argument("--cell-timeout", type=positive_int, default=None,
                    help="seconds per cell (default: the profile's)")
+    p.add_argument("--seed", type=non_negative_int, default=None,
+                   help="the seed notebook 03 trains the detector with (default: the "
+                        "profile's, 0)")
     p.set_defaults(func=_run)
 
 
@@ -26,5 +29,5 @@ def _run(args) -> int:
     from medaidet.env.course import run_course
     out = args.out or ("outputs" if args.lang == "en" else f"outputs/{args.lang}")
     summary = run_course(profile=args.profile, only=args.only, out=out,
-                         cell_timeout=args.cell_timeout, lang=args.lang)
+                         cell_timeout=args.cell_timeout, lang=args.lang, seed=args.seed)
     return 0 if summary.ok else 1

@@ -103,6 +103,7 @@ class CourseSummary:
     out: str = ""
     notebooks_dir: str = ""
     cell_timeout: int = 0
+    seed: int | None = None         # the training seed given to the notebooks (None: theirs)
     python: str = field(default_factory=lambda: platform.python_version())
     numpy: object = field(default_factory=lambda: installed_version("numpy"))
     chainer: object = field(default_factory=lambda: installed_version("chainer"))
@@ -130,6 +131,7 @@ class CourseSummary:
             f"- python {self.python}, numpy {self.numpy}, chainer {self.chainer}, "
             f"chainercv {self.chainercv}",
             f"- notebooks: `{self.notebooks_dir}`; cell timeout {self.cell_timeout} s",
+            *([f"- seed: {self.seed} (`--seed`)"] if self.seed is not None else []),
             *self._evaluation_lines(),
             "",
             "| notebook | status | seconds | output | error |",
@@ -350,14 +352,18 @@ def _read_evaluation(out: Path, log):
         return None
 
 
-def _parameters(path: Path, profile: str, out: Path) -> dict:
-    """What the runner injects into a notebook: ``profile``, and ``run_dir`` =
-    ``<out>/runs`` where the notebook has that parameter (its training runs go there)."""
+def _parameters(path: Path, profile: str, out: Path, seed=None) -> dict:
+    """What the runner injects into a notebook: ``profile``; ``run_dir`` = ``<out>/runs``
+    where the notebook has that parameter (its training runs go there); ``seed`` where it
+    has that one and a seed was given."""
     import papermill
 
     parameters = {"profile": profile}
-    if "run_dir" in papermill.inspect_notebook(str(path)):
+    declared = papermill.inspect_notebook(str(path))
+    if "run_dir" in declared:
         parameters["run_dir"] = str(out / RUNS_DIR)
+    if seed is not None and "seed" in declared:
+        parameters["seed"] = seed
     return parameters
 
 
@@ -434,15 +440,19 @@ def _close_progress_bars() -> None:
 
 
 def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
-               notebooks_dir=None, log=print, lang="en") -> CourseSummary:
+               notebooks_dir=None, log=print, lang="en", seed=None) -> CourseSummary:
     """Execute the course notebooks in order with papermill; see the module docstring.
-    ``lang``: the edition (``'en'``, ``'ja'``), when ``notebooks_dir`` is not given."""
+    ``lang``: the edition (``'en'``, ``'ja'``), when ``notebooks_dir`` is not given.
+    ``seed``: the training seed for the notebooks that have a ``seed`` parameter (notebook
+    03's detector); None: their own."""
     notebooks_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir(lang)
     notebooks_dir = notebooks_dir.resolve()
     selected = select_notebooks(list_notebooks(notebooks_dir), only)
     profile, reason = resolve_profile(profile)
     timeout = (check_number(cell_timeout, "--cell-timeout", integer=True)
                if cell_timeout is not None else CELL_TIMEOUT[profile])
+    if seed is not None:
+        seed = check_number(seed, "--seed", "non-negative", integer=True)
     # The executed copies replace <out>/<name>.ipynb: never the notebooks themselves (nor
     # anything in the dataset the kernels read), nor files of a folder the runner did not make.
     # A folder holding only runs/ is the course's too: the notebooks opened in Jupyter train
@@ -455,7 +465,8 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
     import papermill  # noqa: F401 (a missing papermill fails here, before anything is deleted)
 
     summary = CourseSummary(profile=profile, profile_reason=reason, out=str(out),
-                            notebooks_dir=str(notebooks_dir), cell_timeout=timeout, lang=lang)
+                            notebooks_dir=str(notebooks_dir), cell_timeout=timeout, lang=lang,
+                            seed=seed)
     log(f"course: profile {profile} ({reason}); {COURSE_LANGS.get(lang, lang)} edition, "
         f"{len(selected)} notebook(s) from {notebooks_dir}; cell timeout {timeout} s")
     note = _kernel_note()
@@ -475,7 +486,7 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
             output = out / path.name
             start = time.monotonic()
             try:
-                _execute(path, output, _parameters(path, profile, out), notebooks_dir,
+                _execute(path, output, _parameters(path, profile, out, seed), notebooks_dir,
                          timeout, ctrl_c)
             except KeyboardInterrupt:
                 summary.results.append(NotebookResult(

@@ -253,6 +253,25 @@ def test_runs_go_under_out_where_a_notebook_has_run_dir(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow(seconds=4)
+def test_a_seed_reaches_the_notebooks_with_a_seed_parameter(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    path = make_notebook(notebooks, "03_train", "print(f'seed {seed}')")
+    nb = nbformat.read(str(path), as_version=4)
+    nb.cells[0].source += "\nseed = None"
+    nbformat.write(nb, str(path))
+    make_notebook(notebooks, "04_no_seed", "assert 'seed' not in globals()")
+    out = tmp_path / "out"
+    summary = run_course(profile="smoke", out=out, notebooks_dir=notebooks, log=_quiet, seed=3)
+    assert summary.ok, summary.results
+    executed = nbformat.read(str(out / "03_train.ipynb"), as_version=4)
+    assert _code_outputs(executed)[-1].text == "seed 3\n"
+    assert json.loads((out / "summary.json").read_text())["seed"] == 3
+    assert "- seed: 3 (`--seed`)" in (out / "summary.md").read_text()
+    with pytest.raises(MedaidetError, match="--seed"):
+        run_course(profile="smoke", out=out, notebooks_dir=notebooks, log=_quiet, seed=-1)
+
+
 def test_warnings_a_notebook_prints_are_listed(tmp_path, capsys):
     """A warning on stderr does not fail the notebook, but its line and the summary say so;
     text on stdout that mentions a warning is not one."""
