@@ -15,6 +15,10 @@ Predictions come from :func:`medaidet.evaluation.evaluate.predict_split` (score 
 ``keep_top_k`` (200) detections per image: a count can never exceed that (BCCD images hold
 ~11 RBC boxes on average, so only an untrained model reaches the cap).
 
+:func:`threshold_change` follows one class from one threshold to another image by image:
+which images' counts moved closer to their annotation, which further, and how that adds up to
+the change of the MAE.
+
 Read the RBC numbers with :data:`RBC_NOTE` in mind. Images the validator flags
 ``missing_class`` (no RBC or no WBC box although such cells are visible) can be *set aside*:
 :func:`count_cells` then reports the errors on all images and, beside them, on the others,
@@ -26,10 +30,12 @@ import html
 import json
 import math
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from medaidet.arguments import ArgumentValueError, check_number
 from medaidet.data.bccd import CLASS_COLORS
@@ -41,7 +47,8 @@ from medaidet.files import png_bytes, write_files
 from medaidet.numbers import finite_or_none
 
 __all__ = ["RBC_NOTE", "SWEEP_NOTE", "DEFAULT_THRESHOLDS", "CountResult", "SweepResult",
-           "count_cells", "threshold_sweep", "plot_counts", "plot_sweep", "count_weights"]
+           "ThresholdChange", "count_cells", "threshold_sweep", "threshold_change",
+           "images_at_points", "plot_counts", "plot_sweep", "count_weights"]
 
 DEFAULT_THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
 
@@ -57,8 +64,10 @@ RBC_NOTE = (
     "confidence problem: notebook 04 measures whether size plays a part): choose the "
     "threshold per class on val.")
 
-#: :func:`plot_sweep`'s axis fits the thresholds from here up (lower ones may run off it).
+#: :func:`plot_sweep`'s axis fits the thresholds from here up (lower ones may run off it)...
 SWEEP_AXIS_FROM = 0.2
+#: ... when a lower one's MAE is more than this many times the highest of the rest.
+SWEEP_FLATTENS = 3.0
 SWEEP_NOTE = (
     "The best threshold is chosen on the same images it is scored on: on the test split "
     "that is optimistic. Choose the threshold on the val split and report test counts at it.")
@@ -163,10 +172,19 @@ class CountResult:
                 for l, name in enumerate(self.label_names)]
         return cols, body
 
+    def set_aside_reasons(self) -> dict:
+        """How many set-aside images give each reason (``{"no wbc box": 4, ...}``, most
+        first); an image missing two classes counts under both."""
+        reasons = Counter(part.strip() for why in self.set_aside.values()
+                          for part in str(why).split(";") if part.strip())
+        return dict(reasons.most_common())
+
     def _set_aside_text(self) -> str:
         if not self.set_aside:
             return ""
-        return (f"Set aside ({len(self.set_aside)} images the validator flags missing_class): "
+        tally = ", ".join(f"{k} {why}" for why, k in self.set_aside_reasons().items())
+        return (f"Set aside ({len(self.set_aside)} images the validator flags missing_class; "
+                f"{tally}): "
                 + "; ".join(f"{i}: {why}" for i, why in self.set_aside.items()))
 
     def __str__(self):
@@ -246,6 +264,136 @@ def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRE
     set_aside = {i: why for i, why in (set_aside or {}).items() if i in set(ids)}
     return CountResult(ids, predictions.label_names, float(score_thresh), predicted,
                        annotated, mae, bias, rel, predictions.split, set_aside=set_aside)
+
+
+@dataclass(repr=False)
+class ThresholdChange:
+    """One class counted at two score thresholds, image by image: what moving the threshold
+    did to each image's error and to the MAE. From :func:`threshold_change`.
+
+    ``error_before``/``error_after``: int (N,), ``predicted - annotated`` of the class per
+    image in ``ids``. ``images``: ids to list one by one (e.g. the images a figure shows).
+    ``str()`` explains the change with these numbers.
+    """
+    class_name: str
+    split: str | None
+    before: float
+    after: float
+    ids: list
+    annotated: np.ndarray
+    error_before: np.ndarray
+    error_after: np.ndarray
+    images: list = field(default_factory=list)
+
+    @property
+    def mae_before(self) -> float:
+        return float(np.abs(self.error_before).mean()) if len(self.ids) else math.nan
+
+    @property
+    def mae_after(self) -> float:
+        return float(np.abs(self.error_after).mean()) if len(self.ids) else math.nan
+
+    @property
+    def bias_before(self) -> float:
+        return float(self.error_before.mean()) if len(self.ids) else math.nan
+
+    @property
+    def bias_after(self) -> float:
+        return float(self.error_after.mean()) if len(self.ids) else math.nan
+
+    @property
+    def closer(self) -> np.ndarray:
+        """Per image: its count moved closer to its annotation (bool (N,))."""
+        return np.abs(self.error_after) < np.abs(self.error_before)
+
+    @property
+    def further(self) -> np.ndarray:
+        """Per image: its count moved further from its annotation (bool (N,))."""
+        return np.abs(self.error_after) > np.abs(self.error_before)
+
+    @property
+    def gained(self) -> int:
+        """Cells of error the images brought closer lost, summed."""
+        change = np.abs(self.error_before) - np.abs(self.error_after)
+        return int(change[self.closer].sum())
+
+    @property
+    def lost(self) -> int:
+        """Cells of error the images pushed further gained, summed."""
+        change = np.abs(self.error_after) - np.abs(self.error_before)
+        return int(change[self.further].sum())
+
+    def __str__(self):
+        name, n = self.class_name, len(self.ids)
+        where = f"{self.split or 'these images'} ({n} images)"
+        head = f"{name}, score >= {self.before:g} -> >= {self.after:g}, {where}"
+        if self.after == self.before or not n:
+            return f"{head}: the same threshold, nothing changes"
+        raised = self.after > self.before
+        lines = [f"{head}: MAE {self.mae_before:.2f} -> {self.mae_after:.2f}, "
+                 f"bias {self.bias_before:+.2f} -> {self.bias_after:+.2f}"]
+        for image_id in self.images:
+            i = self.ids.index(image_id)
+            a = int(self.annotated[i])
+            lines.append(f"  {image_id}: {a + int(self.error_before[i])}/{a} -> "
+                         f"{a + int(self.error_after[i])}/{a} (error "
+                         f"{int(self.error_before[i]):+d} -> {int(self.error_after[i]):+d})")
+        # raising the threshold can only lower a count (lowering it, only raise one): an
+        # image already off in that direction moves further off, one off the other way closer
+        wrong_way = self.error_before < 0 if raised else self.error_before > 0
+        shown = [self.ids.index(i) for i in self.images]
+        direction = "raised" if raised else "lowered"
+        off = "under" if raised else "over"
+        lines.append(
+            f"The threshold was {direction}: no {name} count can {'rise' if raised else 'fall'}"
+            f". An image {off}-counted at {self.before:g} can only move further from its "
+            f"annotation; one {'over' if raised else 'under'}-counted moves closer, unless its "
+            f"count passes the annotation by more than it was off.")
+        if shown:
+            lines.append(f"Of the {len(shown)} images listed, {int(wrong_way[shown].sum())} "
+                         f"were {off}-counted at {self.before:g}; {int(self.further[shown].sum())}"
+                         f" moved further from their annotation, "
+                         f"{int(self.closer[shown].sum())} closer.")
+        same = n - int(self.closer.sum()) - int(self.further.sum())
+        change = (self.lost - self.gained) / n
+        verdict = ("it falls, although some images look worse" if change < 0 and self.lost
+                   else "it falls" if change < 0
+                   else "it rises; here the images pushed further outweigh those brought "
+                        "closer" if change > 0 else "it stays where it was")
+        lines.append(
+            f"Over all {n} images, {int(wrong_way.sum())} were {off}-counted at "
+            f"{self.before:g}; {int(self.closer.sum())} moved closer to their annotation (by "
+            f"{self.gained} cells in all), {int(self.further.sum())} further (by {self.lost} "
+            f"cells), {same} kept their error. The MAE, the mean over all of them, changes by "
+            f"({self.lost} - {self.gained}) / {n} = {change:+.2f} cells per image: {verdict}.")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return str(self)
+
+
+def threshold_change(predictions: Predictions, class_name: str, before: float, after: float,
+                     images=()) -> ThresholdChange:
+    """``class_name`` counted at ``before`` and at ``after`` on ``predictions``, image by image.
+
+    ``images``: ids (or positions) of images to list one by one. Thresholds as
+    :func:`count_cells` takes them. Returns a :class:`ThresholdChange`; print it for the
+    explanation in this run's numbers.
+    """
+    names = list(predictions.label_names)
+    if class_name not in names:
+        raise ArgumentValueError(f"class_name: {class_name!r} is not a class of the "
+                                 f"predictions; expected one of {names}")
+    l = names.index(class_name)
+    first, second = (count_cells(predictions, t) for t in (before, after))
+    ids = list(predictions.ids)
+    listed = [ids[i] if isinstance(i, (int, np.integer)) else i for i in images]
+    unknown = [i for i in listed if i not in ids]
+    if unknown:
+        raise ArgumentValueError(f"images: {unknown} are not among the predictions' images")
+    return ThresholdChange(class_name, predictions.split, first.score_thresh,
+                           second.score_thresh, ids, first.annotated[:, l].copy(),
+                           first.error[:, l].copy(), second.error[:, l].copy(), listed)
 
 
 @dataclass(repr=False)
@@ -336,57 +484,109 @@ def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> 
     return SweepResult(thresholds, predictions.label_names, mae, bias, rel, predictions.split)
 
 
+#: :func:`plot_counts`: a dot's area in points² per image at its place.
+AREA_PER_IMAGE = 20.0
+
+
+def images_at_points(annotated, predicted):
+    """The distinct ``(annotated, predicted)`` count pairs and how many images share each.
+
+    Counts are integers: many images fall on one point (most WBC images on (1, 1)).
+    Returns ``(points (P, 2) int, n_images (P,) int)``, sorted by point; ``n_images`` sums to
+    the number of images.
+    """
+    pairs = np.stack([np.asarray(annotated, dtype=np.int64).ravel(),
+                      np.asarray(predicted, dtype=np.int64).ravel()], axis=1)
+    if not len(pairs):
+        return pairs.reshape(0, 2), np.zeros(0, dtype=np.int64)
+    points, n_images = np.unique(pairs, axis=0, return_counts=True)
+    return points, n_images
+
+
 def plot_counts(result: CountResult):
     """Scatter of predicted vs annotated count per class, with the y = x line.
+
+    Counts are integers, so images pile up on the same point: each point is drawn once, its
+    area proportional to the number of images on it (:data:`AREA_PER_IMAGE` points² each), and
+    a point of more than one image is labelled with that number. Every image is in the figure.
 
     Returns a matplotlib ``Figure``.
     """
 
     n = len(result.label_names)
-    fig = Figure(figsize=(4.0 * n, 4.0), layout="constrained")
+    fig = Figure(figsize=(4.2 * n, 4.8), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False)[0]
     for l, (ax, name) in enumerate(zip(axes, result.label_names)):
-        x, y = result.annotated[:, l], result.predicted[:, l]
+        points, n_images = images_at_points(result.annotated[:, l], result.predicted[:, l])
+        x, y = points[:, 0], points[:, 1]
         top = max(1, int(x.max(initial=0)), int(y.max(initial=0))) * 1.05 + 1
         ax.plot([0, top], [0, top], color="0.5", ls="--", lw=1, label="y = x")
-        ax.scatter(x, y, s=18, alpha=0.7, color=CLASS_COLORS.get(name, f"C{l}"))
+        ax.scatter(x, y, s=AREA_PER_IMAGE * n_images, alpha=0.6,
+                   color=CLASS_COLORS.get(name, f"C{l}"), edgecolors="white", linewidths=0.5,
+                   label="images (area and number: how many)")
+        for (px, py), k in zip(points, n_images):
+            if k > 1:
+                ax.annotate(str(k), (px, py), textcoords="offset points", ha="left",
+                            va="bottom", fontsize="x-small", in_layout=False,
+                            xytext=(1 + 0.4 * math.sqrt(AREA_PER_IMAGE * k),) * 2)
         ax.set(title=f"{name}: MAE {_fmt(result.mae[l])}, bias {_fmt(result.bias[l], sign=True)}",
                xlabel="annotated count", ylabel="predicted count",
                xlim=(-0.5, top), ylim=(-0.5, top), aspect="equal")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", fontsize="small")
+        legend = ax.legend(loc="upper left", fontsize="small", scatterpoints=1)
+        handles = getattr(legend, "legend_handles", None) or legend.legendHandles  # < 3.7
+        handles[1].set_sizes([2 * AREA_PER_IMAGE])    # a small dot, not the largest one
     fig.suptitle(f"Counts per image at score >= {result.score_thresh:g} "
-                 f"({len(result.ids)} images)")
+                 f"({len(result.ids)} images; a dot's area and number: the images on it)")
     return fig
 
 
 def plot_sweep(sweep: SweepResult):
-    """Count MAE vs score threshold, one line per class, best threshold marked.
+    """Count MAE vs score threshold: one panel per class, each on its own scale, the best
+    threshold starred.
+
+    One panel per class because the classes' MAEs differ tenfold (an image holds about ten
+    red cells and one white cell): on a shared axis the small ones lie flat along the
+    bottom, and the place of their minimum, which is what the sweep is for, cannot be read.
+    Where the lowest thresholds (below :data:`SWEEP_AXIS_FROM`) count so much background
+    that they would flatten the rest of a panel's curve (an MAE over :data:`SWEEP_FLATTENS`
+    times the rest's highest), that panel's axis stops above the rest and says what it left
+    off.
 
     Returns a matplotlib ``Figure``.
     """
 
-    fig = Figure(figsize=(6.0, 4.0), layout="constrained")
-    ax = fig.subplots()
+    n = len(sweep.label_names)
+    fig = Figure(figsize=(3.6 * n, 3.6), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False, sharex=True)[0]
     best = sweep.best_threshold
-    for l, name in enumerate(sweep.label_names):
+    for l, (ax, name) in enumerate(zip(axes, sweep.label_names)):
         color = CLASS_COLORS.get(name, f"C{l}")
-        ax.plot(sweep.thresholds, sweep.mae[:, l], marker="o", ms=3, color=color,
-                label=f"{name} (best {best[name]:g})")
-        ax.plot([best[name]], [sweep.best_mae[name]], marker="*", ms=12, color=color)
-    ax.set(xlabel="score threshold", ylabel="count MAE (cells per image)",
-           title=f"Count error vs threshold ({sweep.split or 'split'}; choose on val)")
-    # the lowest thresholds count thousands of background boxes: an MAE in the hundreds
-    # would flatten every line that matters, so the axis stops above the rest
-    rest = sweep.mae[sweep.thresholds >= SWEEP_AXIS_FROM]
-    highest = float(np.nanmax(sweep.mae, initial=0.0))
-    top = 1.3 * float(np.nanmax(rest, initial=0.0)) if rest.size else highest
-    if top > 0 and highest > top:
-        ax.set_ylim(0, top)
-        ax.text(0.01, 0.98, f"below score {SWEEP_AXIS_FROM:g}: off the scale "
-                f"(MAE up to {highest:.0f})", transform=ax.transAxes, va="top", fontsize="small")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+        mae = sweep.mae[:, l]
+        ax.plot(sweep.thresholds, mae, marker="o", ms=3, color=color)
+        ax.plot([best[name]], [sweep.best_mae[name]], marker="*", ms=12, color=color,
+                linestyle="none", label=f"best {best[name]:g} (MAE {sweep.best_mae[name]:.2f})")
+        # the lowest thresholds count background by the hundred: an MAE in the hundreds
+        # would flatten every point that matters, so the axis stops above the rest
+        rest = float(np.nanmax(mae[sweep.thresholds >= SWEEP_AXIS_FROM], initial=0.0))
+        highest = float(np.nanmax(mae, initial=0.0))
+        top = 1.3 * rest
+        if rest > 0 and highest > SWEEP_FLATTENS * rest:
+            ax.set_ylim(0, top)
+            ax.text(0.02, 0.02, f"below score {SWEEP_AXIS_FROM:g}: off the scale\n"
+                    f"(MAE up to {highest:.0f})", transform=ax.transAxes, va="bottom",
+                    fontsize="x-small")
+        else:
+            ax.set_ylim(0, 1.1 * highest if highest > 0 else 1)
+        ax.set(title=name, xlabel="score threshold")
+        if l == 0:
+            ax.set_ylabel("count MAE (cells per image)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="upper center")
+    fig.suptitle(f"Count error vs threshold ({sweep.split or 'split'}; choose on val); "
+                 "each panel on its own scale")
     return fig
 
 

@@ -94,12 +94,21 @@ def test_set_aside_images_are_reported_apart_and_named():
     np.testing.assert_allclose(rest.mae, [2.0, 0.0, 1.0])
     text = str(result)
     assert "(1 kept)" in text and "img1: no rbc box" in text
+    assert "flags missing_class; 1 no rbc box)" in text
+
     d = json.loads(result.to_json())
     assert d["set_aside"] == {"img1": "no rbc box"}
     assert d["without_set_aside"]["n_images"] == 1
     assert d["without_set_aside"]["per_class"]["platelets"]["relative_error"] == 0.5
     assert "img1: no rbc box" in result._repr_html_()
     assert "kept" not in str(count_cells(known_case(), 0.5))
+
+
+def test_set_aside_says_how_many_images_lack_each_class():
+    result = count_cells(known_case(), 0.5, set_aside={"img0": "no wbc box",
+                                                       "img1": "no rbc box; no wbc box"})
+    assert result.set_aside_reasons() == {"no wbc box": 2, "no rbc box": 1}
+    assert "(2 images the validator flags missing_class; 2 no wbc box, 1 no rbc box)" in str(result)
 
 
 def test_count_weights_sets_aside_the_images_the_validator_flags(bccd_root):
@@ -167,22 +176,104 @@ def test_plots_return_figures_in_the_class_colours():
         colour = ax.collections[0].get_facecolor()[0][:3]
         np.testing.assert_allclose(colour, to_rgb(CLASS_COLORS[name]), err_msg=name)
     fig = plot_sweep(threshold_sweep(sweep_case()))
-    assert isinstance(fig, Figure) and len(fig.axes) == 1
-    assert [to_rgb(line.get_color()) for line in fig.axes[0].lines[::2]] == [
-        to_rgb(CLASS_COLORS[name]) for name in NAMES]
+    assert isinstance(fig, Figure) and len(fig.axes) == 3
+    for ax, name in zip(fig.axes, NAMES):
+        assert ax.get_title() == name
+        assert {to_rgb(line.get_color()) for line in ax.lines} == {to_rgb(CLASS_COLORS[name])}
+
+
+def test_count_scatter_shows_every_image_where_counts_coincide():
+    """Counts are integers: 40 images on (1, 1) and 2 on (0, 1) must not look like 2 dots of
+    one image each. Each point's dot area is AREA_PER_IMAGE per image and it is labelled
+    with its number of images, so the dots add up to every image."""
+    from medaidet.evaluation.count import AREA_PER_IMAGE, images_at_points
+
+    gt = [[0, 1, 2]] * 40 + [[0, 0, 2]] * 2 + [[0, 1]] * 3
+    pred = [[(0, 0.9), (1, 0.9), (2, 0.9)]] * 40 + [[(0, 0.9), (1, 0.9)]] * 2 \
+        + [[(0, 0.9), (0, 0.8), (1, 0.9)]] * 3
+    result = count_cells(make_preds(pred, gt), 0.5)
+    points, n_images = images_at_points(result.annotated[:, 1], result.predicted[:, 1])
+    assert points.tolist() == [[0, 1], [1, 1]] and n_images.tolist() == [2, 43]
+    fig = plot_counts(result)
+    for l, ax in enumerate(fig.axes):
+        dots = ax.collections[0]
+        per_dot = dots.get_sizes() / AREA_PER_IMAGE
+        assert per_dot.sum() == len(result.ids) == 45, NAMES[l]
+        expected = dict(zip(map(tuple, np.stack(images_at_points(
+            result.annotated[:, l], result.predicted[:, l])[0])), per_dot))
+        drawn = {tuple(xy): k for xy, k in zip(dots.get_offsets().astype(int).tolist(), per_dot)}
+        assert drawn == expected
+        labels = sorted(int(t.get_text()) for t in ax.texts)
+        assert labels == sorted(int(k) for k in per_dot if k > 1), NAMES[l]
+    wbc = fig.axes[1]
+    assert sorted(t.get_text() for t in wbc.texts) == ["2", "43"]
+    assert "area and number" in fig.get_suptitle()
+
+
+def test_the_sweep_gives_each_class_its_own_scale():
+    """RBC's MAE is ten times the others': on one axis the WBC and platelet curves lay flat
+    at the bottom. Each class has its panel, whose axis spans its own curve."""
+    # rbc: 30 per image, detections spread over the scores; wbc and platelets: one per image
+    pred = [[(0, s) for s in np.linspace(0.06, 0.99, 40)] + [(1, 0.9), (1, 0.3), (2, 0.7)]] * 5
+    gt = [[0] * 30 + [1, 2]] * 5
+    sweep = threshold_sweep(make_preds(pred, gt), [0.1, 0.25, 0.5, 0.75, 0.95])
+    assert sweep.mae[:, 0].max() > 5 * sweep.mae[:, 1:].max()
+    fig = plot_sweep(sweep)
+    assert [ax.get_title() for ax in fig.axes] == list(NAMES)
+    for l, ax in enumerate(fig.axes):
+        low, high = ax.get_ylim()
+        assert low == 0 and sweep.mae[:, l].max() <= high <= 1.5 * sweep.mae[:, l].max(), NAMES[l]
+        star = [line for line in ax.lines if line.get_marker() == "*"]
+        assert len(star) == 1 and star[0].get_xdata()[0] == sweep.best_threshold[NAMES[l]]
 
 
 def test_the_sweep_axis_is_not_flattened_by_the_lowest_thresholds():
-    """At score 0.05 a detector counts background by the hundred; the plot keeps its axis
+    """At score 0.05 a detector counts background by the hundred: the plot keeps its axis
     for the thresholds that matter and says what it left off."""
     pred = [[(0, 0.06)] * 200 + [(0, s) for s in (0.9, 0.8, 0.7, 0.3)]] * 4
     sweep = threshold_sweep(make_preds(pred, [[0, 0, 0]] * 4), [0.05, 0.25, 0.5, 0.75])
     assert sweep.mae[0, 0] == 201
     ax = plot_sweep(sweep).axes[0]
     assert ax.get_ylim()[1] < 10
-    assert "off the scale (MAE up to 201)" in " ".join(t.get_text() for t in ax.texts)
+    assert "off the scale\n(MAE up to 201)" in " ".join(t.get_text() for t in ax.texts)
     ax = plot_sweep(threshold_sweep(sweep_case())).axes[0]
     assert not ax.texts                         # nothing to leave off: the whole curve
+
+
+def test_threshold_change_follows_each_image_and_adds_up_to_the_mae():
+    """Raising a threshold lowers every count: an under-counted image moves further off, an
+    over-counted one closer (or past its annotation); the MAE changes by the sum."""
+    from medaidet.evaluation.count import threshold_change
+
+    # rbc per image: annotated 3; detections at 0.9 x a and 0.55 x b. Counted at 0.5: a + b,
+    # at 0.6: a. Errors at 0.5 -> 0.6: img0 +2 -> 0 (closer), img1 -1 -> -3 (further),
+    # img2 +1 -> -2 (past its annotation, further), img3 0 -> 0 (kept).
+    spec = [(3, 2), (0, 2), (1, 3), (3, 0)]
+    pred = [[(0, 0.9)] * a + [(0, 0.55)] * b for a, b in spec]
+    change = threshold_change(make_preds(pred, [[0, 0, 0]] * 4, split="val"), "rbc", 0.5, 0.6,
+                              images=["img1", 2])
+    np.testing.assert_array_equal(change.error_before, [2, -1, 1, 0])
+    np.testing.assert_array_equal(change.error_after, [0, -3, -2, 0])
+    assert change.closer.tolist() == [True, False, False, False]
+    assert change.further.tolist() == [False, True, True, False]
+    assert (change.gained, change.lost) == (2, 3)
+    assert change.mae_after - change.mae_before == pytest.approx((3 - 2) / 4)
+    text = str(change)
+    assert "MAE 1.00 -> 1.00" not in text and "MAE 1.00 -> 1.25" in text
+    assert "img1: 2/3 -> 0/3 (error -1 -> -3)" in text and "img2: 4/3 -> 1/3" in text
+    assert "raised: no rbc count can rise" in text
+    assert "Of the 2 images listed, 1 were under-counted at 0.5; 2 moved further" in text
+    assert "1 moved closer to their annotation (by 2 cells in all), 2 further (by 3 cells)" in text
+    assert "(3 - 2) / 4 = +0.25 cells per image: it rises" in text
+    back = str(threshold_change(make_preds(pred, [[0, 0, 0]] * 4), "rbc", 0.6, 0.5))
+    assert "lowered: no rbc count can fall" in back and "it falls, although some" in back
+    same = threshold_change(make_preds(pred, [[0, 0, 0]] * 4), "rbc", 0.5, 0.5)
+    assert "nothing changes" in str(same)
+    from medaidet.arguments import ArgumentValueError
+    with pytest.raises(ArgumentValueError, match="class_name"):
+        threshold_change(make_preds(pred, [[0, 0, 0]] * 4), "neutrophil", 0.5, 0.6)
+    with pytest.raises(ArgumentValueError, match="images"):
+        threshold_change(make_preds(pred, [[0, 0, 0]] * 4), "rbc", 0.5, 0.6, images=["x"])
 
 
 def test_cli_parser_registers_count():
