@@ -152,9 +152,9 @@ def write_plots(log, out, val_split: str = "val") -> dict:
     paths = {}
     # (log key, legend, colour): the classes in the course's colours (CLASS_COLORS)
     curves = {
-        "loss": [("main/loss", "loss (loc + conf)", "black"),
-                 ("main/loss/loc", "loc: smooth L1 of the offsets", "tab:purple"),
-                 ("main/loss/conf", "conf: cross-entropy", "tab:olive")],
+        "loss": [("main/loss", "loss (loc + conf)", "black"),      # greys: no class colour
+                 ("main/loss/loc", "loc: smooth L1 of the offsets", "0.45"),
+                 ("main/loss/conf", "conf: cross-entropy", "0.7")],
         "map": [("validation/main/map", "mAP", "black")]
                + [(f"validation/main/ap/{c}", c, CLASS_COLORS[c]) for c in BCCD_LABEL_NAMES],
     }
