@@ -270,6 +270,11 @@ def test_a_seed_reaches_the_notebooks_with_a_seed_parameter(tmp_path):
     assert "- seed: 3 (`--seed`)" in (out / "summary.md").read_text()
     with pytest.raises(MedaidetError, match="--seed"):
         run_course(profile="smoke", out=out, notebooks_dir=notebooks, log=_quiet, seed=-1)
+    # notebook 03 declares it, in a line papermill can parse, in both editions
+    import papermill
+    for edition in ("", "ja"):
+        path = ROOT / "notebooks" / edition / "03_training.ipynb"
+        assert "seed" in papermill.inspect_notebook(str(path)), path
 
 
 def test_warnings_a_notebook_prints_are_listed(tmp_path, capsys):
