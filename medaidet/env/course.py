@@ -354,16 +354,17 @@ def _read_evaluation(out: Path, log):
 
 def _parameters(path: Path, profile: str, out: Path, seed=None) -> dict:
     """What the runner injects into a notebook: ``profile``; ``run_dir`` = ``<out>/runs``
-    where the notebook has that parameter (its training runs go there); ``seed`` where it
-    has that one and a seed was given."""
+    where the notebook has that parameter (its training runs go there); ``detector_seed``
+    (notebook 03's) where it has that one and a seed was given. Not ``seed``: notebook 06's
+    parameter of that name means its own runs' seed."""
     import papermill
 
     parameters = {"profile": profile}
     declared = papermill.inspect_notebook(str(path))
     if "run_dir" in declared:
         parameters["run_dir"] = str(out / RUNS_DIR)
-    if seed is not None and "seed" in declared:
-        parameters["seed"] = seed
+    if seed is not None and "detector_seed" in declared:
+        parameters["detector_seed"] = seed
     return parameters
 
 
@@ -443,8 +444,8 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
                notebooks_dir=None, log=print, lang="en", seed=None) -> CourseSummary:
     """Execute the course notebooks in order with papermill; see the module docstring.
     ``lang``: the edition (``'en'``, ``'ja'``), when ``notebooks_dir`` is not given.
-    ``seed``: the training seed for the notebooks that have a ``seed`` parameter (notebook
-    03's detector); None: their own."""
+    ``seed``: the seed notebook 03 trains the detector with (its ``detector_seed``
+    parameter); None: the profile's."""
     notebooks_dir = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir(lang)
     notebooks_dir = notebooks_dir.resolve()
     selected = select_notebooks(list_notebooks(notebooks_dir), only)

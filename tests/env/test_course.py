@@ -254,13 +254,18 @@ def test_runs_go_under_out_where_a_notebook_has_run_dir(tmp_path):
 
 
 @pytest.mark.slow(seconds=4)
-def test_a_seed_reaches_the_notebooks_with_a_seed_parameter(tmp_path):
+def test_a_seed_reaches_the_notebooks_with_a_detector_seed_parameter(tmp_path):
+    """Only ``detector_seed`` (notebook 03's): notebook 06's ``seed`` is its own runs' seed,
+    and setting it to the detector's made its 'another seed' run the same as its first."""
     notebooks = tmp_path / "notebooks"
-    path = make_notebook(notebooks, "03_train", "print(f'seed {seed}')")
+    path = make_notebook(notebooks, "03_train", "print(f'seed {detector_seed}')")
     nb = nbformat.read(str(path), as_version=4)
-    nb.cells[0].source += "\nseed = None"
+    nb.cells[0].source += "\ndetector_seed = None"
     nbformat.write(nb, str(path))
-    make_notebook(notebooks, "04_no_seed", "assert 'seed' not in globals()")
+    path = make_notebook(notebooks, "04_no_seed", "assert seed == 0 and 'detector_seed' not in globals()")
+    nb = nbformat.read(str(path), as_version=4)
+    nb.cells[0].source += "\nseed = 0"
+    nbformat.write(nb, str(path))
     out = tmp_path / "out"
     summary = run_course(profile="smoke", out=out, notebooks_dir=notebooks, log=_quiet, seed=3)
     assert summary.ok, summary.results
@@ -274,7 +279,7 @@ def test_a_seed_reaches_the_notebooks_with_a_seed_parameter(tmp_path):
     import papermill
     for edition in ("", "ja"):
         path = ROOT / "notebooks" / edition / "03_training.ipynb"
-        assert "seed" in papermill.inspect_notebook(str(path)), path
+        assert "detector_seed" in papermill.inspect_notebook(str(path)), path
 
 
 def test_warnings_a_notebook_prints_are_listed(tmp_path, capsys):
