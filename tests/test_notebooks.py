@@ -157,3 +157,28 @@ def test_every_exercise_has_a_solution(path):
             assert any(c.cell_type == "code" and re.search(rf"check\(.*\bmy_answer_{n}\b", c.source)
                        and c.metadata.get("jupyter", {}).get("source_hidden") for c in later), \
                 f"{path.name}: exercise {n}: a folded solution cell calling check(my_answer_{n}, …)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_overrides_parameter_comes_last(path):
+    """A notebook's ``overrides`` parameter may name any TrainConfig field, also one the notebook
+    sets itself: spread into the same call (``f(iterations=100, **overrides)``) such a field is a
+    TypeError ("got multiple values for keyword argument"; notebook 06's own example,
+    ``{"iterations": 50}``, failed so). It is applied after the notebook's settings instead:
+    ``config.replace(**overrides)`` or ``base.update(overrides)``."""
+    nb = _read(path)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "parameters" in cell.metadata.get("tags", []):
+            continue
+        python = "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                           for line in cell.source.splitlines())     # IPython magics
+        for node in ast.walk(ast.parse(python)):
+            if not isinstance(node, ast.Call):
+                continue
+            spread = [k for k in node.keywords if k.arg is None
+                      and isinstance(k.value, ast.Name) and k.value.id == "overrides"]
+            if spread and (len(node.keywords) > 1 or node.args) and not (
+                    isinstance(node.func, ast.Attribute) and node.func.attr == "replace"
+                    and len(node.keywords) == 1 and not node.args):
+                pytest.fail(f"{path.name} cell {index}, line {node.lineno}: **overrides spread "
+                            f"beside other arguments; apply it last with .replace(**overrides)")

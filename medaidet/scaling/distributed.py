@@ -103,13 +103,25 @@ def _find_mpiexec():
     return shutil.which("mpiexec") or shutil.which("mpirun")
 
 
-def _mpiexec_flavor(mpiexec: str) -> str:
+def _mpiexec_version(mpiexec: str) -> tuple:
+    """``(flavor, version, error)`` from ``mpiexec --version``: error is why it did not run
+    (a launcher whose own libraries are missing, say), else ''."""
     try:
         done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
                               timeout=30, env=launch_env())
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return _flavor(done.stdout + done.stderr)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "", "", f"{type(exc).__name__}: {exc}"
+    text = done.stdout + done.stderr
+    if done.returncode != 0:
+        last = [line for line in text.strip().splitlines() if line.strip()][-1:] or [""]
+        return "", "", f"exit code {done.returncode}: {last[0].strip()}".rstrip(": ")
+    return _flavor(text), _major(text), ""
+
+
+def _major(text: str) -> str:
+    """The major version in a version text ('Open MPI v4.1.6' -> '4'), or ''."""
+    match = re.search(r"\b[vV]?(\d+)\.\d+", text)
+    return match.group(1) if match else ""
 
 
 def _probe_library() -> tuple:
@@ -162,13 +174,24 @@ def mpi_info() -> MpiInfo:
                         f"({info.library_name} itself loads)")
         info.fix = INSTALL_MPI
         return info
-    info.mpiexec_flavor = _mpiexec_flavor(info.mpiexec)
+    info.mpiexec_flavor, major, error = _mpiexec_version(info.mpiexec)
+    if error:
+        info.problem = f"{info.mpiexec} does not run ({error})"
+        info.fix = INSTALL_MPI
+        return info
+    fix = (f"put the {info.library_name} mpiexec first on PATH, or point mpi4py at the "
+           f"matching library with MPI4PY_LIBMPI=/path/to/libmpi.so")
     if info.library_flavor and info.mpiexec_flavor and \
             info.library_flavor != info.mpiexec_flavor:
         info.problem = (f"{info.mpiexec} is {info.mpiexec_flavor}'s launcher but mpi4py loads "
                         f"{info.library_name}: every rank would run alone as rank 0 of 1")
-        info.fix = (f"put the {info.library_name} mpiexec first on PATH, or point mpi4py at "
-                    f"the matching library with MPI4PY_LIBMPI=/path/to/libmpi.so")
+        info.fix = fix
+    elif info.library_flavor == "openmpi" == info.mpiexec_flavor and major and \
+            _major(info.library) and major != _major(info.library):
+        info.problem = (f"{info.mpiexec} is Open MPI {major}'s launcher but mpi4py loads "
+                        f"{info.library_name}: the two versions do not start each other's "
+                        f"ranks")
+        info.fix = fix
     return info
 
 
@@ -258,7 +281,7 @@ def mpiexec_command(n: int, argv, python=sys.executable, oversubscribe=None,
             raise MPIUnavailableError(f"no mpiexec (or mpirun) beside {sys.executable} or on "
                                       f"PATH: install MPI: {INSTALL_MPI}")
     if flavor is None:
-        flavor = _mpiexec_flavor(mpiexec)
+        flavor = _mpiexec_version(mpiexec)[0]
     cmd = [str(mpiexec)]
     if flavor == "openmpi":
         if os.geteuid() == 0:

@@ -136,6 +136,16 @@ _DECONV_FORWARD_NEW = """        in_c, out_c, kh, kw = W.shape
 _CONV_WHY = ("CPU convolution: numpy.matmul on im2col's layout instead of numpy.tensordot, "
              "which copies it first (about 1.4x faster training steps on a CPU)")
 
+# CuPy 14 has no cuDNN, so chainer's GPU convolution is im2col + cuBLAS, and the gradient
+# for a convolution's input goes through col2im: its kernel computed the index into the
+# (n, c, kh, kw, out_h, out_w) column array in 32-bit ints. SSD300's conv1_2 at batch 42 or
+# more has over 2**31 columns: the index wrapped negative and the kernel read outside the
+# array (seen on an H100: cudaErrorIllegalAddress from batch 64 up; docs/gpu.md). 64-bit
+# index arithmetic in both kernels (tests/stack/test_gpu_kernels.py checks it on the CPU).
+_WHY_64BIT = ("GPU im2col/col2im index the column array in 64-bit arithmetic: with no cuDNN "
+              "(CuPy 14) a batch over ~41 SSD300 images wrapped a 32-bit index (illegal "
+              "memory access)")
+
 CHAINER_PATCHES = (
     Overlay("chainer/_requirements.py",
             "requirement checks with importlib.metadata instead of pkg_resources"),
@@ -180,6 +190,18 @@ CHAINER_PATCHES = (
             _CONV_GRAD_W_NEW, _CONV_WHY),
     Replace("chainer/functions/connection/deconvolution_2d.py", _DECONV_FORWARD_OLD,
             _DECONV_FORWARD_NEW, _CONV_WHY),
+    Replace("chainer/utils/conv.py",
+            "int k = out_y + out_h * (kx + kw * (ky + kh * c0));",
+            "ptrdiff_t k = out_y + out_h * (kx + kw * (ky + kh * (ptrdiff_t)c0));",
+            _WHY_64BIT),
+    Replace("chainer/utils/conv.py", "col = img[in_x + w * (in_y + h * c0)];",
+            "col = img[in_x + w * (in_y + h * (ptrdiff_t)c0)];", _WHY_64BIT),
+    # CuPy 14's headers no longer define `half`: pure_nccl's gradient packing kernels did
+    # not compile (NVRTC: identifier "half" is undefined; seen on an H100, docs/gpu.md)
+    Replace("chainermn/communicators/_memory_utility.py", "#include <cupy/carray.cuh>\n",
+            "#include <cuda_fp16.h>\n#include <cupy/carray.cuh>\n",
+            "ChainerMN pure_nccl's packing kernels include cuda_fp16.h: CuPy 14's headers no "
+            "longer define half (NVRTC compile error)", count=2),
 )
 
 CHAINERCV_PATCHES = (

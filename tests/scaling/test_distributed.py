@@ -405,10 +405,43 @@ def test_launcher_of_another_mpi_is_a_problem(monkeypatch):
     pytest.importorskip("mpi4py")
     monkeypatch.setattr(dist, "_probe_library", lambda: ("Open MPI v4.1.4, package: x", ""))
     monkeypatch.setattr(dist, "_find_mpiexec", lambda: "/opt/mpich/bin/mpiexec")
-    monkeypatch.setattr(dist, "_mpiexec_flavor", lambda path: "mpich")
+    monkeypatch.setattr(dist, "_mpiexec_version", lambda path: ("mpich", "4", ""))
     info = dist.mpi_info()
     assert "/opt/mpich/bin/mpiexec is mpich's launcher" in info.problem
     assert "rank 0 of 1" in info.problem and "Open MPI 4.1.4" in info.fix
+
+
+def _fake_mpiexec(tmp_path, script):
+    exe = tmp_path / "mpiexec"
+    exe.write_text("#!/bin/sh\n" + script)
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_an_mpiexec_that_does_not_run_is_a_problem(monkeypatch, tmp_path):
+    # seen on a GPU machine: PyPI's Open MPI unpacked without its lib/ folder; mpiexec found,
+    # mpi4py loading the system's library, and the doctor said "ChainerMN naive can run"
+    monkeypatch.setattr(dist, "_probe_library", lambda: ("Open MPI v5.0.11, package: x", ""))
+    exe = _fake_mpiexec(tmp_path, "echo 'prterun: error while loading shared libraries: "
+                                  "libprrte.so.3: cannot open shared object file' >&2; exit 127\n")
+    monkeypatch.setattr(dist, "_find_mpiexec", lambda: exe)
+    info = dist.mpi_info()
+    assert info.problem == (f"{exe} does not run (exit code 127: prterun: error while loading "
+                            f"shared libraries: libprrte.so.3: cannot open shared object file)")
+    assert info.fix == communicator.INSTALL_MPI
+    line = doctor.check_mpi(doctor.Facts(mpi=doctor.asdict(info)))
+    assert line.status == "warn" and "libprrte.so.3" in line.found
+
+
+def test_a_launcher_of_another_open_mpi_version_is_a_problem(monkeypatch, tmp_path):
+    monkeypatch.setattr(dist, "_probe_library", lambda: ("Open MPI v4.1.6, package: x", ""))
+    exe = _fake_mpiexec(tmp_path, "echo 'mpiexec (Open MPI) 5.0.11'\n")
+    monkeypatch.setattr(dist, "_find_mpiexec", lambda: exe)
+    info = dist.mpi_info()
+    assert info.problem.startswith(f"{exe} is Open MPI 5's launcher but mpi4py loads Open MPI "
+                                   f"4.1.6")
+    exe = _fake_mpiexec(tmp_path, "echo 'mpiexec (Open MPI) 4.1.5'\n")
+    assert dist.mpi_info().problem is None
 
 
 def test_doctor_mpi_line_from_facts():

@@ -290,9 +290,13 @@ def test_cupy_gives_the_numpy_result():
     got = decode_capped(coder, cupy.asarray(mb_loc), cupy.asarray(mb_conf), 0.45, 0.3)
     assert all(isinstance(a, cupy.ndarray) for a in got)
     got = [cupy.asnumpy(a) for a in got]
-    # the same detections (NMS on the GPU rounds IoUs in float32: allow rare flips)
+    # the same detections (NMS on the GPU rounds IoUs in float32: allow rare flips); the
+    # scores are the GPU's softmax, which may differ in the last bit (seen on an H100:
+    # 6e-8, docs/gpu.md)
     assert abs(len(got[2]) - len(expected[2])) <= 2
-    np.testing.assert_array_equal(got[2][:20], expected[2][:20])
+    np.testing.assert_allclose(got[2][:20], expected[2][:20], rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(got[1][:20], expected[1][:20])
+    np.testing.assert_allclose(got[0][:20], expected[0][:20], atol=1e-3)
 
 
 # --------------------------------------------------------------------------- misuse is named

@@ -1,0 +1,89 @@
+"""Chainer's GPU im2col/col2im kernels, their index arithmetic run on the CPU.
+
+With CuPy 14 (no cuDNN) every GPU convolution goes through these two kernels. col2im's index
+into the column array was a 32-bit int: SSD300's conv1_2 at batch 64 has 3.3e9 columns, the
+index wrapped negative and the GPU read outside the array (an illegal memory access, seen on an
+H100: docs/gpu.md). No GPU here, so the kernels' own C source (as installed) is compiled into
+a small C++ program that runs its index arithmetic with a recording array, wrapping ints as the
+GPU does (-fwrapv), and every index it reads must lie inside the array.
+"""
+import inspect
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from chainer.utils import conv
+
+CXX = shutil.which("c++") or shutil.which("g++")
+pytestmark = pytest.mark.skipif(CXX is None and os.environ.get("CI_REQUIRE_CXX") != "1",
+                                reason="needs a C++ compiler (CI installs one)")
+
+HARNESS = r"""
+#include <climits>
+#include <cstddef>
+#include <cstdio>
+typedef float T;
+struct Recording {  // a raw array that records the lowest and highest index read
+    long long lo = LLONG_MAX, hi = LLONG_MIN;
+    T operator[](long long j) { if (j < lo) lo = j; if (j > hi) hi = j; return 0; }
+};
+int main() {
+    const int h = %(h)d, w = %(w)d, out_h = %(out_h)d, out_w = %(out_w)d, kh = %(kh)d,
+              kw = %(kw)d, sy = 1, sx = 1, ph = 1, pw = 1, dy = 1, dx = 1;
+    Recording %(raw)s;
+    const long long ranges[2][2] = {{0, 2000}, {%(size)dLL - 2000, %(size)dLL}};
+    for (const auto& r : ranges)
+        for (ptrdiff_t i = r[0]; i < r[1]; ++i) {
+            T %(out)s;
+            %(body)s
+        }
+    std::printf("%%lld %%lld\n", %(raw)s.lo, %(raw)s.hi);
+}
+"""
+
+
+def kernel_body(function):
+    """The CUDA source of the elementwise kernel inside ``function`` (as installed)."""
+    return re.search(r"'''(.*?)'''", inspect.getsource(function), re.S).group(1)
+
+
+def indices_read(tmp_path, function, raw, out, size, shape):
+    """Lowest and highest index ``function``'s kernel reads from ``raw``, over the first and
+    the last 2000 elements it writes (``size`` of them)."""
+    source = tmp_path / f"{function.__name__}.cpp"
+    source.write_text(HARNESS % dict(shape, raw=raw, out=out, size=size,
+                                     body=kernel_body(function)))
+    exe = tmp_path / function.__name__
+    subprocess.run([CXX, "-O1", "-fwrapv", "-w", "-o", str(exe), str(source)], check=True,
+                   capture_output=True, text=True)
+    lo, hi = subprocess.run([str(exe)], check=True, capture_output=True, text=True
+                            ).stdout.split()
+    return int(lo), int(hi)
+
+
+# SSD300's conv1_2 (64 channels, 3x3, pad 1, 300x300) at the batch the H100 failed at, and
+# a batch whose image array itself has more than 2**31 elements (im2col's read)
+CONV1_2 = dict(h=300, w=300, out_h=300, out_w=300, kh=3, kw=3)
+
+
+@pytest.mark.parametrize("batch", [8, 64])
+def test_col2im_reads_inside_the_column_array(tmp_path, batch):
+    n_c = batch * 64
+    columns = n_c * 3 * 3 * 300 * 300
+    lo, hi = indices_read(tmp_path, conv.col2im_gpu, "col", "img", n_c * 300 * 300,
+                          CONV1_2)
+    assert 0 <= lo and hi < columns, (lo, hi, columns)
+    assert hi > columns - 300 * 300     # the last image's columns are reached
+
+
+@pytest.mark.parametrize("batch", [8, 400])
+def test_im2col_reads_inside_the_image_array(tmp_path, batch):
+    n_c = batch * 64
+    pixels = n_c * 300 * 300
+    lo, hi = indices_read(tmp_path, conv.im2col_gpu, "img", "col", n_c * 9 * 300 * 300,
+                          CONV1_2)
+    assert 0 <= lo and hi < pixels, (lo, hi, pixels)
+    assert hi > pixels - 300 * 300
