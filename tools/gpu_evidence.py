@@ -7,6 +7,7 @@ Each prints one JSON object. Not a test: CI has no GPU; docs/gpu.md records the 
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -49,16 +50,16 @@ def _inputs(xp, seed=0, n_prior=8732, n_class=4, batch=4):
 
 def _loss_and_grads(loss_fn, xp, arrays):
     import chainer
+    from chainer.backends.cuda import to_cpu
     locs, confs = chainer.Variable(arrays[0].copy()), chainer.Variable(arrays[1].copy())
     loc_loss, conf_loss = loss_fn(locs, confs, arrays[2], arrays[3], 3)
     (loc_loss + conf_loss).backward()
-    host = chainer.backend.CpuDevice().send
-    return [float(loc_loss.array), float(conf_loss.array),
-            host(locs.grad), host(confs.grad)]
+    return [float(loc_loss.array), float(conf_loss.array), to_cpu(locs.grad), to_cpu(confs.grad)]
 
 
 def loss_check(device: str) -> dict:
     import medaidet  # noqa: F401  (runtime settings before chainer)
+    from chainer.backends.cuda import to_cpu
     from chainercv.links.model.ssd import multibox_loss as chainercv_loss
 
     from medaidet.ssd.loss import InvalidTargetsError, multibox_loss
@@ -67,7 +68,7 @@ def loss_check(device: str) -> dict:
     arrays = _inputs(xp)
     ours = _loss_and_grads(multibox_loss, xp, arrays)
     theirs = _loss_and_grads(chainercv_loss, xp, arrays)
-    on_host = _loss_and_grads(multibox_loss, np, [np.asarray(chainer_host(a)) for a in arrays])
+    on_host = _loss_and_grads(multibox_loss, np, [to_cpu(a) for a in arrays])
     out["loss_medaidet"] = ours[:2]
     out["loss_chainercv"] = theirs[:2]
     out["loss_numpy"] = on_host[:2]
@@ -89,7 +90,6 @@ def loss_check(device: str) -> dict:
         out["context_after_error"] = float(xp.ones(10).sum())
     for blocking in ("0", "1"):
         env = {"CUDA_LAUNCH_BLOCKING": blocking}
-        import os
         child = subprocess.run([sys.executable, "-c", CHILD, device], capture_output=True,
                                text=True, timeout=300, env={**os.environ, **env})
         lines = (child.stdout + child.stderr).strip().splitlines()
@@ -98,21 +98,15 @@ def loss_check(device: str) -> dict:
     return out
 
 
-def chainer_host(a):
-    return a.get() if hasattr(a, "get") else a
-
-
 def compare(a: str, b: str) -> dict:
+    """Two runs' weights (medaidet.ssd.weight_files.compare_weights) and logged losses."""
     from pathlib import Path
-    wa, wb = (np.load(Path(d) / "model.npz") for d in (a, b))
-    diffs = {k: float(np.abs(wa[k].astype(np.float64) - wb[k]).max()) for k in wa.files}
-    worst = max(diffs, key=diffs.get)
-    ma, mb = (json.loads((Path(d) / "metrics.json").read_text()) for d in (a, b))
-    la = [e.get("main/loss") for e in ma["log"]]
-    lb = [e.get("main/loss") for e in mb["log"]]
-    return {"identical": all(v == 0 for v in diffs.values()),
-            "arrays": len(diffs), "arrays_differing": sum(v != 0 for v in diffs.values()),
-            "largest_weight_diff": diffs[worst], "in": worst,
+
+    from medaidet.ssd.weight_files import compare_weights
+    weights = compare_weights(Path(a) / "model.npz", Path(b) / "model.npz")
+    logs = [json.loads((Path(d) / "metrics.json").read_text())["log"] for d in (a, b)]
+    la, lb = ([e.get("main/loss") for e in log] for log in logs)
+    return {"identical": weights.identical, "weights": weights.summary(),
             "losses_a": la, "losses_b": lb,
             "largest_loss_diff": max((abs(x - y) for x, y in zip(la, lb)
                                       if x is not None and y is not None), default=None)}
