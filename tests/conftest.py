@@ -151,11 +151,23 @@ def _find_bccd():
         return None, str(missing)
 
 
+def _find_txl():
+    """TXL-PBC where the package finds it (``$MEDAIDET_TXL_PBC`` > the cache), else beside
+    the checkout (``../shared/txl-pbc``, where CI has it), else None."""
+    from medaidet.data.download import TXL_PBC, DataNotFoundError, resolve_root
+    try:
+        return resolve_root(source=TXL_PBC)
+    except DataNotFoundError:
+        shared = REPO.parent / "shared" / "txl-pbc"
+        return shared.resolve() if (shared / "TXL_PBC").is_dir() else None
+
+
 # Variables of the caller's environment that change what medaidet does. The session starts
 # without them (a test that needs one sets it with monkeypatch), except MEDAIDET_DATA, which
 # points at the BCCD copy found for this session: a command run without --root reads the
 # same data on every machine, whatever the caller exported.
-CALLER_VARIABLES = ("MEDAIDET_DATA", "MEDAIDET_BCCD_URL", "MEDAIDET_NOTEBOOKS",
+CALLER_VARIABLES = ("MEDAIDET_DATA", "MEDAIDET_BCCD_URL", "MEDAIDET_TXL_PBC",
+                    "MEDAIDET_TXL_PBC_URL", "MEDAIDET_NOTEBOOKS",
                     "MEDAIDET_PROFILE", "MEDAIDET_COURSE_RUN", "MEDAIDET_COURSE_OUT",
                     "MEDAIDET_REPO", "MEDAIDET_COLAB_DIR", "MEDAIDET_QUIET_ANNOTATIONS")
 _BCCD = {}
@@ -173,6 +185,8 @@ def pytest_sessionstart(session):
         os.environ.pop(name, None)
     # without a copy: a folder that does not exist, so no test finds one by accident
     _SESSION_ENV["MEDAIDET_DATA"] = str(_BCCD["root"] or _BCCD["tmp"] / "no-bccd")
+    _BCCD["txl"] = _find_txl()
+    _SESSION_ENV["MEDAIDET_TXL_PBC"] = str(_BCCD["txl"] or _BCCD["tmp"] / "no-txl-pbc")
     _SESSION_ENV["CHAINER_DATASET_ROOT"] = str(_BCCD["tmp"] / "chainer-dataset")
     os.environ.update(_SESSION_ENV)
 
@@ -189,6 +203,19 @@ def hermetic_environment(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     for name, value in _SESSION_ENV.items():
         monkeypatch.setenv(name, value)
+
+
+@pytest.fixture(scope="session")
+def txl_root() -> Path:
+    """The real TXL-PBC copy (``$MEDAIDET_TXL_PBC``, the cache, or ``../shared/txl-pbc``);
+    a test that needs it is skipped without it, except where CI requires it
+    (``CI_REQUIRE_TXL=1``: it fails)."""
+    if _BCCD["txl"] is None:
+        why = "TXL-PBC is in neither $MEDAIDET_TXL_PBC, the cache nor ../shared/txl-pbc"
+        if os.environ.get("CI_REQUIRE_TXL") == "1":
+            pytest.fail(why + " (CI requires it)")
+        pytest.skip(why)
+    return _BCCD["txl"]
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""``medaidet data download|validate|synth``: BCCD (notebook 01)."""
+"""``medaidet data download|validate|synth``: BCCD (notebook 01), and TXL-PBC's
+re-annotation of it (``download --dataset txl-pbc``)."""
 from medaidet.arguments import non_negative_int, positive_int
 
 ROOT_HELP = "dataset root (default: $MEDAIDET_DATA, else the cache directory)"
@@ -7,12 +8,16 @@ ROOT_HELP = "dataset root (default: $MEDAIDET_DATA, else the cache directory)"
 def add_parser(commands) -> None:
     data = commands.add_parser("data", help="BCCD: download, validate, synthetic data")
     data_commands = data.add_subparsers(dest="data_command", required=True)
-    p = data_commands.add_parser("download", help="fetch BCCD at the pinned commit, verify "
-                                 "every file, print the dataset root")
+    p = data_commands.add_parser("download", help="fetch a dataset at its pinned commit, "
+                                 "verify every file, print the dataset root")
+    p.add_argument("--dataset", choices=("bccd", "txl-pbc"), default="bccd",
+                   help="bccd (default), or txl-pbc: TXL-PBC, a re-annotation of 221 BCCD "
+                   "images and of three other sources")
     p.add_argument("--root", default=None, help="dataset root to create (default: "
-                   "$MEDAIDET_DATA, else the cache directory)")
+                   "$MEDAIDET_DATA for bccd, $MEDAIDET_TXL_PBC for txl-pbc, else the cache "
+                   "directory)")
     p.add_argument("--force", action="store_true", help="download again even if verified "
-                   "(replaces BCCD's own files only)")
+                   "(replaces the dataset's own files only)")
     p.set_defaults(func=_download)
     p = data_commands.add_parser("validate", help="report every annotation defect; exit 1 "
                                  "when any is of severity error")
@@ -28,8 +33,8 @@ def add_parser(commands) -> None:
 
 
 def _download(args) -> int:
-    from medaidet.data.download import download_bccd
-    print(download_bccd(root=args.root, force=args.force))
+    from medaidet.data.download import SOURCES, download
+    print(download(SOURCES[args.dataset], root=args.root, force=args.force))
     return 0
 
 

@@ -12,6 +12,8 @@ SPLITS = ("train", "val", "trainval", "test")
 #: Class names in the course's order: label 0 is rbc, 1 wbc, 2 platelets. The XML
 #: says ``RBC``, ``WBC``, ``Platelets``; names are matched case-insensitively, stripped.
 BCCD_LABEL_NAMES = ("rbc", "wbc", "platelets")
+#: Whose boxes a dataset can carry: BCCD's own, or TXL-PBC's re-annotation of its images.
+LABELS = ("bccd", "txl-pbc")
 
 _PUBLIC = {
     "BCCDDataset": "medaidet.data.bccd",
@@ -21,7 +23,7 @@ _PUBLIC = {
     "make_synthetic": "medaidet.data.synth",
 }
 
-__all__ = ["SPLITS", "BCCD_LABEL_NAMES", "CLASS_COLORS"] + sorted(_PUBLIC)
+__all__ = ["SPLITS", "BCCD_LABEL_NAMES", "LABELS", "CLASS_COLORS"] + sorted(_PUBLIC)
 
 
 def __getattr__(name):

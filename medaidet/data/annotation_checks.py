@@ -121,8 +121,10 @@ def _duplicates(bbox, labels, threshold):
 
 def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_NAMES,
                      tolerance: float = BOUNDS_TOLERANCE,
-                     near_duplicate_iou: float = NEAR_DUPLICATE_IOU) -> CheckedAnnotation:
+                     near_duplicate_iou: float = NEAR_DUPLICATE_IOU,
+                     item: str = "object") -> CheckedAnnotation:
     """Judge every object of ``annotation`` against the real ``image_size`` (height, width).
+    ``item`` is what the findings call an object (a YOLO file's objects are its lines).
 
     Rules, in order, on the VOC coordinates as written (1-based inclusive):
     unknown or missing name -> ``unknown_label`` (raise); missing/non-numeric coordinate ->
@@ -148,14 +150,14 @@ def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_
         if obj.label is None:
             why = ("has no <name>" if obj.name is None else
                    f"is named {obj.name!r}, not one of {names} (case-insensitive)")
-            findings.append(Finding(i, "unknown_label", f"object {i} {why}", "raise"))
+            findings.append(Finding(i, "unknown_label", f"{item} {i} {why}", "raise"))
             continue
         if obj.bndbox is None:
-            findings.append(Finding(i, "bad_coordinates", f"object {i} ({obj.name.strip()}): "
+            findings.append(Finding(i, "bad_coordinates", f"{item} {i} ({obj.name.strip()}): "
                                     f"{obj.problem}", "drop"))
             continue
         xmin, ymin, xmax, ymax = obj.bndbox
-        where = f"object {i} ({obj.name.strip()}, x {_fmt(xmin)}..{_fmt(xmax)}, " \
+        where = f"{item} {i} ({obj.name.strip()}, x {_fmt(xmin)}..{_fmt(xmax)}, " \
                 f"y {_fmt(ymin)}..{_fmt(ymax)})"
         if xmax < xmin or ymax < ymin:
             axis = "xmax < xmin" if xmax < xmin else "ymax < ymin"
@@ -188,14 +190,15 @@ def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_
     bbox = np.array([c[2] for c in candidates], dtype=np.float32).reshape(-1, 4)
     labels = np.array([c[1] for c in candidates], dtype=np.int32)
     keep = np.ones(len(candidates), dtype=bool)
+    named = {obj.index: obj.name for obj in annotation.objects}
     for j, k, exact, iou in _duplicates(bbox, labels, near_duplicate_iou):
-        name = annotation.objects[candidates[j][0]].name.strip()
+        name = named[candidates[j][0]].strip()
         if exact:
-            detail = (f"object {candidates[j][0]} ({name}) repeats object "
+            detail = (f"{item} {candidates[j][0]} ({name}) repeats {item} "
                       f"{candidates[k][0]}: same class and coordinates")
             kind = "duplicate_box"
         else:
-            detail = (f"object {candidates[j][0]} ({name}) overlaps object "
+            detail = (f"{item} {candidates[j][0]} ({name}) overlaps {item} "
                       f"{candidates[k][0]} ({name}) with IoU {iou:.2f}: the same "
                       "cell boxed twice")
             kind = "near_duplicate_box"

@@ -21,6 +21,11 @@ findings, from the same code):
   :class:`~medaidet.data.annotation_checks.InvalidObjectError`); a box overhanging the image
   by at most a few pixels is clipped. The dataset lists them in :attr:`BCCDDataset.dropped`
   and :attr:`BCCDDataset.clipped`.
+
+Whose boxes (``labels``): BCCD's own (``'bccd'``), or TXL-PBC's re-annotation of the same
+smears (``'txl-pbc'``, :mod:`medaidet.data.txl_pbc`; only the 221 images it re-annotated,
+read by :mod:`medaidet.data.yolo` and judged by the same checks). BCCD's split lists decide
+train/val/test either way.
 """
 from __future__ import annotations
 
@@ -33,17 +38,18 @@ import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 
 from medaidet.arguments import ArgumentValueError, is_path
-from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS  # noqa: F401 (CLASS_COLORS: here too)
+from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS, LABELS  # noqa: F401 (CLASS_COLORS)
 from medaidet.data.annotation import AnnotationError, parse_annotation
 from medaidet.data.annotation_checks import (Finding, ImageSizeError, InvalidObjectError,
                                              UnknownLabelError, check_annotation)
-from medaidet.data.download import resolve_root
+from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.image import ImageError, decode_image, read_image_size
 from medaidet.data.voc import (MissingFileError, annotation_path, image_path, read_split,
                                split_path)
+from medaidet.data.yolo import parse_yolo_labels
 from medaidet.tables import Table
 
-__all__ = ["CLASS_COLORS", "BCCDDataset", "ObjectIssue", "AnnotationWarning",
+__all__ = ["CLASS_COLORS", "BCCDDataset", "LABELS", "ObjectIssue", "AnnotationWarning",
            "annotation_report", "quiet_annotation_warnings", "QUIET_ENV"]
 
 
@@ -86,6 +92,12 @@ class BCCDDataset(GetterDataset):
         use_difficult: keep objects marked difficult (ChainerCV's default: skip them;
             BCCD marks none).
         return_difficult: also return ``difficult`` (bool, (R,)).
+        labels: whose boxes, ``'bccd'`` (BCCD's annotation) or ``'txl-pbc'`` (TXL-PBC's
+            re-annotation of the same images; only the images it re-annotated).
+        reannotated_only: keep only the images TXL-PBC re-annotated (221 of 364: train
+            124, val 57, test 40), whatever ``labels``: both annotations on one image set.
+        txl_root: TXL-PBC's root (``labels='txl-pbc'``); None: ``$MEDAIDET_TXL_PBC``, else
+            the cache directory.
 
     Keys: ``img`` (float32 (3, H, W) RGB 0-255), ``bbox`` (float32 (R, 4)
     ``(y_min, x_min, y_max, x_max)``, 0-based), ``label`` (int32 (R,), index into
@@ -100,23 +112,34 @@ class BCCDDataset(GetterDataset):
     """
 
     def __init__(self, root=None, split: str = "train", strict: bool = False,
-                 use_difficult: bool = False, return_difficult: bool = False):
+                 use_difficult: bool = False, return_difficult: bool = False,
+                 labels: str = "bccd", reannotated_only: bool = False, txl_root=None):
         super().__init__()
         if root is not None and not is_path(root):
             raise ArgumentValueError(
                 f"root: {root!r} is not a folder path; expected a str or os.PathLike naming "
                 "the dataset root (the folder with Annotations/), or None for $MEDAIDET_DATA, "
                 "else the cache directory")
+        if labels not in LABELS:
+            raise ArgumentValueError(f"labels: {labels!r} is not one of {', '.join(LABELS)}")
         self.root = resolve_root(root)
         self.split = split
         self.strict = strict
+        self.labels = labels
         self.label_names = BCCD_LABEL_NAMES
         self.ids = read_split(self.root, split)
+        if labels == "txl-pbc" or reannotated_only:
+            from medaidet.data.txl_pbc import bccd_links
+            links = {link.bccd_id: link for link in bccd_links()}
+            self.ids = [image_id for image_id in self.ids if image_id in links]
+        if labels == "txl-pbc":
+            self.txl_root = resolve_root(txl_root, TXL_PBC)
         self.dropped: list[ObjectIssue] = []
         self.clipped: list[ObjectIssue] = []
         self._image_paths, self._sizes, self._boxes = [], [], []
         for image_id in self.ids:
-            xml_path = annotation_path(self.root, image_id)
+            xml_path = (annotation_path(self.root, image_id) if labels == "bccd" else
+                        links[image_id].label_path(self.txl_root))
             img_path = image_path(self.root, image_id)
             for path, what in ((xml_path, "annotation"), (img_path, "image")):
                 if not path.is_file():
@@ -124,9 +147,12 @@ class BCCDDataset(GetterDataset):
                         f"{split_path(self.root, split)} lists {image_id}, but its {what} "
                         f"{path} does not exist: restore the file or remove the id",
                         path=path, image_id=image_id)
-            annotation = parse_annotation(xml_path)
             size = read_image_size(img_path, image_id)
-            checked = check_annotation(annotation, size)
+            if labels == "bccd":
+                annotation, item = parse_annotation(xml_path), "object"
+            else:
+                annotation, item = parse_yolo_labels(xml_path, size), "line"
+            checked = check_annotation(annotation, size, item=item)
             for finding in checked.findings:
                 if finding.action == "raise" or strict:
                     raise self._error(finding, xml_path, image_id, annotation)
@@ -142,7 +168,8 @@ class BCCDDataset(GetterDataset):
                               for d in (self.dropped + self.clipped)[:3])
             more = len(self.dropped) + len(self.clipped) - 3
             message = (
-                f"BCCD {split} ({self.root}): dropped {len(self.dropped)} and clipped "
+                f"BCCD {split} ({self.root}{', TXL-PBC labels' if labels != 'bccd' else ''}): "
+                f"dropped {len(self.dropped)} and clipped "
                 f"{len(self.clipped)} object(s): {shown}{f'; and {more} more' if more > 0 else ''}"
                 ". See dataset.dropped / dataset.clipped; strict=True raises instead")
             if message not in _REPORTED and os.environ.get(QUIET_ENV, "") in ("", "0"):

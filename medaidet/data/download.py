@@ -1,11 +1,14 @@
-"""Fetch BCCD at the pinned upstream commit, verify every file, resolve the data root.
+"""Fetch a dataset at its pinned upstream commit, verify every file, resolve its root.
 
-The download is GitHub's archive of the pinned commit. GitHub builds these
-archives on the fly, so their own bytes are not stable: instead of checking
-the archive, every extracted file is checked against the sha256 manifest
-shipped in this package (``manifests/bccd-d272fb14.sha256``).
+A :class:`PinnedSource` names what is fetched: a repository, a commit and the sha256
+manifest of the files kept, shipped in this package. Two are defined: :data:`BCCD`
+(``manifests/bccd-d272fb14.sha256``) and :data:`TXL_PBC`, a re-annotation of BCCD's
+smears and of three other sources (``manifests/txl-pbc-056d09e4.sha256``). The download is
+GitHub's archive of the pinned commit. GitHub builds these archives on the fly, so their
+own bytes are not stable: instead of checking the archive, every extracted file is
+checked against the manifest.
 
-Safety rules of :func:`download_bccd`:
+Safety rules of :func:`download` (:func:`download_bccd`, :func:`download_txl_pbc`):
 
 * members with absolute names or ``..`` components, links and special files
   are refused (:class:`UnsafeArchiveError`), and only regular files named in
@@ -25,10 +28,10 @@ Safety rules of :func:`download_bccd`:
   next one (:func:`sweep_leftovers`); nothing else is ever deleted;
 * nothing is ever downloaded implicitly: :func:`resolve_root` only looks.
 
-Root resolution (both functions): explicit argument > ``$MEDAIDET_DATA`` >
-the default cache directory ``<cache>/bccd``, where ``<cache>`` is
-``$MEDAIDET_CACHE``, else ``$XDG_CACHE_HOME/medaidet``, else
-``~/.cache/medaidet``.
+Root resolution (both functions): explicit argument > the source's variable
+(``$MEDAIDET_DATA`` for BCCD, ``$MEDAIDET_TXL_PBC`` for TXL-PBC) > the default cache
+directory ``<cache>/bccd`` or ``<cache>/txl-pbc``, where ``<cache>`` is
+``$MEDAIDET_CACHE``, else ``$XDG_CACHE_HOME/medaidet``, else ``~/.cache/medaidet``.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ import tarfile
 import time
 import urllib.parse
 import zlib
+from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
 from typing import NamedTuple
 
@@ -56,8 +60,9 @@ from medaidet.errors import MedaidetError
 from medaidet.stack.build import default_cache_dir
 
 __all__ = [
-    "BCCD_COMMIT", "DEFAULT_URL", "UPSTREAM_REPO", "MANIFEST_NAME", "MARKER_NAME",
-    "download_bccd", "resolve_root", "default_root", "verify_dataset", "is_verified",
+    "PinnedSource", "BCCD", "TXL_PBC", "SOURCES", "BCCD_COMMIT", "DEFAULT_URL",
+    "UPSTREAM_REPO", "MANIFEST_NAME", "MARKER_NAME", "download", "download_bccd",
+    "download_txl_pbc", "resolve_root", "default_root", "verify_dataset", "is_verified",
     "load_manifest", "manifest_sha256", "sweep_leftovers", "Problem", "URL_SCHEMES",
     "DataNotFoundError", "DownloadError", "UnsupportedURLError", "CorruptArchiveError",
     "UnsafeArchiveError", "ChecksumError", "DestinationError",
@@ -65,13 +70,60 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-UPSTREAM_REPO = "https://github.com/Shenggan/BCCD_Dataset"
-BCCD_COMMIT = "d272fb14cdff6e473fafeeeba32aba5f560e9e43"
-DEFAULT_URL = f"{UPSTREAM_REPO}/archive/{BCCD_COMMIT}.tar.gz"
 
-DATA_ENV = "MEDAIDET_DATA"
-URL_ENV = "MEDAIDET_BCCD_URL"
-MANIFEST_NAME = f"bccd-{BCCD_COMMIT[:8]}.sha256"
+@dataclass(frozen=True)
+class PinnedSource:
+    """A dataset as a repository at one commit, the files kept from it and their sha256.
+
+    Upstream member ``<top>/<path>`` is kept as ``<path>`` when the manifest lists it;
+    with ``subfolder``, ``<top>/<subfolder>/<dir>/<file>`` is kept as ``<dir>/<file>``
+    (BCCD's VOC folders sit in ``BCCD/``). ``marks``: the folder every copy has (what
+    :func:`resolve_root` looks for). ``layout``: how to place the files by hand.
+    """
+
+    name: str
+    repo: str
+    commit: str
+    cache_name: str
+    data_env: str
+    url_env: str
+    marks: str
+    layout: str
+    subfolder: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.repo}/archive/{self.commit}.tar.gz"
+
+    @property
+    def manifest_name(self) -> str:
+        return f"{self.cache_name}-{self.commit[:8]}.sha256"
+
+
+BCCD = PinnedSource(
+    "BCCD", "https://github.com/Shenggan/BCCD_Dataset",
+    "d272fb14cdff6e473fafeeeba32aba5f560e9e43", "bccd", "MEDAIDET_DATA", "MEDAIDET_BCCD_URL",
+    "Annotations", subfolder="BCCD", layout=(
+        "the BCCD/ folder of that repository at that commit, plus LICENSE and test.csv from "
+        "its top level, laid out as\n"
+        "  ROOT/Annotations/BloodImage_00000.xml ...   (364 files)\n"
+        "  ROOT/JPEGImages/BloodImage_00000.jpg ...    (364 files)\n"
+        "  ROOT/ImageSets/Main/{train,val,trainval,test}.txt\n"
+        "  ROOT/LICENSE, ROOT/test.csv"))
+TXL_PBC = PinnedSource(
+    "TXL-PBC", "https://github.com/lugan113/TXL-PBC_Dataset",
+    "056d09e45403f4d1321b99cdb2cfcc3eb605edcf", "txl-pbc", "MEDAIDET_TXL_PBC",
+    "MEDAIDET_TXL_PBC_URL", "TXL_PBC", layout=(
+        "the repository at that commit without its code, laid out as\n"
+        "  ROOT/TXL_PBC/images/{train,val,test}/<uuid>.jpg   (1,440 files)\n"
+        "  ROOT/TXL_PBC/labels/{train,val,test}/<uuid>.txt   (1,440 files; and classes.txt)\n"
+        "  ROOT/TXL_PBC/labels/classes.txt, ROOT/TXL_PBC/data.yaml, ROOT/TXL_PBC/README.md\n"
+        "  ROOT/LICENSE.txt, ROOT/README.md"))
+SOURCES = {"bccd": BCCD, "txl-pbc": TXL_PBC}
+
+# BCCD's names, as the course has always used them
+UPSTREAM_REPO, BCCD_COMMIT, DEFAULT_URL = BCCD.repo, BCCD.commit, BCCD.url
+DATA_ENV, URL_ENV, MANIFEST_NAME = BCCD.data_env, BCCD.url_env, BCCD.manifest_name
 MARKER_NAME = ".medaidet-verified"
 #: The URL schemes :func:`download_bccd` accepts.
 URL_SCHEMES = ("https", "http", "file")
@@ -80,7 +132,7 @@ URL_SCHEMES = ("https", "http", "file")
 STALE_AFTER_S = 24 * 3600
 
 TIMEOUT_S = 60.0
-# Limits far above the real data (the largest file is ~200 kB, all of BCCD ~11 MB).
+# Limits far above the real data (the largest file is ~200 kB; BCCD ~11 MB, TXL-PBC ~44 MB).
 MAX_DOWNLOAD_BYTES = 1 << 30
 MAX_MEMBER_BYTES = 64 << 20
 MAX_EXTRACTED_BYTES = 512 << 20
@@ -90,7 +142,7 @@ _CHUNK = 1 << 20
 # --------------------------------------------------------------------------- errors
 
 class DataNotFoundError(MedaidetError):
-    """The dataset root has no ``Annotations/`` folder."""
+    """The dataset root lacks the folder every copy has (BCCD: ``Annotations/``)."""
 
 
 class DownloadError(MedaidetError):
@@ -135,42 +187,44 @@ class Problem(NamedTuple):
     actual: str | None     # sha256 found, None when missing
 
 
-def _manifest_bytes() -> bytes:
-    return (importlib.resources.files("medaidet.data") / "manifests" / MANIFEST_NAME).read_bytes()
+def _manifest_bytes(source: PinnedSource = BCCD) -> bytes:
+    return (importlib.resources.files("medaidet.data") / "manifests"
+            / source.manifest_name).read_bytes()
 
 
-@functools.lru_cache(maxsize=1)
-def _manifest() -> tuple[tuple[str, str], ...]:
+@functools.lru_cache(maxsize=None)
+def _manifest(source: PinnedSource = BCCD) -> tuple[tuple[str, str], ...]:
     entries = []
-    for number, line in enumerate(_manifest_bytes().decode("utf-8").splitlines(), 1):
+    for number, line in enumerate(_manifest_bytes(source).decode("utf-8").splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         match = re.fullmatch(r"([0-9a-f]{64}) [ *](\S.*)", line)
         if not match:
-            raise MedaidetError(f"manifest {MANIFEST_NAME} line {number} is malformed: {line!r}")
+            raise MedaidetError(f"manifest {source.manifest_name} line {number} is "
+                                f"malformed: {line!r}")
         entries.append((match.group(2), match.group(1)))
     return tuple(entries)
 
 
-def load_manifest() -> dict[str, str]:
-    """``{relative path: sha256}`` of every file of BCCD at the pinned commit."""
-    return dict(_manifest())
+def load_manifest(source: PinnedSource = BCCD) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file of ``source`` at its pinned commit."""
+    return dict(_manifest(source))
 
 
-@functools.lru_cache(maxsize=1)
-def manifest_sha256() -> str:
+@functools.lru_cache(maxsize=None)
+def manifest_sha256(source: PinnedSource = BCCD) -> str:
     """sha256 of the manifest itself: the content of the marker file."""
-    return hashlib.sha256(_manifest_bytes()).hexdigest()
+    return hashlib.sha256(_manifest_bytes(source)).hexdigest()
 
 
-def verify_dataset(root) -> list[Problem]:
+def verify_dataset(root, source: PinnedSource = BCCD) -> list[Problem]:
     """Re-hash every manifest file under ``root``; ``[]`` when all match.
 
     Files not in the manifest are ignored. Takes well under a second for BCCD.
     """
     root = Path(root)
     problems = []
-    for rel, expected in _manifest():
+    for rel, expected in _manifest(source):
         path = root / rel
         if not path.is_file():
             problems.append(Problem(rel, "missing", expected, None))
@@ -181,14 +235,14 @@ def verify_dataset(root) -> list[Problem]:
     return problems
 
 
-def is_verified(root) -> bool:
+def is_verified(root, source: PinnedSource = BCCD) -> bool:
     """Whether ``root`` carries our marker for the current manifest (no re-hashing)."""
     root = Path(root)
     try:
         first = (root / MARKER_NAME).read_text(encoding="utf-8").split("\n", 1)[0].strip()
     except (OSError, UnicodeDecodeError):
         return False
-    return first == manifest_sha256() and (root / "Annotations").is_dir()
+    return first == manifest_sha256(source) and (root / source.marks).is_dir()
 
 
 def _summarize(problems: list[Problem], limit: int = 5) -> str:
@@ -203,76 +257,81 @@ def _summarize(problems: list[Problem], limit: int = 5) -> str:
 
 # --------------------------------------------------------------------------- roots
 
-def default_root() -> Path:
-    """``<cache>/bccd``, the cache being ``$MEDAIDET_CACHE``, else
-    ``$XDG_CACHE_HOME/medaidet``, else ``~/.cache/medaidet``."""
-    return default_cache_dir() / "bccd"
+def default_root(source: PinnedSource = BCCD) -> Path:
+    """``<cache>/bccd`` (``<cache>/txl-pbc``...), the cache being ``$MEDAIDET_CACHE``,
+    else ``$XDG_CACHE_HOME/medaidet``, else ``~/.cache/medaidet``."""
+    return default_cache_dir() / source.cache_name
 
 
-def _choose_root(root) -> tuple[Path, str]:
+def _choose_root(root, source: PinnedSource = BCCD) -> tuple[Path, str]:
     if root is not None:
         return Path(os.fspath(root)).expanduser(), "given explicitly"
-    env = os.environ.get(DATA_ENV)
+    env = os.environ.get(source.data_env)
     if env:
-        return Path(env).expanduser(), f"from ${DATA_ENV}"
-    return default_root(), f"the default cache directory; ${DATA_ENV} is not set"
+        return Path(env).expanduser(), f"from ${source.data_env}"
+    return default_root(source), f"the default cache directory; ${source.data_env} is not set"
 
 
-def _layout_help() -> str:
+def _cli_flag(source: PinnedSource) -> str:
+    return "" if source is BCCD else f" --dataset {source.cache_name}"
+
+
+def _layout_help(source: PinnedSource = BCCD) -> str:
+    function = f"download_{source.cache_name.replace('-', '_')}"
     return (
-        "Get it with `medaidet data download [--root DIR]` (Python: "
-        "medaidet.data.download_bccd()), which fetches "
-        f"{UPSTREAM_REPO} at commit {BCCD_COMMIT}, verifies every file and stores it at "
-        f"{default_root()} unless --root or ${DATA_ENV} says otherwise.\n"
-        "Or place the files by hand, in this layout (the BCCD/ folder of that repository "
-        "at that commit, plus LICENSE and test.csv from its top level):\n"
-        "  ROOT/Annotations/BloodImage_00000.xml ...   (364 files)\n"
-        "  ROOT/JPEGImages/BloodImage_00000.jpg ...    (364 files)\n"
-        "  ROOT/ImageSets/Main/{train,val,trainval,test}.txt\n"
-        "  ROOT/LICENSE, ROOT/test.csv\n"
-        f"and set {DATA_ENV}=ROOT (or pass ROOT explicitly); "
-        "`medaidet data download --root ROOT` then verifies it without the network."
+        f"Get it with `medaidet data download{_cli_flag(source)} [--root DIR]` (Python: "
+        f"medaidet.data.download.{function}()), which fetches "
+        f"{source.repo} at commit {source.commit}, verifies every file and stores it at "
+        f"{default_root(source)} unless --root or ${source.data_env} says otherwise.\n"
+        f"Or place the files by hand, keeping {source.layout}\n"
+        f"and set {source.data_env}=ROOT (or pass ROOT explicitly); "
+        f"`medaidet data download{_cli_flag(source)} --root ROOT` then verifies it without "
+        "the network."
     )
 
 
-def resolve_root(root=None) -> Path:
-    """The dataset root: ``root`` > ``$MEDAIDET_DATA`` > the default cache directory.
+def resolve_root(root=None, source: PinnedSource = BCCD) -> Path:
+    """The dataset root: ``root`` > ``$MEDAIDET_DATA`` (``source.data_env``) > the default
+    cache directory.
 
     Only looks (never downloads); raises :class:`DataNotFoundError` with
-    instructions when the chosen folder has no ``Annotations/``.
+    instructions when the chosen folder has no ``Annotations/`` (``source.marks``).
     """
-    path, source = _choose_root(root)
-    if not (path / "Annotations").is_dir():
-        state = "does not exist" if not path.exists() else "has no Annotations/ folder"
-        raise DataNotFoundError(f"BCCD not found: {path} ({source}) {state}.\n{_layout_help()}")
+    path, how = _choose_root(root, source)
+    if not (path / source.marks).is_dir():
+        state = "does not exist" if not path.exists() else f"has no {source.marks}/ folder"
+        raise DataNotFoundError(f"{source.name} not found: {path} ({how}) {state}.\n"
+                                f"{_layout_help(source)}")
     return path.resolve()
 
 
 # --------------------------------------------------------------------------- download
 
-def _by_hand(url: str, dest: Path) -> str:
+def _by_hand(source: PinnedSource, dest: Path) -> str:
     return (
         "To place the data by hand: on a machine with network access download\n"
-        f"  {DEFAULT_URL}\n"
-        f"(the archive of {UPSTREAM_REPO} at commit {BCCD_COMMIT}), then either\n"
-        f"  - copy it here and run `{URL_ENV}=file:///path/to/archive.tar.gz medaidet data "
-        f"download --root {dest}` (extracts and verifies every file), or\n"
-        "  - extract it and use its BCCD/ folder (Annotations/, JPEGImages/, ImageSets/Main/) "
-        "with LICENSE and test.csv from the top level copied beside them; point "
-        f"{DATA_ENV} at that folder, or pass it as --root (it is then verified in place)."
+        f"  {source.url}\n"
+        f"(the archive of {source.repo} at commit {source.commit}), then either\n"
+        f"  - copy it here and run `{source.url_env}=file:///path/to/archive.tar.gz medaidet "
+        f"data download{_cli_flag(source)} --root {dest}` (extracts and verifies every "
+        "file), or\n"
+        f"  - extract it and keep {source.layout}\n"
+        f"then point {source.data_env} at that folder, or pass it as --root (it is then "
+        "verified in place)."
     )
 
 
-def _download_error(url: str, dest: Path, reason: str, offline_hint: bool) -> DownloadError:
+def _download_error(source: PinnedSource, url: str, dest: Path, reason: str,
+                    offline_hint: bool) -> DownloadError:
     hint = (" Are you offline, or behind a proxy (urllib honors https_proxy/no_proxy)?"
             if offline_hint else "")
-    override = ("" if url == DEFAULT_URL
-                else f" (the URL came from url= or ${URL_ENV}; the default is {DEFAULT_URL})")
-    return DownloadError(f"could not download BCCD from {url}{override}: {reason}.{hint}\n"
-                         f"{_by_hand(url, dest)}")
+    override = ("" if url == source.url else
+                f" (the URL came from url= or ${source.url_env}; the default is {source.url})")
+    return DownloadError(f"could not download {source.name} from {url}{override}: "
+                         f"{reason}.{hint}\n{_by_hand(source, dest)}")
 
 
-def _check_url(url: str) -> None:
+def _check_url(url: str, source: PinnedSource = BCCD) -> None:
     """Raise :class:`UnsupportedURLError` unless ``url`` is https://, http:// or file://.
 
     urllib would take a plain path for a relative URL and fail with a bare ValueError,
@@ -294,26 +353,24 @@ def _check_url(url: str) -> None:
         how = f"{local} is a file here: pass {local.resolve().as_uri()}"
     else:
         how = ("for an archive on this machine pass its file:// URL, e.g. "
-               "file:///path/to/BCCD.tar.gz")
+               f"file:///path/to/{source.name}.tar.gz")
     raise UnsupportedURLError(
-        f"cannot download BCCD from {url!r}: {what}. Accepted URLs start with https://, "
-        f"http:// or file://; {how} (as url=, or in ${URL_ENV}). The default is "
-        f"{DEFAULT_URL}.")
+        f"cannot download {source.name} from {url!r}: {what}. Accepted URLs start with "
+        f"https://, http:// or file://; {how} (as url=, or in ${source.url_env}). The default "
+        f"is {source.url}.")
 
 
-def _user_agent() -> str:
-    return f"medaidet/{__version__} (BCCD download; +{UPSTREAM_REPO})"
-
-
-def _fetch(url: str, target: Path, dest: Path, timeout: float, progress: bool) -> int:
+def _fetch(source: PinnedSource, url: str, target: Path, dest: Path, timeout: float,
+           progress: bool) -> int:
     """Stream ``url`` into ``target``; returns the number of bytes."""
+    agent = f"medaidet/{__version__} ({source.name} download; +{source.repo})"
     try:
         with open(target, "wb") as out:
-            received, _ = stream_url(url, out, timeout=timeout, user_agent=_user_agent(),
-                                     desc="BCCD download", progress=progress,
+            received, _ = stream_url(url, out, timeout=timeout, user_agent=agent,
+                                     desc=f"{source.name} download", progress=progress,
                                      max_bytes=MAX_DOWNLOAD_BYTES)
     except FetchError as exc:
-        raise _download_error(url, dest, exc.reason, offline_hint=exc.offline) from None
+        raise _download_error(source, url, dest, exc.reason, offline_hint=exc.offline) from None
     return received
 
 
@@ -334,25 +391,24 @@ def _unsafe_reason(member: tarfile.TarInfo) -> str | None:
     return None
 
 
-def _map_member(name: str, manifest: dict[str, str]) -> str | None:
+def _map_member(name: str, manifest: dict[str, str], subfolder: str | None) -> str | None:
     """Upstream member name -> manifest path, or None when we do not keep it.
 
-    ``<top>/BCCD/<sub>/<file>`` -> ``<sub>/<file>``; ``<top>/<file>`` -> ``<file>``.
+    ``<top>/<path>`` -> ``<path>``; with ``subfolder`` (BCCD's ``BCCD``),
+    ``<top>/<subfolder>/<sub>/<file>`` -> ``<sub>/<file>``.
     """
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if len(parts) < 2:
         return None
-    parts = parts[1:]  # the top folder, BCCD_Dataset-<commit>
-    if parts[0] == "BCCD" and len(parts) > 2:
-        rel = "/".join(parts[1:])
-    elif len(parts) == 1:
-        rel = parts[0]
-    else:
-        return None
+    parts = parts[1:]  # the top folder, e.g. BCCD_Dataset-<commit>
+    if subfolder is not None and parts[0] == subfolder and len(parts) > 2:
+        parts = parts[1:]
+    rel = "/".join(parts)
     return rel if rel in manifest else None
 
 
-def _extract(archive: Path, staging: Path, manifest: dict[str, str], url: str) -> None:
+def _extract(source: PinnedSource, archive: Path, staging: Path, manifest: dict[str, str],
+             url: str) -> None:
     seen: set[str] = set()
     extracted = 0
     try:
@@ -362,11 +418,12 @@ def _extract(archive: Path, staging: Path, manifest: dict[str, str], url: str) -
                 if reason:
                     raise UnsafeArchiveError(
                         f"unsafe member {member.name!r} in the archive from {url}: {reason}. "
-                        "Nothing was installed; this is not the pinned BCCD archive.",
+                        f"Nothing was installed; this is not the pinned {source.name} "
+                        "archive.",
                         member.name)
                 if member.isdir():
                     continue
-                rel = _map_member(member.name, manifest)
+                rel = _map_member(member.name, manifest, source.subfolder)
                 if rel is None:
                     continue
                 if rel in seen:
@@ -381,29 +438,28 @@ def _extract(archive: Path, staging: Path, manifest: dict[str, str], url: str) -
                 extracted += member.size
                 target = staging / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
-                source = tar.extractfile(member)
                 with open(target, "xb") as out:
-                    shutil.copyfileobj(source, out, _CHUNK)
+                    shutil.copyfileobj(tar.extractfile(member), out, _CHUNK)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        what, fix = _identify(archive)
+        what, fix = _identify(archive, source)
         raise CorruptArchiveError(
             f"the file downloaded from {url} is not a complete tar archive: it {what} "
             f"(tarfile: {type(exc).__name__}: {exc}). {fix}; expected a .tar.gz archive "
-            f"like {DEFAULT_URL}. Nothing was installed.") from None
+            f"like {source.url}. Nothing was installed.") from None
 
 
 _CUT_SHORT = "The download was probably cut short: run the download again"
-_CHECK_URL = (f"Check the URL (from url= or ${URL_ENV}): it does not point to the BCCD "
-              "archive")
 
 
-def _identify(path: Path) -> tuple[str, str]:
+def _identify(path: Path, source: PinnedSource = BCCD) -> tuple[str, str]:
     """What a file that is not a readable tar archive really is, from its content:
     ``(what it is, what to do)``, each a phrase for the error message."""
     size = path.stat().st_size
     with open(path, "rb") as fh:
         head = fh.read(4096)
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    check_url = (f"Check the URL (from url= or ${source.url_env}): it does not point to the "
+                 f"{source.name} archive")
     if size == 0:
         return "is empty (0 bytes)", "The server sent nothing: run the download again"
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
@@ -415,7 +471,7 @@ def _identify(path: Path) -> tuple[str, str]:
         named = f" titled {title.group(1).decode('utf-8', 'replace').strip()!r}" if title else ""
         return (f"is an HTML page{named} ({size} bytes)",
                 "The server sent a web page (an error, login or proxy page): check the URL "
-                f"(from url= or ${URL_ENV}) and your proxy settings")
+                f"(from url= or ${source.url_env}) and your proxy settings")
     if head.startswith(b"\x1f\x8b"):
         try:
             with gzip.open(path, "rb") as fh:
@@ -425,14 +481,16 @@ def _identify(path: Path) -> tuple[str, str]:
         except (EOFError, OSError, zlib.error):
             return f"is gzip data cut short ({size} bytes)", _CUT_SHORT
         return (f"is a complete gzip file whose content is not a tar archive ({size} bytes)",
-                _CHECK_URL)
+                check_url)
     if head.startswith((b"BZh", b"\xfd7zXZ\x00")) or head[257:262] == b"ustar":
         return f"is a compressed or tar archive cut short ({size} bytes)", _CUT_SHORT
-    return f"is not an archive ({size} bytes, starting {head[:24]!r})", _CHECK_URL
+    return f"is not an archive ({size} bytes, starting {head[:24]!r})", check_url
 
 
-def _looks_like_dataset(root: Path) -> bool:
-    return any((root / name).exists() for name in (MARKER_NAME, "Annotations", "JPEGImages"))
+def _looks_like_dataset(root: Path, source: PinnedSource) -> bool:
+    names = {MARKER_NAME, source.marks} | {rel.split("/")[0] for rel, _ in _manifest(source)
+                                           if "/" in rel}
+    return any((root / name).exists() for name in names)
 
 
 # --------------------------------------------------------------------------- temporary files
@@ -526,7 +584,7 @@ def sweep_leftovers(root) -> list[str]:
     return removed
 
 
-def _install(staging: Path, root: Path) -> None:
+def _install(source: PinnedSource, staging: Path, root: Path) -> None:
     """Put the verified files of ``staging`` (the manifest's and the marker) in ``root``.
 
     A new ``root`` is one rename of the folder. Into an existing one, each manifest file
@@ -540,13 +598,13 @@ def _install(staging: Path, root: Path) -> None:
             os.replace(staging, root)
             return
         except OSError:
-            if is_verified(root):
+            if is_verified(root, source):
                 return      # another process installed a verified copy first
             # something appeared there meanwhile: install file by file, below
     current = root / MARKER_NAME
     try:
         current.unlink(missing_ok=True)
-        for rel, _ in _manifest():
+        for rel, _ in _manifest(source):
             current = root / rel
             current.parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / rel, current)
@@ -555,23 +613,36 @@ def _install(staging: Path, root: Path) -> None:
     except OSError as exc:
         raise DestinationError(
             f"cannot install {current} ({exc}); {root} is left unverified, with every file "
-            "that is not part of BCCD where it was. Make that path writable (or move what "
+            f"that is not part of {source.name} where it was. Make that path writable (or move what "
             "is in its way) and run the download again with --force.") from None
 
 
-def _files_not_ours(root: Path) -> list[str]:
+def _files_not_ours(root: Path, source: PinnedSource) -> list[str]:
     """Files under ``root`` that are neither in the manifest nor the marker."""
-    ours = set(load_manifest()) | {MARKER_NAME}
+    ours = set(load_manifest(source)) | {MARKER_NAME}
     return sorted(rel for rel in (p.relative_to(root).as_posix() for p in root.rglob("*")
                                   if p.is_file()) if rel not in ours)
 
 
 def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEOUT_S) -> Path:
-    """Fetch BCCD at commit :data:`BCCD_COMMIT`, verify every file, return the dataset root.
+    """BCCD at commit :data:`BCCD_COMMIT`: :func:`download` of :data:`BCCD`."""
+    return download(BCCD, root, url, force, progress, timeout)
 
-    ``root``: the dataset root to create (default: ``$MEDAIDET_DATA``, else
-    :func:`default_root`). ``url``: the archive (default: ``$MEDAIDET_BCCD_URL``,
-    else :data:`DEFAULT_URL`; ``file://`` works for an archive fetched elsewhere).
+
+def download_txl_pbc(root=None, url=None, force=False, progress=True,
+                     timeout=TIMEOUT_S) -> Path:
+    """TXL-PBC at its pinned commit: :func:`download` of :data:`TXL_PBC`."""
+    return download(TXL_PBC, root, url, force, progress, timeout)
+
+
+def download(source: PinnedSource, root=None, url=None, force=False, progress=True,
+             timeout=TIMEOUT_S) -> Path:
+    """Fetch ``source`` at its pinned commit, verify every file, return the dataset root.
+
+    ``root``: the dataset root to create (default: ``$MEDAIDET_DATA`` for BCCD,
+    ``source.data_env`` in general, else :func:`default_root`). ``url``: the archive
+    (default: ``$MEDAIDET_BCCD_URL`` (``source.url_env``), else ``source.url``;
+    ``file://`` works for an archive fetched elsewhere).
 
     A root already verified is returned without network access unless
     ``force``. An existing folder without the marker whose files all match
@@ -581,33 +652,34 @@ def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEO
     that does not look like a dataset. Raises :class:`UnsupportedURLError` for
     a URL that is not https://, http:// or file://.
     """
-    root, source = _choose_root(root)
+    root, how = _choose_root(root, source)
     root = root.resolve()
-    url = url or os.environ.get(URL_ENV) or DEFAULT_URL
-    _check_url(url)
-    manifest = load_manifest()
+    url = url or os.environ.get(source.url_env) or source.url
+    _check_url(url, source)
+    manifest = load_manifest(source)
     sweep_leftovers(root)
 
     if root.exists():
         if not root.is_dir():
             raise DestinationError(f"{root} exists and is not a folder; choose another --root.")
         if not force:
-            if is_verified(root):
+            if is_verified(root, source):
                 return root
             if any(root.iterdir()):
-                problems = verify_dataset(root)
+                problems = verify_dataset(root, source)
                 if not problems:
-                    _write_marker(root, "verified in place")
+                    _write_marker(source, root, "verified in place")
                     return root
                 raise DestinationError(
-                    f"{root} exists and is not a verified BCCD copy "
+                    f"{root} exists and is not a verified {source.name} copy "
                     f"({_summarize(problems)}). Pass --force (force=True) to replace the "
-                    "files of BCCD with a fresh download (files that are not part of BCCD "
-                    "are left where they are), or choose another --root.")
-        elif any(root.iterdir()) and not _looks_like_dataset(root):
+                    f"files of {source.name} with a fresh download (files that are not part "
+                    f"of {source.name} are left where they are), or choose another --root.")
+        elif any(root.iterdir()) and not _looks_like_dataset(root, source):
             raise DestinationError(
-                f"refusing to replace {root}: it is not empty and does not look like a BCCD "
-                "copy (no Annotations/, JPEGImages/ or marker). Choose a new or empty --root.")
+                f"refusing to replace {root}: it is not empty and does not look like a "
+                f"{source.name} copy (no {source.marks}/ or marker). Choose a new or empty "
+                "--root.")
 
     archive = staging = None
     had_root = root.exists()   # else a failed download is said to have found no copy
@@ -619,43 +691,45 @@ def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEO
             staging.mkdir()
         except OSError as exc:
             raise DestinationError(f"cannot write beside {root}: {exc}. Choose another --root "
-                                   f"or set ${DATA_ENV}.") from None
+                                   f"or set ${source.data_env}.") from None
 
         try:
-            _fetch(url, archive, root, timeout, progress)
+            _fetch(source, url, archive, root, timeout, progress)
         except DownloadError as exc:
             if had_root:
                 raise
-            raise DownloadError(f"BCCD is not at {root} ({source}), and {exc}") from None
-        _extract(archive, staging, manifest, url)
+            raise DownloadError(f"{source.name} is not at {root} ({how}), and {exc}") from None
+        _extract(source, archive, staging, manifest, url)
         archive.unlink()
         archive = None
-        problems = verify_dataset(staging)
+        problems = verify_dataset(staging, source)
         if problems:
             raise ChecksumError(
                 f"{len(problems)} of {len(manifest)} files from {url} do not match the pinned "
-                f"manifest {MANIFEST_NAME} (BCCD commit {BCCD_COMMIT}): "
-                f"{_summarize(problems)}. The archive is not BCCD at that commit or was "
-                "corrupted on the way; nothing was installed.", problems)
-        _write_marker(staging, f"downloaded from {url}")  # last file, before the install
+                f"manifest {source.manifest_name} ({source.name} commit {source.commit}): "
+                f"{_summarize(problems)}. The archive is not {source.name} at that commit or "
+                "was corrupted on the way; nothing was installed.", problems)
+        _write_marker(source, staging, f"downloaded from {url}")  # last, before the install
         existed = root.exists()
-        _install(staging, root)
+        _install(source, staging, root)
     finally:
         if archive is not None:
             archive.unlink(missing_ok=True)
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     if existed:
-        kept = _files_not_ours(root)
+        kept = _files_not_ours(root, source)
         if kept:
             shown = ", ".join(kept[:10]) + (", ..." if len(kept) > 10 else "")
-            logger.info("%s: replaced the files of BCCD; left %d file(s) that are not part of "
-                        "BCCD where they were: %s", root, len(kept), shown)
+            logger.info("%s: replaced the files of %s; left %d file(s) that are not part of "
+                        "%s where they were: %s", root, source.name, len(kept), source.name,
+                        shown)
     return root
 
 
-def _write_marker(root: Path, how: str) -> None:
-    text = f"{manifest_sha256()}\n# every file of {MANIFEST_NAME} verified; {how}\n"
+def _write_marker(source: PinnedSource, root: Path, how: str) -> None:
+    text = (f"{manifest_sha256(source)}\n# every file of {source.manifest_name} verified; "
+            f"{how}\n")
     if not root.stat().st_mode & 0o222:
         return  # a copy made read-only on purpose is not written to, even by root
     try:

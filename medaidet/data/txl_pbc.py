@@ -41,6 +41,10 @@ class Link:
     bccd_id: str
     bccd_split: str
 
+    def label_path(self, txl_root) -> Path:
+        """TXL-PBC's label file of this image under ``txl_root``."""
+        return Path(txl_root) / "TXL_PBC" / "labels" / self.txl_split / f"{self.txl_name}.txt"
+
 
 def _pixels_digest(path) -> str:
     return hashlib.sha256(decode_image(path).pixels.tobytes()).hexdigest()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medaidet.arguments import ArgumentValueError, check_number, is_path
+from medaidet.data import LABELS
 from medaidet.device import DEFAULT_DEVICE, DeviceError, parse_device
 from medaidet.tables import Table
 from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
@@ -107,6 +108,9 @@ class TrainConfig:
     communicator: str | None = None      # ChainerMN: 'naive' (CPU/GPU), 'pure_nccl' (GPUs), ...
     device: str | int = DEFAULT_DEVICE   # 'cpu', 'gpu' (= GPU 0), an int, or 'auto'
     root: str | None = None              # BCCD root; None: $MEDAIDET_DATA / the cache
+    labels: str = "bccd"                 # whose boxes: 'bccd', or 'txl-pbc' (TXL-PBC's
+                                         # re-annotation of 221 BCCD images; its root from
+                                         # $MEDAIDET_TXL_PBC / the cache)
     out: str = "outputs/train"
 
     def __post_init__(self):
@@ -295,6 +299,9 @@ def _normalised_names(v: dict) -> dict:
         raise ConfigError(f"pretrained: {model} has no {pretrained!r} weights "
                           f"(only {', '.join(WITH_PRETRAINED)} do); expected null (random "
                           "weights) or a model-only .npz of it")
+    if v["labels"] not in LABELS:
+        raise ConfigError(f"labels: {v['labels']!r} is not an annotation the course reads; "
+                          f"expected one of {', '.join(LABELS)}")
     for name in ("train_split", "val_split"):
         if not isinstance(v[name], str) or not v[name].strip():
             raise ConfigError(f"{name}: {v[name]!r} is not a split name; expected a split "

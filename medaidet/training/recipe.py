@@ -213,10 +213,11 @@ class Recipe:
         process when ``config.seed`` is set. Raises :class:`NothingToLearnError` when the
         training images hold no box (:func:`check_objects`)."""
         config = self.config
-        dataset = BCCDDataset(config.root, config.train_split)
+        dataset = BCCDDataset(config.root, config.train_split, labels=config.labels)
         images = _first(dataset, config.subset)
         check_objects(dataset, images, config)
-        val = _first(BCCDDataset(config.root, config.val_split), config.eval_subset)
+        val = _first(BCCDDataset(config.root, config.val_split, labels=config.labels),
+                     config.eval_subset)
         transform = self.transform(model)
         # each rank's share of the plain images, wrapped here: a ReseedingTransform made on
         # rank 0 and sent to another rank would take that rank for a worker process and

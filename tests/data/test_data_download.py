@@ -780,3 +780,84 @@ def test_cli_download_offline_exits_2_with_instructions(tmp_path):
     assert "MEDAIDET_DATA" in result.stderr and "Traceback" not in result.stderr
     assert leftovers(tmp_path) == []
 
+
+
+# --------------------------------------------------------------------------- TXL-PBC, the same path
+
+TXL_TOP = f"TXL-PBC_Dataset-{dl.TXL_PBC.commit}"
+TXL_CHANGED = "TXL_PBC/labels/test/01e4af27-0d62-557e-b967-cd665b590d45.txt"
+
+
+@pytest.fixture(scope="module")
+def txl_server(txl_root):
+    """TXL-PBC's archive in the upstream layout (its code and example image too, which are
+    not kept), rebuilt from the real files: good, with one label line changed, cut short."""
+    files = {rel: (txl_root / rel).read_bytes() for rel in dl.load_manifest(dl.TXL_PBC)}
+    extras = [(f"{TXL_TOP}/example.png", b"\x89PNG not kept"),
+              (f"{TXL_TOP}/TXL_PBC/train.py", b"print('not kept')\n")]
+
+    def archive(changed=None):
+        entries = [_dir(f"{TXL_TOP}/")] + extras + [
+            (f"{TXL_TOP}/{rel}", (changed or {}).get(rel, data)) for rel, data in files.items()]
+        return make_tar_gz(entries)
+
+    good = archive()
+    srv = Server()
+    srv.add("/txl.tar.gz", good)
+    srv.add("/txl-changed.tar.gz", archive({TXL_CHANGED: files[TXL_CHANGED].replace(b"1 ", b"2 ", 1)}))
+    srv.add("/txl-truncated.tar.gz", good[: len(good) // 3])
+    yield srv
+    srv.close()
+
+
+@pytest.mark.slow(seconds=6)
+def test_txl_pbc_installs_verified_by_its_manifest_and_serves_the_loader(tmp_path, txl_server,
+                                                                        bccd_root, monkeypatch):
+    dest = tmp_path / "txl-pbc"
+    root = dl.download_txl_pbc(root=dest, url=txl_server.url("/txl.tar.gz"), progress=False)
+    files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    assert files == set(dl.load_manifest(dl.TXL_PBC)) | {dl.MARKER_NAME}   # no code, no png
+    assert len(files) == 2888 + 1 and dl.is_verified(root, dl.TXL_PBC)
+    assert not dl.is_verified(root)                      # BCCD's marker is another manifest
+    # cached: the second call does not touch the network
+    assert dl.download_txl_pbc(root=dest, url=txl_server.url("/txl.tar.gz")) == root
+    assert txl_server.hits["/txl.tar.gz"] == 1
+    monkeypatch.setenv("MEDAIDET_TXL_PBC", str(dest))
+    assert resolve_root(source=dl.TXL_PBC) == root
+    from medaidet.data.bccd import BCCDDataset
+    assert len(BCCDDataset(split="test", labels="txl-pbc")) == 40
+
+
+@pytest.mark.slow(seconds=4)
+def test_txl_pbc_with_a_changed_label_is_refused_by_name(tmp_path, txl_server):
+    with pytest.raises(ChecksumError) as info:
+        dl.download_txl_pbc(root=tmp_path / "txl-pbc", url=txl_server.url("/txl-changed.tar.gz"),
+                            progress=False)
+    assert [p.path for p in info.value.problems] == [TXL_CHANGED]
+    assert "txl-pbc-056d09e4.sha256 (TXL-PBC commit 056d09e4" in str(info.value)
+    assert leftovers(tmp_path) == []
+
+
+def test_txl_pbc_archive_cut_short_is_named(tmp_path, txl_server):
+    with pytest.raises(CorruptArchiveError, match="not a complete tar archive.*cut short"):
+        dl.download_txl_pbc(root=tmp_path / "txl-pbc",
+                            url=txl_server.url("/txl-truncated.tar.gz"), progress=False)
+    assert leftovers(tmp_path) == []
+
+
+def test_txl_pbc_offline_says_how_to_place_it_by_hand(tmp_path):
+    sock = _refused_port()
+    try:
+        result = _cli(["data", "download", "--dataset", "txl-pbc", "--root",
+                       str(tmp_path / "txl-pbc")],
+                      {"MEDAIDET_TXL_PBC_URL": f"http://127.0.0.1:{sock.getsockname()[1]}/t.tgz"})
+    finally:
+        sock.close()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"medaidet: error: TXL-PBC is not at {tmp_path / 'txl-pbc'}"
+                                    " (given explicitly), and could not download TXL-PBC")
+    for needle in ("offline", dl.TXL_PBC.url, "MEDAIDET_TXL_PBC_URL=file://", "--dataset txl-pbc",
+                   "point MEDAIDET_TXL_PBC at",
+                   "TXL_PBC/labels/{train,val,test}/<uuid>.txt"):
+        assert needle in result.stderr
+    assert leftovers(tmp_path) == []

@@ -1,20 +1,16 @@
 """Which TXL-PBC images are BCCD's: the shipped table, and the same table derived again from the
-real data (TXL-PBC beside the checkout in CI, ../shared/txl-pbc)."""
-import os
+real data (TXL-PBC beside the checkout in CI, ../shared/txl-pbc); BCCD's images with either
+annotation."""
 import shutil
 from collections import Counter
-from pathlib import Path
 
+import numpy as np
 import pytest
 
 from medaidet.data.txl_pbc import LINKS_FILE, bccd_links, find_bccd_images, links_tsv
 from medaidet.data.voc import read_split
 from medaidet.errors import MedaidetError
 
-TXL_ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "txl-pbc"
-needs_txl = pytest.mark.skipif(not (TXL_ROOT / "TXL_PBC").is_dir()
-                               and os.environ.get("CI_REQUIRE_TXL") != "1",
-                               reason=f"TXL-PBC is not at {TXL_ROOT} (CI requires it)")
 
 
 def test_the_shipped_table_links_221_bccd_images_by_bccds_own_splits(bccd_root):
@@ -29,10 +25,9 @@ def test_the_shipped_table_links_221_bccd_images_by_bccds_own_splits(bccd_root):
     assert crossing["val"] == 38 and crossing["test"] == 26
 
 
-@needs_txl
 @pytest.mark.slow(seconds=5)
-def test_the_table_is_derived_again_from_the_pixels(bccd_root):
-    links = find_bccd_images(TXL_ROOT, bccd_root)
+def test_the_table_is_derived_again_from_the_pixels(bccd_root, txl_root):
+    links = find_bccd_images(txl_root, bccd_root)
     assert links_tsv(links) == LINKS_FILE.read_text(encoding="utf-8")
 
 
@@ -55,3 +50,71 @@ def test_a_table_without_its_header_is_named(tmp_path):
     bad.write_text("test\tabc\tBloodImage_00001\ttest\n")
     with pytest.raises(MedaidetError, match="links.tsv: expected the header"):
         bccd_links(bad)
+
+
+# --------------------------------------------------------------------------- labels as a choice
+
+def _counts(dataset):
+    return np.bincount(np.concatenate(list(dataset.slice[:, "label"])), minlength=3).tolist()
+
+
+@pytest.mark.slow(seconds=3)
+def test_the_re_annotation_boxes_twice_the_red_cells_bccd_boxed(bccd_root, txl_root):
+    from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+    counts = {}
+    for split, n in (("train", 124), ("val", 57), ("test", 40)):
+        txl = BCCDDataset(split=split, labels="txl-pbc")
+        with pytest.warns(AnnotationWarning, match=f"BCCD {split} \\([^,]*\\): dropped"):
+            bccd = BCCDDataset(split=split, reannotated_only=True)   # BCCD's own defects
+        assert txl.ids == bccd.ids and len(txl) == n
+        assert txl.dropped == [] and txl.clipped == []    # every line of the real files is usable
+        counts[split] = (_counts(txl), _counts(bccd))
+    # rbc, wbc, platelets on the 40 test images: the re-annotation's, then BCCD's
+    assert counts["test"] == ([926, 43, 37], [433, 38, 31])
+    assert sum(c[0][0] for c in counts.values()) == 5130
+    img, bbox, label = BCCDDataset(split="test", labels="txl-pbc")[0]
+    assert img.shape == (3, 480, 640) and bbox.dtype == np.float32 and label.dtype == np.int32
+    assert (bbox[:, :2] >= 0).all() and (bbox[:, 2] <= 479).all() and (bbox[:, 3] <= 639).all()
+    assert (bbox[:, 2:] > bbox[:, :2]).all()
+
+
+def test_no_bccd_val_or_test_image_reaches_training_through_txl_pbcs_splits(bccd_root, txl_root):
+    """TXL-PBC's train split holds 38 of BCCD's val and 26 of its test images: loaded with
+    the re-annotation, BCCD's train split still holds only BCCD's train images, and the
+    training recipe reads exactly those."""
+    from medaidet.data.bccd import BCCDDataset
+    from medaidet.training.config import TrainConfig
+    from medaidet.training.recipe import Recipe
+    held_out = set(read_split(bccd_root, "val")) | set(read_split(bccd_root, "test"))
+    in_txl_train = {link.bccd_id for link in bccd_links() if link.txl_split == "train"}
+    assert len(in_txl_train & held_out) == 64
+    train = BCCDDataset(split="train", labels="txl-pbc")
+    assert not set(train.ids) & held_out
+    assert set(train.ids) <= set(read_split(bccd_root, "train"))
+    config = TrainConfig.profile("smoke", labels="txl-pbc", subset=None)
+    recipe = Recipe(config)
+    data = recipe.datasets(recipe.model())
+    assert data.images.ids == train.ids and data.images.labels == "txl-pbc"
+    assert len(data.val) == 2
+
+
+def test_labels_are_checked_by_name(bccd_root):
+    from medaidet.arguments import ArgumentValueError
+    from medaidet.data.bccd import BCCDDataset
+    from medaidet.training.config import ConfigError, TrainConfig
+    with pytest.raises(ArgumentValueError, match="labels: 'txl' is not one of bccd, txl-pbc"):
+        BCCDDataset(split="test", labels="txl")
+    with pytest.raises(ConfigError, match="labels: 'TXL' is not an annotation"):
+        TrainConfig(labels="TXL")
+
+
+def test_without_txl_pbc_the_re_annotation_says_how_to_get_it(bccd_root, tmp_path, monkeypatch):
+    from medaidet.data.bccd import BCCDDataset
+    from medaidet.data.download import DataNotFoundError
+    monkeypatch.setenv("MEDAIDET_TXL_PBC", str(tmp_path / "nowhere"))
+    with pytest.raises(DataNotFoundError) as info:
+        BCCDDataset(split="test", labels="txl-pbc")
+    message = str(info.value)
+    for needle in ("TXL-PBC not found", "MEDAIDET_TXL_PBC", "medaidet data download --dataset "
+                   "txl-pbc", "056d09e45403f4d1321b99cdb2cfcc3eb605edcf", "TXL_PBC/labels"):
+        assert needle in message

@@ -1,0 +1,105 @@
+"""YOLO label files (TXL-PBC's format): read into the course's boxes, every bad line named
+with its file and line, judged by the same checks as BCCD's XML."""
+import math
+
+import numpy as np
+import pytest
+
+from medaidet.data.annotation_checks import InvalidObjectError, check_annotation
+from medaidet.data.yolo import MAX_LABEL_BYTES, YoloLabelError, parse_yolo_labels
+
+SIZE = (480, 640)       # height, width
+
+
+def _write(tmp_path, text, name="smear.txt"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _check(tmp_path, text):
+    return check_annotation(parse_yolo_labels(_write(tmp_path, text), SIZE), SIZE, item="line")
+
+
+def test_boxes_become_course_boxes_in_the_course_label_order(tmp_path):
+    # TXL-PBC's ids: 0 WBC, 1 RBC, 2 Platelet; the course's: 0 rbc, 1 wbc, 2 platelets
+    checked = _check(tmp_path, "0 0.5 0.5 0.25 0.5\n1 0.125 0.25 0.25 0.5\n\n2 1 1 0.1 0.1\n")
+    assert checked.label.tolist() == [1, 0]         # the platelet at the corner: dropped, below
+    # x 240..400 and y 120..360 as pixel edges: the 0-based VOC box (120, 240, 359, 399)
+    np.testing.assert_allclose(checked.bbox[0], [120, 240, 359, 399])
+    np.testing.assert_allclose(checked.bbox[1], [0, 0, 239, 159])
+    [finding] = checked.findings
+    assert finding.kind == "out_of_bounds" and finding.action == "drop"
+    assert finding.detail.startswith("line 4 (platelets, x 609..672, y 457..504): 32 px outside")
+
+
+def test_a_box_drawn_to_the_frame_is_inside_it(tmp_path):
+    # six-digit fractions put a box drawn to the frame a hair outside it: not a finding
+    checked = _check(tmp_path, "1 0.927344 0.885417 0.145312 0.229167\n")
+    assert checked.findings == () and checked.bbox[0, 2] <= 479 and checked.bbox[0, 3] <= 639
+
+
+@pytest.mark.parametrize("line, why", [
+    ("1 0.5 0.5 0.1", "line 1 (rbc): has 4 fields, not 5"),
+    ("1 0.5 0.5 0.1 0.1 0.9", "line 1 (rbc): has 6 fields, not 5"),
+    ("1 0.5 nan 0.1 0.1", "line 1 (rbc): coordinates '0.5 nan 0.1 0.1' are not all finite"),
+    ("1 0.5 inf 0.1 0.1", "not all finite numbers"),
+    ("1 0.5 0.5 x 0.1", "coordinates '0.5 0.5 x 0.1' are not all numbers"),
+    ("1 0.5 0.5 0 0.1", "the box is 0 x 48 px (width x height): under one pixel"),
+    ("1 0.5 0.5 -0.1 0.1", "under one pixel"),
+])
+def test_a_bad_line_is_dropped_and_named(tmp_path, line, why):
+    checked = _check(tmp_path, f"{line}\n0 0.5 0.5 0.2 0.2\n")
+    assert checked.label.tolist() == [1]             # the good line (a white cell) is kept
+    [finding] = checked.findings
+    assert finding.kind == "bad_coordinates" and finding.action == "drop" and finding.index == 1
+    assert why in finding.detail
+
+
+def test_strict_mode_raises_on_the_line_the_default_drops(tmp_path, bccd_root):
+    # the loader's strict mode, through the dataset's own error
+    from medaidet.data.bccd import BCCDDataset
+    annotation = parse_yolo_labels(_write(tmp_path, "1 0.5 0.5 0.1 0.1\n1 2 2 0.1 0.1\n"), SIZE)
+    finding = check_annotation(annotation, SIZE, item="line").findings[0]
+    error = BCCDDataset._error(finding, annotation.path, "smear", annotation)
+    assert isinstance(error, InvalidObjectError) and error.kind == "out_of_bounds"
+    assert "smear.txt: line 2 (rbc" in str(error) and "strict mode" in str(error)
+
+
+@pytest.mark.parametrize("line", ["3 0.5 0.5 0.1 0.1", "-1 0.5 0.5 0.1 0.1", "1.0 0.5 0.5 0.1 0.1",
+                                  "RBC 0.5 0.5 0.1 0.1", "\u0661 0.5 0.5 0.1 0.1"])
+def test_a_class_out_of_the_list_fails_the_file(tmp_path, line):
+    path = _write(tmp_path, f"1 0.5 0.5 0.1 0.1\n{line}\n")
+    with pytest.raises(YoloLabelError) as info:
+        parse_yolo_labels(path, SIZE)
+    assert info.value.line == 2 and info.value.path == path
+    assert str(info.value).startswith(f"{path} line 2: class {line.split()[0]!r} is not one "
+                                      "of 0 (wbc), 1 (rbc), 2 (platelets)")
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n"])
+def test_an_empty_file_is_named(tmp_path, text):
+    path = _write(tmp_path, text)
+    with pytest.raises(YoloLabelError, match="smear.txt is empty: it lists no box"):
+        parse_yolo_labels(path, SIZE)
+
+
+def test_missing_unreadable_and_oversized_files_are_named(tmp_path):
+    with pytest.raises(YoloLabelError, match="label file .*nothing.txt does not exist"):
+        parse_yolo_labels(tmp_path / "nothing.txt", SIZE)
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(YoloLabelError, match="binary.txt: cannot read it as UTF-8 text"):
+        parse_yolo_labels(binary, SIZE)
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(MAX_LABEL_BYTES + 1)
+    with pytest.raises(YoloLabelError, match=f"{MAX_LABEL_BYTES + 1} bytes is too large"):
+        parse_yolo_labels(big, SIZE)
+
+
+def test_the_same_box_written_twice_is_one_cell(tmp_path):
+    checked = _check(tmp_path, "1 0.5 0.5 0.1 0.1\n1 0.5 0.5 0.1 0.1\n")
+    assert len(checked.label) == 1 and checked.findings[0].kind == "duplicate_box"
+    assert checked.findings[0].detail == "line 2 (rbc) repeats line 1: same class and coordinates"
+    assert math.isclose(float(checked.bbox[0, 2] - checked.bbox[0, 0]), 47.0, abs_tol=1e-3)

@@ -1,0 +1,140 @@
+"""Train the cpu profile on TXL-PBC's re-annotation of BCCD's train images and judge detectors
+against both annotations (issue 39, item 5). A research record, not part of the package:
+
+    python tools/trusted_labels.py train --seeds 0 1 2 --out runs/trusted [--set key=value ...]
+    python tools/trusted_labels.py judge runs/trusted/seed0/model.npz ... --out judged.json
+
+``judge`` predicts BCCD's val and test images that TXL-PBC re-annotated (57 and 40), chooses
+a count threshold per class on val (the least count MAE), and reports on test, against the
+re-annotation and against BCCD's own boxes: mAP (score >= 0.01 and >= 0.6), the count error
+sum|predicted - annotated| / sum annotated per class, each with a bootstrap spread over the
+test images (2.5 and 97.5 percentiles of 1,000 resamples).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _train(args):
+    from medaidet.training.config import TrainConfig
+    from medaidet.training.run import train
+    changes = {}
+    for item in args.set:
+        key, value = item.split("=", 1)
+        changes[key] = json.loads(value)
+    for seed in args.seeds:
+        out = Path(args.out) / f"seed{seed}"
+        if (out / "model.npz").exists():
+            print(f"{out}: trained already")
+            continue
+        config = TrainConfig.profile("cpu", labels=args.labels, seed=seed, out=str(out),
+                                     **changes)
+        began = time.perf_counter()
+        train(config, progress=False)
+        print(f"{out}: {time.perf_counter() - began:.0f} s", flush=True)
+
+
+def _predict(model, split, labels):
+    from medaidet.data.bccd import BCCDDataset
+    from medaidet.evaluation.evaluate import predict_split
+    dataset = BCCDDataset(None, split, labels=labels, reannotated_only=True,
+                          use_difficult=True, return_difficult=True)
+    return predict_split(model, dataset, progress=False)
+
+
+def _with_truth(preds, truth):
+    """``preds`` with the ground truth of ``truth`` (the same images, another annotation)."""
+    from medaidet.evaluation.evaluate import Predictions
+    assert list(preds.ids) == list(truth.ids)
+    return Predictions(**{**preds.__dict__, "gt_bboxes": truth.gt_bboxes,
+                          "gt_labels": truth.gt_labels, "gt_difficults": truth.gt_difficults})
+
+
+def _figures(preds, thresholds):
+    """mAP (0.01, 0.6), per-class AP and per-class count error at ``thresholds``."""
+    from medaidet.evaluation.count import _counts, _predicted_counts, _stats
+    from medaidet.evaluation.evaluate import evaluate
+    result = evaluate(preds)
+    names = preds.label_names
+    annotated = _counts(preds.gt_labels, len(names))
+    predicted = np.stack([_predicted_counts(preds, thresholds[n])[:, c]
+                          for c, n in enumerate(names)], axis=1)
+    rel = _stats(predicted, annotated)[2]
+    out = {"map": {name: float(p.map_voc) for name, p in result.protocols.items()},
+           "ap": {name: {n: float(v) for n, v in zip(names, p.ap_voc)}
+                  for name, p in result.protocols.items()},
+           "count_error": {n: float(rel[c]) for c, n in enumerate(names)},
+           "predicted": predicted.sum(0).tolist(), "annotated": annotated.sum(0).tolist()}
+    return out, predicted, annotated
+
+
+def _bootstrap(preds, thresholds, n=1000, seed=0):
+    from medaidet.evaluation.evaluate import Predictions
+    rng = np.random.default_rng(seed)
+    k = len(preds)
+    samples = {}
+    for _ in range(n):
+        idx = rng.integers(0, k, k)
+        sub = Predictions(*[[getattr(preds, f)[i] for i in idx] for f in
+                            ("ids", "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes",
+                             "gt_labels", "gt_difficults")], preds.label_names,
+                          preds.score_thresh, preds.split)
+        figures, _, _ = _figures(sub, thresholds)
+        for key, value in figures["map"].items():
+            samples.setdefault(f"map_{key}", []).append(value)
+        for name, v in figures["count_error"].items():
+            samples.setdefault(f"count_error_{name}", []).append(v)
+    return {key: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
+            for key, v in samples.items()}
+
+
+def _judge(args):
+    from medaidet.evaluation.count import threshold_sweep
+    from medaidet.evaluation.evaluate import load_model
+    report = {}
+    for weights in args.weights:
+        model = load_model(weights)
+        val = _predict(model, "val", "txl-pbc")
+        test_txl = _predict(model, "test", "txl-pbc")
+        test_bccd = _with_truth(test_txl, _predict(model, "test", "bccd"))
+        val_bccd = _with_truth(val, _predict(model, "val", "bccd"))
+        entry = {}
+        for name, (v, t) in {"txl-pbc": (val, test_txl), "bccd": (val_bccd, test_bccd)}.items():
+            thresholds = threshold_sweep(v).best_threshold
+            figures, _, _ = _figures(t, thresholds)
+            figures["thresholds"] = thresholds
+            if args.bootstrap:
+                figures["spread"] = _bootstrap(t, thresholds, args.bootstrap)
+            entry[name] = figures
+        report[str(weights)] = entry
+        print(json.dumps({str(weights): entry}, indent=1), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("train")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--labels", default="txl-pbc")
+    p.add_argument("--out", required=True)
+    p.add_argument("--set", action="append", default=[], help="a TrainConfig field, key=JSON")
+    p.set_defaults(func=_train)
+    p = commands.add_parser("judge")
+    p.add_argument("weights", nargs="+")
+    p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument("--out")
+    p.set_defaults(func=_judge)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
