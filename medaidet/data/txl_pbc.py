@@ -1,4 +1,5 @@
-"""TXL-PBC, a second annotation of BCCD's smears: which of its images are BCCD's.
+"""TXL-PBC, a second annotation of BCCD's smears: which of its images are BCCD's, and where
+the others come from.
 
 TXL-PBC (Gan & Li, arXiv:2407.13214; MIT) re-labelled 1,440 blood-smear images from four public
 sources, BCCD among them, and named every image by a UUID: nothing in its files says which BCCD
@@ -10,22 +11,44 @@ from the real data and compares.
 
 Each link also carries BCCD's own split: BCCD's splits decide train/val/test in the course, not
 TXL-PBC's, which put some of BCCD's val and test images into its training split.
+
+The other images, by size (:data:`SOURCE_BY_SIZE`; :func:`census` counts them): 360x363 and
+366x369 are the sizes of PBC's images (Barcelona; Acevedo et al. 2020), 575x575 of
+Raabin-WBC's. The 219 images of 416x416 are *not* another laboratory's: they are BCCD's own
+images again, resized from 640x480 and often flipped, rotated or recoloured (the BCCD export
+of an annotation platform, which the paper's "BCD" source is). :func:`find_reexported_bccd`
+names, for each, the BCCD image it most resembles (rank correlation of 16x16 grey thumbnails
+over the eight flips and rotations): 216 of the 219 resemble one BCCD image at >= 0.75, while
+no image of another size resembles any BCCD image above 0.69. Shipped as
+``manifests/txl-pbc-bccd-reexported.tsv`` (:func:`reexported_links`). They matter twice:
+TXL-PBC's train split holds re-exports of 65 of BCCD's val and test images (never train on
+them), and they cannot tell how a detector fares on another laboratory's smears.
 """
 from __future__ import annotations
 
 import csv
 import hashlib
 import io
+from collections import Counter
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
+
+import numpy as np
+from PIL import Image
 
 from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.voc import image_path, read_split
 from medaidet.errors import MedaidetError
 
-__all__ = ["Link", "find_bccd_images", "bccd_links", "links_tsv", "LINKS_FILE", "TXL_SPLITS"]
+__all__ = ["Link", "Resemblance", "find_bccd_images", "find_reexported_bccd", "bccd_links",
+           "reexported_links", "links_tsv", "census", "SOURCE_BY_SIZE", "LINKS_FILE",
+           "REEXPORTED_FILE", "TXL_SPLITS"]
 
 LINKS_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd.tsv"
+REEXPORTED_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd-reexported.tsv"
+#: The source of a TXL-PBC image by its size, (width, height) (see the module docstring).
+SOURCE_BY_SIZE = {(640, 480): "BCCD", (416, 416): "BCCD, re-exported",
+                  (360, 363): "PBC", (366, 369): "PBC", (575, 575): "Raabin-WBC"}
 TXL_SPLITS = ("train", "val", "test")
 BCCD_SPLITS = ("train", "val", "test")
 BCCD_SIZE = (480, 640)       # (height, width) of every BCCD image, as read_image_size gives it
@@ -82,21 +105,88 @@ def find_bccd_images(txl_root, bccd_root) -> list[Link]:
     return [links[k] for k in sorted(links)]
 
 
+@dataclass(frozen=True)
+class Resemblance(Link):
+    """A re-exported BCCD image of TXL-PBC and the BCCD image it most resembles
+    (``similarity``: rank correlation of 16x16 grey thumbnails, best of eight
+    orientations)."""
+
+    similarity: str
+
+
+def _txl_images(txl_root):
+    images = Path(txl_root) / "TXL_PBC" / "images"
+    for txl_split in TXL_SPLITS:
+        for path in sorted((images / txl_split).glob("*.jpg")):
+            height, width = read_image_size(path)
+            yield txl_split, path, (width, height)
+
+
+def census(txl_root) -> Counter:
+    """TXL-PBC's images counted by ``(split, source)``; a size not in
+    :data:`SOURCE_BY_SIZE` counts as ``'unknown WxH'``."""
+    return Counter((split, SOURCE_BY_SIZE.get(size, f"unknown {size[0]}x{size[1]}"))
+                   for split, _, size in _txl_images(txl_root))
+
+
+def _thumbnail(path, n=16) -> np.ndarray:
+    with Image.open(path) as img:
+        return np.asarray(img.convert("L").resize((n, n), Image.BILINEAR), dtype=np.float64)
+
+
+def _ranks(a) -> np.ndarray:
+    r = a.ravel().argsort().argsort().astype(np.float64)
+    r -= r.mean()
+    return r / np.linalg.norm(r)
+
+
+def find_reexported_bccd(txl_root, bccd_root) -> list[Resemblance]:
+    """For each 416x416 image of TXL-PBC, the BCCD image it most resembles and how much,
+    sorted by TXL-PBC split and name. Colour changes leave the rank order of grey levels
+    largely alone; flips and rotations are tried all eight ways."""
+    bccd_root = Path(bccd_root)
+    split_of = {image_id: split for split in BCCD_SPLITS
+                for image_id in read_split(bccd_root, split)}
+    ids = sorted(split_of)
+    bccd = np.stack([_ranks(_thumbnail(image_path(bccd_root, i))) for i in ids])
+    found = []
+    for txl_split, path, size in _txl_images(txl_root):
+        if SOURCE_BY_SIZE.get(size) != "BCCD, re-exported":
+            continue
+        t = _thumbnail(path)
+        turns = [np.rot90(t, k) for k in range(4)]
+        views = turns + [v[:, ::-1] for v in turns]
+        best = np.max([bccd @ _ranks(v) for v in views], axis=0)
+        image_id = ids[int(best.argmax())]
+        found.append(Resemblance(txl_split, path.stem, image_id, split_of[image_id],
+                                 f"{best.max():.3f}"))
+    return found
+
+
 def links_tsv(links) -> str:
     """The links as the shipped table's text: a header line, then one tab-separated line each."""
     out = io.StringIO()
     writer = csv.writer(out, delimiter="\t", lineterminator="\n")
-    writer.writerow([f.name for f in fields(Link)])
+    writer.writerow([f.name for f in fields(links[0] if links else Link)])
     writer.writerows(astuple(link) for link in links)
     return out.getvalue()
 
 
-def bccd_links(path=LINKS_FILE) -> list[Link]:
-    """The shipped table (:func:`find_bccd_images`'s answer on TXL-PBC at its pinned commit)."""
+def _read_table(path, cls):
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f, delimiter="\t"))
-    header = [f.name for f in fields(Link)]
+    header = [f.name for f in fields(cls)]
     if not rows or rows[0] != header:
         raise MedaidetError(f"{path}: expected the header {header}, found "
                             f"{rows[0] if rows else 'an empty file'}")
-    return [Link(*row) for row in rows[1:]]
+    return [cls(*row) for row in rows[1:]]
+
+
+def bccd_links(path=LINKS_FILE) -> list[Link]:
+    """The shipped table (:func:`find_bccd_images`'s answer on TXL-PBC at its pinned commit)."""
+    return _read_table(path, Link)
+
+
+def reexported_links(path=REEXPORTED_FILE) -> list[Resemblance]:
+    """The shipped table of :func:`find_reexported_bccd`'s answer at the pinned commit."""
+    return _read_table(path, Resemblance)

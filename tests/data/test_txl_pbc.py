@@ -118,3 +118,38 @@ def test_without_txl_pbc_the_re_annotation_says_how_to_get_it(bccd_root, tmp_pat
     for needle in ("TXL-PBC not found", "MEDAIDET_TXL_PBC", "medaidet data download --dataset "
                    "txl-pbc", "056d09e45403f4d1321b99cdb2cfcc3eb605edcf", "TXL_PBC/labels"):
         assert needle in message
+
+
+# --------------------------------------------------------------------------- the other sources
+
+def test_sources_by_image_size(txl_root):
+    from medaidet.data.txl_pbc import census
+    counts = census(txl_root)
+    assert sum(counts.values()) == 1440 and not any("unknown" in s for _, s in counts)
+    by_source = Counter()
+    for (_, source), n in counts.items():
+        by_source[source] += n
+    assert by_source == {"BCCD": 221, "BCCD, re-exported": 219, "PBC": 500, "Raabin-WBC": 500}
+    for source in ("PBC", "Raabin-WBC"):       # split 350 / 100 / 50
+        assert [counts["train", source], counts["val", source], counts["test", source]] == [
+            350, 100, 50]
+
+
+@pytest.mark.slow(seconds=3)
+def test_the_416_pixel_images_are_bccds_own_again_and_the_table_is_derived_again(bccd_root,
+                                                                                txl_root):
+    from medaidet.data.txl_pbc import (REEXPORTED_FILE, _ranks, _thumbnail, _txl_images,
+                                       find_reexported_bccd, reexported_links)
+    found = find_reexported_bccd(txl_root, bccd_root)
+    assert links_tsv(found) == REEXPORTED_FILE.read_text(encoding="utf-8")
+    assert found == reexported_links()
+    assert len(found) == 219 and sum(float(r.similarity) >= 0.75 for r in found) == 216
+    # ...while no image of another laboratory resembles a BCCD image that much
+    bccd = np.stack([_ranks(_thumbnail(p)) for p in sorted((bccd_root / "JPEGImages").glob("*"))])
+    others = [p for split, p, size in _txl_images(txl_root) if size in ((575, 575), (360, 363))]
+    best = max(float(np.max(bccd @ _ranks(np.rot90(_thumbnail(p), k))))
+               for p in others[::10] for k in range(4))
+    assert best < 0.7
+    # TXL-PBC's train split holds re-exports of 38 BCCD val and 27 BCCD test images
+    leaks = Counter(r.bccd_split for r in found if r.txl_split == "train")
+    assert leaks["val"] == 38 and leaks["test"] == 27
