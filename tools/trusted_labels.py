@@ -48,6 +48,12 @@ def _predict(model, split, labels):
     return predict_split(model, dataset, progress=False)
 
 
+def _predict_other(model, split, source):
+    from medaidet.data.txl_pbc import TXLPBCDataset
+    from medaidet.evaluation.evaluate import predict_split
+    return predict_split(model, TXLPBCDataset(None, split, source), progress=False)
+
+
 def _with_truth(preds, truth):
     """``preds`` with the ground truth of ``truth`` (the same images, another annotation)."""
     from medaidet.evaluation.evaluate import Predictions
@@ -106,12 +112,27 @@ def _judge(args):
         val_bccd = _with_truth(val, _predict(model, "val", "bccd"))
         entry = {}
         for name, (v, t) in {"txl-pbc": (val, test_txl), "bccd": (val_bccd, test_bccd)}.items():
-            thresholds = threshold_sweep(v).best_threshold
+            sweep = threshold_sweep(v)
+            thresholds = sweep.best_threshold
             figures, _, _ = _figures(t, thresholds)
             figures["thresholds"] = thresholds
+            # what a choice between runs may look at: val only (the count error there is at
+            # thresholds chosen on val itself, so optimistic; comparable between runs)
+            val_figures, _, _ = _figures(v, thresholds)
+            figures["val"] = {"map": val_figures["map"], "count_error": val_figures["count_error"],
+                              "count_mae": sweep.best_mae}
             if args.bootstrap:
                 figures["spread"] = _bootstrap(t, thresholds, args.bootstrap)
             entry[name] = figures
+        for source in args.other_sources:
+            val_o, test_o = (_predict_other(model, split, source) for split in ("val", "test"))
+            thresholds = threshold_sweep(val_o).best_threshold
+            figures, _, _ = _figures(test_o, thresholds)
+            val_figures, _, _ = _figures(val_o, thresholds)
+            figures["thresholds"] = thresholds
+            figures["val"] = {"map": val_figures["map"],
+                              "count_error": val_figures["count_error"]}
+            entry[source] = figures
         report[str(weights)] = entry
         print(json.dumps({str(weights): entry}, indent=1), flush=True)
     if args.out:
@@ -130,6 +151,7 @@ def main(argv=None):
     p = commands.add_parser("judge")
     p.add_argument("weights", nargs="+")
     p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument("--other-sources", nargs="*", default=["PBC", "Raabin-WBC"])
     p.add_argument("--out")
     p.set_defaults(func=_judge)
     args = parser.parse_args(argv)

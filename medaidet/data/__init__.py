@@ -14,6 +14,8 @@ SPLITS = ("train", "val", "trainval", "test")
 BCCD_LABEL_NAMES = ("rbc", "wbc", "platelets")
 #: Whose boxes a dataset can carry: BCCD's own, or TXL-PBC's re-annotation of its images.
 LABELS = ("bccd", "txl-pbc")
+#: TXL-PBC's sources that are other laboratories (medaidet.data.txl_pbc).
+OTHER_SOURCES = ("PBC", "Raabin-WBC")
 
 _PUBLIC = {
     "BCCDDataset": "medaidet.data.bccd",
@@ -23,7 +25,7 @@ _PUBLIC = {
     "make_synthetic": "medaidet.data.synth",
 }
 
-__all__ = ["SPLITS", "BCCD_LABEL_NAMES", "LABELS", "CLASS_COLORS"] + sorted(_PUBLIC)
+__all__ = ["SPLITS", "BCCD_LABEL_NAMES", "LABELS", "OTHER_SOURCES", "CLASS_COLORS"] + sorted(_PUBLIC)
 
 
 def __getattr__(name):

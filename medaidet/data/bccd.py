@@ -108,7 +108,7 @@ class BCCDDataset(GetterDataset):
     second for BCCD) and the boxes kept in memory; images are decoded on access.
     Construction raises on file-level defects (see the module docstring); dropped and
     clipped objects are listed in :attr:`dropped` / :attr:`clipped` and announced by one
-    :class:`AnnotationWarning`.
+    :class:`AnnotationWarning`. :attr:`sizes` holds each image's (height, width).
     """
 
     def __init__(self, root=None, split: str = "train", strict: bool = False,
@@ -136,7 +136,7 @@ class BCCDDataset(GetterDataset):
             self.txl_root = resolve_root(txl_root, TXL_PBC)
         self.dropped: list[ObjectIssue] = []
         self.clipped: list[ObjectIssue] = []
-        self._image_paths, self._sizes, self._boxes = [], [], []
+        self._image_paths, self.sizes, self._boxes = [], [], []
         for image_id in self.ids:
             xml_path = (annotation_path(self.root, image_id) if labels == "bccd" else
                         links[image_id].label_path(self.txl_root))
@@ -160,7 +160,7 @@ class BCCDDataset(GetterDataset):
                 (self.dropped if finding.action == "drop" else self.clipped).append(record)
             keep = slice(None) if use_difficult else ~checked.difficult
             self._image_paths.append(img_path)
-            self._sizes.append(size)
+            self.sizes.append(size)
             self._boxes.append((checked.bbox[keep], checked.label[keep],
                                 checked.difficult[keep]))
         if self.dropped or self.clipped:
@@ -202,9 +202,9 @@ class BCCDDataset(GetterDataset):
         # PIL, not cv2: PIL raises on a truncated file, cv2 only warns and returns the
         # missing part grey.
         img = decode_image(path, self.ids[i]).pixels.transpose(2, 0, 1).astype(np.float32)
-        if img.shape[1:] != self._sizes[i]:
+        if img.shape[1:] != self.sizes[i]:
             raise ImageError(f"{path} changed size since the dataset was built: "
-                             f"{img.shape[1:]} != {self._sizes[i]}", path, self.ids[i])
+                             f"{img.shape[1:]} != {self.sizes[i]}", path, self.ids[i])
         return img
 
     def _get_annotations(self, i):

@@ -36,11 +36,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from medaidet.data import OTHER_SOURCES
 from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.voc import image_path, read_split
 from medaidet.errors import MedaidetError
 
-__all__ = ["Link", "Resemblance", "find_bccd_images", "find_reexported_bccd", "bccd_links",
+__all__ = ["Link", "Resemblance", "TXLPBCDataset", "OTHER_SOURCES", "find_bccd_images", "find_reexported_bccd", "bccd_links",
            "reexported_links", "links_tsv", "census", "SOURCE_BY_SIZE", "LINKS_FILE",
            "REEXPORTED_FILE", "TXL_SPLITS"]
 
@@ -190,3 +191,86 @@ def bccd_links(path=LINKS_FILE) -> list[Link]:
 def reexported_links(path=REEXPORTED_FILE) -> list[Resemblance]:
     """The shipped table of :func:`find_reexported_bccd`'s answer at the pinned commit."""
     return _read_table(path, Resemblance)
+
+
+
+
+def _dataset_base():
+    from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
+    return GetterDataset
+
+
+class TXLPBCDataset(_dataset_base()):
+    """TXL-PBC's images of other laboratories, with its boxes: ``(img, bbox, label)`` in
+    the course's conventions (those of :class:`~medaidet.data.bccd.BCCDDataset`).
+
+    Args:
+        root: TXL-PBC's root; None: ``$MEDAIDET_TXL_PBC``, else the cache directory.
+        split: TXL-PBC's ``'train'``, ``'val'`` or ``'test'`` (350 / 100 / 50 images of each
+            source).
+        sources: some of :data:`OTHER_SOURCES`. BCCD's images are not offered here: read
+            them with ``BCCDDataset(labels='txl-pbc')``, where BCCD's splits decide (TXL-PBC's
+            put BCCD's val and test images in its train split), and the re-exports of them
+            not at all.
+        strict: raise on a line the default drops or clips.
+
+    Each label file is read by :func:`~medaidet.data.yolo.parse_yolo_labels` and judged by
+    :func:`~medaidet.data.annotation_checks.check_annotation`, as BCCD's are;
+    :attr:`dropped` / :attr:`clipped` list what was dropped or clipped. ``ids`` are
+    ``'<source>/<file stem>'``; :attr:`sources` gives each image's source.
+    """
+
+    def __init__(self, root=None, split: str = "test", sources=OTHER_SOURCES,
+                 strict: bool = False):
+        super().__init__()
+        from medaidet.arguments import ArgumentValueError
+        from medaidet.data import BCCD_LABEL_NAMES
+        from medaidet.data.annotation_checks import InvalidObjectError, check_annotation
+        from medaidet.data.download import TXL_PBC, resolve_root
+        from medaidet.data.yolo import parse_yolo_labels
+        sources = (sources,) if isinstance(sources, str) else tuple(sources)
+        unknown = [s for s in sources if s not in OTHER_SOURCES]
+        if unknown or not sources:
+            raise ArgumentValueError(
+                f"sources: {unknown or 'none'}: expected some of {', '.join(OTHER_SOURCES)} "
+                "(BCCD's images: BCCDDataset(labels='txl-pbc'))")
+        if split not in TXL_SPLITS:
+            raise ArgumentValueError(f"split: {split!r} is not one of TXL-PBC's splits "
+                                     f"({', '.join(TXL_SPLITS)})")
+        self.root = resolve_root(root, TXL_PBC)
+        self.split = split
+        self.label_names = BCCD_LABEL_NAMES
+        self.ids, self.sources, self.dropped, self.clipped = [], [], [], []
+        self._paths, self._boxes = [], []
+        labels = self.root / "TXL_PBC" / "labels" / split
+        for path in sorted((self.root / "TXL_PBC" / "images" / split).glob("*.jpg")):
+            height, width = read_image_size(path)
+            source = SOURCE_BY_SIZE.get((width, height))
+            if source not in sources:
+                continue
+            label_path = labels / f"{path.stem}.txt"
+            checked = check_annotation(parse_yolo_labels(label_path, (height, width)),
+                                       (height, width), item="line")
+            for finding in checked.findings:
+                if strict or finding.action == "raise":
+                    raise InvalidObjectError(f"{label_path}: {finding.detail}", label_path,
+                                             path.stem, finding.index, finding.kind)
+                (self.dropped if finding.action == "drop" else self.clipped).append(
+                    (path.stem, finding.detail))
+            self.ids.append(f"{source}/{path.stem}")
+            self.sources.append(source)
+            self._paths.append(path)
+            self._boxes.append((checked.bbox, checked.label))
+        self.add_getter("img", self._get_image)
+        self.add_getter(("bbox", "label"), self._get_annotations)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def _get_image(self, i):
+        return decode_image(self._paths[i], self.ids[i]).pixels.transpose(2, 0, 1).astype(
+            np.float32)
+
+    def _get_annotations(self, i):
+        bbox, label = self._boxes[i]
+        return bbox.copy(), label.copy()

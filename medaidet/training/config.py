@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medaidet.arguments import ArgumentValueError, check_number, is_path
-from medaidet.data import LABELS
+from medaidet.data import LABELS, OTHER_SOURCES
 from medaidet.device import DEFAULT_DEVICE, DeviceError, parse_device
 from medaidet.tables import Table
 from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
@@ -111,6 +111,8 @@ class TrainConfig:
     labels: str = "bccd"                 # whose boxes: 'bccd', or 'txl-pbc' (TXL-PBC's
                                          # re-annotation of 221 BCCD images; its root from
                                          # $MEDAIDET_TXL_PBC / the cache)
+    other_sources: tuple = ()            # also train on TXL-PBC's train images of these
+                                         # laboratories: 'PBC', 'Raabin-WBC'
     out: str = "outputs/train"
 
     def __post_init__(self):
@@ -299,6 +301,13 @@ def _normalised_names(v: dict) -> dict:
         raise ConfigError(f"pretrained: {model} has no {pretrained!r} weights "
                           f"(only {', '.join(WITH_PRETRAINED)} do); expected null (random "
                           "weights) or a model-only .npz of it")
+    sources = v["other_sources"]
+    sources = (sources,) if isinstance(sources, str) else sources
+    if (not isinstance(sources, (list, tuple))
+            or any(s not in OTHER_SOURCES for s in sources)):
+        raise ConfigError(f"other_sources: {v['other_sources']!r}: expected a list of "
+                          f"{', '.join(OTHER_SOURCES)} (TXL-PBC's images of other "
+                          "laboratories), or none")
     if v["labels"] not in LABELS:
         raise ConfigError(f"labels: {v['labels']!r} is not an annotation the course reads; "
                           f"expected one of {', '.join(LABELS)}")
@@ -313,5 +322,5 @@ def _normalised_names(v: dict) -> dict:
         raise ConfigError(f"root: {v['root']!r} is not a folder path; expected null "
                           "($MEDAIDET_DATA or the cache) or the BCCD root")
     return {"model": model, "optimizer": optimizer.lower(), "pretrained": pretrained,
-            "out": os.fspath(v["out"]),
+            "out": os.fspath(v["out"]), "other_sources": tuple(sources),
             "root": None if v["root"] is None else os.fspath(v["root"])}

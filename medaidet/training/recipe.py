@@ -17,7 +17,7 @@ from pathlib import Path
 
 import chainer
 from chainer import training
-from chainer.datasets import TransformDataset
+from chainer.datasets import ConcatenatedDataset, TransformDataset
 from chainer.optimizer_hooks import WeightDecay
 from chainer.training import extensions
 from chainercv.links.model.ssd import GradientScaling
@@ -25,6 +25,7 @@ from chainercv.links.model.ssd import GradientScaling
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.annotation import parse_annotation
 from medaidet.data.bccd import BCCDDataset
+from medaidet.data.txl_pbc import TXLPBCDataset
 from medaidet.data.voc import annotation_path, split_path
 from medaidet.errors import MedaidetError
 from medaidet.ssd.model import build_ssd
@@ -216,6 +217,9 @@ class Recipe:
         dataset = BCCDDataset(config.root, config.train_split, labels=config.labels)
         images = _first(dataset, config.subset)
         check_objects(dataset, images, config)
+        if config.other_sources:     # TXL-PBC's train images of other laboratories
+            images = ConcatenatedDataset(
+                images, TXLPBCDataset(None, "train", config.other_sources))
         val = _first(BCCDDataset(config.root, config.val_split, labels=config.labels),
                      config.eval_subset)
         transform = self.transform(model)
