@@ -40,26 +40,20 @@ def _train(args):
         print(f"{out}: {time.perf_counter() - began:.0f} s", flush=True)
 
 
-def _predict(model, split, labels):
+def _dataset(split, labels):
     from medaidet.data.bccd import BCCDDataset
+    return BCCDDataset(None, split, labels=labels, reannotated_only=True)
+
+
+def _predict(model, split, labels):
     from medaidet.evaluation.evaluate import predict_split
-    dataset = BCCDDataset(None, split, labels=labels, reannotated_only=True,
-                          use_difficult=True, return_difficult=True)
-    return predict_split(model, dataset, progress=False)
+    return predict_split(model, _dataset(split, labels), progress=False)
 
 
 def _predict_other(model, split, source):
     from medaidet.data.txl_pbc import TXLPBCDataset
     from medaidet.evaluation.evaluate import predict_split
     return predict_split(model, TXLPBCDataset(None, split, source), progress=False)
-
-
-def _with_truth(preds, truth):
-    """``preds`` with the ground truth of ``truth`` (the same images, another annotation)."""
-    from medaidet.evaluation.evaluate import Predictions
-    assert list(preds.ids) == list(truth.ids)
-    return Predictions(**{**preds.__dict__, "gt_bboxes": truth.gt_bboxes,
-                          "gt_labels": truth.gt_labels, "gt_difficults": truth.gt_difficults})
 
 
 def _figures(preds, thresholds):
@@ -108,8 +102,8 @@ def _judge(args):
         model = load_model(weights)
         val = _predict(model, "val", "txl-pbc")
         test_txl = _predict(model, "test", "txl-pbc")
-        test_bccd = _with_truth(test_txl, _predict(model, "test", "bccd"))
-        val_bccd = _with_truth(val, _predict(model, "val", "bccd"))
+        test_bccd = test_txl.scored_against(_dataset("test", "bccd"))
+        val_bccd = val.scored_against(_dataset("val", "bccd"))
         entry = {}
         for name, (v, t) in {"txl-pbc": (val, test_txl), "bccd": (val_bccd, test_bccd)}.items():
             sweep = threshold_sweep(v)

@@ -47,7 +47,7 @@ from medaidet.files import png_bytes, write_files
 from medaidet.numbers import finite_or_none
 
 __all__ = ["RBC_NOTE", "SWEEP_NOTE", "DEFAULT_THRESHOLDS", "CountResult", "SweepResult",
-           "ThresholdChange", "count_cells", "threshold_sweep", "threshold_change",
+           "ThresholdChange", "count_cells", "count_errors", "threshold_sweep", "threshold_change",
            "images_at_points", "plot_counts", "plot_sweep", "count_weights"]
 
 DEFAULT_THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
@@ -264,6 +264,16 @@ def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRE
     set_aside = {i: why for i, why in (set_aside or {}).items() if i in set(ids)}
     return CountResult(ids, predictions.label_names, float(score_thresh), predicted,
                        annotated, mae, bias, rel, predictions.split, set_aside=set_aside)
+
+
+def count_errors(predictions: Predictions, thresholds: dict) -> dict:
+    """``{class: relative error}`` (``sum |predicted - annotated| / sum annotated`` over the
+    images) with each class counted at its own threshold, e.g. those
+    :func:`threshold_sweep` chose on val."""
+    names = predictions.label_names
+    annotated = _counts(predictions.gt_labels, len(names))
+    return {name: float(_stats(_predicted_counts(predictions, thresholds[name]),
+                               annotated)[2][c]) for c, name in enumerate(names)}
 
 
 @dataclass(repr=False)

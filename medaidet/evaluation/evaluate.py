@@ -59,7 +59,7 @@ from medaidet.tables import Table
 __all__ = [
     "Predictions", "ProtocolResult", "EvaluationResult", "TrainedWeightsMissingError",
     "NothingToEvaluateError",
-    "predict_split", "evaluate", "plot_pr_curves", "load_model",
+    "predict_split", "evaluate", "bootstrap", "plot_pr_curves", "load_model",
     "predict_weights", "evaluate_weights", "course_weights",
 ]
 
@@ -155,6 +155,46 @@ class Predictions:
             [s[k] for s, k in zip(self.pred_scores, keep)],
             self.gt_bboxes, self.gt_labels, self.gt_difficults, self.label_names,
             max(lowest, self.score_thresh), self.split, self.model, self.seconds)
+
+
+    def take(self, indices) -> "Predictions":
+        """The images at ``indices`` (in that order, repeats allowed: a bootstrap sample)."""
+        fields = ("ids", "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
+                  "gt_difficults")
+        return Predictions(*([getattr(self, f)[i] for i in indices] for f in fields),
+                           self.label_names, self.score_thresh, self.split, self.model)
+
+    def scored_against(self, dataset) -> "Predictions":
+        """These detections with ``dataset``'s boxes as the ground truth: the same images
+        under another annotation (e.g. ``BCCDDataset(..., labels="txl-pbc")`` for BCCD's
+        boxes). Only the annotations are read."""
+        ids = getattr(dataset, "ids", None)       # a slice of a dataset has none
+        if len(dataset) != len(self) or ids is not None and list(ids) != list(self.ids):
+            raise ValueError("scored_against: the dataset holds other images than these "
+                             "predictions")
+        boxes = dataset.slice[:, ("bbox", "label")]
+        return Predictions(**{**self.__dict__,
+                              "gt_bboxes": [np.asarray(b, np.float32) for b, _ in boxes],
+                              "gt_labels": [np.asarray(lb, np.int32) for _, lb in boxes],
+                              "gt_difficults": None})
+
+
+def bootstrap(predictions: Predictions, statistic, n: int = 1000, seed: int = 0,
+              level: float = 0.95):
+    """How much ``statistic(predictions)`` (a number, or a dict or array of numbers) could
+    differ on another draw of as many images: it is computed on ``n`` resamples of the
+    images with replacement; returns the ``(low, high)`` percentiles holding ``level`` of
+    them (for a dict, ``{key: (low, high)}``). With 40 test images, a figure's spread is
+    as much a part of it as its value."""
+    rng = np.random.default_rng(seed)
+    values = [statistic(predictions.take(rng.integers(0, len(predictions), len(predictions))))
+              for _ in range(n)]
+    tails = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
+    if isinstance(values[0], dict):
+        return {k: tuple(float(v) for v in np.nanpercentile([x[k] for x in values], tails))
+                for k in values[0]}
+    low, high = np.nanpercentile(np.asarray(values, dtype=float), tails, axis=0)
+    return (float(low), float(high)) if np.ndim(low) == 0 else (low, high)
 
 
 def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
