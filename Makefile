@@ -29,9 +29,9 @@ OUT_MARKER := .medaidet-course
 SETUP_INPUTS := pyproject.toml $(shell find medaidet/stack -name '*.py' 2>/dev/null)
 
 # Every path is quoted in the recipes: `make run "OUT=my outputs"` works.
-.PHONY: run test test-py311 test-py312 setup bccd clean
+.PHONY: run test test-py311 test-py312 setup bccd txl-pbc clean
 
-run: $(VENV312)/.ready bccd
+run: $(VENV312)/.ready bccd txl-pbc
 	"$(PY)" -m medaidet stack install --cuda auto
 	"$(PY)" -m medaidet course run --profile "$(PROFILE)" --lang "$(COURSE_LANG)" --out "$(OUT)"$(if $(SEED), --seed "$(SEED)")
 
@@ -41,13 +41,18 @@ run: $(VENV312)/.ready bccd
 bccd: $(VENV312)/.ready
 	"$(PY)" -m medaidet data download
 
+# TXL-PBC, a re-annotation of BCCD's images (notebook 10), the same way: $$MEDAIDET_TXL_PBC,
+# else the cache, else the real download into the cache.
+txl-pbc: $(VENV312)/.ready
+	"$(PY)" -m medaidet data download --dataset txl-pbc
+
 # Both interpreters' suites run side by side (one per core); each one's output is
 # printed whole when it finishes, and either failing fails `make test`.
 # The slow tests (marked slow: real training, notebooks, MPI ranks) are split between the
 # two (tests/conftest.py, MEDAIDET_TEST_SHARD); `make test-py311` alone runs them all.
 # One BLAS/OpenMP thread per suite: two suites with a thread per core each would fight
 # over the cores (measured: SSD steps ~30% slower side by side).
-test: $(VENV311)/.ready $(VENV312)/.ready bccd
+test: $(VENV311)/.ready $(VENV312)/.ready bccd txl-pbc
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
 		$(MAKE) --no-print-directory -j2 --output-sync=target test-py311 test-py312 \
 		SHARD311=0/2 SHARD312=1/2
