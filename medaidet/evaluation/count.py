@@ -58,8 +58,10 @@ RBC_NOTE = (
     "(the validator's missing_class findings, notebook 01: set aside above when flagged), "
     "and cells cut by the image border or packed in clumps are often left unboxed; where "
     "BCCD has two photographs of the same field, their two RBC annotations disagree in "
-    "count (medaidet.data.agreement, notebook 05). A detector that finds unboxed cells is "
-    "scored as over-counting. Platelet and WBC boxes agree between such pairs. A class "
+    "count (medaidet.data.agreement, notebook 05), and TXL-PBC's independent re-annotation "
+    "of 221 BCCD images boxes about twice as many red cells (notebook 10: count against it, "
+    "labels='txl-pbc'). A detector that finds unboxed cells is scored as over-counting. "
+    "Platelet and WBC boxes agree between such pairs. A class "
     "with a high AP but a low count at a fixed threshold is found but scored below it (a "
     "confidence problem: notebook 04 measures whether size plays a part): choose the "
     "threshold per class on val.")

@@ -153,3 +153,36 @@ def test_the_416_pixel_images_are_bccds_own_again_and_the_table_is_derived_again
     # TXL-PBC's train split holds re-exports of 38 BCCD val and 27 BCCD test images
     leaks = Counter(r.bccd_split for r in found if r.txl_split == "train")
     assert leaks["val"] == 38 and leaks["test"] == 27
+
+
+def test_other_laboratories_load_with_txl_pbcs_boxes_and_their_defects_named(txl_root):
+    from medaidet.arguments import ArgumentValueError
+    from medaidet.data.txl_pbc import TXLPBCDataset
+    pbc = TXLPBCDataset(txl_root, "test", "PBC")
+    both = TXLPBCDataset(txl_root, "test")
+    assert len(pbc) == 50 and len(both) == 100 and Counter(both.sources) == {
+        "PBC": 50, "Raabin-WBC": 50}
+    assert all(i.startswith("PBC/") for i in pbc.ids)
+    assert _counts(pbc) == [831, 53, 32]
+    # two PBC test files list boxes twice: the copies are dropped, named by line
+    assert len(pbc.dropped) == 36 and len({image for image, _ in pbc.dropped}) == 2
+    assert "repeats line" in pbc.dropped[0][1]
+    img, bbox, label = pbc[0]
+    assert img.shape == (3, 363, 360) and bbox.shape == (len(label), 4)
+    for bad in ({"sources": "BCCD"}, {"sources": ()}, {"split": "trainval"}):
+        with pytest.raises(ArgumentValueError):
+            TXLPBCDataset(txl_root, **{"split": "test", **bad})
+
+
+@pytest.mark.slow(seconds=4)
+def test_training_can_add_other_laboratories_images(bccd_root, txl_root):
+    from medaidet.training.config import ConfigError, TrainConfig
+    from medaidet.training.recipe import Recipe
+    config = TrainConfig.profile("smoke", labels="txl-pbc", subset=None,
+                                 other_sources=["PBC", "Raabin-WBC"])
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    recipe = Recipe(config)
+    data = recipe.datasets(recipe.model())
+    assert len(data.images) == 124 + 700           # BCCD's train split decides; val stays BCCD's
+    with pytest.raises(ConfigError, match="other_sources: \\['BCCD'\\]"):
+        TrainConfig(other_sources=["BCCD"])

@@ -430,3 +430,50 @@ def test_cli_without_room_for_the_figure_leaves_neither_result_file(bccd_root, t
                      "outgrew the file-size limit (`ulimit -f`) or the file system's; raise "
                      "it, or choose an --out folder on another disk"], done.stderr
     assert sorted(os.listdir(out)) == []
+
+
+def _two_images():
+    from medaidet.evaluation.evaluate import Predictions
+    box = np.array([[0, 0, 10, 10]], np.float32)
+    return Predictions(["a", "b"], [box, box + 20], [np.array([0], np.int32)] * 2,
+                       [np.array([0.9], np.float32)] * 2, [box, box], [np.array([0], np.int32)] * 2,
+                       None, ("rbc", "wbc", "platelets"))
+
+
+def test_take_resamples_images_and_bootstrap_gives_the_spread_of_a_figure():
+    from medaidet.evaluation.evaluate import bootstrap
+    preds = _two_images()
+    again = preds.take([1, 1, 0])
+    assert again.ids == ["b", "b", "a"] and again.pred_bboxes[0][0, 0] == 20
+    # one image right (IoU 1), one wrong: a resample holds 0, 1 or 2 right ones
+    right = lambda p: float(np.mean([b[0, 0] == 0 for b in p.pred_bboxes]))    # noqa: E731
+    low, high = bootstrap(preds, right, n=400, seed=1)
+    assert (low, high) == (0.0, 1.0)
+    spread = bootstrap(preds, lambda p: {"right": right(p), "n": len(p)}, n=50)
+    assert spread["n"] == (2.0, 2.0) and spread["right"] == (0.0, 1.0)
+
+
+def test_scored_against_swaps_the_ground_truth_of_the_same_images():
+    preds = _two_images()
+
+    class Other:
+        ids = ["a", "b"]
+        slice = {(slice(None), ("bbox", "label")): [
+            (np.zeros((0, 4)), np.zeros(0)), (np.array([[20, 20, 30, 30]]), np.array([2]))]}
+
+        def __len__(self):
+            return 2
+    swapped = preds.scored_against(Other())
+    assert [len(g) for g in swapped.gt_labels] == [0, 1] and swapped.gt_labels[1][0] == 2
+    assert swapped.pred_bboxes is preds.pred_bboxes
+    Other.ids = ["b", "a"]
+    with pytest.raises(ValueError, match="other images"):
+        preds.scored_against(Other())
+
+
+def test_count_errors_counts_each_class_at_its_own_threshold():
+    from medaidet.evaluation.count import count_errors
+    preds = _two_images()
+    assert count_errors(preds, {"rbc": 0.5, "wbc": 0.5, "platelets": 0.5})["rbc"] == 0.0
+    errors = count_errors(preds, {"rbc": 0.95, "wbc": 0.5, "platelets": 0.5})
+    assert errors["rbc"] == 1.0 and np.isnan(errors["wbc"])
