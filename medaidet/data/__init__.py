@@ -1,4 +1,5 @@
-"""BCCD data: pinned download, validating loader, validation report, synthetic data.
+"""BCCD data: pinned download, validating loader, validation report, synthetic data; TXL-PBC's
+re-annotation of it.
 
 Names are imported lazily so that ``medaidet data download`` needs no chainer; for the same
 reason :data:`SPLITS` and :data:`BCCD_LABEL_NAMES` are here (the command line offers them).
@@ -19,7 +20,9 @@ OTHER_SOURCES = ("PBC", "Raabin-WBC")
 
 _PUBLIC = {
     "BCCDDataset": "medaidet.data.bccd",
+    "TXLPBCDataset": "medaidet.data.txl_pbc",
     "download_bccd": "medaidet.data.download",
+    "download_txl_pbc": "medaidet.data.download",
     "resolve_root": "medaidet.data.download",
     "validate_dataset": "medaidet.data.validate",
     "make_synthetic": "medaidet.data.synth",
