@@ -100,7 +100,7 @@ def test_readme_badges_are_pyprojects_repository():
     text = README.read_text(encoding="utf-8")
     table = text[text.index(colab.BADGES_BEGIN):text.index(colab.BADGES_END)]
     slug = colab.repository_slug(URL)
-    assert table.count(f"/github/{slug}/blob/main/notebooks/") == len(NOTEBOOKS) == 10
+    assert table.count(f"/github/{slug}/blob/main/notebooks/") == len(NOTEBOOKS) == 11
 
 
 def test_notebooks_name_the_extras_they_use():
