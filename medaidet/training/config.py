@@ -188,7 +188,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        out["lr_steps"] = list(self.lr_steps)
+        out["lr_steps"], out["other_sources"] = list(self.lr_steps), list(self.other_sources)
         return out
 
     def table(self, fields=None) -> Table:
