@@ -1,12 +1,11 @@
-"""``medaidet data download|validate|synth``: BCCD (notebook 01), and TXL-PBC's
+"""``medaidet data download|validate``: BCCD (notebook 01), and TXL-PBC's
 re-annotation of it (``download --dataset txl-pbc``)."""
-from medaidet.arguments import non_negative_int, positive_int
 
 ROOT_HELP = "dataset root (default: $MEDAIDET_DATA, else the cache directory)"
 
 
 def add_parser(commands) -> None:
-    data = commands.add_parser("data", help="BCCD: download, validate, synthetic data")
+    data = commands.add_parser("data", help="BCCD (and TXL-PBC): download, validate")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     p = data_commands.add_parser("download", help="fetch a dataset at its pinned commit, "
                                  "verify every file, print the dataset root")
@@ -24,12 +23,6 @@ def add_parser(commands) -> None:
     p.add_argument("root", nargs="?", default=None, help=ROOT_HELP)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_validate)
-    p = data_commands.add_parser("synth", help="write a small synthetic VOC-layout dataset")
-    p.add_argument("root", help="dataset root to create")
-    p.add_argument("--n", type=positive_int, default=24,
-                   help="number of images, at least 3: one per split (default: 24)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
-    p.set_defaults(func=_synth)
 
 
 def _download(args) -> int:
@@ -43,9 +36,3 @@ def _validate(args) -> int:
     report = validate_dataset(args.root)
     print(report.to_json() if args.json else report)
     return 0 if report.ok else 1
-
-
-def _synth(args) -> int:
-    from medaidet.data.synth import make_synthetic
-    print(make_synthetic(args.root, n=args.n, seed=args.seed))
-    return 0

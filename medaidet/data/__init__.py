@@ -1,5 +1,5 @@
-"""BCCD data: pinned download, validating loader, validation report, synthetic data; TXL-PBC's
-re-annotation of it.
+"""BCCD data: pinned download, validating loader, validation report; TXL-PBC's re-annotation
+of it.
 
 Names are imported lazily so that ``medaidet data download`` needs no chainer; for the same
 reason :data:`SPLITS` and :data:`BCCD_LABEL_NAMES` are here (the command line offers them).
@@ -25,7 +25,6 @@ _PUBLIC = {
     "download_txl_pbc": "medaidet.data.download",
     "resolve_root": "medaidet.data.download",
     "validate_dataset": "medaidet.data.validate",
-    "make_synthetic": "medaidet.data.synth",
 }
 
 __all__ = ["SPLITS", "BCCD_LABEL_NAMES", "LABELS", "OTHER_SOURCES", "CLASS_COLORS"] + sorted(_PUBLIC)

@@ -84,8 +84,6 @@ ROWS = [
      ["--score-thresh", "2"]),
     ("batch-size --min 8 --start 4", lambda f: ["batch-size", "--min", "8", "--start", "4"],
      ["--min", "8", "--start", "4"]),
-    ("data synth --n 0", lambda f: ["data", "synth", str(f["dir"] / "synth"), "--n", "0"],
-     ["--n", "0"]),
     ("course run --cell-timeout 0", lambda f: ["course", "run", "--cell-timeout", "0"],
      ["--cell-timeout", "0"]),
     # output folders that are files or cannot be created
@@ -132,8 +130,6 @@ ROWS = [
     ("evaluate truncated", lambda f: ["evaluate", str(f["truncated"])], ["truncated.npz"]),
     ("evaluate NaN weights", lambda f: ["evaluate", str(f["nan"])], ["nan.npz"]),
     # data
-    ("data synth --n 2", lambda f: ["data", "synth", str(f["dir"] / "synth2"), "--n", "2"],
-     ["n=2", "at least 3"]),
     ("data download from a plain path",
      lambda f: ["data", "download", "--root", str(f["dir"] / "dl1")], ["https://", "file://"],
      lambda f: {"MEDAIDET_BCCD_URL": str(f["zip"])}),

@@ -1,8 +1,6 @@
-"""Synthetic BCCD-like data: layout, determinism, exact boxes, and that the loader and the
+"""The tests' synthetic BCCD-like data (tests/synthetic.py): layout, determinism, exact boxes, and that the loader and the
 validator accept it cleanly."""
 import hashlib
-import subprocess
-import sys
 import warnings
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -12,11 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from medaidet.data import synth
-from medaidet.data.synth import DestinationNotEmptyError, SynthError, make_synthetic
+import synthetic as synth
 from medaidet.errors import MedaidetError
+from synthetic import DestinationNotEmptyError, SynthError, make_synthetic
 
-from conftest import REPO
 
 LABELS = ("RBC", "WBC", "Platelets")
 SPLITS = ("train", "val", "trainval", "test")
@@ -251,17 +248,6 @@ def test_too_few_images_for_three_splits_is_refused_up_front(tmp_path):
         assert len(dataset) == len(read_split(root, split)) >= 1
 
 
-@pytest.mark.slow(seconds=2)
-def test_cli_synth_with_too_few_images_exits_2(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "medaidet", "data", "synth",
-                           str(tmp_path / "ds"), "--n", "2"], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
-    assert done.returncode == 2
-    assert done.stderr.startswith("medaidet: error: n=2 is too few images")
-    assert "at least 3" in done.stderr and "Traceback" not in done.stderr
-    assert list(tmp_path.iterdir()) == []
-
-
 # ----------------------------------------------------------------------------- consumers
 
 @pytest.mark.parametrize("strict", [False, True])
@@ -310,22 +296,6 @@ def test_the_validator_accepts_larger_sets(tmp_path, n, seed):
     assert all(v >= 20 for v in report["per_class"].values()), report["per_class"]
     assert not [i for i in report["issues"] if i["kind"] in
                 ("class_size_outlier", "missing_class", "near_duplicate_image")]
-
-
-# ----------------------------------------------------------------------------- destination
-
-@pytest.mark.slow(seconds=3)
-def test_cli_writes_a_dataset_and_refuses_a_non_empty_destination(tmp_path):
-    dest = tmp_path / "cli"
-    cmd = [sys.executable, "-m", "medaidet", "data", "synth", str(dest), "--n", "6",
-           "--seed", "1"]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert Path(done.stdout.strip()) == dest
-    assert len(read_split(dest, "trainval") + read_split(dest, "test")) == 6
-    again = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert again.returncode == 2
-    assert "not empty" in again.stderr and "Traceback" not in again.stderr
 
 
 def test_non_empty_destination_is_refused_and_left_alone(tmp_path):

@@ -169,7 +169,7 @@ def test_cli_json(bccd_root):
 
 
 def test_cli_exits_0_without_errors(tmp_path):
-    from medaidet.data.synth import make_synthetic
+    from synthetic import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=3, seed=0)
     result = _cli_validate(str(root))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -187,7 +187,7 @@ def test_cli_without_data_says_how_to_get_it(tmp_path):
 # --------------------------------------------------------------------------- no objects
 
 def test_a_split_without_objects_is_an_error_and_its_images_warnings(tmp_path):
-    from medaidet.data.synth import make_synthetic
+    from synthetic import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
     train = split_ids(root, "train")
     edit_objects(root, train)
@@ -212,7 +212,7 @@ def test_a_split_without_objects_is_an_error_and_its_images_warnings(tmp_path):
 
 
 def test_every_split_without_objects(tmp_path):
-    from medaidet.data.synth import make_synthetic
+    from synthetic import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
     edit_objects(root, [p.stem for p in (root / "Annotations").glob("*.xml")])
     report = validate_dataset(root, check_checksums=False)
@@ -225,7 +225,7 @@ def test_every_split_without_objects(tmp_path):
 def test_images_without_objects_in_a_split_with_objects_are_only_warnings(tmp_path):
     """Background-only images are legitimate for the loader: one warning each, no error,
     and no missing_class for them (an image without any box is missing every class)."""
-    from medaidet.data.synth import make_synthetic
+    from synthetic import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=10, seed=0)    # 10 images: missing_class is on
     empty = split_ids(root, "train")[0]
     edit_objects(root, [empty])
@@ -240,7 +240,7 @@ def test_images_without_objects_in_a_split_with_objects_are_only_warnings(tmp_pa
 
 def test_an_image_whose_objects_are_all_dropped_has_no_objects(tmp_path):
     import xml.etree.ElementTree as ET
-    from medaidet.data.synth import make_synthetic
+    from synthetic import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
     image_id = split_ids(root, "test")[0]          # the only test image
     path = root / "Annotations" / f"{image_id}.xml"

@@ -368,7 +368,7 @@ def test_pr_curves_of_a_class_with_detections_but_no_box():
 def test_cli_on_a_split_without_objects_fails_before_predicting(weights_file, tmp_path,
                                                                no_prediction, capsys):
     from medaidet.cli import main
-    from medaidet.data.synth import make_synthetic
+    from synthetic import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
     edit_objects(root, split_ids(root, "test"))
     out = tmp_path / "eval"
@@ -385,7 +385,7 @@ def test_cli_on_a_split_without_objects_fails_before_predicting(weights_file, tm
 
 def test_a_subset_without_objects_asks_for_more_images(weights_file, tmp_path,
                                                        no_prediction):
-    from medaidet.data.synth import make_synthetic
+    from synthetic import make_synthetic
     from medaidet.evaluation.evaluate import NothingToEvaluateError
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
     train = split_ids(root, "train")

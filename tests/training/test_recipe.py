@@ -99,7 +99,7 @@ def test_one_process_ranks():
 # --------------------------------------------------------------------------- nothing to learn
 
 def _synthetic(tmp_path, n=6):
-    from medaidet.data.synth import make_synthetic
+    from synthetic import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=n, seed=0)
     return root, split_ids(root, "train")
 

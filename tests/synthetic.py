@@ -1,6 +1,7 @@
-"""Synthetic BCCD-like data: a small VOC-layout dataset of smear-like images.
+"""Synthetic BCCD-like data for the tests: a small VOC-layout dataset of smear-like images.
 
-For offline demos and fast tests. The layout and XML conventions are BCCD's::
+Tests that need a dataset of a chosen size or with a chosen defect build one here (the
+course's package reads it like BCCD). The layout and XML conventions are BCCD's::
 
     DEST/JPEGImages/SynthImage_00000.jpg      640x480 RGB JPEG (quality 90)
     DEST/Annotations/SynthImage_00000.xml     VOC XML: <size>, <object><name>RBC|WBC|Platelets
