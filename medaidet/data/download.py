@@ -127,8 +127,7 @@ DATA_ENV, URL_ENV, MANIFEST_NAME = BCCD.data_env, BCCD.url_env, BCCD.manifest_na
 MARKER_NAME = ".medaidet-verified"
 #: The URL schemes :func:`download_bccd` accepts.
 URL_SCHEMES = ("https", "http", "file")
-#: Temporary files of another machine's download (or of an older medaidet, whose names
-#: carry no process) are removed once untouched this long.
+#: Temporary files of another machine's download are removed once untouched this long.
 STALE_AFTER_S = 24 * 3600
 
 TIMEOUT_S = 60.0
@@ -512,9 +511,6 @@ def _temp_paths(root: Path) -> tuple[Path, Path]:
 
 
 _TAG = re.compile(r"(?P<host>[A-Za-z0-9.]+)-(?P<pid>[0-9]+)-[0-9a-f]{8}")
-# What older medaidet versions named them (tempfile.mkstemp, secrets.token_hex(4)).
-_OLD_DOWNLOAD = re.compile(r"[a-z0-9_]{8}")
-_OLD_PARTIAL = re.compile(r"[0-9a-f]{8}")
 
 
 def _process_alive(pid: int) -> bool:
@@ -538,19 +534,19 @@ def _is_leftover(path: Path, root_name: str, started: float) -> bool:
         return False
     rest = name[len(prefix):]
     if rest.startswith("partial-"):
-        tag, old_style = rest[len("partial-"):], _OLD_PARTIAL
+        tag = rest[len("partial-"):]
     elif rest.endswith(".download"):
-        tag, old_style = rest[:-len(".download")], _OLD_DOWNLOAD
+        tag = rest[:-len(".download")]
     else:
         return False
     match = _TAG.fullmatch(tag)
-    if not match and not old_style.fullmatch(tag):
+    if not match:
         return False
     try:
         age = started - path.lstat().st_mtime
     except OSError:
         return False
-    if match and match["host"] == _host() and not _process_alive(int(match["pid"])):
+    if match["host"] == _host() and not _process_alive(int(match["pid"])):
         return True
     return age > STALE_AFTER_S
 

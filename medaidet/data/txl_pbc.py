@@ -34,11 +34,16 @@ from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
 import numpy as np
+from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 from PIL import Image
 
-from medaidet.data import OTHER_SOURCES
+from medaidet.arguments import ArgumentValueError
+from medaidet.data import BCCD_LABEL_NAMES, OTHER_SOURCES
+from medaidet.data.annotation_checks import InvalidObjectError, check_annotation
+from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.voc import image_path, read_split
+from medaidet.data.yolo import parse_yolo_labels
 from medaidet.errors import MedaidetError
 
 __all__ = ["Link", "Resemblance", "TXLPBCDataset", "OTHER_SOURCES", "find_bccd_images", "find_reexported_bccd", "bccd_links",
@@ -195,12 +200,7 @@ def reexported_links(path=REEXPORTED_FILE) -> list[Resemblance]:
 
 
 
-def _dataset_base():
-    from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
-    return GetterDataset
-
-
-class TXLPBCDataset(_dataset_base()):
+class TXLPBCDataset(GetterDataset):
     """TXL-PBC's images of other laboratories, with its boxes: ``(img, bbox, label)`` in
     the course's conventions (those of :class:`~medaidet.data.bccd.BCCDDataset`).
 
@@ -223,11 +223,6 @@ class TXLPBCDataset(_dataset_base()):
     def __init__(self, root=None, split: str = "test", sources=OTHER_SOURCES,
                  strict: bool = False):
         super().__init__()
-        from medaidet.arguments import ArgumentValueError
-        from medaidet.data import BCCD_LABEL_NAMES
-        from medaidet.data.annotation_checks import InvalidObjectError, check_annotation
-        from medaidet.data.download import TXL_PBC, resolve_root
-        from medaidet.data.yolo import parse_yolo_labels
         sources = (sources,) if isinstance(sources, str) else tuple(sources)
         unknown = [s for s in sources if s not in OTHER_SOURCES]
         if unknown or not sources:

@@ -661,24 +661,23 @@ def test_leftovers_of_killed_downloads_are_swept_and_nothing_else(tmp_path, serv
             head, pid, tail = re.fullmatch(r"(.*-)(\d+)(-[0-9a-f]{8}.*)", name).groups()
             live.append(f"{head}{sleeper.pid}{tail}")
             (work / live[-1]).mkdir() if ".partial-" in name else (work / live[-1]).touch()
-        # Older medaidet named them without host and pid: removed once a day old.
-        old_style = [".bccd.partial-0a1b2c3d", ".bccd.k2j_x8a1.download"]
-        fresh_old_style = [".bccd.partial-0a1b2c3e", ".bccd.k2j_x8a2.download"]
-        other_host = [".bccd.partial-elsewhere-123-0a1b2c3d"]
-        for name in old_style + fresh_old_style + other_host:
+        # Another machine's: removed once a day old.
+        stale = [".bccd.partial-elsewhere-123-0a1b2c3d", ".bccd.elsewhere-9-0a1b2c3d.download"]
+        other_host = [".bccd.partial-elsewhere-123-0a1b2c3e"]
+        for name in stale + other_host:
             (work / name).mkdir() if ".partial-" in name else (work / name).write_bytes(b"x")
-        for name in old_style:
+        for name in stale:
             _age(work / name, days=2)
         # Not ours: other datasets' names, other patterns, a user's files.
         foreign = [".bccd.notes", ".bccd.partial-mine", "bccd.download", "notes.download",
-                   ".bccd.download", ".other" + killed[0][len(".bccd"):], "bccd.partial-0a1b2c3d"]
+                   ".bccd.download", ".other" + killed[0][len(".bccd"):], "bccd.partial-0a1b2c3d",
+                   ".bccd.partial-0a1b2c3d", ".bccd.k2j_x8a1.download"]
         for name in foreign:
             (work / name).write_bytes(b"keep me")
             _age(work / name, days=30)
         download_bccd(root=dest, url=server.url("/good.tar.gz"), progress=False)
         assert_complete(dest)
-        assert leftovers(work) == sorted(["bccd", *live, *fresh_old_style, *other_host,
-                                          *foreign])
+        assert leftovers(work) == sorted(["bccd", *live, *other_host, *foreign])
         for name in foreign:
             assert (work / name).read_bytes() == b"keep me"
     finally:
