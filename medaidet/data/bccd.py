@@ -44,6 +44,7 @@ from medaidet.data.annotation_checks import (Finding, ImageSizeError, InvalidObj
                                              UnknownLabelError, check_annotation)
 from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.image import ImageError, decode_image, read_image_size
+from medaidet.data.txl_pbc import bccd_links
 from medaidet.data.voc import (MissingFileError, annotation_path, image_path, read_split,
                                split_path)
 from medaidet.data.yolo import parse_yolo_labels
@@ -129,7 +130,6 @@ class BCCDDataset(GetterDataset):
         self.label_names = BCCD_LABEL_NAMES
         self.ids = read_split(self.root, split)
         if labels == "txl-pbc" or reannotated_only:
-            from medaidet.data.txl_pbc import bccd_links
             links = {link.bccd_id: link for link in bccd_links()}
             self.ids = [image_id for image_id in self.ids if image_id in links]
         if labels == "txl-pbc":
