@@ -146,5 +146,5 @@ def draw_both(img, boxes, names, title=None) -> Figure:
         ax.axis("off")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95 if title else 1))
     return fig
