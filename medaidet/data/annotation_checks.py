@@ -11,6 +11,8 @@ earlier box. A box overhanging the image by at most :data:`BOUNDS_TOLERANCE` px 
 """
 from __future__ import annotations
 
+import os
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -19,7 +21,8 @@ from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.annotation import Annotation, AnnotationError
 
 __all__ = ["check_annotation", "Finding", "CheckedAnnotation", "BOUNDS_TOLERANCE",
-           "NEAR_DUPLICATE_IOU", "UnknownLabelError", "InvalidObjectError", "ImageSizeError"]
+           "NEAR_DUPLICATE_IOU", "UnknownLabelError", "InvalidObjectError", "ImageSizeError",
+           "AnnotationWarning", "QUIET_ENV", "warn_once"]
 
 #: Pixels a box may overhang the image and be clipped rather than dropped
 #: (0-based exports write ``xmin = 0``; VOC's smallest index is 1).
@@ -46,6 +49,28 @@ class InvalidObjectError(AnnotationError):
 
 class ImageSizeError(AnnotationError):
     """The XML's ``<size>`` disagrees with the image: the boxes were drawn for another image."""
+
+
+class AnnotationWarning(UserWarning):
+    """Objects were dropped or clipped while loading (see ``.dropped`` / ``.clipped``)."""
+
+
+#: Set (not empty, not "0") in the environment: no :class:`AnnotationWarning`, in this process
+#: and in the processes it starts (data workers, MPI ranks). See
+#: :func:`medaidet.data.bccd.quiet_annotation_warnings`.
+QUIET_ENV = "MEDAIDET_QUIET_ANNOTATIONS"
+# Every split is loaded several times in a run (a notebook, the training recipe, the
+# evaluator): its report is shown the first time only, wherever the loading happens (a
+# record of our own: Python's "once" filter forgets whenever warning filters change).
+_REPORTED = set()
+
+
+def warn_once(message: str, stacklevel: int = 3) -> None:
+    """An :class:`AnnotationWarning` with ``message``, once per process and message, unless
+    :data:`QUIET_ENV` is set: a loader built again (every split, every rank) says it once."""
+    if message not in _REPORTED and os.environ.get(QUIET_ENV, "") in ("", "0"):
+        _REPORTED.add(message)
+        warnings.warn(AnnotationWarning(message), stacklevel=stacklevel)
 
 
 class Finding(NamedTuple):

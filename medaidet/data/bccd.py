@@ -40,8 +40,10 @@ from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 from medaidet.arguments import ArgumentValueError, is_path
 from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS, LABELS  # noqa: F401 (CLASS_COLORS)
 from medaidet.data.annotation import AnnotationError, parse_annotation
-from medaidet.data.annotation_checks import (Finding, ImageSizeError, InvalidObjectError,
-                                             UnknownLabelError, check_annotation)
+from medaidet.data.annotation_checks import (QUIET_ENV, _REPORTED,  # noqa: F401 (here too)
+                                             AnnotationWarning, Finding, ImageSizeError,
+                                             InvalidObjectError, UnknownLabelError,
+                                             check_annotation, warn_once)
 from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.image import ImageError, decode_image, read_image_size
 from medaidet.data.txl_pbc import bccd_links
@@ -52,22 +54,6 @@ from medaidet.tables import Table
 
 __all__ = ["CLASS_COLORS", "BCCDDataset", "LABELS", "ObjectIssue", "AnnotationWarning",
            "annotation_report", "quiet_annotation_warnings", "QUIET_ENV"]
-
-
-
-class AnnotationWarning(UserWarning):
-    """Objects were dropped or clipped while loading (see ``.dropped`` / ``.clipped``)."""
-
-
-#: Set (not empty, not "0") in the environment: no :class:`AnnotationWarning`, in this process
-#: and in the processes it starts (data workers, MPI ranks). See
-#: :func:`quiet_annotation_warnings`.
-QUIET_ENV = "MEDAIDET_QUIET_ANNOTATIONS"
-
-# Every split is loaded several times in a run (a notebook, the training recipe, the
-# evaluator): its report is shown the first time only, wherever the loading happens (a
-# record of our own: Python's "once" filter forgets whenever warning filters change).
-_REPORTED = set()
 
 
 class ObjectIssue(NamedTuple):
@@ -172,9 +158,7 @@ class BCCDDataset(GetterDataset):
                 f"dropped {len(self.dropped)} and clipped "
                 f"{len(self.clipped)} object(s): {shown}{f'; and {more} more' if more > 0 else ''}"
                 ". See dataset.dropped / dataset.clipped; strict=True raises instead")
-            if message not in _REPORTED and os.environ.get(QUIET_ENV, "") in ("", "0"):
-                _REPORTED.add(message)
-                warnings.warn(AnnotationWarning(message), stacklevel=2)
+            warn_once(message)
 
         self.add_getter("img", self._get_image)
         self.add_getter(("bbox", "label", "difficult"), self._get_annotations)

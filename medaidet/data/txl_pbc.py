@@ -39,7 +39,7 @@ from PIL import Image
 
 from medaidet.arguments import ArgumentValueError
 from medaidet.data import BCCD_LABEL_NAMES, OTHER_SOURCES
-from medaidet.data.annotation_checks import InvalidObjectError, check_annotation
+from medaidet.data.annotation_checks import InvalidObjectError, check_annotation, warn_once
 from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.voc import image_path, read_split
@@ -198,8 +198,6 @@ def reexported_links(path=REEXPORTED_FILE) -> list[Resemblance]:
     return _read_table(path, Resemblance)
 
 
-
-
 class TXLPBCDataset(GetterDataset):
     """TXL-PBC's images of other laboratories, with its boxes: ``(img, bbox, label)`` in
     the course's conventions (those of :class:`~medaidet.data.bccd.BCCDDataset`).
@@ -256,6 +254,13 @@ class TXLPBCDataset(GetterDataset):
             self.sources.append(source)
             self._paths.append(path)
             self._boxes.append((checked.bbox, checked.label))
+        if self.dropped or self.clipped:
+            shown = "; ".join(f"{stem}: {detail}" for stem, detail in
+                              (self.dropped + self.clipped)[:3])
+            warn_once(f"TXL-PBC {split} ({', '.join(sources)}; {self.root}): dropped "
+                      f"{len(self.dropped)} and clipped {len(self.clipped)} line(s): {shown}"
+                      f"{'; ...' if len(self.dropped) + len(self.clipped) > 3 else ''}. See "
+                      "dataset.dropped / dataset.clipped; strict=True raises instead")
         self.add_getter("img", self._get_image)
         self.add_getter(("bbox", "label"), self._get_annotations)
 

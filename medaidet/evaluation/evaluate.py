@@ -181,7 +181,7 @@ class Predictions:
 
 def bootstrap(predictions: Predictions, statistic, n: int = 1000, seed: int = 0,
               level: float = 0.95):
-    """How much ``statistic(predictions)`` (a number, or a dict or array of numbers) could
+    """How much ``statistic(predictions)`` (a number, or a dict of numbers) could
     differ on another draw of as many images: it is computed on ``n`` resamples of the
     images with replacement; returns the ``(low, high)`` percentiles holding ``level`` of
     them (for a dict, ``{key: (low, high)}``). With 40 test images, a figure's spread is
@@ -190,11 +190,16 @@ def bootstrap(predictions: Predictions, statistic, n: int = 1000, seed: int = 0,
     values = [statistic(predictions.take(rng.integers(0, len(predictions), len(predictions))))
               for _ in range(n)]
     tails = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
+
+    def spread(samples):      # NaN (a resample without a box of the class) left out
+        samples = np.asarray(samples, dtype=float)
+        samples = samples[~np.isnan(samples)]
+        return tuple(float(v) for v in np.percentile(samples, tails)) if samples.size else (
+            float("nan"), float("nan"))
+
     if isinstance(values[0], dict):
-        return {k: tuple(float(v) for v in np.nanpercentile([x[k] for x in values], tails))
-                for k in values[0]}
-    low, high = np.nanpercentile(np.asarray(values, dtype=float), tails, axis=0)
-    return (float(low), float(high)) if np.ndim(low) == 0 else (low, high)
+        return {k: spread([x[k] for x in values]) for k in values[0]}
+    return spread(values)
 
 
 def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,

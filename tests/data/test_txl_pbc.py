@@ -163,8 +163,12 @@ def test_the_416_pixel_images_are_bccds_own_again_and_the_table_is_derived_again
 def test_other_laboratories_load_with_txl_pbcs_boxes_and_their_defects_named(txl_root):
     from medaidet.arguments import ArgumentValueError
     from medaidet.data.txl_pbc import TXLPBCDataset
-    pbc = TXLPBCDataset(txl_root, "test", "PBC")
-    both = TXLPBCDataset(txl_root, "test")
+    from medaidet.data.annotation_checks import AnnotationWarning
+    with pytest.warns(AnnotationWarning, match=r"TXL-PBC test \(PBC; .*\): dropped 36 and "
+                      "clipped 0 line"):
+        pbc = TXLPBCDataset(txl_root, "test", "PBC")
+    with pytest.warns(AnnotationWarning, match=r"TXL-PBC test \(PBC, Raabin-WBC; "):
+        both = TXLPBCDataset(txl_root, "test")
     assert len(pbc) == 50 and len(both) == 100 and Counter(both.sources) == {
         "PBC": 50, "Raabin-WBC": 50}
     assert all(i.startswith("PBC/") for i in pbc.ids)
@@ -180,6 +184,7 @@ def test_other_laboratories_load_with_txl_pbcs_boxes_and_their_defects_named(txl
 
 
 @pytest.mark.slow(seconds=4)
+@pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")   # the sources' defects
 def test_training_can_add_other_laboratories_images(bccd_root, txl_root):
     from medaidet.training.config import ConfigError, TrainConfig
     from medaidet.training.recipe import Recipe
