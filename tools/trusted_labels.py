@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 
 def _train(args):
@@ -58,40 +57,30 @@ def _predict_other(model, split, source):
 
 def _figures(preds, thresholds):
     """mAP (0.01, 0.6), per-class AP and per-class count error at ``thresholds``."""
-    from medaidet.evaluation.count import _counts, _predicted_counts, _stats
+    from medaidet.evaluation.count import count_cells, count_errors
     from medaidet.evaluation.evaluate import evaluate
     result = evaluate(preds)
-    names = preds.label_names
-    annotated = _counts(preds.gt_labels, len(names))
-    predicted = np.stack([_predicted_counts(preds, thresholds[n])[:, c]
-                          for c, n in enumerate(names)], axis=1)
-    rel = _stats(predicted, annotated)[2]
+    counted = count_cells(preds, score_thresh=preds.score_thresh)
+    predicted = [sum(int(((s >= thresholds[n]) & (lb == c)).sum())
+                     for s, lb in zip(preds.pred_scores, preds.pred_labels))
+                 for c, n in enumerate(preds.label_names)]
     out = {"map": {name: float(p.map_voc) for name, p in result.protocols.items()},
-           "ap": {name: {n: float(v) for n, v in zip(names, p.ap_voc)}
+           "ap": {name: {n: float(v) for n, v in zip(preds.label_names, p.ap_voc)}
                   for name, p in result.protocols.items()},
-           "count_error": {n: float(rel[c]) for c, n in enumerate(names)},
-           "predicted": predicted.sum(0).tolist(), "annotated": annotated.sum(0).tolist()}
-    return out, predicted, annotated
+           "count_error": count_errors(preds, thresholds),
+           "predicted": predicted, "annotated": counted.annotated.sum(0).tolist()}
+    return out, predicted, counted.annotated
 
 
 def _bootstrap(preds, thresholds, n=1000, seed=0):
-    from medaidet.evaluation.evaluate import Predictions
-    rng = np.random.default_rng(seed)
-    k = len(preds)
-    samples = {}
-    for _ in range(n):
-        idx = rng.integers(0, k, k)
-        sub = Predictions(*[[getattr(preds, f)[i] for i in idx] for f in
-                            ("ids", "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes",
-                             "gt_labels", "gt_difficults")], preds.label_names,
-                          preds.score_thresh, preds.split)
-        figures, _, _ = _figures(sub, thresholds)
-        for key, value in figures["map"].items():
-            samples.setdefault(f"map_{key}", []).append(value)
-        for name, v in figures["count_error"].items():
-            samples.setdefault(f"count_error_{name}", []).append(v)
-    return {key: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
-            for key, v in samples.items()}
+    """The spread of each mAP and count error (medaidet.evaluation.evaluate.bootstrap)."""
+    from medaidet.evaluation.evaluate import bootstrap
+
+    def flat(p):
+        figures = _figures(p, thresholds)[0]
+        return {**{f"map_{k}": v for k, v in figures["map"].items()},
+                **{f"count_error_{k}": v for k, v in figures["count_error"].items()}}
+    return {k: list(v) for k, v in bootstrap(preds, flat, n=n, seed=seed).items()}
 
 
 def _judge(args):
