@@ -60,8 +60,7 @@ from medaidet.errors import MedaidetError
 from medaidet.stack.build import default_cache_dir
 
 __all__ = [
-    "PinnedSource", "BCCD", "TXL_PBC", "SOURCES", "BCCD_COMMIT", "DEFAULT_URL",
-    "UPSTREAM_REPO", "MANIFEST_NAME", "MARKER_NAME", "download", "download_bccd",
+    "PinnedSource", "BCCD", "TXL_PBC", "SOURCES", "MARKER_NAME", "download", "download_bccd",
     "download_txl_pbc", "resolve_root", "default_root", "verify_dataset", "is_verified",
     "load_manifest", "manifest_sha256", "sweep_leftovers", "Problem", "URL_SCHEMES",
     "DataNotFoundError", "DownloadError", "UnsupportedURLError", "CorruptArchiveError",
@@ -121,9 +120,6 @@ TXL_PBC = PinnedSource(
         "  ROOT/LICENSE.txt, ROOT/README.md"))
 SOURCES = {"bccd": BCCD, "txl-pbc": TXL_PBC}
 
-# BCCD's names, as the course has always used them
-UPSTREAM_REPO, BCCD_COMMIT, DEFAULT_URL = BCCD.repo, BCCD.commit, BCCD.url
-DATA_ENV, URL_ENV, MANIFEST_NAME = BCCD.data_env, BCCD.url_env, BCCD.manifest_name
 MARKER_NAME = ".medaidet-verified"
 #: The URL schemes :func:`download_bccd` accepts.
 URL_SCHEMES = ("https", "http", "file")
@@ -621,7 +617,7 @@ def _files_not_ours(root: Path, source: PinnedSource) -> list[str]:
 
 
 def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEOUT_S) -> Path:
-    """BCCD at commit :data:`BCCD_COMMIT`: :func:`download` of :data:`BCCD`."""
+    """BCCD at its pinned commit: :func:`download` of :data:`BCCD`."""
     return download(BCCD, root, url, force, progress, timeout)
 
 

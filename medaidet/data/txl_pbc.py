@@ -3,11 +3,11 @@ the others come from.
 
 TXL-PBC (Gan & Li, arXiv:2407.13214; MIT) re-labelled 1,440 blood-smear images from four public
 sources, BCCD among them, and named every image by a UUID: nothing in its files says which BCCD
-image one is, nor which source any image came from. :func:`find_bccd_images` finds the BCCD
-ones by identity of the decoded pixels (every TXL-PBC image of BCCD's 640x480 size is decoded
-and compared with BCCD's 364). The answer is shipped as ``manifests/txl-pbc-bccd.tsv``
-(:func:`bccd_links` reads it, no image decoded); ``tests/data/test_txl_pbc.py`` derives it again
-from the real data and compares.
+image one is, nor which source any image came from. The BCCD ones were found by identity of
+the decoded pixels (every TXL-PBC image of BCCD's 640x480 size decoded and compared with
+BCCD's 364), and the answer shipped as ``manifests/txl-pbc-bccd.tsv`` (:func:`bccd_links`
+reads it); ``tests/txl_links.py`` is that derivation, and ``tests/data/test_txl_pbc.py`` runs
+it again on the real data and compares.
 
 Each link also carries BCCD's own split: BCCD's splits decide train/val/test in the course, not
 TXL-PBC's, which put some of BCCD's val and test images into its training split.
@@ -16,8 +16,8 @@ The other images, by size (:data:`SOURCE_BY_SIZE`; :func:`census` counts them): 
 366x369 are the sizes of PBC's images (Barcelona; Acevedo et al. 2020), 575x575 of
 Raabin-WBC's. The 219 images of 416x416 are *not* another laboratory's: they are BCCD's own
 images again, resized from 640x480 and often flipped, rotated or recoloured (the BCCD export
-of an annotation platform, which the paper's "BCD" source is). :func:`find_reexported_bccd`
-names, for each, the BCCD image it most resembles (rank correlation of 16x16 grey thumbnails
+of an annotation platform, which the paper's "BCD" source is). For each, the BCCD image it
+most resembles was found (rank correlation of 16x16 grey thumbnails
 over the eight flips and rotations): 216 of the 219 resemble one BCCD image at >= 0.75, while
 no image of another size resembles any BCCD image above 0.69. Shipped as
 ``manifests/txl-pbc-bccd-reexported.tsv`` (:func:`reexported_links`). They matter twice:
@@ -27,28 +27,24 @@ them), and they cannot tell how a detector fares on another laboratory's smears.
 from __future__ import annotations
 
 import csv
-import hashlib
-import io
 from collections import Counter
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
-from PIL import Image
 
 from medaidet.arguments import ArgumentValueError
 from medaidet.data import BCCD_LABEL_NAMES, OTHER_SOURCES
 from medaidet.data.annotation_checks import InvalidObjectError, check_annotation, warn_once
 from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.image import decode_image, read_image_size
-from medaidet.data.voc import image_path, read_split
 from medaidet.data.yolo import parse_yolo_labels
 from medaidet.errors import MedaidetError
 
-__all__ = ["Link", "Resemblance", "TXLPBCDataset", "OTHER_SOURCES", "find_bccd_images", "find_reexported_bccd", "bccd_links",
-           "reexported_links", "links_tsv", "census", "SOURCE_BY_SIZE", "LINKS_FILE",
-           "REEXPORTED_FILE", "TXL_SPLITS"]
+__all__ = ["Link", "Resemblance", "TXLPBCDataset", "OTHER_SOURCES", "bccd_links",
+           "reexported_links", "census", "SOURCE_BY_SIZE", "LINKS_FILE", "REEXPORTED_FILE",
+           "TXL_SPLITS"]
 
 LINKS_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd.tsv"
 REEXPORTED_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd-reexported.tsv"
@@ -56,8 +52,6 @@ REEXPORTED_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd-reexported
 SOURCE_BY_SIZE = {(640, 480): "BCCD", (416, 416): "BCCD, re-exported",
                   (360, 363): "PBC", (366, 369): "PBC", (575, 575): "Raabin-WBC"}
 TXL_SPLITS = ("train", "val", "test")
-BCCD_SPLITS = ("train", "val", "test")
-BCCD_SIZE = (480, 640)       # (height, width) of every BCCD image, as read_image_size gives it
 
 
 @dataclass(frozen=True)
@@ -73,42 +67,6 @@ class Link:
     def label_path(self, txl_root) -> Path:
         """TXL-PBC's label file of this image under ``txl_root``."""
         return Path(txl_root) / "TXL_PBC" / "labels" / self.txl_split / f"{self.txl_name}.txt"
-
-
-def _pixels_digest(path) -> str:
-    return hashlib.sha256(decode_image(path).pixels.tobytes()).hexdigest()
-
-
-def find_bccd_images(txl_root, bccd_root) -> list[Link]:
-    """Every image of TXL-PBC (``txl_root``: the folder holding ``TXL_PBC/``) whose decoded
-    pixels equal a BCCD image's (``bccd_root``), sorted by BCCD id. Raises
-    :class:`MedaidetError` when one TXL-PBC image equals two BCCD images, or two TXL-PBC images
-    the same one (the link would not say which annotation belongs to which image)."""
-    bccd_root = Path(bccd_root)
-    images = Path(txl_root) / "TXL_PBC" / "images"
-    split_of = {image_id: split for split in BCCD_SPLITS
-                for image_id in read_split(bccd_root, split)}
-    by_digest = {}
-    for image_id in sorted(split_of):
-        digest = _pixels_digest(image_path(bccd_root, image_id))
-        if digest in by_digest:
-            raise MedaidetError(f"BCCD images {by_digest[digest]} and {image_id} have the same "
-                                f"pixels: a TXL-PBC image equal to them cannot be linked to one")
-        by_digest[digest] = image_id
-    links = {}
-    for txl_split in TXL_SPLITS:
-        for path in sorted((images / txl_split).glob("*.jpg")):
-            if read_image_size(path) != BCCD_SIZE:
-                continue
-            image_id = by_digest.get(_pixels_digest(path))
-            if image_id is None:
-                continue
-            if image_id in links:
-                raise MedaidetError(f"TXL-PBC images {links[image_id].txl_split}/"
-                                    f"{links[image_id].txl_name} and {txl_split}/{path.stem} "
-                                    f"are both BCCD's {image_id}")
-            links[image_id] = Link(txl_split, path.stem, image_id, split_of[image_id])
-    return [links[k] for k in sorted(links)]
 
 
 @dataclass(frozen=True)
@@ -135,49 +93,6 @@ def census(txl_root) -> Counter:
                    for split, _, size in _txl_images(txl_root))
 
 
-def _thumbnail(path, n=16) -> np.ndarray:
-    with Image.open(path) as img:
-        return np.asarray(img.convert("L").resize((n, n), Image.BILINEAR), dtype=np.float64)
-
-
-def _ranks(a) -> np.ndarray:
-    r = a.ravel().argsort().argsort().astype(np.float64)
-    r -= r.mean()
-    return r / np.linalg.norm(r)
-
-
-def find_reexported_bccd(txl_root, bccd_root) -> list[Resemblance]:
-    """For each 416x416 image of TXL-PBC, the BCCD image it most resembles and how much,
-    sorted by TXL-PBC split and name. Colour changes leave the rank order of grey levels
-    largely alone; flips and rotations are tried all eight ways."""
-    bccd_root = Path(bccd_root)
-    split_of = {image_id: split for split in BCCD_SPLITS
-                for image_id in read_split(bccd_root, split)}
-    ids = sorted(split_of)
-    bccd = np.stack([_ranks(_thumbnail(image_path(bccd_root, i))) for i in ids])
-    found = []
-    for txl_split, path, size in _txl_images(txl_root):
-        if SOURCE_BY_SIZE.get(size) != "BCCD, re-exported":
-            continue
-        t = _thumbnail(path)
-        turns = [np.rot90(t, k) for k in range(4)]
-        views = turns + [v[:, ::-1] for v in turns]
-        best = np.max([bccd @ _ranks(v) for v in views], axis=0)
-        image_id = ids[int(best.argmax())]
-        found.append(Resemblance(txl_split, path.stem, image_id, split_of[image_id],
-                                 f"{best.max():.3f}"))
-    return found
-
-
-def links_tsv(links) -> str:
-    """The links as the shipped table's text: a header line, then one tab-separated line each."""
-    out = io.StringIO()
-    writer = csv.writer(out, delimiter="\t", lineterminator="\n")
-    writer.writerow([f.name for f in fields(links[0] if links else Link)])
-    writer.writerows(astuple(link) for link in links)
-    return out.getvalue()
-
-
 def _read_table(path, cls):
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f, delimiter="\t"))
@@ -189,12 +104,12 @@ def _read_table(path, cls):
 
 
 def bccd_links(path=LINKS_FILE) -> list[Link]:
-    """The shipped table (:func:`find_bccd_images`'s answer on TXL-PBC at its pinned commit)."""
+    """The shipped table of TXL-PBC images that are BCCD images, at the pinned commit."""
     return _read_table(path, Link)
 
 
 def reexported_links(path=REEXPORTED_FILE) -> list[Resemblance]:
-    """The shipped table of :func:`find_reexported_bccd`'s answer at the pinned commit."""
+    """The shipped table of re-exported BCCD images, at the pinned commit."""
     return _read_table(path, Resemblance)
 
 

@@ -91,7 +91,7 @@ from medaidet.data.annotation_checks import check_annotation
 from medaidet.data.image import ImageError, decode_image, read_image_size
 from medaidet.data.voc import (annotation_path, image_path, MissingFileError, scan_split_file,
                                split_path)
-from medaidet.data.download import BCCD_COMMIT, load_manifest, resolve_root, verify_dataset
+from medaidet.data.download import BCCD, load_manifest, resolve_root, verify_dataset
 
 __all__ = ["validate_dataset", "ValidationReport", "Issue", "ImagePair", "KINDS", "SEVERITIES"]
 
@@ -651,7 +651,7 @@ class _Validation:
                 continue
             self.add(image_id, None, "checksum_mismatch", detail)
             reported += 1
-        release = f"BCCD at {BCCD_COMMIT[:8]}"
+        release = f"BCCD at {BCCD.commit[:8]}"
         if reported:
             return f"{reported} file(s) differ from {release} (see checksum_mismatch)"
         if complete:

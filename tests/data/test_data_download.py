@@ -29,7 +29,7 @@ from medaidet.errors import MedaidetError
 
 REPO = Path(__file__).resolve().parents[2]
 
-TOP = f"BCCD_Dataset-{dl.BCCD_COMMIT}"
+TOP = f"BCCD_Dataset-{dl.BCCD.commit}"
 CORRUPTED = "JPEGImages/BloodImage_00042.jpg"
 
 
@@ -50,7 +50,7 @@ def make_tar_gz(entries) -> bytes:
     Written like ``git archive``: pax format with the commit as a global comment."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1, format=tarfile.PAX_FORMAT,
-                      pax_headers={"comment": dl.BCCD_COMMIT}) as tar:
+                      pax_headers={"comment": dl.BCCD.commit}) as tar:
         for entry in entries:
             if isinstance(entry, tarfile.TarInfo):
                 tar.addfile(entry)
@@ -167,7 +167,7 @@ def server(good_files):
 def _no_proxy_for_localhost(monkeypatch):
     for var in ("no_proxy", "NO_PROXY"):
         monkeypatch.setenv(var, "127.0.0.1,localhost")
-    monkeypatch.delenv(dl.URL_ENV, raising=False)
+    monkeypatch.delenv(dl.BCCD.url_env, raising=False)
 
 
 def leftovers(folder: Path, keep=()):
@@ -404,7 +404,7 @@ def test_server_down_says_how_to_place_the_data_by_hand(tmp_path):
         sock.close()
     message = str(info.value)
     assert not isinstance(info.value, CorruptArchiveError)
-    for needle in (url, "offline", dl.DEFAULT_URL, dl.BCCD_COMMIT, "MEDAIDET_DATA", "--root",
+    for needle in (url, "offline", dl.BCCD.url, dl.BCCD.commit, "MEDAIDET_DATA", "--root",
                    "Annotations/", "MEDAIDET_BCCD_URL=file://"):
         assert needle in message
     assert leftovers(tmp_path) == []
@@ -446,7 +446,7 @@ def test_url_without_an_accepted_scheme_is_a_named_error(tmp_path, server, case)
     assert repr(url) in message and "https://, http:// or file://" in message, message
     # how to pass a local archive: its own file:// URL when the path exists
     assert (archive.as_uri() if case == "local-path" else "file:///path/to/") in message
-    assert dl.URL_ENV in message
+    assert dl.BCCD.url_env in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["BCCD.tar.gz"]
 
 
@@ -454,7 +454,7 @@ def test_cli_local_path_as_url_exits_2_without_a_traceback(tmp_path, server):
     archive = tmp_path / "BCCD.tar.gz"
     archive.write_bytes(server.routes["/good.tar.gz"][1])
     result = _cli(["data", "download", "--root", str(tmp_path / "bccd")],
-                  {dl.URL_ENV: str(archive)})
+                  {dl.BCCD.url_env: str(archive)})
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"medaidet: error: cannot download BCCD from '{archive}'")
     assert archive.as_uri() in result.stderr and "Traceback" not in result.stderr
@@ -462,7 +462,7 @@ def test_cli_local_path_as_url_exits_2_without_a_traceback(tmp_path, server):
 
 
 def test_url_from_the_environment(tmp_path, server, monkeypatch):
-    monkeypatch.setenv(dl.URL_ENV, server.url("/good.tar.gz"))
+    monkeypatch.setenv(dl.BCCD.url_env, server.url("/good.tar.gz"))
     before = server.hits["/good.tar.gz"]
     assert_complete(download_bccd(root=tmp_path / "bccd", progress=False))
     assert server.hits["/good.tar.gz"] == before + 1
@@ -689,7 +689,7 @@ def test_leftovers_of_killed_downloads_are_swept_and_nothing_else(tmp_path, serv
 
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
-    for var in (dl.DATA_ENV, "MEDAIDET_CACHE", "XDG_CACHE_HOME"):
+    for var in (dl.BCCD.data_env, "MEDAIDET_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
     home = tmp_path / "home"
     home.mkdir()
@@ -714,7 +714,7 @@ def test_resolve_root_order_explicit_then_env_then_cache(clean_env, monkeypatch,
     cached = _dataset(clean_env / ".cache" / "medaidet" / "bccd")
     assert resolve_root() == cached
     from_env = _dataset(tmp_path / "env")
-    monkeypatch.setenv(dl.DATA_ENV, str(from_env))
+    monkeypatch.setenv(dl.BCCD.data_env, str(from_env))
     assert resolve_root() == from_env
     explicit = _dataset(tmp_path / "explicit")
     assert resolve_root(explicit) == explicit
@@ -729,7 +729,7 @@ def test_resolve_root_never_downloads_and_explains(clean_env, tmp_path):
     message = str(info.value)
     assert isinstance(info.value, MedaidetError)
     for needle in (str(empty), "has no Annotations/", "medaidet data download",
-                   dl.UPSTREAM_REPO, dl.BCCD_COMMIT, "MEDAIDET_DATA=ROOT",
+                   dl.BCCD.repo, dl.BCCD.commit, "MEDAIDET_DATA=ROOT",
                    "ROOT/JPEGImages/", "ROOT/ImageSets/Main/", "test.csv"):
         assert needle in message
     with pytest.raises(DataNotFoundError, match="the default cache directory"):
@@ -739,9 +739,9 @@ def test_resolve_root_never_downloads_and_explains(clean_env, tmp_path):
 
 def test_download_destination_from_env_then_cache(clean_env, monkeypatch, tmp_path, server):
     url = server.url("/good.tar.gz")
-    monkeypatch.setenv(dl.DATA_ENV, str(tmp_path / "env-root"))
+    monkeypatch.setenv(dl.BCCD.data_env, str(tmp_path / "env-root"))
     assert download_bccd(url=url, progress=False) == (tmp_path / "env-root").resolve()
-    monkeypatch.delenv(dl.DATA_ENV)
+    monkeypatch.delenv(dl.BCCD.data_env)
     monkeypatch.setenv("MEDAIDET_CACHE", str(tmp_path / "cache"))
     root = download_bccd(url=url, progress=False)
     assert root == (tmp_path / "cache" / "bccd").resolve()
@@ -759,7 +759,7 @@ def _cli(args, env):
 def test_cli_download_prints_the_root(tmp_path, server):
     dest = tmp_path / "bccd"
     result = _cli(["data", "download", "--root", str(dest)],
-                  {dl.URL_ENV: server.url("/cli.tar.gz"), "no_proxy": "127.0.0.1"})
+                  {dl.BCCD.url_env: server.url("/cli.tar.gz"), "no_proxy": "127.0.0.1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == str(dest.resolve())
     assert_complete(dest)
@@ -770,7 +770,7 @@ def test_cli_download_offline_exits_2_with_instructions(tmp_path):
     sock = _refused_port()
     try:
         result = _cli(["data", "download", "--root", str(tmp_path / "bccd")],
-                      {dl.URL_ENV: f"http://127.0.0.1:{sock.getsockname()[1]}/x.tar.gz"})
+                      {dl.BCCD.url_env: f"http://127.0.0.1:{sock.getsockname()[1]}/x.tar.gz"})
     finally:
         sock.close()
     assert result.returncode == 2

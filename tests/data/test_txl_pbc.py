@@ -8,7 +8,8 @@ from dataclasses import astuple
 import numpy as np
 import pytest
 
-from medaidet.data.txl_pbc import LINKS_FILE, bccd_links, find_bccd_images, links_tsv
+from medaidet.data.txl_pbc import LINKS_FILE, bccd_links
+from txl_links import find_bccd_images, links_tsv
 from medaidet.data.voc import read_split
 from medaidet.errors import MedaidetError
 
@@ -139,8 +140,8 @@ def test_sources_by_image_size(txl_root):
 @pytest.mark.slow(seconds=3)
 def test_the_416_pixel_images_are_bccds_own_again_and_the_table_is_derived_again(bccd_root,
                                                                                 txl_root):
-    from medaidet.data.txl_pbc import (REEXPORTED_FILE, _ranks, _thumbnail, _txl_images,
-                                       find_reexported_bccd, reexported_links)
+    from medaidet.data.txl_pbc import REEXPORTED_FILE, _txl_images, reexported_links
+    from txl_links import _ranks, _thumbnail, find_reexported_bccd
     found = find_reexported_bccd(txl_root, bccd_root)
     shipped = reexported_links()
     # the same links; the similarity to within rounding (image decoders differ in the last bit)
