@@ -16,6 +16,9 @@ A box belongs to the shared part when its centre lies inside the shared rectangl
 ``margin`` pixels (at full resolution) on every side, in both frames: cells cut by a frame's
 border are boxed in one photograph and half outside the other, and would count as
 disagreement that is not one.
+
+``labels="txl-pbc"`` asks the same of TXL-PBC's re-annotation (:mod:`medaidet.data.txl_pbc`),
+on the pairs whose two images it re-annotated: how far a count can be checked against it.
 """
 from __future__ import annotations
 
@@ -24,10 +27,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.arguments import ArgumentValueError
+from medaidet.data import LABELS
 from medaidet.data.annotation import parse_annotation
+from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.image import read_image_size
+from medaidet.data.txl_pbc import bccd_links
 from medaidet.data.voc import annotation_path, image_path
-from medaidet.data.download import resolve_root
+from medaidet.data.yolo import parse_yolo_labels
 
 __all__ = ["PairCounts", "pair_counts", "count_agreement"]
 
@@ -46,31 +53,45 @@ class PairCounts:
     counts_b: np.ndarray
 
 
-def _boxes(root, image_id):
+def _boxes(root, image_id, txl=None):
     """(centres (N, 2) as x, y; labels (N,); (height, width)) of an annotation's usable
-    boxes; the size from the image's header when the annotation has none."""
-    ann = parse_annotation(annotation_path(root, image_id))
-    size = ann.size or read_image_size(image_path(root, image_id), image_id)
+    boxes; the size from the image's header when the annotation has none. ``txl``:
+    ``(TXL-PBC's root, {BCCD id: Link})`` to read TXL-PBC's boxes instead of BCCD's."""
+    if txl is None:
+        ann = parse_annotation(annotation_path(root, image_id))
+        size = ann.size or read_image_size(image_path(root, image_id), image_id)
+    else:
+        size = read_image_size(image_path(root, image_id), image_id)
+        ann = parse_yolo_labels(txl[1][image_id].label_path(txl[0]), size)
     objs = [o for o in ann.objects if o.bndbox is not None and o.label is not None]
     centres = np.array([((o.bndbox[0] + o.bndbox[2]) / 2, (o.bndbox[1] + o.bndbox[3]) / 2)
                         for o in objs], dtype=float).reshape(-1, 2)
     return centres, np.array([o.label for o in objs], dtype=int), size
 
 
-def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES) -> list:
+def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES,
+                labels: str = "bccd", txl_root=None) -> list:
     """:class:`PairCounts` of each :class:`~medaidet.data.validate.ImagePair` in ``pairs``.
 
     ``root``: the BCCD root (``None``: ``$MEDAIDET_DATA``, else the cache).
     ``pair.dx``/``pair.dy``: how far ``b``'s content appears moved in ``a``, so a point
     ``(x, y)`` of ``b`` is ``(x + dx, y + dy)`` in ``a``. Pairs whose shared part is empty
-    after the margin are left out.
+    after the margin are left out. ``labels``: ``'bccd'``, or ``'txl-pbc'`` for TXL-PBC's
+    boxes (``txl_root``: ``None`` for ``$MEDAIDET_TXL_PBC``, else the cache), on the pairs
+    whose two images TXL-PBC re-annotated.
     """
+    if labels not in LABELS:
+        raise ArgumentValueError(f"labels: {labels!r} is not one of {', '.join(LABELS)}")
     root = resolve_root(root)
+    txl = None
+    if labels == "txl-pbc":
+        txl = (resolve_root(txl_root, TXL_PBC), {l.bccd_id: l for l in bccd_links()})
+        pairs = [p for p in pairs if p.a in txl[1] and p.b in txl[1]]
     out = []
     n_class = len(label_names)
     for pair in pairs:
-        centres_a, labels_a, size_a = _boxes(root, pair.a)
-        centres_b, labels_b, size_b = _boxes(root, pair.b)
+        centres_a, labels_a, size_a = _boxes(root, pair.a, txl)
+        centres_b, labels_b, size_b = _boxes(root, pair.b, txl)
         (h_a, w_a), (h_b, w_b) = size_a, size_b
         # b's frame in a's pixels is [dx, dx + w_b] x [dy, dy + h_b]
         x0 = max(0, pair.dx) + margin
