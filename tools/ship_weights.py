@@ -1,6 +1,7 @@
 """Ship a `medaidet train --profile cpu` run's weights with the package.
 
-    python tools/ship_weights.py RUN_DIR
+    python tools/ship_weights.py RUN_DIR                    # trained on BCCD's boxes
+    python tools/ship_weights.py RUN_DIR --labels txl-pbc   # on TXL-PBC's re-annotation
 
 Reads RUN_DIR/model.npz and RUN_DIR/metrics.json, writes the model as float16 into
 medaidet/ssd/weights/ssd_small_bccd.npz (with its .sha256), evaluates the float16 copy and
@@ -9,6 +10,11 @@ shipped copy's test AP at both protocols (score >= 0.01 and the course's >= 0.6)
 errors on test at thresholds chosen on val (tools/measure_detector.py), on all test images and
 without those the validator flags missing_class (tests/ssd/test_shipped_weights.py checks the
 recorded numbers against a fresh evaluation).
+
+With ``--labels txl-pbc`` (a run of `medaidet train --profile cpu --labels txl-pbc`) the copy
+goes to ssd_small_txl-pbc.npz and its record holds tools/trusted_labels.py's figures: on the
+re-annotated test images against both annotations at thresholds chosen on the re-annotated val
+images, with bootstrap spreads, and on the other laboratories' test images.
 """
 import argparse
 import json
@@ -29,35 +35,41 @@ def _rounded(values: dict) -> dict:
     return {n: None if v is None else round(v, 4) for n, v in values.items()}
 
 
-def main(run_dir: str) -> None:
+def main(run_dir: str, labels: str = "bccd") -> None:
     run = Path(run_dir)
     metrics = json.loads((run / "metrics.json").read_text())
-    config = metrics["config"]
+    config = {"other_sources": [], **metrics["config"]}   # runs from before the field
     if config["model"] != "ssd_small":
         raise SystemExit(f"{run} trained {config['model']}; medaidet ships ssd_small only")
     # the record's command must reproduce the run: its config is the cpu profile's
-    profile = TrainConfig.profile("cpu", seed=config["seed"]).to_dict()
+    command = f"python -m medaidet train --profile cpu --seed {config['seed']}"
+    command += "" if labels == "bccd" else f" --labels {labels}"
+    profile = TrainConfig.profile("cpu", seed=config["seed"], labels=labels).to_dict()
     differ = sorted(k for k in profile if k not in ("out", "root") and profile[k] != config[k])
     if differ:
-        raise SystemExit(f"{run} is not `medaidet train --profile cpu --seed {config['seed']}`: "
+        raise SystemExit(f"{run} is not `{command}`: "
                          f"{', '.join(f'{k}={config[k]!r} (profile: {profile[k]!r})' for k in differ)}")
-    target = SHIPPED_WEIGHTS["ssd_small"]
+    target = SHIPPED_WEIGHTS["ssd_small", labels]
     model = load_model(run / "model.npz", device="cpu")
     sha256 = save_weights(model, target, compression=True, half=True)
+    head = {"model": "ssd_small", "file": target.name, "sha256": sha256,
+            "dtype": "float16 (loaded as float32)", "command": command, "seed": config["seed"],
+            "default_box_sizes": list(SIZES),
+            "config": {k: v for k, v in config.items() if k not in ("out", "root")},
+            "trained": {k: metrics[k] for k in ("iterations", "epochs", "seconds",
+                                                "train_seconds", "images_per_second",
+                                                "n_processes", "device", "versions")}}
+    if labels != "bccd":
+        from trusted_labels import judge  # tools/, beside this file
+        record = {**head, "judged": judge(target)}
+        target.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        print(json.dumps(record["judged"], indent=1))
+        print(f"{target}: {target.stat().st_size / 1e6:.2f} MB, sha256 {sha256}")
+        return
     numbers = measure(target, ("val", "test"))
     test = numbers["test"]
     record = {
-        "model": "ssd_small",
-        "file": target.name,
-        "sha256": sha256,
-        "dtype": "float16 (loaded as float32)",
-        "command": f"python -m medaidet train --profile cpu --seed {config['seed']}",
-        "seed": config["seed"],
-        "default_box_sizes": list(SIZES),
-        "config": {k: v for k, v in config.items() if k not in ("out", "root")},
-        "trained": {k: metrics[k] for k in ("iterations", "epochs", "seconds", "train_seconds",
-                                            "images_per_second", "n_processes", "device",
-                                            "versions")},
+        **head,
         "test": {"split": "test", "n_images": test["n_images"],
                  "score_thresh": 0.01, "iou_thresh": 0.5,
                  "map_voc": round(test["map"], 4),
@@ -85,4 +97,6 @@ def main(run_dir: str) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", help="a `medaidet train --profile cpu` output folder")
-    main(parser.parse_args().run_dir)
+    parser.add_argument("--labels", choices=("bccd", "txl-pbc"), default="bccd")
+    args = parser.parse_args()
+    main(args.run_dir, args.labels)

@@ -83,39 +83,46 @@ def _bootstrap(preds, thresholds, n=1000, seed=0):
     return {k: list(v) for k, v in bootstrap(preds, flat, n=n, seed=seed).items()}
 
 
-def _judge(args):
+def judge(weights, bootstrap=1000, other_sources=("PBC", "Raabin-WBC")) -> dict:
+    """Every figure of the module docstring for one detector: per annotation (``'txl-pbc'``,
+    ``'bccd'``) and per other source, the test figures at thresholds chosen on val, the val
+    figures beside them, and with ``bootstrap`` the test figures' spreads."""
     from medaidet.evaluation.count import threshold_sweep
     from medaidet.evaluation.evaluate import load_model
+    model = load_model(weights)
+    val = _predict(model, "val", "txl-pbc")
+    test_txl = _predict(model, "test", "txl-pbc")
+    test_bccd = test_txl.scored_against(_dataset("test", "bccd"))
+    val_bccd = val.scored_against(_dataset("val", "bccd"))
+    entry = {}
+    for name, (v, t) in {"txl-pbc": (val, test_txl), "bccd": (val_bccd, test_bccd)}.items():
+        sweep = threshold_sweep(v)
+        thresholds = sweep.best_threshold
+        figures, _, _ = _figures(t, thresholds)
+        figures["thresholds"] = thresholds
+        # what a choice between runs may look at: val only (the count error there is at
+        # thresholds chosen on val itself, so optimistic; comparable between runs)
+        val_figures, _, _ = _figures(v, thresholds)
+        figures["val"] = {"map": val_figures["map"], "count_error": val_figures["count_error"],
+                          "count_mae": sweep.best_mae}
+        if bootstrap:
+            figures["spread"] = _bootstrap(t, thresholds, bootstrap)
+        entry[name] = figures
+    for source in other_sources:
+        val_o, test_o = (_predict_other(model, split, source) for split in ("val", "test"))
+        thresholds = threshold_sweep(val_o).best_threshold
+        figures, _, _ = _figures(test_o, thresholds)
+        val_figures, _, _ = _figures(val_o, thresholds)
+        figures["thresholds"] = thresholds
+        figures["val"] = {"map": val_figures["map"], "count_error": val_figures["count_error"]}
+        entry[source] = figures
+    return entry
+
+
+def _judge(args):
     report = {}
     for weights in args.weights:
-        model = load_model(weights)
-        val = _predict(model, "val", "txl-pbc")
-        test_txl = _predict(model, "test", "txl-pbc")
-        test_bccd = test_txl.scored_against(_dataset("test", "bccd"))
-        val_bccd = val.scored_against(_dataset("val", "bccd"))
-        entry = {}
-        for name, (v, t) in {"txl-pbc": (val, test_txl), "bccd": (val_bccd, test_bccd)}.items():
-            sweep = threshold_sweep(v)
-            thresholds = sweep.best_threshold
-            figures, _, _ = _figures(t, thresholds)
-            figures["thresholds"] = thresholds
-            # what a choice between runs may look at: val only (the count error there is at
-            # thresholds chosen on val itself, so optimistic; comparable between runs)
-            val_figures, _, _ = _figures(v, thresholds)
-            figures["val"] = {"map": val_figures["map"], "count_error": val_figures["count_error"],
-                              "count_mae": sweep.best_mae}
-            if args.bootstrap:
-                figures["spread"] = _bootstrap(t, thresholds, args.bootstrap)
-            entry[name] = figures
-        for source in args.other_sources:
-            val_o, test_o = (_predict_other(model, split, source) for split in ("val", "test"))
-            thresholds = threshold_sweep(val_o).best_threshold
-            figures, _, _ = _figures(test_o, thresholds)
-            val_figures, _, _ = _figures(val_o, thresholds)
-            figures["thresholds"] = thresholds
-            figures["val"] = {"map": val_figures["map"],
-                              "count_error": val_figures["count_error"]}
-            entry[source] = figures
+        entry = judge(weights, args.bootstrap, args.other_sources)
         report[str(weights)] = entry
         print(json.dumps({str(weights): entry}, indent=1), flush=True)
     if args.out:

@@ -1,5 +1,6 @@
 """``medaidet train``: the course recipe from a terminal (notebook 03)."""
 from medaidet.arguments import non_negative_int, positive_float, positive_int
+from medaidet.data import LABELS, OTHER_SOURCES
 from medaidet.training.config import PROFILES, TrainConfig
 
 
@@ -38,6 +39,12 @@ def add_parser(commands) -> None:
     p.add_argument("--no-augment", dest="augment", action="store_false", default=None,
                    help="no random augmentation (resize and encode only)")
     p.add_argument("--root", default=None, help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
+    p.add_argument("--labels", choices=LABELS, default=None,
+                   help="train on BCCD's boxes or on TXL-PBC's re-annotation of BCCD's images "
+                        "(notebook 10; $MEDAIDET_TXL_PBC, else the cache) (default: bccd)")
+    p.add_argument("--other-sources", nargs="+", choices=OTHER_SOURCES, default=None,
+                   metavar="SOURCE", help="also train on TXL-PBC's train images of these "
+                   f"laboratories ({', '.join(OTHER_SOURCES)})")
     p.add_argument("--pretrained", default=None,
                    help="imagenet, voc0712, none, or a model-only .npz")
     p.add_argument("--n-processes", type=non_negative_int, default=None,
@@ -55,7 +62,8 @@ def config_from_args(args) -> TrainConfig:
              "epochs": args.epochs, "batch_size": args.batch_size, "subset": args.subset,
              "seed": args.seed, "root": args.root, "n_processes": args.n_processes,
              "deterministic": args.deterministic, "augment": args.augment,
-             "accumulate": args.accumulate, "communicator": args.communicator}
+             "accumulate": args.accumulate, "communicator": args.communicator,
+             "labels": args.labels, "other_sources": args.other_sources}
     changes = {k: v for k, v in flags.items() if v is not None}
     if args.epochs is not None and args.iterations is None:
         changes["iterations"] = None      # --epochs alone: the profile's iteration count yields

@@ -28,9 +28,13 @@ __all__ = ["CACHE_SUBDIR", "SHIPPED_WEIGHTS", "check_pretrained", "pretrained_ur
 #: ChainerCV's model cache, relative to the dataset root (see ``download_model``).
 CACHE_SUBDIR = os.path.join("pfnet", "chainercv", "models")
 #: Trained weights that ship with the package (model-only, float16, with ``.sha256`` and a
-#: ``.json`` that says how they were made): the small SSD trained on BCCD on a CPU, so that
-#: the evaluation and counting notebooks show a working detector at once.
-SHIPPED_WEIGHTS = {"ssd_small": Path(__file__).parent / "weights" / "ssd_small_bccd.npz"}
+#: ``.json`` that says how they were made), by (model, the labels they were trained on): the
+#: small SSD trained on a CPU on BCCD's boxes, so that the evaluation and counting notebooks
+#: show a working detector at once, and on TXL-PBC's re-annotation of the same images
+#: (notebook 10), the detector whose counts can be checked against the fuller labels.
+SHIPPED_WEIGHTS = {("ssd_small", "bccd"): Path(__file__).parent / "weights" / "ssd_small_bccd.npz",
+                   ("ssd_small", "txl-pbc"):
+                       Path(__file__).parent / "weights" / "ssd_small_txl-pbc.npz"}
 #: The ChainerCV classes whose ``_models`` table holds the URLs (:data:`WITH_PRETRAINED`).
 _CLASSES = {"ssd300": SSD300, "ssd512": SSD512}
 
@@ -66,17 +70,19 @@ def pretrained_cache_path(name: str = "ssd300", pretrained: str = "voc0712") -> 
     return Path(get_dataset_root(), CACHE_SUBDIR, os.path.basename(url))
 
 
-def shipped_weights(name: str = "ssd_small") -> Path:
-    """The trained weights of ``name`` that ship with medaidet (:data:`SHIPPED_WEIGHTS`);
-    their ``.json`` says the command and seed that reproduce them and their test AP.
+def shipped_weights(name: str = "ssd_small", labels: str = "bccd") -> Path:
+    """The trained weights of ``name`` that ship with medaidet, trained on ``labels``
+    (``'bccd'`` or ``'txl-pbc'``; :data:`SHIPPED_WEIGHTS`); their ``.json`` says the command
+    and seed that reproduce them and how they score.
 
     Raises :class:`WeightsNotFoundError` when medaidet ships none for ``name`` or the file
     is missing from this installation."""
-    if name not in SHIPPED_WEIGHTS:
+    if (name, labels) not in SHIPPED_WEIGHTS:
+        shipped = ", ".join(f"{n} ({l})" for n, l in SHIPPED_WEIGHTS)
         raise WeightsNotFoundError(
-            f"medaidet ships trained weights only for {', '.join(SHIPPED_WEIGHTS)}, not "
-            f"{name!r}: train {name} (`medaidet train`) and use its model.npz", None)
-    path = SHIPPED_WEIGHTS[name]
+            f"medaidet ships trained weights only for {shipped}, not {name!r} trained on "
+            f"{labels!r} labels: train {name} (`medaidet train`) and use its model.npz", None)
+    path = SHIPPED_WEIGHTS[name, labels]
     if not path.is_file():
         raise WeightsNotFoundError(
             f"the shipped weights {path} are missing from this installation: reinstall "

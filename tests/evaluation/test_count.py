@@ -115,7 +115,7 @@ def test_count_weights_sets_aside_the_images_the_validator_flags(bccd_root):
     from medaidet.evaluation.count import count_weights
     from medaidet.ssd.pretrained import SHIPPED_WEIGHTS
 
-    result, _ = count_weights(SHIPPED_WEIGHTS["ssd_small"], split="test", progress=False)
+    result, _ = count_weights(SHIPPED_WEIGHTS["ssd_small", "bccd"], split="test", progress=False)
     assert sorted(result.set_aside) == ["BloodImage_00135", "BloodImage_00171",
                                         "BloodImage_00178", "BloodImage_00249",
                                         "BloodImage_00303", "BloodImage_00327"]
@@ -405,7 +405,7 @@ def test_count_and_evaluate_check_their_arguments_once(monkeypatch, bccd_root):
         return real(*args, **kwargs)
     monkeypatch.setattr(evaluate_module, "check_run", counted)
     monkeypatch.setattr(count_module, "check_run", counted)
-    weights = SHIPPED_WEIGHTS["ssd_small"]
+    weights = SHIPPED_WEIGHTS["ssd_small", "bccd"]
     result, _ = count_weights(weights, split="test", root=bccd_root, subset=2, progress=False)
     assert len(calls) == 1 and result.info["subset"] == 2
     evaluated = evaluate_weights(weights, split="test", root=bccd_root, subset=2,

@@ -12,7 +12,7 @@ from medaidet.ssd.weight_files import WeightsNotFoundError
 from medaidet.ssd.small import SIZES
 from medaidet.training.config import TrainConfig
 
-PATH = SHIPPED_WEIGHTS["ssd_small"]
+PATH = SHIPPED_WEIGHTS["ssd_small", "bccd"]
 
 
 def _record() -> dict:
@@ -35,8 +35,11 @@ def test_the_shipped_file_is_small_half_precision_and_matches_its_record():
 
 
 def test_no_shipped_weights_for_other_models_is_a_named_error():
-    with pytest.raises(WeightsNotFoundError, match="only for ssd_small, not 'ssd300'"):
+    with pytest.raises(WeightsNotFoundError, match=r"only for ssd_small \(bccd\), ssd_small \(txl-pbc\), "
+                       "not 'ssd300' trained on 'bccd' labels"):
         shipped_weights("ssd300")
+    with pytest.raises(WeightsNotFoundError, match="not 'ssd_small' trained on 'voc' labels"):
+        shipped_weights("ssd_small", "voc")
 
 
 @pytest.mark.slow(seconds=40)
@@ -90,3 +93,44 @@ def test_course_weights_per_profile(tmp_path):
     for profile in ("cpu", "full"):
         assert course_weights(profile, runs) == (
             runs / profile / "model.npz", f"trained by notebook 03 in the {profile} profile")
+
+
+# --------------------------------------------------------------------------- trained on TXL-PBC
+
+TXL = SHIPPED_WEIGHTS["ssd_small", "txl-pbc"]
+
+
+def test_the_trusted_label_detector_ships_beside_with_a_record_that_reproduces_it():
+    record = json.loads(TXL.with_suffix(".json").read_text())
+    assert shipped_weights("ssd_small", "txl-pbc") == TXL != PATH
+    assert TXL.stat().st_size <= 5 * 2**20 and sha256_file(TXL) == record["sha256"]
+    assert (TXL.parent / (TXL.name + ".sha256")).read_text().split()[0] == record["sha256"]
+    assert record["command"] == ("python -m medaidet train --profile cpu --seed "
+                                 f"{record['seed']} --labels txl-pbc")
+    profile = TrainConfig.profile("cpu", seed=record["seed"], labels="txl-pbc").to_dict()
+    assert record["config"] == {k: v for k, v in profile.items() if k not in ("out", "root")}
+    assert record["trained"]["train_seconds"] < 15 * 60      # the CPU budget
+    # thresholds chosen on val, figures on test, against both annotations and elsewhere
+    assert set(record["judged"]) == {"txl-pbc", "bccd", "PBC", "Raabin-WBC"}
+    for figures in record["judged"].values():
+        assert set(figures["thresholds"]) == {"rbc", "wbc", "platelets"}
+
+
+@pytest.mark.slow(seconds=25)
+def test_the_trusted_label_detector_scores_against_the_re_annotation_what_its_record_says(
+        bccd_root, txl_root):
+    from medaidet.data.bccd import BCCDDataset
+    from medaidet.evaluation.count import count_errors, threshold_sweep
+    from medaidet.evaluation.evaluate import evaluate, load_model, predict_split
+    judged = json.loads(TXL.with_suffix(".json").read_text())["judged"]["txl-pbc"]
+    model = load_model(TXL)
+    split = {s: BCCDDataset(bccd_root, s, labels="txl-pbc", txl_root=txl_root)
+             for s in ("val", "test")}
+    val, test = (predict_split(model, split[s], progress=False) for s in ("val", "test"))
+    assert len(test.ids) == 40 and len(val.ids) == 57
+    chosen = threshold_sweep(val).best_threshold
+    assert chosen == judged["thresholds"]
+    for protocol, p in evaluate(test).protocols.items():
+        assert p.map_voc == pytest.approx(judged["map"][protocol], abs=1e-3)
+    assert count_errors(test, chosen) == pytest.approx(judged["count_error"], abs=1e-3)
+    assert judged["map"]["evaluate"] > 0.9     # a working detector on the fuller labels
