@@ -62,6 +62,18 @@ def test_config_errors():
         TrainConfig(device="tpu")
 
 
+def test_the_labels_and_the_other_sources_from_the_command_line():
+    """The shipped trusted-label detector's record names `--labels txl-pbc`: the flag must
+    reach the config, and a source or label set that does not exist is refused by argparse."""
+    config = config_from_args(_parse(["--profile", "cpu", "--labels", "txl-pbc",
+                                      "--other-sources", "PBC", "Raabin-WBC"]))
+    assert config.labels == "txl-pbc" and config.other_sources == ("PBC", "Raabin-WBC")
+    assert config_from_args(_parse(["--profile", "cpu"])) == TrainConfig.profile("cpu")
+    for bad in (["--labels", "voc"], ["--other-sources", "BCCD"]):
+        with pytest.raises(SystemExit):
+            _parse(["--profile", "cpu", *bad])
+
+
 def test_config_file_json_and_flags(tmp_path):
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"batch_size": 8, "lr_steps": [10, 20], "seed": 3,
