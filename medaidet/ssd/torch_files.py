@@ -12,8 +12,11 @@ this course's stack (its Linux wheels bring gigabytes of CUDA libraries), so
 
 The pickle is read by an unpickler that knows only what a state dict holds (an
 ``OrderedDict``, tensors rebuilt by ``torch._utils._rebuild_tensor(_v2)`` and the storage
-types): anything else in the file raises :class:`TorchFileError` naming it; a pickle is never
-allowed to run other code. When such a file cannot be read this way and PyTorch *is*
+types): anything else in the file raises :class:`TorchFileError` naming it; the legacy
+format's other pickles (its header and its list of storage keys) may hold plain data only. No
+pickle is ever allowed to run code, and every size the file declares (an entry, a storage, a
+tensor's shape, strides and offset) is checked against the bytes really there before anything
+is allocated, within :data:`MAX_STATE_BYTES`. When such a file cannot be read this way and PyTorch *is*
 installed, PyTorch's own safe loader (``torch.load(..., weights_only=True)``) reads it.
 """
 from __future__ import annotations
@@ -34,6 +37,11 @@ __all__ = ["TorchFileError", "read_state_dict", "is_torch_file"]
 #: The first pickle of a legacy file (``torch.serialization.MAGIC_NUMBER``) and its protocol.
 MAGIC_NUMBER = 0x1950a86a20f9469cfc6c
 PROTOCOL_VERSION = 1001
+
+#: The most bytes of tensors one file may hold (VGG-16, the largest file read, has 0.55 GB),
+#: and the most bytes of its pickle.
+MAX_STATE_BYTES = 2 << 30
+MAX_PICKLE_BYTES = 64 << 20
 
 #: Storage type -> NumPy dtype (bfloat16 is widened to float32 when the tensor is built).
 _STORAGE_DTYPES = {
@@ -64,6 +72,10 @@ class _Storage:
     def __init__(self, kind: _StorageType, numel: int):
         self.kind, self.numel = kind, int(numel)
         self.data: np.ndarray | None = None
+        if not 0 <= self.numel * kind.itemsize <= MAX_STATE_BYTES:
+            raise TorchFileError(f"a storage declares {self.numel} elements of {kind.name}: "
+                                 f"negative, or more than {MAX_STATE_BYTES} bytes; the file is "
+                                 "damaged or not a state dict of weights")
 
     def set_bytes(self, raw: bytes, path: Path, key: str) -> None:
         if len(raw) != self.numel * self.kind.itemsize:
@@ -82,6 +94,9 @@ class _View:
 
     def __init__(self, root: _Storage, offset: int, size: int):
         self.root, self.offset, self.size = root, int(offset), int(size)
+        if self.offset < 0 or self.size < 0 or self.offset + self.size > root.numel:
+            raise TorchFileError(f"a storage view of {self.size} elements from {self.offset} "
+                                 f"lies outside its storage of {root.numel}: the file is damaged")
 
     @property
     def data(self):
@@ -97,6 +112,14 @@ class _Tensor:
 
     def array(self) -> np.ndarray:
         flat = self.storage.data
+        if (self.offset < 0 or len(self.size) != len(self.stride)
+                or min(self.size + self.stride, default=0) < 0):
+            raise TorchFileError(f"a tensor of shape {self.size}, strides {self.stride} and "
+                                 f"offset {self.offset}: negative or mismatched, the file is "
+                                 "damaged")
+        if np.prod(self.size, dtype=object) > len(flat):
+            raise TorchFileError(f"a tensor of shape {self.size} holds more elements than its "
+                                 f"storage of {len(flat)}: not a state dict's tensor")
         end = self.offset + sum((n - 1) * s for n, s in zip(self.size, self.stride)) + 1
         if 0 not in self.size and end > len(flat):
             raise TorchFileError(f"a tensor of shape {self.size} reaches element {end} of a "
@@ -150,6 +173,21 @@ class _Unpickler(pickle.Unpickler):
         return storage
 
 
+class _DataUnpickler(pickle.Unpickler):
+    """Plain data only (numbers, strings, lists, dicts): the legacy format's header pickles and
+    its list of storage keys name no class and no persistent object."""
+
+    def __init__(self, file, path: Path):
+        super().__init__(file, encoding="utf-8")
+        self.path = path
+
+    def find_class(self, module, name):
+        raise TorchFileError(
+            f"{self.path}: a pickle outside its state dict names {module}.{name}, where a "
+            "torch.save file holds plain data only: it is not a PyTorch weights file (or was "
+            "made to run code when loaded); nothing in it was run.")
+
+
 class _NotAStateDict(Exception):
     """The pickle names something a state dict does not hold."""
 
@@ -179,8 +217,13 @@ def read_state_dict(path) -> dict[str, np.ndarray]:
         result = _read(path)
     except _NotAStateDict as exc:
         result = _read_with_torch(path, f"it holds {exc}")
+    except (MemoryError, RecursionError) as exc:
+        raise TorchFileError(
+            f"{path} cannot be read as a PyTorch file: its pickle is nested too deeply or "
+            f"declares more data than fits ({type(exc).__name__}); a state dict of weights does "
+            "neither.") from None
     except (pickle.UnpicklingError, EOFError, ValueError, struct.error, zipfile.BadZipFile,
-            KeyError, IndexError, TypeError, AttributeError) as exc:
+            KeyError, IndexError, TypeError, AttributeError, OverflowError) as exc:
         raise TorchFileError(
             f"{path} cannot be read as a PyTorch file ({type(exc).__name__}: {exc}): it is "
             f"truncated or damaged, or not a torch.save file. Download it again.") from None
@@ -218,38 +261,53 @@ def _read_zip(path: Path):
             raise TorchFileError(f"{path} was saved on a {byteorder}-endian machine; "
                                  f"medaidet reads little-endian files only.")
 
+        total = 0
+
         def load_storage(key, kind, numel):
+            nonlocal total
             storage = _Storage(kind, numel)
-            storage.set_bytes(archive.read(f"{prefix}data/{key}"), path, key)
+            entry = archive.getinfo(f"{prefix}data/{key}")
+            total += entry.file_size
+            if entry.file_size != storage.numel * kind.itemsize or total > MAX_STATE_BYTES:
+                raise TorchFileError(
+                    f"{path}: storage {key} is {entry.file_size} bytes in the archive, its "
+                    f"header says {storage.numel} x {kind.itemsize} (all storages so far: "
+                    f"{total}, at most {MAX_STATE_BYTES}): the file is damaged or not weights.")
+            storage.set_bytes(archive.read(entry), path, key)
             return storage
 
+        if archive.getinfo(pickles[0]).file_size > MAX_PICKLE_BYTES:
+            raise TorchFileError(f"{path}: its data.pkl declares more than {MAX_PICKLE_BYTES} "
+                                 "bytes, far more than a state dict's; not read.")
         with archive.open(pickles[0]) as f:
             result = _Unpickler(io.BytesIO(f.read()), path, {}, load_storage).load()
         return _build(result)
 
 
 def _read_legacy(path: Path):
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        if pickle.load(f) != MAGIC_NUMBER:
+        if _DataUnpickler(f, path).load() != MAGIC_NUMBER:
             raise TorchFileError(f"{path} is a pickle but not a torch.save file (no PyTorch "
                                  f"magic number at its start).")
-        version = pickle.load(f)
+        version = _DataUnpickler(f, path).load()
         if version != PROTOCOL_VERSION:
             raise TorchFileError(f"{path}: PyTorch file protocol {version!r}, expected "
                                  f"{PROTOCOL_VERSION}.")
-        info = pickle.load(f)
+        info = _DataUnpickler(f, path).load()
         if isinstance(info, dict) and info.get("little_endian") is False:
             raise TorchFileError(f"{path} was saved on a big-endian machine; medaidet reads "
                                  f"little-endian files only.")
         storages: dict = {}
         result = _Unpickler(f, path, storages,
                             lambda key, kind, numel: _Storage(kind, numel)).load()
-        for key in pickle.load(f):
+        for key in _DataUnpickler(f, path).load():
             storage = storages[_text(key)]
             (count,) = struct.unpack("<q", f.read(8))
-            if count != storage.numel:
+            if count != storage.numel or count * storage.kind.itemsize > size - f.tell():
                 raise TorchFileError(f"{path}: storage {key} says {count} elements, its "
-                                     f"tensors {storage.numel}: the file is damaged.")
+                                     f"tensors {storage.numel}, and {size - f.tell()} bytes "
+                                     "are left in the file: the file is damaged.")
             storage.set_bytes(f.read(count * storage.kind.itemsize), path, _text(key))
     return _build(result)
 
