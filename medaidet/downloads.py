@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import time
 import urllib.error
 import urllib.request
 
 __all__ = ["FetchError", "stream_url"]
 
 _CHUNK = 1 << 20
+#: The longest a whole download may take (a server that trickles a byte now and then would
+#: otherwise keep it waiting for ever: ``timeout`` bounds each wait, not the sum).
+DEADLINE_S = 3600.0
 
 
 class FetchError(Exception):
@@ -24,12 +28,15 @@ class FetchError(Exception):
 
 
 def stream_url(url: str, out, *, timeout: float, user_agent: str, desc: str,
-               progress: bool = True, max_bytes: int | None = None) -> tuple[int, str]:
+               progress: bool = True, max_bytes: int | None = None,
+               deadline_s: float = DEADLINE_S) -> tuple[int, str]:
     """Write what ``url`` answers into the binary file ``out``; returns (bytes, sha256 hex).
 
     Raises :class:`FetchError` for an HTTP error, an unreachable server, a connection that
-    breaks, more than ``max_bytes`` (announced or received) or fewer bytes than announced.
+    breaks, more than ``max_bytes`` (announced or received), fewer bytes than announced, or a
+    download still unfinished after ``deadline_s`` seconds.
     """
+    started = time.monotonic()
     try:
         response = urllib.request.urlopen(
             urllib.request.Request(url, headers={"User-Agent": user_agent}), timeout=timeout)
@@ -53,8 +60,12 @@ def stream_url(url: str, out, *, timeout: float, user_agent: str, desc: str,
         with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
                   disable=not progress, leave=False) as bar:
             while True:
+                if time.monotonic() - started > deadline_s:
+                    raise FetchError(f"it took longer than {deadline_s:g} s ({received} bytes "
+                                     "received): the server or the network is too slow",
+                                     True)
                 try:
-                    chunk = response.read(_CHUNK)
+                    chunk = response.read1(_CHUNK)   # what has arrived, not a full MB
                 except (OSError, http.client.HTTPException) as exc:
                     raise FetchError(f"the connection broke after {received} bytes "
                                      f"({type(exc).__name__}: {exc})", True) from None

@@ -50,6 +50,9 @@ __all__ = ["ImagenetSource", "SOURCES", "cache_dir", "imagenet_weights",
 logger = logging.getLogger(__name__)
 
 TIMEOUT_S = 60.0
+#: The most bytes a download may bring: about twice the largest real file (torchvision's
+#: vgg16-397923af.pth, 553 MB), checked against Content-Length first.
+MAX_DOWNLOAD_BYTES = 1100 * 10**6
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,8 @@ def _download(source: ImagenetSource, target: Path, progress: bool, timeout: flo
         try:
             _, digest = stream_url(source.url, out, timeout=timeout,
                                    user_agent=f"medaidet/{__version__}",
-                                   desc=f"{source.name} VGG-16", progress=progress)
+                                   desc=f"{source.name} VGG-16", progress=progress,
+                                   max_bytes=MAX_DOWNLOAD_BYTES)
         except FetchError as exc:
             raise _Failed(f"unreachable ({exc.reason})" if exc.offline else exc.reason) \
                 from None

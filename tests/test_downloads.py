@@ -1,0 +1,82 @@
+"""medaidet.downloads against a real server on 127.0.0.1 that lies about sizes or trickles: the
+download loop of BCCD, TXL-PBC and the ImageNet weights stops with a FetchError, never fills
+the disk or waits for ever."""
+import http.server
+import io
+import threading
+import time
+
+import pytest
+
+from medaidet.downloads import FetchError, stream_url
+
+
+class _Liar(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        if self.path == "/huge":                     # announces 10 TB, sends a little
+            self.send_header("Content-Length", str(10 * 10**12))
+            self.end_headers()
+            self.wfile.write(b"x" * 1000)
+        elif self.path == "/trickle":                # one byte every 0.2 s, for a minute
+            self.send_header("Content-Length", "300")
+            self.end_headers()
+            for _ in range(300):
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.2)
+        else:                                        # no length, more than allowed
+            self.end_headers()
+            self.wfile.write(b"y" * 5000)
+
+
+@pytest.fixture(scope="module")
+def liar():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Liar)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _get(url, **kwargs):
+    out = io.BytesIO()
+    stream_url(url, out, timeout=5, user_agent="test", desc="test", progress=False, **kwargs)
+    return out
+
+
+def test_an_announced_size_above_the_cap_is_refused_before_reading(liar):
+    with pytest.raises(FetchError, match="announces 10000000000000 bytes, more than the 1000000"):
+        _get(f"{liar}/huge", max_bytes=10**6)
+
+
+def test_more_bytes_than_the_cap_without_a_length(liar):
+    with pytest.raises(FetchError, match="more than 4096 bytes"):
+        _get(f"{liar}/plain", max_bytes=4096)
+
+
+def test_a_trickling_server_meets_the_deadline(liar):
+    began = time.monotonic()
+    with pytest.raises(FetchError, match=r"took longer than 1 s \(\d+ bytes received\)") as info:
+        _get(f"{liar}/trickle", deadline_s=1)
+    assert info.value.offline
+    assert time.monotonic() - began < 10   # each byte arrives within the socket timeout
+
+
+def test_imagenet_downloads_are_capped_at_about_twice_the_largest_file(liar, tmp_path,
+                                                                          monkeypatch):
+    from dataclasses import replace
+
+    from medaidet.ssd import imagenet
+    source = replace(imagenet.SOURCES[1], url=f"{liar}/huge")
+    assert 1e9 < imagenet.MAX_DOWNLOAD_BYTES < 1.2e9
+    with pytest.raises(imagenet._Failed, match="announces 10000000000000 bytes"):
+        imagenet._download(source, tmp_path / "vgg16.pth", progress=False, timeout=5)
+    assert list(tmp_path.iterdir()) == []          # nothing written, nothing left behind
