@@ -9,6 +9,10 @@ unreadable to everyone but their writer.
 :func:`write_files` writes several files that belong together (a result and its figure):
 either every one gets its new content or none changes.
 
+Every command that writes follows one rule (:func:`check_output`, which both call first): the
+target is a new name or a regular file (or a link to one), never a folder, a device such as
+``/dev/null``, a FIFO or a socket, and never one of the command's own inputs.
+
 A full disk (``ENOSPC``), a full quota (``EDQUOT``) or the file-size limit (``EFBIG``) fails a
 ``write()`` with an ``OSError`` that names no file; raised from here it names the file
 being written, so the user learns where the space ran out.
@@ -20,10 +24,43 @@ import secrets
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-__all__ = ["FULL_DISK_ERRNOS", "atomic_file", "is_full_disk", "png_bytes", "write_files"]
+from medaidet.errors import MedaidetError
+
+__all__ = ["FULL_DISK_ERRNOS", "OutputError", "atomic_file", "check_output", "is_full_disk",
+           "png_bytes", "write_files"]
 
 # The errors of a write that found no room: the disk, the user's quota, the file-size limit.
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class OutputError(MedaidetError, ValueError):
+    """An output would replace something that is not a file of results: a folder, a device,
+    a FIFO, or one of the command's inputs. ``path``: the output."""
+
+    def __init__(self, message: str, path):
+        super().__init__(message)
+        self.path = path
+
+
+def check_output(path, inputs=()) -> Path:
+    """``path``, if writing a file there replaces nothing but a regular file (or a link to
+    one) that is none of ``inputs``; else :class:`OutputError` naming it. Nothing is written."""
+    path = Path(path)
+    if os.path.lexists(path) and not path.is_file():
+        what = ("a folder" if path.is_dir() else "a link to nothing" if path.is_symlink()
+                else "a device, FIFO or socket, not a regular file")
+        raise OutputError(f"{path} is {what}: writing there would replace it. Give the name "
+                          "of a file to write (nothing was written).", path)
+    for source in inputs:
+        try:
+            same = os.path.samefile(path, source)
+        except OSError:          # one of them does not exist: not the same file
+            continue
+        if same:
+            raise OutputError(f"{path} is also an input of this command ({source}): writing "
+                              "there would replace it. Choose another output name (nothing "
+                              "was written).", path)
+    return path
 
 
 def is_full_disk(exc: BaseException) -> bool:
@@ -44,11 +81,12 @@ def _create_part_file(path: Path):
 
 
 @contextmanager
-def atomic_file(path, mode: str = "wb"):
+def atomic_file(path, mode: str = "wb", inputs=()):
     """``with atomic_file(path) as f: f.write(...)``: ``path`` holds either its old content
     or everything written, never a part. ``mode``: "wb" or "w" (text, UTF-8). A full disk
-    raises an ``OSError`` whose ``filename`` is ``path``."""
-    path = Path(path)
+    raises an ``OSError`` whose ``filename`` is ``path``; a ``path`` that is not a file to
+    write, or one of ``inputs``, :class:`OutputError` before anything is written."""
+    path = check_output(path, inputs)
     fd, tmp = _create_part_file(path)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
@@ -71,12 +109,15 @@ def png_bytes(fig, dpi=None) -> bytes:
     return buffer.getvalue()
 
 
-def write_files(contents: dict) -> None:
+def write_files(contents: dict, inputs=()) -> None:
     """Write ``{path: bytes or str}`` (str as UTF-8) as one result: every file gets its new
     content, or — when one write fails, a full disk say — none of them changes. Each file
-    is written in full beside its target first; the renames come last."""
+    is written in full beside its target first; the renames come last. Every path is checked
+    (:func:`check_output`, against ``inputs`` too) before any is written."""
+    for path in contents:
+        check_output(path, inputs)
     with ExitStack() as stack:
         for path, data in contents.items():
-            f = stack.enter_context(atomic_file(path, "wb"))
+            f = stack.enter_context(atomic_file(path, "wb", inputs))
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()  # a full disk fails here, before any file is renamed

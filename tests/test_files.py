@@ -74,3 +74,39 @@ except OSError as exc:
     assert (tmp_path / "evaluation.json").read_text() == "old result"
     assert (tmp_path / "pr_curves.png").read_bytes() == b"old figure"
     assert sorted(os.listdir(tmp_path)) == ["evaluation.json", "pr_curves.png"]
+
+
+# --------------------------------------------------------------------------- the output rule
+
+def test_an_output_never_replaces_a_device_a_fifo_a_folder_or_an_input(tmp_path):
+    from medaidet.files import OutputError, check_output
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "nothing")
+    for target, what in ((fifo, "a device, FIFO or socket"), (tmp_path, "a folder"),
+                         (link, "a link to nothing")):
+        with pytest.raises(OutputError, match=what):
+            with atomic_file(target) as f:
+                f.write(b"x")
+    if os.path.exists("/dev/null"):    # as root (Colab) a rename would make it a plain file
+        with pytest.raises(OutputError, match="/dev/null is a device"):
+            write_files({tmp_path / "ok.json": "{}", "/dev/null": b"x"})
+        assert not (tmp_path / "ok.json").exists()           # checked before any write
+        assert not os.path.isfile("/dev/null")
+    source = tmp_path / "in.npz"
+    source.write_bytes(b"weights")
+    alias = tmp_path / "alias.npz"
+    alias.symlink_to(source)
+    for target in (source, alias):
+        with pytest.raises(OutputError, match="is also an input of this command"):
+            with atomic_file(target, inputs=[source]) as f:
+                f.write(b"drawing")
+    assert source.read_bytes() == b"weights" and fifo.exists() and not fifo.is_file()
+    # a regular file or a link to one, not an input: replaced as before
+    (tmp_path / "old.txt").write_text("old")
+    assert check_output(tmp_path / "old.txt", inputs=[source]) == tmp_path / "old.txt"
+    with atomic_file(tmp_path / "old.txt", "w", inputs=[source]) as f:
+        f.write("new")
+    assert (tmp_path / "old.txt").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []

@@ -1,9 +1,12 @@
 """``medaidet export`` and ``medaidet count-image``: the detector outside Chainer (notebook 09)."""
+import io
 import json
+import os
 from pathlib import Path
 
 from medaidet.cli.count import count_threshold
 from medaidet.errors import MedaidetError
+from medaidet.files import OutputError, write_files
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
 
 EXTRAS = {"onnx": "export", "onnx_chainer": "export", "onnxruntime": "deploy"}
@@ -30,7 +33,9 @@ def add_parser(commands) -> None:
                     "outputs `locs` and `scores`; the default boxes and class names are in its "
                     "metadata. Needs the chainer stack and `pip install 'medaidet[export]'`.")
     p.add_argument("weights", help="the trained weights (.npz)")
-    p.add_argument("--out", required=True, help="the .onnx file to write")
+    p.add_argument("--out", required=True,
+                   help="the .onnx file to write, or a folder (an existing one, or a name "
+                        "ending in /) to write <weights name>.onnx into")
     p.add_argument("--opset", type=int, default=11, help="ONNX opset, 7 to 11 (default: 11)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.set_defaults(func=_export)
@@ -52,10 +57,31 @@ def add_parser(commands) -> None:
     p.set_defaults(func=_count_image)
 
 
+def _results_folder(out, images) -> Path:
+    """``--out``, created, once no two images would write the same result files (one stem)."""
+    stems = {}
+    for image in images:
+        stems.setdefault(Path(image).stem, []).append(image)
+    same = [paths for paths in stems.values() if len(paths) > 1]
+    if same:
+        raise OutputError(f"{' and '.join(same[0])} would both write {Path(same[0][0]).stem}.json "
+                          f"and .png into {out}: count them in separate runs with separate "
+                          "--out folders, or rename one (nothing was written).", out)
+    out = Path(out)
+    if os.path.lexists(out) and not out.is_dir():
+        raise OutputError(f"--out {out} exists and is not a folder: give a folder for the "
+                          "results (nothing was written).", out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def _export(args) -> int:
     try:
         from medaidet.deploy.export import export_onnx
-        exported = export_onnx(args.weights, args.out, opset=args.opset)
+        out = args.out
+        if out.endswith(("/", os.sep)) or Path(out).is_dir():
+            out = Path(out) / f"{Path(args.weights).stem}.onnx"
+        exported = export_onnx(args.weights, out, opset=args.opset)
     except ModuleNotFoundError as exc:
         raise _missing_extra(exc, "export") from None
     if args.json:
@@ -75,9 +101,7 @@ def _count_image(args) -> int:
         raise _missing_extra(exc, "count-image") from None
     from medaidet.deploy.draw import draw_detections
 
-    out = Path(args.out) if args.out else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+    out = _results_folder(args.out, args.images) if args.out else None
     results = []
     for path in map(Path, args.images):
         image = read_rgb(path)
@@ -91,10 +115,12 @@ def _count_image(args) -> int:
                                  for b, l, s in zip(bbox, label, score)]}
         results.append(result)
         if out is not None:
-            (out / f"{path.stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-            draw_detections(image, bbox, label, detector.label_names).save(out / f"{path.stem}.png")
+            drawing = io.BytesIO()
+            draw_detections(image, bbox, label, detector.label_names).save(drawing, "PNG")
+            write_files({out / f"{path.stem}.json": json.dumps(result, indent=1) + "\n",
+                         out / f"{path.stem}.png": drawing.getvalue()}, inputs=args.images)
     if args.json:
-        print(json.dumps(results if len(results) > 1 else results[0], indent=1))
+        print(json.dumps(results, indent=1))      # a list, for one image as for several
     else:
         names = detector.label_names
         width = max(len(r["image"]) for r in results)

@@ -138,10 +138,11 @@ def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> Ex
 
     from medaidet.deploy import onnx_compat
     from medaidet.evaluation.evaluate import load_model
-    from medaidet.files import atomic_file
+    from medaidet.files import atomic_file, check_output
 
     opset = _check_opset(opset)
     out = _writable(Path(os.fspath(out)))
+    check_output(out, inputs=(weights,))
     model = load_model(weights, model_name=model_name, device="cpu")
     metadata = decoding_metadata(model)   # now: wrapped, the link is renamed "ssd"
     onnx_compat.apply()
@@ -166,7 +167,7 @@ def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> Ex
     onnx.checker.check_model(graph)
     data = io.BytesIO()
     onnx.save(graph, data)
-    with atomic_file(out) as f:
+    with atomic_file(out, inputs=(weights,)) as f:
         f.write(data.getvalue())
     return ExportedModel(out, metadata["model"], int(model.insize), opset,
                          len(model.coder._default_bbox))

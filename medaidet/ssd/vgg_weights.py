@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from medaidet.files import check_output
 from medaidet.ssd.torch_files import TorchFileError, read_state_dict
 from medaidet.ssd.weight_files import (WeightsFileError, WeightsMismatchError,
                                        WeightsNotFiniteError, WeightsNotFoundError,
@@ -271,9 +272,9 @@ def _layout_error(state, path, key, expected, found) -> VGGLayoutError:
 def convert_file(path, out, mean=SSD_MEAN) -> VGGConversion:
     """Read ``path`` (torchvision ``.pth`` or timm safetensors), convert it and write the
     ChainerCV ``.npz`` to ``out`` with a ``.sha256`` sidecar (both atomically)."""
-    path, out = Path(path), Path(out)
+    path, out = Path(path), check_output(out, inputs=(path,))
     arrays, layout = convert_vgg16(read_vgg16(path), mean=mean, path=path)
-    digest = write_arrays(arrays, out)
+    digest = write_arrays(arrays, out, inputs=(path,))
     return VGGConversion(source=path, layout=layout, out=out, sha256=digest,
                          n_arrays=len(arrays), mean=tuple(float(m) for m in np.ravel(mean)))
 

@@ -28,7 +28,7 @@ from chainercv.links import SSD512
 
 from medaidet.checksums import sha256_file
 from medaidet.errors import MedaidetError
-from medaidet.files import atomic_file
+from medaidet.files import atomic_file, check_output
 
 __all__ = [
     "CLASS_HEADS", "SIDECAR_SUFFIX", "materialize", "save_weights", "write_arrays",
@@ -201,12 +201,14 @@ def save_weights(model, path, compression: bool = False, half: bool = False) -> 
     return _write_sidecar(path)
 
 
-def write_arrays(arrays: dict, path) -> str:
+def write_arrays(arrays: dict, path, inputs=()) -> str:
     """Save ``{name: array}`` as :func:`save_weights` saves a model (the same reproducible
-    ``.npz`` and ``.sha256`` sidecar, written atomically). Returns the sha256."""
+    ``.npz`` and ``.sha256`` sidecar, written atomically; neither may be one of ``inputs``).
+    Returns the sha256."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as f:
+    check_output(_sidecar(path), inputs)
+    with atomic_file(path, inputs=inputs) as f:
         _write_zip(f, arrays)
     return _write_sidecar(path)
 

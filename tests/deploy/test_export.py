@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import shutil
 
 import chainer
 import numpy as np
@@ -200,3 +201,47 @@ def test_count_image_runs_without_chainer(tmp_path, exported, bccd_root):
         from PIL import Image
         with Image.open(tmp_path / "out" / f"{image.stem}.png") as drawn:
             assert drawn.size == (640, 480)
+
+
+def test_export_and_convert_never_overwrite_their_input_and_out_dir_means_a_folder(tmp_path):
+    from medaidet.cli import main
+    from medaidet.files import OutputError
+    from medaidet.ssd.vgg_weights import convert_file
+    weights = tmp_path / "model.npz"
+    shutil.copy(shipped_weights("ssd_small"), weights)
+    before = weights.read_bytes()
+    with pytest.raises(OutputError, match="is also an input"):
+        export_onnx(weights, weights)
+    assert weights.read_bytes() == before
+    assert main(["export", str(weights), "--out", str(tmp_path / "onnx") + "/"]) == 0
+    assert (tmp_path / "onnx" / "model.onnx").is_file()
+    with pytest.raises(OutputError, match="is also an input"):
+        convert_file(weights, weights)
+    assert weights.read_bytes() == before
+
+
+def test_count_image_never_replaces_an_image_and_refuses_two_with_one_name(tmp_path, exported,
+                                                                          bccd_root):
+    import subprocess as sp
+    image = bccd_root / "JPEGImages" / "BloodImage_00000.jpg"
+    folder = tmp_path / "smears"
+    folder.mkdir()
+    png = folder / "smear.png"
+    from PIL import Image
+    with Image.open(image) as img:
+        img.save(png)
+    before = png.read_bytes()
+    run = [sys.executable, "-m", "medaidet", "count-image", "--model", str(exported.path)]
+    done = sp.run([*run, str(png), "--out", str(folder)], capture_output=True, text=True,
+                  cwd=REPO, timeout=120)
+    assert done.returncode == 2 and "is also an input of this command" in done.stderr
+    assert png.read_bytes() == before and not (folder / "smear.json").exists()
+    (tmp_path / "b").mkdir()
+    shutil.copy(png, tmp_path / "b" / "smear.png")
+    done = sp.run([*run, str(png), str(tmp_path / "b" / "smear.png"), "--out",
+                   str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2 and "would both write smear.json" in done.stderr
+    assert not (tmp_path / "out").exists()
+    done = sp.run([*run, str(image), "--json"], capture_output=True, text=True, cwd=REPO,
+                  timeout=120)
+    assert done.returncode == 0 and isinstance(json.loads(done.stdout), list)   # one image too
