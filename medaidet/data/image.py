@@ -3,8 +3,10 @@ shared by :class:`~medaidet.data.bccd.BCCDDataset` and ``validate_dataset``.
 
 8-bit RGB as is; other 8-bit modes (grayscale, palette, CMYK) converted to RGB; 16-bit
 grayscale scaled to 0-255 (``value / 257``, never clipped to white); an alpha channel dropped
-when every pixel is opaque. A truncated file, transparent pixels or another pixel format raise
-:class:`ImageError` when the image is read.
+when every pixel is opaque. A truncated file, transparent pixels, another pixel format or more
+pixels than Pillow reads safely (a decompression bomb) raise :class:`ImageError` when the image
+is read. ``medaidet count-image`` and :func:`medaidet.deploy.detector.read_rgb` read images by
+the same rule.
 """
 from __future__ import annotations
 
@@ -30,6 +32,12 @@ class ImageError(MedaidetError):
         self.image_id = image_id
 
 
+def _too_large(path, exc, image_id) -> ImageError:
+    return ImageError(f"{path} is too large to decode safely ({exc}): a blood-smear photograph "
+                      "has a few million pixels; downscale it first", path=path,
+                      image_id=image_id)
+
+
 def read_image_size(path, image_id=None) -> tuple[int, int]:
     """(height, width) from the image header (no decoding). Raises
     :class:`MissingFileError` or :class:`ImageError`."""
@@ -40,6 +48,8 @@ def read_image_size(path, image_id=None) -> tuple[int, int]:
     except FileNotFoundError:
         raise MissingFileError(f"image file {path} does not exist", path=path,
                                image_id=image_id) from None
+    except Image.DecompressionBombError as exc:
+        raise _too_large(path, exc, image_id) from None
     except Exception as exc:     # PIL raises OSError, SyntaxError, ValueError, ...
         raise ImageError(f"{path} is not a readable image ({type(exc).__name__}: {exc}); "
                          "restore it from the original dataset", path=path,
@@ -128,6 +138,8 @@ def decode_image(path, image_id=None, draft_size=None) -> DecodedImage:
                                image_id=image_id) from None
     except MedaidetError:
         raise
+    except Image.DecompressionBombError as exc:
+        raise _too_large(path, exc, image_id) from None
     except Exception as exc:     # PIL: OSError (truncated), SyntaxError, ValueError, ...
         raise ImageError(f"{path} cannot be decoded ({type(exc).__name__}: {exc}); "
                          "restore it from the original dataset", path=path,

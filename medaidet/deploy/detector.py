@@ -28,11 +28,13 @@ class ModelFileError(MedaidetError):
 
 
 def read_rgb(path) -> np.ndarray:
-    """The image file at ``path`` as float32 (3, H, W), RGB, 0-255 (Pillow)."""
-    from PIL import Image
+    """The image file at ``path`` as float32 (3, H, W), RGB, 0-255, read by the dataset
+    loader's rule (:func:`medaidet.data.image.decode_image`: 16-bit grayscale scaled to 8
+    bits, an opaque alpha channel dropped; transparent pixels, unreadable data and images too
+    large to decode safely raise :class:`~medaidet.data.image.ImageError`)."""
+    from medaidet.data.image import decode_image
 
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"), dtype=np.float32).transpose(2, 0, 1)
+    return decode_image(path).pixels.astype(np.float32).transpose(2, 0, 1)
 
 
 def resize_image(image, size: int) -> np.ndarray:

@@ -245,3 +245,33 @@ def test_count_image_never_replaces_an_image_and_refuses_two_with_one_name(tmp_p
     done = sp.run([*run, str(image), "--json"], capture_output=True, text=True, cwd=REPO,
                   timeout=120)
     assert done.returncode == 0 and isinstance(json.loads(done.stdout), list)   # one image too
+
+
+def test_read_rgb_reads_by_the_loaders_rule(tmp_path, exported, bccd_root):
+    """A 16-bit PNG counts as its 8-bit copy does (not turned white), a transparent image is
+    refused rather than counted from its hidden pixels, and an image too large to decode
+    safely is named."""
+    from PIL import Image
+
+    from medaidet.data.image import ImageError
+    from medaidet.deploy.detector import read_rgb
+    detector = OnnxDetector(exported.path)
+    with Image.open(bccd_root / "JPEGImages" / "BloodImage_00000.jpg") as img:
+        gray = img.convert("L")
+    gray.save(tmp_path / "8bit.png")
+    sixteen = np.asarray(gray, dtype=np.uint16) * 257
+    Image.fromarray(sixteen).save(tmp_path / "16bit.png")
+    with Image.open(tmp_path / "16bit.png") as img:
+        assert img.mode.startswith("I")
+    eight = read_rgb(tmp_path / "8bit.png")
+    np.testing.assert_array_equal(read_rgb(tmp_path / "16bit.png"), eight)
+    assert detector.count(eight) == detector.count(read_rgb(tmp_path / "16bit.png"))
+    assert sum(detector.count(eight).values()) > 0
+    rgba = gray.convert("RGBA")
+    rgba.putpixel((0, 0), (0, 0, 0, 0))
+    rgba.save(tmp_path / "transparent.png")
+    with pytest.raises(ImageError, match="1 transparent pixel"):
+        read_rgb(tmp_path / "transparent.png")
+    Image.new("1", (15000, 15000)).save(tmp_path / "huge.png")
+    with pytest.raises(ImageError, match="huge.png is too large to decode safely"):
+        read_rgb(tmp_path / "huge.png")
