@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from medaidet.arguments import ArgumentValueError, check_number, is_path
 from medaidet.deploy.decode import decode, resize_boxes
 from medaidet.errors import MedaidetError
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
@@ -57,14 +58,85 @@ def resize_image(image, size: int) -> np.ndarray:
 
 def _check_image(index, image) -> np.ndarray:
     image = np.asarray(image)
-    if image.ndim != 3 or image.shape[0] != 3 or image.dtype.kind not in "iuf":
-        raise ValueError(f"images[{index}] has shape {image.shape} and dtype {image.dtype}; "
-                         "expected numbers (3, H, W): RGB, channels first, 0-255 (read_rgb "
-                         "gives that)")
+    if (image.ndim != 3 or image.shape[0] != 3 or image.dtype.kind not in "iuf"
+            or 0 in image.shape):
+        raise ArgumentValueError(
+            f"images[{index}] has shape {image.shape} and dtype {image.dtype}; expected "
+            "numbers (3, H, W) with H, W > 0: RGB, channels first, 0-255 (read_rgb gives that)")
     image = image.astype(np.float32)
     if not np.isfinite(image).all():
-        raise ValueError(f"images[{index}] holds nan or inf values; expected finite 0-255")
+        raise ArgumentValueError(f"images[{index}] holds nan or inf values; expected finite "
+                                 "0-255")
+    low, high = float(image.min()), float(image.max())
+    if low < 0 or high > 255:
+        raise ArgumentValueError(f"images[{index}] holds values {low:g}..{high:g}; expected "
+                                 "0-255 (read_rgb gives that)")
+    if image.dtype.kind == "f" and high <= 1 and np.asarray(image).any():
+        raise ArgumentValueError(f"images[{index}] holds values {low:g}..{high:g}: scaled to "
+                                 "0-1? The model expects 0-255; multiply by 255")
     return image
+
+
+def _metadata(path: Path, session) -> dict:
+    """The decoding metadata ``medaidet export`` wrote, checked against itself and against the
+    graph: every field there, of its type, the default boxes finite and sized, the graph's
+    ``image``/``locs``/``scores`` of the shapes they imply. :class:`ModelFileError` otherwise."""
+    def bad(what):
+        return ModelFileError(f"{path} is not a model `medaidet export` wrote, or was changed "
+                              f"since: {what}. Export it again from its weights.")
+
+    text = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+    if text is None:
+        raise ModelFileError(f"{path} is an ONNX model, but not one `medaidet export` "
+                             "wrote: it has no default boxes to decode with")
+    try:
+        meta = json.loads(text)
+    except ValueError as exc:
+        raise bad(f"its {METADATA_KEY!r} metadata is not JSON ({exc})") from None
+    need = {"model": str, "insize": int, "label_names": list, "default_boxes": list,
+            "variances": list, "top_k": int, "keep_top_k": int, "presets": dict}
+    if not isinstance(meta, dict):
+        raise bad(f"its metadata is a {type(meta).__name__}, not an object")
+    for key, kind in need.items():
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise bad(f"its metadata has no {key} of type {kind.__name__} ({meta.get(key)!r:.40})")
+    names = meta["label_names"]
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise bad(f"label_names {names!r:.80} are not class names")
+    if not 32 <= meta["insize"] <= 4096 or meta["top_k"] < 1 or meta["keep_top_k"] < 1:
+        raise bad(f"insize {meta['insize']}, top_k {meta['top_k']}, keep_top_k "
+                  f"{meta['keep_top_k']} (expected 32-4096 and positive caps)")
+    try:
+        boxes = np.asarray(meta["default_boxes"], dtype=np.float64)
+        variances = np.asarray(meta["variances"], dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise bad(f"its default boxes or variances are not numbers ({exc})") from None
+    if (boxes.ndim != 2 or boxes.shape[1] != 4 or not len(boxes)
+            or not np.isfinite(boxes).all() or (boxes[:, 2:] <= 0).any()):
+        raise bad(f"its default boxes (shape {boxes.shape}) are not K boxes (center y, center "
+                  "x, height, width) with finite values and positive sizes")
+    if variances.shape != (2,) or not np.isfinite(variances).all() or (variances <= 0).any():
+        raise bad(f"its variances {meta['variances']!r:.60} are not two positive numbers")
+    for preset, values in meta["presets"].items():
+        if (not isinstance(values, dict)
+                or not all(_is_fraction(values.get(k)) for k in ("score_thresh", "nms_thresh"))):
+            raise bad(f"its preset {preset!r} has no score_thresh and nms_thresh in [0, 1]")
+    expected = {"image": (1, 3, meta["insize"], meta["insize"]),
+                "locs": (1, len(boxes), 4), "scores": (1, len(boxes), len(names) + 1)}
+    found = {t.name: t.shape for t in session.get_inputs() + session.get_outputs()}
+    for name, shape in expected.items():
+        if name not in found:
+            raise bad(f"its graph has no {name!r} (it has {', '.join(sorted(found))})")
+        fixed = [(a, b) for a, b in zip(found[name], shape) if isinstance(a, int)]
+        if len(found[name]) != len(shape) or any(a != b for a, b in fixed):
+            raise bad(f"its {name!r} has shape {found[name]}, where the metadata implies "
+                      f"{shape} ({len(boxes)} default boxes, {len(names)} class name(s))")
+    return meta
+
+
+def _is_fraction(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0 <= value <= 1)
 
 
 class OnnxDetector:
@@ -78,6 +150,9 @@ class OnnxDetector:
 
     def __init__(self, path, preset: str = "evaluate", score_thresh=None, nms_thresh=None,
                  providers=("CPUExecutionProvider",), threads=None):
+        if not is_path(path):
+            raise ArgumentValueError(f"path: {path!r} is not a file path; expected the .onnx "
+                                     "file `medaidet export` wrote (a str or os.PathLike)")
         path = Path(os.fspath(path))
         if not path.is_file():
             raise ModelFileError(f"no model at {path}: write one with `medaidet export "
@@ -86,18 +161,19 @@ class OnnxDetector:
 
         options = onnxruntime.SessionOptions()
         if threads is not None:
-            options.intra_op_num_threads = int(threads)
+            options.intra_op_num_threads = check_number(threads, "threads", integer=True)
+        if score_thresh is not None:
+            check_number(score_thresh, "score_thresh", "probability")
+        if nms_thresh is not None and check_number(nms_thresh, "nms_thresh", "probability") == 0:
+            raise ArgumentValueError("nms_thresh: 0 is out of range; expected a number in "
+                                     "(0, 1] (0 would keep one box per class)")
         try:
             self.session = onnxruntime.InferenceSession(str(path), options,
                                                         providers=list(providers))
         except Exception as exc:     # onnxruntime's own errors name no class worth catching
             raise ModelFileError(f"{path} is not an ONNX model onnxruntime can load "
                                  f"({type(exc).__name__}: {str(exc)[:200]})") from None
-        meta = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
-        if meta is None:
-            raise ModelFileError(f"{path} is an ONNX model, but not one `medaidet export` "
-                                 "wrote: it has no default boxes to decode with")
-        meta = json.loads(meta)
+        meta = _metadata(path, self.session)
         self.path = path
         self.model = meta["model"]
         self.insize = int(meta["insize"])
@@ -114,6 +190,10 @@ class OnnxDetector:
     def raw(self, images):
         """The graph's outputs for ``images`` (each (3, H, W) RGB 0-255): ``(locs, scores,
         sizes)``, (B, K, 4), (B, K, n_fg_class + 1) and each image's (H, W)."""
+        if isinstance(images, np.ndarray) and images.ndim == 3 or not isinstance(
+                images, (list, tuple, np.ndarray)):
+            raise ArgumentValueError(f"images: expected a list of images (each (3, H, W)), got "
+                                     f"{type(images).__name__}; for one image pass [image]")
         images = [_check_image(i, image) for i, image in enumerate(images)]
         if not images:
             k = len(self.default_boxes)

@@ -275,3 +275,72 @@ def test_read_rgb_reads_by_the_loaders_rule(tmp_path, exported, bccd_root):
     Image.new("1", (15000, 15000)).save(tmp_path / "huge.png")
     with pytest.raises(ImageError, match="huge.png is too large to decode safely"):
         read_rgb(tmp_path / "huge.png")
+
+
+def _tampered(exported, tmp_path, name, change):
+    """A copy of the exported model whose metadata (a dict) or graph ``change`` alters."""
+    model = onnx.load(str(exported.path))
+    props = {p.key: p.value for p in model.metadata_props}
+    meta = json.loads(props[METADATA_KEY])
+    text = change(meta, model)
+    del model.metadata_props[:]
+    onnx.helper.set_model_props(model, {METADATA_KEY: text if isinstance(text, str)
+                                        else json.dumps(meta)})
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _rename_input(model):
+    model.graph.input[0].name = "pixels"
+    for node in model.graph.node:
+        node.input[:] = ["pixels" if i == "image" else i for i in node.input]
+
+
+TAMPERED = {
+    "not-json": (lambda m, g: "{not json", "metadata is not JSON"),
+    "no-insize": (lambda m, g: m.pop("insize"), "has no insize of type int"),
+    "insize-0": (lambda m, g: m.update(insize=0), "insize 0"),
+    "100-boxes": (lambda m, g: m.update(default_boxes=m["default_boxes"][:100]),
+                  r"'locs' has shape .*\(100 default boxes"),
+    "one-name": (lambda m, g: m.update(label_names=["rbc"]), r"'scores' has shape .* 1 class name"),
+    "five-names": (lambda m, g: m.update(label_names=list("abcde")),
+                   r"'scores' has shape .* 5 class name"),
+    "nan-boxes": (lambda m, g: m["default_boxes"][0].__setitem__(0, float("nan")),
+                  "finite values and positive sizes"),
+    "no-image": (lambda m, g: _rename_input(g), "graph has no 'image'"),
+    "bad-preset": (lambda m, g: m["presets"]["evaluate"].update(score_thresh=3),
+                   "preset 'evaluate' has no score_thresh"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERED))
+def test_a_tampered_model_file_is_named_not_a_traceback_or_a_wrong_count(case, exported,
+                                                                         tmp_path):
+    change, message = TAMPERED[case]
+    path = _tampered(exported, tmp_path, case, change)
+    with pytest.raises(ModelFileError, match=message):
+        OnnxDetector(path)
+
+
+def test_the_detectors_arguments_follow_the_predictors_rules(exported):
+    from medaidet.arguments import ArgumentValueError
+    for kwargs, message in (({"score_thresh": float("nan")}, "score_thresh: nan"),
+                            ({"score_thresh": 2}, "score_thresh: 2"),
+                            ({"score_thresh": -1}, "score_thresh: -1"),
+                            ({"nms_thresh": -1}, "nms_thresh: -1"),
+                            ({"nms_thresh": float("nan")}, "nms_thresh: nan"),
+                            ({"threads": "many"}, "threads: 'many' is not a number")):
+        with pytest.raises(ArgumentValueError, match=message):
+            OnnxDetector(exported.path, **kwargs)
+    for path in (None, 3, b"model.onnx"):
+        with pytest.raises(ArgumentValueError, match="is not a file path"):
+            OnnxDetector(path)
+    detector = OnnxDetector(exported.path)
+    for images, message in ((None, "expected a list of images"),
+                            (np.zeros((3, 8, 8)), "for one image pass"),
+                            ([np.zeros((3, 0, 8))], r"shape \(3, 0, 8\)"),
+                            ([np.full((3, 8, 8), 0.5)], "scaled to 0-1"),
+                            ([np.full((3, 8, 8), 1e30)], "holds values 1e\\+30")):
+        with pytest.raises(ArgumentValueError, match=message):
+            detector.predict(images)
