@@ -100,7 +100,7 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
     could overwrite or delete the user's own files. ``marker``: the name of a file that marks
     the folder as the command's own; a folder that holds anything but lacks it is refused,
     and a new or empty folder gets it, as does one holding only folders named in
-    ``own_folders`` (what the command's own work leaves there by other ways). Returns the
+    ``own_folders`` that are the command's own work too (:func:`_own_work`). Returns the
     resolved path; raises :class:`OutputDirError` naming ``name`` and the path."""
     if not is_path(path):
         raise OutputDirError(f"{name}: {path!r} is not a folder path; expected a folder to "
@@ -133,6 +133,26 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
     return out
 
 
+def _own_work(folder: Path, marker: str) -> bool:
+    """Whether ``folder`` (a subfolder named in ``own_folders``) holds only what the command's
+    own work leaves: it carries ``marker`` itself (another edition's results), or it is a
+    folder of training runs, each an empty folder or one with the ``config.json`` that
+    ``medaidet train`` writes. Anything else in it is someone's, and adopting it would let a
+    later clean-up delete it."""
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    if (folder / marker).is_file():
+        return True
+    for run in folder.iterdir():
+        if not run.is_dir() or run.is_symlink():
+            return False
+        config = run / "config.json"
+        if any(run.iterdir()) and not (config.is_file() and config.stat().st_size < 1 << 20
+                                      and '"model"' in config.read_text(errors="replace")):
+            return False
+    return True
+
+
 def _claim_output_dir(out: Path, path, name: str, marker: str, own_folders=()) -> None:
     """Mark a new or empty folder ``out`` (or one holding only ``own_folders``) with the file
     ``marker``; refuse one that holds anything else without it (it is someone's, and the
@@ -140,7 +160,7 @@ def _claim_output_dir(out: Path, path, name: str, marker: str, own_folders=()) -
     if (out / marker).is_file():
         return
     found = sorted(p.name for p in out.iterdir()
-                   if not (p.name in own_folders and p.is_dir() and not p.is_symlink()))
+                   if not (p.name in own_folders and _own_work(p, marker)))
     if found:
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
         raise OutputDirError(

@@ -13,6 +13,7 @@ from nbformat import v4
 
 import medaidet.stack
 from medaidet.arguments import ArgumentValueError, OutputDirError
+from medaidet.training.config import TrainConfig
 from medaidet import cli
 from medaidet.env.course import (OUT_MARKER, CourseError, list_notebooks, resolve_profile,
                                  run_course, select_notebooks)
@@ -390,6 +391,8 @@ def test_a_folder_with_only_the_notebooks_training_runs_is_the_courses(tmp_path)
     out = tmp_path / "outputs"
     (out / "runs" / "cpu").mkdir(parents=True)
     (out / "runs" / "cpu" / "model.npz").write_bytes(b"weights")
+    (out / "runs" / "cpu" / "config.json").write_text(   # what `medaidet train` writes first
+        json.dumps(TrainConfig.profile("cpu").to_dict()))
     assert run_course(profile="smoke", out=out, notebooks_dir=notebooks, log=_quiet).ok
     assert (out / OUT_MARKER).is_file()
     assert (out / "runs" / "cpu" / "model.npz").read_bytes() == b"weights"
@@ -400,6 +403,26 @@ def test_a_folder_with_only_the_notebooks_training_runs_is_the_courses(tmp_path)
     with pytest.raises(OutputDirError, match=r"already holds files \(notes\.txt\)"):
         run_course(profile="smoke", out=theirs, notebooks_dir=notebooks, log=_quiet)
     assert not (theirs / OUT_MARKER).exists()
+
+
+def test_runs_or_ja_holding_the_users_files_do_not_make_a_folder_the_courses(tmp_path):
+    """A folder holding only ``ja/`` or ``runs/`` is adopted only when they are the course's
+    own work (``ja/`` with the course's marker, ``runs/`` of training runs): adopted, a later
+    ``make clean OUT=`` that folder would delete what they hold."""
+    notebooks = tmp_path / "notebooks"
+    make_notebook(notebooks, "00_ok", "print('ok')")
+    for name, sub in (("only-ja", "ja"), ("only-runs", "runs"), ("runs-file", "runs")):
+        folder = tmp_path / name
+        (folder / sub / "thesis").mkdir(parents=True)
+        target = folder / sub / ("report.docx" if name == "runs-file" else "thesis/draft.txt")
+        target.write_text("the user's")
+        with pytest.raises(OutputDirError, match=rf"already holds files \({sub}\)"):
+            run_course(profile="smoke", out=folder, notebooks_dir=notebooks, log=_quiet)
+        assert target.read_text() == "the user's" and not (folder / OUT_MARKER).exists()
+    ours = tmp_path / "ours"
+    (ours / "ja").mkdir(parents=True)
+    (ours / "ja" / OUT_MARKER).write_text("made by the Japanese edition's run")
+    assert run_course(profile="smoke", out=ours, notebooks_dir=notebooks, log=_quiet).ok
 
 
 @pytest.mark.slow(seconds=4)
