@@ -36,7 +36,8 @@ def add_parser(commands) -> None:
     p.add_argument("--out", required=True,
                    help="the .onnx file to write, or a folder (an existing one, or a name "
                         "ending in /) to write <weights name>.onnx into")
-    p.add_argument("--opset", type=int, default=11, help="ONNX opset, 7 to 11 (default: 11)")
+    p.add_argument("--opset", type=int, default=11, choices=list(range(9, 12)),
+                   help="ONNX opset, 9 to 11 (default: 11)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.set_defaults(func=_export)
 

@@ -24,9 +24,10 @@ from medaidet.errors import MedaidetError
 __all__ = ["export_onnx", "ExportedModel", "UnsupportedOpsetError", "OPSETS", "DEFAULT_OPSET",
            "METADATA_KEY"]
 
-#: The opsets onnx_chainer writes (7 to 11); 11 is the default (onnxruntime and
-#: onnxruntime-web run it).
-OPSETS = range(7, 12)
+#: The opsets offered (9 to 11); 11 is the default (onnxruntime and onnxruntime-web run it).
+#: onnx_chainer also writes 7 and 8, but their file format (IR 3) wants every weight listed as
+#: a graph input a caller could override, which this exporter does not write.
+OPSETS = range(9, 12)
 DEFAULT_OPSET = 11
 
 
@@ -52,7 +53,7 @@ class ExportedModel:
 def _check_opset(opset) -> int:
     if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)) or opset not in OPSETS:
         raise UnsupportedOpsetError(
-            f"opset {opset!r}: onnx_chainer writes ONNX opsets {OPSETS.start} to "
+            f"opset {opset!r}: medaidet exports ONNX opsets {OPSETS.start} to "
             f"{OPSETS.stop - 1}; use {DEFAULT_OPSET} (onnxruntime and onnxruntime-web run it)")
     return int(opset)
 
@@ -127,7 +128,7 @@ def _writable(out: Path) -> Path:
 def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> ExportedModel:
     """Write the SSD trained into ``weights`` (a model-only ``.npz``) as ONNX to ``out``.
 
-    Raises :class:`UnsupportedOpsetError` (``opset`` outside 7-11),
+    Raises :class:`UnsupportedOpsetError` (``opset`` outside 9-11),
     :class:`~medaidet.evaluation.evaluate.TrainedWeightsMissingError` (no file at
     ``weights``) and the weight loader's named errors (a file that is not the weights of an
     SSD of this course), and ``OSError`` naming ``out`` when it cannot be written; all
