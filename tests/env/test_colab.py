@@ -169,6 +169,26 @@ def test_bad_repo_fails_at_the_clone(stand_in_colab, tmp_path):
     assert "'git', 'clone'" in done.stderr and not home.exists()
 
 
+def test_an_option_as_repo_is_refused_and_an_existing_folder_is_never_skipped(stand_in_colab,
+                                                                              tmp_path):
+    home = tmp_path / "content" / "medaidet"
+    marker = tmp_path / "git-ran-an-option"
+    done = _run_cell_here(stand_in_colab, tmp_path, **{
+        colab.REPO_ENV: f"--upload-pack=touch {marker}", colab.COLAB_DIR_ENV: str(home)})
+    assert done.returncode != 0 and "Set the repository first" in done.stderr, done.stderr
+    assert not marker.exists() and not home.exists()
+    home.mkdir(parents=True)            # an empty folder (a failed earlier clone): cloned into
+    done = _run_cell_here(stand_in_colab, tmp_path, **{colab.REPO_ENV: str(tmp_path / "none"),
+                                                       colab.COLAB_DIR_ENV: str(home)})
+    assert "'git', 'clone', '-q', '--'" in done.stderr, done.stderr
+    (home / "notes.txt").write_text("mine")    # someone's folder: named, not imported from
+    done = _run_cell_here(stand_in_colab, tmp_path, **{colab.COLAB_DIR_ENV: str(home)})
+    assert done.returncode != 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"RuntimeError: {home} holds files but no medaidet clone: empty it, or "
+        "%env MEDAIDET_COLAB_DIR=<another folder>")
+
+
 def test_cell_with_clone_installed_and_stack_ok_only_changes_directory(stand_in_colab, tmp_path):
     """This environment has medaidet and the stack: the cell starts no process, chdirs."""
     assert medaidet.stack.status().ok, "this environment's stack is incomplete"
