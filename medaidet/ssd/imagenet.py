@@ -179,6 +179,12 @@ def _from_cache(source: ImagenetSource, mean) -> Path | None:
     converted = folder / source.converted_name
     if _sidecar_ok(converted):
         return converted
+    if converted.is_file():
+        raise WeightsMismatchError(
+            f"{converted} does not match its {SIDECAR_SUFFIX} file (changed or damaged since "
+            f"it was converted, or its {SIDECAR_SUFFIX} is missing): delete both; the weights "
+            f"are converted again from {source.describe()}", converted, source.converted_name,
+            None, None)
     raw = folder / source.file_name
     if raw.is_file():                        # placed by hand: checked like a download
         try:
@@ -261,10 +267,12 @@ def imagenet_status(timeout: float = 3.0, sources=None) -> list[tuple[ImagenetSo
     folder = cache_dir()
 
     def state(source: ImagenetSource) -> str:
-        names = [source.file_name] + ([source.converted_name] if source.converted else [])
-        found = [folder / name for name in names if (folder / name).is_file()]
-        if found:
-            return f"cached ({found[-1]})"
+        converted = folder / source.converted_name
+        if source.converted and converted.is_file():
+            return (f"cached ({converted})" if _sidecar_ok(converted) else
+                    f"damaged ({converted} does not match its {SIDECAR_SUFFIX}: delete both)")
+        if (folder / source.file_name).is_file():
+            return f"cached ({folder / source.file_name})"
         request = urllib.request.Request(source.url, method="HEAD",
                                          headers={"User-Agent": f"medaidet/{__version__}"})
         try:

@@ -205,3 +205,17 @@ def test_status_says_cached_reachable_or_not(served, cache):
     states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
     assert states["torchvision"].startswith("cached (") and "from_torchvision" in \
         states["torchvision"]
+
+
+def test_a_converted_file_changed_since_is_named_by_the_build_and_by_doctor(served, cache):
+    """Its .sha256 no longer matches: the build says so (not "not in the cache") and doctor's
+    status says damaged (not "OK (cached)")."""
+    chain = sources(served, chainercv="closed", torchvision="good", timm="404")
+    path, _, _ = imagenet_weights(progress=False, sources=chain)
+    with open(path, "ab") as f:
+        f.write(b"changed")
+    with pytest.raises(WeightsMismatchError, match=r"does not match its \.sha256 file"):
+        imagenet_weights(progress=False, sources=chain)
+    states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
+    assert states["torchvision"] == (f"damaged ({path} does not match its .sha256: delete "
+                                     "both)")
