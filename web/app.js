@@ -5,13 +5,29 @@ const statusLine = document.getElementById("status");
 const view = document.getElementById("view");
 const modelUrl = new URLSearchParams(location.search).get("model") || "model.onnx";
 let detector = null;
+let latest = 0;       // the number of the last pick: an earlier, slower one shows nothing
 
 function say(text, state) {
   statusLine.textContent = text;
   statusLine.dataset.state = state;
 }
 
-async function show(file) {
+function clear() {    // no counts or boxes of an earlier image under a new image's name
+  document.getElementById("counts").hidden = true;
+  document.querySelector("#counts tbody").innerHTML = "";
+  view.hidden = true;
+  window.medaidetResult = null;
+}
+
+function pick(file) {
+  const ticket = ++latest;
+  clear();
+  show(file, ticket).catch((error) => {
+    if (ticket === latest) say(`${file.name}: ${error}`, "error");
+  });
+}
+
+async function show(file, ticket) {
   say(`detecting in ${file.name}…`, "working");
   const bitmap = await createImageBitmap(file, { colorSpaceConversion: "none" });
   const { width, height } = bitmap;
@@ -19,6 +35,7 @@ async function show(file) {
   pixels.drawImage(bitmap, 0, 0);
   const rgba = pixels.getImageData(0, 0, width, height).data;
   const detections = await detector.detect(rgba, height, width);
+  if (ticket !== latest) return;   // another image was picked meanwhile
   const counted = detections.filter((d) => d.score >= MEDAIDET.countThresh);
 
   view.width = width; view.height = height; view.hidden = false;
@@ -52,15 +69,14 @@ async function main() {
   }
   say("ready: choose an image", "ready");
   const input = document.getElementById("file");
-  input.addEventListener("change", () => input.files[0] && show(input.files[0]).catch(
-    (error) => say(`${input.files[0].name}: ${error}`, "error")));
+  input.addEventListener("change", () => input.files[0] && pick(input.files[0]));
   const drop = document.getElementById("drop");
   drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
   drop.addEventListener("dragleave", () => drop.classList.remove("over"));
   drop.addEventListener("drop", (e) => {
     e.preventDefault(); drop.classList.remove("over");
     const file = e.dataTransfer.files[0];
-    if (file) show(file).catch((error) => say(`${file.name}: ${error}`, "error"));
+    if (file) pick(file);
   });
 }
 

@@ -134,3 +134,55 @@ def test_the_page_counts_as_the_python_detector(site, browser_path, bccd_root, t
         browser.close()
     assert errors == []
     assert (shots / "web_page.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow(seconds=30)
+def test_a_failed_or_superseded_pick_never_shows_another_images_results(site, browser_path,
+                                                                       bccd_root, tmp_path):
+    """A file that is not an image clears the previous image's table and boxes and says so in
+    the error style; a slow pick overtaken by a later one never overwrites the later result."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("the playwright package is not installed (pip install -e '.[test]')")
+    from PIL import Image
+    _, url = site
+    good = bccd_root / "JPEGImages" / "BloodImage_00000.jpg"
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not an image at all")
+    slow = tmp_path / "slow.png"           # a large PNG: decoded and resized for longer
+    with Image.open(good) as img:
+        img.resize((4800, 3600)).save(slow)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, headless=True,
+                                    args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(url)
+        page.wait_for_selector('#status[data-state="ready"]', timeout=60_000)
+        page.set_input_files("#file", str(good))
+        page.wait_for_function("window.medaidetResult", timeout=60_000)
+        page.set_input_files("#file", str(broken))
+        page.wait_for_selector('#status[data-state="error"]', timeout=60_000)
+        assert page.inner_text("#status").startswith("broken.jpg: ")
+        assert page.is_hidden("#counts") and page.is_hidden("#view")
+        assert page.evaluate("window.medaidetResult") is None
+        assert page.evaluate("getComputedStyle(document.getElementById('status')).color") \
+            == "rgb(176, 0, 32)"
+        page.evaluate("""([slow, fast]) => {
+            const input = document.getElementById('file');
+            for (const file of [slow, fast]) {
+                const list = new DataTransfer(); list.items.add(file);
+                input.files = list.files; input.dispatchEvent(new Event('change'));
+            }
+        }""", [page.evaluate_handle(f"""async () => new File([await (await fetch(
+            'data:image/png;base64,{__import__('base64').b64encode(slow.read_bytes()).decode()}'
+            )).blob()], 'slow.png', {{type: 'image/png'}})"""),
+            page.evaluate_handle(f"""async () => new File([await (await fetch(
+            'data:image/jpeg;base64,{__import__('base64').b64encode(good.read_bytes()).decode()}'
+            )).blob()], 'fast.jpg', {{type: 'image/jpeg'}})""")])
+        page.wait_for_function("window.medaidetResult && window.medaidetResult.image === "
+                               "'fast.jpg'", timeout=60_000)
+        page.wait_for_timeout(4000)          # the slow pick finishes meanwhile
+        assert page.evaluate("window.medaidetResult.image") == "fast.jpg"
+        assert page.inner_text("#status").startswith("fast.jpg: ")
+        browser.close()
