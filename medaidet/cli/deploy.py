@@ -6,7 +6,7 @@ from pathlib import Path
 
 from medaidet.cli.count import count_threshold
 from medaidet.errors import MedaidetError
-from medaidet.files import OutputError, write_files
+from medaidet.files import OutputError, check_output, write_files
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
 
 EXTRAS = {"onnx": "export", "onnx_chainer": "export", "onnxruntime": "deploy"}
@@ -59,7 +59,8 @@ def add_parser(commands) -> None:
 
 
 def _results_folder(out, images) -> Path:
-    """``--out``, created, once no two images would write the same result files (one stem)."""
+    """``--out``, created, once no two images would write the same result files (one stem)
+    and no result would replace an image or anything but a regular file."""
     stems = {}
     for image in images:
         stems.setdefault(Path(image).stem, []).append(image)
@@ -72,6 +73,9 @@ def _results_folder(out, images) -> Path:
     if os.path.lexists(out) and not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a folder: give a folder for the "
                           "results (nothing was written).", out)
+    for stem in stems:          # every result checked before any image is counted
+        for suffix in (".json", ".png"):
+            check_output(out / f"{stem}{suffix}", images)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
