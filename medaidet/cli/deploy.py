@@ -4,6 +4,7 @@ import json
 import os
 from pathlib import Path
 
+from medaidet.arguments import prepare_output_dir
 from medaidet.cli.count import count_threshold
 from medaidet.errors import MedaidetError
 from medaidet.files import OutputError, check_output, write_files
@@ -69,15 +70,10 @@ def _results_folder(out, images) -> Path:
         raise OutputError(f"{' and '.join(same[0])} would both write {Path(same[0][0]).stem}.json "
                           f"and .png into {out}: count them in separate runs with separate "
                           "--out folders, or rename one (nothing was written).", out)
-    out = Path(out)
-    if os.path.lexists(out) and not out.is_dir():
-        raise OutputError(f"--out {out} exists and is not a folder: give a folder for the "
-                          "results (nothing was written).", out)
     for stem in stems:          # every result checked before any image is counted
         for suffix in (".json", ".png"):
-            check_output(out / f"{stem}{suffix}", images)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+            check_output(Path(out) / f"{stem}{suffix}", images)
+    return prepare_output_dir(out, "--out")
 
 
 def _export(args) -> int:

@@ -243,6 +243,11 @@ def test_count_image_never_replaces_an_image_and_refuses_two_with_one_name(tmp_p
                    str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2 and "would both write smear.json" in done.stderr
     assert not (tmp_path / "out").exists()
+    (tmp_path / "results").write_text("mine")
+    done = sp.run([*run, str(image), "--out", str(tmp_path / "results")], capture_output=True,
+                  text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2 and "--out: " in done.stderr and "is a file, not a folder" \
+        in done.stderr and (tmp_path / "results").read_text() == "mine"
     done = sp.run([*run, str(image), "--json"], capture_output=True, text=True, cwd=REPO,
                   timeout=120)
     assert done.returncode == 0 and isinstance(json.loads(done.stdout), list)   # one image too
