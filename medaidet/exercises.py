@@ -5,47 +5,84 @@ answer (``my_answer_N = None`` until they do) and the worked solution, which com
 answer on this run's data and calls :func:`check`. Numbers are compared with a relative
 tolerance, text without regard to case and surrounding spaces; dicts, lists and tuples are
 compared element by element, so the message can say which part is off.
+
+The verdict speaks the language of the exercise's label: ``check(..., "exercise 1")`` in
+English, ``check(..., "演習 1")`` in Japanese (the Japanese edition's labels). A class name or
+yes/no may be answered in either language (``"白血球"`` for ``"wbc"``, ``"はい"`` for ``"yes"``).
 """
 from __future__ import annotations
 
 import math
 import numbers
+import re
 
 __all__ = ["check", "compare", "Verdict"]
 
+# Japanese answers accepted for the English words a solution holds.
+SYNONYMS = {"赤血球": "rbc", "白血球": "wbc", "血小板": "platelets", "はい": "yes", "いいえ": "no"}
 
-def compare(answer, solution, rtol: float = 1e-2, where: str = "") -> str | None:
-    """None when ``answer`` matches ``solution``, else a sentence saying where it does not."""
-    at = f" at {where}" if where else ""
+MESSAGES = {
+    "en": {"dict": "expected a dict with keys {keys}{at}, got {got}",
+           "keys": "expected the keys {keys}{at}, got {got}",
+           "values": "expected {n} values{at}, got {got}",
+           "number": "expected a number{at}, got {got}",
+           "wrong": "{got}{at} is not the answer",
+           "tolerance": "{got}{at} is not the answer (within {rtol:.0%})",
+           "at": " at {where}",
+           "none": "{label}: no answer yet (set it in the cell above and run both again)",
+           "right": "{label}: right", "not yet": "{label}: not yet: {problem}"},
+    "ja": {"dict": "キー {keys} の dict のはずです{at}。答えは {got} です",
+           "keys": "キーは {keys} のはずです{at}。答えのキーは {got} です",
+           "values": "値が {n} 個のはずです{at}。答えは {got} です",
+           "number": "数値のはずです{at}。答えは {got} です",
+           "wrong": "{got}{at} は答えではありません",
+           "tolerance": "{got}{at} は答えではありません (許す差は {rtol:.0%})",
+           "at": " ({where} の位置)",
+           "none": "{label}: まだ答えがありません (上のセルで答えを設定し、2 つのセルをもう一度実行してください)",
+           "right": "{label}: 正解です", "not yet": "{label}: まだです。{problem}"},
+}
+
+
+def _language(label: str) -> str:
+    return "ja" if re.search(r"[\u3040-\u30ff\u4e00-\u9fff]", label) else "en"
+
+
+def compare(answer, solution, rtol: float = 1e-2, where: str = "",
+            lang: str = "en") -> str | None:
+    """None when ``answer`` matches ``solution``, else a sentence (in ``lang``: ``"en"`` or
+    ``"ja"``) saying where it does not."""
+    say = MESSAGES[lang]
+    at = say["at"].format(where=where) if where else ""
     if isinstance(solution, dict):
         if not isinstance(answer, dict):
-            return f"expected a dict with keys {sorted(solution)}{at}, got {type(answer).__name__}"
+            return say["dict"].format(keys=sorted(solution), at=at, got=type(answer).__name__)
         if set(answer) != set(solution):
-            return f"expected the keys {sorted(solution)}{at}, got {sorted(answer)}"
+            return say["keys"].format(keys=sorted(solution), at=at, got=sorted(answer))
         for key in solution:
-            problem = compare(answer[key], solution[key], rtol, f"{where}[{key!r}]")
+            problem = compare(answer[key], solution[key], rtol, f"{where}[{key!r}]", lang)
             if problem:
                 return problem
         return None
     if isinstance(solution, (list, tuple)):
         if not isinstance(answer, (list, tuple)) or len(answer) != len(solution):
-            return f"expected {len(solution)} values{at}, got {answer!r}"
+            return say["values"].format(n=len(solution), at=at, got=repr(answer))
         for i, (a, s) in enumerate(zip(answer, solution)):
-            problem = compare(a, s, rtol, f"{where}[{i}]")
+            problem = compare(a, s, rtol, f"{where}[{i}]", lang)
             if problem:
                 return problem
         return None
     if isinstance(solution, str):
-        if not isinstance(answer, str) or answer.strip().lower() != solution.strip().lower():
-            return f"{answer!r}{at} is not the answer"
+        text = answer.strip() if isinstance(answer, str) else None
+        if text is None or SYNONYMS.get(text, text).lower() != solution.strip().lower():
+            return say["wrong"].format(got=repr(answer), at=at)
         return None
     if isinstance(solution, numbers.Number) and not isinstance(solution, bool):
         if isinstance(answer, bool) or not isinstance(answer, numbers.Number):
-            return f"expected a number{at}, got {answer!r}"
+            return say["number"].format(at=at, got=repr(answer))
         if not math.isclose(float(answer), float(solution), rel_tol=rtol, abs_tol=1e-9):
-            return f"{answer!r}{at} is not the answer (within {rtol:.0%})"
+            return say["tolerance"].format(got=repr(answer), at=at, rtol=rtol)
         return None
-    return None if answer == solution else f"{answer!r}{at} is not the answer"
+    return None if answer == solution else say["wrong"].format(got=repr(answer), at=at)
 
 
 class Verdict:
@@ -66,11 +103,14 @@ class Verdict:
 
 
 def check(answer, solution, exercise: str, rtol: float = 1e-2) -> Verdict:
-    """Print whether ``answer`` is right; the :class:`Verdict` is true if it is. ``None``: not
-    answered yet."""
+    """Print whether ``answer`` is right, in the language of the label ``exercise``; the
+    :class:`Verdict` is true if it is. ``None``: not answered yet."""
+    lang = _language(exercise)
+    say = MESSAGES[lang]
     if answer is None:
-        print(f"{exercise}: no answer yet (set it in the cell above and run both again)")
+        print(say["none"].format(label=exercise))
         return Verdict(False)
-    problem = compare(answer, solution, rtol)
-    print(f"{exercise}: " + ("right" if problem is None else f"not yet: {problem}"))
+    problem = compare(answer, solution, rtol, lang=lang)
+    print(say["right"].format(label=exercise) if problem is None
+          else say["not yet"].format(label=exercise, problem=problem))
     return Verdict(problem is None)

@@ -41,3 +41,20 @@ def test_a_notebook_shows_nothing_for_the_verdict(capsys):
         assert formatter.format(verdict) == ({}, {})
         assert formatter.format(bool(verdict)) != ({}, {})   # what a plain bool would show
     assert capsys.readouterr().out.count("exercise 1: ") == 2
+
+
+def test_the_verdict_speaks_the_labels_language(capsys):
+    """The Japanese edition labels its exercises 演習 N: the verdict is Japanese there, and a
+    class or yes/no may be answered in Japanese in either edition."""
+    assert check({"train": [3, 1.26], "val": (1, 0.9)}, SOLUTION, "演習 1")
+    assert not check({"train": (4, 1.25), "val": (1, 0.9)}, SOLUTION, "演習 1")
+    assert not check(None, SOLUTION, "演習 2")
+    assert capsys.readouterr().out.splitlines() == [
+        "演習 1: 正解です",
+        "演習 1: まだです。4 ([\'train\'][0] の位置) は答えではありません (許す差は 1%)",
+        "演習 2: まだ答えがありません (上のセルで答えを設定し、2 つのセルをもう一度実行してください)"]
+    for answer, solution in (("白血球", "wbc"), (" 血小板 ", "platelets"), ("はい", "yes"),
+                             ("いいえ", "No"), ("赤血球", "RBC")):
+        assert compare(answer, solution) is None, answer
+    assert compare("白血球", "rbc") == "'白血球' is not the answer"
+    assert compare("はい", "no", lang="ja") == "'はい' は答えではありません"
