@@ -5,9 +5,8 @@ The English edition is the one edited first; these tests fail as soon as the two
 (a code cell changed in one only, a section or exercise added to one only, a paragraph left
 in English), and say which notebook, cell and line.
 """
-import io
 import re
-import tokenize
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +14,8 @@ import nbformat
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from sync_ja import same_code  # noqa: E402  (tools/ is no package)
 EN_DIR, JA_DIR = REPO / "notebooks", REPO / "notebooks" / "ja"
 EN = sorted(EN_DIR.glob("*.ipynb"))
 PAIRS = [(path, JA_DIR / path.name) for path in EN]
@@ -28,17 +29,6 @@ STANDARD_HEADINGS = {"## Recap": "## まとめ", "## Exercises": "## 演習",
 
 def read(path):
     return nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
-
-
-def without_comments(source: str) -> str:
-    """Python source without its comments (the Japanese edition may translate them);
-    a cell that is not plain Python (a shell or magic line) is compared as it is."""
-    try:
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
-                  if t.type != tokenize.COMMENT]
-        return tokenize.untokenize(tokens)
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        return source
 
 
 def prose(markdown: str) -> str:
@@ -90,6 +80,20 @@ def numbers(markdown: str) -> set:
     return set(re.findall(r"\d+(?:[.,]\d+)*", prose(markdown)))
 
 
+@pytest.mark.parametrize("english, japanese, same", [
+    ("x = f(1)  # one", "x = f(1)  # 1 つ", True),
+    ('check(a, b, "exercise 1")', 'check(a, b, "演習 1")', True),
+    ('print(f"{n} images of {split}")', 'print(f"{split} の画像 {n} 枚")', True),
+    ('print(f"{n} images")', 'print(f"{n + 1} 枚")', False),     # what it fills in changed
+    ('print("done")', 'print("done!")', False),                 # English changed: copy it
+    ("x = f(1)", "x = f(2)", False),
+    ("%matplotlib inline\nx = 1", "%matplotlib inline\nx = 1  # 例", True),
+    ("%matplotlib inline\nx = 1", "%matplotlib agg\nx = 1", False),
+])
+def test_what_counts_as_the_same_code(english, japanese, same):
+    assert same_code(english, japanese) is same
+
+
 def test_every_english_notebook_has_a_japanese_pair_and_no_other():
     assert JA_DIR.is_dir(), "no notebooks/ja/: the Japanese edition is missing"
     japanese = sorted(p.name for p in JA_DIR.glob("*.ipynb"))
@@ -107,8 +111,9 @@ def test_same_cells_same_code_same_tags(en, ja):
             f"{ja.name} cell {index}: tags {y.metadata.get('tags')} != {x.metadata.get('tags')}"
         assert x.metadata.get("jupyter") == y.metadata.get("jupyter"), f"{ja.name} cell {index}"
         if x.cell_type == "code":
-            assert without_comments(x.source) == without_comments(y.source), \
-                f"{ja.name} cell {index}: its code differs from {en.name}'s: copy it over"
+            assert same_code(x.source, y.source), \
+                f"{ja.name} cell {index}: its code differs from {en.name}'s beyond comments " \
+                "and Japanese text in strings: run tools/sync_ja.py"
 
 
 @pytest.mark.parametrize("en,ja", PAIRS, ids=IDS)
@@ -215,3 +220,94 @@ def test_the_japanese_readme_opens_the_japanese_notebooks_on_colab():
         False, "README.ja.md's Colab badges are stale: run python tools/set_colab.py"
     text = (REPO / "README.ja.md").read_text(encoding="utf-8")
     assert text.count(f"/blob/main/notebooks/ja/") == len(japanese) == len(EN)
+
+
+# ---- docs/ja/glossary.md, 表記のルール: the rules a test can check ----------------------------
+
+KANA_KANJI = r"\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff"
+JA_TEXTS = [JA_DIR / p.name for p in EN] + [REPO / "README.ja.md", GLOSSARY]
+
+
+def markdown_parts(path):
+    """(where, markdown) for each markdown cell of a notebook, or the whole of a .md file."""
+    if path.suffix == ".ipynb":
+        return [(f"{path.name} cell {i}", c.source) for i, c in enumerate(read(path).cells)
+                if c.cell_type == "markdown"]
+    return [(path.name, path.read_text(encoding="utf-8"))]
+
+
+def inline_tokens(markdown):
+    """Every inline token CommonMark makes of the markdown, with whether it sits in <em>."""
+    from markdown_it import MarkdownIt
+    out = []
+    for block in MarkdownIt("commonmark").parse(markdown):
+        emphasis = 0
+        for token in block.children or []:
+            emphasis += {"em_open": 1, "em_close": -1}.get(token.type, 0)
+            out.append((token, emphasis > 0))
+    return out
+
+
+@pytest.mark.parametrize("path", [*EN, *JA_TEXTS[:-2]], ids=lambda p: p.parent.name + "/" + p.stem)
+def test_markdown_renders_its_emphasis(path):
+    """A `**` or `*` left as text after CommonMark rendering is emphasis that did not open
+    (e.g. `は**`code` 語**` in Japanese: the delimiter touches a letter on one side and
+    punctuation on the other)."""
+    left = [f"{where}: {token.content.strip()[:60]!r}" for where, source in markdown_parts(path)
+            for token, _ in inline_tokens(source)
+            if token.type == "text" and re.search(r"\*\*|(?<![\s\d])\*(?![\s\d])", token.content)]
+    assert not left, "emphasis that renders as literal asterisks:\n" + "\n".join(left)
+
+
+def bold_spacing(markdown: str) -> str:
+    """The markdown with a space between a bold span and kana/kanji touching it."""
+    letter = re.compile(f"[{KANA_KANJI}]")
+    out = []
+    for paragraph in re.split(r"(\n\s*\n)", markdown):
+        code = [m.span() for m in re.finditer(r"`[^`\n]*`", paragraph)]
+        marks = [m.start() for m in re.finditer(r"(?<!\\)\*\*", paragraph)
+                 if not any(a <= m.start() < b for a, b in code)]
+        cut = [i for k, i in enumerate(marks) if k % 2 == 0 and i and letter.match(paragraph[i - 1])]
+        cut += [i + 2 for k, i in enumerate(marks)
+                if k % 2 and letter.match(paragraph[i + 2:i + 3] or " ")]
+        for i in sorted(cut, reverse=True):
+            paragraph = paragraph[:i] + " " + paragraph[i:]
+        out.append(paragraph)
+    return "".join(out)
+
+
+def sentence_colons(markdown: str) -> list:
+    """Colons that join two Japanese sentences (a colon after a short label may stay)."""
+    found = []
+    for line in prose(markdown).splitlines():
+        body = re.sub(r"^\s*(?:[-*]|\d+\.|#+|\|)?\s*", "", line)
+        body = re.sub(r"「[^」]*」", "「」", body)      # a quoted title keeps its colon
+        for m in re.finditer(rf"(?<=[{KANA_KANJI}）)」*]): (?=.*[{KANA_KANJI}])", body):
+            label = body[:m.start()]
+            if len(label) > 25 or re.search("[。、:]", label):
+                found.append(body[max(0, m.start() - 15):m.end() + 15])
+    return found
+
+
+LONG_VOWELS = ("パラメータ", "オプティマイザ", "フォルダ", "イテレータ", "ドライバ", "ブラウザ",
+               "アップデータ", "コンピュータ", "ユーザ", "サーバ", "トレーナ", "ローダ")
+
+
+@pytest.mark.parametrize("path", JA_TEXTS, ids=lambda p: p.stem)
+def test_the_writing_rules(path):
+    problems = []
+    for where, source in markdown_parts(path):
+        text = prose(source)
+        if bold_spacing(source) != source:
+            problems.append(f"{where}: bold touching kana/kanji: put a space between them")
+        problems += [f"{where}: italics on Japanese {token.content[:30]!r}: use bold or 「」"
+                     for token, em in inline_tokens(source)
+                     if em and token.type == "text" and re.search(f"[{KANA_KANJI}]", token.content)]
+        problems += [f"{where}: a colon joins two sentences: …{s}…" for s in sentence_colons(source)]
+        problems += [f"{where}: a dash joins a parenthetical: …{m}…"
+                     for m in re.findall(r".{0,12}—.{0,12}", text)]
+        problems += [f"{where}: numeral {m!r}: write 1 つ, 2 つ"
+                     for m in re.findall(r"[一二三四五六七八九]つ|ひとつ|ふたつ|みっつ", text)]
+        problems += [f"{where}: long vowel: {m}ー" for m in
+                     re.findall(f"({'|'.join(LONG_VOWELS)})(?!ー)", text)]
+    assert not problems, "docs/ja/glossary.md, 表記のルール:\n" + "\n".join(problems)
