@@ -1,12 +1,12 @@
-"""How long medaidet's multibox loss takes, next to ChainerCV's, in one run.
+"""What medaidet's target check costs on top of ChainerCV's multibox loss, in one run.
 
 SSD300 on BCCD: B = 32 images, K = 8732 default boxes, 3 + 1 classes, k = 3,
 random predictions and ~1% positive priors (what the coder gives for a few
-dozen cells per image). Forward alone and forward + backward; ours with the
-checks on (the default) and off. The runs are interleaved (each round times
-every variant once, after a warm-up round) and the best of N rounds is kept,
-so drift in the machine's speed hits all variants alike. The goal on the CPU
-is a ratio ours/ChainerCV of at most 0.8 with the checks on.
+dozen cells per image). Forward alone and forward + backward; medaidet's loss
+(ChainerCV's behind the check) with the check on (the default) and off. The
+runs are interleaved (each round times every variant once, after a warm-up
+round) and the best of N rounds is kept, so drift in the machine's speed hits
+all variants alike.
 
     python benchmarks/bench_loss.py [--repeat 20] [--batch 32] [--gpu]
 """

@@ -1,25 +1,27 @@
-"""SSD's multibox loss that names bad targets instead of crashing the GPU.
+"""SSD's multibox loss behind a check of its targets (notebook 02, section 7).
 
-A drop-in for :func:`chainercv.links.model.ssd.multibox_loss` (same
-arguments, same ``(loc_loss, conf_loss)``, the same numbers on valid inputs).
+ChainerCV's :func:`chainercv.links.model.ssd.multibox_loss` computes the loss (eq. 2 and 3 of
+Liu et al., SSD, ECCV 2016); this module checks its inputs first. Why: on the GPU an
+out-of-range label or a broken box is read unchecked inside the loss's kernels, and what
+follows is a wrong loss or a fault reported later by an unrelated call (the sort of
+hard-negative mining: ``merge_sort: failed to synchronize``), with no idea which sample was
+wrong. The check runs on the device with one host synchronisation and raises
 
-Why it exists: on the GPU an out-of-range label or a broken box
-faults asynchronously inside the loss, and the fault is reported later by the
-sort of hard-negative mining (``merge_sort: failed to synchronize``), leaving a
-dead CUDA context and no idea which sample was wrong. This loss checks the
-inputs first, on the device and with one host synchronisation, and raises
-
-* :class:`InvalidTargetsError` (a ``ValueError``) for shapes that disagree,
-  non-integer or out-of-range labels and non-finite encoded locations at
-  positive priors, naming the batch index, prior index, value, allowed range
-  and likely cause;
+* :class:`InvalidTargetsError` (a ``ValueError``) for shapes that disagree, non-integer or
+  out-of-range labels and non-finite encoded locations at positive priors, naming the batch
+  index, prior index, value, allowed range and likely cause;
 * :class:`DivergedError` (a ``FloatingPointError``) for nan/inf predictions.
 
-Conventions (as in ChainerCV): ``K`` default boxes per image, locations
-encoded by :class:`chainercv.links.model.ssd.MultiboxCoder` as
-``(dy, dx, log(h), log(w))`` offsets, class 0 is background, so
-``mb_confs`` has ``n_class = n_fg_class + 1`` scores per prior and labels run
-over ``0 .. n_class - 1``.
+Conventions (as in ChainerCV): ``K`` default boxes per image, locations encoded by
+:class:`chainercv.links.model.ssd.MultiboxCoder` as ``(dy, dx, log(h), log(w))`` offsets,
+class 0 is background, so ``mb_confs`` has ``n_class = n_fg_class + 1`` scores per prior and
+labels run over ``0 .. n_class - 1``.
+
+Until 2026-11 this module computed the loss itself, with its own forward and backward: 19.8 ms
+against ChainerCV's 34.0 ms for SSD300's loss at batch 32 on the CPU. In the training the course
+runs (the cpu profile, batch 4) that bought nothing measurable: 237-245 ms per iteration with
+it, 220-240 ms with ChainerCV's loss, best of three interleaved runs of 80 iterations each
+(docs/cpu-detector.md, "Where a training step's time goes"). So the loss is ChainerCV's.
 """
 import math
 from collections import Counter
@@ -27,10 +29,10 @@ from collections import Counter
 import numpy as np
 
 import chainer
-import chainer.functions as F
-from chainer import backend, utils
+from chainer import backend
 from chainer.backends import cuda
-from chainer.functions.activation import log_softmax as _chainer_log_softmax
+from chainercv.links.model.ssd import multibox_loss as chainercv_multibox_loss
+from chainercv.links.model.ssd.multibox_loss import _hard_negative as chainercv_hard_negative
 
 from medaidet.errors import MedaidetError
 
@@ -117,9 +119,9 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
             and with a ``comm`` already averaged over workers
             (``comm.allreduce_obj(count) / comm.size``); ``comm`` is then not
             used by this call (one allreduce per batch, not per micro-batch).
-            A NumPy/Python scalar divides as ChainerCV does on the CPU, a 0-d
-            device array as it does on the GPU. ``None`` (default): this
-            call's own count, exactly as ChainerCV.
+            ChainerCV's losses (divided by this call's count) are rescaled by
+            ``own count / n_positive``: equal to the batch's up to float rounding.
+            ``None`` (default): this call's own count, exactly as ChainerCV.
 
     Returns:
         tuple of chainer.Variable: ``(loc_loss, conf_loss)``, each a scalar
@@ -134,9 +136,8 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
             positive prior, or ``n_positive`` is not a finite number >= 0.
         DivergedError: ``mb_locs`` or ``mb_confs`` holds nan or inf.
 
-    The success path synchronises with the host once (all check flags and the
-    positive count travel together); building an error message may transfer
-    more, just before raising.
+    The check synchronises with the host once (all its flags travel together); building an
+    error message may transfer more, just before raising.
 
     One deliberate difference from ChainerCV: non-finite encoded locations at
     negative priors are ignored (they are checked only where used). The coder
@@ -153,45 +154,31 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
     count couples the images.
     """
     _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k)
-    mb_locs = chainer.as_variable(mb_locs)
-    mb_confs = chainer.as_variable(mb_confs)
-    gt_mb_locs = _as_array(gt_mb_locs)
-    gt_mb_labels = _as_array(gt_mb_labels)
-    normaliser = None if n_positive is None else _as_array(n_positive)
-    host_normaliser = None if normaliser is None else _host_normaliser(normaliser)
+    gt_mb_locs, gt_mb_labels = _as_array(gt_mb_locs), _as_array(gt_mb_labels)
+    normaliser = None if n_positive is None else _host_normaliser(n_positive)
     if check:
-        _check_shapes(mb_locs.array, mb_confs.array, gt_mb_locs, gt_mb_labels)
-
+        _check_shapes(_as_array(mb_locs), _as_array(mb_confs), gt_mb_locs, gt_mb_labels)
     xp = backend.get_array_module(gt_mb_labels)
     with cuda.get_device_from_array(gt_mb_labels):
         positive = gt_mb_labels > 0
-        # Kept on the device, as in ChainerCV: the divisions below then round
-        # exactly as ChainerCV's do (a NumPy scalar on the CPU, a 0-d array on the GPU).
-        n_positive = positive.sum()
         if check:
-            host_n_positive = _check_values(
-                mb_locs.array, mb_confs.array, gt_mb_locs, gt_mb_labels, positive, n_positive)
-        elif normaliser is None:
-            host_n_positive = int(_to_host(n_positive))
-
-        if normaliser is not None:
-            n_positive, host_n_positive = normaliser, host_normaliser
-        elif comm:
-            n_positive = comm.allreduce_obj(n_positive) / comm.size
-            host_n_positive = n_positive
-        if host_n_positive == 0:
+            _check_values(_as_array(mb_locs), _as_array(mb_confs), gt_mb_locs, gt_mb_labels,
+                          positive, positive.sum())
+        # The coder writes every prior's offsets from its best box, so a degenerate box puts
+        # nan/-inf at negative priors too; the loss uses positives only, and ChainerCV's
+        # would turn those into inf * 0 = nan.
+        gt_mb_locs = xp.where(positive[..., None], gt_mb_locs, gt_mb_locs.dtype.type(0))
+        gt_mb_labels = gt_mb_labels.astype(np.int32, copy=False)   # chainer wants signed
+        if normaliser is None:
+            return chainercv_multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm)
+        if normaliser == 0:
             z = chainer.Variable(xp.zeros((), dtype=np.float32))
             return z, z
-
-        loc_loss = _PositiveHuberLoss(positive).apply((mb_locs, gt_mb_locs))[0]
-        loc_loss = loc_loss / n_positive
-
-        conf_loss = _SoftmaxCrossEntropy().apply((mb_confs, gt_mb_labels))[0]
-        hard = hard_negative(conf_loss.array, positive, k)
-        conf_loss *= xp.logical_or(positive, hard).astype(conf_loss.dtype)
-        conf_loss = F.sum(conf_loss) / n_positive
-
-    return loc_loss, conf_loss
+        # ChainerCV divides by this call's own positive count: rescale to the caller's
+        loc_loss, conf_loss = chainercv_multibox_loss(mb_locs, mb_confs, gt_mb_locs,
+                                                      gt_mb_labels, k)
+        scale = (positive.sum() / _as_array(n_positive)).astype(loc_loss.dtype)
+        return loc_loss * scale, conf_loss * scale
 
 
 def _host_normaliser(n_positive):
@@ -215,7 +202,7 @@ def _host_normaliser(n_positive):
 
 
 def hard_negative(x, positive, k):
-    """Hard-negative mask of SSD's confidence loss, with a single sort.
+    """SSD's hard negatives, as ChainerCV's loss chooses them (notebook 02, section 7).
 
     Args:
         x (array): per-prior confidence loss, shape ``(B, K)``.
@@ -224,39 +211,14 @@ def hard_negative(x, positive, k):
             finite number >= 0, else :class:`InvalidTargetsError`.
 
     Returns:
-        array of bool, shape ``(B, K)``: the negatives (never a positive) whose
-        loss is among the ``k * n_positive`` largest of their image, at most
-        ``min(k * n_positive, n_negative)`` per image.
-
-    Exactly ChainerCV's choice: ChainerCV ranks the key
-    ``x * (positive - 1)`` (minus the loss for negatives, 0 for positives) with
-    ``argsort().argsort()`` and keeps ranks ``< k * n_positive``. The second
-    argsort only inverts the permutation of the first, so we sort once and
-    scatter the ranks (``rank[b, order[b, j]] = j``).
-
-    Ties: NumPy's default argsort is not stable (introsort, or a SIMD sort on
-    AVX2/AVX-512 builds), so among equal losses its order depends on the data
-    and on the build. A stable sort would therefore choose different tied
-    negatives than ChainerCV; to choose the same ones we sort the same key
-    (same values, same float64 dtype) with the same default sort. On CuPy both
-    use CuPy's argsort, which is stable. The same applies to negatives whose
-    loss is exactly 0 (a very confident background): their key ties with the
-    positives' 0, and which of them fall below ``k * n_positive`` follows that
-    same sort order, as in ChainerCV (they add nothing to the loss). Positives
-    are removed from the mask explicitly, which bounds it by ``n_negative``;
-    the cut itself is not clamped to ``n_negative``, because inside that tie
-    group a clamped cut would keep other negatives than ChainerCV does.
+        array of bool, shape ``(B, K)``: the negatives (never a positive) whose loss is among
+        the ``k * n_positive`` largest of their image. ChainerCV ranks ``x * (positive - 1)``
+        (minus the loss for negatives, 0 for positives) and keeps ranks below
+        ``k * n_positive``, so a negative whose loss is exactly 0 ties with the positives.
     """
     _check_k(k)
     x = _as_array(x)
-    xp = backend.get_array_module(x)
-    n_batch, n_prior = x.shape
-    key = x * (positive - 1)          # ChainerCV's key, bit for bit (float64)
-    order = key.argsort(axis=1)       # ChainerCV's first sort, the same kind
-    rank = xp.empty_like(order)
-    rank[xp.arange(n_batch)[:, None], order] = xp.arange(n_prior)[None, :]
-    n_keep = positive.sum(axis=1) * k
-    return (rank < n_keep[:, None]) & ~positive
+    return chainercv_hard_negative(x, positive, k) & ~positive
 
 
 # --------------------------------------------------------------------------- checks
@@ -431,7 +393,7 @@ def _check_values(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, positive, n_posit
         xp.isfinite(mb_locs).all(),
         xp.isfinite(mb_confs).all(),
         # non-finite ground truth matters only where it is used: positive priors
-        xp.logical_and(~_all_last_axis(xp.isfinite(gt_mb_locs)), positive).any(),
+        xp.logical_and(~xp.isfinite(gt_mb_locs).all(axis=-1), positive).any(),
     ]
     flags = _to_host(xp.stack([xp.asarray(f, dtype=np.int64) for f in flags]))
     n_pos, lo, hi, locs_finite, confs_finite, gt_bad = (int(f) for f in flags)
@@ -474,7 +436,7 @@ def _raise_bad_label(labels, n_class, lo, hi):
 
 def _raise_bad_gt_loc(gt_mb_locs, labels, positive):
     xp = backend.get_array_module(gt_mb_locs)
-    bad = ~_all_last_axis(xp.isfinite(gt_mb_locs)) & positive
+    bad = ~xp.isfinite(gt_mb_locs).all(axis=-1) & positive
     count, b, i = _first(bad)
     value = [float(v) for v in _to_host(gt_mb_locs[b, i])]
     raise InvalidTargetsError(
@@ -488,8 +450,8 @@ def _raise_bad_gt_loc(gt_mb_locs, labels, positive):
 
 def _raise_diverged(mb_locs, mb_confs):
     xp = backend.get_array_module(mb_confs)
-    bad_locs = ~_all_last_axis(xp.isfinite(mb_locs))
-    bad_confs = ~_all_last_axis(xp.isfinite(mb_confs))
+    bad_locs = ~xp.isfinite(mb_locs).all(axis=-1)
+    bad_confs = ~xp.isfinite(mb_confs).all(axis=-1)
     count, b, i = _first(bad_locs | bad_confs)
     n_locs, n_confs = int(bad_locs.sum()), int(bad_confs.sum())
     name, array = ("mb_locs", mb_locs) if bool(bad_locs[b, i]) else ("mb_confs", mb_confs)
@@ -504,145 +466,3 @@ def _raise_diverged(mb_locs, mb_confs):
 
 def _fmt(values):
     return "[" + ", ".join(f"{v:.6g}" for v in values) + "]"
-
-
-# --------------------------------------------------------------------------- kernels
-
-# NumPy reduces a short last axis (4 box values, a few classes) about ten times
-# slower than it combines the columns. For fewer than 8 columns NumPy's sum adds
-# them one after the other (pairwise summation starts at 8), so adding the
-# columns in order gives the same bits; the tests compare against ChainerCV
-# bit for bit. CuPy, float16 and wider axes use the array's own reduction,
-# exactly what chainer calls.
-
-def _fast_columns(a):
-    return (backend.get_array_module(a) is np and 0 < a.shape[-1] < 8
-            and a.dtype in (np.float32, np.float64, np.bool_))
-
-
-def _reduce_columns(ufunc, a):
-    if a.shape[-1] == 1:
-        return a[..., 0].copy()
-    out = ufunc(a[..., 0], a[..., 1])
-    for c in range(2, a.shape[-1]):
-        ufunc(out, a[..., c], out=out)
-    return out
-
-
-def _sum_last_axis(a):
-    return _reduce_columns(np.add, a) if _fast_columns(a) else a.sum(axis=-1)
-
-
-def _max_last_axis(a):
-    return _reduce_columns(np.maximum, a) if _fast_columns(a) else a.max(axis=-1)
-
-
-def _all_last_axis(a):
-    return _reduce_columns(np.logical_and, a) if _fast_columns(a) else a.all(axis=-1)
-
-
-class _PositiveHuberLoss(chainer.FunctionNode):
-    """``F.sum(F.sum(F.huber_loss(x, t, 1, reduce='no'), axis=-1) * positive)``
-    in one node: the same operations and bits as ChainerCV's chain, without
-    NumPy's slow reduction over the 4 box values.
-
-    One deliberate difference: negatives are dropped with ``where`` instead of
-    a multiplication by 0. On finite targets that gives the same bits, but
-    MultiboxCoder.encode writes every prior's offsets from its best-matching
-    box, so one degenerate box puts nan/-inf at negative priors too; ChainerCV
-    then returns ``inf * 0 = nan`` (and nan gradients), this loss ignores them.
-    """
-
-    delta = 1.0
-
-    def __init__(self, positive):
-        self.positive = positive
-
-    def forward(self, inputs):
-        self.retain_inputs((0, 1))
-        xp = backend.get_array_module(*inputs)
-        x, t = inputs
-        dtype = x.dtype
-        # chainer.functions.HuberLoss.forward, operation for operation
-        linear_part = utils.force_array(x - t, dtype)
-        delta = dtype.type(self.delta)
-        xp.abs(linear_part, out=linear_part)
-        square_part = utils.force_array(xp.square(linear_part), dtype)
-        linear_part *= 2 * delta
-        linear_part -= delta * delta
-        xp.maximum(linear_part, delta * delta, out=linear_part)
-        xp.minimum(square_part, linear_part, out=square_part)
-        square_part *= 0.5
-        per_prior = xp.where(self.positive, _sum_last_axis(square_part), dtype.type(0))
-        return xp.asarray(per_prior.sum()),
-
-    def backward(self, indexes, grad_outputs):
-        # ChainerCV's gradient chain (Sum, Mul, Sum(axis=-1), HuberLoss) in Variables,
-        # so double backprop keeps working.
-        x, t = self.get_retained_inputs()
-        gy, = grad_outputs
-        xp = backend.get_array_module(x)
-        positive = self.positive.astype(x.dtype)
-        g = F.broadcast_to(gy, positive.shape) * positive
-        # 0 * clip(nan) would be nan: the targets of negatives never reach the gradient
-        t = xp.where(self.positive[..., None], t.array, x.dtype.type(0))
-        clipped = F.clip(x - t, -self.delta, self.delta)
-        gx = F.broadcast_to(F.expand_dims(g, -1), clipped.shape) * clipped
-        return tuple(gx if i == 0 else -gx for i in indexes)
-
-
-class _SoftmaxCrossEntropy(chainer.FunctionNode):
-    """Per-prior softmax cross-entropy of ``(B, K, n_class)`` logits and
-    ``(B, K)`` labels: ``F.softmax_cross_entropy(reduce='no')`` on the
-    flattened priors, the same bits, without NumPy's slow short-axis
-    reductions on the CPU."""
-
-    def forward(self, inputs):
-        self.retain_inputs((0, 1))
-        x, t = inputs
-        xp = backend.get_array_module(x)
-        n_class = x.shape[-1]
-        x2 = x.reshape(-1, n_class)
-        self._index = xp.arange(x2.shape[0]) * n_class + t.ravel()
-        if _fast_columns(x2):
-            # chainer's logsumexp: max, x - max, exp, sum, log, max + log
-            log_z = _max_last_axis(x2)
-            y = x2 - log_z[:, None]
-            xp.exp(y, out=y)
-            s = _sum_last_axis(y)
-            xp.log(s, out=s)
-            log_z += s
-            self._log_z, self._log_y = log_z, None
-            loss = -(x2.ravel().take(self._index) - log_z)
-        else:
-            log_y = _chainer_log_softmax._log_softmax(x2)   # what chainer calls, cuDNN included
-            self._log_z, self._log_y = None, log_y
-            loss = -log_y.ravel().take(self._index)
-        return utils.force_array(loss.reshape(t.shape), x.dtype),
-
-    def backward(self, indexes, grad_outputs):
-        x, t = self.get_retained_inputs()
-        return _SoftmaxCrossEntropyGrad(self).apply((x, grad_outputs[0]))[0], None
-
-
-class _SoftmaxCrossEntropyGrad(chainer.FunctionNode):
-    """``(softmax(x) - onehot(t)) * gy``; like chainer's, no double backprop."""
-
-    def __init__(self, forward_node):
-        self.fwd = forward_node
-
-    def forward(self, inputs):
-        x, gy = inputs
-        xp = backend.get_array_module(x)
-        x2 = x.reshape(-1, x.shape[-1])
-        log_y = self.fwd._log_y if self.fwd._log_y is not None else x2 - self.fwd._log_z[:, None]
-        gx = xp.exp(log_y)
-        flat = gx.reshape(-1)
-        flat[self.fwd._index] -= 1
-        gx *= gy.reshape(-1, 1)
-        return gx.reshape(x.shape),
-
-    def backward(self, indexes, grad_outputs):
-        raise RuntimeError("medaidet.ssd.loss.multibox_loss does not support double backprop "
-                           "through the confidence loss (neither does chainer's "
-                           "softmax_cross_entropy by default).")

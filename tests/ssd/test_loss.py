@@ -1,6 +1,7 @@
-"""medaidet.ssd.loss against ChainerCV's multibox_loss: the same numbers, masks and
-gradients on valid inputs (random, tied, zero/all positives, k = 0/1/3), and
-named errors instead of crashes on invalid ones."""
+"""medaidet.ssd.loss: ChainerCV's multibox_loss behind a target check. The same numbers,
+masks and gradients as ChainerCV's on valid inputs (random, tied, zero/all positives,
+k = 0/1/3, labels of any accepted dtype, a normaliser for accumulation), and named errors
+instead of crashes on invalid ones."""
 import numpy as np
 import pytest
 
@@ -50,7 +51,7 @@ def chainercv_mask(confs, labels, k):
 
 
 def our_mask(confs, labels, k):
-    ce = loss_module._SoftmaxCrossEntropy().apply((confs, labels))[0].array
+    ce = cv_softmax_cross_entropy(confs, labels).array
     return hard_negative(ce, labels > 0, k)
 
 
@@ -97,20 +98,6 @@ def assert_same_as_chainercv(inputs, k, comm=None, variables=True):
 
 
 # --------------------------------------------------------------------------- equivalence
-
-def test_per_prior_cross_entropy_is_chainers_bit_for_bit():
-    # The masks can only agree if the losses they rank agree to the last bit.
-    rng = np.random.RandomState(0)
-    for n_class in range(1, 10):
-        for n_prior in (1, 7, 8, 100, N_PRIOR_SSD300):
-            _, confs, _, labels = make_inputs(rng, 2, n_prior, max(n_class, 2), 0.2)
-            confs = confs[..., :n_class] if n_class == 1 else confs
-            labels = np.minimum(labels, n_class - 1)
-            ours = loss_module._SoftmaxCrossEntropy().apply((confs, labels))[0].array
-            theirs = cv_softmax_cross_entropy(confs, labels).array
-            assert ours.dtype == theirs.dtype
-            assert np.array_equal(ours, theirs), (n_class, n_prior)
-
 
 @pytest.mark.parametrize("variables", [True, False], ids=["variables", "arrays"])
 def test_random_small_inputs_equal_chainercv(variables):
@@ -272,8 +259,8 @@ def test_n_positive_equal_to_the_own_count_changes_nothing():
 def test_micro_batches_with_the_batch_normaliser_add_up_to_the_batch(n_micro):
     """Hard-negative mining is per image, so only the normaliser couples the images:
     with the batch's positive count the micro-batch losses sum to the batch's loss and
-    every prediction's gradient is the batch's, bit for bit. With each micro-batch's
-    own count (the naive way) they do not."""
+    every prediction's gradient is the batch's, up to float rounding. With each
+    micro-batch's own count (the naive way) they do not."""
     rng = np.random.RandomState(9)
     inputs = make_inputs(rng, 4, N_PRIOR_SSD300, positive_rate=0.02)
     labels = inputs[3]
@@ -283,8 +270,9 @@ def test_micro_batches_with_the_batch_normaliser_add_up_to_the_batch(n_micro):
     for i in range(2):
         assert sum(float(p[i].array) for p in parts) == pytest.approx(
             float(whole[i].array), rel=1e-6)
-    assert np.array_equal(np.concatenate([p[2] for p in parts]), whole[2])
-    assert np.array_equal(np.concatenate([p[3] for p in parts]), whole[3])
+    for i in (2, 3):
+        np.testing.assert_allclose(np.concatenate([p[i] for p in parts]), whole[i],
+                                   rtol=1e-5, atol=1e-9)
 
     size = 4 // n_micro
     naive = [multibox_loss(*(a[j:j + size] for a in inputs), 3) for j in range(0, 4, size)]
@@ -300,7 +288,8 @@ def test_n_positive_skips_comm_and_zero_gives_zeros():
                           n_positive=((labels > 0).sum() + 7) / 4)
     assert comm.received == []
     expected = multibox_loss(locs, confs, gt_locs, labels, 3, comm=FakeComm(4, 7))
-    assert all(np.array_equal(a.array, b.array) for a, b in zip(expected, given))
+    for a, b in zip(expected, given):
+        assert float(b.array) == pytest.approx(float(a.array), rel=1e-6)
     for zero in (0, 0.0, np.int64(0), np.zeros((), np.int64)):
         loc_loss, conf_loss = multibox_loss(locs, confs, gt_locs, labels, 3, n_positive=zero)
         assert float(loc_loss.array) == float(conf_loss.array) == 0
@@ -551,8 +540,8 @@ def test_one_host_transfer_on_the_success_path(monkeypatch, check):
     real = loss_module._to_host
     monkeypatch.setattr(loss_module, "_to_host", lambda a: calls.append(a) or real(a))
     multibox_loss(*valid(n_prior=N_PRIOR_SSD300), 3, check=check)
-    assert len(calls) == 1
-    assert calls[0].size <= 8       # one small array of flags
+    assert len(calls) == int(check)     # the check's one transfer; ChainerCV's loss syncs itself
+    assert all(c.size <= 8 for c in calls)      # one small array of flags
 
 
 # --------------------------------------------------------------------------- argument types and k
@@ -600,7 +589,7 @@ def test_k_must_be_a_finite_number_not_below_0(bad):
         assert err.argument == "k" and err.value is bad
         assert msg.startswith(f"k = {bad!r} is not a valid hard-negative ratio")
         assert "expected a finite number >= 0" in msg and err.allowed == "a finite number >= 0"
-    ce = loss_module._SoftmaxCrossEntropy().apply((confs, labels))[0].array
+    ce = cv_softmax_cross_entropy(confs, labels).array
     with pytest.raises(InvalidTargetsError, match="k = "):
         hard_negative(ce, labels > 0, bad)
 
