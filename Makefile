@@ -29,11 +29,26 @@ OUT_MARKER := .medaidet-course
 SETUP_INPUTS := pyproject.toml $(shell find medaidet/stack -name '*.py' 2>/dev/null)
 
 # Every path is quoted in the recipes: `make run "OUT=my outputs"` works.
-.PHONY: run test test-py311 test-py312 setup bccd txl-pbc clean
+.PHONY: run lab test test-py311 test-py312 setup bccd txl-pbc clean
 
 run: $(VENV312)/.ready bccd txl-pbc
 	"$(PY)" -m medaidet stack install --cuda auto
 	"$(PY)" -m medaidet course run --profile "$(PROFILE)" --lang "$(COURSE_LANG)" --out "$(OUT)"$(if $(SEED), --seed "$(SEED)")
+
+# The notebooks in JupyterLab, to study and change them, in the environment `make run` ran
+# them in (.venv-py312, with JupyterLab from the `lab` extra); COURSE_LANG=ja opens the
+# Japanese edition. The environment's kernel is also registered for the user as
+# "medaidet (Python 3.12)", for another Jupyter (VS Code, a system JupyterLab) to pick.
+# LAB_ARGS passes options to JupyterLab: make lab LAB_ARGS="--no-browser --port 8890".
+LAB_ARGS :=
+NOTEBOOK_DIR := $(if $(filter en,$(COURSE_LANG)),notebooks,notebooks/$(COURSE_LANG))
+lab: $(VENV312)/.lab bccd txl-pbc
+	"$(PY)" -m jupyterlab --ServerApp.root_dir="$(NOTEBOOK_DIR)" $(LAB_ARGS)
+
+$(VENV312)/.lab: $(VENV312)/.ready
+	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[lab]'
+	"$(PY)" -m ipykernel install --user --name medaidet --display-name "medaidet (Python 3.12)"
+	touch $@
 
 # BCCD for the course and the tests: the copy $$MEDAIDET_DATA names, else the cache's, each
 # verified against the manifest; with neither, the real download into the cache. Without a

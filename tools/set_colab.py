@@ -1,6 +1,6 @@
-"""Write what Colab needs from pyproject's repository URL: every notebook's setup cell and
+"""Write what Colab needs from pyproject's repository URL: every notebook's setup cell,
 the READMEs' tables of "Open in Colab" badges (README.md: the English notebooks; README.ja.md:
-the Japanese edition's).
+the Japanese edition's) and their quick start's `git clone` line.
 
     python tools/set_colab.py            # every notebook (notebooks/, notebooks/ja/), and the
                                          # READMEs (README.md, README.ja.md)
@@ -14,6 +14,7 @@ notebook's metadata names (``{"medaidet": {"extras": ["mpi"]}}``). Nothing else 
 notebook changes, and a file that already agrees is not rewritten.
 """
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -31,6 +32,15 @@ def differs(path: Path, repo: str) -> bool:
     return not (nb.cells and cells == [nb.cells[0]] and nb.cells[0].cell_type == "code"
                 and nb.cells[0].source == colab.notebook_setup_cell(nb, repo)
                 and not nb.cells[0].get("outputs"))
+
+
+def set_clone_line(readme: Path, repo: str, write: bool) -> bool:
+    """The quick start's `git clone URL` line names the repository; True if it differed."""
+    text = readme.read_text(encoding="utf-8")
+    new = re.sub(r"(?m)^git clone \S+$", lambda _: f"git clone {repo}.git", text)
+    if new != text and write:
+        readme.write_text(new, encoding="utf-8")
+    return new != text
 
 
 def main(argv=None) -> int:
@@ -66,7 +76,8 @@ def main(argv=None) -> int:
     if japanese.is_file():
         readmes.append((japanese, sorted((REPO / "notebooks" / "ja").glob("*.ipynb"))))
     for readme, every in readmes:
-        if colab.update_readme_badges(readme, repo, every, write=not args.check):
+        badges = colab.update_readme_badges(readme, repo, every, write=not args.check)
+        if set_clone_line(readme, repo, write=not args.check) or badges:
             if args.check:
                 stale.append(readme)
             print(f"{'differs' if args.check else 'updated'}: {readme}")

@@ -440,7 +440,8 @@ def test_insert_setup_cell_replaces_an_old_cell_keeping_id_and_tag(tmp_path):
 
 def test_tool_writes_a_new_repository_into_every_cell_and_the_badges(tmp_path):
     """tools/set_colab.py on copies: pyproject's Repository changed in one place reaches every
-    notebook's first cell (and only it) and README's badge table (and only it)."""
+    notebook's first cell (and only it), README's badge table and its quick start's
+    `git clone` line (and only them)."""
     new_url = "https://github.com/someone/medaidet"
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text((REPO / "pyproject.toml").read_text(encoding="utf-8").replace(
@@ -471,6 +472,9 @@ def test_tool_writes_a_new_repository_into_every_cell_and_the_badges(tmp_path):
         assert after.cells[0].metadata == before.cells[0].metadata
         assert after.cells[1:] == before.cells[1:] and after.metadata == before.metadata
     old_text, new_text = README.read_text(encoding="utf-8"), readme.read_text(encoding="utf-8")
+    assert f"\ngit clone {URL}.git\n" in old_text
+    assert f"\ngit clone {new_url}.git\n" in new_text and URL not in new_text
+    old_text = old_text.replace(f"git clone {URL}.git", f"git clone {new_url}.git")
     cut = old_text.index(colab.BADGES_BEGIN), old_text.index(colab.BADGES_END)
     new_cut = new_text.index(colab.BADGES_BEGIN), new_text.index(colab.BADGES_END)
     assert new_text[:new_cut[0]] == old_text[:cut[0]] and new_text[new_cut[1]:] == old_text[cut[1]:]
