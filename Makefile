@@ -51,8 +51,9 @@ $(VENV312)/.lab: $(VENV312)/.ready
 	touch $@
 
 # The executed course as a static website in site/ (both editions, tools/build_site.py), from
-# the notebooks `make run` and `make run COURSE_LANG=ja` left in $(OUT) and $(OUT)/ja; it says
-# to run them first when they are not there. Builds offline (Sphinx, myst-nb: the `site` extra).
+# the notebooks `make run` left in $(OUT) (and `make run COURSE_LANG=ja` in $(OUT)/ja: until
+# then the Japanese pages show the notebooks without outputs, and say so); it says to run the
+# course first when nothing was run. Builds offline (Sphinx, myst-nb: the `site` extra).
 site: $(VENV312)/.site
 	"$(PY)" tools/build_site.py --outputs "$(OUT)" --out site
 

@@ -47,14 +47,20 @@ def test_nothing_to_build_says_to_run_the_course(tmp_path, capsys):
     assert not (tmp_path / "site").exists()
 
 
+def test_an_edition_not_run_shows_its_notebooks_and_says_so(tmp_path):
+    build_site.stage_notebook(REPO / "notebooks" / "ja" / "03_training.ipynb",
+                              tmp_path / "03.ipynb", "## 解答", build_site.NOT_RUN["ja"])
+    first = nbformat.read(str(tmp_path / "03.ipynb"), as_version=4).cells[0].source
+    assert first.startswith("# 03") and build_site.NOT_RUN["ja"] in first.split("\n", 3)[3]
+
+
 @pytest.mark.slow(seconds=30)
 def test_both_editions_build_with_twins_colab_and_downloads(tmp_path):
     pytest.importorskip("sphinx")
-    outputs = tmp_path / "outputs"
-    (outputs / "ja").mkdir(parents=True)
-    for sub in ("", "ja"):
-        for notebook in (REPO / "notebooks" / sub).glob("0[34]_*.ipynb"):
-            (outputs / sub / notebook.name).write_bytes(notebook.read_bytes())
+    outputs = tmp_path / "outputs"        # the English edition "run"; the Japanese not
+    outputs.mkdir()
+    for notebook in (REPO / "notebooks").glob("0[34]_*.ipynb"):
+        (outputs / notebook.name).write_bytes(notebook.read_bytes())
     site = tmp_path / "site"
     assert build_site.main(["--outputs", str(outputs), "--out", str(site)]) == 0
     for page, twin, colab in (("03_training.html", 'href="ja/03_training.html"',
@@ -65,5 +71,8 @@ def test_both_editions_build_with_twins_colab_and_downloads(tmp_path):
         assert twin in html and colab in html and "_sources/03_training.ipynb" in html
         assert "tag_hide-cell" in html and "colab-setup" not in html
     assert 'lang="ja"' in (site / "ja" / "index.html").read_text(encoding="utf-8")
+    assert "日本語版を実行していない" in (site / "ja" / "03_training.html").read_text(encoding="utf-8")
+    assert len(list((site / "ja").glob("[01]*.html"))) == len(list(
+        (REPO / "notebooks" / "ja").glob("*.ipynb")))
     assert (site / "setup.html").is_file() and (site / "docs" / "cpu-detector.html").is_file()
     assert (site / "ja" / "docs" / "ja" / "glossary.html").is_file()

@@ -6,7 +6,8 @@ Sphinx with myst-nb (the Executable Books project's notebook reader for Sphinx) 
 sphinx-book-theme: each executed notebook becomes a page with its figures and outputs as the
 run left them (nothing is executed here, and nothing is fetched: the build needs no network).
 The English edition is built from OUTPUTS/*.ipynb into OUT/, the Japanese from
-OUTPUTS/ja/*.ipynb into OUT/ja/; every page links to its twin in the other edition. Each
+OUTPUTS/ja/*.ipynb into OUT/ja/ (an edition that was not run shows its notebooks without
+outputs, and says so); every page links to its twin in the other edition. Each
 notebook page has its Colab link (the repository URL of pyproject.toml) and a download of the
 notebook; the solutions are folded; the runner's plumbing (the Colab setup cell, the checks
 tagged ci-check, papermill's injected parameters) is left out; search is Sphinx's own. The
@@ -47,9 +48,22 @@ def repository_url() -> str:
     return url(REPO / "pyproject.toml")
 
 
-def stage_notebook(source: Path, target: Path, solutions: str) -> None:
-    """The executed notebook, its plumbing removed and its solutions folded."""
+NOT_RUN = {
+    "en": "This page shows the notebook without its outputs: the English edition was not run "
+          "for this build of the site (`make run`, then `make site`).",
+    "ja": "このページは出力のないノートブックです。このサイトを作ったときに日本語版を実行していないためです "
+          "(`make run COURSE_LANG=ja` のあとに `make site`)。",
+}
+
+
+def stage_notebook(source: Path, target: Path, solutions: str, note: str | None = None) -> None:
+    """The executed notebook, its plumbing removed and its solutions folded; ``note``: a
+    paragraph put first (an edition that was not run)."""
     nb = nbformat.read(str(source), as_version=4)
+    if note:
+        first = next(c for c in nb.cells if c.cell_type == "markdown")    # its title first
+        heading, _, rest = first.source.partition("\n")
+        first.source = f"{heading}\n\n```{{note}}\n{note}\n```\n{rest}"
     cells, in_solutions = [], False
     for cell in nb.cells:
         tags = set(cell.metadata.get("tags", []))
@@ -114,11 +128,13 @@ SWITCH = '''{%- set root = pathto(root_doc)[:-10] -%}
 
 def stage_edition(lang: str, outputs: Path, src: Path, repo: str) -> None:
     sub, readme, docs, solutions, title = EDITIONS[lang]
-    notebooks = sorted((outputs / sub).glob("*.ipynb"))
+    notebooks, note = sorted((outputs / sub).glob("*.ipynb")), None
+    if not notebooks:            # this edition was not run: its notebooks as written
+        notebooks, note = sorted((REPO / "notebooks" / sub).glob("*.ipynb")), NOT_RUN[lang]
     (src / "_templates").mkdir(parents=True)
     names = []
     for notebook in notebooks:
-        stage_notebook(notebook, src / notebook.name, solutions)
+        stage_notebook(notebook, src / notebook.name, solutions, note)
         names.append(notebook.stem)
     for doc in docs:
         (src / doc).parent.mkdir(parents=True, exist_ok=True)
@@ -157,12 +173,16 @@ def stage_edition(lang: str, outputs: Path, src: Path, repo: str) -> None:
 
 
 def build(outputs: Path, out: Path) -> None:
-    missing = [f"{outputs / sub}/*.ipynb (make run{' COURSE_LANG=ja' if lang == 'ja' else ''})"
-               for lang, (sub, *_) in EDITIONS.items() if not list((outputs / sub).glob("*.ipynb"))]
-    if missing:
-        raise SiteError("no executed notebooks to build the site from: " + ", ".join(missing)
-                        + ". Run the course first (make run, then make run COURSE_LANG=ja), "
-                        "or point --outputs at a folder holding both editions' runs.")
+    run = [lang for lang, (sub, *_) in EDITIONS.items() if list((outputs / sub).glob("*.ipynb"))]
+    if not run:
+        raise SiteError(f"no executed notebooks to build the site from in {outputs} (nor in "
+                        f"{outputs / 'ja'}). Run the course first: make run (and make run "
+                        "COURSE_LANG=ja for the Japanese edition's outputs), then make site.")
+    for lang in EDITIONS:
+        if lang not in run:
+            print(f"make site: the {lang} edition was not run ({outputs / EDITIONS[lang][0]} "
+                  "holds no notebook): its pages show the notebooks without outputs",
+                  file=sys.stderr)
     repo = repository_url()
     with tempfile.TemporaryDirectory() as tmp:
         for lang in EDITIONS:
