@@ -13,6 +13,11 @@ notebook; the solutions are folded; the runner's plumbing (the Colab setup cell,
 tagged ci-check, papermill's injected parameters) is left out; search is Sphinx's own. The
 README (the setup) and docs/ are pages too; a link to a file of the repository that is no
 page goes to the repository.
+
+Why Sphinx + myst-nb rather than Jupyter Book: Jupyter Book 1 is a command line over these
+same two packages, and Jupyter Book 2 (mystmd) builds with Node; this way the site is three
+pip packages (the `site` extra) in the environment the course already has, builds offline,
+and Sphinx's own search splits Japanese words without a service.
 """
 from __future__ import annotations
 
