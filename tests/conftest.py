@@ -92,6 +92,18 @@ def pytest_report_header(config):
         return f"{SHARD_ENV}={text}: slow tests of shard {text} only (the rest run elsewhere)"
 
 
+def npm_ci(folder: Path, package: str, missing) -> None:
+    """``npm ci`` in ``folder`` (its package-lock.json) when node_modules/``package`` is not
+    there yet; ``missing(what)`` (skip or fail, the caller's rule) when npm is not installed."""
+    if (folder / "node_modules" / package).is_dir():
+        return
+    if shutil.which("npm") is None:
+        missing(f"npm is not installed, and {folder.name}/node_modules is missing")
+    done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+                          cwd=folder, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def fake_distribution(site: Path, name: str, version: str) -> Path:
     """Make ``importlib.metadata`` see ``name==version`` installed under ``site``."""
     info = site / f"{name.replace('-', '_')}-{version}.dist-info"

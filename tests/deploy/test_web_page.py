@@ -12,7 +12,6 @@ import functools
 import http.server
 import os
 import shutil
-import subprocess
 import threading
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from medaidet.deploy.detector import OnnxDetector, read_rgb
 from medaidet.deploy.export import export_onnx
 from medaidet.ssd.pretrained import shipped_weights
 
-from conftest import REPO
+from conftest import REPO, npm_ci
 
 WEB = REPO / "web"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -48,12 +47,7 @@ def browser_path():
 def site(tmp_path_factory, browser_path):
     """web/ with its node_modules (npm ci when missing) and an exported model, served on
     127.0.0.1."""
-    if not (WEB / "node_modules" / "onnxruntime-web").is_dir():
-        if shutil.which("npm") is None:
-            _missing("npm is not installed, and web/node_modules is missing")
-        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-                              cwd=WEB, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
+    npm_ci(WEB, "onnxruntime-web", _missing)
     root = tmp_path_factory.mktemp("site")
     for name in ("index.html", "app.js", "detector.js"):
         shutil.copy(WEB / name, root / name)
