@@ -8,7 +8,8 @@ compared element by element, so the message can say which part is off.
 
 The verdict speaks the language of the exercise's label: ``check(..., "exercise 1")`` in
 English, ``check(..., "演習 1")`` in Japanese (the Japanese edition's labels). A class name or
-yes/no may be answered in either language (``"白血球"`` for ``"wbc"``, ``"はい"`` for ``"yes"``).
+yes/no may be answered in either language (``"白血球"`` for ``"wbc"``, ``"はい"`` for ``"yes"``,
+and for a solution that is ``True``).
 """
 from __future__ import annotations
 
@@ -76,6 +77,9 @@ def compare(answer, solution, rtol: float = 1e-2, where: str = "",
         if text is None or SYNONYMS.get(text, text).lower() != solution.strip().lower():
             return say["wrong"].format(got=repr(answer), at=at)
         return None
+    if isinstance(solution, bool) and isinstance(answer, str):      # "はい" for True
+        word = SYNONYMS.get(answer.strip(), answer.strip()).lower()
+        answer = {"yes": True, "true": True, "no": False, "false": False}.get(word, answer)
     if isinstance(solution, numbers.Number) and not isinstance(solution, bool):
         if isinstance(answer, bool) or not isinstance(answer, numbers.Number):
             return say["number"].format(at=at, got=repr(answer))

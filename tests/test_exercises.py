@@ -57,4 +57,7 @@ def test_the_verdict_speaks_the_labels_language(capsys):
                              ("いいえ", "No"), ("赤血球", "RBC")):
         assert compare(answer, solution) is None, answer
     assert compare("白血球", "rbc") == "'白血球' is not the answer"
+    for answer, solution in (("はい", True), ("いいえ", False), (" Yes ", True), (True, True)):
+        assert compare(answer, solution) is None, answer
+    assert compare("はい", False) is not None and compare("maybe", True) is not None
     assert compare("はい", "no", lang="ja") == "'はい' は答えではありません"
