@@ -13,6 +13,7 @@ and status 130. ``--debug``, anywhere on the
 command line, shows the traceback instead.
 """
 import argparse
+import contextlib
 import errno
 import logging
 import sys
@@ -60,6 +61,22 @@ def _needs_stack(exc: ImportError, command: str):
         return None
     return (f"`medaidet {command}` needs the chainer stack ({type(exc).__name__}: {exc}): run "
             "`python -m medaidet stack install` first")
+
+
+@contextlib.contextmanager
+def flags_in_messages(flags: dict):
+    """An error raised inside whose message begins with a field name of ``flags``
+    (``"out: ..."``, as the Python API names it) begins with the flag the user typed
+    instead (``"--out: ..."``)."""
+    try:
+        yield
+    except MedaidetError as exc:
+        message = str(exc)
+        for field, flag in flags.items():
+            if message.startswith(field + ":"):
+                exc.args = (flag + message[len(field):],) + exc.args[1:]
+                break
+        raise
 
 
 def _one_line(exc: BaseException, args=None) -> str:

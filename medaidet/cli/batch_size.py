@@ -1,7 +1,7 @@
 """``medaidet batch-size``: the largest batch that fits, and memory per batch size (08)."""
 import json
 
-from medaidet.arguments import positive_int, prepare_output_dir
+from medaidet.arguments import ArgumentValueError, positive_int, prepare_output_dir
 from medaidet.device import DEFAULT_DEVICE
 from medaidet.ssd import MODEL_NAMES
 
@@ -32,12 +32,12 @@ def add_parser(commands) -> None:
 
 def _batch_size(args) -> int:
     from medaidet.data.download import resolve_root
-    from medaidet.scaling.batch_size import (NoBatchSizeFitsError, batch_size_on_bccd,
-                                             check_search)
+    from medaidet.scaling.batch_size import NoBatchSizeFitsError, batch_size_on_bccd
 
-    # checked here first so that the messages name the flags the user typed
-    if not args.sizes:
-        check_search(args.start, args.min, names=("--start", "--min"))
+    # checked here first, in the flags the user typed (batch_size_on_bccd checks it again)
+    if not args.sizes and args.min > args.start:
+        raise ArgumentValueError(f"--min: {args.min} is greater than --start {args.start}; "
+                                 "expected a batch size from 1 to --start")
     if args.out is not None:
         prepare_output_dir(args.out, "--out", inputs=(resolve_root(args.root),))
     log = None if args.json else print

@@ -73,11 +73,13 @@ def config_from_args(args) -> TrainConfig:
 
 
 def _train(args) -> int:
+    from medaidet.cli import flags_in_messages
     from medaidet.training.run import train
 
     config = config_from_args(args)
     # the messages of the checks before any work name the flags the user typed
-    train(config, resume=args.resume, progress=not args.no_progress, names={
-        "out": "--out" if args.out is not None else "out", "resume": "--resume",
-        "pretrained": "--pretrained" if args.pretrained is not None else "pretrained"})
+    typed = {field: f"--{field}" for field in ("out", "resume", "pretrained")
+             if getattr(args, field) is not None}
+    with flags_in_messages(typed):
+        train(config, resume=args.resume, progress=not args.no_progress)
     return 0

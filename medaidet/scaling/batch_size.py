@@ -342,16 +342,14 @@ def _try_batch_size(train_chain, examples, batch_size, device) -> BatchSizeTry:
     return t
 
 
-def check_search(start, min_batch_size, names=("start", "min_batch_size")) -> tuple:
+def check_search(start, min_batch_size) -> tuple:
     """``(start, min_batch_size)`` as whole numbers ``1 <= min_batch_size <= start``; else
-    :class:`~medaidet.arguments.ArgumentValueError` naming them as ``names`` (the command
-    line's ``--start``, ``--min``)."""
-    start_name, min_name = names
-    start = check_number(start, start_name, integer=True)
-    min_batch_size = check_number(min_batch_size, min_name, integer=True)
+    :class:`~medaidet.arguments.ArgumentValueError` naming them."""
+    start = check_number(start, "start", integer=True)
+    min_batch_size = check_number(min_batch_size, "min_batch_size", integer=True)
     if min_batch_size > start:
-        raise ArgumentValueError(f"{min_name}: {min_batch_size} is greater than {start_name} "
-                                 f"{start}; expected a batch size from 1 to {start_name}")
+        raise ArgumentValueError(f"min_batch_size: {min_batch_size} is greater than start "
+                                 f"{start}; expected a batch size from 1 to start")
     return start, min_batch_size
 
 

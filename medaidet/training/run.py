@@ -48,27 +48,25 @@ from medaidet.training.snapshot import (SNAPSHOT_NAME, ResumeError, check_snapsh
 __all__ = ["train", "prepare_run", "initial_weights"]
 
 
-def prepare_run(config: TrainConfig, resume=None, names=None) -> Path:
+def prepare_run(config: TrainConfig, resume=None) -> Path:
     """Check, before any model or data is built, what a run of ``config`` reads and
     writes: the dataset root exists, the output folder can be written (created now) and
     is not inside the dataset, the ``resume`` snapshot and the ``pretrained`` file are
-    readable ``.npz`` files. ``names``: how the user wrote each of ``'out'``,
-    ``'resume'`` and ``'pretrained'`` (the command line passes ``--out`` ...); default:
-    the config's field names. Returns the output folder (resolved). Raises
+    readable ``.npz`` files. The messages name the field (``out: ...``; the command line
+    puts its flag there). Returns the output folder (resolved). Raises
     :class:`medaidet.arguments.OutputDirError`, :class:`ResumeError`,
     :class:`medaidet.ssd.weight_files.WeightsError` or
     :class:`medaidet.data.download.DataNotFoundError`."""
-    names = {"out": "out", "resume": "resume", "pretrained": "pretrained", **(names or {})}
     if resume is not None and config.communicator is not None:
-        raise ResumeError(f"{names['resume']}: resuming a multi-process (ChainerMN) run is not "
+        raise ResumeError("resume: resuming a multi-process (ChainerMN) run is not "
                           "supported: each rank's data order and random state would have to "
                           "be restored. Start a new run from its weights "
                           "(pretrained='.../model.npz').")
-    out = prepare_output_dir(config.out, names["out"], inputs=(resolve_root(config.root),))
+    out = prepare_output_dir(config.out, "out", inputs=(resolve_root(config.root),))
     if resume is not None:
-        check_snapshot_file(resume, names["resume"])
+        check_snapshot_file(resume, "resume")
     if config.pretrained is not None and config.pretrained not in PRETRAINED:
-        check_weights_file(config.pretrained, names["pretrained"])
+        check_weights_file(config.pretrained, "pretrained")
     return out
 
 
@@ -88,7 +86,7 @@ def initial_weights(config: TrainConfig) -> dict:
 
 
 def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
-          log=print, names=None) -> TrainResult:
+          log=print) -> TrainResult:
     """Train an SSD as ``config`` says (default: the course recipe); see the module docs.
 
     Args:
@@ -98,8 +96,6 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
         progress: show a progress bar (tqdm: a widget in Jupyter with ipywidgets, text
             elsewhere).
         log: where messages go (``print``).
-        names: how the user wrote ``out``, ``resume`` and ``pretrained``, for the messages
-            of :func:`prepare_run` (the command line passes ``--out`` ...).
 
     Returns a :class:`~medaidet.training.result.TrainResult`. Raises
     :class:`medaidet.device.DeviceError`, :class:`~medaidet.training.snapshot.ResumeError`,
@@ -112,7 +108,7 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     """
     compat.apply()
     config = config if config is not None else TrainConfig()
-    prepare_run(config, resume, names)
+    prepare_run(config, resume)
     ranks = Ranks.for_config(config)
     with ranks.abort_on_error():
         return _run(config, ranks, resume, progress, ranks.log(log))

@@ -229,15 +229,16 @@ def test_unusable_pretrained_file(kind, tmp_path, capsys, no_model):
 
 
 def test_the_command_checks_its_run_once(monkeypatch, tmp_path, bccd_root):
-    """prepare_run runs once per `medaidet train`, with the flags' names in its messages."""
+    """prepare_run runs once per `medaidet train` (its messages get the flags' names from
+    the command line: test_out_that_is_a_file)."""
     from medaidet.training import run as run_module
     calls = []
     real = run_module.prepare_run
 
-    def counted(config, resume=None, names=None):
-        calls.append(names)
-        return real(config, resume, names)
+    def counted(config, resume=None):
+        calls.append(config.out)
+        return real(config, resume)
     monkeypatch.setattr(run_module, "prepare_run", counted)
     assert main(["train", "--profile", "smoke", "--root", str(bccd_root), "--iterations", "1",
                  "--out", str(tmp_path / "run"), "--no-progress"]) == 0
-    assert len(calls) == 1 and calls[0]["out"] == "--out"
+    assert calls == [str(tmp_path / "run")]
