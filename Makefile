@@ -23,10 +23,10 @@ SEED :=
 OUT := $(if $(filter en,$(COURSE_LANG)),outputs,outputs/$(COURSE_LANG))
 PYTEST_ARGS ?= -q
 PY := $(VENV312)/bin/python
-# The file the course runner leaves in every output folder it made (medaidet.env.course).
+# The file the course runner leaves in every output folder it made (medaidet_tools.course).
 OUT_MARKER := .medaidet-course
 
-SETUP_INPUTS := pyproject.toml $(shell find medaidet/stack -name '*.py' 2>/dev/null)
+SETUP_INPUTS := pyproject.toml $(shell find tools/medaidet_tools/stack -name '*.py' 2>/dev/null)
 
 # Every path is quoted in the recipes: `make run "OUT=my outputs"` works.
 .PHONY: run lab site test test-py311 test-py312 setup bccd txl-pbc clean

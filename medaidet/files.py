@@ -121,3 +121,12 @@ def write_files(contents: dict, inputs=()) -> None:
             f = stack.enter_context(atomic_file(path, "wb", inputs))
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()  # a full disk fails here, before any file is renamed
+
+
+def default_cache_dir() -> Path:
+    """``$MEDAIDET_CACHE`` or ``~/.cache/medaidet``."""
+    env = os.environ.get("MEDAIDET_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "medaidet"

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
+# the course's tools, installed beside the package: the stack installer (below the package:
+# it runs before chainer exists) and the course runner with the tools' commands (on top)
+TOOLS = Path(__file__).resolve().parents[1] / "tools" / "medaidet_tools"
 
 # lowest first: shared -> install path -> data -> ssd -> training -> scaling -> evaluation
 # -> troubleshooting -> deployment -> environment -> command line
@@ -19,7 +22,7 @@ LAYERS = [
                 "medaidet.arguments", "medaidet.compat", "medaidet.device",
                 "medaidet.numbers", "medaidet.tables", "medaidet.exercises",
                 "medaidet.colors"]),
-    ("stack", ["medaidet.stack"]),
+    ("stack", ["medaidet_tools.stack"]),
     ("data", ["medaidet.data"]),
     ("ssd", ["medaidet.ssd"]),
     ("training", ["medaidet.training"]),
@@ -28,17 +31,19 @@ LAYERS = [
     ("troubleshoot", ["medaidet.troubleshoot"]),
     ("deploy", ["medaidet.deploy"]),
     ("env", ["medaidet.env"]),
+    ("tools", ["medaidet_tools.course", "medaidet_tools.cli", "medaidet_tools"]),
     ("cli", ["medaidet.cli", "medaidet.__main__"]),
 ]
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    root = PACKAGE if PACKAGE in path.parents else TOOLS
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def modules():
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))
+    return {module_name(p): p for root in (PACKAGE, TOOLS) for p in sorted(root.rglob("*.py"))
             if "overlay" not in p.parts}   # the overlay is chainer's code, patched
 
 
@@ -49,7 +54,8 @@ def imported(path: Path, known, name: str | None = None) -> set:
     modules exactly (``importlib.import_module("medaidet.data.bccd")``, ``[sys.executable,
     "-m", "medaidet.env.gpu_smoke"]``)."""
     if name is None:
-        name = module_name(path) if PACKAGE in path.parents else "medaidet"
+        name = module_name(path) if PACKAGE in path.parents or TOOLS in path.parents \
+            else "medaidet"
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -68,7 +74,7 @@ def imported(path: Path, known, name: str | None = None) -> set:
             names = [node.value]
         else:
             continue
-        found.update(n for n in names if n == "medaidet" or n.startswith("medaidet."))
+        found.update(n for n in names if n.split(".")[0] in ("medaidet", "medaidet_tools"))
     return found
 
 
@@ -144,6 +150,7 @@ def test_the_checker_sees_relative_imports_and_module_strings(tmp_path):
         "medaidet.training.run", "medaidet.ssd.loss", "medaidet.env.gpu_smoke"}
 
 
-@pytest.mark.parametrize("name", ["medaidet.stack.install", "medaidet.data.bccd"])
+@pytest.mark.parametrize("name", ["medaidet_tools.stack.install", "medaidet_tools.course",
+                                  "medaidet.data.bccd"])
 def test_the_layers_name_real_modules(name):
     assert name in modules()

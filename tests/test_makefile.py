@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU 
 # The venvs are never rebuilt by these tests (-o: take them as up to date).
 KEEP_VENVS = ["-o", ".venv-py311/.ready", "-o", ".venv-py312/.ready"]
 PROVISION = "-m medaidet data download"
-MARKER = ".medaidet-course"   # medaidet.env.course's: the runner's own output folders
+MARKER = ".medaidet-course"   # medaidet_tools.course's: the runner's own output folders
 
 
 def make(*args, cwd=REPO, env=None):

@@ -1,6 +1,7 @@
 """The ``medaidet`` command.
 
-Each command group is a module of this package (``cli/stack.py``, ``cli/data.py``, …): its
+Each command group is a module of this package (``cli/data.py``, ``cli/train.py``, …; ``stack``
+and ``course`` are the course's tools', :mod:`medaidet_tools.cli`): its
 ``add_parser`` defines the arguments without NumPy or chainer, and its handlers import what
 they run only when they run, so ``medaidet --help`` and ``medaidet stack install`` work in an
 environment that has no chainer yet (a command that needs it then says what to install).
@@ -20,8 +21,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from medaidet.cli import (batch_size, count, course, data, deploy, doctor, evaluate, stack, train,
-                          weights)
+from medaidet.cli import batch_size, count, data, deploy, doctor, evaluate, train, weights
 from medaidet.errors import MedaidetError
 from medaidet.files import is_full_disk
 
@@ -29,7 +29,8 @@ DEBUG_FLAG = "--debug"
 # The import names of the dependencies pyproject.toml lists: missing, `python -m medaidet` is
 # running from a source checkout that was never installed.
 OWN_DEPENDENCIES = ("numpy", "packaging", "PIL", "matplotlib", "papermill", "nbformat",
-                    "ipykernel", "tqdm", "defusedxml", "safetensors")
+                    "ipykernel", "tqdm", "defusedxml", "safetensors",
+                    "medaidet_tools")   # installed with medaidet, from tools/
 # The commands that need the chainer stack (the others run before it is installed).
 MODEL_COMMANDS = ("train", "evaluate", "count", "batch-size", "export", "weights")
 
@@ -43,13 +44,15 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from medaidet_tools import cli as tools
+
     parser = CommandParser(
         prog="medaidet", description="medaidet: the blood-cell detection course's command line.",
         epilog=f"{DEBUG_FLAG} (anywhere on the line): show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    for group in (stack, doctor, data, train, evaluate, count, batch_size, course, deploy,
-                  weights):
+    tools.add_parsers(commands)          # stack, course: the course's tools (medaidet_tools)
+    for group in (doctor, data, train, evaluate, count, batch_size, deploy, weights):
         group.add_parser(commands)
     return parser
 
@@ -94,7 +97,7 @@ def _one_line(exc: BaseException, args=None) -> str:
 
 def _no_room_fix(exc: OSError, args) -> str:
     """What to do when a write found no room (a full disk or quota, the file-size limit)."""
-    from medaidet.stack.build import default_cache_dir
+    from medaidet.files import default_cache_dir
 
     out = getattr(args, "out", None)
     target = folder = None
@@ -146,7 +149,14 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in argv
     argv = [a for a in argv if a != DEBUG_FLAG]
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except ModuleNotFoundError as exc:   # a checkout that was never installed
+        hint = _install_hint(exc)
+        if hint is None or debug:
+            raise
+        print(f"medaidet: error: {hint}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     _show_medaidet_logs()
     try:

@@ -57,7 +57,7 @@ from medaidet import __version__
 from medaidet.checksums import sha256_file
 from medaidet.downloads import FetchError, stream_url
 from medaidet.errors import MedaidetError
-from medaidet.stack.build import default_cache_dir
+from medaidet.files import default_cache_dir
 
 __all__ = [
     "PinnedSource", "BCCD", "TXL_PBC", "SOURCES", "MARKER_NAME", "download", "download_bccd",

@@ -168,12 +168,17 @@ def setup(home=None, extras=(), cuda: str = "auto") -> None:
             _run(sys.executable, "-m", "pip", "install", "-q", "-e", target,
                  "-c", str(constraints))
     importlib.invalidate_caches()
+    # A running kernel does not read the .pth file of the install it just made: as the cell
+    # put the clone on sys.path for medaidet, its tools/ goes there for medaidet_tools.
+    tools = os.path.join(home, "tools")
+    if tools not in sys.path:
+        sys.path.insert(1, tools)
 
     import medaidet
     import medaidet.compat
-    import medaidet.stack
+    from medaidet_tools import stack
 
-    if not medaidet.stack.status().ok:
+    if not stack.status().ok:
         _run(sys.executable, "-m", "medaidet", "stack", "install", "--cuda", cuda)
         medaidet.compat.reapply()           # runtime settings again, for the new CuPy
     notebooks = os.path.join(home, "notebooks")

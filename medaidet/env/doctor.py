@@ -30,9 +30,8 @@ from packaging.specifiers import SpecifierSet
 
 from medaidet import compat
 from medaidet.scaling import distributed  # imports neither chainer nor mpi4py.MPI
-from medaidet.stack import sources
-from medaidet.stack.build import NUMPY_RANGE
-from medaidet.stack.install import installed_version
+from medaidet_tools.stack import sources
+from medaidet_tools.stack.install import installed_version
 
 STATUSES = ("ok", "warn", "fail", "skip")
 INSTALL = "python -m medaidet stack install"
@@ -317,17 +316,19 @@ def check_python(f: Facts) -> Check:
 
 
 def check_numpy(f: Facts) -> Check:
-    spec_fix = f'pip install "numpy{NUMPY_RANGE}" (or {INSTALL}); then restart the runtime'
+    spec_fix = (f'pip install "numpy{compat.NUMPY_RANGE}" (or {INSTALL}); '
+                "then restart the runtime")
     if f.numpy is None:
         return Check("numpy", "fail", "not installed", spec_fix)
-    if not SpecifierSet(NUMPY_RANGE).contains(f.numpy):
-        return Check("numpy", "fail", f"{f.numpy}, outside the supported {NUMPY_RANGE}", spec_fix)
+    if not SpecifierSet(compat.NUMPY_RANGE).contains(f.numpy):
+        return Check("numpy", "fail", f"{f.numpy}, outside the supported {compat.NUMPY_RANGE}",
+                     spec_fix)
     cupy14 = [f"{n}=={v}" for n, v in f.cupy if _major(v) >= 14]
     if cupy14 and _major(f.numpy) < 2:
         names = " ".join(n for n, v in f.cupy)
         return Check("numpy", "fail", f"{f.numpy} with {', '.join(cupy14)}: CuPy 14 needs NumPy 2",
                      f"pip uninstall -y {names} && {INSTALL} --cuda auto  (installs CuPy 13.6)")
-    return Check("numpy", "ok", f"{f.numpy} (supported: {NUMPY_RANGE})")
+    return Check("numpy", "ok", f"{f.numpy} (supported: {compat.NUMPY_RANGE})")
 
 
 def _check_ours(name: str, version, error: str, wanted: str) -> Check:

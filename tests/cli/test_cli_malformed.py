@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from medaidet import cli
+from medaidet_tools import cli as tools_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -195,7 +196,7 @@ def test_a_full_disk_names_the_folder_and_what_to_do(tmp_path, capsys, monkeypat
     file (a plain write() does not): the command's output folder then."""
     def no_room(args):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(cli.course, "_run", no_room)
+    monkeypatch.setattr(tools_cli, "_run", no_room)
     assert cli.main(["course", "run", "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == (
         "medaidet: error: No space left on device: free space on the disk that holds "

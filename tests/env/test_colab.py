@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-import medaidet.stack
+import medaidet_tools.stack
 from medaidet.env import colab
 from conftest import fake_distribution, python312, run_python
 
@@ -191,7 +191,7 @@ def test_an_option_as_repo_is_refused_and_an_existing_folder_is_never_skipped(st
 
 def test_cell_with_clone_installed_and_stack_ok_only_changes_directory(stand_in_colab, tmp_path):
     """This environment has medaidet and the stack: the cell starts no process, chdirs."""
-    assert medaidet.stack.status().ok, "this environment's stack is incomplete"
+    assert medaidet_tools.stack.status().ok, "this environment's stack is incomplete"
     done = _run_cell_here(stand_in_colab, tmp_path, **{colab.COLAB_DIR_ENV: str(REPO)})
     assert done.returncode == 0, done.stderr
     assert "$ " not in done.stdout  # no command run
@@ -234,10 +234,10 @@ def _source_repository(dest: Path) -> Path:
 
 REPORT = """
 import importlib.metadata, json, os, sys
-import medaidet, medaidet.stack, numpy
+import medaidet, medaidet_tools.stack, numpy
 print("REPORT " + json.dumps({"cwd": os.getcwd(), "medaidet": medaidet.__file__,
     "numpy": numpy.__version__, "numpy_installed": importlib.metadata.version("numpy"),
-    "stack_ok": medaidet.stack.status().ok, "stack": str(medaidet.stack.status())}))
+    "stack_ok": medaidet_tools.stack.status().ok, "stack": str(medaidet_tools.stack.status())}))
 """
 
 
@@ -267,7 +267,7 @@ def test_setup_cell_on_a_fresh_colab_shaped_venv_then_notebook_04_alone(tmp_path
     interpreter = python312()
     if not interpreter:
         pytest.skip("no Python 3.12 (pyenv or PATH)")
-    env = _clean_env(MEDAIDET_CACHE=str(medaidet.stack.default_cache_dir()),
+    env = _clean_env(MEDAIDET_CACHE=str(medaidet_tools.stack.default_cache_dir()),
                      OMP_NUM_THREADS="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
 
     took = []

@@ -5,7 +5,7 @@ The whole course (every notebook, training included) runs in .ci/run after the u
 import nbformat
 import pytest
 
-from medaidet.env.course import run_course
+from medaidet_tools.course import run_course
 
 
 @pytest.mark.slow(seconds=11)

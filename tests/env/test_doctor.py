@@ -14,7 +14,7 @@ import pytest
 from medaidet.env import doctor
 from medaidet.compat import installed_cupy
 from medaidet.env.doctor import GIB, Check, DoctorReport, Facts, run_doctor
-from medaidet.stack import sources
+from medaidet_tools.stack import sources
 from conftest import fake_distribution
 
 ROOT = Path(__file__).resolve().parents[2]

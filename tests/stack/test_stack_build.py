@@ -5,9 +5,9 @@ import zipfile
 
 import pytest
 
-from medaidet.stack import build_wheels, sources
-from medaidet.stack.errors import StackError
-from medaidet.stack.patches import Replace, RegexReplace
+from medaidet_tools.stack import build_wheels, sources
+from medaidet_tools.stack.errors import StackError
+from medaidet_tools.stack.patches import Replace, RegexReplace
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_alias_regex_leaves_numpy_scalar_types_alone(tmp_path):
     pkg.mkdir()
     (pkg / "a.py").write_text("a = np.bool_\nb = np.int32\nc = np.zeros(3, dtype=np.bool)\n"
                               "d = np.float\ne = np.object_\nf = np.int(3)\n")
-    from medaidet.stack.patches import CHAINERCV_PATCHES
+    from medaidet_tools.stack.patches import CHAINERCV_PATCHES
     alias = next(p for p in CHAINERCV_PATCHES if isinstance(p, RegexReplace))
     RegexReplace("pkg", alias.pattern, alias.repl, "test", min_count=3).apply(tmp_path)
     assert (pkg / "a.py").read_text() == ("a = np.bool_\nb = np.int32\n"
@@ -121,7 +121,7 @@ def test_alias_regex_leaves_numpy_scalar_types_alone(tmp_path):
 
 def _tiny_wheel(dest_dir, name="chainercv", version=None):
     """A small wheel written by write_wheel, named as the real one (no sdist, no patches)."""
-    from medaidet.stack.wheel import write_wheel
+    from medaidet_tools.stack.wheel import write_wheel
     version = version or {"chainer": sources.CHAINER,
                           "chainercv": sources.CHAINERCV}[name].wheel_version
     root = dest_dir.parent / f"src-{name}"
@@ -144,7 +144,7 @@ def _rewrite(wheel, change):
 
 
 def test_verify_wheel_accepts_what_write_wheel_writes(tmp_path):
-    from medaidet.stack.wheel import verify_wheel
+    from medaidet_tools.stack.wheel import verify_wheel
     verify_wheel(_tiny_wheel(tmp_path / "wheels"))
 
 
@@ -180,7 +180,7 @@ def _add_a_file(wheel):
     (_add_a_file, "chainercv/extra.py is not listed in its RECORD"),
 ])
 def test_verify_wheel_names_what_is_broken(tmp_path, damage, reason):
-    from medaidet.stack.wheel import BrokenWheelError, verify_wheel
+    from medaidet_tools.stack.wheel import BrokenWheelError, verify_wheel
     wheel = _tiny_wheel(tmp_path / "wheels")
     damage(wheel)
     with pytest.raises(BrokenWheelError, match=reason) as info:
@@ -191,7 +191,7 @@ def test_verify_wheel_names_what_is_broken(tmp_path, damage, reason):
 @pytest.fixture
 def fake_builds(monkeypatch):
     """build_one replaced by a fast one writing a tiny wheel; the sdists it was asked for."""
-    import medaidet.stack.build as build_module
+    import medaidet_tools.stack.build as build_module
     built = []
 
     def build_one(sdist, cache_dir, log=print):
@@ -211,7 +211,7 @@ def test_a_truncated_cached_wheel_is_rebuilt_not_returned(tmp_path, fake_builds)
     wheels = build_wheels(cache_dir=cache, log=lines.append)
     assert wheels == [good, broken] and fake_builds == ["chainercv"]
     assert good.read_bytes() == good_bytes and good.stat().st_mtime_ns == good_mtime
-    from medaidet.stack.wheel import verify_wheel
+    from medaidet_tools.stack.wheel import verify_wheel
     verify_wheel(broken)                     # the rebuilt one
     assert len(lines) == 1
     assert lines[0].startswith(f"cached wheel {broken} is broken (") and \

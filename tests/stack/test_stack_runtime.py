@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, fake_distribution, run_python
-from medaidet.stack import cuda, sources, status
-from medaidet.stack.errors import StackError
+from medaidet_tools.stack import cuda, sources, status
+from medaidet_tools.stack.errors import StackError
 
 BLOCK_REMOVED_MODULES = """
 import importlib.abc, sys
@@ -178,8 +178,8 @@ def test_install_again_is_a_no_op_and_status_json():
 
 def test_install_refuses_to_add_a_second_cupy(site_dir):
     fake_distribution(site_dir, "cupy-cuda11x", "12.3.0")
-    code = ("from medaidet.stack.install import _install_cupy\n"
-            "from medaidet.stack.cuda import choose_cupy\n"
+    code = ("from medaidet_tools.stack.install import _install_cupy\n"
+            "from medaidet_tools.stack.cuda import choose_cupy\n"
             "_install_cupy(choose_cupy('12', '2.2.0', None), None, print)\n")
     done = run_python(code, extra_path=[site_dir])
     assert done.returncode != 0
@@ -188,8 +188,8 @@ def test_install_refuses_to_add_a_second_cupy(site_dir):
 
 def test_install_keeps_a_fitting_cupy(site_dir):
     fake_distribution(site_dir, "cupy-cuda12x", "14.1.0")
-    code = ("from medaidet.stack.install import _install_cupy\n"
-            "from medaidet.stack.cuda import choose_cupy\n"
+    code = ("from medaidet_tools.stack.install import _install_cupy\n"
+            "from medaidet_tools.stack.cuda import choose_cupy\n"
             "_install_cupy(choose_cupy('12', '2.2.0', None), None, print)\n")
     done = run_python(code, extra_path=[site_dir])
     assert done.returncode == 0, done.stderr
@@ -201,7 +201,7 @@ def test_install_never_replaces_a_newer_numpy_by_an_older_one(site_dir, tmp_path
     before building or pip, and says how to get a supported one; nothing is changed."""
     fake_distribution(site_dir, "numpy", "2.6.0")
     cache = tmp_path / "cache"
-    code = ("from medaidet.stack.install import install\n"
+    code = ("from medaidet_tools.stack.install import install\n"
             f"install(cuda='none', cache_dir={str(cache)!r})\n")
     done = run_python(code, extra_path=[site_dir])
     assert done.returncode != 0 and "StackError" in done.stderr

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from medaidet.arguments import prepare_output_dir
 from medaidet.compat import NUMPY_RANGE
-from medaidet.stack import patches, sources
-from medaidet.stack.wheel import BrokenWheelError, verify_wheel, write_wheel
+from medaidet.files import default_cache_dir
+from medaidet_tools.stack import patches, sources
+from medaidet_tools.stack.wheel import BrokenWheelError, verify_wheel, write_wheel
 
 
 # (sdist, packages as (dir, recursive), Requires-Dist, patches, summary)
@@ -28,15 +29,6 @@ _RECIPES = {
         "ChainerCV 0.13.1 patched by medaidet (pure Python; NumPy NMS post-processing)",
     ),
 }
-
-
-def default_cache_dir() -> Path:
-    """``$MEDAIDET_CACHE`` or ``~/.cache/medaidet``."""
-    env = os.environ.get("MEDAIDET_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "medaidet"
 
 
 def wheel_path(sdist: sources.Sdist, cache_dir: Path) -> Path:
@@ -73,7 +65,7 @@ def build_one(sdist: sources.Sdist, cache_dir: Path, log=print) -> Path:
 def build_wheels(cache_dir=None, out=None, force=False, log=print) -> list:
     """Build (or reuse from the cache) both wheels; return their paths.
 
-    A cached wheel is reused only when intact (:func:`~medaidet.stack.wheel.verify_wheel`:
+    A cached wheel is reused only when intact (:func:`~medaidet_tools.stack.wheel.verify_wheel`:
     zip CRCs and every file's sha256 against its RECORD); a broken one, e.g. truncated by an
     interrupted copy or a full disk, is rebuilt, and ``log`` says so.
 

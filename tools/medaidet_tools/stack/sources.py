@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medaidet.checksums import sha256_file
-from medaidet.stack.errors import StackError
+from medaidet_tools.stack.errors import StackError
 
 # Bump when the patches or the overlay change: it becomes the local version
 # label of the wheels (7.8.1+medaidet.N), so a changed build is reinstalled.

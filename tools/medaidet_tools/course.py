@@ -28,8 +28,8 @@ at another notebooks directory (the default is the ``notebooks/`` folder of the 
 checkout). ``lang='ja'`` runs the Japanese edition, the ``ja/`` folder of that directory
 (the same notebooks with their text in Japanese); the summary says which edition ran.
 
-Importing this module is cheap (papermill and chainer are imported only when
-needed), so notebooks can use :func:`resolve_profile`.
+The profile a notebook runs in is :func:`medaidet.env.course_profile`'s (the learner's
+package): the runner only injects it.
 """
 import datetime
 import json
@@ -46,14 +46,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from medaidet.arguments import check_number, prepare_output_dir
-from medaidet.device import gpu_status
-from medaidet.env import CELL_TIMEOUT, COURSE_LANGS, COURSE_PROFILES
+from medaidet.env import CELL_TIMEOUT, COURSE_LANGS, resolve_profile
 from medaidet.errors import MedaidetError
 from medaidet.files import is_full_disk, write_files
-from medaidet.stack.install import installed_version
+from medaidet_tools.stack.install import installed_version
 
 NOTEBOOKS_ENV = "MEDAIDET_NOTEBOOKS"
-SOURCE_ROOT = Path(__file__).resolve().parents[2]  # medaidet/env/course.py -> the checkout
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # tools/medaidet_tools/course.py -> the checkout
 NOT_RUN_NOTE = "an earlier notebook failed"
 _ERROR_CHARS = 500
 EVALUATION_FILE = "evaluation.json"  # written by notebook 04 into MEDAIDET_COURSE_OUT
@@ -184,34 +183,6 @@ def printed_warnings(notebook) -> list:
                 found += [f"cell {index}: {line.strip()[:300]}"
                           for line in output.get("text", "").splitlines() if _WARNING.search(line)]
     return found
-
-
-def resolve_profile(profile: str = "auto"):
-    """Return ``(profile, reason)``: "auto" is "full" on a usable GPU, else "cpu" (the
-    small SSD, trained in minutes on the CPU).
-
-    Never raises for a broken chainer/CuPy: it falls back to "cpu" and the
-    reason says why.
-    """
-    if profile in COURSE_PROFILES:
-        return profile, "as requested"
-    if profile != "auto":
-        raise CourseError(f"unknown profile {profile!r}: use 'auto', "
-                          f"{', '.join(repr(p) for p in COURSE_PROFILES)}")
-    count, why = gpu_status()
-    if not count:
-        return "cpu", f"auto: no usable GPU ({why}), running on the CPU"
-    return "full", f"auto: {count} GPU(s) usable"
-
-
-def course_profile(profile: str = "auto", log=print) -> str:
-    """The profile a notebook runs in: ``profile`` itself, or for ``"auto"`` what
-    :func:`resolve_profile` chooses, with the reason logged. The one line that opens every
-    notebook after its parameters."""
-    chosen, why = resolve_profile(profile)
-    if profile == "auto":
-        log(f"profile: {chosen} ({why})")
-    return chosen
 
 
 def default_notebooks_dir(lang: str = "en") -> Path:

@@ -14,10 +14,10 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from medaidet.compat import installed_cupy, numpy_newer_than_supported, numpy_too_new_message
-from medaidet.stack import cuda as cuda_choice
-from medaidet.stack import sources
-from medaidet.stack.build import NUMPY_RANGE, build_wheels
-from medaidet.stack.errors import StackError
+from medaidet_tools.stack import cuda as cuda_choice
+from medaidet_tools.stack import sources
+from medaidet_tools.stack.build import NUMPY_RANGE, build_wheels
+from medaidet_tools.stack.errors import StackError
 
 
 def installed_version(name: str):

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from medaidet.stack.errors import StackError
+from medaidet_tools.stack.errors import StackError
 
 
 @dataclass(frozen=True)

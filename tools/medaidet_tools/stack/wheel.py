@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 
 from medaidet.files import atomic_file
-from medaidet.stack.errors import StackError
+from medaidet_tools.stack.errors import StackError
 
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _DATA_FILES = {"py.typed"}

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from medaidet.stack.errors import StackError
+from medaidet_tools.stack.errors import StackError
 
 OVERLAY_DIR = Path(__file__).parent / "overlay"
 
