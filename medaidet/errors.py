@@ -1,37 +1,84 @@
-"""The one base class for every error medaidet raises on purpose.
+"""medaidet's named errors: one per boundary, each a :class:`MedaidetError`.
 
-Messages name the file, object or value at fault and say how to fix it.
+Messages name the file, object or value at fault and say how to fix it. ``kind``, a short
+word, says which case of its boundary an error is, for code (and tests) that tell the cases
+apart without reading the message; the other facts an error carries (the file, the batch,
+the iteration, ...) are attributes, listed by each class.
 """
 
 
 class MedaidetError(Exception):
-    """Base class of medaidet's named errors."""
+    """Base class of medaidet's named errors: ``message``, ``kind`` (one of the class's
+    ``KINDS``; None where a class has none) and keyword arguments kept as attributes."""
+
+    KINDS = ()
+
+    def __init__(self, message="", kind=None, **fields):
+        if self.KINDS and kind not in self.KINDS:
+            raise ValueError(f"{type(self).__name__} kind {kind!r}: use one of {self.KINDS}")
+        super().__init__(message)
+        self.kind = kind
+        self.__dict__.update(fields)
+
+    def __reduce__(self):      # copied and pickled (across processes) with its fields
+        return type(self), (self.args[0] if self.args else "", self.kind), self.__dict__
 
 
 class DistributedError(MedaidetError):
     """Multi-process training (ChainerMN, ``mpiexec``) cannot run as asked.
 
-    ``kind`` says what is wrong: ``"mpi"`` (mpi4py, the MPI library or ``mpiexec`` is
-    missing), ``"communicator"`` (a name ChainerMN 7 does not accept, or a communicator
-    that cannot work on this device), ``"ranks"`` (a setting that does not fit the number
-    of ranks: the number itself, the batch size, the images, the GPUs per host),
-    ``"launch"`` (``mpiexec`` failed, or ran past its timeout) or ``"diverged"`` (the
-    ranks ended training with different parameters). A launch error also keeps ``command``
-    (list), ``returncode`` (``None`` on a timeout), ``output`` (all the ranks printed) and
-    ``tail`` (its last lines, also in the message); a divergence ``digests`` (the sha256 of
-    each rank's parameters, by rank).
+    ``kind``: ``"mpi"`` (mpi4py, the MPI library or ``mpiexec`` is missing),
+    ``"communicator"`` (a name ChainerMN 7 does not accept, or a communicator that cannot
+    work on this device), ``"ranks"`` (a setting that does not fit the number of ranks: the
+    number itself, the batch size, the images, the GPUs per host), ``"launch"``
+    (``mpiexec`` failed, or ran past its timeout) or ``"diverged"`` (the ranks ended
+    training with different parameters). A launch error also has ``command`` (list),
+    ``returncode`` (``None`` on a timeout), ``output`` (all the ranks printed) and ``tail``
+    (its last lines, also in the message); a divergence ``digests`` (the sha256 of each
+    rank's parameters, by rank).
     """
 
     KINDS = ("mpi", "communicator", "ranks", "launch", "diverged")
 
-    def __init__(self, message, kind, *, command=None, returncode=None, output="", tail="",
-                 digests=None):
-        if kind not in self.KINDS:
-            raise ValueError(f"DistributedError kind {kind!r}: use one of {self.KINDS}")
-        super().__init__(message)
-        self.kind = kind
-        self.command, self.returncode, self.output, self.tail = command, returncode, output, tail
-        self.digests = digests
 
-    def __reduce__(self):      # copied and pickled (across processes) with its fields
-        return type(self), (str(self), self.kind), self.__dict__
+class InvalidTargetsError(MedaidetError, ValueError):
+    """What the loss is given disagrees in shape or dtype, or its targets hold invalid values
+    (notebook 02, section 7). ``argument`` names the argument at fault; ``batch_index``,
+    ``prior_index``, ``value`` (of the first bad entry), ``count`` (of bad entries) and
+    ``allowed`` (the allowed range, in words) say where, each None where it does not apply.
+    """
+
+    argument = batch_index = prior_index = value = count = allowed = None
+
+
+class DivergedError(MedaidetError, FloatingPointError):
+    """Training diverged: nan or inf where numbers must be finite.
+
+    ``kind``: ``"predictions"`` (the loss found them in ``mb_locs``/``mb_confs``: then
+    ``argument``, ``batch_index``, ``prior_index``, ``value`` and ``count`` say where, as
+    for :class:`InvalidTargetsError`) or ``"training"`` (the loss or a gradient of a
+    training step, or a parameter after it: ``iteration``, and ``snapshot`` with
+    ``snapshot_iteration``, the last trainer snapshot, written before and left as it was).
+    A ``FloatingPointError``, not a ``ValueError``: nothing the caller passed is wrong, the
+    model's arithmetic blew up, and an ``except ValueError`` written for bad annotations
+    never swallows it.
+    """
+
+    KINDS = ("predictions", "training")
+    argument = batch_index = prior_index = value = count = None
+    iteration = snapshot = snapshot_iteration = None
+    allowed = "finite values"
+
+
+class DataError(MedaidetError):
+    """A dataset, or a sample of one, is missing or wrong: its folder, a download of it,
+    its files and checksums, an annotation, an image, a split list, a sample given to a
+    transform or to :func:`~medaidet.ssd.predict.predict`.
+
+    ``kind`` says which (see ``KINDS``); ``path`` (the file or folder at fault),
+    ``box_index`` (the box of a sample) and ``value`` (the offending value) are set where
+    they apply, else None. A sample's kinds: ``"label_range"``, ``"label_dtype"``,
+    ``"shape"``, ``"non_finite_box"``, ``"reversed_box"``, ``"image"``.
+    """
+
+    path = box_index = value = None

@@ -62,7 +62,8 @@ def loss_check(device: str) -> dict:
     from chainer.backends.cuda import to_cpu
     from chainercv.links.model.ssd import multibox_loss as chainercv_loss
 
-    from medaidet.ssd.loss import InvalidTargetsError, multibox_loss
+    from medaidet.errors import InvalidTargetsError
+    from medaidet.ssd.loss import multibox_loss
     xp = np if device == "cpu" else __import__("cupy")
     out = {"device": device}
     arrays = _inputs(xp)

@@ -7,10 +7,11 @@ follows is a wrong loss or a fault reported later by an unrelated call (the sort
 hard-negative mining: ``merge_sort: failed to synchronize``), with no idea which sample was
 wrong. The check runs on the device with one host synchronisation and raises
 
-* :class:`InvalidTargetsError` (a ``ValueError``) for shapes that disagree, non-integer or
+* :class:`~medaidet.errors.InvalidTargetsError` (a ``ValueError``) for shapes that disagree, non-integer or
   out-of-range labels and non-finite encoded locations at positive priors, naming the batch
   index, prior index, value, allowed range and likely cause;
-* :class:`DivergedError` (a ``FloatingPointError``) for nan/inf predictions.
+* :class:`~medaidet.errors.DivergedError` (a ``FloatingPointError``, kind
+  ``"predictions"``) for nan/inf predictions.
 
 Conventions (as in ChainerCV): ``K`` default boxes per image, locations encoded by
 :class:`chainercv.links.model.ssd.MultiboxCoder` as ``(dy, dx, log(h), log(w))`` offsets,
@@ -34,51 +35,9 @@ from chainer.backends import cuda
 from chainercv.links.model.ssd import multibox_loss as chainercv_multibox_loss
 from chainercv.links.model.ssd.multibox_loss import _hard_negative as chainercv_hard_negative
 
-from medaidet.errors import MedaidetError
+from medaidet.errors import DivergedError, InvalidTargetsError
 
-__all__ = ["InvalidTargetsError", "DivergedError", "multibox_loss", "hard_negative"]
-
-
-# --------------------------------------------------------------------------- errors
-
-class _Located:
-    """Where the loss found the problem. Attributes (``None`` where they do not
-    apply): ``argument`` (the argument at fault), ``batch_index``, ``prior_index``,
-    ``value`` (of the first bad entry), ``count`` (of bad entries) and ``allowed``
-    (the allowed range, in words)."""
-
-    default_allowed = None
-
-    def __init__(self, message, argument=None, batch_index=None, prior_index=None,
-                 value=None, count=None, allowed=None):
-        super().__init__(message)
-        self.argument = argument
-        self.batch_index = batch_index
-        self.prior_index = prior_index
-        self.value = value
-        self.count = count
-        self.allowed = self.default_allowed if allowed is None else allowed
-
-
-class InvalidTargetsError(_Located, MedaidetError, ValueError):
-    """The loss's inputs disagree in shape/dtype or the targets hold invalid values.
-
-    Attributes: see :class:`_Located`.
-    """
-
-
-class DivergedError(_Located, MedaidetError, FloatingPointError):
-    """The predictions (``mb_locs`` or ``mb_confs``) hold nan or inf: training diverged.
-
-    A ``FloatingPointError``, not a ``ValueError``: nothing is wrong with what
-    the caller passed in the sense of types or data, the model's arithmetic blew
-    up. Keeping it out of the ``ValueError`` family means an ``except
-    ValueError`` written for bad annotations never swallows a diverged run, and
-    it sits beside NumPy's own ``FloatingPointError`` (``errstate(all='raise')``).
-    Attributes: see :class:`_Located`.
-    """
-
-    default_allowed = "finite values"
+__all__ = ["multibox_loss", "hard_negative"]
 
 
 # --------------------------------------------------------------------------- the loss
@@ -460,7 +419,7 @@ def _raise_diverged(mb_locs, mb_confs):
         f"{name}[{b}, {i}] = {_fmt(value)} (batch index {b}, prior index {i}) is not finite; "
         f"allowed: finite predictions. {count} of {bad_locs.size} priors have nan/inf "
         f"predictions (mb_locs: {n_locs}, mb_confs: {n_confs}); the first is shown. "
-        f"Likely cause: {_CAUSE_DIVERGED}",
+        f"Likely cause: {_CAUSE_DIVERGED}", "predictions",
         argument=name, batch_index=b, prior_index=i, value=value, count=count)
 
 

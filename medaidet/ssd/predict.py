@@ -26,7 +26,7 @@ What holds:
 ``score_thresh`` and ``nms_thresh`` are the model's (``model.use_preset``).
 
 Checked before any work: images must be numeric arrays (3, H, W) with finite values, else
-:class:`medaidet.ssd.transforms.InvalidSampleError` naming the image's index in the batch
+:class:`medaidet.errors.DataError` naming the image's index in the batch
 (an HWC image is named as such, with the transpose that fixes it); ``score_thresh`` must be
 a number in ``[0, 1]``, ``nms_thresh`` ``None`` or a number in ``(0, 1]`` and the caps
 positive ints or ``None``, else :class:`medaidet.arguments.ArgumentValueError`. A NaN
@@ -47,7 +47,7 @@ from chainercv import transforms
 from chainercv.utils import non_maximum_suppression
 
 from medaidet.arguments import ArgumentValueError
-from medaidet.ssd.transforms import InvalidSampleError
+from medaidet.errors import DataError
 
 __all__ = ["DEFAULT_TOP_K", "DEFAULT_KEEP_TOP_K", "Candidates", "decode_capped", "predict",
            "CappedPredictor"]
@@ -120,8 +120,8 @@ _IMAGE_FORM = "a numpy array (3, H, W) (RGB, channels first, values 0-255)"
 
 
 def _image_error(index, problem, fix, value=None):
-    return InvalidSampleError(f"imgs[{index}] {problem}; expected {_IMAGE_FORM}{fix}",
-                              "image", value=value)
+    return DataError(f"imgs[{index}] {problem}; expected {_IMAGE_FORM}{fix}",
+                     "image", value=value)
 
 
 def _check_image(index, img):
@@ -162,7 +162,7 @@ def _check_image(index, img):
         raise _image_error(index, f"has shape {shape}", "", value=shape)
     if img.dtype.kind == "f" and not np.isfinite(img).all():
         bad = ~np.isfinite(img)
-        raise InvalidSampleError(
+        raise DataError(
             f"imgs[{index}] holds {int(bad.sum())} nan/inf value(s) of {img.size}; expected "
             "finite values 0-255: the image was decoded or preprocessed wrongly (a division "
             "by zero in a normalisation?), and a non-finite image gives no detections",
@@ -173,14 +173,14 @@ def _check_image(index, img):
 def _as_images(imgs):
     """The batch as a list of checked images; a single image given as the batch is named."""
     if isinstance(imgs, chainer.get_array_types()) and imgs.ndim != 4:
-        raise InvalidSampleError(
+        raise DataError(
             f"imgs is one array of shape {imgs.shape}; expected a list of images, each "
             f"{_IMAGE_FORM} (or one (B, 3, H, W) array): pass [img] for a single image",
             "image", value=imgs.shape)
     try:
         imgs = list(imgs)
     except TypeError:
-        raise InvalidSampleError(
+        raise DataError(
             f"imgs is {_short(imgs)}, not a list of images; expected a list of images, each "
             f"{_IMAGE_FORM}", "image", value=imgs) from None
     return [_check_image(i, img) for i, img in enumerate(imgs)]
@@ -316,7 +316,7 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
             caps and NMS (NumPy, boxes in the image's pixels); the detections are the same.
 
     Raises:
-        InvalidSampleError: an image is not a numeric array (3, H, W) or holds nan/inf;
+        DataError: an image is not a numeric array (3, H, W) or holds nan/inf;
             the message names its index in ``imgs``.
         ArgumentValueError: a cap, ``model.score_thresh`` or ``model.nms_thresh`` is out
             of range (see :func:`decode_capped`).

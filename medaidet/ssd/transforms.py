@@ -11,7 +11,7 @@ and two checks ChainerCV's does not make:
 
 * **before** augmenting, the sample itself (:func:`check_sample`): a label outside
   ``[0, n_fg_class)``, a non-integer label array, a non-finite or reversed box, or
-  mismatched shapes raise :class:`InvalidSampleError`: the dataset is wrong, and
+  mismatched shapes raise :class:`~medaidet.errors.DataError`: the dataset is wrong, and
   augmentation must not hide it. A box of zero height or width is dropped (it would only
   bias the crop: its IoU with every crop is 0);
 * **after** crop, resize and flip (:func:`recheck_boxes`): every box is clipped to the
@@ -51,10 +51,10 @@ from chainercv import transforms
 from chainercv.links.model.ssd import random_crop_with_bbox_constraints
 from PIL import Image
 
-from medaidet.errors import MedaidetError
+from medaidet.errors import DataError
 
 __all__ = [
-    "InvalidSampleError", "TransformStats", "RecheckedBoxes", "check_sample",
+    "TransformStats", "RecheckedBoxes", "check_sample",
     "recheck_boxes", "TrainTransform", "EncodeTransform", "DEFAULT_MIN_SIZE",
     "IMAGE_BACKEND", "random_distort", "resize_with_random_interpolation",
 ]
@@ -177,21 +177,6 @@ if IMAGE_BACKEND != "cv2":
 
 # --------------------------------------------------------------------------- checks
 
-class InvalidSampleError(MedaidetError, ValueError):
-    """A sample given to a transform is wrong: the dataset produced it.
-
-    Attributes: ``kind`` (``"label_range"``, ``"label_dtype"``, ``"shape"``,
-    ``"non_finite_box"``, ``"reversed_box"``, ``"image"``), ``box_index`` (the row of
-    ``bbox``/``label`` at fault, or None) and ``value`` (the offending value, or None).
-    """
-
-    def __init__(self, message: str, kind: str, box_index=None, value=None):
-        super().__init__(message)
-        self.kind = kind
-        self.box_index = box_index
-        self.value = value
-
-
 @dataclass
 class TransformStats:
     """What a transform did to the boxes since it was made (or since ``reset_stats``).
@@ -234,15 +219,15 @@ def _as_arrays(bbox, label):
     bbox = np.asarray(bbox)
     label = np.asarray(label)
     if bbox.ndim != 2 or bbox.shape[1] != 4:
-        raise InvalidSampleError(
+        raise DataError(
             f"bbox has shape {bbox.shape}; expected (R, 4) boxes (y_min, x_min, y_max, x_max)",
             "shape")
     if label.shape != (len(bbox),):
-        raise InvalidSampleError(
+        raise DataError(
             f"label has shape {label.shape} but bbox has {len(bbox)} boxes; expected label "
             f"of shape ({len(bbox)},), one class per box", "shape")
     if not (np.issubdtype(label.dtype, np.integer) and label.dtype != np.bool_):
-        raise InvalidSampleError(
+        raise DataError(
             f"label has dtype {label.dtype}; expected integers (int32 class indices)",
             "label_dtype", value=label.dtype)
     return bbox, label
@@ -259,7 +244,7 @@ def _check_labels(label, n_fg_class):
                 "a negative label is no class (was -1 meant as 'ignore'?)" if value < 0 else
                 "is n_fg_class right for this dataset?")
         more = f" ({len(bad) - 1} more box(es) out of range)" if len(bad) > 1 else ""
-        raise InvalidSampleError(
+        raise DataError(
             f"box {i}: label {value} is outside the allowed range [0, {n_fg_class}) "
             f"(n_fg_class={n_fg_class}){more}; {hint}. The dataset is wrong: fix its labels",
             "label_range", box_index=i, value=value)
@@ -268,7 +253,7 @@ def _check_labels(label, n_fg_class):
 def check_sample(img, bbox, label, n_fg_class: int):
     """Check one ``(img, bbox, label)`` before augmenting; return ``(bbox, label, keep)``.
 
-    Raises :class:`InvalidSampleError` for an image that is not (3, H, W), mismatched
+    Raises :class:`DataError` for an image that is not (3, H, W), mismatched
     shapes, non-integer labels, a label outside ``[0, n_fg_class)``, a box with a
     non-finite coordinate or a reversed box (``y_max < y_min`` or ``x_max < x_min``).
     Returns ``bbox`` as float32 and ``label`` as int32 without the boxes of zero
@@ -276,20 +261,20 @@ def check_sample(img, bbox, label, n_fg_class: int):
     """
     img = np.asarray(img)
     if img.ndim != 3 or img.shape[0] != 3 or min(img.shape[1:]) < 1:
-        raise InvalidSampleError(
+        raise DataError(
             f"img has shape {img.shape}; expected (3, H, W), RGB, channels first", "image")
     bbox, label = _as_arrays(bbox, label)
     _check_labels(label, n_fg_class)
     finite = np.isfinite(bbox).all(axis=1)
     if not finite.all():
         i = int(np.flatnonzero(~finite)[0])
-        raise InvalidSampleError(
+        raise DataError(
             f"box {i} is {bbox[i].tolist()}: a coordinate is not finite. The dataset is "
             "wrong: fix or drop the box", "non_finite_box", box_index=i, value=bbox[i].tolist())
     reversed_ = (bbox[:, 2] < bbox[:, 0]) | (bbox[:, 3] < bbox[:, 1])
     if reversed_.any():
         i = int(np.flatnonzero(reversed_)[0])
-        raise InvalidSampleError(
+        raise DataError(
             f"box {i} is {bbox[i].tolist()}: reversed (y_max < y_min or x_max < x_min). Boxes "
             "are (y_min, x_min, y_max, x_max): was (x_min, y_min, x_max, y_max) or "
             "(y, x, height, width) given?", "reversed_box", box_index=i,
@@ -308,7 +293,7 @@ def recheck_boxes(bbox, label, size, n_fg_class: int,
         label: (R,) integer class indices.
         size: that image's ``(H, W)``.
         n_fg_class: labels must lie in ``[0, n_fg_class)``, else
-            :class:`InvalidSampleError` (augmentation never changes a label, so an
+            :class:`DataError` (augmentation never changes a label, so an
             out-of-range one came from the dataset).
         min_size: boxes whose height or width is below it (after clipping) are dropped.
 
@@ -423,7 +408,7 @@ class TrainTransform(_EncodingTransform):
     (8732 for SSD300); ``mb_label`` 0 is background. Counts are kept in :attr:`stats`
     (:class:`TransformStats`); with ``MultiprocessIterator`` each worker counts in its own
     copy, so read them with ``SerialIterator``/``MultithreadIterator``.
-    Raises :class:`InvalidSampleError` for a wrong sample (see :func:`check_sample`).
+    Raises :class:`DataError` for a wrong sample (see :func:`check_sample`).
 
     Example::
 

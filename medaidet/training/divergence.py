@@ -2,8 +2,8 @@
 
 :class:`StopOnNonFinite` is an optimizer hook: before every update it checks the loss and
 the gradients, after it the weights. A nan or inf stops training with
-:class:`TrainingDivergedError` naming the iteration; the last trainer snapshot is left as
-it was, with finite weights, and the error says where it is.
+a :class:`~medaidet.errors.DivergedError` (kind ``"training"``) naming the iteration; the
+last trainer snapshot is left as it was, with finite weights, and the error says where it is.
 """
 from __future__ import annotations
 
@@ -14,28 +14,10 @@ from pathlib import Path
 import chainer
 from chainer import backend
 
-from medaidet.errors import MedaidetError
-from medaidet.ssd.loss import DivergedError
+from medaidet.errors import DivergedError
 from medaidet.training.snapshot import snapshot_iteration
 
-__all__ = ["StopOnNonFinite", "TrainingDivergedError", "stop_on_divergence"]
-
-
-class TrainingDivergedError(MedaidetError, FloatingPointError):
-    """The loss or a gradient became nan or inf: training stopped before the update, at
-    ``iteration``; the last trainer snapshot (``snapshot``, from ``snapshot_iteration``) was
-    written before and is left as it was."""
-
-    def __init__(self, message, iteration=None, snapshot=None, snapshot_iteration=None):
-        super().__init__(message)
-        self.iteration = iteration
-        self.snapshot = snapshot
-        self.snapshot_iteration = snapshot_iteration
-
-
-class NonFinite(FloatingPointError):
-    """Raised by :class:`StopOnNonFinite` inside the update; :func:`stop_on_divergence`
-    turns it into a :class:`TrainingDivergedError`."""
+__all__ = ["StopOnNonFinite", "stop_on_divergence"]
 
 
 class StopOnNonFinite:
@@ -67,7 +49,7 @@ class StopOnNonFinite:
             if loss is not None:
                 value = float(getattr(loss, "array", loss))
                 if not math.isfinite(value):
-                    raise NonFinite(f"the loss is {value}")
+                    raise DivergedError(f"the loss is {value}", "training")
             arrays = [(name, p.grad) for name, p in optimizer.target.namedparams()]
             what = "gradient"
         else:
@@ -76,7 +58,8 @@ class StopOnNonFinite:
         bad = _non_finite([(n, a) for n, a in arrays if a is not None])
         if bad:
             after = " after this iteration's update" if self.timing == "post" else ""
-            raise NonFinite(f"{len(bad)} {what}(s) hold nan or inf{after}, first {bad[0]}")
+            raise DivergedError(f"{len(bad)} {what}(s) hold nan or inf{after}, first {bad[0]}",
+                                "training")
 
 
 def _non_finite(named_arrays) -> list:
@@ -91,17 +74,19 @@ def _non_finite(named_arrays) -> list:
 @contextlib.contextmanager
 def stop_on_divergence(updater, snapshot: Path):
     """Around ``trainer.run()``: a nan or inf met by :class:`StopOnNonFinite` or by the
-    safe loss (:class:`medaidet.ssd.loss.DivergedError`) becomes one
-    :class:`TrainingDivergedError` naming the iteration and the snapshot kept."""
+    safe loss (a :class:`~medaidet.errors.DivergedError` without an iteration) becomes one
+    naming the iteration and the snapshot kept."""
     try:
         yield
-    except (NonFinite, DivergedError) as exc:
-        cause = (str(exc) if isinstance(exc, NonFinite) else
+    except DivergedError as exc:
+        if exc.iteration is not None:
+            raise
+        cause = (str(exc) if exc.kind == "training" else
                  f"the network's outputs hold nan or inf ({exc})")
         raise _diverged_error(cause, updater.iteration + 1, snapshot) from exc
 
 
-def _diverged_error(cause, iteration: int, snapshot: Path) -> TrainingDivergedError:
+def _diverged_error(cause, iteration: int, snapshot: Path) -> DivergedError:
     snap_iteration = snapshot_iteration(snapshot) if snapshot.is_file() else None
     if snap_iteration is None:
         kept = (f"no trainer snapshot had been written yet ({snapshot} does not exist): "
@@ -111,10 +96,10 @@ def _diverged_error(cause, iteration: int, snapshot: Path) -> TrainingDivergedEr
         kept = (f"the last trainer snapshot, {snapshot} (iteration {snap_iteration}), is "
                 "intact")
         snapshot_arg = snapshot
-    return TrainingDivergedError(
+    return DivergedError(
         f"training diverged at iteration {iteration}: {cause}. Training stopped there: "
         f"model.npz was not written and no snapshot of this state was taken; {kept}. "
         "Common causes: a learning rate too high for this batch size (lower lr, or warm "
         "up), or a bad sample (medaidet data validate). Start again with a lower lr, or "
-        "resume from the snapshot once the cause is fixed.",
+        "resume from the snapshot once the cause is fixed.", "training",
         iteration=iteration, snapshot=snapshot_arg, snapshot_iteration=snap_iteration)

@@ -99,7 +99,7 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
 
     Returns a :class:`~medaidet.training.result.TrainResult`. Raises
     :class:`medaidet.device.DeviceError`, :class:`~medaidet.training.snapshot.ResumeError`,
-    :class:`~medaidet.training.divergence.TrainingDivergedError` (a nan/inf loss or
+    :class:`~medaidet.errors.DivergedError` (a nan/inf loss or
     gradient: which iteration, and the snapshot left intact),
     :class:`medaidet.ssd.weight_files.WeightsNotFoundError` (``pretrained='imagenet'`` offline: the
     message says where to put the file),

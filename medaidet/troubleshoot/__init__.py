@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from medaidet.data.download import resolve_root
 from medaidet.scaling.batch_size import BatchSizeReport
-from medaidet.ssd.transforms import InvalidSampleError, check_sample
+from medaidet.errors import DataError
+from medaidet.ssd.transforms import check_sample
 
 __all__ = ["InvalidSample", "find_invalid_samples", "OpenCVForkCheck", "opencv_fork_check",
            "OutOfMemoryDemo", "out_of_memory_demo"]
@@ -53,7 +54,7 @@ def find_invalid_samples(dataset, n_fg_class: int = 3, limit: int | None = None)
         img, bbox, label = dataset[index][:3]
         try:
             check_sample(img, bbox, label, n_fg_class)
-        except InvalidSampleError as exc:
+        except DataError as exc:
             image_id = ids[index] if ids is not None and index < len(ids) else None
             found.append(InvalidSample(index, image_id, exc.kind, str(exc)))
             if limit is not None and len(found) >= limit:

@@ -14,7 +14,8 @@ from chainercv.links.model.ssd.multibox_loss import (
 
 import medaidet.ssd.loss as loss_module
 from medaidet.errors import MedaidetError
-from medaidet.ssd.loss import DivergedError, InvalidTargetsError, hard_negative, multibox_loss
+from medaidet.errors import DivergedError, InvalidTargetsError
+from medaidet.ssd.loss import hard_negative, multibox_loss
 
 N_PRIOR_SSD300 = 8732
 N_CLASS_BCCD = 4    # background + RBC, WBC, Platelets
@@ -358,8 +359,7 @@ def test_error_classes():
     assert issubclass(DivergedError, MedaidetError)
     assert issubclass(DivergedError, FloatingPointError)
     assert not issubclass(DivergedError, ValueError)
-    assert set(loss_module.__all__) == {"InvalidTargetsError", "DivergedError",
-                                        "multibox_loss", "hard_negative"}
+    assert set(loss_module.__all__) == {"multibox_loss", "hard_negative"}
 
 
 def test_label_equal_to_n_class_is_named_not_an_index_error():

@@ -14,7 +14,7 @@ from PIL import Image
 from medaidet.arguments import ArgumentValueError
 from medaidet.errors import MedaidetError
 from medaidet.ssd import predict as predict_mod
-from medaidet.ssd.transforms import InvalidSampleError
+from medaidet.errors import DataError
 from medaidet.ssd.predict import (DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, CappedPredictor,
                               decode_capped, predict)
 
@@ -316,7 +316,7 @@ def test_hwc_image_is_named_with_its_index_and_the_fix(model_and_image, blood_im
         model.predict([hwc])
     assert not isinstance(raw.value, MedaidetError)
     for call in (lambda imgs: predict(model, imgs), CappedPredictor(model).predict):
-        with pytest.raises(InvalidSampleError) as info:
+        with pytest.raises(DataError) as info:
             call([blood_image, hwc])
         err, msg = info.value, str(info.value)
         assert isinstance(err, MedaidetError) and err.kind == "image"
@@ -352,7 +352,7 @@ def test_hwc_image_is_named_with_its_index_and_the_fix(model_and_image, blood_im
         "list", "pil"])
 def test_images_of_the_wrong_form_are_named(model_and_image, blood_image, make, problem, fix):
     bad = make(blood_image)
-    with pytest.raises(InvalidSampleError) as info:
+    with pytest.raises(DataError) as info:
         predict(model_and_image[0], [blood_image, blood_image, bad])
     msg = str(info.value)
     assert info.value.kind == "image"
@@ -380,7 +380,7 @@ def test_non_finite_image_is_named_by_its_index(model_and_image, blood_image, wh
     else:
         bad[:] = np.nan            # ChainerCV and the capped predict gave 0 boxes silently
     count = bad.size if count is None else count
-    with pytest.raises(InvalidSampleError) as info:
+    with pytest.raises(DataError) as info:
         predict(model_and_image[0], [blood_image, bad])
     err, msg = info.value, str(info.value)
     assert err.kind == "image"
@@ -391,10 +391,10 @@ def test_non_finite_image_is_named_by_its_index(model_and_image, blood_image, wh
 
 def test_a_single_image_or_no_list_as_the_batch_is_named(model_and_image, blood_image):
     model = model_and_image[0]
-    with pytest.raises(InvalidSampleError, match=r"^imgs is one array of shape \(3, 480, 640\)"
+    with pytest.raises(DataError, match=r"^imgs is one array of shape \(3, 480, 640\)"
                                                  r".*pass \[img\] for a single image"):
         predict(model, blood_image)
-    with pytest.raises(InvalidSampleError, match="^imgs is None, not a list of images"):
+    with pytest.raises(DataError, match="^imgs is None, not a list of images"):
         predict(model, None)
     # a (B, 3, H, W) array is a batch, as the docs say
     bboxes, _, scores = predict(model, blood_image[None])

@@ -17,7 +17,7 @@ from chainercv.links.model.ssd import multibox_loss as chainercv_multibox_loss
 
 import medaidet.ssd.train_chain as train_chain
 from medaidet.data.bccd import BCCDDataset
-from medaidet.ssd.loss import InvalidTargetsError
+from medaidet.errors import InvalidTargetsError
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import TrainTransform
 

@@ -17,7 +17,8 @@ from medaidet.device import DeviceError, resolve_device
 from medaidet.cli import train as train_command
 from medaidet.cli.train import config_from_args
 from medaidet.training.config import ConfigError, TrainConfig
-from medaidet.training.divergence import StopOnNonFinite, TrainingDivergedError
+from medaidet.errors import DivergedError
+from medaidet.training.divergence import StopOnNonFinite
 from medaidet.training.iterators import n_processes_for
 from medaidet.training.run import train
 from medaidet.training.snapshot import ResumeError
@@ -252,7 +253,7 @@ def test_divergence_stops_with_the_iteration_and_keeps_the_last_snapshot(tmp_pat
     training must stop with a named error; the epoch-1 snapshot stays as it was."""
     config = TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path), **dict(
         TINY, iterations=6, snapshot_interval=1, lr_steps=(1,), lr_gamma=1e40))
-    with pytest.raises(TrainingDivergedError, match=r"diverged at iteration \d") as info:
+    with pytest.raises(DivergedError) as info:
         train(config, progress=False, log=lambda *_: None)
     err = info.value
     assert isinstance(err, FloatingPointError)
