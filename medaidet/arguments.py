@@ -20,21 +20,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from medaidet.errors import MedaidetError
+from medaidet.errors import ConfigError, OutputError
 from medaidet.files import atomic_file
 
-__all__ = ["ArgumentValueError", "OutputDirError", "check_number", "is_path", "positive_int",
+__all__ = ["ConfigError", "OutputError", "check_number", "is_path", "positive_int",
            "non_negative_int", "positive_float", "probability", "prepare_output_dir"]
-
-
-class ArgumentValueError(MedaidetError, ValueError):
-    """A number, name or file given to medaidet is not one it can use. The message names the
-    argument (as the user wrote it), the value and what is expected."""
-
-
-class OutputDirError(MedaidetError, OSError):
-    """An output folder cannot be used: it is a file, cannot be created or written, is one
-    of the run's inputs, or holds someone's files (see ``marker``)."""
 
 
 # The rules: (test, what is expected). `kind` int values must be whole numbers.
@@ -47,21 +37,21 @@ _RULES = {
 
 def check_number(value, name: str, rule: str = "positive", integer: bool = False):
     """``value`` as an int (``integer``) or float that is finite and follows ``rule``
-    ("positive", "non-negative", "probability"); else :class:`ArgumentValueError` naming
+    ("positive", "non-negative", "probability"); else :class:`ConfigError` naming
     ``name``. Accepts numbers and numeric strings; rejects bools, NaN and infinities."""
     test, expected = _RULES[rule]
     what = ("a whole " + expected.replace("a number", "number")) if integer else expected
     if isinstance(value, bool):
-        raise ArgumentValueError(f"{name}: {value!r} is not a number; expected {what}")
+        raise ConfigError(f"{name}: {value!r} is not a number; expected {what}")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ArgumentValueError(f"{name}: {value!r} is not a number; expected {what}") from None
+        raise ConfigError(f"{name}: {value!r} is not a number; expected {what}") from None
     if not math.isfinite(number) or not test(number):
-        raise ArgumentValueError(f"{name}: {value} is out of range; expected {what}")
+        raise ConfigError(f"{name}: {value} is out of range; expected {what}")
     if integer:
         if number != int(number):
-            raise ArgumentValueError(f"{name}: {value} is not a whole number; expected {what}")
+            raise ConfigError(f"{name}: {value} is not a whole number; expected {what}")
         return int(number)
     return number
 
@@ -70,7 +60,7 @@ def _argparse_type(rule, integer, label):
     def parse(text):
         try:
             return check_number(text, "value", rule, integer)
-        except ArgumentValueError as exc:
+        except ConfigError as exc:
             # argparse prefixes "argument --name: "; keep only our part after "value: "
             raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
     parse.__name__ = label  # argparse shows it in "invalid <name> value" messages
@@ -101,9 +91,9 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
     the folder as the command's own; a folder that holds anything but lacks it is refused,
     and a new or empty folder gets it, as does one holding only folders named in
     ``own_folders`` that are the command's own work too (:func:`_own_work`). Returns the
-    resolved path; raises :class:`OutputDirError` naming ``name`` and the path."""
+    resolved path; raises :class:`OutputError` naming ``name`` and the path."""
     if not is_path(path):
-        raise OutputDirError(f"{name}: {path!r} is not a folder path; expected a folder to "
+        raise OutputError(f"{name}: {path!r} is not a folder path; expected a folder to "
                              "write the results in")
     out = Path(path).expanduser().resolve()
     for source in inputs:
@@ -111,22 +101,22 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
             continue
         source = Path(source).expanduser().resolve()
         if _is_within(out, source):
-            raise OutputDirError(
+            raise OutputError(
                 f"{name}: {path} is inside {source}, which this run reads; choose a folder "
                 "outside it (for example outputs/) so nothing of yours is overwritten")
     if out.exists() and not out.is_dir():
-        raise OutputDirError(f"{name}: {path} is a file, not a folder; give a folder path "
+        raise OutputError(f"{name}: {path} is a file, not a folder; give a folder path "
                              "(it is created if missing)")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputDirError(f"{name}: cannot create the folder {path} ({exc.strerror or exc}); "
+        raise OutputError(f"{name}: cannot create the folder {path} ({exc.strerror or exc}); "
                              "choose a folder you can write to") from None
     try:  # a real write: permission bits say nothing for root or on read-only mounts
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as exc:
-        raise OutputDirError(f"{name}: cannot write in the folder {path} "
+        raise OutputError(f"{name}: cannot write in the folder {path} "
                              f"({exc.strerror or exc}); choose a folder you can write to") from None
     if marker is not None:
         _claim_output_dir(out, path, name, marker, own_folders)
@@ -163,7 +153,7 @@ def _claim_output_dir(out: Path, path, name: str, marker: str, own_folders=()) -
                    if not (p.name in own_folders and _own_work(p, marker)))
     if found:
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        raise OutputDirError(
+        raise OutputError(
             f"{name}: the folder {path} already holds files ({shown}) and is not one this "
             f"command made (it has no {marker} file); nothing was written or deleted there. "
             f"Choose a new or empty folder for {name}, or move those files out of it")

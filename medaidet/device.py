@@ -10,16 +10,12 @@ when a GPU is asked for and none is usable.
 chainer is imported only inside the functions: the doctor and the course runner read this
 module on machines where chainer is broken or missing.
 """
-from medaidet.errors import MedaidetError
+from medaidet.errors import DeviceError
 
-__all__ = ["DEFAULT_DEVICE", "DeviceError", "parse_device", "device_name", "gpu_status",
+__all__ = ["DEFAULT_DEVICE", "parse_device", "device_name", "gpu_status",
            "resolve_device"]
 
 DEFAULT_DEVICE = "auto"
-
-
-class DeviceError(MedaidetError, ValueError):
-    """A device spec is not one, or names a GPU that cannot be used (no CUDA, no such GPU)."""
 
 
 def parse_device(spec=DEFAULT_DEVICE, name: str = "--device"):

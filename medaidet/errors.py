@@ -82,3 +82,38 @@ class DataError(MedaidetError):
     """
 
     path = box_index = value = None
+
+
+class ConfigError(MedaidetError, ValueError):
+    """A setting is not one medaidet can use: an argument (a number, a name, a file), a
+    training config or config file (an unknown key, an impossible value), a seed, gradient
+    accumulation, data that leaves nothing to learn from or to evaluate, a NumPy the stack
+    does not support. The message begins with the argument or field at fault, as the Python
+    API names it (``"iterations: ..."``; the command line puts its flag there instead), and
+    says what is expected. ``kind``: None, or ``"seed"``, ``"accumulation"``,
+    ``"nothing_to_learn"``, ``"nothing_to_evaluate"``, ``"numpy"``.
+    """
+
+
+class DeviceError(MedaidetError, ValueError):
+    """A device spec is not one, names a GPU that cannot be used (no CUDA, no such GPU), or
+    the device ran out of memory even at the smallest batch (``kind`` ``"memory"``, with
+    ``report``: the :class:`~medaidet.scaling.batch_size.BatchSizeReport` of every try)."""
+
+
+class OutputError(MedaidetError):
+    """An output cannot be written where asked: the folder is a file, cannot be created or
+    written, is one of the run's inputs or holds someone's files; or a file would replace
+    something that is not a file of results (a folder, a device, a FIFO, one of the
+    command's inputs). ``path``: the output, where known."""
+
+    path = None
+
+
+class DeployError(MedaidetError):
+    """The detector cannot leave Chainer as asked (notebook 09). ``kind``: ``"model"`` (the
+    file is not an ONNX model ``medaidet export`` wrote, or is not there), ``"opset"`` (an
+    ONNX opset onnx_chainer cannot write) or ``"extra"`` (a package of one of medaidet's
+    extras is not installed)."""
+
+    KINDS = ("model", "opset", "extra")

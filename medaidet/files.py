@@ -24,22 +24,13 @@ import secrets
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from medaidet.errors import MedaidetError
+from medaidet.errors import OutputError
 
 __all__ = ["FULL_DISK_ERRNOS", "OutputError", "atomic_file", "check_output", "is_full_disk",
            "png_bytes", "write_files"]
 
 # The errors of a write that found no room: the disk, the user's quota, the file-size limit.
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
-class OutputError(MedaidetError, ValueError):
-    """An output would replace something that is not a file of results: a folder, a device,
-    a FIFO, or one of the command's inputs. ``path``: the output."""
-
-    def __init__(self, message: str, path):
-        super().__init__(message)
-        self.path = path
 
 
 def check_output(path, inputs=()) -> Path:

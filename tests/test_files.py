@@ -79,7 +79,8 @@ except OSError as exc:
 # --------------------------------------------------------------------------- the output rule
 
 def test_an_output_never_replaces_a_device_a_fifo_a_folder_or_an_input(tmp_path):
-    from medaidet.files import OutputError, check_output
+    from medaidet.files import check_output
+    from medaidet.errors import OutputError
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     link = tmp_path / "dangling"

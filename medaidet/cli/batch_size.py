@@ -1,7 +1,8 @@
 """``medaidet batch-size``: the largest batch that fits, and memory per batch size (08)."""
 import json
 
-from medaidet.arguments import ArgumentValueError, positive_int, prepare_output_dir
+from medaidet.arguments import positive_int, prepare_output_dir
+from medaidet.errors import ConfigError
 from medaidet.device import DEFAULT_DEVICE
 from medaidet.ssd import MODEL_NAMES
 
@@ -32,11 +33,12 @@ def add_parser(commands) -> None:
 
 def _batch_size(args) -> int:
     from medaidet.data.download import resolve_root
-    from medaidet.scaling.batch_size import NoBatchSizeFitsError, batch_size_on_bccd
+    from medaidet.scaling.batch_size import batch_size_on_bccd
+    from medaidet.errors import DeviceError
 
     # checked here first, in the flags the user typed (batch_size_on_bccd checks it again)
     if not args.sizes and args.min > args.start:
-        raise ArgumentValueError(f"--min: {args.min} is greater than --start {args.start}; "
+        raise ConfigError(f"--min: {args.min} is greater than --start {args.start}; "
                                  "expected a batch size from 1 to --start")
     if args.out is not None:
         prepare_output_dir(args.out, "--out", inputs=(resolve_root(args.root),))
@@ -44,7 +46,7 @@ def _batch_size(args) -> int:
     try:
         report = batch_size_on_bccd(args.device, args.model, args.start, args.min,
                                     args.target, args.sizes, args.root, args.out, log=log)
-    except NoBatchSizeFitsError as exc:
+    except DeviceError as exc:
         if args.json:
             print(json.dumps({**exc.report.to_dict(), "error": str(exc)}, indent=2))
         raise

@@ -6,24 +6,20 @@ from pathlib import Path
 
 from medaidet.arguments import prepare_output_dir
 from medaidet.cli.count import count_threshold
-from medaidet.errors import MedaidetError
-from medaidet.files import OutputError, check_output, write_files
+from medaidet.errors import DeployError, OutputError
+from medaidet.files import check_output, write_files
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
 
 EXTRAS = {"onnx": "export", "onnx_chainer": "export", "onnxruntime": "deploy"}
-
-
-class MissingExtraError(MedaidetError):
-    """A command needs a package of one of medaidet's extras that is not installed."""
 
 
 def _missing_extra(exc: ModuleNotFoundError, command: str):
     extra = EXTRAS.get((exc.name or "").split(".")[0])
     if extra is None:
         return exc
-    return MissingExtraError(f"`medaidet {command}` needs {exc.name}, which is not installed: "
-                             f"pip install 'medaidet[{extra}]' (from a checkout: "
-                             f"pip install -e '.[{extra}]')")
+    return DeployError(f"`medaidet {command}` needs {exc.name}, which is not installed: "
+                       f"pip install 'medaidet[{extra}]' (from a checkout: "
+                       f"pip install -e '.[{extra}]')", "extra")
 
 
 def add_parser(commands) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from medaidet.data import BCCD_LABEL_NAMES
-from medaidet.arguments import ArgumentValueError
+from medaidet.errors import ConfigError
 from medaidet.data import LABELS
 from medaidet.data.annotation import parse_annotation
 from medaidet.data.download import TXL_PBC, resolve_root
@@ -81,7 +81,7 @@ def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES,
     whose two images TXL-PBC re-annotated.
     """
     if labels not in LABELS:
-        raise ArgumentValueError(f"labels: {labels!r} is not one of {', '.join(LABELS)}")
+        raise ConfigError(f"labels: {labels!r} is not one of {', '.join(LABELS)}")
     root = resolve_root(root)
     txl = None
     if labels == "txl-pbc":

@@ -37,7 +37,8 @@ from typing import NamedTuple
 import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 
-from medaidet.arguments import ArgumentValueError, is_path
+from medaidet.arguments import is_path
+from medaidet.errors import ConfigError
 from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS, LABELS  # noqa: F401 (CLASS_COLORS)
 from medaidet.data.annotation import AnnotationError, parse_annotation
 from medaidet.data.annotation_checks import (QUIET_ENV, _REPORTED,  # noqa: F401 (here too)
@@ -72,7 +73,7 @@ class BCCDDataset(GetterDataset):
 
     Args:
         root: dataset root, a str or ``os.PathLike`` (else
-            :class:`medaidet.arguments.ArgumentValueError`); None: ``$MEDAIDET_DATA``,
+            :class:`medaidet.arguments.ConfigError`); None: ``$MEDAIDET_DATA``,
             else the cache directory (:func:`medaidet.data.download.resolve_root`).
         split: ``'train'`` (205), ``'val'`` (87), ``'trainval'`` (292) or ``'test'`` (72).
         strict: raise :class:`InvalidObjectError` instead of dropping/clipping objects.
@@ -103,12 +104,12 @@ class BCCDDataset(GetterDataset):
                  labels: str = "bccd", reannotated_only: bool = False, txl_root=None):
         super().__init__()
         if root is not None and not is_path(root):
-            raise ArgumentValueError(
+            raise ConfigError(
                 f"root: {root!r} is not a folder path; expected a str or os.PathLike naming "
                 "the dataset root (the folder with Annotations/), or None for $MEDAIDET_DATA, "
                 "else the cache directory")
         if labels not in LABELS:
-            raise ArgumentValueError(f"labels: {labels!r} is not one of {', '.join(LABELS)}")
+            raise ConfigError(f"labels: {labels!r} is not one of {', '.join(LABELS)}")
         self.root = resolve_root(root)
         self.split = split
         self.strict = strict

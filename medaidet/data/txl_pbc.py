@@ -34,13 +34,12 @@ from pathlib import Path
 import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 
-from medaidet.arguments import ArgumentValueError
+from medaidet.errors import ConfigError, MedaidetError
 from medaidet.data import BCCD_LABEL_NAMES, OTHER_SOURCES
 from medaidet.data.annotation_checks import InvalidObjectError, check_annotation, warn_once
 from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.yolo import parse_yolo_labels
-from medaidet.errors import MedaidetError
 
 __all__ = ["Link", "Resemblance", "TXLPBCDataset", "OTHER_SOURCES", "bccd_links",
            "reexported_links", "census", "SOURCE_BY_SIZE", "LINKS_FILE", "REEXPORTED_FILE",
@@ -139,11 +138,11 @@ class TXLPBCDataset(GetterDataset):
         sources = (sources,) if isinstance(sources, str) else tuple(sources)
         unknown = [s for s in sources if s not in OTHER_SOURCES]
         if unknown or not sources:
-            raise ArgumentValueError(
+            raise ConfigError(
                 f"sources: {unknown or 'none'}: expected some of {', '.join(OTHER_SOURCES)} "
                 "(BCCD's images: BCCDDataset(labels='txl-pbc'))")
         if split not in TXL_SPLITS:
-            raise ArgumentValueError(f"split: {split!r} is not one of TXL-PBC's splits "
+            raise ConfigError(f"split: {split!r} is not one of TXL-PBC's splits "
                                      f"({', '.join(TXL_SPLITS)})")
         self.root = resolve_root(root, TXL_PBC)
         self.split = split

@@ -130,8 +130,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "split_overlap": ("error", "loaded in both splits: evaluation is not independent of "
                       "training; keep each id in one split"),
     "split_without_objects": ("error", "BCCDDataset loads it, every image as background "
-                              "only; training on it raises NothingToLearnError and "
-                              "evaluating on it NothingToEvaluateError: annotate its images "
+                              "only; training on it raises ConfigError and "
+                              "evaluating on it ConfigError: annotate its images "
                               "(or list images with boxes)"),
     "orphan_file": ("info", "never read: no split lists it"),
     "near_duplicate_image": ("warning", "both loaded as is: keep the two in one split "

@@ -14,18 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from medaidet.arguments import ArgumentValueError, check_number, is_path
+from medaidet.arguments import check_number, is_path
+from medaidet.errors import ConfigError, DeployError
 from medaidet.deploy.decode import decode, resize_boxes
-from medaidet.errors import MedaidetError
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
 
-__all__ = ["OnnxDetector", "ModelFileError", "METADATA_KEY", "read_rgb", "resize_image"]
+__all__ = ["OnnxDetector", "METADATA_KEY", "read_rgb", "resize_image"]
 
 METADATA_KEY = "medaidet"      # the model's metadata entry written by medaidet export
-
-
-class ModelFileError(MedaidetError):
-    """The file is not an ONNX model written by ``medaidet export`` (or is not there)."""
 
 
 def read_rgb(path) -> np.ndarray:
@@ -60,19 +56,19 @@ def _check_image(index, image) -> np.ndarray:
     image = np.asarray(image)
     if (image.ndim != 3 or image.shape[0] != 3 or image.dtype.kind not in "iuf"
             or 0 in image.shape):
-        raise ArgumentValueError(
+        raise ConfigError(
             f"images[{index}] has shape {image.shape} and dtype {image.dtype}; expected "
             "numbers (3, H, W) with H, W > 0: RGB, channels first, 0-255 (read_rgb gives that)")
     image = image.astype(np.float32)
     if not np.isfinite(image).all():
-        raise ArgumentValueError(f"images[{index}] holds nan or inf values; expected finite "
+        raise ConfigError(f"images[{index}] holds nan or inf values; expected finite "
                                  "0-255")
     low, high = float(image.min()), float(image.max())
     if low < 0 or high > 255:
-        raise ArgumentValueError(f"images[{index}] holds values {low:g}..{high:g}; expected "
+        raise ConfigError(f"images[{index}] holds values {low:g}..{high:g}; expected "
                                  "0-255 (read_rgb gives that)")
     if image.dtype.kind == "f" and high <= 1 and np.asarray(image).any():
-        raise ArgumentValueError(f"images[{index}] holds values {low:g}..{high:g}: scaled to "
+        raise ConfigError(f"images[{index}] holds values {low:g}..{high:g}: scaled to "
                                  "0-1? The model expects 0-255; multiply by 255")
     return image
 
@@ -80,15 +76,15 @@ def _check_image(index, image) -> np.ndarray:
 def _metadata(path: Path, session) -> dict:
     """The decoding metadata ``medaidet export`` wrote, checked against itself and against the
     graph: every field there, of its type, the default boxes finite and sized, the graph's
-    ``image``/``locs``/``scores`` of the shapes they imply. :class:`ModelFileError` otherwise."""
+    ``image``/``locs``/``scores`` of the shapes they imply. :class:`DeployError` otherwise."""
     def bad(what):
-        return ModelFileError(f"{path} is not a model `medaidet export` wrote, or was changed "
-                              f"since: {what}. Export it again from its weights.")
+        return DeployError(f"{path} is not a model `medaidet export` wrote, or was changed "
+                           f"since: {what}. Export it again from its weights.", "model")
 
     text = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
     if text is None:
-        raise ModelFileError(f"{path} is an ONNX model, but not one `medaidet export` "
-                             "wrote: it has no default boxes to decode with")
+        raise DeployError(f"{path} is an ONNX model, but not one `medaidet export` "
+                          "wrote: it has no default boxes to decode with", "model")
     try:
         meta = json.loads(text)
     except ValueError as exc:
@@ -151,12 +147,12 @@ class OnnxDetector:
     def __init__(self, path, preset: str = "evaluate", score_thresh=None, nms_thresh=None,
                  providers=("CPUExecutionProvider",), threads=None):
         if not is_path(path):
-            raise ArgumentValueError(f"path: {path!r} is not a file path; expected the .onnx "
+            raise ConfigError(f"path: {path!r} is not a file path; expected the .onnx "
                                      "file `medaidet export` wrote (a str or os.PathLike)")
         path = Path(os.fspath(path))
         if not path.is_file():
-            raise ModelFileError(f"no model at {path}: write one with `medaidet export "
-                                 f"WEIGHTS --out {path}`")
+            raise DeployError(f"no model at {path}: write one with `medaidet export "
+                              f"WEIGHTS --out {path}`", "model")
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
@@ -165,14 +161,14 @@ class OnnxDetector:
         if score_thresh is not None:
             check_number(score_thresh, "score_thresh", "probability")
         if nms_thresh is not None and check_number(nms_thresh, "nms_thresh", "probability") == 0:
-            raise ArgumentValueError("nms_thresh: 0 is out of range; expected a number in "
+            raise ConfigError("nms_thresh: 0 is out of range; expected a number in "
                                      "(0, 1] (0 would keep one box per class)")
         try:
             self.session = onnxruntime.InferenceSession(str(path), options,
                                                         providers=list(providers))
         except Exception as exc:     # onnxruntime's own errors name no class worth catching
-            raise ModelFileError(f"{path} is not an ONNX model onnxruntime can load "
-                                 f"({type(exc).__name__}: {str(exc)[:200]})") from None
+            raise DeployError(f"{path} is not an ONNX model onnxruntime can load "
+                              f"({type(exc).__name__}: {str(exc)[:200]})", "model") from None
         meta = _metadata(path, self.session)
         self.path = path
         self.model = meta["model"]
@@ -192,7 +188,7 @@ class OnnxDetector:
         sizes)``, (B, K, 4), (B, K, n_fg_class + 1) and each image's (H, W)."""
         if isinstance(images, np.ndarray) and images.ndim == 3 or not isinstance(
                 images, (list, tuple, np.ndarray)):
-            raise ArgumentValueError(f"images: expected a list of images (each (3, H, W)), got "
+            raise ConfigError(f"images: expected a list of images (each (3, H, W)), got "
                                      f"{type(images).__name__}; for one image pass [image]")
         images = [_check_image(i, image) for i, image in enumerate(images)]
         if not images:

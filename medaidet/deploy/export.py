@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from medaidet.deploy.detector import METADATA_KEY
-from medaidet.errors import MedaidetError
+from medaidet.errors import DeployError
 
-__all__ = ["export_onnx", "ExportedModel", "UnsupportedOpsetError", "OPSETS", "DEFAULT_OPSET",
+__all__ = ["export_onnx", "ExportedModel", "OPSETS", "DEFAULT_OPSET",
            "METADATA_KEY"]
 
 #: The opsets offered (9 to 11); 11 is the default (onnxruntime and onnxruntime-web run it).
@@ -29,10 +29,6 @@ __all__ = ["export_onnx", "ExportedModel", "UnsupportedOpsetError", "OPSETS", "D
 #: a graph input a caller could override, which this exporter does not write.
 OPSETS = range(9, 12)
 DEFAULT_OPSET = 11
-
-
-class UnsupportedOpsetError(MedaidetError):
-    """The ONNX opset asked for is one onnx_chainer cannot write."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +48,10 @@ class ExportedModel:
 
 def _check_opset(opset) -> int:
     if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)) or opset not in OPSETS:
-        raise UnsupportedOpsetError(
+        raise DeployError(
             f"opset {opset!r}: medaidet exports ONNX opsets {OPSETS.start} to "
-            f"{OPSETS.stop - 1}; use {DEFAULT_OPSET} (onnxruntime and onnxruntime-web run it)")
+            f"{OPSETS.stop - 1}; use {DEFAULT_OPSET} (onnxruntime and onnxruntime-web run it)",
+            "opset")
     return int(opset)
 
 
@@ -128,7 +125,7 @@ def _writable(out: Path) -> Path:
 def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> ExportedModel:
     """Write the SSD trained into ``weights`` (a model-only ``.npz``) as ONNX to ``out``.
 
-    Raises :class:`UnsupportedOpsetError` (``opset`` outside 9-11),
+    Raises :class:`DeployError` (``opset`` outside 9-11),
     :class:`~medaidet.evaluation.evaluate.TrainedWeightsMissingError` (no file at
     ``weights``) and the weight loader's named errors (a file that is not the weights of an
     SSD of this course), and ``OSError`` naming ``out`` when it cannot be written; all

@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from medaidet.compat import numpy_newer_than_supported, numpy_too_new_message
+from medaidet.errors import ConfigError
 
 SETUP_CELL_TAG = "colab-setup"
 SETUP_CELL_ID = "colab-setup"
@@ -96,10 +97,6 @@ def repository_slug(url: str) -> str:
     return found[1]
 
 
-class NumpyNotSupportedError(RuntimeError):
-    """The runtime's NumPy is newer than the stack supports (medaidet never downgrades it)."""
-
-
 def _run(*cmd) -> None:
     """Run ``cmd``, its output streamed into the notebook (a kernel does not show what
     a child process writes to its own stdout)."""
@@ -144,7 +141,7 @@ def _missing(extras) -> list:
 def setup(home=None, extras=(), cuda: str = "auto") -> None:
     """What a notebook's setup cell does once medaidet's clone ``home`` is on ``sys.path``.
 
-    Stops with :class:`NumpyNotSupportedError` when the runtime's NumPy is newer than the
+    Stops with :class:`ConfigError` when the runtime's NumPy is newer than the
     stack supports (saying how to get one it supports) instead of replacing it. Installs
     the clone with the notebook's ``extras`` (``pip install -e home[extras]``, the NumPy
     there held where it is) when medaidet or something an extra needs is missing, runs
@@ -156,7 +153,7 @@ def setup(home=None, extras=(), cuda: str = "auto") -> None:
     home = os.path.abspath(home or os.environ.get(COLAB_DIR_ENV, DEFAULT_COLAB_DIR))
     numpy = _version("numpy")
     if numpy_newer_than_supported(numpy):
-        raise NumpyNotSupportedError(numpy_too_new_message(numpy))
+        raise ConfigError(numpy_too_new_message(numpy), "numpy")
     missing = _missing(extras)
     if missing:
         print("installing medaidet" + (f" with {', '.join(extras)}" if extras else "")

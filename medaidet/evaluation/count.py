@@ -37,7 +37,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from medaidet.arguments import ArgumentValueError, check_number
+from medaidet.arguments import check_number
+from medaidet.errors import ConfigError
 from medaidet.data.bccd import CLASS_COLORS
 from medaidet.device import DEFAULT_DEVICE
 from medaidet.evaluation.analysis import images_missing_class
@@ -95,7 +96,7 @@ def _check_thresh(score_thresh, lowest: float, name: str = "score_thresh") -> fl
     """
     value = check_number(score_thresh, name, "probability")
     if value < lowest:
-        raise ArgumentValueError(
+        raise ConfigError(
             f"{name}: {score_thresh} is below {lowest:g}, the lowest score the predictions "
             f"hold (the detector keeps only detections scoring >= {lowest:g}); expected a "
             f"number from {lowest:g} to 1")
@@ -252,7 +253,7 @@ def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRE
     """Predicted (detections scoring ``>= score_thresh``) vs annotated counts.
 
     ``score_thresh``: from ``predictions.score_thresh`` (0.01) to 1; else
-    :class:`medaidet.arguments.ArgumentValueError` (a ``ValueError``). ``set_aside``:
+    :class:`medaidet.arguments.ConfigError` (a ``ValueError``). ``set_aside``:
     ``{image id: why}`` of images to report apart (e.g.
     :func:`medaidet.evaluation.analysis.images_missing_class`); ids not among the
     predictions are ignored.
@@ -394,7 +395,7 @@ def threshold_change(predictions: Predictions, class_name: str, before: float, a
     """
     names = list(predictions.label_names)
     if class_name not in names:
-        raise ArgumentValueError(f"class_name: {class_name!r} is not a class of the "
+        raise ConfigError(f"class_name: {class_name!r} is not a class of the "
                                  f"predictions; expected one of {names}")
     l = names.index(class_name)
     first, second = (count_cells(predictions, t) for t in (before, after))
@@ -402,7 +403,7 @@ def threshold_change(predictions: Predictions, class_name: str, before: float, a
     listed = [ids[i] if isinstance(i, (int, np.integer)) else i for i in images]
     unknown = [i for i in listed if i not in ids]
     if unknown:
-        raise ArgumentValueError(f"images: {unknown} are not among the predictions' images")
+        raise ConfigError(f"images: {unknown} are not among the predictions' images")
     return ThresholdChange(class_name, predictions.split, first.score_thresh,
                            second.score_thresh, ids, first.annotated[:, l].copy(),
                            first.error[:, l].copy(), second.error[:, l].copy(), listed)
@@ -483,7 +484,7 @@ def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> 
     thresholds = np.sort([_check_thresh(t, predictions.score_thresh, "thresholds")
                           for t in np.asarray(thresholds, dtype=object).ravel()])
     if thresholds.size == 0:
-        raise ArgumentValueError("thresholds: none given; expected score thresholds from "
+        raise ConfigError("thresholds: none given; expected score thresholds from "
                                  f"{predictions.score_thresh:g} to 1")
     if predictions.split == "test":
         warnings.warn("threshold_sweep on the test split: " + SWEEP_NOTE, UserWarning,

@@ -18,7 +18,7 @@ Both metrics are ChainerCV's (:func:`chainercv.evaluations.eval_detection_voc`):
 AP (``use_07_metric=False``, what the course reported) and VOC2007's 11-point AP
 (``use_07_metric=True``). A class with boxes but no detection has AP 0; a class without
 any box in the split has AP NaN (``null`` in JSON) and is left out of the mean; a split
-without any box at all has nothing to score and raises :class:`NothingToEvaluateError`.
+without any box at all has nothing to score and raises :class:`ConfigError`.
 
 Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels, float32, shape (R, 4);
 labels int32 (R,), indices into the label names; scores float32 (R,).
@@ -45,7 +45,7 @@ from medaidet.data.bccd import BCCDDataset
 from medaidet.data.download import resolve_root
 from medaidet.data.voc import split_path
 from medaidet.device import DEFAULT_DEVICE, resolve_device
-from medaidet.errors import MedaidetError
+from medaidet.errors import ConfigError
 from medaidet.files import png_bytes, write_files
 from medaidet.evaluation.protocol import (COURSE_PUBLISHED, EVALUATE_SCORE_THRESH, IOU_THRESH,
                                           PROTOCOLS)
@@ -58,7 +58,6 @@ from medaidet.tables import Table
 
 __all__ = [
     "Predictions", "ProtocolResult", "EvaluationResult", "TrainedWeightsMissingError",
-    "NothingToEvaluateError",
     "predict_split", "evaluate", "bootstrap", "plot_pr_curves", "load_model",
     "predict_weights", "evaluate_weights", "course_weights",
 ]
@@ -66,10 +65,6 @@ __all__ = [
 
 class TrainedWeightsMissingError(WeightsNotFoundError):
     """The trained weights to evaluate or count with do not exist (train first)."""
-
-
-class NothingToEvaluateError(MedaidetError):
-    """The images to evaluate hold no ground-truth box: AP is undefined for every class."""
 
 
 def _n_boxes(difficults) -> int:
@@ -441,18 +436,18 @@ def evaluate(predictions: Predictions, label_names=None, protocols=None) -> Eval
         protocols: name -> score threshold; default :data:`PROTOCOLS`. Each protocol
             keeps the detections scoring ``>=`` its threshold.
 
-    Raises :class:`NothingToEvaluateError` when no image has a ground-truth box.
+    Raises :class:`ConfigError` when no image has a ground-truth box.
     """
     if label_names is not None:
         predictions = Predictions(**{**predictions.__dict__, "label_names": tuple(label_names)})
     if not _n_boxes(predictions.gt_difficults):
         where = (f"split {predictions.split} has" if predictions.split else
                  "these predictions have")
-        raise NothingToEvaluateError(
+        raise ConfigError(
             f"{where} no objects: nothing to evaluate. None of the {len(predictions)} "
             "images has a ground-truth box (difficult ones are ignored), so AP is undefined "
             "for every class. Evaluate images with boxes (`medaidet data validate ROOT` "
-            "finds splits without objects)")
+            "finds splits without objects)", "nothing_to_evaluate")
     protocols = PROTOCOLS if protocols is None else protocols
     results = {name: _score_protocol(predictions.filter(thresh), name)
                for name, thresh in protocols.items()}
@@ -563,7 +558,7 @@ def check_run(weights_path, root=None, subset=None, batch_size: int = 8,
 
 
 def check_ground_truth(root, split: str, subset=None):
-    """Raise :class:`NothingToEvaluateError` when the images to evaluate (the first
+    """Raise :class:`ConfigError` when the images to evaluate (the first
     ``subset`` of ``split``) hold no ground-truth box: before any model is built. Reads
     the annotations only. Images without boxes are fine as long as some image has one."""
 
@@ -574,16 +569,16 @@ def check_ground_truth(root, split: str, subset=None):
         return
     listed = split_path(dataset.root, split)
     if n < len(difficults) and _n_boxes(difficults):
-        raise NothingToEvaluateError(
+        raise ConfigError(
             f"the first {n} images of split {split} ({listed}) have no objects: nothing to "
             f"evaluate (--subset {subset}). Evaluate more of the split's {len(dataset)} "
-            "images (a larger --subset, or none)")
-    raise NothingToEvaluateError(
+            "images (a larger --subset, or none)", "nothing_to_evaluate")
+    raise ConfigError(
         f"split {split} has no objects: nothing to evaluate. None of the {len(dataset)} "
         f"images listed in {listed} has a ground-truth box (difficult ones are ignored), so "
         f"AP is undefined for every class. Check Annotations/<id>.xml of the ids in that "
         f"list, or run `medaidet data validate {dataset.root}`; or evaluate another split "
-        "(--split)")
+        "(--split)", "nothing_to_evaluate")
 
 
 def predict_weights(weights_path, split: str = "test", model_name: str | None = None,
@@ -626,10 +621,10 @@ def evaluate_weights(weights_path, split: str = "test", model_name: str | None =
 
     Raises:
         TrainedWeightsMissingError: ``weights_path`` does not exist (a ``WeightsNotFoundError``).
-        medaidet.arguments.ArgumentValueError: ``subset`` or ``batch_size`` is not > 0.
-        medaidet.arguments.OutputDirError: ``out`` is a file, cannot be created or
+        medaidet.errors.ConfigError: ``subset`` or ``batch_size`` is not > 0.
+        medaidet.arguments.OutputError: ``out`` is a file, cannot be created or
             written, or lies inside the dataset.
-        NothingToEvaluateError: the images to evaluate hold no ground-truth box
+        ConfigError: the images to evaluate hold no ground-truth box
             (:func:`check_ground_truth`, before the model is built).
     """
     run = check_run(weights_path, root, subset, batch_size, out)

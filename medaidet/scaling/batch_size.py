@@ -30,28 +30,19 @@ from chainer.dataset import concat_examples
 from chainer.datasets import TransformDataset
 from matplotlib.figure import Figure
 
-from medaidet.arguments import ArgumentValueError, check_number, prepare_output_dir
+from medaidet.arguments import check_number, prepare_output_dir
+from medaidet.errors import ConfigError, DeviceError
 from medaidet.colors import line_style
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
 from medaidet.data.download import resolve_root
 from medaidet.device import DEFAULT_DEVICE, device_name
 from medaidet.files import png_bytes, write_files
-from medaidet.errors import MedaidetError
 from medaidet.training.config import TrainConfig
 from medaidet.training.recipe import Recipe
 
-__all__ = ["NoBatchSizeFitsError", "BatchSizeTry", "BatchSizeReport", "PeakMemory",
+__all__ = ["BatchSizeTry", "BatchSizeReport", "PeakMemory",
            "is_out_of_memory", "free_memory", "check_search", "find_batch_size",
            "measure_batch_sizes", "plot_memory", "batch_size_on_bccd"]
-
-
-class NoBatchSizeFitsError(MedaidetError, RuntimeError):
-    """Even the smallest batch size ran out of memory. ``report``: the
-    :class:`BatchSizeReport` of every try."""
-
-    def __init__(self, message: str, report: "BatchSizeReport"):
-        super().__init__(message)
-        self.report = report
 
 
 # --------------------------------------------------------------------------- out of memory
@@ -344,30 +335,30 @@ def _try_batch_size(train_chain, examples, batch_size, device) -> BatchSizeTry:
 
 def check_search(start, min_batch_size) -> tuple:
     """``(start, min_batch_size)`` as whole numbers ``1 <= min_batch_size <= start``; else
-    :class:`~medaidet.arguments.ArgumentValueError` naming them."""
+    :class:`~medaidet.errors.ConfigError` naming them."""
     start = check_number(start, "start", integer=True)
     min_batch_size = check_number(min_batch_size, "min_batch_size", integer=True)
     if min_batch_size > start:
-        raise ArgumentValueError(f"min_batch_size: {min_batch_size} is greater than start "
+        raise ConfigError(f"min_batch_size: {min_batch_size} is greater than start "
                                  f"{start}; expected a batch size from 1 to start")
     return start, min_batch_size
 
 
 def _check_sizes(sizes, name: str = "sizes") -> list:
     """``sizes`` sorted, without repeats, each a whole number > 0; else
-    :class:`~medaidet.arguments.ArgumentValueError` naming ``name``."""
+    :class:`~medaidet.errors.ConfigError` naming ``name``."""
     expected = "expected a list of batch sizes (whole numbers > 0)"
     if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
-        raise ArgumentValueError(f"{name}: {sizes!r} is not a list; {expected}")
+        raise ConfigError(f"{name}: {sizes!r} is not a list; {expected}")
     sizes = list(sizes)
     if not sizes:
-        raise ArgumentValueError(f"{name}: [] is empty; {expected}")
+        raise ConfigError(f"{name}: [] is empty; {expected}")
     checked = []
     for size in sizes:
         try:
             checked.append(check_number(size, name, integer=True))
-        except ArgumentValueError:
-            raise ArgumentValueError(f"{name}: {sizes!r} holds {size!r}, not a batch size; "
+        except ConfigError:
+            raise ConfigError(f"{name}: {sizes!r} holds {size!r}, not a batch size; "
                                      f"{expected}") from None
     return sorted(set(checked))
 
@@ -427,7 +418,7 @@ def find_batch_size(train_chain, dataset, device=None, start: int = 32,
     try's own memory: the parameters and the optimizer state come on top. The seconds of
     the first try include one-time costs (cuDNN's autotuning, lazily initialized layers).
 
-    Returns a :class:`BatchSizeReport`. Raises :class:`NoBatchSizeFitsError` (with the
+    Returns a :class:`BatchSizeReport`. Raises :class:`DeviceError` (with the
     report) when even ``min_batch_size`` runs out of memory; other errors propagate.
     """
     start, min_batch_size = check_search(start, min_batch_size)
@@ -460,10 +451,10 @@ def find_batch_size(train_chain, dataset, device=None, start: int = 32,
              if on_gpu else
              "close other programs or use a machine with more memory, or use a smaller "
              "model input (SSD300 instead of SSD512)")
-    raise NoBatchSizeFitsError(
+    raise DeviceError(
         f"no batch size fits in memory on {device}: tried {tried}, and even batch "
         f"{report.tries[-1].batch_size} ran out of memory ({report.tries[-1].error}). "
-        f"Try: {where}.", report)
+        f"Try: {where}.", "memory", report=report)
 
 
 def _log_line(t: BatchSizeTry) -> str:
@@ -529,8 +520,8 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
     images, encoded as the training transform encodes them. ``device``: as
     ``medaidet train --device``. ``out``: a folder for ``batch_size.json`` and
     ``memory.png`` (created, and checked, before any work; not inside the dataset).
-    Bad arguments raise :class:`~medaidet.arguments.ArgumentValueError` or
-    :class:`~medaidet.arguments.OutputDirError` naming them, before the model is built.
+    Bad arguments raise :class:`~medaidet.errors.ConfigError` or
+    :class:`~medaidet.arguments.OutputError` naming them, before the model is built.
     The model, its loss and the encoded images are the training recipe's
     (:class:`~medaidet.training.recipe.Recipe`), without augmentation."""
     if sizes:

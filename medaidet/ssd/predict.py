@@ -29,7 +29,7 @@ Checked before any work: images must be numeric arrays (3, H, W) with finite val
 :class:`medaidet.errors.DataError` naming the image's index in the batch
 (an HWC image is named as such, with the transpose that fixes it); ``score_thresh`` must be
 a number in ``[0, 1]``, ``nms_thresh`` ``None`` or a number in ``(0, 1]`` and the caps
-positive ints or ``None``, else :class:`medaidet.arguments.ArgumentValueError`. A NaN
+positive ints or ``None``, else :class:`medaidet.arguments.ConfigError`. A NaN
 threshold or a NaN image would otherwise give no detections without a word.
 
 Boxes are ``(y_min, x_min, y_max, x_max)`` in the input image's pixels, float32, shape
@@ -46,8 +46,7 @@ from chainer.backends import cuda
 from chainercv import transforms
 from chainercv.utils import non_maximum_suppression
 
-from medaidet.arguments import ArgumentValueError
-from medaidet.errors import DataError
+from medaidet.errors import ConfigError, DataError
 
 __all__ = ["DEFAULT_TOP_K", "DEFAULT_KEEP_TOP_K", "Candidates", "decode_capped", "predict",
            "CappedPredictor"]
@@ -83,7 +82,7 @@ def _check_cap(name, value):
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
             or value < 1:
-        raise ArgumentValueError(f"{name}: {value!r} is not a valid cap; expected a whole "
+        raise ConfigError(f"{name}: {value!r} is not a valid cap; expected a whole "
                                  "number >= 1 (an int), or None for no cap")
     return int(value)
 
@@ -96,7 +95,7 @@ def _is_number(value):
 def _check_score_thresh(value, name="score_thresh"):
     """``value`` unchanged if it is a number in [0, 1] (NaN fails the comparison)."""
     if not (_is_number(value) and 0 <= value <= 1):
-        raise ArgumentValueError(
+        raise ConfigError(
             f"{name}: {value!r} is not a valid score threshold; expected a number from 0 to 1 "
             "(a detection is kept when its class probability is >= it; ChainerCV's presets: "
             "'visualize' 0.6, 'evaluate' 0.01). Outside that range, or NaN, nothing (or "
@@ -107,7 +106,7 @@ def _check_score_thresh(value, name="score_thresh"):
 def _check_nms_thresh(value, name="nms_thresh"):
     """``value`` unchanged if it is None (no NMS) or a number in (0, 1]."""
     if value is not None and not (_is_number(value) and 0 < value <= 1):
-        raise ArgumentValueError(
+        raise ConfigError(
             f"{name}: {value!r} is not a valid NMS threshold; expected a number in (0, 1] "
             "(NMS drops a box whose IoU with a higher-scoring box of its class is >= it; "
             "ChainerCV's presets use 0.45), or None for no NMS. 0 or less would keep one box "
@@ -318,7 +317,7 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
     Raises:
         DataError: an image is not a numeric array (3, H, W) or holds nan/inf;
             the message names its index in ``imgs``.
-        ArgumentValueError: a cap, ``model.score_thresh`` or ``model.nms_thresh`` is out
+        ConfigError: a cap, ``model.score_thresh`` or ``model.nms_thresh`` is out
             of range (see :func:`decode_capped`).
 
     Returns:
@@ -370,7 +369,7 @@ class CappedPredictor(chainer.Chain):
 
     It holds the model itself (no copy): training the model changes what it predicts.
     ``use_preset``, ``score_thresh`` and ``nms_thresh`` read and write the model's; a value
-    out of range (see :func:`decode_capped`) raises ``ArgumentValueError`` when it is set.
+    out of range (see :func:`decode_capped`) raises ``ConfigError`` when it is set.
     """
 
     def __init__(self, model, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K):

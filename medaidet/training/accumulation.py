@@ -24,15 +24,10 @@ from chainer import backend
 from chainer.dataset import convert
 from chainer.training.updaters import StandardUpdater
 
-from medaidet.errors import MedaidetError
+from medaidet.errors import ConfigError
 
-__all__ = ["AccumulationError", "AccumulatingUpdater", "batch_positives",
+__all__ = ["AccumulatingUpdater", "batch_positives",
            "gradient_difference"]
-
-
-class AccumulationError(MedaidetError, ValueError):
-    """``accumulate`` is not a positive integer, or the batch cannot be split into
-    ``accumulate`` equal micro-batches."""
 
 
 def _labels(data, labels_key):
@@ -101,7 +96,7 @@ class AccumulatingUpdater(StandardUpdater):
     loss, the same value ``StandardUpdater`` reports) and the mean over micro-batches for
     any other key.
 
-    Raises :class:`AccumulationError` at construction if ``accumulate`` is not a positive
+    Raises :class:`ConfigError` at construction if ``accumulate`` is not a positive
     integer or does not divide the iterator's ``batch_size``, and at an iteration whose
     batch does not split (a short last batch of a non-repeating iterator).
     """
@@ -113,9 +108,9 @@ class AccumulatingUpdater(StandardUpdater):
                  comm=None, labels_key=2, **kwargs):
         if isinstance(accumulate, bool) or not isinstance(accumulate, (int, np.integer)) \
                 or accumulate < 1:
-            raise AccumulationError(
+            raise ConfigError(
                 f"accumulate={accumulate!r}: the number of micro-batches per batch must be "
-                "a positive integer (1: no accumulation).")
+                "a positive integer (1: no accumulation).", "accumulation")
         super().__init__(iterator, optimizer, converter=converter, device=device,
                          loss_func=loss_func, loss_scale=loss_scale,
                          auto_new_epoch=auto_new_epoch, **kwargs)
@@ -134,12 +129,12 @@ class AccumulatingUpdater(StandardUpdater):
         lower = batch_size - batch_size % n
         divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
         multiples = f"{lower} or {lower + n}" if lower else f"{n}"
-        raise AccumulationError(
+        raise ConfigError(
             f"{what} is {batch_size}, which accumulate={n} does not divide: each iteration "
             f"splits the batch into {n} equal micro-batches. Use a batch size that is a "
             f"multiple of {n} (e.g. {multiples}) or an accumulate that divides {batch_size} "
             f"({', '.join(map(str, divisors))}). A non-repeating iterator's last batch "
-            "can be short: drop it or use repeat=True.")
+            "can be short: drop it or use repeat=True.", "accumulation")
 
     def update_core(self):
         if self.accumulate == 1:

@@ -13,8 +13,8 @@ import re
 import sys
 from dataclasses import dataclass
 
-from medaidet.device import DeviceError, parse_device
-from medaidet.errors import DistributedError
+from medaidet.device import parse_device
+from medaidet.errors import DeviceError, DistributedError
 
 __all__ = [
     "COMMUNICATORS", "GPU_COMMUNICATORS", "REMOVED_COMMUNICATORS", "CommunicatorSpec",

@@ -19,9 +19,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from medaidet.arguments import ArgumentValueError, check_number, is_path
+from medaidet.arguments import check_number, is_path
+from medaidet.errors import ConfigError, DeviceError
 from medaidet.data import LABELS, OTHER_SOURCES
-from medaidet.device import DEFAULT_DEVICE, DeviceError, parse_device
+from medaidet.device import DEFAULT_DEVICE, parse_device
 from medaidet.tables import Table
 from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
 
@@ -56,11 +57,6 @@ PROFILES["cpu-long"] = {**PROFILES["cpu"], "epochs": 117, "lr_steps": (90,),
                         "out": "outputs/train-cpu-long"}
 OPTIMIZERS = ("momentum_sgd", "adam")
 WEIGHTS_NAME = "model.npz"
-
-
-class ConfigError(ArgumentValueError):
-    """A training config (or config file) holds an unknown key or an impossible value; the
-    message names the field, the value and what is expected."""
 
 
 @dataclass(frozen=True)
@@ -221,7 +217,7 @@ def _normalised(values: dict) -> dict:
             return
         try:
             checked = check_number(value, name, rule, integer)
-        except ArgumentValueError as exc:
+        except ConfigError as exc:
             raise ConfigError(f"{exc}{' or null' if optional else ''}") from None
         if integer or isinstance(value, str):
             v[name] = checked
@@ -250,7 +246,7 @@ def _normalised(values: dict) -> dict:
     for i, step in enumerate(v["lr_steps"]):
         try:
             steps.append(float(check_number(step, f"lr_steps[{i}]", "non-negative")))
-        except ArgumentValueError as exc:
+        except ConfigError as exc:
             raise ConfigError(str(exc)) from None
     v["lr_steps"] = tuple(steps)
     for name in ("deterministic", "augment", "color_distortion"):

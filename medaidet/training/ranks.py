@@ -20,9 +20,9 @@ import numpy as np
 from chainer.backends import cuda
 
 from medaidet.device import gpu_status, parse_device, resolve_device
-from medaidet.errors import DistributedError, MedaidetError
+from medaidet.errors import ConfigError, DistributedError, MedaidetError
 from medaidet.training.communicator import communicator_spec, create_communicator
-from medaidet.training.config import ConfigError, TrainConfig
+from medaidet.training.config import TrainConfig
 
 __all__ = ["Ranks", "per_rank_batchsize", "rank_device", "param_digest"]
 

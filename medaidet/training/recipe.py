@@ -27,7 +27,7 @@ from medaidet.data.annotation import parse_annotation
 from medaidet.data.bccd import BCCDDataset
 from medaidet.data.txl_pbc import TXLPBCDataset
 from medaidet.data.voc import annotation_path, split_path
-from medaidet.errors import MedaidetError
+from medaidet.errors import ConfigError
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.predict import CappedPredictor
 from medaidet.ssd.train_chain import MultiboxTrainChain
@@ -43,12 +43,7 @@ from medaidet.training.seeding import ReseedingTransform
 from medaidet.training.snapshot import SNAPSHOT_NAME, RandomStateExtension
 
 __all__ = ["Recipe", "Built", "TrainingData", "Iterators", "Extensions", "Length", "lr_name",
-           "NothingToLearnError", "check_objects"]
-
-
-class NothingToLearnError(MedaidetError):
-    """The training images hold no box the loader keeps: every iteration would see only
-    background, with a loss of 0 and nothing learned."""
+           "check_objects"]
 
 
 def _first(dataset, n):
@@ -61,7 +56,7 @@ def _n_boxes(dataset) -> int:
 
 
 def check_objects(dataset, images, config: TrainConfig):
-    """Raise :class:`NothingToLearnError` when ``images`` (the first ``subset`` images of
+    """Raise :class:`ConfigError` when ``images`` (the first ``subset`` images of
     the training split ``dataset``) hold no box the loader keeps. Images without boxes
     are fine (background only) as long as some image has one."""
     if _n_boxes(images):
@@ -69,18 +64,18 @@ def check_objects(dataset, images, config: TrainConfig):
     split, root = config.train_split, dataset.root
     listed = split_path(root, split)
     if len(images) < len(dataset) and _n_boxes(dataset):
-        raise NothingToLearnError(
+        raise ConfigError(
             f"the first {len(images)} images of split {split} ({listed}) have no objects: "
             f"nothing to learn (subset={config.subset}). Train on more of the split's "
-            f"{len(dataset)} images (a larger subset, or none)")
+            f"{len(dataset)} images (a larger subset, or none)", "nothing_to_learn")
     raw = sum(len(parse_annotation(annotation_path(root, i)).objects) for i in dataset.ids)
     why = ("their annotations hold no <object>" if not raw else
            f"the {raw} <object> element(s) of their annotations are all dropped as invalid "
            "or marked difficult")
-    raise NothingToLearnError(
+    raise ConfigError(
         f"split {split} has no objects: nothing to learn. None of the {len(dataset)} images "
         f"listed in {listed} has a box the loader keeps ({why}). Check Annotations/<id>.xml "
-        f"of the ids in that list, or run `medaidet data validate {root}`")
+        f"of the ids in that list, or run `medaidet data validate {root}`", "nothing_to_learn")
 
 
 @dataclass
@@ -211,7 +206,7 @@ class Recipe:
     def datasets(self, model) -> TrainingData:
         """BCCD's training and validation splits (the first ``subset`` / ``eval_subset``
         images), the training images through :meth:`transform`, reseeded per worker
-        process when ``config.seed`` is set. Raises :class:`NothingToLearnError` when the
+        process when ``config.seed`` is set. Raises :class:`ConfigError` when the
         training images hold no box (:func:`check_objects`)."""
         config = self.config
         dataset = BCCDDataset(config.root, config.train_split, labels=config.labels)

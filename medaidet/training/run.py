@@ -35,7 +35,8 @@ from medaidet.files import write_files
 from medaidet.ssd import PRETRAINED
 from medaidet.ssd.weight_files import save_weights
 from medaidet.training.recipe import Recipe
-from medaidet.training.config import WEIGHTS_NAME, ConfigError, TrainConfig
+from medaidet.training.config import WEIGHTS_NAME, TrainConfig
+from medaidet.errors import ConfigError
 from medaidet.training.divergence import stop_on_divergence
 from medaidet.training.extensions import write_plots
 from medaidet.training.iterators import n_processes_for
@@ -54,7 +55,7 @@ def prepare_run(config: TrainConfig, resume=None) -> Path:
     is not inside the dataset, the ``resume`` snapshot and the ``pretrained`` file are
     readable ``.npz`` files. The messages name the field (``out: ...``; the command line
     puts its flag there). Returns the output folder (resolved). Raises
-    :class:`medaidet.arguments.OutputDirError`, :class:`ResumeError`,
+    :class:`medaidet.arguments.OutputError`, :class:`ResumeError`,
     :class:`medaidet.ssd.weight_files.WeightsError` or
     :class:`medaidet.data.download.DataNotFoundError`."""
     if resume is not None and config.communicator is not None:
@@ -103,7 +104,7 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     gradient: which iteration, and the snapshot left intact),
     :class:`medaidet.ssd.weight_files.WeightsNotFoundError` (``pretrained='imagenet'`` offline: the
     message says where to put the file),
-    :class:`~medaidet.training.recipe.NothingToLearnError` (no box in the training images,
+    :class:`~medaidet.training.recipe.ConfigError` (no box in the training images,
     before any iteration), and the dataset's errors.
     """
     compat.apply()

@@ -40,18 +40,14 @@ import numpy as np
 from chainer.backends import cuda
 
 from medaidet.device import parse_device
-from medaidet.errors import MedaidetError
+from medaidet.errors import ConfigError
 
-__all__ = ["seed_everything", "SeedReport", "SeedRow", "ReseedingTransform", "SeedError"]
+__all__ = ["seed_everything", "SeedReport", "SeedRow", "ReseedingTransform"]
 
 SEEDED = "seeded"
 SET = "set"
 NOT_DETERMINISTIC = "not deterministic"
 NOT_APPLICABLE = "n/a"
-
-
-class SeedError(MedaidetError, ValueError):
-    """A seed that is not a non-negative integer."""
 
 
 @dataclass
@@ -105,9 +101,10 @@ class SeedReport:
 
 def _check_seed(seed) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise SeedError(f"seed must be an integer >= 0, got {seed!r}")
+        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}", "seed")
     if seed >= 2 ** 32:
-        raise SeedError(f"seed must be < 2**32 (NumPy's RandomState limit), got {seed}")
+        raise ConfigError(f"seed must be < 2**32 (NumPy's RandomState limit), got {seed}",
+                          "seed")
     return int(seed)
 
 

@@ -132,7 +132,7 @@ class OutOfMemoryDemo:
     one_image_bytes: int
     limit_bytes: int
     headroom: float
-    error: str | None = None   # NoBatchSizeFitsError's message when nothing fit
+    error: str | None = None   # DeviceError's message when nothing fit
 
     @property
     def room_bytes(self) -> int:
@@ -158,7 +158,7 @@ def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
     ``OutOfMemoryError`` on a GPU), the finder frees, halves and retries, and reports every
     try. The limit applies to the child only: this process is never short of memory.
     With a ``headroom`` below 1 not even batch 1 fits: ``error`` then holds the message of
-    the finder's :class:`~medaidet.scaling.batch_size.NoBatchSizeFitsError`.
+    the finder's :class:`~medaidet.errors.DeviceError` (kind ``"memory"``).
     """
     if not sys.platform.startswith("linux"):
         raise RuntimeError("out_of_memory_demo limits memory with RLIMIT_AS: Linux only")

@@ -17,7 +17,8 @@ from chainer.dataset import concat_examples
 from chainer.datasets import TransformDataset
 
 from medaidet.data.bccd import BCCDDataset
-from medaidet.scaling.batch_size import NoBatchSizeFitsError, find_batch_size
+from medaidet.scaling.batch_size import find_batch_size
+from medaidet.errors import DeviceError
 from medaidet.training.config import TrainConfig
 from medaidet.training.recipe import Recipe
 
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
     lines, error = [], None
     try:
         report = find_batch_size(chain, dataset, start=start, log=lines.append)
-    except NoBatchSizeFitsError as exc:
+    except DeviceError as exc:
         report, error = exc.report, str(exc)
     print(json.dumps({"one_image": one_image, "limit": limit, "lines": lines,
                       "report": report.to_dict(), "error": error}))

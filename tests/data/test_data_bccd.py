@@ -15,8 +15,7 @@ from medaidet.data.annotation import parse_annotation
 from medaidet.data.annotation_checks import InvalidObjectError
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset, annotation_report
 from medaidet.data.voc import read_split, SplitError
-from medaidet.arguments import ArgumentValueError
-from medaidet.errors import MedaidetError
+from medaidet.errors import ConfigError, MedaidetError
 from conftest import BCCD_DROPPED as DROPPED
 
 SPLIT_SIZES = {"train": 205, "val": 87, "trainval": 292, "test": 72}
@@ -233,7 +232,7 @@ def test_the_annotation_report_counts_what_each_split_drops(bccd_root):
 @pytest.mark.parametrize("bad", [123, 1.5, True, b"/data/bccd", ["/data/bccd"], "", "  "])
 def test_root_that_is_no_path_is_named(bad):
     # it used to reach Path() and fail with a bare TypeError (or load the working directory)
-    with pytest.raises(ArgumentValueError) as info:
+    with pytest.raises(ConfigError) as info:
         BCCDDataset(bad)
     msg = str(info.value)
     assert isinstance(info.value, MedaidetError)

@@ -200,7 +200,7 @@ def test_a_split_without_objects_is_an_error_and_its_images_warnings(tmp_path):
         f"split train has no objects: none of its {len(train)} image(s) has a box the loader "
         "keeps (no <object> in the annotations); check Annotations/<id>.xml of the ids in "
         "ImageSets/Main/train.txt")
-    assert "NothingToLearnError" in issue.action
+    assert "ConfigError" in issue.action
     assert report.ok is False
     assert report.by_kind("image_without_objects")[0].detail == (
         "no <object> in the annotation; listed in train")

@@ -101,10 +101,10 @@ def test_no_bccd_val_or_test_image_reaches_training_through_txl_pbcs_splits(bccd
 
 
 def test_labels_are_checked_by_name(bccd_root):
-    from medaidet.arguments import ArgumentValueError
     from medaidet.data.bccd import BCCDDataset
-    from medaidet.training.config import ConfigError, TrainConfig
-    with pytest.raises(ArgumentValueError, match="labels: 'txl' is not one of bccd, txl-pbc"):
+    from medaidet.errors import ConfigError
+    from medaidet.training.config import TrainConfig
+    with pytest.raises(ConfigError, match="labels: 'txl' is not one of bccd, txl-pbc"):
         BCCDDataset(split="test", labels="txl")
     with pytest.raises(ConfigError, match="labels: 'TXL' is not an annotation"):
         TrainConfig(labels="TXL")
@@ -162,7 +162,7 @@ def test_the_416_pixel_images_are_bccds_own_again_and_the_table_is_derived_again
 
 
 def test_other_laboratories_load_with_txl_pbcs_boxes_and_their_defects_named(txl_root):
-    from medaidet.arguments import ArgumentValueError
+    from medaidet.errors import ConfigError
     from medaidet.data.txl_pbc import TXLPBCDataset
     from medaidet.data.annotation_checks import AnnotationWarning
     with pytest.warns(AnnotationWarning, match=r"TXL-PBC test \(PBC; .*\): dropped 36 and "
@@ -180,14 +180,15 @@ def test_other_laboratories_load_with_txl_pbcs_boxes_and_their_defects_named(txl
     img, bbox, label = pbc[0]
     assert img.shape == (3, 363, 360) and bbox.shape == (len(label), 4)
     for bad in ({"sources": "BCCD"}, {"sources": ()}, {"split": "trainval"}):
-        with pytest.raises(ArgumentValueError):
+        with pytest.raises(ConfigError):
             TXLPBCDataset(txl_root, **{"split": "test", **bad})
 
 
 @pytest.mark.slow(seconds=4)
 @pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")   # the sources' defects
 def test_training_can_add_other_laboratories_images(bccd_root, txl_root):
-    from medaidet.training.config import ConfigError, TrainConfig
+    from medaidet.training.config import TrainConfig
+    from medaidet.errors import ConfigError
     from medaidet.training.recipe import Recipe
     config = TrainConfig.profile("smoke", labels="txl-pbc", subset=None,
                                  other_sources=["PBC", "Raabin-WBC"])

@@ -4,7 +4,6 @@ import hashlib
 import json
 import os
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest

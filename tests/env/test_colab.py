@@ -362,7 +362,7 @@ def test_setup_stops_at_a_numpy_newer_than_the_stack_supports(site_dir, tmp_path
     done = run_python(code, extra_path=[site_dir])
     assert done.returncode != 0 and "$ " not in done.stdout, done.stdout
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("medaidet.env.colab.NumpyNotSupportedError: This Python has NumPy "
+    assert last.startswith("medaidet.errors.ConfigError: This Python has NumPy "
                            "2.6.0; the chainer stack supports numpy>=1.26,<2.6."), last
     assert 'pip install "numpy>=1.26,<2.6"' in last and "Runtime > Restart session" in last
 

@@ -12,13 +12,12 @@ import pytest
 from nbformat import v4
 
 import medaidet_tools.stack
-from medaidet.arguments import ArgumentValueError, OutputDirError
+from medaidet.errors import ConfigError, MedaidetError, OutputError
 from medaidet.training.config import TrainConfig
 from medaidet import cli
 from medaidet.env import resolve_profile
 from medaidet_tools.course import (OUT_MARKER, CourseError, list_notebooks, run_course,
                                    select_notebooks)
-from medaidet.errors import MedaidetError
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_KEYS = ("MEDAIDET_COURSE_RUN", "MEDAIDET_PROFILE", "PYTHONPATH")
@@ -192,7 +191,7 @@ def test_only_unknown_name_lists_available(failing_course, tmp_path):
 
 
 def test_cell_timeout_must_be_positive(failing_course, tmp_path):
-    with pytest.raises(ArgumentValueError, match="--cell-timeout: 0 is out of range"):
+    with pytest.raises(ConfigError, match="--cell-timeout: 0 is out of range"):
         run_course(profile="smoke", notebooks_dir=failing_course, out=tmp_path / "out",
                    cell_timeout=0, log=_quiet)
 
@@ -202,7 +201,7 @@ def test_out_in_the_notebooks_folder_is_refused_and_deletes_nothing(failing_cour
     # it used to delete <out>/<name>.ipynb, i.e. every notebook, before running them
     out = failing_course if where == "the notebooks folder" else failing_course / "runs"
     before = {p.name: p.read_bytes() for p in failing_course.iterdir()}
-    with pytest.raises(OutputDirError, match=r"--out: .* which this run reads"):
+    with pytest.raises(OutputError, match=r"--out: .* which this run reads"):
         run_course(profile="smoke", out=out, notebooks_dir=failing_course, log=_quiet)
     assert {p.name: p.read_bytes() for p in failing_course.iterdir()} == before
 
@@ -210,7 +209,7 @@ def test_out_in_the_notebooks_folder_is_refused_and_deletes_nothing(failing_cour
 def test_out_that_is_a_file_is_named_before_any_work(failing_course, tmp_path):
     out = tmp_path / "results.txt"
     out.write_text("mine")
-    with pytest.raises(OutputDirError, match="--out: .*results.txt is a file, not a folder"):
+    with pytest.raises(OutputError, match="--out: .*results.txt is a file, not a folder"):
         run_course(profile="smoke", out=out, notebooks_dir=failing_course, log=_quiet)
     assert out.read_text() == "mine"
 
@@ -371,7 +370,7 @@ def test_a_folder_of_someone_elses_files_is_refused_and_left_alone(failing_cours
                        "summary.json": "{}", "figure.png": "png"}.items():
         (mine / name).write_text(text)
     before = _contents(mine)
-    with pytest.raises(OutputDirError) as info:
+    with pytest.raises(OutputError) as info:
         run_course(profile="smoke", only=["00"], out=mine, notebooks_dir=failing_course,
                    log=_quiet)
     message = str(info.value)
@@ -401,7 +400,7 @@ def test_a_folder_with_only_the_notebooks_training_runs_is_the_courses(tmp_path)
     theirs = tmp_path / "theirs"
     (theirs / "runs").mkdir(parents=True)
     (theirs / "notes.txt").write_text("mine")
-    with pytest.raises(OutputDirError, match=r"already holds files \(notes\.txt\)"):
+    with pytest.raises(OutputError, match=r"already holds files \(notes\.txt\)"):
         run_course(profile="smoke", out=theirs, notebooks_dir=notebooks, log=_quiet)
     assert not (theirs / OUT_MARKER).exists()
 
@@ -417,7 +416,7 @@ def test_runs_or_ja_holding_the_users_files_do_not_make_a_folder_the_courses(tmp
         (folder / sub / "thesis").mkdir(parents=True)
         target = folder / sub / ("report.docx" if name == "runs-file" else "thesis/draft.txt")
         target.write_text("the user's")
-        with pytest.raises(OutputDirError, match=rf"already holds files \({sub}\)"):
+        with pytest.raises(OutputError, match=rf"already holds files \({sub}\)"):
             run_course(profile="smoke", out=folder, notebooks_dir=notebooks, log=_quiet)
         assert target.read_text() == "the user's" and not (folder / OUT_MARKER).exists()
     ours = tmp_path / "ours"

@@ -269,10 +269,10 @@ def test_threshold_change_follows_each_image_and_adds_up_to_the_mae():
     assert "lowered: no rbc count can fall" in back and "it falls, although some" in back
     same = threshold_change(make_preds(pred, [[0, 0, 0]] * 4), "rbc", 0.5, 0.5)
     assert "nothing changes" in str(same)
-    from medaidet.arguments import ArgumentValueError
-    with pytest.raises(ArgumentValueError, match="class_name"):
+    from medaidet.errors import ConfigError
+    with pytest.raises(ConfigError, match="class_name"):
         threshold_change(make_preds(pred, [[0, 0, 0]] * 4), "neutrophil", 0.5, 0.6)
-    with pytest.raises(ArgumentValueError, match="images"):
+    with pytest.raises(ConfigError, match="images"):
         threshold_change(make_preds(pred, [[0, 0, 0]] * 4), "rbc", 0.5, 0.6, images=["x"])
 
 
@@ -340,8 +340,8 @@ def test_cli_refuses_zero_subset_and_batch_size(option, capsys):
 
 @pytest.mark.parametrize("bad", [float("nan"), 2.0, -1.0, float("inf")])
 def test_count_cells_refuses_a_threshold_that_is_not_a_probability(bad):
-    from medaidet.arguments import ArgumentValueError
-    with pytest.raises(ArgumentValueError, match=r"^score_thresh: .*expected a number from 0 to 1"):
+    from medaidet.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"^score_thresh: .*expected a number from 0 to 1"):
         count_cells(known_case(), bad)
 
 
@@ -351,10 +351,10 @@ def test_count_cells_at_one_counts_only_saturated_scores():
 
 
 def test_threshold_sweep_refuses_bad_thresholds():
-    from medaidet.arguments import ArgumentValueError
-    with pytest.raises(ArgumentValueError, match="^thresholds: nan"):
+    from medaidet.errors import ConfigError
+    with pytest.raises(ConfigError, match="^thresholds: nan"):
         threshold_sweep(sweep_case(), [0.5, float("nan")])
-    with pytest.raises(ArgumentValueError, match="^thresholds: none given"):
+    with pytest.raises(ConfigError, match="^thresholds: none given"):
         threshold_sweep(sweep_case(), [])
 
 
@@ -369,11 +369,11 @@ def no_prediction(monkeypatch):
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), 2, 0.001])
 def test_count_weights_checks_the_threshold_before_predicting(tmp_path, bad, no_prediction):
-    from medaidet.arguments import ArgumentValueError
+    from medaidet.errors import ConfigError
     from medaidet.evaluation.count import count_weights
     weights = tmp_path / "model.npz"
     weights.write_bytes(b"")
-    with pytest.raises(ArgumentValueError, match=r"^--score-thresh: "):
+    with pytest.raises(ConfigError, match=r"^--score-thresh: "):
         count_weights(weights, score_thresh=bad, progress=False)
 
 

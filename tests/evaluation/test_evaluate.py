@@ -281,27 +281,27 @@ def weights_file(tmp_path):
 
 def test_out_that_is_a_file_fails_before_predicting(weights_file, bccd_root, tmp_path,
                                                      no_prediction):
-    from medaidet.arguments import OutputDirError
+    from medaidet.errors import OutputError
     out = tmp_path / "results.txt"
     out.write_text("mine\n")
-    with pytest.raises(OutputDirError, match=r"--out: .*results\.txt is a file, not a folder"):
+    with pytest.raises(OutputError, match=r"--out: .*results\.txt is a file, not a folder"):
         evaluate_weights(weights_file, root=bccd_root, subset=1, out=out, progress=False)
     assert out.read_text() == "mine\n"
 
 
 def test_out_that_cannot_be_created_fails_before_predicting(weights_file, bccd_root,
                                                             tmp_path, no_prediction):
-    from medaidet.arguments import OutputDirError
+    from medaidet.errors import OutputError
     blocker = tmp_path / "blocker"
     blocker.write_text("")
-    with pytest.raises(OutputDirError, match=r"--out: cannot create the folder .*blocker/eval"):
+    with pytest.raises(OutputError, match=r"--out: cannot create the folder .*blocker/eval"):
         evaluate_weights(weights_file, root=bccd_root, out=blocker / "eval",
                          progress=False)
 
 
 def test_out_inside_the_dataset_is_refused(weights_file, bccd_root, no_prediction):
-    from medaidet.arguments import OutputDirError
-    with pytest.raises(OutputDirError, match="which this run reads"):
+    from medaidet.errors import OutputError
+    with pytest.raises(OutputError, match="which this run reads"):
         evaluate_weights(weights_file, root=bccd_root, out=bccd_root / "eval",
                          progress=False)
     assert not (bccd_root / "eval").exists()
@@ -312,8 +312,8 @@ def test_out_inside_the_dataset_is_refused(weights_file, bccd_root, no_predictio
                                           ("--subset", dict(subset=2.5))])
 def test_python_api_checks_numbers_before_predicting(weights_file, bccd_root, name, kwargs,
                                                      no_prediction):
-    from medaidet.arguments import ArgumentValueError
-    with pytest.raises(ArgumentValueError, match=f"^{name}: .*expected a whole number > 0"):
+    from medaidet.errors import ConfigError
+    with pytest.raises(ConfigError, match=f"^{name}: .*expected a whole number > 0"):
         evaluate_weights(weights_file, root=bccd_root, progress=False, **kwargs)
 
 
@@ -333,13 +333,13 @@ def test_cli_out_that_is_a_file_is_one_line_before_any_work(weights_file, bccd_r
 
 def test_predictions_without_any_box_are_a_named_error_not_nan():
     """A split without boxes has no AP: it used to give nan for every class."""
-    from medaidet.evaluation.evaluate import NothingToEvaluateError
+    from medaidet.errors import ConfigError
     gb, gl = make_gt(2)
     empty_b = [np.zeros((0, 4), dtype=np.float32)] * 2
     empty_l = [np.zeros(0, dtype=np.int32)] * 2
     preds = preds_from(gb, gl, [np.full(len(lb), 0.9) for lb in gl], empty_b, empty_l,
                        split="test")
-    with pytest.raises(NothingToEvaluateError) as info:
+    with pytest.raises(ConfigError) as info:
         evaluate(preds)
     assert isinstance(info.value, MedaidetError)
     assert str(info.value).startswith(
@@ -348,7 +348,7 @@ def test_predictions_without_any_box_are_a_named_error_not_nan():
     # difficult boxes only: ignored by AP, the same
     difficult = Predictions(preds.ids, preds.pred_bboxes, preds.pred_labels, preds.pred_scores,
                             gb, gl, [np.ones(len(lb), dtype=bool) for lb in gl], NAMES)
-    with pytest.raises(NothingToEvaluateError, match="^these predictions have no objects"):
+    with pytest.raises(ConfigError, match="^these predictions have no objects"):
         evaluate(difficult)
 
 
@@ -386,11 +386,11 @@ def test_cli_on_a_split_without_objects_fails_before_predicting(weights_file, tm
 def test_a_subset_without_objects_asks_for_more_images(weights_file, tmp_path,
                                                        no_prediction):
     from synthetic import make_synthetic
-    from medaidet.evaluation.evaluate import NothingToEvaluateError
+    from medaidet.errors import ConfigError
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
     train = split_ids(root, "train")
     edit_objects(root, train[:1])               # the others keep their boxes
-    with pytest.raises(NothingToEvaluateError) as info:
+    with pytest.raises(ConfigError) as info:
         evaluate_weights(weights_file, split="train", root=root, subset=1, progress=False)
     assert str(info.value) == (
         f"the first 1 images of split train ({root}/ImageSets/Main/train.txt) have no "

@@ -12,10 +12,8 @@ import chainer.functions as F
 import numpy as np
 import pytest
 
-from medaidet.errors import MedaidetError
-from medaidet.scaling.batch_size import (BatchSizeReport, BatchSizeTry, NoBatchSizeFitsError,
-                                         find_batch_size, is_out_of_memory,
-                                         measure_batch_sizes, plot_memory)
+from medaidet.errors import DeviceError, MedaidetError
+from medaidet.scaling.batch_size import (BatchSizeReport, BatchSizeTry, find_batch_size, is_out_of_memory, measure_batch_sizes, plot_memory)
 
 
 # --------------------------------------------------------------------------- the finder
@@ -79,7 +77,7 @@ def test_finder_min_batch_size_target_and_a_fit_at_once():
 
 
 def test_no_batch_size_fits_is_named():
-    with pytest.raises(NoBatchSizeFitsError, match="tried 4 -> 2 -> 1") as info:
+    with pytest.raises(DeviceError, match="tried 4 -> 2 -> 1") as info:
         find_batch_size(HungryChain(fits=0), stub_samples(2), start=4, log=None)
     assert isinstance(info.value, MedaidetError)
     assert "Try:" in str(info.value)
@@ -179,7 +177,7 @@ def test_no_batch_size_fits_on_the_cpu(bccd_root):
     assert demo.error is not None, demo.lines
     assert "tried 2 -> 1" in demo.error and "MemoryError" in demo.error
     assert [t.ok for t in demo.report.tries] == [False, False]
-    assert "NoBatchSizeFitsError" in demo.summary()
+    assert "DeviceError" in demo.summary()
 
 
 @pytest.mark.slow(seconds=25)
@@ -254,22 +252,22 @@ def test_batch_size_command_output_folder(bccd_root, tmp_path, capsys, no_model)
 
 
 def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
-    from medaidet.arguments import ArgumentValueError, OutputDirError
+    from medaidet.errors import ConfigError, OutputError
     from medaidet.scaling.batch_size import batch_size_on_bccd
 
-    with pytest.raises(ArgumentValueError, match="^min_batch_size: 8 is greater than start 4; "
+    with pytest.raises(ConfigError, match="^min_batch_size: 8 is greater than start 4; "
                                                  "expected a batch size from 1 to start$"):
         batch_size_on_bccd("cpu", start=4, min_batch_size=8, root=bccd_root)
-    with pytest.raises(ArgumentValueError, match="^start: 0 is out of range"):
+    with pytest.raises(ConfigError, match="^start: 0 is out of range"):
         batch_size_on_bccd("cpu", start=0, root=bccd_root)
-    with pytest.raises(ArgumentValueError, match=r"^sizes: \[2, 0\] .* expected"):
+    with pytest.raises(ConfigError, match=r"^sizes: \[2, 0\] .* expected"):
         batch_size_on_bccd("cpu", sizes=[2, 0], root=bccd_root)
     file = tmp_path / "results"
     file.write_text("mine")
-    with pytest.raises(OutputDirError, match="^out: .* is a file, not a folder"):
+    with pytest.raises(OutputError, match="^out: .* is a file, not a folder"):
         batch_size_on_bccd("cpu", start=1, root=bccd_root, out=file)
-    with pytest.raises(ArgumentValueError, match="^min_batch_size: 3 is greater than start 2"):
+    with pytest.raises(ConfigError, match="^min_batch_size: 3 is greater than start 2"):
         find_batch_size(HungryChain(fits=1), stub_samples(2), start=2, min_batch_size=3,
                         log=None)
-    with pytest.raises(ArgumentValueError, match="^start: 1.5 is not a whole number"):
+    with pytest.raises(ConfigError, match="^start: 1.5 is not a whole number"):
         find_batch_size(HungryChain(fits=1), stub_samples(2), start=1.5, log=None)

@@ -23,8 +23,7 @@ from medaidet.scaling import distributed as dist
 from medaidet.env import doctor
 from medaidet.training import communicator
 from medaidet.training.communicator import COMMUNICATORS, GPU_COMMUNICATORS
-from medaidet.device import DeviceError
-from medaidet.errors import DistributedError
+from medaidet.errors import DeviceError, DistributedError
 from medaidet.training.ranks import Ranks, param_digest, per_rank_batchsize, rank_device
 from conftest import run_python
 
@@ -121,8 +120,8 @@ import chainermn
 from chainercv.extensions import DetectionVOCEvaluator
 from medaidet.scaling import distributed as dist
 from medaidet.ssd.loss import multibox_loss
-from medaidet.training import communicator
 from medaidet.errors import DistributedError
+from medaidet.training import communicator
 from medaidet.training.ranks import Ranks, per_rank_batchsize
 
 comm = communicator.create_communicator("naive", "cpu")

@@ -13,8 +13,7 @@ from chainercv.links.model.ssd.multibox_loss import (
 )
 
 import medaidet.ssd.loss as loss_module
-from medaidet.errors import MedaidetError
-from medaidet.errors import DivergedError, InvalidTargetsError
+from medaidet.errors import DivergedError, InvalidTargetsError, MedaidetError
 from medaidet.ssd.loss import hard_negative, multibox_loss
 
 N_PRIOR_SSD300 = 8732

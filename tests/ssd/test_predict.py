@@ -11,10 +11,8 @@ from chainercv.transforms import resize_bbox
 from chainercv.utils import read_image
 from PIL import Image
 
-from medaidet.arguments import ArgumentValueError
-from medaidet.errors import MedaidetError
+from medaidet.errors import ConfigError, DataError, MedaidetError
 from medaidet.ssd import predict as predict_mod
-from medaidet.errors import DataError
 from medaidet.ssd.predict import (DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, CappedPredictor,
                               decode_capped, predict)
 
@@ -191,9 +189,9 @@ def test_empty_result_keeps_shapes_and_dtypes():
 def test_caps_must_be_positive_ints(bad):
     coder = small_coder()
     mb_loc, mb_conf = network_outputs(coder, seed=0)
-    with pytest.raises(ArgumentValueError, match=f"^top_k: {bad!r} is not a valid cap"):
+    with pytest.raises(ConfigError, match=f"^top_k: {bad!r} is not a valid cap"):
         decode_capped(coder, mb_loc, mb_conf, top_k=bad)
-    with pytest.raises(ArgumentValueError, match="^keep_top_k: .*or None for no cap"):
+    with pytest.raises(ConfigError, match="^keep_top_k: .*or None for no cap"):
         decode_capped(coder, mb_loc, mb_conf, keep_top_k=bad)
 
 
@@ -412,17 +410,17 @@ def test_score_thresh_must_be_a_number_from_0_to_1(model_and_image, blood_image,
     mb_loc, mb_conf = network_outputs(coder, seed=0)
     expected = f"score_thresh: {bad!r} is not a valid score threshold; expected a number from " \
                "0 to 1"
-    with pytest.raises(ArgumentValueError) as info:
+    with pytest.raises(ConfigError) as info:
         decode_capped(coder, mb_loc, mb_conf, 0.45, bad)
     assert str(info.value).startswith(expected)
     predictor = CappedPredictor(model)
-    with pytest.raises(ArgumentValueError) as info:
+    with pytest.raises(ConfigError) as info:
         predictor.score_thresh = bad
     assert str(info.value).startswith(expected)
     assert model.score_thresh == 0.6            # unchanged ('visualize')
     model.score_thresh = bad                    # set on the ChainerCV model itself
     try:
-        with pytest.raises(ArgumentValueError) as info:
+        with pytest.raises(ConfigError) as info:
             predict(model, [blood_image])
         assert str(info.value).startswith("model." + expected)
     finally:
@@ -435,17 +433,17 @@ def test_nms_thresh_must_be_none_or_a_number_in_0_1(model_and_image, blood_image
     coder = small_coder()
     mb_loc, mb_conf = network_outputs(coder, seed=0)
     expected = f"nms_thresh: {bad!r} is not a valid NMS threshold; expected a number in (0, 1]"
-    with pytest.raises(ArgumentValueError) as info:
+    with pytest.raises(ConfigError) as info:
         decode_capped(coder, mb_loc, mb_conf, bad, 0.6)
     assert str(info.value).startswith(expected) and "or None for no NMS" in str(info.value)
     predictor = CappedPredictor(model)
-    with pytest.raises(ArgumentValueError) as info:
+    with pytest.raises(ConfigError) as info:
         predictor.nms_thresh = bad
     assert str(info.value).startswith(expected)
     assert model.nms_thresh == 0.45
     model.nms_thresh = bad
     try:
-        with pytest.raises(ArgumentValueError, match=r"^model\.nms_thresh: "):
+        with pytest.raises(ConfigError, match=r"^model\.nms_thresh: "):
             predict(model, [blood_image])
     finally:
         model.use_preset("visualize")
@@ -456,7 +454,7 @@ def test_nan_thresholds_used_to_give_no_detections_silently():
     mb_loc, mb_conf = network_outputs(coder, seed=0)
     assert len(coder.decode(mb_loc, mb_conf, 0.45, np.nan)[0]) == 0    # ChainerCV: silent
     assert len(coder.decode(mb_loc, mb_conf, 0.45, 0.6)[0]) > 0
-    with pytest.raises(ArgumentValueError, match="score_thresh: nan"):
+    with pytest.raises(ConfigError, match="score_thresh: nan"):
         decode_capped(coder, mb_loc, mb_conf, 0.45, np.nan)
 
 

@@ -19,8 +19,7 @@ from medaidet.errors import MedaidetError
 from medaidet.ssd.torch_files import TorchFileError, read_state_dict
 from medaidet.ssd.vgg_weights import (SSD_MEAN, TORCHVISION_MEAN_255, VGGLayoutError,
                                       convert_file, convert_vgg16, read_vgg16)
-from medaidet.ssd.weight_files import (WeightsFileError, WeightsNotFiniteError, load_weights,
-                                       materialize)
+from medaidet.ssd.weight_files import (WeightsFileError, WeightsNotFiniteError, materialize)
 
 NAMES = ["conv1_1", "conv1_2", "conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv3_3",
          "conv4_1", "conv4_2", "conv4_3", "conv5_1", "conv5_2", "conv5_3"]

@@ -224,11 +224,11 @@ def test_a_truncated_cached_wheel_is_rebuilt_not_returned(tmp_path, fake_builds)
 
 @pytest.mark.parametrize("kind", ["file", "under a file"])
 def test_dest_that_cannot_be_a_folder_fails_before_building(tmp_path, fake_builds, kind):
-    from medaidet.arguments import OutputDirError
+    from medaidet.errors import OutputError
     blocker = tmp_path / "wheels.txt"
     blocker.write_text("mine\n")
     dest = blocker if kind == "file" else blocker / "wheels"
-    with pytest.raises(OutputDirError, match=r"^--out: ") as info:
+    with pytest.raises(OutputError, match=r"^--out: ") as info:
         build_wheels(cache_dir=tmp_path / "cache", out=dest, log=lambda *_: None)
     assert ("is a file, not a folder" if kind == "file" else "cannot create the folder") \
         in str(info.value)

@@ -30,9 +30,8 @@ import pytest
 from chainer.training.updaters import StandardUpdater
 
 from medaidet.data.bccd import BCCDDataset
-from medaidet.errors import MedaidetError
-from medaidet.training.accumulation import (AccumulatingUpdater, AccumulationError,
-                                           batch_positives, gradient_difference)
+from medaidet.errors import ConfigError, MedaidetError
+from medaidet.training.accumulation import (AccumulatingUpdater, batch_positives, gradient_difference)
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.weight_files import materialize
 from medaidet.ssd.train_chain import MultiboxTrainChain
@@ -324,17 +323,17 @@ def test_batch_size_not_divisible_is_named():
     optimizer = chainer.optimizers.SGD()
     optimizer.setup(chain)
     iterator = chainer.iterators.SerialIterator(stub_samples(), 3)
-    with pytest.raises(AccumulationError, match="batch_size is 3") as info:
+    with pytest.raises(ConfigError, match="batch_size is 3") as info:
         AccumulatingUpdater(iterator, optimizer, accumulate=2)
     assert isinstance(info.value, MedaidetError) and isinstance(info.value, ValueError)
     assert "accumulate=2" in str(info.value) and "(e.g. 2 or 4)" in str(info.value)
     for bad in (0, -1, 1.5, True):
-        with pytest.raises(AccumulationError, match="positive integer"):
+        with pytest.raises(ConfigError, match="positive integer"):
             AccumulatingUpdater(iterator, optimizer, accumulate=bad)
     # a short last batch of a non-repeating iterator: named at that iteration
     iterator = chainer.iterators.SerialIterator(stub_samples(5), 4, repeat=False,
                                                 shuffle=False)
     updater = AccumulatingUpdater(iterator, optimizer, accumulate=2)
     updater.update()
-    with pytest.raises(AccumulationError, match="this batch's size is 1"):
+    with pytest.raises(ConfigError, match="this batch's size is 1"):
         updater.update()

@@ -4,7 +4,8 @@ import dataclasses
 import pytest
 
 from conftest import split_ids
-from medaidet.training.config import PROFILES, ConfigError, TrainConfig
+from medaidet.training.config import PROFILES, TrainConfig
+from medaidet.errors import ConfigError
 
 
 def test_every_profile_builds_a_valid_config():

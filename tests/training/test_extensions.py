@@ -1,7 +1,6 @@
 """medaidet.training.extensions: what a run shows while it trains."""
 from types import SimpleNamespace
 
-import pytest
 
 from medaidet.training.extensions import Monitor, Plotter
 

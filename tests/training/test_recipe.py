@@ -140,7 +140,7 @@ def test_a_split_whose_objects_are_all_dropped_or_difficult_has_nothing_to_learn
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AnnotationWarning)
         dataset = BCCDDataset(root, "train")
-    with pytest.raises(recipe.NothingToLearnError) as info:
+    with pytest.raises(recipe.ConfigError) as info:
         recipe.check_objects(dataset, dataset, TrainConfig(root=str(root)))
     assert isinstance(info.value, MedaidetError)
     assert "split train has no objects: nothing to learn" in str(info.value)
@@ -164,7 +164,7 @@ def test_images_without_objects_are_fine_when_the_split_has_some(tmp_path, monke
     assert recipe.check_objects(dataset, dataset, config) is None
     # ... but the first images alone (subset) have nothing to learn: say so, not the split
     config = TrainConfig(root=str(root), subset=2)
-    with pytest.raises(recipe.NothingToLearnError) as info:
+    with pytest.raises(recipe.ConfigError) as info:
         recipe.check_objects(dataset, dataset.slice[:2], config)
     assert str(info.value) == (
         f"the first 2 images of split train ({root}/ImageSets/Main/train.txt) have no "

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from medaidet.device import DeviceError, resolve_device
+from medaidet.device import resolve_device
+from medaidet.errors import ConfigError, DeviceError, DivergedError
 from medaidet.cli import train as train_command
 from medaidet.cli.train import config_from_args
-from medaidet.training.config import ConfigError, TrainConfig
-from medaidet.errors import DivergedError
+from medaidet.training.config import TrainConfig
 from medaidet.training.divergence import StopOnNonFinite
 from medaidet.training.iterators import n_processes_for
 from medaidet.training.run import train

@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from medaidet.arguments import ArgumentValueError, OutputDirError
+from medaidet.errors import ConfigError, OutputError
 from medaidet.cli import main
-from medaidet.training.config import ConfigError, TrainConfig
+from medaidet.training.config import TrainConfig
 from medaidet.training.run import train
 from medaidet.training.snapshot import ResumeError
 
@@ -83,7 +83,7 @@ def test_config_fields_are_named(field, value, expected):
     with pytest.raises(ConfigError) as info:
         TrainConfig.from_dict({field: value})
     assert str(info.value) == expected
-    assert isinstance(info.value, ArgumentValueError) and isinstance(info.value, ValueError)
+    assert isinstance(info.value, ConfigError) and isinstance(info.value, ValueError)
 
 
 def test_config_file_fields_are_named_with_the_file(tmp_path, capsys, no_model):
@@ -123,7 +123,7 @@ def test_out_that_is_a_file(tmp_path, capsys, no_model):
     assert _error_line(capsys) == (f"medaidet: error: --out: {file} is a file, not a folder; "
                                    "give a folder path (it is created if missing)")
     assert file.read_text() == "mine"
-    with pytest.raises(OutputDirError, match=r"^out: .* is a file, not a folder"):
+    with pytest.raises(OutputError, match=r"^out: .* is a file, not a folder"):
         train(TrainConfig.profile("smoke", out=str(file)), progress=False)
 
 
@@ -145,7 +145,7 @@ def test_out_inside_the_dataset_is_refused(bccd_root, tmp_path, capsys, no_model
         f"medaidet: error: --out: {out} is inside {data}, which this run reads; choose a "
         "folder outside it (for example outputs/) so nothing of yours is overwritten")
     assert not out.exists()
-    with pytest.raises(OutputDirError, match=r"^out: .* is inside"):
+    with pytest.raises(OutputError, match=r"^out: .* is inside"):
         train(TrainConfig.profile("smoke", root=str(data), out=str(data)), progress=False)
 
 

@@ -5,7 +5,8 @@ import random
 import numpy as np
 import pytest
 
-from medaidet.training.seeding import ReseedingTransform, SeedError, seed_everything
+from medaidet.training.seeding import ReseedingTransform, seed_everything
+from medaidet.errors import ConfigError
 
 
 def _draws():
@@ -60,7 +61,7 @@ def test_deterministic_sets_chainers_cudnn_switch():
 
 @pytest.mark.parametrize("seed", [-1, 1.5, True, "3", 2 ** 32])
 def test_bad_seeds_are_named(seed):
-    with pytest.raises(SeedError, match="seed must be"):
+    with pytest.raises(ConfigError, match="seed must be"):
         seed_everything(seed)
 
 
