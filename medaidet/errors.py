@@ -117,3 +117,21 @@ class DeployError(MedaidetError):
     extras is not installed)."""
 
     KINDS = ("model", "opset", "extra")
+
+
+class WeightsError(MedaidetError):
+    """A weight file cannot be used: the model's, SSD300's ImageNet starting weights, or a
+    trainer snapshot to resume from.
+
+    ``kind``: ``"missing"`` (not where it should be, and it could not be downloaded:
+    ``path``, ``url``), ``"file"`` (not a weight file this reader takes, or empty, truncated
+    or damaged), ``"checksum"`` (its sha256 differs from its ``.sha256`` sidecar:
+    ``expected``, ``found``), ``"mismatch"`` (it does not fit the model: ``parameter`` is
+    missing, extra or another shape, ``expected`` and ``found``), ``"not_finite"`` (it holds
+    NaN or inf: ``parameter``, the first such array in name order, and ``count``),
+    ``"snapshot"`` (a trainer snapshot that cannot be resumed with this config) or
+    ``"source"`` (one source of ImageNet weights gave none; the next is tried).
+    """
+
+    KINDS = ("missing", "file", "checksum", "mismatch", "not_finite", "snapshot", "source")
+    path = url = parameter = expected = found = count = None

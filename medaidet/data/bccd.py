@@ -73,7 +73,7 @@ class BCCDDataset(GetterDataset):
 
     Args:
         root: dataset root, a str or ``os.PathLike`` (else
-            :class:`medaidet.arguments.ConfigError`); None: ``$MEDAIDET_DATA``,
+            :class:`~medaidet.errors.ConfigError`); None: ``$MEDAIDET_DATA``,
             else the cache directory (:func:`medaidet.data.download.resolve_root`).
         split: ``'train'`` (205), ``'val'`` (87), ``'trainval'`` (292) or ``'test'`` (72).
         strict: raise :class:`InvalidObjectError` instead of dropping/clipping objects.

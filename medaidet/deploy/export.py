@@ -126,7 +126,7 @@ def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> Ex
     """Write the SSD trained into ``weights`` (a model-only ``.npz``) as ONNX to ``out``.
 
     Raises :class:`DeployError` (``opset`` outside 9-11),
-    :class:`~medaidet.evaluation.evaluate.TrainedWeightsMissingError` (no file at
+    a ``"missing"`` WeightsError (no file at
     ``weights``) and the weight loader's named errors (a file that is not the weights of an
     SSD of this course), and ``OSError`` naming ``out`` when it cannot be written; all
     before anything is written. A failed write leaves no partial file.

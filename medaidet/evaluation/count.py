@@ -253,7 +253,7 @@ def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRE
     """Predicted (detections scoring ``>= score_thresh``) vs annotated counts.
 
     ``score_thresh``: from ``predictions.score_thresh`` (0.01) to 1; else
-    :class:`medaidet.arguments.ConfigError` (a ``ValueError``). ``set_aside``:
+    :class:`~medaidet.errors.ConfigError` (a ``ValueError``). ``set_aside``:
     ``{image id: why}`` of images to report apart (e.g.
     :func:`medaidet.evaluation.analysis.images_missing_class`); ids not among the
     predictions are ignored.

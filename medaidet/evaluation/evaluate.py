@@ -45,7 +45,7 @@ from medaidet.data.bccd import BCCDDataset
 from medaidet.data.download import resolve_root
 from medaidet.data.voc import split_path
 from medaidet.device import DEFAULT_DEVICE, resolve_device
-from medaidet.errors import ConfigError
+from medaidet.errors import ConfigError, WeightsError
 from medaidet.files import png_bytes, write_files
 from medaidet.evaluation.protocol import (COURSE_PUBLISHED, EVALUATE_SCORE_THRESH, IOU_THRESH,
                                           PROTOCOLS)
@@ -53,18 +53,14 @@ from medaidet.numbers import finite_or_none
 from medaidet.ssd.model import build_ssd, model_of_weights
 from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, predict
 from medaidet.ssd.pretrained import shipped_weights
-from medaidet.ssd.weight_files import WeightsNotFoundError, load_weights
+from medaidet.ssd.weight_files import load_weights
 from medaidet.tables import Table
 
 __all__ = [
-    "Predictions", "ProtocolResult", "EvaluationResult", "TrainedWeightsMissingError",
+    "Predictions", "ProtocolResult", "EvaluationResult",
     "predict_split", "evaluate", "bootstrap", "plot_pr_curves", "load_model",
     "predict_weights", "evaluate_weights", "course_weights",
 ]
-
-
-class TrainedWeightsMissingError(WeightsNotFoundError):
-    """The trained weights to evaluate or count with do not exist (train first)."""
 
 
 def _n_boxes(difficults) -> int:
@@ -73,11 +69,11 @@ def _n_boxes(difficults) -> int:
     return sum(int((~np.asarray(d, dtype=bool)).sum()) for d in difficults)
 
 
-def _missing_weights(path: Path) -> TrainedWeightsMissingError:
-    return TrainedWeightsMissingError(
+def _missing_weights(path: Path) -> WeightsError:
+    return WeightsError(
         f"no trained weights at {path}: run notebook 03_training.ipynb or `medaidet train` "
         f"first (it writes model-only weights and a .sha256 sidecar), then pass that file "
-        f"here (expected {path})", path)
+        f"here (expected {path})", "missing", path=path)
 
 
 # --------------------------------------------------------------------------- predictions
@@ -620,9 +616,9 @@ def evaluate_weights(weights_path, split: str = "test", model_name: str | None =
     created then, so a folder that cannot be written fails at once, not after predicting.
 
     Raises:
-        TrainedWeightsMissingError: ``weights_path`` does not exist (a ``WeightsNotFoundError``).
+        WeightsError: ``"missing"``: ``weights_path`` does not exist.
         medaidet.errors.ConfigError: ``subset`` or ``batch_size`` is not > 0.
-        medaidet.arguments.OutputError: ``out`` is a file, cannot be created or
+        medaidet.errors.OutputError: ``out`` is a file, cannot be created or
             written, or lies inside the dataset.
         ConfigError: the images to evaluate hold no ground-truth box
             (:func:`check_ground_truth`, before the model is built).

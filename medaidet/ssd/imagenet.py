@@ -18,7 +18,7 @@ torchvision, the first 8 hex digits of the file's sha256, which torchvision writ
 file name and ``torch.hub`` checks; for timm, the file's full sha256, which the model hub
 lists for every file; ChainerCV published none, so its file must hold exactly VGG-16's
 parameter names and shapes, with finite values. A file that fails is deleted and the next
-source is tried; when none works, :class:`~medaidet.ssd.weight_files.WeightsNotFoundError`
+source is tried; when none works, a ``"missing"`` WeightsError
 lists every source's URL, why it failed, and where to place any one of the files by hand.
 """
 from __future__ import annotations
@@ -40,9 +40,8 @@ from medaidet.downloads import FetchError, stream_url
 from medaidet.files import atomic_file
 from medaidet.ssd.pretrained import CACHE_SUBDIR
 from medaidet.ssd.vgg_weights import CHAINERCV_SHAPES, SSD_MEAN, convert_vgg16, read_vgg16
-from medaidet.ssd.weight_files import (SIDECAR_SUFFIX, WeightsError, WeightsMismatchError,
-                                       WeightsNotFoundError, check_cached_weights,
-                                       write_arrays)
+from medaidet.errors import WeightsError
+from medaidet.ssd.weight_files import SIDECAR_SUFFIX, check_cached_weights, write_arrays
 
 __all__ = ["ImagenetSource", "SOURCES", "cache_dir", "imagenet_weights",
            "imagenet_status", "check_chainercv_file"]
@@ -97,10 +96,6 @@ SOURCES = (
 )
 
 
-class _Failed(Exception):
-    """One source did not give usable weights (the message says why)."""
-
-
 def cache_dir() -> Path:
     """ChainerCV's model folder, where every source's file is kept (nothing is created)."""
     return Path(get_dataset_root(), CACHE_SUBDIR)
@@ -111,26 +106,27 @@ def cache_dir() -> Path:
 def check_chainercv_file(path: Path) -> None:
     """ChainerCV's ImageNet file must hold VGG-16's 30 parameters (conv1_1 … conv5_3, conv6,
     conv7) with their shapes and finite values: ChainerCV published no checksum for it.
-    Raises :class:`WeightsFileError`, :class:`WeightsMismatchError` or
-    :class:`WeightsNotFiniteError`."""
+    Raises a ``"file"`` WeightsError, a ``"mismatch"`` WeightsError or
+    a ``"not_finite"`` WeightsError."""
     arrays = check_cached_weights(path)              # readable, finite
     for key, shape in CHAINERCV_SHAPES.items():
         found = tuple(arrays[key].shape) if key in arrays else None
         if found != shape:
             what = "is missing" if found is None else f"has shape {found}"
-            raise WeightsMismatchError(
+            raise WeightsError(
                 f"{path} is not ChainerCV's ImageNet VGG-16: {key} {what}, expected "
-                f"{shape}. Delete it; it is downloaded again.", path, key, shape, found)
+                f"{shape}. Delete it; it is downloaded again.",
+                "mismatch", path=path, parameter=key, expected=shape, found=found)
 
 
 def _check_digest(source: ImagenetSource, digest: str) -> None:
     if source.sha256 and digest != source.sha256:
-        raise _Failed(f"its sha256 {digest} is not the {source.sha256} its publisher lists "
-                      f"(a changed or damaged file); it was deleted")
+        raise WeightsError(f"its sha256 {digest} is not the {source.sha256} its publisher lists "
+                           f"(a changed or damaged file); it was deleted", "source")
     if source.sha256_prefix and not digest.startswith(source.sha256_prefix):
-        raise _Failed(f"its sha256 {digest} does not begin with {source.sha256_prefix}, as "
-                      f"its file name says it must (a changed or damaged file); it was "
-                      f"deleted")
+        raise WeightsError(f"its sha256 {digest} does not begin with {source.sha256_prefix}, as "
+                           f"its file name says it must (a changed or damaged file); it was "
+                           f"deleted", "source")
 
 
 def _sidecar_ok(path: Path) -> bool:
@@ -153,8 +149,8 @@ def _download(source: ImagenetSource, target: Path, progress: bool, timeout: flo
                                    desc=f"{source.name} VGG-16", progress=progress,
                                    max_bytes=MAX_DOWNLOAD_BYTES)
         except FetchError as exc:
-            raise _Failed(f"unreachable ({exc.reason})" if exc.offline else exc.reason) \
-                from None
+            why = f"unreachable ({exc.reason})" if exc.offline else exc.reason
+            raise WeightsError(why, "source") from None
         _check_digest(source, digest)   # raised inside: nothing is kept
 
 
@@ -163,7 +159,7 @@ def _convert(source: ImagenetSource, raw: Path, mean) -> Path:
     try:
         arrays, _ = convert_vgg16(read_vgg16(raw), mean=mean, path=raw)
     except WeightsError as exc:
-        raise _Failed(f"it cannot be converted: {exc}") from None
+        raise WeightsError(f"it cannot be converted: {exc}", "source") from None
     write_arrays(arrays, out)
     return out
 
@@ -180,20 +176,23 @@ def _from_cache(source: ImagenetSource, mean) -> Path | None:
     if _sidecar_ok(converted):
         return converted
     if converted.is_file():
-        raise WeightsMismatchError(
+        raise WeightsError(
             f"{converted} does not match its {SIDECAR_SUFFIX} file (changed or damaged since "
             f"it was converted, or its {SIDECAR_SUFFIX} is missing): delete both; the weights "
-            f"are converted again from {source.describe()}", converted, source.converted_name,
-            None, None)
+            f"are converted again from {source.describe()}",
+            "mismatch", path=converted, parameter=source.converted_name,
+            expected=None, found=None)
     raw = folder / source.file_name
     if raw.is_file():                        # placed by hand: checked like a download
         try:
             _check_digest(source, sha256_file(raw))
-        except _Failed as exc:
-            raise WeightsMismatchError(
+        except WeightsError as exc:      # of kind "source": _check_digest's only kind
+            raise WeightsError(
                 f"{raw} is not {source.describe()}'s published file: "
                 f"{str(exc).replace('; it was deleted', '')}. Delete it, or replace it with "
-                f"the file from {source.url}", raw, source.file_name, None, None) from None
+                f"the file from {source.url}",
+                "mismatch", path=raw, parameter=source.file_name, expected=None,
+                found=None) from None
         return _convert(source, raw, mean)
     return None
 
@@ -207,7 +206,8 @@ def _from_server(source: ImagenetSource, mean, progress: bool, timeout: float) -
             check_chainercv_file(path)
         except WeightsError as exc:
             path.unlink()
-            raise _Failed(f"the file it sent is not VGG-16 ({exc}); it was deleted") from None
+            raise WeightsError(f"the file it sent is not VGG-16 ({exc}); it was deleted",
+            "source") from None
         return path
     raw = folder / f".{source.file_name}.{os.getpid()}.download"   # one per process
     _download(source, raw, progress, timeout)
@@ -224,9 +224,9 @@ def imagenet_weights(progress: bool = True, timeout: float = TIMEOUT_S,
     ``'cache'`` or ``'download'``.
 
     Raises:
-        WeightsNotFoundError: no source worked; the message lists each URL, why it failed
+        WeightsError: ``"missing"``: no source worked; the message lists each URL, why it failed
             and where to place any one of the files. ``.path`` is the cache folder.
-        WeightsMismatchError, WeightsFileError, WeightsNotFiniteError: a file in the cache
+        WeightsError: ``"mismatch"``, ``"file"``, ``"not_finite"``: a file in the cache
             is damaged or is not what its name says (named; delete it).
     """
     sources = SOURCES if sources is None else tuple(sources)
@@ -239,22 +239,24 @@ def imagenet_weights(progress: bool = True, timeout: float = TIMEOUT_S,
         logger.info("ImageNet VGG-16: trying %s, %s", source.describe(), source.url)
         try:
             return _from_server(source, SSD_MEAN, progress, timeout), source, "download"
-        except _Failed as exc:
+        except WeightsError as exc:
+            if exc.kind != "source":
+                raise
             logger.info("ImageNet VGG-16 from %s failed: %s", source.name, exc)
             failures.append((source, str(exc)))
     folder = cache_dir()
     lines = "\n".join(f"  {i}. {s.describe()}: {s.url}\n     {why}"
                       for i, (s, why) in enumerate(failures, 1))
     places = "\n".join(f"  {folder / s.file_name}" for s in sources)
-    raise WeightsNotFoundError(
+    raise WeightsError(
         f"SSD's ImageNet VGG-16 weights are not in the cache and no source could give "
         f"them:\n{lines}\n"
         f"Download any one of these files where there is network access and place it at "
         f"its path (it is checked, and converted if needed, on first use):\n{places}\n"
         f"(the folder is ChainerCV's model cache: $CHAINER_DATASET_ROOT/{CACHE_SUBDIR}, "
         f"default ~/.chainer/dataset/{CACHE_SUBDIR}). Or train from random weights: "
-        f"pretrained None (--pretrained none).",
-        folder, sources[0].url if sources else None)
+        f"pretrained None (--pretrained none).", "missing",
+        path=folder, url=sources[0].url if sources else None)
 
 
 def imagenet_status(timeout: float = 3.0, sources=None) -> list[tuple[ImagenetSource, str]]:

@@ -41,8 +41,9 @@ from medaidet.ssd import MODEL_NAMES
 from medaidet.ssd.imagenet import imagenet_weights
 from medaidet.ssd.pretrained import check_pretrained, pretrained_file
 from medaidet.ssd.small import SSDSmall
-from medaidet.ssd.weight_files import (WeightsNotFoundError, load_all_but_class_heads,
-                                       load_backbone, load_weights, what_file_is)
+from medaidet.errors import WeightsError
+from medaidet.ssd.weight_files import (load_all_but_class_heads, load_backbone, load_weights,
+                                       what_file_is)
 
 __all__ = ["MODELS", "build_ssd", "model_of_weights"]
 
@@ -71,11 +72,10 @@ def build_ssd(name: str = "ssd300", pretrained=None,
         model is materialized (every parameter shaped); without, lazily shaped as ChainerCV's.
 
     Raises:
-        WeightsNotFoundError: the weight file is missing and could not be downloaded.
-        WeightsMismatchError: the file does not fit the model (names the parameter).
-        WeightsChecksumError: a local file differs from its ``.sha256`` sidecar.
-        WeightsFileError: the file is not a readable ``.npz`` of arrays.
-        WeightsNotFiniteError: the file holds NaN or infinite values.
+        WeightsError: of kind "missing" (the weight file is missing and could not be
+            downloaded), "mismatch" (the file does not fit the model: names the parameter),
+            "checksum" (a local file differs from its ``.sha256`` sidecar), "file" (not a
+            readable ``.npz`` of arrays) or "not_finite" (NaN or infinite values).
     """
     cls = _model_class(name)
     check_pretrained(name, pretrained)
@@ -98,9 +98,10 @@ def build_ssd(name: str = "ssd300", pretrained=None,
     else:
         path = Path(os.fspath(pretrained))
         if not path.is_file():
-            raise WeightsNotFoundError(
+            raise WeightsError(
                 f"no weight file at {path}: pretrained must be None, 'imagenet', 'voc0712' "
-                f"or the path of an .npz saved by medaidet.ssd.weight_files.save_weights", path)
+                f"or the path of an .npz saved by medaidet.ssd.weight_files.save_weights",
+                "missing", path=path)
         model = cls(n_fg_class=n_fg_class)
         report = load_weights(model, path)
 

@@ -29,7 +29,7 @@ Checked before any work: images must be numeric arrays (3, H, W) with finite val
 :class:`medaidet.errors.DataError` naming the image's index in the batch
 (an HWC image is named as such, with the transpose that fixes it); ``score_thresh`` must be
 a number in ``[0, 1]``, ``nms_thresh`` ``None`` or a number in ``(0, 1]`` and the caps
-positive ints or ``None``, else :class:`medaidet.arguments.ConfigError`. A NaN
+positive ints or ``None``, else :class:`~medaidet.errors.ConfigError`. A NaN
 threshold or a NaN image would otherwise give no detections without a word.
 
 Boxes are ``(y_min, x_min, y_max, x_max)`` in the input image's pixels, float32, shape

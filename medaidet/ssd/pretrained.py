@@ -6,7 +6,7 @@ Named weights come from ChainerCV's model cache, the same files ChainerCV uses:
 ``<dataset root>/pfnet/chainercv/models/<the URL's file name>``, where the dataset root is
 ``$CHAINER_DATASET_ROOT`` (default ``~/.chainer/dataset``; see
 ``chainer.dataset.set_dataset_root``). A missing file is downloaded by ChainerCV's
-``download_model``; offline, :class:`~medaidet.ssd.weight_files.WeightsNotFoundError` says
+``download_model``; offline, a ``"missing"`` WeightsError says
 which file to place where and the URL it comes from.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from chainercv.links import SSD300, SSD512
 from chainercv.utils import download as _cv_download
 
 from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
-from medaidet.ssd.weight_files import WeightsNotFoundError
+from medaidet.errors import WeightsError
 
 __all__ = ["CACHE_SUBDIR", "SHIPPED_WEIGHTS", "check_pretrained", "pretrained_url",
            "pretrained_cache_path", "pretrained_file", "shipped_weights"]
@@ -40,13 +40,13 @@ _CLASSES = {"ssd300": SSD300, "ssd512": SSD512}
 
 
 def check_pretrained(name: str, pretrained) -> None:
-    """:class:`WeightsNotFoundError` when ``pretrained`` names weights (``'imagenet'``,
+    """a ``"missing"`` WeightsError when ``pretrained`` names weights (``'imagenet'``,
     ``'voc0712'``) that model ``name`` does not have."""
     if pretrained in PRETRAINED and str(name).lower() not in WITH_PRETRAINED:
-        raise WeightsNotFoundError(
+        raise WeightsError(
             f"{name} has no {pretrained!r} weights (only {', '.join(WITH_PRETRAINED)} do): "
             f"train it from random weights (pretrained None, --pretrained none) or load a "
-            f"model-only .npz of it", Path(str(pretrained)))
+            f"model-only .npz of it", "missing", path=Path(str(pretrained)))
 
 
 def pretrained_url(name: str = "ssd300", pretrained: str = "voc0712") -> str:
@@ -75,19 +75,20 @@ def shipped_weights(name: str = "ssd_small", labels: str = "bccd") -> Path:
     (``'bccd'`` or ``'txl-pbc'``; :data:`SHIPPED_WEIGHTS`); their ``.json`` says the command
     and seed that reproduce them and how they score.
 
-    Raises :class:`WeightsNotFoundError` when medaidet ships none for ``name`` or the file
+    Raises a ``"missing"`` WeightsError when medaidet ships none for ``name`` or the file
     is missing from this installation."""
     if (name, labels) not in SHIPPED_WEIGHTS:
         shipped = ", ".join(f"{n} ({l})" for n, l in SHIPPED_WEIGHTS)
-        raise WeightsNotFoundError(
+        raise WeightsError(
             f"medaidet ships trained weights only for {shipped}, not {name!r} trained on "
-            f"{labels!r} labels: train {name} (`medaidet train`) and use its model.npz", None)
+            f"{labels!r} labels: train {name} (`medaidet train`) and use its model.npz",
+            "missing", path=None)
     path = SHIPPED_WEIGHTS[name, labels]
     if not path.is_file():
-        raise WeightsNotFoundError(
+        raise WeightsError(
             f"the shipped weights {path} are missing from this installation: reinstall "
             f"medaidet (pip install -e <checkout>), or train them: `medaidet train "
-            f"--profile cpu`", path)
+            f"--profile cpu`", "missing", path=path)
     return path
 
 
@@ -95,7 +96,7 @@ def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712") -> Path:
     """The cached weight file, downloaded by ChainerCV's ``download_model`` if missing.
 
     Raises:
-        WeightsNotFoundError: not cached and the download failed (offline, HTTP error).
+        WeightsError: ``"missing"``: not cached and the download failed (offline, HTTP error).
             ``.path`` is where to place the file, ``.url`` where it comes from.
     """
     url = pretrained_url(name, pretrained)
@@ -106,10 +107,11 @@ def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712") -> Path:
         return Path(_cv_download.download_model(url))
     except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
         reason = getattr(exc, "reason", None) or exc
-        raise WeightsNotFoundError(
+        raise WeightsError(
             f"the {pretrained!r} weights for {name} are not in ChainerCV's cache and could "
             f"not be downloaded ({type(exc).__name__}: {reason}).\n"
             f"Place the file at:\n    {path}\n"
             f"It comes from:\n    {url}\n"
             f"(download it where there is network access and copy it there; the cache root "
-            f"is $CHAINER_DATASET_ROOT, default ~/.chainer/dataset)", path, url) from None
+            f"is $CHAINER_DATASET_ROOT, default ~/.chainer/dataset)",
+            "missing", path=path, url=url) from None

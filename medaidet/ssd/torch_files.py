@@ -12,7 +12,7 @@ this course's stack (its Linux wheels bring gigabytes of CUDA libraries), so
 
 The pickle is read by an unpickler that knows only what a state dict holds (an
 ``OrderedDict``, tensors rebuilt by ``torch._utils._rebuild_tensor(_v2)`` and the storage
-types): anything else in the file raises :class:`TorchFileError` naming it; the legacy
+types): anything else in the file raises a ``"file"`` WeightsError naming it; the legacy
 format's other pickles (its header and its list of storage keys) may hold plain data only. No
 pickle is ever allowed to run code, and every size the file declares (an entry, a storage, a
 tensor's shape, strides and offset) is checked against the bytes really there before anything
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from medaidet.ssd.weight_files import WeightsFileError
+from medaidet.errors import WeightsError
 
-__all__ = ["TorchFileError", "read_state_dict", "is_torch_file"]
+__all__ = ["read_state_dict", "is_torch_file"]
 
 #: The first pickle of a legacy file (``torch.serialization.MAGIC_NUMBER``) and its protocol.
 MAGIC_NUMBER = 0x1950a86a20f9469cfc6c
@@ -52,10 +52,6 @@ _STORAGE_DTYPES = {
 }
 
 
-class TorchFileError(WeightsFileError):
-    """A ``.pth`` file that is not a plain state dict of tensors this reader understands."""
-
-
 class _StorageType:
     def __init__(self, name: str):
         self.name = name
@@ -73,16 +69,16 @@ class _Storage:
         self.kind, self.numel = kind, int(numel)
         self.data: np.ndarray | None = None
         if not 0 <= self.numel * kind.itemsize <= MAX_STATE_BYTES:
-            raise TorchFileError(f"a storage declares {self.numel} elements of {kind.name}: "
-                                 f"negative, or more than {MAX_STATE_BYTES} bytes; the file is "
-                                 "damaged or not a state dict of weights")
+            raise WeightsError(f"a storage declares {self.numel} elements of {kind.name}: "
+                               f"negative, or more than {MAX_STATE_BYTES} bytes; the file is "
+                               "damaged or not a state dict of weights", "file")
 
     def set_bytes(self, raw: bytes, path: Path, key: str) -> None:
         if len(raw) != self.numel * self.kind.itemsize:
-            raise TorchFileError(
+            raise WeightsError(
                 f"{path}: storage {key} holds {len(raw)} bytes, its header says "
                 f"{self.numel} x {self.kind.itemsize}: the file is truncated or damaged; "
-                f"download it again.")
+                f"download it again.", "file")
         if self.kind.dtype == "bfloat16":  # the upper 16 bits of a float32
             self.data = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
         else:
@@ -95,8 +91,9 @@ class _View:
     def __init__(self, root: _Storage, offset: int, size: int):
         self.root, self.offset, self.size = root, int(offset), int(size)
         if self.offset < 0 or self.size < 0 or self.offset + self.size > root.numel:
-            raise TorchFileError(f"a storage view of {self.size} elements from {self.offset} "
-                                 f"lies outside its storage of {root.numel}: the file is damaged")
+            raise WeightsError(f"a storage view of {self.size} elements from {self.offset} "
+                               f"lies outside its storage of {root.numel}: the file is damaged",
+                               "file")
 
     @property
     def data(self):
@@ -114,16 +111,16 @@ class _Tensor:
         flat = self.storage.data
         if (self.offset < 0 or len(self.size) != len(self.stride)
                 or min(self.size + self.stride, default=0) < 0):
-            raise TorchFileError(f"a tensor of shape {self.size}, strides {self.stride} and "
-                                 f"offset {self.offset}: negative or mismatched, the file is "
-                                 "damaged")
+            raise WeightsError(f"a tensor of shape {self.size}, strides {self.stride} and "
+                               f"offset {self.offset}: negative or mismatched, the file is "
+                               "damaged", "file")
         if np.prod(self.size, dtype=object) > len(flat):
-            raise TorchFileError(f"a tensor of shape {self.size} holds more elements than its "
-                                 f"storage of {len(flat)}: not a state dict's tensor")
+            raise WeightsError(f"a tensor of shape {self.size} holds more elements than its "
+                               f"storage of {len(flat)}: not a state dict's tensor", "file")
         end = self.offset + sum((n - 1) * s for n, s in zip(self.size, self.stride)) + 1
         if 0 not in self.size and end > len(flat):
-            raise TorchFileError(f"a tensor of shape {self.size} reaches element {end} of a "
-                                 f"storage of {len(flat)}: the file is damaged")
+            raise WeightsError(f"a tensor of shape {self.size} reaches element {end} of a "
+                               f"storage of {len(flat)}: the file is damaged", "file")
         view = np.lib.stride_tricks.as_strided(
             flat[self.offset:], shape=self.size,
             strides=tuple(s * flat.itemsize for s in self.stride))
@@ -182,10 +179,10 @@ class _DataUnpickler(pickle.Unpickler):
         self.path = path
 
     def find_class(self, module, name):
-        raise TorchFileError(
+        raise WeightsError(
             f"{self.path}: a pickle outside its state dict names {module}.{name}, where a "
             "torch.save file holds plain data only: it is not a PyTorch weights file (or was "
-            "made to run code when loaded); nothing in it was run.")
+            "made to run code when loaded); nothing in it was run.", "file")
 
 
 class _NotAStateDict(Exception):
@@ -209,7 +206,7 @@ def read_state_dict(path) -> dict[str, np.ndarray]:
     checkpoint) gives that state dict.
 
     Raises:
-        TorchFileError: not a ``torch.save`` file, truncated, or holding anything but
+        WeightsError: ``"file"``: not a ``torch.save`` file, truncated, or holding anything but
             tensors in (nested) dicts; the message names the file and what was found.
     """
     path = Path(path)
@@ -218,15 +215,16 @@ def read_state_dict(path) -> dict[str, np.ndarray]:
     except _NotAStateDict as exc:
         result = _read_with_torch(path, f"it holds {exc}")
     except (MemoryError, RecursionError) as exc:
-        raise TorchFileError(
+        raise WeightsError(
             f"{path} cannot be read as a PyTorch file: its pickle is nested too deeply or "
             f"declares more data than fits ({type(exc).__name__}); a state dict of weights does "
-            "neither.") from None
+            "neither.", "file") from None
     except (pickle.UnpicklingError, EOFError, ValueError, struct.error, zipfile.BadZipFile,
             KeyError, IndexError, TypeError, AttributeError, OverflowError) as exc:
-        raise TorchFileError(
+        raise WeightsError(
             f"{path} cannot be read as a PyTorch file ({type(exc).__name__}: {exc}): it is "
-            f"truncated or damaged, or not a torch.save file. Download it again.") from None
+            f"truncated or damaged, or not a torch.save file. Download it again.",
+            "file") from None
     return _tensors(result, path)
 
 
@@ -237,8 +235,8 @@ def _read(path: Path):
         return _read_zip(path)
     if head.startswith(b"\x80"):
         return _read_legacy(path)
-    raise TorchFileError(f"{path} is not a PyTorch file: it is neither a zip archive nor a "
-                         f"pickle (it begins with the bytes {head.hex(' ')}).")
+    raise WeightsError(f"{path} is not a PyTorch file: it is neither a zip archive nor a "
+                       f"pickle (it begins with the bytes {head.hex(' ')}).", "file")
 
 
 def _read_zip(path: Path):
@@ -246,20 +244,20 @@ def _read_zip(path: Path):
         names = archive.namelist()
         pickles = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
         if names and all(n.endswith(".npy") for n in names):
-            raise TorchFileError(
+            raise WeightsError(
                 f"{path} is an .npz of NumPy arrays, not a PyTorch file (already in "
-                f"ChainerCV's layout, e.g. converted before?).")
+                f"ChainerCV's layout, e.g. converted before?).", "file")
         if len(pickles) != 1:
-            raise TorchFileError(
+            raise WeightsError(
                 f"{path} is a zip archive but not a torch.save file: it holds "
                 f"{len(pickles)} data.pkl entries (a TorchScript archive or another tool's "
-                f"zip?).")
+                f"zip?).", "file")
         prefix = pickles[0][:-len("data.pkl")]
         byteorder = archive.read(prefix + "byteorder").decode().strip() \
             if prefix + "byteorder" in names else "little"
         if byteorder != "little":
-            raise TorchFileError(f"{path} was saved on a {byteorder}-endian machine; "
-                                 f"medaidet reads little-endian files only.")
+            raise WeightsError(f"{path} was saved on a {byteorder}-endian machine; "
+                               f"medaidet reads little-endian files only.", "file")
 
         total = 0
 
@@ -269,16 +267,17 @@ def _read_zip(path: Path):
             entry = archive.getinfo(f"{prefix}data/{key}")
             total += entry.file_size
             if entry.file_size != storage.numel * kind.itemsize or total > MAX_STATE_BYTES:
-                raise TorchFileError(
+                raise WeightsError(
                     f"{path}: storage {key} is {entry.file_size} bytes in the archive, its "
                     f"header says {storage.numel} x {kind.itemsize} (all storages so far: "
-                    f"{total}, at most {MAX_STATE_BYTES}): the file is damaged or not weights.")
+                    f"{total}, at most {MAX_STATE_BYTES}): the file is damaged or not weights.",
+                    "file")
             storage.set_bytes(archive.read(entry), path, key)
             return storage
 
         if archive.getinfo(pickles[0]).file_size > MAX_PICKLE_BYTES:
-            raise TorchFileError(f"{path}: its data.pkl declares more than {MAX_PICKLE_BYTES} "
-                                 "bytes, far more than a state dict's; not read.")
+            raise WeightsError(f"{path}: its data.pkl declares more than {MAX_PICKLE_BYTES} "
+                               "bytes, far more than a state dict's; not read.", "file")
         with archive.open(pickles[0]) as f:
             result = _Unpickler(io.BytesIO(f.read()), path, {}, load_storage).load()
         return _build(result)
@@ -288,16 +287,16 @@ def _read_legacy(path: Path):
     size = path.stat().st_size
     with open(path, "rb") as f:
         if _DataUnpickler(f, path).load() != MAGIC_NUMBER:
-            raise TorchFileError(f"{path} is a pickle but not a torch.save file (no PyTorch "
-                                 f"magic number at its start).")
+            raise WeightsError(f"{path} is a pickle but not a torch.save file (no PyTorch "
+                               f"magic number at its start).", "file")
         version = _DataUnpickler(f, path).load()
         if version != PROTOCOL_VERSION:
-            raise TorchFileError(f"{path}: PyTorch file protocol {version!r}, expected "
-                                 f"{PROTOCOL_VERSION}.")
+            raise WeightsError(f"{path}: PyTorch file protocol {version!r}, expected "
+                               f"{PROTOCOL_VERSION}.", "file")
         info = _DataUnpickler(f, path).load()
         if isinstance(info, dict) and info.get("little_endian") is False:
-            raise TorchFileError(f"{path} was saved on a big-endian machine; medaidet reads "
-                                 f"little-endian files only.")
+            raise WeightsError(f"{path} was saved on a big-endian machine; medaidet reads "
+                               f"little-endian files only.", "file")
         storages: dict = {}
         result = _Unpickler(f, path, storages,
                             lambda key, kind, numel: _Storage(kind, numel)).load()
@@ -305,9 +304,9 @@ def _read_legacy(path: Path):
             storage = storages[_text(key)]
             (count,) = struct.unpack("<q", f.read(8))
             if count != storage.numel or count * storage.kind.itemsize > size - f.tell():
-                raise TorchFileError(f"{path}: storage {key} says {count} elements, its "
-                                     f"tensors {storage.numel}, and {size - f.tell()} bytes "
-                                     "are left in the file: the file is damaged.")
+                raise WeightsError(f"{path}: storage {key} says {count} elements, its "
+                                   f"tensors {storage.numel}, and {size - f.tell()} bytes "
+                                   "are left in the file: the file is damaged.", "file")
             storage.set_bytes(f.read(count * storage.kind.itemsize), path, _text(key))
     return _build(result)
 
@@ -316,7 +315,7 @@ def _build(obj):
     """Replace every :class:`_Tensor` in nested dicts by its array."""
     if isinstance(obj, _Tensor):
         if obj.storage.data is None:
-            raise TorchFileError("a tensor's storage is missing from the file")
+            raise WeightsError("a tensor's storage is missing from the file", "file")
         return obj.array()
     if isinstance(obj, dict):
         return {key: _build(value) for key, value in obj.items()}
@@ -327,15 +326,15 @@ def _read_with_torch(path: Path, why: str):
     try:
         import torch
     except ImportError:
-        raise TorchFileError(
+        raise WeightsError(
             f"{path} is not a plain PyTorch state dict that medaidet can read without "
             f"PyTorch ({why}). Install PyTorch (pip install torch) so that its safe loader "
-            f"reads it, or use the same weights as a safetensors file.") from None
+            f"reads it, or use the same weights as a safetensors file.", "file") from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types; name it, keep the cause
-        raise TorchFileError(f"PyTorch could not read {path} either ({type(exc).__name__}: "
-                             f"{exc}).") from exc
+        raise WeightsError(f"PyTorch could not read {path} either ({type(exc).__name__}: "
+                           f"{exc}).", "file") from exc
     return {key: value.float().numpy() if value.is_floating_point() else value.numpy()
             for key, value in _state_dict(state, path).items()}
 
@@ -346,8 +345,8 @@ def _state_dict(obj, path: Path) -> dict:
             if isinstance(obj.get(key), dict):
                 return obj[key]
         return obj
-    raise TorchFileError(f"{path} holds a {type(obj).__name__}, not a state dict (a dict of "
-                         f"tensors by name).")
+    raise WeightsError(f"{path} holds a {type(obj).__name__}, not a state dict (a dict of "
+                       f"tensors by name).", "file")
 
 
 def _tensors(result, path: Path) -> dict[str, np.ndarray]:
@@ -355,6 +354,6 @@ def _tensors(result, path: Path) -> dict[str, np.ndarray]:
     wrong = [key for key, value in state.items()
              if not isinstance(key, str) or not isinstance(value, np.ndarray)]
     if wrong:
-        raise TorchFileError(f"{path}: entry {wrong[0]!r} of its state dict is not a tensor "
-                             f"({len(wrong)} such entries).")
+        raise WeightsError(f"{path}: entry {wrong[0]!r} of its state dict is not a tensor "
+                           f"({len(wrong)} such entries).", "file")
     return dict(state)

@@ -2,7 +2,7 @@
 
 ChainerCV's ``examples/ssd/train.py`` ``MultiboxTrainChain`` with
 :func:`medaidet.ssd.loss.multibox_loss` in place of ChainerCV's: a wrong target raises
-:class:`medaidet.ssd.loss.InvalidTargetsError` naming the sample, the prior and the value
+:class:`~medaidet.errors.InvalidTargetsError` naming the sample, the prior and the value
 instead of faulting inside a CUDA kernel.
 
 Reported (``chainer.reporter.report``; under a ``Trainer`` the keys get the observer's

@@ -43,15 +43,14 @@ from pathlib import Path
 import numpy as np
 
 from medaidet.files import check_output
-from medaidet.ssd.torch_files import TorchFileError, read_state_dict
-from medaidet.ssd.weight_files import (WeightsFileError, WeightsMismatchError,
-                                       WeightsNotFiniteError, WeightsNotFoundError,
-                                       write_arrays)
+from medaidet.errors import WeightsError
+from medaidet.ssd.torch_files import read_state_dict
+from medaidet.ssd.weight_files import write_arrays
 
 __all__ = [
     "CONVS", "CHAINERCV_SHAPES", "TORCHVISION_MEAN", "TORCHVISION_STD", "TORCHVISION_MEAN_255", "SSD_MEAN",
     "NORM4_SCALE", "VGG16_SHAPES", "read_vgg16", "convert_vgg16", "convert_file",
-    "decimate_fc6", "decimate_fc7", "VGGConversion", "VGGLayoutError",
+    "decimate_fc6", "decimate_fc7", "VGGConversion",
 ]
 
 #: ChainerCV's names of the thirteen convolutions, in order, and where each sits in
@@ -93,10 +92,6 @@ FC_LAYOUTS = {
 }
 
 
-class VGGLayoutError(WeightsMismatchError):
-    """A weight file is not the VGG-16 this converter expects (names the entry)."""
-
-
 @dataclass(frozen=True)
 class VGGConversion:
     """What :func:`convert_file` wrote."""
@@ -122,27 +117,27 @@ def read_vgg16(path) -> dict[str, np.ndarray]:
     legacy format) or a safetensors file, told apart by their first bytes.
 
     Raises:
-        WeightsFileError: empty, truncated, damaged or another kind of file (says which).
+        WeightsError: ``"file"``: empty, truncated, damaged or another kind of file (says which).
     """
     path = Path(path)
     if not path.is_file():
-        raise WeightsNotFoundError(f"no VGG-16 weight file at {path}", path)
+        raise WeightsError(f"no VGG-16 weight file at {path}", "missing", path=path)
     with open(path, "rb") as f:
         head = f.read(16)
     if not head:
-        raise WeightsFileError(f"{path} is empty (0 bytes): the download or copy did not "
-                               f"finish; get it again.")
+        raise WeightsError(f"{path} is empty (0 bytes): the download or copy did not "
+                           f"finish; get it again.", "file")
     if _is_safetensors(head):
         return _read_safetensors(path)
     try:
         return read_state_dict(path)
-    except TorchFileError as exc:
+    except WeightsError as exc:
         if head.startswith((b"PK", b"\x80")):
             raise
-        raise WeightsFileError(
+        raise WeightsError(
             f"{path} is neither a PyTorch state dict (.pth) nor a safetensors file (it "
             f"begins with the bytes {head[:8].hex(' ')}): use torchvision's "
-            f"vgg16-397923af.pth or timm's vgg16.tv_in1k model.safetensors.") from exc
+            f"vgg16-397923af.pth or timm's vgg16.tv_in1k model.safetensors.", "file") from exc
 
 
 def _is_safetensors(head: bytes) -> bool:
@@ -156,9 +151,9 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise WeightsFileError(
+        raise WeightsError(
             f"{path} cannot be read as a safetensors file ({exc}): it is truncated or "
-            f"damaged; download it again.") from None
+            f"damaged; download it again.", "file") from None
 
 
 # --------------------------------------------------------------------------- converting
@@ -193,9 +188,10 @@ def convert_vgg16(state: dict, mean=SSD_MEAN, path: Path | str = "the weights"
         ``'torchvision'`` or ``'timm'``.
 
     Raises:
-        VGGLayoutError: an entry is missing or has another shape (names it, and what the
-            file looks like instead: VGG-16 with batch norm, a classifier only, ...).
-        WeightsNotFiniteError: NaN or infinite values in an entry that is used.
+        WeightsError: ``"mismatch"``: an entry is missing or has another shape (names it,
+            and what the file looks like instead: VGG-16 with batch norm, a classifier
+            only, ...).
+        WeightsError: ``"not_finite"``: NaN or infinite values in an entry that is used.
     """
     path = Path(str(path))
     state = {re.sub(r"^module\.", "", key): value for key, value in state.items()}
@@ -211,12 +207,13 @@ def convert_vgg16(state: dict, mean=SSD_MEAN, path: Path | str = "the weights"
     bad = [key for key in used if not np.isfinite(state[key]).all()]
     if bad:
         values = np.asarray(state[bad[0]])
-        raise WeightsNotFiniteError(
+        raise WeightsError(
             f"{path}: {bad[0]} holds {int(np.isnan(values).sum())} NaN and "
             f"{int(np.isinf(values).sum())} infinite of its {values.size} values ({len(bad)} "
             f"of the {len(used)} arrays used hold some). A download does not do this: the "
             f"file was damaged or written by a diverged training; use the published file.",
-            path, bad[0], len(bad))
+            "not_finite",
+            path=path, parameter=bad[0], count=len(bad))
 
     out = {}
     for name in CONVS:
@@ -240,7 +237,7 @@ def convert_vgg16(state: dict, mean=SSD_MEAN, path: Path | str = "the weights"
             for key, value in sorted(out.items())}, layout
 
 
-def _layout_error(state, path, key, expected, found) -> VGGLayoutError:
+def _layout_error(state, path, key, expected, found) -> WeightsError:
     keys = sorted(state)
     features = [k for k in keys if k.startswith("features.")]
     if found is None:
@@ -265,8 +262,9 @@ def _layout_error(state, path, key, expected, found) -> VGGLayoutError:
                  f"VGG-16's weights.")
     else:
         cause = "the file was saved from a modified VGG-16; use the published file."
-    return VGGLayoutError(f"{path} is not torchvision's or timm's ImageNet VGG-16: {what}. "
-                          f"Likely cause: {cause}", path, key, expected, found)
+    return WeightsError(f"{path} is not torchvision's or timm's ImageNet VGG-16: {what}. "
+                        f"Likely cause: {cause}",
+                        "mismatch", path=path, parameter=key, expected=expected, found=found)
 
 
 def convert_file(path, out, mean=SSD_MEAN) -> VGGConversion:

@@ -4,7 +4,7 @@ checked, and compared; and, for a file that is not one, what it is instead.
 :func:`save_weights` writes a model-only ``.npz`` (the ``chainer.serializers.save_npz`` format,
 reproducible byte for byte) and a ``.sha256`` sidecar; :func:`load_weights` verifies the
 sidecar, then, before any array is copied, checks every shape against the model: a mismatch
-raises :class:`WeightsMismatchError` naming the parameter, both shapes and the likely cause
+raises a ``"mismatch"`` WeightsError naming the parameter, both shapes and the likely cause
 (another ``n_fg_class``, SSD300 vs SSD512, a trainer snapshot instead of model weights). The
 model is first *materialized* (:func:`materialize`: one forward pass on a blank image) so that
 every expected shape is known exactly. What was loaded is described by a
@@ -27,74 +27,19 @@ import numpy as np
 from chainercv.links import SSD512
 
 from medaidet.checksums import sha256_file
-from medaidet.errors import MedaidetError
+from medaidet.errors import WeightsError
 from medaidet.files import atomic_file, check_output
 
 __all__ = [
     "CLASS_HEADS", "SIDECAR_SUFFIX", "materialize", "save_weights", "write_arrays",
     "load_weights", "compare_weights", "what_file_is", "read_arrays", "check_cached_weights",
     "load_all_but_class_heads",
-    "load_backbone", "WeightsReport", "WeightsComparison", "WeightsError",
-    "WeightsNotFoundError", "WeightsMismatchError", "WeightsChecksumError", "WeightsFileError",
-    "WeightsNotFiniteError",
+    "load_backbone", "WeightsReport", "WeightsComparison",
 ]
 
 #: Prefix of the class-score heads: their shape depends on the number of classes.
 CLASS_HEADS = "multibox/conf/"
 SIDECAR_SUFFIX = ".sha256"
-
-
-# --------------------------------------------------------------------------- errors
-
-class WeightsError(MedaidetError):
-    """Base class of the weight-loading errors."""
-
-
-class WeightsNotFoundError(WeightsError):
-    """A weight file is not where it should be and could not be downloaded."""
-
-    def __init__(self, message: str, path: Path, url: str | None = None):
-        super().__init__(message)
-        self.path = path
-        self.url = url
-
-
-class WeightsMismatchError(WeightsError):
-    """A weight file does not fit the model: a parameter is missing, extra or another shape."""
-
-    def __init__(self, message: str, path: Path, parameter: str,
-                 expected: tuple | None, found: tuple | None):
-        super().__init__(message)
-        self.path = path
-        self.parameter = parameter
-        self.expected = expected
-        self.found = found
-
-
-class WeightsChecksumError(WeightsError):
-    """A weight file's sha256 differs from its ``.sha256`` sidecar."""
-
-    def __init__(self, message: str, path: Path, expected: str, found: str):
-        super().__init__(message)
-        self.path = path
-        self.expected = expected
-        self.found = found
-
-
-class WeightsFileError(WeightsError):
-    """A weight file cannot be read as an ``.npz`` of plain arrays: it is another kind of
-    file (the message says which), empty, truncated or damaged."""
-
-
-class WeightsNotFiniteError(WeightsError):
-    """A weight file holds NaN or infinite values. ``parameter``: the first such array (in
-    name order); ``count``: how many arrays hold some."""
-
-    def __init__(self, message: str, path: Path, parameter: str, count: int):
-        super().__init__(message)
-        self.path = path
-        self.parameter = parameter
-        self.count = count
 
 
 # --------------------------------------------------------------------------- report
@@ -152,7 +97,6 @@ def materialize(model):
     with chainer.using_config("train", False), chainer.no_backprop_mode():
         model(x)
     return model
-
 
 
 # --------------------------------------------------------------------------- weight files
@@ -279,22 +223,23 @@ def load_weights(model, path) -> WeightsReport:
     and the file must hold nothing else. Returns a :class:`WeightsReport`.
 
     Raises:
-        WeightsNotFoundError, WeightsChecksumError, WeightsFileError (not an ``.npz`` of
-        arrays: says what the file is instead), WeightsMismatchError, WeightsNotFiniteError.
+        WeightsError: of kind "missing", "checksum", "file" (not an ``.npz`` of arrays: says
+        what the file is instead), "mismatch" or "not_finite".
     """
     path = Path(path)
     if not path.is_file():
-        raise WeightsNotFoundError(f"no weight file at {path}", path)
+        raise WeightsError(f"no weight file at {path}", "missing", path=path)
     sidecar = _sidecar(path)
     if sidecar.is_file():
         fields = sidecar.read_text().split()
         expected = fields[0].lower() if fields else ""
         found = sha256_file(path)
         if found != expected:
-            raise WeightsChecksumError(
+            raise WeightsError(
                 f"{path} does not match its checksum file {sidecar.name}: expected sha256 "
                 f"{expected or '(empty sidecar)'}, found {found}. The file changed after it "
-                f"was saved or was copied only partly; copy it again.", path, expected, found)
+                f"was saved or was copied only partly; copy it again.",
+                "checksum", path=path, expected=expected, found=found)
     return _load(model, path, skip=None, strict=True)
 
 
@@ -347,35 +292,36 @@ def what_file_is(path: Path) -> str | None:
 
 def read_arrays(path: Path) -> dict:
     """Every array of the ``.npz`` at ``path``, by name. Anything else raises
-    :class:`WeightsFileError` saying what the file is and what was expected."""
+    a ``"file"`` WeightsError saying what the file is and what was expected."""
     what = what_file_is(path)
     if what is not None:
         if what.startswith("empty"):
-            raise WeightsFileError(
+            raise WeightsError(
                 f"{path} is empty (0 bytes): the save or copy that wrote it did not finish "
                 f"(an interrupted run, a full disk?); copy it again or use another file; "
-                f"{_EXPECTED}.")
-        raise WeightsFileError(f"{path} is {what}, not a weight file; {_EXPECTED}.")
+                f"{_EXPECTED}.", "file")
+        raise WeightsError(f"{path} is {what}, not a weight file; {_EXPECTED}.", "file")
     try:
         npz = np.load(path, allow_pickle=False)
     except (OSError, zipfile.BadZipFile, EOFError, ValueError):
         # it starts as a zip; the table of contents at its end is missing
         size = path.stat().st_size
-        raise WeightsFileError(
+        raise WeightsError(
             f"{path} is a truncated .npz: it starts as a zip archive but its end is missing "
             f"({size} byte{'' if size == 1 else 's'} long; an interrupted copy, download or "
             f"save, or a full disk). Copy or download it again, or save it again with "
-            f"medaidet.ssd.weight_files.save_weights.") from None
+            f"medaidet.ssd.weight_files.save_weights.", "file") from None
     with npz:
         members = npz.zip.namelist()
         other = [m for m in members if not m.endswith(".npy")]
         if other:
-            raise WeightsFileError(
+            raise WeightsError(
                 f"{path} is a zip archive but not an .npz of arrays: it holds {other[0]!r}"
                 f"{f' and {len(other) - 1} more' if len(other) > 1 else ''}, which is not a "
-                f".npy array (a PyTorch checkpoint or another tool's archive?); {_EXPECTED}.")
+                f".npy array (a PyTorch checkpoint or another tool's archive?); {_EXPECTED}.",
+                "file")
         if not members:
-            raise WeightsFileError(f"{path} is an empty zip archive: no arrays; {_EXPECTED}.")
+            raise WeightsError(f"{path} is an empty zip archive: no arrays; {_EXPECTED}.", "file")
         arrays = {}
         for key in npz.files:
             try:
@@ -383,23 +329,23 @@ def read_arrays(path: Path) -> dict:
             except ValueError as exc:
                 if "allow_pickle" not in str(exc) and "Object arrays" not in str(exc):
                     raise _damaged(path, key, exc) from None
-                raise WeightsFileError(
+                raise WeightsError(
                     f"{path}: entry {key} holds Python objects, not numbers; a parameter "
                     f"saved before the model's first forward pass is one cause. Save with "
-                    f"medaidet.ssd.weight_files.save_weights.") from None
+                    f"medaidet.ssd.weight_files.save_weights.", "file") from None
             except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
                 raise _damaged(path, key, exc) from None
     return arrays
 
 
-def _damaged(path: Path, key: str, exc: Exception) -> WeightsFileError:
-    return WeightsFileError(
+def _damaged(path: Path, key: str, exc: Exception) -> WeightsError:
+    return WeightsError(
         f"{path} is damaged: its entry {key} cannot be read ({exc}). Copy or download it "
-        f"again, or save it again with medaidet.ssd.weight_files.save_weights.")
+        f"again, or save it again with medaidet.ssd.weight_files.save_weights.", "file")
 
 
 def _check_finite(arrays: dict, path: Path, cause: str) -> None:
-    """Raise :class:`WeightsNotFiniteError` if a floating-point array holds NaN or inf:
+    """Raise a ``"not_finite"`` WeightsError if a floating-point array holds NaN or inf:
     such weights load without complaint and the model then predicts nothing."""
     bad = [key for key in sorted(arrays) if np.asarray(arrays[key]).dtype.kind in "fc"
            and not np.isfinite(arrays[key]).all()]
@@ -408,11 +354,11 @@ def _check_finite(arrays: dict, path: Path, cause: str) -> None:
     key = bad[0]
     array = np.asarray(arrays[key])
     n_nan, n_inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
-    raise WeightsNotFiniteError(
+    raise WeightsError(
         f"{path}: parameter {key} holds {n_nan} NaN and {n_inf} infinite of its {array.size} "
         f"values ({len(bad)} of {len(arrays)} arrays hold NaN or inf; the first in name "
         f"order is shown). A model with these weights detects nothing. Likely cause: "
-        f"{cause}.", path, key, len(bad))
+        f"{cause}.", "not_finite", path=path, parameter=key, count=len(bad))
 
 
 def _model_shapes(model) -> dict:
@@ -482,7 +428,7 @@ def load_backbone(model, path: Path, origin: str = "") -> WeightsReport:
         initialized=tuple(k for k in sorted(expected) if k not in arrays), origin=origin)
 
 
-def _mismatch(model, path, arrays, expected, wrong, missing, extra) -> WeightsMismatchError:
+def _mismatch(model, path, arrays, expected, wrong, missing, extra) -> WeightsError:
     if wrong:
         key = wrong[0]
         what = f"parameter {key} has shape {tuple(arrays[key].shape)} in the file, " \
@@ -500,7 +446,7 @@ def _mismatch(model, path, arrays, expected, wrong, missing, extra) -> WeightsMi
     counts = f"{len(wrong)} of another shape, {len(missing)} missing, {len(extra)} extra"
     message = (f"{path} does not fit {type(model).__name__}(n_fg_class={model.n_fg_class}): "
                f"{what} ({counts}). Likely cause: {_likely_cause(model, arrays)}")
-    return WeightsMismatchError(message, path, key, want, found)
+    return WeightsError(message, "mismatch", path=path, parameter=key, expected=want, found=found)
 
 
 def _likely_cause(model, arrays) -> str:
@@ -535,7 +481,7 @@ def _likely_cause(model, arrays) -> str:
 def check_cached_weights(path: Path) -> dict:
     """Read every array of a cached pretrained file and check it is finite: ChainerCV's own
     loader would fail on a damaged file with a raw zip error, and load NaNs without a word.
-    Returns the arrays; :class:`WeightsFileError` or :class:`WeightsNotFiniteError` naming
+    Returns the arrays; a ``"file"`` WeightsError or a ``"not_finite"`` WeightsError naming
     the file."""
     arrays = read_arrays(path)
     _check_finite(arrays, path, _CAUSE_CACHED)

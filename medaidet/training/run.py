@@ -36,15 +36,15 @@ from medaidet.ssd import PRETRAINED
 from medaidet.ssd.weight_files import save_weights
 from medaidet.training.recipe import Recipe
 from medaidet.training.config import WEIGHTS_NAME, TrainConfig
-from medaidet.errors import ConfigError
+from medaidet.errors import ConfigError, WeightsError
 from medaidet.training.divergence import stop_on_divergence
 from medaidet.training.extensions import write_plots
 from medaidet.training.iterators import n_processes_for
 from medaidet.training.ranks import Ranks
 from medaidet.training.result import TrainResult, run_metrics
 from medaidet.training.seeding import seed_everything
-from medaidet.training.snapshot import (SNAPSHOT_NAME, ResumeError, check_snapshot_file,
-                                        check_weights_file, load_snapshot)
+from medaidet.training.snapshot import (SNAPSHOT_NAME, check_snapshot_file, check_weights_file,
+                                        load_snapshot)
 
 __all__ = ["train", "prepare_run", "initial_weights"]
 
@@ -55,14 +55,14 @@ def prepare_run(config: TrainConfig, resume=None) -> Path:
     is not inside the dataset, the ``resume`` snapshot and the ``pretrained`` file are
     readable ``.npz`` files. The messages name the field (``out: ...``; the command line
     puts its flag there). Returns the output folder (resolved). Raises
-    :class:`medaidet.arguments.OutputError`, :class:`ResumeError`,
+    :class:`~medaidet.errors.OutputError`, a ``"snapshot"`` WeightsError,
     :class:`medaidet.ssd.weight_files.WeightsError` or
     :class:`medaidet.data.download.DataNotFoundError`."""
     if resume is not None and config.communicator is not None:
-        raise ResumeError("resume: resuming a multi-process (ChainerMN) run is not "
-                          "supported: each rank's data order and random state would have to "
-                          "be restored. Start a new run from its weights "
-                          "(pretrained='.../model.npz').")
+        raise WeightsError("resume: resuming a multi-process (ChainerMN) run is not "
+                           "supported: each rank's data order and random state would have to "
+                           "be restored. Start a new run from its weights "
+                           "(pretrained='.../model.npz').", "snapshot")
     out = prepare_output_dir(config.out, "out", inputs=(resolve_root(config.root),))
     if resume is not None:
         check_snapshot_file(resume, "resume")
@@ -99,10 +99,10 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
         log: where messages go (``print``).
 
     Returns a :class:`~medaidet.training.result.TrainResult`. Raises
-    :class:`medaidet.device.DeviceError`, :class:`~medaidet.training.snapshot.ResumeError`,
+    :class:`~medaidet.errors.DeviceError`, a ``"snapshot"`` WeightsError,
     :class:`~medaidet.errors.DivergedError` (a nan/inf loss or
     gradient: which iteration, and the snapshot left intact),
-    :class:`medaidet.ssd.weight_files.WeightsNotFoundError` (``pretrained='imagenet'`` offline: the
+    a ``"missing"`` WeightsError (``pretrained='imagenet'`` offline: the
     message says where to put the file),
     :class:`~medaidet.training.recipe.ConfigError` (no box in the training images,
     before any iteration), and the dataset's errors.

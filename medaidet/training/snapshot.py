@@ -22,21 +22,16 @@ from pathlib import Path
 import chainer
 import numpy as np
 
-from medaidet.errors import MedaidetError
-from medaidet.ssd.weight_files import WeightsFileError, WeightsNotFoundError, what_file_is
+from medaidet.errors import WeightsError
+from medaidet.ssd.weight_files import what_file_is
 
-__all__ = ["SNAPSHOT_NAME", "ResumeError", "RandomStateExtension", "check_snapshot_file",
+__all__ = ["SNAPSHOT_NAME", "RandomStateExtension", "check_snapshot_file",
            "check_weights_file", "load_snapshot", "snapshot_iteration"]
 
 SNAPSHOT_NAME = "snapshot_latest.npz"
 SNAPSHOT_EXPECTED = "the snapshot_latest.npz of a medaidet train run (in its output folder)"
 WEIGHTS_EXPECTED = ("imagenet, voc0712, none or a model-only .npz (the model.npz of a "
                     "medaidet train run)")
-
-
-class ResumeError(MedaidetError):
-    """A trainer snapshot cannot be resumed with this config (another dataset size, batch
-    size or model), or is not a trainer snapshot (missing, empty, truncated, not an .npz)."""
 
 
 class RandomStateExtension:
@@ -88,12 +83,13 @@ class RandomStateExtension:
                              float(serializer("numpy_cached_gaussian", None))))
 
 
-def _npz_entries(path: Path, name: str, expected: str, error) -> list:
+def _npz_entries(path: Path, name: str, expected: str, kind: str) -> list:
     """The array names in the ``.npz`` at ``path`` (its zip directory only: no array is
-    read). Raises ``error`` naming ``name`` when it is missing, a folder, not a zip (what
-    it is instead: :func:`medaidet.ssd.weight_files.what_file_is`) or truncated."""
+    read). Raises a :class:`~medaidet.errors.WeightsError` of ``kind`` naming ``name`` when
+    it is missing, a folder, not a zip (what it is instead:
+    :func:`medaidet.ssd.weight_files.what_file_is`) or truncated."""
     def fail(problem):
-        return error(f"{name}: {path} {problem}; expected {expected}")
+        return WeightsError(f"{name}: {path} {problem}; expected {expected}", kind, path=path)
 
     if not path.exists():
         raise fail("does not exist")
@@ -114,49 +110,50 @@ def _npz_entries(path: Path, name: str, expected: str, error) -> list:
 
 def check_snapshot_file(path, name: str = "resume") -> Path:
     """``path`` if it looks like a trainer snapshot (an ``.npz`` with ``updater/``
-    entries), else :class:`ResumeError` naming ``name`` (the argument as the user wrote
+    entries), else a ``"snapshot"`` WeightsError naming ``name`` (the argument as the user wrote
     it: ``--resume`` on the command line). Reads only the zip directory; whether the
     snapshot fits the config is checked once the data are built."""
     path = Path(path)
-    entries = _npz_entries(path, name, SNAPSHOT_EXPECTED, ResumeError)
+    entries = _npz_entries(path, name, SNAPSHOT_EXPECTED, "snapshot")
     if not any(entry.startswith("updater/") for entry in entries):
-        raise ResumeError(f"{name}: {path} is not a trainer snapshot (no 'updater/' entries); "
-                          f"expected {SNAPSHOT_EXPECTED}; to start from model weights use "
-                          "pretrained=PATH (--pretrained PATH) instead")
+        raise WeightsError(f"{name}: {path} is not a trainer snapshot (no 'updater/' entries); "
+                           f"expected {SNAPSHOT_EXPECTED}; to start from model weights use "
+                           "pretrained=PATH (--pretrained PATH) instead", "snapshot")
     return path
 
 
 def check_weights_file(path, name: str = "pretrained") -> Path:
     """``path`` if it looks like a model-only weight file (an ``.npz``), else
-    :class:`medaidet.ssd.weight_files.WeightsNotFoundError` (missing) or
-    :class:`~medaidet.ssd.weight_files.WeightsFileError` naming ``name``. Reads only the zip
+    a ``"missing"`` WeightsError or
+    a ``"file"`` WeightsError naming ``name``. Reads only the zip
     directory; :func:`medaidet.ssd.weight_files.load_weights` checks every array when it loads."""
     path = Path(path)
     if not path.exists():
-        raise WeightsNotFoundError(f"{name}: {path} does not exist; expected "
-                                   f"{WEIGHTS_EXPECTED}", path)
-    entries = _npz_entries(path, name, WEIGHTS_EXPECTED, WeightsFileError)
+        raise WeightsError(f"{name}: {path} does not exist; expected "
+                           f"{WEIGHTS_EXPECTED}", "missing", path=path)
+    entries = _npz_entries(path, name, WEIGHTS_EXPECTED, "file")
     if any(entry.startswith("updater/") for entry in entries):
-        raise WeightsFileError(f"{name}: {path} is a trainer snapshot, not model weights; "
-                               f"expected {WEIGHTS_EXPECTED}; to continue that run use "
-                               "resume=PATH (--resume PATH)")
+        raise WeightsError(f"{name}: {path} is a trainer snapshot, not model weights; "
+                           f"expected {WEIGHTS_EXPECTED}; to continue that run use "
+                           "resume=PATH (--resume PATH)", "file")
     return path
 
 
 def load_snapshot(trainer, path, train_size: int, batch_size: int) -> None:
     """Restore ``trainer`` (and the random states) from the snapshot at ``path``, after
     checking that it was taken on ``train_size`` images with ``batch_size``:
-    :class:`ResumeError` otherwise, or when it does not fit this trainer's model."""
+    a ``"snapshot"`` WeightsError otherwise, or when it does not fit this trainer's model."""
     path = Path(path)
     _check_fits(path, train_size, batch_size)
     try:
         chainer.serializers.load_npz(str(path), trainer)
     except (KeyError, ValueError, TypeError) as exc:
-        raise ResumeError(f"{path} does not fit this trainer ({type(exc).__name__}: "
-                          f"{exc}): was it taken with another model or config?") from None
+        raise WeightsError(f"{path} does not fit this trainer ({type(exc).__name__}: "
+                           f"{exc}): was it taken with another model or config?",
+                           "snapshot") from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise ResumeError(f"{path} is truncated or corrupt ({type(exc).__name__}: "
-                          f"{exc}); expected {SNAPSHOT_EXPECTED}") from None
+        raise WeightsError(f"{path} is truncated or corrupt ({type(exc).__name__}: "
+                           f"{exc}); expected {SNAPSHOT_EXPECTED}", "snapshot") from None
 
 
 def _check_fits(path: Path, train_size: int, batch_size: int) -> None:
@@ -165,22 +162,23 @@ def _check_fits(path: Path, train_size: int, batch_size: int) -> None:
             keys = set(npz.files)
             prefix = f"extensions/{RandomStateExtension.name}/"
             if not any(k.startswith("updater/") for k in keys):
-                raise ResumeError(f"{path} is not a trainer snapshot (no 'updater/' entries); "
-                                  "to start from model weights use pretrained=PATH instead")
+                raise WeightsError(f"{path} is not a trainer snapshot (no 'updater/' entries); "
+                                   "to start from model weights use pretrained=PATH instead",
+                                   "snapshot")
             if prefix + "train_size" not in keys:
-                raise ResumeError(f"{path} was not written by medaidet train (it lacks the "
-                                  "random states); it cannot be resumed here")
+                raise WeightsError(f"{path} was not written by medaidet train (it lacks the "
+                                   "random states); it cannot be resumed here", "snapshot")
             size, batch = int(npz[prefix + "train_size"]), int(npz[prefix + "batch_size"])
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise ResumeError(f"{path} is not a readable trainer snapshot ({type(exc).__name__}: "
-                          f"{exc}); expected {SNAPSHOT_EXPECTED}") from None
+        raise WeightsError(f"{path} is not a readable trainer snapshot ({type(exc).__name__}: "
+                           f"{exc}); expected {SNAPSHOT_EXPECTED}", "snapshot") from None
     if (size, batch) != (train_size, batch_size):
-        raise ResumeError(
+        raise WeightsError(
             f"{path} was taken training on {size} images with batch size {batch}; this "
             f"config has {train_size} images and batch size {batch_size}. A trainer snapshot "
             "holds the iterator's position in that dataset: resume with the same subset and "
             "batch size, or start a new run from its model weights "
-            "(pretrained='.../model.npz').")
+            "(pretrained='.../model.npz').", "snapshot")
 
 
 def snapshot_iteration(path: Path):

@@ -14,10 +14,10 @@ from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.bccd import BCCDDataset
 from medaidet.deploy import onnx_compat
 from medaidet.deploy.detector import METADATA_KEY, OnnxDetector
-from medaidet.errors import DeployError
+from medaidet.errors import DeployError, WeightsError
 from medaidet.deploy.export import export_onnx
 from medaidet.deploy.parity import compare_detections
-from medaidet.evaluation.evaluate import TrainedWeightsMissingError, load_model, predict_split
+from medaidet.evaluation.evaluate import load_model, predict_split
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.pretrained import shipped_weights
 from medaidet.ssd.weight_files import materialize, save_weights
@@ -137,7 +137,7 @@ def test_mistakes_are_named_before_any_work(tmp_path):
         with pytest.raises(DeployError, match=rf"opset {opset}: medaidet exports ONNX "
                                                         r"opsets 9 to 11; use 11"):
             export_onnx(weights, tmp_path / "m.onnx", opset=opset)
-    with pytest.raises(TrainedWeightsMissingError, match="no trained weights at"):
+    with pytest.raises(WeightsError, match="no trained weights at"):
         export_onnx(tmp_path / "none.npz", tmp_path / "m.onnx")
     with pytest.raises(IsADirectoryError) as error:
         export_onnx(weights, tmp_path)

@@ -10,11 +10,9 @@ import pytest
 from conftest import REPO, edit_objects, split_ids
 
 from medaidet.cli import evaluate as evaluate_cli
-from medaidet.errors import MedaidetError
-from medaidet.evaluation.evaluate import (Predictions, TrainedWeightsMissingError, evaluate,
-                                          evaluate_weights, plot_pr_curves)
+from medaidet.errors import MedaidetError, WeightsError
+from medaidet.evaluation.evaluate import Predictions, evaluate, evaluate_weights, plot_pr_curves
 from medaidet.evaluation.protocol import PROTOCOLS
-from medaidet.ssd.weight_files import WeightsNotFoundError
 
 NAMES = ("rbc", "wbc", "platelets")
 
@@ -157,10 +155,10 @@ def test_table_json_and_figure():
 
 def test_missing_weights_is_a_named_error(tmp_path, bccd_root):
     missing = tmp_path / "runs" / "model.npz"
-    with pytest.raises(TrainedWeightsMissingError) as info:
+    with pytest.raises(WeightsError) as info:
         evaluate_weights(missing, root=bccd_root, subset=1, progress=False)
     assert isinstance(info.value, MedaidetError)
-    assert isinstance(info.value, WeightsNotFoundError)
+    assert isinstance(info.value, WeightsError)
     message = str(info.value)
     assert "03" in message and "medaidet train" in message and str(missing) in message
     assert info.value.path == missing

@@ -685,8 +685,8 @@ def test_two_rank_training_with_augmentation_is_reproducible(mpi, tmp_path, bccd
 def test_resume_of_a_multi_process_run_is_refused(tmp_path):
     from medaidet.training.config import TrainConfig
     from medaidet.training.run import train
-    from medaidet.training.snapshot import ResumeError
+    from medaidet.errors import WeightsError
 
     config = TrainConfig.profile("smoke", communicator="naive", out=str(tmp_path))
-    with pytest.raises(ResumeError, match="not supported"):
+    with pytest.raises(WeightsError, match="not supported"):
         train(config, resume=tmp_path / "snapshot_latest.npz")

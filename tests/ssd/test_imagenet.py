@@ -20,7 +20,7 @@ from medaidet.ssd import imagenet
 from medaidet.ssd.imagenet import SOURCES, imagenet_status, imagenet_weights
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.vgg_weights import CHAINERCV_SHAPES, convert_vgg16
-from medaidet.ssd.weight_files import WeightsMismatchError, WeightsNotFoundError
+from medaidet.errors import WeightsError
 
 
 def sha256(path):
@@ -160,7 +160,7 @@ def test_a_server_file_that_is_not_vgg16_is_deleted(served, cache, caplog):
 
 def test_offline_one_error_lists_every_source(served, cache):
     chain = sources(served, "closed", "closed", "404")
-    with pytest.raises(WeightsNotFoundError) as info:
+    with pytest.raises(WeightsError) as info:
         imagenet_weights(progress=False, sources=chain)
     text = str(info.value)
     for source in chain:
@@ -188,7 +188,7 @@ def test_a_wrong_file_placed_by_hand_is_named(served, cache):
     cache.mkdir(parents=True)
     wrong = cache / "vgg16.tv_in1k.safetensors"
     wrong.write_bytes(b"{}" * 10)
-    with pytest.raises(WeightsMismatchError) as info:
+    with pytest.raises(WeightsError) as info:
         imagenet_weights(progress=False, sources=chain)
     assert str(wrong) in str(info.value) and "is not timm's" in str(info.value)
 
@@ -214,7 +214,7 @@ def test_a_converted_file_changed_since_is_named_by_the_build_and_by_doctor(serv
     path, _, _ = imagenet_weights(progress=False, sources=chain)
     with open(path, "ab") as f:
         f.write(b"changed")
-    with pytest.raises(WeightsMismatchError, match=r"does not match its \.sha256 file"):
+    with pytest.raises(WeightsError, match=r"does not match its \.sha256 file"):
         imagenet_weights(progress=False, sources=chain)
     states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
     assert states["torchvision"] == (f"damaged ({path} does not match its .sha256: delete "

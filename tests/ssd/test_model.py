@@ -19,13 +19,11 @@ import numpy as np
 import pytest
 from chainercv.links import SSD300, SSD512
 
-from medaidet.errors import MedaidetError
+from medaidet.errors import MedaidetError, WeightsError
 from medaidet.ssd import imagenet
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.pretrained import pretrained_cache_path
-from medaidet.ssd.weight_files import (compare_weights, load_weights, materialize, save_weights,
-                                       WeightsChecksumError, WeightsFileError,
-                                       WeightsMismatchError, WeightsNotFoundError)
+from medaidet.ssd.weight_files import compare_weights, load_weights, materialize, save_weights
 
 CHAINERCV = {"ssd300": SSD300, "ssd512": SSD512}
 VGG16_KEYS = re.compile(r"extractor/conv([1-5]_[1-3]|6|7)/[Wb]$")  # the ImageNet file's
@@ -145,7 +143,7 @@ def test_voc_mismatch_outside_the_class_heads_is_named(dataset_root, voc_arrays,
     else:
         del arrays["extractor/conv1_1/b"]
     put_in_cache("ssd300", "voc0712", arrays)
-    with pytest.raises(WeightsMismatchError) as info:
+    with pytest.raises(WeightsError) as info:
         build_ssd("ssd300", "voc0712")
     err = info.value
     if damage == "reshape":
@@ -184,7 +182,7 @@ def test_imagenet_file_that_does_not_fit_is_named(dataset_root, voc_arrays):
     vgg = {k: v for k, v in voc_arrays.items() if VGG16_KEYS.match(k)}
     vgg["extractor/conv1_2/W"] = np.zeros((64, 32, 3, 3), dtype=np.float32)
     path = put_in_cache("ssd300", "imagenet", vgg)
-    with pytest.raises(WeightsMismatchError,
+    with pytest.raises(WeightsError,
                        match="is not ChainerCV's ImageNet VGG-16: extractor/conv1_2/W has "
                              r"shape \(64, 32, 3, 3\), expected \(64, 64, 3, 3\)") as info:
         build_ssd("ssd300", "imagenet")
@@ -198,7 +196,7 @@ def test_imagenet_file_that_does_not_fit_is_named(dataset_root, voc_arrays):
 def test_offline_says_which_file_to_place_where(dataset_root, downloads, name, pretrained):
     url = CHAINERCV[name]._models[pretrained]["url"]
     where = dataset_root / "pfnet" / "chainercv" / "models" / url.rsplit("/", 1)[1]
-    with pytest.raises(WeightsNotFoundError) as info:
+    with pytest.raises(WeightsError) as info:
         build_ssd(name, pretrained)
     err = info.value
     assert isinstance(err, MedaidetError)
@@ -214,7 +212,7 @@ def test_offline_says_which_file_to_place_where(dataset_root, downloads, name, p
 @pytest.mark.parametrize("name", ["ssd300", "ssd512"])
 def test_offline_imagenet_lists_every_source(dataset_root, name):
     # ImageNet has three sources (tests/ssd/test_imagenet.py): each URL and file is named
-    with pytest.raises(WeightsNotFoundError) as info:
+    with pytest.raises(WeightsError) as info:
         build_ssd(name, "imagenet")
     err = info.value
     assert isinstance(err, MedaidetError)
@@ -268,7 +266,7 @@ def test_checksum_mismatch_is_named(tmp_path, bccd_file):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte inside an array
     path.write_bytes(bytes(data))
-    with pytest.raises(WeightsChecksumError) as info:
+    with pytest.raises(WeightsError) as info:
         load_weights(build_ssd("ssd300"), path)
     err = info.value
     found = hashlib.sha256(bytes(data)).hexdigest()
@@ -277,7 +275,7 @@ def test_checksum_mismatch_is_named(tmp_path, bccd_file):
 
 
 def test_other_class_count_names_parameter_shapes_and_cause(bccd_file):
-    with pytest.raises(WeightsMismatchError) as info:
+    with pytest.raises(WeightsError) as info:
         build_ssd("ssd300", bccd_file, n_fg_class=5)
     err = info.value
     assert (err.parameter, err.expected, err.found) == \
@@ -293,7 +291,7 @@ def test_other_class_count_names_parameter_shapes_and_cause(bccd_file):
 def test_ssd512_file_into_ssd300_says_so(tmp_path):
     path = tmp_path / "ssd512.npz"
     np.savez(path, **arrays_of(SSD512, 3, seed=5))
-    with pytest.raises(WeightsMismatchError) as info:
+    with pytest.raises(WeightsError) as info:
         build_ssd("ssd300", path)
     msg = str(info.value)
     assert info.value.parameter == "extractor/conv12_1/W"  # SSD512's extra layer
@@ -310,7 +308,7 @@ def test_trainer_snapshot_is_recognized(tmp_path, bccd_file):
     path = tmp_path / "snapshot_iter_100"
     with open(path, "wb") as f:
         np.savez(f, **snapshot)
-    with pytest.raises(WeightsMismatchError, match="trainer snapshot") as info:
+    with pytest.raises(WeightsError, match="trainer snapshot") as info:
         build_ssd("ssd300", path)
     assert info.value.parameter == "extractor/conv10_1/W"  # the first one missing
     assert "path='updater/model:main/model/'" in str(info.value)
@@ -320,7 +318,7 @@ def test_trainer_snapshot_is_recognized(tmp_path, bccd_file):
 def test_unreadable_file_is_named(tmp_path, bccd_file, content):
     path = tmp_path / "broken.npz"
     path.write_bytes(bccd_file.read_bytes()[:4096] if content == "truncated" else content)
-    with pytest.raises(WeightsFileError, match="broken.npz"):
+    with pytest.raises(WeightsError, match="broken.npz"):
         build_ssd("ssd300", path)
 
 
@@ -329,7 +327,7 @@ def test_bad_arguments(tmp_path):
         build_ssd("ssd600")
     with pytest.raises(ValueError, match="n_fg_class"):
         build_ssd("ssd300", n_fg_class=0)
-    with pytest.raises(WeightsNotFoundError, match="no weight file at .*nothing.npz") as info:
+    with pytest.raises(WeightsError, match="no weight file at .*nothing.npz") as info:
         build_ssd("ssd300", tmp_path / "nothing.npz")
     assert info.value.path == tmp_path / "nothing.npz"
     with pytest.raises(ValueError, match="unknown pretrained weights 'coco'"):
@@ -366,9 +364,9 @@ def _with_non_finite(bccd_file, path, key, value):
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 def test_non_finite_weights_are_refused_naming_file_and_array(tmp_path, bccd_file, value):
-    from medaidet.ssd.weight_files import WeightsNotFiniteError
+    from medaidet.errors import WeightsError
     path = _with_non_finite(bccd_file, tmp_path / "diverged.npz", "multibox/loc/2/b", value)
-    with pytest.raises(WeightsNotFiniteError) as info:
+    with pytest.raises(WeightsError) as info:
         build_ssd("ssd300", path)
     err, msg = info.value, str(info.value)
     assert isinstance(err, MedaidetError)
@@ -380,18 +378,18 @@ def test_non_finite_weights_are_refused_naming_file_and_array(tmp_path, bccd_fil
 
 def test_evaluate_load_model_refuses_nan_weights(tmp_path, bccd_file):
     from medaidet.evaluation.evaluate import load_model
-    from medaidet.ssd.weight_files import WeightsNotFiniteError
+    from medaidet.errors import WeightsError
     path = _with_non_finite(bccd_file, tmp_path / "model.npz", "extractor/conv1_1/W", np.nan)
-    with pytest.raises(WeightsNotFiniteError, match="extractor/conv1_1/W"):
+    with pytest.raises(WeightsError, match="extractor/conv1_1/W"):
         load_model(path)
 
 
 def test_non_finite_voc_cache_says_download_again(dataset_root, voc_arrays):
-    from medaidet.ssd.weight_files import WeightsNotFiniteError
+    from medaidet.errors import WeightsError
     arrays = dict(voc_arrays)
     arrays["extractor/conv4_3/b"] = np.full_like(arrays["extractor/conv4_3/b"], np.nan)
     put_in_cache("ssd300", "voc0712", arrays)
-    with pytest.raises(WeightsNotFiniteError, match="delete it and it is downloaded again"):
+    with pytest.raises(WeightsError, match="delete it and it is downloaded again"):
         build_ssd("ssd300", "voc0712")
 
 
@@ -422,7 +420,7 @@ def _zip_of_other_files(path):
 def test_a_file_of_another_kind_says_what_it_is(tmp_path, make, what):
     path = tmp_path / "weights.bin"
     make(path)
-    with pytest.raises(WeightsFileError) as info:
+    with pytest.raises(WeightsError) as info:
         build_ssd("ssd300", path)
     msg = str(info.value)
     assert msg.startswith(str(path)) and what in msg
@@ -436,7 +434,7 @@ def test_truncated_or_empty_npz_is_named(tmp_path, bccd_file, cut):
     data = bccd_file.read_bytes()
     path = tmp_path / "model.npz"
     path.write_bytes(data[:cut] if cut >= 0 else data[:len(data) + cut])
-    with pytest.raises(WeightsFileError) as info:
+    with pytest.raises(WeightsError) as info:
         load_weights(build_ssd("ssd300"), path)
     msg = str(info.value)
     assert str(path) in msg
@@ -451,7 +449,7 @@ def test_damaged_entry_is_named(tmp_path, bccd_file):
     data = bytearray(bccd_file.read_bytes())
     data[len(data) // 2] ^= 0xFF        # inside an array: the zip's CRC no longer matches
     path.write_bytes(bytes(data))       # (no sidecar: the checksum file would say it first)
-    with pytest.raises(WeightsFileError, match=r"model\.npz is damaged: its entry .* cannot "
+    with pytest.raises(WeightsError, match=r"model\.npz is damaged: its entry .* cannot "
                                               r"be read \(Bad CRC-32"):
         load_weights(build_ssd("ssd300"), path)
 

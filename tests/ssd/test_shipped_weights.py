@@ -8,7 +8,7 @@ import pytest
 from medaidet.checksums import sha256_file
 from medaidet.evaluation.evaluate import course_weights, evaluate_weights
 from medaidet.ssd.pretrained import SHIPPED_WEIGHTS, shipped_weights
-from medaidet.ssd.weight_files import WeightsNotFoundError
+from medaidet.errors import WeightsError
 from medaidet.ssd.small import SIZES
 from medaidet.training.config import TrainConfig
 
@@ -35,10 +35,10 @@ def test_the_shipped_file_is_small_half_precision_and_matches_its_record():
 
 
 def test_no_shipped_weights_for_other_models_is_a_named_error():
-    with pytest.raises(WeightsNotFoundError, match=r"only for ssd_small \(bccd\), ssd_small \(txl-pbc\), "
+    with pytest.raises(WeightsError, match=r"only for ssd_small \(bccd\), ssd_small \(txl-pbc\), "
                        "not 'ssd300' trained on 'bccd' labels"):
         shipped_weights("ssd300")
-    with pytest.raises(WeightsNotFoundError, match="not 'ssd_small' trained on 'voc' labels"):
+    with pytest.raises(WeightsError, match="not 'ssd_small' trained on 'voc' labels"):
         shipped_weights("ssd_small", "voc")
 
 

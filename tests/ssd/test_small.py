@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from medaidet.ssd.model import build_ssd, model_of_weights
-from medaidet.ssd.weight_files import load_weights, materialize, save_weights, WeightsNotFoundError
+from medaidet.ssd.weight_files import load_weights, materialize, save_weights
+from medaidet.errors import WeightsError
 from medaidet.ssd.small import SIZES, SSD300_SIZES, SmallExtractor, SSDSmall
 
 
@@ -53,7 +54,7 @@ def test_weights_round_trip_with_batch_norm_statistics(tmp_path):
 
 @pytest.mark.parametrize("pretrained", ["imagenet", "voc0712"])
 def test_no_pretrained_weights_for_the_small_ssd(pretrained):
-    with pytest.raises(WeightsNotFoundError, match=f"ssd_small has no '{pretrained}' weights"):
+    with pytest.raises(WeightsError, match=f"ssd_small has no '{pretrained}' weights"):
         build_ssd("ssd_small", pretrained)
 
 

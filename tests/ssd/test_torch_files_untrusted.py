@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from medaidet.ssd import torch_files
-from medaidet.ssd.torch_files import TorchFileError, read_state_dict
+from medaidet.ssd.torch_files import read_state_dict
+from medaidet.errors import WeightsError
 from vgg_files import write_pth
 
 DATA = Path(__file__).parent / "data"
@@ -51,7 +52,7 @@ def test_no_pickle_of_a_legacy_file_runs_code(position, tmp_path):
     evil = pickle.dumps(_MakesFolder(marker), protocol=2)
     path = tmp_path / "evil.pth"
     path.write_bytes(data[:start] + evil + data[end:])
-    with pytest.raises(TorchFileError, match=r"evil\.pth.*(posix|os)\.mkdir"):
+    with pytest.raises(WeightsError, match=r"evil\.pth.*(posix|os)\.mkdir"):
         read_state_dict(path)
     assert not marker.exists()
     # the file it was made from still reads
@@ -79,11 +80,11 @@ def _int(n):
 def test_negative_strides_and_offsets_are_refused_not_read_outside_the_storage(tmp_path):
     strides = b"(" + _int(3) + _int(1) + b"t"
     path = _pth_with(tmp_path, strides, b"(" + _int(-3) + _int(1) + b"t")
-    with pytest.raises(TorchFileError, match=r"strides \(-3, 1\).*negative"):
+    with pytest.raises(WeightsError, match=r"strides \(-3, 1\).*negative"):
         read_state_dict(path)
     offset = b"Q" + _int(0)             # the storage, then the tensor's offset in it
     path = _pth_with(tmp_path, offset, b"Q" + _int(-4))
-    with pytest.raises(TorchFileError, match="offset -4"):
+    with pytest.raises(WeightsError, match="offset -4"):
         read_state_dict(path)
 
 
@@ -92,7 +93,7 @@ def test_a_shape_larger_than_its_storage_is_refused_before_allocating(tmp_path):
     huge = b"(" + _int(2**30) + _int(2**30) + b"t"
     path = _pth_with(tmp_path, shape + b"(" + _int(3) + _int(1) + b"t",
                      huge + b"(" + _int(0) + _int(0) + b"t")       # stride 0: no bounds hit
-    with pytest.raises(TorchFileError, match="more elements than its storage of 6"):
+    with pytest.raises(WeightsError, match="more elements than its storage of 6"):
         read_state_dict(path)
 
 
@@ -100,7 +101,7 @@ def test_a_declared_storage_size_is_checked_before_it_is_read(tmp_path):
     # numel 2**40 elements (LONG1): refused as it is declared
     numel = _int(6) + b"t" + b"Q"
     path = _pth_with(tmp_path, numel, b"\x8a\x06" + (2**40).to_bytes(6, "little") + b"tQ")
-    with pytest.raises(TorchFileError, match="1099511627776 elements"):
+    with pytest.raises(WeightsError, match="1099511627776 elements"):
         read_state_dict(path)
     # a storage entry of 256 MB of zeros (a 250 kB deflated bomb) for a header saying 6 floats
     path = tmp_path / "bomb.pth"
@@ -113,7 +114,7 @@ def test_a_declared_storage_size_is_checked_before_it_is_read(tmp_path):
         archive.writestr("archive/data/0", bytes(256 << 20))
     tracemalloc.start()
     try:
-        with pytest.raises(TorchFileError, match=r"storage 0 is 268435456 bytes in the archive, "
+        with pytest.raises(WeightsError, match=r"storage 0 is 268435456 bytes in the archive, "
                                                  r"its header says 6 x 4"):
             read_state_dict(path)
         peak = tracemalloc.get_traced_memory()[1]
@@ -128,7 +129,7 @@ def test_a_legacy_storage_longer_than_the_file_is_refused(tmp_path):
     (count,) = struct.unpack("<q", data[end:end + 8])
     path = tmp_path / "cut.pth"
     path.write_bytes(data[:end] + struct.pack("<q", 2**40) + data[end + 8:])
-    with pytest.raises(TorchFileError, match="bytes are left in the file"):
+    with pytest.raises(WeightsError, match="bytes are left in the file"):
         read_state_dict(path)
     assert count > 0
 
@@ -138,13 +139,13 @@ def test_deep_nesting_and_huge_declared_bytes_are_named_errors(tmp_path):
     path = tmp_path / "deep.pth"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("archive/data.pkl", deep)
-    with pytest.raises(TorchFileError, match="nested too deeply or declares more data"):
+    with pytest.raises(WeightsError, match="nested too deeply or declares more data"):
         read_state_dict(path)
     # BINBYTES8 declaring 2**62 bytes: the pickle's own allocation
     huge = b"\x80\x04\x8e" + struct.pack("<Q", 2**62) + b"."
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("archive/data.pkl", huge)
-    with pytest.raises(TorchFileError, match=r"deep\.pth cannot be read"):
+    with pytest.raises(WeightsError, match=r"deep\.pth cannot be read"):
         read_state_dict(path)
 
 
@@ -152,5 +153,5 @@ def test_a_pickle_entry_above_the_cap_is_not_read(tmp_path, monkeypatch):
     monkeypatch.setattr(torch_files, "MAX_PICKLE_BYTES", 100)
     path = tmp_path / "w.pth"
     write_pth({"w": np.zeros((4, 4), np.float32)}, path)
-    with pytest.raises(TorchFileError, match="data.pkl declares more than 100 bytes"):
+    with pytest.raises(WeightsError, match="data.pkl declares more than 100 bytes"):
         read_state_dict(path)

@@ -14,14 +14,13 @@ import pytest
 
 from conftest import REPO
 from medaidet.device import resolve_device
-from medaidet.errors import ConfigError, DeviceError, DivergedError
+from medaidet.errors import ConfigError, DeviceError, DivergedError, WeightsError
 from medaidet.cli import train as train_command
 from medaidet.cli.train import config_from_args
 from medaidet.training.config import TrainConfig
 from medaidet.training.divergence import StopOnNonFinite
 from medaidet.training.iterators import n_processes_for
 from medaidet.training.run import train
-from medaidet.training.snapshot import ResumeError
 
 # Tiny runs: SSD300 on a 2-core CPU is several seconds per image per iteration.
 TINY = dict(subset=2, batch_size=1, eval_subset=1, eval_batch_size=1, seed=0,
@@ -304,16 +303,16 @@ def test_deterministic_needs_a_seed_and_means_no_workers():
 def test_resume_with_another_subset_is_refused(run_a, bccd_root, tmp_path):
     config = TrainConfig.profile("smoke", iterations=5, root=str(bccd_root),
                                  out=str(tmp_path), **dict(TINY, subset=3))
-    with pytest.raises(ResumeError, match="2 images with batch size 1.*3 images"):
+    with pytest.raises(WeightsError, match="2 images with batch size 1.*3 images"):
         train(config, resume=run_a.snapshot, progress=False)
-    with pytest.raises(ResumeError, match="not a trainer snapshot"):
+    with pytest.raises(WeightsError, match="not a trainer snapshot"):
         train(config, resume=run_a.weights, progress=False)
 
 
 @pytest.mark.slow(seconds=10)
 def test_a_damaged_snapshot_is_a_named_error(run_a, bccd_root, tmp_path):
     """Its zip directory is intact (the first check passes); an array in the middle is
-    not: loading it fails inside chainer, and that is a ResumeError too."""
+    not: loading it fails inside chainer, and that is a WeightsError too."""
     data = bytearray(run_a.snapshot.read_bytes())
     middle = len(data) // 2
     data[middle:middle + 256] = bytes(b ^ 0xFF for b in data[middle:middle + 256])
@@ -321,6 +320,6 @@ def test_a_damaged_snapshot_is_a_named_error(run_a, bccd_root, tmp_path):
     damaged.write_bytes(bytes(data))
     config = TrainConfig.profile("smoke", iterations=5, root=str(bccd_root),
                                  out=str(tmp_path / "out"), **TINY)
-    with pytest.raises(ResumeError, match=r"snapshot_latest.npz is truncated or corrupt "
+    with pytest.raises(WeightsError, match=r"snapshot_latest.npz is truncated or corrupt "
                                           r"\((BadZipFile|error): .*\); expected the "):
         train(config, resume=damaged, progress=False, log=lambda *_: None)

@@ -8,11 +8,10 @@ import re
 import numpy as np
 import pytest
 
-from medaidet.errors import ConfigError, OutputError
+from medaidet.errors import ConfigError, OutputError, WeightsError
 from medaidet.cli import main
 from medaidet.training.config import TrainConfig
 from medaidet.training.run import train
-from medaidet.training.snapshot import ResumeError
 
 
 @pytest.fixture
@@ -185,7 +184,7 @@ def test_unusable_resume_file(kind, tmp_path, capsys, no_model):
     line = _error_line(capsys)
     assert line.startswith(f"medaidet: error: --resume: {path} {problem}"), line
     assert "expected the snapshot_latest.npz" in line
-    with pytest.raises(ResumeError, match=rf"^resume: .* {re.escape(problem)}"):
+    with pytest.raises(WeightsError, match=rf"^resume: .* {re.escape(problem)}"):
         train(TrainConfig.profile("smoke", out=str(out)), resume=path, progress=False)
 
 
@@ -204,7 +203,7 @@ def test_a_good_looking_resume_file_passes_the_first_check(tmp_path):
 
 @pytest.mark.parametrize("kind", ["npy", "missing", "truncated"])
 def test_unusable_pretrained_file(kind, tmp_path, capsys, no_model):
-    from medaidet.ssd.weight_files import WeightsError
+    from medaidet.errors import WeightsError
 
     path = tmp_path / ("weights.npy" if kind == "npy" else "model.npz")
     if kind == "npy":
