@@ -1,7 +1,8 @@
 """The one HTTP download loop (BCCD's archive, SSD's ImageNet weights): a URL streamed into an
 open file with a progress bar, its length and size limit checked and its sha256 computed on
-the way. What went wrong is a :class:`FetchError`, whose ``reason`` each caller puts into its
-own message (what to do differs: place BCCD by hand, try the next weight source)."""
+the way. What went wrong is a ``"download"`` DataError (``offline``: whether being offline may
+be the cause), whose message each caller puts into its own (what to do differs: place BCCD
+by hand, try the next weight source)."""
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +11,9 @@ import time
 import urllib.error
 import urllib.request
 
-__all__ = ["FetchError", "stream_url"]
+from medaidet.errors import DataError
+
+__all__ = ["stream_url"]
 
 _CHUNK = 1 << 20
 #: The longest a whole download may take (a server that trickles a byte now and then would
@@ -18,22 +21,13 @@ _CHUNK = 1 << 20
 DEADLINE_S = 3600.0
 
 
-class FetchError(Exception):
-    """A download failed. ``reason``: what happened, in words; ``offline``: whether being
-    offline (or behind a proxy) may be the cause."""
-
-    def __init__(self, reason: str, offline: bool):
-        super().__init__(reason)
-        self.reason, self.offline = reason, offline
-
-
 def stream_url(url: str, out, *, timeout: float, user_agent: str, desc: str,
                progress: bool = True, max_bytes: int | None = None,
                deadline_s: float = DEADLINE_S) -> tuple[int, str]:
     """Write what ``url`` answers into the binary file ``out``; returns (bytes, sha256 hex).
 
-    Raises :class:`FetchError` for an HTTP error, an unreachable server, a connection that
-    breaks, more than ``max_bytes`` (announced or received), fewer bytes than announced, or a
+    Raises a ``"download"`` DataError for an HTTP error, an unreachable server, a connection
+    that breaks, more than ``max_bytes`` (announced or received), fewer bytes than announced, or a
     download still unfinished after ``deadline_s`` seconds.
     """
     started = time.monotonic()
@@ -41,11 +35,12 @@ def stream_url(url: str, out, *, timeout: float, user_agent: str, desc: str,
         response = urllib.request.urlopen(
             urllib.request.Request(url, headers={"User-Agent": user_agent}), timeout=timeout)
     except urllib.error.HTTPError as exc:
-        raise FetchError(f"the server answered HTTP {exc.code} {exc.reason}", False) from None
+        raise DataError(f"the server answered HTTP {exc.code} {exc.reason}",
+                        "download", offline=False) from None
     except urllib.error.URLError as exc:
-        raise FetchError(f"{exc.reason}", True) from None
+        raise DataError(f"{exc.reason}", "download", offline=True) from None
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        raise FetchError(f"{type(exc).__name__}: {exc}", True) from None
+        raise DataError(f"{type(exc).__name__}: {exc}", "download", offline=True) from None
 
     from tqdm.auto import tqdm
 
@@ -54,29 +49,32 @@ def stream_url(url: str, out, *, timeout: float, user_agent: str, desc: str,
         length = response.headers.get("Content-Length")
         total = int(length) if length and length.strip().isdigit() else None
         if total is not None and max_bytes is not None and total > max_bytes:
-            raise FetchError(f"it announces {total} bytes, more than the {max_bytes} allowed",
-                             False)
+            raise DataError(f"it announces {total} bytes, more than the {max_bytes} allowed",
+                            "download",
+                             offline=False)
         received = 0
         with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
                   disable=not progress, leave=False) as bar:
             while True:
                 if time.monotonic() - started > deadline_s:
-                    raise FetchError(f"it took longer than {deadline_s:g} s ({received} bytes "
-                                     "received): the server or the network is too slow",
-                                     True)
+                    raise DataError(f"it took longer than {deadline_s:g} s ({received} bytes "
+                                    "received): the server or the network is too slow",
+                                    "download",
+                                     offline=True)
                 try:
                     chunk = response.read1(_CHUNK)   # what has arrived, not a full MB
                 except (OSError, http.client.HTTPException) as exc:
-                    raise FetchError(f"the connection broke after {received} bytes "
-                                     f"({type(exc).__name__}: {exc})", True) from None
+                    raise DataError(f"the connection broke after {received} bytes "
+                                    f"({type(exc).__name__}: {exc})",
+                                    "download", offline=True) from None
                 if not chunk:
                     break
                 received += len(chunk)
                 if max_bytes is not None and received > max_bytes:
-                    raise FetchError(f"more than {max_bytes} bytes", False)
+                    raise DataError(f"more than {max_bytes} bytes", "download", offline=False)
                 digest.update(chunk)
                 out.write(chunk)
                 bar.update(len(chunk))
     if total is not None and received != total:
-        raise FetchError(f"got {received} of the {total} bytes announced", True)
+        raise DataError(f"got {received} of the {total} bytes announced", "download", offline=True)
     return received, digest.hexdigest()

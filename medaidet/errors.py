@@ -5,6 +5,7 @@ word, says which case of its boundary an error is, for code (and tests) that tel
 apart without reading the message; the other facts an error carries (the file, the batch,
 the iteration, ...) are attributes, listed by each class.
 """
+from pathlib import Path
 
 
 class MedaidetError(Exception):
@@ -71,17 +72,38 @@ class DivergedError(MedaidetError, FloatingPointError):
 
 
 class DataError(MedaidetError):
-    """A dataset, or a sample of one, is missing or wrong: its folder, a download of it,
-    its files and checksums, an annotation, an image, a split list, a sample given to a
-    transform or to :func:`~medaidet.ssd.predict.predict`.
+    """A dataset, or a sample of one, is missing or wrong (notebooks 01 and 10).
 
-    ``kind`` says which (see ``KINDS``); ``path`` (the file or folder at fault),
-    ``box_index`` (the box of a sample) and ``value`` (the offending value) are set where
-    they apply, else None. A sample's kinds: ``"label_range"``, ``"label_dtype"``,
-    ``"shape"``, ``"non_finite_box"``, ``"reversed_box"``, ``"image"``.
+    ``kind`` says what, and the attributes where (None where they do not apply):
+
+    - the dataset's folder and its download: ``"not_found"`` (no dataset where looked),
+      ``"download"`` (offline, an HTTP error, a dropped connection; ``offline``: whether
+      being offline may be the cause), ``"url"`` (a scheme other than https, http, file),
+      ``"archive"`` (not a readable tar), ``"unsafe_archive"`` (a ``member`` that would
+      write outside the destination), ``"checksum"`` (files missing or other than the
+      pinned manifest: ``problems``), ``"destination"`` (the folder holds other files, or
+      cannot be written);
+    - its files: ``"split"`` (a split list missing, empty, with a duplicate or malformed
+      id), ``"missing_file"`` (a listed id without its annotation or image), ``"image"``
+      (an image that cannot be decoded as 8-bit RGB), ``"xml"`` (an annotation that is
+      not well-formed VOC XML), ``"unsafe_xml"`` (one declaring a DTD or entities),
+      ``"annotation"``, ``"label"`` (an object's ``<name>`` missing or unknown: ``name``),
+      ``"image_size"`` (``<size>`` disagrees with the image), ``"yolo"`` (a YOLO label
+      file: ``line``), or, with ``strict=True``, the kind of the object the default mode
+      would drop or clip; with ``path``, ``image_id`` and ``object_index``;
+    - a sample given to a transform or to :func:`~medaidet.ssd.predict.predict`:
+      ``"label_range"``, ``"label_dtype"``, ``"shape"``, ``"non_finite_box"``,
+      ``"reversed_box"``, ``"image"``, with ``box_index`` and ``value``;
+    - ``"worker"``: a data-loading worker process failed with an error that cannot be
+      sent to the main process as itself (the message names its type and text).
     """
 
-    path = box_index = value = None
+    path = image_id = object_index = box_index = value = None
+
+    def __init__(self, message="", kind=None, **fields):
+        if isinstance(fields.get("path"), str):
+            fields["path"] = Path(fields["path"])
+        super().__init__(message, kind, **fields)
 
 
 class ConfigError(MedaidetError, ValueError):

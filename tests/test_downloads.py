@@ -1,5 +1,5 @@
 """medaidet.downloads against a real server on 127.0.0.1 that lies about sizes or trickles: the
-download loop of BCCD, TXL-PBC and the ImageNet weights stops with a FetchError, never fills
+download loop of BCCD, TXL-PBC and the ImageNet weights stops with a DataError, never fills
 the disk or waits for ever."""
 import http.server
 import io
@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from medaidet.downloads import FetchError, stream_url
+from medaidet.downloads import stream_url
+from medaidet.errors import DataError, WeightsError
 
 
 class _Liar(http.server.BaseHTTPRequestHandler):
@@ -53,18 +54,18 @@ def _get(url, **kwargs):
 
 
 def test_an_announced_size_above_the_cap_is_refused_before_reading(liar):
-    with pytest.raises(FetchError, match="announces 10000000000000 bytes, more than the 1000000"):
+    with pytest.raises(DataError, match="announces 10000000000000 bytes, more than the 1000000"):
         _get(f"{liar}/huge", max_bytes=10**6)
 
 
 def test_more_bytes_than_the_cap_without_a_length(liar):
-    with pytest.raises(FetchError, match="more than 4096 bytes"):
+    with pytest.raises(DataError, match="more than 4096 bytes"):
         _get(f"{liar}/plain", max_bytes=4096)
 
 
 def test_a_trickling_server_meets_the_deadline(liar):
     began = time.monotonic()
-    with pytest.raises(FetchError, match=r"took longer than 1 s \(\d+ bytes received\)") as info:
+    with pytest.raises(DataError, match=r"took longer than 1 s \(\d+ bytes received\)") as info:
         _get(f"{liar}/trickle", deadline_s=1)
     assert info.value.offline
     assert time.monotonic() - began < 10   # each byte arrives within the socket timeout
@@ -77,6 +78,7 @@ def test_imagenet_downloads_are_capped_at_about_twice_the_largest_file(liar, tmp
     from medaidet.ssd import imagenet
     source = replace(imagenet.SOURCES[1], url=f"{liar}/huge")
     assert 1e9 < imagenet.MAX_DOWNLOAD_BYTES < 1.2e9
-    with pytest.raises(imagenet._Failed, match="announces 10000000000000 bytes"):
+    with pytest.raises(WeightsError, match="announces 10000000000000 bytes") as info:
         imagenet._download(source, tmp_path / "vgg16.pth", progress=False, timeout=5)
+    assert info.value.kind == "source"
     assert list(tmp_path.iterdir()) == []          # nothing written, nothing left behind

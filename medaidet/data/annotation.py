@@ -18,32 +18,12 @@ import defusedxml
 import defusedxml.ElementTree as SafeET
 
 from medaidet.data import BCCD_LABEL_NAMES
-from medaidet.data.voc import MissingFileError
-from medaidet.errors import MedaidetError
+from medaidet.errors import DataError
 
-__all__ = ["Annotation", "AnnotatedObject", "parse_annotation", "AnnotationError",
-           "AnnotationParseError", "UnsafeXMLError", "MAX_XML_BYTES"]
+__all__ = ["Annotation", "AnnotatedObject", "parse_annotation", "MAX_XML_BYTES"]
 
 MAX_XML_BYTES = 8 << 20     # BCCD's largest annotation is ~6 kB
 _COORDS = ("xmin", "ymin", "xmax", "ymax")
-
-
-class AnnotationError(MedaidetError):
-    """An annotation file (or one object in it) the loader cannot use as written."""
-
-    def __init__(self, message: str, path=None, image_id=None, object_index=None):
-        super().__init__(message)
-        self.path = None if path is None else Path(path)
-        self.image_id = image_id
-        self.object_index = object_index
-
-
-class AnnotationParseError(AnnotationError):
-    """The file is not well-formed XML, or not a VOC ``<annotation>``."""
-
-
-class UnsafeXMLError(AnnotationParseError):
-    """The XML declares a DTD or entities (entity expansion, external entities): refused."""
 
 
 class AnnotatedObject(NamedTuple):
@@ -117,23 +97,23 @@ def parse_annotation(path, label_names=BCCD_LABEL_NAMES) -> Annotation:
 
     Does not judge the objects (see :func:`check_annotation`): unknown names get
     ``label=None``, unusable boxes ``bndbox=None`` with the reason in ``problem``.
-    Raises :class:`MissingFileError`, :class:`AnnotationParseError` or
-    :class:`UnsafeXMLError`. Parsed files are cached in memory, keyed by path and content.
+    Raises an ``"missing_file"`` DataError, an ``"xml"`` DataError or
+    an ``"unsafe_xml"`` DataError. Parsed files are cached in memory, keyed by path and content.
     """
     path = Path(path)
     image_id = path.stem
     try:
         size = path.stat().st_size
         if size > MAX_XML_BYTES:
-            raise AnnotationParseError(
+            raise DataError(
                 f"{path}: {size} bytes is too large for an annotation file (limit "
-                f"{MAX_XML_BYTES}); is it really VOC XML?", path=path, image_id=image_id)
+                f"{MAX_XML_BYTES}); is it really VOC XML?", "xml", path=path, image_id=image_id)
         data = path.read_bytes()
     except FileNotFoundError:
-        raise MissingFileError(f"annotation file {path} does not exist", path=path,
+        raise DataError(f"annotation file {path} does not exist", "missing_file", path=path,
                                image_id=image_id) from None
     except OSError as exc:
-        raise AnnotationParseError(f"{path}: cannot read the annotation ({exc})",
+        raise DataError(f"{path}: cannot read the annotation ({exc})", "xml",
                                    path=path, image_id=image_id) from None
     return _parse_cached(str(path), data, tuple(label_names))
 
@@ -143,20 +123,20 @@ def _parse_cached(path_text: str, data: bytes, label_names) -> Annotation:
     path = Path(path_text)
     image_id = path.stem
 
-    def fail(cls, why):
-        return cls(f"{path}: {why}", path=path, image_id=image_id)
+    def fail(kind, why):
+        return DataError(f"{path}: {why}", kind, path=path, image_id=image_id)
 
     try:
         root = SafeET.fromstring(data, forbid_dtd=True)
     except defusedxml.DefusedXmlException as exc:
-        raise fail(UnsafeXMLError, f"refused: the XML declares a DTD or entities ({exc!r}); "
+        raise fail("unsafe_xml", f"refused: the XML declares a DTD or entities ({exc!r}); "
                    "VOC annotations need neither, so nothing is expanded or fetched. "
                    "Remove the <!DOCTYPE ...> block") from None
     except (ET.ParseError, ValueError, LookupError, UnicodeError) as exc:
-        raise fail(AnnotationParseError, f"not well-formed XML ({exc}); re-export it from "
+        raise fail("xml", f"not well-formed XML ({exc}); re-export it from "
                    "the annotation tool or restore it from the original dataset") from None
     if root.tag != "annotation":
-        raise fail(AnnotationParseError, f"the root element is <{root.tag}>, not "
+        raise fail("xml", f"the root element is <{root.tag}>, not "
                    "<annotation>: not a Pascal VOC annotation")
 
     index_of = _label_index(label_names)

@@ -2,9 +2,9 @@
 reports (:func:`check_annotation`).
 
 A defect of the whole file raises: a label that is not rbc/wbc/platelets
-(:class:`UnknownLabelError`), ``<size>`` that disagrees with the image
-(:class:`ImageSizeError`). A defective object is dropped (``strict``: raises
-:class:`InvalidObjectError`): missing ``<bndbox>`` or coordinate, non-numeric coordinate,
+(a ``"label"`` DataError), ``<size>`` that disagrees with the image (an ``"image_size"``
+one). A defective object is dropped (``strict``: raises a DataError of the object's kind):
+missing ``<bndbox>`` or coordinate, non-numeric coordinate,
 reversed coordinates, zero width or height, more than :data:`BOUNDS_TOLERANCE` px outside the
 image, an exact or near duplicate (IoU >= :data:`NEAR_DUPLICATE_IOU`, same class) of an
 earlier box. A box overhanging the image by at most :data:`BOUNDS_TOLERANCE` px is clipped.
@@ -18,37 +18,16 @@ from typing import NamedTuple
 import numpy as np
 
 from medaidet.data import BCCD_LABEL_NAMES
-from medaidet.data.annotation import Annotation, AnnotationError
+from medaidet.data.annotation import Annotation
 
 __all__ = ["check_annotation", "Finding", "CheckedAnnotation", "BOUNDS_TOLERANCE",
-           "NEAR_DUPLICATE_IOU", "UnknownLabelError", "InvalidObjectError", "ImageSizeError",
-           "AnnotationWarning", "QUIET_ENV", "warn_once"]
+           "NEAR_DUPLICATE_IOU", "AnnotationWarning", "QUIET_ENV", "warn_once"]
 
 #: Pixels a box may overhang the image and be clipped rather than dropped
 #: (0-based exports write ``xmin = 0``; VOC's smallest index is 1).
 BOUNDS_TOLERANCE = 2
 #: Two boxes of one class overlapping at least this much (IoU) are the same cell boxed twice.
 NEAR_DUPLICATE_IOU = 0.9
-
-
-class UnknownLabelError(AnnotationError):
-    """An object's ``<name>`` is missing or not one of :data:`BCCD_LABEL_NAMES`."""
-
-    def __init__(self, message: str, path=None, image_id=None, object_index=None, name=None):
-        super().__init__(message, path, image_id, object_index)
-        self.name = name
-
-
-class InvalidObjectError(AnnotationError):
-    """``strict=True``: an object the default mode would drop or clip."""
-
-    def __init__(self, message: str, path=None, image_id=None, object_index=None, kind=None):
-        super().__init__(message, path, image_id, object_index)
-        self.kind = kind
-
-
-class ImageSizeError(AnnotationError):
-    """The XML's ``<size>`` disagrees with the image: the boxes were drawn for another image."""
 
 
 class AnnotationWarning(UserWarning):

@@ -18,7 +18,7 @@ findings, from the same code):
   DTD/entities, a label that is not rbc/wbc/platelets, ``<size>`` that disagrees with the
   image, a listed id without its files, a bad split list, an unreadable image;
 * a defective object is dropped with an :class:`AnnotationWarning` (``strict=True``: raises
-  :class:`~medaidet.data.annotation_checks.InvalidObjectError`); a box overhanging the image
+  a DataError (of the object's kind)); a box overhanging the image
   by at most a few pixels is clipped. The dataset lists them in :attr:`BCCDDataset.dropped`
   and :attr:`BCCDDataset.clipped`.
 
@@ -38,18 +38,16 @@ import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 
 from medaidet.arguments import is_path
-from medaidet.errors import ConfigError
+from medaidet.errors import ConfigError, DataError
 from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS, LABELS  # noqa: F401 (CLASS_COLORS)
-from medaidet.data.annotation import AnnotationError, parse_annotation
+from medaidet.data.annotation import parse_annotation
 from medaidet.data.annotation_checks import (QUIET_ENV, _REPORTED,  # noqa: F401 (here too)
-                                             AnnotationWarning, Finding, ImageSizeError,
-                                             InvalidObjectError, UnknownLabelError,
-                                             check_annotation, warn_once)
+                                             AnnotationWarning, Finding, check_annotation,
+                                             warn_once)
 from medaidet.data.download import TXL_PBC, resolve_root
-from medaidet.data.image import ImageError, decode_image, read_image_size
+from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.txl_pbc import bccd_links
-from medaidet.data.voc import (MissingFileError, annotation_path, image_path, read_split,
-                               split_path)
+from medaidet.data.voc import annotation_path, image_path, read_split, split_path
 from medaidet.data.yolo import parse_yolo_labels
 from medaidet.tables import Table
 
@@ -65,7 +63,6 @@ class ObjectIssue(NamedTuple):
     detail: str
 
 
-_RAISES = {"unknown_label": UnknownLabelError, "size_mismatch": ImageSizeError}
 
 
 class BCCDDataset(GetterDataset):
@@ -76,7 +73,7 @@ class BCCDDataset(GetterDataset):
             :class:`~medaidet.errors.ConfigError`); None: ``$MEDAIDET_DATA``,
             else the cache directory (:func:`medaidet.data.download.resolve_root`).
         split: ``'train'`` (205), ``'val'`` (87), ``'trainval'`` (292) or ``'test'`` (72).
-        strict: raise :class:`InvalidObjectError` instead of dropping/clipping objects.
+        strict: raise a DataError (of the object's kind) instead of dropping/clipping objects.
         use_difficult: keep objects marked difficult (ChainerCV's default: skip them;
             BCCD marks none).
         return_difficult: also return ``difficult`` (bool, (R,)).
@@ -130,9 +127,10 @@ class BCCDDataset(GetterDataset):
             img_path = image_path(self.root, image_id)
             for path, what in ((xml_path, "annotation"), (img_path, "image")):
                 if not path.is_file():
-                    raise MissingFileError(
+                    raise DataError(
                         f"{split_path(self.root, split)} lists {image_id}, but its {what} "
                         f"{path} does not exist: restore the file or remove the id",
+                        "missing_file",
                         path=path, image_id=image_id)
             size = read_image_size(img_path, image_id)
             if labels == "bccd":
@@ -167,17 +165,17 @@ class BCCDDataset(GetterDataset):
             self.keys = ("img", "bbox", "label")
 
     @staticmethod
-    def _error(finding: Finding, path, image_id, annotation) -> AnnotationError:
+    def _error(finding: Finding, path, image_id, annotation) -> DataError:
         message = f"{path}: {finding.detail}"
         if finding.kind == "unknown_label":
             name = annotation.objects[finding.index].name
-            return UnknownLabelError(message + "; fix the name in the XML",
-                                     path, image_id, finding.index, name)
+            return DataError(message + "; fix the name in the XML", "label", path=path,
+                             image_id=image_id, object_index=finding.index, name=name)
         if finding.kind == "size_mismatch":
-            return ImageSizeError(message, path, image_id)
+            return DataError(message, "image_size", path=path, image_id=image_id)
         default = "clips" if finding.action == "clip" else "drops"
-        return InvalidObjectError(f"{message} (strict mode; the default {default} it)",
-                                  path, image_id, finding.index, finding.kind)
+        return DataError(f"{message} (strict mode; the default {default} it)", finding.kind,
+                         path=path, image_id=image_id, object_index=finding.index)
 
     def __len__(self):
         return len(self.ids)
@@ -188,8 +186,9 @@ class BCCDDataset(GetterDataset):
         # missing part grey.
         img = decode_image(path, self.ids[i]).pixels.transpose(2, 0, 1).astype(np.float32)
         if img.shape[1:] != self.sizes[i]:
-            raise ImageError(f"{path} changed size since the dataset was built: "
-                             f"{img.shape[1:]} != {self.sizes[i]}", path, self.ids[i])
+            raise DataError(f"{path} changed size since the dataset was built: "
+                            f"{img.shape[1:]} != {self.sizes[i]}",
+                            "image", path=path, image_id=self.ids[i])
         return img
 
     def _get_annotations(self, i):

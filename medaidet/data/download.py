@@ -11,10 +11,10 @@ checked against the manifest.
 Safety rules of :func:`download` (:func:`download_bccd`, :func:`download_txl_pbc`):
 
 * members with absolute names or ``..`` components, links and special files
-  are refused (:class:`UnsafeArchiveError`), and only regular files named in
+  are refused (an ``"unsafe_archive"`` DataError), and only regular files named in
   the manifest are written, with size limits;
 * the URL must be ``https://``, ``http://`` or ``file://``
-  (:class:`UnsupportedURLError` otherwise, before anything is written);
+  (a ``"url"`` DataError otherwise, before anything is written);
 * everything is staged under temporary names beside the destination and
   verified before anything is installed. A new dataset appears with one
   directory rename, the marker file ``.medaidet-verified`` already inside.
@@ -55,7 +55,8 @@ from typing import NamedTuple
 
 from medaidet import __version__
 from medaidet.checksums import sha256_file
-from medaidet.downloads import FetchError, stream_url
+from medaidet.downloads import stream_url
+from medaidet.errors import DataError
 from medaidet.errors import MedaidetError
 from medaidet.files import default_cache_dir
 
@@ -63,8 +64,6 @@ __all__ = [
     "PinnedSource", "BCCD", "TXL_PBC", "SOURCES", "MARKER_NAME", "download", "download_bccd",
     "download_txl_pbc", "resolve_root", "default_root", "verify_dataset", "is_verified",
     "load_manifest", "manifest_sha256", "sweep_leftovers", "Problem", "URL_SCHEMES",
-    "DataNotFoundError", "DownloadError", "UnsupportedURLError", "CorruptArchiveError",
-    "UnsafeArchiveError", "ChecksumError", "DestinationError",
 ]
 
 logger = logging.getLogger(__name__)
@@ -135,42 +134,6 @@ _CHUNK = 1 << 20
 
 
 # --------------------------------------------------------------------------- errors
-
-class DataNotFoundError(MedaidetError):
-    """The dataset root lacks the folder every copy has (BCCD: ``Annotations/``)."""
-
-
-class DownloadError(MedaidetError):
-    """The archive could not be fetched (offline, HTTP error, connection dropped)."""
-
-
-class UnsupportedURLError(DownloadError, ValueError):
-    """The URL has no scheme (a plain path) or one other than https, http or file."""
-
-
-class CorruptArchiveError(DownloadError):
-    """The fetched file is not a readable tar archive (truncated, a ZIP, a web page...)."""
-
-
-class UnsafeArchiveError(MedaidetError):
-    """The archive holds a member that could write outside the destination."""
-
-    def __init__(self, message: str, member: str):
-        super().__init__(message)
-        self.member = member
-
-
-class ChecksumError(MedaidetError):
-    """Extracted files are missing or differ from the pinned manifest."""
-
-    def __init__(self, message: str, problems: list[Problem]):
-        super().__init__(message)
-        self.problems = problems
-
-
-class DestinationError(MedaidetError):
-    """The destination exists with other content, or cannot be written."""
-
 
 # --------------------------------------------------------------------------- manifest
 
@@ -289,14 +252,14 @@ def resolve_root(root=None, source: PinnedSource = BCCD) -> Path:
     """The dataset root: ``root`` > ``$MEDAIDET_DATA`` (``source.data_env``) > the default
     cache directory.
 
-    Only looks (never downloads); raises :class:`DataNotFoundError` with
+    Only looks (never downloads); raises a ``"not_found"`` DataError with
     instructions when the chosen folder has no ``Annotations/`` (``source.marks``).
     """
     path, how = _choose_root(root, source)
     if not (path / source.marks).is_dir():
         state = "does not exist" if not path.exists() else f"has no {source.marks}/ folder"
-        raise DataNotFoundError(f"{source.name} not found: {path} ({how}) {state}.\n"
-                                f"{_layout_help(source)}")
+        raise DataError(f"{source.name} not found: {path} ({how}) {state}.\n"
+                        f"{_layout_help(source)}", "not_found")
     return path.resolve()
 
 
@@ -317,17 +280,17 @@ def _by_hand(source: PinnedSource, dest: Path) -> str:
 
 
 def _download_error(source: PinnedSource, url: str, dest: Path, reason: str,
-                    offline_hint: bool) -> DownloadError:
+                    offline_hint: bool) -> DataError:
     hint = (" Are you offline, or behind a proxy (urllib honors https_proxy/no_proxy)?"
             if offline_hint else "")
     override = ("" if url == source.url else
                 f" (the URL came from url= or ${source.url_env}; the default is {source.url})")
-    return DownloadError(f"could not download {source.name} from {url}{override}: "
-                         f"{reason}.{hint}\n{_by_hand(source, dest)}")
+    return DataError(f"could not download {source.name} from {url}{override}: "
+                     f"{reason}.{hint}\n{_by_hand(source, dest)}", "download")
 
 
 def _check_url(url: str, source: PinnedSource = BCCD) -> None:
-    """Raise :class:`UnsupportedURLError` unless ``url`` is https://, http:// or file://.
+    """Raise a ``"url"`` DataError unless ``url`` is https://, http:// or file://.
 
     urllib would take a plain path for a relative URL and fail with a bare ValueError,
     and would try FTP; a path of an archive on this machine is answered with its file://
@@ -349,10 +312,10 @@ def _check_url(url: str, source: PinnedSource = BCCD) -> None:
     else:
         how = ("for an archive on this machine pass its file:// URL, e.g. "
                f"file:///path/to/{source.name}.tar.gz")
-    raise UnsupportedURLError(
+    raise DataError(
         f"cannot download {source.name} from {url!r}: {what}. Accepted URLs start with "
         f"https://, http:// or file://; {how} (as url=, or in ${source.url_env}). The default "
-        f"is {source.url}.")
+        f"is {source.url}.", "url")
 
 
 def _fetch(source: PinnedSource, url: str, target: Path, dest: Path, timeout: float,
@@ -364,8 +327,8 @@ def _fetch(source: PinnedSource, url: str, target: Path, dest: Path, timeout: fl
             received, _ = stream_url(url, out, timeout=timeout, user_agent=agent,
                                      desc=f"{source.name} download", progress=progress,
                                      max_bytes=MAX_DOWNLOAD_BYTES)
-    except FetchError as exc:
-        raise _download_error(source, url, dest, exc.reason, offline_hint=exc.offline) from None
+    except DataError as exc:             # stream_url's: a "download" error
+        raise _download_error(source, url, dest, str(exc), offline_hint=exc.offline) from None
     return received
 
 
@@ -411,24 +374,25 @@ def _extract(source: PinnedSource, archive: Path, staging: Path, manifest: dict[
             for member in tar:
                 reason = _unsafe_reason(member)
                 if reason:
-                    raise UnsafeArchiveError(
+                    raise DataError(
                         f"unsafe member {member.name!r} in the archive from {url}: {reason}. "
                         f"Nothing was installed; this is not the pinned {source.name} "
-                        "archive.",
-                        member.name)
+                        "archive.", "unsafe_archive",
+                        member=member.name)
                 if member.isdir():
                     continue
                 rel = _map_member(member.name, manifest, source.subfolder)
                 if rel is None:
                     continue
                 if rel in seen:
-                    raise UnsafeArchiveError(
+                    raise DataError(
                         f"member {member.name!r} appears twice in the archive from {url}. "
-                        "Nothing was installed.", member.name)
+                        "Nothing was installed.", "unsafe_archive", member=member.name)
                 if member.size > MAX_MEMBER_BYTES or extracted + member.size > MAX_EXTRACTED_BYTES:
-                    raise UnsafeArchiveError(
+                    raise DataError(
                         f"member {member.name!r} in the archive from {url} is too large "
-                        f"({member.size} bytes). Nothing was installed.", member.name)
+                        f"({member.size} bytes). Nothing was installed.",
+                        "unsafe_archive", member=member.name)
                 seen.add(rel)
                 extracted += member.size
                 target = staging / rel
@@ -437,10 +401,10 @@ def _extract(source: PinnedSource, archive: Path, staging: Path, manifest: dict[
                     shutil.copyfileobj(tar.extractfile(member), out, _CHUNK)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         what, fix = _identify(archive, source)
-        raise CorruptArchiveError(
+        raise DataError(
             f"the file downloaded from {url} is not a complete tar archive: it {what} "
             f"(tarfile: {type(exc).__name__}: {exc}). {fix}; expected a .tar.gz archive "
-            f"like {source.url}. Nothing was installed.") from None
+            f"like {source.url}. Nothing was installed.", "archive") from None
 
 
 _CUT_SHORT = "The download was probably cut short: run the download again"
@@ -603,10 +567,10 @@ def _install(source: PinnedSource, staging: Path, root: Path) -> None:
         current = root / MARKER_NAME
         os.replace(staging / MARKER_NAME, current)
     except OSError as exc:
-        raise DestinationError(
+        raise DataError(
             f"cannot install {current} ({exc}); {root} is left unverified, with every file "
             f"that is not part of {source.name} where it was. Make that path writable (or move what "
-            "is in its way) and run the download again with --force.") from None
+            "is in its way) and run the download again with --force.", "destination") from None
 
 
 def _files_not_ours(root: Path, source: PinnedSource) -> list[str]:
@@ -641,7 +605,7 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
     the manifest (placed by hand) is marked and returned, also without network.
     ``force`` replaces the manifest's files of an existing dataset and leaves
     every other file in it where it is (they are logged); it refuses a folder
-    that does not look like a dataset. Raises :class:`UnsupportedURLError` for
+    that does not look like a dataset. Raises a ``"url"`` DataError for
     a URL that is not https://, http:// or file://.
     """
     root, how = _choose_root(root, source)
@@ -653,7 +617,8 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
 
     if root.exists():
         if not root.is_dir():
-            raise DestinationError(f"{root} exists and is not a folder; choose another --root.")
+            raise DataError(f"{root} exists and is not a folder; choose another --root.",
+                            "destination")
         if not force:
             if is_verified(root, source):
                 return root
@@ -662,16 +627,17 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
                 if not problems:
                     _write_marker(source, root, "verified in place")
                     return root
-                raise DestinationError(
+                raise DataError(
                     f"{root} exists and is not a verified {source.name} copy "
                     f"({_summarize(problems)}). Pass --force (force=True) to replace the "
                     f"files of {source.name} with a fresh download (files that are not part "
-                    f"of {source.name} are left where they are), or choose another --root.")
+                    f"of {source.name} are left where they are), or choose another --root.",
+                    "destination")
         elif any(root.iterdir()) and not _looks_like_dataset(root, source):
-            raise DestinationError(
+            raise DataError(
                 f"refusing to replace {root}: it is not empty and does not look like a "
                 f"{source.name} copy (no {source.marks}/ or marker). Choose a new or empty "
-                "--root.")
+                "--root.", "destination")
 
     archive = staging = None
     had_root = root.exists()   # else a failed download is said to have found no copy
@@ -682,25 +648,26 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
             archive.touch(exist_ok=False)
             staging.mkdir()
         except OSError as exc:
-            raise DestinationError(f"cannot write beside {root}: {exc}. Choose another --root "
-                                   f"or set ${source.data_env}.") from None
+            raise DataError(f"cannot write beside {root}: {exc}. Choose another --root "
+                            f"or set ${source.data_env}.", "destination") from None
 
         try:
             _fetch(source, url, archive, root, timeout, progress)
-        except DownloadError as exc:
+        except DataError as exc:         # "download", "url" or "archive"
             if had_root:
                 raise
-            raise DownloadError(f"{source.name} is not at {root} ({how}), and {exc}") from None
+            raise DataError(f"{source.name} is not at {root} ({how}), and {exc}",
+                            "download") from None
         _extract(source, archive, staging, manifest, url)
         archive.unlink()
         archive = None
         problems = verify_dataset(staging, source)
         if problems:
-            raise ChecksumError(
+            raise DataError(
                 f"{len(problems)} of {len(manifest)} files from {url} do not match the pinned "
                 f"manifest {source.manifest_name} ({source.name} commit {source.commit}): "
                 f"{_summarize(problems)}. The archive is not {source.name} at that commit or "
-                "was corrupted on the way; nothing was installed.", problems)
+                "was corrupted on the way; nothing was installed.", "checksum", problems=problems)
         _write_marker(source, staging, f"downloaded from {url}")  # last, before the install
         existed = root.exists()
         _install(source, staging, root)

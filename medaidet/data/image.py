@@ -4,9 +4,9 @@ shared by :class:`~medaidet.data.bccd.BCCDDataset` and ``validate_dataset``.
 8-bit RGB as is; other 8-bit modes (grayscale, palette, CMYK) converted to RGB; 16-bit
 grayscale scaled to 0-255 (``value / 257``, never clipped to white); an alpha channel dropped
 when every pixel is opaque. A truncated file, transparent pixels, another pixel format or more
-pixels than Pillow reads safely (a decompression bomb) raise :class:`ImageError` when the image
-is read. ``medaidet count-image`` and :func:`medaidet.deploy.detector.read_rgb` read images by
-the same rule.
+pixels than Pillow reads safely (a decompression bomb) raise an ``"image"`` DataError when the
+image is read. ``medaidet count-image`` and :func:`medaidet.deploy.detector.read_rgb` read
+images by the same rule.
 """
 from __future__ import annotations
 
@@ -16,43 +16,32 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from medaidet.data.voc import MissingFileError
-from medaidet.errors import MedaidetError
+from medaidet.errors import DataError, MedaidetError
 
-__all__ = ["read_image_size", "decode_image", "DecodedImage", "ImageError"]
-
-
-class ImageError(MedaidetError):
-    """An image file cannot be decoded (not an image, truncated, corrupt), or not as 8-bit
-    RGB (transparent pixels, a pixel format other than those :func:`decode_image` takes)."""
-
-    def __init__(self, message: str, path=None, image_id=None):
-        super().__init__(message)
-        self.path = None if path is None else Path(path)
-        self.image_id = image_id
+__all__ = ["read_image_size", "decode_image", "DecodedImage"]
 
 
-def _too_large(path, exc, image_id) -> ImageError:
-    return ImageError(f"{path} is too large to decode safely ({exc}): a blood-smear photograph "
-                      "has a few million pixels; downscale it first", path=path,
+def _too_large(path, exc, image_id) -> DataError:
+    return DataError(f"{path} is too large to decode safely ({exc}): a blood-smear photograph "
+                     "has a few million pixels; downscale it first", "image", path=path,
                       image_id=image_id)
 
 
 def read_image_size(path, image_id=None) -> tuple[int, int]:
     """(height, width) from the image header (no decoding). Raises
-    :class:`MissingFileError` or :class:`ImageError`."""
+    an ``"missing_file"`` DataError or an ``"image"`` DataError."""
     path = Path(path)
     try:
         with Image.open(path) as img:
             width, height = img.size
     except FileNotFoundError:
-        raise MissingFileError(f"image file {path} does not exist", path=path,
+        raise DataError(f"image file {path} does not exist", "missing_file", path=path,
                                image_id=image_id) from None
     except Image.DecompressionBombError as exc:
         raise _too_large(path, exc, image_id) from None
     except Exception as exc:     # PIL raises OSError, SyntaxError, ValueError, ...
-        raise ImageError(f"{path} is not a readable image ({type(exc).__name__}: {exc}); "
-                         "restore it from the original dataset", path=path,
+        raise DataError(f"{path} is not a readable image ({type(exc).__name__}: {exc}); "
+                        "restore it from the original dataset", "image", path=path,
                          image_id=image_id) from None
     return height, width
 
@@ -82,8 +71,9 @@ def _to_rgb(img: Image.Image, path: Path, image_id) -> tuple[np.ndarray, str | N
         values = np.asarray(img)
         low, high = (int(v) for v in img.getextrema())
         if low < 0 or high > 65535:
-            raise ImageError(f"{path} is a {mode} image with values {low}..{high}, beyond 16 "
-                             "bits; save it as an 8-bit RGB JPEG", path=path, image_id=image_id)
+            raise DataError(f"{path} is a {mode} image with values {low}..{high}, beyond 16 "
+                            "bits; save it as an 8-bit RGB JPEG",
+                            "image", path=path, image_id=image_id)
         gray = ((values.astype(np.uint32) + 128) // 257).astype(np.uint8)   # 65535 -> 255
         return (np.repeat(gray[:, :, None], 3, axis=2),
                 f"{path} is 16-bit grayscale ({mode}): scaled to 8 bits (value / 257) and "
@@ -93,18 +83,18 @@ def _to_rgb(img: Image.Image, path: Path, image_id) -> tuple[np.ndarray, str | N
         alpha = np.asarray(rgba.getchannel("A"))
         transparent = int(np.count_nonzero(alpha < 255))
         if transparent:
-            raise ImageError(
+            raise DataError(
                 f"{path} has {transparent} transparent pixel(s) (mode {mode}): the colours "
                 "under them are not what a viewer shows. Flatten it onto its background and "
-                "save it as an RGB JPEG", path=path, image_id=image_id)
+                "save it as an RGB JPEG", "image", path=path, image_id=image_id)
         return (np.asarray(rgba.convert("RGB")),
                 f"{path} is {mode} with every pixel opaque: alpha channel dropped")
     if mode in ("L", "P", "1", "CMYK", "YCbCr", "LAB", "HSV"):
         return (np.asarray(img.convert("RGB")),
                 f"{path} is {mode} (not RGB): converted to 8-bit RGB"
                 + (" (the gray value in R, G and B)" if mode in ("L", "1") else ""))
-    raise ImageError(f"{path} has the pixel format {mode}, which is not read as an image "
-                     "(32-bit or floating-point data?); save it as an 8-bit RGB JPEG",
+    raise DataError(f"{path} has the pixel format {mode}, which is not read as an image "
+                    "(32-bit or floating-point data?); save it as an 8-bit RGB JPEG", "image",
                      path=path, image_id=image_id)
 
 
@@ -117,10 +107,10 @@ def decode_image(path, image_id=None, draft_size=None) -> DecodedImage:
     * 16-bit grayscale (PNG/TIFF): ``value / 257``, rounded (0..65535 -> 0..255, so the
       picture looks as in a viewer; not clipped to white), in R, G and B;
     * an alpha channel (RGBA, LA, a palette with transparency): dropped when every pixel
-      is opaque; a transparent pixel raises :class:`ImageError`, since the colours under
+      is opaque; a transparent pixel raises an ``"image"`` DataError, since the colours under
       it are not what the annotator saw;
     * anything else (32-bit, floating point) and any undecodable data raise
-      :class:`ImageError`; a missing file raises :class:`MissingFileError`.
+      an ``"image"`` DataError; a missing file raises an ``"missing_file"`` DataError.
 
     ``draft_size`` (width, height): a JPEG is decoded at the smallest scale not below it
     (the validator's thumbnails); other formats in full.
@@ -134,13 +124,13 @@ def decode_image(path, image_id=None, draft_size=None) -> DecodedImage:
             pixels, conversion = _to_rgb(img, path, image_id)
             return DecodedImage(pixels, img.mode, len(img.getbands()), conversion)
     except FileNotFoundError:
-        raise MissingFileError(f"image file {path} does not exist", path=path,
+        raise DataError(f"image file {path} does not exist", "missing_file", path=path,
                                image_id=image_id) from None
     except MedaidetError:
         raise
     except Image.DecompressionBombError as exc:
         raise _too_large(path, exc, image_id) from None
     except Exception as exc:     # PIL: OSError (truncated), SyntaxError, ValueError, ...
-        raise ImageError(f"{path} cannot be decoded ({type(exc).__name__}: {exc}); "
-                         "restore it from the original dataset", path=path,
+        raise DataError(f"{path} cannot be decoded ({type(exc).__name__}: {exc}); "
+                        "restore it from the original dataset", "image", path=path,
                          image_id=image_id) from None

@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 
-from medaidet.errors import ConfigError, MedaidetError
+from medaidet.errors import ConfigError, DataError, MedaidetError
 from medaidet.data import BCCD_LABEL_NAMES, OTHER_SOURCES
-from medaidet.data.annotation_checks import InvalidObjectError, check_annotation, warn_once
+from medaidet.data.annotation_checks import check_annotation, warn_once
 from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.yolo import parse_yolo_labels
@@ -143,7 +143,7 @@ class TXLPBCDataset(GetterDataset):
                 "(BCCD's images: BCCDDataset(labels='txl-pbc'))")
         if split not in TXL_SPLITS:
             raise ConfigError(f"split: {split!r} is not one of TXL-PBC's splits "
-                                     f"({', '.join(TXL_SPLITS)})")
+                              f"({', '.join(TXL_SPLITS)})")
         self.root = resolve_root(root, TXL_PBC)
         self.split = split
         self.label_names = BCCD_LABEL_NAMES
@@ -160,8 +160,9 @@ class TXLPBCDataset(GetterDataset):
                                        (height, width), item="line")
             for finding in checked.findings:
                 if strict or finding.action == "raise":
-                    raise InvalidObjectError(f"{label_path}: {finding.detail}", label_path,
-                                             path.stem, finding.index, finding.kind)
+                    raise DataError(f"{label_path}: {finding.detail}", finding.kind,
+                                    path=label_path, image_id=path.stem,
+                                    object_index=finding.index)
                 (self.dropped if finding.action == "drop" else self.clipped).append(
                     (path.stem, finding.detail))
             self.ids.append(f"{source}/{path.stem}")

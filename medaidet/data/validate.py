@@ -86,11 +86,11 @@ import numpy as np
 from PIL import Image
 
 from medaidet.data import BCCD_LABEL_NAMES, SPLITS
-from medaidet.data.annotation import AnnotationParseError, parse_annotation
+from medaidet.data.annotation import parse_annotation
+from medaidet.errors import DataError
 from medaidet.data.annotation_checks import check_annotation
-from medaidet.data.image import ImageError, decode_image, read_image_size
-from medaidet.data.voc import (annotation_path, image_path, MissingFileError, scan_split_file,
-                               split_path)
+from medaidet.data.image import decode_image, read_image_size
+from medaidet.data.voc import annotation_path, image_path, scan_split_file, split_path
 from medaidet.data.download import BCCD, load_manifest, resolve_root, verify_dataset
 
 __all__ = ["validate_dataset", "ValidationReport", "Issue", "ImagePair", "KINDS", "SEVERITIES"]
@@ -99,25 +99,25 @@ SEVERITIES = ("error", "warning", "info")
 
 #: kind -> (usual severity, what the loader does). Some issues override both (see module doc).
 KINDS: dict[str, tuple[str, str]] = {
-    "parse_error": ("error", "BCCDDataset raises AnnotationParseError (UnsafeXMLError for "
+    "parse_error": ("error", "BCCDDataset raises DataError (kind xml; unsafe_xml for "
                     "DTD/entities, never expanded) for any split listing this image"),
-    "missing_file": ("error", "BCCDDataset raises MissingFileError for any split listing "
+    "missing_file": ("error", "BCCDDataset raises DataError (missing_file) for any split listing "
                      "this id"),
-    "bad_image": ("error", "BCCDDataset raises ImageError (at construction if the header is "
+    "bad_image": ("error", "BCCDDataset raises DataError (image; at construction if the header is "
                   "unreadable, when the image is read if its data is broken or not 8-bit "
                   "RGB as the detail says)"),
     "image_converted": ("info", "loaded converted to 8-bit RGB as the detail says"),
-    "unknown_label": ("error", "BCCDDataset raises UnknownLabelError for any split listing "
+    "unknown_label": ("error", "BCCDDataset raises DataError (label) for any split listing "
                       "this image (both modes)"),
-    "size_mismatch": ("error", "BCCDDataset raises ImageSizeError for any split listing this "
-                      "image (both modes): the boxes belong to an image of another size"),
-    "bad_coordinates": ("error", "dropped with a warning (strict=True: InvalidObjectError)"),
-    "zero_area": ("error", "dropped with a warning (strict=True: InvalidObjectError)"),
-    "out_of_bounds": ("error", "dropped with a warning (strict=True: InvalidObjectError)"),
+    "size_mismatch": ("error", "BCCDDataset raises DataError (image_size) for any split listing "
+                      "this image (both modes): the boxes belong to an image of another size"),
+    "bad_coordinates": ("error", "dropped with a warning (strict=True: DataError)"),
+    "zero_area": ("error", "dropped with a warning (strict=True: DataError)"),
+    "out_of_bounds": ("error", "dropped with a warning (strict=True: DataError)"),
     "duplicate_box": ("error", "this copy dropped with a warning, the first kept "
-                      "(strict=True: InvalidObjectError)"),
+                      "(strict=True: DataError)"),
     "near_duplicate_box": ("error", "the later box dropped with a warning, the first kept "
-                           "(strict=True: InvalidObjectError)"),
+                           "(strict=True: DataError)"),
     "class_size_outlier": ("warning", "loaded as is: check the label (and the box)"),
     "missing_class": ("warning", "loaded as is: unboxed cells are trained as background"),
     "image_without_objects": ("warning", "loaded with no box: everything in it is trained "
@@ -126,7 +126,7 @@ KINDS: dict[str, tuple[str, str]] = {
                           "image's own size is used"),
     "foreign_annotation": ("info", "parsed like the others: review its labels (annotators "
                            "and tools differ in what they box)"),
-    "split_error": ("error", "BCCDDataset raises SplitError for this split"),
+    "split_error": ("error", "BCCDDataset raises DataError (split) for this split"),
     "split_overlap": ("error", "loaded in both splits: evaluation is not independent of "
                       "training; keep each id in one split"),
     "split_without_objects": ("error", "BCCDDataset loads it, every image as background "
@@ -348,7 +348,7 @@ class _Validation:
             for problem in problems:
                 self.add(problem.image_id, None, "split_error", problem.detail,
                          severity="warning" if problem.kind == "missing" else "error",
-                         action=f"BCCDDataset(split={split!r}) raises SplitError")
+                         action=f"BCCDDataset(split={split!r}) raises DataError (split)")
         self.splits_of: dict[str, list[str]] = defaultdict(list)
         for split in ("train", "val", "test"):
             for image_id in self.split_ids[split]:
@@ -402,14 +402,14 @@ class _Validation:
         if has_jpg:
             try:
                 record.size = read_image_size(image_path(self.root, image_id), image_id)
-            except (ImageError, MissingFileError) as exc:
+            except DataError as exc:                   # "image" or "missing_file"
                 self.add(image_id, None, "bad_image", str(exc))
                 record.refused = True
         if not has_xml:
             return
         try:
             record.annotation = parse_annotation(annotation_path(self.root, image_id))
-        except (AnnotationParseError, MissingFileError) as exc:
+        except DataError as exc:                       # "xml", "unsafe_xml", "missing_file"
             self.add(image_id, None, "parse_error", str(exc))
             record.refused = True
             return
@@ -424,7 +424,7 @@ class _Validation:
             if finding.action == "clip":
                 self.add(image_id, finding.index, finding.kind, finding.detail,
                          severity="warning", action="clipped to the image with a warning "
-                         "(strict=True: InvalidObjectError)")
+                         "(strict=True: DataError)")
             else:
                 self.add(image_id, finding.index, finding.kind, finding.detail)
 
@@ -590,9 +590,9 @@ class _Validation:
             try:
                 image = decode_image(image_path(self.root, record.id), record.id,
                                      draft_size=_THUMB)
-            except (ImageError, MissingFileError) as exc:
+            except DataError as exc:                   # "image" or "missing_file"
                 self.add(record.id, None, "bad_image", str(exc),
-                         action="BCCDDataset raises ImageError when the image is read "
+                         action="BCCDDataset raises DataError when the image is read "
                          "(construction works: its header is readable)")
                 record.refused = True
                 continue
@@ -746,7 +746,7 @@ def validate_dataset(root=None, check_checksums: bool = True) -> ValidationRepor
     """Check a dataset in BCCD's VOC layout; see the module docstring for every rule.
 
     ``root``: the dataset root; None: ``$MEDAIDET_DATA``, else the cache directory
-    (:func:`medaidet.data.download.resolve_root`, which raises ``DataNotFoundError`` with
+    (:func:`medaidet.data.download.resolve_root`, which raises a ``"not_found"`` DataError with
     instructions when there is no dataset). Never raises for defects in the data: each is
     an issue in the report.
     """

@@ -16,30 +16,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from medaidet.data import SPLITS
-from medaidet.errors import MedaidetError
+from medaidet.errors import DataError
 
 __all__ = ["split_path", "annotation_path", "image_path", "SplitProblem", "scan_split_file",
-           "read_split", "SplitError", "MissingFileError"]
+           "read_split"]
 
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,254}")
-
-
-class SplitError(MedaidetError):
-    """A split list is missing, empty, has a duplicate or malformed id, or the split is unknown."""
-
-    def __init__(self, message: str, path=None, image_id=None):
-        super().__init__(message)
-        self.path = None if path is None else Path(path)
-        self.image_id = image_id
-
-
-class MissingFileError(MedaidetError):
-    """An id listed in a split has no annotation or no image file."""
-
-    def __init__(self, message: str, path=None, image_id=None):
-        super().__init__(message)
-        self.path = None if path is None else Path(path)
-        self.image_id = image_id
 
 
 # --------------------------------------------------------------------------- paths
@@ -106,13 +88,13 @@ def scan_split_file(path) -> tuple[list[str], list[SplitProblem]]:
 
 
 def read_split(root, split: str) -> list[str]:
-    """The ids of ``split`` (train, val, trainval or test); raises :class:`SplitError`."""
+    """The ids of ``split`` (train, val, trainval or test); raises a ``"split"`` DataError."""
     if split not in SPLITS:
-        raise SplitError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
+        raise DataError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}", "split")
     path = split_path(root, split)
     ids, problems = scan_split_file(path)
     if problems:
         first = problems[0]
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise SplitError(first.detail + more, path=path, image_id=first.image_id)
+        raise DataError(first.detail + more, "split", path=path, image_id=first.image_id)
     return ids

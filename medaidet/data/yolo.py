@@ -9,7 +9,7 @@ dataset's ``classes.txt``, the four numbers fractions of the image's width and h
 
 What :func:`parse_yolo_labels` does with a defect, the way BCCD's loader does:
 
-* the whole file raises :class:`YoloLabelError`: unreadable, larger than
+* the whole file raises a ``"yolo"`` DataError: unreadable, larger than
   :data:`MAX_LABEL_BYTES`, empty (every smear has cells: an empty file is a lost export), a
   class that is not an index of ``class_names``;
 * one line becomes an object without a box (dropped by ``check_annotation``, with the line
@@ -26,9 +26,10 @@ import math
 from pathlib import Path
 
 from medaidet.data import BCCD_LABEL_NAMES
-from medaidet.data.annotation import AnnotatedObject, Annotation, AnnotationError
+from medaidet.data.annotation import AnnotatedObject, Annotation
+from medaidet.errors import DataError
 
-__all__ = ["parse_yolo_labels", "YoloLabelError", "TXL_CLASSES", "MAX_LABEL_BYTES"]
+__all__ = ["parse_yolo_labels", "TXL_CLASSES", "MAX_LABEL_BYTES"]
 
 #: TXL-PBC's classes (its labels/classes.txt: WBC, RBC, Platelet), in its id order, as the
 #: course names them.
@@ -36,27 +37,20 @@ TXL_CLASSES = ("wbc", "rbc", "platelets")
 MAX_LABEL_BYTES = 1 << 20      # TXL-PBC's largest label file is under 4 kB
 
 
-class YoloLabelError(AnnotationError):
-    """A YOLO label file unusable as a whole: unreadable, too large, empty, or a class
-    that is not in the dataset's class list. ``line`` is the 1-based line, when one."""
-
-    def __init__(self, message: str, path=None, image_id=None, line=None):
-        super().__init__(message, path, image_id, line)
-        self.line = line
-
-
 def _read_text(path: Path) -> str:
     try:
         size = path.stat().st_size
         if size > MAX_LABEL_BYTES:
-            raise YoloLabelError(f"{path}: {size} bytes is too large for a YOLO label file "
-                                 f"(limit {MAX_LABEL_BYTES})", path, path.stem)
+            raise DataError(f"{path}: {size} bytes is too large for a YOLO label file "
+                            f"(limit {MAX_LABEL_BYTES})",
+                            "yolo", path=path, image_id=path.stem)
         return path.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
-        raise YoloLabelError(f"label file {path} does not exist", path, path.stem) from None
+        raise DataError(f"label file {path} does not exist",
+                        "yolo", path=path, image_id=path.stem) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise YoloLabelError(f"{path}: cannot read it as UTF-8 text ({exc})",
-                             path, path.stem) from None
+        raise DataError(f"{path}: cannot read it as UTF-8 text ({exc})", "yolo",
+                             path=path, image_id=path.stem) from None
 
 
 def _box(fields, size):
@@ -82,7 +76,7 @@ def parse_yolo_labels(path, image_size, class_names=TXL_CLASSES,
     """Read a YOLO label file for an image of ``image_size`` (height, width).
 
     ``class_names[c]`` names class ``c`` of the file; each is looked up in ``label_names``
-    (the course's order) for the object's ``label``. Raises :class:`YoloLabelError` (see
+    (the course's order) for the object's ``label``. Raises a ``"yolo"`` DataError (see
     the module docstring); judges no box (``check_annotation(..., item="line")`` does).
     """
     path = Path(path)
@@ -96,9 +90,10 @@ def parse_yolo_labels(path, image_size, class_names=TXL_CLASSES,
             continue
         token = fields[0]
         if not (token.isascii() and token.isdigit() and int(token) < len(class_names)):
-            raise YoloLabelError(
+            raise DataError(
                 f"{path} line {number}: class {token!r} is not one of {classes}; "
-                "fix the line or the class list", path, path.stem, number)
+                "fix the line or the class list",
+                "yolo", path=path, image_id=path.stem, line=number)
         name = class_names[int(token)]
         if len(fields) != 5:
             bndbox, problem = None, (f"has {len(fields)} fields, not 5 (<class> <x_center> "
@@ -108,9 +103,9 @@ def parse_yolo_labels(path, image_size, class_names=TXL_CLASSES,
         objects.append(AnnotatedObject(number, name, index_of.get(name.lower()), bndbox,
                                        problem, False, False))
     if not objects:
-        raise YoloLabelError(f"{path} is empty: it lists no box, and every smear of the "
-                             "dataset has cells; restore the file from the dataset",
-                             path, path.stem)
+        raise DataError(f"{path} is empty: it lists no box, and every smear of the "
+                        "dataset has cells; restore the file from the dataset", "yolo",
+                             path=path, image_id=path.stem)
     return Annotation(path=path, objects=tuple(objects), size=None, size_text=None,
                       depth=None, filename=None, folder=None, image_path=None,
                       attributes=(), indent="")

@@ -28,7 +28,7 @@ def read_rgb(path) -> np.ndarray:
     """The image file at ``path`` as float32 (3, H, W), RGB, 0-255, read by the dataset
     loader's rule (:func:`medaidet.data.image.decode_image`: 16-bit grayscale scaled to 8
     bits, an opaque alpha channel dropped; transparent pixels, unreadable data and images too
-    large to decode safely raise :class:`~medaidet.data.image.ImageError`)."""
+    large to decode safely raise an ``"image"`` :class:`~medaidet.errors.DataError`)."""
     from medaidet.data.image import decode_image
 
     return decode_image(path).pixels.astype(np.float32).transpose(2, 0, 1)

@@ -36,11 +36,11 @@ from chainercv.links import SSD300
 
 from medaidet import __version__
 from medaidet.checksums import sha256_file
-from medaidet.downloads import FetchError, stream_url
+from medaidet.downloads import stream_url
+from medaidet.errors import DataError, WeightsError
 from medaidet.files import atomic_file
 from medaidet.ssd.pretrained import CACHE_SUBDIR
 from medaidet.ssd.vgg_weights import CHAINERCV_SHAPES, SSD_MEAN, convert_vgg16, read_vgg16
-from medaidet.errors import WeightsError
 from medaidet.ssd.weight_files import SIDECAR_SUFFIX, check_cached_weights, write_arrays
 
 __all__ = ["ImagenetSource", "SOURCES", "cache_dir", "imagenet_weights",
@@ -148,8 +148,8 @@ def _download(source: ImagenetSource, target: Path, progress: bool, timeout: flo
                                    user_agent=f"medaidet/{__version__}",
                                    desc=f"{source.name} VGG-16", progress=progress,
                                    max_bytes=MAX_DOWNLOAD_BYTES)
-        except FetchError as exc:
-            why = f"unreachable ({exc.reason})" if exc.offline else exc.reason
+        except DataError as exc:         # stream_url's: a "download" error
+            why = f"unreachable ({exc})" if exc.offline else str(exc)
             raise WeightsError(why, "source") from None
         _check_digest(source, digest)   # raised inside: nothing is kept
 
@@ -207,7 +207,7 @@ def _from_server(source: ImagenetSource, mean, progress: bool, timeout: float) -
         except WeightsError as exc:
             path.unlink()
             raise WeightsError(f"the file it sent is not VGG-16 ({exc}); it was deleted",
-            "source") from None
+                               "source") from None
         return path
     raw = folder / f".{source.file_name}.{os.getpid()}.download"   # one per process
     _download(source, raw, progress, timeout)

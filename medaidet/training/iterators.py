@@ -4,7 +4,7 @@ Augmenting an image costs a large share of a training step on the CPU, so the tr
 iterator runs the transform in worker processes (chainer's ``MultiprocessIterator``) where
 the platform allows it, and falls back to the ``SerialIterator`` (saying why) where it does
 not. An example that fails to load in a worker (a truncated JPEG) ends the run with the
-same error as without workers (:class:`medaidet.data.image.ImageError`), not a hang.
+same error as without workers (an ``"image"`` DataError), not a hang.
 """
 from __future__ import annotations
 
@@ -16,16 +16,10 @@ import traceback
 import chainer
 
 from medaidet import compat
-from medaidet.errors import MedaidetError
+from medaidet.errors import DataError
 from medaidet.training.config import TrainConfig
 
-__all__ = ["make_train_iterator", "n_processes_for", "multiprocessing_problem",
-           "DataWorkerError"]
-
-
-class DataWorkerError(MedaidetError):
-    """A data-loading worker process failed with an error that cannot be sent to the main
-    process as itself (it cannot be pickled); the message names its type and its text."""
+__all__ = ["make_train_iterator", "n_processes_for", "multiprocessing_problem"]
 
 
 def multiprocessing_problem() -> str | None:
@@ -73,7 +67,6 @@ def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None
         return chainer.iterators.SerialIterator(dataset, batch_size), 0
 
 
-
 # Chainer's MultiprocessIterator loads examples in worker processes driven by a thread in
 # the main process; an example that raises kills that thread, and the main process then
 # waits forever for its batch. So the workers never raise: they return the error as a
@@ -104,7 +97,7 @@ class _FailedExample:
             self.pickled = None
 
     def error(self) -> Exception:
-        """The worker's error (or a :class:`DataWorkerError` describing it), its cause
+        """The worker's error (or a ``"worker"`` DataError describing it), its cause
         the worker's traceback."""
         exc = None
         if self.pickled is not None:
@@ -113,8 +106,8 @@ class _FailedExample:
             except Exception:                     # noqa: BLE001 (described instead)
                 exc = None
         if exc is None:
-            exc = DataWorkerError(f"a data-loading worker process failed on training example "
-                                  f"{self.index}: {self.description}")
+            exc = DataError(f"a data-loading worker process failed on training example "
+                            f"{self.index}: {self.description}", "worker")
         exc.__cause__ = _WorkerTraceback(self.traceback)
         return exc
 

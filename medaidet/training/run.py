@@ -57,7 +57,7 @@ def prepare_run(config: TrainConfig, resume=None) -> Path:
     puts its flag there). Returns the output folder (resolved). Raises
     :class:`~medaidet.errors.OutputError`, a ``"snapshot"`` WeightsError,
     :class:`medaidet.ssd.weight_files.WeightsError` or
-    :class:`medaidet.data.download.DataNotFoundError`."""
+    a ``"not_found"`` DataError."""
     if resume is not None and config.communicator is not None:
         raise WeightsError("resume: resuming a multi-process (ChainerMN) run is not "
                            "supported: each rank's data order and random state would have to "

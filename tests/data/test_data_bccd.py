@@ -12,10 +12,9 @@ import pytest
 
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.annotation import parse_annotation
-from medaidet.data.annotation_checks import InvalidObjectError
+from medaidet.errors import ConfigError, DataError, MedaidetError
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset, annotation_report
-from medaidet.data.voc import read_split, SplitError
-from medaidet.errors import ConfigError, MedaidetError
+from medaidet.data.voc import read_split
 from conftest import BCCD_DROPPED as DROPPED
 
 SPLIT_SIZES = {"train": 205, "val": 87, "trainval": 292, "test": 72}
@@ -111,7 +110,7 @@ def test_default_mode_warns_naming_the_drops(bccd_root):
 
 
 def test_strict_mode_raises_naming_file_and_object(bccd_root):
-    with pytest.raises(InvalidObjectError) as info:
+    with pytest.raises(DataError) as info:
         BCCDDataset(bccd_root, "test", strict=True)
     error = info.value
     assert error.path.name == "BloodImage_00284.xml" and error.object_index == 1
@@ -145,7 +144,7 @@ def test_root_from_environment(bccd_root, monkeypatch):
 
 
 def test_unknown_split_is_a_named_error(bccd_root):
-    with pytest.raises(SplitError, match="unknown split 'validation'"):
+    with pytest.raises(DataError, match="unknown split 'validation'"):
         BCCDDataset(bccd_root, "validation")
 
 
@@ -179,10 +178,6 @@ def test_labels_match_case_insensitively(bccd_root, tmp_path):
 def test_parsed_annotations_are_cached(bccd_root):
     path = bccd_root / "Annotations" / "BloodImage_00000.xml"
     assert parse_annotation(path) is parse_annotation(path)
-
-
-def test_errors_are_medaidet_errors():
-    assert issubclass(InvalidObjectError, MedaidetError) and issubclass(SplitError, MedaidetError)
 
 
 def test_a_splits_annotation_report_is_shown_once_per_process(bccd_root):

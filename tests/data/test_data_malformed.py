@@ -17,13 +17,9 @@ from PIL import Image
 
 from medaidet.data import SPLITS
 from medaidet.data import bccd as bccd_module
-from medaidet.data.annotation import AnnotationParseError, UnsafeXMLError
-from medaidet.data.annotation_checks import ImageSizeError, InvalidObjectError, UnknownLabelError
+from medaidet.errors import DataError, MedaidetError
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
-from medaidet.data.image import ImageError
-from medaidet.data.voc import MissingFileError, SplitError
 from medaidet.data.validate import validate_dataset
-from medaidet.errors import MedaidetError
 
 SPLIT_LISTS = {"train": ["BloodImage_00001", "BloodImage_00003"],
                "val": ["BloodImage_00000", "BloodImage_00002"],
@@ -188,7 +184,7 @@ class Refused:
 
 @dataclass
 class ReadFails:
-    """Building works; reading TARGET's image raises ImageError naming the file."""
+    """Building works; reading TARGET's image raises DataError naming the file."""
 
 
 @dataclass
@@ -246,11 +242,11 @@ CASES = {
     # ---- labels
     "unknown_label": Case(
         lambda r: edit_objects(r, lambda a, o: setattr(o[3].find("name"), "text", "Neutrophil")),
-        Refused(UnknownLabelError, mentions=("'Neutrophil'", "object 3")),
+        Refused(DataError, mentions=("'Neutrophil'", "object 3")),
         {("unknown_label", X, 3, "error")}),
     "missing_object_name": Case(
         lambda r: edit_objects(r, remove(2, "name")),
-        Refused(UnknownLabelError, mentions=("object 2", "has no <name>")),
+        Refused(DataError, mentions=("object 2", "has no <name>")),
         {("unknown_label", X, 2, "error")}),
     "label_other_case_and_spaces": Case(
         lambda r: xml_file(r).write_text(
@@ -260,36 +256,36 @@ CASES = {
         Accepted(), set()),
     # ---- the XML itself
     "entity_expansion_billion_laughs": Case(
-        replace_xml(BILLION_LAUGHS), Refused(UnsafeXMLError, mentions=("DTD or entities",)),
+        replace_xml(BILLION_LAUGHS), Refused(DataError, mentions=("DTD or entities",)),
         {("parse_error", X, None, "error")}),
     "external_dtd": Case(
         replace_xml('<?xml version="1.0"?>\n<!DOCTYPE annotation SYSTEM '
                     '"http://127.0.0.1:9/voc.dtd">\n<annotation>' + OBJECT + "</annotation>"),
-        Refused(UnsafeXMLError), {("parse_error", X, None, "error")}),
+        Refused(DataError), {("parse_error", X, None, "error")}),
     "not_xml": Case(
         replace_xml("BloodImage_00001.jpg RBC 68 315 286 480\n"),
-        Refused(AnnotationParseError, mentions=("not well-formed XML",)),
+        Refused(DataError, mentions=("not well-formed XML",)),
         {("parse_error", X, None, "error")}),
     "truncated_xml": Case(
-        lambda r: truncate(xml_file(r)), Refused(AnnotationParseError),
+        lambda r: truncate(xml_file(r)), Refused(DataError),
         {("parse_error", X, None, "error")}),
     "wrong_root_element": Case(
         replace_xml("<html><body>" + OBJECT + "</body></html>"),
-        Refused(AnnotationParseError, mentions=("<html>",)), {("parse_error", X, None, "error")}),
+        Refused(DataError, mentions=("<html>",)), {("parse_error", X, None, "error")}),
     "bogus_encoding_declaration": Case(
         replace_xml('<?xml version="1.0" encoding="no-such-codec"?><annotation/>'),
-        Refused(AnnotationParseError), {("parse_error", X, None, "error")}),
+        Refused(DataError), {("parse_error", X, None, "error")}),
     # ---- images
     "truncated_jpeg": Case(
         lambda r: truncate(jpg_file(r)), ReadFails(), {("bad_image", X, None, "error")}),
     "not_an_image": Case(
         lambda r: jpg_file(r).write_text("not a JPEG"),
-        Refused(ImageError, mentions=("not a readable image",)),
+        Refused(DataError, mentions=("not a readable image",)),
         {("bad_image", X, None, "error")}),
     "xml_size_disagrees_with_image": Case(
         lambda r: xml_file(r).write_text(xml_file(r).read_text()
                                          .replace("<width>640</width>", "<width>320</width>")),
-        Refused(ImageSizeError, mentions=("320x480", "640x480")),
+        Refused(DataError, mentions=("320x480", "640x480")),
         {("size_mismatch", X, None, "error")}),
     # one decode rule (medaidet.data.image.decode_image) for loader and validator
     "rgba_png_saved_as_jpg": Case(
@@ -305,37 +301,37 @@ CASES = {
         resave_image(lambda rgb: Image.fromarray(gray_of(rgb)), "JPEG"), Accepted(),
         {("image_converted", X, None, "info")}, {"metadata_mismatch"}),
     "image_resized_after_annotation": Case(
-        resize_image, Refused(ImageSizeError, mentions=("640x480", "320x240")),
+        resize_image, Refused(DataError, mentions=("640x480", "320x240")),
         {("size_mismatch", X, None, "error")}, {"out_of_bounds"}),
     # ---- files and split lists
     "listed_id_without_files": Case(
         lambda r: [write_split(r, s, SPLIT_LISTS[s] + ["BloodImage_99999"])
                    for s in ("train", "trainval")],
-        Refused(MissingFileError, mentions=("BloodImage_99999", "train.txt")),
+        Refused(DataError, mentions=("BloodImage_99999", "train.txt")),
         {("missing_file", "BloodImage_99999", None, "error")}),
     "missing_image_file": Case(
         lambda r: jpg_file(r).unlink(),
-        Refused(MissingFileError, mentions=(f"{TARGET}.jpg", "does not exist")),
+        Refused(DataError, mentions=(f"{TARGET}.jpg", "does not exist")),
         {("missing_file", X, None, "error")}),
     "duplicate_id_in_split": Case(
         lambda r: write_split(r, "train", SPLIT_LISTS["train"] + [TARGET]),
-        Refused(SplitError, mentions=("train.txt", TARGET, "listed twice")),
+        Refused(DataError, mentions=("train.txt", TARGET, "listed twice")),
         {("split_error", X, None, "error")}),
     "empty_split_file": Case(
         lambda r: write_split(r, "test", []),
-        Refused(SplitError, split="test", mentions=("test.txt", "empty")),
+        Refused(DataError, split="test", mentions=("test.txt", "empty")),
         {("split_error", None, None, "error"), ("orphan_file", "BloodImage_00004", None, "info")}),
     "missing_split_file": Case(
         lambda r: (r / "ImageSets/Main/val.txt").unlink(),
-        Refused(SplitError, split="val", mentions=("val.txt", "does not exist")),
+        Refused(DataError, split="val", mentions=("val.txt", "does not exist")),
         {("split_error", None, None, "warning")}),
     "path_in_split_list": Case(
         lambda r: write_split(r, "train", SPLIT_LISTS["train"] + ["../../etc/passwd"]),
-        Refused(SplitError, mentions=("train.txt", "line 3", "../../etc/passwd")),
+        Refused(DataError, mentions=("train.txt", "line 3", "../../etc/passwd")),
         {("split_error", "../../etc/passwd", None, "error")}),
     "split_list_not_utf8": Case(
         lambda r: (r / "ImageSets/Main/train.txt").write_bytes(b"\xff\xfeB\x00\xff\n"),
-        Refused(SplitError, mentions=("train.txt", "UTF-8")),
+        Refused(DataError, mentions=("train.txt", "UTF-8")),
         {("split_error", None, None, "error")}, {"split_overlap", "orphan_file"}),
     "id_in_train_and_test": Case(
         lambda r: write_split(r, "test", SPLIT_LISTS["test"] + [TARGET]),
@@ -404,7 +400,7 @@ def test_loader(name, root, bccd_root):
         assert len(bbox) == kept and bbox.dtype == np.float32 and label.dtype == np.int32
         assert np.all(bbox[:, 2:] > bbox[:, :2]) and np.all(bbox >= 0)
         assert np.all(bbox[:, 2] <= 479) and np.all(bbox[:, 3] <= 639)
-        with pytest.raises(InvalidObjectError) as info:
+        with pytest.raises(DataError) as info:
             BCCDDataset(root, "train", strict=True)
         error = info.value
         assert error.kind == expected.kind and error.object_index == expected.index
@@ -421,7 +417,7 @@ def test_loader(name, root, bccd_root):
                 assert text in message, message
     elif isinstance(expected, ReadFails):
         dataset = BCCDDataset(root, "train", strict=True)
-        with pytest.raises(ImageError, match=str(jpg_file(root))):
+        with pytest.raises(DataError, match=str(jpg_file(root))):
             dataset[dataset.ids.index(TARGET)]
         # the boxes are still available without decoding the image
         assert len(dataset.slice[:, "bbox"][dataset.ids.index(TARGET)]) == TARGET_OBJECTS
@@ -466,7 +462,7 @@ def test_external_entity_is_never_read(root, tmp_path):
 
     sys.addaudithook(audit)       # hooks cannot be removed: this one switches itself off
     try:
-        with pytest.raises(UnsafeXMLError) as info:
+        with pytest.raises(DataError) as info:
             BCCDDataset(root, "train")
         report = validate_dataset(root, check_checksums=False)
     finally:
@@ -514,7 +510,7 @@ def test_converted_image_loads_as_the_validator_reports(name, root):
 def test_transparent_image_is_refused_with_the_same_message_by_both(root):
     CASES["rgba_with_transparent_pixels"].mutate(root)
     dataset = BCCDDataset(root, "train", strict=True)
-    with pytest.raises(ImageError) as info:
+    with pytest.raises(DataError) as info:
         dataset[dataset.ids.index(TARGET)]
     [issue] = validate_dataset(root, check_checksums=False).by_kind("bad_image")
     assert issue.detail == str(info.value)

@@ -112,9 +112,9 @@ def test_labels_are_checked_by_name(bccd_root):
 
 def test_without_txl_pbc_the_re_annotation_says_how_to_get_it(bccd_root, tmp_path, monkeypatch):
     from medaidet.data.bccd import BCCDDataset
-    from medaidet.data.download import DataNotFoundError
+    from medaidet.errors import DataError
     monkeypatch.setenv("MEDAIDET_TXL_PBC", str(tmp_path / "nowhere"))
-    with pytest.raises(DataNotFoundError) as info:
+    with pytest.raises(DataError) as info:
         BCCDDataset(split="test", labels="txl-pbc")
     message = str(info.value)
     for needle in ("TXL-PBC not found", "MEDAIDET_TXL_PBC", "medaidet data download --dataset "

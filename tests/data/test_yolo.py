@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from medaidet.data.annotation_checks import InvalidObjectError, check_annotation
-from medaidet.data.yolo import MAX_LABEL_BYTES, YoloLabelError, parse_yolo_labels
+from medaidet.data.annotation_checks import check_annotation
+from medaidet.errors import DataError
+from medaidet.data.yolo import MAX_LABEL_BYTES, parse_yolo_labels
 
 SIZE = (480, 640)       # height, width
 
@@ -62,7 +63,7 @@ def test_strict_mode_raises_on_the_line_the_default_drops(tmp_path, bccd_root):
     annotation = parse_yolo_labels(_write(tmp_path, "1 0.5 0.5 0.1 0.1\n1 2 2 0.1 0.1\n"), SIZE)
     finding = check_annotation(annotation, SIZE, item="line").findings[0]
     error = BCCDDataset._error(finding, annotation.path, "smear", annotation)
-    assert isinstance(error, InvalidObjectError) and error.kind == "out_of_bounds"
+    assert isinstance(error, DataError) and error.kind == "out_of_bounds"
     assert "smear.txt: line 2 (rbc" in str(error) and "strict mode" in str(error)
 
 
@@ -70,7 +71,7 @@ def test_strict_mode_raises_on_the_line_the_default_drops(tmp_path, bccd_root):
                                   "RBC 0.5 0.5 0.1 0.1", "\u0661 0.5 0.5 0.1 0.1"])
 def test_a_class_out_of_the_list_fails_the_file(tmp_path, line):
     path = _write(tmp_path, f"1 0.5 0.5 0.1 0.1\n{line}\n")
-    with pytest.raises(YoloLabelError) as info:
+    with pytest.raises(DataError) as info:
         parse_yolo_labels(path, SIZE)
     assert info.value.line == 2 and info.value.path == path
     assert str(info.value).startswith(f"{path} line 2: class {line.split()[0]!r} is not one "
@@ -80,21 +81,21 @@ def test_a_class_out_of_the_list_fails_the_file(tmp_path, line):
 @pytest.mark.parametrize("text", ["", "\n  \n"])
 def test_an_empty_file_is_named(tmp_path, text):
     path = _write(tmp_path, text)
-    with pytest.raises(YoloLabelError, match="smear.txt is empty: it lists no box"):
+    with pytest.raises(DataError, match="smear.txt is empty: it lists no box"):
         parse_yolo_labels(path, SIZE)
 
 
 def test_missing_unreadable_and_oversized_files_are_named(tmp_path):
-    with pytest.raises(YoloLabelError, match="label file .*nothing.txt does not exist"):
+    with pytest.raises(DataError, match="label file .*nothing.txt does not exist"):
         parse_yolo_labels(tmp_path / "nothing.txt", SIZE)
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(YoloLabelError, match="binary.txt: cannot read it as UTF-8 text"):
+    with pytest.raises(DataError, match="binary.txt: cannot read it as UTF-8 text"):
         parse_yolo_labels(binary, SIZE)
     big = tmp_path / "big.txt"
     with open(big, "wb") as f:
         f.truncate(MAX_LABEL_BYTES + 1)
-    with pytest.raises(YoloLabelError, match=f"{MAX_LABEL_BYTES + 1} bytes is too large"):
+    with pytest.raises(DataError, match=f"{MAX_LABEL_BYTES + 1} bytes is too large"):
         parse_yolo_labels(big, SIZE)
 
 

@@ -260,7 +260,7 @@ def test_read_rgb_reads_by_the_loaders_rule(tmp_path, exported, bccd_root):
     safely is named."""
     from PIL import Image
 
-    from medaidet.data.image import ImageError
+    from medaidet.errors import DataError
     from medaidet.deploy.detector import read_rgb
     detector = OnnxDetector(exported.path)
     with Image.open(bccd_root / "JPEGImages" / "BloodImage_00000.jpg") as img:
@@ -277,10 +277,10 @@ def test_read_rgb_reads_by_the_loaders_rule(tmp_path, exported, bccd_root):
     rgba = gray.convert("RGBA")
     rgba.putpixel((0, 0), (0, 0, 0, 0))
     rgba.save(tmp_path / "transparent.png")
-    with pytest.raises(ImageError, match="1 transparent pixel"):
+    with pytest.raises(DataError, match="1 transparent pixel"):
         read_rgb(tmp_path / "transparent.png")
     Image.new("1", (15000, 15000)).save(tmp_path / "huge.png")
-    with pytest.raises(ImageError, match="huge.png is too large to decode safely"):
+    with pytest.raises(DataError, match="huge.png is too large to decode safely"):
         read_rgb(tmp_path / "huge.png")
 
 

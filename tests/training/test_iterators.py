@@ -63,7 +63,7 @@ NEXT_BATCH = """
 try:
     next(iterator)
 except Exception as exc:
-    print("ERROR", type(exc).__module__ + "." + type(exc).__qualname__)
+    print("ERROR", type(exc).__module__ + "." + type(exc).__qualname__, getattr(exc, "kind", None))
     print("MESSAGE", exc)
     print("WORKER", repr(exc.__cause__))
 finally:
@@ -89,7 +89,7 @@ def test_worker_error_reaches_the_main_process_as_the_same_error(broken_bccd):
                        timeout=QUICK_SECONDS)
     assert done.returncode == 0, done.stderr
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert lines["ERROR"] == "medaidet.data.image.ImageError", done.stdout
+    assert lines["ERROR"] == "medaidet.errors.DataError image", done.stdout
     assert f"{BROKEN}.jpg cannot be decoded" in lines["MESSAGE"]
     # the worker's traceback travels as the cause (shown with --debug)
     assert "Traceback" in lines["WORKER"] and "_get_image" in lines["WORKER"]
@@ -125,7 +125,7 @@ def test_an_error_that_cannot_travel_is_named_by_its_type_and_message():
                        timeout=QUICK_SECONDS)
     assert done.returncode == 0, done.stderr
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert lines["ERROR"] == "medaidet.training.iterators.DataWorkerError", done.stdout
+    assert lines["ERROR"] == "medaidet.errors.DataError worker", done.stdout
     assert "__main__.Locked: example 2 holds a lock" in lines["MESSAGE"]
     assert "example 2" in lines["MESSAGE"]
 
