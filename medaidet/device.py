@@ -10,10 +10,10 @@ when a GPU is asked for and none is usable.
 chainer is imported only inside the functions: the doctor and the course runner read this
 module on machines where chainer is broken or missing.
 """
-from medaidet.errors import DeviceError
+from medaidet.errors import DeviceError, DistributedError
 
-__all__ = ["DEFAULT_DEVICE", "parse_device", "device_name", "gpu_status",
-           "resolve_device"]
+__all__ = ["DEFAULT_DEVICE", "parse_device", "device_name", "device_kind", "gpu_ids",
+           "gpu_status", "resolve_device", "rank_device"]
 
 DEFAULT_DEVICE = "auto"
 
@@ -49,6 +49,35 @@ def device_name(spec) -> str:
     if isinstance(device, int):
         return f"GPU {device}"
     return {"cpu": "the CPU", "gpu": "a GPU"}.get(device, device)
+
+
+def device_kind(device) -> str:
+    """``"cpu"``, ``"gpu"`` or ``"auto"`` for a chainer device or a device spec."""
+    xp = getattr(device, "xp", None)
+    if xp is not None:
+        return "cpu" if xp.__name__ == "numpy" else "gpu"
+    spec = parse_device(device)
+    return spec if spec in ("cpu", "auto") else "gpu"
+
+
+def gpu_ids(devices) -> list:
+    """The GPU numbers among ``devices`` (chainer devices or device specs; ``"gpu"`` is
+    GPU 0; the CPU, ``"auto"`` and None have none), sorted, each once."""
+    ids = set()
+    for device in devices or ():
+        if device is None:
+            continue
+        if getattr(device, "xp", None) is not None:
+            if device.xp.__name__ != "numpy":
+                ids.add(int(device.device.id))
+            continue
+        spec = parse_device(int(device) if type(device).__name__.startswith(("int", "uint"))
+                            else device)
+        if spec == "gpu":
+            ids.add(0)
+        elif isinstance(spec, int):
+            ids.add(spec)
+    return sorted(ids)
 
 
 def _not_a_device(spec, name) -> DeviceError:
@@ -100,3 +129,31 @@ def resolve_device(spec=DEFAULT_DEVICE):
         raise DeviceError(f"--device {spec}: there is no GPU {gpu} (this machine has {count}); "
                           f"use --device 0..{count - 1}")
     return chainer.get_device(f"@cupy:{gpu}")
+
+
+def rank_device(comm, device="gpu"):
+    """The device this rank trains on, ``'cpu'`` or a GPU number, from the run's device
+    spec (read by :func:`parse_device`): the CPU stays the CPU; ``gpu``
+    and ``auto`` (with a usable GPU) become GPU ``comm.intra_rank`` -- the ranks on one
+    host take one GPU each. A fixed GPU number is kept only with one rank per host.
+    Raises a ``"ranks"`` :class:`~medaidet.errors.DistributedError` when a host runs more
+    ranks than it has GPUs."""
+    spec = parse_device(device)
+    if spec == "cpu":
+        return "cpu"
+    count, _ = gpu_status()
+    if spec == "auto" and not count:
+        return "cpu"
+    if isinstance(spec, int):
+        if comm.intra_size > 1:
+            raise DistributedError(
+                f"device {device!r} puts all {comm.intra_size} ranks of this host on one GPU: "
+                f"use --device gpu (each rank takes GPU <its rank on the host>)", "ranks")
+        return spec
+    gpu = comm.intra_rank
+    if count and gpu >= count:
+        raise DistributedError(
+            f"rank {comm.rank} is process {comm.intra_rank} on its host, which has only "
+            f"{count} GPU(s): start at most {count} ranks per host (mpiexec -n {count}, or "
+            f"--npernode {count} on several hosts)", "ranks")
+    return gpu      # no GPU at all: resolve_device then says why CUDA cannot be used

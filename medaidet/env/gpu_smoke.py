@@ -18,8 +18,8 @@ def smoke(device: str) -> dict:
         import medaidet  # noqa: F401  (sets CHAINER_CUDNN=0 on CuPy 14, before chainer)
         import numpy as np
 
-        from medaidet.device import parse_device
-        gpu = parse_device(device) != "cpu"   # "gpu" (or a GPU number): GPU 0
+        from medaidet.device import device_kind
+        gpu = device_kind(device) != "cpu"   # "gpu" (or a GPU number): GPU 0
         if gpu:
             import cupy as xp
 

@@ -13,7 +13,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from medaidet.device import parse_device
+from medaidet.device import device_kind
 from medaidet.errors import DeviceError, DistributedError
 
 __all__ = [
@@ -107,15 +107,12 @@ def communicator_spec(name: str) -> CommunicatorSpec:
 def _device_kind(device) -> str:
     """'cpu' or 'gpu' from 'cpu'/'gpu', chainer's '@numpy'/'@cupy:N', an int (-1: CPU)
     or a chainer Device."""
-    xp = getattr(device, "xp", None)
-    if xp is not None:
-        return "cpu" if xp.__name__ == "numpy" else "gpu"
     try:
-        spec = parse_device(device)
+        kind = device_kind(device)
     except DeviceError:
-        spec = "auto"        # not a device spec at all: the same error as "auto" below
-    if spec != "auto":       # a communicator is made per rank for a known device kind
-        return "cpu" if spec == "cpu" else "gpu"
+        kind = "auto"        # not a device spec at all: the same error as "auto" below
+    if kind != "auto":       # a communicator is made per rank for a known device kind
+        return kind
     raise DistributedError(f"device_kind must be 'cpu' or 'gpu' (or a chainer device), "
                            f"got {device!r}", "communicator")
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 from chainer.backends import cuda
 
-from medaidet.device import gpu_status, parse_device, resolve_device
+from medaidet.device import device_kind, gpu_status, rank_device, resolve_device
 from medaidet.errors import ConfigError, DistributedError, MedaidetError
 from medaidet.training.communicator import communicator_spec, create_communicator
 from medaidet.training.config import TrainConfig
 
-__all__ = ["Ranks", "per_rank_batchsize", "rank_device", "param_digest"]
+__all__ = ["Ranks", "per_rank_batchsize", "param_digest"]
 
 
 def per_rank_batchsize(batchsize: int, n_ranks: int) -> int:
@@ -38,33 +38,6 @@ def per_rank_batchsize(batchsize: int, n_ranks: int) -> int:
             f"{n_ranks} ranks: use a multiple of {n_ranks}, e.g. {lower} or {lower + n_ranks}",
             "ranks")
     return batchsize // n_ranks
-
-
-def rank_device(comm, device="gpu"):
-    """The device this rank trains on, ``'cpu'`` or a GPU number, from the run's device
-    spec (read by :func:`medaidet.device.parse_device`): the CPU stays the CPU; ``gpu``
-    and ``auto`` (with a usable GPU) become GPU ``comm.intra_rank`` -- the ranks on one
-    host take one GPU each. A fixed GPU number is kept only with one rank per host.
-    Raises a ``"ranks"`` :class:`~medaidet.errors.DistributedError` when a host runs more ranks than it has GPUs."""
-    spec = parse_device(device)
-    if spec == "cpu":
-        return "cpu"
-    count, _ = gpu_status()
-    if spec == "auto" and not count:
-        return "cpu"
-    if isinstance(spec, int):
-        if comm.intra_size > 1:
-            raise DistributedError(
-                f"device {device!r} puts all {comm.intra_size} ranks of this host on one GPU: "
-                f"use --device gpu (each rank takes GPU <its rank on the host>)", "ranks")
-        return spec
-    gpu = comm.intra_rank
-    if count and gpu >= count:
-        raise DistributedError(
-            f"rank {comm.rank} is process {comm.intra_rank} on its host, which has only "
-            f"{count} GPU(s): start at most {count} ranks per host (mpiexec -n {count}, or "
-            f"--npernode {count} on several hosts)", "ranks")
-    return gpu      # no GPU at all: resolve_device then says why CUDA cannot be used
 
 
 def param_digest(link) -> str:
@@ -109,10 +82,10 @@ class Ranks:
         if config.communicator is None:
             return cls.one_process(config)
         spec = communicator_spec(config.communicator)
-        wanted = parse_device(config.device)
+        wanted = device_kind(config.device)
         if wanted == "auto":
             wanted = "gpu" if gpu_status()[0] else "cpu"
-        comm = create_communicator(spec.name, "cpu" if wanted == "cpu" else "gpu")
+        comm = create_communicator(spec.name, wanted)
         ranks = cls(comm, None, config.batch_size)
         with ranks.abort_on_error():
             batch_size = per_rank_batchsize(config.batch_size, comm.size)

@@ -39,7 +39,7 @@ import chainer
 import numpy as np
 from chainer.backends import cuda
 
-from medaidet.device import parse_device
+from medaidet.device import gpu_ids
 from medaidet.errors import ConfigError
 
 __all__ = ["seed_everything", "SeedReport", "SeedRow", "ReseedingTransform"]
@@ -108,27 +108,6 @@ def _check_seed(seed) -> int:
     return int(seed)
 
 
-def _gpu_ids(devices) -> list:
-    """GPU ids among ``devices``: chainer devices, or device specs as
-    :func:`medaidet.device.parse_device` reads them (``"gpu"`` is GPU 0; the CPU and ``None``
-    have none)."""
-    ids = []
-    for device in devices or ():
-        if device is None:
-            continue
-        xp = getattr(device, "xp", None)
-        if xp is not None:                     # a chainer device
-            if xp is not np:
-                ids.append(int(device.device.id))
-            continue
-        spec = parse_device(int(device) if isinstance(device, np.integer) else device)
-        if spec == "gpu":
-            ids.append(0)
-        elif isinstance(spec, int):
-            ids.append(spec)
-    return sorted(set(ids))
-
-
 def _cudnn_row(deterministic: bool) -> SeedRow:
     chainer.config.cudnn_deterministic = bool(deterministic)
     flag = f"chainer.config.cudnn_deterministic = {bool(deterministic)}"
@@ -175,7 +154,7 @@ def seed_everything(seed: int, devices=None, deterministic: bool = False,
                         "chainer's iterators shuffle with NumPy's global RNG in the main "
                         "process: the same seed gives the same order of images"))
 
-    gpus = _gpu_ids(devices)
+    gpus = gpu_ids(devices)
     if gpus:
         import cupy
         for gpu in gpus:

@@ -24,7 +24,8 @@ from medaidet.env import doctor
 from medaidet.training import communicator
 from medaidet.training.communicator import COMMUNICATORS, GPU_COMMUNICATORS
 from medaidet.errors import DeviceError, DistributedError
-from medaidet.training.ranks import Ranks, param_digest, per_rank_batchsize, rank_device
+from medaidet.device import rank_device
+from medaidet.training.ranks import Ranks, param_digest, per_rank_batchsize
 from conftest import run_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -558,7 +559,7 @@ def test_per_rank_batchsize_that_does_not_split(total, ranks, suggest):
 
 def test_rank_device(monkeypatch):
     """The rank's device is read by medaidet.device's one parser and GPU count."""
-    monkeypatch.setattr("medaidet.training.ranks.gpu_status", lambda: (0, "no CUDA"))
+    monkeypatch.setattr("medaidet.device.gpu_status", lambda: (0, "no CUDA"))
     comm = fake_comm(3, 4, intra_rank=1, intra_size=2)
     assert rank_device(comm, "cpu") == "cpu" and rank_device(comm, -1) == "cpu"
     assert rank_device(comm, "auto") == "cpu"
@@ -567,7 +568,7 @@ def test_rank_device(monkeypatch):
         rank_device(comm, 0)
     assert info.value.kind == "ranks" and "--device gpu" in str(info.value)
     assert rank_device(fake_comm(0, 1), "@cupy:2") == 2
-    monkeypatch.setattr("medaidet.training.ranks.gpu_status", lambda: (1, ""))
+    monkeypatch.setattr("medaidet.device.gpu_status", lambda: (1, ""))
     assert rank_device(fake_comm(0, 2, 0, 2), "auto") == 0
     with pytest.raises(DistributedError) as info:
         rank_device(comm, "gpu")

@@ -113,6 +113,6 @@ def test_each_worker_draws_its_own_stream():
 
 def test_the_gpus_to_seed_are_read_by_the_one_device_parser():
     import chainer
-    from medaidet.training.seeding import _gpu_ids
-    assert _gpu_ids(["gpu", "cpu", -1, 2, "@cupy:3", None, chainer.get_device("@numpy")]) \
+    from medaidet.device import gpu_ids
+    assert gpu_ids(["gpu", "cpu", -1, 2, "@cupy:3", None, chainer.get_device("@numpy")]) \
         == [0, 2, 3]
