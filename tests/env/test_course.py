@@ -315,7 +315,17 @@ def test_warnings_a_notebook_prints_are_listed(tmp_path, capsys):
     assert run_course(profile="smoke", out=clean_out, notebooks_dir=notebooks, only=["01"]).ok
     done = subprocess.run([*tool, str(clean_out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "1 executed notebook, no warning in their outputs\n"
+    assert done.stdout.startswith("1 executed notebook, no warning in their outputs")
+
+    # ...and a notebook that runs but does not show what it teaches fails it, named
+    make_notebook(notebooks, "02_model_and_loss", "print('ChainerCV : IndexError')")
+    shown_out = tmp_path / "shown"
+    assert run_course(profile="smoke", out=shown_out, notebooks_dir=notebooks, only=["02"]).ok
+    done = subprocess.run([*tool, str(shown_out)], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "02_model_and_loss: 0 figure(s), expected at least 2" in done.stderr
+    assert "02_model_and_loss: no 'medaidet  : InvalidTargetsError' in its outputs" in done.stderr
+    assert "'ChainerCV : IndexError'" not in done.stderr
 
 
 def test_resolve_profile(monkeypatch):
