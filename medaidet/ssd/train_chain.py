@@ -19,7 +19,8 @@ __all__ = ["MultiboxTrainChain"]
 
 
 class MultiboxTrainChain(chainer.Chain):
-    """``model`` plus the multibox loss, for ``chainer.training.StandardUpdater``.
+    """``model`` plus the multibox loss, for ``chainer.training.StandardUpdater``: written
+    in notebook 02, section 7 (the cell ``# @save medaidet/ssd/train_chain.py``).
 
     Args:
         model: a ChainerCV SSD (``SSD300``/``SSD512``): ``model(imgs)`` returns
