@@ -111,10 +111,10 @@ def parse_annotation(path, label_names=BCCD_LABEL_NAMES) -> Annotation:
         data = path.read_bytes()
     except FileNotFoundError:
         raise DataError(f"annotation file {path} does not exist", "missing_file", path=path,
-                               image_id=image_id) from None
+                        image_id=image_id) from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read the annotation ({exc})", "xml",
-                                   path=path, image_id=image_id) from None
+                        path=path, image_id=image_id) from None
     return _parse_cached(str(path), data, tuple(label_names))
 
 

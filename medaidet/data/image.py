@@ -24,7 +24,7 @@ __all__ = ["read_image_size", "decode_image", "DecodedImage"]
 def _too_large(path, exc, image_id) -> DataError:
     return DataError(f"{path} is too large to decode safely ({exc}): a blood-smear photograph "
                      "has a few million pixels; downscale it first", "image", path=path,
-                      image_id=image_id)
+                     image_id=image_id)
 
 
 def read_image_size(path, image_id=None) -> tuple[int, int]:
@@ -36,13 +36,13 @@ def read_image_size(path, image_id=None) -> tuple[int, int]:
             width, height = img.size
     except FileNotFoundError:
         raise DataError(f"image file {path} does not exist", "missing_file", path=path,
-                               image_id=image_id) from None
+                        image_id=image_id) from None
     except Image.DecompressionBombError as exc:
         raise _too_large(path, exc, image_id) from None
     except Exception as exc:     # PIL raises OSError, SyntaxError, ValueError, ...
         raise DataError(f"{path} is not a readable image ({type(exc).__name__}: {exc}); "
                         "restore it from the original dataset", "image", path=path,
-                         image_id=image_id) from None
+                        image_id=image_id) from None
     return height, width
 
 
@@ -95,7 +95,7 @@ def _to_rgb(img: Image.Image, path: Path, image_id) -> tuple[np.ndarray, str | N
                 + (" (the gray value in R, G and B)" if mode in ("L", "1") else ""))
     raise DataError(f"{path} has the pixel format {mode}, which is not read as an image "
                     "(32-bit or floating-point data?); save it as an 8-bit RGB JPEG", "image",
-                     path=path, image_id=image_id)
+                    path=path, image_id=image_id)
 
 
 def decode_image(path, image_id=None, draft_size=None) -> DecodedImage:
@@ -125,7 +125,7 @@ def decode_image(path, image_id=None, draft_size=None) -> DecodedImage:
             return DecodedImage(pixels, img.mode, len(img.getbands()), conversion)
     except FileNotFoundError:
         raise DataError(f"image file {path} does not exist", "missing_file", path=path,
-                               image_id=image_id) from None
+                        image_id=image_id) from None
     except MedaidetError:
         raise
     except Image.DecompressionBombError as exc:
@@ -133,4 +133,4 @@ def decode_image(path, image_id=None, draft_size=None) -> DecodedImage:
     except Exception as exc:     # PIL: OSError (truncated), SyntaxError, ValueError, ...
         raise DataError(f"{path} cannot be decoded ({type(exc).__name__}: {exc}); "
                         "restore it from the original dataset", "image", path=path,
-                         image_id=image_id) from None
+                        image_id=image_id) from None

@@ -50,7 +50,7 @@ def _read_text(path: Path) -> str:
                         "yolo", path=path, image_id=path.stem) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: cannot read it as UTF-8 text ({exc})", "yolo",
-                             path=path, image_id=path.stem) from None
+                        path=path, image_id=path.stem) from None
 
 
 def _box(fields, size):
@@ -105,7 +105,7 @@ def parse_yolo_labels(path, image_size, class_names=TXL_CLASSES,
     if not objects:
         raise DataError(f"{path} is empty: it lists no box, and every smear of the "
                         "dataset has cells; restore the file from the dataset", "yolo",
-                             path=path, image_id=path.stem)
+                        path=path, image_id=path.stem)
     return Annotation(path=path, objects=tuple(objects), size=None, size_text=None,
                       depth=None, filename=None, folder=None, image_path=None,
                       attributes=(), indent="")

@@ -485,7 +485,7 @@ def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> 
                           for t in np.asarray(thresholds, dtype=object).ravel()])
     if thresholds.size == 0:
         raise ConfigError("thresholds: none given; expected score thresholds from "
-                                 f"{predictions.score_thresh:g} to 1")
+                          f"{predictions.score_thresh:g} to 1")
     if predictions.split == "test":
         warnings.warn("threshold_sweep on the test split: " + SWEEP_NOTE, UserWarning,
                       stacklevel=2)
