@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = re.compile(r"^# @save (medaidet/[\w/]+\.py)[ \t]*$")
-SECTION = re.compile(r"^## (\d+)\.", re.M)
+SECTION = re.compile(r"^## (\d+)\b", re.M)     # "## 7. The loss", "## 1 · Counts"
 EDITIONS = {"en": ROOT / "notebooks", "ja": ROOT / "notebooks" / "ja"}
 
 
@@ -80,7 +80,7 @@ def test_what_a_notebook_saves_is_the_packages_code(lang, notebook, section, mod
         + "\n".join(f"{name}: {what}" for name, what in found.items())
     package = _definitions(ast.parse(module_source))
     for name in _definitions(ast.parse(source)):
-        doc = ast.get_docstring(package[name]) or ""
+        doc = " ".join((ast.get_docstring(package[name]) or "").split())
         where = f"notebook {notebook[:2]}, section {section}"
         assert where in doc.lower(), f"{module}'s {name} must say where it is written: {where!r}"
 

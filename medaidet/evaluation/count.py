@@ -49,7 +49,8 @@ from medaidet.numbers import finite_or_none
 
 __all__ = ["RBC_NOTE", "SWEEP_NOTE", "DEFAULT_THRESHOLDS", "CountResult", "SweepResult",
            "ThresholdChange", "count_cells", "count_errors", "threshold_sweep", "threshold_change",
-           "images_at_points", "plot_counts", "plot_sweep", "count_weights"]
+           "images_at_points", "plot_counts", "plot_sweep", "count_weights", "per_image_counts",
+           "count_stats"]
 
 DEFAULT_THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
 
@@ -76,15 +77,17 @@ SWEEP_NOTE = (
     "that is optimistic. Choose the threshold on the val split and report test counts at it.")
 
 
-def _counts(labels_per_image, n_class: int) -> np.ndarray:
+def per_image_counts(labels_per_image, n_class: int) -> np.ndarray:
+    """Cells per image and class, (N images, n_class) ints, from each image's labels (written
+    in notebook 05, section 1)."""
     return np.array([np.bincount(np.asarray(lb, dtype=np.int64), minlength=n_class)[:n_class]
                      for lb in labels_per_image], dtype=np.int64).reshape(-1, n_class)
 
 
 def _predicted_counts(preds: Predictions, score_thresh: float) -> np.ndarray:
     n_class = len(preds.label_names)
-    return _counts([lb[s >= score_thresh] for lb, s in zip(preds.pred_labels,
-                                                            preds.pred_scores)], n_class)
+    kept = [lb[s >= score_thresh] for lb, s in zip(preds.pred_labels, preds.pred_scores)]
+    return per_image_counts(kept, n_class)
 
 
 def _check_thresh(score_thresh, lowest: float, name: str = "score_thresh") -> float:
@@ -103,8 +106,11 @@ def _check_thresh(score_thresh, lowest: float, name: str = "score_thresh") -> fl
     return value
 
 
-def _stats(predicted: np.ndarray, annotated: np.ndarray):
-    """Per-class (mae, bias, relative_error) of (N, C) count arrays."""
+def count_stats(predicted: np.ndarray, annotated: np.ndarray):
+    """Per class, from (N images, C classes) counts: the MAE (mean |predicted - annotated|
+    per image), the bias (the mean signed error) and the relative error (all absolute
+    errors over all annotated cells; nan for a class without any). Written in notebook 05,
+    section 1."""
     error = (predicted - annotated).astype(float)
     n = len(error)
     mae = np.abs(error).mean(axis=0) if n else np.full(error.shape[1], np.nan)
@@ -120,8 +126,9 @@ class CountResult:
 
     Per class (arrays of length C): ``mae``, ``bias``, ``relative_error``
     (see the module docs), on all images. ``set_aside``: image id -> why it is set aside;
-    :meth:`without_set_aside` is the result on the other images. Shows as a table (``_repr_html_``, ``str``); :meth:`rows` is the
-    per-image table, :meth:`to_dict` / :meth:`to_json` for files.
+    :meth:`without_set_aside` is the result on the other images. Shows as a table
+    (``_repr_html_``, ``str``); :meth:`rows` is the per-image table, :meth:`to_dict` /
+    :meth:`to_json` for files.
     """
     ids: list
     label_names: tuple
@@ -145,8 +152,8 @@ class CountResult:
         keep = [i for i, image_id in enumerate(self.ids) if image_id not in self.set_aside]
         predicted, annotated = self.predicted[keep], self.annotated[keep]
         return CountResult([self.ids[i] for i in keep], self.label_names, self.score_thresh,
-                           predicted, annotated, *_stats(predicted, annotated), self.split,
-                           dict(self.info))
+                           predicted, annotated, *count_stats(predicted, annotated),
+                           self.split, dict(self.info))
 
     def rows(self) -> list:
         """The per-image table: one dict per image with ``<class>_pred``/``_true``/``_error``."""
@@ -261,8 +268,8 @@ def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRE
     score_thresh = _check_thresh(score_thresh, predictions.score_thresh)
     n_class = len(predictions.label_names)
     predicted = _predicted_counts(predictions, score_thresh)
-    annotated = _counts(predictions.gt_labels, n_class)
-    mae, bias, rel = _stats(predicted, annotated)
+    annotated = per_image_counts(predictions.gt_labels, n_class)
+    mae, bias, rel = count_stats(predicted, annotated)
     ids = list(predictions.ids)
     set_aside = {i: why for i, why in (set_aside or {}).items() if i in set(ids)}
     return CountResult(ids, predictions.label_names, float(score_thresh), predicted,
@@ -274,8 +281,8 @@ def count_errors(predictions: Predictions, thresholds: dict) -> dict:
     images) with each class counted at its own threshold, e.g. those
     :func:`threshold_sweep` chose on val."""
     names = predictions.label_names
-    annotated = _counts(predictions.gt_labels, len(names))
-    return {name: float(_stats(_predicted_counts(predictions, thresholds[name]),
+    annotated = per_image_counts(predictions.gt_labels, len(names))
+    return {name: float(count_stats(_predicted_counts(predictions, thresholds[name]),
                                annotated)[2][c]) for c, name in enumerate(names)}
 
 
@@ -490,8 +497,8 @@ def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> 
         warnings.warn("threshold_sweep on the test split: " + SWEEP_NOTE, UserWarning,
                       stacklevel=2)
     n_class = len(predictions.label_names)
-    annotated = _counts(predictions.gt_labels, n_class)
-    stats = [_stats(_predicted_counts(predictions, t), annotated) for t in thresholds]
+    annotated = per_image_counts(predictions.gt_labels, n_class)
+    stats = [count_stats(_predicted_counts(predictions, t), annotated) for t in thresholds]
     mae, bias, rel = (np.array([s[k] for s in stats]).reshape(len(thresholds), n_class)
                       for k in range(3))
     return SweepResult(thresholds, predictions.label_names, mae, bias, rel, predictions.split)
