@@ -74,8 +74,9 @@ txl-pbc: $(VENV312)/.ready
 
 # Both interpreters' suites run side by side (one per core); each one's output is
 # printed whole when it finishes, and either failing fails `make test`.
-# The slow tests (marked slow: real training, notebooks, MPI ranks) are split between the
-# two (tests/conftest.py, MEDAIDET_TEST_SHARD); `make test-py311` alone runs them all.
+# The slow tests (marked slow: real training, notebooks, MPI ranks) and those that read text,
+# files and pages rather than numbers are split between the two (tests/conftest.py,
+# MEDAIDET_TEST_SHARD); `make test-py311` alone runs them all.
 # One BLAS/OpenMP thread per suite: two suites with a thread per core each would fight
 # over the cores (measured: SSD steps ~30% slower side by side).
 test: $(VENV311)/.ready $(VENV312)/.ready bccd txl-pbc

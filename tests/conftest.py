@@ -31,9 +31,17 @@ BCCD_DROPPED = {
 # on this 2-core machine) check logic that does not depend on the interpreter or NumPy, so
 # each runs in only one of the two: MEDAIDET_TEST_SHARD=K/N keeps the slow tests of the
 # modules assigned to shard K (whole modules, so module-scoped fixtures are built once;
-# the largest first, each to the shard with the least so far). Every other test runs in
-# both. Without the variable everything runs.
+# the largest first, each to the shard with the least so far). So do all the tests of the
+# modules in INTERPRETER_FREE, which read text, files, processes and pages, not numbers. Every
+# other test runs in both. Without the variable everything runs.
 SHARD_ENV = "MEDAIDET_TEST_SHARD"
+INTERPRETER_FREE = ("tests/lint/", "tests/cli/", "tests/test_workflows.py",
+                    "tests/test_makefile.py", "tests/test_notebooks.py",
+                    "tests/test_japanese_edition.py", "tests/test_saved_code.py",
+                    "tests/test_site.py", "tests/test_scripts.py", "tests/test_layers.py",
+                    "tests/test_exercises.py", "tests/test_downloads.py",
+                    "tests/data/test_data_download.py", "tests/deploy/test_web_page.py")
+FAST_TEST_SECONDS = 0.2       # the cost a fast test of those modules counts for
 
 
 def pytest_configure(config):
@@ -68,18 +76,23 @@ def _select_shard(items, config):
     if not text:
         return
     k, n = _shard(text)
+    def sharded(item):
+        rel = Path(str(item.fspath)).relative_to(REPO).as_posix()
+        return item.get_closest_marker("slow") is not None or rel.startswith(INTERPRETER_FREE)
+
     cost = defaultdict(float)
     for item in items:
-        marker = item.get_closest_marker("slow")
-        if marker is not None:
-            cost[item.module.__name__] += marker.kwargs.get("seconds", 10)
+        if sharded(item):
+            marker = item.get_closest_marker("slow")
+            cost[item.module.__name__] += (marker.kwargs.get("seconds", 10) if marker
+                                           else FAST_TEST_SECONDS)
     load, owner = [0.0] * n, {}
     for module in sorted(cost, key=lambda m: (-cost[m], m)):
         owner[module] = load.index(min(load))
         load[owner[module]] += cost[module]
     keep, other = [], []
     for item in items:
-        mine = item.get_closest_marker("slow") is None or owner[item.module.__name__] == k
+        mine = not sharded(item) or owner[item.module.__name__] == k
         (keep if mine else other).append(item)
     if other:
         config.hook.pytest_deselected(items=other)
@@ -89,7 +102,8 @@ def _select_shard(items, config):
 def pytest_report_header(config):
     text = os.environ.get(SHARD_ENV)
     if text:
-        return f"{SHARD_ENV}={text}: slow tests of shard {text} only (the rest run elsewhere)"
+        return (f"{SHARD_ENV}={text}: slow and interpreter-free tests of shard {text} only "
+                "(the rest run elsewhere)")
 
 
 def npm_ci(folder: Path, package: str, missing) -> None:
