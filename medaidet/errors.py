@@ -15,8 +15,9 @@ class MedaidetError(Exception):
     KINDS = ()
 
     def __init__(self, message="", kind=None, **fields):
-        if self.KINDS and kind not in self.KINDS:
-            raise ValueError(f"{type(self).__name__} kind {kind!r}: use one of {self.KINDS}")
+        if not (kind is None or isinstance(kind, str)) or self.KINDS and kind not in self.KINDS:
+            raise ValueError(f"{type(self).__name__} kind {kind!r}: use one of "
+                             f"{self.KINDS or 'None or a word'}; other facts go by keyword")
         super().__init__(message)
         self.kind = kind
         self.__dict__.update(fields)

@@ -87,9 +87,10 @@ def test_an_output_never_replaces_a_device_a_fifo_a_folder_or_an_input(tmp_path)
     link.symlink_to(tmp_path / "nothing")
     for target, what in ((fifo, "a device, FIFO or socket"), (tmp_path, "a folder"),
                          (link, "a link to nothing")):
-        with pytest.raises(OutputError, match=what):
+        with pytest.raises(OutputError, match=what) as info:
             with atomic_file(target) as f:
                 f.write(b"x")
+        assert info.value.path == target and info.value.kind is None
     if os.path.exists("/dev/null"):    # as root (Colab) a rename would make it a plain file
         with pytest.raises(OutputError, match="/dev/null is a device"):
             write_files({tmp_path / "ok.json": "{}", "/dev/null": b"x"})
