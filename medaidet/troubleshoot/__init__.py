@@ -144,7 +144,7 @@ class OutOfMemoryDemo:
         text = (f"address space limited to {self.limit_bytes / mib:.0f} MiB: what the model "
                 f"held plus {self.headroom:g}x one image's forward + backward "
                 f"({self.one_image_bytes / mib:.0f} MiB)\n{self.report}")
-        return text + (f"\nNoBatchSizeFitsError: {self.error}" if self.error else "")
+        return text + (f"\nDeviceError: {self.error}" if self.error else "")
 
 
 def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
