@@ -10,6 +10,8 @@ when a GPU is asked for and none is usable.
 chainer is imported only inside the functions: the doctor and the course runner read this
 module on machines where chainer is broken or missing.
 """
+import numbers
+
 from medaidet.errors import DeviceError, DistributedError
 
 __all__ = ["DEFAULT_DEVICE", "parse_device", "device_name", "device_kind", "gpu_ids",
@@ -71,8 +73,7 @@ def gpu_ids(devices) -> list:
             if device.xp.__name__ != "numpy":
                 ids.add(int(device.device.id))
             continue
-        spec = parse_device(int(device) if type(device).__name__.startswith(("int", "uint"))
-                            else device)
+        spec = parse_device(int(device) if isinstance(device, numbers.Integral) else device)
         if spec == "gpu":
             ids.add(0)
         elif isinstance(spec, int):
