@@ -54,7 +54,7 @@ from PIL import Image
 from medaidet.errors import DataError
 
 __all__ = [
-    "TransformStats", "RecheckedBoxes", "check_sample",
+    "TransformStats", "RecheckedBoxes", "check_sample", "CheckedTransform",
     "recheck_boxes", "TrainTransform", "EncodeTransform", "DEFAULT_MIN_SIZE",
     "IMAGE_BACKEND", "random_distort", "resize_with_random_interpolation",
 ]
@@ -319,8 +319,10 @@ def recheck_boxes(bbox, label, size, n_fg_class: int,
         clipped=int(np.count_nonzero(moved & keep)))
 
 
-class _EncodingTransform:
-    """What both transforms share: the coder (on CPU), the mean, the checks, the stats."""
+class CheckedTransform:
+    """What both transforms share: the coder (on CPU), the mean and the counts, and the three
+    steps around whatever a transform does to an image: :meth:`check` the sample before,
+    :meth:`recheck` its boxes after, :meth:`encode` it for the loss."""
 
     def __init__(self, coder, size: int, mean, n_fg_class: int, min_size: float):
         if int(n_fg_class) < 1:
@@ -361,32 +363,38 @@ class _EncodingTransform:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def _count(self, **counts):
-        with self._lock:
-            for name, value in counts.items():
-                setattr(self.stats, name, getattr(self.stats, name) + value)
+    def check(self, img, bbox, label):
+        """Before augmenting: the sample checked (:func:`check_sample`), boxes of zero size
+        dropped, counted; ``(img as float32, bbox, label)``."""
+        n_in = len(np.asarray(bbox))
+        bbox, label, keep = check_sample(img, bbox, label, self.n_fg_class)
+        self.count(samples=1, boxes_in=n_in, degenerate_input=int(np.count_nonzero(~keep)))
+        return np.asarray(img, dtype=np.float32), bbox, label
 
-    def _finish(self, img, bbox, label):
-        """The re-check after augmentation, counted: (bbox, label) to encode."""
+    def recheck(self, img, bbox, label):
+        """After augmenting: boxes clipped to ``img``, slivers and non-finite boxes dropped
+        with their labels (:func:`recheck_boxes`), counted; ``(bbox, label)`` to encode."""
         checked = recheck_boxes(bbox, label, img.shape[1:], self.n_fg_class, self.min_size)
-        self._count(too_small=checked.too_small, non_finite=checked.non_finite,
-                    clipped=checked.clipped, boxes_out=len(checked.bbox))
+        self.count(too_small=checked.too_small, non_finite=checked.non_finite,
+                   clipped=checked.clipped, boxes_out=len(checked.bbox))
         return checked.bbox, checked.label
 
-    def _encode(self, img, bbox, label):
+    def encode(self, img, bbox, label):
+        """What the loss takes: ``(img - mean, mb_loc, mb_label)`` (the coder's encoding)."""
         img = img - self.mean
         mb_loc, mb_label = self.coder.encode(bbox, label)
         return img.astype(np.float32, copy=False), mb_loc, mb_label
 
-    def _begin(self, img, bbox, label):
-        n_in = len(np.asarray(bbox))
-        bbox, label, keep = check_sample(img, bbox, label, self.n_fg_class)
-        self._count(samples=1, boxes_in=n_in, degenerate_input=int(np.count_nonzero(~keep)))
-        return np.asarray(img, dtype=np.float32), bbox, label
+    def count(self, **counts):
+        """Add ``counts`` to :attr:`stats` (thread-safe)."""
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self.stats, name, getattr(self.stats, name) + value)
 
 
-class TrainTransform(_EncodingTransform):
-    """The course's SSD augmentation, re-checked: ``(img, bbox, label) -> (img, mb_loc, mb_label)``.
+class TrainTransform(CheckedTransform):
+    """The course's SSD augmentation, re-checked: ``(img, bbox, label) -> (img, mb_loc, mb_label)``:
+    written in notebook 03, section 1 (the cell ``# @save medaidet/ssd/transforms.py``).
 
     Args:
         coder: the model's ``MultiboxCoder`` (``model.coder``); a CPU copy is kept.
@@ -431,7 +439,7 @@ class TrainTransform(_EncodingTransform):
         subtracted), bbox float32 (R', 4) inside the image with height and width
         ``>= min_size``, label int32 (R',). For looking at augmented samples.
         """
-        img, bbox, label = self._begin(img, bbox, label)
+        img, bbox, label = self.check(img, bbox, label)
         # 1. colour
         if self.color_distortion:
             img = random_distort(img)
@@ -449,7 +457,7 @@ class TrainTransform(_EncodingTransform):
             bbox, y_slice=param["y_slice"], x_slice=param["x_slice"],
             allow_outside_center=False, return_param=True)
         label = label[param["index"]]
-        self._count(cropped_out=n_before - len(bbox))
+        self.count(cropped_out=n_before - len(bbox))
         # 4. resize, with a random interpolation
         _, height, width = img.shape
         img = resize_with_random_interpolation(img, (self.size, self.size))
@@ -458,16 +466,16 @@ class TrainTransform(_EncodingTransform):
         img, param = transforms.random_flip(img, x_random=True, return_param=True)
         bbox = transforms.flip_bbox(bbox, (self.size, self.size), x_flip=param["x_flip"])
         # 6. the re-check: crop and resize can leave slivers; nothing invalid goes on
-        bbox, label = self._finish(img, bbox, label)
+        bbox, label = self.recheck(img, bbox, label)
         return img, bbox, label
 
     def __call__(self, in_data):
         img, bbox, label = in_data[:3]
         img, bbox, label = self.augment(img, bbox, label)
-        return self._encode(img, bbox, label)
+        return self.encode(img, bbox, label)
 
 
-class EncodeTransform(_EncodingTransform):
+class EncodeTransform(CheckedTransform):
     """No augmentation: resize to ``size`` x ``size`` (bilinear), re-check, subtract the
     mean, encode. ``(img, bbox, label) -> (img, mb_loc, mb_label)``, deterministic.
 
@@ -481,14 +489,14 @@ class EncodeTransform(_EncodingTransform):
 
     def resize(self, img, bbox, label):
         """Resized ``(img, bbox, label)``, boxes re-checked, mean not subtracted."""
-        img, bbox, label = self._begin(img, bbox, label)
+        img, bbox, label = self.check(img, bbox, label)
         _, height, width = img.shape
         img = transforms.resize(img, (self.size, self.size))
         bbox = transforms.resize_bbox(bbox, (height, width), (self.size, self.size))
-        bbox, label = self._finish(img, bbox, label)
+        bbox, label = self.recheck(img, bbox, label)
         return img, bbox, label
 
     def __call__(self, in_data):
         img, bbox, label = in_data[:3]
         img, bbox, label = self.resize(img, bbox, label)
-        return self._encode(img, bbox, label)
+        return self.encode(img, bbox, label)
