@@ -80,7 +80,6 @@ def plot_recall_by_stage(outcomes, flagged, split):
     names = outcomes.label_names
     fig = Figure(figsize=(4.3 * len(names), 3.8), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
-    found_by_t = {}
     for ax, (l, name) in zip(axes, enumerate(names)):
         for o, ls, tag in ((outcomes, "-", ""), (outcomes.without(flagged), "--",
                                                  " (no flagged)")):

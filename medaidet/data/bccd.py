@@ -122,47 +122,54 @@ class BCCDDataset(GetterDataset):
         self.clipped: list[ObjectIssue] = []
         self._image_paths, self.sizes, self._boxes = [], [], []
         for image_id in self.ids:
-            xml_path = (annotation_path(self.root, image_id) if labels == "bccd" else
-                        links[image_id].label_path(self.txl_root))
-            img_path = image_path(self.root, image_id)
-            for path, what in ((xml_path, "annotation"), (img_path, "image")):
-                if not path.is_file():
-                    raise DataError(
-                        f"{split_path(self.root, split)} lists {image_id}, but its {what} "
-                        f"{path} does not exist: restore the file or remove the id",
-                        "missing_file",
-                        path=path, image_id=image_id)
-            size = read_image_size(img_path, image_id)
-            if labels == "bccd":
-                annotation, item = parse_annotation(xml_path), "object"
-            else:
-                annotation, item = parse_yolo_labels(xml_path, size), "line"
-            checked = check_annotation(annotation, size, item=item)
-            for finding in checked.findings:
-                if finding.action == "raise" or strict:
-                    raise self._error(finding, xml_path, image_id, annotation)
-                record = ObjectIssue(image_id, finding.index, finding.kind, finding.detail)
-                (self.dropped if finding.action == "drop" else self.clipped).append(record)
-            keep = slice(None) if use_difficult else ~checked.difficult
-            self._image_paths.append(img_path)
-            self.sizes.append(size)
-            self._boxes.append((checked.bbox[keep], checked.label[keep],
-                                checked.difficult[keep]))
+            label_path = (annotation_path(self.root, image_id) if labels == "bccd" else
+                          links[image_id].label_path(self.txl_root))
+            self._read(image_id, label_path, use_difficult)
         if self.dropped or self.clipped:
-            shown = "; ".join(f"{d.image_id}: {d.detail}"
-                              for d in (self.dropped + self.clipped)[:3])
-            more = len(self.dropped) + len(self.clipped) - 3
-            message = (
-                f"BCCD {split} ({self.root}{', TXL-PBC labels' if labels != 'bccd' else ''}): "
-                f"dropped {len(self.dropped)} and clipped "
-                f"{len(self.clipped)} object(s): {shown}{f'; and {more} more' if more > 0 else ''}"
-                ". See dataset.dropped / dataset.clipped; strict=True raises instead")
-            warn_once(message)
+            self._warn_dropped()
 
         self.add_getter("img", self._get_image)
         self.add_getter(("bbox", "label", "difficult"), self._get_annotations)
         if not return_difficult:
             self.keys = ("img", "bbox", "label")
+
+    def _read(self, image_id: str, label_path, use_difficult: bool) -> None:
+        """One image's size and boxes, checked (dropped and clipped objects recorded)."""
+        img_path = image_path(self.root, image_id)
+        for path, what in ((label_path, "annotation"), (img_path, "image")):
+            if not path.is_file():
+                raise DataError(
+                    f"{split_path(self.root, self.split)} lists {image_id}, but its {what} "
+                    f"{path} does not exist: restore the file or remove the id",
+                    "missing_file",
+                    path=path, image_id=image_id)
+        size = read_image_size(img_path, image_id)
+        if self.labels == "bccd":
+            annotation, item = parse_annotation(label_path), "object"
+        else:
+            annotation, item = parse_yolo_labels(label_path, size), "line"
+        checked = check_annotation(annotation, size, item=item)
+        for finding in checked.findings:
+            if finding.action == "raise" or self.strict:
+                raise self._error(finding, label_path, image_id, annotation)
+            record = ObjectIssue(image_id, finding.index, finding.kind, finding.detail)
+            (self.dropped if finding.action == "drop" else self.clipped).append(record)
+        keep = slice(None) if use_difficult else ~checked.difficult
+        self._image_paths.append(img_path)
+        self.sizes.append(size)
+        self._boxes.append((checked.bbox[keep], checked.label[keep], checked.difficult[keep]))
+
+    def _warn_dropped(self) -> None:
+        """One warning for what the loader dropped or clipped (:func:`warn_once`)."""
+        shown = "; ".join(f"{d.image_id}: {d.detail}" for d in (self.dropped + self.clipped)[:3])
+        more = len(self.dropped) + len(self.clipped) - 3
+        warn_once(
+            f"BCCD {self.split} ({self.root}"
+            f"{', TXL-PBC labels' if self.labels != 'bccd' else ''}): "
+            f"dropped {len(self.dropped)} and clipped "
+            f"{len(self.clipped)} object(s): {shown}{f'; and {more} more' if more > 0 else ''}"
+            ". See dataset.dropped / dataset.clipped; strict=True raises instead",
+            stacklevel=4)      # the line that built the dataset
 
     @staticmethod
     def _error(finding: Finding, path, image_id, annotation) -> DataError:

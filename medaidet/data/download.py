@@ -580,6 +580,65 @@ def _files_not_ours(root: Path, source: PinnedSource) -> list[str]:
                                   if p.is_file()) if rel not in ours)
 
 
+def _temp_files(source: PinnedSource, root: Path) -> tuple[Path, Path]:
+    """This run's archive file and staging folder beside ``root`` (:func:`_temp_paths`),
+    created; a ``"destination"`` DataError, with nothing left behind, when they cannot be."""
+    archive, staging = _temp_paths(root)
+    made = []
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        archive.touch(exist_ok=False)
+        made.append(archive)
+        staging.mkdir()
+    except OSError as exc:
+        for path in made:
+            path.unlink(missing_ok=True)
+        raise DataError(f"cannot write beside {root}: {exc}. Choose another --root "
+                        f"or set ${source.data_env}.", "destination") from None
+    return archive, staging
+
+
+def _usable_copy(source: PinnedSource, root: Path, force: bool) -> bool:
+    """Whether ``root`` already holds a verified copy to use as it is (a copy placed by hand
+    whose files all match is marked now); a ``"destination"`` DataError when ``root`` cannot
+    take a download (not a folder, another copy without ``force``, foreign content)."""
+    if not root.exists():
+        return False
+    if not root.is_dir():
+        raise DataError(f"{root} exists and is not a folder; choose another --root.",
+                        "destination")
+    if not force:
+        if is_verified(root, source):
+            return True
+        if any(root.iterdir()):
+            problems = verify_dataset(root, source)
+            if not problems:
+                _write_marker(source, root, "verified in place")
+                return True
+            raise DataError(
+                f"{root} exists and is not a verified {source.name} copy "
+                f"({_summarize(problems)}). Pass --force (force=True) to replace the "
+                f"files of {source.name} with a fresh download (files that are not part "
+                f"of {source.name} are left where they are), or choose another --root.",
+                "destination")
+    elif any(root.iterdir()) and not _looks_like_dataset(root, source):
+        raise DataError(
+            f"refusing to replace {root}: it is not empty and does not look like a "
+            f"{source.name} copy (no {source.marks}/ or marker). Choose a new or empty "
+            "--root.", "destination")
+    return False
+
+
+def _log_kept(source: PinnedSource, root: Path) -> None:
+    """Log the files of ``root`` a forced download left in place (not part of ``source``)."""
+    kept = _files_not_ours(root, source)
+    if kept:
+        shown = ", ".join(kept[:10]) + (", ..." if len(kept) > 10 else "")
+        logger.info("%s: replaced the files of %s; left %d file(s) that are not part of "
+                    "%s where they were: %s", root, source.name, len(kept), source.name,
+                    shown)
+
+
 def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEOUT_S) -> Path:
     """BCCD at its pinned commit: :func:`download` of :data:`BCCD`."""
     return download(BCCD, root, url, force, progress, timeout)
@@ -614,43 +673,12 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
     _check_url(url, source)
     manifest = load_manifest(source)
     sweep_leftovers(root)
-
-    if root.exists():
-        if not root.is_dir():
-            raise DataError(f"{root} exists and is not a folder; choose another --root.",
-                            "destination")
-        if not force:
-            if is_verified(root, source):
-                return root
-            if any(root.iterdir()):
-                problems = verify_dataset(root, source)
-                if not problems:
-                    _write_marker(source, root, "verified in place")
-                    return root
-                raise DataError(
-                    f"{root} exists and is not a verified {source.name} copy "
-                    f"({_summarize(problems)}). Pass --force (force=True) to replace the "
-                    f"files of {source.name} with a fresh download (files that are not part "
-                    f"of {source.name} are left where they are), or choose another --root.",
-                    "destination")
-        elif any(root.iterdir()) and not _looks_like_dataset(root, source):
-            raise DataError(
-                f"refusing to replace {root}: it is not empty and does not look like a "
-                f"{source.name} copy (no {source.marks}/ or marker). Choose a new or empty "
-                "--root.", "destination")
-
+    if _usable_copy(source, root, force):
+        return root
     archive = staging = None
     had_root = root.exists()   # else a failed download is said to have found no copy
     try:
-        try:
-            root.parent.mkdir(parents=True, exist_ok=True)
-            archive, staging = _temp_paths(root)
-            archive.touch(exist_ok=False)
-            staging.mkdir()
-        except OSError as exc:
-            raise DataError(f"cannot write beside {root}: {exc}. Choose another --root "
-                            f"or set ${source.data_env}.", "destination") from None
-
+        archive, staging = _temp_files(source, root)
         try:
             _fetch(source, url, archive, root, timeout, progress)
         except DataError as exc:         # "download", "url" or "archive"
@@ -677,12 +705,7 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     if existed:
-        kept = _files_not_ours(root, source)
-        if kept:
-            shown = ", ".join(kept[:10]) + (", ..." if len(kept) > 10 else "")
-            logger.info("%s: replaced the files of %s; left %d file(s) that are not part of "
-                        "%s where they were: %s", root, source.name, len(kept), source.name,
-                        shown)
+        _log_kept(source, root)
     return root
 
 

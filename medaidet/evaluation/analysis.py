@@ -314,6 +314,20 @@ def _best_scores(cand: Candidates, gt_bbox, gt_label, iou_thresh) -> dict:
     return out
 
 
+def _size_and_crowding(gb, gl, use, image_size, input_size: int, crowd_iou: float):
+    """Each box's size at the model's input (the square root of height x width) and how many
+    other boxes of its class (difficult ones left out) overlap it with IoU ``> crowd_iou``."""
+    h_img, w_img = image_size
+    h = (gb[:, 2] - gb[:, 0]).astype(np.float64) * input_size / h_img
+    w = (gb[:, 3] - gb[:, 1]).astype(np.float64) * input_size / w_img
+    size = np.sqrt(np.clip(h, 0, None) * np.clip(w, 0, None))
+    # crowding: plain IoU of the annotated boxes (their overlap as drawn)
+    iou = bbox_iou(gb, gb) if len(gb) else np.zeros((0, 0))
+    same = gl[:, None] == gl[None, :]
+    np.fill_diagonal(same, False)
+    return size, ((iou > crowd_iou) & same & use[None, :]).sum(axis=1)
+
+
 def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 0.6),
                  iou_thresh: float = IOU_THRESH, crowd_iou: float = 0.0,
                  input_size: int = 300, image_sizes=None, root=None) -> BoxOutcomes:
@@ -344,15 +358,7 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
         gl = np.asarray(predictions.gt_labels[i], dtype=np.int32).reshape(-1)
         gd = np.asarray(predictions.gt_difficults[i], dtype=bool).reshape(-1)
         use = ~gd
-        h_img, w_img = sizes[i]
-        h = (gb[:, 2] - gb[:, 0]).astype(np.float64) * input_size / h_img
-        w = (gb[:, 3] - gb[:, 1]).astype(np.float64) * input_size / w_img
-        size = np.sqrt(np.clip(h, 0, None) * np.clip(w, 0, None))
-        # crowding: plain IoU of the annotated boxes (their overlap as drawn)
-        iou = bbox_iou(gb, gb) if len(gb) else np.zeros((0, 0))
-        same = gl[:, None] == gl[None, :]
-        np.fill_diagonal(same, False)
-        crowding = ((iou > crowd_iou) & same & use[None, :]).sum(axis=1)
+        size, crowding = _size_and_crowding(gb, gl, use, sizes[i], input_size, crowd_iou)
         cols["image_id"] += [image_id] * int(use.sum())
         cols["label"].append(gl[use])
         cols["size"].append(size[use])

@@ -193,6 +193,15 @@ def bootstrap(predictions: Predictions, statistic, n: int = 1000, seed: int = 0,
     return spread(values)
 
 
+def _ground_truth(item):
+    """``(bbox, label, difficult)`` of a dataset item: float32 (R, 4), int32 (R,), bool (R,)
+    (no difficult flags: none is difficult)."""
+    label = np.asarray(item[2], dtype=np.int32)
+    difficult = (np.asarray(item[3], dtype=bool) if len(item) > 3
+                 else np.zeros(len(label), dtype=bool))
+    return np.asarray(item[1], dtype=np.float32).reshape(-1, 4), label, difficult
+
+
 def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
                   top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K, ids=None,
                   label_names=None, split=None, return_candidates: bool = False):
@@ -215,7 +224,6 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         :class:`Predictions` (with the split, the model's name and the seconds the loop
         took); with ``return_candidates``, ``(predictions, candidates)``.
     """
-
     if progress:    # tqdm.auto warns where Jupyter has no ipywidgets: not imported for nothing
         from tqdm.auto import tqdm
     else:
@@ -243,10 +251,8 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
                 out["pl"] += labels
                 out["ps"] += scores
                 for it in items:
-                    out["gb"].append(np.asarray(it[1], dtype=np.float32).reshape(-1, 4))
-                    out["gl"].append(np.asarray(it[2], dtype=np.int32))
-                    out["gd"].append(np.asarray(it[3], dtype=bool) if len(it) > 3
-                                     else np.zeros(len(it[2]), dtype=bool))
+                    for key, value in zip(("gb", "gl", "gd"), _ground_truth(it)):
+                        out[key].append(value)
                 bar.update(len(items))
         score_thresh = float(model.score_thresh)
     finally:

@@ -384,6 +384,21 @@ def measure_batch_sizes(train_chain, dataset, sizes=(1, 2, 4, 8), device=None,
     return report
 
 
+def _nothing_fits(report: BatchSizeReport, device, on_gpu: bool) -> DeviceError:
+    """The ``"memory"`` DeviceError when even the smallest batch size ran out of memory."""
+    tried = " -> ".join(str(t.batch_size) for t in report.tries)
+    where = ("free GPU memory held by other processes (nvidia-smi lists them; restart "
+             "other notebooks' kernels), use a smaller model input (SSD300 instead of "
+             "SSD512), or train on the CPU (--device cpu: slow, but the host's memory)"
+             if on_gpu else
+             "close other programs or use a machine with more memory, or use a smaller "
+             "model input (SSD300 instead of SSD512)")
+    return DeviceError(
+        f"no batch size fits in memory on {device}: tried {tried}, and even batch "
+        f"{report.tries[-1].batch_size} ran out of memory ({report.tries[-1].error}). "
+        f"Try: {where}.", "memory", report=report)
+
+
 def find_batch_size(train_chain, dataset, device=None, start: int = 32,
                     min_batch_size: int = 1, target_batch_size: int | None = None,
                     log=print) -> BatchSizeReport:
@@ -432,7 +447,6 @@ def find_batch_size(train_chain, dataset, device=None, start: int = 32,
     report = BatchSizeReport(device=str(device), memory_measure=PeakMemory(device).measure,
                              target_batch_size=target_batch_size or start)
     examples = [dataset[i] for i in range(min(start, len(dataset)))]
-
     batch_size = start
     while True:
         t = _try_batch_size(train_chain, examples, batch_size, device)
@@ -444,17 +458,7 @@ def find_batch_size(train_chain, dataset, device=None, start: int = 32,
             break
         batch_size = max(batch_size // 2, min_batch_size)
 
-    tried = " -> ".join(str(t.batch_size) for t in report.tries)
-    where = ("free GPU memory held by other processes (nvidia-smi lists them; restart "
-             "other notebooks' kernels), use a smaller model input (SSD300 instead of "
-             "SSD512), or train on the CPU (--device cpu: slow, but the host's memory)"
-             if on_gpu else
-             "close other programs or use a machine with more memory, or use a smaller "
-             "model input (SSD300 instead of SSD512)")
-    raise DeviceError(
-        f"no batch size fits in memory on {device}: tried {tried}, and even batch "
-        f"{report.tries[-1].batch_size} ran out of memory ({report.tries[-1].error}). "
-        f"Try: {where}.", "memory", report=report)
+    raise _nothing_fits(report, device, on_gpu)
 
 
 def _log_line(t: BatchSizeTry) -> str:

@@ -172,6 +172,26 @@ def decimate_fc7(weight: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, np.n
     return weight[::4, ::4].reshape(1024, 1024, 1, 1), np.asarray(bias)[::4]
 
 
+def _check_used(state: dict, used: dict, path: Path) -> None:
+    """Every array the conversion uses is in ``state`` with its shape (``used``: name ->
+    shape), and finite; a ``"mismatch"`` or ``"not_finite"`` WeightsError otherwise."""
+    for key, shape in used.items():
+        if key not in state:
+            raise _layout_error(state, path, key, shape, None)
+        if tuple(np.shape(state[key])) != shape:
+            raise _layout_error(state, path, key, shape, tuple(np.shape(state[key])))
+    bad = [key for key in used if not np.isfinite(state[key]).all()]
+    if bad:
+        values = np.asarray(state[bad[0]])
+        raise WeightsError(
+            f"{path}: {bad[0]} holds {int(np.isnan(values).sum())} NaN and "
+            f"{int(np.isinf(values).sum())} infinite of its {values.size} values ({len(bad)} "
+            f"of the {len(used)} arrays used hold some). A download does not do this: the "
+            f"file was damaged or written by a diverged training; use the published file.",
+            "not_finite",
+            path=path, parameter=bad[0], count=len(bad))
+
+
 def convert_vgg16(state: dict, mean=SSD_MEAN, path: Path | str = "the weights"
                   ) -> tuple[dict[str, np.ndarray], str]:
     """ChainerCV's VGG16 parameters from a torchvision- or timm-layout state dict.
@@ -199,21 +219,7 @@ def convert_vgg16(state: dict, mean=SSD_MEAN, path: Path | str = "the weights"
     used = dict(VGG16_SHAPES)
     for name, shape in FC_LAYOUTS[layout].values():
         used[f"{name}.weight"], used[f"{name}.bias"] = shape, shape[:1]
-    for key, shape in used.items():
-        if key not in state:
-            raise _layout_error(state, path, key, shape, None)
-        if tuple(np.shape(state[key])) != shape:
-            raise _layout_error(state, path, key, shape, tuple(np.shape(state[key])))
-    bad = [key for key in used if not np.isfinite(state[key]).all()]
-    if bad:
-        values = np.asarray(state[bad[0]])
-        raise WeightsError(
-            f"{path}: {bad[0]} holds {int(np.isnan(values).sum())} NaN and "
-            f"{int(np.isinf(values).sum())} infinite of its {values.size} values ({len(bad)} "
-            f"of the {len(used)} arrays used hold some). A download does not do this: the "
-            f"file was damaged or written by a diverged training; use the published file.",
-            "not_finite",
-            path=path, parameter=bad[0], count=len(bad))
+    _check_used(state, used, path)
 
     out = {}
     for name in CONVS:

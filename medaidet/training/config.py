@@ -204,12 +204,9 @@ class TrainConfig:
         return self if values == dataclasses.asdict(self) else TrainConfig(**values)
 
 
-def _normalised(values: dict) -> dict:
-    """``values`` (every field of a :class:`TrainConfig`) checked, with numbers written as
-    text (YAML reads ``1e-3`` as text) made numbers, whole numbers ints, paths text
-    (``config.json`` is JSON) and names lower-case; :class:`ConfigError` naming the first
-    bad field otherwise. Does not change ``values``."""
-    v = dict(values)
+def _normalise_numbers(v: dict) -> None:
+    """The numeric fields of ``v`` checked (:func:`check_number`'s rules), numbers written as
+    text made numbers and whole numbers ints, in place; ``lr_steps`` a tuple of floats."""
 
     def number(name, rule="positive", integer=False, optional=False):
         value = v[name]
@@ -249,6 +246,15 @@ def _normalised(values: dict) -> dict:
         except ConfigError as exc:
             raise ConfigError(str(exc)) from None
     v["lr_steps"] = tuple(steps)
+
+
+def _normalised(values: dict) -> dict:
+    """``values`` (every field of a :class:`TrainConfig`) checked, with numbers written as
+    text (YAML reads ``1e-3`` as text) made numbers, whole numbers ints, paths text
+    (``config.json`` is JSON) and names lower-case; :class:`ConfigError` naming the first
+    bad field otherwise. Does not change ``values``."""
+    v = dict(values)
+    _normalise_numbers(v)
     for name in ("deterministic", "augment", "color_distortion"):
         if not isinstance(v[name], bool):
             raise ConfigError(f"{name}: {v[name]!r} is not true or false; expected true or "

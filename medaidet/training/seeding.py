@@ -155,30 +155,7 @@ def seed_everything(seed: int, devices=None, deterministic: bool = False,
                         "process: the same seed gives the same order of images"))
 
     gpus = gpu_ids(devices)
-    if gpus:
-        import cupy
-        for gpu in gpus:
-            with cupy.cuda.Device(gpu):
-                cupy.random.seed(seed)
-        rows.append(SeedRow("CuPy", SEEDED, f"cupy.random.seed({seed}) on GPU "
-                                            f"{', '.join(map(str, gpus))} (each device has "
-                                            "its own generator)"))
-    else:
-        rows.append(SeedRow("CuPy", NOT_APPLICABLE, "no GPU in this run"))
-
-    if n_processes:
-        rows.append(SeedRow(
-            "iterator workers", NOT_DETERMINISTIC,
-            f"{n_processes} worker processes, each reseeded from (seed, worker) so they do "
-            "not repeat one another's augmentation; but MultiprocessIterator gives each "
-            "image to whichever worker is free, so which stream augments it varies: use "
-            "n_processes=0 for bitwise reproducible augmentation"))
-    else:
-        rows.append(SeedRow("iterator workers", NOT_APPLICABLE,
-                            "no worker processes: augmentation is drawn in this process "
-                            "from the seeded Python and NumPy RNGs"))
-
-    rows.append(_cudnn_row(deterministic))
+    rows += [_cupy_row(seed, gpus), _workers_row(n_processes), _cudnn_row(deterministic)]
     if gpus:
         rows.append(SeedRow(
             "GPU kernels", NOT_DETERMINISTIC,
@@ -194,6 +171,33 @@ def seed_everything(seed: int, devices=None, deterministic: bool = False,
         "matrix products are reproducible for a fixed thread count; another machine or "
         "thread count can change the last bits"))
     return SeedReport(seed=seed, deterministic=bool(deterministic), rows=rows)
+
+
+def _cupy_row(seed: int, gpus) -> SeedRow:
+    """CuPy's generator seeded on every GPU of the run (each device has its own)."""
+    if not gpus:
+        return SeedRow("CuPy", NOT_APPLICABLE, "no GPU in this run")
+    import cupy
+    for gpu in gpus:
+        with cupy.cuda.Device(gpu):
+            cupy.random.seed(seed)
+    return SeedRow("CuPy", SEEDED, f"cupy.random.seed({seed}) on GPU "
+                                   f"{', '.join(map(str, gpus))} (each device has "
+                                   "its own generator)")
+
+
+def _workers_row(n_processes: int) -> SeedRow:
+    """What seeding does for the data-loading worker processes."""
+    if n_processes:
+        return SeedRow(
+            "iterator workers", NOT_DETERMINISTIC,
+            f"{n_processes} worker processes, each reseeded from (seed, worker) so they do "
+            "not repeat one another's augmentation; but MultiprocessIterator gives each "
+            "image to whichever worker is free, so which stream augments it varies: use "
+            "n_processes=0 for bitwise reproducible augmentation")
+    return SeedRow("iterator workers", NOT_APPLICABLE,
+                   "no worker processes: augmentation is drawn in this process "
+                   "from the seeded Python and NumPy RNGs")
 
 
 class ReseedingTransform:
