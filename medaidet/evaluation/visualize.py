@@ -93,6 +93,33 @@ def _as_boxes(bbox) -> np.ndarray:
     return np.asarray(bbox, dtype=np.float32).reshape(-1, 4)
 
 
+def _matched_inputs(pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult):
+    """:func:`match_detections`' arguments as arrays, their lengths checked."""
+    pred_bbox = _as_boxes(pred_bbox)
+    gt_bbox = _as_boxes(gt_bbox)
+    pred_label = np.asarray(pred_label, dtype=np.int32).reshape(-1)
+    pred_score = np.asarray(pred_score, dtype=np.float32).reshape(-1)
+    gt_label = np.asarray(gt_label, dtype=np.int32).reshape(-1)
+    gt_difficult = (np.zeros(len(gt_label), dtype=bool) if gt_difficult is None
+                    else np.asarray(gt_difficult, dtype=bool).reshape(-1))
+    r, g = len(pred_bbox), len(gt_bbox)
+    if not (len(pred_label) == len(pred_score) == r and len(gt_label) == len(gt_difficult) == g):
+        raise ValueError(f"match_detections: {r} predicted boxes with {len(pred_label)} labels "
+                         f"and {len(pred_score)} scores; {g} ground-truth boxes with "
+                         f"{len(gt_label)} labels and {len(gt_difficult)} difficult flags: "
+                         "each box needs one of each")
+    return pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult
+
+
+def _voc_iou(pred_bbox, gt_bbox):
+    """IoU with VOC's integer-pixel convention (``y_max``/``x_max`` + 1), as ChainerCV's
+    ``calc_detection_voc_prec_rec`` computes it."""
+    pb, gb = pred_bbox.copy(), gt_bbox.copy()
+    pb[:, 2:] += 1
+    gb[:, 2:] += 1
+    return bbox_iou(pb, gb)
+
+
 def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
                      gt_difficult=None, iou_thresh: float = IOU_THRESH,
                      score_thresh: float = COUNT_SCORE_THRESH) -> DetectionMatch:
@@ -119,23 +146,11 @@ def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
     Returns:
         :class:`DetectionMatch`: masks over the detections and over the boxes.
     """
-    pred_bbox = _as_boxes(pred_bbox)
-    gt_bbox = _as_boxes(gt_bbox)
-    pred_label = np.asarray(pred_label, dtype=np.int32).reshape(-1)
-    pred_score = np.asarray(pred_score, dtype=np.float32).reshape(-1)
-    gt_label = np.asarray(gt_label, dtype=np.int32).reshape(-1)
-    gt_difficult = (np.zeros(len(gt_label), dtype=bool) if gt_difficult is None
-                    else np.asarray(gt_difficult, dtype=bool).reshape(-1))
+    pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult = _matched_inputs(
+        pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult)
     r, g = len(pred_bbox), len(gt_bbox)
-    if not (len(pred_label) == len(pred_score) == r and len(gt_label) == len(gt_difficult) == g):
-        raise ValueError(f"match_detections: {r} predicted boxes with {len(pred_label)} labels "
-                         f"and {len(pred_score)} scores; {g} ground-truth boxes with "
-                         f"{len(gt_label)} labels and {len(gt_difficult)} difficult flags: "
-                         "each box needs one of each")
     kept = pred_score >= score_thresh
-    tp = np.zeros(r, dtype=bool)
-    fp = np.zeros(r, dtype=bool)
-    ignored = np.zeros(r, dtype=bool)
+    tp, fp, ignored = (np.zeros(r, dtype=bool) for _ in range(3))
     matched_by = np.full(g, -1, dtype=np.int64)
     taken = np.zeros(g, dtype=bool)
     for label in np.unique(pred_label[kept]):
@@ -146,12 +161,7 @@ def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
         if len(gt_idx) == 0:
             fp[pred_idx] = True
             continue
-        # VOC evaluation follows integer typed bounding boxes (as ChainerCV does).
-        pb = pred_bbox[pred_idx].copy()
-        pb[:, 2:] += 1
-        gb = gt_bbox[gt_idx].copy()
-        gb[:, 2:] += 1
-        iou = bbox_iou(pb, gb)
+        iou = _voc_iou(pred_bbox[pred_idx], gt_bbox[gt_idx])
         best = iou.argmax(axis=1)
         best[iou.max(axis=1) < iou_thresh] = -1
         for p, b in zip(pred_idx, best):
@@ -228,6 +238,22 @@ def _to_hwc(img) -> np.ndarray:
     return np.clip(hwc, 0, 255).astype(np.uint8)
 
 
+def _draw_box(ax, kind: str, box, text: str) -> None:
+    """One box in the style of its outcome (``"tp"``, ``"fp"``, ``"missed"``), tagged."""
+    style = STYLES[kind]
+    y0, x0, y1, x1 = (float(v) for v in box)
+    ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, gid=kind, **style))
+    # missed boxes tagged below their corner, detections above: a TP and the box it
+    # matched do not both show, but an FP over a missed box should stay readable;
+    # a missed box's tag is black on white inside its dotted outline, a detection's filled
+    missed = kind == "missed"
+    ax.text(x0 + 1, (y1 - 1) if missed else (y0 + 1), text,
+            fontsize=6, color="black" if missed else "white", va="bottom" if missed else "top",
+            bbox=dict(facecolor="white" if missed else style["edgecolor"],
+                      edgecolor=style["edgecolor"] if missed else "none",
+                      pad=0.6, alpha=0.85), clip_on=True)
+
+
 def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
                     label_names, score_thresh: float = COUNT_SCORE_THRESH,
                     iou_thresh: float = IOU_THRESH, gt_difficult=None, class_filter=None,
@@ -255,7 +281,6 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
     Returns:
         the :class:`DetectionMatch` of all classes (the drawing may show one).
     """
-
     label_names = tuple(label_names)
     match = match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
                              gt_difficult, iou_thresh, score_thresh)
@@ -273,22 +298,11 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
             ("missed", gt_bbox, gt_label, match.missed & gt_in, None),
             ("fp", pred_bbox, pred_label, match.fp & pred_in, pred_score),
             ("tp", pred_bbox, pred_label, match.tp & pred_in, pred_score)):
-        style = STYLES[kind]
         for i in np.flatnonzero(mask):
-            y0, x0, y1, x1 = (float(v) for v in boxes[i])
-            ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, gid=kind, **style))
             text = tags[labels[i]] if 0 <= labels[i] < len(tags) else str(labels[i])
             if show_scores and scores is not None:
                 text += f" {scores[i]:.2f}"
-            # missed boxes tagged below their corner, detections above: a TP and the box it
-            # matched do not both show, but an FP over a missed box should stay readable
-            # a missed box's tag is white on black's dotted outline, a detection's filled
-            ax.text(x0 + 1, (y1 - 1) if kind == "missed" else (y0 + 1), text,
-                    fontsize=6, color="black" if kind == "missed" else "white",
-                    va="bottom" if kind == "missed" else "top",
-                    bbox=dict(facecolor="white" if kind == "missed" else style["edgecolor"],
-                              edgecolor=style["edgecolor"] if kind == "missed" else "none",
-                              pad=0.6, alpha=0.85), clip_on=True)
+            _draw_box(ax, kind, boxes[i], text)
             drawn[kind].append(i)
     counts = _count_title(pred_label, match.kept, gt_label, label_names, only)
     ax.set_title(counts if not title else f"{title}\n{counts}", fontsize=9)
@@ -333,6 +347,64 @@ def _matches(predictions: Predictions, score_thresh, iou_thresh):
         for i in range(len(predictions))]
 
 
+def _at_threshold(predictions: Predictions, score_thresh):
+    """``(predictions, score_thresh, "score >= ...")`` for one threshold or one per class
+    (``{class name: threshold}``: the predictions filtered, their lowest threshold kept)."""
+    at = f"score >= {score_thresh:g}" if not isinstance(score_thresh, dict) else (
+        "scores >= " + ", ".join(f"{n} {t:g}" for n, t in score_thresh.items()))
+    if isinstance(score_thresh, dict):
+        predictions = predictions.filter(score_thresh)
+        score_thresh = predictions.score_thresh
+    if score_thresh < predictions.score_thresh:
+        raise ValueError(f"score_thresh: {score_thresh} is below {predictions.score_thresh:g}, "
+                         "the lowest score the predictions hold")
+    return predictions, score_thresh, at
+
+
+def _chosen(predictions: Predictions, indices, n: int, sort_by, outcomes) -> list:
+    """The positions :func:`plot_detections` shows: ``indices`` (positions or image ids)
+    checked, or the first ``n`` (by ``sort_by``; ``outcomes``: per image (tp, missed, fp))."""
+    if indices is None:
+        order = list(range(len(predictions)))
+        if sort_by is not None:
+            if sort_by not in ("missed", "fp", "errors"):
+                raise ValueError(f"sort_by: {sort_by!r}; expected 'missed', 'fp', 'errors' "
+                                 "or None")
+
+            def errors(i):
+                missed, fp = outcomes[i][1:]
+                return (missed if sort_by != "fp" else 0) + (fp if sort_by != "missed" else 0)
+
+            order.sort(key=lambda i: -errors(i))       # stable: ties keep their order
+        return order[:n]
+    position = {image_id: i for i, image_id in enumerate(predictions.ids)}
+    indices = [position[i] if isinstance(i, str) and i in position else i for i in indices]
+    bad = [i for i in indices
+           if isinstance(i, str) or not -len(predictions) <= int(i) < len(predictions)]
+    if bad:
+        raise ValueError(f"indices: {bad} are neither positions (0 to "
+                         f"{len(predictions) - 1}) nor image ids of the predictions")
+    return [int(i) % len(predictions) for i in indices]
+
+
+def _outcomes(predictions: Predictions, score_thresh, iou_thresh, only) -> list:
+    """Per image, of the class ``only`` (None: every class): (true positives, missed, false
+    positives)."""
+    return [(int((m.tp & _of_class(pl, only)).sum()),
+             int((m.missed & _of_class(gl, only)).sum()),
+             int((m.fp & _of_class(pl, only)).sum()))
+            for m, pl, gl in zip(_matches(predictions, score_thresh, iou_thresh),
+                                 predictions.pred_labels, predictions.gt_labels)]
+
+
+def _grid(n_panels: int, ncols: int):
+    """A figure of ``n_panels`` panels, ``ncols`` a row at most: ``(fig, flat axes)``."""
+    ncols = max(1, min(int(ncols), n_panels))
+    nrows = math.ceil(n_panels / ncols)
+    fig = Figure(figsize=(4.6 * ncols, 3.9 * nrows + 0.6), layout="constrained")
+    return fig, fig.subplots(nrows, ncols, squeeze=False).ravel()
+
+
 def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_names=None,
                     score_thresh: float = COUNT_SCORE_THRESH, class_filter=None,
                     dataset=None, root=None, sort_by: str | None = None, ncols: int = 3,
@@ -363,54 +435,16 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
     Returns:
         a matplotlib ``Figure`` (not shown; ``fig.savefig(...)`` to write it).
     """
-
     label_names = tuple(label_names or predictions.label_names)
-    at = f"score >= {score_thresh:g}" if not isinstance(score_thresh, dict) else (
-        "scores >= " + ", ".join(f"{n} {t:g}" for n, t in score_thresh.items()))
-    if isinstance(score_thresh, dict):
-        predictions = predictions.filter(score_thresh)
-        score_thresh = predictions.score_thresh
-    if score_thresh < predictions.score_thresh:
-        raise ValueError(f"score_thresh: {score_thresh} is below {predictions.score_thresh:g}, "
-                         "the lowest score the predictions hold")
+    predictions, score_thresh, at = _at_threshold(predictions, score_thresh)
     only = _class_index(class_filter, label_names)
-    # per image, of the class shown: (true positives, missed, false positives)
-    outcomes = [(int((m.tp & _of_class(pl, only)).sum()),
-                 int((m.missed & _of_class(gl, only)).sum()),
-                 int((m.fp & _of_class(pl, only)).sum()))
-                for m, pl, gl in zip(_matches(predictions, score_thresh, iou_thresh),
-                                     predictions.pred_labels, predictions.gt_labels)]
-    if indices is None:
-        order = list(range(len(predictions)))
-        if sort_by is not None:
-            if sort_by not in ("missed", "fp", "errors"):
-                raise ValueError(f"sort_by: {sort_by!r}; expected 'missed', 'fp', 'errors' "
-                                 "or None")
-
-            def errors(i):
-                missed, fp = outcomes[i][1:]
-                return (missed if sort_by != "fp" else 0) + (fp if sort_by != "missed" else 0)
-
-            order.sort(key=lambda i: -errors(i))       # stable: ties keep their order
-        indices = order[:n]
-    else:
-        position = {image_id: i for i, image_id in enumerate(predictions.ids)}
-        indices = [position[i] if isinstance(i, str) and i in position else i
-                   for i in indices]
-        bad = [i for i in indices
-               if isinstance(i, str) or not -len(predictions) <= int(i) < len(predictions)]
-        if bad:
-            raise ValueError(f"indices: {bad} are neither positions (0 to "
-                             f"{len(predictions) - 1}) nor image ids of the predictions")
-        indices = [int(i) % len(predictions) for i in indices]
+    outcomes = _outcomes(predictions, score_thresh, iou_thresh, only)
+    indices = _chosen(predictions, indices, n, sort_by, outcomes)
     if not indices:
         raise ValueError("plot_detections: no image to show (empty predictions or indices)")
     dataset, index = _images_for(predictions, dataset, root)
 
-    ncols = max(1, min(int(ncols), len(indices)))
-    nrows = math.ceil(len(indices) / ncols)
-    fig = Figure(figsize=(4.6 * ncols, 3.9 * nrows + 0.6), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    fig, axes = _grid(len(indices), ncols)
     totals = {"tp": 0, "fp": 0, "missed": 0}
     for ax, i in zip(axes, indices):
         image_id = predictions.ids[i]
