@@ -123,6 +123,45 @@ def _duplicates(bbox, labels, threshold):
             yield j, int(earlier[first]), bool(len(exact)), float(iou[first])
 
 
+def _check_object(obj, height: int, width: int, tolerance: float, item: str, names: str):
+    """``(findings, box)`` of one object: its box 0-based ``(y_min, x_min, y_max, x_max)``
+    (clipped when it was within ``tolerance`` of the image), or None when it is not kept."""
+    i = obj.index
+    if obj.label is None:
+        why = ("has no <name>" if obj.name is None else
+               f"is named {obj.name!r}, not one of {names} (case-insensitive)")
+        return [Finding(i, "unknown_label", f"{item} {i} {why}", "raise")], None
+    if obj.bndbox is None:
+        return [Finding(i, "bad_coordinates", f"{item} {i} ({obj.name.strip()}): "
+                        f"{obj.problem}", "drop")], None
+    xmin, ymin, xmax, ymax = obj.bndbox
+    where = f"{item} {i} ({obj.name.strip()}, x {_fmt(xmin)}..{_fmt(xmax)}, " \
+            f"y {_fmt(ymin)}..{_fmt(ymax)})"
+    if xmax < xmin or ymax < ymin:
+        axis = "xmax < xmin" if xmax < xmin else "ymax < ymin"
+        return [Finding(i, "bad_coordinates", f"{where}: reversed ({axis})", "drop")], None
+    if xmax == xmin or ymax == ymin:
+        which = ("width and height" if xmax == xmin and ymax == ymin else
+                 "width" if xmax == xmin else "height")
+        return [Finding(i, "zero_area", f"{where}: zero {which}", "drop")], None
+    over = max(1 - xmin, 1 - ymin, xmax - width, ymax - height)
+    if over > tolerance:
+        return [Finding(i, "out_of_bounds", f"{where}: {_fmt(over)} px outside the "
+                        f"{width}x{height} image (VOC pixels are 1..{width}, "
+                        f"1..{height})", "drop")], None
+    findings = []
+    if over > 0:
+        xmin, ymin = max(xmin, 1), max(ymin, 1)
+        xmax, ymax = min(xmax, width), min(ymax, height)
+        if xmax <= xmin or ymax <= ymin:
+            return [Finding(i, "out_of_bounds", f"{where}: outside the {width}x"
+                            f"{height} image (nothing left after clipping)", "drop")], None
+        findings.append(Finding(i, "out_of_bounds", f"{where}: {_fmt(over)} px outside the "
+                                f"{width}x{height} image (within {tolerance} px: clipped)",
+                                "clip"))
+    return findings, (ymin - 1, xmin - 1, ymax - 1, xmax - 1)
+
+
 def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_NAMES,
                      tolerance: float = BOUNDS_TOLERANCE,
                      near_duplicate_iou: float = NEAR_DUPLICATE_IOU,
@@ -150,46 +189,10 @@ def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_
     names = ", ".join(label_names)
     candidates = []            # (index, label, box 0-based, difficult)
     for obj in annotation.objects:
-        i = obj.index
-        if obj.label is None:
-            why = ("has no <name>" if obj.name is None else
-                   f"is named {obj.name!r}, not one of {names} (case-insensitive)")
-            findings.append(Finding(i, "unknown_label", f"{item} {i} {why}", "raise"))
-            continue
-        if obj.bndbox is None:
-            findings.append(Finding(i, "bad_coordinates", f"{item} {i} ({obj.name.strip()}): "
-                                    f"{obj.problem}", "drop"))
-            continue
-        xmin, ymin, xmax, ymax = obj.bndbox
-        where = f"{item} {i} ({obj.name.strip()}, x {_fmt(xmin)}..{_fmt(xmax)}, " \
-                f"y {_fmt(ymin)}..{_fmt(ymax)})"
-        if xmax < xmin or ymax < ymin:
-            axis = "xmax < xmin" if xmax < xmin else "ymax < ymin"
-            findings.append(Finding(i, "bad_coordinates", f"{where}: reversed ({axis})", "drop"))
-            continue
-        if xmax == xmin or ymax == ymin:
-            which = ("width and height" if xmax == xmin and ymax == ymin else
-                     "width" if xmax == xmin else "height")
-            findings.append(Finding(i, "zero_area", f"{where}: zero {which}", "drop"))
-            continue
-        over = max(1 - xmin, 1 - ymin, xmax - width, ymax - height)
-        if over > tolerance:
-            findings.append(Finding(i, "out_of_bounds", f"{where}: {_fmt(over)} px outside the "
-                                    f"{width}x{height} image (VOC pixels are 1..{width}, "
-                                    f"1..{height})", "drop"))
-            continue
-        if over > 0:
-            xmin, ymin = max(xmin, 1), max(ymin, 1)
-            xmax, ymax = min(xmax, width), min(ymax, height)
-            if xmax <= xmin or ymax <= ymin:
-                findings.append(Finding(i, "out_of_bounds", f"{where}: outside the {width}x"
-                                        f"{height} image (nothing left after clipping)", "drop"))
-                continue
-            findings.append(Finding(i, "out_of_bounds", f"{where}: {_fmt(over)} px outside the "
-                                    f"{width}x{height} image (within {tolerance} px: clipped)",
-                                    "clip"))
-        candidates.append((i, obj.label, (ymin - 1, xmin - 1, ymax - 1, xmax - 1),
-                           obj.difficult))
+        found, box = _check_object(obj, height, width, tolerance, item, names)
+        findings += found
+        if box is not None:
+            candidates.append((obj.index, obj.label, box, obj.difficult))
 
     bbox = np.array([c[2] for c in candidates], dtype=np.float32).reshape(-1, 4)
     labels = np.array([c[1] for c in candidates], dtype=np.int32)
