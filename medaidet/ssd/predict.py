@@ -196,6 +196,38 @@ def _top(xp, score, k):
     return xp.sort(order)
 
 
+def _decoded(coder, mb_loc, mb_conf, xp):
+    """Every default box's decoded box ``(y_min, x_min, y_max, x_max)`` and class
+    probabilities (softmax), by the same expressions as ``MultiboxCoder.decode``: its
+    default boxes are float64, so the boxes NMS sees are float64 too; computing them any
+    other way could flip an IoU that sits exactly at the threshold."""
+    default_bbox = coder._default_bbox
+    variance = coder._variance
+    mb_bbox = default_bbox.copy()
+    mb_bbox[:, :2] += mb_loc[:, :2] * variance[0] * default_bbox[:, 2:]
+    mb_bbox[:, 2:] *= xp.exp(mb_loc[:, 2:] * variance[1])
+    mb_bbox[:, :2] -= mb_bbox[:, 2:] / 2   # (center, size) -> (min, size)
+    mb_bbox[:, 2:] += mb_bbox[:, :2]       # -> (y_min, x_min, y_max, x_max)
+    mb_score = xp.exp(mb_conf)
+    mb_score /= mb_score.sum(axis=1, keepdims=True)
+    return mb_bbox, mb_score
+
+
+def _capped_nms(xp, bbox, score, top_k, nms_thresh, keep_top_k):
+    """Positions among one class's candidates: those the ``top_k`` cap keeps, and of them
+    those NMS keeps, in NMS's order."""
+    where = xp.arange(len(score))
+    if top_k is not None and len(score) > top_k:
+        where = where[_top(xp, score, top_k)]
+    after_cap = where
+    if nms_thresh is not None:
+        # No class can contribute more than keep_top_k detections to the image, so
+        # NMS may stop there (its result is then a prefix of the full one).
+        where = where[non_maximum_suppression(bbox[where], nms_thresh, score[where],
+                                              limit=keep_top_k)]
+    return after_cap, where
+
+
 def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
                   top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
                   return_candidates=False):
@@ -225,19 +257,7 @@ def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
     score_thresh = _check_score_thresh(score_thresh)
     xp = chainer.backend.get_array_module(mb_loc)
 
-    # The same expressions as MultiboxCoder.decode: its default boxes are float64, so the
-    # boxes NMS sees are float64 too; computing them any other way could flip an IoU
-    # that sits exactly at the threshold.
-    default_bbox = coder._default_bbox
-    variance = coder._variance
-    mb_bbox = default_bbox.copy()
-    mb_bbox[:, :2] += mb_loc[:, :2] * variance[0] * default_bbox[:, 2:]
-    mb_bbox[:, 2:] *= xp.exp(mb_loc[:, 2:] * variance[1])
-    mb_bbox[:, :2] -= mb_bbox[:, 2:] / 2   # (center, size) -> (min, size)
-    mb_bbox[:, 2:] += mb_bbox[:, :2]       # -> (y_min, x_min, y_max, x_max)
-    mb_score = xp.exp(mb_conf)
-    mb_score /= mb_score.sum(axis=1, keepdims=True)
-
+    mb_bbox, mb_score = _decoded(coder, mb_loc, mb_conf, xp)
     bbox, label, score = [], [], []
     # with return_candidates: per class, the candidates and the positions among them of
     # those that survived the cap and NMS (the detections are computed as without it)
@@ -245,28 +265,15 @@ def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
     for fg in range(mb_conf.shape[1] - 1):
         score_l = mb_score[:, fg + 1]       # column 0 is the background
         mask = score_l >= score_thresh
-        bbox_l = mb_bbox[mask]
-        score_l = score_l[mask]
-        where = xp.arange(len(score_l))
+        bbox_l, score_l = mb_bbox[mask], score_l[mask]
+        after_cap, where = _capped_nms(xp, bbox_l, score_l, top_k, nms_thresh, keep_top_k)
         if return_candidates:
             cands.append((bbox_l, score_l, fg))
-        if top_k is not None and len(score_l) > top_k:
-            keep = _top(xp, score_l, top_k)
-            bbox_l, score_l = bbox_l[keep], score_l[keep]
-            where = where[keep]
-        after_cap = where
-        if nms_thresh is not None:
-            # No class can contribute more than keep_top_k detections to the image, so
-            # NMS may stop there (its result is then a prefix of the full one).
-            indices = non_maximum_suppression(bbox_l, nms_thresh, score_l, limit=keep_top_k)
-            bbox_l, score_l = bbox_l[indices], score_l[indices]
-            where = where[indices]
-        if return_candidates:
             survived.append((after_cap + offset, where + offset))
-            offset += len(cands[-1][1])
-        bbox.append(bbox_l)
-        label.append(xp.full((len(bbox_l),), fg, dtype=np.int32))
-        score.append(score_l)
+            offset += len(score_l)
+        bbox.append(bbox_l[where])
+        label.append(xp.full((len(where),), fg, dtype=np.int32))
+        score.append(score_l[where])
 
     bbox = xp.vstack(bbox).astype(np.float32)
     label = xp.hstack(label).astype(np.int32)
