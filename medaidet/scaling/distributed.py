@@ -310,6 +310,49 @@ def _stop(proc) -> None:
             continue
 
 
+def _rank_env(env, n: int) -> dict:
+    """What :func:`launch` gives each of ``n`` ranks (see there)."""
+    full_env = launch_env(env)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env.setdefault("CHAINERMN_FORCE_ABORT_ON_EXCEPTION", "1")
+    # each rank's BLAS and OpenMP threads share the cores with the other ranks: n ranks
+    # with a thread per core each would oversubscribe them (torchrun does the same)
+    full_env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_slots() // n)))
+    return full_env
+
+
+def _echo_until_exit(proc, emit, deadline) -> bool:
+    """Hand what ``proc`` prints to ``emit``, whole lines as they come, until it exits;
+    True when ``deadline`` (a ``time.monotonic()`` value, or None) passed first."""
+    pending = b""
+    timed_out = False
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                timed_out = True
+                break
+            if not sel.select(timeout=None if left is None else min(left, 1.0)):
+                continue
+            data = os.read(proc.stdout.fileno(), 65536)
+            if not data:
+                break
+            pending += data
+            if b"\n" in pending:
+                done, pending = pending.rsplit(b"\n", 1)
+                emit(done + b"\n")
+    if pending:
+        emit(pending)
+    if timed_out:
+        return True
+    try:
+        proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return True
+    return False
+
+
 def launch(n: int, argv, python=sys.executable, oversubscribe=None, timeout=3600,
            env=None, cwd=None, stream=None, tail_lines=40, mpiexec=None):
     """Run :func:`mpiexec_command` and wait, echoing what the ranks print as it comes
@@ -332,20 +375,13 @@ def launch(n: int, argv, python=sys.executable, oversubscribe=None, timeout=3600
     too.
     """
     cmd = mpiexec_command(n, argv, python=python, oversubscribe=oversubscribe, mpiexec=mpiexec)
-    full_env = launch_env(env)
-    full_env.setdefault("PYTHONUNBUFFERED", "1")
-    full_env.setdefault("CHAINERMN_FORCE_ABORT_ON_EXCEPTION", "1")
-    # each rank's BLAS and OpenMP threads share the cores with the other ranks: n ranks
-    # with a thread per core each would oversubscribe them (torchrun does the same)
-    full_env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_slots() // n)))
     out = sys.stdout if stream is None else (None if stream is False else stream)
     shown = shlex.join(cmd)
-    chunks, tail, pending = [], deque(maxlen=tail_lines), b""
+    chunks, tail = [], deque(maxlen=tail_lines)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
+                            stdin=subprocess.DEVNULL, env=_rank_env(env, n), cwd=cwd,
                             start_new_session=True)
     deadline = None if timeout is None else time.monotonic() + timeout
-    timed_out = False
 
     def emit(data: bytes) -> None:
         text = data.decode("utf-8", "replace")
@@ -356,30 +392,7 @@ def launch(n: int, argv, python=sys.executable, oversubscribe=None, timeout=3600
             out.flush()
 
     try:
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while True:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    timed_out = True
-                    break
-                if not sel.select(timeout=None if left is None else min(left, 1.0)):
-                    continue
-                data = os.read(proc.stdout.fileno(), 65536)
-                if not data:
-                    break
-                pending += data
-                if b"\n" in pending:
-                    done, pending = pending.rsplit(b"\n", 1)
-                    emit(done + b"\n")
-        if pending:
-            emit(pending)
-        if not timed_out:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                proc.wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+        timed_out = _echo_until_exit(proc, emit, deadline)
         if timed_out:
             _stop(proc)
     except BaseException:
