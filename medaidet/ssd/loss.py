@@ -37,7 +37,7 @@ from chainercv.links.model.ssd.multibox_loss import _hard_negative as chainercv_
 
 from medaidet.errors import DivergedError, InvalidTargetsError
 
-__all__ = ["multibox_loss", "hard_negative"]
+__all__ = ["multibox_loss", "hard_negative", "check_values"]
 
 
 # --------------------------------------------------------------------------- the loss
@@ -121,8 +121,8 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
     with cuda.get_device_from_array(gt_mb_labels):
         positive = gt_mb_labels > 0
         if check:
-            _check_values(_as_array(mb_locs), _as_array(mb_confs), gt_mb_locs, gt_mb_labels,
-                          positive, positive.sum())
+            check_values(_as_array(mb_locs), _as_array(mb_confs), gt_mb_locs, gt_mb_labels,
+                         positive)
         # The coder writes every prior's offsets from its best box, so a degenerate box puts
         # nan/-inf at negative priors too; the loss uses positives only, and ChainerCV's
         # would turn those into inf * 0 = nan.
@@ -149,7 +149,7 @@ def _host_normaliser(n_positive):
         value = float(n_positive)
     elif getattr(n_positive, "shape", None) == () and \
             getattr(n_positive, "dtype", np.dtype(object)).kind in "iuf":
-        value = float(_to_host(n_positive))
+        value = float(to_host(n_positive))
     if value is None or not np.isfinite(value) or value < 0:
         raise InvalidTargetsError(
             f"n_positive = {n_positive!r} is not a valid normaliser: give the number of "
@@ -211,7 +211,7 @@ def _as_array(a):
     return a.array if isinstance(a, chainer.Variable) else a
 
 
-def _to_host(a):
+def to_host(a):
     """The one place this module moves check results to the host."""
     return cuda.to_cpu(a)
 
@@ -336,17 +336,19 @@ _LABEL_DTYPES = _in_words([np.dtype(t).name for t in (np.int8, np.int16, np.int3
                                                       np.uint64) if _usable_label_dtype(t)])
 
 
-def _check_values(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, positive, n_positive):
-    """Every value check, computed on the device and fetched in one transfer.
+def check_values(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, positive):
+    """The values in front of the loss, checked on the device with one transfer to the host:
+    written in notebook 02, section 8 (the cell ``# @save medaidet/ssd/loss.py``).
 
-    Returns the positive count on the host; raises on the first problem found
-    (labels, then ground-truth locations, then predictions).
+    Raises on the first problem found: a label outside ``[0, n_class)``
+    (:class:`InvalidTargetsError`), a non-finite encoded location at a positive prior (the
+    same), then nan/inf predictions (:class:`DivergedError`); each error names the batch
+    index, the prior, the value and the likely cause.
     """
     xp = backend.get_array_module(gt_mb_labels)
     n_class = mb_confs.shape[2]
     empty = gt_mb_labels.size == 0
     flags = [
-        n_positive,
         0 if empty else gt_mb_labels.min(),
         0 if empty else gt_mb_labels.max(),
         xp.isfinite(mb_locs).all(),
@@ -354,15 +356,15 @@ def _check_values(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, positive, n_posit
         # non-finite ground truth matters only where it is used: positive priors
         xp.logical_and(~xp.isfinite(gt_mb_locs).all(axis=-1), positive).any(),
     ]
-    flags = _to_host(xp.stack([xp.asarray(f, dtype=np.int64) for f in flags]))
-    n_pos, lo, hi, locs_finite, confs_finite, gt_bad = (int(f) for f in flags)
+    # one transfer for all the flags: on a GPU, one synchronisation
+    flags = to_host(xp.stack([xp.asarray(f, dtype=np.int64) for f in flags]))
+    lo, hi, locs_finite, confs_finite, gt_bad = (int(f) for f in flags)
     if lo < 0 or hi >= n_class:
-        _raise_bad_label(gt_mb_labels, n_class, lo, hi)
+        raise bad_label_error(gt_mb_labels, n_class, lo, hi)
     if gt_bad:
-        _raise_bad_gt_loc(gt_mb_locs, gt_mb_labels, positive)
+        raise bad_location_error(gt_mb_locs, gt_mb_labels, positive)
     if not (locs_finite and confs_finite):
-        _raise_diverged(mb_locs, mb_confs)
-    return n_pos
+        raise diverged_error(mb_locs, mb_confs)
 
 
 def _first(mask):
@@ -373,7 +375,8 @@ def _first(mask):
     return count, b, i
 
 
-def _raise_bad_label(labels, n_class, lo, hi):
+def bad_label_error(labels, n_class, lo, hi) -> InvalidTargetsError:
+    """The error for the first label outside ``[0, n_class)`` (labels span lo..hi)."""
     bad = (labels < 0) | (labels >= n_class)
     count, b, i = _first(bad)
     value = int(labels[b, i])
@@ -384,7 +387,7 @@ def _raise_bad_label(labels, n_class, lo, hi):
     else:
         cause = _CAUSE_LABEL_TOO_LARGE
     allowed = f"[0, {n_class})"
-    raise InvalidTargetsError(
+    return InvalidTargetsError(
         f"gt_mb_labels[{b}, {i}] = {value} (batch index {b}, prior index {i}) is outside the "
         f"allowed range {allowed}: mb_confs has n_class = {n_class} scores per prior and "
         f"class 0 is background. {count} of {labels.size} labels are out of range (labels "
@@ -393,12 +396,13 @@ def _raise_bad_label(labels, n_class, lo, hi):
         allowed=allowed)
 
 
-def _raise_bad_gt_loc(gt_mb_locs, labels, positive):
+def bad_location_error(gt_mb_locs, labels, positive) -> InvalidTargetsError:
+    """The error for the first positive prior whose encoded location is not finite."""
     xp = backend.get_array_module(gt_mb_locs)
     bad = ~xp.isfinite(gt_mb_locs).all(axis=-1) & positive
     count, b, i = _first(bad)
-    value = [float(v) for v in _to_host(gt_mb_locs[b, i])]
-    raise InvalidTargetsError(
+    value = [float(v) for v in to_host(gt_mb_locs[b, i])]
+    return InvalidTargetsError(
         f"gt_mb_locs[{b}, {i}] = {_fmt(value)} (batch index {b}, prior index {i}, label "
         f"{int(labels[b, i])}) is not finite at a positive prior; allowed: finite values "
         f"wherever the label is > 0. {count} positive priors have non-finite encoded "
@@ -407,15 +411,16 @@ def _raise_bad_gt_loc(gt_mb_locs, labels, positive):
         allowed="finite values at positive priors")
 
 
-def _raise_diverged(mb_locs, mb_confs):
+def diverged_error(mb_locs, mb_confs) -> DivergedError:
+    """The error for the first prior whose predictions hold nan/inf."""
     xp = backend.get_array_module(mb_confs)
     bad_locs = ~xp.isfinite(mb_locs).all(axis=-1)
     bad_confs = ~xp.isfinite(mb_confs).all(axis=-1)
     count, b, i = _first(bad_locs | bad_confs)
     n_locs, n_confs = int(bad_locs.sum()), int(bad_confs.sum())
     name, array = ("mb_locs", mb_locs) if bool(bad_locs[b, i]) else ("mb_confs", mb_confs)
-    value = [float(v) for v in _to_host(array[b, i])]
-    raise DivergedError(
+    value = [float(v) for v in to_host(array[b, i])]
+    return DivergedError(
         f"{name}[{b}, {i}] = {_fmt(value)} (batch index {b}, prior index {i}) is not finite; "
         f"allowed: finite predictions. {count} of {bad_locs.size} priors have nan/inf "
         f"predictions (mb_locs: {n_locs}, mb_confs: {n_confs}); the first is shown. "

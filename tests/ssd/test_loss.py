@@ -358,7 +358,7 @@ def test_error_classes():
     assert issubclass(DivergedError, MedaidetError)
     assert issubclass(DivergedError, FloatingPointError)
     assert not issubclass(DivergedError, ValueError)
-    assert set(loss_module.__all__) == {"multibox_loss", "hard_negative"}
+    assert set(loss_module.__all__) == {"multibox_loss", "hard_negative", "check_values"}
 
 
 def test_label_equal_to_n_class_is_named_not_an_index_error():
@@ -536,8 +536,8 @@ def test_check_false_skips_the_checks():
 @pytest.mark.parametrize("check", [True, False])
 def test_one_host_transfer_on_the_success_path(monkeypatch, check):
     calls = []
-    real = loss_module._to_host
-    monkeypatch.setattr(loss_module, "_to_host", lambda a: calls.append(a) or real(a))
+    real = loss_module.to_host
+    monkeypatch.setattr(loss_module, "to_host", lambda a: calls.append(a) or real(a))
     multibox_loss(*valid(n_prior=N_PRIOR_SSD300), 3, check=check)
     assert len(calls) == int(check)     # the check's one transfer; ChainerCV's loss syncs itself
     assert all(c.size <= 8 for c in calls)      # one small array of flags
