@@ -1,30 +1,36 @@
-"""SSD's multibox loss behind a check of its targets (notebook 02, section 7).
+"""SSD's multibox loss behind a check of its targets (notebook 02, sections 7 and 8).
 
 ChainerCV's :func:`chainercv.links.model.ssd.multibox_loss` computes the loss (eq. 2 and 3 of
 Liu et al., SSD, ECCV 2016); this module checks its inputs first. Why: on the GPU an
 out-of-range label or a broken box is read unchecked inside the loss's kernels, and what
 follows is a wrong loss or a fault reported later by an unrelated call (the sort of
 hard-negative mining: ``merge_sort: failed to synchronize``), with no idea which sample was
-wrong. The check runs on the device with one host synchronisation and raises
-
-* :class:`~medaidet.errors.InvalidTargetsError` (a ``ValueError``) for shapes that disagree, non-integer or
-  out-of-range labels and non-finite encoded locations at positive priors, naming the batch
-  index, prior index, value, allowed range and likely cause;
-* :class:`~medaidet.errors.DivergedError` (a ``FloatingPointError``, kind
-  ``"predictions"``) for nan/inf predictions.
+wrong. The check runs on the device with one host synchronisation and raises an
+:class:`~medaidet.errors.InvalidTargetsError` (a ``ValueError``) for shapes that disagree,
+non-integer or out-of-range labels and non-finite encoded locations at positive priors, naming
+the batch index, prior index, value, allowed range and likely cause, or a
+:class:`~medaidet.errors.DivergedError` (kind ``"predictions"``) for nan/inf predictions.
 
 Conventions (as in ChainerCV): ``K`` default boxes per image, locations encoded by
 :class:`chainercv.links.model.ssd.MultiboxCoder` as ``(dy, dx, log(h), log(w))`` offsets,
 class 0 is background, so ``mb_confs`` has ``n_class = n_fg_class + 1`` scores per prior and
 labels run over ``0 .. n_class - 1``.
 
-Until 2026-11 this module computed the loss itself, with its own forward and backward: 19.8 ms
-against ChainerCV's 34.0 ms for SSD300's loss at batch 32 on the CPU. In the training the course
-runs (the cpu profile, batch 4) that bought nothing measurable: 237-245 ms per iteration with
-it, 220-240 ms with ChainerCV's loss, best of three interleaved runs of 80 iterations each
-(docs/cpu-detector.md, "Where a training step's time goes"). So the loss is ChainerCV's.
+Gradient accumulation (:class:`medaidet.training.accumulation.AccumulatingUpdater`) needs
+only the normaliser (``n_positive``): everything else in the loss is per image. The
+localisation loss is a sum over positive priors, the confidence loss a sum over positives and
+hard negatives, and hard-negative mining (:func:`hard_negative`) ranks each image's negatives by
+that image's own losses and keeps ``k`` times that image's own positives. Micro-batches
+therefore select the same priors and give the same unnormalised sums; only the division by the
+batch-wide positive count couples the images, so each micro-batch divides by the whole batch's
+count and the micro-batch losses (and gradients) add up to the large batch's.
+
+A hand-written loss with its own backward (19.8 ms against ChainerCV's 34.0 ms for SSD300 at
+batch 32 on the CPU) bought nothing measurable in the training the course runs (the cpu
+profile: docs/cpu-detector.md, "Where a training step's time goes"), so the loss is ChainerCV's.
 """
 import math
+import reprlib
 from collections import Counter
 
 import numpy as np
@@ -46,71 +52,35 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
                   n_positive=None):
     """SSD's localisation and confidence losses, with the targets checked first.
 
-    Same arguments and results as ChainerCV's ``multibox_loss`` (eq. 2 and 3 of
-    Liu et al., SSD, ECCV 2016), plus ``check`` and ``n_positive``.
+    Same arguments and results as ChainerCV's ``multibox_loss`` (eq. 2 and 3 of Liu et al.),
+    plus ``check`` and ``n_positive``.
 
     Args:
-        mb_locs (chainer.Variable or array): predicted location offsets,
-            shape ``(B, K, 4)``, floating point.
-        mb_confs (chainer.Variable or array): predicted class scores (logits),
-            shape ``(B, K, n_class)``; class 0 is background.
-        gt_mb_locs (array): encoded ground-truth locations, shape ``(B, K, 4)``,
-            the dtype of ``mb_locs``. Only priors with a label > 0 are used.
-        gt_mb_labels (array): integer labels, shape ``(B, K)``, each in
-            ``[0, n_class)`` (0 = background, foreground classes shifted by +1);
-            any signed or unsigned integer dtype but uint64.
-        k (int or float): hard-negative ratio, a finite number >= 0: at most
-            ``k * n_positive`` negatives per image enter the confidence loss (3 in
-            the paper; 0: positives only). As in ChainerCV it may be fractional.
-        comm (chainermn communicator): if given, the positive count is averaged
-            over workers with ``comm.allreduce_obj`` as ChainerCV does.
-        check (bool): validate shapes, dtypes and values first (default). With
-            ``False`` only the argument types and ``k`` are checked (on the host,
-            no device work); invalid targets then give undefined results or, on
-            the GPU, an asynchronous CUDA fault.
-        n_positive (number or 0-d array, optional): the normaliser to divide
-            both losses by instead of this call's own positive count. For
-            gradient accumulation (:class:`medaidet.training.accumulation.AccumulatingUpdater`):
-            a batch split into micro-batches must divide every micro-batch's loss
-            by the positives of the *whole* batch, so that the micro-batch losses
-            (and gradients) add up to the large batch's. Give it as the loss
-            itself would compute it: the batch's ``(gt_mb_labels > 0).sum()``,
-            and with a ``comm`` already averaged over workers
-            (``comm.allreduce_obj(count) / comm.size``); ``comm`` is then not
-            used by this call (one allreduce per batch, not per micro-batch).
-            ChainerCV's losses (divided by this call's count) are rescaled by
-            ``own count / n_positive``: equal to the batch's up to float rounding.
-            ``None`` (default): this call's own count, exactly as ChainerCV.
+        mb_locs, mb_confs: the model's outputs (Variables or arrays): location offsets
+            ``(B, K, 4)`` and class logits ``(B, K, n_class)``, floating point; class 0
+            is background.
+        gt_mb_locs, gt_mb_labels: the coder's targets: ``(B, K, 4)`` in the dtype of
+            ``mb_locs`` (used at positive priors only) and integer labels ``(B, K)`` in
+            ``[0, n_class)`` (any integer dtype but uint64).
+        k: hard negatives per positive, a finite number >= 0 (3 in SSD; may be fractional).
+        comm: a ChainerMN communicator: the positive count is averaged over the workers.
+        check: validate shapes, dtypes and values first (default; :func:`check_values`).
+            ``False`` checks only the argument types and ``k``: invalid targets then give
+            undefined results or, on a GPU, an asynchronous CUDA fault.
+        n_positive: divide both losses by this instead of this call's positive count: the
+            whole batch's ``(gt_mb_labels > 0).sum()`` (with a ``comm``, already averaged
+            over the workers; ``comm`` is then not used), for gradient accumulation (see
+            the module docstring). ``None``: this call's own count, exactly as ChainerCV.
 
     Returns:
-        tuple of chainer.Variable: ``(loc_loss, conf_loss)``, each a scalar
-        normalised by the number of positive priors (or by ``n_positive``); two
-        float32 zeros when that is 0 (as ChainerCV).
+        ``(loc_loss, conf_loss)``, scalar Variables divided by the positive count (or
+        ``n_positive``); two float32 zeros when that is 0 (as ChainerCV).
 
     Raises:
-        InvalidTargetsError: an argument is not an array (a list, say) or the
-            arrays are on different devices, ``k`` is not a finite number >= 0,
-            shapes/dtypes disagree or are unusable (uint64 labels), a label is
-            outside ``[0, n_class)``, an encoded location is not finite at a
-            positive prior, or ``n_positive`` is not a finite number >= 0.
+        InvalidTargetsError: an argument that is not an array, arrays on different devices,
+            a bad ``k`` or ``n_positive``, shapes or dtypes that disagree, a label outside
+            ``[0, n_class)``, an encoded location that is not finite at a positive prior.
         DivergedError: ``mb_locs`` or ``mb_confs`` holds nan or inf.
-
-    The check synchronises with the host once (all its flags travel together); building an
-    error message may transfer more, just before raising.
-
-    One deliberate difference from ChainerCV: non-finite encoded locations at
-    negative priors are ignored (they are checked only where used). The coder
-    fills them whenever an image has a degenerate box; ChainerCV's loss then
-    becomes ``inf * 0 = nan``.
-
-    Why only the normaliser is needed for accumulation: everything else in the
-    loss is per image. The localisation loss is a sum over positive priors, the
-    confidence loss a sum over positives and hard negatives, and hard-negative
-    mining (:func:`hard_negative`) ranks each image's negatives by that image's
-    own losses and keeps ``k`` times that image's own positives. Splitting the
-    batch into micro-batches therefore selects the same priors and gives the
-    same unnormalised sums; only the division by the batch-wide positive
-    count couples the images.
     """
     _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k)
     gt_mb_locs, gt_mb_labels = _as_array(gt_mb_locs), _as_array(gt_mb_labels)
@@ -123,9 +93,9 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
         if check:
             check_values(_as_array(mb_locs), _as_array(mb_confs), gt_mb_locs, gt_mb_labels,
                          positive)
-        # The coder writes every prior's offsets from its best box, so a degenerate box puts
-        # nan/-inf at negative priors too; the loss uses positives only, and ChainerCV's
-        # would turn those into inf * 0 = nan.
+        # One deliberate difference from ChainerCV: the coder writes every prior's offsets
+        # from its best box, so a degenerate box puts nan/-inf at negative priors too; the
+        # loss uses positives only, and ChainerCV's would turn those into inf * 0 = nan.
         gt_mb_locs = xp.where(positive[..., None], gt_mb_locs, gt_mb_locs.dtype.type(0))
         gt_mb_labels = gt_mb_labels.astype(np.int32, copy=False)   # chainer wants signed
         if normaliser is None:
@@ -235,7 +205,7 @@ def _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k):
         array = _as_array(a)
         if not isinstance(array, array_types):
             raise InvalidTargetsError(
-                f"{name} is a {type(a).__name__} ({_short_repr(a)}); expected "
+                f"{name} is a {type(a).__name__} ({reprlib.repr(a)}); expected "
                 f"{_ARRAY_FORMS[name]}, on the device of the model's outputs. Convert it with "
                 "xp.asarray(...) (xp = model.xp; numpy on the CPU) or batch the encoded "
                 "targets with chainer.dataset.concat_examples, as the training chain does.",
@@ -261,11 +231,6 @@ def _check_k(k):
             "(an int or a float, not a string or a bool): at most k * n_positive negatives "
             "per image enter the confidence loss; SSD uses k = 3.",
             argument="k", value=k, allowed="a finite number >= 0")
-
-
-def _short_repr(value, limit=60):
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _check_shapes(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels):
