@@ -52,7 +52,7 @@ from medaidet.data.bccd import CLASS_COLORS
 from medaidet.data.validate import validate_dataset
 from medaidet.evaluation.evaluate import Predictions
 from medaidet.evaluation.protocol import IOU_THRESH
-from medaidet.evaluation.visualize import image_sizes_of, match_detections
+from medaidet.evaluation.visualize import image_sizes_of, match_detections, voc_iou
 from medaidet.ssd.predict import Candidates
 from medaidet.tables import Table
 
@@ -283,17 +283,6 @@ class BoxOutcomes:
                            self.crowd_iou, self.iou_thresh, self.split)
 
 
-def _voc_iou(a, b):
-    """IoU with VOC's integer-pixel convention (``+1`` on the max corner), as matching."""
-    a = np.asarray(a, dtype=np.float64).reshape(-1, 4).copy()
-    b = np.asarray(b, dtype=np.float64).reshape(-1, 4).copy()
-    a[:, 2:] += 1
-    b[:, 2:] += 1
-    if not len(a) or not len(b):
-        return np.zeros((len(a), len(b)))
-    return bbox_iou(a, b)
-
-
 def _best_scores(cand: Candidates, gt_bbox, gt_label, iou_thresh) -> dict:
     """Per candidate set, float64 (G,): the best same-class candidate score covering each
     box (0: none)."""
@@ -307,7 +296,7 @@ def _best_scores(cand: Candidates, gt_bbox, gt_label, iou_thresh) -> dict:
         c = np.flatnonzero(c_label == l)
         if not len(c):
             continue
-        covers = _voc_iou(cand.bbox[c], gt_bbox[g]) >= iou_thresh       # (C_l, G_l)
+        covers = voc_iou(cand.bbox[c], gt_bbox[g]) >= iou_thresh       # (C_l, G_l)
         for name, mask in masks.items():
             s = np.where(covers & mask[c][:, None], c_score[c][:, None], 0.0)
             out[name][g] = s.max(axis=0)

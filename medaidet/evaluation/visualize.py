@@ -42,8 +42,8 @@ from medaidet.data.voc import image_path
 from medaidet.evaluation.evaluate import Predictions
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
 
-__all__ = ["STYLES", "DetectionMatch", "BoxSizes", "match_detections", "draw_detections",
-           "plot_detections", "gt_box_sizes", "plot_box_sizes"]
+__all__ = ["STYLES", "DetectionMatch", "BoxSizes", "match_detections", "voc_iou",
+           "draw_detections", "plot_detections", "gt_box_sizes", "plot_box_sizes"]
 
 #: Drawing style of each outcome (matplotlib ``Rectangle`` keywords): no class colour, and
 #: the line styles tell them apart without colour (:mod:`medaidet.colors`).
@@ -111,13 +111,17 @@ def _matched_inputs(pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_dif
     return pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult
 
 
-def _voc_iou(pred_bbox, gt_bbox):
-    """IoU with VOC's integer-pixel convention (``y_max``/``x_max`` + 1), as ChainerCV's
-    ``calc_detection_voc_prec_rec`` computes it."""
-    pb, gb = pred_bbox.copy(), gt_bbox.copy()
-    pb[:, 2:] += 1
-    gb[:, 2:] += 1
-    return bbox_iou(pb, gb)
+def voc_iou(a, b):
+    """IoU of boxes ``a`` (N, 4) and ``b`` (M, 4) with VOC's integer-pixel convention
+    (``y_max``/``x_max`` + 1), in their own dtype, as ChainerCV's
+    ``calc_detection_voc_prec_rec`` computes it; (N, M)."""
+    a = np.array(a).reshape(-1, 4)
+    b = np.array(b).reshape(-1, 4)
+    if not len(a) or not len(b):
+        return np.zeros((len(a), len(b)))
+    a[:, 2:] += 1
+    b[:, 2:] += 1
+    return bbox_iou(a, b)
 
 
 def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
@@ -161,7 +165,7 @@ def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
         if len(gt_idx) == 0:
             fp[pred_idx] = True
             continue
-        iou = _voc_iou(pred_bbox[pred_idx], gt_bbox[gt_idx])
+        iou = voc_iou(pred_bbox[pred_idx], gt_bbox[gt_idx])
         best = iou.argmax(axis=1)
         best[iou.max(axis=1) < iou_thresh] = -1
         for p, b in zip(pred_idx, best):
