@@ -75,7 +75,7 @@ def test_imagenet_downloads_are_capped_at_about_twice_the_largest_file(liar, tmp
                                                                           monkeypatch):
     from dataclasses import replace
 
-    from medaidet.ssd import imagenet
+    from medaidet.ssd import pretrained as imagenet
     source = replace(imagenet.SOURCES[1], url=f"{liar}/huge")
     assert 1e9 < imagenet.MAX_DOWNLOAD_BYTES < 1.2e9
     with pytest.raises(WeightsError, match="announces 10000000000000 bytes") as info:

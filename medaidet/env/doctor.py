@@ -223,7 +223,7 @@ def _gather_cache(f: Facts) -> None:
 
 def _gather_imagenet(f: Facts) -> None:
     try:
-        from medaidet.ssd.imagenet import imagenet_status
+        from medaidet.ssd.pretrained import imagenet_status
     except ImportError as exc:     # no chainer stack yet
         f.imagenet_error = _err(exc)
         return

@@ -9,7 +9,7 @@ BCCD classes) and loads one of:
 * ``'imagenet'``: ImageNet VGG-16 weights for the extractor's VGG layers, the rest random
   (what ``SSD300(n_fg_class, pretrained_model='imagenet')`` loads), from the first source
   that works: the cache, ChainerCV's server, torchvision's or timm's file, converted
-  (:mod:`medaidet.ssd.imagenet`); the report says which.
+  (:mod:`medaidet.ssd.pretrained`); the report says which.
 * ``'voc0712'``: every parameter of ChainerCV's PASCAL VOC model *except the class-score
   heads* (``multibox/conf/*``), which keep their random initialization. ChainerCV refuses
   these weights unless ``n_fg_class == 20``; the box regressors (``multibox/loc``)
@@ -20,8 +20,8 @@ BCCD classes) and loads one of:
   (:func:`~medaidet.ssd.weight_files.save_weights`) of a model with the same architecture and
   classes, loaded completely; a ``.sha256`` sidecar is verified.
 
-Where the named weights come from: :mod:`medaidet.ssd.imagenet` (ImageNet) and
-:mod:`medaidet.ssd.pretrained` (VOC). How a weight file is read
+Where the named weights come from (ImageNet, VOC): :mod:`medaidet.ssd.pretrained`. How a
+weight file is read
 and checked: :mod:`medaidet.ssd.weight_files`. What was loaded is described by a
 :class:`~medaidet.ssd.weight_files.WeightsReport` (``model.weights_report``, also logged at
 INFO level).
@@ -38,8 +38,7 @@ from chainercv.links import SSD300, SSD512
 
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.ssd import MODEL_NAMES
-from medaidet.ssd.imagenet import imagenet_weights
-from medaidet.ssd.pretrained import check_pretrained, pretrained_file
+from medaidet.ssd.pretrained import check_pretrained, imagenet_weights, pretrained_file
 from medaidet.ssd.small import SSDSmall
 from medaidet.errors import WeightsError
 from medaidet.ssd.weight_files import (load_all_but_class_heads, load_backbone, load_weights,

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from vgg_files import torchvision_vgg16, write_vgg_files
 
-from medaidet.ssd import imagenet
-from medaidet.ssd.imagenet import SOURCES, imagenet_status, imagenet_weights
+from medaidet.ssd import pretrained as imagenet
+from medaidet.ssd.pretrained import SOURCES, imagenet_status, imagenet_weights
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.vgg_weights import CHAINERCV_SHAPES, convert_vgg16
 from medaidet.errors import WeightsError

@@ -20,7 +20,7 @@ import pytest
 from chainercv.links import SSD300, SSD512
 
 from medaidet.errors import MedaidetError, WeightsError
-from medaidet.ssd import imagenet
+from medaidet.ssd import pretrained as imagenet
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.pretrained import pretrained_cache_path
 from medaidet.ssd.weight_files import compare_weights, load_weights, materialize, save_weights
