@@ -12,9 +12,7 @@ seed, share, the communicator, and the check that all ranks agree) is
 * :func:`launched_by_mpi`, :func:`mpiexec_command`, :func:`launch`: start N ranks from
   Python (a notebook) with the flags Open MPI needs in containers and on small machines.
 
-Nothing here imports chainer, chainermn or ``mpi4py.MPI`` at import time: importing
-``mpi4py.MPI`` initialises MPI, and the doctor must be able to describe a machine where
-any of them is missing or broken.
+Nothing here imports chainer, chainermn or ``mpi4py.MPI`` at import time (as in the ranks).
 """
 import json
 import os
@@ -66,7 +64,6 @@ def _flavor(text: str) -> str:
     return ""
 
 
-
 def _interpreter_bin() -> Path:
     """Where this environment's programs are (a venv's bin/, even when not activated)."""
     return Path(sys.executable).parent
@@ -111,8 +108,7 @@ def _probe_library() -> tuple:
         return loaded.Get_library_version().replace("\x00", ""), ""
     try:
         done = subprocess.run([sys.executable, "-m", "medaidet.scaling.mpi_probe"],
-                              capture_output=True, text=True,
-                              timeout=60, env=launch_env())
+                              capture_output=True, text=True, timeout=60, env=launch_env())
     except subprocess.TimeoutExpired:
         return "", "loading the MPI library timed out after 60 s"
     try:
@@ -132,32 +128,29 @@ def mpi_info() -> MpiInfo:
     (in a child process, without initialising MPI), finds ``mpiexec`` and checks that it
     belongs to the same MPI as the library. Never raises."""
     info = MpiInfo()
+
+    def missing(problem: str) -> MpiInfo:
+        info.problem, info.fix = problem, INSTALL_MPI
+        return info
+
     try:
         import mpi4py  # the package only: MPI is loaded by mpi4py.MPI
     except ImportError as exc:
-        info.problem = f"mpi4py does not import ({exc})"
-        info.fix = INSTALL_MPI
-        return info
+        return missing(f"mpi4py does not import ({exc})")
     info.mpi4py = getattr(mpi4py, "__version__", "?")
     library, error = _probe_library()
     if error:
-        info.problem = f"mpi4py {info.mpi4py} cannot load an MPI library ({error})"
-        info.fix = INSTALL_MPI
-        return info
+        return missing(f"mpi4py {info.mpi4py} cannot load an MPI library ({error})")
     info.library = library.strip().splitlines()[0].strip() if library.strip() else ""
     info.library_name = library_name(library)
     info.library_flavor = _flavor(library)
     info.mpiexec = _find_mpiexec()
     if info.mpiexec is None:
-        info.problem = (f"no mpiexec (or mpirun) beside {sys.executable} or on PATH "
-                        f"({info.library_name} itself loads)")
-        info.fix = INSTALL_MPI
-        return info
+        return missing(f"no mpiexec (or mpirun) beside {sys.executable} or on PATH "
+                       f"({info.library_name} itself loads)")
     info.mpiexec_flavor, major, error = _mpiexec_version(info.mpiexec)
     if error:
-        info.problem = f"{info.mpiexec} does not run ({error})"
-        info.fix = INSTALL_MPI
-        return info
+        return missing(f"{info.mpiexec} does not run ({error})")
     fix = (f"put the {info.library_name} mpiexec first on PATH, or point mpi4py at the "
            f"matching library with MPI4PY_LIBMPI=/path/to/libmpi.so")
     if info.library_flavor and info.mpiexec_flavor and \
@@ -175,8 +168,7 @@ def mpi_info() -> MpiInfo:
 
 
 def mpi_problem():
-    """Why ChainerMN cannot run here (mpi4py missing, no MPI library, no ``mpiexec``,
-    a launcher from another MPI), or ``None`` when it can."""
+    """Why ChainerMN cannot run here (:func:`mpi_info`'s ``problem``), or ``None``."""
     return mpi_info().problem
 
 
@@ -279,10 +271,9 @@ _HINTS = (
     ("not enough slots", "more ranks than cores: pass oversubscribe=True (--oversubscribe)"),
     ("run as root", "Open MPI refuses root: add --allow-run-as-root (mpiexec_command does "
                     "when it runs as root)"),
-    ("process_vm_readv", "the container forbids cross-process memory access: set "
-                         "OMPI_MCA_btl_vader_single_copy_mechanism=none"),
-    ("Read -1, expected", "the container forbids cross-process memory access: set "
-                          "OMPI_MCA_btl_vader_single_copy_mechanism=none"),
+    *((needle, "the container forbids cross-process memory access: set "
+               "OMPI_MCA_btl_vader_single_copy_mechanism=none")
+      for needle in ("process_vm_readv", "Read -1, expected")),
     ("No module named", "if the ranks' Python lacks a module: pass python= the interpreter "
                         "that has medaidet and the chainer stack"),
 )
@@ -354,24 +345,21 @@ def _echo_until_exit(proc, emit, deadline) -> bool:
 
 def launch(n: int, argv, python=sys.executable, oversubscribe=None, timeout=3600,
            env=None, cwd=None, stream=None, tail_lines=40, mpiexec=None):
-    """Run :func:`mpiexec_command` and wait, echoing what the ranks print as it comes
-    (to ``stream``, default ``sys.stdout``: a notebook cell shows it live; ``False``:
-    nowhere). Returns a
-    ``subprocess.CompletedProcess`` whose ``stdout`` is the whole output (stderr merged).
+    """Run :func:`mpiexec_command` and wait, echoing what the ranks print as it comes (to
+    ``stream``, default ``sys.stdout``: a notebook cell shows it live; ``False``: nowhere).
+    Returns a ``subprocess.CompletedProcess`` whose ``stdout`` is the whole output.
 
-    The ranks get ``env`` (default ``os.environ``) without an enclosing MPI launch's
-    variables (:func:`launch_env`: a kernel that created a communicator itself would
-    otherwise make mpiexec fail silently), with ``PYTHONUNBUFFERED=1``,
-    ``CHAINERMN_FORCE_ABORT_ON_EXCEPTION=1`` (an uncaught exception on one rank aborts
-    all instead of leaving the others waiting forever) and, unless ``env`` sets it,
-    ``OMP_NUM_THREADS`` = cores / ranks (at least 1; OpenBLAS follows it). The ranks' outputs are merged as
-    they come, so lines of different ranks can interleave: let only rank 0 print
-    (:func:`is_root`).
+    The ranks get ``env`` (default ``os.environ``) without an enclosing MPI launch's variables
+    (:func:`launch_env`: they would make mpiexec fail silently), with ``PYTHONUNBUFFERED=1``,
+    ``CHAINERMN_FORCE_ABORT_ON_EXCEPTION=1`` (an uncaught exception on one rank aborts all
+    instead of leaving the others waiting) and, unless ``env`` sets it, ``OMP_NUM_THREADS`` =
+    cores / ranks. The ranks' lines can interleave: let only rank 0 print
+    (:attr:`medaidet.training.ranks.Ranks.is_root`).
 
-    Raises a ``"launch"`` :class:`~medaidet.errors.DistributedError` with the last
-    ``tail_lines`` lines (and a hint for known launcher failures) on a non-zero exit, and
-    after stopping every rank when ``timeout`` seconds pass (its ``returncode`` None); on KeyboardInterrupt the ranks are stopped
-    too.
+    Raises a ``"launch"`` DistributedError with the last ``tail_lines`` lines (and a hint for
+    known launcher failures) on a non-zero exit, and after stopping every rank when
+    ``timeout`` seconds pass (``returncode`` None); on KeyboardInterrupt the ranks are
+    stopped too.
     """
     cmd = mpiexec_command(n, argv, python=python, oversubscribe=oversubscribe, mpiexec=mpiexec)
     out = sys.stdout if stream is None else (None if stream is False else stream)

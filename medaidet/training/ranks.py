@@ -1,18 +1,14 @@
 """One process or many: the processes of a training run, and how they exchange gradients.
 
-A run is either one process (the usual case) or one rank of a ChainerMN run started by
-``mpiexec`` (notebook 08; starting the ranks is :mod:`medaidet.scaling.distributed`'s). The
-run asks a :class:`Ranks` object, never the communicator, everything that differs between the
-two: which device this process trains on, its share of the batch and of the images, its random
-seed, whether it writes the files, how the optimizer shares gradients, what happens when one
-rank fails, and whether every rank ended with the same weights.
-
-Which ChainerMN communicator a run uses is checked before MPI or NCCL is touched
-(:func:`create_communicator`): a wrong name, a GPU communicator on a CPU machine, NCCL or
-mpi4py missing, or a communicator that needs a CUDA-aware MPI on one that is not, is a named
-error instead of a crash inside ChainerMN. Nothing here imports chainer, chainermn or
-``mpi4py.MPI`` at import time (importing ``mpi4py.MPI`` initialises MPI, and the doctor must
-be able to describe a machine where any of them is missing or broken).
+A run is one process or one rank of a ChainerMN run started by ``mpiexec`` (notebook 08;
+:mod:`medaidet.scaling.distributed` starts the ranks). The run asks a :class:`Ranks` object
+what differs between the two: the device, the share of the batch and of the images, the
+seed, who writes the files, how gradients are shared, what happens when one rank fails, and
+whether every rank ended with the same weights. The communicator is checked before MPI or
+NCCL is touched (:func:`create_communicator`), so a wrong name, a GPU communicator on a CPU,
+NCCL or mpi4py missing, or an MPI that is not CUDA-aware is a named error, not a crash inside
+ChainerMN. Nothing here imports chainer, chainermn or ``mpi4py.MPI`` at import time (that
+initialises MPI; the doctor must describe machines where any of them is broken).
 """
 from __future__ import annotations
 
@@ -43,10 +39,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CommunicatorSpec:
-    """What one ChainerMN communicator needs. ``gpu``: it packs gradients in GPU
-    buffers (CuPy), so every rank must train on a GPU; ``nccl``: it uses NCCL through
-    CuPy; ``cuda_aware_mpi``: it hands GPU pointers straight to MPI, which only a
-    CUDA-aware MPI build survives (Debian's and PyPI's Open MPI are not)."""
+    """What one ChainerMN communicator needs. ``gpu``: it packs gradients in GPU buffers, so
+    every rank trains on a GPU; ``nccl``: it uses NCCL through CuPy; ``cuda_aware_mpi``: it
+    hands GPU pointers to MPI, which only a CUDA-aware build survives (PyPI's is not)."""
 
     name: str
     gpu: bool
@@ -55,9 +50,8 @@ class CommunicatorSpec:
     use: str
 
 
-# The names ``chainermn.create_communicator`` of Chainer 7.8.1 accepts (its 'dummy'
-# does not exchange gradients at all -- it measures packing overhead -- so it is left
-# out: training with it silently trains N unrelated models).
+# The names Chainer 7.8.1's ``chainermn.create_communicator`` accepts, but 'dummy' (it
+# exchanges no gradients: training with it silently trains N unrelated models).
 COMMUNICATORS = {
     "naive": CommunicatorSpec("naive", gpu=False, nccl=False, cuda_aware_mpi=False,
                               use="CPU or GPU: one MPI allreduce per parameter through host "
@@ -65,10 +59,9 @@ COMMUNICATORS = {
     "pure_nccl": CommunicatorSpec("pure_nccl", gpu=True, nccl=True, cuda_aware_mpi=False,
                                   use="GPUs: NCCL allreduce of packed gradients (the "
                                       "recommended one on GPUs)"),
-    "non_cuda_aware": CommunicatorSpec("non_cuda_aware", gpu=True, nccl=True,
-                                       cuda_aware_mpi=False,
-                                       use="GPUs: NCCL within a node, MPI through host "
-                                           "memory between nodes"),
+    "non_cuda_aware": CommunicatorSpec("non_cuda_aware", gpu=True, nccl=True, cuda_aware_mpi=False,
+                                       use="GPUs: NCCL within a node, MPI through host memory "
+                                           "between nodes"),
     "flat": CommunicatorSpec("flat", gpu=True, nccl=False, cuda_aware_mpi=True,
                              use="GPUs: one MPI allreduce of packed GPU buffers; needs a "
                                  "CUDA-aware MPI"),
@@ -119,8 +112,8 @@ def _kind_of(device) -> str:
     or a chainer Device."""
     try:
         kind = device_kind(device)
-    except DeviceError:
-        kind = "auto"        # not a device spec at all: the same error as "auto" below
+    except DeviceError:      # not a device spec at all: the same error as "auto"
+        kind = "auto"
     if kind != "auto":       # a communicator is made per rank for a known device kind
         return kind
     raise DistributedError(f"device_kind must be 'cpu' or 'gpu' (or a chainer device), "
@@ -220,9 +213,9 @@ def create_communicator(name: str = "naive", device_kind="cpu", mpi_comm=None, *
 # --------------------------------------------------------------------------- ranks
 
 def per_rank_batchsize(batchsize: int, n_ranks: int) -> int:
-    """The per-rank batch size for a total ``batchsize`` (as ChainerCV's
-    ``train_multi.py``: the recipe's batch size and learning rate stay the same whatever
-    the number of ranks). a ``"ranks"`` :class:`~medaidet.errors.DistributedError` unless it divides evenly."""
+    """The per-rank batch size for a total ``batchsize`` (as ChainerCV's ``train_multi.py``: the
+    recipe's batch size and learning rate stay whatever the number of ranks); a ``"ranks"``
+    DistributedError unless it divides evenly."""
     if n_ranks < 1 or batchsize < n_ranks or batchsize % n_ranks:
         lower = max(n_ranks, batchsize // n_ranks * n_ranks)
         raise DistributedError(
@@ -275,11 +268,10 @@ class Ranks:
         takes its own GPU, and the batch is split evenly over the ranks."""
         if config.communicator is None:
             return cls.one_process(config)
-        spec = communicator_spec(config.communicator)
         wanted = device_kind(config.device)
         if wanted == "auto":
             wanted = "gpu" if gpu_status()[0] else "cpu"
-        comm = create_communicator(spec.name, wanted)
+        comm = create_communicator(config.communicator, wanted)
         ranks = cls(comm, None, config.batch_size)
         with ranks.abort_on_error():
             batch_size = per_rank_batchsize(config.batch_size, comm.size)
@@ -290,8 +282,6 @@ class Ranks:
                     f"accumulate {config.accumulate}")
             device = resolve_device(rank_device(comm, config.device))
         return cls(comm, device, batch_size)
-
-    # ---- who is who
 
     @property
     def size(self) -> int:
@@ -325,8 +315,6 @@ class Ranks:
                 f"image{'' if self.batch_size == 1 else 's'} per rank per iteration "
                 f"(batch {total_batch_size} in all)")
 
-    # ---- what each rank does differently
-
     def seed(self, seed):
         """This process's seed: ``seed + rank`` (``None`` stays ``None``): each rank draws
         its own shuffling and augmentation stream. The initial weights need not match:
@@ -335,10 +323,9 @@ class Ranks:
 
     def share(self, dataset, seed):
         """This process's images: all of them, or this rank's equal share
-        (``chainermn.scatter_dataset``: rank 0's copy is shuffled with ``seed``, split into
-        equal parts and sent; other ranks may pass ``None``). Scatter the plain dataset
-        before wrapping it in transforms: the object is pickled to every rank.
-        a ``"ranks"`` :class:`~medaidet.errors.DistributedError` when there are fewer images than ranks."""
+        (``chainermn.scatter_dataset``: rank 0's copy is shuffled with ``seed``, split and
+        sent; other ranks may pass ``None``; scatter the plain dataset, before transforms: it
+        is pickled to every rank). A ``"ranks"`` DistributedError for fewer images than ranks."""
         if self.comm is None:
             return dataset
         import chainermn     # an optional dependency (the mpi extra)
@@ -368,10 +355,9 @@ class Ranks:
             optimizer.update()
 
     def agreed_digests(self, model, what="parameters"):
-        """None for one process; else every rank's sha256 of ``model``'s parameters, by
-        rank, after checking that they are identical (a :class:`~medaidet.errors.DistributedError`
-        of kind ``"diverged"`` on every rank if not). A collective call: every rank must reach it (at the end of
-        training)."""
+        """None for one process; else every rank's sha256 of ``model``'s parameters, by rank,
+        checked identical (else a ``"diverged"`` DistributedError on every rank). A collective
+        call: every rank must reach it (at the end of training)."""
         if self.comm is None:
             return None
         comm = self.comm      # gathered to rank 0, then broadcast: all ranks act together
@@ -389,12 +375,11 @@ class Ranks:
 
     @contextlib.contextmanager
     def abort_on_error(self, exit_code=1):
-        """Stop every rank when this one fails. An exception (or ``sys.exit`` with a
-        non-zero code) on one rank otherwise leaves the others waiting in the next
-        allreduce, and the failing rank itself hangs in MPI_Finalize at exit: the job never
-        ends. Inside this block, the error is printed (with the rank) and
-        ``MPI_Abort(exit_code)`` ends the whole job. With one process (or one rank) the
-        error propagates as usual."""
+        """Stop every rank when this one fails. An exception (or a non-zero ``sys.exit``) on
+        one rank otherwise leaves the others waiting in the next allreduce, and the failing
+        rank hangs in MPI_Finalize: the job never ends. Inside this block the error is printed
+        with the rank and ``MPI_Abort(exit_code)`` ends the whole job; with one process (or
+        one rank) it propagates as usual."""
         try:
             yield
         except BaseException as exc:
