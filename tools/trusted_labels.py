@@ -5,6 +5,9 @@ against both annotations (issue 39, item 5). A research record, not part of the 
     python tools/trusted_labels.py judge runs/trusted/seed0/model.npz ... --out judged.json
     python tools/trusted_labels.py frame runs/trusted/seed0/model.npz ...
     python tools/trusted_labels.py raabin-audit runs/other/seed0/model.npz ... [--figure F.png]
+    python tools/trusted_labels.py ceiling runs/trusted/seed0/model.npz ... [--out F.json]
+    python tools/trusted_labels.py count-audit MODEL.npz --split test --cls platelets \
+        [--threshold T] [--figure F.png]
 
 ``judge`` predicts BCCD's val and test images that TXL-PBC re-annotated (57 and 40), chooses
 a count threshold per class on val (the least count MAE), and reports on test, against the
@@ -178,6 +181,155 @@ def _frame(args):
                   flush=True)
 
 
+# The finest threshold grid a ceiling looks at: every score the predictions can hold, 0.01 apart
+CEILING_GRID = tuple(round(0.01 * k, 2) for k in range(1, 100))
+
+
+def _nested_duplicates(boxes, labels, c, overlap=0.8):
+    """Pairs of class-``c`` annotation boxes one of which lies in the other (intersection over
+    the smaller box >= ``overlap``): one cell boxed twice."""
+    import numpy as np
+    b = np.asarray(boxes)[np.asarray(labels) == c]
+    pairs = 0
+    for i in range(len(b)):
+        for j in range(i + 1, len(b)):
+            h = min(b[i, 2], b[j, 2]) - max(b[i, 0], b[j, 0])
+            w = min(b[i, 3], b[j, 3]) - max(b[i, 1], b[j, 1])
+            smaller = min(np.prod(b[i, 2:] - b[i, :2]), np.prod(b[j, 2:] - b[j, :2]))
+            pairs += int(h > 0 and w > 0 and h * w >= overlap * smaller)
+    return pairs
+
+
+def _unseen(p, c, height=480, width=640):
+    """Per image, the class-``c`` annotation boxes no class-``c`` detection overlaps at IoU >=
+    0.5 at any score the predictions hold (0.01 up): no threshold counts them. Returns the
+    per-image counts of those boxes and of those among them the frame cuts."""
+    import numpy as np
+    from medaidet.evaluation.visualize import voc_iou
+    unseen, cut = [], []
+    for pb, pl, gb, gl in zip(p.pred_bboxes, p.pred_labels, p.gt_bboxes, p.gt_labels):
+        g, d = gb[gl == c], pb[pl == c]
+        miss = (voc_iou(g, d).max(1) < 0.5) if len(d) and len(g) else np.ones(len(g), bool)
+        unseen.append(int(miss.sum()))
+        cut.append(int((miss & _frame_cut(g, height, width)).sum()))
+    return np.array(unseen), np.array(cut)
+
+
+def ceiling(p, thresholds) -> dict:
+    """Per class, what limits the count error of one detector on one split: the error at
+    ``thresholds`` (chosen on val), the least error any single threshold reaches on this
+    split (an oracle: on test an analysis of the detector, never a result), the annotated
+    boxes no threshold can count (no detection of the class at IoU >= 0.5 at any score; those
+    the frame cuts apart), the least any-threshold error with those boxes taken out of the
+    annotated counts, and the annotation's own nested duplicate boxes."""
+    import numpy as np
+    from medaidet.evaluation.count import count_errors, count_stats, per_image_counts
+    names = p.label_names
+    annotated = per_image_counts(p.gt_labels, len(names))
+    at_chosen = count_errors(p, thresholds)
+    out = {}
+    for c, name in enumerate(names):
+        unseen, cut = _unseen(p, c)
+
+        def least(target):
+            errors = [count_stats(
+                per_image_counts([lb[s >= t] for lb, s in zip(p.pred_labels, p.pred_scores)],
+                                 len(names))[:, c:c + 1], target[:, None])[2][0]
+                for t in CEILING_GRID]
+            k = int(np.nanargmin(errors))
+            return round(float(errors[k]), 4), CEILING_GRID[k]
+        any_error, any_thresh = least(annotated[:, c])
+        seen_error, _ = least(annotated[:, c] - unseen)
+        out[name] = {"annotated": int(annotated[:, c].sum()),
+                     "threshold": thresholds[name], "error": round(at_chosen[name], 4),
+                     "least_any_threshold": any_error, "at": any_thresh,
+                     "unseen": int(unseen.sum()), "unseen_frame_cut": int(cut.sum()),
+                     "least_without_unseen": seen_error,
+                     "nested_duplicates": sum(_nested_duplicates(b, lb, c)
+                                              for b, lb in zip(p.gt_bboxes, p.gt_labels))}
+    return out
+
+
+def _ceiling(args):
+    from medaidet.evaluation.count import threshold_sweep
+    from medaidet.evaluation.evaluate import load_model
+    report = {}
+    for weights in args.weights:
+        model = load_model(weights)
+        val, test = (_predict(model, split, "txl-pbc") for split in ("val", "test"))
+        thresholds = threshold_sweep(val).best_threshold
+        report[str(weights)] = {"val": ceiling(val, thresholds),
+                                "test": ceiling(test, thresholds)}
+        print(json.dumps({str(weights): report[str(weights)]}, indent=1), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+
+def count_events(p, c, thresh):
+    """Each image's class-``c`` count errors at ``thresh``, one event per box, matched the way
+    VOC AP matches (``match_detections``): an annotated box no kept detection takes is a
+    miss, noted with the best score a class-``c`` detection reaches on it (IoU >= 0.5); a kept
+    detection that takes no box is a false one, noted with the annotated box it overlaps
+    most."""
+    import numpy as np
+    from medaidet.evaluation.visualize import match_detections, voc_iou
+    events = []
+    for i, (pb, pl, ps, gb, gl) in enumerate(zip(p.pred_bboxes, p.pred_labels, p.pred_scores,
+                                                 p.gt_bboxes, p.gt_labels)):
+        m = match_detections(pb, pl, ps, gb, gl, score_thresh=thresh)
+        for k in np.flatnonzero(m.fp & (pl == c)):
+            near = voc_iou(pb[k], gb)[0]
+            what = (f"{p.label_names[gl[near.argmax()]]} box at IoU {near.max():.2f}"
+                    if len(near) and near.max() >= 0.1 else "no box")
+            events.append((i, "false", pb[k], f"score {ps[k]:.2f}, {what}"))
+        for j in np.flatnonzero(m.missed & (gl == c)):
+            on = (voc_iou(gb[j], pb)[0] >= 0.5) & (pl == c)
+            best = float(ps[on].max()) if on.any() else 0.0
+            events.append((i, "miss", gb[j], f"best score {best:.2f}"))
+    return events
+
+
+def _count_audit(args):
+    """Every count error of one class at the val-chosen threshold (or --threshold), listed,
+    and with --figure drawn: a crop around each (annotation: solid, class colour; the event's
+    box dashed, yellow for a false detection, magenta for a miss)."""
+    from medaidet.evaluation.count import threshold_sweep
+    from medaidet.evaluation.evaluate import load_model
+    model = load_model(args.weights)
+    val = _predict(model, "val", "txl-pbc")
+    p = val if args.split == "val" else _predict(model, args.split, "txl-pbc")
+    c = p.label_names.index(args.cls)
+    thresh = args.threshold or threshold_sweep(val).best_threshold[args.cls]
+    events = count_events(p, c, thresh)
+    print(f"{args.weights} {args.split} {args.cls} at {thresh}: {len(events)} events")
+    for i, kind, box, note in events:
+        print(f"  {p.ids[i]} {kind:5} {[int(v) for v in box]} {note}")
+    if args.figure and events:
+        import matplotlib.pyplot as plt
+        data = _dataset(args.split, "txl-pbc")
+        cols = min(len(events), 6)
+        rows = -(-len(events) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.9 * rows), squeeze=False)
+        for ax in axes.ravel():
+            ax.axis("off")
+        r = 60 if args.cls == "platelets" else 140
+        for ax, (i, kind, box, note) in zip(axes.ravel(), events):
+            img, boxes, labels = data[i]
+            ax.imshow(img.transpose(1, 2, 0).astype("uint8"))
+            cy, cx = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+            ax.set_xlim(cx - r, cx + r)
+            ax.set_ylim(cy + r, cy - r)
+            for (y0, x0, y1, x1), lb in zip(boxes, labels):
+                ax.add_patch(plt.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False,
+                                           lw=1.5 if lb == c else 0.6, ec="rgb"[lb]))
+            y0, x0, y1, x1 = box
+            ax.add_patch(plt.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, lw=2, ls="--",
+                                       ec="yellow" if kind == "false" else "magenta"))
+            ax.set_title(f"{p.ids[i][-5:]} {kind}\n{note}", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(args.figure, dpi=80)
+
+
 # Raabin-WBC boxes whose class the pixels contradict, looked at one by one (2026-11-26):
 # id suffix -> (y_min, x_min of the box, the class its pixels show). The red cells are cut by
 # the frame and labelled as a second white cell; the white cells are each image's central
@@ -253,6 +405,17 @@ def main(argv=None):
     p = commands.add_parser("frame")
     p.add_argument("weights", nargs="+")
     p.set_defaults(func=_frame)
+    p = commands.add_parser("ceiling")
+    p.add_argument("weights", nargs="+")
+    p.add_argument("--out")
+    p.set_defaults(func=_ceiling)
+    p = commands.add_parser("count-audit")
+    p.add_argument("weights")
+    p.add_argument("--split", default="test", choices=["val", "test"])
+    p.add_argument("--cls", default="platelets", choices=["rbc", "wbc", "platelets"])
+    p.add_argument("--threshold", type=float)
+    p.add_argument("--figure")
+    p.set_defaults(func=_count_audit)
     p = commands.add_parser("raabin-audit")
     p.add_argument("weights", nargs="+")
     p.add_argument("--figure")
