@@ -24,11 +24,12 @@ import numpy as np
 import medaidet  # noqa: F401  (runtime settings before chainer)
 from medaidet.data.bccd import AnnotationWarning, CLASS_COLORS
 from medaidet.evaluation.analysis import (LOST_STAGES, box_outcomes, detection_scores,
-                                          format_table, images_missing_class, missed_by,
+                                          images_missing_class, missed_by,
                                           plot_detection_scores, recall_precision,
-                                          stage_counts, subset)
+                                          stage_counts)
 from medaidet.evaluation.evaluate import predict_weights
 from medaidet.evaluation.visualize import plot_detections
+from medaidet.tables import Table
 
 SIZE_BINS = (0, 15, 20, 25, 30, 45, 60, 75, 100, np.inf)
 CROWD_BINS = (0, 1, 2, 3, 5, np.inf)
@@ -36,8 +37,9 @@ CROWD_BINS = (0, 1, 2, 3, 5, np.inf)
 
 def summary(preds, outcomes, flagged, thresholds) -> str:
     """The markdown summary: every table on all images and without the flagged ones."""
+    kept = [i for i, image_id in enumerate(preds.ids) if image_id not in flagged]
     views = [("all images", preds, outcomes),
-             ("without flagged images", subset(preds, flagged), outcomes.without(flagged))]
+             ("without flagged images", preds.take(kept), outcomes.without(flagged))]
     lines = [f"## {preds.split}: {len(preds)} images, {len(outcomes)} boxes", "",
              f"Set aside ({len(flagged)} images flagged `missing_class` by the validator):", ""]
     lines += [f"* {i}: {'; '.join(d.split(';')[0] for d in details)}"
@@ -64,6 +66,12 @@ def summary(preds, outcomes, flagged, thresholds) -> str:
                                      "missed": r["missed"], "miss_rate": r["miss_rate"]})
             lines += [f"Misses by {by}, score >= {t:g}:", "", format_table(rows), ""]
     return "\n".join(lines)
+
+
+def format_table(rows, columns=None) -> str:
+    """A list of dicts as a markdown table (floats to 3 decimals, NaN as ``n/a``)."""
+    columns = list(columns or rows[0].keys())
+    return Table(columns, [[r[c] for c in columns] for r in rows]).to_markdown()
 
 
 def _bin(b):

@@ -54,13 +54,10 @@ from medaidet.evaluation.evaluate import Predictions
 from medaidet.evaluation.protocol import IOU_THRESH
 from medaidet.evaluation.visualize import image_sizes_of, match_detections, voc_iou
 from medaidet.ssd.predict import Candidates
-from medaidet.tables import Table
 
-__all__ = ["STAGES", "LOST_STAGES", "CANDIDATE_SETS", "BoxOutcomes",
-           "images_missing_class", "subset",
+__all__ = ["STAGES", "LOST_STAGES", "CANDIDATE_SETS", "BoxOutcomes", "images_missing_class",
            "recall_precision", "detection_scores", "plot_detection_scores", "box_outcomes",
-           "stage_counts",
-           "missed_by", "format_table"]
+           "stage_counts", "missed_by"]
 
 #: Candidate sets, in the order prediction narrows them (see :class:`BoxOutcomes`).
 CANDIDATE_SETS = ("all", "top_k", "nms", "kept")
@@ -97,25 +94,6 @@ def images_missing_class(ids=None, report=None, root=None, brief: bool = False) 
         return {image: "; ".join(d.split(";")[0].split(",")[0] for d in details)
                 for image, details in out.items()}
     return out
-
-
-def subset(predictions: Predictions, exclude=(), candidates=None):
-    """``predictions`` without the images whose ids are in ``exclude``.
-
-    Returns a :class:`Predictions` (same order), or ``(predictions, candidates)`` when a
-    list of per-image ``candidates`` is given too.
-    """
-    exclude = set(exclude)
-    keep = [i for i, image_id in enumerate(predictions.ids) if image_id not in exclude]
-    fields = ("pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
-              "gt_difficults")
-    preds = Predictions([predictions.ids[i] for i in keep],
-                        *([getattr(predictions, f)[i] for i in keep] for f in fields),
-                        predictions.label_names, predictions.score_thresh,
-                        predictions.split, predictions.model)
-    if candidates is None:
-        return preds
-    return preds, [candidates[i] for i in keep]
 
 
 # --------------------------------------------------------------------------- detections
@@ -410,10 +388,3 @@ def missed_by(outcomes: BoxOutcomes, score_thresh: float, by: str, bins) -> dict
                          "miss_rate": missed / n if n else math.nan})
         out[name] = rows
     return out
-
-
-def format_table(rows, columns=None) -> str:
-    """A list of dicts as a markdown table (:class:`~medaidet.tables.Table`: floats to 3
-    decimals, NaN as ``n/a``)."""
-    columns = list(columns or rows[0].keys())
-    return Table(columns, [[r[c] for c in columns] for r in rows]).to_markdown()

@@ -25,12 +25,11 @@ What holds:
 
 ``score_thresh`` and ``nms_thresh`` are the model's (``model.use_preset``).
 
-Checked before any work: images must be numeric arrays (3, H, W) with finite values, else
-:class:`medaidet.errors.DataError` naming the image's index in the batch
-(an HWC image is named as such, with the transpose that fixes it); ``score_thresh`` must be
-a number in ``[0, 1]``, ``nms_thresh`` ``None`` or a number in ``(0, 1]`` and the caps
-positive ints or ``None``, else :class:`~medaidet.errors.ConfigError`. A NaN
-threshold or a NaN image would otherwise give no detections without a word.
+Checked before any work (a NaN threshold or image would otherwise give no detections without a
+word): images must be numeric arrays (3, H, W) of finite values, else a
+:class:`~medaidet.errors.DataError` naming the image's index (an HWC image with the transpose
+that fixes it); ``score_thresh`` in ``[0, 1]``, ``nms_thresh`` None or in ``(0, 1]``, the caps
+ints >= 1 or None, else a :class:`~medaidet.errors.ConfigError`.
 
 Boxes are ``(y_min, x_min, y_max, x_max)`` in the input image's pixels, float32, shape
 (R, 4); labels int32 (R,) in ``[0, n_fg_class)``; scores float32 (R,). Works on NumPy and
@@ -38,6 +37,7 @@ CuPy arrays alike (the model's ``xp``); :func:`predict` returns NumPy arrays, as
 """
 from __future__ import annotations
 
+import reprlib
 from typing import NamedTuple
 
 import chainer
@@ -60,14 +60,12 @@ DEFAULT_KEEP_TOP_K = 200
 class Candidates(NamedTuple):
     """Every candidate of one image before the caps and NMS, and how far each got.
 
-    A candidate is a (default box, foreground class) pair whose class score is
-    ``>= score_thresh``; C of them in all, grouped by class (0, 1, ...), each group in
-    default-box order. ``bbox``: float32 (C, 4) ``(y_min, x_min, y_max, x_max)`` (in the
-    frame of whoever returned it: the model's input for :func:`decode_capped`, the image's
-    pixels for :func:`predict`); ``label``: int32 (C,); ``score``: float32 (C,). Three bool
-    (C,) masks, each a subset of the one before: ``in_top_k`` (survived the ``top_k`` cap
-    per class), ``after_nms`` (survived NMS), ``kept`` (survived the ``keep_top_k`` cap:
-    the detections returned, in another order).
+    A candidate is a (default box, foreground class) pair of class score ``>= score_thresh``;
+    C in all, grouped by class (0, 1, ...), each group in default-box order. ``bbox``: float32
+    (C, 4) ``(y_min, x_min, y_max, x_max)`` (the model's input frame from
+    :func:`decode_capped`, the image's pixels from :func:`predict`); ``label``: int32 (C,);
+    ``score``: float32 (C,). Three bool (C,) masks, each a subset of the one before:
+    ``in_top_k``, ``after_nms`` and ``kept`` (the detections returned, in another order).
     """
     bbox: object
     label: object
@@ -180,14 +178,9 @@ def _as_images(imgs):
         imgs = list(imgs)
     except TypeError:
         raise DataError(
-            f"imgs is {_short(imgs)}, not a list of images; expected a list of images, each "
+            f"imgs is {reprlib.repr(imgs)}, not a list of images; expected a list of images, each "
             f"{_IMAGE_FORM}", "image", value=imgs) from None
     return [_check_image(i, img) for i, img in enumerate(imgs)]
-
-
-def _short(value, limit=60):
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _top(xp, score, k):
@@ -297,9 +290,7 @@ def _candidates(xp, cands, survived, final) -> Candidates:
     score = xp.hstack([s for _, s, _ in cands]).astype(np.float32).reshape(-1)
     label = xp.hstack([xp.full((len(s),), fg, dtype=np.int32)
                        for _, s, fg in cands]).reshape(-1)
-    in_top_k = xp.zeros(n, dtype=bool)
-    after_nms = xp.zeros(n, dtype=bool)
-    kept = xp.zeros(n, dtype=bool)
+    in_top_k, after_nms, kept = (xp.zeros(n, dtype=bool) for _ in range(3))
     nms_positions = xp.hstack([w for _, w in survived]).astype(np.int64).reshape(-1)
     for cap, _ in survived:
         in_top_k[cap] = True
@@ -321,11 +312,9 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
         return_candidates: also return, per image, the :class:`Candidates` before the
             caps and NMS (NumPy, boxes in the image's pixels); the detections are the same.
 
-    Raises:
-        DataError: an image is not a numeric array (3, H, W) or holds nan/inf;
-            the message names its index in ``imgs``.
-        ConfigError: a cap, ``model.score_thresh`` or ``model.nms_thresh`` is out
-            of range (see :func:`decode_capped`).
+    Raises ``DataError`` naming an image's index in ``imgs`` when it is not a numeric array
+    (3, H, W) or holds nan/inf; ``ConfigError`` when a cap, ``model.score_thresh`` or
+    ``model.nms_thresh`` is out of range (see :func:`decode_capped`).
 
     Returns:
         ``(bboxes, labels, scores)``: lists with one NumPy array per image, as
@@ -333,8 +322,7 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
         pixels, int32 (R,), float32 (R,). With ``return_candidates``: ``(bboxes, labels,
         scores, candidates)``, ``candidates`` a list of :class:`Candidates`, one per image.
     """
-    top_k = _check_cap("top_k", top_k)
-    keep_top_k = _check_cap("keep_top_k", keep_top_k)
+    top_k, keep_top_k = _check_cap("top_k", top_k), _check_cap("keep_top_k", keep_top_k)
     _check_score_thresh(model.score_thresh, "model.score_thresh")
     _check_nms_thresh(model.nms_thresh, "model.nms_thresh")
     xp = model.xp
