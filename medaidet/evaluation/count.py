@@ -419,8 +419,11 @@ def threshold_change(predictions: Predictions, class_name: str, before: float, a
 @dataclass(repr=False)
 class SweepResult:
     """Count errors vs score threshold. Arrays (T thresholds, C classes): ``mae``,
-    ``bias``, ``relative_error``; ``best_threshold`` per class: the lowest threshold of
-    least MAE on *these* images (see :data:`SWEEP_NOTE`)."""
+    ``bias``, ``relative_error``; ``best_threshold`` per class: the threshold of least MAE on
+    *these* images (see :data:`SWEEP_NOTE`), the middle one where several tie (the white
+    cells of val are often counted exactly over a wide range: its middle is the choice
+    furthest from both ends, and on halves of val it counts the other half better than the
+    lowest; docs/cpu-detector.md)."""
     thresholds: np.ndarray
     label_names: tuple
     mae: np.ndarray
@@ -430,8 +433,11 @@ class SweepResult:
 
     @property
     def best_threshold(self) -> dict:
-        return {name: float(self.thresholds[int(np.argmin(self.mae[:, l]))])
-                for l, name in enumerate(self.label_names)}
+        out = {}
+        for l, name in enumerate(self.label_names):
+            tied = np.flatnonzero(self.mae[:, l] == np.min(self.mae[:, l]))
+            out[name] = float(self.thresholds[tied[len(tied) // 2]])
+        return out
 
     @property
     def best_mae(self) -> dict:

@@ -9,8 +9,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from medaidet.cli import count as count_cli
-from medaidet.evaluation.count import (RBC_NOTE, SWEEP_NOTE, count_cells, plot_counts,
-                                       plot_sweep, threshold_sweep)
+from medaidet.evaluation.count import (RBC_NOTE, SWEEP_NOTE, SweepResult, count_cells,
+                                       plot_counts, plot_sweep, threshold_sweep)
 from medaidet.evaluation.evaluate import Predictions
 
 NAMES = ("rbc", "wbc", "platelets")
@@ -150,6 +150,18 @@ def test_threshold_sweep_known_curve_and_best_threshold():
     d = sweep.to_dict()
     json.dumps(d, allow_nan=False)
     assert d["best_threshold"]["rbc"] == 0.5
+
+
+def test_best_threshold_is_the_middle_of_the_tied_ones():
+    """Val's white cells are often counted exactly over a range of thresholds: the choice is
+    the middle of that range (the upper of the two middle ones), not its lower end."""
+    t = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    mae = np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.5],
+                    [0.0, 1.0, 1.0], [0.5, 1.0, 0.7], [0.0, 2.0, 3.0]])
+    sweep = SweepResult(t, ("rbc", "wbc", "platelets"), mae, mae, mae)
+    # rbc: tied at 0.2, 0.3, 0.4 and 0.6 (not contiguous): the middle one of the four, upper
+    assert sweep.best_threshold == {"rbc": 0.4, "wbc": 0.2, "platelets": 0.3}
+    assert sweep.best_mae == {"rbc": 0.0, "wbc": 0.0, "platelets": 0.5}
 
 
 def test_sweep_on_test_split_warns_about_optimism():
