@@ -25,6 +25,7 @@ from chainercv.links.model.ssd import (
     resize_with_random_interpolation as chainercv_resize_with_random_interpolation)
 from PIL import Image
 
+import medaidet.ssd.opencv_ports as P
 import medaidet.ssd.transforms as T
 from medaidet.data.bccd import BCCDDataset
 from medaidet.errors import DataError, MedaidetError
@@ -68,7 +69,7 @@ def geometry_only(monkeypatch):
         return img
 
     def resize(img, size):
-        random.choice(T._PIL_FILTERS)
+        random.choice(P._PIL_FILTERS)
         return np.zeros((img.shape[0],) + tuple(size), dtype=np.float32)
 
     monkeypatch.setattr(T, "random_distort", distort)
@@ -453,8 +454,8 @@ def _fake_cv2():
     def cvt_color(img, code):
         chw = np.ascontiguousarray(img.transpose((2, 0, 1)))
         if code == "BGR2HSV":
-            return T.rgb_to_hsv_u8(chw[::-1]).transpose((1, 2, 0))
-        return T.hsv_to_rgb_u8(chw)[::-1].transpose((1, 2, 0))
+            return P.rgb_to_hsv_u8(chw[::-1]).transpose((1, 2, 0))
+        return P.hsv_to_rgb_u8(chw)[::-1].transpose((1, 2, 0))
 
     def resize(img, dsize, interpolation):
         calls.append(interpolation)
@@ -476,7 +477,7 @@ def test_distort_port_matches_chainercv(monkeypatch, real_samples):
         expected = chainercv_random_distort(img)
         state = random.getstate()
         random.seed(seed)
-        got = T._random_distort_numpy(img)
+        got = P._random_distort_numpy(img)
         assert random.getstate() == state
         np.testing.assert_array_equal(got, expected)
         assert got.dtype == np.float32
@@ -491,9 +492,9 @@ def test_resize_port_draws_like_chainercv(monkeypatch):
         chainercv_resize_with_random_interpolation(img, (30, 20))
         state = random.getstate()
         random.seed(seed)
-        got = T._resize_with_random_interpolation_pil(img, (30, 20))
+        got = P._resize_with_random_interpolation_pil(img, (30, 20))
         assert random.getstate() == state and got.shape == (3, 30, 20)
-        resample = T._PIL_FILTERS[fake.calls[-1]]
+        resample = P._PIL_FILTERS[fake.calls[-1]]
         expected = np.stack([np.asarray(Image.fromarray(c).resize((20, 30), resample=resample))
                              for c in img])
         np.testing.assert_array_equal(got, expected)
@@ -505,19 +506,19 @@ def test_hsv_conversions():
     rng = np.random.default_rng(0)
     rgb = rng.integers(0, 256, (3, 20, 30)).astype(np.uint8)
     rgb[:, 0, :4] = np.array([[0, 0, 0], [255, 255, 255], [90, 90, 90], [255, 0, 0]]).T
-    hsv = T.rgb_to_hsv_u8(rgb)
+    hsv = P.rgb_to_hsv_u8(rgb)
     pixels = rgb.reshape(3, -1).T / 255
     expected = np.array([colorsys.rgb_to_hsv(*p) for p in pixels]) * [180, 255, 255]
     expected = np.rint(expected) % [180, 256, 256]
     assert np.abs(hsv.reshape(3, -1).T - expected).max() <= 1
     assert hsv[:, 0, 3].tolist() == [0, 255, 255]           # red
     assert hsv[1, 0, :3].tolist() == [0, 0, 0]              # greys: no saturation
-    back = T.hsv_to_rgb_u8(hsv).astype(int)
+    back = P.hsv_to_rgb_u8(hsv).astype(int)
     assert np.abs(back - rgb).max() <= 4                     # H has 180 levels
 
 
 def test_image_backend_reported():
-    assert T.IMAGE_BACKEND in ("cv2", "numpy+PIL")
-    if T.IMAGE_BACKEND == "numpy+PIL":
-        assert T.random_distort is T._random_distort_numpy
+    assert P.IMAGE_BACKEND in ("cv2", "numpy+PIL")
+    if P.IMAGE_BACKEND == "numpy+PIL":
+        assert T.random_distort is P._random_distort_numpy
     assert math.isfinite(T.DEFAULT_MIN_SIZE)
