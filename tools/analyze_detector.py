@@ -145,11 +145,10 @@ def plot_misses(outcomes, split, t):
 
 def top_false_positive_images(preds, t, n=6):
     """Indices of the ``n`` images whose highest-scoring false positive scores highest."""
-    from medaidet.evaluation.analysis import _match
+    from medaidet.evaluation.matching import match_predictions
 
     best = []
-    for i in range(len(preds)):
-        m = _match(preds, i, t, 0.5)
+    for i, m in enumerate(match_predictions(preds, t, 0.5)):
         s = np.asarray(preds.pred_scores[i])[m.fp]
         best.append(s.max() if len(s) else 0.0)
     return [int(i) for i in np.argsort(best)[::-1][:n]]

@@ -205,7 +205,7 @@ def _unseen(p, c, height=480, width=640):
     0.5 at any score the predictions hold (0.01 up): no threshold counts them. Returns the
     per-image counts of those boxes and of those among them the frame cuts."""
     import numpy as np
-    from medaidet.evaluation.visualize import voc_iou
+    from medaidet.evaluation.matching import voc_iou
     unseen, cut = [], []
     for pb, pl, gb, gl in zip(p.pred_bboxes, p.pred_labels, p.gt_bboxes, p.gt_labels):
         g, d = gb[gl == c], pb[pl == c]
@@ -272,7 +272,7 @@ def count_events(p, c, thresh):
     detection that takes no box is a false one, noted with the annotated box it overlaps
     most."""
     import numpy as np
-    from medaidet.evaluation.visualize import match_detections, voc_iou
+    from medaidet.evaluation.matching import match_detections, voc_iou
     events = []
     for i, (pb, pl, ps, gb, gl) in enumerate(zip(p.pred_bboxes, p.pred_labels, p.pred_scores,
                                                  p.gt_bboxes, p.gt_labels)):

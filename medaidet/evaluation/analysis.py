@@ -4,10 +4,10 @@ AP and count errors say *how much* a detector misses; this module says *where* e
 missed ground-truth box was lost. Every non-difficult ground-truth box of a split gets:
 
 * its outcome at a score threshold ``t``, by VOC matching at IoU 0.5
-  (:func:`~medaidet.evaluation.visualize.match_detections`, the rule of VOC AP): found or
+  (:func:`~medaidet.evaluation.matching.match_detections`, the rule of VOC AP): found or
   missed;
 * its size, ``sqrt(h * w)`` at the model's ``input_size`` x ``input_size`` input (as
-  :func:`~medaidet.evaluation.visualize.gt_box_sizes`);
+  :func:`~medaidet.evaluation.box_sizes.gt_box_sizes`);
 * its **crowding**: how many *other* ground-truth boxes of its class overlap it with IoU
   ``> crowd_iou`` (default 0: any overlap of positive area). A box in a clump of red cells
   has several; a lone platelet none;
@@ -52,7 +52,8 @@ from medaidet.data.bccd import CLASS_COLORS
 from medaidet.data.validate import validate_dataset
 from medaidet.evaluation.evaluate import Predictions
 from medaidet.evaluation.protocol import IOU_THRESH
-from medaidet.evaluation.visualize import image_sizes_of, match_detections, voc_iou
+from medaidet.evaluation.box_sizes import image_sizes_of
+from medaidet.evaluation.matching import match_predictions, voc_iou
 from medaidet.ssd.predict import Candidates
 
 __all__ = ["STAGES", "LOST_STAGES", "CANDIDATE_SETS", "BoxOutcomes", "images_missing_class",
@@ -98,18 +99,12 @@ def images_missing_class(ids=None, report=None, root=None, brief: bool = False) 
 
 # --------------------------------------------------------------------------- detections
 
-def _match(predictions: Predictions, i: int, score_thresh: float, iou_thresh: float):
-    return match_detections(*(getattr(predictions, k)[i] for k in (
-        "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
-        "gt_difficults")), iou_thresh=iou_thresh, score_thresh=score_thresh)
-
-
 def recall_precision(predictions: Predictions, score_threshs=(0.5, 0.6),
                      iou_thresh: float = IOU_THRESH) -> list:
     """Recall and precision per class at each score threshold, VOC matching.
 
     A detection scoring ``>= t`` is a true positive when
-    :func:`~medaidet.evaluation.visualize.match_detections` matches it to a box of its
+    :func:`~medaidet.evaluation.matching.match_detections` matches it to a box of its
     class at IoU ``>= iou_thresh``, a false positive otherwise (duplicates included); one
     on a difficult box is neither. Recall = TP / non-difficult boxes, precision =
     TP / (TP + FP); NaN where the denominator is 0.
@@ -124,8 +119,7 @@ def recall_precision(predictions: Predictions, score_threshs=(0.5, 0.6),
         tp = np.zeros(len(names), int)
         fp = np.zeros(len(names), int)
         n_gt = np.zeros(len(names), int)
-        for i in range(len(predictions)):
-            m = _match(predictions, i, t, iou_thresh)
+        for i, m in enumerate(match_predictions(predictions, t, iou_thresh)):
             pl = np.asarray(predictions.pred_labels[i])
             gl = np.asarray(predictions.gt_labels[i])
             gd = np.asarray(predictions.gt_difficults[i], dtype=bool)
@@ -154,8 +148,7 @@ def detection_scores(predictions: Predictions, score_thresh: float | None = None
     """
     t = predictions.score_thresh if score_thresh is None else score_thresh
     out = {n: {"tp": [], "fp": []} for n in predictions.label_names}
-    for i in range(len(predictions)):
-        m = _match(predictions, i, t, iou_thresh)
+    for i, m in enumerate(match_predictions(predictions, t, iou_thresh)):
         pl = np.asarray(predictions.pred_labels[i])
         ps = np.asarray(predictions.pred_scores[i], dtype=np.float64)
         for l, name in enumerate(predictions.label_names):
@@ -320,6 +313,7 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
     cols = {k: [] for k in ("image_id", "label", "size", "crowding")}
     best = {k: [] for k in CANDIDATE_SETS}
     found = {float(t): [] for t in score_threshs}
+    matches = {t: match_predictions(predictions, t, iou_thresh) for t in found}
     for i, image_id in enumerate(predictions.ids):
         gb = np.asarray(predictions.gt_bboxes[i], dtype=np.float32).reshape(-1, 4)
         gl = np.asarray(predictions.gt_labels[i], dtype=np.int32).reshape(-1)
@@ -331,7 +325,7 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
         cols["size"].append(size[use])
         cols["crowding"].append(crowding[use])
         for t in found:
-            found[t].append(_match(predictions, i, t, iou_thresh).found[use])
+            found[t].append(matches[t][i].found[use])
         if candidates is None:
             for k in best:
                 best[k].append(np.full(int(use.sum()), np.nan))

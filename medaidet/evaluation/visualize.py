@@ -2,7 +2,7 @@
 
 AP and count errors say *how much* a detector gets wrong; a picture says *what*. Each
 detection scoring ``>= score_thresh`` is matched to the ground truth exactly as VOC AP
-matches it (:func:`match_detections`, the rule of ChainerCV's
+matches it (:func:`~medaidet.evaluation.matching.match_detections`, the rule of ChainerCV's
 ``calc_detection_voc_prec_rec``), and drawn in one of three styles, none in a class's colour
 (:data:`medaidet.colors.OUTCOME_STYLES`; told apart by line style too):
 
@@ -15,10 +15,6 @@ Each box carries its class's initial (``R``, ``W``, ``P``); each panel's title h
 counts per class, predicted/annotated (``rbc 18/21 · wbc 1/1 · platelets 0/2``), the same
 numbers :func:`~medaidet.evaluation.count.count_cells` counts at that threshold.
 
-:func:`gt_box_sizes` measures the found and the missed boxes at the model's input scale
-(300x300 for SSD300 and the small SSD), to set beside the default boxes' sizes: the small
-SSD's smallest is 20 px (:data:`medaidet.ssd.small.SIZES`), SSD300's 30 px.
-
 Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels, float32, shape (R, 4); labels
 int32 (R,), indices into the label names; scores float32 (R,). Images float32 (3, H, W),
 RGB, 0-255 (ChainerCV's layout).
@@ -27,162 +23,24 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
-from chainercv.utils import bbox_iou
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from medaidet.colors import OUTCOME_LABELS, OUTCOME_STYLES, bar_style
+from medaidet.colors import OUTCOME_LABELS, OUTCOME_STYLES
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
-from medaidet.data.download import resolve_root
-from medaidet.data.image import read_image_size
-from medaidet.data.voc import image_path
 from medaidet.evaluation.evaluate import Predictions
+from medaidet.evaluation.matching import (DetectionMatch, as_boxes, match_detections,
+                                          match_predictions)
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
 
-__all__ = ["STYLES", "DetectionMatch", "BoxSizes", "match_detections", "voc_iou",
-           "draw_detections", "plot_detections", "gt_box_sizes", "plot_box_sizes"]
+__all__ = ["STYLES", "draw_detections", "plot_detections"]
 
 #: Drawing style of each outcome (matplotlib ``Rectangle`` keywords): no class colour, and
 #: the line styles tell them apart without colour (:mod:`medaidet.colors`).
 STYLES = OUTCOME_STYLES
 _LEGEND = OUTCOME_LABELS
-
-
-# --------------------------------------------------------------------------- matching
-
-@dataclass
-class DetectionMatch:
-    """The outcome of every detection and ground-truth box of one image.
-
-    Over the R detections (bool, shape (R,)): ``kept`` (score ``>= score_thresh``), ``tp``,
-    ``fp`` and ``ignored`` (matched to a *difficult* box: neither, as in VOC). A detection
-    below the threshold is none of ``tp``/``fp``/``ignored``. Over the G ground-truth boxes:
-    ``missed`` (bool (G,): a non-difficult box no kept detection matched) and ``matched_by``
-    (int (G,): the index of the detection that matched it, -1 if none).
-    """
-    kept: np.ndarray
-    tp: np.ndarray
-    fp: np.ndarray
-    ignored: np.ndarray
-    missed: np.ndarray
-    matched_by: np.ndarray
-
-    @property
-    def found(self) -> np.ndarray:
-        """bool (G,): ground-truth boxes matched by a true positive."""
-        return self.matched_by >= 0
-
-    @property
-    def n_tp(self) -> int:
-        return int(self.tp.sum())
-
-    @property
-    def n_fp(self) -> int:
-        return int(self.fp.sum())
-
-    @property
-    def n_missed(self) -> int:
-        return int(self.missed.sum())
-
-
-def _as_boxes(bbox) -> np.ndarray:
-    """float32 (R, 4); an empty list or array becomes (0, 4)."""
-    return np.asarray(bbox, dtype=np.float32).reshape(-1, 4)
-
-
-def _matched_inputs(pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult):
-    """:func:`match_detections`' arguments as arrays, their lengths checked."""
-    pred_bbox = _as_boxes(pred_bbox)
-    gt_bbox = _as_boxes(gt_bbox)
-    pred_label = np.asarray(pred_label, dtype=np.int32).reshape(-1)
-    pred_score = np.asarray(pred_score, dtype=np.float32).reshape(-1)
-    gt_label = np.asarray(gt_label, dtype=np.int32).reshape(-1)
-    gt_difficult = (np.zeros(len(gt_label), dtype=bool) if gt_difficult is None
-                    else np.asarray(gt_difficult, dtype=bool).reshape(-1))
-    r, g = len(pred_bbox), len(gt_bbox)
-    if not (len(pred_label) == len(pred_score) == r and len(gt_label) == len(gt_difficult) == g):
-        raise ValueError(f"match_detections: {r} predicted boxes with {len(pred_label)} labels "
-                         f"and {len(pred_score)} scores; {g} ground-truth boxes with "
-                         f"{len(gt_label)} labels and {len(gt_difficult)} difficult flags: "
-                         "each box needs one of each")
-    return pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult
-
-
-def voc_iou(a, b):
-    """IoU of boxes ``a`` (N, 4) and ``b`` (M, 4) with VOC's integer-pixel convention
-    (``y_max``/``x_max`` + 1), in their own dtype, as ChainerCV's
-    ``calc_detection_voc_prec_rec`` computes it; (N, M)."""
-    a = np.array(a).reshape(-1, 4)
-    b = np.array(b).reshape(-1, 4)
-    if not len(a) or not len(b):
-        return np.zeros((len(a), len(b)))
-    a[:, 2:] += 1
-    b[:, 2:] += 1
-    return bbox_iou(a, b)
-
-
-def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
-                     gt_difficult=None, iou_thresh: float = IOU_THRESH,
-                     score_thresh: float = COUNT_SCORE_THRESH) -> DetectionMatch:
-    """Match one image's detections to its ground truth, the way VOC AP does.
-
-    The detections scoring ``>= score_thresh`` are taken class by class in descending
-    score order; each goes to the ground-truth box of its class it overlaps most
-    (:func:`chainercv.utils.bbox_iou`). If that IoU is ``>= iou_thresh`` and the box is
-    still free, the detection is a true positive and takes the box; if the box is taken
-    already (a duplicate), or the best IoU is below the threshold, it is a false positive.
-    A box is matched at most once; boxes no detection took are missed. This is ChainerCV's
-    ``calc_detection_voc_prec_rec`` rule exactly, including VOC's integer-pixel
-    convention (``y_max``/``x_max`` + 1 before the IoU) and its handling of difficult
-    boxes (a detection on one is ignored; the box is never missed).
-
-    Args:
-        pred_bbox: float32 (R, 4), ``(y_min, x_min, y_max, x_max)`` in image pixels.
-        pred_label: int32 (R,). pred_score: float32 (R,).
-        gt_bbox: float32 (G, 4), ``(y_min, x_min, y_max, x_max)``. gt_label: int32 (G,).
-        gt_difficult: bool (G,) or None (none difficult).
-        iou_thresh: the IoU a match needs (VOC: 0.5).
-        score_thresh: detections below it are not drawn, counted or matched.
-
-    Returns:
-        :class:`DetectionMatch`: masks over the detections and over the boxes.
-    """
-    pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult = _matched_inputs(
-        pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult)
-    r, g = len(pred_bbox), len(gt_bbox)
-    kept = pred_score >= score_thresh
-    tp, fp, ignored = (np.zeros(r, dtype=bool) for _ in range(3))
-    matched_by = np.full(g, -1, dtype=np.int64)
-    taken = np.zeros(g, dtype=bool)
-    for label in np.unique(pred_label[kept]):
-        pred_idx = np.flatnonzero(kept & (pred_label == label))
-        # ChainerCV's order, ties included: argsort()[::-1]
-        pred_idx = pred_idx[pred_score[pred_idx].argsort()[::-1]]
-        gt_idx = np.flatnonzero(gt_label == label)
-        if len(gt_idx) == 0:
-            fp[pred_idx] = True
-            continue
-        iou = voc_iou(pred_bbox[pred_idx], gt_bbox[gt_idx])
-        best = iou.argmax(axis=1)
-        best[iou.max(axis=1) < iou_thresh] = -1
-        for p, b in zip(pred_idx, best):
-            if b < 0:
-                fp[p] = True
-                continue
-            box = gt_idx[b]
-            if gt_difficult[box]:
-                ignored[p] = True
-            elif not taken[box]:
-                tp[p] = True
-                matched_by[box] = p
-            else:
-                fp[p] = True
-            taken[box] = True
-    missed = (matched_by < 0) & ~gt_difficult
-    return DetectionMatch(kept, tp, fp, ignored, missed, matched_by)
 
 
 # --------------------------------------------------------------------------- drawing
@@ -288,7 +146,7 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
     label_names = tuple(label_names)
     match = match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
                              gt_difficult, iou_thresh, score_thresh)
-    pred_bbox, gt_bbox = _as_boxes(pred_bbox), _as_boxes(gt_bbox)
+    pred_bbox, gt_bbox = as_boxes(pred_bbox), as_boxes(gt_bbox)
     pred_label = np.asarray(pred_label, dtype=np.int32).reshape(-1)
     pred_score = np.asarray(pred_score, dtype=np.float32).reshape(-1)
     gt_label = np.asarray(gt_label, dtype=np.int32).reshape(-1)
@@ -344,13 +202,6 @@ def _image(dataset, index, position, image_id):
     return item[0] if isinstance(item, tuple) else item
 
 
-def _matches(predictions: Predictions, score_thresh, iou_thresh):
-    return [match_detections(*(getattr(predictions, k)[i] for k in (
-        "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
-        "gt_difficults")), iou_thresh=iou_thresh, score_thresh=score_thresh)
-        for i in range(len(predictions))]
-
-
 def _at_threshold(predictions: Predictions, score_thresh):
     """``(predictions, score_thresh, "score >= ...")`` for one threshold or one per class
     (``{class name: threshold}``: the predictions filtered, their lowest threshold kept)."""
@@ -397,7 +248,7 @@ def _outcomes(predictions: Predictions, score_thresh, iou_thresh, only) -> list:
     return [(int((m.tp & _of_class(pl, only)).sum()),
              int((m.missed & _of_class(gl, only)).sum()),
              int((m.fp & _of_class(pl, only)).sum()))
-            for m, pl, gl in zip(_matches(predictions, score_thresh, iou_thresh),
+            for m, pl, gl in zip(match_predictions(predictions, score_thresh, iou_thresh),
                                  predictions.pred_labels, predictions.gt_labels)]
 
 
@@ -468,134 +319,4 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
                  "titles: predicted/annotated per class")
     fig.legend(handles=_legend_handles(totals), loc="outside lower center", ncols=3,
                fontsize="small")
-    return fig
-
-
-# --------------------------------------------------------------------------- sizes
-
-@dataclass
-class BoxSizes:
-    """Sizes of the ground-truth boxes, found vs missed, per class.
-
-    Size is ``sqrt(h * w)`` of the box rescaled to the model's ``input_size`` x
-    ``input_size`` input (SSD resizes every image to a square, aspect ratio not kept), in
-    pixels: the scale the default boxes' sizes are given at. ``found[name]`` /
-    ``missed[name]``: float64 arrays (one size per box); difficult boxes are in neither.
-    """
-    label_names: tuple
-    found: dict
-    missed: dict
-    input_size: int
-    score_thresh: float
-    iou_thresh: float = IOU_THRESH
-
-    def rows(self) -> list:
-        out = []
-        for name in self.label_names:
-            f, m = self.found[name], self.missed[name]
-            out.append({"class": name, "found": len(f), "missed": len(m),
-                        "recall": len(f) / (len(f) + len(m)) if len(f) + len(m) else math.nan,
-                        "median_found": float(np.median(f)) if len(f) else math.nan,
-                        "median_missed": float(np.median(m)) if len(m) else math.nan})
-        return out
-
-    def missed_fraction_below(self, size: float) -> dict:
-        """Per class: of the boxes smaller than ``size`` px, the fraction missed (NaN: none)."""
-        out = {}
-        for name in self.label_names:
-            f = int((self.found[name] < size).sum())
-            m = int((self.missed[name] < size).sum())
-            out[name] = m / (f + m) if f + m else math.nan
-        return out
-
-    def __str__(self):
-        lines = [f"Ground-truth box sizes sqrt(h*w) at {self.input_size}x{self.input_size} "
-                 f"px, detections at score >= {self.score_thresh:g}"]
-        for r in self.rows():
-            lines.append(f"{r['class']:>10}: found {r['found']:4d}{_median(r['median_found'])}, "
-                         f"missed {r['missed']:4d}{_median(r['median_missed'])}")
-        return "\n".join(lines)
-
-
-def _median(value: float) -> str:
-    return "" if math.isnan(value) else f" (median {value:5.1f} px)"
-
-
-def image_sizes_of(predictions: Predictions, image_sizes, dataset, root):
-    """(height, width) of every image of ``predictions``: ``image_sizes`` when given, else
-    from ``dataset`` or the image files' headers under ``root`` (nothing is decoded)."""
-    if image_sizes is not None:
-        sizes = [tuple(int(v) for v in s) for s in image_sizes]
-        if len(sizes) != len(predictions):
-            raise ValueError(f"image_sizes: {len(sizes)} sizes for {len(predictions)} images")
-        return sizes
-
-    root = resolve_root(getattr(dataset, "root", None) if root is None else root)
-    # the header only: no image is decoded
-    return [read_image_size(image_path(root, image_id), image_id)
-            for image_id in predictions.ids]
-
-
-def gt_box_sizes(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH,
-                 iou_thresh: float = IOU_THRESH, input_size: int = 300, image_sizes=None,
-                 dataset=None, root=None) -> BoxSizes:
-    """Sizes of the found and the missed ground-truth boxes per class, at the model's input.
-
-    A box is found when a detection scoring ``>= score_thresh`` matches it
-    (:func:`match_detections`), missed otherwise. Its size is ``sqrt(h * w)`` after the
-    image is resized to ``input_size`` x ``input_size`` (300 for SSD300 and the small SSD,
-    512 for SSD512): compare it with the model's default-box sizes (smallest: 20 px for
-    the small SSD, :data:`medaidet.ssd.small.SIZES`; 30 px for SSD300).
-
-    Args:
-        image_sizes: ``(H, W)`` of each image; default: read from the image files'
-            headers in ``root`` (or ``dataset.root``, else ``$MEDAIDET_DATA``).
-    """
-    sizes = image_sizes_of(predictions, image_sizes, dataset, root)
-    label_names = tuple(predictions.label_names)
-    found = {n: [] for n in label_names}
-    missed = {n: [] for n in label_names}
-    for i, m in enumerate(_matches(predictions, score_thresh, iou_thresh)):
-        h_img, w_img = sizes[i]
-        bbox = _as_boxes(predictions.gt_bboxes[i]).astype(np.float64)
-        h = (bbox[:, 2] - bbox[:, 0]) * input_size / h_img
-        w = (bbox[:, 3] - bbox[:, 1]) * input_size / w_img
-        size = np.sqrt(np.clip(h, 0, None) * np.clip(w, 0, None))
-        labels = np.asarray(predictions.gt_labels[i]).reshape(-1)
-        for l, name in enumerate(label_names):
-            found[name].extend(size[(labels == l) & m.found])
-            missed[name].extend(size[(labels == l) & m.missed])
-    return BoxSizes(label_names, {n: np.asarray(v, dtype=np.float64) for n, v in found.items()},
-                    {n: np.asarray(v, dtype=np.float64) for n, v in missed.items()},
-                    int(input_size), float(score_thresh), float(iou_thresh))
-
-
-def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
-    """Histograms of found vs missed box sizes, one panel per class (``classes``: default
-    all), stacked, with a vertical line at each of ``default_box_sizes`` (up to four, e.g.
-    ``(medaidet.ssd.small.SIZES[0], 30)`` for the small SSD's and SSD300's smallest; at the
-    same input scale).
-
-    Returns a matplotlib ``Figure``.
-    """
-
-    names = list(classes or sizes.label_names)
-    fig = Figure(figsize=(4.2 * len(names), 3.6), layout="constrained")
-    axes = fig.subplots(1, len(names), squeeze=False)[0]
-    for ax, name in zip(axes, names):
-        f, m = sizes.found[name], sizes.missed[name]
-        both = np.concatenate([f, m])
-        bins = np.linspace(both.min(), both.max() + 1, 21) if len(both) else 10
-        # found: solid dark bars; missed: white, dotted, stacked on top (as the drawings)
-        counts_found, edges, _ = ax.hist(f, bins=bins, label=f"found ({len(f)})",
-                                         **bar_style(0))
-        ax.hist(m, bins=edges, bottom=counts_found, label=f"missed ({len(m)})",
-                **dict(bar_style(0), color="white", hatch="..."))
-        for s, ls in zip(default_box_sizes, ("--", "-.", ":", (0, (5, 1, 1, 1)))):
-            ax.axvline(s, color="0.55", ls=ls, lw=1.8, label=f"default box {s:g} px")
-        ax.set(title=name, xlabel=f"box size sqrt(h*w) at {sizes.input_size}x"
-                                  f"{sizes.input_size} px", ylabel="boxes")
-        ax.legend(fontsize="small")
-    fig.suptitle(f"Found vs missed ground truth (score >= {sizes.score_thresh:g}, "
-                 f"IoU >= {sizes.iou_thresh:g})")
     return fig

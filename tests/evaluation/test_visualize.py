@@ -1,5 +1,6 @@
-"""Detections drawn on images: VOC matching on hand-made boxes and against ChainerCV,
-drawing and grids on real BCCD test images, box sizes found vs missed."""
+"""VOC matching (medaidet.evaluation.matching) on hand-made boxes and against ChainerCV;
+detections drawn (visualize) on real BCCD test images, in grids; box sizes found vs missed
+(box_sizes)."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -12,9 +13,9 @@ from matplotlib.patches import Rectangle  # noqa: E402
 
 from medaidet.evaluation.count import count_cells  # noqa: E402
 from medaidet.evaluation.evaluate import Predictions  # noqa: E402
-from medaidet.evaluation.visualize import (STYLES, draw_detections, gt_box_sizes,  # noqa: E402
-                                           match_detections, plot_box_sizes,
-                                           plot_detections)
+from medaidet.evaluation.box_sizes import gt_box_sizes, plot_box_sizes  # noqa: E402
+from medaidet.evaluation.matching import match_detections  # noqa: E402
+from medaidet.evaluation.visualize import STYLES, draw_detections, plot_detections  # noqa: E402
 
 NAMES = ("rbc", "wbc", "platelets")
 RBC, WBC, PLT = 0, 1, 2
