@@ -435,7 +435,8 @@ class SweepResult:
     def best_threshold(self) -> dict:
         out = {}
         for l, name in enumerate(self.label_names):
-            tied = np.flatnonzero(self.mae[:, l] == np.min(self.mae[:, l]))
+            mae = self.mae[:, l]       # all NaN without images: the first threshold, as argmin
+            tied = np.flatnonzero(mae == np.nanmin(mae)) if np.isfinite(mae).any() else [0]
             out[name] = float(self.thresholds[tied[len(tied) // 2]])
         return out
 

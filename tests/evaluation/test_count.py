@@ -162,6 +162,8 @@ def test_best_threshold_is_the_middle_of_the_tied_ones():
     # rbc: tied at 0.2, 0.3, 0.4 and 0.6 (not contiguous): the middle one of the four, upper
     assert sweep.best_threshold == {"rbc": 0.4, "wbc": 0.2, "platelets": 0.3}
     assert sweep.best_mae == {"rbc": 0.0, "wbc": 0.0, "platelets": 0.5}
+    empty = SweepResult(t, ("rbc",), np.full((6, 1), np.nan), mae[:, :1], mae[:, :1])
+    assert empty.best_threshold == {"rbc": 0.1}             # no images: no MAE to compare
 
 
 def test_sweep_on_test_split_warns_about_optimism():
