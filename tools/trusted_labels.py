@@ -215,6 +215,18 @@ def _unseen(p, c, height=480, width=640):
     return np.array(unseen), np.array(cut)
 
 
+def _least_error(p, c, annotated):
+    """The least class-``c`` count error over :data:`CEILING_GRID` against ``annotated`` (one
+    count per image), and the threshold that reaches it (the lowest such)."""
+    import numpy as np
+    from medaidet.evaluation.count import count_stats
+    errors = [count_stats(np.array([[int(((lb == c) & (s >= t)).sum())] for lb, s in
+                                    zip(p.pred_labels, p.pred_scores)]), annotated[:, None])[2][0]
+              for t in CEILING_GRID]
+    k = int(np.nanargmin(errors))
+    return round(float(errors[k]), 4), CEILING_GRID[k]
+
+
 def ceiling(p, thresholds) -> dict:
     """Per class, what limits the count error of one detector on one split: the error at
     ``thresholds`` (chosen on val), the least error any single threshold reaches on this
@@ -222,24 +234,15 @@ def ceiling(p, thresholds) -> dict:
     boxes no threshold can count (no detection of the class at IoU >= 0.5 at any score; those
     the frame cuts apart), the least any-threshold error with those boxes taken out of the
     annotated counts, and the annotation's own nested duplicate boxes."""
-    import numpy as np
-    from medaidet.evaluation.count import count_errors, count_stats, per_image_counts
+    from medaidet.evaluation.count import count_errors, per_image_counts
     names = p.label_names
     annotated = per_image_counts(p.gt_labels, len(names))
     at_chosen = count_errors(p, thresholds)
     out = {}
     for c, name in enumerate(names):
         unseen, cut = _unseen(p, c)
-
-        def least(target):
-            errors = [count_stats(
-                per_image_counts([lb[s >= t] for lb, s in zip(p.pred_labels, p.pred_scores)],
-                                 len(names))[:, c:c + 1], target[:, None])[2][0]
-                for t in CEILING_GRID]
-            k = int(np.nanargmin(errors))
-            return round(float(errors[k]), 4), CEILING_GRID[k]
-        any_error, any_thresh = least(annotated[:, c])
-        seen_error, _ = least(annotated[:, c] - unseen)
+        any_error, any_thresh = _least_error(p, c, annotated[:, c])
+        seen_error, _ = _least_error(p, c, annotated[:, c] - unseen)
         out[name] = {"annotated": int(annotated[:, c].sum()),
                      "threshold": thresholds[name], "error": round(at_chosen[name], 4),
                      "least_any_threshold": any_error, "at": any_thresh,
