@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     from medaidet.data.bccd import BCCDDataset, quiet_annotation_warnings
     from medaidet.deploy.detector import OnnxDetector
     from medaidet.deploy.export import export_onnx
-    from medaidet.evaluation.evaluate import load_model
+    from medaidet.evaluation.predictions import load_model
     from medaidet.ssd.predict import predict
     from medaidet.ssd.pretrained import shipped_weights
 

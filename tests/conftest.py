@@ -268,3 +268,13 @@ def python312():
 
     found = sorted(glob.glob("/root/.pyenv/versions/3.12.*/bin/python3.12"))
     return found[-1] if found else shutil.which("python3.12")
+
+
+@pytest.fixture
+def no_prediction(monkeypatch):
+    """Fails the test if the model is built: an evaluate/count run's checks come first."""
+    import medaidet.evaluation.predictions as predictions_module
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model was built before the arguments were checked")
+    monkeypatch.setattr(predictions_module, "load_model", forbidden)

@@ -50,13 +50,13 @@ def _dataset(split, labels):
 
 
 def _predict(model, split, labels):
-    from medaidet.evaluation.evaluate import predict_split
+    from medaidet.evaluation.predictions import predict_split
     return predict_split(model, _dataset(split, labels), progress=False)
 
 
 def _predict_other(model, split, source):
     from medaidet.data.txl_pbc import TXLPBCDataset
-    from medaidet.evaluation.evaluate import predict_split
+    from medaidet.evaluation.predictions import predict_split
     return predict_split(model, TXLPBCDataset(None, split, source), progress=False)
 
 
@@ -78,8 +78,8 @@ def _figures(preds, thresholds):
 
 
 def _bootstrap(preds, thresholds, n=1000, seed=0):
-    """The spread of each mAP and count error (medaidet.evaluation.evaluate.bootstrap)."""
-    from medaidet.evaluation.evaluate import bootstrap
+    """The spread of each mAP and count error (medaidet.evaluation.predictions.bootstrap)."""
+    from medaidet.evaluation.predictions import bootstrap
 
     def flat(p):
         figures = _figures(p, thresholds)[0]
@@ -93,7 +93,7 @@ def judge(weights, bootstrap=1000, other_sources=("PBC", "Raabin-WBC")) -> dict:
     ``'bccd'``) and per other source, the test figures at thresholds chosen on val, the val
     figures beside them, and with ``bootstrap`` the test figures' spreads."""
     from medaidet.evaluation.count import threshold_sweep
-    from medaidet.evaluation.evaluate import load_model
+    from medaidet.evaluation.predictions import load_model
     model = load_model(weights)
     val = _predict(model, "val", "txl-pbc")
     test_txl = _predict(model, "test", "txl-pbc")
@@ -156,7 +156,7 @@ def _frame(args):
     miss), and where the red cells missed at score >= 0.6 lie."""
     import numpy as np
     from chainercv.utils import bbox_iou
-    from medaidet.evaluation.evaluate import Predictions, load_model
+    from medaidet.evaluation.predictions import Predictions, load_model
     for weights in args.weights:
         model = load_model(weights)
         for split in ("val", "test"):
@@ -255,7 +255,7 @@ def ceiling(p, thresholds) -> dict:
 
 def _ceiling(args):
     from medaidet.evaluation.count import threshold_sweep
-    from medaidet.evaluation.evaluate import load_model
+    from medaidet.evaluation.predictions import load_model
     report = {}
     for weights in args.weights:
         model = load_model(weights)
@@ -297,7 +297,7 @@ def _count_audit(args):
     and with --figure drawn: a crop around each (annotation: solid, class colour; the event's
     box dashed, yellow for a false detection, magenta for a miss)."""
     from medaidet.evaluation.count import threshold_sweep
-    from medaidet.evaluation.evaluate import load_model
+    from medaidet.evaluation.predictions import load_model
     model = load_model(args.weights)
     val = _predict(model, "val", "txl-pbc")
     p = val if args.split == "val" else _predict(model, args.split, "txl-pbc")
@@ -349,7 +349,7 @@ RAABIN_RELABEL = {
 
 
 def _relabelled(preds, split):
-    from medaidet.evaluation.evaluate import Predictions
+    from medaidet.evaluation.predictions import Predictions
     labels = [lb.copy() for lb in preds.gt_labels]
     for i, (name, boxes) in enumerate(zip(preds.ids, preds.gt_bboxes)):
         fix = RAABIN_RELABEL[split].get(name[-12:])
@@ -364,7 +364,7 @@ def _relabelled(preds, split):
 def _raabin_audit(args):
     """Raabin-WBC's val and test mAP as labelled and with RAABIN_RELABEL applied; with
     --figure, the audited test images drawn with their labels (blue: white cell)."""
-    from medaidet.evaluation.evaluate import load_model
+    from medaidet.evaluation.predictions import load_model
     for weights in args.weights:
         model = load_model(weights)
         for split in ("val", "test"):

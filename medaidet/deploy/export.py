@@ -135,7 +135,7 @@ def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> Ex
     import onnx
 
     from medaidet.deploy import onnx_compat
-    from medaidet.evaluation.evaluate import load_model
+    from medaidet.evaluation.predictions import load_model
     from medaidet.files import atomic_file, check_output
 
     opset = _check_opset(opset)

@@ -50,7 +50,7 @@ from matplotlib.figure import Figure
 
 from medaidet.data.bccd import CLASS_COLORS
 from medaidet.data.validate import validate_dataset
-from medaidet.evaluation.evaluate import Predictions
+from medaidet.evaluation.predictions import Predictions
 from medaidet.evaluation.protocol import IOU_THRESH
 from medaidet.evaluation.box_sizes import image_sizes_of
 from medaidet.evaluation.matching import match_predictions, voc_iou
@@ -294,7 +294,7 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
     """Size, crowding, best candidate scores and outcome of every non-difficult box.
 
     Args:
-        predictions: the detections (from :func:`~medaidet.evaluation.evaluate.predict_weights` with ``return_candidates=True``, or any
+        predictions: the detections (from :func:`~medaidet.evaluation.predictions.predict_weights` with ``return_candidates=True``, or any
             :class:`Predictions` when no candidates are given).
         candidates: a list of :class:`medaidet.ssd.predict.Candidates`, one per image,
             boxes in image pixels, whose ``kept`` candidates are the predictions'

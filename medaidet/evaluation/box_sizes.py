@@ -17,7 +17,7 @@ from medaidet.colors import bar_style
 from medaidet.data.download import resolve_root
 from medaidet.data.image import read_image_size
 from medaidet.data.voc import image_path
-from medaidet.evaluation.evaluate import Predictions
+from medaidet.evaluation.predictions import Predictions
 from medaidet.evaluation.matching import as_boxes, match_predictions
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
 

@@ -11,7 +11,7 @@ its detections scoring ``>= score_thresh``; the annotated count is the number of
   adds its over-count to the top, nothing to the bottom); NaN when no image has a box of
   the class.
 
-Predictions come from :func:`medaidet.evaluation.evaluate.predict_split` (score >= 0.01), capped at
+Predictions come from :func:`medaidet.evaluation.predictions.predict_split` (score >= 0.01), capped at
 ``keep_top_k`` (200) detections per image: a count can never exceed that (BCCD images hold
 ~11 RBC boxes on average, so only an untrained model reaches the cap).
 
@@ -42,7 +42,7 @@ from medaidet.errors import ConfigError
 from medaidet.data.bccd import CLASS_COLORS
 from medaidet.device import DEFAULT_DEVICE
 from medaidet.evaluation.analysis import images_missing_class
-from medaidet.evaluation.evaluate import Predictions, check_run, predict_run
+from medaidet.evaluation.predictions import Predictions, check_run, predict_run
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, EVALUATE_SCORE_THRESH
 from medaidet.files import png_bytes, write_files
 from medaidet.numbers import finite_or_none

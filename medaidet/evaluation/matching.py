@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from chainercv.utils import bbox_iou
 
-from medaidet.evaluation.evaluate import Predictions
+from medaidet.evaluation.predictions import Predictions
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
 
 __all__ = ["DetectionMatch", "match_detections", "match_predictions", "voc_iou", "as_boxes"]

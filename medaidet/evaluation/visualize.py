@@ -30,7 +30,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from medaidet.colors import OUTCOME_LABELS, OUTCOME_STYLES
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
-from medaidet.evaluation.evaluate import Predictions
+from medaidet.evaluation.predictions import Predictions
 from medaidet.evaluation.matching import (DetectionMatch, as_boxes, match_detections,
                                           match_predictions)
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
@@ -271,14 +271,14 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
     annotated) in its title, one legend for the figure with the totals over the panels.
 
     Args:
-        predictions: from :func:`~medaidet.evaluation.evaluate.predict_split` or
-            :func:`~medaidet.evaluation.evaluate.predict_weights`.
+        predictions: from :func:`~medaidet.evaluation.predictions.predict_split` or
+            :func:`~medaidet.evaluation.predictions.predict_weights`.
         indices: positions in ``predictions`` (ints) or image ids (strs) to show;
             default: ``n`` images, the first ones or the first by ``sort_by``.
         label_names: default ``predictions.label_names``.
         score_thresh: detections scoring at least this are drawn (from 0.01, what
             predictions hold, to 1); or one per class, ``{class name: threshold}`` (as
-            :meth:`~medaidet.evaluation.evaluate.Predictions.filter` takes them).
+            :meth:`~medaidet.evaluation.predictions.Predictions.filter` takes them).
         class_filter: a class name or index (e.g. ``"platelets"``): only that class.
         dataset: the images: anything with ``(img, ...)`` items (float32 (3, H, W) RGB
             0-255); with an ``ids`` attribute images are looked up by id. Default:

@@ -17,7 +17,7 @@ from medaidet.deploy.detector import METADATA_KEY, OnnxDetector
 from medaidet.errors import DeployError, WeightsError
 from medaidet.deploy.export import export_onnx
 from medaidet.deploy.parity import compare_detections
-from medaidet.evaluation.evaluate import load_model, predict_split
+from medaidet.evaluation.predictions import load_model, predict_split
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.pretrained import shipped_weights
 from medaidet.ssd.weight_files import materialize, save_weights

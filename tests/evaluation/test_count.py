@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from medaidet.cli import count as count_cli
 from medaidet.evaluation.count import (RBC_NOTE, SWEEP_NOTE, SweepResult, count_cells,
                                        plot_counts, plot_sweep, threshold_sweep)
-from medaidet.evaluation.evaluate import Predictions
+from medaidet.evaluation.predictions import Predictions
 
 NAMES = ("rbc", "wbc", "platelets")
 
@@ -370,15 +370,6 @@ def test_threshold_sweep_refuses_bad_thresholds():
         threshold_sweep(sweep_case(), [0.5, float("nan")])
     with pytest.raises(ConfigError, match="^thresholds: none given"):
         threshold_sweep(sweep_case(), [])
-
-
-@pytest.fixture
-def no_prediction(monkeypatch):
-    import medaidet.evaluation.evaluate as evaluate_module
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("the model was built before the arguments were checked")
-    monkeypatch.setattr(evaluate_module, "load_model", forbidden)
 
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), 2, 0.001])

@@ -11,7 +11,8 @@ from conftest import REPO, edit_objects, split_ids
 
 from medaidet.cli import evaluate as evaluate_cli
 from medaidet.errors import MedaidetError, WeightsError
-from medaidet.evaluation.evaluate import Predictions, evaluate, evaluate_weights, plot_pr_curves
+from medaidet.evaluation.evaluate import evaluate, evaluate_weights, plot_pr_curves
+from medaidet.evaluation.predictions import Predictions
 from medaidet.evaluation.protocol import PROTOCOLS
 
 NAMES = ("rbc", "wbc", "platelets")
@@ -228,7 +229,7 @@ def test_seconds_is_the_time_the_prediction_loop_took(bccd_root):
     import time
 
     from medaidet.data.bccd import BCCDDataset
-    from medaidet.evaluation.evaluate import predict_split
+    from medaidet.evaluation.predictions import predict_split
     from medaidet.ssd.model import build_ssd
 
     np.random.seed(0)
@@ -258,16 +259,6 @@ def test_cli_refuses_a_subset_or_batch_size_that_is_not_positive(option, value, 
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {option}: {value} is" in err and "expected a whole number > 0" in err
-
-
-@pytest.fixture
-def no_prediction(monkeypatch):
-    """Fails the test if the model is built: the checks must come before the work."""
-    import medaidet.evaluation.evaluate as evaluate_module
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("the model was built before the arguments were checked")
-    monkeypatch.setattr(evaluate_module, "load_model", forbidden)
 
 
 @pytest.fixture
@@ -431,7 +422,7 @@ def test_cli_without_room_for_the_figure_leaves_neither_result_file(bccd_root, t
 
 
 def _two_images():
-    from medaidet.evaluation.evaluate import Predictions
+    from medaidet.evaluation.predictions import Predictions
     box = np.array([[0, 0, 10, 10]], np.float32)
     return Predictions(["a", "b"], [box, box + 20], [np.array([0], np.int32)] * 2,
                        [np.array([0.9], np.float32)] * 2, [box, box], [np.array([0], np.int32)] * 2,
@@ -439,7 +430,7 @@ def _two_images():
 
 
 def test_take_resamples_images_and_bootstrap_gives_the_spread_of_a_figure():
-    from medaidet.evaluation.evaluate import bootstrap
+    from medaidet.evaluation.predictions import bootstrap
     preds = _two_images()
     again = preds.take([1, 1, 0])
     assert again.ids == ["b", "b", "a"] and again.pred_bboxes[0][0, 0] == 20

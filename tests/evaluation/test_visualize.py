@@ -12,7 +12,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from medaidet.evaluation.count import count_cells  # noqa: E402
-from medaidet.evaluation.evaluate import Predictions  # noqa: E402
+from medaidet.evaluation.predictions import Predictions  # noqa: E402
 from medaidet.evaluation.box_sizes import gt_box_sizes, plot_box_sizes  # noqa: E402
 from medaidet.evaluation.matching import match_detections  # noqa: E402
 from medaidet.evaluation.visualize import STYLES, draw_detections, plot_detections  # noqa: E402

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from medaidet.checksums import sha256_file
-from medaidet.evaluation.evaluate import course_weights, evaluate_weights
+from medaidet.evaluation.evaluate import evaluate_weights
+from medaidet.evaluation.predictions import course_weights
 from medaidet.ssd.pretrained import SHIPPED_WEIGHTS, shipped_weights
 from medaidet.errors import WeightsError
 from medaidet.ssd.small import SIZES
@@ -61,7 +62,7 @@ def test_the_shipped_detector_scores_on_the_test_split_what_its_record_says(bccd
 def test_the_recorded_count_errors_are_what_counting_at_the_val_thresholds_gives(bccd_root):
     from medaidet.evaluation.analysis import images_missing_class
     from medaidet.evaluation.count import count_cells, threshold_sweep
-    from medaidet.evaluation.evaluate import predict_weights
+    from medaidet.evaluation.predictions import predict_weights
 
     counts = _record()["counts"]
     chosen = counts["thresholds_chosen_on_val"]
@@ -121,7 +122,8 @@ def test_the_trusted_label_detector_scores_against_the_re_annotation_what_its_re
         bccd_root, txl_root):
     from medaidet.data.bccd import BCCDDataset
     from medaidet.evaluation.count import count_errors, threshold_sweep
-    from medaidet.evaluation.evaluate import evaluate, load_model, predict_split
+    from medaidet.evaluation.evaluate import evaluate
+    from medaidet.evaluation.predictions import load_model, predict_split
     judged = json.loads(TXL.with_suffix(".json").read_text())["judged"]["txl-pbc"]
     model = load_model(TXL)
     split = {s: BCCDDataset(bccd_root, s, labels="txl-pbc", txl_root=txl_root)
