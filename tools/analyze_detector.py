@@ -27,7 +27,7 @@ from medaidet.evaluation.analysis import (LOST_STAGES, box_outcomes, detection_s
                                           images_missing_class, missed_by,
                                           plot_detection_scores, recall_precision,
                                           stage_counts)
-from medaidet.evaluation.predictions import predict_weights
+from medaidet.evaluation.runs import predict_weights
 from medaidet.evaluation.visualize import plot_detections
 from medaidet.tables import Table
 

@@ -20,9 +20,10 @@ from pathlib import Path
 import medaidet  # noqa: F401  (runtime settings before chainer)
 from medaidet.data.bccd import AnnotationWarning
 from medaidet.evaluation.analysis import images_missing_class
-from medaidet.evaluation.count import count_cells, threshold_sweep
+from medaidet.evaluation.count import count_cells
+from medaidet.evaluation.thresholds import threshold_sweep
 from medaidet.evaluation.evaluate import evaluate
-from medaidet.evaluation.predictions import predict_weights
+from medaidet.evaluation.runs import predict_weights
 from medaidet.numbers import finite_or_none
 
 

@@ -92,7 +92,7 @@ def judge(weights, bootstrap=1000, other_sources=("PBC", "Raabin-WBC")) -> dict:
     """Every figure of the module docstring for one detector: per annotation (``'txl-pbc'``,
     ``'bccd'``) and per other source, the test figures at thresholds chosen on val, the val
     figures beside them, and with ``bootstrap`` the test figures' spreads."""
-    from medaidet.evaluation.count import threshold_sweep
+    from medaidet.evaluation.thresholds import threshold_sweep
     from medaidet.evaluation.predictions import load_model
     model = load_model(weights)
     val = _predict(model, "val", "txl-pbc")
@@ -254,7 +254,7 @@ def ceiling(p, thresholds) -> dict:
 
 
 def _ceiling(args):
-    from medaidet.evaluation.count import threshold_sweep
+    from medaidet.evaluation.thresholds import threshold_sweep
     from medaidet.evaluation.predictions import load_model
     report = {}
     for weights in args.weights:
@@ -296,7 +296,7 @@ def _count_audit(args):
     """Every count error of one class at the val-chosen threshold (or --threshold), listed,
     and with --figure drawn: a crop around each (annotation: solid, class colour; the event's
     box dashed, yellow for a false detection, magenta for a miss)."""
-    from medaidet.evaluation.count import threshold_sweep
+    from medaidet.evaluation.thresholds import threshold_sweep
     from medaidet.evaluation.predictions import load_model
     model = load_model(args.weights)
     val = _predict(model, "val", "txl-pbc")

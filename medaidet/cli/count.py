@@ -33,7 +33,7 @@ def count_threshold(text: str) -> float:
 
 
 def _count(args) -> int:
-    from medaidet.evaluation.count import count_weights
+    from medaidet.evaluation.runs import count_weights
 
     result, sweep = count_weights(args.weights, split=args.split,
                                   score_thresh=args.score_thresh, model_name=args.model,

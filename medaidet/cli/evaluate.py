@@ -39,7 +39,7 @@ def add_weights_arguments(p) -> None:
 
 
 def _evaluate(args) -> int:
-    from medaidet.evaluation.evaluate import evaluate_weights
+    from medaidet.evaluation.runs import evaluate_weights
 
     result = evaluate_weights(args.weights, split=args.split, model_name=args.model,
                               root=args.root, subset=args.subset, device=args.device,

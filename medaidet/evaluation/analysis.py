@@ -294,7 +294,7 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
     """Size, crowding, best candidate scores and outcome of every non-difficult box.
 
     Args:
-        predictions: the detections (from :func:`~medaidet.evaluation.predictions.predict_weights` with ``return_candidates=True``, or any
+        predictions: the detections (from :func:`~medaidet.evaluation.runs.predict_weights` with ``return_candidates=True``, or any
             :class:`Predictions` when no candidates are given).
         candidates: a list of :class:`medaidet.ssd.predict.Candidates`, one per image,
             boxes in image pixels, whose ``kept`` candidates are the predictions'

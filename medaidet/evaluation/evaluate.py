@@ -35,23 +35,16 @@ from chainercv.evaluations import calc_detection_voc_prec_rec, eval_detection_vo
 from matplotlib.figure import Figure
 
 from medaidet.colors import line_style
-from medaidet.data.bccd import BCCDDataset
-from medaidet.data.voc import split_path
-from medaidet.device import DEFAULT_DEVICE
 from medaidet.errors import ConfigError
-from medaidet.evaluation.predictions import Predictions, check_run, predict_run
+from medaidet.evaluation.predictions import Predictions
 from medaidet.evaluation.protocol import COURSE_PUBLISHED, IOU_THRESH, PROTOCOLS
-from medaidet.files import png_bytes, write_files
 from medaidet.numbers import finite_or_none
 from medaidet.tables import Table
 
-__all__ = [
-    "ProtocolResult", "EvaluationResult", "evaluate", "plot_pr_curves", "check_ground_truth",
-    "evaluate_weights",
-]
+__all__ = ["ProtocolResult", "EvaluationResult", "evaluate", "plot_pr_curves", "n_scored_boxes"]
 
 
-def _n_boxes(difficults) -> int:
+def n_scored_boxes(difficults) -> int:
     """Ground-truth boxes that count in AP (difficult ones are ignored), from each image's
     ``difficult`` flags."""
     return sum(int((~np.asarray(d, dtype=bool)).sum()) for d in difficults)
@@ -234,7 +227,7 @@ def evaluate(predictions: Predictions, label_names=None, protocols=None) -> Eval
     """
     if label_names is not None:
         predictions = Predictions(**{**predictions.__dict__, "label_names": tuple(label_names)})
-    if not _n_boxes(predictions.gt_difficults):
+    if not n_scored_boxes(predictions.gt_difficults):
         where = (f"split {predictions.split} has" if predictions.split else
                  "these predictions have")
         raise ConfigError(
@@ -279,55 +272,3 @@ def plot_pr_curves(result: EvaluationResult):
     return fig
 
 
-def check_ground_truth(root, split: str, subset=None):
-    """Raise :class:`ConfigError` when the images to evaluate (the first
-    ``subset`` of ``split``) hold no ground-truth box: before any model is built. Reads
-    the annotations only. Images without boxes are fine as long as some image has one."""
-
-    dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
-    difficults = list(dataset.slice[:, "difficult"])
-    n = len(difficults) if subset is None else min(subset, len(difficults))
-    if _n_boxes(difficults[:n]):
-        return
-    listed = split_path(dataset.root, split)
-    if n < len(difficults) and _n_boxes(difficults):
-        raise ConfigError(
-            f"the first {n} images of split {split} ({listed}) have no objects: nothing to "
-            f"evaluate (--subset {subset}). Evaluate more of the split's {len(dataset)} "
-            "images (a larger --subset, or none)", "nothing_to_evaluate")
-    raise ConfigError(
-        f"split {split} has no objects: nothing to evaluate. None of the {len(dataset)} "
-        f"images listed in {listed} has a ground-truth box (difficult ones are ignored), so "
-        f"AP is undefined for every class. Check Annotations/<id>.xml of the ids in that "
-        f"list, or run `medaidet data validate {dataset.root}`; or evaluate another split "
-        "(--split)", "nothing_to_evaluate")
-
-
-def evaluate_weights(weights_path, split: str = "test", model_name: str | None = None,
-                     root=None, subset=None, device=DEFAULT_DEVICE, out=None,
-                     batch_size: int = 8, progress: bool = True) -> EvaluationResult:
-    """Load, predict, evaluate; write ``evaluation.json`` and ``pr_curves.png`` to ``out``.
-
-    Every argument is checked before the model is built
-    (:func:`~medaidet.evaluation.predictions.check_run`); ``out`` is
-    created then, so a folder that cannot be written fails at once, not after predicting.
-
-    Raises:
-        WeightsError: ``"missing"``: ``weights_path`` does not exist.
-        medaidet.errors.ConfigError: ``subset`` or ``batch_size`` is not > 0.
-        medaidet.errors.OutputError: ``out`` is a file, cannot be created or
-            written, or lies inside the dataset.
-        ConfigError: the images to evaluate hold no ground-truth box
-            (:func:`check_ground_truth`, before the model is built).
-    """
-    run = check_run(weights_path, root, subset, batch_size, out)
-    check_ground_truth(run.root, split, run.subset)
-    preds = predict_run(run, split, model_name, device, progress)
-    result = evaluate(preds)
-    result.info.update(weights=str(weights_path), model=preds.model,
-                       subset=run.subset, image_ids=list(preds.ids))
-    out = run.out
-    if out is not None:  # both or neither: a full disk leaves no result without its figure
-        write_files({out / "evaluation.json": result.to_json() + "\n",
-                     out / "pr_curves.png": png_bytes(plot_pr_curves(result), dpi=100)})
-    return result

@@ -5,8 +5,8 @@ Notebook 04, section 1. :func:`predict_split` runs the model in the 'evaluate' p
 detections and the annotated boxes, everything :mod:`medaidet.evaluation.evaluate` (AP),
 :mod:`~medaidet.evaluation.count` (counts) and the drawings need, so the model runs once
 and every threshold is applied afterwards (:meth:`Predictions.filter`). :func:`load_model`
-and :func:`predict_weights` start from a weight file; :func:`check_run` checks a command's
-arguments before any of that work.
+builds the model a weight file was saved from (:mod:`medaidet.evaluation.runs` starts
+from a weight file and checks a command's arguments first).
 
 Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels, float32, shape (R, 4);
 labels int32 (R,), indices into the label names; scores float32 (R,).
@@ -17,14 +17,11 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
-from medaidet.arguments import check_number, prepare_output_dir
+from medaidet.arguments import check_number
 from medaidet.data import BCCD_LABEL_NAMES
-from medaidet.data.bccd import BCCDDataset
-from medaidet.data.download import resolve_root
 from medaidet.device import DEFAULT_DEVICE, resolve_device
 from medaidet.errors import WeightsError
 from medaidet.evaluation.protocol import EVALUATE_SCORE_THRESH
@@ -33,13 +30,11 @@ from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, predict
 from medaidet.ssd.pretrained import shipped_weights
 from medaidet.ssd.weight_files import load_weights
 
-__all__ = [
-    "Predictions", "predict_split", "bootstrap", "load_model", "course_weights",
-    "CheckedRun", "check_run", "predict_weights", "predict_run",
-]
+__all__ = ["Predictions", "predict_split", "bootstrap", "load_model", "course_weights",
+           "missing_weights_error"]
 
 
-def _missing_weights(path: Path) -> WeightsError:
+def missing_weights_error(path: Path) -> WeightsError:
     return WeightsError(
         f"no trained weights at {path}: run notebook 03_training.ipynb or `medaidet train` "
         f"first (it writes model-only weights and a .sha256 sidecar), then pass that file "
@@ -239,7 +234,7 @@ def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVIC
 
     path = Path(os.fspath(weights_path))
     if not path.is_file():
-        raise _missing_weights(path)
+        raise missing_weights_error(path)
     model_name = model_name or model_of_weights(path)
     model = build_ssd(model_name, n_fg_class=len(BCCD_LABEL_NAMES))
     model.name = model_name
@@ -269,64 +264,3 @@ def course_weights(profile: str, run_dir) -> tuple:
     return shipped_weights("ssd_small"), f"the small SSD's weights shipped with medaidet: {why}"
 
 
-class CheckedRun(NamedTuple):
-    """The arguments of an evaluate/count run after :func:`check_run`: the weight file, the
-    dataset root and ``out`` resolved (``out`` ``None`` when not given), the numbers as ints."""
-
-    weights: Path
-    root: Path
-    subset: int | None
-    batch_size: int
-    out: Path | None
-
-
-def check_run(weights_path, root=None, subset=None, batch_size: int = 8,
-              out=None) -> CheckedRun:
-    """The cheap checks of an evaluate/count run, done once, before the model is built and
-    the split predicted, so that a mistake costs nothing: the weight file exists, ``subset``
-    and ``batch_size`` are whole numbers > 0, the dataset is there and ``out`` can be
-    written (created now; it may not lie inside the dataset). Errors name the arguments as
-    the command line spells them (``--subset``, ``--out``). Returns a :class:`CheckedRun`
-    for :func:`predict_run`.
-    """
-
-    path = Path(os.fspath(weights_path))
-    if not path.is_file():
-        raise _missing_weights(path)
-    if subset is not None:
-        subset = check_number(subset, "--subset", "positive", integer=True)
-    batch_size = check_number(batch_size, "--batch-size", "positive", integer=True)
-    root = resolve_root(root)
-    if out is not None:
-        out = prepare_output_dir(out, "--out", inputs=(root,))
-    return CheckedRun(path, root, subset, batch_size, out)
-
-
-def predict_weights(weights_path, split: str = "test", model_name: str | None = None,
-                    root=None, subset=None, device=DEFAULT_DEVICE, batch_size: int = 8,
-                    progress: bool = True, return_candidates: bool = False):
-    """Load weights and predict ``split`` (its first ``subset`` images when given); with
-    ``return_candidates`` also the candidates before the caps and NMS (see
-    :func:`predict_split`). The arguments are checked first (:func:`check_run`)."""
-    return predict_run(check_run(weights_path, root, subset, batch_size), split, model_name,
-                       device, progress, return_candidates)
-
-
-def predict_run(run: CheckedRun, split: str = "test", model_name: str | None = None,
-                device=DEFAULT_DEVICE, progress: bool = True,
-                return_candidates: bool = False):
-    """:func:`predict_weights` for arguments :func:`check_run` has checked."""
-
-    root, subset, batch_size = run.root, run.subset, run.batch_size
-    model = load_model(run.weights, model_name, device)
-    # ChainerCV's evaluation convention: keep difficult boxes, flagged, so they are ignored.
-    dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
-    ids = list(dataset.ids)
-    if subset is not None:
-        ids = ids[:subset]
-        view = dataset.slice[:len(ids)]
-    else:
-        view = dataset
-    return predict_split(model, view, batch_size=batch_size, progress=progress, ids=ids,
-                         label_names=dataset.label_names, split=split,
-                         return_candidates=return_candidates)

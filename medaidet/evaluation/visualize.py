@@ -272,7 +272,7 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
 
     Args:
         predictions: from :func:`~medaidet.evaluation.predictions.predict_split` or
-            :func:`~medaidet.evaluation.predictions.predict_weights`.
+            :func:`~medaidet.evaluation.runs.predict_weights`.
         indices: positions in ``predictions`` (ints) or image ids (strs) to show;
             default: ``n`` images, the first ones or the first by ``sort_by``.
         label_names: default ``predictions.label_names``.

@@ -9,8 +9,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from medaidet.cli import count as count_cli
-from medaidet.evaluation.count import (RBC_NOTE, SWEEP_NOTE, SweepResult, count_cells,
-                                       plot_counts, plot_sweep, threshold_sweep)
+from medaidet.evaluation.count import RBC_NOTE, count_cells, plot_counts
+from medaidet.evaluation.thresholds import SWEEP_NOTE, SweepResult, plot_sweep, threshold_sweep
 from medaidet.evaluation.predictions import Predictions
 
 NAMES = ("rbc", "wbc", "platelets")
@@ -112,7 +112,7 @@ def test_set_aside_says_how_many_images_lack_each_class():
 
 
 def test_count_weights_sets_aside_the_images_the_validator_flags(bccd_root):
-    from medaidet.evaluation.count import count_weights
+    from medaidet.evaluation.runs import count_weights
     from medaidet.ssd.pretrained import SHIPPED_WEIGHTS
 
     result, _ = count_weights(SHIPPED_WEIGHTS["ssd_small", "bccd"], split="test", progress=False)
@@ -257,7 +257,7 @@ def test_the_sweep_axis_is_not_flattened_by_the_lowest_thresholds():
 def test_threshold_change_follows_each_image_and_adds_up_to_the_mae():
     """Raising a threshold lowers every count: an under-counted image moves further off, an
     over-counted one closer (or past its annotation); the MAE changes by the sum."""
-    from medaidet.evaluation.count import threshold_change
+    from medaidet.evaluation.thresholds import threshold_change
 
     # rbc per image: annotated 3; detections at 0.9 x a and 0.55 x b. Counted at 0.5: a + b,
     # at 0.6: a. Errors at 0.5 -> 0.6: img0 +2 -> 0 (closer), img1 -1 -> -3 (further),
@@ -375,7 +375,7 @@ def test_threshold_sweep_refuses_bad_thresholds():
 @pytest.mark.parametrize("bad", [-1, float("nan"), 2, 0.001])
 def test_count_weights_checks_the_threshold_before_predicting(tmp_path, bad, no_prediction):
     from medaidet.errors import ConfigError
-    from medaidet.evaluation.count import count_weights
+    from medaidet.evaluation.runs import count_weights
     weights = tmp_path / "model.npz"
     weights.write_bytes(b"")
     with pytest.raises(ConfigError, match=r"^--score-thresh: "):
@@ -397,22 +397,20 @@ def test_count_out_that_is_a_file_fails_before_predicting(tmp_path, bccd_root, n
 def test_count_and_evaluate_check_their_arguments_once(monkeypatch, bccd_root):
     """check_run runs once per command: count_weights and evaluate_weights predict through
     predict_run, which takes the checked arguments, not predict_weights, which checks again."""
-    from medaidet.evaluation import count as count_module, evaluate as evaluate_module
-    from medaidet.evaluation.count import count_weights
-    from medaidet.evaluation.evaluate import evaluate_weights
+    from medaidet.evaluation import runs
     from medaidet.ssd.pretrained import SHIPPED_WEIGHTS
 
     calls = []
-    real = evaluate_module.check_run
+    real = runs.check_run
 
     def counted(*args, **kwargs):
         calls.append(args[0])
         return real(*args, **kwargs)
-    monkeypatch.setattr(evaluate_module, "check_run", counted)
-    monkeypatch.setattr(count_module, "check_run", counted)
+    monkeypatch.setattr(runs, "check_run", counted)
     weights = SHIPPED_WEIGHTS["ssd_small", "bccd"]
-    result, _ = count_weights(weights, split="test", root=bccd_root, subset=2, progress=False)
+    result, _ = runs.count_weights(weights, split="test", root=bccd_root, subset=2,
+                                   progress=False)
     assert len(calls) == 1 and result.info["subset"] == 2
-    evaluated = evaluate_weights(weights, split="test", root=bccd_root, subset=2,
-                                 progress=False)
+    evaluated = runs.evaluate_weights(weights, split="test", root=bccd_root, subset=2,
+                                      progress=False)
     assert len(calls) == 2 and evaluated.n_images == 2

@@ -11,7 +11,8 @@ from conftest import REPO, edit_objects, split_ids
 
 from medaidet.cli import evaluate as evaluate_cli
 from medaidet.errors import MedaidetError, WeightsError
-from medaidet.evaluation.evaluate import evaluate, evaluate_weights, plot_pr_curves
+from medaidet.evaluation.evaluate import evaluate, plot_pr_curves
+from medaidet.evaluation.runs import evaluate_weights
 from medaidet.evaluation.predictions import Predictions
 from medaidet.evaluation.protocol import PROTOCOLS
 

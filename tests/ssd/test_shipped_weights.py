@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from medaidet.checksums import sha256_file
-from medaidet.evaluation.evaluate import evaluate_weights
+from medaidet.evaluation.runs import evaluate_weights
 from medaidet.evaluation.predictions import course_weights
 from medaidet.ssd.pretrained import SHIPPED_WEIGHTS, shipped_weights
 from medaidet.errors import WeightsError
@@ -61,8 +61,9 @@ def test_the_shipped_detector_scores_on_the_test_split_what_its_record_says(bccd
 @pytest.mark.slow(seconds=40)
 def test_the_recorded_count_errors_are_what_counting_at_the_val_thresholds_gives(bccd_root):
     from medaidet.evaluation.analysis import images_missing_class
-    from medaidet.evaluation.count import count_cells, threshold_sweep
-    from medaidet.evaluation.predictions import predict_weights
+    from medaidet.evaluation.count import count_cells
+    from medaidet.evaluation.thresholds import threshold_sweep
+    from medaidet.evaluation.runs import predict_weights
 
     counts = _record()["counts"]
     chosen = counts["thresholds_chosen_on_val"]
@@ -121,7 +122,8 @@ def test_the_trusted_label_detector_ships_beside_with_a_record_that_reproduces_i
 def test_the_trusted_label_detector_scores_against_the_re_annotation_what_its_record_says(
         bccd_root, txl_root):
     from medaidet.data.bccd import BCCDDataset
-    from medaidet.evaluation.count import count_errors, threshold_sweep
+    from medaidet.evaluation.count import count_errors
+    from medaidet.evaluation.thresholds import threshold_sweep
     from medaidet.evaluation.evaluate import evaluate
     from medaidet.evaluation.predictions import load_model, predict_split
     judged = json.loads(TXL.with_suffix(".json").read_text())["judged"]["txl-pbc"]
