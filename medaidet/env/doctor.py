@@ -1,37 +1,20 @@
-"""The doctor: does this environment run the course, and if not, what fixes it.
+"""The doctor: does this environment run the course, and if not, what fixes it (notebook 00).
 
 Two halves, so every check can be tested without the environment it describes:
-:func:`gather_facts` reads the environment into a plain :class:`Facts` and
-never raises (a broken import becomes an error string); the ``check_*``
-functions turn facts into :class:`Check` lines with the exact fix.
-
-Platform detection (the ``platform`` line) uses only these signals:
-Colab: ``google.colab`` imported or ``COLAB_RELEASE_TAG`` set; Azure ML:
-``AZUREML_RUN_ID`` / ``AZUREML_ENTRY_SCRIPT`` (jobs) or ``CI_NAME`` with
-``CI_WORKSPACE`` (compute instances); a course run: ``MEDAIDET_COURSE_RUN``
-(set by ``medaidet course run`` for its kernels); otherwise local.
+:func:`~medaidet.env.facts.gather_facts` reads the environment into a plain
+:class:`~medaidet.env.facts.Facts` and never raises; the ``check_*`` functions here turn
+facts into :class:`Check` lines with the exact fix, and :func:`run_doctor` puts them in a
+:class:`DoctorReport`.
 """
-import ctypes
 import html
-import importlib
-import importlib.util
 import json
-import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 from packaging.specifiers import SpecifierSet
 
 from medaidet import compat
-from medaidet.scaling import distributed  # imports neither chainer nor mpi4py.MPI
+from medaidet.env.facts import Facts, error_text, gather_facts, major_version
 from medaidet_tools.stack import sources
-from medaidet_tools.stack.install import installed_version
 
 STATUSES = ("ok", "warn", "fail", "skip")
 INSTALL = "python -m medaidet stack install"
@@ -46,263 +29,6 @@ class Check:
     status: str
     found: str
     fix: str = ""
-
-
-@dataclass
-class Facts:
-    """What :func:`gather_facts` read; tests build these by hand."""
-
-    python: str = ""
-    numpy: object = None                 # installed version or None
-    chainer: object = None
-    chainer_error: str = ""              # import error text, "" when it imports
-    chainercv: object = None
-    chainercv_error: str = ""
-    cupy: list = field(default_factory=list)   # [(distribution, version)]
-    nvidia_driver: bool = False          # nvidia-smi or /proc/driver/nvidia present
-    cuda_available: object = None        # chainer.backends.cuda.available; None: not read
-    resolution_error: str = ""           # chainer.backends.cuda._resolution_error
-    cudnn_enabled: object = None
-    cudnn_version: object = None
-    libcudnn8: object = None             # libcudnn.so.8 loads (CuPy 13 only)
-    chainer_cudnn_env: object = None     # $CHAINER_CUDNN
-    gpu: object = None                   # dict, or None with gpu_error saying why
-    gpu_error: str = ""
-    nccl: object = None
-    nccl_version: object = None
-    nccl_error: str = ""
-    mpi: object = None                   # asdict(distributed.MpiInfo); None: not read
-    cv2: object = None
-    cv2_threads: object = None
-    cv2_error: str = ""
-    shm_bytes: object = None
-    caches: list = field(default_factory=list)  # [(label, path, error or "")]
-    papermill: object = None
-    papermill_error: str = ""
-    kernels: list = field(default_factory=list)
-    kernels_error: str = ""
-    platform: str = "local"
-    platform_why: str = ""
-    compat_actions: list = field(default_factory=list)  # [(name, detail)]
-    imagenet: list = field(default_factory=list)  # [(source, its URL, state)]
-    imagenet_error: str = ""             # why the sources could not be looked at
-    smoke: object = None                 # gpu smoke result dict; None: not run
-    gather_errors: list = field(default_factory=list)
-
-
-def _err(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _major(version) -> int:
-    try:
-        return int(str(version).split(".")[0])
-    except ValueError:
-        return 0
-
-
-def _cuda_version(v: int) -> str:
-    return f"{v // 1000}.{v % 1000 // 10}"
-
-
-def _import_error(name: str) -> str:
-    try:
-        importlib.import_module(name)
-    except Exception as exc:  # any import-time failure is the finding
-        return _err(exc)
-    return ""
-
-
-# ---------------------------------------------------------------- gathering
-
-def _gather_stack(f: Facts) -> None:
-    f.python = platform.python_version()
-    f.numpy = installed_version("numpy")
-    f.cupy = compat.installed_cupy()
-    f.nvidia_driver = bool(shutil.which("nvidia-smi")) or os.path.exists("/proc/driver/nvidia")
-    f.chainer_cudnn_env = os.environ.get("CHAINER_CUDNN")
-    f.chainer, f.chainercv = installed_version("chainer"), installed_version("chainercv")
-    f.chainer_error = _import_error("chainer")
-    f.chainercv_error = _import_error("chainercv")
-
-
-def _gather_cuda(f: Facts) -> None:
-    if f.chainer_error:
-        f.gpu_error = "chainer does not import"
-        return
-    from chainer.backends import cuda
-    f.cuda_available = bool(cuda.available)
-    err = getattr(cuda, "_resolution_error", None)
-    f.resolution_error = _err(err) if err is not None else ""
-    f.cudnn_enabled = bool(cuda.cudnn_enabled)
-    if not f.cuda_available:
-        f.gpu_error = ("no CuPy installed: chainer runs on the CPU" if not f.cupy
-                       else "CuPy does not import: chainer runs on the CPU")
-        return
-    import cupy
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # CUDARuntimeError: no driver or no device
-        f.gpu_error = f"no usable CUDA device ({_err(exc)})"
-        return
-    if count == 0:
-        f.gpu_error = "no CUDA device"
-        return
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    name = props["name"]
-    free, total = cupy.cuda.Device(0).mem_info
-    f.gpu = {"name": name.decode() if isinstance(name, bytes) else str(name), "count": count,
-             "cc": f"{props['major']}.{props['minor']}",
-             "driver": _cuda_version(cupy.cuda.runtime.driverGetVersion()),
-             "runtime": _cuda_version(cupy.cuda.runtime.runtimeGetVersion()),
-             "free": int(free), "total": int(total)}
-    if f.cudnn_enabled:
-        f.cudnn_version = getattr(cuda, "_cudnn_version", None)
-    elif max((_major(v) for _, v in f.cupy), default=0) < 14:
-        try:
-            ctypes.CDLL("libcudnn.so.8")
-            f.libcudnn8 = True
-        except OSError:
-            f.libcudnn8 = False
-    try:
-        from cupy.cuda import nccl
-        f.nccl = bool(getattr(nccl, "available", True))
-        f.nccl_version = nccl.get_version() if f.nccl else None
-    except Exception as exc:
-        f.nccl, f.nccl_error = False, _err(exc)
-
-
-def _gather_mpi(f: Facts) -> None:
-    f.mpi = asdict(distributed.mpi_info())
-
-
-def _gather_opencv(f: Facts) -> None:
-    if importlib.util.find_spec("cv2") is None:
-        return
-    try:
-        import cv2
-        f.cv2, f.cv2_threads = cv2.__version__, cv2.getNumThreads()
-    except Exception as exc:
-        f.cv2, f.cv2_error = installed_version("opencv-python-headless") or "?", _err(exc)
-
-
-def _gather_shm(f: Facts) -> None:
-    if os.path.isdir("/dev/shm"):
-        st = os.statvfs("/dev/shm")
-        f.shm_bytes = st.f_frsize * st.f_blocks
-
-
-def _writable_error(path: Path) -> str:
-    """'' when a file can be created in ``path`` (or, if it does not exist
-    yet, in the nearest existing parent where it would be created)."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        return f"{probe} is not a directory"
-    try:
-        with tempfile.NamedTemporaryFile(dir=probe, prefix=".medaidet-doctor-"):
-            pass
-    except OSError as exc:
-        return _err(exc)
-    return ""
-
-
-def cache_dirs() -> list:
-    """(env var, directory) for the data/weights cache and chainercv's dataset root."""
-    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    data = os.environ.get("MEDAIDET_DATA") or Path(xdg) / "medaidet"
-    root = os.environ.get("CHAINER_DATASET_ROOT") or Path.home() / ".chainer" / "dataset"
-    return [("MEDAIDET_DATA", Path(data).expanduser()),
-            ("CHAINER_DATASET_ROOT", Path(root).expanduser())]
-
-
-def _gather_cache(f: Facts) -> None:
-    f.caches = [(label, str(path), _writable_error(path)) for label, path in cache_dirs()]
-
-
-def _gather_imagenet(f: Facts) -> None:
-    try:
-        from medaidet.ssd.pretrained import imagenet_status
-    except ImportError as exc:     # no chainer stack yet
-        f.imagenet_error = _err(exc)
-        return
-    f.imagenet = [(s.describe(), s.url, state) for s, state in imagenet_status()]
-
-
-def _gather_notebook(f: Facts) -> None:
-    try:
-        import papermill
-        f.papermill = papermill.__version__
-    except Exception as exc:
-        f.papermill_error = _err(exc)
-    try:
-        from jupyter_client.kernelspec import KernelSpecManager
-        f.kernels = sorted(KernelSpecManager().find_kernel_specs())
-    except Exception as exc:
-        f.kernels_error = _err(exc)
-
-
-def _gather_platform(f: Facts) -> None:
-    env = os.environ
-    if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in env:
-        f.platform, f.platform_why = "colab", "google.colab / COLAB_RELEASE_TAG"
-    elif "AZUREML_RUN_ID" in env or "AZUREML_ENTRY_SCRIPT" in env:
-        f.platform, f.platform_why = "azureml (job)", "AZUREML_RUN_ID / AZUREML_ENTRY_SCRIPT"
-    elif "CI_NAME" in env and "CI_WORKSPACE" in env:
-        f.platform, f.platform_why = "azureml (compute instance)", "CI_NAME, CI_WORKSPACE"
-    elif env.get("MEDAIDET_COURSE_RUN"):
-        profile = env.get("MEDAIDET_PROFILE", "?")
-        f.platform = f"papermill (medaidet course run, profile {profile})"
-        f.platform_why = "MEDAIDET_COURSE_RUN"
-    else:
-        f.platform, f.platform_why = "local", ""
-    if "ipykernel" in sys.modules:
-        f.platform += ", in a Jupyter kernel"
-
-
-def _gather_compat(f: Facts) -> None:
-    f.compat_actions = [(a.name, a.detail) for a in compat.apply()]
-
-
-def gather_facts(gpu_smoke: bool = False) -> Facts:
-    """Read the environment. Never raises: a part that fails is recorded in
-    ``gather_errors`` and the doctor reports it as a failed line."""
-    f = Facts()
-    parts = {"compat": _gather_compat, "stack": _gather_stack, "cuda": _gather_cuda,
-             "mpi": _gather_mpi, "opencv": _gather_opencv, "shm": _gather_shm,
-             "cache": _gather_cache, "imagenet": _gather_imagenet,
-             "notebook": _gather_notebook, "platform": _gather_platform}
-    for name, part in parts.items():
-        try:
-            part(f)
-        except Exception as exc:
-            f.gather_errors.append(f"{name}: {_err(exc)}")
-    if gpu_smoke and f.gpu is not None:
-        f.smoke = run_gpu_smoke()
-    return f
-
-
-# ---------------------------------------------------------------- GPU smoke
-
-def run_gpu_smoke(device: str = "gpu", timeout: int = 600) -> dict:
-    """Run :mod:`medaidet.env.gpu_smoke` in a subprocess (a CUDA fault cannot kill the
-    caller) with CUDA_LAUNCH_BLOCKING=1; returns ``{"ok": bool, ...timings or error}``."""
-    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
-    start = time.perf_counter()
-    try:
-        done = subprocess.run([sys.executable, "-m", "medaidet.env.gpu_smoke", device], env=env,
-                              timeout=timeout, capture_output=True, text=True)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {timeout} s"}
-    lines = done.stdout.strip().splitlines()
-    try:
-        result = json.loads(lines[-1])
-    except (IndexError, ValueError):
-        tail = (done.stdout + done.stderr)[-1500:]
-        result = {"ok": False, "error": f"exit code {done.returncode}: {tail}"}
-    result["wall_s"] = time.perf_counter() - start
-    return result
 
 
 # ---------------------------------------------------------------- checks
@@ -323,8 +49,8 @@ def check_numpy(f: Facts) -> Check:
     if not SpecifierSet(compat.NUMPY_RANGE).contains(f.numpy):
         return Check("numpy", "fail", f"{f.numpy}, outside the supported {compat.NUMPY_RANGE}",
                      spec_fix)
-    cupy14 = [f"{n}=={v}" for n, v in f.cupy if _major(v) >= 14]
-    if cupy14 and _major(f.numpy) < 2:
+    cupy14 = [f"{n}=={v}" for n, v in f.cupy if major_version(v) >= 14]
+    if cupy14 and major_version(f.numpy) < 2:
         names = " ".join(n for n, v in f.cupy)
         return Check("numpy", "fail", f"{f.numpy} with {', '.join(cupy14)}: CuPy 14 needs NumPy 2",
                      f"pip uninstall -y {names} && {INSTALL} --cuda auto  (installs CuPy 13.6)")
@@ -394,7 +120,7 @@ def check_cudnn(f: Facts) -> Check:
     skip = _no_gpu("cudnn", f)
     if skip:
         return skip
-    cuda_major = max(_major(v) for _, v in f.cupy)
+    cuda_major = max(major_version(v) for _, v in f.cupy)
     if cuda_major >= 14:
         found = "no cuDNN in CuPy 14: chainer uses im2col+cuBLAS"
         if f.chainer_cudnn_env == "0":
@@ -421,7 +147,7 @@ def check_gpu(f: Facts) -> Check:
     g = f.gpu
     found = (f"{g['name']} x{g['count']}, compute {g['cc']}, driver CUDA {g['driver']}, "
              f"runtime CUDA {g['runtime']}, {g['free'] / GIB:.1f}/{g['total'] / GIB:.1f} GiB free")
-    if _major(g["cc"]) < 5:
+    if major_version(g["cc"]) < 5:
         return Check("gpu", "fail", found + ": CUDA 12 cannot target this (Kepler) GPU",
                      "use a newer GPU (compute capability >= 5.0, e.g. T4, V100, A100)")
     if g["free"] < GIB:
@@ -440,7 +166,7 @@ def check_nccl(f: Facts) -> Check:
         return Check("nccl", "ok", f"NCCL {shown}: ChainerMN pure_nccl can run")
     name, version = f.cupy[0]
     cu = name.replace("cupy-cuda", "").rstrip("x") or "12"
-    fix = (f"pip install nvidia-nccl-cu{cu}" if _major(version) >= 14 else
+    fix = (f"pip install nvidia-nccl-cu{cu}" if major_version(version) >= 14 else
            f"python -m cupyx.tools.install_library --library nccl --cuda {cu}.x")
     return Check("nccl", "warn", f"not available ({f.nccl_error or 'library not found'}): only "
                  "multi-GPU ChainerMN (pure_nccl) needs it", fix)
@@ -617,7 +343,7 @@ def run_doctor(gpu_smoke: bool = False, facts: Facts = None) -> DoctorReport:
         try:
             checks.append(fn(facts))
         except Exception as exc:
-            checks.append(Check(name, "fail", f"the check itself failed: {_err(exc)}",
+            checks.append(Check(name, "fail", f"the check itself failed: {error_text(exc)}",
                                 "report this with the output of `medaidet doctor --json`"))
     if facts.gather_errors:
         checks.append(Check("doctor", "fail", "reading the environment failed: "

