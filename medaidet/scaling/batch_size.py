@@ -4,21 +4,19 @@
 The course's recipe trains with batch 32; SSD300's activations for one 300x300 image take a
 few hundred MB in training, so batch 32 needs a large GPU.
 :func:`find_batch_size` tries forward + backward at a batch size, halves it on out of
-memory (:func:`is_out_of_memory`; :func:`free_memory` gives the failed try's memory back)
-and tries again, reporting every try (peak memory, seconds, images/s: :class:`PeakMemory`)
-and the ``--accumulate`` that gives the recipe's batch with the batch size that fits
+memory and tries again (:mod:`medaidet.scaling.memory`: telling out of memory apart, giving
+a failed try's memory back, measuring the peak), reporting every try (peak memory, seconds,
+images/s) and the ``--accumulate`` that gives the recipe's batch with the batch size that fits
 (:class:`medaidet.training.accumulation.AccumulatingUpdater` then trains with it).
 
-:func:`plot_memory` draws a report for the notebooks; :func:`batch_size_on_bccd` runs the
-finder (or :func:`measure_batch_sizes`) on SSD and real BCCD images: ``medaidet
-batch-size``.
+:func:`~medaidet.scaling.memory.plot_memory` draws a report for the notebooks;
+:func:`batch_size_on_bccd` runs the finder (or :func:`measure_batch_sizes`) on SSD and real
+BCCD images: ``medaidet batch-size``.
 """
 from __future__ import annotations
 
-import gc
 import json
 import time
-import tracemalloc
 import warnings
 from dataclasses import asdict, dataclass, field
 
@@ -28,70 +26,20 @@ import chainer
 from chainer.backends import cuda
 from chainer.dataset import concat_examples
 from chainer.datasets import TransformDataset
-from matplotlib.figure import Figure
 
 from medaidet.arguments import check_number, prepare_output_dir
 from medaidet.errors import ConfigError, DeviceError
-from medaidet.colors import line_style
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
-from medaidet.data.download import resolve_root
+from medaidet.data.pinned import resolve_root
 from medaidet.device import DEFAULT_DEVICE, device_name
 from medaidet.files import png_bytes, write_files
+from medaidet.scaling.memory import (PeakMemory, first_line, format_bytes, free_memory,
+                                     is_out_of_memory, plot_memory, synchronize)
 from medaidet.training.config import TrainConfig
 from medaidet.training.recipe import Recipe
 
-__all__ = ["BatchSizeTry", "BatchSizeReport", "PeakMemory",
-           "is_out_of_memory", "free_memory", "check_search", "find_batch_size",
-           "measure_batch_sizes", "plot_memory", "batch_size_on_bccd"]
-
-
-# --------------------------------------------------------------------------- out of memory
-
-def _cupy():
-    return cuda.cupy if cuda.available else None
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` means the device ran out of memory.
-
-    ``MemoryError`` on the CPU (NumPy's ``_ArrayMemoryError`` is one); on a GPU CuPy's
-    ``cupy.cuda.memory.OutOfMemoryError``, and the allocation failures cuDNN, cuBLAS and
-    the CUDA runtime report under memory pressure (``..._ALLOC_FAILED``,
-    ``cudaErrorMemoryAllocation``).
-    """
-    if isinstance(exc, MemoryError):
-        return True
-    cupy = _cupy()
-    if cupy is None:
-        return False
-    if isinstance(exc, cupy.cuda.memory.OutOfMemoryError):
-        return True
-    text = str(exc)
-    return type(exc).__module__.startswith("cupy") and (
-        "ALLOC_FAILED" in text or "cudaErrorMemoryAllocation" in text
-        or "out of memory" in text.lower())
-
-
-def free_memory(device) -> None:
-    """Collect garbage and, on a GPU ``device`` (a chainer device or spec), give CuPy's
-    cached blocks back to the driver.
-
-    CuPy keeps freed device memory in its memory pool for reuse; after an out-of-memory
-    the pool holds the blocks of the failed try, so the next, smaller try would fail too
-    (or other processes could not use the memory). ``free_all_blocks`` of the default
-    pool and of the pinned host pool returns every block not in use.
-    """
-    gc.collect()
-    cupy = _cupy()
-    on_gpu = chainer.get_device(device).xp is not np
-    if cupy is not None and on_gpu:
-        cupy.get_default_memory_pool().free_all_blocks()
-        cupy.get_default_pinned_memory_pool().free_all_blocks()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+__all__ = ["BatchSizeTry", "BatchSizeReport", "check_search", "find_batch_size",
+           "measure_batch_sizes", "batch_size_on_bccd"]
 
 
 # --------------------------------------------------------------------------- the finder
@@ -178,7 +126,7 @@ class BatchSizeReport:
         rows = [("batch", "result", "peak memory", "seconds", "images/s", "error")]
         for t in self.tries:
             rows.append((str(t.batch_size), "ok" if t.ok else "out of memory",
-                         _format_bytes(t.peak_bytes),
+                         format_bytes(t.peak_bytes),
                          "-" if t.seconds is None else f"{t.seconds:.2f}",
                          "-" if t.images_per_second is None else f"{t.images_per_second:.2f}",
                          t.error or ""))
@@ -214,79 +162,6 @@ class BatchSizeReport:
                 "suggestion": self.suggestion, "tries": [t.to_dict() for t in self.tries]}
 
 
-def _format_bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"
-
-
-def _synchronize(device) -> None:
-    if device.xp is not np:
-        device.device.synchronize()
-
-
-class PeakMemory:
-    """``with PeakMemory(device) as peak: ...``: the most memory the block held at once on
-    ``device`` (a chainer device or spec), above what was allocated when it began
-    (``peak.bytes``, set on leaving the block).
-
-    * CPU: ``tracemalloc`` (started for the block unless it already runs). NumPy reports
-      every array it allocates to tracemalloc, so this is the peak of the arrays (and
-      Python objects) the block allocated; BLAS's own buffers and memory the C allocator
-      keeps cached are not in it. Tracing slows Python's own allocations, not NumPy's
-      arithmetic: a forward + backward of SSD300 takes about as long.
-    * GPU: CuPy's default memory pool, which every chainer array on the GPU comes from.
-      The pool is emptied (:func:`free_memory`) on entering, so the bytes it holds on
-      leaving (``total_bytes``: freed blocks stay cached) are the most the block held,
-      fragmentation included; minus the bytes in use on entering (parameters, optimizer
-      state) that is the block's peak. cuDNN's workspaces come from the pool too; the
-      CUDA context and cuBLAS's workspace do not. Leaving synchronizes the device and
-      records ``cudaMemGetInfo`` (``device_free_bytes``, ``device_total_bytes``: other
-      processes' memory counts there).
-
-    ``measure`` (class attribute per kind, also on the instance): the words for the
-    report.
-    """
-
-    HOST = "tracemalloc peak of NumPy and Python allocations"
-    GPU = "CuPy memory pool bytes held (pool emptied before)"
-
-    def __init__(self, device):
-        self.device = chainer.get_device(device)
-        self.on_gpu = self.device.xp is not np
-        self.measure = self.GPU if self.on_gpu else self.HOST
-        self.bytes = None
-        self.device_free_bytes = self.device_total_bytes = None
-
-    def __enter__(self):
-        if self.on_gpu:
-            free_memory(self.device)
-            self._base = _cupy().get_default_memory_pool().used_bytes()
-        else:
-            self._started = not tracemalloc.is_tracing()
-            if self._started:
-                tracemalloc.start()
-            tracemalloc.reset_peak()
-            self._base = tracemalloc.get_traced_memory()[0]
-        return self
-
-    def __exit__(self, *exc):
-        if self.on_gpu:
-            cupy = _cupy()
-            _synchronize(self.device)
-            self.bytes = max(0, cupy.get_default_memory_pool().total_bytes() - self._base)
-            self.device_free_bytes, self.device_total_bytes = cupy.cuda.runtime.memGetInfo()
-        else:
-            self.bytes = max(0, tracemalloc.get_traced_memory()[1] - self._base)
-            if self._started:
-                tracemalloc.stop()
-        return False
-
-
 def _forward_backward(train_chain, examples, device, t):
     """One try, measured; every array it makes dies with this frame (or, on an error,
     with the traceback)."""
@@ -297,7 +172,7 @@ def _forward_backward(train_chain, examples, device, t):
             train_chain.cleargrads()
             loss = train_chain(*in_arrays)
             loss.backward()
-            _synchronize(device)
+            synchronize(device)
         finally:
             t.seconds = time.perf_counter() - began
     t.peak_bytes = peak.bytes
@@ -308,7 +183,7 @@ def _prepare(train_chain, device):
     device = train_chain.device if device is None else chainer.get_device(device)
     train_chain.to_device(device)
     device.use()
-    if device.xp is not np and _cupy() is None:
+    if device.xp is not np and not cuda.available:
         raise ValueError(f"device {device} is a GPU but CuPy is not available")
     return device
 
@@ -325,7 +200,7 @@ def _try_batch_size(train_chain, examples, batch_size, device) -> BatchSizeTry:
         except Exception as exc:                # noqa: BLE001 (re-raised unless OOM)
             if not is_out_of_memory(exc):
                 raise
-            t.ok, t.error = False, _first_line(exc)
+            t.ok, t.error = False, first_line(exc)
     # the try's arrays are unreachable now (its frame and traceback are gone)
     del batch
     train_chain.cleargrads()
@@ -463,55 +338,9 @@ def find_batch_size(train_chain, dataset, device=None, start: int = 32,
 
 def _log_line(t: BatchSizeTry) -> str:
     if t.ok:
-        return (f"batch {t.batch_size}: fits, peak {_format_bytes(t.peak_bytes)}, "
+        return (f"batch {t.batch_size}: fits, peak {format_bytes(t.peak_bytes)}, "
                 f"{t.seconds:.2f} s, {t.images_per_second:.2f} images/s")
     return f"batch {t.batch_size}: out of memory after {t.seconds:.2f} s ({t.error})"
-
-
-# --------------------------------------------------------------------------- plot
-
-def plot_memory(report: BatchSizeReport, limit_bytes: int | None = None,
-                limit_label: str = "memory limit"):
-    """Peak memory against batch size, the tries that ran out of memory marked.
-
-    ``limit_bytes``: the memory a try could use, when known (e.g. the out-of-memory demo's
-    room above what the model holds): drawn as a line, the failed tries on it (they needed
-    more). Without it the failed tries are marked at the top of the axis: a failed try has
-    no peak to plot. Lines and markers in black and grey: no class colour.
-
-    Returns a matplotlib ``Figure``.
-    """
-
-    fig = Figure(figsize=(6.0, 4.0), layout="constrained")
-    ax = fig.subplots()
-    ok = sorted((t.batch_size, t.peak_bytes / 2**20) for t in report.tries
-                if t.ok and t.peak_bytes is not None)
-    failed = sorted(t.batch_size for t in report.tries if not t.ok)
-    limit = None if limit_bytes is None else limit_bytes / 2**20
-    top = max([mib for _, mib in ok] + ([limit] if limit else []), default=1.0) * 1.15
-    if ok:
-        ax.plot([b for b, _ in ok], [mib for _, mib in ok], label="fits (peak)",
-                **line_style(0))
-    if limit is not None:
-        ax.axhline(limit, color="0.4", linestyle="--", lw=1.2,
-                   label=f"{limit_label}: {limit:,.0f} MiB")
-    if failed:
-        ax.plot(failed, [limit if limit is not None else top * 1.1] * len(failed),
-                linestyle="none", marker="x", ms=10, mew=2, color="black", clip_on=False,
-                label="out of memory (needed more" + (" than the limit)" if limit else ")"))
-    best = report.best_batch_size
-    if best is not None:
-        ax.axvline(best, color="0.6", linestyle=":", lw=1.5, label=f"largest fit: {best}")
-    sizes = sorted({t.batch_size for t in report.tries})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(s) for s in sizes])
-    ax.set_ylim(0, top * 1.1)
-    ax.set(xlabel="batch size", ylabel="peak memory (MiB)")
-    ax.set_title(f"Memory per batch size on {device_name(report.device)}\n"
-                 f"(peak: {report.memory_measure})", fontsize="medium")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    return fig
 
 
 # --------------------------------------------------------------------------- on BCCD

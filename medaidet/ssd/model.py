@@ -41,8 +41,8 @@ from medaidet.ssd import MODEL_NAMES
 from medaidet.ssd.pretrained import check_pretrained, imagenet_weights, pretrained_file
 from medaidet.ssd.small import SSDSmall
 from medaidet.errors import WeightsError
-from medaidet.ssd.weight_files import (load_all_but_class_heads, load_backbone, load_weights,
-                                       what_file_is)
+from medaidet.ssd.weight_files import load_all_but_class_heads, load_backbone, load_weights
+from medaidet.ssd.npz_files import what_file_is
 
 __all__ = ["MODELS", "build_ssd", "model_of_weights"]
 

@@ -23,7 +23,7 @@ import chainer
 import numpy as np
 
 from medaidet.errors import WeightsError
-from medaidet.ssd.weight_files import what_file_is
+from medaidet.ssd.npz_files import what_file_is
 
 __all__ = ["SNAPSHOT_NAME", "RandomStateExtension", "check_snapshot_file",
            "check_weights_file", "load_snapshot", "snapshot_iteration"]
@@ -87,7 +87,7 @@ def _npz_entries(path: Path, name: str, expected: str, kind: str) -> list:
     """The array names in the ``.npz`` at ``path`` (its zip directory only: no array is
     read). Raises a :class:`~medaidet.errors.WeightsError` of ``kind`` naming ``name`` when
     it is missing, a folder, not a zip (what it is instead:
-    :func:`medaidet.ssd.weight_files.what_file_is`) or truncated."""
+    :func:`medaidet.ssd.npz_files.what_file_is`) or truncated."""
     def fail(problem):
         return WeightsError(f"{name}: {path} {problem}; expected {expected}", kind, path=path)
 

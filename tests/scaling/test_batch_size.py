@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from medaidet.errors import DeviceError, MedaidetError
-from medaidet.scaling.batch_size import (BatchSizeReport, BatchSizeTry, find_batch_size, is_out_of_memory, measure_batch_sizes, plot_memory)
+from medaidet.scaling.batch_size import (BatchSizeReport, BatchSizeTry, find_batch_size,
+                                         measure_batch_sizes)
+from medaidet.scaling.memory import is_out_of_memory, plot_memory
 
 
 # --------------------------------------------------------------------------- the finder
