@@ -32,7 +32,7 @@ def add_parser(commands) -> None:
 
 
 def _batch_size(args) -> int:
-    from medaidet.data.download import resolve_root
+    from medaidet.data.pinned import resolve_root
     from medaidet.scaling.batch_size import batch_size_on_bccd
     from medaidet.errors import DeviceError
 

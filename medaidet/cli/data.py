@@ -26,7 +26,8 @@ def add_parser(commands) -> None:
 
 
 def _download(args) -> int:
-    from medaidet.data.download import SOURCES, download
+    from medaidet.data.download import download
+    from medaidet.data.pinned import SOURCES
     print(download(SOURCES[args.dataset], root=args.root, force=args.force))
     return 0
 

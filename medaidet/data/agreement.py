@@ -30,7 +30,7 @@ from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.errors import ConfigError
 from medaidet.data import LABELS
 from medaidet.data.annotation import parse_annotation
-from medaidet.data.download import TXL_PBC, resolve_root
+from medaidet.data.pinned import TXL_PBC, resolve_root
 from medaidet.data.image import read_image_size
 from medaidet.data.txl_pbc import bccd_links
 from medaidet.data.voc import annotation_path, image_path
@@ -71,7 +71,7 @@ def _boxes(root, image_id, txl=None):
 
 def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES,
                 labels: str = "bccd", txl_root=None) -> list:
-    """:class:`PairCounts` of each :class:`~medaidet.data.validate.ImagePair` in ``pairs``.
+    """:class:`PairCounts` of each :class:`~medaidet.data.same_field.ImagePair` in ``pairs``.
 
     ``root``: the BCCD root (``None``: ``$MEDAIDET_DATA``, else the cache).
     ``pair.dx``/``pair.dy``: how far ``b``'s content appears moved in ``a``, so a point

@@ -44,7 +44,7 @@ from medaidet.data.annotation import parse_annotation
 from medaidet.data.annotation_checks import (QUIET_ENV, _REPORTED,  # noqa: F401 (here too)
                                              AnnotationWarning, Finding, check_annotation,
                                              warn_once)
-from medaidet.data.download import TXL_PBC, resolve_root
+from medaidet.data.pinned import TXL_PBC, resolve_root
 from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.txl_pbc import bccd_links
 from medaidet.data.voc import annotation_path, image_path, read_split, split_path
@@ -71,7 +71,7 @@ class BCCDDataset(GetterDataset):
     Args:
         root: dataset root, a str or ``os.PathLike`` (else
             :class:`~medaidet.errors.ConfigError`); None: ``$MEDAIDET_DATA``,
-            else the cache directory (:func:`medaidet.data.download.resolve_root`).
+            else the cache directory (:func:`medaidet.data.pinned.resolve_root`).
         split: ``'train'`` (205), ``'val'`` (87), ``'trainval'`` (292) or ``'test'`` (72).
         strict: raise a DataError (of the object's kind) instead of dropping/clipping objects.
         use_difficult: keep objects marked difficult (ChainerCV's default: skip them;

@@ -37,7 +37,7 @@ from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 from medaidet.errors import ConfigError, DataError, MedaidetError
 from medaidet.data import BCCD_LABEL_NAMES, OTHER_SOURCES
 from medaidet.data.annotation_checks import check_annotation, warn_once
-from medaidet.data.download import TXL_PBC, resolve_root
+from medaidet.data.pinned import TXL_PBC, resolve_root
 from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.yolo import parse_yolo_labels
 

@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from medaidet.colors import bar_style
-from medaidet.data.download import resolve_root
+from medaidet.data.pinned import resolve_root
 from medaidet.data.image import read_image_size
 from medaidet.data.voc import image_path
 from medaidet.evaluation.predictions import Predictions

@@ -21,7 +21,7 @@ import numpy as np
 
 from medaidet.arguments import check_number, prepare_output_dir
 from medaidet.data.bccd import BCCDDataset
-from medaidet.data.download import resolve_root
+from medaidet.data.pinned import resolve_root
 from medaidet.data.voc import split_path
 from medaidet.device import DEFAULT_DEVICE
 from medaidet.errors import ConfigError

@@ -30,7 +30,7 @@ import chainer
 
 from medaidet import compat
 from medaidet.arguments import prepare_output_dir
-from medaidet.data.download import resolve_root
+from medaidet.data.pinned import resolve_root
 from medaidet.files import write_files
 from medaidet.ssd import PRETRAINED
 from medaidet.ssd.weight_files import save_weights

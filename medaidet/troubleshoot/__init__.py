@@ -16,7 +16,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from medaidet.data.download import resolve_root
+from medaidet.data.pinned import resolve_root
 from medaidet.scaling.batch_size import BatchSizeReport
 from medaidet.errors import DataError
 from medaidet.ssd.transforms import check_sample

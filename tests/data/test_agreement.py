@@ -5,7 +5,8 @@ import pytest
 from medaidet.data.agreement import count_agreement, pair_counts
 from medaidet.data.annotation import parse_annotation
 from medaidet.data.voc import annotation_path
-from medaidet.data.validate import ImagePair, validate_dataset
+from medaidet.data.validate import validate_dataset
+from medaidet.data.same_field import ImagePair
 
 
 @pytest.fixture(scope="module")
