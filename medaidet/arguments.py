@@ -94,7 +94,7 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
     resolved path; raises :class:`OutputError` naming ``name`` and the path."""
     if not is_path(path):
         raise OutputError(f"{name}: {path!r} is not a folder path; expected a folder to "
-                             "write the results in")
+                          "write the results in", "not_a_folder", path=path)
     out = Path(path).expanduser().resolve()
     for source in inputs:
         if not source:  # None or "" (an unset or empty variable): nothing to protect
@@ -103,21 +103,23 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
         if _is_within(out, source):
             raise OutputError(
                 f"{name}: {path} is inside {source}, which this run reads; choose a folder "
-                "outside it (for example outputs/) so nothing of yours is overwritten")
+                "outside it (for example outputs/) so nothing of yours is overwritten",
+                "input", path=out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"{name}: {path} is a file, not a folder; give a folder path "
-                             "(it is created if missing)")
+                          "(it is created if missing)", "not_a_folder", path=out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"{name}: cannot create the folder {path} ({exc.strerror or exc}); "
-                             "choose a folder you can write to") from None
+                          "choose a folder you can write to", "unwritable", path=out) from None
     try:  # a real write: permission bits say nothing for root or on read-only mounts
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as exc:
         raise OutputError(f"{name}: cannot write in the folder {path} "
-                             f"({exc.strerror or exc}); choose a folder you can write to") from None
+                          f"({exc.strerror or exc}); choose a folder you can write to",
+                          "unwritable", path=out) from None
     if marker is not None:
         _claim_output_dir(out, path, name, marker, own_folders)
     return out
@@ -156,7 +158,8 @@ def _claim_output_dir(out: Path, path, name: str, marker: str, own_folders=()) -
         raise OutputError(
             f"{name}: the folder {path} already holds files ({shown}) and is not one this "
             f"command made (it has no {marker} file); nothing was written or deleted there. "
-            f"Choose a new or empty folder for {name}, or move those files out of it")
+            f"Choose a new or empty folder for {name}, or move those files out of it",
+            "not_ours", path=out)
     with atomic_file(out / marker, "w") as f:
         f.write(f"medaidet made this folder for its results ({name}); the next run into it "
                 "rewrites them.\n")

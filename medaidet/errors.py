@@ -125,11 +125,14 @@ class DeviceError(MedaidetError, ValueError):
 
 
 class OutputError(MedaidetError):
-    """An output cannot be written where asked: the folder is a file, cannot be created or
-    written, is one of the run's inputs or holds someone's files; or a file would replace
-    something that is not a file of results (a folder, a device, a FIFO, one of the
-    command's inputs). ``path``: the output, where known."""
+    """An output cannot be written where asked. ``kind``: ``"input"`` (it is one of the
+    run's inputs, or inside one), ``"not_a_folder"`` (a folder is asked for: the path is a
+    file, or no path), ``"not_a_file"`` (a file would replace a folder, a device, a FIFO or
+    a dangling link), ``"unwritable"`` (the folder cannot be created or written),
+    ``"not_ours"`` (the folder holds someone's files) or ``"clash"`` (two outputs of one run
+    would share a name). ``path``: the output."""
 
+    KINDS = ("input", "not_a_folder", "not_a_file", "unwritable", "not_ours", "clash")
     path = None
 
 

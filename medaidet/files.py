@@ -41,7 +41,7 @@ def check_output(path, inputs=()) -> Path:
         what = ("a folder" if path.is_dir() else "a link to nothing" if path.is_symlink()
                 else "a device, FIFO or socket, not a regular file")
         raise OutputError(f"{path} is {what}: writing there would replace it. Give the name "
-                          "of a file to write (nothing was written).", path=path)
+                          "of a file to write (nothing was written).", "not_a_file", path=path)
     for source in inputs:
         try:
             same = os.path.samefile(path, source)
@@ -50,7 +50,7 @@ def check_output(path, inputs=()) -> Path:
         if same:
             raise OutputError(f"{path} is also an input of this command ({source}): writing "
                               "there would replace it. Choose another output name (nothing "
-                              "was written).", path=path)
+                              "was written).", "input", path=path)
     return path
 
 

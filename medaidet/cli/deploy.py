@@ -65,7 +65,7 @@ def _results_folder(out, images) -> Path:
     if same:
         raise OutputError(f"{' and '.join(same[0])} would both write {Path(same[0][0]).stem}.json "
                           f"and .png into {out}: count them in separate runs with separate "
-                          "--out folders, or rename one (nothing was written).", path=out)
+                          "--out folders, or rename one (nothing was written).", "clash", path=out)
     for stem in stems:          # every result checked before any image is counted
         for suffix in (".json", ".png"):
             check_output(Path(out) / f"{stem}{suffix}", images)

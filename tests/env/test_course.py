@@ -201,16 +201,18 @@ def test_out_in_the_notebooks_folder_is_refused_and_deletes_nothing(failing_cour
     # it used to delete <out>/<name>.ipynb, i.e. every notebook, before running them
     out = failing_course if where == "the notebooks folder" else failing_course / "runs"
     before = {p.name: p.read_bytes() for p in failing_course.iterdir()}
-    with pytest.raises(OutputError, match=r"--out: .* which this run reads"):
+    with pytest.raises(OutputError) as info:
         run_course(profile="smoke", out=out, notebooks_dir=failing_course, log=_quiet)
+    assert (info.value.kind, info.value.path) == ("input", out.resolve())
     assert {p.name: p.read_bytes() for p in failing_course.iterdir()} == before
 
 
 def test_out_that_is_a_file_is_named_before_any_work(failing_course, tmp_path):
     out = tmp_path / "results.txt"
     out.write_text("mine")
-    with pytest.raises(OutputError, match="--out: .*results.txt is a file, not a folder"):
+    with pytest.raises(OutputError) as info:
         run_course(profile="smoke", out=out, notebooks_dir=failing_course, log=_quiet)
+    assert (info.value.kind, info.value.path) == ("not_a_folder", out)
     assert out.read_text() == "mine"
 
 
@@ -410,8 +412,9 @@ def test_a_folder_with_only_the_notebooks_training_runs_is_the_courses(tmp_path)
     theirs = tmp_path / "theirs"
     (theirs / "runs").mkdir(parents=True)
     (theirs / "notes.txt").write_text("mine")
-    with pytest.raises(OutputError, match=r"already holds files \(notes\.txt\)"):
+    with pytest.raises(OutputError) as info:
         run_course(profile="smoke", out=theirs, notebooks_dir=notebooks, log=_quiet)
+    assert info.value.kind == "not_ours" and "notes.txt" in str(info.value)
     assert not (theirs / OUT_MARKER).exists()
 
 
@@ -426,8 +429,9 @@ def test_runs_or_ja_holding_the_users_files_do_not_make_a_folder_the_courses(tmp
         (folder / sub / "thesis").mkdir(parents=True)
         target = folder / sub / ("report.docx" if name == "runs-file" else "thesis/draft.txt")
         target.write_text("the user's")
-        with pytest.raises(OutputError, match=rf"already holds files \({sub}\)"):
+        with pytest.raises(OutputError) as info:
             run_course(profile="smoke", out=folder, notebooks_dir=notebooks, log=_quiet)
+        assert info.value.kind == "not_ours" and f"({sub})" in str(info.value)
         assert target.read_text() == "the user's" and not (folder / OUT_MARKER).exists()
     ours = tmp_path / "ours"
     (ours / "ja").mkdir(parents=True)

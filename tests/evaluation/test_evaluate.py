@@ -274,8 +274,10 @@ def test_out_that_is_a_file_fails_before_predicting(weights_file, bccd_root, tmp
     from medaidet.errors import OutputError
     out = tmp_path / "results.txt"
     out.write_text("mine\n")
-    with pytest.raises(OutputError, match=r"--out: .*results\.txt is a file, not a folder"):
+    with pytest.raises(OutputError) as info:
         evaluate_weights(weights_file, root=bccd_root, subset=1, out=out, progress=False)
+    assert (info.value.kind, info.value.path) == ("not_a_folder", out)
+    assert str(info.value).startswith("--out: ")        # the command line's name for it
     assert out.read_text() == "mine\n"
 
 
@@ -284,16 +286,18 @@ def test_out_that_cannot_be_created_fails_before_predicting(weights_file, bccd_r
     from medaidet.errors import OutputError
     blocker = tmp_path / "blocker"
     blocker.write_text("")
-    with pytest.raises(OutputError, match=r"--out: cannot create the folder .*blocker/eval"):
+    with pytest.raises(OutputError) as info:
         evaluate_weights(weights_file, root=bccd_root, out=blocker / "eval",
                          progress=False)
+    assert (info.value.kind, info.value.path) == ("unwritable", blocker / "eval")
 
 
 def test_out_inside_the_dataset_is_refused(weights_file, bccd_root, no_prediction):
     from medaidet.errors import OutputError
-    with pytest.raises(OutputError, match="which this run reads"):
+    with pytest.raises(OutputError) as info:
         evaluate_weights(weights_file, root=bccd_root, out=bccd_root / "eval",
                          progress=False)
+    assert (info.value.kind, info.value.path) == ("input", bccd_root.resolve() / "eval")
     assert not (bccd_root / "eval").exists()
 
 
