@@ -83,7 +83,7 @@ def gpu_ids(devices) -> list:
 
 def _not_a_device(spec, name) -> DeviceError:
     return DeviceError(f"{name}: {spec!r} is not a device; expected auto, cpu, gpu or a GPU "
-                       "number")
+                       "number", "spec", spec=spec)
 
 
 def gpu_status():
@@ -125,10 +125,10 @@ def resolve_device(spec=DEFAULT_DEVICE):
         raise DeviceError(
             f"--device {spec}: GPU {gpu} is asked for, but CUDA cannot be used here: {why}. "
             "Install CuPy with `medaidet stack install`, check with `medaidet doctor`, or use "
-            "--device cpu.")
+            "--device cpu.", "no_cuda", spec=spec)
     if gpu >= count:
         raise DeviceError(f"--device {spec}: there is no GPU {gpu} (this machine has {count}); "
-                          f"use --device 0..{count - 1}")
+                          f"use --device 0..{count - 1}", "no_gpu", spec=spec)
     return chainer.get_device(f"@cupy:{gpu}")
 
 

@@ -119,9 +119,14 @@ class ConfigError(MedaidetError, ValueError):
 
 
 class DeviceError(MedaidetError, ValueError):
-    """A device spec is not one, names a GPU that cannot be used (no CUDA, no such GPU), or
-    the device ran out of memory even at the smallest batch (``kind`` ``"memory"``, with
-    ``report``: the :class:`~medaidet.scaling.batch_size.BatchSizeReport` of every try)."""
+    """A device cannot be used as asked. ``kind``: ``"spec"`` (not a device spec),
+    ``"no_cuda"`` (a GPU is asked for and CUDA cannot be used here), ``"no_gpu"`` (no GPU of
+    that number), each with ``spec``; or ``"memory"`` (the device ran out of memory even at
+    the smallest batch, with ``report``: the
+    :class:`~medaidet.scaling.batch_size.BatchSizeReport` of every try)."""
+
+    KINDS = ("spec", "no_cuda", "no_gpu", "memory")
+    spec = None
 
 
 class OutputError(MedaidetError):
