@@ -54,8 +54,10 @@ def _get(url, **kwargs):
 
 
 def test_an_announced_size_above_the_cap_is_refused_before_reading(liar):
-    with pytest.raises(DataError, match="announces 10000000000000 bytes, more than the 1000000"):
+    with pytest.raises(DataError) as info:
         _get(f"{liar}/huge", max_bytes=10**6)
+    assert info.value.kind == "download" and not info.value.offline
+    assert "10000000000000" in str(info.value) and "1000000" in str(info.value)   # both sizes
 
 
 def test_more_bytes_than_the_cap_without_a_length(liar):
@@ -65,9 +67,10 @@ def test_more_bytes_than_the_cap_without_a_length(liar):
 
 def test_a_trickling_server_meets_the_deadline(liar):
     began = time.monotonic()
-    with pytest.raises(DataError, match=r"took longer than 1 s \(\d+ bytes received\)") as info:
+    with pytest.raises(DataError) as info:
         _get(f"{liar}/trickle", deadline_s=1)
-    assert info.value.offline
+    assert info.value.kind == "download" and info.value.offline
+    assert "longer than 1 s" in str(info.value)
     assert time.monotonic() - began < 10   # each byte arrives within the socket timeout
 
 

@@ -134,11 +134,12 @@ def test_ssd300_exports_with_the_same_outputs(tmp_path, test_split):
 def test_mistakes_are_named_before_any_work(tmp_path):
     weights = shipped_weights("ssd_small")
     for opset in (13, 8, 7):    # 7 and 8 once failed in onnx's checker after the work
-        with pytest.raises(DeployError, match=rf"opset {opset}: medaidet exports ONNX "
-                                                        r"opsets 9 to 11; use 11"):
+        with pytest.raises(DeployError) as info:
             export_onnx(weights, tmp_path / "m.onnx", opset=opset)
-    with pytest.raises(WeightsError, match="no trained weights at"):
+        assert info.value.kind == "opset" and f"opset {opset}" in str(info.value)
+    with pytest.raises(WeightsError) as info:
         export_onnx(tmp_path / "none.npz", tmp_path / "m.onnx")
+    assert (info.value.kind, info.value.path) == ("missing", tmp_path / "none.npz")
     with pytest.raises(IsADirectoryError) as error:
         export_onnx(weights, tmp_path)
     assert error.value.filename == str(tmp_path)
@@ -151,20 +152,22 @@ def test_mistakes_are_named_before_any_work(tmp_path):
 
 
 def test_the_detector_refuses_what_it_cannot_use(tmp_path, exported):
-    with pytest.raises(DeployError, match=r"no model at .*none.onnx: write one with "
-                                             r"`medaidet export WEIGHTS --out"):
+    with pytest.raises(DeployError) as info:
         OnnxDetector(tmp_path / "none.onnx")
+    assert info.value.kind == "model" and "none.onnx" in str(info.value)
+    assert "`medaidet export WEIGHTS --out" in str(info.value)     # how to make one
     other = onnx.helper.make_model(onnx.helper.make_graph(
         [onnx.helper.make_node("Identity", ["x"], ["y"])], "g",
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]),
         opset_imports=[onnx.helper.make_opsetid("", 11)])
     onnx.save(other, str(tmp_path / "other.onnx"))
-    with pytest.raises(DeployError, match="not one `medaidet export` wrote"):
-        OnnxDetector(tmp_path / "other.onnx")
-    (tmp_path / "text.onnx").write_text("not a model")
-    with pytest.raises(DeployError, match="is not an ONNX model onnxruntime can load"):
-        OnnxDetector(tmp_path / "text.onnx")
+    for name in ("other.onnx", "text.onnx"):      # a model of another graph, not a model
+        if name == "text.onnx":
+            (tmp_path / name).write_text("not a model")
+        with pytest.raises(DeployError) as info:
+            OnnxDetector(tmp_path / name)
+        assert info.value.kind == "model" and name in str(info.value)
     detector = OnnxDetector(exported.path)
     with pytest.raises(ValueError, match=r"images\[0\] has shape \(480, 640, 3\)"):
         detector.predict([np.zeros((480, 640, 3), np.float32)])
@@ -282,8 +285,9 @@ def test_read_rgb_reads_by_the_loaders_rule(tmp_path, exported, bccd_root):
     with pytest.raises(DataError, match="1 transparent pixel"):
         read_rgb(tmp_path / "transparent.png")
     Image.new("1", (15000, 15000)).save(tmp_path / "huge.png")
-    with pytest.raises(DataError, match="huge.png is too large to decode safely"):
+    with pytest.raises(DataError) as info:
         read_rgb(tmp_path / "huge.png")
+    assert info.value.kind == "image" and "huge.png" in str(info.value)
 
 
 def _tampered(exported, tmp_path, name, change):

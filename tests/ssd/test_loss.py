@@ -397,8 +397,10 @@ def test_negative_label_is_named():
 def test_label_beyond_n_class_is_named():
     locs, confs, gt_locs, labels = valid()
     labels[2, 0] = 9
-    with pytest.raises(InvalidTargetsError, match=r"gt_mb_labels\[2, 0\] = 9.*more classes"):
+    with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(locs, confs, gt_locs, labels, 3)
+    e = info.value
+    assert (e.argument, e.batch_index, e.prior_index, e.value) == ("gt_mb_labels", 2, 0, 9)
 
 
 def test_float_labels_are_refused():
@@ -448,8 +450,10 @@ def test_every_accepted_label_dtype_gives_the_same_loss_and_gradients(dtype):
 
 def test_gt_dtype_must_match_predictions():
     locs, confs, gt_locs, labels = valid()
-    with pytest.raises(InvalidTargetsError, match="gt_mb_locs is float64 but mb_locs is float32"):
+    with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(locs, confs, gt_locs.astype(np.float64), labels, 3)
+    assert info.value.argument == "gt_mb_locs"
+    assert "float64" in str(info.value) and "float32" in str(info.value)   # both dtypes
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
