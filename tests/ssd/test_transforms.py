@@ -317,8 +317,9 @@ def test_raw_chainercv_recipe_emits_what_the_recheck_prevents(transform, geometr
     random.seed(0)
     mb_loc, mb_label = transform.coder.encode(nan_box, np.array([0, 1], dtype=np.int32))
     assert not np.isfinite(mb_loc[mb_label > 0]).all()          # what ChainerCV would do
-    with pytest.raises(DataError, match="box 1 .*not finite"):
+    with pytest.raises(DataError) as info:
         transform.augment(img, nan_box, np.array([0, 1], dtype=np.int32))
+    assert (info.value.kind, info.value.box_index) == ("non_finite_box", 1)
 
 
 def test_sample_without_boxes(transform, real_samples):
@@ -371,28 +372,30 @@ def test_label_outside_range_raises(transform, real_samples, bad, hint):
     assert info.value.kind == "label_range" and info.value.box_index == 4
     assert info.value.value == bad
     assert isinstance(info.value, MedaidetError)
-    with pytest.raises(DataError, match="outside the allowed range"):
+    with pytest.raises(DataError) as info:
         recheck_boxes(bbox, label, (480, 640), N_FG)
+    assert (info.value.kind, info.value.box_index, info.value.value) == ("label_range", 4, bad)
 
 
-@pytest.mark.parametrize("bbox, label, kind, text", [
-    ([[0, 0, 5, 5]], np.array([0.0]), "label_dtype", "dtype float64"),
-    ([[0, 0, 5, 5]], np.array([True]), "label_dtype", "dtype bool"),
-    ([[0, 0, 5, 5]], np.array([0, 1]), "shape", "one class per box"),
-    ([[0, 0, 5]], np.array([0]), "shape", r"expected \(R, 4\)"),
-    ([[0, 0, 5, np.inf]], np.array([0]), "non_finite_box", "box 0 .*not finite"),
-    ([[0, 0, 5, 5], [10, 20, 5, 30]], np.array([0, 1]), "reversed_box", "box 1 .*reversed"),
+@pytest.mark.parametrize("bbox, label, kind, shown", [
+    ([[0, 0, 5, 5]], np.array([0.0]), "label_dtype", "float64"),
+    ([[0, 0, 5, 5]], np.array([True]), "label_dtype", "bool"),
+    ([[0, 0, 5, 5]], np.array([0, 1]), "shape", "(2,)"),
+    ([[0, 0, 5]], np.array([0]), "shape", "(1, 3)"),
+    ([[0, 0, 5, np.inf]], np.array([0]), "non_finite_box", "box 0"),
+    ([[0, 0, 5, 5], [10, 20, 5, 30]], np.array([0, 1]), "reversed_box", "box 1"),
 ])
-def test_wrong_sample_raises(bbox, label, kind, text):
+def test_wrong_sample_raises(bbox, label, kind, shown):
     img = np.zeros((3, 40, 40), np.float32)
-    with pytest.raises(DataError, match=text) as info:
+    with pytest.raises(DataError) as info:
         check_sample(img, np.array(bbox, np.float32), label, N_FG)
-    assert info.value.kind == kind
+    assert info.value.kind == kind and shown in str(info.value)   # what is wrong, named
 
 
 def test_wrong_image_raises():
-    with pytest.raises(DataError, match=r"expected \(3, H, W\)"):
+    with pytest.raises(DataError) as info:
         check_sample(np.zeros((40, 40, 3), np.float32), np.zeros((0, 4)), np.zeros(0, int), 3)
+    assert info.value.kind == "image" and "(40, 40, 3)" in str(info.value)
 
 
 def test_zero_size_input_box_dropped_before_augmenting(transform):

@@ -215,14 +215,16 @@ def test_vgg16_with_batch_norm_is_named(vgg_state):
         bn_index = index + position + 1
         state[f"features.{index + position}.weight"] = vgg_state[f"features.{index}.weight"]
         state[f"features.{bn_index}.running_mean"] = np.zeros(WIDTHS[position], np.float32)
-    with pytest.raises(WeightsError, match="vgg16_bn"):
+    with pytest.raises(WeightsError) as info:
         convert_vgg16(state)
+    assert info.value.kind == "mismatch" and "vgg16_bn" in str(info.value)   # what it is
 
 
 def test_classifier_only_is_named(vgg_state):
     state = {k: v for k, v in vgg_state.items() if k.startswith("classifier.")}
-    with pytest.raises(WeightsError, match="holds only the classifier"):
+    with pytest.raises(WeightsError) as info:
         convert_vgg16(state, path="head.pth")
+    assert info.value.kind == "mismatch" and "head.pth" in str(info.value)
 
 
 def test_wrong_shape_is_named(vgg_state):
@@ -248,19 +250,19 @@ def test_truncated_file_is_named(vgg_files, layout, tmp_path):
     cut = tmp_path / source.name
     with open(source, "rb") as f:
         cut.write_bytes(f.read(source.stat().st_size // 2))
-    with pytest.raises(WeightsError, match="truncated or damaged") as info:
+    with pytest.raises(WeightsError) as info:
         read_vgg16(cut)
-    assert str(cut) in str(info.value)
+    assert info.value.kind == "file" and str(cut) in str(info.value)
 
 
 def test_other_files_are_named(tmp_path, bccd_root):
     empty = tmp_path / "empty.pth"
     empty.write_bytes(b"")
-    with pytest.raises(WeightsError, match="is empty"):
-        read_vgg16(empty)
     jpeg = bccd_root / "JPEGImages" / "BloodImage_00000.jpg"
-    with pytest.raises(WeightsError, match="neither a PyTorch state dict"):
-        read_vgg16(jpeg)
+    for path in (empty, jpeg):
+        with pytest.raises(WeightsError) as info:
+            read_vgg16(path)
+        assert info.value.kind == "file" and str(path) in str(info.value)
 
 
 # --------------------------------------------------------------------------- .pth reader
