@@ -104,9 +104,9 @@ def test_labels_are_checked_by_name(bccd_root):
     from medaidet.data.bccd import BCCDDataset
     from medaidet.errors import ConfigError
     from medaidet.training.config import TrainConfig
-    with pytest.raises(ConfigError, match="labels: 'txl' is not one of bccd, txl-pbc"):
+    with pytest.raises(ConfigError, match="^labels: 'txl'"):
         BCCDDataset(split="test", labels="txl")
-    with pytest.raises(ConfigError, match="labels: 'TXL' is not an annotation"):
+    with pytest.raises(ConfigError, match="^labels: 'TXL'"):
         TrainConfig(labels="TXL")
 
 

@@ -334,9 +334,9 @@ def test_resolve_profile(monkeypatch):
     assert resolve_profile("smoke") == ("smoke", "as requested")
     assert resolve_profile("cpu") == ("cpu", "as requested")
     assert resolve_profile("full") == ("full", "as requested")
-    with pytest.raises(ValueError, match="unknown profile 'fast': use 'auto', 'smoke', 'cpu', "
-                                          "'full'"):
+    with pytest.raises(ValueError) as info:
         resolve_profile("fast")
+    assert all(p in str(info.value) for p in ("'fast'", "'auto'", "'smoke'", "'cpu'", "'full'"))
     # a chainer that does not import: the CPU course, and the reason says why
     monkeypatch.setitem(sys.modules, "chainer", None)
     monkeypatch.setitem(sys.modules, "chainer.backends", None)

@@ -258,8 +258,7 @@ def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
     from medaidet.errors import ConfigError, OutputError
     from medaidet.scaling.batch_size import batch_size_on_bccd
 
-    with pytest.raises(ConfigError, match="^min_batch_size: 8 is greater than start 4; "
-                                                 "expected a batch size from 1 to start$"):
+    with pytest.raises(ConfigError, match="^min_batch_size: 8 .*start 4"):   # both values
         batch_size_on_bccd("cpu", start=4, min_batch_size=8, root=bccd_root)
     with pytest.raises(ConfigError, match="^start: 0 is out of range"):
         batch_size_on_bccd("cpu", start=0, root=bccd_root)

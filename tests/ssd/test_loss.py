@@ -405,9 +405,9 @@ def test_label_beyond_n_class_is_named():
 
 def test_float_labels_are_refused():
     locs, confs, gt_locs, labels = valid()
-    with pytest.raises(InvalidTargetsError, match="must be integers.*float32") as info:
+    with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(locs, confs, gt_locs, labels.astype(np.float32), 3)
-    assert info.value.argument == "gt_mb_labels"
+    assert info.value.argument == "gt_mb_labels" and "float32" in str(info.value)
 
 
 @pytest.mark.parametrize("argument, shape", [
@@ -417,7 +417,7 @@ def test_float_labels_are_refused():
 def test_shape_mismatch_is_named(argument, shape):
     args = dict(zip(("mb_locs", "mb_confs", "gt_mb_locs", "gt_mb_labels"), valid()))
     args[argument] = np.zeros(shape, dtype=args[argument].dtype)
-    with pytest.raises(InvalidTargetsError, match="expected mb_locs \\(B, K, 4\\)") as info:
+    with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(k=3, **args)
     assert info.value.argument == argument
     assert str(shape).replace(",)", ")") in str(info.value)
@@ -573,8 +573,9 @@ def test_a_list_instead_of_an_array_is_named(argument, check):
 
 def test_list_labels_converted_as_the_message_says_give_the_array_loss():
     locs, confs, gt_locs, labels = valid()
-    with pytest.raises(InvalidTargetsError, match="gt_mb_labels is a list"):
+    with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(locs, confs, gt_locs, labels.tolist(), 3)
+    assert info.value.argument == "gt_mb_labels" and "list" in str(info.value)
     fixed = np.asarray(labels.tolist())        # the message's fix: xp.asarray(...)
     for a, b in zip(multibox_loss(locs, confs, gt_locs, fixed, 3),
                     cv_multibox_loss(locs, confs, gt_locs, labels, 3)):
