@@ -374,8 +374,9 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
             raise DataError(
                 f"{len(problems)} of {len(manifest)} files from {url} do not match the pinned "
                 f"manifest {source.manifest_name} ({source.name} commit {source.commit}): "
-                f"{summarize_problems(problems)}. The archive is not {source.name} at that commit or "
-                "was corrupted on the way; nothing was installed.", "checksum", problems=problems)
+                f"{summarize_problems(problems)}. The archive is not {source.name} at that "
+                "commit or was corrupted on the way; nothing was installed.", "checksum",
+                problems=problems)
         _write_marker(source, staging, f"downloaded from {url}")  # last, before the install
         existed = root.exists()
         _install(source, staging, root)

@@ -294,8 +294,9 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
     """Size, crowding, best candidate scores and outcome of every non-difficult box.
 
     Args:
-        predictions: the detections (from :func:`~medaidet.evaluation.runs.predict_weights` with ``return_candidates=True``, or any
-            :class:`Predictions` when no candidates are given).
+        predictions: the detections (from
+            :func:`~medaidet.evaluation.runs.predict_weights` with ``return_candidates=True``,
+            or any :class:`Predictions` when no candidates are given).
         candidates: a list of :class:`medaidet.ssd.predict.Candidates`, one per image,
             boxes in image pixels, whose ``kept`` candidates are the predictions'
             detections; None: ``best`` is NaN and :meth:`BoxOutcomes.stage` unavailable.

@@ -15,8 +15,8 @@ its detections scoring ``>= score_thresh``; the annotated count is the number of
   the class.
 
 Predictions come from :func:`medaidet.evaluation.predictions.predict_split` (score >=
-0.01), capped at ``keep_top_k`` (200) detections per image: a count can never exceed that (BCCD images hold
-~11 RBC boxes on average, so only an untrained model reaches the cap).
+0.01), capped at ``keep_top_k`` (200) detections per image: a count can never exceed that
+(BCCD images hold ~11 RBC boxes on average, so only an untrained model reaches the cap).
 
 Read the RBC numbers with :data:`RBC_NOTE` in mind. Images the validator flags
 ``missing_class`` (no RBC or no WBC box although such cells are visible) can be *set aside*:

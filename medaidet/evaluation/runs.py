@@ -76,7 +76,8 @@ def predict_weights(weights_path, split: str = "test", model_name: str | None = 
                     progress: bool = True, return_candidates: bool = False):
     """Load weights and predict ``split`` (its first ``subset`` images when given); with
     ``return_candidates`` also the candidates before the caps and NMS (see
-    :func:`~medaidet.evaluation.predictions.predict_split`). The arguments are checked first (:func:`check_run`)."""
+    :func:`~medaidet.evaluation.predictions.predict_split`). The arguments are checked
+    first (:func:`check_run`)."""
     return predict_run(check_run(weights_path, root, subset, batch_size), split, model_name,
                        device, progress, return_candidates)
 
