@@ -221,7 +221,7 @@ def test_the_japanese_readme_opens_the_japanese_notebooks_on_colab():
     assert colab.update_readme_badges(REPO / "README.ja.md", url, japanese, write=False) is \
         False, "README.ja.md's Colab badges are stale: run python tools/set_colab.py"
     text = (REPO / "README.ja.md").read_text(encoding="utf-8")
-    assert text.count(f"/blob/main/notebooks/ja/") == len(japanese) == len(EN)
+    assert text.count("/blob/main/notebooks/ja/") == len(japanese) == len(EN)
 
 
 # ---- docs/ja/glossary.md, 表記のルール: the rules a test can check ----------------------------

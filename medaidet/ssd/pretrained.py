@@ -285,8 +285,7 @@ def _from_cache(source: ImagenetSource, mean) -> Path | None:
             f"{converted} does not match its {SIDECAR_SUFFIX} file (changed or damaged since "
             f"it was converted, or its {SIDECAR_SUFFIX} is missing): delete both; the weights "
             f"are converted again from {source.describe()}",
-            "mismatch", path=converted, parameter=source.converted_name,
-            expected=None, found=None)
+            "checksum", path=converted)
     raw = folder / source.file_name
     if raw.is_file():                        # placed by hand: checked like a download
         try:
@@ -296,8 +295,7 @@ def _from_cache(source: ImagenetSource, mean) -> Path | None:
                 f"{raw} is not {source.describe()}'s published file: "
                 f"{str(exc).replace('; it was deleted', '')}. Delete it, or replace it with "
                 f"the file from {source.url}",
-                "mismatch", path=raw, parameter=source.file_name, expected=None,
-                found=None) from None
+                "checksum", path=raw) from None
         return _convert(source, raw, mean)
     return None
 
@@ -331,8 +329,8 @@ def imagenet_weights(progress: bool = True, timeout: float = TIMEOUT_S,
     Raises:
         WeightsError: ``"missing"``: no source worked; the message lists each URL, why it failed
             and where to place any one of the files. ``.path`` is the cache folder.
-        WeightsError: ``"mismatch"``, ``"file"``, ``"not_finite"``: a file in the cache
-            is damaged or is not what its name says (named; delete it).
+        WeightsError: ``"checksum"``, ``"mismatch"``, ``"file"``, ``"not_finite"``: a file
+            in the cache is damaged or is not what its name says (named; delete it).
     """
     sources = SOURCES if sources is None else tuple(sources)
     for source in sources:

@@ -417,8 +417,9 @@ def test_loader(name, root, bccd_root):
                 assert text in message, message
     elif isinstance(expected, ReadFails):
         dataset = BCCDDataset(root, "train", strict=True)
-        with pytest.raises(DataError, match=str(jpg_file(root))):
+        with pytest.raises(DataError) as info:
             dataset[dataset.ids.index(TARGET)]
+        assert info.value.path == jpg_file(root)
         # the boxes are still available without decoding the image
         assert len(dataset.slice[:, "bbox"][dataset.ids.index(TARGET)]) == TARGET_OBJECTS
     else:

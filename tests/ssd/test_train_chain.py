@@ -231,6 +231,6 @@ def test_reports_nothing_outside_a_reporter():
 def test_bad_label_with_stub_model_names_the_prior():
     imgs, gt_mb_locs, gt_mb_labels = stub_targets()
     gt_mb_labels[2, 7] = -1
-    with pytest.raises(InvalidTargetsError, match="7") as info:
+    with pytest.raises(InvalidTargetsError) as info:
         MultiboxTrainChain(StubModel())(imgs, gt_mb_locs, gt_mb_labels)
     assert (info.value.batch_index, info.value.prior_index, info.value.value) == (2, 7, -1)

@@ -292,7 +292,7 @@ def test_stop_on_non_finite_before_and_after_the_update(timing, poison, match):
 
 
 def test_deterministic_needs_a_seed_and_means_no_workers():
-    with pytest.raises(ConfigError, match="deterministic=True needs a seed"):
+    with pytest.raises(ConfigError, match="^deterministic=True"):       # what asks for it
         TrainConfig(deterministic=True)
     assert n_processes_for(TrainConfig(deterministic=True, seed=0)) == 0
     assert n_processes_for(TrainConfig(deterministic=True, seed=0, n_processes=2)) == 2
