@@ -39,6 +39,7 @@ INTERPRETER_FREE = ("tests/lint/", "tests/cli/", "tests/test_workflows.py",
                     "tests/test_makefile.py", "tests/test_notebooks.py",
                     "tests/test_japanese_edition.py", "tests/test_saved_code.py",
                     "tests/test_site.py", "tests/test_scripts.py", "tests/test_layers.py",
+                    "tests/test_package_size.py",
                     "tests/test_exercises.py", "tests/test_downloads.py",
                     "tests/data/test_data_download.py", "tests/deploy/test_web_page.py")
 FAST_TEST_SECONDS = 0.2       # the cost a fast test of those modules counts for

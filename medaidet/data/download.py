@@ -53,7 +53,6 @@ logger = logging.getLogger(__name__)
 URL_SCHEMES = ("https", "http", "file")
 #: Temporary files of another machine's download are removed once untouched this long.
 STALE_AFTER_S = 24 * 3600
-
 TIMEOUT_S = 60.0
 #: Far above the real archives (BCCD ~11 MB, TXL-PBC ~44 MB).
 MAX_DOWNLOAD_BYTES = 1 << 30
