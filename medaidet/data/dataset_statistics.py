@@ -17,7 +17,8 @@ import numpy as np
 
 from medaidet.data import BCCD_LABEL_NAMES
 
-__all__ = ["check_class_sizes", "check_missing_classes", "check_foreign_annotations"]
+__all__ = ["check_class_sizes", "check_missing_classes", "check_foreign_annotations",
+           "kept_boxes"]
 
 # class_size_outlier / missing_class / foreign_annotation rules
 SIZE_Z = 3.5
@@ -30,7 +31,7 @@ FOREIGN_MAJORITY = 0.8
 FOREIGN_MIN_FILES = 10
 
 
-def _kept_boxes(record) -> int:
+def kept_boxes(record) -> int:
     """Boxes of ``record`` the training loader keeps: not dropped, not difficult."""
     return int((~record.checked.difficult).sum())
 
@@ -97,7 +98,7 @@ def check_missing_classes(records, add):
         if share[c] < CLASS_PRESENCE:
             continue
         for record, present in zip(records, has[:, c]):
-            if not present and _kept_boxes(record):   # no box at all: image_without_objects
+            if not present and kept_boxes(record):   # no box at all: image_without_objects
                 boxes = Counter(BCCD_LABEL_NAMES[x] for x in record.checked.label)
                 what = ", ".join(f"{n} {k}" for n, k in boxes.items())
                 add(record.id, None, "missing_class",

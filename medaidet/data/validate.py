@@ -28,7 +28,7 @@ from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.voc import annotation_path, image_path, scan_split_file, split_path
 from medaidet.data.pinned import BCCD, load_manifest, resolve_root, verify_dataset
 from medaidet.data.dataset_statistics import (check_class_sizes, check_foreign_annotations,
-                                             check_missing_classes)
+                                             check_missing_classes, kept_boxes)
 from medaidet.data.same_field import THUMB, ImagePair, same_field_pairs
 from medaidet.data.validation_report import (KINDS, Issue, ValidationReport,
                                              sorted_issues)
@@ -48,11 +48,6 @@ class _Image:
         self.bands = None
         self.checked = None          # CheckedAnnotation
         self.refused = False         # the loader raises for it
-
-
-def _boxes(record: _Image) -> int:
-    """Boxes of ``record`` the training loader keeps: not dropped, not difficult."""
-    return int((~record.checked.difficult).sum())
 
 
 def _unkept(records) -> str:
@@ -173,13 +168,13 @@ class _Validation:
     # ---- what the loader keeps: images and splits without any box
     def check_objects(self):
         for record in self.loadable():
-            if not _boxes(record):
+            if not kept_boxes(record):
                 where = ", ".join(self.splits_of.get(record.id, [])) or "no split"
                 self.add(record.id, None, "image_without_objects",
                          f"{_unkept([record])}; listed in {where}")
         for split, ids in self.split_ids.items():
             records = [self.images[i] for i in ids if self.images[i].checked is not None]
-            if not records or any(_boxes(r) for r in records):
+            if not records or any(kept_boxes(r) for r in records):
                 continue      # nothing read (the errors above say why), or something to learn
             listed = split_path(self.root, split).relative_to(self.root)
             images = (f"its {len(ids)} image(s)" if len(records) == len(ids) else
