@@ -25,6 +25,7 @@ from chainercv.links.model.ssd import GradientScaling
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.annotation import parse_annotation
 from medaidet.data.bccd import BCCDDataset
+from medaidet.data.pinned import resolve_root
 from medaidet.data.txl_pbc import TXLPBCDataset
 from medaidet.data.voc import annotation_path, split_path
 from medaidet.errors import ConfigError
@@ -167,11 +168,14 @@ class Recipe:
     ``ranks``: the processes that run it; None (the default) is one process on
     ``config.device``. A ChainerMN run passes ``Ranks.for_config(config)``: the methods then
     give each rank its device, its share of the images and of the batch, and share the
-    gradients.
+    gradients. ``root``: the dataset root, resolved
+    (:func:`~medaidet.training.run.train` resolves ``config.root`` once, before anything
+    is built); None (the default): resolved from ``config.root`` when the data is built.
     """
 
     config: TrainConfig
     ranks: Ranks | None = None
+    root: Path | None = None
 
     def __post_init__(self):
         if self.ranks is None:
@@ -209,13 +213,15 @@ class Recipe:
         process when ``config.seed`` is set. Raises :class:`ConfigError` when the
         training images hold no box (:func:`check_objects`)."""
         config = self.config
-        dataset = BCCDDataset(config.root, config.train_split, labels=config.labels)
+        if self.root is None:
+            self.root = resolve_root(config.root)
+        dataset = BCCDDataset(self.root, config.train_split, labels=config.labels)
         images = _first(dataset, config.subset)
         check_objects(dataset, images, config)
         if config.other_sources:     # TXL-PBC's train images of other laboratories
             images = ConcatenatedDataset(
                 images, TXLPBCDataset(None, "train", config.other_sources))
-        val = _first(BCCDDataset(config.root, config.val_split, labels=config.labels),
+        val = _first(BCCDDataset(self.root, config.val_split, labels=config.labels),
                      config.eval_subset)
         transform = self.transform(model)
         # each rank's share of the plain images, wrapped here: a ReseedingTransform made on

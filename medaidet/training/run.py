@@ -49,12 +49,13 @@ from medaidet.training.snapshot import (SNAPSHOT_NAME, check_snapshot_file, chec
 __all__ = ["train", "prepare_run", "initial_weights"]
 
 
-def prepare_run(config: TrainConfig, resume=None) -> Path:
+def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
     """Check, before any model or data is built, what a run of ``config`` reads and
     writes: the dataset root exists, the output folder can be written (created now) and
     is not inside the dataset, the ``resume`` snapshot and the ``pretrained`` file are
     readable ``.npz`` files. The messages name the field (``out: ...``; the command line
-    puts its flag there). Returns the output folder (resolved). Raises
+    puts its flag there). Returns the output folder and the dataset root, both resolved
+    (once: the recipe reads the data from this root). Raises
     :class:`~medaidet.errors.OutputError`, a ``"snapshot"`` WeightsError,
     :class:`medaidet.ssd.weight_files.WeightsError` or
     a ``"not_found"`` DataError."""
@@ -63,12 +64,13 @@ def prepare_run(config: TrainConfig, resume=None) -> Path:
                            "supported: each rank's data order and random state would have to "
                            "be restored. Start a new run from its weights "
                            "(pretrained='.../model.npz').", "snapshot")
-    out = prepare_output_dir(config.out, "out", inputs=(resolve_root(config.root),))
+    root = resolve_root(config.root)
+    out = prepare_output_dir(config.out, "out", inputs=(root,))
     if resume is not None:
         check_snapshot_file(resume, "resume")
     if config.pretrained is not None and config.pretrained not in PRETRAINED:
         check_weights_file(config.pretrained, "pretrained")
-    return out
+    return out, root
 
 
 def initial_weights(config: TrainConfig) -> dict:
@@ -109,15 +111,16 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     """
     compat.apply()
     config = config if config is not None else TrainConfig()
-    prepare_run(config, resume)
+    out, root = prepare_run(config, resume)
     ranks = Ranks.for_config(config)
     with ranks.abort_on_error():
-        return _run(config, ranks, resume, progress, ranks.log(log))
+        return _run(config, ranks, Recipe(config, ranks, root), out, resume, progress,
+                    ranks.log(log))
 
 
-def _run(config: TrainConfig, ranks: Ranks, resume, progress: bool, log) -> TrainResult:
+def _run(config: TrainConfig, ranks: Ranks, recipe: Recipe, out: Path, resume,
+         progress: bool, log) -> TrainResult:
     """:func:`train`'s body, top to bottom: seed, build, run, save."""
-    out = Path(config.out)                  # created and checked by prepare_run
     if ranks.describe(config.batch_size):
         log(f"train: {ranks.describe(config.batch_size)}, communicator {config.communicator}")
     seeding = None
@@ -126,7 +129,7 @@ def _run(config: TrainConfig, ranks: Ranks, resume, progress: bool, log) -> Trai
                                   config.deterministic, n_processes_for(config))
         log(f"train: {seeding.table()}")
 
-    built = Recipe(config, ranks).build(log, progress)
+    built = recipe.build(log, progress)
     model, data, iterators = built.model, built.data, built.iterators
     updater, trainer, extensions = built.updater, built.trainer, built.extensions
     if model.weights_report is not None:

@@ -244,3 +244,32 @@ def test_the_command_checks_its_run_once(monkeypatch, tmp_path, bccd_root):
     assert main(["train", "--profile", "smoke", "--root", str(bccd_root), "--iterations", "1",
                  "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     assert calls == [str(tmp_path / "run")]
+
+
+def test_train_resolves_the_data_root_once(monkeypatch, tmp_path, bccd_root):
+    """root=None is resolved once ($MEDAIDET_DATA here), before anything is built; the
+    recipe reads both splits from that folder and never resolves it again."""
+    from medaidet.training import recipe as recipe_module
+    from medaidet.training import run as run_module
+    monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
+    calls, real = [], run_module.resolve_root
+
+    def counted(root=None):
+        calls.append(root)
+        return real(root)
+
+    def again(root=None):
+        raise AssertionError(f"the recipe resolved the root again ({root!r})")
+    monkeypatch.setattr(run_module, "resolve_root", counted)
+    monkeypatch.setattr(recipe_module, "resolve_root", again)
+    read = []
+    real_dataset = recipe_module.BCCDDataset
+
+    def dataset(root, split, **kwargs):
+        read.append((root, split))
+        return real_dataset(root, split, **kwargs)
+    monkeypatch.setattr(recipe_module, "BCCDDataset", dataset)
+    config = TrainConfig.profile("smoke", root=None, out=str(tmp_path / "run"), iterations=1)
+    train(config, progress=False, log=lambda *a: None)
+    assert calls == [None]
+    assert read == [(real(None), "train"), (real(None), "val")]
