@@ -324,5 +324,5 @@ def _normalised_names(v: dict) -> dict:
         raise ConfigError(f"root: {v['root']!r} is not a folder path; expected null "
                           "($MEDAIDET_DATA or the cache) or the BCCD root")
     return {"model": model, "optimizer": optimizer.lower(), "pretrained": pretrained,
-            "out": os.fspath(v["out"]), "other_sources": tuple(sources),
+            "out": os.path.expanduser(os.fspath(v["out"])), "other_sources": tuple(sources),
             "root": None if v["root"] is None else os.fspath(v["root"])}

@@ -273,3 +273,17 @@ def test_train_resolves_the_data_root_once(monkeypatch, tmp_path, bccd_root):
     train(config, progress=False, log=lambda *a: None)
     assert calls == [None]
     assert read == [(real(None), "train"), (real(None), "val")]
+
+
+def test_out_under_home_is_where_every_file_goes(monkeypatch, tmp_path, bccd_root):
+    """out='~/run' is the home folder's run/ for the config, the checks, the trainer's
+    snapshot and the files train() writes (not a folder named '~' in the working one)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    config = TrainConfig.profile("smoke", root=str(bccd_root), out="~/run", iterations=1)
+    assert config.out == str(tmp_path / "home" / "run")
+    result = train(config, progress=False, log=lambda *a: None)
+    assert result.out == tmp_path / "home" / "run"
+    assert {"config.json", "metrics.json", "model.npz", "snapshot_latest.npz"} <= {
+        p.name for p in result.out.iterdir()}
+    assert not (tmp_path / "~").exists()
