@@ -27,13 +27,14 @@ BCCD_DROPPED = {
 
 
 # `make test` runs the suite under two interpreters side by side. The tests marked
-# ``slow(seconds=N)`` (real SSD training, notebooks, 2 MPI ranks: about 400 s of the suite
-# on this 2-core machine) check logic that does not depend on the interpreter or NumPy, so
-# each runs in only one of the two: MEDAIDET_TEST_SHARD=K/N keeps the slow tests of the
-# modules assigned to shard K (whole modules, so module-scoped fixtures are built once;
-# the largest first, each to the shard with the least so far). So do all the tests of the
-# modules in INTERPRETER_FREE, which read text, files, processes and pages, not numbers. Every
-# other test runs in both. Without the variable everything runs.
+# ``slow(seconds=N)`` (real SSD training, notebooks, 2 MPI ranks: about 25 min of the suite
+# on this 2-core machine; N is what one case took in a CI run, measured with pytest's
+# --durations, so that the split below balances) check logic that does not depend on the
+# interpreter or NumPy, so each runs in only one of the two: MEDAIDET_TEST_SHARD=K/N keeps
+# the slow tests of the modules assigned to shard K (whole modules, so module-scoped
+# fixtures are built once; the largest first, each to the shard with the least so far).
+# So do all the tests of the modules in INTERPRETER_FREE, which read text, files, processes
+# and pages, not numbers. Every other test runs in both. Without the variable everything runs.
 SHARD_ENV = "MEDAIDET_TEST_SHARD"
 INTERPRETER_FREE = ("tests/lint/", "tests/cli/", "tests/test_workflows.py",
                     "tests/test_makefile.py", "tests/test_notebooks.py",

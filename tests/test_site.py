@@ -54,7 +54,7 @@ def test_an_edition_not_run_shows_its_notebooks_and_says_so(tmp_path):
     assert first.startswith("# 03") and build_site.NOT_RUN["ja"] in first.split("\n", 3)[3]
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=16)
 def test_both_editions_build_with_twins_colab_and_downloads(tmp_path):
     pytest.importorskip("sphinx")
     outputs = tmp_path / "outputs"        # the English edition "run"; the Japanese not

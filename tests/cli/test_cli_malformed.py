@@ -147,7 +147,7 @@ ROWS = [
 ]
 
 
-@pytest.mark.slow(seconds=1)   # per row: most rows fail in argparse or a first check
+@pytest.mark.slow(seconds=2)   # per row: most rows fail in argparse or a first check
 @pytest.mark.parametrize("row", ROWS, ids=[row[0] for row in ROWS])
 def test_malformed_input_gives_one_named_line(row, files, capsys, monkeypatch):
     name, argv, expected, *environ = row
@@ -217,7 +217,7 @@ def test_a_full_quota_in_the_cache_says_how_to_move_the_cache(tmp_path, capsys, 
         "another disk\n")
 
 
-@pytest.mark.slow(seconds=10)
+@pytest.mark.slow(seconds=9)
 def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path, bccd_root):
     command = [sys.executable, "-m", "medaidet", "train", "--profile", "smoke",
                "--root", str(bccd_root), "--out", str(tmp_path / "run"), "--n-processes", "0",

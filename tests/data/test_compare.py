@@ -17,7 +17,7 @@ def test_match_boxes_pairs_the_closest_boxes_of_one_class_once():
     assert pairs.shape == (0, 2) and only_a.size == 0 and only_b.tolist() == [0, 1, 2, 3]
 
 
-@pytest.mark.slow(seconds=3)
+@pytest.mark.slow(seconds=2)
 @pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")   # BCCD's defects
 def test_the_re_annotation_keeps_bccds_boxes_and_adds_the_cells_it_left_out(bccd_root, txl_root):
     from medaidet.data.bccd import BCCDDataset

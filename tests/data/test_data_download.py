@@ -835,7 +835,7 @@ def test_txl_pbc_installs_verified_by_its_manifest_and_serves_the_loader(tmp_pat
     assert len(BCCDDataset(split="test", labels="txl-pbc")) == 40
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=2)
 def test_txl_pbc_with_a_changed_label_is_refused_by_name(tmp_path, txl_server):
     with pytest.raises(DataError) as info:
         dl.download_txl_pbc(root=tmp_path / "txl-pbc", url=txl_server.url("/txl-changed.tar.gz"),

@@ -160,7 +160,7 @@ def _cli_validate(*args):
                           capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=7)
 def test_cli_json(bccd_root):
     result = _cli_validate(str(bccd_root), "--json")
     assert result.returncode == 1, result.stderr     # errors reported: the 9 dropped boxes

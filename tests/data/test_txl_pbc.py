@@ -27,7 +27,7 @@ def test_the_shipped_table_links_221_bccd_images_by_bccds_own_splits(bccd_root):
     assert crossing["val"] == 38 and crossing["test"] == 26
 
 
-@pytest.mark.slow(seconds=5)
+@pytest.mark.slow(seconds=2)
 def test_the_table_is_derived_again_from_the_pixels(bccd_root, txl_root):
     links = find_bccd_images(txl_root, bccd_root)
     assert links_tsv(links) == LINKS_FILE.read_text(encoding="utf-8")
@@ -60,7 +60,7 @@ def _counts(dataset):
     return np.bincount(np.concatenate(list(dataset.slice[:, "label"])), minlength=3).tolist()
 
 
-@pytest.mark.slow(seconds=3)
+@pytest.mark.slow(seconds=2)
 def test_the_re_annotation_boxes_twice_the_red_cells_bccd_boxed(bccd_root, txl_root):
     from medaidet.data.bccd import AnnotationWarning, BCCDDataset
     counts = {}
@@ -137,7 +137,7 @@ def test_sources_by_image_size(txl_root):
             350, 100, 50]
 
 
-@pytest.mark.slow(seconds=3)
+@pytest.mark.slow(seconds=9)
 def test_the_416_pixel_images_are_bccds_own_again_and_the_table_is_derived_again(bccd_root,
                                                                                 txl_root):
     from medaidet.data.txl_pbc import REEXPORTED_FILE, _txl_images, reexported_links
@@ -184,7 +184,7 @@ def test_other_laboratories_load_with_txl_pbcs_boxes_and_their_defects_named(txl
             TXLPBCDataset(txl_root, **{"split": "test", **bad})
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=8)
 @pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")   # the sources' defects
 def test_training_can_add_other_laboratories_images(bccd_root, txl_root):
     from medaidet.training.config import TrainConfig

@@ -76,7 +76,7 @@ def test_the_graph_is_valid_and_says_what_it_holds(exported):
                              "ONNX opset 11")
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=18)
 def test_the_same_detections_as_chainer_on_every_test_image(exported, test_split):
     """Raw outputs within 1e-4; every detection paired with chainer's (medaidet.deploy.parity:
     boxes within 0.5 px and scores within 1e-4, or a score tie); the same counts per image and
@@ -113,7 +113,7 @@ def test_the_same_detections_as_chainer_on_every_test_image(exported, test_split
     assert round(ours_map, 3) == round(theirs_map, 3) and ours_map > 0.85
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=20)
 def test_ssd300_exports_with_the_same_outputs(tmp_path, test_split):
     chainer.global_config.dtype = np.float32
     np.random.seed(0)
@@ -359,7 +359,7 @@ def test_the_detectors_arguments_follow_the_predictors_rules(exported):
             detector.predict(images)
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=2)
 @pytest.mark.parametrize("opset", [9, 10])
 def test_every_offered_opset_exports_a_model_that_detects_the_same(opset, tmp_path, exported,
                                                                     bccd_root):

@@ -84,7 +84,7 @@ def _iou(a, b):
     return overlap / (area(a) + area(b) - overlap)
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=14)
 def test_the_page_counts_as_the_python_detector(site, browser_path, bccd_root, tmp_path):
     try:
         from playwright.sync_api import sync_playwright
@@ -130,7 +130,7 @@ def test_the_page_counts_as_the_python_detector(site, browser_path, bccd_root, t
     assert (shots / "web_page.png").stat().st_size > 10_000
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=14)
 def test_a_failed_or_superseded_pick_never_shows_another_images_results(site, browser_path,
                                                                        bccd_root, tmp_path):
     """A file that is not an image clears the previous image's table and boxes and says so in

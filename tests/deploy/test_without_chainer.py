@@ -13,7 +13,7 @@ from conftest import REPO, python312
 
 
 
-@pytest.mark.slow(seconds=90)
+@pytest.mark.slow(seconds=93)
 def test_count_image_in_a_venv_without_chainer(tmp_path, bccd_root):
     interpreter = python312()
     if not interpreter:

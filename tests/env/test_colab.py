@@ -253,7 +253,7 @@ def _stream_text(notebook: Path) -> str:
                    for o in c.get("outputs", []) if o.output_type == "stream")
 
 
-@pytest.mark.slow(seconds=240)
+@pytest.mark.slow(seconds=189)
 def test_setup_cell_on_a_fresh_colab_shaped_venv_then_notebook_04_alone(tmp_path):
     """For real: Python 3.12 venv with NumPy 2.0.x and matplotlib (as on Colab), a stand-in
     google.colab, MEDAIDET_REPO a local repository.

@@ -71,7 +71,7 @@ def _code_outputs(nb):
     return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=8)
 @pytest.mark.skipif(not medaidet_tools.stack.status().ok,
                     reason="the chainer stack is not installed here (python -m medaidet stack "
                            "install); notebook 00 would rightly fail")
@@ -101,7 +101,7 @@ def test_notebook_00_runs(tmp_path):
     assert "00_environment" in (tmp_path / "summary.md").read_text()
 
 
-@pytest.mark.slow(seconds=12)
+@pytest.mark.slow(seconds=10)
 def test_failing_notebook_stops_the_course(failing_course, tmp_path):
     lines = []
     out = tmp_path / "out"
@@ -144,7 +144,7 @@ def test_failing_notebook_stops_the_course(failing_course, tmp_path):
     assert not (out / "01_fail.ipynb").exists() and not (out / "02_after.ipynb").exists()
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=6)
 def test_cli_exits_nonzero_when_a_notebook_fails(failing_course, tmp_path):
     env = dict(os.environ, MEDAIDET_NOTEBOOKS=str(failing_course))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
@@ -222,7 +222,7 @@ def test_missing_notebooks_dir_says_where(tmp_path):
         run_course(profile="smoke", notebooks_dir=missing, out=tmp_path / "out", log=_quiet)
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=5)
 def test_cell_timeout(tmp_path):
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_slow", "import time; time.sleep(30)")
@@ -256,7 +256,7 @@ def test_runs_go_under_out_where_a_notebook_has_run_dir(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=2)
 def test_a_seed_reaches_the_notebooks_with_a_detector_seed_parameter(tmp_path):
     """Only ``detector_seed`` (notebook 03's): notebook 06's ``seed`` is its own runs' seed,
     and setting it to the detector's made its 'another seed' run the same as its first."""
@@ -393,7 +393,7 @@ def test_a_folder_of_someone_elses_files_is_refused_and_left_alone(failing_cours
     assert _contents(mine) == before and not (mine / OUT_MARKER).exists()
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=2)
 def test_a_folder_with_only_the_notebooks_training_runs_is_the_courses(tmp_path):
     """Notebooks opened in Jupyter train into ../outputs/runs: `make run` afterwards takes
     that folder as its own and leaves the runs where they are; runs/ beside a file of the
@@ -439,7 +439,7 @@ def test_runs_or_ja_holding_the_users_files_do_not_make_a_folder_the_courses(tmp
     assert run_course(profile="smoke", out=ours, notebooks_dir=notebooks, log=_quiet).ok
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=5)
 def test_in_its_own_folder_a_run_replaces_only_what_it_rewrites(tmp_path):
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_ok", "print('ok')")
@@ -469,7 +469,7 @@ def test_in_its_own_folder_a_run_replaces_only_what_it_rewrites(tmp_path):
            f"{out}" in lines
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=2)
 def test_the_default_outputs_folder_is_marked_as_the_runners(tmp_path):
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_ok", "print('ok')")
@@ -483,7 +483,7 @@ def test_the_default_outputs_folder_is_marked_as_the_runners(tmp_path):
     assert (workdir / "outputs" / "summary.json").is_file()
 
 
-@pytest.mark.slow(seconds=8)
+@pytest.mark.slow(seconds=5)
 def test_lang_ja_runs_the_japanese_edition_into_outputs_ja(tmp_path):
     """`--lang ja` runs notebooks/ja/ into outputs/ja and says so; the English run into
     outputs afterwards takes outputs/ja for the course's own."""
@@ -508,7 +508,7 @@ def test_lang_ja_runs_the_japanese_edition_into_outputs_ja(tmp_path):
         run_course(profile="smoke", out=tmp_path / "x", lang="fr", log=_quiet)
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=2)
 def test_the_kernel_talks_over_unix_sockets_and_prints_no_encryption_warning(tmp_path):
     """Over TCP without encryption ipykernel warned once per notebook on the terminal."""
     notebooks = tmp_path / "notebooks"
@@ -525,7 +525,7 @@ def test_the_kernel_talks_over_unix_sockets_and_prints_no_encryption_warning(tmp
 
 # ------------------------------------------------ Ctrl-C
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=2)
 def test_ctrl_c_ends_in_one_line_and_keeps_the_summary(tmp_path):
     """Issue 23: Ctrl-C printed the kernel's zmq.error.ZMQError traceback before
     'medaidet: interrupted'. Ctrl-C reaches the runner's process group only (a terminal's
@@ -594,7 +594,7 @@ def _run_out_of_room(where: str, limit: int, notebooks: Path, out: Path):
                           timeout=300)
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=2)
 def test_no_room_for_the_summary_leaves_no_truncated_summary(tmp_path):
     """Issue 23: a full disk left a 0-byte summary.json and an error naming no file."""
     notebooks = tmp_path / "notebooks"
@@ -611,7 +611,7 @@ def test_no_room_for_the_summary_leaves_no_truncated_summary(tmp_path):
     assert sorted(os.listdir(out)) == [OUT_MARKER, "00_ok.ipynb"]  # no summary, no .part
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=2)
 def test_no_room_for_an_executed_notebook_stops_and_names_it(tmp_path):
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_ok", "print('ok')")
@@ -625,7 +625,7 @@ def test_no_room_for_an_executed_notebook_stops_and_names_it(tmp_path):
     assert os.listdir(out) == [OUT_MARKER]  # the part of a notebook is not left behind
 
 
-@pytest.mark.slow(seconds=6)
+@pytest.mark.slow(seconds=2)
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
 def test_a_full_disk_names_the_summary_and_what_to_do(tmp_path, monkeypatch, capsys):
     """A real ENOSPC: the summary's temporary files write to /dev/full."""

@@ -9,7 +9,7 @@ import pytest
 from medaidet_tools.course import run_course
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=8)
 def test_cli_model_commands_are_wired(tmp_path):
     import subprocess
     import sys
@@ -22,7 +22,7 @@ def test_cli_model_commands_are_wired(tmp_path):
     assert done.returncode == 2 and "model.npz" in done.stderr and "03" in done.stderr
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=81)
 def test_scaling_notebook_without_mpi_runs_what_needs_none(tmp_path, monkeypatch, bccd_root):
     """Where MPI cannot be loaded, notebook 08 still measures memory and prints the commands,
     and says why the live ranks were skipped (it used to stop with a RuntimeError)."""

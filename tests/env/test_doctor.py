@@ -342,7 +342,7 @@ def test_gpu_smoke_results():
     assert "gpu_smoke" not in [c.name for c in run_doctor(facts=gpu_facts()).checks]
 
 
-@pytest.mark.slow(seconds=5)
+@pytest.mark.slow(seconds=11)
 def test_gpu_smoke_script_runs_on_cpu():
     # The same script the GPU smoke runs, with NumPy standing in for CuPy.
     result = env_facts.run_gpu_smoke(device="cpu", timeout=120)

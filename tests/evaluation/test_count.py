@@ -299,7 +299,7 @@ def test_cli_parser_registers_count():
     assert callable(args.func)
 
 
-@pytest.mark.slow(seconds=10)
+@pytest.mark.slow(seconds=17)
 def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
     from medaidet.ssd.model import build_ssd
     from medaidet.ssd.weight_files import save_weights

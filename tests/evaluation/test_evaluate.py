@@ -210,7 +210,7 @@ def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_pat
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.slow(seconds=5)
+@pytest.mark.slow(seconds=2)
 def test_the_model_is_read_from_the_weights(bccd_root, tmp_path, capsys):
     from medaidet.cli import main
     from medaidet.ssd.model import build_ssd
@@ -223,7 +223,7 @@ def test_the_model_is_read_from_the_weights(bccd_root, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["model"] == "ssd_small"
 
 
-@pytest.mark.slow(seconds=5)
+@pytest.mark.slow(seconds=2)
 @pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")
 def test_seconds_is_the_time_the_prediction_loop_took(bccd_root):
     """Several batches (the loop's index once overwrote the timer's start)."""

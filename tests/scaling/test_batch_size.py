@@ -152,7 +152,7 @@ def oom_run(bccd_root):
     return out_of_memory_demo(bccd_root, start=8, headroom=1.5)
 
 
-@pytest.mark.slow(seconds=13)
+@pytest.mark.slow(seconds=25)
 def test_finder_survives_a_real_out_of_memory_on_the_cpu(oom_run):
     report = oom_run.report
     sizes = [t.batch_size for t in report.tries]
@@ -172,7 +172,7 @@ def test_finder_survives_a_real_out_of_memory_on_the_cpu(oom_run):
     assert "out of memory" in text and "tracemalloc" in text and "1.5x one image" in text
 
 
-@pytest.mark.slow(seconds=7)
+@pytest.mark.slow(seconds=10)
 def test_no_batch_size_fits_on_the_cpu(bccd_root):
     from medaidet.troubleshoot import out_of_memory_demo
 
@@ -183,7 +183,7 @@ def test_no_batch_size_fits_on_the_cpu(bccd_root):
     assert "DeviceError" in demo.summary()
 
 
-@pytest.mark.slow(seconds=25)
+@pytest.mark.slow(seconds=27)
 def test_batch_size_command_on_real_bccd(bccd_root, tmp_path, capsys):
     from medaidet.cli import main
 

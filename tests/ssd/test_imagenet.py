@@ -98,7 +98,7 @@ def params(model):
 
 # --------------------------------------------------------------------------- the chain
 
-@pytest.mark.slow(seconds=10)
+@pytest.mark.slow(seconds=19)
 def test_chainercv_unreachable_builds_from_torchvisions_file(served, state, cache,
                                                               monkeypatch, caplog):
     chain = sources(served, chainercv="closed")
@@ -127,7 +127,7 @@ def test_chainercv_unreachable_builds_from_torchvisions_file(served, state, cach
                                   want["extractor/conv6/W"])
 
 
-@pytest.mark.slow(seconds=8)
+@pytest.mark.slow(seconds=6)
 def test_404_then_wrong_checksum_then_timm(served, state, cache, caplog):
     caplog.set_level(logging.INFO, logger="medaidet")
     chain = sources(served, chainercv="404", torchvision="wrong-sha", timm="good")

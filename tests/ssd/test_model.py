@@ -97,7 +97,7 @@ def test_chainercv_itself_refuses_voc_weights_for_three_classes():
         SSD300(n_fg_class=3, pretrained_model="voc0712")
 
 
-@pytest.mark.slow(seconds=4)
+@pytest.mark.slow(seconds=8)
 def test_voc0712_loads_everything_but_the_class_heads(dataset_root, voc_arrays, downloads,
                                                       caplog):
     path = put_in_cache("ssd300", "voc0712", voc_arrays)
@@ -224,7 +224,7 @@ def test_offline_imagenet_lists_every_source(dataset_root, name):
 
 # --------------------------------------------------------------------------- local files
 
-@pytest.mark.slow(seconds=9)
+@pytest.mark.slow(seconds=13)
 def test_local_npz_round_trip_with_sha256(tmp_path):
     np.random.seed(1)
     model = build_ssd("ssd300")
@@ -287,7 +287,7 @@ def test_other_class_count_names_parameter_shapes_and_cause(bccd_file):
     assert "saved from a model with n_fg_class=3; this model has n_fg_class=5" in msg
 
 
-@pytest.mark.slow(seconds=6)
+@pytest.mark.slow(seconds=8)
 def test_ssd512_file_into_ssd300_says_so(tmp_path):
     path = tmp_path / "ssd512.npz"
     np.savez(path, **arrays_of(SSD512, 3, seed=5))

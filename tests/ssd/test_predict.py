@@ -224,7 +224,7 @@ def test_predict_equals_chainercv_when_no_cap_binds(model_and_image):
         assert_same(g, e)
 
 
-@pytest.mark.slow(seconds=6)
+@pytest.mark.slow(seconds=5)
 def test_evaluate_preset_respects_the_caps(model_and_image, nms_inputs):
     model, img, mb_loc, mb_conf = model_and_image
     assert (scores_of(mb_conf)[:, 1:] >= 0.01).sum(axis=0).min() > DEFAULT_TOP_K
@@ -247,7 +247,7 @@ def test_evaluate_preset_respects_the_caps(model_and_image, nms_inputs):
                 (bboxes[0], labels[0], scores[0]))
 
 
-@pytest.mark.slow(seconds=3)
+@pytest.mark.slow(seconds=8)
 def test_capped_predictor_delegates_and_evaluates(model_and_image):
     model, img, _, _ = model_and_image
     predictor = CappedPredictor(model, top_k=50, keep_top_k=20)

@@ -43,7 +43,7 @@ def test_no_shipped_weights_for_other_models_is_a_named_error():
         assert "ssd_small (bccd), ssd_small (txl-pbc)" in str(info.value)   # what there is
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=10)
 def test_the_shipped_detector_scores_on_the_test_split_what_its_record_says(bccd_root):
     record = _record()["test"]
     result = evaluate_weights(PATH, split="test", root=bccd_root, device="cpu", progress=False)
@@ -58,7 +58,7 @@ def test_the_shipped_detector_scores_on_the_test_split_what_its_record_says(bccd
     assert course.map_voc == pytest.approx(record["course_protocol"]["map_voc"], abs=1e-3)
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=18)
 def test_the_recorded_count_errors_are_what_counting_at_the_val_thresholds_gives(bccd_root):
     from medaidet.evaluation.analysis import images_missing_class
     from medaidet.evaluation.count import count_cells
@@ -118,7 +118,7 @@ def test_the_trusted_label_detector_ships_beside_with_a_record_that_reproduces_i
         assert set(figures["thresholds"]) == {"rbc", "wbc", "platelets"}
 
 
-@pytest.mark.slow(seconds=25)
+@pytest.mark.slow(seconds=10)
 def test_the_trusted_label_detector_scores_against_the_re_annotation_what_its_record_says(
         bccd_root, txl_root):
     from medaidet.data.bccd import BCCDDataset

@@ -81,7 +81,7 @@ def _positives_per_box(model, boxes):
     return (bbox_iou(boxes, corners) >= 0.5).sum(axis=1)
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=7)
 def test_the_bccd_sizes_give_platelets_positives_ssd300_sizes_do_not(bccd_root):
     from medaidet.data import BCCD_LABEL_NAMES
     from medaidet.data.bccd import BCCDDataset

@@ -180,7 +180,7 @@ def test_boxes_follow_the_image_without_expansion_or_crop(transform, monkeypatch
 
 # --------------------------------------------------------------------------- properties
 
-@pytest.mark.slow(seconds=27)
+@pytest.mark.slow(seconds=28)
 def test_property_real_samples(transform, real_samples, geometry_only):
     """Thousands of augmentations of real BCCD samples: every target is valid."""
     n_prior = len(transform.coder._default_bbox)
@@ -238,7 +238,7 @@ def adversarial_boxes(rng, height, width):
     return bbox, label
 
 
-@pytest.mark.slow(seconds=5)
+@pytest.mark.slow(seconds=7)
 def test_property_adversarial_boxes(transform, real_samples, geometry_only):
     n_prior = len(transform.coder._default_bbox)
     rng = np.random.default_rng(0)

@@ -127,7 +127,7 @@ def test_converted_extractor_equals_the_reference_layer_by_layer(vgg_state, vgg_
     np.testing.assert_array_equal(model.extractor.norm4.scale.array, np.full(512, 20))
 
 
-@pytest.mark.slow(seconds=6)
+@pytest.mark.slow(seconds=2)
 def test_with_chainercvs_mean_only_the_padded_frame_of_conv1_1_differs(vgg_state, vgg_files,
                                                                         image, tmp_path):
     out = tmp_path / "vgg.npz"
@@ -174,7 +174,7 @@ def test_fc6_fc7_subsampling_element_by_element(vgg_state, tmp_path):
                                       vgg_state[f"features.{index}.weight"])
 
 
-@pytest.mark.slow(seconds=8)
+@pytest.mark.slow(seconds=5)
 def test_both_formats_give_the_same_file(vgg_files, tmp_path):
     digests = {layout: convert_file(path, tmp_path / f"{layout}.npz").sha256
                for layout, path in vgg_files.items()}
@@ -292,7 +292,7 @@ def test_a_pickle_that_runs_code_is_refused(tmp_path):
 
 # --------------------------------------------------------------------------- command
 
-@pytest.mark.slow(seconds=5)
+@pytest.mark.slow(seconds=2)
 def test_the_command_converts_and_says_what_it_wrote(vgg_files, tmp_path):
     import json
     import subprocess

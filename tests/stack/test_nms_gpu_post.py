@@ -44,7 +44,8 @@ def _clustered_boxes(n, seed):
     return np.hstack([tl, tl + size]).astype(np.float32)
 
 
-@pytest.mark.parametrize("n_bbox", [0, 1, 63, 64, 65, 8732])
+@pytest.mark.parametrize("n_bbox", [0, 1, 63, 64, 65,
+                                    pytest.param(8732, marks=pytest.mark.slow(seconds=14))])
 @pytest.mark.parametrize("thresh", [0.45, 0.7])
 def test_matches_brute_force_greedy_nms(n_bbox, thresh):
     bbox = _clustered_boxes(n_bbox, seed=n_bbox)

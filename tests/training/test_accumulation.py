@@ -145,7 +145,7 @@ def test_the_samples_have_different_positive_counts(samples):
     assert batch_positives(samples) == sum(counts)
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=26)
 @pytest.mark.parametrize("n_micro", [2, 4])
 def test_accumulated_gradients_match_the_large_batch(runs, n_micro):
     large, accumulated = runs("standard"), runs(f"accumulate{n_micro}")
@@ -169,7 +169,7 @@ def test_accumulated_update_moves_the_weights_like_the_large_batch(runs, initial
     assert sum(np.abs(m).max() > 0 for m in moved.values()) > 30
 
 
-@pytest.mark.slow(seconds=23)
+@pytest.mark.slow(seconds=18)
 def test_naive_normalisation_does_not_match(runs):
     """Each micro-batch divided by its own positives weights the images differently
     (halves of 491 and 287 positives: 1/982 and 1/574 instead of 1/778): every gradient
@@ -182,7 +182,7 @@ def test_naive_normalisation_does_not_match(runs):
     assert np.median(errors) > 10 * GRAD_NORM_RTOL
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=21)
 def test_batch_normalisation_makes_the_micro_batches_another_function(bccd_root, samples,
                                                                       initial_model):
     """Notebooks 07 and 08 print this measurement: without batch normalisation (SSD300) two

@@ -130,7 +130,7 @@ def test_an_error_that_cannot_travel_is_named_by_its_type_and_message():
     assert "example 2" in lines["MESSAGE"]
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=4)
 @pytest.mark.parametrize("n_processes", ["2", "0"])
 def test_train_with_a_broken_image_ends_with_the_named_error(broken_bccd, tmp_path,
                                                              n_processes):

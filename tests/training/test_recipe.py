@@ -21,7 +21,7 @@ def _weights(model) -> dict:
     return {name: np.array(param.array) for name, param in model.namedparams()}
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=55)
 def test_the_pieces_in_order_train_what_train_trains(tmp_path, bccd_root):
     by_train = train(TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path / "a"),
                                          **TINY), progress=False)
@@ -182,7 +182,7 @@ def _notebook_cell(cell_id: str) -> str:
     return "".join(next(c["source"] for c in cells if c.get("id") == cell_id))
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=62)
 @pytest.mark.parametrize("augmentation", [
     {},                                                    # SSD's: the full profile's
     {"max_expand_ratio": 1, "color_distortion": False},    # the cpu profile's

@@ -119,7 +119,7 @@ def run_a(tmp_path_factory, bccd_root):
                                      out=str(out), **TINY), progress=False)
 
 
-@pytest.mark.slow(seconds=29)
+@pytest.mark.slow(seconds=27)
 def test_smoke_training_writes_everything(run_a):
     from medaidet.ssd.model import build_ssd
     from medaidet.ssd.weight_files import load_weights
@@ -153,7 +153,7 @@ def _umask_mode() -> int:
     return 0o666 & ~umask
 
 
-@pytest.mark.slow(seconds=1)
+@pytest.mark.slow(seconds=2)
 def test_snapshot_metrics_and_plots_get_the_usual_file_mode(run_a):
     """What train() writes itself (the trainer snapshot, metrics.json, config.json, the
     plots) is created as any file the user makes: 0666 less the umask (0644 under umask
@@ -165,7 +165,7 @@ def test_snapshot_metrics_and_plots_get_the_usual_file_mode(run_a):
     assert modes == {name: oct(_umask_mode()) for name in modes}
 
 
-@pytest.mark.slow(seconds=1)
+@pytest.mark.slow(seconds=2)
 def test_weights_get_the_usual_file_mode(run_a):
     """model.npz and its .sha256 sidecar likewise: what evaluation on another account, or
     a web server serving the course's results, must read."""
@@ -186,7 +186,7 @@ def _train_process(config: dict, cfg_path, resume=None) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=29)
 def test_same_seed_in_another_process_gives_bitwise_identical_weights(run_a, tmp_path,
                                                                       bccd_root):
     out = tmp_path / "run_b"
@@ -202,7 +202,7 @@ def test_same_seed_in_another_process_gives_bitwise_identical_weights(run_a, tmp
     assert (out / "model.npz.sha256").read_text().split()[0] == run_a.sha256
 
 
-@pytest.mark.slow(seconds=17)
+@pytest.mark.slow(seconds=16)
 def test_another_seed_gives_other_weights(run_a, tmp_path, bccd_root):
     result = train(TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path),
                                        **dict(TINY, iterations=1, seed=1)),
@@ -217,7 +217,7 @@ def test_another_seed_gives_other_weights(run_a, tmp_path, bccd_root):
     assert result.metrics["seeding"]["seed"] == 1
 
 
-@pytest.mark.slow(seconds=42)
+@pytest.mark.slow(seconds=44)
 def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, tmp_path,
                                                                         bccd_root):
     """A real SIGKILL in the middle of training (a snapshot each epoch = 2 iterations);
@@ -249,7 +249,7 @@ def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, 
     assert not different, f"{len(different)} parameters differ, e.g. {different[:3]}"
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=23)
 def test_divergence_stops_with_the_iteration_and_keeps_the_last_snapshot(tmp_path, bccd_root):
     """The learning rate jumps x1e40 after epoch 1 (iteration 2): the weights blow up and
     training must stop with a named error; the epoch-1 snapshot stays as it was."""
@@ -302,7 +302,7 @@ def test_deterministic_needs_a_seed_and_means_no_workers():
     assert (config.seed, config.deterministic, config.augment) == (3, True, False)
 
 
-@pytest.mark.slow(seconds=5)
+@pytest.mark.slow(seconds=2)
 def test_resume_with_another_subset_is_refused(run_a, bccd_root, tmp_path):
     config = TrainConfig.profile("smoke", iterations=5, root=str(bccd_root),
                                  out=str(tmp_path), **dict(TINY, subset=3))
@@ -315,7 +315,7 @@ def test_resume_with_another_subset_is_refused(run_a, bccd_root, tmp_path):
     assert info.value.kind == "snapshot"
 
 
-@pytest.mark.slow(seconds=10)
+@pytest.mark.slow(seconds=5)
 def test_a_damaged_snapshot_is_a_named_error(run_a, bccd_root, tmp_path):
     """Its zip directory is intact (the first check passes); an array in the middle is
     not: loading it fails inside chainer, and that is a WeightsError too."""

@@ -230,6 +230,7 @@ def test_unusable_pretrained_file(kind, tmp_path, capsys, no_model):
 
 
 
+@pytest.mark.slow(seconds=23)
 def test_the_command_checks_its_run_once(monkeypatch, tmp_path, bccd_root):
     """prepare_run runs once per `medaidet train` (its messages get the flags' names from
     the command line: test_out_that_is_a_file)."""
@@ -246,6 +247,7 @@ def test_the_command_checks_its_run_once(monkeypatch, tmp_path, bccd_root):
     assert calls == [str(tmp_path / "run")]
 
 
+@pytest.mark.slow(seconds=23)
 def test_train_resolves_the_data_root_once(monkeypatch, tmp_path, bccd_root):
     """root=None is resolved once ($MEDAIDET_DATA here), before anything is built; the
     recipe reads both splits from that folder and never resolves it again."""
@@ -275,6 +277,7 @@ def test_train_resolves_the_data_root_once(monkeypatch, tmp_path, bccd_root):
     assert read == [(real(None), "train"), (real(None), "val")]
 
 
+@pytest.mark.slow(seconds=23)
 def test_out_under_home_is_where_every_file_goes(monkeypatch, tmp_path, bccd_root):
     """out='~/run' is the home folder's run/ for the config, the checks, the trainer's
     snapshot and the files train() writes (not a folder named '~' in the working one)."""
