@@ -80,14 +80,18 @@ _HELPER_REQUIRE_SKIP = """    ws = pkg_resources.WorkingSet()
         skip = {}
 """
 
-# Chainer's CPU convolution multiplies im2col's (n, c, kh, kw, out_h, out_w) array with
-# numpy.tensordot, which first copies it into (n * out_h * out_w, c * kh * kw) order; that copy
-# costs as much as the multiplication. One matrix product per image on the layout im2col gives
-# (numpy.matmul) needs no copy and leaves the result in NCHW order: same numbers (up to float
-# rounding), the small SSD's training step on a 2-core CPU about 1.4x faster
-# (benchmarks/bench_cpu_step.py). Forward, the weight gradient and the input gradient (the
-# deconvolution's forward) are changed; the grouped, iDeep and GPU paths are not.
-_CONV_FORWARD_OLD = """        kh, kw = W.shape[2:]
+# Chainer's im2col convolution builds one column array, (n, c, kh, kw, out_h, out_w), for the
+# whole batch, and tensordot copies it again into (n * out_h * out_w, c * kh * kw) order: for
+# SSD300's conv1_2 that is 207 MB per image, twice, most of a training step's memory (on a GPU
+# with CuPy 14, which has no cuDNN, too). chainer/utils/conv_chunks.py (overlay) goes through
+# the batch in chunks whose column array stays under a bound, one matrix product per image on
+# im2col's own layout (no copy): SSD300's forward + backward on a CPU takes about half the
+# memory per image (benchmarks/bench_conv_memory.py), and the small SSD's training step on a
+# 2-core CPU is about 1.4x faster than with tensordot (benchmarks/bench_cpu_step.py). The
+# forward, the weight gradient and the input gradient (the deconvolution's forward), on NumPy
+# and CuPy; the grouped, iDeep and cuDNN paths stay chainer's. tests/stack/test_conv_chunks.py
+# checks them against chainer's unpatched code.
+_CONV_FORWARD_CPU = """        kh, kw = W.shape[2:]
         col = conv.im2col_cpu(
             x, kh, kw, self.sy, self.sx, self.ph, self.pw,
             cover_all=self.cover_all, dy=self.dy, dx=self.dx)
@@ -98,43 +102,65 @@ _CONV_FORWARD_OLD = """        kh, kw = W.shape[2:]
         y = numpy.rollaxis(y, 3, 1)
         return y,
 """
-_CONV_FORWARD_NEW = """        out_c, _, kh, kw = W.shape
-        col = conv.im2col_cpu(
+_CONV_FORWARD_GPU = """        kh, kw = W.shape[2:]
+        # Implementation using im2col
+        col = conv.im2col_gpu(
             x, kh, kw, self.sy, self.sx, self.ph, self.pw,
             cover_all=self.cover_all, dy=self.dy, dx=self.dx)
-        n, c, _, _, out_h, out_w = col.shape
-        y = numpy.matmul(W.reshape(out_c, c * kh * kw),
-                         col.reshape(n, c * kh * kw, out_h * out_w))
-        y = y.astype(x.dtype, copy=False).reshape(n, out_c, out_h, out_w)
+        y = cuda.cupy.tensordot(
+            col, W, ((1, 2, 3), (1, 2, 3))).astype(x.dtype, copy=False)
+        # TODO(beam2d): Support unshared bias
         if b is not None:
-            y += b.reshape(1, out_c, 1, 1)
+            y += b
+        y = cuda.cupy.rollaxis(y, 3, 1)
         return y,
 """
-_CONV_GRAD_W_OLD = """        gW = numpy.tensordot(gy, col, ((0, 2, 3), (0, 4, 5))
+_CONV_GRAD_W_CPU = """        col = conv.im2col_cpu(
+            x, self.kh, self.kw, self.sy, self.sx, self.ph, self.pw,
+            cover_all=self.cover_all, dy=self.dy, dx=self.dx)
+        gW = numpy.tensordot(gy, col, ((0, 2, 3), (0, 4, 5))
                              ).astype(self.W_dtype, copy=False)
         return gW,
 """
-_CONV_GRAD_W_NEW = """        n, c, kh, kw, out_h, out_w = col.shape
-        out_c = gy.shape[1]
-        gy = numpy.ascontiguousarray(gy).reshape(n, out_c, out_h * out_w)
-        col = col.reshape(n, c * kh * kw, out_h * out_w).transpose(0, 2, 1)
-        gW = numpy.matmul(gy, col).sum(axis=0).reshape(out_c, c, kh, kw)
-        gW = gW.astype(self.W_dtype, copy=False)
+_CONV_GRAD_W_GPU = """        col = conv.im2col_gpu(
+            x, self.kh, self.kw, self.sy, self.sx, self.ph, self.pw,
+            cover_all=self.cover_all, dy=self.dy, dx=self.dx)
+        gW = cuda.cupy.tensordot(gy, col, ((0, 2, 3), (0, 4, 5))
+                                 ).astype(self.W_dtype, copy=False)
         return gW,
 """
-_DECONV_FORWARD_OLD = """        gcol = numpy.tensordot(W, x, (0, 1)).astype(x.dtype, copy=False)
+_DECONV_FORWARD_CPU = """        gcol = numpy.tensordot(W, x, (0, 1)).astype(x.dtype, copy=False)
         gcol = numpy.rollaxis(gcol, 3)
         y = conv.col2im_cpu(
+            gcol, self.sy, self.sx, self.ph, self.pw, self.outh, self.outw,
+            dy=self.dy, dx=self.dx)
+        # b, k, h, w
+        if b is not None:
+            y += b.reshape((1, b.size, 1, 1))
+        return y,
 """
-_DECONV_FORWARD_NEW = """        in_c, out_c, kh, kw = W.shape
-        n, _, h, w = x.shape
-        gcol = numpy.matmul(W.reshape(in_c, out_c * kh * kw).T,
-                            numpy.ascontiguousarray(x).reshape(n, in_c, h * w))
-        gcol = gcol.astype(x.dtype, copy=False).reshape(n, out_c, kh, kw, h, w)
-        y = conv.col2im_cpu(
+_DECONV_FORWARD_GPU = """        # Implementation using col2im
+        gcol = cuda.cupy.tensordot(W, x, (0, 1)).astype(x.dtype,
+                                                        copy=False)
+        # - k, m, n: shape of out_channel
+        # - b: number of inputs
+        # - h, w: height and width of kernels
+        # k, m, n, b, h, w -> b, k, m, n, h, w
+        gcol = cuda.cupy.rollaxis(gcol, 3)
+        y = conv.col2im_gpu(
+            gcol, self.sy, self.sx, self.ph, self.pw, self.outh, self.outw,
+            dy=self.dy, dx=self.dx)
+        if b is not None:
+            y += b.reshape(1, b.size, 1, 1)
+        return y,
 """
-_CONV_WHY = ("CPU convolution: numpy.matmul on im2col's layout instead of numpy.tensordot, "
-             "which copies it first (about 1.4x faster training steps on a CPU)")
+_CONV_WHY = ("im2col convolution (CPU and GPU) a chunk of the batch at a time, one matrix "
+             "product per image on im2col's layout: no batch-sized column array, no "
+             "tensordot copy (chainer/utils/conv_chunks.py)")
+_IMPORT_CHUNKS = ("from chainer.utils import conv\n",
+                  "from chainer.utils import conv\nfrom chainer.utils import conv_chunks\n")
+_CONV = "chainer/functions/connection/convolution_2d.py"
+_DECONV = "chainer/functions/connection/deconvolution_2d.py"
 
 # CuPy 14 has no cuDNN, so chainer's GPU convolution is im2col + cuBLAS, and the gradient
 # for a convolution's input goes through col2im: its kernel computed the index into the
@@ -184,12 +210,21 @@ CHAINER_PATCHES = (
             "xp.array(v, copy=False, dtype=transfer_dtype)",
             "xp.asarray(v, dtype=transfer_dtype)",
             "copy=False raises in NumPy 2 when a copy is needed"),
-    Replace("chainer/functions/connection/convolution_2d.py", _CONV_FORWARD_OLD,
-            _CONV_FORWARD_NEW, _CONV_WHY),
-    Replace("chainer/functions/connection/convolution_2d.py", _CONV_GRAD_W_OLD,
-            _CONV_GRAD_W_NEW, _CONV_WHY),
-    Replace("chainer/functions/connection/deconvolution_2d.py", _DECONV_FORWARD_OLD,
-            _DECONV_FORWARD_NEW, _CONV_WHY),
+    Overlay("chainer/utils/conv_chunks.py", _CONV_WHY),
+    Replace(_CONV, *_IMPORT_CHUNKS, _CONV_WHY),
+    Replace(_CONV, _CONV_FORWARD_CPU, "        return conv_chunks.forward(self, x, W, b)\n",
+            _CONV_WHY),
+    Replace(_CONV, _CONV_FORWARD_GPU, "        return conv_chunks.forward(self, x, W, b)\n",
+            _CONV_WHY),
+    Replace(_CONV, _CONV_GRAD_W_CPU, "        return conv_chunks.grad_w(self, x, gy)\n",
+            _CONV_WHY),
+    Replace(_CONV, _CONV_GRAD_W_GPU, "        return conv_chunks.grad_w(self, x, gy)\n",
+            _CONV_WHY),
+    Replace(_DECONV, *_IMPORT_CHUNKS, _CONV_WHY),
+    Replace(_DECONV, _DECONV_FORWARD_CPU,
+            "        return conv_chunks.deconv_forward(self, x, W, b)\n", _CONV_WHY),
+    Replace(_DECONV, _DECONV_FORWARD_GPU,
+            "        return conv_chunks.deconv_forward(self, x, W, b)\n", _CONV_WHY),
     Replace("chainer/utils/conv.py",
             "int k = out_y + out_h * (kx + kw * (ky + kh * c0));",
             "ptrdiff_t k = out_y + out_h * (kx + kw * (ky + kh * (ptrdiff_t)c0));",

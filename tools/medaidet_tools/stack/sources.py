@@ -15,7 +15,7 @@ from medaidet_tools.stack.errors import StackError
 
 # Bump when the patches or the overlay change: it becomes the local version
 # label of the wheels (7.8.1+medaidet.N), so a changed build is reinstalled.
-PATCHSET = 3
+PATCHSET = 4
 LOCAL_LABEL = f"medaidet.{PATCHSET}"
 
 # pip runs the sdists' setup.py to read their metadata; chainer's setup.py
