@@ -1,7 +1,7 @@
 """``medaidet train``: the course recipe from a terminal (notebook 03)."""
 from medaidet.arguments import non_negative_int, positive_float, positive_int
 from medaidet.data import LABELS, OTHER_SOURCES
-from medaidet.training.config import PROFILES, TrainConfig
+from medaidet.training.config import PRECISIONS, PROFILES, TrainConfig
 
 
 def add_parser(commands) -> None:
@@ -33,6 +33,13 @@ def add_parser(commands) -> None:
     p.add_argument("--accumulate", type=positive_int, default=None, metavar="N",
                    help="split each batch into N micro-batches (gradient accumulation: the "
                         "memory of batch/N, the gradients of the whole batch)")
+    p.add_argument("--memory-limit", type=positive_float, default=None, metavar="GIB",
+                   help="the memory the run may hold, in GiB (default: what the GPU has free; "
+                        "on a GPU also CuPy's pool limit): the batch is split into "
+                        "micro-batches until one fits")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="float32 (default), tf32 (a GPU's tensor cores for float32 products) "
+                        "or mixed16 (float16 compute, float32 weights, loss scaling)")
     p.add_argument("--communicator", default=None, metavar="NAME",
                    help="ChainerMN multi-process training under mpiexec: naive (CPU or GPU), "
                         "pure_nccl (GPUs), ...; batch size is the total over all ranks")
@@ -63,7 +70,8 @@ def config_from_args(args) -> TrainConfig:
              "seed": args.seed, "root": args.root, "n_processes": args.n_processes,
              "deterministic": args.deterministic, "augment": args.augment,
              "accumulate": args.accumulate, "communicator": args.communicator,
-             "labels": args.labels, "other_sources": args.other_sources}
+             "labels": args.labels, "other_sources": args.other_sources,
+             "memory_limit": args.memory_limit, "precision": args.precision}
     changes = {k: v for k, v in flags.items() if v is not None}
     if args.epochs is not None and args.iterations is None:
         changes["iterations"] = None      # --epochs alone: the profile's iteration count yields

@@ -26,7 +26,7 @@ from medaidet.device import DEFAULT_DEVICE, parse_device
 from medaidet.tables import Table
 from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
 
-__all__ = ["TrainConfig", "ConfigError", "PROFILES", "OPTIMIZERS", "WEIGHTS_NAME"]
+__all__ = ["TrainConfig", "ConfigError", "PROFILES", "OPTIMIZERS", "PRECISIONS", "WEIGHTS_NAME"]
 
 #: Named settings on top of the recipe (``'full'`` is the recipe itself).
 PROFILES = {
@@ -56,6 +56,7 @@ PROFILES["cpu-long"] = {**PROFILES["cpu"], "epochs": 117, "lr_steps": (90,),
                         "max_expand_ratio": 2, "color_distortion": True,
                         "out": "outputs/train-cpu-long"}
 OPTIMIZERS = ("momentum_sgd", "adam")
+PRECISIONS = ("float32", "tf32", "mixed16")
 WEIGHTS_NAME = "model.npz"
 
 
@@ -100,7 +101,15 @@ class TrainConfig:
                                          # (SSD's 4; 1: no zoom out)
     color_distortion: bool = True        # augmentation's random brightness, contrast,
                                          # saturation and hue (SSD's); False: colours kept
-    accumulate: int = 1                  # micro-batches per batch (gradient accumulation)
+    accumulate: int = 1                  # micro-batches per batch (gradient accumulation);
+                                         # on a GPU raised before training until the
+                                         # micro-batch fits (medaidet.training.memory_fit)
+    memory_limit: float | None = None    # GiB the run may hold (None: what the GPU has free;
+                                         # on a GPU also CuPy's pool limit); on the CPU the
+                                         # batch is only fitted when this is set
+    precision: str = "float32"           # 'float32', 'tf32' (a GPU's tensor cores for
+                                         # float32 products) or 'mixed16' (float16 compute,
+                                         # float32 weights, loss scaling)
     communicator: str | None = None      # ChainerMN: 'naive' (CPU/GPU), 'pure_nccl' (GPUs), ...
     device: str | int = DEFAULT_DEVICE   # 'cpu', 'gpu' (= GPU 0), an int, or 'auto'
     root: str | None = None              # BCCD root; None: $MEDAIDET_DATA / the cache
@@ -225,6 +234,7 @@ def _normalise_numbers(v: dict) -> None:
         number(name, integer=True, optional=True)
     for name in ("epochs", "lr"):
         number(name)
+    number("memory_limit", optional=True)
     number("max_expand_ratio")
     if v["max_expand_ratio"] < 1:
         raise ConfigError(f"max_expand_ratio: {v['max_expand_ratio']!r} is below 1; "
@@ -287,6 +297,9 @@ def _normalised_names(v: dict) -> dict:
         raise ConfigError(f"model: {model!r} is not a model medaidet builds; "
                           f"expected one of {', '.join(MODEL_NAMES)}")
     model = model.lower()
+    if v["precision"] not in PRECISIONS:
+        raise ConfigError(f"precision: {v['precision']!r} is not a precision the recipe "
+                          f"trains in; expected one of {', '.join(PRECISIONS)}")
     if not isinstance(optimizer, str) or optimizer.lower() not in OPTIMIZERS:
         raise ConfigError(f"optimizer: {optimizer!r} is not an optimizer the recipe "
                           f"builds; expected one of {', '.join(OPTIMIZERS)}")

@@ -40,6 +40,7 @@ from medaidet.errors import ConfigError, WeightsError
 from medaidet.training.divergence import stop_on_divergence
 from medaidet.training.extensions import write_plots
 from medaidet.training.iterators import n_processes_for
+from medaidet.training.memory_fit import fit_batch
 from medaidet.training.ranks import Ranks
 from medaidet.training.result import TrainResult, run_metrics
 from medaidet.training.seeding import seed_everything
@@ -114,13 +115,17 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     out, root = prepare_run(config, resume)
     ranks = Ranks.for_config(config)
     with ranks.abort_on_error():
+        fit = None
+        if config.communicator is None:      # before seeding: it builds a model of its own
+            config, fit = fit_batch(config, root, ranks.device, log)
         return _run(config, ranks, Recipe(config, ranks, root), out, resume, progress,
-                    ranks.log(log))
+                    ranks.log(log), fit)
 
 
 def _run(config: TrainConfig, ranks: Ranks, recipe: Recipe, out: Path, resume,
-         progress: bool, log) -> TrainResult:
-    """:func:`train`'s body, top to bottom: seed, build, run, save."""
+         progress: bool, log, fit=None) -> TrainResult:
+    """:func:`train`'s body, top to bottom: seed, build, run, save. ``fit``: the
+    :class:`~medaidet.training.memory_fit.MemoryFit` that chose ``config.accumulate``."""
     if ranks.describe(config.batch_size):
         log(f"train: {ranks.describe(config.batch_size)}, communicator {config.communicator}")
     seeding = None
@@ -166,6 +171,7 @@ def _run(config: TrainConfig, ranks: Ranks, recipe: Recipe, out: Path, resume,
                           plots=write_plots(extensions.log_report.log, out, config.val_split),
                           seeding=seeding,
                           rank_digests=rank_digests)
+    metrics["memory_fit"] = fit.to_dict() if fit is not None else None
     if iterators.n_processes == 0:
         stats = data.transform.stats
         log(f"train: augmentation dropped {stats.dropped} of {stats.boxes_in} boxes "
