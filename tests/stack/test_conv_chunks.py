@@ -1,8 +1,9 @@
-"""Chainer's im2col convolution, patched to go through the batch in chunks
+"""Chainer's im2col convolution, patched to go through the batch in pieces
 (chainer/utils/conv_chunks.py, an overlay of the stack's patch set), against chainer's
 unpatched code: the forward, the weight gradient and the input gradient on odd shapes
-(stride, padding, dilation, cover_all, a batch the chunk does not divide, batch 1); forward
-and input gradient the same bits whatever the chunk; the column array bounded."""
+(stride, padding, dilation, cover_all, a batch the piece does not divide, batch 1, one image
+in bands of rows or groups of channels); forward and input gradient the same bits whatever the
+piece; the column array bounded."""
 import tracemalloc
 
 import numpy as np
@@ -77,25 +78,26 @@ def bound(monkeypatch):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-@pytest.mark.parametrize("images_per_chunk", [1, 2, None])
-def test_matches_chainers_unpatched_convolution(shape, images_per_chunk, bound):
+@pytest.mark.parametrize("images_per_piece", [0.2, 0.5, 1, 2, None])
+def test_matches_chainers_unpatched_convolution(shape, images_per_piece, bound):
+    """Pieces of several images, of one, and of a band of rows (a group of channels) of one."""
     case = _case(shape, np.float64)
     x, W, _, gy = case[:4]
-    bound(_column_bytes(x, W, gy) * (images_per_chunk or len(x)))
+    bound(int(_column_bytes(x, W, gy) * (images_per_piece or len(x))))
     for got, want, name in zip(patched(*case), unpatched(*case), ("y", "gW", "gx")):
         assert got.shape == want.shape and got.dtype == want.dtype, name
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_forward_and_input_gradient_are_the_same_bits_whatever_the_chunk(shape, bound):
-    """float32: each image's matrix product does not depend on its chunk; the weight
-    gradient sums the chunks in another order (float rounding only)."""
+def test_forward_and_input_gradient_are_the_same_bits_whatever_the_piece(shape, bound):
+    """float32: each output element is the same dot product whatever its piece; the weight
+    gradient sums the pieces in another order (float rounding only)."""
     case = _case(shape, np.float32, seed=1)
     x, W, _, gy = case[:4]
     results = []
-    for images in (1, 2, 3, len(x)):
-        bound(_column_bytes(x, W, gy) * images)
+    for images in (0.1, 0.3, 1, 2, 3, len(x)):
+        bound(int(_column_bytes(x, W, gy) * images))
         results.append(patched(*case))
     (y, gW, gx), want = results[-1], unpatched(*case)
     np.testing.assert_allclose(y, want[0], rtol=1e-5, atol=1e-5)
@@ -119,19 +121,22 @@ def test_deconvolution_matches_chainers_unpatched_code(bound):
     np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("n, per_image, limit, sizes", [
-    (8, 100, 250, [2, 2, 2, 2]),
-    (7, 100, 300, [3, 3, 1]),
-    (3, 500, 100, [1, 1, 1]),       # an image over the bound: one image per chunk
-    (1, 10, 1000, [1]),
-    (4, 1, 1000, [4]),
+@pytest.mark.parametrize("n, parts, per_image, limit, sizes", [
+    (8, 10, 100, 250, [(2, 10)] * 4),
+    (7, 10, 100, 300, [(3, 10), (3, 10), (1, 10)]),
+    (2, 10, 500, 100, [(1, 2)] * 10),            # an image over the bound: 2 parts a piece
+    (1, 7, 700, 300, [(1, 3), (1, 3), (1, 1)]),
+    (2, 1, 500, 100, [(1, 1)] * 2),              # one part over the bound: one a piece
+    (1, 10, 1000, 10, [(1, 1)] * 10),
+    (4, 3, 1, 1000, [(4, 3)]),
 ])
-def test_batch_chunks_cover_the_batch_under_the_bound(n, per_image, limit, sizes, bound):
+def test_pieces_cover_the_batch_under_the_bound(n, parts, per_image, limit, sizes, bound):
     bound(limit)
-    chunks = conv_chunks.batch_chunks(n, per_image)
-    assert [s.stop - s.start for s in chunks] == sizes
-    assert chunks[0].start == 0 and chunks[-1].stop == n
-    assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:]))
+    pieces = conv_chunks.pieces(n, parts, per_image)
+    assert [(s.stop - s.start, p.stop - p.start) for s, p in pieces] == sizes
+    covered = [(i, j) for s, p in pieces for i in range(s.start, s.stop)
+               for j in range(p.start, p.stop)]
+    assert sorted(covered) == [(i, j) for i in range(n) for j in range(parts)]
 
 
 def _peak_bytes(fn):
@@ -143,9 +148,11 @@ def _peak_bytes(fn):
         tracemalloc.stop()
 
 
-def test_the_column_array_is_bounded(bound):
-    """Forward + backward of a 3x3 convolution on 8 images: with one image per chunk the
-    peak memory is the eighth of the column array plus the arrays kept, not the whole."""
+@pytest.mark.parametrize("fraction", [1, 1 / 8], ids=["an image", "an eighth of one"])
+def test_the_column_array_is_bounded(bound, fraction):
+    """Forward + backward of a 3x3 convolution on 8 images: with pieces of one image (in the
+    backward pass, of an eighth of one) the peak memory is an eighth of the column array plus
+    the arrays kept, not the whole."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((8, 16, 64, 64)).astype(np.float32)
     W = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
@@ -156,9 +163,9 @@ def test_the_column_array_is_bounded(bound):
         y = F.convolution_2d(xv, Wv, pad=1)
         F.sum(y).backward()
 
-    bound(per_image)
+    bound(int(per_image * fraction))
     chunked = _peak_bytes(step)
     bound(8 * per_image)
     whole = _peak_bytes(step)
     assert whole > 8 * per_image                    # the batch's column array was there
-    assert chunked < whole - 6 * per_image, (chunked, whole)
+    assert chunked < whole - (8 - 2 * fraction) * per_image, (chunked, whole)

@@ -1,12 +1,15 @@
-"""Convolution by im2col and matrix products, a chunk of the batch at a time (medaidet).
+"""Convolution by im2col and matrix products, a piece of the batch at a time (medaidet).
 
 Chainer's im2col convolution builds one column array for the whole batch, of shape
 (n, c, kh, kw, out_h, out_w): 207 MB per image for SSD300's conv1_2 in float32, and
 ``tensordot`` then copied it once more into its own order. Here the batch goes through in
-chunks whose column array stays under :data:`MAX_COLUMN_BYTES` (one image at least), and
-each image is one matrix product on im2col's own layout, so nothing is copied. An image's
-product does not depend on the chunk it is in: forward outputs and input gradients are the
-same for every chunk size; the weight gradient adds the chunks' sums (float rounding only).
+pieces whose column array stays under :data:`MAX_COLUMN_BYTES`: several images where they
+fit, else one image (forward), a band of one image's output rows (weight gradient) or a group
+of its channels (input gradient). Each piece is one matrix product per image on im2col's own
+layout, so nothing is copied. Forward outputs and input gradients are the same bits whatever
+the bound; the weight gradient adds the pieces' sums (float rounding only). The forward's
+column array is not split within an image: BLAS may round a band's products differently, and
+the peak of a training step is in the backward pass, where the activations' gradients join.
 
 NumPy and CuPy alike (CuPy 14 has no cuDNN, so every GPU convolution comes here); the
 grouped, iDeep and cuDNN paths stay chainer's own. Called by the patched
@@ -17,20 +20,43 @@ import numpy
 from chainer import backend
 from chainer.utils import conv
 
-#: The most bytes one chunk's column array may take; a single image may take more.
-MAX_COLUMN_BYTES = 256 * 2 ** 20
+#: The most bytes one piece's column array may take (one image's forward, one output row's
+#: band or one channel may take more).
+MAX_COLUMN_BYTES = 32 * 2 ** 20
 
 
-def batch_chunks(n, bytes_per_image):
-    """Slices of a batch of ``n`` whose column arrays each stay under the bound."""
-    step = max(1, min(n, MAX_COLUMN_BYTES // max(1, bytes_per_image)))
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+def pieces(n, parts, bytes_per_image):
+    """``(images, parts)`` slices covering a batch of ``n`` images of ``parts`` parts each
+    (output rows, channels), each piece's column array under the bound: whole images
+    together where one fits, else parts of one image."""
+    if bytes_per_image <= MAX_COLUMN_BYTES or parts == 1:
+        step = max(1, min(n, MAX_COLUMN_BYTES // max(1, bytes_per_image)))
+        return [(slice(i, min(i + step, n)), slice(0, parts)) for i in range(0, n, step)]
+    step = max(1, MAX_COLUMN_BYTES * parts // bytes_per_image)
+    return [(slice(i, i + 1), slice(j, min(j + step, parts)))
+            for i in range(n) for j in range(0, parts, step)]
 
 
-def _im2col(f, x, kh, kw):
+def _band(f, x, rows, kh):
+    """The input rows that output ``rows`` read, with the padding above and below as zeros."""
+    xp = backend.get_array_module(x)
+    top = rows.start * f.sy - f.ph
+    bottom = (rows.stop - 1) * f.sy - f.ph + (kh - 1) * f.dy + 1
+    band = xp.zeros(x.shape[:2] + (bottom - top, x.shape[3]), dtype=x.dtype)
+    lo, hi = max(top, 0), min(bottom, x.shape[2])
+    band[:, :, lo - top:hi - top] = x[:, :, lo:hi]
+    return band
+
+
+def _columns(f, x, kh, kw, rows, out_h, out_w):
+    """im2col of ``x`` (m, c, h, w) for output ``rows``: (m, c * kh * kw, rows * out_w)."""
     im2col = conv.im2col_cpu if isinstance(x, numpy.ndarray) else conv.im2col_gpu
-    return im2col(x, kh, kw, f.sy, f.sx, f.ph, f.pw, cover_all=f.cover_all, dy=f.dy,
-                  dx=f.dx)
+    ph, band_h = f.ph, rows.stop - rows.start
+    if band_h < out_h:
+        x, ph = _band(f, x, rows, kh), 0
+    col = im2col(x, kh, kw, f.sy, f.sx, ph, f.pw, dy=f.dy, dx=f.dx, out_h=band_h,
+                 out_w=out_w)
+    return col.reshape(len(col), -1, band_h * out_w)
 
 
 def forward(f, x, W, b):
@@ -43,9 +69,9 @@ def forward(f, x, W, b):
     out_w = conv.get_conv_outsize(w, kw, f.sx, f.pw, f.cover_all, f.dx)
     W = W.reshape(out_c, c * kh * kw)
     y = xp.empty((n, out_c, out_h, out_w), dtype=x.dtype)
-    for s in batch_chunks(n, W.shape[1] * out_h * out_w * x.itemsize):
-        col = _im2col(f, x[s], kh, kw)
-        col = col.reshape(len(col), W.shape[1], out_h * out_w)
+    rows = slice(0, out_h)   # whole images: BLAS may round a band of rows otherwise
+    for s, _ in pieces(n, 1, W.shape[1] * out_h * out_w * x.itemsize):
+        col = _columns(f, x[s], kh, kw, rows, out_h, out_w)
         y[s] = xp.matmul(W, col).reshape(len(col), out_c, out_h, out_w)
     if b is not None:
         y += b.reshape(1, out_c, 1, 1)
@@ -58,13 +84,12 @@ def grad_w(f, x, gy):
     xp = backend.get_array_module(x)
     n, c, _, _ = x.shape
     _, out_c, out_h, out_w = gy.shape
-    k = c * f.kh * f.kw
-    gW = 0
-    for s in batch_chunks(n, k * out_h * out_w * x.itemsize):
-        col = _im2col(f, x[s], f.kh, f.kw).reshape(-1, k, out_h * out_w)
-        g = xp.ascontiguousarray(gy[s]).reshape(-1, out_c, out_h * out_w)
-        gW = gW + xp.matmul(g, col.transpose(0, 2, 1)).sum(axis=0)
-    return gW.reshape(out_c, c, f.kh, f.kw).astype(f.W_dtype, copy=False),
+    gW = 0       # (c * kh * kw, out_c): the column array stays in its layout, gy is transposed
+    for s, rows in pieces(n, out_h, c * f.kh * f.kw * out_h * out_w * x.itemsize):
+        col = _columns(f, x[s], f.kh, f.kw, rows, out_h, out_w)
+        g = xp.ascontiguousarray(gy[s, :, rows]).reshape(len(col), out_c, -1)
+        gW = gW + xp.matmul(col, g.transpose(0, 2, 1)).sum(axis=0)
+    return gW.T.reshape(out_c, c, f.kh, f.kw).astype(f.W_dtype, copy=False),
 
 
 def deconv_forward(f, x, W, b):
@@ -77,10 +102,11 @@ def deconv_forward(f, x, W, b):
     _, out_c, kh, kw = W.shape
     W = W.reshape(in_c, out_c * kh * kw).T
     y = xp.empty((n, out_c, f.outh, f.outw), dtype=x.dtype)
-    for s in batch_chunks(n, W.shape[0] * h * w * x.itemsize):
+    for s, chans in pieces(n, out_c, W.shape[0] * h * w * x.itemsize):
         xs = xp.ascontiguousarray(x[s]).reshape(-1, in_c, h * w)
-        col = xp.matmul(W, xs).astype(x.dtype, copy=False).reshape(-1, out_c, kh, kw, h, w)
-        y[s] = col2im(col, f.sy, f.sx, f.ph, f.pw, f.outh, f.outw, dy=f.dy, dx=f.dx)
+        col = xp.matmul(W[chans.start * kh * kw:chans.stop * kh * kw], xs)
+        col = col.astype(x.dtype, copy=False).reshape(len(xs), -1, kh, kw, h, w)
+        y[s, chans] = col2im(col, f.sy, f.sx, f.ph, f.pw, f.outh, f.outw, dy=f.dy, dx=f.dx)
     if b is not None:
         y += b.reshape(1, out_c, 1, 1)
     return y,
