@@ -24,7 +24,7 @@ from medaidet.errors import ConfigError, DeviceError
 from medaidet.data import LABELS, OTHER_SOURCES
 from medaidet.device import DEFAULT_DEVICE, parse_device
 from medaidet.tables import Table
-from medaidet.ssd import MODEL_NAMES, PRETRAINED, WITH_PRETRAINED
+from medaidet.ssd import MODEL_NAMES, PRECISIONS, PRETRAINED, WITH_PRETRAINED
 
 __all__ = ["TrainConfig", "ConfigError", "PROFILES", "OPTIMIZERS", "PRECISIONS", "WEIGHTS_NAME"]
 
@@ -56,7 +56,6 @@ PROFILES["cpu-long"] = {**PROFILES["cpu"], "epochs": 117, "lr_steps": (90,),
                         "max_expand_ratio": 2, "color_distortion": True,
                         "out": "outputs/train-cpu-long"}
 OPTIMIZERS = ("momentum_sgd", "adam")
-PRECISIONS = ("float32", "tf32", "mixed16")
 WEIGHTS_NAME = "model.npz"
 
 

@@ -15,6 +15,7 @@ import chainer
 from chainer import backend
 
 from medaidet.errors import DivergedError
+from medaidet.ssd.precision import skipped_update
 from medaidet.training.snapshot import snapshot_iteration
 
 __all__ = ["StopOnNonFinite", "stop_on_divergence"]
@@ -27,7 +28,9 @@ class StopOnNonFinite:
     (``main/loss`` as the train chain reported it) and every gradient. ``timing='post'``
     (after the update): every parameter, so a step that overflows the weights is caught in
     the iteration that made it, before the trainer writes a snapshot of it. One host
-    synchronisation each: the per-array checks travel together.
+    synchronisation each: the per-array checks travel together. In ``mixed16`` a step whose
+    scaled gradients overflowed is skipped by the optimizer (dynamic loss scaling), not
+    stopped here.
     """
 
     call_for_each_param = False
@@ -40,6 +43,8 @@ class StopOnNonFinite:
         self.loss_key = loss_key
 
     def __call__(self, optimizer):
+        if self.timing == "pre" and skipped_update(optimizer):
+            return      # mixed16: scaled gradients overflowed; the step is skipped, not diverged
         if self.timing == "pre":
             try:
                 observation = chainer.reporter.get_current_reporter().observation

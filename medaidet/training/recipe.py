@@ -30,6 +30,7 @@ from medaidet.data.txl_pbc import TXLPBCDataset
 from medaidet.data.voc import annotation_path, split_path
 from medaidet.errors import ConfigError
 from medaidet.ssd.model import build_ssd
+from medaidet.ssd.precision import set_precision, use_loss_scaling
 from medaidet.ssd.predict import CappedPredictor
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform, TrainTransform
@@ -184,10 +185,12 @@ class Recipe:
     def model(self):
         """The SSD of ``config.model`` for BCCD's three classes, from ``config.pretrained``
         weights, with every parameter initialised now (random values are drawn here, from
-        the seeded RNG, before the iterator draws its first order)."""
+        the seeded RNG, before the iterator draws its first order), computing in
+        ``config.precision`` (:func:`~medaidet.ssd.precision.set_precision`)."""
         config = self.config
-        return materialize(build_ssd(config.model, config.pretrained,
-                                     n_fg_class=len(BCCD_LABEL_NAMES)))
+        model = materialize(build_ssd(config.model, config.pretrained,
+                                      n_fg_class=len(BCCD_LABEL_NAMES)))
+        return set_precision(model, config.precision)
 
     def train_chain(self, model):
         """The model and the safe multibox loss (hard negatives ``k``, weight ``alpha``), on
@@ -253,6 +256,7 @@ class Recipe:
             optimizer = chainer.optimizers.MomentumSGD(lr=config.lr, momentum=config.momentum)
         optimizer = self.ranks.wrap_optimizer(optimizer)
         optimizer.setup(train_chain)
+        use_loss_scaling(optimizer, config.precision)       # mixed16 only
         self.ranks.broadcast_weights(optimizer)
         for param in train_chain.params():
             if param.name == "b":

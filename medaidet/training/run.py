@@ -27,12 +27,14 @@ import time
 from pathlib import Path
 
 import chainer
+import numpy as np
 
 from medaidet import compat
 from medaidet.arguments import prepare_output_dir
 from medaidet.data.pinned import resolve_root
 from medaidet.files import write_files
 from medaidet.ssd import PRETRAINED
+from medaidet.ssd.precision import use_tf32
 from medaidet.ssd.weight_files import save_weights
 from medaidet.training.recipe import Recipe
 from medaidet.training.config import WEIGHTS_NAME, TrainConfig
@@ -118,8 +120,23 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
         fit = None
         if config.communicator is None:      # before seeding: it builds a model of its own
             config, fit = fit_batch(config, root, ranks.device, log)
+        if config.precision != "float32":
+            log(f"train: precision {config.precision}: {_precision_note(config, ranks.device)}")
         return _run(config, ranks, Recipe(config, ranks, root), out, resume, progress,
                     ranks.log(log), fit)
+
+
+def _precision_note(config: TrainConfig, device) -> str:
+    """What ``config.precision`` does on ``device``, switching TF32 on where it can (for
+    the device's cuBLAS handle in this thread: the one that trains)."""
+    if config.precision == "tf32":
+        device.use()
+        return ("TF32 tensor cores for float32 matrix products" if use_tf32() else
+                "float32 products (TF32 needs an NVIDIA GPU of compute capability 8.0+)")
+    note = "float16 convolutions on float32 weights, dynamic loss scaling"
+    if device.xp is np:
+        note += " (on the CPU about 85x slower than float32: NumPy has no float16 BLAS)"
+    return note
 
 
 def _run(config: TrainConfig, ranks: Ranks, recipe: Recipe, out: Path, resume,

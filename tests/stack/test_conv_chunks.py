@@ -169,3 +169,13 @@ def test_the_column_array_is_bounded(bound, fraction):
     whole = _peak_bytes(step)
     assert whole > 8 * per_image                    # the batch's column array was there
     assert chunked < whole - (8 - 2 * fraction) * per_image, (chunked, whole)
+
+
+@pytest.mark.parametrize("a_shape", [(4, 6), (3, 4, 6)], ids=["shared", "per-image"])
+def test_one_product_per_image_equals_the_batched_product(a_shape):
+    """The GPU's way (2-D products, one per image: CuPy honours TF32 and float16 there) gives
+    the batched product's numbers, here on NumPy."""
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal((3, 6, 5))
+    np.testing.assert_array_equal(conv_chunks.products(a, b, one_by_one=True),
+                                  conv_chunks.products(a, b, one_by_one=False))

@@ -10,6 +10,8 @@ layout, so nothing is copied. Forward outputs and input gradients are the same b
 the bound; the weight gradient adds the pieces' sums (float rounding only). The forward's
 column array is not split within an image: BLAS may round a band's products differently, and
 the peak of a training step is in the backward pass, where the activations' gradients join.
+On a GPU the products are 2-D, one per image: CuPy's batched products ignore TF32 and
+multiply float16 in float32.
 
 NumPy and CuPy alike (CuPy 14 has no cuDNN, so every GPU convolution comes here); the
 grouped, iDeep and cuDNN paths stay chainer's own. Called by the patched
@@ -35,6 +37,16 @@ def pieces(n, parts, bytes_per_image):
     step = max(1, MAX_COLUMN_BYTES * parts // bytes_per_image)
     return [(slice(i, i + 1), slice(j, min(j + step, parts)))
             for i in range(n) for j in range(0, parts, step)]
+
+
+def products(a, b, one_by_one):
+    """``a @ b`` per image: a (p, q) or (m, p, q), b (m, q, r); (m, p, r). ``one_by_one``
+    (on a GPU): one 2-D product per image, as CuPy honours TF32 (``CUPY_TF32``) and multiplies
+    float16 in float16 only in its 2-D products, not in its batched ones."""
+    if not one_by_one:
+        return a @ b
+    return backend.get_array_module(b).stack(
+        [(a if a.ndim == 2 else a[i]) @ b[i] for i in range(len(b))])
 
 
 def _band(f, x, rows, kh):
@@ -72,7 +84,7 @@ def forward(f, x, W, b):
     rows = slice(0, out_h)   # whole images: BLAS may round a band of rows otherwise
     for s, _ in pieces(n, 1, W.shape[1] * out_h * out_w * x.itemsize):
         col = _columns(f, x[s], kh, kw, rows, out_h, out_w)
-        y[s] = xp.matmul(W, col).reshape(len(col), out_c, out_h, out_w)
+        y[s] = products(W, col, xp is not numpy).reshape(len(col), out_c, out_h, out_w)
     if b is not None:
         y += b.reshape(1, out_c, 1, 1)
     return y,
@@ -88,7 +100,7 @@ def grad_w(f, x, gy):
     for s, rows in pieces(n, out_h, c * f.kh * f.kw * out_h * out_w * x.itemsize):
         col = _columns(f, x[s], f.kh, f.kw, rows, out_h, out_w)
         g = xp.ascontiguousarray(gy[s, :, rows]).reshape(len(col), out_c, -1)
-        gW = gW + xp.matmul(col, g.transpose(0, 2, 1)).sum(axis=0)
+        gW = gW + products(col, g.transpose(0, 2, 1), xp is not numpy).sum(axis=0)
     return gW.T.reshape(out_c, c, f.kh, f.kw).astype(f.W_dtype, copy=False),
 
 
@@ -104,7 +116,7 @@ def deconv_forward(f, x, W, b):
     y = xp.empty((n, out_c, f.outh, f.outw), dtype=x.dtype)
     for s, chans in pieces(n, out_c, W.shape[0] * h * w * x.itemsize):
         xs = xp.ascontiguousarray(x[s]).reshape(-1, in_c, h * w)
-        col = xp.matmul(W[chans.start * kh * kw:chans.stop * kh * kw], xs)
+        col = products(W[chans.start * kh * kw:chans.stop * kh * kw], xs, xp is not numpy)
         col = col.astype(x.dtype, copy=False).reshape(len(xs), -1, kh, kw, h, w)
         y[s, chans] = col2im(col, f.sy, f.sx, f.ph, f.pw, f.outh, f.outw, dy=f.dy, dx=f.dx)
     if b is not None:
