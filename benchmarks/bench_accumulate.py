@@ -26,7 +26,7 @@ import numpy as np
 import medaidet  # noqa: F401  (runtime compat settings)
 from medaidet.data.bccd import BCCDDataset
 from medaidet.training.accumulation import AccumulatingUpdater
-from medaidet.scaling.memory import PeakMemory
+from medaidet.training.memory import PeakMemory
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.weight_files import materialize
 from medaidet.ssd.train_chain import MultiboxTrainChain

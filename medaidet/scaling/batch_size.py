@@ -4,7 +4,7 @@
 The course's recipe trains with batch 32; SSD300's activations for one 300x300 image take a
 few hundred MB in training, so batch 32 needs a large GPU.
 :func:`find_batch_size` tries forward + backward at a batch size, halves it on out of
-memory and tries again (:mod:`medaidet.scaling.memory`: telling out of memory apart, giving
+memory and tries again (:mod:`medaidet.training.memory`: telling out of memory apart, giving
 a failed try's memory back, measuring the peak), reporting every try (peak memory, seconds,
 images/s) and the ``--accumulate`` that gives the recipe's batch with the batch size that fits
 (:class:`medaidet.training.accumulation.AccumulatingUpdater` then trains with it).
@@ -33,8 +33,9 @@ from medaidet.data.bccd import AnnotationWarning, BCCDDataset
 from medaidet.data.pinned import resolve_root
 from medaidet.device import DEFAULT_DEVICE, device_name
 from medaidet.files import png_bytes, write_files
-from medaidet.scaling.memory import (PeakMemory, first_line, format_bytes, free_memory,
-                                     is_out_of_memory, plot_memory, synchronize)
+from medaidet.scaling.memory import plot_memory
+from medaidet.training.memory import (PeakMemory, first_line, format_bytes, free_memory,
+                                      is_out_of_memory, synchronize)
 from medaidet.training.config import TrainConfig
 from medaidet.training.recipe import Recipe
 

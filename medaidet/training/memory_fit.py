@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from medaidet.errors import DeviceError
-from medaidet.scaling.memory import format_bytes
 from medaidet.training.config import TrainConfig
+from medaidet.training.memory import (PeakMemory, format_bytes, free_memory, is_out_of_memory,
+                                      synchronize)
 
 __all__ = ["MemoryFit", "available_bytes", "plan_accumulate", "fit_batch"]
 
@@ -103,12 +104,31 @@ def plan_accumulate(fit: MemoryFit, at_least: int = 1) -> int:
         needed=fit.needs(1), available=fit.available)
 
 
+def _peak(chain, examples, device):
+    """Peak bytes of one step (forward + backward) on ``examples``; None when the device ran
+    out of memory. The step's arrays and gradients are given back afterwards."""
+    from chainer.dataset import concat_examples
+    try:
+        with PeakMemory(device) as peak:
+            chain.cleargrads()
+            chain(*concat_examples(examples, device)).backward()
+            synchronize(device)
+        return peak.bytes
+    except Exception as exc:               # noqa: BLE001 (re-raised unless out of memory)
+        if not is_out_of_memory(exc):
+            raise
+        return None
+    finally:
+        chain.cleargrads()
+        free_memory(device)
+
+
 def _measure(config: TrainConfig, root, device):
-    """Peak bytes of a step at 2 and 4 images, the optimizer state's bytes and the memory
-    available while the measured model's parameters are held."""
+    """Peak bytes of a step at 2 and 4 images, the optimizer state's bytes, the memory
+    available while the measured model's parameters are held, and how peaks were read."""
+    import chainer
     from chainer.datasets import TransformDataset
     from medaidet.data.bccd import AnnotationWarning, BCCDDataset
-    from medaidet.scaling.batch_size import measure_batch_sizes
     from medaidet.training.recipe import Recipe
 
     recipe = Recipe(config.replace(pretrained=None, augment=False), root=root)
@@ -118,12 +138,12 @@ def _measure(config: TrainConfig, root, device):
         warnings.simplefilter("ignore", AnnotationWarning)
         images = BCCDDataset(root, config.train_split, labels=config.labels).slice[:4]
     dataset = TransformDataset(images, recipe.transform(model))
-    report = measure_batch_sizes(chain, dataset, (2, 4), device=device, log=None)
-    param_bytes = sum(p.array.nbytes for p in chain.params())
-    state = param_bytes * (2 if config.optimizer == "adam" else 1)
-    available = available_bytes(device, config.memory_limit)
-    peaks = [t.peak_bytes if t.ok else None for t in report.tries]
-    return peaks, state, available, report.memory_measure
+    examples = [dataset[i % len(dataset)] for i in range(4)]
+    with chainer.using_config("train", True):
+        peaks = [_peak(chain, examples[:n], device) for n in (2, 4)]
+    state = sum(p.array.nbytes for p in chain.params()) * (2 if config.optimizer == "adam"
+                                                            else 1)
+    return peaks, state, available_bytes(device, config.memory_limit), PeakMemory(device).measure
 
 
 def fit_batch(config: TrainConfig, root, device, log=print):

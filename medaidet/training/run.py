@@ -117,13 +117,13 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     out, root = prepare_run(config, resume)
     ranks = Ranks.for_config(config)
     with ranks.abort_on_error():
-        fit = None
+        log, fit = ranks.log(log), None
         if config.communicator is None:      # before seeding: it builds a model of its own
             config, fit = fit_batch(config, root, ranks.device, log)
         if config.precision != "float32":
             log(f"train: precision {config.precision}: {_precision_note(config, ranks.device)}")
-        return _run(config, ranks, Recipe(config, ranks, root), out, resume, progress,
-                    ranks.log(log), fit)
+        return _run(config, ranks, Recipe(config, ranks, root), out, resume, progress, log,
+                    fit)
 
 
 def _precision_note(config: TrainConfig, device) -> str:

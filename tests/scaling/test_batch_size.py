@@ -15,7 +15,8 @@ import pytest
 from medaidet.errors import DeviceError, MedaidetError
 from medaidet.scaling.batch_size import (BatchSizeReport, BatchSizeTry, find_batch_size,
                                          measure_batch_sizes)
-from medaidet.scaling.memory import is_out_of_memory, plot_memory
+from medaidet.scaling.memory import plot_memory
+from medaidet.training.memory import is_out_of_memory
 
 
 # --------------------------------------------------------------------------- the finder

@@ -86,6 +86,8 @@ def test_matches_chainers_unpatched_convolution(shape, images_per_piece, bound):
     bound(int(_column_bytes(x, W, gy) * (images_per_piece or len(x))))
     for got, want, name in zip(patched(*case), unpatched(*case), ("y", "gW", "gx")):
         assert got.shape == want.shape and got.dtype == want.dtype, name
+        # C order, as chainer's own y and gW (ChainerMN's gradient packing relies on it)
+        assert got.flags.c_contiguous, name
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=name)
 
 

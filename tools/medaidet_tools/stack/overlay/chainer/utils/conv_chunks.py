@@ -101,7 +101,9 @@ def grad_w(f, x, gy):
         col = _columns(f, x[s], f.kh, f.kw, rows, out_h, out_w)
         g = xp.ascontiguousarray(gy[s, :, rows]).reshape(len(col), out_c, -1)
         gW = gW + products(col, g.transpose(0, 2, 1), xp is not numpy).sum(axis=0)
-    return gW.T.reshape(out_c, c, f.kh, f.kw).astype(f.W_dtype, copy=False),
+    # C order, as chainer's own: ChainerMN packs gradients assuming it
+    gW = xp.ascontiguousarray(gW.T).reshape(out_c, c, f.kh, f.kw)
+    return gW.astype(f.W_dtype, copy=False),
 
 
 def deconv_forward(f, x, W, b):
