@@ -6,7 +6,7 @@ One batch of ``--batch`` BCCD training images (deterministic: resized and encode
 :class:`medaidet.training.accumulation.AccumulatingUpdater` (N = 1: ``StandardUpdater``'s
 code), from the same initial weights. Printed per N: the best of ``--repeat`` timed updates
 (after one untimed warm-up update, which also allocates the optimizer state), the peak
-memory of an update (:class:`medaidet.scaling.memory.PeakMemory`: tracemalloc on the
+memory of an update (:class:`medaidet.training.memory.PeakMemory`: tracemalloc on the
 CPU, CuPy's memory pool on a GPU), and the largest relative L2 difference of any
 parameter's gradient from N = 1.
 Expected: peak memory falls roughly as 1/N, time per update grows a little (smaller
