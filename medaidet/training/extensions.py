@@ -144,10 +144,11 @@ def _floats(log, key):
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def write_plots(log, out, val_split: str = "val") -> dict:
+def write_plots(log, out, val_split: str = "val", lr_steps=()) -> dict:
     """``loss.png`` (total, loc and conf loss on the training batches vs iteration) and
-    ``map.png`` (mAP and per-class AP on ``val_split`` vs iteration) from a LogReport log;
-    returns their paths."""
+    ``map.png`` (mAP and per-class AP on ``val_split`` vs iteration) from a LogReport log,
+    a dashed line at each iteration of ``lr_steps`` the log reached (where the learning
+    rate was stepped down); returns their paths."""
     out = Path(out)
     paths = {}
     # (log key, legend, colour): the classes in the course's colours (CLASS_COLORS)
@@ -173,6 +174,10 @@ def write_plots(log, out, val_split: str = "val") -> dict:
             ax.text(0.5, 0.5, "no values yet", ha="center", va="center",
                     transform=ax.transAxes)
         else:
+            last = max(entry["iteration"] for entry in log)
+            for i, iteration in enumerate(s for s in lr_steps if s <= last):
+                ax.axvline(iteration, color="0.3", linestyle="--", linewidth=1,
+                           label=None if i else "learning-rate step")
             ax.legend()
         ax.set_xlabel("iteration")
         ax.set_ylabel(ylabels[name])
@@ -199,8 +204,9 @@ class Plotter:
     priority = 100
 
     def __init__(self, out, log_report, monitor, is_end, min_seconds=30.0,
-                 val_split: str = "val"):
+                 val_split: str = "val", lr_steps=()):
         self.out = out
+        self.lr_steps = list(lr_steps)
         self.val_split = val_split
         self.log_report = log_report
         self.monitor = monitor
@@ -220,5 +226,5 @@ class Plotter:
         self._evals_shown = len(evals)
         now = time.monotonic()
         if self.is_end(trainer) or now - self._last >= self.min_seconds:
-            write_plots(log, self.out, self.val_split)
+            write_plots(log, self.out, self.val_split, self.lr_steps)
             self._last = now

@@ -121,6 +121,13 @@ class Length:
         batch_size = self.batch_size or self.config.batch_size
         return math.ceil(self.config.epochs * self.n_images / batch_size)
 
+    @property
+    def lr_step_iterations(self) -> list:
+        """The iteration after which each learning-rate step applies (the first whose epoch
+        reaches the step's)."""
+        batch_size = self.batch_size or self.config.batch_size
+        return [math.ceil(epoch * self.n_images / batch_size) for epoch in self.config.lr_steps]
+
     def is_end(self, trainer) -> bool:
         if self.config.iterations is not None:
             return trainer.updater.iteration >= self.config.iterations
@@ -130,11 +137,12 @@ class Length:
 @dataclass
 class Extensions:
     """The extensions the run reads back: the evaluator (its seconds), the log, the
-    progress monitor (the last loss)."""
+    progress monitor (the last loss), and where the learning-rate steps apply."""
 
     evaluator: object
     log_report: object
     monitor: object
+    lr_step_iterations: list
 
 
 @dataclass
@@ -305,7 +313,8 @@ class Recipe:
             trainer.extend(extensions.observe_lr(), trigger=(1, "iteration"))
             trainer.extend(monitor, name="monitor")
             trainer.extend(Plotter(Path(config.out), log_report, monitor, length.is_end,
-                                   val_split=config.val_split),
+                                   val_split=config.val_split,
+                                   lr_steps=length.lr_step_iterations),
                            name="plots",
                            trigger=EveryOrEnd(config.log_interval, "iteration", length.is_end))
         if ranks.keeps_snapshots:
@@ -313,7 +322,7 @@ class Recipe:
             trainer.extend(extensions.snapshot(filename=SNAPSHOT_NAME),
                            trigger=EveryOrEnd(config.snapshot_interval, "epoch", length.is_end),
                            priority=-100)
-        return Extensions(evaluator, log_report, monitor)
+        return Extensions(evaluator, log_report, monitor, length.lr_step_iterations)
 
     def build(self, log=print, progress: bool = True) -> Built:
         """Every piece, in the recipe's order: model -> train chain -> data -> iterators

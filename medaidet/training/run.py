@@ -185,7 +185,8 @@ def _run(config: TrainConfig, ranks: Ranks, recipe: Recipe, out: Path, resume,
     metrics = run_metrics(config, ranks, data, iterators, updater, extensions,
                           start_iteration=start_iteration, seconds=seconds, resume=resume,
                           weights=out / WEIGHTS_NAME, sha256=sha256, snapshot=snapshot,
-                          plots=write_plots(extensions.log_report.log, out, config.val_split),
+                          plots=write_plots(extensions.log_report.log, out, config.val_split,
+                                            extensions.lr_step_iterations),
                           seeding=seeding,
                           rank_digests=rank_digests)
     metrics["memory_fit"] = fit.to_dict() if fit is not None else None

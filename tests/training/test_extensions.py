@@ -54,6 +54,39 @@ def test_the_ap_plot_draws_each_class_in_its_course_colour(tmp_path):
     assert rgb("tab:orange") not in present        # the default cycle's second colour
 
 
+
+def test_the_plots_mark_each_learning_rate_step_the_run_reached(tmp_path):
+    """A step inside the log draws a line on both plots; a step the log never reached draws
+    nothing (the images equal those without steps)."""
+    import numpy as np
+    from PIL import Image
+
+    from medaidet.training.extensions import write_plots
+
+    log = [{"iteration": i, "main/loss": 3.0 - i / 10, "validation/main/map": 0.1 * i}
+           for i in range(1, 8)]
+
+    def pixels(name, **kwargs):
+        folder = tmp_path / name
+        folder.mkdir()
+        return {k: np.asarray(Image.open(v).convert("L"))
+                for k, v in write_plots(log, folder, **kwargs).items()}
+
+    plain, stepped, beyond = pixels("plain"), pixels("stepped", lr_steps=[4]), \
+        pixels("beyond", lr_steps=[40])
+    for name in ("loss", "map"):
+        assert not np.array_equal(plain[name], stepped[name]), name
+        assert np.array_equal(plain[name], beyond[name]), name
+
+
+def test_a_learning_rate_step_applies_after_the_first_iteration_reaching_its_epoch():
+    from medaidet.training.config import TrainConfig
+    from medaidet.training.recipe import Length
+
+    config = TrainConfig.profile("cpu").replace(lr_steps=(30, 35.5))
+    assert Length(config, n_images=205, batch_size=4).lr_step_iterations == [1538, 1820]
+
+
 def _run_monitor(total):
     from medaidet.training.extensions import Monitor
 
