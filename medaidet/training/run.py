@@ -187,8 +187,7 @@ def _run(config: TrainConfig, ranks: Ranks, recipe: Recipe, out: Path, resume,
                           weights=out / WEIGHTS_NAME, sha256=sha256, snapshot=snapshot,
                           plots=write_plots(extensions.log_report.log, out, config.val_split,
                                             extensions.lr_step_iterations),
-                          seeding=seeding,
-                          rank_digests=rank_digests)
+                          seeding=seeding, rank_digests=rank_digests)
     metrics["memory_fit"] = fit.to_dict() if fit is not None else None
     if iterators.n_processes == 0:
         stats = data.transform.stats

@@ -1,0 +1,130 @@
+"""The counting frame: count each cell once and whole, and report densities (notebook 05).
+
+An image's edge cuts the cells that lie across it. A cut cell is a sliver that one annotator
+boxes and another leaves out, and that a detector finds or misses at random, so a count of
+every box in the image depends on where the edge fell. Quantitative microscopy counts by a
+rule that gives every cell of the smear exactly one chance instead (the unbiased counting
+frame, Gundersen 1977). This module uses its simplest form for boxes:
+
+* the **inner frame** is the image set back by a guard margin on every side, one margin per
+  class (:func:`frame_margins`: half the class's large boxes on train, so a counted cell
+  lies wholly inside the image and its box does not depend on the cut);
+* a cell **counts when the centre of its box lies inside the inner frame** (on its top or
+  left line included, on its bottom or right line not: frames laid side by side over a
+  smear then count every centre exactly once).
+
+Gundersen's own frame counts a cell whose outline touches its two *inclusion* edges and not
+its *exclusion* lines; that needs the outline, which a box only approximates. The centre
+rule needs one point per cell, the same for an annotation and a prediction.
+
+Counts become **densities**: cells per 10,000 px² of the inner frame, or per mm² where the
+pixel size is known. A smear is spread to a monolayer of unknown thickness: a density on it
+is cells per area of the slide, not a concentration per µL.
+
+Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels; an image size is ``(H, W)``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from medaidet.arguments import check_number
+from medaidet.errors import ConfigError
+
+__all__ = ["PER_AREA", "frame_margins", "in_frame", "frame_predictions", "frame_area",
+           "densities"]
+
+PER_AREA = 10_000     # densities are cells per this many px² (100 x 100 px)
+
+
+def frame_margins(bboxes, labels, label_names, quantile: float = 0.95) -> dict:
+    """``{class name: guard margin in px}``: half the ``quantile`` of the class's box sizes
+    (the longer side) over ``bboxes``/``labels`` (one array each per image: train's boxes),
+    rounded up. A class without a box gets a margin of 0 and a cell centred on the edge
+    still counts once per frame (never twice)."""
+    quantile = check_number(quantile, "quantile", "probability")
+    sides = {name: [] for name in label_names}
+    for bbox, label in zip(bboxes, labels):
+        bbox = np.asarray(bbox, dtype=float).reshape(-1, 4)
+        longer = np.maximum(bbox[:, 2] - bbox[:, 0], bbox[:, 3] - bbox[:, 1])
+        for value, lb in zip(longer, np.asarray(label, dtype=int)):
+            sides[label_names[lb]].append(value)
+    return {name: math.ceil(np.quantile(values, quantile) / 2) if values else 0
+            for name, values in sides.items()}
+
+
+def _margin_array(margins: dict, label_names) -> np.ndarray:
+    missing = [n for n in label_names if n not in margins]
+    if missing:
+        raise ConfigError(f"margins: no guard margin for {', '.join(missing)}; give one per "
+                          f"class ({', '.join(label_names)}), in pixels")
+    values = np.array([check_number(margins[n], f"margins[{n!r}]", "non-negative")
+                       for n in label_names], dtype=float)
+    return values
+
+
+def _size(size) -> tuple:
+    height, width = (check_number(v, "size", "positive") for v in size)
+    return height, width
+
+
+def in_frame(bbox, label, size, margins: dict, label_names) -> np.ndarray:
+    """bool (R,): which of an image's boxes count, their centre inside the inner frame of an
+    image of ``size`` ``(H, W)`` set back by ``margins[class]`` px (top/left line in,
+    bottom/right line out). A class whose margins leave no frame counts nothing."""
+    height, width = _size(size)
+    margin = _margin_array(margins, label_names)[np.asarray(label, dtype=int)]
+    bbox = np.asarray(bbox, dtype=float).reshape(-1, 4)
+    cy, cx = (bbox[:, 0] + bbox[:, 2]) / 2, (bbox[:, 1] + bbox[:, 3]) / 2
+    return ((cy >= margin) & (cy < height - margin) & (cx >= margin) & (cx < width - margin))
+
+
+def frame_predictions(predictions, sizes, margins: dict):
+    """``predictions`` (:class:`~medaidet.evaluation.predictions.Predictions`) with only the
+    detections and annotated boxes that count in the frame: every count, error and
+    threshold choice made on it follows the counting frame. ``sizes``: one ``(H, W)`` per
+    image, or one for all."""
+    from medaidet.evaluation.predictions import Predictions
+
+    names = predictions.label_names
+    sizes = [sizes] * len(predictions) if np.ndim(sizes) == 1 else list(sizes)
+    if len(sizes) != len(predictions):
+        raise ConfigError(f"sizes: {len(sizes)} image sizes for {len(predictions)} images; "
+                          "give one (H, W) per image, or one for all")
+
+    def kept(bboxes, labels, *others):
+        masks = [in_frame(b, lb, s, margins, names) for b, lb, s in zip(bboxes, labels, sizes)]
+        return [[x[m] for x, m in zip(column, masks)] for column in (bboxes, labels, *others)]
+
+    pb, pl, ps = kept(predictions.pred_bboxes, predictions.pred_labels, predictions.pred_scores)
+    gb, gl, gd = kept(predictions.gt_bboxes, predictions.gt_labels, predictions.gt_difficults)
+    return Predictions(**{**predictions.__dict__, "pred_bboxes": pb, "pred_labels": pl,
+                          "pred_scores": ps, "gt_bboxes": gb, "gt_labels": gl,
+                          "gt_difficults": gd})
+
+
+def frame_area(size, margin) -> float:
+    """px² of the inner frame of an image of ``size`` ``(H, W)`` set back by ``margin``."""
+    height, width = _size(size)
+    margin = check_number(margin, "margin", "non-negative")
+    return max(height - 2 * margin, 0.0) * max(width - 2 * margin, 0.0)
+
+
+def densities(counts, sizes, margins: dict, label_names, pixel_um=None) -> np.ndarray:
+    """Cells per :data:`PER_AREA` px² (or per mm² with ``pixel_um``, the side of a pixel in
+    µm) of each class's inner frame: float (N images, C classes) from framed ``counts``
+    (N, C) and one ``(H, W)`` per image (or one for all). NaN where a frame has no area."""
+    counts = np.asarray(counts, dtype=float).reshape(-1, len(label_names))
+    sizes = [sizes] * len(counts) if np.ndim(sizes) == 1 else list(sizes)
+    if len(sizes) != len(counts):
+        raise ConfigError(f"sizes: {len(sizes)} image sizes for {len(counts)} images")
+    margin = _margin_array(margins, label_names)
+    area = np.array([[frame_area(s, m) for m in margin] for s in sizes]).reshape(counts.shape)
+    if pixel_um is None:
+        unit = PER_AREA
+    else:
+        pixel_um = check_number(pixel_um, "pixel_um", "positive")
+        unit = 1e6 / pixel_um ** 2            # px² in one mm²
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(area > 0, counts / area * unit, np.nan)

@@ -1,0 +1,122 @@
+"""The counting frame (medaidet.evaluation.frame): which boxes count, on synthetic boxes
+placed on each edge and corner, and on BCCD's real boxes."""
+import numpy as np
+import pytest
+
+from medaidet.errors import ConfigError
+from medaidet.evaluation.frame import (densities, frame_area, frame_margins, frame_predictions,
+                                       in_frame)
+from medaidet.evaluation.predictions import Predictions
+
+NAMES = ("rbc", "wbc", "platelets")
+SIZE = (480, 640)
+MARGINS = {"rbc": 40, "wbc": 70, "platelets": 15}
+
+
+def box(cy, cx, half=10):
+    return [cy - half, cx - half, cy + half, cx + half]
+
+
+@pytest.mark.parametrize("centre, counted", [
+    ((240, 320), True),                       # the middle
+    ((40, 320), True), ((39.9, 320), False),  # top line: on it counts, above it does not
+    ((440, 320), False), ((439.9, 320), True),  # bottom line: on it does not count
+    ((240, 40), True), ((240, 39.9), False),  # left line in
+    ((240, 600), False), ((240, 599.9), True),  # right line out
+    ((40, 40), True),                         # top-left corner of the frame
+    ((40, 600), False), ((440, 40), False), ((440, 600), False),   # the other corners
+    ((0, 0), False), ((480, 640), False),     # the image's own corners
+])
+def test_a_red_cell_counts_by_its_centre_top_left_in_bottom_right_out(centre, counted):
+    assert in_frame([box(*centre)], [0], SIZE, MARGINS, NAMES).tolist() == [counted]
+
+
+def test_each_class_has_its_own_margin():
+    boxes = [box(50, 320), box(50, 320), box(50, 320)]      # 50 px from the top
+    assert in_frame(boxes, [0, 1, 2], SIZE, MARGINS, NAMES).tolist() == [True, False, True]
+
+
+def test_a_sliver_cut_by_the_edge_does_not_count_though_its_box_lies_in_the_image():
+    sliver = [0, 300, 12, 340]                # the bottom 12 px of a red cell above the image
+    whole = [20, 300, 80, 360]                # a whole cell, centre 50 px from the top
+    assert in_frame([sliver, whole], [0, 0], SIZE, MARGINS, NAMES).tolist() == [False, True]
+
+
+def test_frames_side_by_side_count_every_centre_exactly_once():
+    """Two images that tile a field (the second's left edge the first's right edge) with
+    no margin: a centre on the shared line counts in exactly one of them."""
+    rng = np.random.default_rng(0)
+    centres = np.column_stack([rng.uniform(0, 480, 300), rng.uniform(0, 1280, 300)])
+    centres[:20, 1] = 640                     # on the shared line
+    counted = 0
+    for offset in (0, 640):
+        boxes = [box(cy, cx - offset, 1) for cy, cx in centres]
+        counted += in_frame(boxes, [0] * 300, SIZE, {n: 0 for n in NAMES}, NAMES).sum()
+    assert counted == 300
+
+
+def test_an_empty_image_counts_nothing_and_has_its_frame_area():
+    assert in_frame(np.zeros((0, 4)), [], SIZE, MARGINS, NAMES).shape == (0,)
+    density = densities([[0, 0, 0]], SIZE, MARGINS, NAMES)
+    assert density.tolist() == [[0.0, 0.0, 0.0]]
+    assert frame_area(SIZE, 40) == 400 * 560
+
+
+def test_densities_per_area_and_per_mm2():
+    counts = [[56, 1, 2]]
+    per_area = densities(counts, SIZE, MARGINS, NAMES)
+    assert per_area[0, 0] == pytest.approx(56 / (400 * 560) * 10_000)
+    assert per_area[0, 1] == pytest.approx(1 / (340 * 500) * 10_000)
+    per_mm2 = densities(counts, SIZE, MARGINS, NAMES, pixel_um=0.5)
+    # a pixel of 0.5 um: 4e6 px in a mm^2
+    assert per_mm2[0, 0] == pytest.approx(56 / (400 * 560) * 4e6)
+
+
+def test_a_margin_that_leaves_no_frame_gives_no_density_not_a_division_by_zero():
+    density = densities([[3, 0, 0]], SIZE, {"rbc": 240, "wbc": 0, "platelets": 0}, NAMES)
+    assert np.isnan(density[0, 0]) and density[0, 1] == 0
+
+
+@pytest.mark.parametrize("margins, argument", [
+    ({"rbc": 40, "wbc": 70}, "margins"),                       # a class without a margin
+    ({"rbc": -1, "wbc": 70, "platelets": 15}, "margins['rbc']"),
+    ({"rbc": float("nan"), "wbc": 70, "platelets": 15}, "margins['rbc']"),
+])
+def test_a_wrong_margin_is_a_named_error(margins, argument):
+    with pytest.raises(ConfigError) as info:
+        in_frame([box(240, 320)], [0], SIZE, margins, NAMES)
+    assert str(info.value).startswith(f"{argument}:")      # the argument at fault, first
+
+
+def test_framed_predictions_keep_the_same_boxes_on_both_sides_and_count_the_frame():
+    gt = np.array([box(240, 320), box(5, 320), box(240, 630)], np.float32)
+    pred = np.array([box(241, 321), box(6, 321)], np.float32)
+    preds = Predictions(["a"], [pred], [np.array([0, 0], np.int32)],
+                        [np.array([0.9, 0.8], np.float32)], [gt],
+                        [np.array([0, 0, 0], np.int32)], None, NAMES)
+    framed = frame_predictions(preds, SIZE, MARGINS)
+    assert len(framed.pred_bboxes[0]) == 1 and len(framed.gt_bboxes[0]) == 1
+    assert framed.pred_scores[0].tolist() == pytest.approx([0.9])
+    assert framed.gt_difficults[0].tolist() == [False]
+    with pytest.raises(ConfigError):
+        frame_predictions(preds, [SIZE, SIZE], MARGINS)
+
+
+@pytest.mark.filterwarnings("ignore::medaidet.data.annotation_checks.AnnotationWarning")
+def test_margins_from_bccd_train_boxes_keep_a_counted_cell_whole(bccd_root):
+    """On BCCD's train boxes: half the 95th percentile of each class's longer side, and
+    almost every box (>= 95 %) whose centre counts lies wholly inside the image."""
+    from medaidet.data.bccd import BCCDDataset
+
+    train = BCCDDataset(bccd_root, "train")
+    boxes = train.slice[:, ("bbox", "label")]
+    margins = frame_margins([b for b, _ in boxes], [lb for _, lb in boxes], NAMES)
+    assert margins["platelets"] < margins["rbc"] < margins["wbc"]
+    inside = total = 0
+    for bbox, label in boxes:
+        keep = in_frame(bbox, label, SIZE, margins, NAMES)
+        whole = ((bbox[:, 0] > 0) & (bbox[:, 1] > 0) & (bbox[:, 2] < SIZE[0] - 1)
+                 & (bbox[:, 3] < SIZE[1] - 1))
+        inside += (keep & whole).sum()
+        total += keep.sum()
+    assert total > 0 and inside / total >= 0.95
