@@ -40,10 +40,11 @@ run: $(VENV312)/.ready bccd txl-pbc
 # Japanese edition. The environment's kernel is also registered for the user as
 # "medaidet (Python 3.12)", for another Jupyter (VS Code, a system JupyterLab) to pick.
 # LAB_ARGS passes options to JupyterLab: make lab LAB_ARGS="--no-browser --port 8890".
+# As root (a container), JupyterLab refuses to start without --allow-root: it is added then.
 LAB_ARGS :=
 NOTEBOOK_DIR := $(if $(filter en,$(COURSE_LANG)),notebooks,notebooks/$(COURSE_LANG))
 lab: $(VENV312)/.lab bccd txl-pbc
-	"$(PY)" -m jupyterlab --ServerApp.root_dir="$(NOTEBOOK_DIR)" $(LAB_ARGS)
+	"$(PY)" -m jupyterlab --ServerApp.root_dir="$(NOTEBOOK_DIR)"$(if $(filter 0,$(shell id -u)), --allow-root) $(LAB_ARGS)
 
 $(VENV312)/.lab: $(VENV312)/.ready
 	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[lab]'
@@ -53,9 +54,12 @@ $(VENV312)/.lab: $(VENV312)/.ready
 # The executed course as a static website in site/ (both editions, tools/build_site.py), from
 # the notebooks `make run` left in $(OUT) (and `make run COURSE_LANG=ja` in $(OUT)/ja: until
 # then the Japanese pages show the notebooks without outputs, and say so); it says to run the
-# course first when nothing was run. Builds offline (Sphinx, myst-nb: the `site` extra).
+# course first when nothing was run. Builds offline (Sphinx, myst-nb: the `site` extra), in a
+# temporary folder: nothing but site/ is written. The Colab links appear once pyproject's
+# [project.urls] Repository is a real address (or: make site SITE_ARGS="--repository URL").
+SITE_ARGS :=
 site: $(VENV312)/.site
-	"$(PY)" tools/build_site.py --outputs "$(OUT)" --out site
+	"$(PY)" tools/build_site.py --outputs "$(OUT)" --out site $(SITE_ARGS)
 
 $(VENV312)/.site: $(VENV312)/.ready
 	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[site]'

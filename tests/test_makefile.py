@@ -112,3 +112,15 @@ def test_clean_removes_only_a_folder_the_course_runner_made(tmp_path):
     assert result.returncode == 0, result.stderr
     assert not made.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs-of-someone", "thesis"]
+
+
+@pytest.mark.parametrize("uid, allowed", [("0", True), ("1000", False)])
+def test_lab_runs_as_root_with_allow_root_only(tmp_path, uid, allowed):
+    """JupyterLab refuses to run as root (a container) without --allow-root: `make lab` adds
+    it for uid 0 only (`id` on PATH stands in for the user)."""
+    (tmp_path / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+    (tmp_path / "id").chmod(0o755)
+    lines = recipe_lines("lab", "-o", ".venv-py312/.lab",
+                         env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    lab = lines[index_of(lines, "-m jupyterlab")]
+    assert ("--allow-root" in lab.split()) == allowed, lab

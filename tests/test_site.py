@@ -2,8 +2,13 @@
 
 The real build from a smoke run, read in Chromium, is tools/check_site.py in .ci/run (after
 the course ran); here: what the builder does to the notebooks and links, a whole build of the
-committed notebooks (no outputs, so fast), and the message when there is nothing to build.
+committed notebooks (no outputs, so fast), a build of a notebook papermill executed (the
+package's tables, a six-panel figure) read by tools/check_site.py in Chromium, and the message
+when there is nothing to build.
 """
+import base64
+import re
+import shutil
 import sys
 
 import nbformat
@@ -13,6 +18,7 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "tools"))
 import build_site  # noqa: E402  (tools/ is no package)
+import check_site  # noqa: E402
 
 
 def test_plumbing_goes_and_solutions_fold(tmp_path):
@@ -38,6 +44,16 @@ def test_links_outside_the_site_go_to_the_repository(tmp_path):
     assert "![fig](figures/a.png)" in out                      # in the site: kept
     assert "![gone](https://github.com/o/r/raw/main/docs/figures/b.png)" in out
     assert "[web](https://example.org/x)" in out and "[here](#anchor)" in out
+    bare = build_site.link_to_repository(text, tmp_path, "docs", None)    # no repository
+    assert bare.startswith("loss ![fig](figures/a.png) gone [web]")
+
+
+def test_a_placeholder_repository_is_no_repository():
+    assert build_site.repository_url("https://github.com/<your-github-user>/medaidet") is None
+    assert build_site.repository_url("not a url") is None
+    assert build_site.repository_url("https://github.com/o/r.git") == "https://github.com/o/r"
+    configured = build_site.repository_url()           # pyproject's
+    assert configured is None or "<" not in configured
 
 
 def test_nothing_to_build_says_to_run_the_course(tmp_path, capsys):
@@ -61,8 +77,13 @@ def test_both_editions_build_with_twins_colab_and_downloads(tmp_path):
     outputs.mkdir()
     for notebook in (REPO / "notebooks").glob("0[34]_*.ipynb"):
         (outputs / notebook.name).write_bytes(notebook.read_bytes())
-    site = tmp_path / "site"
-    assert build_site.main(["--outputs", str(outputs), "--out", str(site)]) == 0
+    site = tmp_path / "out" / "site"
+    root_before = set(REPO.iterdir())
+    assert build_site.main(["--outputs", str(outputs), "--out", str(site),
+                            "--repository", "https://github.com/o/r"]) == 0
+    assert [p.name for p in site.parent.iterdir()] == ["site"]      # nothing beside it
+    assert not list(site.rglob("jupyter_execute"))
+    assert not {p.name for p in set(REPO.iterdir()) - root_before} & {"jupyter_execute", "site"}
     for page, twin, colab in (("03_training.html", 'href="ja/03_training.html"',
                                "/blob/main/notebooks/03_training.ipynb"),
                               ("ja/03_training.html", 'href="../03_training.html"',
@@ -76,3 +97,93 @@ def test_both_editions_build_with_twins_colab_and_downloads(tmp_path):
         (REPO / "notebooks" / "ja").glob("*.ipynb")))
     assert (site / "setup.html").is_file() and (site / "docs" / "cpu-detector.html").is_file()
     assert (site / "ja" / "docs" / "ja" / "glossary.html").is_file()
+
+
+SIX_PANELS = """import matplotlib.pyplot as plt
+from IPython.display import display
+from medaidet.tables import Table
+display(Table(["class", "boxes"], [["rbc", 1391], ["wbc", 127], ["platelets", 109]]))
+fig, axes = plt.subplots(2, 3, figsize=(12, 6))
+for i, ax in enumerate(axes.flat):
+    ax.set_title(f"panel {i}")
+plt.show()
+"""
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """A notebook papermill executed (as the course runner does): one of the package's
+    tables, a six-panel figure, papermill's durations."""
+    papermill = pytest.importorskip("papermill")
+    folder = tmp_path_factory.mktemp("outputs")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 01 · A run"),
+                                         nbformat.v4.new_code_cell(SIX_PANELS)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, str(folder / "source.ipynb"))
+    papermill.execute_notebook(str(folder / "source.ipynb"), str(folder / "01_data.ipynb"),
+                               parameters={"profile": "smoke"}, kernel_name="python3",
+                               progress_bar=False)
+    (folder / "source.ipynb").unlink()
+    return folder
+
+
+def problems_of(site, kind, tmp_path, only=None):
+    return [p for p in check_site.check(site, tmp_path / "shots", only) if p.kind == kind]
+
+
+@pytest.mark.slow(seconds=43)
+def test_tables_figures_index_and_no_placeholder_links(executed, tmp_path):
+    """The package's Markdown tables render as tables, every figure opens full size, the
+    index says what the course is and how long this run took, and a site built without a
+    real repository URL has no Colab link: tools/check_site.py finds no problem in it."""
+    pytest.importorskip("sphinx")
+    pytest.importorskip("playwright")
+    site = tmp_path / "site"
+    assert build_site.main(["--outputs", str(executed), "--out", str(site)]) == 0
+    page = (site / "01_data.html").read_text(encoding="utf-8")
+    assert "<table" in page and "<td><p>platelets</p></td>" in page and "|---" not in page
+    index = (site / "index.html").read_text(encoding="utf-8")
+    run = nbformat.read(str(executed / "01_data.ipynb"), as_version=4)
+    duration = run.metadata.papermill.duration
+    assert build_site.minutes(duration) in index and "`smoke`" not in index and ">smoke<" in index
+    assert "BCCD" in index and "medical AI" in index and 'href="ja/index.html"' in index
+    figure = (site / "_images" / "course-figure.png").read_bytes()
+    out = next(c for c in run.cells if "plt.subplots(" in c.source).outputs
+    assert figure == base64.b64decode(next(o.data["image/png"] for o in out if "data" in o
+                                           and "image/png" in o.data))
+    assert 'href="_images/course-figure.png"' in index
+    assert "medaidet contributors" in index and "Author name not set" not in index
+    assert "../index.html" in (site / "ja" / "index.html").read_text(encoding="utf-8")
+    for html in site.rglob("*.html"):
+        text = html.read_text(encoding="utf-8")
+        assert "colab.research.google.com/github" not in text
+        assert not re.search(r'(href|src)="[^"]*(<|&lt;|%3C)', text, re.IGNORECASE), html
+    if shutil.which("chromium") is None:
+        pytest.skip("no Chromium")
+    assert check_site.check(site, tmp_path / "shots") == []
+
+
+@pytest.mark.slow(seconds=28)
+def test_check_site_fails_on_raw_tables_unlinked_figures_and_placeholders(executed, tmp_path,
+                                                                          monkeypatch):
+    """The old build (Markdown outputs read as CommonMark, no table) leaves the table as a
+    paragraph of pipes, which check_site fails; so are a figure without its link and a
+    placeholder link."""
+    pytest.importorskip("sphinx")
+    pytest.importorskip("playwright")
+    if shutil.which("chromium") is None:
+        pytest.skip("no Chromium")
+    old = build_site.CONF.replace('nb_render_markdown_format = "gfm"', "")
+    assert old != build_site.CONF
+    monkeypatch.setattr(build_site, "CONF", old)
+    site = tmp_path / "site"
+    assert build_site.main(["--outputs", str(executed), "--out", str(site)]) == 0
+    raw = problems_of(site, "raw-table", tmp_path, only=["01_data.html"])
+    assert [p.page for p in raw] == ["01_data.html"]
+    (site / "bad.html").write_text(
+        '<html lang="en"><body><article><img src="_images/course-figure.png">'
+        '<a href="https://colab.research.google.com/github/<your-github-user>/medaidet">x</a>'
+        "</article></body></html>", encoding="utf-8")
+    found = {(p.page, p.kind) for p in check_site.check(site, tmp_path / "shots", ["bad.html"])}
+    assert {("bad.html", "figure-link"), ("bad.html", "placeholder")} <= found
