@@ -43,8 +43,9 @@ def plot_memory(report, limit_bytes: int | None = None,
                 linestyle="none", marker="x", ms=10, mew=2, color="black", clip_on=False,
                 label="out of memory (needed more" + (" than the limit)" if limit else ")"))
     best = report.best_batch_size
-    if best is not None:
-        ax.axvline(best, color="0.6", linestyle=":", lw=1.5, label=f"largest fit: {best}")
+    if best is not None:     # where nothing ran out of memory, the largest fit is unknown
+        what = "largest that fit" if failed else "largest tried (all fit)"
+        ax.axvline(best, color="0.6", linestyle=":", lw=1.5, label=f"{what}: {best}")
     sizes = sorted({t.batch_size for t in report.tries})
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])

@@ -163,9 +163,13 @@ def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
     if not sys.platform.startswith("linux"):
         raise RuntimeError("out_of_memory_demo limits memory with RLIMIT_AS: Linux only")
     root = str(resolve_root(root))
+    # one BLAS/OpenMP thread: each further thread's buffers and malloc arena take address
+    # space after the one-image measure, and batch 1 would no longer fit its own limit
+    one_thread = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                  "MKL_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "medaidet.troubleshoot.oom_demo",
                            json.dumps([root, int(start), float(headroom)])],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=one_thread)
     if proc.returncode != 0:
         raise RuntimeError(f"the out-of-memory demo failed (exit {proc.returncode}): "
                            f"{proc.stderr.strip()[-1500:]}")

@@ -140,17 +140,38 @@ def test_plot_memory():
     assert plot_memory(report).axes[0].get_title().startswith("Memory per batch size on GPU 1\n")
 
 
+def test_the_memory_plot_calls_the_largest_size_a_fit_only_when_a_larger_one_failed():
+    from medaidet.scaling.batch_size import BatchSizeReport, BatchSizeTry
+    from medaidet.scaling.memory import plot_memory
+
+    def labels(tries):
+        report = BatchSizeReport("@numpy", "tracemalloc", 8, tries)
+        return [line.get_label() for line in plot_memory(report).axes[0].lines]
+
+    failed_at_4 = [BatchSizeTry(4, False, "MemoryError: x", seconds=0.1),
+                   BatchSizeTry(2, True, peak_bytes=3 << 30, seconds=4.0)]
+    all_fit = [BatchSizeTry(2, True, peak_bytes=1 << 30, seconds=1.0),
+               BatchSizeTry(4, True, peak_bytes=2 << 30, seconds=2.0)]
+    assert "largest that fit: 2" in labels(failed_at_4)
+    assert "largest tried (all fit): 4" in labels(all_fit)
+
+
 # The real thing: SSD300 on the CPU in a subprocess with a limited address space
 # (medaidet.troubleshoot.out_of_memory_demo, which notebook 07 shows). Calibration (no
 # limit): the address space one image's forward + backward adds on top of what the
 # process holds (VmPeak - VmSize). Limit: what it holds now + 1.5 x that, so batch 1 fits
 # and batch 2 (about three times as much: im2col's columns for 2 images) does not. Then
-# + 0.05 x that, where nothing fits.
+# + 0.05 x that, where nothing fits. The tests run with one BLAS thread; a learner's
+# `make run` has one per core, whose buffers once took the limit's room (the demo's child
+# now runs with one): the fixture runs it with two.
 @pytest.fixture(scope="module")
 def oom_run(bccd_root):
     from medaidet.troubleshoot import out_of_memory_demo
 
-    return out_of_memory_demo(bccd_root, start=8, headroom=1.5)
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            mp.setenv(name, "2")
+        return out_of_memory_demo(bccd_root, start=8, headroom=1.5)
 
 
 @pytest.mark.slow(seconds=25)
