@@ -184,8 +184,13 @@ class WeightsComparison:
             return f"identical ({self.n_arrays} arrays, bit for bit)"
         extra = f"; only in one file: {', '.join(self.only_in_one)}" if self.only_in_one else ""
         return (f"{self.n_different} of {self.n_arrays} arrays differ; largest difference "
-                f"{self.max_abs_diff:.3g}; relative to its array's largest value, up to "
-                f"{self.max_rel_diff:.3g}{extra}")
+                f"{_plain(self.max_abs_diff)}; relative to its array's largest value, up to "
+                f"{_plain(self.max_rel_diff)}{extra}")
+
+
+def _plain(value: float) -> str:
+    """A number as a reader reads it: 1,040 rather than 1.04e+03, 3 significant digits."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def compare_weights(a, b) -> WeightsComparison:

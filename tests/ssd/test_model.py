@@ -479,3 +479,15 @@ def test_saved_weights_get_the_umask_mode_not_0600(tmp_path, umask_022):
     os.umask(0o077)
     save_weights(model, tmp_path / "private.npz")
     assert oct((tmp_path / "private.npz").stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_a_weights_comparison_prints_its_largest_difference_as_a_plain_number():
+    import numpy as np
+
+    from medaidet.ssd.weight_files import compare_weights
+
+    a = {"bn/avg_var": np.array([1.0, 2.0], np.float32), "W": np.zeros(2, np.float32)}
+    b = {"bn/avg_var": np.array([1.0, 1042.0], np.float32), "W": np.zeros(2, np.float32)}
+    comparison = compare_weights(a, b)
+    assert (comparison.n_different, comparison.max_abs_diff) == (1, 1040.0)
+    assert "largest difference 1,040;" in comparison.summary()
