@@ -8,8 +8,10 @@ compared element by element, so the message can say which part is off.
 
 The verdict speaks the language of the exercise's label: ``check(..., "exercise 1")`` in
 English, ``check(..., "演習 1")`` in Japanese (the Japanese edition's labels). A class name or
-yes/no may be answered in either language (``"白血球"`` for ``"wbc"``, ``"はい"`` for ``"yes"``,
-and for a solution that is ``True``).
+yes/no may be answered in either language (``"白血球"`` for ``"wbc"``; ``"はい"`` or ``"あり"`` for
+``"yes"`` and for a solution that is ``True``, ``"いいえ"`` or ``"なし"`` for ``"no"`` and ``False``;
+``"あり"`` / ``"なし"`` also for ``"with"`` / ``"without"``), and an English answer is right for a
+solution in Japanese (``"with"`` for ``"あり"``).
 """
 from __future__ import annotations
 
@@ -19,8 +21,16 @@ import re
 
 __all__ = ["check", "compare", "Verdict"]
 
-# Japanese answers accepted for the English words a solution holds.
-SYNONYMS = {"赤血球": "rbc", "白血球": "wbc", "血小板": "platelets", "はい": "yes", "いいえ": "no"}
+# Japanese answers accepted for the English words a solution holds (and the other way round).
+SYNONYMS = {"赤血球": ("rbc",), "白血球": ("wbc",), "血小板": ("platelets",),
+            "はい": ("yes",), "いいえ": ("no",),
+            "あり": ("yes", "with"), "なし": ("no", "without")}
+
+
+def _same_word(answer: str, solution: str) -> bool:
+    """Whether two words are the same answer: equal but for case, or one the other's Japanese."""
+    a, s = answer.strip().lower(), solution.strip().lower()
+    return a == s or s in SYNONYMS.get(a, ()) or a in SYNONYMS.get(s, ())
 
 MESSAGES = {
     "en": {"dict": "expected a dict with keys {keys}{at}, got {got}",
@@ -74,12 +84,15 @@ def compare(answer, solution, rtol: float = 1e-2, where: str = "",
         return None
     if isinstance(solution, str):
         text = answer.strip() if isinstance(answer, str) else None
-        if text is None or SYNONYMS.get(text, text).lower() != solution.strip().lower():
+        if text is None or not _same_word(text, solution):
             return say["wrong"].format(got=repr(answer), at=at)
         return None
     if isinstance(solution, bool) and isinstance(answer, str):      # "はい" for True
-        word = SYNONYMS.get(answer.strip(), answer.strip()).lower()
-        answer = {"yes": True, "true": True, "no": False, "false": False}.get(word, answer)
+        word = answer.strip().lower()
+        if _same_word(word, "yes") or word == "true":
+            answer = True
+        elif _same_word(word, "no") or word == "false":
+            answer = False
     if isinstance(solution, numbers.Number) and not isinstance(solution, bool):
         if isinstance(answer, bool) or not isinstance(answer, numbers.Number):
             return say["number"].format(at=at, got=repr(answer))

@@ -61,3 +61,16 @@ def test_the_verdict_speaks_the_labels_language(capsys):
         assert compare(answer, solution) is None, answer
     assert compare("はい", False) is not None and compare("maybe", True) is not None
     assert compare("はい", "no", lang="ja") == "'はい' は答えではありません"
+
+
+def test_ari_nashi_answer_yes_no_and_with_without():
+    """あり / なし (there is / there is none) answer yes / no as はい / いいえ do, and with /
+    without (データ拡張あり / なし); a solution in Japanese takes the English answer too."""
+    for answer, solution in (("あり", "yes"), (" なし ", "no"), ("あり", True), ("なし", False),
+                             ("あり", "with"), ("なし", "without"), ("with", "あり"),
+                             ("Without", "なし"), ("yes", "はい"), ("あり", "あり")):
+        assert compare(answer, solution) is None, (answer, solution)
+    for answer, solution in (("あり", "no"), ("なし", True), ("あり", "without"),
+                             ("yes", "with"), ("with", "なし"), ("はい", "あり")):
+        assert compare(answer, solution) is not None, (answer, solution)
+    assert check(["あり", "なし"], ["yes", "no"], "演習 3")

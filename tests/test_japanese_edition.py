@@ -313,3 +313,176 @@ def test_the_writing_rules(path):
         problems += [f"{where}: long vowel: {m}ー" for m in
                      re.findall(f"({'|'.join(LONG_VOWELS)})(?!ー)", text)]
     assert not problems, "docs/ja/glossary.md, 表記のルール:\n" + "\n".join(problems)
+
+
+# ---- one paragraph, one line; Japanese sentences without English spliced in (issue 56) -------
+
+JA_PROSE = [JA_DIR / p.name for p in EN] + [REPO / "README.ja.md", GLOSSARY]
+# A line that starts something of its own, not the paragraph's next line: blank, a list item, a
+# heading, a table row, a fence, a quote, HTML, a display formula, an image or a badge.
+OWN_LINE = re.compile(r"\s*(?:$|[*+-] |\d+\. |#|\||```|>|<|\$\$|!?\[!)")
+SENTENCE_END = re.compile(r"[。！？][」』）)\]]*$|[:：]$|  $|\\$")
+
+
+def broken_lines(markdown: str) -> list:
+    """Line breaks inside a paragraph or list item whose line holds Japanese and does not end
+    a sentence (。！？, a closing bracket after one, a colon, or a Markdown hard break). In
+    Japanese the newline is no word space: Colab, GitHub and the site render it as a stray
+    space inside the sentence."""
+    found, fence = [], False
+    lines = markdown.split("\n")
+    for line, after in zip(lines, lines[1:]):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        if fence or line.lstrip().startswith(("```", "|", "#")) or OWN_LINE.match(after):
+            continue
+        if re.search(f"[{KANA_KANJI}]", line) and not SENTENCE_END.search(line):
+            found.append(f"…{line.rstrip()[-25:]}⏎{after.lstrip()[:20]}…")
+    return found
+
+
+@pytest.mark.parametrize("path", JA_PROSE, ids=lambda p: p.stem)
+def test_a_paragraph_is_one_line(path):
+    problems = [f"{where}: {b}" for where, source in markdown_parts(path)
+                for b in broken_lines(source)]
+    assert not problems, "a line break inside a Japanese sentence (join the lines):\n" + \
+        "\n".join(problems)
+
+
+@pytest.mark.parametrize("markdown, found", [
+    ("学習用データで\n学習します。", 1),
+    ("`code` を使い、\n学習します。", 1),
+    ("(詳しくは README.md)\nを見てください。", 1),
+    ("学習します。\n\n次に評価します。", 0),
+    ("次のとおりです:\n\n* 学習\n* 評価", 0),
+    ("| 表 |\n|---|", 0),
+    ("```bash\nmake run  # 実行\nmake test\n```", 0),
+])
+def test_what_counts_as_a_broken_line(markdown, found):
+    assert len(broken_lines(markdown)) == found
+
+
+def _course_identifiers() -> set:
+    """Every lowercase word of the course's code: the names in its code cells (keywords aside)
+    and the words of its inline code. Such a word in a Japanese sentence is a name, not English
+    (train / val / test, chainer, onnxruntime, the profiles cpu and full)."""
+    import io
+    import keyword
+    import tokenize
+    words = set()
+    for path in [*EN, *(JA_DIR / p.name for p in EN)]:
+        for cell in read(path).cells:
+            if cell.cell_type == "markdown":
+                names = re.findall(r"`[^`]+`", cell.source)
+            else:
+                try:
+                    names = [t.string for t in tokenize.generate_tokens(
+                        io.StringIO(cell.source).readline)
+                        if t.type == tokenize.NAME and not keyword.iskeyword(t.string)]
+                except (tokenize.TokenError, IndentationError, SyntaxError):
+                    names = []
+            for name in names:
+                words |= set(re.findall(r"[a-z]+", name.lower()))
+    return words
+
+
+# Lowercase names the code does not spell: the tools as their projects write them, and
+# "import" used as a Japanese verb (import する). Anything else is an English word in a
+# Japanese sentence: say it in Japanese, or quote it (「…」, '…', "…") when the text mentions
+# the word itself (a value the code prints, a section title of an English document).
+NAMES = {"import", "allreduce", "conda", "venv", "pyenv", "papermill", "ipykernel", "pyproject",
+         "setuptools", "sdist", "torchvision", "timm"}
+
+
+def spliced_english(text: str, identifiers: set) -> list:
+    """Lowercase Latin words (3 letters or more) with Japanese on both sides in one sentence,
+    outside inline code, HTML tags, quotes, italics, bold Latin (a value the text names:
+    **fail**) and all-Latin parentheses (a gloss: 重み減衰 (weight
+    decay)), that are no identifier of the course and no name in NAMES."""
+    text = re.sub(r"`[^`\n]*`", "`", text)
+    text = re.sub(r"<[^>\n]+>", "", text)                       # s<sub>k</sub>
+    text = re.sub(r"\*\*[A-Za-z][^*\n]*\*\*", "「」", text)       # a value named in bold: **fail**
+    text = re.sub(r"(?<![*\w])\*(?!\s)[^*\n]+(?<!\s)\*(?![*\w])", "「」", text)
+    text = re.sub(r"「[^」\n]*」|'[^'\n]*'|\"[^\"\n]*\"|“[^”\n]*”", "「」", text)
+    text = re.sub(r"\([^()\n]*\)", lambda m: m.group() if re.search(f"[{KANA_KANJI}]", m.group())
+                  else "()", text)
+    found = []
+    for sentence in re.split(r"[。！？\n]", text):
+        for m in re.finditer(r"(?<![A-Za-z0-9_./:@-])[a-z]{3,}(?![A-Za-z0-9_/-])", sentence):
+            if m.group() in identifiers or m.group() in NAMES:
+                continue
+            if re.search(f"[{KANA_KANJI}]", sentence[:m.start()]) and \
+                    re.search(f"[{KANA_KANJI}]", sentence[m.end():]):
+                found.append(f"{m.group()!r} in …{sentence.strip()[:70]}…")
+    return found
+
+
+def japanese_strings(source: str) -> list:
+    """The text of the code cell's string literals that hold Japanese (an f-string's text
+    parts, what it fills in left out)."""
+    import ast
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:      # IPython magics: no Japanese text in them
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            parts = [v.value if isinstance(v, ast.Constant) else "{}" for v in node.values]
+            text = "".join(parts)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        else:
+            continue
+        if re.search(f"[{KANA_KANJI}]", text):
+            out.append(text)
+    return out
+
+
+@pytest.mark.parametrize("path", [JA_DIR / p.name for p in EN] + [REPO / "README.ja.md"],
+                         ids=lambda p: p.stem)
+def test_no_english_spliced_into_japanese_sentences(path):
+    identifiers = _course_identifiers()
+    problems = []
+    if path.suffix == ".ipynb":
+        for index, cell in enumerate(read(path).cells):
+            texts = [prose(cell.source)] if cell.cell_type == "markdown" else \
+                japanese_strings(cell.source)
+            problems += [f"{path.name} cell {index}: {p}" for text in texts
+                         for p in spliced_english(text, identifiers)]
+    else:
+        problems += [f"{path.name}: {p}" for p in
+                     spliced_english(prose(path.read_text(encoding="utf-8")), identifiers)]
+    assert not problems, "English spliced into a Japanese sentence:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("text, found", [
+    ("GPU は 1 個 and no usable MPI なので", 2),         # "and" too: a keyword is no name
+    ("演習 4 には MPI が必要です", 0),
+    ("`medaidet train` で学習します", 0),
+    ("重み減衰 (weight decay) は", 0),
+    ("判定は「within」(範囲内) です", 0),
+    ("chainer の GPU カーネル", 0),
+    ("結果は **fail** (講座が動かない) です", 0),
+    ("サイズ s<sub>k</sub> の正方形", 0),
+    ("実測なら measured です", 1),
+])
+def test_what_counts_as_spliced_english(text, found):
+    assert len(spliced_english(text, {"chainer", "train", "medaidet"})) == found
+
+
+# Words the glossary chose against, in any text of the edition (markdown, code comments and
+# strings): its choices, and the 2018 course's voice (no あなた, no full-width question mark).
+NOT_IN_THE_EDITION = {"テスト用データ": "テストデータ", "テストセット": "テストデータ",
+                      "コーダー": "符号化器", "あなた": "(rephrase: お使いの…, 自分の…)",
+                      "？": "(end the question with 。: …ですか。)"}
+
+
+@pytest.mark.parametrize("path", [JA_DIR / p.name for p in EN] + [REPO / "README.ja.md"],
+                         ids=lambda p: p.stem)
+def test_the_glossarys_choices_everywhere(path):
+    parts = ([(f"cell {i}", c.source) for i, c in enumerate(read(path).cells)]
+             if path.suffix == ".ipynb" else [("", path.read_text(encoding="utf-8"))])
+    problems = [f"{path.name} {where}: {avoid!r}: {use}" for where, source in parts
+                for avoid, use in NOT_IN_THE_EDITION.items() if avoid in source]
+    assert not problems, "docs/ja/glossary.md:\n" + "\n".join(problems)
