@@ -28,12 +28,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from medaidet.arguments import check_number
+from medaidet.colors import CLASS_COLORS
 from medaidet.errors import ConfigError
 
-__all__ = ["PER_AREA", "frame_margins", "in_frame", "frame_predictions", "frame_area",
-           "densities"]
+__all__ = ["PER_AREA", "frame_margins", "margin_per_class", "checked_size", "in_frame",
+           "frame_predictions", "frame_area", "densities", "plot_frame"]
 
 PER_AREA = 10_000     # densities are cells per this many px² (100 x 100 px)
 
@@ -54,7 +57,9 @@ def frame_margins(bboxes, labels, label_names, quantile: float = 0.95) -> dict:
             for name, values in sides.items()}
 
 
-def _margin_array(margins: dict, label_names) -> np.ndarray:
+def margin_per_class(margins: dict, label_names) -> np.ndarray:
+    """float (C,): ``margins[name]`` of each class in ``label_names``, each checked (a named
+    ConfigError for a class without one, or a negative or non-finite margin)."""
     missing = [n for n in label_names if n not in margins]
     if missing:
         raise ConfigError(f"margins: no guard margin for {', '.join(missing)}; give one per "
@@ -64,7 +69,8 @@ def _margin_array(margins: dict, label_names) -> np.ndarray:
     return values
 
 
-def _size(size) -> tuple:
+def checked_size(size) -> tuple:
+    """``(height, width)`` of ``size``, each checked to be a positive number."""
     height, width = (check_number(v, "size", "positive") for v in size)
     return height, width
 
@@ -72,12 +78,13 @@ def _size(size) -> tuple:
 def in_frame(bbox, label, size, margins: dict, label_names) -> np.ndarray:
     """bool (R,): which of an image's boxes count, their centre inside the inner frame of an
     image of ``size`` ``(H, W)`` set back by ``margins[class]`` px (top/left line in,
-    bottom/right line out). A class whose margins leave no frame counts nothing."""
-    height, width = _size(size)
-    margin = _margin_array(margins, label_names)[np.asarray(label, dtype=int)]
+    bottom/right line out). A class whose margins leave no frame counts nothing. Written in
+    notebook 05, section 4."""
+    height, width = checked_size(size)
+    margin = margin_per_class(margins, label_names)[np.asarray(label, dtype=int)]
     bbox = np.asarray(bbox, dtype=float).reshape(-1, 4)
     cy, cx = (bbox[:, 0] + bbox[:, 2]) / 2, (bbox[:, 1] + bbox[:, 3]) / 2
-    return ((cy >= margin) & (cy < height - margin) & (cx >= margin) & (cx < width - margin))
+    return (cy >= margin) & (cy < height - margin) & (cx >= margin) & (cx < width - margin)
 
 
 def frame_predictions(predictions, sizes, margins: dict):
@@ -106,7 +113,7 @@ def frame_predictions(predictions, sizes, margins: dict):
 
 def frame_area(size, margin) -> float:
     """px² of the inner frame of an image of ``size`` ``(H, W)`` set back by ``margin``."""
-    height, width = _size(size)
+    height, width = checked_size(size)
     margin = check_number(margin, "margin", "non-negative")
     return max(height - 2 * margin, 0.0) * max(width - 2 * margin, 0.0)
 
@@ -119,7 +126,7 @@ def densities(counts, sizes, margins: dict, label_names, pixel_um=None) -> np.nd
     sizes = [sizes] * len(counts) if np.ndim(sizes) == 1 else list(sizes)
     if len(sizes) != len(counts):
         raise ConfigError(f"sizes: {len(sizes)} image sizes for {len(counts)} images")
-    margin = _margin_array(margins, label_names)
+    margin = margin_per_class(margins, label_names)
     area = np.array([[frame_area(s, m) for m in margin] for s in sizes]).reshape(counts.shape)
     if pixel_um is None:
         unit = PER_AREA
@@ -128,3 +135,30 @@ def densities(counts, sizes, margins: dict, label_names, pixel_um=None) -> np.nd
         unit = 1e6 / pixel_um ** 2            # px² in one mm²
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(area > 0, counts / area * unit, np.nan)
+
+
+def plot_frame(img, bbox, label, margins: dict, label_names, title: str = "") -> Figure:
+    """One panel per class: the image (float (3, H, W) RGB 0-255), the class's inner frame
+    dashed in its colour, each of its boxes solid when it counts, dash-dotted dark grey when
+    not, and its centre as a dot (the point the rule looks at)."""
+    height, width = img.shape[1:]
+    label = np.asarray(label, dtype=int)
+    counted = in_frame(bbox, label, (height, width), margins, label_names)
+    fig = Figure(figsize=(4.6 * len(label_names), 3.9), layout="constrained")
+    for c, (ax, name) in enumerate(zip(fig.subplots(1, len(label_names)), label_names)):
+        ax.imshow(np.clip(img.transpose(1, 2, 0), 0, 255).astype(np.uint8))
+        m, color = margins[name], CLASS_COLORS.get(name, f"C{c}")
+        ax.add_patch(Rectangle((m, m), width - 2 * m, height - 2 * m, fill=False, ec=color,
+                               ls="--", lw=2))
+        ours = np.flatnonzero(label == c)
+        for k in ours:
+            y0, x0, y1, x1 = np.asarray(bbox[k], dtype=float)
+            style = (dict(ec=color, lw=1.8) if counted[k] else dict(ec="0.2", ls="-.", lw=1.2))
+            ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, **style))
+            ax.plot((x0 + x1) / 2, (y0 + y1) / 2, "o", ms=3.5,
+                    color=color if counted[k] else "0.2")
+        ax.set(xticks=[], yticks=[], title=f"{name}: {int(counted[ours].sum())} counted, "
+               f"{int((~counted[ours]).sum())} not (margin {m:g} px)")
+    fig.suptitle(title or "The counting frame: a cell counts when its centre (dot) lies inside "
+                 "its class's frame (dashed); solid counted, dash-dotted grey not")
+    return fig

@@ -21,12 +21,12 @@ from matplotlib.figure import Figure
 
 from medaidet.data.bccd import CLASS_COLORS
 from medaidet.errors import ConfigError
-from medaidet.evaluation.count import (check_score_thresh, count_cells, count_stats,
-                                       per_image_counts, predicted_counts)
-from medaidet.evaluation.predictions import Predictions
+from medaidet.evaluation.count import (check_score_thresh, count_cells, count_errors,
+                                       count_stats, per_image_counts, predicted_counts)
+from medaidet.evaluation.predictions import Predictions, bootstrap
 
 __all__ = ["DEFAULT_THRESHOLDS", "SWEEP_NOTE", "SweepResult", "ThresholdChange",
-           "threshold_sweep", "threshold_change", "plot_sweep"]
+           "threshold_sweep", "threshold_change", "plot_sweep", "report_count_errors"]
 
 DEFAULT_THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
 
@@ -267,6 +267,20 @@ def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> 
     mae, bias, rel = (np.array([s[k] for s in stats]).reshape(len(thresholds), n_class)
                       for k in range(3))
     return SweepResult(thresholds, predictions.label_names, mae, bias, rel, predictions.split)
+
+
+def report_count_errors(val, test, n: int = 1000, seed: int = 0) -> dict:
+    """Each class's threshold chosen on ``val`` (:class:`Predictions`), its count error on
+    ``test`` once, with the bootstrap interval over the test images and the annotated cells
+    it rests on: ``{class: {"threshold", "error", "low", "high", "cells"}}``. Written in
+    notebook 05, section 4."""
+    chosen = threshold_sweep(val).best_threshold
+    errors = count_errors(test, chosen)
+    spread = bootstrap(test, lambda p: count_errors(p, chosen), n=n, seed=seed)
+    cells = per_image_counts(test.gt_labels, len(test.label_names)).sum(axis=0)
+    return {name: {"threshold": chosen[name], "error": errors[name], "low": spread[name][0],
+                   "high": spread[name][1], "cells": int(cells[c])}
+            for c, name in enumerate(test.label_names)}
 
 
 def plot_sweep(sweep: SweepResult):
