@@ -414,3 +414,21 @@ def test_count_and_evaluate_check_their_arguments_once(monkeypatch, bccd_root):
     evaluated = runs.evaluate_weights(weights, split="test", root=bccd_root, subset=2,
                                       progress=False)
     assert len(calls) == 2 and evaluated.n_images == 2
+
+
+def test_report_count_errors_chooses_on_val_and_reports_test_once_with_its_interval():
+    """val says rbc >= 0.5 counts right (its 0.3 detections are spurious); on test the same
+    threshold misses one of 4 cells in one image of two: error 1/7, whatever test's own best
+    would be, with an interval from resampling test's two images."""
+    from medaidet.evaluation.thresholds import report_count_errors
+
+    val = make_preds([[(0, 0.9), (0, 0.6), (0, 0.3)]] * 3, [[0, 0]] * 3, split="val")
+    test = make_preds([[(0, 0.9), (0, 0.8), (0, 0.7), (0, 0.4)], [(0, 0.9)] * 3],
+                      [[0, 0, 0, 0], [0, 0, 0]], split="test")
+    report = report_count_errors(val, test, n=200)
+    rbc = report["rbc"]
+    assert 0.3 < rbc["threshold"] <= 0.6
+    assert rbc["error"] == pytest.approx(1 / 7) and rbc["cells"] == 7
+    # resamples hold image 0 twice (1/4), image 1 twice (0) or both (1/7)
+    assert rbc["low"] == pytest.approx(0.0) and rbc["high"] == pytest.approx(0.25)
+    assert report["wbc"]["cells"] == 0 and math.isnan(report["wbc"]["error"])

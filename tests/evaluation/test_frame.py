@@ -120,3 +120,25 @@ def test_margins_from_bccd_train_boxes_keep_a_counted_cell_whole(bccd_root):
         inside += (keep & whole).sum()
         total += keep.sum()
     assert total > 0 and inside / total >= 0.95
+
+
+def test_the_frame_figure_marks_each_box_counted_or_not_in_its_class_panel():
+    from matplotlib.patches import Rectangle
+
+    from medaidet.colors import CLASS_COLORS
+    from medaidet.evaluation.frame import plot_frame
+
+    img = np.full((3, *SIZE), 200, np.float32)
+    bbox = np.array([box(240, 320), box(5, 320), box(240, 320, 30), box(240, 630)], np.float32)
+    label = np.array([0, 0, 1, 2])
+    fig = plot_frame(img, bbox, label, MARGINS, NAMES)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["rbc: 1 counted, 1 not (margin 40 px)",
+                      "wbc: 1 counted, 0 not (margin 70 px)",
+                      "platelets: 0 counted, 1 not (margin 15 px)"]
+    rbc = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)]
+    frame, counted, left_out = rbc                  # the frame first, then the boxes in order
+    assert frame.get_linestyle() == "--" and (frame.get_x(), frame.get_y()) == (40, 40)
+    assert counted.get_edgecolor()[:3] == pytest.approx(
+        tuple(int(CLASS_COLORS["rbc"][i:i + 2], 16) / 255 for i in (1, 3, 5)))
+    assert left_out.get_linestyle() == "-." and left_out.get_edgecolor()[:3] != counted.get_edgecolor()[:3]
