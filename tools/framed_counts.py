@@ -19,7 +19,7 @@ import warnings
 
 def framed_counts(weights, bootstrap=1000) -> dict:
     from medaidet.data.bccd import BCCDDataset
-    from medaidet.evaluation.frame import frame_margins, frame_predictions
+    from medaidet.evaluation.frame import frame_errors, frame_margins, frame_predictions
     from medaidet.evaluation.predictions import load_model, predict_split
     from medaidet.evaluation.thresholds import report_count_errors
 
@@ -41,6 +41,15 @@ def framed_counts(weights, bootstrap=1000) -> dict:
                          frame_predictions(both[s][truth], sizes[s], margins)
                          for s in ("val", "test"))
             out[f"{rule}, against {truth}"] = report_count_errors(val, test, n=bootstrap)
+        chosen = {n: e["threshold"] for n, e in out[f"frame, against {truth}"].items()}
+        errors = frame_errors(both["test"][truth], chosen, sizes["test"], margins)
+        out[f"errors in the frame, against {truth}"] = {
+            name: {kind: sum(1 for e in errors if e.label == c and e.kind == kind)
+                   for kind in ("line +", "line -", "false", "missed")}
+            for c, name in enumerate(train.label_names)}
+        out[f"error list, against {truth}"] = [
+            (both["test"][truth].ids[e.index], train.label_names[e.label], e.kind,
+             round(e.score, 3)) for e in errors]
     return out
 
 
@@ -55,6 +64,9 @@ def main(argv=None):
         result = framed_counts(weights, args.bootstrap)
         results.append(result)
         print(weights, "margins", result["margins"])
+        for truth in ("TXL-PBC", "BCCD"):
+            print(f"  errors in the frame, against {truth}:",
+                  result[f"errors in the frame, against {truth}"])
         for key, errors in result.items():
             if ", against " in key:
                 print(f"  {key}: " + "; ".join(

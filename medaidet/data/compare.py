@@ -5,8 +5,9 @@ BCCD's own boxes and TXL-PBC's re-annotation cover the same 221 images
 and class, :func:`match_boxes` pairs a box of one with a box of the other when they overlap
 (IoU >= ``iou_thresh``), the pairs of highest IoU first, each box at most once. What is left
 is a cell only one annotation boxed. :func:`compare_annotations` does it for every image and
-tells the unmatched boxes apart by size and by distance to the frame: where one annotation
-boxes a cell the other leaves out is often a rule (a cell cut by the frame), not a mistake.
+tells the unmatched boxes apart by size and by distance to the image border: where one
+annotation boxes a cell the other leaves out is often a rule (a cell the border cuts), not a
+mistake.
 
 :func:`paired_bootstrap` compares two detectors (or two scorings) on the same images: it
 resamples the images once for both and gives the interval of the difference of their figures,
@@ -25,11 +26,11 @@ from medaidet.data.annotation_checks import _iou
 from medaidet.tables import Table
 
 __all__ = ["match_boxes", "compare_annotations", "Comparison", "draw_both", "paired_bootstrap",
-           "SIZE_BINS", "FRAME_BINS"]
+           "SIZE_BINS", "BORDER_BINS"]
 
-#: Box size (square root of the area, px) and distance to the frame (px) bins of the tables.
+#: Box size (square root of the area, px) and distance to the border (px) bins of the tables.
 SIZE_BINS = (0, 40, 70, 100, np.inf)
-FRAME_BINS = (0, 2, 30, np.inf)       # [0, 2): touches the frame, a cell the frame cuts
+BORDER_BINS = (0, 2, 30, np.inf)      # [0, 2): touches the border, a cell the border cuts
 
 
 def match_boxes(bbox_a, label_a, bbox_b, label_b, iou_thresh: float = 0.5):
@@ -54,19 +55,19 @@ def match_boxes(bbox_a, label_a, bbox_b, label_b, iou_thresh: float = 0.5):
             np.flatnonzero(free_b))
 
 
-def _size_and_frame(bbox, image_size):
+def _size_and_border(bbox, image_size):
     height, width = image_size
     size = np.sqrt((bbox[:, 2] - bbox[:, 0]) * (bbox[:, 3] - bbox[:, 1]))
-    frame = np.min([bbox[:, 0], bbox[:, 1], height - 1 - bbox[:, 2], width - 1 - bbox[:, 3]],
+    border = np.min([bbox[:, 0], bbox[:, 1], height - 1 - bbox[:, 2], width - 1 - bbox[:, 3]],
                    axis=0)
-    return size, np.maximum(frame, 0)
+    return size, np.maximum(border, 0)
 
 
 @dataclass
 class Comparison:
     """:func:`compare_annotations`'s result. ``rows``: one dict per image and class (image,
     class, boxes in a, boxes in b, matched, only in a, only in b); ``unmatched``: one dict per
-    box only one annotation has (image, class, which, size px, distance to frame px)."""
+    box only one annotation has (image, class, which, size px, distance to the border px)."""
     names: tuple
     label_names: tuple
     rows: list
@@ -84,12 +85,12 @@ class Comparison:
         return table
 
     def by(self, what: str, bins=None) -> Table:
-        """The unmatched boxes counted by ``what`` (``'size'`` or ``'frame'``) in ``bins``,
+        """The unmatched boxes counted by ``what`` (``'size'`` or ``'border'``) in ``bins``,
         per class and annotation."""
-        bins = bins or (SIZE_BINS if what == "size" else FRAME_BINS)
+        bins = bins or (SIZE_BINS if what == "size" else BORDER_BINS)
         labels = [f"{lo:g}-{hi:g} px" if np.isfinite(hi) else f">= {lo:g} px"
                   for lo, hi in zip(bins[:-1], bins[1:])]
-        table = Table([f"{'box size' if what == 'size' else 'distance to frame'}", "class",
+        table = Table([f"{'box size' if what == 'size' else 'distance to the border'}", "class",
                        *(f"only {n}" for n in self.names)])
         for k, (lo, hi) in enumerate(zip(bins[:-1], bins[1:])):
             for name in self.label_names:
@@ -122,10 +123,10 @@ def compare_annotations(a, b, names=("a", "b"), iou_thresh: float = 0.5) -> Comp
                          "only_b": int((label_b[only_b] == c).sum())})
         for which, bbox, label, idx in ((names[0], bbox_a, label_a, only_a),
                                         (names[1], bbox_b, label_b, only_b)):
-            box_size, frame = _size_and_frame(bbox[idx].reshape(-1, 4), size)
+            box_size, border = _size_and_border(bbox[idx].reshape(-1, 4), size)
             unmatched += [{"image": image_id, "class": a.label_names[label[j]], "which": which,
-                           "size": float(s), "frame": float(f), "bbox": bbox[j].tolist()}
-                          for j, s, f in zip(idx, box_size, frame)]
+                           "size": float(s), "border": float(f), "bbox": bbox[j].tolist()}
+                          for j, s, f in zip(idx, box_size, border)]
     return Comparison(tuple(names), tuple(a.label_names), rows, unmatched)
 
 

@@ -26,6 +26,7 @@ Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels; an image size is ``(
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -36,7 +37,8 @@ from medaidet.colors import CLASS_COLORS
 from medaidet.errors import ConfigError
 
 __all__ = ["PER_AREA", "frame_margins", "margin_per_class", "checked_size", "in_frame",
-           "frame_predictions", "frame_area", "densities", "plot_frame"]
+           "frame_predictions", "FrameError", "frame_errors", "frame_area", "densities",
+           "plot_frame"]
 
 PER_AREA = 10_000     # densities are cells per this many px² (100 x 100 px)
 
@@ -109,6 +111,56 @@ def frame_predictions(predictions, sizes, margins: dict):
     return Predictions(**{**predictions.__dict__, "pred_bboxes": pb, "pred_labels": pl,
                           "pred_scores": ps, "gt_bboxes": gb, "gt_labels": gl,
                           "gt_difficults": gd})
+
+
+class FrameError(NamedTuple):
+    """One count error in the frame: image ``index``, class ``label``, ``kind``, the
+    ``box`` it is about and a ``score`` (see :func:`frame_errors`)."""
+    index: int
+    label: int
+    kind: str
+    box: np.ndarray
+    score: float
+
+
+def frame_errors(predictions, thresholds: dict, sizes, margins: dict) -> list:
+    """Every count error of ``predictions`` (whole images) in the counting frame, each
+    class counted at ``thresholds[class]``, as :class:`FrameError`. Detections and boxes
+    are matched on the whole image, as AP matches them, and then looked at in the frame:
+
+    * ``"false"``: a detection in the frame that matches no box (its score);
+    * ``"missed"``: a box in the frame that no kept detection matches (the best score a
+      detection of its class reached on it at IoU >= 0.5, at any threshold; 0 for none);
+    * ``"line +"``/``"line -"``: a detection and its box on either side of the frame's line,
+      the detection in (counted, its cell not) or out (its cell counted, the detection not);
+      the box is the annotated one, the score the detection's.
+
+    Per image and class, the framed count error is (line +) - (line -) + false - missed."""
+    from medaidet.evaluation.matching import match_detections, voc_iou
+
+    names = predictions.label_names
+    kept = predictions.filter(thresholds)
+    sizes = [sizes] * len(predictions) if np.ndim(sizes) == 1 else list(sizes)
+    errors = []
+    for i, size in enumerate(sizes):
+        pb, pl, ps = kept.pred_bboxes[i], kept.pred_labels[i], kept.pred_scores[i]
+        gb, gl = kept.gt_bboxes[i], kept.gt_labels[i]
+        match = match_detections(pb, pl, ps, gb, gl, score_thresh=kept.score_thresh)
+        p_in, g_in = in_frame(pb, pl, size, margins, names), in_frame(gb, gl, size, margins, names)
+        for g, d in enumerate(match.matched_by):
+            if d >= 0 and p_in[d] != g_in[g]:
+                errors.append(FrameError(i, int(gl[g]), "line +" if p_in[d] else "line -",
+                                         gb[g], float(ps[d])))
+        taken = set(int(d) for d in match.matched_by if d >= 0)
+        errors += [FrameError(i, int(pl[d]), "false", pb[d], float(ps[d]))
+                   for d in np.flatnonzero(p_in) if int(d) not in taken]
+        every, labels, scores = (getattr(predictions, f"pred_{k}")[i]
+                                 for k in ("bboxes", "labels", "scores"))
+        for g in np.flatnonzero(g_in & (match.matched_by < 0)):
+            on = (voc_iou(gb[g], every)[0] >= 0.5) & (labels == gl[g])
+            errors.append(FrameError(i, int(gl[g]), "missed", gb[g],
+                                     float(scores[on].max()) if on.any() else 0.0))
+    return errors
 
 
 def frame_area(size, margin) -> float:

@@ -28,8 +28,8 @@ def test_the_re_annotation_keeps_bccds_boxes_and_adds_the_cells_it_left_out(bccd
     # boxes BCCD, boxes TXL-PBC, matched, only BCCD, only TXL-PBC
     assert table == {"rbc": [433, 926, 428, 5, 498], "wbc": [38, 43, 38, 0, 5],
                      "platelets": [31, 37, 30, 1, 7]}
-    frame = {(row[0], row[1]): row[2:] for row in comparison.by("frame").rows}
-    assert frame["0-2 px", "rbc"] == [1, 333]         # two thirds: cells the frame cuts
+    border = {(row[0], row[1]): row[2:] for row in comparison.by("border").rows}
+    assert border["0-2 px", "rbc"] == [1, 333]         # two thirds: cells the border cuts
     assert sum(comparison.per_image("rbc")[i][1] for i in txl.ids) == 926
     img, bbox, label = txl[0]
     _, bbox_b, label_b = bccd[0]

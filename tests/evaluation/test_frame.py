@@ -142,3 +142,54 @@ def test_the_frame_figure_marks_each_box_counted_or_not_in_its_class_panel():
     assert counted.get_edgecolor()[:3] == pytest.approx(
         tuple(int(CLASS_COLORS["rbc"][i:i + 2], 16) / 255 for i in (1, 3, 5)))
     assert left_out.get_linestyle() == "-." and left_out.get_edgecolor()[:3] != counted.get_edgecolor()[:3]
+
+
+def test_frame_errors_say_which_detection_or_box_each_count_error_is():
+    from medaidet.evaluation.frame import frame_errors
+
+    gt = np.array([box(240, 320), box(45, 320), box(240, 100), box(300, 300)], np.float32)
+    pred = np.array([box(241, 321), box(38, 320), box(100, 500), box(302, 302)], np.float32)
+    # 0 matches 0 inside; 1 matches gt 1 across the top line (its centre 38 < 40, the box's
+    # 45 >= 40); 2 matches nothing (false); gt 2 is found by nothing; pred 3 scores 0.3,
+    # under the threshold, on gt 3 (missed, its best score 0.3)
+    preds = Predictions(["a"], [pred], [np.zeros(4, np.int32)],
+                        [np.array([0.9, 0.8, 0.7, 0.3], np.float32)], [gt],
+                        [np.zeros(4, np.int32)], None, NAMES)
+    errors = frame_errors(preds, {n: 0.5 for n in NAMES}, SIZE, MARGINS)
+    kinds = sorted((e.kind, round(e.score, 2)) for e in errors)
+    assert kinds == [("false", 0.7), ("line -", 0.8), ("missed", 0.0), ("missed", 0.3)]
+    assert all(e.index == 0 and e.label == 0 for e in errors)
+
+
+def test_frame_errors_add_up_to_the_framed_count_error():
+    """Per image and class, (line +) - (line -) + false - missed is the framed count error,
+    on random cells near the frame's lines and random detections of them."""
+    from medaidet.evaluation.count import per_image_counts
+    from medaidet.evaluation.frame import frame_errors
+
+    rng = np.random.default_rng(1)
+    ids, pb, pl, ps, gb, gl = [], [], [], [], [], []
+    for i in range(30):          # half the cells within 10 px of a class's top or left line
+        centres = np.column_stack([rng.uniform(0, 480, 12), rng.uniform(0, 640, 12)])
+        near = rng.random(12) < 0.5
+        centres[near, rng.integers(0, 2)] = rng.choice([15, 40, 70], near.sum()) + rng.normal(0, 5, near.sum())
+        labels = rng.integers(0, 3, 12)
+        gt = np.array([box(cy, cx, 20) for cy, cx in centres], np.float32)
+        found = rng.random(12) < 0.8
+        jitter = rng.normal(0, 8, (12, 2))
+        det = np.array([box(cy + dy, cx + dx, 20) for (cy, cx), (dy, dx)
+                        in zip(centres[found], jitter[found])] + [box(240, 320, 20)], np.float32)
+        ids.append(str(i)); gb.append(gt); gl.append(labels.astype(np.int32))
+        pb.append(det); pl.append(np.append(labels[found], 2).astype(np.int32))
+        ps.append(rng.uniform(0.2, 1, len(det)).astype(np.float32))
+    preds = Predictions(ids, pb, pl, ps, gb, gl, None, NAMES)
+    thresholds = {"rbc": 0.5, "wbc": 0.4, "platelets": 0.6}
+    framed = frame_predictions(preds, SIZE, MARGINS).filter(thresholds)
+    error = (per_image_counts(framed.pred_labels, 3) - per_image_counts(framed.gt_labels, 3))
+    signed = np.zeros_like(error)
+    sign = {"line +": 1, "line -": -1, "false": 1, "missed": -1}
+    errors = frame_errors(preds, thresholds, SIZE, MARGINS)
+    for e in errors:
+        signed[e.index, e.label] += sign[e.kind]
+    assert np.abs(error).sum() > 0 and {e.kind for e in errors} == set(sign)
+    np.testing.assert_array_equal(signed, error)
