@@ -9,9 +9,8 @@ tells the unmatched boxes apart by size and by distance to the image border: whe
 annotation boxes a cell the other leaves out is often a rule (a cell the border cuts), not a
 mistake.
 
-:func:`paired_bootstrap` compares two detectors (or two scorings) on the same images: it
-resamples the images once for both and gives the interval of the difference of their figures,
-which two separate intervals cannot give.
+To compare two detectors (or two scorings) on the same images, use
+:func:`medaidet.evaluation.predictions.paired_bootstrap`.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from medaidet.colors import CLASS_COLORS
 from medaidet.data.annotation_checks import _iou
 from medaidet.tables import Table
 
-__all__ = ["match_boxes", "compare_annotations", "Comparison", "draw_both", "paired_bootstrap",
+__all__ = ["match_boxes", "compare_annotations", "Comparison", "draw_both",
            "SIZE_BINS", "BORDER_BINS"]
 
 #: Box size (square root of the area, px) and distance to the border (px) bins of the tables.
@@ -153,47 +152,3 @@ def draw_both(img, boxes, names, title=None) -> Figure:
         fig.suptitle(title)
     fig.tight_layout(rect=(0, 0, 1, 0.95 if title else 1))
     return fig
-
-
-def paired_bootstrap(a, b, statistic, n: int = 1000, seed: int = 0, level: float = 0.95,
-                     statistic_b=None):
-    """How ``statistic(a) - statistic_b(b)`` could differ on another draw of as many images,
-    when ``a`` and ``b`` hold the same images (e.g. two detectors'
-    :class:`~medaidet.evaluation.predictions.Predictions` of one split): each of ``n``
-    resamples (with replacement) takes the same images from both, and the difference is
-    computed on it. ``statistic_b``: ``b``'s statistic when it differs (e.g. each detector's
-    own thresholds); default ``statistic``. ``a`` and ``b``: anything with ``len``, ``ids`` and
-    ``take(indices)``.
-
-    Returns ``(difference on all images, low, high)``, ``low`` and ``high`` the percentiles
-    holding ``level`` of the resamples' differences (NaNs, a resample without a box of a
-    class, left out); for a dict-valued statistic, ``{key: (difference, low, high)}``. An
-    interval that holds 0 does not tell the two apart on these images.
-    """
-    if list(a.ids) != list(b.ids):
-        raise ValueError("paired_bootstrap: a and b hold different images (ids differ); a "
-                         "paired comparison needs the same images in the same order")
-    statistic_b = statistic_b or statistic
-    rng = np.random.default_rng(seed)
-    tails = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
-
-    def difference(x, y):
-        if isinstance(x, dict):
-            return {k: float(x[k]) - float(y[k]) for k in x}
-        return float(x) - float(y)
-
-    whole = difference(statistic(a), statistic_b(b))
-    samples = []
-    for _ in range(n):
-        take = rng.integers(0, len(a), len(a))
-        samples.append(difference(statistic(a.take(take)), statistic_b(b.take(take))))
-
-    def interval(value, values):
-        values = np.asarray(values, dtype=float)
-        values = values[~np.isnan(values)]
-        low, high = (np.percentile(values, tails) if values.size else (np.nan, np.nan))
-        return float(value), float(low), float(high)
-
-    if isinstance(whole, dict):
-        return {k: interval(v, [s[k] for s in samples]) for k, v in whole.items()}
-    return interval(whole, samples)

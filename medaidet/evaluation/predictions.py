@@ -30,8 +30,8 @@ from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, predict
 from medaidet.ssd.pretrained import shipped_weights
 from medaidet.ssd.weight_files import load_weights
 
-__all__ = ["Predictions", "predict_split", "bootstrap", "load_model", "course_weights",
-           "missing_weights_error"]
+__all__ = ["Predictions", "predict_split", "bootstrap", "paired_bootstrap", "load_model",
+           "course_weights", "missing_weights_error"]
 
 
 def missing_weights_error(path: Path) -> WeightsError:
@@ -133,6 +133,23 @@ class Predictions:
                               "gt_difficults": None})
 
 
+def _resamples(n_images: int, n: int, seed: int):
+    """``n`` draws of ``n_images`` image indices with replacement."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, n_images, n_images) for _ in range(n))
+
+
+def _interval(samples, level: float) -> tuple:
+    """The percentiles holding ``level`` of ``samples`` (NaN, a resample without a box of a
+    class, left out)."""
+    samples = np.asarray(samples, dtype=float)
+    samples = samples[~np.isnan(samples)]
+    if not samples.size:
+        return float("nan"), float("nan")
+    low, high = np.percentile(samples, (100 * (1 - level) / 2, 100 * (1 + level) / 2))
+    return float(low), float(high)
+
+
 def bootstrap(predictions: Predictions, statistic, n: int = 1000, seed: int = 0,
               level: float = 0.95):
     """How much ``statistic(predictions)`` (a number, or a dict of numbers) could
@@ -140,20 +157,42 @@ def bootstrap(predictions: Predictions, statistic, n: int = 1000, seed: int = 0,
     images with replacement; returns the ``(low, high)`` percentiles holding ``level`` of
     them (for a dict, ``{key: (low, high)}``). With 40 test images, a figure's spread is
     as much a part of it as its value."""
-    rng = np.random.default_rng(seed)
-    values = [statistic(predictions.take(rng.integers(0, len(predictions), len(predictions))))
-              for _ in range(n)]
-    tails = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
-
-    def spread(samples):      # NaN (a resample without a box of the class) left out
-        samples = np.asarray(samples, dtype=float)
-        samples = samples[~np.isnan(samples)]
-        return tuple(float(v) for v in np.percentile(samples, tails)) if samples.size else (
-            float("nan"), float("nan"))
-
+    values = [statistic(predictions.take(take)) for take in _resamples(len(predictions), n, seed)]
     if isinstance(values[0], dict):
-        return {k: spread([x[k] for x in values]) for k in values[0]}
-    return spread(values)
+        return {k: _interval([x[k] for x in values], level) for k in values[0]}
+    return _interval(values, level)
+
+
+def paired_bootstrap(a, b, statistic, n: int = 1000, seed: int = 0, level: float = 0.95,
+                     statistic_b=None):
+    """How ``statistic(a) - statistic_b(b)`` could differ on another draw of as many images,
+    when ``a`` and ``b`` hold the same images (e.g. two detectors' :class:`Predictions` of
+    one split): each of ``n`` resamples (with replacement) takes the same images from both,
+    and the difference is computed on it. ``statistic_b``: ``b``'s statistic when it differs
+    (e.g. each detector's own thresholds); default ``statistic``. ``a`` and ``b``: anything
+    with ``len``, ``ids`` and ``take(indices)``.
+
+    Returns ``(difference on all images, low, high)``, ``low`` and ``high`` the percentiles
+    holding ``level`` of the resamples' differences (as :func:`bootstrap`); for a
+    dict-valued statistic, ``{key: (difference, low, high)}``. An interval that holds 0
+    does not tell the two apart on these images.
+    """
+    if list(a.ids) != list(b.ids):
+        raise ValueError("paired_bootstrap: a and b hold different images (ids differ); a "
+                         "paired comparison needs the same images in the same order")
+    statistic_b = statistic_b or statistic
+
+    def difference(x, y):
+        if isinstance(x, dict):
+            return {k: float(x[k]) - float(y[k]) for k in x}
+        return float(x) - float(y)
+
+    whole = difference(statistic(a), statistic_b(b))
+    samples = [difference(statistic(a.take(take)), statistic_b(b.take(take)))
+               for take in _resamples(len(a), n, seed)]
+    if isinstance(whole, dict):
+        return {k: (v, *_interval([s[k] for s in samples], level)) for k, v in whole.items()}
+    return (whole, *_interval(samples, level))
 
 
 def _ground_truth(item):

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from medaidet.data.compare import compare_annotations, draw_both, match_boxes, paired_bootstrap
+from medaidet.data.compare import compare_annotations, draw_both, match_boxes
+from medaidet.evaluation.predictions import paired_bootstrap
 
 
 def test_match_boxes_pairs_the_closest_boxes_of_one_class_once():
