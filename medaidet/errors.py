@@ -161,9 +161,12 @@ class WeightsError(MedaidetError):
     ``expected``, ``found``), ``"mismatch"`` (it does not fit the model: ``parameter`` is
     missing, extra or another shape, ``expected`` and ``found``), ``"not_finite"`` (it holds
     NaN or inf: ``parameter``, the first such array in name order, and ``count``),
-    ``"snapshot"`` (a trainer snapshot that cannot be resumed with this config) or
-    ``"source"`` (one source of ImageNet weights gave none; the next is tried).
+    ``"snapshot"`` (a trainer snapshot that cannot be resumed with this config),
+    ``"too_large"`` (an array, or all of them, would take more memory than any model's
+    weights: ``parameter``, the entry) or ``"source"`` (one source of ImageNet weights gave
+    none; the next is tried).
     """
 
-    KINDS = ("missing", "file", "checksum", "mismatch", "not_finite", "snapshot", "source")
+    KINDS = ("missing", "file", "checksum", "mismatch", "not_finite", "snapshot", "too_large",
+             "source")
     path = url = parameter = expected = found = count = None

@@ -4,11 +4,16 @@
 anything (``allow_pickle=False``); a file that is not one raises a ``"file"``
 :class:`~medaidet.errors.WeightsError` saying what it is instead (:func:`what_file_is`:
 empty, a tar or gzip archive, a pickle, HDF5, text, ...), truncated or damaged, and what
-was expected. :func:`check_finite` refuses arrays holding NaN or inf, which would load
+was expected. Before any array is read, :func:`check_sizes` holds every member's declared
+size (the zip's, and the shape its ``.npy`` header declares) to :data:`MAX_ARRAY_BYTES` and
+all of them to :data:`MAX_TOTAL_BYTES`: a small file that inflates to gigabytes, or declares
+an array it does not hold, raises a ``"too_large"`` or ``"file"`` WeightsError before any
+memory is taken. :func:`check_finite` refuses arrays holding NaN or inf, which would load
 without complaint and make a model that detects nothing.
 """
 from __future__ import annotations
 
+import math
 import zipfile
 import zlib
 from pathlib import Path
@@ -17,7 +22,14 @@ import numpy as np
 
 from medaidet.errors import WeightsError
 
-__all__ = ["what_file_is", "read_arrays", "check_finite"]
+__all__ = ["MAX_ARRAY_BYTES", "MAX_TOTAL_BYTES", "what_file_is", "check_sizes", "read_arrays",
+           "check_finite"]
+
+#: The largest array a weight file may hold (SSD512's largest, 1024 x 512 x 3 x 3 float32,
+#: is 18 MiB), and all of its arrays together (SSD512's whole model is about 110 MiB; a
+#: trainer snapshot with Adam's two moments about three times that).
+MAX_ARRAY_BYTES = 256 * 2**20
+MAX_TOTAL_BYTES = 1 * 2**30
 
 _EXPECTED = ("expected a ChainerCV/medaidet .npz: a zip of .npy arrays, one per parameter, as "
              "medaidet.ssd.weight_files.save_weights (the model.npz of `medaidet train`) or "
@@ -61,6 +73,41 @@ def what_file_is(path: Path) -> str | None:
     return f"not an .npz (it begins with the bytes {head[:8].hex(' ')})"
 
 
+def check_sizes(path: Path, archive: zipfile.ZipFile) -> None:
+    """Refuse ``archive`` (the open zip of the ``.npz`` at ``path``) when a member declares
+    more than :data:`MAX_ARRAY_BYTES`, all of them more than :data:`MAX_TOTAL_BYTES`
+    (``"too_large"``), or a member's ``.npy`` header declares an array of another size than
+    the member holds (``"file"``). Only the zip's directory and each header are read."""
+    total = 0
+    for info in archive.infolist():
+        total += info.file_size
+        if info.file_size > MAX_ARRAY_BYTES or total > MAX_TOTAL_BYTES:
+            what = (f"its entry {info.filename} inflates to {info.file_size:,} bytes"
+                    if info.file_size > MAX_ARRAY_BYTES else
+                    f"its entries inflate to more than {total:,} bytes together")
+            raise WeightsError(
+                f"{path}: {what}, more than any model's weights (limits: "
+                f"{MAX_ARRAY_BYTES:,} bytes per array, {MAX_TOTAL_BYTES:,} in all); not "
+                f"read. {_EXPECTED}.", "too_large", path=path, parameter=info.filename)
+        if not info.filename.endswith(".npy"):
+            continue
+        with archive.open(info) as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0(f))
+                header = f.tell()
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+                raise _damaged(path, info.filename, exc) from None
+        declared = math.prod(shape) * dtype.itemsize
+        if not dtype.hasobject and header + declared != info.file_size:
+            raise WeightsError(
+                f"{path}: its entry {info.filename} declares an array of shape {shape} "
+                f"({declared:,} bytes) but holds {info.file_size - header:,}: damaged or "
+                f"made to mislead; not read. {_EXPECTED}.", "file", path=path,
+                parameter=info.filename)
+
+
 def read_arrays(path: Path) -> dict:
     """Every array of the ``.npz`` at ``path``, by name. Anything else raises
     a ``"file"`` WeightsError saying what the file is and what was expected."""
@@ -83,6 +130,7 @@ def read_arrays(path: Path) -> dict:
             f"save, or a full disk). Copy or download it again, or save it again with "
             f"medaidet.ssd.weight_files.save_weights.", "file") from None
     with npz:
+        check_sizes(path, npz.zip)
         members = npz.zip.namelist()
         other = [m for m in members if not m.endswith(".npy")]
         if other:

@@ -198,8 +198,7 @@ def compare_weights(a, b) -> WeightsComparison:
     def arrays(source):
         if isinstance(source, dict):
             return source
-        with np.load(source, allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}
+        return read_arrays(Path(source))
 
     a, b = arrays(a), arrays(b)
     common = sorted(set(a) & set(b))

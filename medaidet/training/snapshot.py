@@ -23,7 +23,7 @@ import chainer
 import numpy as np
 
 from medaidet.errors import WeightsError
-from medaidet.ssd.npz_files import what_file_is
+from medaidet.ssd.npz_files import check_sizes, what_file_is
 
 __all__ = ["SNAPSHOT_NAME", "RandomStateExtension", "check_snapshot_file",
            "check_weights_file", "load_snapshot", "snapshot_iteration"]
@@ -159,6 +159,7 @@ def load_snapshot(trainer, path, train_size: int, batch_size: int) -> None:
 def _check_fits(path: Path, train_size: int, batch_size: int) -> None:
     try:
         with np.load(path, allow_pickle=False) as npz:
+            check_sizes(path, npz.zip)          # before chainer reads every array of it
             keys = set(npz.files)
             prefix = f"extensions/{RandomStateExtension.name}/"
             if not any(k.startswith("updater/") for k in keys):
