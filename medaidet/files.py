@@ -9,6 +9,10 @@ unreadable to everyone but their writer.
 :func:`write_files` writes several files that belong together (a result and its figure):
 either every one gets its new content or none changes.
 
+Every file read follows one rule too (:func:`not_a_regular_file`): a FIFO or a socket would
+block its reader for ever and a device such as ``/dev/zero`` never end, so each reader asks
+first and refuses them by name.
+
 Every command that writes follows one rule (:func:`check_output`, which both call first): the
 target is a new name or a regular file (or a link to one), never a folder, a device such as
 ``/dev/null``, a FIFO or a socket, and never one of the command's own inputs.
@@ -21,16 +25,33 @@ import errno
 import io
 import os
 import secrets
+import stat
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from medaidet.errors import OutputError
 
 __all__ = ["FULL_DISK_ERRNOS", "OutputError", "atomic_file", "check_output", "is_full_disk",
-           "png_bytes", "write_files"]
+           "not_a_regular_file", "png_bytes", "write_files"]
 
 # The errors of a write that found no room: the disk, the user's quota, the file-size limit.
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def not_a_regular_file(path) -> str | None:
+    """What ``path`` (links followed) is, in words, when it is there and is not a regular
+    file to read: a folder, a FIFO, a socket or a device. None for a regular file, and for
+    no file at all (the reader says that in its own words)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe): reading it would wait "
+            "for a writer for ever" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device: reading it might never end" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file")
 
 
 def check_output(path, inputs=()) -> Path:

@@ -68,7 +68,7 @@ def main(argv=None):
             print(f"  errors in the frame, against {truth}:",
                   result[f"errors in the frame, against {truth}"])
         for key, errors in result.items():
-            if ", against " in key:
+            if key.startswith(("whole image,", "frame,")):
                 print(f"  {key}: " + "; ".join(
                     f"{name} {100 * e['error']:.1f} % [{100 * e['low']:.1f}, "
                     f"{100 * e['high']:.1f}] of {e['cells']} (>= {e['threshold']:g})"

@@ -19,6 +19,7 @@ import defusedxml.ElementTree as SafeET
 
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.errors import DataError
+from medaidet.files import not_a_regular_file
 
 __all__ = ["Annotation", "AnnotatedObject", "parse_annotation", "MAX_XML_BYTES"]
 
@@ -102,6 +103,10 @@ def parse_annotation(path, label_names=BCCD_LABEL_NAMES) -> Annotation:
     """
     path = Path(path)
     image_id = path.stem
+    why = not_a_regular_file(path)
+    if why:
+        raise DataError(f"{path} is {why}, not a VOC XML annotation file", "xml", path=path,
+                        image_id=image_id)
     try:
         size = path.stat().st_size
         if size > MAX_XML_BYTES:

@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image
 
 from medaidet.errors import DataError, MedaidetError
+from medaidet.files import not_a_regular_file
 
 __all__ = ["read_image_size", "decode_image", "DecodedImage"]
 
@@ -27,10 +28,18 @@ def _too_large(path, exc, image_id) -> DataError:
                      image_id=image_id)
 
 
+def _check_regular(path: Path, image_id) -> None:
+    why = not_a_regular_file(path)
+    if why:
+        raise DataError(f"{path} is {why}, not an image file; give the path of a JPEG or PNG "
+                        "file", "image", path=path, image_id=image_id)
+
+
 def read_image_size(path, image_id=None) -> tuple[int, int]:
     """(height, width) from the image header (no decoding). Raises
     an ``"missing_file"`` DataError or an ``"image"`` DataError."""
     path = Path(path)
+    _check_regular(path, image_id)
     try:
         with Image.open(path) as img:
             width, height = img.size
@@ -116,6 +125,7 @@ def decode_image(path, image_id=None, draft_size=None) -> DecodedImage:
     (the validator's thumbnails); other formats in full.
     """
     path = Path(path)
+    _check_regular(path, image_id)
     try:
         with Image.open(path) as img:
             if draft_size is not None:

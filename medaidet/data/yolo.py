@@ -28,6 +28,7 @@ from pathlib import Path
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.annotation import AnnotatedObject, Annotation
 from medaidet.errors import DataError
+from medaidet.files import not_a_regular_file
 
 __all__ = ["parse_yolo_labels", "TXL_CLASSES", "MAX_LABEL_BYTES"]
 
@@ -38,6 +39,10 @@ MAX_LABEL_BYTES = 1 << 20      # TXL-PBC's largest label file is under 4 kB
 
 
 def _read_text(path: Path) -> str:
+    why = not_a_regular_file(path)
+    if why:
+        raise DataError(f"{path} is {why}, not a YOLO label file", "yolo", path=path,
+                        image_id=path.stem)
     try:
         size = path.stat().st_size
         if size > MAX_LABEL_BYTES:

@@ -16,6 +16,7 @@ import numpy as np
 
 from medaidet.arguments import check_number, is_path
 from medaidet.errors import ConfigError, DeployError
+from medaidet.files import not_a_regular_file
 from medaidet.deploy.decode import decode, resize_boxes
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
 
@@ -150,8 +151,10 @@ class OnnxDetector:
             raise ConfigError(f"path: {path!r} is not a file path; expected the .onnx "
                                      "file `medaidet export` wrote (a str or os.PathLike)")
         path = Path(os.fspath(path))
-        if not path.is_file():
-            raise DeployError(f"no model at {path}: write one with `medaidet export "
+        why = not_a_regular_file(path)
+        if why or not path.is_file():
+            raise DeployError(f"{path} is {why}, not a model file" if why else
+                              f"no model at {path}: write one with `medaidet export "
                               f"WEIGHTS --out {path}`", "model")
         import onnxruntime
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from medaidet.errors import WeightsError
+from medaidet.files import not_a_regular_file
 
 __all__ = ["MAX_ARRAY_BYTES", "MAX_TOTAL_BYTES", "what_file_is", "check_sizes", "read_arrays",
            "check_finite"]
@@ -49,6 +50,9 @@ _NOT_A_ZIP = [  # (leading bytes, what the file is)
 
 def what_file_is(path: Path) -> str | None:
     """What ``path`` holds, in words, when it is not a zip archive (``None`` when it is)."""
+    why = not_a_regular_file(path)
+    if why:
+        return why
     with open(path, "rb") as f:
         head = f.read(512)
     if not head:
