@@ -10,17 +10,17 @@ Safety rules of :func:`download` (:func:`download_bccd`, :func:`download_txl_pbc
   (a ``"url"`` DataError otherwise, before anything is written);
 * the archive is extracted by :func:`medaidet.data.archive.extract`: unsafe members are
   refused, only the manifest's regular files are written, with size limits;
-* everything is staged under temporary names beside the destination and
-  verified before anything is installed. A new dataset appears with one
-  directory rename, the marker file ``.medaidet-verified`` already inside.
-  Into an existing folder (``force``), each file of the manifest is renamed
-  over its old copy and nothing else is touched: files the user added stay
-  where they are. The marker is removed first and put back last, so an
-  interrupted install is never taken for a verified copy;
-* temporary files are removed on any failure, and the leftovers of a
-  download that was killed (``.<name>.partial-*`` folders,
-  ``.<name>.*.download`` files beside the destination) are removed by the
-  next one (:func:`sweep_leftovers`); nothing else is ever deleted;
+* everything is staged under temporary names beside the destination and verified before
+  anything is installed. A new dataset appears with one directory rename, the marker file
+  ``.medaidet-verified`` already inside. Into an existing copy of the same dataset
+  (``force``), each file of the manifest is renamed over its old copy and nothing else is
+  touched: files the user added stay where they are. The marker is removed first and put
+  back last, so an interrupted install is never taken for a verified copy. A folder that
+  holds another dataset is refused: a dataset root holds one dataset;
+* temporary files are removed on any failure, and the leftovers of a download that was
+  killed (``.<name>.partial-*`` folders, ``.<name>.*.download`` files beside the
+  destination) are removed by the next one (:func:`sweep_leftovers`); nothing else is ever
+  deleted;
 * nothing is ever downloaded implicitly: :func:`~medaidet.data.pinned.resolve_root` only
   looks.
 """
@@ -38,9 +38,9 @@ from pathlib import Path, PureWindowsPath
 
 from medaidet import __version__
 from medaidet.data.archive import extract
-from medaidet.data.pinned import (BCCD, MARKER_NAME, TXL_PBC, PinnedSource, choose_root, cli_flag,
-                                  is_verified, load_manifest, manifest_entries, manifest_sha256,
-                                  summarize_problems, verify_dataset)
+from medaidet.data.pinned import (BCCD, MARKER_NAME, SOURCES, TXL_PBC, PinnedSource, choose_root,
+                                  cli_flag, is_verified, load_manifest, manifest_entries,
+                                  manifest_sha256, summarize_problems, verify_dataset)
 from medaidet.downloads import stream_url
 from medaidet.errors import DataError
 
@@ -126,8 +126,8 @@ def _fetch(source: PinnedSource, url: str, target: Path, dest: Path, timeout: fl
 
 
 def _looks_like_dataset(root: Path, source: PinnedSource) -> bool:
-    names = {MARKER_NAME, source.marks} | {rel.split("/")[0] for rel, _ in manifest_entries(source)
-                                           if "/" in rel}
+    """Whether ``root`` holds a folder of ``source``'s (every dataset's copy has a marker)."""
+    names = {source.marks} | {rel.split("/")[0] for rel, _ in manifest_entries(source) if "/" in rel}
     return any((root / name).exists() for name in names)
 
 
@@ -220,14 +220,9 @@ def sweep_leftovers(root) -> list[str]:
 
 
 def _install(source: PinnedSource, staging: Path, root: Path) -> None:
-    """Put the verified files of ``staging`` (the manifest's and the marker) in ``root``.
-
-    A new ``root`` is one rename of the folder. Into an existing one, each manifest file
-    is renamed over its old copy and nothing else is touched: files the user added stay.
-    The old marker is removed first and the new one renamed in last, so an install cut
-    short is never taken for a verified copy (and :func:`verify_dataset` passes on it
-    only once every file is in place).
-    """
+    """Put the verified files of ``staging`` (the manifest's and the marker) in ``root``, as
+    the module docstring says: :func:`verify_dataset` passes on a copy only once every file
+    is in place, and the marker goes in last."""
     if not root.exists():
         try:
             os.replace(staging, root)
@@ -286,6 +281,10 @@ def _usable_copy(source: PinnedSource, root: Path, force: bool) -> bool:
     if not root.is_dir():
         raise DataError(f"{root} exists and is not a folder; choose another --root.",
                         "destination")
+    other = [s.name for s in SOURCES.values() if s is not source and _looks_like_dataset(root, s)]
+    if other:     # one dataset per root: --force replaces only a copy of this one
+        raise DataError(f"{root} holds {other[0]}, not {source.name}: a dataset root holds one "
+                        f"dataset. Choose another --root for {source.name}.", "destination")
     if not force:
         if is_verified(root, source):
             return True
@@ -303,7 +302,7 @@ def _usable_copy(source: PinnedSource, root: Path, force: bool) -> bool:
     elif any(root.iterdir()) and not _looks_like_dataset(root, source):
         raise DataError(
             f"refusing to replace {root}: it is not empty and does not look like a "
-            f"{source.name} copy (no {source.marks}/ or marker). Choose a new or empty "
+            f"{source.name} copy (no {source.marks}/). Choose a new or empty "
             "--root.", "destination")
     return False
 

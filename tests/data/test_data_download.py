@@ -869,3 +869,25 @@ def test_txl_pbc_offline_says_how_to_place_it_by_hand(tmp_path):
                    "TXL_PBC/labels/{train,val,test}/<uuid>.txt"):
         assert needle in result.stderr
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.slow(seconds=6)
+@pytest.mark.parametrize("force", [False, True])
+def test_a_root_holding_another_dataset_is_refused_even_with_force(tmp_path, server, txl_server,
+                                                                  force):
+    """A verified BCCD copy given as TXL-PBC's root (or the reverse) is refused by name, with
+    no suggestion to force it; nothing of the other dataset is installed, the marker kept."""
+    bccd = download_bccd(root=tmp_path / "bccd", url=server.url("/good.tar.gz"), progress=False)
+    marker = (bccd / pinned.MARKER_NAME).read_text()
+    with pytest.raises(DataError) as info:
+        dl.download_txl_pbc(root=bccd, url=txl_server.url("/txl.tar.gz"), force=force,
+                            progress=False)
+    assert info.value.kind == "destination" and "force" not in str(info.value).lower()
+    assert str(bccd) in str(info.value) and not (bccd / "TXL_PBC").exists()
+    assert (bccd / pinned.MARKER_NAME).read_text() == marker and pinned.is_verified(bccd)
+    txl = dl.download_txl_pbc(root=tmp_path / "txl", url=txl_server.url("/txl.tar.gz"),
+                              progress=False)
+    with pytest.raises(DataError) as info:
+        download_bccd(root=txl, url=server.url("/good.tar.gz"), force=force, progress=False)
+    assert info.value.kind == "destination" and not (txl / "Annotations").exists()
+    assert pinned.is_verified(txl, pinned.TXL_PBC)
