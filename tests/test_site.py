@@ -187,3 +187,50 @@ def test_check_site_fails_on_raw_tables_unlinked_figures_and_placeholders(execut
         "</article></body></html>", encoding="utf-8")
     found = {(p.page, p.kind) for p in check_site.check(site, tmp_path / "shots", ["bad.html"])}
     assert {("bad.html", "figure-link"), ("bad.html", "placeholder")} <= found
+
+
+def test_a_notebook_cannot_put_a_script_or_a_local_file_on_a_page(capsys):
+    text = ("A <script>alert(1)</script> and <img src=x onerror=alert(1)>, kept: H<sub>2</sub>O, "
+            "`<split>` in code, ROOT/<split>.txt.\n![secret](../../../../etc/passwd) "
+            "[a key](/root/.ssh/id_rsa) [next](05_counting.ipynb) [web](https://example.org)\n"
+            "```\n<script>in a fence</script>\n```\n")
+    safe = build_site.safe_markdown(text, "test.ipynb, cell 1")
+    assert "<script>" not in safe.split("```")[0] and "&lt;script>" in safe
+    assert "&lt;img src=x" in safe and "H<sub>2</sub>O" in safe and "`<split>`" in safe
+    assert "passwd" not in safe and "id_rsa" not in safe and "a key" in safe
+    assert "[next](05_counting.ipynb)" in safe and "[web](https://example.org)" in safe
+    assert "```\n<script>in a fence</script>\n```" in safe       # code is shown as written
+    err = capsys.readouterr().err
+    assert "../../../../etc/passwd" in err and "test.ipynb, cell 1" in err
+
+
+@pytest.mark.slow(seconds=20)
+def test_the_site_publishes_only_the_course_into_its_own_folder(tmp_path, capsys):
+    pytest.importorskip("sphinx")
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(base64.b64decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="))
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        f"# 01 · A run\n\n![x]({'../' * 12}{str(secret).lstrip('/')}) <script>alert(1)</script>")])
+    html_out = nbformat.v4.new_code_cell("1", outputs=[nbformat.v4.new_output(
+        "display_data", data={"text/html": "<p onmouseover=alert(1)>hi</p>", "text/plain": "hi"})])
+    nb.cells.append(html_out)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nbformat.write(nb, str(outputs / "01_data.ipynb"))
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "index.html").write_text("the user's page")
+    assert build_site.main(["--outputs", str(outputs), "--out", str(users)]) == 2
+    assert (users / "index.html").read_text() == "the user's page"
+    assert "not one this command made" in capsys.readouterr().err
+    site = tmp_path / "site"
+    assert build_site.main(["--outputs", str(outputs), "--out", str(site)]) == 0
+    page = (site / "01_data.html").read_text(encoding="utf-8")
+    assert "<script>alert" not in page and "onmouseover" not in page
+    assert all(p.read_bytes() != secret.read_bytes() for p in site.rglob("*.png"))
+    assert (site / build_site.SITE_MARKER).is_file()
+    assert build_site.main(["--outputs", str(outputs), "--out", str(site)]) == 0   # its own: again

@@ -20,6 +20,12 @@ own. The README (the setup) and docs/ are pages too; a link to a file of the rep
 is no page goes to the repository (is plain text without one). Sphinx builds in a temporary
 folder (myst-nb writes its jupyter_execute/ beside the build) and the pages are copied to OUT.
 
+A notebook is untrusted input here too: the site publishes only the course. Raw HTML in its
+Markdown shows as text (inline formatting such as <sub> aside), an image or link to a local
+file is dropped (its text kept), an HTML output with a script is left out; each is said on
+stderr. OUT is the builder's own folder (a ``.medaidet-site`` marker, the course runner's
+rule): a folder holding anything else, or inside the outputs or notebooks, is refused.
+
 Why Sphinx + myst-nb rather than Jupyter Book: Jupyter Book 1 is a command line over these
 same two packages, and Jupyter Book 2 (mystmd) builds with Node; this way the site is three
 pip packages (the `site` extra) in the environment the course already has, builds offline,
@@ -49,6 +55,12 @@ EDITIONS = {   # language: (outputs subfolder, README, docs, Solutions heading, 
            "ChainerCV の SSD で血液細胞を検出する"),
 }
 LEFT_OUT = {"colab-setup", "ci-check", "injected-parameters"}
+#: The only HTML a notebook's Markdown may carry onto a page: inline formatting, no
+#: attributes. Any other tag (a script, an image, a frame, a link) shows as text.
+INLINE_TAGS = {"sub", "sup", "br", "b", "i", "em", "strong", "code", "kbd"}
+ACTIVE_TAGS = {"script", "style", "iframe", "img", "a", "object", "embed", "form", "svg",
+               "link", "meta", "video", "audio", "base"}
+SITE_MARKER = ".medaidet-site"       # the builder's own --out folder (prepare_output_dir)
 
 
 class SiteError(Exception):
@@ -75,6 +87,43 @@ NOT_RUN = {
 }
 
 
+def warn(message: str) -> None:
+    print(f"make site: {message}", file=sys.stderr)
+
+
+def safe_markdown(text: str, where: str) -> str:
+    """``text`` with what a page must not take from a notebook made harmless: HTML tags
+    other than :data:`INLINE_TAGS` escaped (shown as text), images of local files dropped
+    and links to local files turned into their text (a page publishes only the course, not
+    a file the notebook points at). Code spans and fenced blocks are left as they are."""
+    def prose(part):
+        def tag(m):
+            if m.group(0) == "<!--":
+                return "&lt;!--"
+            name = m.group(1).lstrip("/").lower()
+            if name in INLINE_TAGS and not m.group(2).strip():
+                return m.group(0)
+            if m.group(2).strip() or name in ACTIVE_TAGS:   # not a placeholder like <split>
+                warn(f"{where}: HTML {m.group(0)[:40]} shown as text, not rendered")
+            return "&lt;" + m.group(0)[1:]
+
+        def link(m):
+            bang, label, target = m.groups()
+            if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#") \
+                    or (not bang and re.fullmatch(r"[\w.-]+\.(ipynb|md)(#.*)?", target)):
+                return m.group(0)
+            warn(f"{where}: {'image' if bang else 'link'} {target} points at a local file: "
+                 f"{'dropped' if bang else 'its text kept'}")
+            return "" if bang else label
+        part = re.sub(r"<!--|<(/?[A-Za-z][\w-]*)([^>]*)>", tag, part)
+        return re.sub(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)", link, part)
+    pieces = re.split(r"(```.*?```|`[^`\n]*`)", text, flags=re.S)
+    return "".join(p if i % 2 else prose(p) for i, p in enumerate(pieces))
+
+
+UNSAFE_HTML = re.compile(r"<\s*(script|iframe|object|embed)\b|\bon[a-z]+\s*=|javascript:", re.I)
+
+
 def stage_notebook(source: Path, target: Path, solutions: str, note: str | None = None) -> None:
     """The executed notebook, its plumbing removed and its solutions folded; ``note``: a
     paragraph put first (an edition that was not run)."""
@@ -92,6 +141,16 @@ def stage_notebook(source: Path, target: Path, solutions: str, note: str | None 
             in_solutions = cell.source.startswith(solutions)
         if in_solutions and cell.cell_type == "code":
             cell.metadata["tags"] = sorted(tags | {"hide-cell"})
+        where = f"{source.name}, cell {cell.get('id', len(cells))}"
+        if cell.cell_type == "markdown":
+            cell.source = safe_markdown(cell.source, where)
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if "text/markdown" in data:
+                data["text/markdown"] = safe_markdown(data["text/markdown"], where)
+            if UNSAFE_HTML.search(data.get("text/html", "")):
+                warn(f"{where}: an HTML output with a script left out (its text shown)")
+                del data["text/html"]
         cells.append(cell)
     nb.cells = cells
     nbformat.write(nb, str(target))
@@ -334,6 +393,13 @@ def build(outputs: Path, out: Path, repository: str | None = None) -> None:
             print(f"make site: the {lang} edition was not run ({outputs / EDITIONS[lang][0]} "
                   "holds no notebook): its pages show the notebooks without outputs",
                   file=sys.stderr)
+    from medaidet.arguments import prepare_output_dir
+    from medaidet.errors import OutputError
+    try:   # the builder's own folder (a marker): never a user's folder, nor inside the inputs
+        out = prepare_output_dir(out, "--out", inputs=(outputs, REPO / "notebooks", REPO / "docs"),
+                                 marker=SITE_MARKER)
+    except OutputError as exc:
+        raise SiteError(str(exc)) from None
     repo = repository_url(repository)
     if repo is None:
         print("make site: no repository URL configured (pyproject's [project.urls] Repository "
