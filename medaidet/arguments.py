@@ -6,7 +6,7 @@ traceback from deep inside a run, and never after the long work is done. The che
 are the ones every command shares:
 
 * argparse ``type=`` functions (:func:`positive_int`, :func:`non_negative_int`,
-  :func:`positive_float`, :func:`probability`) — argparse then names the argument itself;
+  :func:`positive_float`, :func:`probability`, :func:`seed`) — argparse then names the argument itself;
 * :func:`check_number` for the same rules on values that come from Python or a config file;
 * :func:`prepare_output_dir`: create (or accept) an output folder *before* any work, and
   refuse one that is a file, is not writable, or is one of the run's inputs — a run must
@@ -24,7 +24,7 @@ from medaidet.errors import ConfigError, OutputError
 from medaidet.files import atomic_file
 
 __all__ = ["ConfigError", "OutputError", "check_number", "is_path", "positive_int",
-           "non_negative_int", "positive_float", "probability", "prepare_output_dir"]
+           "non_negative_int", "positive_float", "probability", "seed", "prepare_output_dir"]
 
 
 # The rules: (test, what is expected). `kind` int values must be whole numbers.
@@ -32,6 +32,7 @@ _RULES = {
     "positive": (lambda v: v > 0, "a number > 0"),
     "non-negative": (lambda v: v >= 0, "a number ≥ 0"),
     "probability": (lambda v: 0 <= v <= 1, "a number from 0 to 1"),
+    "seed": (lambda v: 0 <= v < 2**32, "a number from 0 to 2**32 - 1 (NumPy's seeds)"),
 }
 
 
@@ -71,6 +72,7 @@ positive_int = _argparse_type("positive", True, "positive_int")
 non_negative_int = _argparse_type("non-negative", True, "non_negative_int")
 positive_float = _argparse_type("positive", False, "positive_float")
 probability = _argparse_type("probability", False, "probability")
+seed = _argparse_type("seed", True, "seed")
 
 
 def is_path(value) -> bool:

@@ -1,5 +1,5 @@
 """``medaidet train``: the course recipe from a terminal (notebook 03)."""
-from medaidet.arguments import non_negative_int, positive_float, positive_int
+from medaidet.arguments import non_negative_int, positive_float, positive_int, seed
 from medaidet.data import LABELS, OTHER_SOURCES
 from medaidet.training.config import PRECISIONS, PROFILES, TrainConfig
 
@@ -25,7 +25,7 @@ def add_parser(commands) -> None:
     p.add_argument("--epochs", type=positive_float, default=None, help="stop after N epochs")
     p.add_argument("--batch-size", type=positive_int, default=None)
     p.add_argument("--subset", type=positive_int, default=None, help="train on the first N images")
-    p.add_argument("--seed", type=non_negative_int, default=None,
+    p.add_argument("--seed", type=seed, default=None,
                    help="seed Python, NumPy, CuPy and the data workers (see medaidet.training.seeding)")
     p.add_argument("--deterministic", action="store_true", default=None,
                    help="bitwise reproducible where possible: no worker processes, "

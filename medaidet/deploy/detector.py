@@ -222,6 +222,7 @@ class OnnxDetector:
 
     def count(self, image, score_thresh: float = COUNT_SCORE_THRESH) -> dict:
         """Cells per class in ``image``: its detections scoring ``>= score_thresh``."""
+        score_thresh = check_number(score_thresh, "score_thresh", "probability")
         _, labels, scores = self.predict([image])
         counted = labels[0][scores[0] >= score_thresh]
         return {name: int((counted == i).sum()) for i, name in enumerate(self.label_names)}

@@ -31,7 +31,7 @@ import numpy as np
 
 from medaidet import compat
 from medaidet.arguments import prepare_output_dir
-from medaidet.data.pinned import resolve_root
+from medaidet.data.pinned import TXL_PBC, resolve_root
 from medaidet.files import write_files
 from medaidet.ssd import PRETRAINED
 from medaidet.ssd.precision import use_tf32
@@ -55,7 +55,7 @@ __all__ = ["train", "prepare_run", "initial_weights"]
 def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
     """Check, before any model or data is built, what a run of ``config`` reads and
     writes: the dataset root exists, the output folder can be written (created now) and
-    is not inside the dataset, the ``resume`` snapshot and the ``pretrained`` file are
+    is not inside the datasets it reads, the ``resume`` snapshot and the ``pretrained`` file are
     readable ``.npz`` files. The messages name the field (``out: ...``; the command line
     puts its flag there). Returns the output folder and the dataset root, both resolved
     (once: the recipe reads the data from this root). Raises
@@ -68,7 +68,9 @@ def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
                            "be restored. Start a new run from its weights "
                            "(pretrained='.../model.npz').", "snapshot")
     root = resolve_root(config.root)
-    out = prepare_output_dir(config.out, "out", inputs=(root,))
+    read = (root, resolve_root(None, TXL_PBC)) if config.labels == "txl-pbc" or config.other_sources \
+        else (root,)
+    out = prepare_output_dir(config.out, "out", inputs=read)
     if resume is not None:
         check_snapshot_file(resume, "resume")
     if config.pretrained is not None and config.pretrained not in PRETRAINED:

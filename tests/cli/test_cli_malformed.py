@@ -29,10 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 # ---------------------------------------------------------------- inputs the rows use
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory, bccd_root):
+def files(tmp_path_factory, bccd_root, txl_root):
     """Every bad (and one good) input file, made once for all rows."""
     d = tmp_path_factory.mktemp("inputs")
-    made = {"dir": d, "bccd": bccd_root}
+    made = {"dir": d, "bccd": bccd_root, "txl": txl_root}
     made["a_file"] = d / "results.txt"
     made["a_file"].write_text("a user's file\n")
     made["npy"] = d / "weights.npy"
@@ -87,6 +87,15 @@ ROWS = [
      ["--min", "8", "--start", "4"]),
     ("course run --cell-timeout 0", lambda f: ["course", "run", "--cell-timeout", "0"],
      ["--cell-timeout", "0"]),
+    ("course run --seed 2**32", lambda f: ["course", "run", "--seed", "4294967296"],
+     ["--seed", "4294967296"]),
+    ("train --seed 2**32", lambda f: ["train", "--seed", "4294967296"], ["--seed", "4294967296"]),
+    ("course run --out ''", lambda f: ["course", "run", "--profile", "smoke", "--out", ""],
+     ["--out", "''"]),
+    ("train --labels txl-pbc --out inside TXL-PBC",
+     lambda f: ["train", "--labels", "txl-pbc", "--out", str(f["txl"] / "runs"), "--root",
+                str(f["bccd"])], ["--out", "which this run reads"],
+     lambda f: {"MEDAIDET_TXL_PBC": str(f["txl"])}),
     # output folders that are files or cannot be created
     ("train --out FILE", lambda f: ["train", "--out", str(f["a_file"]), "--root", str(f["bccd"])],
      ["--out", "results.txt", "is a file"]),

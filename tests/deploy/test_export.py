@@ -14,7 +14,7 @@ from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.bccd import BCCDDataset
 from medaidet.deploy import onnx_compat
 from medaidet.deploy.detector import METADATA_KEY, OnnxDetector
-from medaidet.errors import DeployError, WeightsError
+from medaidet.errors import ConfigError, DeployError, WeightsError
 from medaidet.deploy.export import export_onnx
 from medaidet.deploy.parity import compare_detections
 from medaidet.evaluation.predictions import load_model, predict_split
@@ -173,6 +173,10 @@ def test_the_detector_refuses_what_it_cannot_use(tmp_path, exported):
         detector.predict([np.zeros((480, 640, 3), np.float32)])
     with pytest.raises(ValueError, match=r"images\[1\] holds nan"):
         detector.predict([np.zeros((3, 8, 8)), np.full((3, 8, 8), np.nan)])
+    for score_thresh in (-1, float("nan"), 2, True, "x"):       # not a probability
+        with pytest.raises(ConfigError) as info:
+            detector.count(np.zeros((3, 8, 8)), score_thresh=score_thresh)
+        assert str(info.value).startswith("score_thresh:")
 
 
 BLOCK_CHAINER = """

@@ -3,7 +3,7 @@ added to the ``medaidet`` command (:func:`add_parsers`). Each handler imports wh
 only when it runs: ``medaidet stack install`` works before chainer exists."""
 import json
 
-from medaidet.arguments import non_negative_int, positive_int
+from medaidet.arguments import positive_int, seed
 from medaidet.env import COURSE_LANGS, COURSE_PROFILES
 
 
@@ -69,7 +69,7 @@ def _add_course(commands) -> None:
                    help="output directory (default: outputs; outputs/ja for --lang ja)")
     p.add_argument("--cell-timeout", type=positive_int, default=None,
                    help="seconds per cell (default: the profile's)")
-    p.add_argument("--seed", type=non_negative_int, default=None,
+    p.add_argument("--seed", type=seed, default=None,
                    help="the seed notebook 03 trains the detector with (default: the "
                         "profile's, 0)")
     p.set_defaults(func=_run)
@@ -77,7 +77,8 @@ def _add_course(commands) -> None:
 
 def _run(args) -> int:
     from medaidet_tools.course import run_course
-    out = args.out or ("outputs" if args.lang == "en" else f"outputs/{args.lang}")
+    out = args.out if args.out is not None else (
+        "outputs" if args.lang == "en" else f"outputs/{args.lang}")
     summary = run_course(profile=args.profile, only=args.only, out=out,
                          cell_timeout=args.cell_timeout, lang=args.lang, seed=args.seed)
     return 0 if summary.ok else 1

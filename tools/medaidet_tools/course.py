@@ -424,7 +424,7 @@ def run_course(profile="auto", only=None, out="outputs", cell_timeout=None,
     timeout = (check_number(cell_timeout, "--cell-timeout", integer=True)
                if cell_timeout is not None else CELL_TIMEOUT[profile])
     if seed is not None:
-        seed = check_number(seed, "--seed", "non-negative", integer=True)
+        seed = check_number(seed, "--seed", "seed", integer=True)
     # The executed copies replace <out>/<name>.ipynb: never the notebooks themselves (nor
     # anything in the dataset the kernels read), nor files of a folder the runner did not make.
     # A folder holding only runs/ is the course's too: the notebooks opened in Jupyter train
