@@ -46,11 +46,12 @@ BADGES_END = "<!-- /colab-badges -->"
 
 _CELL = '''\
 # @title Setup · on Google Colab: install {package} (from ${repo_env}) and the chainer stack; elsewhere nothing
-import os, subprocess, sys; home = os.environ.get("{dir_env}", "{default_dir}")
+import os, shutil, subprocess, sys; home = os.environ.get("{dir_env}", "{default_dir}")
 if "google.colab" in sys.modules and not os.path.isdir(os.path.join(home, "medaidet")):  # clone medaidet
     repo = os.environ.get("{repo_env}", "{repo}")
     if os.path.exists(home) and os.listdir(home): raise RuntimeError(f"{{home}} holds files but no medaidet clone: empty it, or %env {dir_env}=<another folder>")
     if "<" in repo or repo.startswith("-"): raise RuntimeError("Set the repository first: %env {repo_env}=https://github.com/<you>/medaidet")
+    if shutil.which("git") is None: raise RuntimeError(f"git is not installed: install it (apt-get install -y git), or put a medaidet clone in {{home}}")
     subprocess.run(["git", "clone", "-q", "--", repo, home], check=True)
 if "google.colab" in sys.modules: sys.path.insert(0, home); from medaidet.env.colab import setup; setup({setup_args})
 '''

@@ -224,6 +224,17 @@ def test_placeholder_repo_says_how_to_set_it(stand_in_colab, tmp_path, repo):
     assert not home.exists()
 
 
+def test_without_git_the_cell_says_so(stand_in_colab, tmp_path):
+    home = tmp_path / "content" / "medaidet"
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    done = _run_cell_here(stand_in_colab, tmp_path, PATH=str(empty), **{
+        colab.REPO_ENV: "https://github.com/o/medaidet", colab.COLAB_DIR_ENV: str(home)})
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0 and last.startswith("RuntimeError: git is not installed"), done.stderr
+    assert str(home) in last and not home.exists()
+
+
 def test_bad_repo_fails_at_the_clone(stand_in_colab, tmp_path):
     home = tmp_path / "content" / "medaidet"
     done = _run_cell_here(stand_in_colab, tmp_path, **{colab.REPO_ENV: str(tmp_path / "none"),
