@@ -21,17 +21,16 @@ timm publish the same network's weights, which :mod:`medaidet.ssd.vgg_weights` c
 3. **torchvision's file**, ``vgg16-397923af.pth``;
 4. **timm's file**, ``vgg16.tv_in1k``'s ``model.safetensors``.
 
-Every download is checked against what its publisher publishes before it is used: for
-torchvision, the first 8 hex digits of the file's sha256, which torchvision writes into the
-file name and ``torch.hub`` checks; for timm, the file's full sha256, which the model hub
-lists for every file; ChainerCV published none, so its file must hold exactly VGG-16's
-parameter names and shapes, with finite values. A file that fails is deleted and the next
-source is tried; when none works, a ``"missing"`` WeightsError
-lists every source's URL, why it failed, and where to place any one of the files by hand.
+Every download is checked against what its publisher publishes before use (torchvision: the
+sha256 prefix in its file name; timm: the full sha256 its hub lists; ChainerCV published none,
+so its file must hold exactly VGG-16's names and shapes, finite). A file that fails is deleted
+and the next source tried; when none works, a ``"missing"`` WeightsError lists every source's
+URL, why it failed, and where to place any one of the files by hand.
 """
 from __future__ import annotations
 
 import http.client
+import json
 import logging
 import os
 import urllib.error
@@ -62,10 +61,8 @@ logger = logging.getLogger(__name__)
 #: ChainerCV's model cache, relative to the dataset root (see ``download_model``).
 CACHE_SUBDIR = os.path.join("pfnet", "chainercv", "models")
 #: Trained weights that ship with the package (model-only, float16, with ``.sha256`` and a
-#: ``.json`` that says how they were made), by (model, the labels they were trained on): the
-#: small SSD trained on a CPU on BCCD's boxes, so that the evaluation and counting notebooks
-#: show a working detector at once, and on TXL-PBC's re-annotation of the same images
-#: (notebook 10), the detector whose counts can be checked against the fuller labels.
+#: ``.json`` record of how they were made), by (model, labels): the small SSD trained on a CPU
+#: on BCCD's boxes (notebooks 04, 05) and on TXL-PBC's re-annotation (notebook 10).
 SHIPPED_WEIGHTS = {("ssd_small", "bccd"): Path(__file__).parent / "weights" / "ssd_small_bccd.npz",
                    ("ssd_small", "txl-pbc"):
                        Path(__file__).parent / "weights" / "ssd_small_txl-pbc.npz"}
@@ -76,7 +73,6 @@ def cache_dir() -> Path:
     """ChainerCV's model folder, where every named file and every ImageNet source's file is
     kept (nothing is created)."""
     return Path(get_dataset_root(), CACHE_SUBDIR)
-
 
 
 def check_pretrained(name: str, pretrained) -> None:
@@ -115,7 +111,8 @@ def shipped_weights(name: str = "ssd_small", labels: str = "bccd") -> Path:
     and seed that reproduce them and how they score.
 
     Raises a ``"missing"`` WeightsError when medaidet ships none for ``name`` or the file
-    is missing from this installation."""
+    is missing from this installation, a ``"checksum"`` one when it is not the file its
+    record names (its sha256) or its ``.sha256`` sidecar is gone."""
     if (name, labels) not in SHIPPED_WEIGHTS:
         shipped = ", ".join(f"{n} ({l})" for n, l in SHIPPED_WEIGHTS)
         raise WeightsError(
@@ -128,6 +125,14 @@ def shipped_weights(name: str = "ssd_small", labels: str = "bccd") -> Path:
             f"the shipped weights {path} are missing from this installation: reinstall "
             f"medaidet (pip install -e <checkout>), or train them: `medaidet train "
             f"--profile cpu`", "missing", path=path)
+    expected = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))["sha256"]
+    found, sidecar = sha256_file(path), path.with_name(path.name + SIDECAR_SUFFIX)
+    if found != expected or not sidecar.is_file():
+        why = (f"its sha256 is {found}, its record {path.with_suffix('.json').name} says "
+               f"{expected}" if found != expected else f"its checksum file {sidecar} is missing")
+        raise WeightsError(f"the shipped weights {path} are not the file medaidet shipped: "
+                           f"{why}; reinstall medaidet (pip install -e <checkout>)",
+                           "checksum", path=path, expected=expected, found=found)
     return path
 
 

@@ -43,6 +43,28 @@ def test_no_shipped_weights_for_other_models_is_a_named_error():
         assert "ssd_small (bccd), ssd_small (txl-pbc)" in str(info.value)   # what there is
 
 
+@pytest.mark.parametrize("change", ["a byte", "no sidecar"])
+def test_a_shipped_file_that_is_not_the_recorded_one_is_refused(tmp_path, monkeypatch, change):
+    import medaidet.ssd.pretrained as pretrained
+
+    copy = tmp_path / PATH.name
+    for suffix in ("", ".sha256"):
+        (tmp_path / (PATH.name + suffix)).write_bytes((PATH.parent / (PATH.name + suffix)).read_bytes())
+    copy.with_suffix(".json").write_bytes(PATH.with_suffix(".json").read_bytes())
+    monkeypatch.setitem(pretrained.SHIPPED_WEIGHTS, ("ssd_small", "bccd"), copy)
+    assert shipped_weights("ssd_small") == copy                  # the copy as shipped: fine
+    if change == "a byte":
+        data = bytearray(copy.read_bytes())
+        data[-100] ^= 1
+        copy.write_bytes(bytes(data))
+    else:
+        (tmp_path / (PATH.name + ".sha256")).unlink()
+    with pytest.raises(WeightsError) as info:
+        shipped_weights("ssd_small")
+    assert info.value.kind == "checksum" and info.value.path == copy
+    assert info.value.expected == _record()["sha256"]
+
+
 @pytest.mark.slow(seconds=10)
 def test_the_shipped_detector_scores_on_the_test_split_what_its_record_says(bccd_root):
     record = _record()["test"]
