@@ -18,6 +18,9 @@ PROFILE := auto
 # COURSE_LANG=ja runs the Japanese edition (notebooks/ja/) into outputs/ja (not LANG: that
 # is the locale).
 COURSE_LANG := en
+ifeq ($(filter $(COURSE_LANG),en ja),)
+$(error COURSE_LANG=$(COURSE_LANG) is not an edition of the course: use en or ja)
+endif
 # SEED=N trains notebook 03's detector with seed N (default: the profile's).
 SEED :=
 OUT := $(if $(filter en,$(COURSE_LANG)),outputs,outputs/$(COURSE_LANG))

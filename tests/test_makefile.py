@@ -62,6 +62,14 @@ def test_out_profile_and_edition_come_from_the_command_line_only():
         japanese
 
 
+@pytest.mark.parametrize("lang", ["xx", "../..", ""])
+def test_an_edition_that_is_not_one_stops_make_with_one_message(lang):
+    for target in ("lab", "run"):
+        result = make("-n", target, f"COURSE_LANG={lang}")
+        assert result.returncode != 0 and result.stdout == ""
+        assert f"COURSE_LANG={lang} is not an edition of the course: use en or ja" in result.stderr
+
+
 def test_without_a_copy_or_a_network_make_stops_with_one_message(tmp_path):
     """A fresh machine with no BCCD anywhere and no network (a refused local port stands in
     for it): `make bccd`, which `make test` and `make run` run first, exits non-zero with one
