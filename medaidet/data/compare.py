@@ -20,7 +20,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from medaidet.arguments import check_number
 from medaidet.colors import CLASS_COLORS
+from medaidet.errors import ConfigError
 from medaidet.data.annotation_checks import _iou
 from medaidet.tables import Table
 
@@ -32,10 +34,20 @@ SIZE_BINS = (0, 40, 70, 100, np.inf)
 BORDER_BINS = (0, 2, 30, np.inf)      # [0, 2): touches the border, a cell the border cuts
 
 
+def _iou_thresh(value) -> float:
+    """An IoU to match at: above 0 (every box would pair with any other) and at most 1."""
+    value = check_number(value, "iou_thresh", "probability")
+    if value == 0:
+        raise ConfigError("iou_thresh: 0 is out of range; expected a number in (0, 1] (at 0 "
+                          "any two boxes of a class would be one cell)")
+    return value
+
+
 def match_boxes(bbox_a, label_a, bbox_b, label_b, iou_thresh: float = 0.5):
     """Pair boxes of the same class overlapping at least ``iou_thresh``, highest IoU first,
     each box at most once. Boxes: ``(y_min, x_min, y_max, x_max)``. Returns
     ``(pairs (K, 2) of indices into a and b, unmatched a indices, unmatched b indices)``."""
+    iou_thresh = _iou_thresh(iou_thresh)
     bbox_a = np.asarray(bbox_a, float).reshape(-1, 4)
     bbox_b = np.asarray(bbox_b, float).reshape(-1, 4)
     label_a, label_b = np.asarray(label_a).reshape(-1), np.asarray(label_b).reshape(-1)
@@ -106,6 +118,9 @@ class Comparison:
 def compare_annotations(a, b, names=("a", "b"), iou_thresh: float = 0.5) -> Comparison:
     """Compare two datasets over the same images (the same ``ids``), box by box; only the
     annotations are read (no image is decoded). ``names``: what to call each."""
+    iou_thresh = _iou_thresh(iou_thresh)
+    if not len(a.ids):
+        raise ConfigError("a: the datasets hold no image; compare two annotations of one split")
     if list(a.ids) != list(b.ids):
         raise ValueError("compare_annotations: the two datasets hold different images; load "
                          "both with reannotated_only=True (or labels='txl-pbc')")

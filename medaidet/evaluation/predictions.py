@@ -23,7 +23,7 @@ import numpy as np
 from medaidet.arguments import check_number
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.device import DEFAULT_DEVICE, resolve_device
-from medaidet.errors import WeightsError
+from medaidet.errors import ConfigError, WeightsError
 from medaidet.evaluation.protocol import EVALUATE_SCORE_THRESH
 from medaidet.ssd.model import build_ssd, model_of_weights
 from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, predict
@@ -133,10 +133,13 @@ class Predictions:
                               "gt_difficults": None})
 
 
-def _resamples(n_images: int, n: int, seed: int):
+def _resamples(n_images: int, n: int, seed: int) -> list:
     """``n`` draws of ``n_images`` image indices with replacement."""
+    if not n_images:
+        raise ConfigError("predictions: no image to resample; a bootstrap needs at least one")
+    n = check_number(n, "n", "positive", integer=True)
     rng = np.random.default_rng(seed)
-    return (rng.integers(0, n_images, n_images) for _ in range(n))
+    return [rng.integers(0, n_images, n_images) for _ in range(n)]
 
 
 def _interval(samples, level: float) -> tuple:
@@ -181,6 +184,7 @@ def paired_bootstrap(a, b, statistic, n: int = 1000, seed: int = 0, level: float
         raise ValueError("paired_bootstrap: a and b hold different images (ids differ); a "
                          "paired comparison needs the same images in the same order")
     statistic_b = statistic_b or statistic
+    takes = _resamples(len(a), n, seed)
 
     def difference(x, y):
         if isinstance(x, dict):
@@ -189,7 +193,7 @@ def paired_bootstrap(a, b, statistic, n: int = 1000, seed: int = 0, level: float
 
     whole = difference(statistic(a), statistic_b(b))
     samples = [difference(statistic(a.take(take)), statistic_b(b.take(take)))
-               for take in _resamples(len(a), n, seed)]
+               for take in takes]
     if isinstance(whole, dict):
         return {k: (v, *_interval([s[k] for s in samples], level)) for k, v in whole.items()}
     return (whole, *_interval(samples, level))

@@ -1,6 +1,7 @@
 """Two annotations of the same images compared box by box (BCCD's own and TXL-PBC's)."""
 import numpy as np
 import pytest
+from medaidet.errors import ConfigError
 
 from medaidet.data.compare import compare_annotations, draw_both, match_boxes
 from medaidet.evaluation.predictions import paired_bootstrap
@@ -125,3 +126,19 @@ def test_paired_bootstrap_on_the_two_annotations_as_detectors(bccd_root, txl_roo
     assert value == pytest.approx(expected) and value > 0.4
     assert 0.2 < low <= value <= high
     assert result["wbc"][0] == pytest.approx(5 / 43)
+
+
+@pytest.mark.parametrize("iou", [-0.5, 0, 1.5, float("nan"), "x"])
+def test_a_meaningless_iou_is_a_named_error(iou):
+    with pytest.raises(ConfigError) as info:
+        match_boxes([[0, 0, 10, 10]], [0], [[0, 0, 10, 10]], [0], iou_thresh=iou)
+    assert str(info.value).startswith("iou_thresh:")
+
+
+def test_no_images_to_compare_or_resample_is_a_named_error():
+    empty = Figures([], ids=[])
+    for call in (lambda: paired_bootstrap(empty, empty, mean, n=10),
+                 lambda: paired_bootstrap(Figures([1.0, 2.0]), Figures([1.0, 2.0]), mean, n=0)):
+        with pytest.raises(ConfigError) as info:
+            call()
+        assert str(info.value).split(":")[0] in ("predictions", "n")
