@@ -17,6 +17,10 @@ Gundersen's own frame counts a cell whose outline touches its two *inclusion* ed
 its *exclusion* lines; that needs the outline, which a box only approximates. The centre
 rule needs one point per cell, the same for an annotation and a prediction.
 
+:func:`frame_predictions` keeps what counts on both sides, :func:`frame_errors` names each
+count error left (a false or missed cell in the frame, or a detection and its cell on either
+side of the frame's line), :func:`plot_frame` draws the frame on an image.
+
 Counts become **densities**: cells per 10,000 px² of the inner frame, or per mm² where the
 pixel size is known. A smear is spread to a monolayer of unknown thickness: a density on it
 is cells per area of the slide, not a concentration per µL.
