@@ -42,8 +42,9 @@ def _error_line(capsys) -> str:
     ("--iterations", "1.5", "1.5 is not a whole number; expected a whole number > 0"),
     ("--accumulate", "0", "0 is out of range; expected a whole number > 0"),
     ("--n-processes", "-1", "-1 is out of range; expected a whole number ≥ 0"),
-    ("--seed", "-1", "-1 is out of range; expected a whole number ≥ 0"),
-    ("--seed", "x", "'x' is not a number; expected a whole number ≥ 0"),
+    ("--seed", "-1", "-1 is out of range; expected a whole number from 0 to 2**32 - 1"),
+    ("--seed", "4294967296", "4294967296 is out of range; expected a whole number from 0 to"),
+    ("--seed", "x", "'x' is not a number; expected a whole number from 0 to 2**32 - 1"),
 ])
 def test_numeric_flags_are_checked_by_argparse(flag, value, expected, capsys, no_model):
     with pytest.raises(SystemExit) as info:
