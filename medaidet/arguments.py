@@ -7,7 +7,8 @@ are the ones every command shares:
 
 * argparse ``type=`` functions (:func:`positive_int`, :func:`non_negative_int`,
   :func:`positive_float`, :func:`probability`, :func:`seed`) — argparse then names the argument itself;
-* :func:`check_number` for the same rules on values that come from Python or a config file;
+* :func:`check_number` for the same rules on values that come from Python or a config file,
+  :func:`check_type` and :func:`checked_boxes` for the objects and arrays the Python API takes;
 * :func:`prepare_output_dir`: create (or accept) an output folder *before* any work, and
   refuse one that is a file, is not writable, or is one of the run's inputs — a run must
   never write into, or delete from, what it reads. With a ``marker`` it also refuses a folder
@@ -23,7 +24,8 @@ from pathlib import Path
 from medaidet.errors import ConfigError, OutputError
 from medaidet.files import atomic_file
 
-__all__ = ["ConfigError", "OutputError", "check_number", "is_path", "positive_int",
+__all__ = ["ConfigError", "OutputError", "check_number", "check_type", "checked_boxes",
+           "checked_size", "checked_bins", "checked_path", "is_path", "positive_int",
            "non_negative_int", "positive_float", "probability", "seed", "prepare_output_dir"]
 
 
@@ -55,6 +57,78 @@ def check_number(value, name: str, rule: str = "positive", integer: bool = False
             raise ConfigError(f"{name}: {value} is not a whole number; expected {what}")
         return int(number)
     return number
+
+
+def check_type(value, types, name: str, expected: str):
+    """``value`` if it is one of ``types`` (a bool is not a number); else a
+    :class:`ConfigError` naming ``name``, the value's type and ``expected``."""
+    types = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
+        raise ConfigError(f"{name}: got {type(value).__name__} {_short(value)}; "
+                          f"expected {expected}")
+    return value
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def checked_boxes(bbox, label, n_class=None, name: str = "bbox"):
+    """One image's boxes as ``(float (R, 4), int (R,))``: numbers, four per box
+    ``(y_min, x_min, y_max, x_max)``, one whole label ``>= 0`` (and ``< n_class``) per box;
+    else a :class:`ConfigError` naming ``name`` (or ``name``'s labels)."""
+    import numpy as np      # here: the command line starts (and says what is missing) without it
+
+    n_class = math.inf if n_class is None else n_class
+    try:
+        boxes = np.asarray(bbox, dtype=float)
+        labels = np.asarray(label, dtype=float)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: {_short(bbox)} with labels {_short(label)} are not arrays "
+                          "of numbers; expected (R, 4) boxes and R labels") from None
+    boxes = boxes.reshape(0, 4) if boxes.size == 0 else boxes
+    labels = labels.reshape(-1) if labels.size == 0 or labels.ndim == 0 else labels
+    if boxes.ndim != 2 or boxes.shape[1] != 4 or not np.isfinite(boxes).all():
+        raise ConfigError(f"{name}: shape {boxes.shape}; expected (R, 4) finite numbers, "
+                          "(y_min, x_min, y_max, x_max) per box")
+    if labels.shape != (len(boxes),) or ((labels % 1 != 0) | (labels < 0)
+                                         | (labels >= n_class)).any():
+        raise ConfigError(f"{name}: labels {_short(label)} for {len(boxes)} boxes; expected "
+                          f"one whole number from 0 to {n_class - 1} per box")
+    return boxes, labels.astype(int)
+
+
+def checked_size(size, name: str = "size") -> tuple:
+    """``(height, width)`` of an image ``size``, each checked to be a positive number."""
+    import numpy as np
+
+    if np.shape(size) != (2,):
+        raise ConfigError(f"{name}: {_short(size)} is not an image size; expected "
+                          "(height, width)")
+    height, width = (check_number(v, name, "positive") for v in size)
+    return height, width
+
+
+def checked_bins(bins, name: str = "bins"):
+    """Increasing bin edges (at least two numbers; ``inf`` allowed) as floats."""
+    import numpy as np
+
+    try:
+        edges = np.asarray(bins, dtype=float)
+    except (TypeError, ValueError):
+        edges = np.zeros(0)
+    if edges.ndim != 1 or len(edges) < 2 or np.isnan(edges).any() or (np.diff(edges) <= 0).any():
+        raise ConfigError(f"{name}: {_short(bins)}; expected increasing bin edges, at least two")
+    return edges
+
+
+def checked_path(value, name: str, expected: str = "a file path") -> Path:
+    """``value`` (a str or os.PathLike, not blank) as a Path; else a ConfigError."""
+    if not is_path(value):
+        raise ConfigError(f"{name}: got {type(value).__name__} {_short(value)}; "
+                          f"expected {expected}")
+    return Path(value)
 
 
 def _argparse_type(rule, integer, label):

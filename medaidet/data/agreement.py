@@ -27,10 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.arguments import check_number, check_type
 from medaidet.errors import ConfigError
 from medaidet.data import LABELS
 from medaidet.data.annotation import parse_annotation
 from medaidet.data.pinned import TXL_PBC, resolve_root
+from medaidet.data.same_field import ImagePair
 from medaidet.data.image import read_image_size
 from medaidet.data.txl_pbc import bccd_links
 from medaidet.data.voc import annotation_path, image_path
@@ -82,6 +84,8 @@ def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES,
     """
     if labels not in LABELS:
         raise ConfigError(f"labels: {labels!r} is not one of {', '.join(LABELS)}")
+    margin = check_number(margin, "margin", "non-negative")
+    pairs = _checked_rows(pairs, "pairs", ImagePair)
     root = resolve_root(root)
     txl = None
     if labels == "txl-pbc":
@@ -113,6 +117,13 @@ def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES,
     return out
 
 
+def _checked_rows(rows, name: str, cls) -> list:
+    rows = check_type(rows, (list, tuple), name, f"a list of {cls.__name__}")
+    for i, row in enumerate(rows):
+        check_type(row, cls, f"{name}[{i}]", cls.__name__)
+    return list(rows)
+
+
 def count_agreement(rows, label_names=BCCD_LABEL_NAMES, exclude=()) -> dict:
     """Per class: the relative count error of one annotation scored against the other,
     ``(sum |a - b| / sum b + sum |a - b| / sum a) / 2`` over the pairs (``None`` when a
@@ -122,7 +133,7 @@ def count_agreement(rows, label_names=BCCD_LABEL_NAMES, exclude=()) -> dict:
     images the validator flags ``missing_class``.
     """
     exclude = set(exclude)
-    kept = [r for r in rows if r.a not in exclude and r.b not in exclude]
+    kept = [r for r in _checked_rows(rows, "rows", PairCounts) if r.a not in exclude and r.b not in exclude]
     out = {}
     for l, name in enumerate(label_names):
         a = np.array([r.counts_a[l] for r in kept], dtype=float)

@@ -20,7 +20,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from medaidet.arguments import check_number
+from medaidet.arguments import check_number, checked_bins, checked_boxes
 from medaidet.colors import CLASS_COLORS
 from medaidet.errors import ConfigError
 from medaidet.data.annotation_checks import _iou
@@ -48,9 +48,8 @@ def match_boxes(bbox_a, label_a, bbox_b, label_b, iou_thresh: float = 0.5):
     each box at most once. Boxes: ``(y_min, x_min, y_max, x_max)``. Returns
     ``(pairs (K, 2) of indices into a and b, unmatched a indices, unmatched b indices)``."""
     iou_thresh = _iou_thresh(iou_thresh)
-    bbox_a = np.asarray(bbox_a, float).reshape(-1, 4)
-    bbox_b = np.asarray(bbox_b, float).reshape(-1, 4)
-    label_a, label_b = np.asarray(label_a).reshape(-1), np.asarray(label_b).reshape(-1)
+    bbox_a, label_a = checked_boxes(bbox_a, label_a, name="bbox_a")
+    bbox_b, label_b = checked_boxes(bbox_b, label_b, name="bbox_b")
     candidates = []
     for i in range(len(bbox_a)):
         same = np.flatnonzero(label_b == label_a[i])
@@ -98,7 +97,10 @@ class Comparison:
     def by(self, what: str, bins=None) -> Table:
         """The unmatched boxes counted by ``what`` (``'size'`` or ``'border'``) in ``bins``,
         per class and annotation."""
-        bins = bins or (SIZE_BINS if what == "size" else BORDER_BINS)
+        if what not in ("size", "border"):
+            raise ConfigError(f"what: {what!r}; expected 'size' or 'border'")
+        bins = (SIZE_BINS if what == "size" else BORDER_BINS) if bins is None else bins
+        bins = checked_bins(bins)
         labels = [f"{lo:g}-{hi:g} px" if np.isfinite(hi) else f">= {lo:g} px"
                   for lo, hi in zip(bins[:-1], bins[1:])]
         table = Table([f"{'box size' if what == 'size' else 'distance to the border'}", "class",
@@ -112,6 +114,9 @@ class Comparison:
 
     def per_image(self, class_name: str) -> dict:
         """``{image id: (boxes in a, boxes in b)}`` for one class."""
+        if class_name not in self.label_names:
+            raise ConfigError(f"class_name: {class_name!r}; expected one of "
+                              f"{', '.join(self.label_names)}")
         return {r["image"]: (r["a"], r["b"]) for r in self.rows if r["class"] == class_name}
 
 
@@ -119,10 +124,16 @@ def compare_annotations(a, b, names=("a", "b"), iou_thresh: float = 0.5) -> Comp
     """Compare two datasets over the same images (the same ``ids``), box by box; only the
     annotations are read (no image is decoded). ``names``: what to call each."""
     iou_thresh = _iou_thresh(iou_thresh)
+    for name, dataset in (("a", a), ("b", b)):
+        if not all(hasattr(dataset, k) for k in ("ids", "sizes", "slice", "label_names")):
+            raise ConfigError(f"{name}: got {type(dataset).__name__}; expected a dataset "
+                              "(BCCDDataset, or TXLPBCDataset) of one split")
+    if isinstance(names, str) or np.shape(names) != (2,):
+        raise ConfigError(f"names: {names!r}; expected two names, one per annotation")
     if not len(a.ids):
         raise ConfigError("a: the datasets hold no image; compare two annotations of one split")
     if list(a.ids) != list(b.ids):
-        raise ValueError("compare_annotations: the two datasets hold different images; load "
+        raise ConfigError("compare_annotations: the two datasets hold different images; load "
                          "both with reannotated_only=True (or labels='txl-pbc')")
     rows, unmatched = [], []
     boxes_a, boxes_b = a.slice[:, ("bbox", "label")], b.slice[:, ("bbox", "label")]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from medaidet.arguments import checked_path
 from medaidet.checksums import sha256_file
 from medaidet.errors import DataError, MedaidetError
 from medaidet.files import default_cache_dir
@@ -181,7 +182,7 @@ def default_root(source: PinnedSource = BCCD) -> Path:
 def choose_root(root, source: PinnedSource = BCCD) -> tuple[Path, str]:
     """The dataset root asked for, and how it was chosen (for messages); not checked."""
     if root is not None:
-        return Path(os.fspath(root)).expanduser(), "given explicitly"
+        return checked_path(root, "root", "a dataset folder").expanduser(), "given explicitly"
     env = os.environ.get(source.data_env)
     if env:
         return Path(env).expanduser(), f"from ${source.data_env}"

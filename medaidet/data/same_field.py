@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from medaidet.errors import ConfigError
+
 __all__ = ["ImagePair", "same_field_pairs", "THUMB", "SAME_FIELD_CORRELATION",
            "SAME_FIELD_OVERLAP", "SAME_FIELD_CANDIDATES"]
 
@@ -78,6 +80,9 @@ def same_field_pairs(thumbs: np.ndarray):
     the normalized correlation of the overlapping part at full thumbnail resolution.
     Yields ``(i, j, dy, dx, overlap, correlation)`` with shifts in thumbnail pixels.
     """
+    if not isinstance(thumbs, np.ndarray) or thumbs.ndim != 3 or not thumbs.size:
+        raise ConfigError(f"thumbs: {getattr(thumbs, 'shape', type(thumbs).__name__)}; "
+                          "expected an array (N, 60, 80) of grey thumbnails")
     n, height, width = thumbs.shape
     h, w = height // 2, width // 2
     small = thumbs[:, :2 * h, :2 * w].reshape(n, h, 2, w, 2).mean(axis=(2, 4))

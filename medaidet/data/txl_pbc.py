@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 
+from medaidet.arguments import check_type, checked_path
 from medaidet.errors import ConfigError, DataError, MedaidetError
 from medaidet.data import BCCD_LABEL_NAMES, OTHER_SOURCES
 from medaidet.data.annotation_checks import check_annotation, warn_once
@@ -85,14 +86,17 @@ def _txl_images(txl_root):
             yield txl_split, path, (width, height)
 
 
-def census(txl_root) -> Counter:
+def census(txl_root=None) -> Counter:
     """TXL-PBC's images counted by ``(split, source)``; a size not in
-    :data:`SOURCE_BY_SIZE` counts as ``'unknown WxH'``."""
+    :data:`SOURCE_BY_SIZE` counts as ``'unknown WxH'``. ``txl_root``: as
+    :class:`TXLPBCDataset`'s ``root``."""
+    txl_root = resolve_root(txl_root, TXL_PBC)
     return Counter((split, SOURCE_BY_SIZE.get(size, f"unknown {size[0]}x{size[1]}"))
                    for split, _, size in _txl_images(txl_root))
 
 
 def _read_table(path, cls):
+    path = checked_path(path, "path", "a shipped table of links (.tsv)")
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f, delimiter="\t"))
     header = [f.name for f in fields(cls)]
@@ -135,7 +139,8 @@ class TXLPBCDataset(GetterDataset):
     def __init__(self, root=None, split: str = "test", sources=OTHER_SOURCES,
                  strict: bool = False):
         super().__init__()
-        sources = (sources,) if isinstance(sources, str) else tuple(sources)
+        sources = ((sources,) if isinstance(sources, str) else
+                   tuple(check_type(sources, (list, tuple), "sources", "some of OTHER_SOURCES")))
         unknown = [s for s in sources if s not in OTHER_SOURCES]
         if unknown or not sources:
             raise ConfigError(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from medaidet.arguments import checked_path, checked_size
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.annotation import AnnotatedObject, Annotation
 from medaidet.errors import DataError
@@ -84,7 +85,8 @@ def parse_yolo_labels(path, image_size, class_names=TXL_CLASSES,
     (the course's order) for the object's ``label``. Raises a ``"yolo"`` DataError (see
     the module docstring); judges no box (``check_annotation(..., item="line")`` does).
     """
-    path = Path(path)
+    path = checked_path(path, "path", "a YOLO label file")
+    image_size = checked_size(image_size, "image_size")
     text = _read_text(path)
     index_of = {name.lower(): i for i, name in enumerate(label_names)}
     classes = ", ".join(f"{i} ({name})" for i, name in enumerate(class_names))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from medaidet.deploy.decode import box_iou
+from medaidet.errors import ConfigError
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
 
 __all__ = ["Parity", "compare_detections"]
@@ -93,7 +94,7 @@ def compare_detections(a, b, nms_thresh: float, box_tol: float = 0.5, score_tol:
     """
     n_images = len(a[0])
     if any(len(part) != n_images for part in (*a, *b)):
-        raise ValueError(f"a and b must hold the same number of images ({n_images} in a's "
+        raise ConfigError(f"a and b must hold the same number of images ({n_images} in a's "
                          f"boxes); got {[len(part) for part in (*a, *b)]}")
     names = list(names) if names is not None else [str(i) for i in range(n_images)]
     parity = Parity(n_images, (sum(map(len, a[1])), sum(map(len, b[1]))))

@@ -48,8 +48,10 @@ import numpy as np
 from chainercv.utils import bbox_iou
 from matplotlib.figure import Figure
 
+from medaidet.arguments import check_number, check_type, checked_bins
 from medaidet.data.bccd import CLASS_COLORS
 from medaidet.data.validate import validate_dataset
+from medaidet.errors import ConfigError
 from medaidet.evaluation.predictions import Predictions
 from medaidet.evaluation.protocol import IOU_THRESH
 from medaidet.evaluation.box_sizes import image_sizes_of
@@ -224,7 +226,7 @@ class BoxOutcomes:
         """
         found = self._found(score_thresh)
         if np.isnan(self.best["all"]).any():
-            raise ValueError("these outcomes were computed without candidates: pass "
+            raise ConfigError("these outcomes were computed without candidates: pass "
                              "candidates= to box_outcomes (predict_weights(..., return_candidates=True))")
         t = score_thresh
         out = np.full(len(self), "matching", dtype=object)
@@ -240,7 +242,7 @@ class BoxOutcomes:
     def _found(self, score_thresh):
         key = float(score_thresh)
         if key not in self.found:
-            raise ValueError(f"score_thresh {score_thresh}: the outcomes hold thresholds "
+            raise ConfigError(f"score_thresh {score_thresh}: the outcomes hold thresholds "
                              f"{sorted(self.found)}; pass it to box_outcomes(score_threshs=)")
         return self.found[key]
 
@@ -308,13 +310,14 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
             headers in ``root`` (else ``$MEDAIDET_DATA``).
     """
     if candidates is not None and len(candidates) != len(predictions):
-        raise ValueError(f"candidates: {len(candidates)} entries for {len(predictions)} "
+        raise ConfigError(f"candidates: {len(candidates)} entries for {len(predictions)} "
                          "images")
+    found = {check_number(t, "score_threshs", "probability"): []
+             for t in np.atleast_1d(score_threshs)}
+    matches = {t: match_predictions(predictions, t, iou_thresh) for t in found}
     sizes = image_sizes_of(predictions, image_sizes, None, root)
     cols = {k: [] for k in ("image_id", "label", "size", "crowding")}
     best = {k: [] for k in CANDIDATE_SETS}
-    found = {float(t): [] for t in score_threshs}
-    matches = {t: match_predictions(predictions, t, iou_thresh) for t in found}
     for i, image_id in enumerate(predictions.ids):
         gb = np.asarray(predictions.gt_bboxes[i], dtype=np.float32).reshape(-1, 4)
         gl = np.asarray(predictions.gt_labels[i], dtype=np.int32).reshape(-1)
@@ -348,7 +351,7 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
 def stage_counts(outcomes: BoxOutcomes, score_thresh: float) -> dict:
     """``{class name: {stage: number of boxes}}`` over :data:`STAGES` (module docs), plus
     ``"n_gt"`` and ``"recall"`` per class."""
-    stage = outcomes.stage(score_thresh)
+    stage = check_type(outcomes, BoxOutcomes, "outcomes", "BoxOutcomes").stage(score_thresh)
     out = {}
     for l, name in enumerate(outcomes.label_names):
         of = outcomes.label == l
@@ -370,8 +373,9 @@ def missed_by(outcomes: BoxOutcomes, score_thresh: float, by: str, bins) -> dict
         "miss_rate": missed / n (NaN when n is 0)}, ...]}``.
     """
     if by not in ("size", "crowding"):
-        raise ValueError(f"by: {by!r}; expected 'size' or 'crowding'")
-    values = getattr(outcomes, by)
+        raise ConfigError(f"by: {by!r}; expected 'size' or 'crowding'")
+    bins = checked_bins(bins)
+    values = getattr(check_type(outcomes, BoxOutcomes, "outcomes", "BoxOutcomes"), by)
     found = outcomes._found(score_thresh)
     out = {}
     for l, name in enumerate(outcomes.label_names):

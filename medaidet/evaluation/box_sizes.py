@@ -17,7 +17,9 @@ from medaidet.colors import bar_style
 from medaidet.data.pinned import resolve_root
 from medaidet.data.image import read_image_size
 from medaidet.data.voc import image_path
-from medaidet.evaluation.predictions import Predictions
+from medaidet.arguments import check_type
+from medaidet.errors import ConfigError
+from medaidet.evaluation.predictions import Predictions, checked
 from medaidet.evaluation.matching import as_boxes, match_predictions
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
 
@@ -75,10 +77,13 @@ def _median(value: float) -> str:
 def image_sizes_of(predictions: Predictions, image_sizes, dataset, root):
     """(height, width) of every image of ``predictions``: ``image_sizes`` when given, else
     from ``dataset`` or the image files' headers under ``root`` (nothing is decoded)."""
+    from medaidet.evaluation.frame import checked_size
+
     if image_sizes is not None:
-        sizes = [tuple(int(v) for v in s) for s in image_sizes]
-        if len(sizes) != len(predictions):
-            raise ValueError(f"image_sizes: {len(sizes)} sizes for {len(predictions)} images")
+        check_type(image_sizes, (list, tuple, np.ndarray), "image_sizes", "one (H, W) per image")
+        sizes = [tuple(int(v) for v in checked_size(s)) for s in image_sizes]
+        if len(sizes) != len(checked(predictions)):
+            raise ConfigError(f"image_sizes: {len(sizes)} sizes for {len(predictions)} images")
         return sizes
 
     root = resolve_root(getattr(dataset, "root", None) if root is None else root)
@@ -102,11 +107,12 @@ def gt_box_sizes(predictions: Predictions, score_thresh: float = COUNT_SCORE_THR
         image_sizes: ``(H, W)`` of each image; default: read from the image files'
             headers in ``root`` (or ``dataset.root``, else ``$MEDAIDET_DATA``).
     """
+    matches = match_predictions(predictions, score_thresh, iou_thresh)
     sizes = image_sizes_of(predictions, image_sizes, dataset, root)
     label_names = tuple(predictions.label_names)
     found = {n: [] for n in label_names}
     missed = {n: [] for n in label_names}
-    for i, m in enumerate(match_predictions(predictions, score_thresh, iou_thresh)):
+    for i, m in enumerate(matches):
         h_img, w_img = sizes[i]
         bbox = as_boxes(predictions.gt_bboxes[i]).astype(np.float64)
         h = (bbox[:, 2] - bbox[:, 0]) * input_size / h_img

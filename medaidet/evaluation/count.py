@@ -36,10 +36,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from medaidet.arguments import check_number
+from medaidet.arguments import check_number, check_type
 from medaidet.errors import ConfigError
 from medaidet.data.bccd import CLASS_COLORS
-from medaidet.evaluation.predictions import Predictions
+from medaidet.evaluation.predictions import Predictions, checked
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
 from medaidet.numbers import finite_or_none
 
@@ -252,7 +252,7 @@ def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRE
     :func:`medaidet.evaluation.analysis.images_missing_class`); ids not among the
     predictions are ignored.
     """
-    score_thresh = check_score_thresh(score_thresh, predictions.score_thresh)
+    score_thresh = check_score_thresh(score_thresh, checked(predictions).score_thresh)
     n_class = len(predictions.label_names)
     predicted = predicted_counts(predictions, score_thresh)
     annotated = per_image_counts(predictions.gt_labels, n_class)
@@ -267,10 +267,12 @@ def count_errors(predictions: Predictions, thresholds: dict) -> dict:
     """``{class: relative error}`` (``sum |predicted - annotated| / sum annotated`` over the
     images) with each class counted at its own threshold, e.g. those
     :func:`~medaidet.evaluation.thresholds.threshold_sweep` chose on val."""
+    kept = checked(predictions).filter(check_type(thresholds, dict, "thresholds",
+                                                  "a dict {class name: score threshold}"))
     names = predictions.label_names
     annotated = per_image_counts(predictions.gt_labels, len(names))
-    return {name: float(count_stats(predicted_counts(predictions, thresholds[name]),
-                               annotated)[2][c]) for c, name in enumerate(names)}
+    relative = count_stats(predicted_counts(kept, kept.score_thresh), annotated)[2]
+    return {name: float(relative[c]) for c, name in enumerate(names)}
 
 
 #: :func:`plot_counts`: a dot's area in points² per image at its place.
@@ -284,8 +286,12 @@ def images_at_points(annotated, predicted):
     Returns ``(points (P, 2) int, n_images (P,) int)``, sorted by point; ``n_images`` sums to
     the number of images.
     """
-    pairs = np.stack([np.asarray(annotated, dtype=np.int64).ravel(),
-                      np.asarray(predicted, dtype=np.int64).ravel()], axis=1)
+    try:
+        pairs = np.stack([np.asarray(annotated, dtype=np.int64).ravel(),
+                          np.asarray(predicted, dtype=np.int64).ravel()], axis=1)
+    except (TypeError, ValueError):
+        raise ConfigError(f"annotated, predicted: {annotated!r:.40}, {predicted!r:.40}; "
+                          "expected two arrays of whole counts of the same shape") from None
     if not len(pairs):
         return pairs.reshape(0, 2), np.zeros(0, dtype=np.int64)
     points, n_images = np.unique(pairs, axis=0, return_counts=True)

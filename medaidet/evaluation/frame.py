@@ -36,11 +36,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from medaidet.arguments import check_number
+from medaidet.arguments import check_number, check_type, checked_boxes, checked_size
 from medaidet.colors import CLASS_COLORS
 from medaidet.errors import ConfigError
 
-__all__ = ["PER_AREA", "frame_margins", "margin_per_class", "checked_size", "in_frame",
+__all__ = ["PER_AREA", "frame_margins", "margin_per_class", "in_frame",
            "frame_predictions", "FrameError", "frame_errors", "frame_area", "densities",
            "plot_frame"]
 
@@ -53,11 +53,14 @@ def frame_margins(bboxes, labels, label_names, quantile: float = 0.95) -> dict:
     rounded up. A class without a box gets a margin of 0 and a cell centred on the edge
     still counts once per frame (never twice)."""
     quantile = check_number(quantile, "quantile", "probability")
+    label_names = _checked_names(label_names)
+    bboxes, labels = (check_type(x, (list, tuple), name, "a list of one array per image")
+                      for x, name in ((bboxes, "bboxes"), (labels, "labels")))
     sides = {name: [] for name in label_names}
-    for bbox, label in zip(bboxes, labels):
-        bbox = np.asarray(bbox, dtype=float).reshape(-1, 4)
+    for bbox, label in zip(bboxes, labels, strict=True):
+        bbox, label = checked_boxes(bbox, label, len(label_names), "bboxes")
         longer = np.maximum(bbox[:, 2] - bbox[:, 0], bbox[:, 3] - bbox[:, 1])
-        for value, lb in zip(longer, np.asarray(label, dtype=int)):
+        for value, lb in zip(longer, label):
             sides[label_names[lb]].append(value)
     return {name: math.ceil(np.quantile(values, quantile) / 2) if values else 0
             for name, values in sides.items()}
@@ -66,7 +69,8 @@ def frame_margins(bboxes, labels, label_names, quantile: float = 0.95) -> dict:
 def margin_per_class(margins: dict, label_names) -> np.ndarray:
     """float (C,): ``margins[name]`` of each class in ``label_names``, each checked (a named
     ConfigError for a class without one, or a negative or non-finite margin)."""
-    missing = [n for n in label_names if n not in margins]
+    check_type(margins, dict, "margins", "a dict {class name: guard margin in px}")
+    missing = [n for n in _checked_names(label_names) if n not in margins]
     if missing:
         raise ConfigError(f"margins: no guard margin for {', '.join(missing)}; give one per "
                           f"class ({', '.join(label_names)}), in pixels")
@@ -75,10 +79,21 @@ def margin_per_class(margins: dict, label_names) -> np.ndarray:
     return values
 
 
-def checked_size(size) -> tuple:
-    """``(height, width)`` of ``size``, each checked to be a positive number."""
-    height, width = (check_number(v, "size", "positive") for v in size)
-    return height, width
+def _checked_names(label_names) -> tuple:
+    if isinstance(label_names, str) or not all(
+            isinstance(n, str) for n in check_type(label_names, (list, tuple), "label_names",
+                                                   "a list of class names")):
+        raise ConfigError(f"label_names: {label_names!r}; expected a list of class names")
+    return tuple(label_names)
+
+
+def _checked_sizes(sizes, n: int) -> list:
+    """One ``(H, W)`` per image of ``n``, from one per image or one for all."""
+    sizes = [sizes] * n if np.ndim(sizes) == 1 else sizes
+    if not isinstance(sizes, (list, tuple, np.ndarray)) or len(sizes) != n:
+        raise ConfigError(f"sizes: {sizes!r:.60} for {n} images; give one (H, W) per image, "
+                          "or one for all")
+    return [checked_size(s) for s in sizes]
 
 
 def in_frame(bbox, label, size, margins: dict, label_names) -> np.ndarray:
@@ -87,8 +102,8 @@ def in_frame(bbox, label, size, margins: dict, label_names) -> np.ndarray:
     bottom/right line out). A class whose margins leave no frame counts nothing. Written in
     notebook 05, section 4."""
     height, width = checked_size(size)
-    margin = margin_per_class(margins, label_names)[np.asarray(label, dtype=int)]
-    bbox = np.asarray(bbox, dtype=float).reshape(-1, 4)
+    bbox, label = checked_boxes(bbox, label, len(label_names))
+    margin = margin_per_class(margins, label_names)[label]
     cy, cx = (bbox[:, 0] + bbox[:, 2]) / 2, (bbox[:, 1] + bbox[:, 3]) / 2
     return (cy >= margin) & (cy < height - margin) & (cx >= margin) & (cx < width - margin)
 
@@ -100,11 +115,8 @@ def frame_predictions(predictions, sizes, margins: dict):
     image, or one for all."""
     from medaidet.evaluation.predictions import Predictions
 
-    names = predictions.label_names
-    sizes = [sizes] * len(predictions) if np.ndim(sizes) == 1 else list(sizes)
-    if len(sizes) != len(predictions):
-        raise ConfigError(f"sizes: {len(sizes)} image sizes for {len(predictions)} images; "
-                          "give one (H, W) per image, or one for all")
+    names = check_type(predictions, Predictions, "predictions", "Predictions").label_names
+    sizes = _checked_sizes(sizes, len(predictions))
 
     def kept(bboxes, labels, *others):
         masks = [in_frame(b, lb, s, margins, names) for b, lb, s in zip(bboxes, labels, sizes)]
@@ -141,10 +153,12 @@ def frame_errors(predictions, thresholds: dict, sizes, margins: dict) -> list:
 
     Per image and class, the framed count error is (line +) - (line -) + false - missed."""
     from medaidet.evaluation.matching import match_detections, voc_iou
+    from medaidet.evaluation.predictions import Predictions
 
-    names = predictions.label_names
-    kept = predictions.filter(thresholds)
-    sizes = [sizes] * len(predictions) if np.ndim(sizes) == 1 else list(sizes)
+    names = check_type(predictions, Predictions, "predictions", "Predictions").label_names
+    kept = predictions.filter(check_type(thresholds, dict, "thresholds",
+                                         "a dict {class name: score threshold}"))
+    sizes = _checked_sizes(sizes, len(predictions))
     errors = []
     for i, size in enumerate(sizes):
         pb, pl, ps = kept.pred_bboxes[i], kept.pred_labels[i], kept.pred_scores[i]
@@ -178,10 +192,12 @@ def densities(counts, sizes, margins: dict, label_names, pixel_um=None) -> np.nd
     """Cells per :data:`PER_AREA` px² (or per mm² with ``pixel_um``, the side of a pixel in
     µm) of each class's inner frame: float (N images, C classes) from framed ``counts``
     (N, C) and one ``(H, W)`` per image (or one for all). NaN where a frame has no area."""
-    counts = np.asarray(counts, dtype=float).reshape(-1, len(label_names))
-    sizes = [sizes] * len(counts) if np.ndim(sizes) == 1 else list(sizes)
-    if len(sizes) != len(counts):
-        raise ConfigError(f"sizes: {len(sizes)} image sizes for {len(counts)} images")
+    try:
+        counts = np.asarray(counts, dtype=float).reshape(-1, len(_checked_names(label_names)))
+    except (TypeError, ValueError):
+        raise ConfigError(f"counts: {counts!r:.60}; expected (images, {len(label_names)}) "
+                          "numbers, one count per class") from None
+    sizes = _checked_sizes(sizes, len(counts))
     margin = margin_per_class(margins, label_names)
     area = np.array([[frame_area(s, m) for m in margin] for s in sizes]).reshape(counts.shape)
     if pixel_um is None:

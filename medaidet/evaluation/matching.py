@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 from chainercv.utils import bbox_iou
 
-from medaidet.evaluation.predictions import Predictions
+from medaidet.arguments import check_number
+from medaidet.errors import ConfigError
+from medaidet.evaluation.predictions import Predictions, checked
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
 
 __all__ = ["DetectionMatch", "match_detections", "match_predictions", "voc_iou", "as_boxes"]
@@ -73,7 +75,7 @@ def _matched_inputs(pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_dif
                     else np.asarray(gt_difficult, dtype=bool).reshape(-1))
     r, g = len(pred_bbox), len(gt_bbox)
     if not (len(pred_label) == len(pred_score) == r and len(gt_label) == len(gt_difficult) == g):
-        raise ValueError(f"match_detections: {r} predicted boxes with {len(pred_label)} labels "
+        raise ConfigError(f"match_detections: {r} predicted boxes with {len(pred_label)} labels "
                          f"and {len(pred_score)} scores; {g} ground-truth boxes with "
                          f"{len(gt_label)} labels and {len(gt_difficult)} difficult flags: "
                          "each box needs one of each")
@@ -157,6 +159,9 @@ def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
 def match_predictions(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH,
                       iou_thresh: float = IOU_THRESH) -> list:
     """:func:`match_detections` of every image of ``predictions``, in order."""
+    predictions = checked(predictions)
+    score_thresh = check_number(score_thresh, "score_thresh", "probability")
+    iou_thresh = check_number(iou_thresh, "iou_thresh", "probability")
     return [match_detections(*(getattr(predictions, k)[i] for k in (
         "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
         "gt_difficults")), iou_thresh=iou_thresh, score_thresh=score_thresh)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from medaidet.arguments import check_number
+from medaidet.arguments import check_number, check_type
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.device import DEFAULT_DEVICE, resolve_device
 from medaidet.errors import ConfigError, WeightsError
@@ -30,8 +30,8 @@ from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, predict
 from medaidet.ssd.pretrained import shipped_weights
 from medaidet.ssd.weight_files import load_weights
 
-__all__ = ["Predictions", "predict_split", "bootstrap", "paired_bootstrap", "load_model",
-           "course_weights", "missing_weights_error"]
+__all__ = ["Predictions", "checked", "predict_split", "bootstrap", "paired_bootstrap",
+           "load_model", "course_weights", "missing_weights_error"]
 
 
 def missing_weights_error(path: Path) -> WeightsError:
@@ -67,12 +67,12 @@ class Predictions:
         n = len(self.ids)
         for name in ("pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"Predictions.{name} has {len(getattr(self, name))} "
+                raise ConfigError(f"Predictions.{name} has {len(getattr(self, name))} "
                                  f"entries for {n} images")
         if self.gt_difficults is None:
             self.gt_difficults = [np.zeros(len(lb), dtype=bool) for lb in self.gt_labels]
         if len(self.gt_difficults) != n:
-            raise ValueError(f"Predictions.gt_difficults has {len(self.gt_difficults)} "
+            raise ConfigError(f"Predictions.gt_difficults has {len(self.gt_difficults)} "
                              f"entries for {n} images")
         self.label_names = tuple(self.label_names)
 
@@ -90,17 +90,19 @@ class Predictions:
             missing = [n for n in self.label_names if n not in score_thresh]
             unknown = [n for n in score_thresh if n not in self.label_names]
             if missing or unknown:
-                raise ValueError(f"score_thresh: per-class thresholds need exactly the classes "
-                                 f"{', '.join(self.label_names)}; missing {missing or 'none'}, "
-                                 f"unknown {unknown or 'none'}")
-            per_class = np.array([float(score_thresh[n]) for n in self.label_names])
+                raise ConfigError(f"score_thresh: per-class thresholds need exactly the "
+                                  f"classes {', '.join(self.label_names)}; missing "
+                                  f"{missing or 'none'}, unknown {unknown or 'none'}")
+            per_class = np.array([check_number(score_thresh[n], f"score_thresh[{n!r}]",
+                                               "probability") for n in self.label_names])
         else:
-            per_class = np.full(len(self.label_names), float(score_thresh))
+            per_class = np.full(len(self.label_names),
+                                check_number(score_thresh, "score_thresh", "probability"))
         lowest = float(per_class.min())
         if lowest < self.score_thresh:
-            raise ValueError(f"these predictions hold only scores >= {self.score_thresh}; "
-                             f"cannot filter at {lowest}: predict again with a lower "
-                             "score threshold")
+            raise ConfigError(f"score_thresh: these predictions hold only scores >= "
+                              f"{self.score_thresh}; cannot filter at {lowest}: predict again "
+                              "with a lower score threshold")
         keep = [s >= per_class[np.asarray(lb, dtype=int)]
                 for s, lb in zip(self.pred_scores, self.pred_labels)]
         return Predictions(
@@ -115,6 +117,12 @@ class Predictions:
         """The images at ``indices`` (in that order, repeats allowed: a bootstrap sample)."""
         fields = ("ids", "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
                   "gt_difficults")
+        indices = np.asarray(indices)
+        if indices.ndim != 1 or indices.size and (indices.dtype.kind not in "iu" or
+                                                  not (-len(self) <= indices).all() or
+                                                  not (indices < len(self)).all()):
+            raise ConfigError(f"indices: {indices!r:.60}; expected image indices from 0 to "
+                              f"{len(self) - 1}")
         return Predictions(*([getattr(self, f)[i] for i in indices] for f in fields),
                            self.label_names, self.score_thresh, self.split, self.model)
 
@@ -124,7 +132,7 @@ class Predictions:
         boxes). Only the annotations are read."""
         ids = getattr(dataset, "ids", None)       # a slice of a dataset has none
         if len(dataset) != len(self) or ids is not None and list(ids) != list(self.ids):
-            raise ValueError("scored_against: the dataset holds other images than these "
+            raise ConfigError("scored_against: the dataset holds other images than these "
                              "predictions")
         boxes = dataset.slice[:, ("bbox", "label")]
         return Predictions(**{**self.__dict__,
@@ -133,11 +141,17 @@ class Predictions:
                               "gt_difficults": None})
 
 
+def checked(predictions, name: str = "predictions") -> Predictions:
+    """``predictions`` if it is :class:`Predictions`; else a ConfigError naming ``name``."""
+    return check_type(predictions, Predictions, name, "Predictions (from predict_split)")
+
+
 def _resamples(n_images: int, n: int, seed: int) -> list:
     """``n`` draws of ``n_images`` image indices with replacement."""
     if not n_images:
         raise ConfigError("predictions: no image to resample; a bootstrap needs at least one")
     n = check_number(n, "n", "positive", integer=True)
+    seed = check_number(seed, "seed", "seed", integer=True)
     rng = np.random.default_rng(seed)
     return [rng.integers(0, n_images, n_images) for _ in range(n)]
 
@@ -160,6 +174,7 @@ def bootstrap(predictions: Predictions, statistic, n: int = 1000, seed: int = 0,
     images with replacement; returns the ``(low, high)`` percentiles holding ``level`` of
     them (for a dict, ``{key: (low, high)}``). With 40 test images, a figure's spread is
     as much a part of it as its value."""
+    level = _checked_statistic(statistic, level)
     values = [statistic(predictions.take(take)) for take in _resamples(len(predictions), n, seed)]
     if isinstance(values[0], dict):
         return {k: _interval([x[k] for x in values], level) for k in values[0]}
@@ -181,9 +196,11 @@ def paired_bootstrap(a, b, statistic, n: int = 1000, seed: int = 0, level: float
     does not tell the two apart on these images.
     """
     if list(a.ids) != list(b.ids):
-        raise ValueError("paired_bootstrap: a and b hold different images (ids differ); a "
-                         "paired comparison needs the same images in the same order")
+        raise ConfigError("b: a and b hold different images (ids differ); a paired "
+                          "comparison needs the same images in the same order")
+    level = _checked_statistic(statistic, level)
     statistic_b = statistic_b or statistic
+    _checked_statistic(statistic_b, level)
     takes = _resamples(len(a), n, seed)
 
     def difference(x, y):
@@ -197,6 +214,16 @@ def paired_bootstrap(a, b, statistic, n: int = 1000, seed: int = 0, level: float
     if isinstance(whole, dict):
         return {k: (v, *_interval([s[k] for s in samples], level)) for k, v in whole.items()}
     return (whole, *_interval(samples, level))
+
+
+def _checked_statistic(statistic, level) -> float:
+    if not callable(statistic):
+        raise ConfigError(f"statistic: {statistic!r:.60} is not a function; expected one that "
+                          "takes Predictions and returns a number or a dict of numbers")
+    level = check_number(level, "level", "probability")
+    if level in (0, 1):
+        raise ConfigError(f"level: {level}; expected a number between 0 and 1, e.g. 0.95")
+    return level
 
 
 def _ground_truth(item):

@@ -23,7 +23,7 @@ from medaidet.data.bccd import CLASS_COLORS
 from medaidet.errors import ConfigError
 from medaidet.evaluation.count import (check_score_thresh, count_cells, count_errors,
                                        count_stats, per_image_counts, predicted_counts)
-from medaidet.evaluation.predictions import Predictions, bootstrap
+from medaidet.evaluation.predictions import Predictions, bootstrap, checked
 
 __all__ = ["DEFAULT_THRESHOLDS", "SWEEP_NOTE", "SweepResult", "ThresholdChange",
            "threshold_sweep", "threshold_change", "plot_sweep", "report_count_errors"]
@@ -158,7 +158,7 @@ def threshold_change(predictions: Predictions, class_name: str, before: float, a
     :func:`count_cells` takes them. Returns a :class:`ThresholdChange`; print it for the
     explanation in this run's numbers.
     """
-    names = list(predictions.label_names)
+    names = list(checked(predictions).label_names)
     if class_name not in names:
         raise ConfigError(f"class_name: {class_name!r} is not a class of the "
                                  f"predictions; expected one of {names}")
@@ -253,7 +253,7 @@ def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> 
     Warns (``UserWarning``) when ``predictions.split == 'test'``: a threshold chosen there
     is optimistic; choose it on val.
     """
-    thresholds = np.sort([check_score_thresh(t, predictions.score_thresh, "thresholds")
+    thresholds = np.sort([check_score_thresh(t, checked(predictions).score_thresh, "thresholds")
                           for t in np.asarray(thresholds, dtype=object).ravel()])
     if thresholds.size == 0:
         raise ConfigError("thresholds: none given; expected score thresholds from "

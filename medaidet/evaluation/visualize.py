@@ -30,6 +30,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from medaidet.colors import OUTCOME_LABELS, OUTCOME_STYLES
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+from medaidet.errors import ConfigError
 from medaidet.evaluation.predictions import Predictions
 from medaidet.evaluation.matching import (DetectionMatch, as_boxes, match_detections,
                                           match_predictions)
@@ -51,12 +52,12 @@ def _class_index(class_filter, label_names):
     if isinstance(class_filter, str):
         names = [n.lower() for n in label_names]
         if class_filter.lower() not in names:
-            raise ValueError(f"class_filter: {class_filter!r} is not a class; expected one "
+            raise ConfigError(f"class_filter: {class_filter!r} is not a class; expected one "
                              f"of {', '.join(label_names)} (or its index)")
         return names.index(class_filter.lower())
     index = int(class_filter)
     if not 0 <= index < len(label_names):
-        raise ValueError(f"class_filter: {class_filter} is not a class index; expected 0 to "
+        raise ConfigError(f"class_filter: {class_filter} is not a class index; expected 0 to "
                          f"{len(label_names) - 1} ({', '.join(label_names)})")
     return index
 
@@ -92,7 +93,7 @@ def _legend_handles(totals=None):
 def _to_hwc(img) -> np.ndarray:
     img = np.asarray(img)
     if img.ndim != 3 or img.shape[0] not in (1, 3):
-        raise ValueError(f"img: expected float (3, H, W) RGB 0-255 (ChainerCV's layout); "
+        raise ConfigError(f"img: expected float (3, H, W) RGB 0-255 (ChainerCV's layout); "
                          f"got shape {img.shape}")
     hwc = img.transpose(1, 2, 0)
     if hwc.shape[2] == 1:
@@ -179,7 +180,7 @@ def _images_for(predictions: Predictions, dataset=None, root=None):
     """The dataset whose images the predictions were made on, and an id -> index lookup."""
     if dataset is None:
         if predictions.split is None:
-            raise ValueError("plot_detections: the predictions do not say their split; pass "
+            raise ConfigError("plot_detections: the predictions do not say their split; pass "
                              "dataset= (e.g. BCCDDataset(root, 'test')), whose images they are")
         # predicting read the same annotations and warned about what it dropped already
         with warnings.catch_warnings():
@@ -193,7 +194,7 @@ def _images_for(predictions: Predictions, dataset=None, root=None):
 def _image(dataset, index, position, image_id):
     if index is not None:
         if image_id not in index:
-            raise ValueError(f"image {image_id!r} of the predictions is not in the dataset "
+            raise ConfigError(f"image {image_id!r} of the predictions is not in the dataset "
                              "given: pass the dataset the predictions were made on")
         position = index[image_id]
     if hasattr(dataset, "slice") and "img" in getattr(dataset, "keys", ()):
@@ -211,7 +212,7 @@ def _at_threshold(predictions: Predictions, score_thresh):
         predictions = predictions.filter(score_thresh)
         score_thresh = predictions.score_thresh
     if score_thresh < predictions.score_thresh:
-        raise ValueError(f"score_thresh: {score_thresh} is below {predictions.score_thresh:g}, "
+        raise ConfigError(f"score_thresh: {score_thresh} is below {predictions.score_thresh:g}, "
                          "the lowest score the predictions hold")
     return predictions, score_thresh, at
 
@@ -223,7 +224,7 @@ def _chosen(predictions: Predictions, indices, n: int, sort_by, outcomes) -> lis
         order = list(range(len(predictions)))
         if sort_by is not None:
             if sort_by not in ("missed", "fp", "errors"):
-                raise ValueError(f"sort_by: {sort_by!r}; expected 'missed', 'fp', 'errors' "
+                raise ConfigError(f"sort_by: {sort_by!r}; expected 'missed', 'fp', 'errors' "
                                  "or None")
 
             def errors(i):
@@ -237,7 +238,7 @@ def _chosen(predictions: Predictions, indices, n: int, sort_by, outcomes) -> lis
     bad = [i for i in indices
            if isinstance(i, str) or not -len(predictions) <= int(i) < len(predictions)]
     if bad:
-        raise ValueError(f"indices: {bad} are neither positions (0 to "
+        raise ConfigError(f"indices: {bad} are neither positions (0 to "
                          f"{len(predictions) - 1}) nor image ids of the predictions")
     return [int(i) % len(predictions) for i in indices]
 
@@ -296,7 +297,7 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
     outcomes = _outcomes(predictions, score_thresh, iou_thresh, only)
     indices = _chosen(predictions, indices, n, sort_by, outcomes)
     if not indices:
-        raise ValueError("plot_detections: no image to show (empty predictions or indices)")
+        raise ConfigError("plot_detections: no image to show (empty predictions or indices)")
     dataset, index = _images_for(predictions, dataset, root)
 
     fig, axes = _grid(len(indices), ncols)

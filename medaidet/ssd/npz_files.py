@@ -121,8 +121,9 @@ def read_arrays(path: Path) -> dict:
             raise WeightsError(
                 f"{path} is empty (0 bytes): the save or copy that wrote it did not finish "
                 f"(an interrupted run, a full disk?); copy it again or use another file; "
-                f"{_EXPECTED}.", "file")
-        raise WeightsError(f"{path} is {what}, not a weight file; {_EXPECTED}.", "file")
+                f"{_EXPECTED}.", "file", path=path)
+        raise WeightsError(f"{path} is {what}, not a weight file; {_EXPECTED}.", "file",
+                           path=path)
     try:
         npz = np.load(path, allow_pickle=False)
     except (OSError, zipfile.BadZipFile, EOFError, ValueError):
@@ -132,7 +133,7 @@ def read_arrays(path: Path) -> dict:
             f"{path} is a truncated .npz: it starts as a zip archive but its end is missing "
             f"({size} byte{'' if size == 1 else 's'} long; an interrupted copy, download or "
             f"save, or a full disk). Copy or download it again, or save it again with "
-            f"medaidet.ssd.weight_files.save_weights.", "file") from None
+            f"medaidet.ssd.weight_files.save_weights.", "file", path=path) from None
     with npz:
         check_sizes(path, npz.zip)
         members = npz.zip.namelist()
@@ -142,9 +143,10 @@ def read_arrays(path: Path) -> dict:
                 f"{path} is a zip archive but not an .npz of arrays: it holds {other[0]!r}"
                 f"{f' and {len(other) - 1} more' if len(other) > 1 else ''}, which is not a "
                 f".npy array (a PyTorch checkpoint or another tool's archive?); {_EXPECTED}.",
-                "file")
+                "file", path=path)
         if not members:
-            raise WeightsError(f"{path} is an empty zip archive: no arrays; {_EXPECTED}.", "file")
+            raise WeightsError(f"{path} is an empty zip archive: no arrays; {_EXPECTED}.",
+                               "file", path=path)
         arrays = {}
         for key in npz.files:
             try:
@@ -155,7 +157,7 @@ def read_arrays(path: Path) -> dict:
                 raise WeightsError(
                     f"{path}: entry {key} holds Python objects, not numbers; a parameter "
                     f"saved before the model's first forward pass is one cause. Save with "
-                    f"medaidet.ssd.weight_files.save_weights.", "file") from None
+                    f"medaidet.ssd.weight_files.save_weights.", "file", path=path) from None
             except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
                 raise _damaged(path, key, exc) from None
     return arrays
@@ -164,7 +166,8 @@ def read_arrays(path: Path) -> dict:
 def _damaged(path: Path, key: str, exc: Exception) -> WeightsError:
     return WeightsError(
         f"{path} is damaged: its entry {key} cannot be read ({exc}). Copy or download it "
-        f"again, or save it again with medaidet.ssd.weight_files.save_weights.", "file")
+        f"again, or save it again with medaidet.ssd.weight_files.save_weights.", "file",
+        path=Path(path), parameter=key)
 
 
 def check_finite(arrays: dict, path: Path, cause: str) -> None:

@@ -1,12 +1,9 @@
 """Where a model's starting weights come from: ChainerCV's named pretrained weights (PASCAL
 VOC), the trained weights that ship with medaidet, and ImageNet VGG-16 from several sources.
 
-Named weights come from ChainerCV's model cache, the same files ChainerCV uses:
-``<dataset root>/pfnet/chainercv/models/<the URL's file name>`` (:func:`cache_dir`), where the
-dataset root is ``$CHAINER_DATASET_ROOT`` (default ``~/.chainer/dataset``; see
-``chainer.dataset.set_dataset_root``). A missing file is downloaded by ChainerCV's
-``download_model``; offline, a ``"missing"`` WeightsError says which file to place where and
-the URL it comes from.
+Named weights are ChainerCV's own files in its model cache (:func:`cache_dir`, under
+``$CHAINER_DATASET_ROOT``, default ``~/.chainer/dataset``), downloaded by its
+``download_model``; offline, a ``"missing"`` WeightsError says which file to place where.
 
 **ImageNet VGG-16** (SSD300's and SSD512's starting point):
 ``build_ssd("ssd300", pretrained="imagenet")`` needs ImageNet VGG-16 weights in ChainerCV's
@@ -97,11 +94,8 @@ def pretrained_url(name: str = "ssd300", pretrained: str = "voc0712") -> str:
 
 
 def pretrained_cache_path(name: str = "ssd300", pretrained: str = "voc0712") -> Path:
-    """Where ChainerCV keeps (and looks for) that file: ``<root>/pfnet/chainercv/models/<name>``.
-
-    Computed as ChainerCV's ``download_model`` does (the URL's base name under
-    ``get_dataset_directory('pfnet/chainercv/models')``), without creating anything.
-    """
+    """Where ChainerCV's ``download_model`` keeps (and looks for) that file: the URL's base
+    name in :func:`cache_dir` (nothing is created)."""
     return cache_dir() / os.path.basename(pretrained_url(name, pretrained))
 
 
@@ -284,6 +278,7 @@ def _from_cache(source: ImagenetSource, mean) -> Path | None:
         return None
     converted = folder / source.converted_name
     if _sidecar_ok(converted):
+        check_chainercv_file(converted)      # a sidecar made for a damaged file proves nothing
         return converted
     if converted.is_file():
         raise WeightsError(
@@ -377,12 +372,17 @@ def imagenet_status(timeout: float = 3.0, sources=None) -> list[tuple[ImagenetSo
     folder = cache_dir()
 
     def state(source: ImagenetSource) -> str:
-        converted = folder / source.converted_name
-        if source.converted and converted.is_file():
-            return (f"cached ({converted})" if _sidecar_ok(converted) else
-                    f"damaged ({converted} does not match its {SIDECAR_SUFFIX}: delete both)")
-        if (folder / source.file_name).is_file():
-            return f"cached ({folder / source.file_name})"
+        converted = folder / source.converted_name if source.converted else None
+        path = converted if converted and converted.is_file() else folder / source.file_name
+        if path == converted and not _sidecar_ok(path):
+            return f"damaged ({path} does not match its {SIDECAR_SUFFIX}: delete both)"
+        if path.is_file():
+            try:        # ChainerCV's layout (a torch file placed by hand: checked on first use)
+                if path == converted or not source.converted:
+                    check_chainercv_file(path)
+            except WeightsError as exc:
+                return f"damaged ({path}: {exc.kind}; delete it)"
+            return f"cached ({path})"
         request = urllib.request.Request(source.url, method="HEAD",
                                          headers={"User-Agent": f"medaidet/{__version__}"})
         try:

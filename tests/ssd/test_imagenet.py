@@ -220,3 +220,17 @@ def test_a_converted_file_changed_since_is_named_by_the_build_and_by_doctor(serv
     states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
     assert states["torchvision"] == (f"damaged ({path} does not match its .sha256: delete "
                                      "both)")
+
+
+def test_a_truncated_converted_file_with_a_matching_sidecar_is_damaged_not_cached(served, cache):
+    """A sidecar written for the damaged file (by hand, or by a copy tool) proves nothing:
+    doctor and the build both read the file's layout before trusting it."""
+    chain = sources(served, chainercv="closed", torchvision="good", timm="404")
+    path, _, _ = imagenet_weights(progress=False, sources=chain)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    path.with_name(path.name + ".sha256").write_text(f"{sha256(path)}  {path.name}\n")
+    states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
+    assert states["torchvision"].startswith(f"damaged ({path}: ")
+    with pytest.raises(WeightsError) as info:
+        imagenet_weights(progress=False, sources=chain)
+    assert info.value.path == path
