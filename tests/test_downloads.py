@@ -82,6 +82,6 @@ def test_imagenet_downloads_are_capped_at_about_twice_the_largest_file(liar, tmp
     source = replace(imagenet.SOURCES[1], url=f"{liar}/huge")
     assert 1e9 < imagenet.MAX_DOWNLOAD_BYTES < 1.2e9
     with pytest.raises(WeightsError, match="announces 10000000000000 bytes") as info:
-        imagenet._download(source, tmp_path / "vgg16.pth", progress=False, timeout=5)
+        imagenet._download(source, tmp_path / "vgg16.safetensors", progress=False, timeout=5)
     assert info.value.kind == "source"
     assert list(tmp_path.iterdir()) == []          # nothing written, nothing left behind

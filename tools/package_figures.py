@@ -1,8 +1,10 @@
-"""The size figures of the learner's package (issue: "half the lines, one home per idea").
+"""The size figures of the learner's package, against the small-package targets of
+docs/design.md.
 
     python tools/package_figures.py [medaidet] [--train BCCD_ROOT]
 
-Prints, for the package folder (the chainer overlay excluded): its lines and modules, the
+Prints, for the package folder (the chainer overlay excluded): its lines, characters and
+modules, the core's lines (all but ``extras/`` and the command line), the tests' lines, the
 modules over 400 lines, the functions over 60 lines, the exception classes it defines, and
 the modules that call the device parser. Read from the source with :mod:`ast`, nothing
 imported. With ``--train``, also the medaidet modules a real ``train(config)`` enters (one
@@ -17,6 +19,10 @@ from pathlib import Path
 
 MODULE_LIMIT = 400
 FUNCTION_LIMIT = 60
+#: docs/design.md's targets: the package, its core, exception classes, modules train enters.
+TARGETS = {"lines": 6500, "characters": 330_000, "core lines": 5000, "exception classes": 8,
+           "modules train(config) enters": 10}
+NOT_CORE = ("extras", "cli")
 
 
 def _is_exception(node: ast.ClassDef, known: set) -> bool:
@@ -30,6 +36,7 @@ def _is_exception(node: ast.ClassDef, known: set) -> bool:
 def figures(root: Path) -> dict:
     files = sorted(p for p in root.rglob("*.py") if "overlay" not in p.parts)
     lines, big_modules, long_functions, exceptions, device_parsers = 0, [], [], [], []
+    characters = core = 0
     trees = {p: ast.parse(p.read_text(encoding="utf-8")) for p in files}
     known = {"Exception", "ValueError", "RuntimeError", "OSError", "TypeError", "KeyError"}
     changed = True
@@ -43,8 +50,11 @@ def figures(root: Path) -> dict:
                     changed = True
     for path, tree in trees.items():
         name = path.relative_to(root.parent).as_posix()
-        count = len(path.read_text(encoding="utf-8").splitlines())
+        text = path.read_text(encoding="utf-8")
+        count = len(text.splitlines())
         lines += count
+        characters += len(text)
+        core += 0 if path.relative_to(root).parts[0] in NOT_CORE else count
         if count > MODULE_LIMIT:
             big_modules.append((name, count))
         for node in ast.walk(tree):
@@ -59,7 +69,11 @@ def figures(root: Path) -> dict:
                     else getattr(node.func, "id", "")
                 if callee in ("parse_device", "resolve_device") and name not in device_parsers:
                     device_parsers.append(name)
-    return {"lines": lines, "modules": len(files), "big_modules": big_modules,
+    tests = root.parent / "tests"
+    test_lines = sum(len(t.read_text(encoding="utf-8").splitlines())
+                     for t in tests.rglob("*.py") if "node_modules" not in t.parts)
+    return {"lines": lines, "characters": characters, "core lines": core,
+            "test lines": test_lines, "modules": len(files), "big_modules": big_modules,
             "long_functions": long_functions, "exceptions": exceptions,
             "device_parsers": device_parsers}
 
@@ -113,7 +127,14 @@ def main(argv=None) -> int:
     if not root.is_dir():
         parser.error(f"{root}: no such folder")
     f = figures(root)
-    print(f"{root.name}/: {f['lines']:,} lines in {f['modules']} modules (overlay excluded)")
+    print(f"{root.name}/: {f['lines']:,} lines, {f['characters']:,} characters in "
+          f"{f['modules']} modules (overlay excluded); core {f['core lines']:,} lines; "
+          f"tests/ {f['test lines']:,} lines")
+    f["exception classes"] = len(f["exceptions"])
+    for name in ("lines", "characters", "core lines", "exception classes"):
+        print(f"  {name}: {f[name]:,} (target <= {TARGETS[name]:,}: "
+              f"{'met' if f[name] <= TARGETS[name] else 'not met'})")
+    print(f"  tests/ <= the package: {'met' if f['test lines'] <= f['lines'] else 'not met'}")
     print(f"modules over {MODULE_LIMIT} lines: {len(f['big_modules'])}")
     for name, count in sorted(f["big_modules"], key=lambda x: -x[1]):
         print(f"  {count:5d}  {name}")
@@ -128,8 +149,10 @@ def main(argv=None) -> int:
         print(f"  {name}")
     if args.train:
         entered, returns = train_path(args.train)
-        print(f"modules train(config) enters: {len(entered)}; {returns} of them again after "
-              "leaving them")
+        limit = TARGETS["modules train(config) enters"]
+        print(f"modules train(config) enters: {len(entered)} (target <= {limit}: "
+              f"{'met' if len(entered) <= limit else 'not met'}); {returns} of them again "
+              "after leaving them")
         for name in entered:
             print(f"  {name}")
     return 0

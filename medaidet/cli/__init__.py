@@ -21,7 +21,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from medaidet.cli import batch_size, count, data, deploy, doctor, evaluate, train, weights
+from medaidet.cli import batch_size, count, data, deploy, doctor, evaluate, train
 from medaidet.errors import MedaidetError
 from medaidet.files import is_full_disk
 
@@ -32,7 +32,7 @@ OWN_DEPENDENCIES = ("numpy", "packaging", "PIL", "matplotlib", "papermill", "nbf
                     "ipykernel", "tqdm", "defusedxml", "safetensors",
                     "medaidet_tools")   # installed with medaidet, from tools/
 # The commands that need the chainer stack (the others run before it is installed).
-MODEL_COMMANDS = ("train", "evaluate", "count", "batch-size", "export", "weights")
+MODEL_COMMANDS = ("train", "evaluate", "count", "batch-size", "export")
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     tools.add_parsers(commands)          # stack, course: the course's tools (medaidet_tools)
-    for group in (doctor, data, train, evaluate, count, batch_size, deploy, weights):
+    for group in (doctor, data, train, evaluate, count, batch_size, deploy):
         group.add_parser(commands)
     return parser
 

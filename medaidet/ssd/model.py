@@ -8,7 +8,7 @@ BCCD classes) and loads one of:
   ChainerCV: the parameters get their shapes on the first forward pass).
 * ``'imagenet'``: ImageNet VGG-16 weights for the extractor's VGG layers, the rest random
   (what ``SSD300(n_fg_class, pretrained_model='imagenet')`` loads), from the first source
-  that works: the cache, ChainerCV's server, torchvision's or timm's file, converted
+  that works: the cache, ChainerCV's server, timm's file, converted
   (:mod:`medaidet.ssd.pretrained`); the report says which.
 * ``'voc0712'``: every parameter of ChainerCV's PASCAL VOC model *except the class-score
   heads* (``multibox/conf/*``), which keep their random initialization. ChainerCV refuses

@@ -7,22 +7,21 @@ Named weights are ChainerCV's own files in its model cache (:func:`cache_dir`, u
 
 **ImageNet VGG-16** (SSD300's and SSD512's starting point):
 ``build_ssd("ssd300", pretrained="imagenet")`` needs ImageNet VGG-16 weights in ChainerCV's
-layout. ChainerCV publishes them on one server (since 2017, with no checksum); torchvision and
-timm publish the same network's weights, which :mod:`medaidet.ssd.vgg_weights` converts.
-:func:`imagenet_weights` takes the first of these that works:
+layout. ChainerCV publishes them on one server (since 2017, with no checksum); timm
+publishes torchvision's weights of the same network as a safetensors file, which
+:mod:`medaidet.ssd.vgg_weights` converts. :func:`imagenet_weights` takes the first of these
+that works:
 
 1. **the cache** (:func:`cache_dir`): ChainerCV's file; a file converted earlier (its
-   ``.sha256`` sidecar verified); or torchvision's or timm's file placed there by hand
+   ``.sha256`` sidecar and its layout verified); or timm's file placed there by hand
    (checked, then converted);
 2. **ChainerCV's server** (:data:`SOURCES` in this order);
-3. **torchvision's file**, ``vgg16-397923af.pth``;
-4. **timm's file**, ``vgg16.tv_in1k``'s ``model.safetensors``.
+3. **timm's file**, ``vgg16.tv_in1k``'s ``model.safetensors``.
 
-Every download is checked against what its publisher publishes before use (torchvision: the
-sha256 prefix in its file name; timm: the full sha256 its hub lists; ChainerCV published none,
-so its file must hold exactly VGG-16's names and shapes, finite). A file that fails is deleted
-and the next source tried; when none works, a ``"missing"`` WeightsError lists every source's
-URL, why it failed, and where to place any one of the files by hand.
+Every download is checked before use (timm's against the full sha256 its hub lists; ChainerCV
+published none, so its file must hold exactly VGG-16's names and shapes, finite). A file that
+fails is deleted and the next source tried; when none works, a ``"missing"`` WeightsError lists
+every source's URL, why it failed, and where to place either file by hand.
 """
 from __future__ import annotations
 
@@ -158,8 +157,8 @@ def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712") -> Path:
 # --------------------------------------------------------------------------- ImageNet VGG-16
 
 TIMEOUT_S = 60.0
-#: The most bytes a download may bring: about twice the largest real file (torchvision's
-#: vgg16-397923af.pth, 553 MB), checked against Content-Length first.
+#: The most bytes a download may bring: about twice the largest real file (timm's
+#: safetensors, 553 MB), checked against Content-Length first.
 MAX_DOWNLOAD_BYTES = 1100 * 10**6
 
 
@@ -167,11 +166,10 @@ MAX_DOWNLOAD_BYTES = 1100 * 10**6
 class ImagenetSource:
     """One publisher's ImageNet VGG-16 file and how a download of it is checked."""
 
-    name: str                        # 'chainercv', 'torchvision', 'timm'
+    name: str                        # 'chainercv', 'timm'
     url: str
     file_name: str                   # its name in the cache
     sha256: str | None = None        # the full digest its publisher lists
-    sha256_prefix: str | None = None  # the digest's first hex digits its publisher gives
     converted: bool = True           # False: ChainerCV's own layout, used as it is
 
     @property
@@ -180,7 +178,6 @@ class ImagenetSource:
 
     def describe(self) -> str:
         return {"chainercv": "ChainerCV's model server",
-                "torchvision": "torchvision's ImageNet VGG-16 (converted)",
                 "timm": "timm's vgg16.tv_in1k (converted)"}.get(self.name, self.name)
 
 
@@ -189,16 +186,12 @@ class ImagenetSource:
 #: * ChainerCV's file: no checksum was ever published, and none could be confirmed from here
 #:   (the server is not reachable from where this was written): names, shapes and finite
 #:   values are checked instead (:func:`check_chainercv_file`).
-#: * torchvision's file: ``397923af``, the sha256 prefix in the file name that torchvision
-#:   publishes and ``torch.hub.load_state_dict_from_url(check_hash=True)`` checks.
 #: * timm's file: the sha256 the model hub lists for ``timm/vgg16.tv_in1k``'s
 #:   ``model.safetensors`` (its LFS object id). The hub was not reachable from where this
 #:   was written; the value is the one two independent public projects pin for that file.
 SOURCES = (
     ImagenetSource("chainercv", SSD300._models["imagenet"]["url"],
                    os.path.basename(SSD300._models["imagenet"]["url"]), converted=False),
-    ImagenetSource("torchvision", "https://download.pytorch.org/models/vgg16-397923af.pth",
-                   "vgg16-397923af.pth", sha256_prefix="397923af"),
     ImagenetSource("timm", "https://huggingface.co/timm/vgg16.tv_in1k/resolve/main/"
                    "model.safetensors", "vgg16.tv_in1k.safetensors",
                    sha256="57b026918159a6bf9faf8405c3a551903768e7138989d9c6224a14227203fad8"),
@@ -227,10 +220,6 @@ def _check_digest(source: ImagenetSource, digest: str) -> None:
     if source.sha256 and digest != source.sha256:
         raise WeightsError(f"its sha256 {digest} is not the {source.sha256} its publisher lists "
                            f"(a changed or damaged file); it was deleted", "source")
-    if source.sha256_prefix and not digest.startswith(source.sha256_prefix):
-        raise WeightsError(f"its sha256 {digest} does not begin with {source.sha256_prefix}, as "
-                           f"its file name says it must (a changed or damaged file); it was "
-                           f"deleted", "source")
 
 
 def _sidecar_ok(path: Path) -> bool:
@@ -377,7 +366,7 @@ def imagenet_status(timeout: float = 3.0, sources=None) -> list[tuple[ImagenetSo
         if path == converted and not _sidecar_ok(path):
             return f"damaged ({path} does not match its {SIDECAR_SUFFIX}: delete both)"
         if path.is_file():
-            try:        # ChainerCV's layout (a torch file placed by hand: checked on first use)
+            try:        # ChainerCV's layout (timm's file placed by hand: checked on first use)
                 if path == converted or not source.converted:
                     check_chainercv_file(path)
             except WeightsError as exc:

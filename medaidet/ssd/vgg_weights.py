@@ -2,10 +2,10 @@
 
 SSD300 and SSD512 start from an ImageNet VGG-16 (:class:`chainercv.links.model.ssd.VGG16`):
 thirteen 3×3 convolutions, then ``conv6``/``conv7``, the "reduced" fully connected layers of
-the SSD paper. torchvision publishes the same network's ImageNet weights
-(``vgg16-397923af.pth``, a ``torch.save`` state dict) and timm republishes them
-(``vgg16.tv_in1k``, a safetensors file whose ``features.*`` are torchvision's). This module
-reads either file (:func:`read_vgg16`) and converts it (:func:`convert_vgg16`):
+the SSD paper. timm publishes torchvision's ImageNet weights of that network as a safetensors
+file (``vgg16.tv_in1k``: no pickle, read by the ``safetensors`` library; its ``features.*`` are
+torchvision's names). This module reads it (:func:`read_vgg16`) and converts it
+(:func:`convert_vgg16`; a torchvision-layout state dict converts the same way):
 
 * **conv1_1 … conv5_3** are copied. torchvision's network sees RGB in [0, 1], normalised
   per channel, ``(pixel / 255 - MEAN) / STD``; ChainerCV's SSD sees RGB pixels minus its own
@@ -37,20 +37,15 @@ ssd, strict=False)`` loads it into SSD300 or SSD512.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from medaidet.files import check_output
 from medaidet.errors import WeightsError
-from medaidet.ssd.torch_files import read_state_dict
-from medaidet.ssd.weight_files import write_arrays
 
 __all__ = [
     "CONVS", "CHAINERCV_SHAPES", "TORCHVISION_MEAN", "TORCHVISION_STD", "TORCHVISION_MEAN_255", "SSD_MEAN",
-    "NORM4_SCALE", "VGG16_SHAPES", "read_vgg16", "convert_vgg16", "convert_file",
-    "decimate_fc6", "decimate_fc7", "VGGConversion",
+    "NORM4_SCALE", "VGG16_SHAPES", "read_vgg16", "convert_vgg16", "decimate_fc6", "decimate_fc7",
 ]
 
 #: ChainerCV's names of the thirteen convolutions, in order, and where each sits in
@@ -92,29 +87,11 @@ FC_LAYOUTS = {
 }
 
 
-@dataclass(frozen=True)
-class VGGConversion:
-    """What :func:`convert_file` wrote."""
-
-    source: Path
-    layout: str          # 'torchvision' or 'timm'
-    out: Path
-    sha256: str
-    n_arrays: int
-    mean: tuple
-
-    def summary(self) -> str:
-        return (f"{self.source.name} ({self.layout} layout) -> {self.out.name}: "
-                f"{self.n_arrays} arrays for ChainerCV's VGG16 (conv1_1 … conv5_3, conv6, "
-                f"conv7, norm4), for an SSD mean of {tuple(round(m, 3) for m in self.mean)}; "
-                f"sha256 {self.sha256[:12]}…")
-
-
 # --------------------------------------------------------------------------- reading
 
 def read_vgg16(path) -> dict[str, np.ndarray]:
-    """The arrays of a VGG-16 weight file: a ``torch.save`` state dict (``.pth``, zip or
-    legacy format) or a safetensors file, told apart by their first bytes.
+    """The arrays of timm's VGG-16 safetensors file (``torch.save``'s ``.pth``, a pickle, is
+    not read).
 
     Raises:
         WeightsError: ``"file"``: empty, truncated, damaged or another kind of file (says which).
@@ -126,18 +103,14 @@ def read_vgg16(path) -> dict[str, np.ndarray]:
         head = f.read(16)
     if not head:
         raise WeightsError(f"{path} is empty (0 bytes): the download or copy did not "
-                           f"finish; get it again.", "file")
-    if _is_safetensors(head):
-        return _read_safetensors(path)
-    try:
-        return read_state_dict(path)
-    except WeightsError as exc:
-        if head.startswith((b"PK", b"\x80")):
-            raise
+                           f"finish; get it again.", "file", path=path)
+    if not _is_safetensors(head):
+        torch = head.startswith((b"PK", b"\x80"))     # torch.save's zip, or its pickle
         raise WeightsError(
-            f"{path} is neither a PyTorch state dict (.pth) nor a safetensors file (it "
-            f"begins with the bytes {head[:8].hex(' ')}): use torchvision's "
-            f"vgg16-397923af.pth or timm's vgg16.tv_in1k model.safetensors.", "file") from exc
+            f"{path} is not a safetensors file (it begins with the bytes {head[:8].hex(' ')}"
+            f"{': torch.save wrote it?' if torch else ''}): use timm's vgg16.tv_in1k "
+            f"model.safetensors.", "file", path=path)
+    return _read_safetensors(path)
 
 
 def _is_safetensors(head: bytes) -> bool:
@@ -153,7 +126,7 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     except (SafetensorError, OSError, ValueError) as exc:
         raise WeightsError(
             f"{path} cannot be read as a safetensors file ({exc}): it is truncated or "
-            f"damaged; download it again.", "file") from None
+            f"damaged; download it again.", "file", path=path) from None
 
 
 # --------------------------------------------------------------------------- converting
@@ -259,8 +232,8 @@ def _layout_error(state, path, key, expected, found) -> WeightsError:
                  "vgg16_bn.")
     elif not features:
         cause = (f"the file holds no VGG network (its first names: "
-                 f"{', '.join(keys[:4]) or 'none'}): use torchvision's vgg16-397923af.pth or "
-                 f"timm's vgg16.tv_in1k model.safetensors.")
+                 f"{', '.join(keys[:4]) or 'none'}): use timm's vgg16.tv_in1k "
+                 f"model.safetensors.")
     elif len([k for k in features if k.endswith(".weight")]) != 13:
         n = len([k for k in features if k.endswith(".weight")])
         cause = (f"the file has {n} convolution{'' if n == 1 else 's'}, VGG-16 has 13 (VGG-11, -13 or "
@@ -271,14 +244,3 @@ def _layout_error(state, path, key, expected, found) -> WeightsError:
     return WeightsError(f"{path} is not torchvision's or timm's ImageNet VGG-16: {what}. "
                         f"Likely cause: {cause}",
                         "mismatch", path=path, parameter=key, expected=expected, found=found)
-
-
-def convert_file(path, out, mean=SSD_MEAN) -> VGGConversion:
-    """Read ``path`` (torchvision ``.pth`` or timm safetensors), convert it and write the
-    ChainerCV ``.npz`` to ``out`` with a ``.sha256`` sidecar (both atomically)."""
-    path, out = Path(path), check_output(out, inputs=(path,))
-    arrays, layout = convert_vgg16(read_vgg16(path), mean=mean, path=path)
-    digest = write_arrays(arrays, out, inputs=(path,))
-    return VGGConversion(source=path, layout=layout, out=out, sha256=digest,
-                         n_arrays=len(arrays), mean=tuple(float(m) for m in np.ravel(mean)))
-

@@ -289,15 +289,14 @@ def test_unwritable_cache_fails(tmp_path, monkeypatch):
 
 
 IMAGENET = [("ChainerCV's model server", "http://a/x.npz", "unreachable (refused)"),
-            ("torchvision's ImageNet VGG-16 (converted)", "http://b/vgg16.pth", "reachable"),
-            ("timm's vgg16.tv_in1k (converted)", "http://c/model.safetensors", "cached (/c/f)")]
+            ("timm's vgg16.tv_in1k (converted)", "http://c/model.safetensors", "reachable")]
 
 
 def test_imagenet_names_the_first_usable_source():
     line = doctor.check_imagenet(cpu_facts(imagenet=IMAGENET))
     assert line.status == "ok"
-    assert line.found.startswith("SSD300 would start from torchvision's ImageNet VGG-16 "
-                                 "(converted) (reachable).")
+    assert line.found.startswith("SSD300 would start from timm's vgg16.tv_in1k (converted) "
+                                 "(reachable).")
     assert "ChainerCV's model server: unreachable (refused)" in line.found
 
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 import chainer
 import numpy as np
 import pytest
-from vgg_files import torchvision_vgg16, write_vgg_files
+from vgg_files import torchvision_vgg16, write_vgg_file
 
 from medaidet.ssd import pretrained as imagenet
 from medaidet.ssd.pretrained import SOURCES, imagenet_status, imagenet_weights
@@ -36,7 +36,7 @@ def state():
 def served(state, tmp_path_factory):
     """A folder served on 127.0.0.1 holding each publisher's file (and ChainerCV's layout)."""
     root = tmp_path_factory.mktemp("www")
-    write_vgg_files(state, root, pth="vgg16-397923af.pth")
+    write_vgg_file(state, root / "model.safetensors")
     converted, _ = convert_vgg16(state)
     np.savez(root / "ssd_vgg16_imagenet_converted_2017_06_09.npz",
              **{k: v for k, v in converted.items() if k in CHAINERCV_SHAPES})
@@ -62,14 +62,14 @@ def closed_port_url(name):
     return f"http://127.0.0.1:{port}/{name}"
 
 
-def sources(served, chainercv="closed", torchvision="good", timm="good"):
-    """The three sources with local URLs; each 'good', 'closed', '404', 'wrong-sha' or
+def sources(served, chainercv="closed", timm="good"):
+    """The two sources with local URLs; each 'good', 'closed', '404', 'wrong-sha' or
     'not-vgg'."""
     root, base = served
     files = {"chainercv": "ssd_vgg16_imagenet_converted_2017_06_09.npz",
-             "torchvision": "vgg16-397923af.pth", "timm": "model.safetensors"}
+             "timm": "model.safetensors"}
     out = []
-    for source, how in zip(SOURCES, (chainercv, torchvision, timm)):
+    for source, how in zip(SOURCES, (chainercv, timm), strict=True):
         name = files[source.name]
         url = {"closed": closed_port_url(name), "404": f"{base}/missing/{name}",
                "not-vgg": f"{base}/not_vgg.npz"}.get(how, f"{base}/{name}")
@@ -78,8 +78,6 @@ def sources(served, chainercv="closed", torchvision="good", timm="good"):
             digest = hashlib.sha256(b"another file").hexdigest()
         if source.sha256:
             source = replace(source, sha256=digest)
-        if source.sha256_prefix:
-            source = replace(source, sha256_prefix=digest[:8])
         out.append(replace(source, url=url))
     return tuple(out)
 
@@ -99,16 +97,16 @@ def params(model):
 # --------------------------------------------------------------------------- the chain
 
 @pytest.mark.slow(seconds=19)
-def test_chainercv_unreachable_builds_from_torchvisions_file(served, state, cache,
-                                                              monkeypatch, caplog):
+def test_chainercv_unreachable_builds_from_timms_file(served, state, cache, monkeypatch,
+                                                      caplog):
     chain = sources(served, chainercv="closed")
     monkeypatch.setattr(imagenet, "SOURCES", chain)
     caplog.set_level(logging.INFO, logger="medaidet")
     model = build_ssd("ssd300", pretrained="imagenet")
     report = model.weights_report
-    assert report.origin == "torchvision's ImageNet VGG-16 (converted), download"
-    assert "torchvision's ImageNet VGG-16 (converted), download" in report.summary()
-    assert "ssd_vgg16_imagenet_from_torchvision.npz" in report.source
+    assert report.origin == "timm's vgg16.tv_in1k (converted), download"
+    assert "timm's vgg16.tv_in1k (converted), download" in report.summary()
+    assert "ssd_vgg16_imagenet_from_timm.npz" in report.source
     assert "Connection refused" in caplog.text        # ChainerCV's server was tried first
     want, _ = convert_vgg16(state)                     # proven exact in test_vgg_weights
     got = params(model)
@@ -117,10 +115,9 @@ def test_chainercv_unreachable_builds_from_torchvisions_file(served, state, cach
     assert len(report.loaded) == 31 and "extractor/conv8_1/W" in report.initialized
     # kept: the converted file and its sidecar; not the 500 MB download
     assert sorted(p.name for p in cache.iterdir()) == [
-        "ssd_vgg16_imagenet_from_torchvision.npz",
-        "ssd_vgg16_imagenet_from_torchvision.npz.sha256"]
+        "ssd_vgg16_imagenet_from_timm.npz", "ssd_vgg16_imagenet_from_timm.npz.sha256"]
     # the next build finds it in the cache, with every server closed
-    monkeypatch.setattr(imagenet, "SOURCES", sources(served, "closed", "closed", "closed"))
+    monkeypatch.setattr(imagenet, "SOURCES", sources(served, "closed", "closed"))
     again = build_ssd("ssd512", pretrained="imagenet")
     assert again.weights_report.origin.endswith(", cache")
     np.testing.assert_array_equal(params(again)["extractor/conv6/W"],
@@ -128,18 +125,26 @@ def test_chainercv_unreachable_builds_from_torchvisions_file(served, state, cach
 
 
 @pytest.mark.slow(seconds=6)
-def test_404_then_wrong_checksum_then_timm(served, state, cache, caplog):
+def test_404_then_timm(served, state, cache, caplog):
     caplog.set_level(logging.INFO, logger="medaidet")
-    chain = sources(served, chainercv="404", torchvision="wrong-sha", timm="good")
+    chain = sources(served, chainercv="404", timm="good")
     path, source, how = imagenet_weights(progress=False, sources=chain)
     assert (source.name, how) == ("timm", "download")
-    assert "HTTP 404" in caplog.text and "does not begin with" in caplog.text
+    assert "HTTP 404" in caplog.text
     assert sorted(p.name for p in cache.iterdir()) == [
         "ssd_vgg16_imagenet_from_timm.npz", "ssd_vgg16_imagenet_from_timm.npz.sha256"]
     want, _ = convert_vgg16(state)
     with np.load(path) as npz:
         assert sorted(npz.files) == sorted(want)
         np.testing.assert_array_equal(npz["extractor/conv7/W"], want["extractor/conv7/W"])
+
+
+def test_a_download_with_another_checksum_is_deleted_and_named(served, cache):
+    chain = sources(served, chainercv="404", timm="wrong-sha")
+    with pytest.raises(WeightsError) as info:
+        imagenet_weights(progress=False, sources=chain)
+    assert info.value.kind == "missing" and "is not the" in str(info.value)
+    assert not cache.exists() or not any(cache.iterdir())
 
 
 def test_chainercvs_own_file_is_used_as_it_is(served, cache):
@@ -151,7 +156,7 @@ def test_chainercvs_own_file_is_used_as_it_is(served, cache):
 
 def test_a_server_file_that_is_not_vgg16_is_deleted(served, cache, caplog):
     caplog.set_level(logging.INFO, logger="medaidet")
-    chain = sources(served, chainercv="not-vgg", torchvision="closed", timm="good")
+    chain = sources(served, chainercv="not-vgg", timm="good")
     _, source, _ = imagenet_weights(progress=False, sources=chain)
     assert source.name == "timm"
     assert "is not ChainerCV's ImageNet VGG-16" in caplog.text
@@ -159,14 +164,14 @@ def test_a_server_file_that_is_not_vgg16_is_deleted(served, cache, caplog):
 
 
 def test_offline_one_error_lists_every_source(served, cache):
-    chain = sources(served, "closed", "closed", "404")
+    chain = sources(served, "closed", "404")
     with pytest.raises(WeightsError) as info:
         imagenet_weights(progress=False, sources=chain)
     text = str(info.value)
     for source in chain:
         assert source.url in text
         assert str(cache / source.file_name) in text
-    assert text.count("Connection refused") == 2 and "HTTP 404" in text
+    assert text.count("Connection refused") == 1 and "HTTP 404" in text
     assert info.value.path == cache
     assert not cache.exists() or not any(cache.iterdir())
 
@@ -174,17 +179,17 @@ def test_offline_one_error_lists_every_source(served, cache):
 # --------------------------------------------------------------------------- by hand
 
 def test_a_file_placed_by_hand_is_checked_and_converted(served, state, cache):
-    chain = sources(served, "closed", "closed", "closed")
+    chain = sources(served, "closed", "closed")
     cache.mkdir(parents=True)
-    (cache / "vgg16-397923af.pth").write_bytes((served[0] / "vgg16-397923af.pth").read_bytes())
+    placed = cache / "vgg16.tv_in1k.safetensors"
+    placed.write_bytes((served[0] / "model.safetensors").read_bytes())
     path, source, how = imagenet_weights(progress=False, sources=chain)
-    assert (source.name, how, path.name) == ("torchvision", "cache",
-                                             "ssd_vgg16_imagenet_from_torchvision.npz")
-    assert (cache / "vgg16-397923af.pth").exists()        # the user's file is kept
+    assert (source.name, how, path.name) == ("timm", "cache", "ssd_vgg16_imagenet_from_timm.npz")
+    assert placed.exists()                                # the user's file is kept
 
 
 def test_a_wrong_file_placed_by_hand_is_named(served, cache):
-    chain = sources(served, "closed", "closed", "closed")
+    chain = sources(served, "closed", "closed")
     cache.mkdir(parents=True)
     wrong = cache / "vgg16.tv_in1k.safetensors"
     wrong.write_bytes(b"{}" * 10)
@@ -196,21 +201,22 @@ def test_a_wrong_file_placed_by_hand_is_named(served, cache):
 # --------------------------------------------------------------------------- doctor
 
 def test_status_says_cached_reachable_or_not(served, cache):
-    chain = sources(served, chainercv="closed", torchvision="good", timm="404")
+    chain = sources(served, chainercv="closed", timm="good")
     states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
     assert states["chainercv"].startswith("unreachable (") and "refused" in states["chainercv"]
-    assert states["torchvision"] == "reachable"
+    assert states["timm"] == "reachable"
+    states = dict((s.name, state) for s, state in
+                  imagenet_status(sources=sources(served, "closed", "404")))
     assert states["timm"] == "unreachable (HTTP 404 File not found)"
     imagenet_weights(progress=False, sources=chain)
     states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
-    assert states["torchvision"].startswith("cached (") and "from_torchvision" in \
-        states["torchvision"]
+    assert states["timm"].startswith("cached (") and "from_timm" in states["timm"]
 
 
 def test_a_converted_file_changed_since_is_named_by_the_build_and_by_doctor(served, cache):
     """Its .sha256 no longer matches: the build says so (not "not in the cache") and doctor's
     status says damaged (not "OK (cached)")."""
-    chain = sources(served, chainercv="closed", torchvision="good", timm="404")
+    chain = sources(served, chainercv="closed", timm="good")
     path, _, _ = imagenet_weights(progress=False, sources=chain)
     with open(path, "ab") as f:
         f.write(b"changed")
@@ -218,19 +224,18 @@ def test_a_converted_file_changed_since_is_named_by_the_build_and_by_doctor(serv
         imagenet_weights(progress=False, sources=chain)
     assert (info.value.kind, info.value.path) == ("checksum", path)
     states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
-    assert states["torchvision"] == (f"damaged ({path} does not match its .sha256: delete "
-                                     "both)")
+    assert states["timm"] == f"damaged ({path} does not match its .sha256: delete both)"
 
 
 def test_a_truncated_converted_file_with_a_matching_sidecar_is_damaged_not_cached(served, cache):
     """A sidecar written for the damaged file (by hand, or by a copy tool) proves nothing:
     doctor and the build both read the file's layout before trusting it."""
-    chain = sources(served, chainercv="closed", torchvision="good", timm="404")
+    chain = sources(served, chainercv="closed", timm="good")
     path, _, _ = imagenet_weights(progress=False, sources=chain)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     path.with_name(path.name + ".sha256").write_text(f"{sha256(path)}  {path.name}\n")
     states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
-    assert states["torchvision"].startswith(f"damaged ({path}: ")
+    assert states["timm"].startswith(f"damaged ({path}: ")
     with pytest.raises(WeightsError) as info:
         imagenet_weights(progress=False, sources=chain)
     assert info.value.path == path

@@ -13,12 +13,11 @@ import pytest
 from chainercv.links import SSD300
 from chainercv.transforms import resize
 from chainercv.utils import read_image
-from vgg_files import CONV_INDEX, WIDTHS, torchvision_vgg16, write_vgg_files
+from vgg_files import CONV_INDEX, WIDTHS, torchvision_vgg16, write_vgg_file
 
 from medaidet.errors import MedaidetError, WeightsError
-from medaidet.ssd.torch_files import read_state_dict
-from medaidet.ssd.vgg_weights import (SSD_MEAN, TORCHVISION_MEAN_255, convert_file, convert_vgg16, read_vgg16)
-from medaidet.ssd.weight_files import materialize
+from medaidet.ssd.vgg_weights import SSD_MEAN, TORCHVISION_MEAN_255, convert_vgg16, read_vgg16
+from medaidet.ssd.weight_files import materialize, write_arrays
 
 NAMES = ["conv1_1", "conv1_2", "conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv3_3",
          "conv4_1", "conv4_2", "conv4_3", "conv5_1", "conv5_2", "conv5_3"]
@@ -32,9 +31,15 @@ def vgg_state():
 
 
 @pytest.fixture(scope="module")
-def vgg_files(vgg_state, tmp_path_factory):
-    """The weights as torchvision's .pth and as timm's safetensors file."""
-    return write_vgg_files(vgg_state, tmp_path_factory.mktemp("vgg"))
+def vgg_file(vgg_state, tmp_path_factory):
+    """The weights as timm's safetensors file."""
+    return write_vgg_file(vgg_state, tmp_path_factory.mktemp("vgg") / "model.safetensors")
+
+
+def convert(source, out, mean=SSD_MEAN):
+    """What imagenet_weights does with timm's file: read, convert, write with a sidecar."""
+    arrays, layout = convert_vgg16(read_vgg16(source), mean=mean, path=source)
+    return write_arrays(arrays, out), layout, len(arrays)
 
 
 @pytest.fixture(scope="module")
@@ -107,14 +112,12 @@ def relative(a, b):
 
 # --------------------------------------------------------------------------- exactness
 
-@pytest.mark.slow(seconds=8)
-@pytest.mark.parametrize("layout", ["torchvision", "timm"])
-def test_converted_extractor_equals_the_reference_layer_by_layer(vgg_state, vgg_files, image,
-                                                                  layout, tmp_path):
+@pytest.mark.slow(seconds=4)
+def test_converted_extractor_equals_the_reference_layer_by_layer(vgg_state, vgg_file, image,
+                                                                  tmp_path):
     # the SSD subtracts torchvision's mean (x 255): the conversion is exact everywhere
     out = tmp_path / "vgg.npz"
-    report = convert_file(vgg_files[layout], out, mean=TORCHVISION_MEAN_255)
-    assert report.layout == layout and report.n_arrays == 31
+    assert convert(vgg_file, out, mean=TORCHVISION_MEAN_255)[1:] == ("timm", 31)
     ours, model = chainercv_outputs(out, image, TORCHVISION_MEAN_255)
     want = reference(vgg_state, image)
     assert ours["conv4_3"].shape == (512, 38, 38)          # ceil-mode pooling: 300 -> 38
@@ -128,10 +131,10 @@ def test_converted_extractor_equals_the_reference_layer_by_layer(vgg_state, vgg_
 
 
 @pytest.mark.slow(seconds=2)
-def test_with_chainercvs_mean_only_the_padded_frame_of_conv1_1_differs(vgg_state, vgg_files,
+def test_with_chainercvs_mean_only_the_padded_frame_of_conv1_1_differs(vgg_state, vgg_file,
                                                                         image, tmp_path):
     out = tmp_path / "vgg.npz"
-    convert_file(vgg_files["torchvision"], out)                    # ChainerCV's mean
+    convert(vgg_file, out)                                         # ChainerCV's mean
     ours, _ = chainercv_outputs(out, image, SSD_MEAN)
     x = (image.astype(np.float64) / 255 - MEAN[:, None, None]) / STD[:, None, None]
     want = conv3x3(x, vgg_state["features.0.weight"], vgg_state["features.0.bias"])
@@ -174,11 +177,12 @@ def test_fc6_fc7_subsampling_element_by_element(vgg_state, tmp_path):
                                       vgg_state[f"features.{index}.weight"])
 
 
-@pytest.mark.slow(seconds=5)
-def test_both_formats_give_the_same_file(vgg_files, tmp_path):
-    digests = {layout: convert_file(path, tmp_path / f"{layout}.npz").sha256
-               for layout, path in vgg_files.items()}
-    assert digests["torchvision"] == digests["timm"]
+@pytest.mark.slow(seconds=3)
+def test_timms_file_and_torchvisions_layout_give_the_same_arrays(vgg_state, vgg_file, tmp_path):
+    digest, _, _ = convert(vgg_file, tmp_path / "timm.npz")
+    arrays, layout = convert_vgg16(vgg_state)
+    assert layout == "torchvision"
+    assert write_arrays(arrays, tmp_path / "torchvision.npz") == digest
     model = SSD300(n_fg_class=3)
     arrays = dict(np.load(tmp_path / "timm.npz"))
     assert sorted(arrays) == sorted(
@@ -186,7 +190,7 @@ def test_both_formats_give_the_same_file(vgg_files, tmp_path):
         + ["extractor/norm4/scale"])
     materialize(model)
     chainer.serializers.load_npz(str(tmp_path / "timm.npz"), model, strict=False)
-    assert (tmp_path / "timm.npz.sha256").read_text().split()[0] == digests["timm"]
+    assert (tmp_path / "timm.npz.sha256").read_text().split()[0] == digest
 
 
 # --------------------------------------------------------------------------- bad input
@@ -244,9 +248,8 @@ def test_nan_weights_are_named(vgg_state):
     assert "1 NaN and 0 infinite" in str(info.value)
 
 
-@pytest.mark.parametrize("layout", ["torchvision", "timm"])
-def test_truncated_file_is_named(vgg_files, layout, tmp_path):
-    source = vgg_files[layout]
+def test_truncated_file_is_named(vgg_file, tmp_path):
+    source = vgg_file
     cut = tmp_path / source.name
     with open(source, "rb") as f:
         cut.write_bytes(f.read(source.stat().st_size // 2))
@@ -256,57 +259,14 @@ def test_truncated_file_is_named(vgg_files, layout, tmp_path):
 
 
 def test_other_files_are_named(tmp_path, bccd_root):
+    """An empty file, an image, and what torch.save writes (a zip, or a pickle): a pickle is
+    never read, however it is named."""
     empty = tmp_path / "empty.pth"
     empty.write_bytes(b"")
     jpeg = bccd_root / "JPEGImages" / "BloodImage_00000.jpg"
-    for path in (empty, jpeg):
+    pth = tmp_path / "vgg16.pth"
+    pth.write_bytes(b"\x80\x02" + b"c__builtin__\nprint\n" * 4)
+    for path in (empty, jpeg, pth):
         with pytest.raises(WeightsError) as info:
             read_vgg16(path)
-        assert info.value.kind == "file" and str(path) in str(info.value)
-
-
-# --------------------------------------------------------------------------- .pth reader
-
-@pytest.mark.parametrize("fmt", ["zip", "legacy"])
-def test_reads_what_pytorch_itself_saved(fmt, request):
-    """Files saved by PyTorch 1.12.1 (tools/make_torch_fixtures.py), both formats."""
-    data = request.path.parent / "data"
-    expected = dict(np.load(data / "torch_state_expected.npz"))
-    got = read_state_dict(data / f"torch_state_{fmt}.pth")
-    assert list(got) == list(expected)
-    for key, value in expected.items():
-        assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
-        np.testing.assert_array_equal(got[key], value, err_msg=key)
-    assert got["shared.tail"][0] == got["shared.full"][5]   # a view at storage offset 5
-
-
-def test_a_pickle_that_runs_code_is_refused(tmp_path):
-    import pickle
-    import zipfile
-    path = tmp_path / "evil.pth"
-    with zipfile.ZipFile(path, "w") as archive:       # what an attack would put there
-        archive.writestr("archive/data.pkl", pickle.dumps({"w": print}, protocol=2))
-    with pytest.raises(WeightsError, match=r"holds (__builtin__|builtins)\.print"):
-        read_state_dict(path)
-
-
-# --------------------------------------------------------------------------- command
-
-@pytest.mark.slow(seconds=2)
-def test_the_command_converts_and_says_what_it_wrote(vgg_files, tmp_path):
-    import json
-    import subprocess
-    import sys
-    out = tmp_path / "vgg.npz"
-    done = subprocess.run([sys.executable, "-m", "medaidet", "weights", "convert",
-                           str(vgg_files["timm"]), "--out", str(out), "--json"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    said = json.loads(done.stdout)
-    assert (said["layout"], said["arrays"], said["mean"]) == ("timm", 31, list(SSD_MEAN))
-    assert said["sha256"] == (tmp_path / "vgg.npz.sha256").read_text().split()[0]
-    bad = subprocess.run([sys.executable, "-m", "medaidet", "weights", "convert",
-                          str(tmp_path / "vgg.npz"), "--out", str(tmp_path / "x.npz")],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
-    assert "is an .npz of NumPy arrays, not a PyTorch file" in bad.stderr
+        assert (info.value.kind, info.value.path) == ("file", path)
