@@ -134,7 +134,7 @@ def _install_hint(exc: ModuleNotFoundError):
 
 
 def _show_medaidet_logs() -> None:
-    """What medaidet's modules log at INFO (files left alone by a download, leftovers swept,
+    """What medaidet's modules log at INFO (files left alone by a download,
     weights loaded) goes to stderr, prefixed like every other line of the command."""
     logger = logging.getLogger("medaidet")
     if not any(getattr(h, "medaidet_cli", False) for h in logger.handlers):

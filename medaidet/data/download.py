@@ -17,10 +17,9 @@ Safety rules of :func:`download` (:func:`download_bccd`, :func:`download_txl_pbc
   touched: files the user added stay where they are. The marker is removed first and put
   back last, so an interrupted install is never taken for a verified copy. A folder that
   holds another dataset is refused: a dataset root holds one dataset;
-* temporary files are removed on any failure, and the leftovers of a download that was
-  killed (``.<name>.partial-*`` folders, ``.<name>.*.download`` files beside the
-  destination) are removed by the next one (:func:`sweep_leftovers`); nothing else is ever
-  deleted;
+* the temporary folder (``.<name>.*.partial`` beside the destination, made by
+  :mod:`tempfile`) is removed on any failure; nothing else is ever deleted. A download killed
+  outright (``kill -9``, a power cut) leaves it behind, to be deleted by hand;
 * nothing is ever downloaded implicitly: :func:`~medaidet.data.pinned.resolve_root` only
   looks.
 """
@@ -28,11 +27,8 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import secrets
 import shutil
-import socket
-import time
+import tempfile
 import urllib.parse
 from pathlib import Path, PureWindowsPath
 
@@ -44,15 +40,13 @@ from medaidet.data.pinned import (BCCD, MARKER_NAME, SOURCES, TXL_PBC, PinnedSou
 from medaidet.downloads import stream_url
 from medaidet.errors import DataError
 
-__all__ = ["download", "download_bccd", "download_txl_pbc", "sweep_leftovers", "URL_SCHEMES"]
+__all__ = ["download", "download_bccd", "download_txl_pbc", "URL_SCHEMES"]
 
 logger = logging.getLogger(__name__)
 
 
 #: The URL schemes :func:`download_bccd` accepts.
 URL_SCHEMES = ("https", "http", "file")
-#: Temporary files of another machine's download are removed once untouched this long.
-STALE_AFTER_S = 24 * 3600
 TIMEOUT_S = 60.0
 #: Far above the real archives (BCCD ~11 MB, TXL-PBC ~44 MB).
 MAX_DOWNLOAD_BYTES = 1 << 30
@@ -138,87 +132,6 @@ def _looks_like_dataset(root: Path, source: PinnedSource) -> bool:
 # ``<tag> = <host>-<pid>-<8 hex digits>``: a later run can tell whether the process that
 # made them still runs.
 
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "", socket.gethostname()) or "host"
-
-
-def _temp_paths(root: Path) -> tuple[Path, Path]:
-    """(archive file, staging folder) of this run, beside ``root``."""
-    tag = f"{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
-    return (root.parent / f".{root.name}.{tag}.download",
-            root.parent / f".{root.name}.partial-{tag}")
-
-
-_TAG = re.compile(r"(?P<host>[A-Za-z0-9.]+)-(?P<pid>[0-9]+)-[0-9a-f]{8}")
-
-
-def _process_alive(pid: int) -> bool:
-    if os.name == "nt":            # os.kill(pid, 0) would send CTRL_C_EVENT there
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:                # e.g. PermissionError: it exists, another user's
-        return True
-    return True
-
-
-def _is_leftover(path: Path, root_name: str, started: float) -> bool:
-    """Whether ``path`` is a temporary file of a download of ``root_name`` that can no
-    longer finish: its process (on this machine) is gone, or it is untouched for
-    :data:`STALE_AFTER_S`. Names we do not make are never leftovers."""
-    name, prefix = path.name, f".{root_name}."
-    if not name.startswith(prefix):
-        return False
-    rest = name[len(prefix):]
-    if rest.startswith("partial-"):
-        tag = rest[len("partial-"):]
-    elif rest.endswith(".download"):
-        tag = rest[:-len(".download")]
-    else:
-        return False
-    match = _TAG.fullmatch(tag)
-    if not match:
-        return False
-    try:
-        age = started - path.lstat().st_mtime
-    except OSError:
-        return False
-    if match["host"] == _host() and not _process_alive(int(match["pid"])):
-        return True
-    return age > STALE_AFTER_S
-
-
-def sweep_leftovers(root) -> list[str]:
-    """Remove what killed downloads of ``root`` left beside it; returns the names removed.
-
-    Only our own temporary names (see the module docstring) are considered, and only
-    those whose process is gone or that are untouched for a day (a download running
-    elsewhere keeps its files). Called at the start of every :func:`download_bccd`.
-    """
-    root = Path(root)
-    started = time.time()
-    try:
-        entries = list(root.parent.iterdir())
-    except OSError:
-        return []
-    removed = []
-    for path in sorted(entries):
-        if not _is_leftover(path, root.name, started):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-        if not os.path.lexists(path):
-            removed.append(path.name)
-    if removed:
-        logger.info("removed %d leftover(s) of interrupted downloads beside %s: %s",
-                    len(removed), root, ", ".join(removed))
-    return removed
-
-
 def _install(source: PinnedSource, staging: Path, root: Path) -> None:
     """Put the verified files of ``staging`` (the manifest's and the marker) in ``root``, as
     the module docstring says: :func:`verify_dataset` passes on a copy only once every file
@@ -254,22 +167,15 @@ def _files_not_ours(root: Path, source: PinnedSource) -> list[str]:
                                   if p.is_file()) if rel not in ours)
 
 
-def _temp_files(source: PinnedSource, root: Path) -> tuple[Path, Path]:
-    """This run's archive file and staging folder beside ``root`` (:func:`_temp_paths`),
-    created; a ``"destination"`` DataError, with nothing left behind, when they cannot be."""
-    archive, staging = _temp_paths(root)
-    made = []
+def _temp_folder(source: PinnedSource, root: Path) -> Path:
+    """This run's temporary folder beside ``root`` (on its file system, so that the install
+    is a rename), created; a ``"destination"`` DataError when it cannot be."""
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
-        archive.touch(exist_ok=False)
-        made.append(archive)
-        staging.mkdir()
+        return Path(tempfile.mkdtemp(".partial", f".{root.name}.", root.parent))
     except OSError as exc:
-        for path in made:
-            path.unlink(missing_ok=True)
         raise DataError(f"cannot write beside {root}: {exc}. Choose another --root "
                         f"or set ${source.data_env}.", "destination") from None
-    return archive, staging
 
 
 def _usable_copy(source: PinnedSource, root: Path, force: bool) -> bool:
@@ -350,13 +256,14 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
     url = url or os.environ.get(source.url_env) or source.url
     _check_url(url, source)
     manifest = load_manifest(source)
-    sweep_leftovers(root)
     if _usable_copy(source, root, force):
         return root
-    archive = staging = None
+    work = None
     had_root = root.exists()   # else a failed download is said to have found no copy
     try:
-        archive, staging = _temp_files(source, root)
+        work = _temp_folder(source, root)
+        archive, staging = work / "archive.download", work / root.name
+        staging.mkdir()        # with the user's umask: it becomes the dataset's folder
         try:
             _fetch(source, url, archive, root, timeout, progress)
         except DataError as exc:         # "download", "url" or "archive"
@@ -366,7 +273,6 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
                             "download") from None
         extract(source, archive, staging, manifest, url)
         archive.unlink()
-        archive = None
         problems = verify_dataset(staging, source)
         if problems:
             raise DataError(
@@ -379,10 +285,8 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
         existed = root.exists()
         _install(source, staging, root)
     finally:
-        if archive is not None:
-            archive.unlink(missing_ok=True)
-        if staging is not None and staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
     if existed:
         _log_kept(source, root)
     return root
