@@ -25,7 +25,7 @@ from medaidet.errors import ConfigError, OutputError
 from medaidet.files import atomic_file
 
 __all__ = ["ConfigError", "OutputError", "check_number", "check_type", "checked_boxes",
-           "checked_size", "checked_bins", "checked_path", "is_path", "positive_int",
+           "checked_size", "checked_sizes", "checked_bins", "checked_path", "is_path", "positive_int",
            "non_negative_int", "positive_float", "probability", "seed", "prepare_output_dir"]
 
 
@@ -108,6 +108,17 @@ def checked_size(size, name: str = "size") -> tuple:
                           "(height, width)")
     height, width = (check_number(v, name, "positive") for v in size)
     return height, width
+
+
+def checked_sizes(sizes, n: int, name: str = "sizes") -> list:
+    """One checked ``(height, width)`` per image of ``n``, from one per image or one for all."""
+    import numpy as np
+
+    sizes = [sizes] * n if np.ndim(sizes) == 1 else sizes
+    if not isinstance(sizes, (list, tuple, np.ndarray)) or len(sizes) != n:
+        raise ConfigError(f"{name}: {_short(sizes)} for {n} images; give one (H, W) per image, "
+                          "or one for all")
+    return [checked_size(s, name) for s in sizes]
 
 
 def checked_bins(bins, name: str = "bins"):

@@ -17,8 +17,7 @@ from medaidet.colors import bar_style
 from medaidet.data.pinned import resolve_root
 from medaidet.data.image import read_image_size
 from medaidet.data.voc import image_path
-from medaidet.arguments import check_type
-from medaidet.errors import ConfigError
+from medaidet.arguments import checked_sizes
 from medaidet.evaluation.predictions import Predictions, checked
 from medaidet.evaluation.matching import as_boxes, match_predictions
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
@@ -77,14 +76,9 @@ def _median(value: float) -> str:
 def image_sizes_of(predictions: Predictions, image_sizes, dataset, root):
     """(height, width) of every image of ``predictions``: ``image_sizes`` when given, else
     from ``dataset`` or the image files' headers under ``root`` (nothing is decoded)."""
-    from medaidet.evaluation.frame import checked_size
-
     if image_sizes is not None:
-        check_type(image_sizes, (list, tuple, np.ndarray), "image_sizes", "one (H, W) per image")
-        sizes = [tuple(int(v) for v in checked_size(s)) for s in image_sizes]
-        if len(sizes) != len(checked(predictions)):
-            raise ConfigError(f"image_sizes: {len(sizes)} sizes for {len(predictions)} images")
-        return sizes
+        return [tuple(int(v) for v in size)
+                for size in checked_sizes(image_sizes, len(checked(predictions)), "image_sizes")]
 
     root = resolve_root(getattr(dataset, "root", None) if root is None else root)
     # the header only: no image is decoded

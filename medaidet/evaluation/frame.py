@@ -36,7 +36,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from medaidet.arguments import check_number, check_type, checked_boxes, checked_size
+from medaidet.arguments import (check_number, check_type, checked_boxes, checked_size,
+                                checked_sizes)
 from medaidet.colors import CLASS_COLORS
 from medaidet.errors import ConfigError
 
@@ -87,15 +88,6 @@ def _checked_names(label_names) -> tuple:
     return tuple(label_names)
 
 
-def _checked_sizes(sizes, n: int) -> list:
-    """One ``(H, W)`` per image of ``n``, from one per image or one for all."""
-    sizes = [sizes] * n if np.ndim(sizes) == 1 else sizes
-    if not isinstance(sizes, (list, tuple, np.ndarray)) or len(sizes) != n:
-        raise ConfigError(f"sizes: {sizes!r:.60} for {n} images; give one (H, W) per image, "
-                          "or one for all")
-    return [checked_size(s) for s in sizes]
-
-
 def in_frame(bbox, label, size, margins: dict, label_names) -> np.ndarray:
     """bool (R,): which of an image's boxes count, their centre inside the inner frame of an
     image of ``size`` ``(H, W)`` set back by ``margins[class]`` px (top/left line in,
@@ -116,7 +108,7 @@ def frame_predictions(predictions, sizes, margins: dict):
     from medaidet.evaluation.predictions import Predictions
 
     names = check_type(predictions, Predictions, "predictions", "Predictions").label_names
-    sizes = _checked_sizes(sizes, len(predictions))
+    sizes = checked_sizes(sizes, len(predictions))
 
     def kept(bboxes, labels, *others):
         masks = [in_frame(b, lb, s, margins, names) for b, lb, s in zip(bboxes, labels, sizes)]
@@ -158,7 +150,7 @@ def frame_errors(predictions, thresholds: dict, sizes, margins: dict) -> list:
     names = check_type(predictions, Predictions, "predictions", "Predictions").label_names
     kept = predictions.filter(check_type(thresholds, dict, "thresholds",
                                          "a dict {class name: score threshold}"))
-    sizes = _checked_sizes(sizes, len(predictions))
+    sizes = checked_sizes(sizes, len(predictions))
     errors = []
     for i, size in enumerate(sizes):
         pb, pl, ps = kept.pred_bboxes[i], kept.pred_labels[i], kept.pred_scores[i]
@@ -197,7 +189,7 @@ def densities(counts, sizes, margins: dict, label_names, pixel_um=None) -> np.nd
     except (TypeError, ValueError):
         raise ConfigError(f"counts: {counts!r:.60}; expected (images, {len(label_names)}) "
                           "numbers, one count per class") from None
-    sizes = _checked_sizes(sizes, len(counts))
+    sizes = checked_sizes(sizes, len(counts))
     margin = margin_per_class(margins, label_names)
     area = np.array([[frame_area(s, m) for m in margin] for s in sizes]).reshape(counts.shape)
     if pixel_um is None:
