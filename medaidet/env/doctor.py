@@ -7,8 +7,7 @@ facts into :class:`Check` lines with the exact fix, and :func:`run_doctor` puts 
 :class:`DoctorReport`.
 """
 import html
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from packaging.specifiers import SpecifierSet
 
@@ -156,35 +155,6 @@ def check_gpu(f: Facts) -> Check:
     return Check("gpu", "ok", found)
 
 
-def check_nccl(f: Facts) -> Check:
-    skip = _no_gpu("nccl", f)
-    if skip:
-        return skip
-    if f.nccl:
-        v = f.nccl_version
-        shown = f"{v // 10000}.{v // 100 % 100}.{v % 100}" if isinstance(v, int) and v else "?"
-        return Check("nccl", "ok", f"NCCL {shown}: ChainerMN pure_nccl can run")
-    name, version = f.cupy[0]
-    cu = name.replace("cupy-cuda", "").rstrip("x") or "12"
-    fix = (f"pip install nvidia-nccl-cu{cu}" if major_version(version) >= 14 else
-           f"python -m cupyx.tools.install_library --library nccl --cuda {cu}.x")
-    return Check("nccl", "warn", f"not available ({f.nccl_error or 'library not found'}): only "
-                 "multi-GPU ChainerMN (pure_nccl) needs it", fix)
-
-
-def check_mpi(f: Facts) -> Check:
-    """Multi-process training (ChainerMN) needs mpi4py, an MPI library and its mpiexec;
-    only `mpiexec -n N medaidet train --communicator ...` uses them, so a gap is a warning."""
-    m = f.mpi
-    if m is None:
-        return Check("mpi", "skip", "not checked")
-    if m.get("problem"):
-        return Check("mpi", "warn", f"{m['problem']}: multi-process training "
-                     "(mpiexec, ChainerMN) cannot run", m.get("fix") or "")
-    return Check("mpi", "ok", f"{m['library_name']} via mpi4py {m['mpi4py']}, mpiexec at "
-                 f"{m['mpiexec']}: ChainerMN naive can run")
-
-
 def check_opencv(f: Facts) -> Check:
     if f.cv2 is None:
         return Check("opencv", "skip", "not installed: PIL is used for image I/O")
@@ -196,26 +166,6 @@ def check_opencv(f: Facts) -> Check:
         return Check("opencv", "ok", found)
     return Check("opencv", "warn", found + ": forked MultiprocessIterator workers may deadlock",
                  "import medaidet (it calls cv2.setNumThreads(0)), or call cv2.setNumThreads(0)")
-
-
-def check_shm(f: Facts) -> Check:
-    if f.shm_bytes is None:
-        return Check("shm", "skip", "no /dev/shm (not Linux)")
-    found = f"/dev/shm {f.shm_bytes / GIB:.2f} GiB"
-    if f.shm_bytes >= GIB:
-        return Check("shm", "ok", found)
-    return Check("shm", "warn", found + ": MultiprocessIterator workers may run out of "
-                 "shared memory", "docker run --shm-size=2g ..., or use n_processes=0")
-
-
-def check_cache(f: Facts) -> Check:
-    found = "; ".join(f"{path}" + (f" NOT writable ({err})" if err else "")
-                      for _, path, err in f.caches)
-    bad = [label for label, _, err in f.caches if err]
-    if not bad:
-        return Check("cache", "ok", found or "none")
-    return Check("cache", "fail", found, " ; ".join(f"export {label}=/a/writable/dir"
-                                                    for label in bad))
 
 
 def check_imagenet(f: Facts) -> Check:
@@ -233,19 +183,6 @@ def check_imagenet(f: Facts) -> Check:
                  "in ChainerCV's model cache ($CHAINER_DATASET_ROOT/pfnet/chainercv/models): "
                  + ", ".join(url for _, url, _ in f.imagenet)
                  + "; the cpu and smoke profiles need none")
-
-
-def check_notebook(f: Facts) -> Check:
-    pm = f"papermill {f.papermill}" if f.papermill else f"no papermill ({f.papermill_error})"
-    kernel = ("python3 kernel" if "python3" in f.kernels else
-              f"no python3 kernel ({f.kernels_error or 'found: ' + (', '.join(f.kernels) or 'none')})")
-    if f.papermill and "python3" in f.kernels:
-        return Check("notebook", "ok", f"{pm}, {kernel}")
-    return Check("notebook", "fail", f"{pm}, {kernel}", "pip install papermill ipykernel")
-
-
-def check_platform(f: Facts) -> Check:
-    return Check("platform", "ok", f.platform + (f" ({f.platform_why})" if f.platform_why else ""))
 
 
 def check_compat(f: Facts) -> Check:
@@ -271,8 +208,7 @@ def check_gpu_smoke(f: Facts) -> Check:
 
 
 CHECKS = (check_python, check_numpy, check_chainer, check_chainercv, check_cupy,
-          check_cuda_available, check_cudnn, check_gpu, check_nccl, check_mpi, check_opencv,
-          check_shm, check_cache, check_imagenet, check_notebook, check_platform,
+          check_cuda_available, check_cudnn, check_gpu, check_opencv, check_imagenet,
           check_compat)
 
 
@@ -280,7 +216,7 @@ CHECKS = (check_python, check_numpy, check_chainer, check_chainercv, check_cupy,
 
 @dataclass(repr=False)
 class DoctorReport:
-    """The checks in order; text, JSON and HTML views of them."""
+    """The checks in order; text and HTML views of them."""
 
     checks: list
 
@@ -294,19 +230,9 @@ class DoctorReport:
                 return check
         raise KeyError(name)
 
-    def counts(self) -> dict:
-        """``{status: number of checks}``."""
-        return {s: sum(c.status == s for c in self.checks) for s in STATUSES}
-
     def summary(self) -> str:
         """One line: the number of checks of each status."""
-        return ", ".join(f"{n} {s}" for s, n in self.counts().items())
-
-    def to_dict(self) -> dict:
-        return {"checks": [asdict(c) for c in self.checks], "counts": self.counts()}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return ", ".join(f"{sum(c.status == s for c in self.checks)} {s}" for s in STATUSES)
 
     def __str__(self) -> str:
         width = max((len(c.name) for c in self.checks), default=0)
@@ -344,9 +270,9 @@ def run_doctor(gpu_smoke: bool = False, facts: Facts = None) -> DoctorReport:
             checks.append(fn(facts))
         except Exception as exc:
             checks.append(Check(name, "fail", f"the check itself failed: {error_text(exc)}",
-                                "report this with the output of `medaidet doctor --json`"))
+                                "report this with the output of `medaidet doctor`"))
     if facts.gather_errors:
         checks.append(Check("doctor", "fail", "reading the environment failed: "
                             + "; ".join(facts.gather_errors),
-                            "report this with the output of `medaidet doctor --json`"))
+                            "report this with the output of `medaidet doctor`"))
     return DoctorReport(checks)

@@ -3,12 +3,6 @@
 :func:`gather_facts` never raises: a broken import becomes an error string, a part that
 fails is recorded in ``gather_errors``; :mod:`medaidet.env.doctor` turns the facts into
 report lines with their fixes, so every check can be tested with facts built by hand.
-
-Platform detection (the ``platform`` fact) uses only these signals: Colab:
-``google.colab`` imported or ``COLAB_RELEASE_TAG`` set; Azure ML: ``AZUREML_RUN_ID`` /
-``AZUREML_ENTRY_SCRIPT`` (jobs) or ``CI_NAME`` with ``CI_WORKSPACE`` (compute instances); a
-course run: ``MEDAIDET_COURSE_RUN`` (set by ``medaidet course run`` for its kernels);
-otherwise local.
 """
 import ctypes
 import importlib
@@ -19,16 +13,13 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
+from dataclasses import dataclass, field
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from medaidet import compat
-from medaidet.scaling import distributed  # imports neither chainer nor mpi4py.MPI
 from medaidet_tools.stack.install import installed_version
 
-__all__ = ["Facts", "gather_facts", "run_gpu_smoke", "cache_dirs"]
+__all__ = ["Facts", "gather_facts", "run_gpu_smoke"]
 
 
 @dataclass
@@ -51,21 +42,9 @@ class Facts:
     chainer_cudnn_env: object = None     # $CHAINER_CUDNN
     gpu: object = None                   # dict, or None with gpu_error saying why
     gpu_error: str = ""
-    nccl: object = None
-    nccl_version: object = None
-    nccl_error: str = ""
-    mpi: object = None                   # asdict(distributed.MpiInfo); None: not read
     cv2: object = None
     cv2_threads: object = None
     cv2_error: str = ""
-    shm_bytes: object = None
-    caches: list = field(default_factory=list)  # [(label, path, error or "")]
-    papermill: object = None
-    papermill_error: str = ""
-    kernels: list = field(default_factory=list)
-    kernels_error: str = ""
-    platform: str = "local"
-    platform_why: str = ""
     compat_actions: list = field(default_factory=list)  # [(name, detail)]
     imagenet: list = field(default_factory=list)  # [(source, its URL, state)]
     imagenet_error: str = ""             # why the sources could not be looked at
@@ -147,16 +126,7 @@ def _gather_cuda(f: Facts) -> None:
             f.libcudnn8 = True
         except OSError:
             f.libcudnn8 = False
-    try:
-        from cupy.cuda import nccl
-        f.nccl = bool(getattr(nccl, "available", True))
-        f.nccl_version = nccl.get_version() if f.nccl else None
-    except Exception as exc:
-        f.nccl, f.nccl_error = False, error_text(exc)
 
-
-def _gather_mpi(f: Facts) -> None:
-    f.mpi = asdict(distributed.mpi_info())
 
 
 def _gather_opencv(f: Facts) -> None:
@@ -169,41 +139,6 @@ def _gather_opencv(f: Facts) -> None:
         f.cv2, f.cv2_error = installed_version("opencv-python-headless") or "?", error_text(exc)
 
 
-def _gather_shm(f: Facts) -> None:
-    if os.path.isdir("/dev/shm"):
-        st = os.statvfs("/dev/shm")
-        f.shm_bytes = st.f_frsize * st.f_blocks
-
-
-def _writable_error(path: Path) -> str:
-    """'' when a file can be created in ``path`` (or, if it does not exist
-    yet, in the nearest existing parent where it would be created)."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        return f"{probe} is not a directory"
-    try:
-        with tempfile.NamedTemporaryFile(dir=probe, prefix=".medaidet-doctor-"):
-            pass
-    except OSError as exc:
-        return error_text(exc)
-    return ""
-
-
-def cache_dirs() -> list:
-    """(env var, directory) for the data/weights cache and chainercv's dataset root."""
-    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    data = os.environ.get("MEDAIDET_DATA") or Path(xdg) / "medaidet"
-    root = os.environ.get("CHAINER_DATASET_ROOT") or Path.home() / ".chainer" / "dataset"
-    return [("MEDAIDET_DATA", Path(data).expanduser()),
-            ("CHAINER_DATASET_ROOT", Path(root).expanduser())]
-
-
-def _gather_cache(f: Facts) -> None:
-    f.caches = [(label, str(path), _writable_error(path)) for label, path in cache_dirs()]
-
-
 def _gather_imagenet(f: Facts) -> None:
     try:
         from medaidet.ssd.pretrained import imagenet_status
@@ -211,37 +146,6 @@ def _gather_imagenet(f: Facts) -> None:
         f.imagenet_error = error_text(exc)
         return
     f.imagenet = [(s.describe(), s.url, state) for s, state in imagenet_status()]
-
-
-def _gather_notebook(f: Facts) -> None:
-    try:
-        import papermill
-        f.papermill = papermill.__version__
-    except Exception as exc:
-        f.papermill_error = error_text(exc)
-    try:
-        from jupyter_client.kernelspec import KernelSpecManager
-        f.kernels = sorted(KernelSpecManager().find_kernel_specs())
-    except Exception as exc:
-        f.kernels_error = error_text(exc)
-
-
-def _gather_platform(f: Facts) -> None:
-    env = os.environ
-    if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in env:
-        f.platform, f.platform_why = "colab", "google.colab / COLAB_RELEASE_TAG"
-    elif "AZUREML_RUN_ID" in env or "AZUREML_ENTRY_SCRIPT" in env:
-        f.platform, f.platform_why = "azureml (job)", "AZUREML_RUN_ID / AZUREML_ENTRY_SCRIPT"
-    elif "CI_NAME" in env and "CI_WORKSPACE" in env:
-        f.platform, f.platform_why = "azureml (compute instance)", "CI_NAME, CI_WORKSPACE"
-    elif env.get("MEDAIDET_COURSE_RUN"):
-        profile = env.get("MEDAIDET_PROFILE", "?")
-        f.platform = f"papermill (medaidet course run, profile {profile})"
-        f.platform_why = "MEDAIDET_COURSE_RUN"
-    else:
-        f.platform, f.platform_why = "local", ""
-    if "ipykernel" in sys.modules:
-        f.platform += ", in a Jupyter kernel"
 
 
 def _gather_compat(f: Facts) -> None:
@@ -253,9 +157,7 @@ def gather_facts(gpu_smoke: bool = False) -> Facts:
     ``gather_errors`` and the doctor reports it as a failed line."""
     f = Facts()
     parts = {"compat": _gather_compat, "stack": _gather_stack, "cuda": _gather_cuda,
-             "mpi": _gather_mpi, "opencv": _gather_opencv, "shm": _gather_shm,
-             "cache": _gather_cache, "imagenet": _gather_imagenet,
-             "notebook": _gather_notebook, "platform": _gather_platform}
+             "opencv": _gather_opencv, "imagenet": _gather_imagenet}
     for name, part in parts.items():
         try:
             part(f)

@@ -22,10 +22,9 @@ from conftest import fake_distribution
 ROOT = Path(__file__).resolve().parents[2]
 OURS_CHAINER = sources.CHAINER.wheel_version
 OURS_CHAINERCV = sources.CHAINERCV.wheel_version
-GPU_LINES = ("cuda_available", "cudnn", "gpu", "nccl")
+GPU_LINES = ("cuda_available", "cudnn", "gpu")
 ALL_NAMES = ("python", "numpy", "chainer", "chainercv", "cupy", "cuda_available", "cudnn",
-             "gpu", "nccl", "mpi", "opencv", "shm", "cache", "imagenet", "notebook", "platform",
-             "compat")
+             "gpu", "opencv", "imagenet", "compat")
 
 
 def cpu_facts(**over) -> Facts:
@@ -33,9 +32,7 @@ def cpu_facts(**over) -> Facts:
     base = dict(python="3.12.1", numpy="2.5.5", chainer=OURS_CHAINER,
                 chainercv=OURS_CHAINERCV, cuda_available=False,
                 resolution_error="ModuleNotFoundError: No module named 'cupy'",
-                gpu_error="no CuPy installed: chainer runs on the CPU", shm_bytes=8 * GIB,
-                caches=[("MEDAIDET_DATA", "/tmp/m", ""), ("CHAINER_DATASET_ROOT", "/tmp/c", "")],
-                papermill="2.7.0", kernels=["python3"])
+                gpu_error="no CuPy installed: chainer runs on the CPU")
     base.update(over)
     return Facts(**base)
 
@@ -45,7 +42,7 @@ def gpu_facts(cupy=("cupy-cuda12x", "14.0.0"), **over) -> Facts:
     gpu = {"name": "NVIDIA T4", "count": 1, "cc": "7.5", "driver": "12.4", "runtime": "12.8",
            "free": 14 * GIB, "total": 15 * GIB}
     base = dict(cupy=[cupy], nvidia_driver=True, cuda_available=True, resolution_error="",
-                gpu=gpu, gpu_error="", chainer_cudnn_env="0", nccl=True, nccl_version=22105)
+                gpu=gpu, gpu_error="", chainer_cudnn_env="0")
     base.update(over)
     return cpu_facts(**base)
 
@@ -82,20 +79,20 @@ def test_real_run_skips_gpu_lines_with_a_reason(real_report):
         assert len(check.found) > 10, check
 
 
-def test_cli_json_exit_0():
-    done = subprocess.run([sys.executable, "-m", "medaidet", "doctor", "--json"], cwd=ROOT,
+def test_cli_prints_every_check_and_exits_0():
+    done = subprocess.run([sys.executable, "-m", "medaidet", "doctor"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(done.stdout)
-    assert report["counts"]["fail"] == 0
-    assert sum(report["counts"].values()) == len(report["checks"]) == len(ALL_NAMES)
+    *rows, summary = done.stdout.splitlines()
+    assert [row.split()[0] for row in rows if not row.startswith(" ")] == list(ALL_NAMES)
+    assert summary.split(", ")[2] == "0 fail"
 
 
 # ---------------------------------------------------------------- simulated broken envs
 
 def doctor_in(tmp_path, files=(), dists=()):
-    """Run ``python -m medaidet doctor --json`` with fake packages and fake
-    dist-info metadata shadowing the real ones; return (exit code, {name: check})."""
+    """Run the doctor in a child Python with fake packages and fake dist-info metadata
+    shadowing the real ones; return (exit code, {name: check as a dict})."""
     site = tmp_path / "site"
     for rel, text in dict(files).items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -105,10 +102,17 @@ def doctor_in(tmp_path, files=(), dists=()):
     paths = [str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     env.pop("CHAINER_CUDNN", None)
-    done = subprocess.run([sys.executable, "-m", "medaidet", "doctor", "--json"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
-    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    checks = {c["name"]: c for c in json.loads(done.stdout.splitlines()[-1])}
     return done.returncode, checks
+
+
+CHILD = """import dataclasses, json, sys
+from medaidet.env.doctor import run_doctor
+report = run_doctor()
+print(json.dumps([dataclasses.asdict(c) for c in report.checks]))
+sys.exit(1 if report.failed else 0)"""
 
 
 BROKEN_CUPY = 'raise ImportError("libcudart.so.12: cannot open shared object file (fake)")\n'
@@ -125,7 +129,7 @@ def test_cupy_that_does_not_import_is_a_silent_cpu_fallback(tmp_path):
     assert "libcudart.so.12: cannot open shared object file" in line["found"]
     assert "python -m medaidet stack install --cuda auto" in line["fix"]
     assert "pip uninstall -y cupy-cuda12x" in line["fix"]
-    for name in ("cudnn", "gpu", "nccl"):
+    for name in ("cudnn", "gpu"):
         assert checks[name]["status"] == "skip"
         assert "CuPy does not import" in checks[name]["found"]
     assert "CHAINER_CUDNN: set to 0" in checks["compat"]["found"]
@@ -228,7 +232,6 @@ def test_healthy_gpu_facts():
     gpu = report.by_name("gpu")
     assert gpu.status == "ok" and "NVIDIA T4" in gpu.found and "compute 7.5" in gpu.found
     assert "driver CUDA 12.4" in gpu.found and "14.0/15.0 GiB free" in gpu.found
-    assert report.by_name("nccl").found.startswith("NCCL 2.21.5")
     assert "no cuDNN in CuPy 14" in report.by_name("cudnn").found
 
 
@@ -255,37 +258,11 @@ def test_cudnn_states():
     assert line.fix.startswith("python -m cupyx.tools.install_library --library cudnn --cuda 12.x")
 
 
-def test_nccl_missing_warns_with_fix():
-    line = doctor.check_nccl(gpu_facts(nccl=False, nccl_error="ImportError: libnccl.so.2"))
-    assert line.status == "warn" and "libnccl.so.2" in line.found
-    assert line.fix == "pip install nvidia-nccl-cu12"
-    line = doctor.check_nccl(gpu_facts(("cupy-cuda12x", "13.6.0"), nccl=False))
-    assert line.fix == "python -m cupyx.tools.install_library --library nccl --cuda 12.x"
-
-
 @pytest.mark.parametrize("threads,status", [(0, "ok"), (1, "ok"), (8, "warn")])
 def test_opencv_threads(threads, status):
     line = doctor.check_opencv(cpu_facts(cv2="4.12.0", cv2_threads=threads))
     assert line.status == status
     assert doctor.check_opencv(cpu_facts()).found == "not installed: PIL is used for image I/O"
-
-
-def test_small_shm_warns():
-    line = doctor.check_shm(cpu_facts(shm_bytes=64 << 20))
-    assert line.status == "warn" and "--shm-size=2g" in line.fix and "n_processes=0" in line.fix
-
-
-def test_unwritable_cache_fails(tmp_path, monkeypatch):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    monkeypatch.setenv("MEDAIDET_DATA", str(blocker / "data"))  # works as root too
-    monkeypatch.setenv("CHAINER_DATASET_ROOT", str(tmp_path / "new" / "dataset"))
-    facts = cpu_facts()
-    env_facts._gather_cache(facts)
-    line = doctor.check_cache(facts)
-    assert line.status == "fail" and "NOT writable" in line.found
-    assert line.fix == "export MEDAIDET_DATA=/a/writable/dir"
-    assert not (tmp_path / "new").exists()  # the check creates no directories
 
 
 IMAGENET = [("ChainerCV's model server", "http://a/x.npz", "unreachable (refused)"),
@@ -307,27 +284,6 @@ def test_imagenet_without_any_source_warns_with_every_url():
     assert all(url in line.fix for _, url, _ in IMAGENET) and "cpu and smoke" in line.fix
     assert doctor.check_imagenet(cpu_facts(imagenet_error="No module named 'chainer'")
                                  ).status == "skip"
-
-
-def test_notebook_needs_papermill_and_kernel():
-    for facts in (cpu_facts(papermill=None, papermill_error="ModuleNotFoundError"),
-                  cpu_facts(kernels=["ir"])):
-        line = doctor.check_notebook(facts)
-        assert line.status == "fail" and line.fix == "pip install papermill ipykernel"
-
-
-@pytest.mark.parametrize("var,platform", [("COLAB_RELEASE_TAG", "colab"),
-                                          ("AZUREML_RUN_ID", "azureml (job)"),
-                                          ("MEDAIDET_COURSE_RUN", "papermill")])
-def test_platform_detection(monkeypatch, var, platform):
-    for name in ("COLAB_RELEASE_TAG", "AZUREML_RUN_ID", "AZUREML_ENTRY_SCRIPT", "CI_NAME",
-                 "MEDAIDET_COURSE_RUN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(var, "1")
-    facts = Facts()
-    env_facts._gather_platform(facts)
-    assert facts.platform.startswith(platform)
-    assert doctor.check_platform(facts).status == "ok"
 
 
 def test_gpu_smoke_results():
@@ -355,10 +311,10 @@ def test_a_crashing_check_or_gather_becomes_a_fail(monkeypatch):
     assert line.status == "fail" and "the check itself failed" in line.found
 
     def broken(facts):
-        raise OSError("statvfs exploded")
-    monkeypatch.setattr(env_facts, "_gather_shm", broken)
+        raise OSError("cv2 exploded")
+    monkeypatch.setattr(env_facts, "_gather_opencv", broken)
     facts = env_facts.gather_facts()
-    assert facts.gather_errors == ["shm: OSError: statvfs exploded"]
+    assert facts.gather_errors == ["opencv: OSError: cv2 exploded"]
     assert run_doctor(facts=facts).by_name("doctor").status == "fail"
 
 
@@ -372,11 +328,7 @@ def test_views_name_every_check():
     for check in report.checks:
         assert check.name in text and f"<td>{check.name}</td>" in page
     assert "fix: pip install" in text
-    data = json.loads(report.to_json())
-    assert data == report.to_dict()
-    assert data["counts"]["fail"] == 1 and report.failed
-    assert sum(data["counts"].values()) == len(data["checks"])
+    assert report.failed and text.splitlines()[-1].split(", ")[2] == "1 fail"
     with pytest.raises(KeyError):
         report.by_name("nope")
-    assert DoctorReport([Check("x", "ok", "y")]).counts() == {"ok": 1, "warn": 0, "fail": 0,
-                                                              "skip": 0}
+    assert DoctorReport([Check("x", "ok", "y")]).summary() == "1 ok, 0 warn, 0 fail, 0 skip"
