@@ -12,10 +12,10 @@ module on machines where chainer is broken or missing.
 """
 import numbers
 
-from medaidet.errors import DeviceError, DistributedError
+from medaidet.errors import DeviceError
 
 __all__ = ["DEFAULT_DEVICE", "parse_device", "device_name", "device_kind", "gpu_ids",
-           "gpu_status", "resolve_device", "rank_device"]
+           "gpu_status", "resolve_device"]
 
 DEFAULT_DEVICE = "auto"
 
@@ -130,31 +130,3 @@ def resolve_device(spec=DEFAULT_DEVICE):
         raise DeviceError(f"--device {spec}: there is no GPU {gpu} (this machine has {count}); "
                           f"use --device 0..{count - 1}", "no_gpu", spec=spec)
     return chainer.get_device(f"@cupy:{gpu}")
-
-
-def rank_device(comm, device="gpu"):
-    """The device this rank trains on, ``'cpu'`` or a GPU number, from the run's device
-    spec (read by :func:`parse_device`): the CPU stays the CPU; ``gpu``
-    and ``auto`` (with a usable GPU) become GPU ``comm.intra_rank`` -- the ranks on one
-    host take one GPU each. A fixed GPU number is kept only with one rank per host.
-    Raises a ``"ranks"`` :class:`~medaidet.errors.DistributedError` when a host runs more
-    ranks than it has GPUs."""
-    spec = parse_device(device)
-    if spec == "cpu":
-        return "cpu"
-    count, _ = gpu_status()
-    if spec == "auto" and not count:
-        return "cpu"
-    if isinstance(spec, int):
-        if comm.intra_size > 1:
-            raise DistributedError(
-                f"device {device!r} puts all {comm.intra_size} ranks of this host on one GPU: "
-                f"use --device gpu (each rank takes GPU <its rank on the host>)", "ranks")
-        return spec
-    gpu = comm.intra_rank
-    if count and gpu >= count:
-        raise DistributedError(
-            f"rank {comm.rank} is process {comm.intra_rank} on its host, which has only "
-            f"{count} GPU(s): start at most {count} ranks per host (mpiexec -n {count}, or "
-            f"--npernode {count} on several hosts)", "ranks")
-    return gpu      # no GPU at all: resolve_device then says why CUDA cannot be used

@@ -26,6 +26,7 @@ LAYERS = [
     ("data", ["medaidet.data"]),
     ("ssd", ["medaidet.ssd"]),
     ("training", ["medaidet.training"]),
+    ("extras", ["medaidet.extras"]),
     ("scaling", ["medaidet.scaling"]),
     ("evaluation", ["medaidet.evaluation"]),
     ("troubleshoot", ["medaidet.troubleshoot"]),

@@ -82,9 +82,12 @@ def config_from_args(args) -> TrainConfig:
 
 def _train(args) -> int:
     from medaidet.cli import flags_in_messages
-    from medaidet.training.run import train
 
     config = config_from_args(args)
+    if config.communicator is not None:    # one rank of an mpiexec run (notebook 08)
+        from medaidet.extras.mpi import train
+    else:
+        from medaidet.training.run import train
     # the messages of the checks before any work name the flags the user typed
     typed = {field: f"--{field}" for field in ("out", "resume", "pretrained")
              if getattr(args, field) is not None}

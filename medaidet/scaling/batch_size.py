@@ -369,7 +369,7 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
         out = prepare_output_dir(out, "out", inputs=(root,))
     recipe = Recipe(TrainConfig(model=model, pretrained=None, augment=False, device=device,
                                 root=str(root)))
-    device = recipe.ranks.device       # DeviceError here when a GPU is asked for and unusable
+    device = recipe.device       # DeviceError here when a GPU is asked for and unusable
     ssd = recipe.model()
     with warnings.catch_warnings():          # the loader's report on BCCD is not the point
         warnings.simplefilter("ignore", AnnotationWarning)

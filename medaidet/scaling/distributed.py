@@ -5,7 +5,7 @@ trainer; each copy ("rank") trains on its own share of the images, and ChainerMN
 multi-node optimizer averages the gradients over the ranks after every backward pass,
 so all ranks hold the same weights. What each rank does differently in a run (its device,
 seed, share, the communicator, and the check that all ranks agree) is
-:mod:`medaidet.training.ranks`'s; this module is what comes before a run:
+:mod:`medaidet.extras.mpi`'s; this module is what comes before a run:
 
 * :func:`mpi_problem`: what is missing for MPI here (mpi4py, the MPI library it loads,
   ``mpiexec``), or None; anything subtler (a launcher of another MPI than the library's,
@@ -28,7 +28,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from medaidet.errors import DistributedError
-from medaidet.training.ranks import INSTALL_MPI
+from medaidet.extras.mpi import INSTALL_MPI
 
 __all__ = ["mpi_problem", "launch_env", "mpiexec_command", "launch"]
 
@@ -56,7 +56,7 @@ _PROBE = ("import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False; "
 
 def mpi_problem():
     """Why ChainerMN cannot run here (mpi4py missing, an MPI library it cannot load, no
-    ``mpiexec``), each with :data:`~medaidet.training.ranks.INSTALL_MPI` as the fix; or
+    ``mpiexec``), each with :data:`~medaidet.extras.mpi.INSTALL_MPI` as the fix; or
     None. Never raises."""
     if find_spec("mpi4py") is None:
         return f"mpi4py is not installed: {INSTALL_MPI}"
@@ -223,7 +223,7 @@ def launch(n: int, argv, python=sys.executable, timeout=3600, env=None, cwd=None
     ``CHAINERMN_FORCE_ABORT_ON_EXCEPTION=1`` (an uncaught exception on one rank aborts all
     instead of leaving the others waiting) and, unless ``env`` sets it, ``OMP_NUM_THREADS`` =
     cores / ranks. The ranks' lines can interleave: let only rank 0 print
-    (:attr:`medaidet.training.ranks.Ranks.is_root`).
+    (:attr:`medaidet.training.recipe.Recipe.main`).
 
     Raises a ``"launch"`` DistributedError with the last ``tail_lines`` lines (and a hint for
     known launcher failures) on a non-zero exit, and after stopping every rank when

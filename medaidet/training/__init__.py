@@ -5,8 +5,7 @@
   order (model, train chain, datasets, iterators, optimizer, updater, trainer, extensions);
 * ``run``: :func:`~medaidet.training.run.train`, the recipe plus checks, seeding,
   snapshots, metrics and plots;
-* ``ranks``: one process or a ChainerMN rank; ``communicator``: which ChainerMN communicator,
-  checked; ``accumulation``: a batch in micro-batches (gradient accumulation); ``iterators``: worker processes for the
+* ``accumulation``: a batch in micro-batches (gradient accumulation); ``iterators``: worker processes for the
   augmentation; ``divergence``: stop at the first nan or inf; ``snapshot``: snapshots with
   the random states, and resume; ``extensions``: progress, plots, validation;
   ``result``: :class:`~medaidet.training.result.TrainResult`; ``seeding``: every random

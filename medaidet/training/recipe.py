@@ -2,9 +2,8 @@
 
 model -> train chain -> datasets and transform -> iterators -> optimizer (with its hooks)
 -> updater -> trainer -> extensions. A :class:`Recipe` holds a
-:class:`~medaidet.training.config.TrainConfig` and the processes that run it
-(:class:`~medaidet.training.ranks.Ranks`: by default one process on the config's device), and
-builds each piece with one method; :meth:`Recipe.build` builds them all, in that order.
+:class:`~medaidet.training.config.TrainConfig` (and, for one rank of a ChainerMN run, its
+communicator), and builds each piece with one method; :meth:`Recipe.build` builds them all, in that order.
 :func:`medaidet.training.run.train` is ``build()`` plus what the course adds around it
 (checks before any work, seeding, a divergence stop, snapshots with the random states,
 metrics and plots). Notebook 03 writes the same recipe out in plain ChainerCV.
@@ -27,6 +26,7 @@ from medaidet.data.annotation import parse_annotation
 from medaidet.data.bccd import BCCDDataset
 from medaidet.data.pinned import resolve_root
 from medaidet.data.txl_pbc import TXLPBCDataset
+from medaidet.device import resolve_device
 from medaidet.data.voc import annotation_path, split_path
 from medaidet.errors import ConfigError
 from medaidet.ssd.model import build_ssd
@@ -40,7 +40,6 @@ from medaidet.training.config import TrainConfig
 from medaidet.training.divergence import StopOnNonFinite
 from medaidet.training.extensions import EveryOrEnd, Monitor, Plotter, PresetEvaluator
 from medaidet.training.iterators import make_train_iterator
-from medaidet.training.ranks import Ranks
 from medaidet.training.seeding import ReseedingTransform
 from medaidet.training.snapshot import SNAPSHOT_NAME, RandomStateExtension
 
@@ -174,21 +173,26 @@ def _images_and_batch(updater) -> tuple:
 class Recipe:
     """The course's training recipe for ``config``, one method per piece.
 
-    ``ranks``: the processes that run it; None (the default) is one process on
-    ``config.device``. A ChainerMN run passes ``Ranks.for_config(config)``: the methods then
-    give each rank its device, its share of the images and of the batch, and share the
-    gradients. ``root``: the dataset root, resolved
-    (:func:`~medaidet.training.run.train` resolves ``config.root`` once, before anything
-    is built); None (the default): resolved from ``config.root`` when the data is built.
+    ``root``: the dataset root, resolved (:func:`~medaidet.training.run.train` resolves
+    ``config.root`` once, before anything is built); None (the default): resolved from
+    ``config.root`` when the data is built. ``device``: the chainer device (default:
+    ``config.device`` resolved). ``comm``: the ChainerMN communicator when this process is
+    one rank of a multi-process run (:func:`medaidet.extras.mpi.train`); the methods then
+    take this rank's share of the images and of the batch, average the gradients over the
+    ranks, and let rank 0 alone log and write (as ChainerCV's ``train_multi.py``).
     """
 
     config: TrainConfig
-    ranks: Ranks | None = None
     root: Path | None = None
+    comm: object = None
+    device: object = None
 
     def __post_init__(self):
-        if self.ranks is None:
-            self.ranks = Ranks.one_process(self.config)
+        if self.device is None:
+            self.device = resolve_device(self.config.device)
+        size = 1 if self.comm is None else self.comm.size
+        self.batch_size = self.config.batch_size // size     # this process's images a step
+        self.main = self.comm is None or self.comm.rank == 0  # the one that logs and writes
 
     def model(self):
         """The SSD of ``config.model`` for BCCD's three classes, from ``config.pretrained``
@@ -204,9 +208,9 @@ class Recipe:
         """The model and the safe multibox loss (hard negatives ``k``, weight ``alpha``), on
         this process's device."""
         train_chain = MultiboxTrainChain(model, alpha=self.config.alpha, k=self.config.k,
-                                         comm=self.ranks.comm)
-        train_chain.to_device(self.ranks.device)
-        self.ranks.device.use()
+                                         comm=self.comm)
+        train_chain.to_device(self.device)
+        self.device.use()
         return train_chain
 
     def transform(self, model):
@@ -238,7 +242,11 @@ class Recipe:
         # each rank's share of the plain images, wrapped here: a ReseedingTransform made on
         # rank 0 and sent to another rank would take that rank for a worker process and
         # reseed it from its process id (seeded runs would differ from run to run)
-        mine = self.ranks.share(images, config.seed)
+        mine = images
+        if self.comm is not None:   # rank 0's images, shuffled with the seed, split, sent
+            import chainermn
+            mine = chainermn.scatter_dataset(images if self.comm.rank == 0 else None,
+                                             self.comm, shuffle=True, seed=config.seed or 0)
         train = TransformDataset(mine, ReseedingTransform(transform, config.seed))
         return TrainingData(images, train, val, transform)
 
@@ -247,7 +255,7 @@ class Recipe:
         :func:`~medaidet.training.iterators.make_train_iterator`), and the validation
         iterator (one pass, in order)."""
         train_iter, n_processes = make_train_iterator(data.train, self.config, log,
-                                                      self.ranks.batch_size)
+                                                      self.batch_size)
         val_iter = chainer.iterators.SerialIterator(data.val, self.config.eval_batch_size,
                                                     repeat=False, shuffle=False)
         return Iterators(train_iter, val_iter, n_processes)
@@ -262,10 +270,15 @@ class Recipe:
             optimizer = chainer.optimizers.Adam(alpha=config.lr)
         else:
             optimizer = chainer.optimizers.MomentumSGD(lr=config.lr, momentum=config.momentum)
-        optimizer = self.ranks.wrap_optimizer(optimizer)
+        if self.comm is not None:   # gradients averaged over the ranks before every update
+            import chainermn
+            optimizer = chainermn.create_multi_node_optimizer(optimizer, self.comm)
         optimizer.setup(train_chain)
         use_loss_scaling(optimizer, config.precision)       # mixed16 only
-        self.ranks.broadcast_weights(optimizer)
+        if self.comm is not None:
+            # every rank takes rank 0's weights now: ChainerMN's first update() would do it
+            # and skip that update, one step behind a one-process run
+            optimizer.update()
         for param in train_chain.params():
             if param.name == "b":
                 param.update_rule.add_hook(GradientScaling(config.bias_grad_scale))
@@ -280,10 +293,9 @@ class Recipe:
         :class:`~medaidet.training.accumulation.AccumulatingUpdater` (the batch in
         ``accumulate`` micro-batches, the loss normalised by the whole batch's positives)."""
         if self.config.accumulate == 1:
-            return training.updaters.StandardUpdater(train_iter, optimizer,
-                                                     device=self.ranks.device)
-        return AccumulatingUpdater(train_iter, optimizer, device=self.ranks.device,
-                                   accumulate=self.config.accumulate, comm=self.ranks.comm)
+            return training.updaters.StandardUpdater(train_iter, optimizer, device=self.device)
+        return AccumulatingUpdater(train_iter, optimizer, device=self.device,
+                                   accumulate=self.config.accumulate, comm=self.comm)
 
     def trainer(self, updater):
         """The trainer: ``iterations`` (or ``epochs`` of the training images), writing to
@@ -296,19 +308,19 @@ class Recipe:
         log (every ``log_interval`` iterations and at the end), the progress bar, the
         plots, and (one process only) a trainer snapshot with the random states every
         ``snapshot_interval`` epochs and at the end. Only rank 0 logs and writes."""
-        config, ranks = self.config, self.ranks
+        config = self.config
         length = Length(config, *_images_and_batch(trainer.updater))
         lr_steps = training.triggers.ManualScheduleTrigger(list(config.lr_steps), "epoch")
         trainer.extend(extensions.ExponentialShift(lr_name(config), config.lr_gamma,
                                                    init=config.lr), trigger=lr_steps)
         evaluator = PresetEvaluator(val_iter, CappedPredictor(model), use_07_metric=False,
-                                    label_names=BCCD_LABEL_NAMES, comm=ranks.comm)
+                                    label_names=BCCD_LABEL_NAMES, comm=self.comm)
         trainer.extend(evaluator, name="validation",
                        trigger=EveryOrEnd(config.eval_interval, "epoch", length.is_end))
         log_report = extensions.LogReport(trigger=EveryOrEnd(config.log_interval, "iteration",
                                                              length.is_end))
-        monitor = Monitor(length.total, progress and ranks.is_root)
-        if ranks.is_root:
+        monitor = Monitor(length.total, progress and self.main)
+        if self.main:
             trainer.extend(log_report)
             trainer.extend(extensions.observe_lr(), trigger=(1, "iteration"))
             trainer.extend(monitor, name="monitor")
@@ -317,7 +329,7 @@ class Recipe:
                                    lr_steps=length.lr_step_iterations),
                            name="plots",
                            trigger=EveryOrEnd(config.log_interval, "iteration", length.is_end))
-        if ranks.keeps_snapshots:
+        if self.comm is None:       # each rank's data order and random state: not saved
             trainer.extend(RandomStateExtension(length.n_images, length.batch_size))
             trainer.extend(extensions.snapshot(filename=SNAPSHOT_NAME),
                            trigger=EveryOrEnd(config.snapshot_interval, "epoch", length.is_end),

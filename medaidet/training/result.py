@@ -59,9 +59,8 @@ def _clean_log(log):
              for k, v in entry.items()} for entry in log]
 
 
-def run_metrics(config, ranks, data, iterators, updater, extensions, *, start_iteration,
-                seconds, resume, weights, sha256, snapshot, plots, seeding,
-                rank_digests) -> dict:
+def run_metrics(config, recipe, data, iterators, updater, extensions, *, start_iteration,
+                seconds, resume, weights, sha256, snapshot, plots, seeding) -> dict:
     """The numbers of a finished run (what ``metrics.json`` holds): how long, how fast,
     the last loss, the best and the last validation AP, what the data and the processes
     were, where the files are, the config, the seeding and the versions."""
@@ -99,10 +98,10 @@ def run_metrics(config, ranks, data, iterators, updater, extensions, *, start_it
         "n_processes": iterators.n_processes,
         "accumulate": config.accumulate,
         "communicator": config.communicator,
-        "ranks": ranks.size,
-        "batch_per_rank": ranks.batch_size,
-        "rank_digests": rank_digests,
-        "device": str(ranks.device),
+        "ranks": 1 if recipe.comm is None else recipe.comm.size,
+        "batch_per_rank": recipe.batch_size,
+        "rank_digests": None,      # a multi-process run: medaidet.extras.mpi.train's check
+        "device": str(recipe.device),
         "weights": str(weights),
         "sha256": sha256,
         "snapshot": None if snapshot is None else str(snapshot),

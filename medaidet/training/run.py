@@ -17,8 +17,8 @@ first nan or inf: :mod:`medaidet.training.divergence`), and writes to ``config.o
 
 Validation uses the 'evaluate' preset (score threshold 0.01; the original course measured at
 0.6) and VOC area AP at IoU 0.5, with the capped predictor of :mod:`medaidet.ssd.predict`.
-Under ``mpiexec`` with ``config.communicator`` set, each process is one rank of a ChainerMN
-run (:class:`~medaidet.training.ranks.Ranks`); rank 0 writes the files.
+Under ``mpiexec``, :func:`medaidet.extras.mpi.train` runs :func:`train` as one rank of a
+ChainerMN run (``comm``); rank 0 writes the files.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ import numpy as np
 from medaidet import compat
 from medaidet.arguments import prepare_output_dir
 from medaidet.data.pinned import TXL_PBC, resolve_root
+from medaidet.device import resolve_device
 from medaidet.files import write_files
 from medaidet.ssd import PRETRAINED
 from medaidet.ssd.precision import use_tf32
@@ -43,7 +44,6 @@ from medaidet.training.divergence import stop_on_divergence
 from medaidet.training.extensions import write_plots
 from medaidet.training.iterators import n_processes_for
 from medaidet.training.memory_fit import fit_batch
-from medaidet.training.ranks import Ranks
 from medaidet.training.result import TrainResult, run_metrics
 from medaidet.training.seeding import seed_everything
 from medaidet.training.snapshot import (SNAPSHOT_NAME, check_snapshot_file, check_weights_file,
@@ -94,7 +94,7 @@ def initial_weights(config: TrainConfig) -> dict:
 
 
 def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
-          log=print) -> TrainResult:
+          log=print, comm=None, device=None) -> TrainResult:
     """Train an SSD as ``config`` says (default: the course recipe); see the module docs.
 
     Args:
@@ -104,6 +104,9 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
         progress: show a progress bar (tqdm: a widget in Jupyter with ipywidgets, text
             elsewhere).
         log: where messages go (``print``).
+        comm, device: this process as one rank of a ChainerMN run, and its device
+            (:func:`medaidet.extras.mpi.train` passes them; ``medaidet train
+            --communicator`` calls it). None: one process on ``config.device``.
 
     Returns a :class:`~medaidet.training.result.TrainResult`. Raises
     :class:`~medaidet.errors.DeviceError`, a ``"snapshot"`` WeightsError,
@@ -116,16 +119,25 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     """
     compat.apply()
     config = config if config is not None else TrainConfig()
+    if config.communicator is not None and comm is None:
+        raise ConfigError(f"communicator: {config.communicator!r} is a multi-process "
+                          "(ChainerMN) run: start it with `mpiexec -n N python -m medaidet "
+                          f"train --communicator {config.communicator}` (notebook 08), or "
+                          "call medaidet.extras.mpi.train")
     out, root = prepare_run(config, resume)
-    ranks = Ranks.for_config(config)
-    with ranks.abort_on_error():
-        log, fit = ranks.log(log), None
-        if config.communicator is None:      # before seeding: it builds a model of its own
-            config, fit = fit_batch(config, root, ranks.device, log)
-        if config.precision != "float32":
-            log(f"train: precision {config.precision}: {_precision_note(config, ranks.device)}")
-        return _run(config, ranks, Recipe(config, ranks, root), out, resume, progress, log,
-                    fit)
+    device = resolve_device(config.device) if device is None else device
+    fit = None
+    if comm is None:      # before seeding: it builds a model of its own
+        config, fit = fit_batch(config, root, device, log)
+    elif comm.rank != 0:
+        log = _silent
+    if config.precision != "float32":
+        log(f"train: precision {config.precision}: {_precision_note(config, device)}")
+    return _run(config, Recipe(config, root, comm, device), out, resume, progress, log, fit)
+
+
+def _silent(*args, **kwargs) -> None:
+    """The log of every rank but rank 0."""
 
 
 def _precision_note(config: TrainConfig, device) -> str:
@@ -141,15 +153,14 @@ def _precision_note(config: TrainConfig, device) -> str:
     return note
 
 
-def _run(config: TrainConfig, ranks: Ranks, recipe: Recipe, out: Path, resume,
-         progress: bool, log, fit=None) -> TrainResult:
+def _run(config: TrainConfig, recipe: Recipe, out: Path, resume, progress: bool, log,
+         fit=None) -> TrainResult:
     """:func:`train`'s body, top to bottom: seed, build, run, save. ``fit``: the
     :class:`~medaidet.training.memory_fit.MemoryFit` that chose ``config.accumulate``."""
-    if ranks.describe(config.batch_size):
-        log(f"train: {ranks.describe(config.batch_size)}, communicator {config.communicator}")
+    rank = 0 if recipe.comm is None else recipe.comm.rank
     seeding = None
     if config.seed is not None:   # each rank its own stream; the weights are rank 0's
-        seeding = seed_everything(ranks.seed(config.seed), [ranks.device],
+        seeding = seed_everything(config.seed + rank, [recipe.device],
                                   config.deterministic, n_processes_for(config))
         log(f"train: {seeding.table()}")
 
@@ -158,13 +169,10 @@ def _run(config: TrainConfig, ranks: Ranks, recipe: Recipe, out: Path, resume,
     updater, trainer, extensions = built.updater, built.trainer, built.extensions
     if model.weights_report is not None:
         log(f"train: {model.weights_report.summary()}")
-    if not ranks.keeps_snapshots:
-        log("train: no trainer snapshot in a multi-process run (resume is not supported "
-            "there); the weights are saved at the end")
     if resume is not None:
         load_snapshot(trainer, resume, len(data.images), config.batch_size)
         log(f"train: resumed from {resume} at iteration {updater.iteration}")
-    if ranks.is_root:
+    if recipe.main:
         write_files({out / "config.json": json.dumps(config.to_dict(), indent=2) + "\n"})
 
     start_iteration, start = updater.iteration, time.perf_counter()
@@ -177,19 +185,17 @@ def _run(config: TrainConfig, ranks: Ranks, recipe: Recipe, out: Path, resume,
             iterators.train.finalize()
     seconds = time.perf_counter() - start
 
-    rank_digests = ranks.agreed_digests(model)      # every rank must end with the same weights
-    snapshot = out / SNAPSHOT_NAME if ranks.keeps_snapshots else None
-    if not ranks.is_root:
+    snapshot = out / SNAPSHOT_NAME if recipe.comm is None else None
+    if not recipe.main:
         return TrainResult(out=out, weights=out / WEIGHTS_NAME, sha256="", snapshot=snapshot,
-                           metrics={"rank": ranks.rank, "rank_digests": rank_digests},
-                           model=model)
+                           metrics={"rank": rank}, model=model)
     sha256 = save_weights(model, out / WEIGHTS_NAME)
-    metrics = run_metrics(config, ranks, data, iterators, updater, extensions,
+    metrics = run_metrics(config, recipe, data, iterators, updater, extensions,
                           start_iteration=start_iteration, seconds=seconds, resume=resume,
                           weights=out / WEIGHTS_NAME, sha256=sha256, snapshot=snapshot,
                           plots=write_plots(extensions.log_report.log, out, config.val_split,
                                             extensions.lr_step_iterations),
-                          seeding=seeding, rank_digests=rank_digests)
+                          seeding=seeding)
     metrics["memory_fit"] = fit.to_dict() if fit is not None else None
     if iterators.n_processes == 0:
         stats = data.transform.stats

@@ -1,4 +1,4 @@
-"""Tests for medaidet.scaling.distributed and the ranks of a run (medaidet.training.ranks): real
+"""Tests for medaidet.scaling.distributed and the ranks of a run (medaidet.extras.mpi): real
 2-rank ChainerMN runs on the CPU (Open MPI via mpi4py, communicator 'naive'), the named errors,
 the mpiexec command line and launch().
 
@@ -20,11 +20,10 @@ import numpy as np
 import pytest
 
 from medaidet.scaling import distributed as dist
-from medaidet.training import ranks as training_ranks
-from medaidet.training.ranks import COMMUNICATORS, GPU_COMMUNICATORS
+from medaidet.extras import mpi as mn
+from medaidet.extras.mpi import (COMMUNICATORS, abort_on_error, param_digest,
+                                 per_rank_batchsize, rank_device)
 from medaidet.errors import DeviceError, DistributedError
-from medaidet.device import rank_device
-from medaidet.training.ranks import Ranks, param_digest, per_rank_batchsize
 from conftest import run_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +35,7 @@ def mpi_gate(problem, environ) -> tuple:
         return "run", ""
     if environ.get("CI_REQUIRE_MPI") == "1":
         return "fail", (f"CI_REQUIRE_MPI=1 but MPI cannot be used: {problem} "
-                        f"(Open MPI and mpi4py come with '.[test]': {training_ranks.INSTALL_MPI})")
+                        f"(Open MPI and mpi4py come with '.[test]': {mn.INSTALL_MPI})")
     return "skip", f"ChainerMN cannot run here: {problem}"
 
 
@@ -120,22 +119,19 @@ from chainercv.extensions import DetectionVOCEvaluator
 from medaidet.scaling import distributed as dist
 from medaidet.ssd.loss import multibox_loss
 from medaidet.errors import DistributedError
-from medaidet.training import ranks as training_ranks
-from medaidet.training.ranks import Ranks, per_rank_batchsize
+from medaidet.extras import mpi as mn
+from medaidet.extras.mpi import per_rank_batchsize
 
-comm = training_ranks.create_communicator("naive", "cpu")
-ranks = Ranks(comm, chainer.get_device("@numpy"), 8)
-out = {"rank": comm.rank, "size": comm.size, "intra_rank": comm.intra_rank,
-       "root": ranks.is_root,
-       "cuda_aware": training_ranks.cuda_aware_mpi()}
-np.random.seed(ranks.seed(0))  # different streams; weights come from rank 0
+comm = mn.create_communicator("naive", "cpu")
+out = {"rank": comm.rank, "size": comm.size, "intra_rank": comm.intra_rank}
+np.random.seed(comm.rank)  # different streams; weights come from rank 0
 
 rng = np.random.RandomState(0)
 x = rng.rand(64, 4).astype(np.float32)
 y = (x.sum(axis=1) > 2).astype(np.int32)
 ids = np.arange(64, dtype=np.int32)
 data = chainer.datasets.TupleDataset(x, y, ids) if comm.rank == 0 else None
-share = ranks.share(data, seed=0)
+share = chainermn.scatter_dataset(data, comm, shuffle=True, seed=0)
 out["share"] = sorted(int(s[2]) for s in share)
 
 class Net(chainer.Chain):
@@ -167,7 +163,7 @@ trainer.extend(DetectionVOCEvaluator(val_iter, Detector(), comm=comm), trigger=(
 trainer.run()
 out["map"] = trainer.observation.get("validation/main/map")
 out["map"] = None if out["map"] is None else float(out["map"])
-out["digest"] = ranks.agreed_digests(model)[0]
+out["digest"] = mn._agreed_digests(comm, model)[0]
 
 # the safe loss with comm: 1 positive on rank 0, 3 on rank 1 -> normaliser (1 + 3) / 2
 n_pos = 1 + 2 * comm.rank
@@ -181,20 +177,10 @@ out["loc_loss"] = float(loc.array)
 if comm.rank == 1:
     model.fc.W.array[0, 0] += 1
 try:
-    ranks.agreed_digests(model)
+    mn._agreed_digests(comm, model)
 except DistributedError as exc:
     out["diverged"] = [exc.kind, str(exc)]
     out["diverged_digests"] = exc.digests
-
-try:
-    ranks.share([1] if comm.rank == 0 else None, seed=0)
-except DistributedError as exc:
-    out["too_small"] = [exc.kind, str(exc)]
-
-try:
-    training_ranks.create_communicator("flat", "gpu")
-except DistributedError as exc:
-    out["flat"] = [exc.kind, str(exc)]
 
 with open(f"result-{comm.rank}.json", "w") as f:
     json.dump(out, f)
@@ -206,7 +192,6 @@ def test_two_ranks_naive_train_to_identical_parameters(mpi, tmp_path):
     assert sorted(results) == [0, 1], done.stdout
     r0, r1 = results[0], results[1]
     assert r0["size"] == r1["size"] == 2
-    assert r0["root"] and not r1["root"]
     assert {r0["intra_rank"], r1["intra_rank"]} == {0, 1}
     # scatter_dataset: disjoint halves covering the whole dataset
     assert len(r0["share"]) == len(r1["share"]) == 32
@@ -220,18 +205,14 @@ def test_two_ranks_naive_train_to_identical_parameters(mpi, tmp_path):
     for r in (r0, r1):
         assert r["diverged"][0] == "diverged" and "ranks [1]" in r["diverged"][1]
         assert r["diverged_digests"][0] == r0["digest"] != r["diverged_digests"][1]
-        assert r["too_small"][0] == "ranks" and "1 samples for 2 ranks" in r["too_small"][1]
-        if r["cuda_aware"] is False:  # Debian's Open MPI: flat would crash
-            assert r["flat"][0] == "communicator" and "pure_nccl" in r["flat"][1]
 
 
 ABORT_2_RANKS = r'''
 import numpy as np
 from medaidet.errors import MedaidetError
-from medaidet.training.ranks import create_communicator
-from medaidet.training.ranks import Ranks
+from medaidet.extras.mpi import abort_on_error, create_communicator
 comm = create_communicator("naive")
-with Ranks(comm, None, 1).abort_on_error():
+with abort_on_error(comm):
     if comm.rank == 1:
         raise MedaidetError("annotation 7 of BloodImage_00001.xml is broken (test)")
     comm.allreduce(np.ones(3, np.float32))  # rank 0 would wait here forever
@@ -290,48 +271,32 @@ def test_launch_timeout_stops_the_ranks(mpi):
 @pytest.mark.parametrize("name", ["nccl", "pure-nccl", "", "NAIVE"])
 def test_unknown_communicator_lists_the_names(name):
     with pytest.raises(DistributedError) as info:
-        training_ranks.create_communicator(name, "cpu")
+        mn.create_communicator(name, "cpu")
     assert info.value.kind == "communicator" and repr(name) in str(info.value)
     for valid in COMMUNICATORS:
         assert valid in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["hierarchical", "two_dimensional", "single_node", "dummy"])
-def test_removed_communicators_say_what_to_use(name):
-    with pytest.raises(DistributedError) as info:
-        training_ranks.create_communicator(name, "gpu")
-    assert info.value.kind == "communicator"
-    assert repr(name) in str(info.value)
-    assert repr(training_ranks.REMOVED_COMMUNICATORS[name]) in str(info.value)
-
-
-@pytest.mark.parametrize("name", GPU_COMMUNICATORS)
+@pytest.mark.parametrize("name", ["pure_nccl", "non_cuda_aware", "flat"])
 @pytest.mark.parametrize("device", ["cpu", "@numpy", -1])
 def test_gpu_communicator_on_cpu(monkeypatch, name, device):
-    monkeypatch.setattr(training_ranks, "import_mpi", lambda: pytest.fail("MPI touched"))
+    monkeypatch.setitem(sys.modules, "mpi4py", None)   # named before MPI is looked for
     with pytest.raises(DistributedError) as info:
-        training_ranks.create_communicator(name, device)
+        mn.create_communicator(name, device)
     assert info.value.kind == "communicator" and repr(name) in str(info.value)
     assert "--communicator naive" in str(info.value)
 
 
 def test_nccl_communicator_without_nccl(monkeypatch):
-    monkeypatch.setattr(training_ranks, "_nccl_problem", lambda: "ImportError: libnccl.so.2 (fake)")
+    def refuse(name, **kwargs):   # what ChainerMN raises where CuPy has no NCCL
+        raise RuntimeError("NCCL is not available: ImportError: libnccl.so.2 (fake)")
+    monkeypatch.setitem(sys.modules, "mpi4py", SimpleNamespace(MPI=object()))
+    monkeypatch.setattr("chainermn.create_communicator", refuse)
     for name in ("pure_nccl", "non_cuda_aware"):
         with pytest.raises(DistributedError) as info:
-            training_ranks.create_communicator(name, "gpu")
+            mn.create_communicator(name, "gpu")
         assert info.value.kind == "communicator" and "libnccl.so.2 (fake)" in str(info.value)
         assert "naive" in str(info.value)
-
-
-def test_communicator_table():
-    assert set(COMMUNICATORS) == {"naive", "pure_nccl", "non_cuda_aware", "flat"}
-    assert not COMMUNICATORS["naive"].gpu
-    assert set(GPU_COMMUNICATORS) == {"pure_nccl", "non_cuda_aware", "flat"}
-    assert COMMUNICATORS["pure_nccl"].nccl and COMMUNICATORS["flat"].cuda_aware_mpi
-    with pytest.raises(DistributedError) as info:
-        training_ranks.create_communicator("naive", "tpu")
-    assert info.value.kind == "communicator" and "'tpu'" in str(info.value)
 
 
 def test_missing_mpi4py_is_named():
@@ -339,11 +304,11 @@ def test_missing_mpi4py_is_named():
         import sys
         sys.modules["mpi4py"] = None  # as if not installed
         from medaidet.scaling import distributed as dist
-        from medaidet.training import ranks as training_ranks
+        from medaidet.extras import mpi as mn
         from medaidet.errors import DistributedError
         print("problem:", dist.mpi_problem())
         try:
-            training_ranks.create_communicator("naive", "cpu")
+            mn.create_communicator("naive", "cpu")
         except DistributedError as exc:
             print("error:", exc.kind, exc)
     """)
@@ -351,18 +316,18 @@ def test_missing_mpi4py_is_named():
     assert done.returncode == 0, done.stderr
     assert "problem: mpi4py is not installed" in done.stdout
     error = next(line for line in done.stdout.splitlines() if line.startswith("error:"))
-    assert error.startswith("error: mpi ") and training_ranks.INSTALL_MPI in error
+    assert error.startswith("error: mpi ") and mn.INSTALL_MPI in error
 
 
 def test_missing_libmpi_is_named():
     pytest.importorskip("mpi4py")
     code = textwrap.dedent("""
         from medaidet.scaling import distributed as dist
-        from medaidet.training import ranks as training_ranks
+        from medaidet.extras import mpi as mn
         from medaidet.errors import DistributedError
         print("problem:", dist.mpi_problem())
         try:
-            training_ranks.create_communicator("naive", "cpu")
+            mn.create_communicator("naive", "cpu")
         except DistributedError as exc:
             print("error:", exc.kind, exc)
     """)
@@ -371,7 +336,7 @@ def test_missing_libmpi_is_named():
     assert "problem: mpi4py" in done.stdout and "cannot load an MPI library" in done.stdout
     error = next(line for line in done.stdout.splitlines() if line.startswith("error:"))
     assert error.startswith("error: mpi ") and "/nonexistent/libmpi.so" in error
-    assert training_ranks.INSTALL_MPI in error
+    assert mn.INSTALL_MPI in error
 
 
 def test_no_mpiexec_on_path(monkeypatch, tmp_path):
@@ -381,10 +346,10 @@ def test_no_mpiexec_on_path(monkeypatch, tmp_path):
     problem = dist.mpi_problem()
     if problem and "cannot load" in problem:
         pytest.skip(f"no MPI library here: {problem}")
-    assert "no mpiexec (or mpirun) beside" in problem and training_ranks.INSTALL_MPI in problem
+    assert "no mpiexec (or mpirun) beside" in problem and mn.INSTALL_MPI in problem
     with pytest.raises(DistributedError) as raised:
         dist.mpiexec_command(2, ["-m", "medaidet"])
-    assert raised.value.kind == "mpi" and training_ranks.INSTALL_MPI in str(raised.value)
+    assert raised.value.kind == "mpi" and mn.INSTALL_MPI in str(raised.value)
 
 
 # ---------------------------------------------------------------- mpiexec command line
@@ -444,18 +409,6 @@ def fake_comm(rank=0, size=1, intra_rank=None, intra_size=None):
                            intra_size=size if intra_size is None else intra_size)
 
 
-def ranks_of(comm):
-    return Ranks(comm, None, 1)
-
-
-def test_is_root_and_rank_seed():
-    assert ranks_of(None).is_root and ranks_of(fake_comm(0, 2)).is_root
-    assert not ranks_of(fake_comm(1, 2)).is_root
-    assert ranks_of(fake_comm(3, 4)).seed(7) == 10
-    assert ranks_of(fake_comm(3, 4)).seed(None) is None
-    assert ranks_of(None).seed(7) == 7
-
-
 @pytest.mark.parametrize("total,ranks,per_rank", [(32, 4, 8), (2, 2, 1), (5, 1, 5)])
 def test_per_rank_batchsize(total, ranks, per_rank):
     assert per_rank_batchsize(total, ranks) == per_rank
@@ -471,7 +424,7 @@ def test_per_rank_batchsize_that_does_not_split(total, ranks, suggest):
 
 def test_rank_device(monkeypatch):
     """The rank's device is read by medaidet.device's one parser and GPU count."""
-    monkeypatch.setattr("medaidet.device.gpu_status", lambda: (0, "no CUDA"))
+    monkeypatch.setattr("medaidet.extras.mpi.gpu_status", lambda: (0, "no CUDA"))
     comm = fake_comm(3, 4, intra_rank=1, intra_size=2)
     assert rank_device(comm, "cpu") == "cpu" and rank_device(comm, -1) == "cpu"
     assert rank_device(comm, "auto") == "cpu"
@@ -480,7 +433,7 @@ def test_rank_device(monkeypatch):
         rank_device(comm, 0)
     assert info.value.kind == "ranks" and "--device gpu" in str(info.value)
     assert rank_device(fake_comm(0, 1), "@cupy:2") == 2
-    monkeypatch.setattr("medaidet.device.gpu_status", lambda: (1, ""))
+    monkeypatch.setattr("medaidet.extras.mpi.gpu_status", lambda: (1, ""))
     assert rank_device(fake_comm(0, 2, 0, 2), "auto") == 0
     with pytest.raises(DistributedError) as info:
         rank_device(comm, "gpu")
@@ -503,11 +456,8 @@ def test_param_digest():
 
 
 def test_abort_on_error_without_ranks_reraises():
-    with pytest.raises(KeyError):
-        with ranks_of(None).abort_on_error():
-            raise KeyError("x")
     with pytest.raises(ValueError):
-        with ranks_of(fake_comm(0, 1)).abort_on_error():
+        with abort_on_error(fake_comm(0, 1)):
             raise ValueError("x")
 
 
@@ -517,6 +467,13 @@ def test_distributed_imports_neither_chainer_nor_mpi():
                       "if m in sys.modules))")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_one_process_training_never_imports_the_ranks():
+    done = run_python("import sys, medaidet.training.run, medaidet.training.recipe\n"
+                      "print('medaidet.extras.mpi' in sys.modules)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
 
 
 # ---------------------------------------------------------------- medaidet train on 2 ranks
@@ -598,9 +555,12 @@ def test_two_rank_training_with_augmentation_is_reproducible(mpi, tmp_path, bccd
 
 def test_resume_of_a_multi_process_run_is_refused(tmp_path):
     from medaidet.training.config import TrainConfig
-    from medaidet.training.run import train
-    from medaidet.errors import WeightsError
+    from medaidet.training.run import prepare_run, train
+    from medaidet.errors import ConfigError, WeightsError
 
     config = TrainConfig.profile("smoke", communicator="naive", out=str(tmp_path))
-    with pytest.raises(WeightsError, match="not supported"):
-        train(config, resume=tmp_path / "snapshot_latest.npz")
+    with pytest.raises(WeightsError) as info:
+        prepare_run(config, resume=tmp_path / "snapshot_latest.npz")
+    assert info.value.kind == "snapshot"
+    with pytest.raises(ConfigError):   # a ChainerMN run needs mpiexec's ranks
+        train(config)

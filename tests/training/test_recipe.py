@@ -8,7 +8,6 @@ from medaidet.errors import MedaidetError
 from medaidet.ssd.transforms import EncodeTransform, TrainTransform
 from medaidet.training import recipe
 from medaidet.training.config import TrainConfig
-from medaidet.training.ranks import Ranks
 from medaidet.training.recipe import Recipe
 from medaidet.training.run import train
 from medaidet.training.seeding import seed_everything
@@ -28,8 +27,8 @@ def test_the_pieces_in_order_train_what_train_trains(tmp_path, bccd_root):
 
     config = TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path / "b"), **TINY)
     seed_everything(config.seed)
-    r = Recipe(config)                       # one process on config.device: no Ranks to make
-    assert r.ranks.comm is None and r.ranks.batch_size == 1
+    r = Recipe(config)                       # one process on config.device
+    assert r.comm is None and r.batch_size == 1
     model = r.model()
     train_chain = r.train_chain(model)
     data = r.datasets(model)
@@ -87,13 +86,9 @@ def test_training_length_in_epochs_or_iterations():
     assert by_iterations.stop == (5, "iteration") and by_iterations.total == 5
 
 
-def test_one_process_ranks():
-    ranks = Ranks.for_config(TrainConfig.profile("smoke", device="cpu", batch_size=3))
-    assert (ranks.size, ranks.rank, ranks.is_root, ranks.keeps_snapshots) == (1, 0, True, True)
-    assert ranks.batch_size == 3 and ranks.seed(7) == 7
-    assert ranks.describe(3) is None and ranks.agreed_digests(object()) is None
-    data = [1, 2, 3]
-    assert ranks.share(data, seed=0) is data
+def test_one_process_recipe():
+    r = Recipe(TrainConfig.profile("smoke", device="cpu", batch_size=3))
+    assert (r.comm, r.batch_size, r.main, str(r.device)) == (None, 3, True, "@numpy")
 
 
 # --------------------------------------------------------------------------- nothing to learn
