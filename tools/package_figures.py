@@ -22,7 +22,7 @@ FUNCTION_LIMIT = 60
 #: docs/design.md's targets: the package, its core, exception classes, modules train enters.
 TARGETS = {"lines": 6500, "characters": 330_000, "core lines": 5000, "exception classes": 8,
            "modules train(config) enters": 10}
-NOT_CORE = ("extras", "cli")
+NOT_CORE = ("extras", "cli.py")
 
 
 def _is_exception(node: ast.ClassDef, known: set) -> bool:

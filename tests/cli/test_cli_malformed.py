@@ -83,8 +83,6 @@ ROWS = [
      ["--score-thresh", "nan"]),
     ("count --score-thresh 2", lambda f: ["count", str(f["weights"]), "--score-thresh", "2"],
      ["--score-thresh", "2"]),
-    ("batch-size --min 8 --start 4", lambda f: ["batch-size", "--min", "8", "--start", "4"],
-     ["--min", "8", "--start", "4"]),
     ("course run --cell-timeout 0", lambda f: ["course", "run", "--cell-timeout", "0"],
      ["--cell-timeout", "0"]),
     ("course run --seed 2**32", lambda f: ["course", "run", "--seed", "4294967296"],
@@ -108,8 +106,6 @@ ROWS = [
     ("evaluate --out FILE", lambda f: ["evaluate", str(f["weights"]), "--out", str(f["a_file"])],
      ["--out", "results.txt", "is a file"]),
     ("count --out FILE", lambda f: ["count", str(f["weights"]), "--out", str(f["a_file"])],
-     ["--out", "results.txt", "is a file"]),
-    ("batch-size --out FILE", lambda f: ["batch-size", "--out", str(f["a_file"])],
      ["--out", "results.txt", "is a file"]),
     ("course run --out FILE", lambda f: ["course", "run", "--out", str(f["a_file"])],
      ["--out", "results.txt", "is a file"]),
@@ -194,7 +190,7 @@ def test_data_validate_exits_1_when_it_reports_errors(files, capsys):
 def test_an_os_error_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     def unreadable(args):
         raise PermissionError(13, "Permission denied", str(tmp_path / "locked.npz"))
-    monkeypatch.setattr(cli.doctor, "_doctor", unreadable)
+    monkeypatch.setattr(cli, "_doctor", unreadable)
     assert cli.main(["doctor"]) == 2
     err = capsys.readouterr().err
     assert err == f"medaidet: error: {tmp_path / 'locked.npz'}: Permission denied\n"
@@ -218,7 +214,7 @@ def test_a_full_quota_in_the_cache_says_how_to_move_the_cache(tmp_path, capsys, 
     def no_room(args):
         raise OSError(errno.EDQUOT, "Disk quota exceeded", str(wheel))
     monkeypatch.setenv("MEDAIDET_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(cli.doctor, "_doctor", no_room)
+    monkeypatch.setattr(cli, "_doctor", no_room)
     assert cli.main(["doctor"]) == 2
     assert capsys.readouterr().err == (
         f"medaidet: error: {wheel}: Disk quota exceeded: free space in your quota on the disk "

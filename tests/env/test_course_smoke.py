@@ -13,7 +13,7 @@ from medaidet_tools.course import run_course
 def test_cli_model_commands_are_wired(tmp_path):
     import subprocess
     import sys
-    for command in ("train", "evaluate", "count", "batch-size"):
+    for command in ("train", "evaluate", "count", "export"):
         done = subprocess.run([sys.executable, "-m", "medaidet", command, "--help"],
                               capture_output=True, text=True)
         assert done.returncode == 0 and "usage: medaidet " + command in done.stdout

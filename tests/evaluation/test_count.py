@@ -1,5 +1,4 @@
 """Counting: hand-made predictions with known counts, the threshold sweep, plots, CLI hook."""
-import argparse
 import json
 import math
 
@@ -8,7 +7,7 @@ from matplotlib.colors import to_rgb
 import pytest
 from matplotlib.figure import Figure
 
-from medaidet.cli import count as count_cli
+from medaidet import cli
 from medaidet.evaluation.count import RBC_NOTE, count_cells, plot_counts
 from medaidet.evaluation.thresholds import SWEEP_NOTE, SweepResult, plot_sweep, threshold_sweep
 from medaidet.evaluation.predictions import Predictions
@@ -291,8 +290,7 @@ def test_threshold_change_follows_each_image_and_adds_up_to_the_mae():
 
 
 def test_cli_parser_registers_count():
-    parser = argparse.ArgumentParser()
-    count_cli.add_parser(parser.add_subparsers(dest="command"))
+    parser = cli.build_parser()
     args = parser.parse_args(["count", "w.npz", "--score-thresh", "0.4", "--split", "val"])
     assert (args.weights, args.split, args.score_thresh, args.device) == \
         ("w.npz", "val", 0.4, "auto")
@@ -306,8 +304,7 @@ def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
     np.random.seed(0)
     weights = tmp_path / "ssd300_random.npz"
     save_weights(build_ssd("ssd300", n_fg_class=3), weights)
-    parser = argparse.ArgumentParser()
-    count_cli.add_parser(parser.add_subparsers(dest="command"))
+    parser = cli.build_parser()
     out = tmp_path / "count"
     args = parser.parse_args(["count", str(weights), "--root", str(bccd_root), "--subset",
                               "2", "--split", "val", "--out", str(out), "--json"])
@@ -324,9 +321,7 @@ def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
 # --------------------------------------------------------------------------- bad arguments
 
 def _count_parser():
-    parser = argparse.ArgumentParser(prog="medaidet")
-    count_cli.add_parser(parser.add_subparsers(dest="command"))
-    return parser
+    return cli.build_parser()
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "2", "inf", "0", "0.005", "half"])

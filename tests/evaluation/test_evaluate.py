@@ -1,6 +1,5 @@
 """Evaluation: the protocols' semantics on synthetic predictions with known answers, and one
 real (tiny) run of evaluate_weights on BCCD with random-init SSD300 weights."""
-import argparse
 import json
 import math
 
@@ -9,7 +8,7 @@ import pytest
 
 from conftest import REPO, edit_objects, split_ids
 
-from medaidet.cli import evaluate as evaluate_cli
+from medaidet import cli
 from medaidet.errors import MedaidetError, WeightsError
 from medaidet.evaluation.evaluate import evaluate, plot_pr_curves
 from medaidet.evaluation.runs import evaluate_weights
@@ -167,9 +166,7 @@ def test_missing_weights_is_a_named_error(tmp_path, bccd_root):
 
 
 def test_cli_parser_registers_evaluate():
-    parser = argparse.ArgumentParser()
-    evaluate_cli.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["evaluate", "w.npz", "--subset", "2", "--device", "gpu",
+    args = cli.build_parser().parse_args(["evaluate", "w.npz", "--subset", "2", "--device", "gpu",
                               "--out", "o", "--root", "d"])
     assert (args.weights, args.split, args.model, args.subset, args.device, args.out,
             args.root) == ("w.npz", "test", None, 2, "gpu", "o", "d")
@@ -247,9 +244,7 @@ def test_seconds_is_the_time_the_prediction_loop_took(bccd_root):
 # --------------------------------------------------------------------------- bad arguments
 
 def _evaluate_parser():
-    parser = argparse.ArgumentParser(prog="medaidet")
-    evaluate_cli.add_parser(parser.add_subparsers(dest="command"))
-    return parser
+    return cli.build_parser()
 
 
 @pytest.mark.parametrize("option", ["--subset", "--batch-size"])

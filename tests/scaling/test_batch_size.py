@@ -206,28 +206,21 @@ def test_no_batch_size_fits_on_the_cpu(bccd_root):
 
 
 @pytest.mark.slow(seconds=27)
-def test_batch_size_command_on_real_bccd(bccd_root, tmp_path, capsys):
-    from medaidet.cli import main
+def test_batch_size_on_real_bccd(bccd_root, tmp_path):
+    from medaidet.scaling.batch_size import batch_size_on_bccd
 
     out = tmp_path / "finder"
-    assert main(["batch-size", "--device", "cpu", "--sizes", "2", "1", "--target", "32",
-                 "--root", str(bccd_root), "--out", str(out), "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    report = batch_size_on_bccd("cpu", sizes=[2, 1], target_batch_size=32, root=bccd_root,
+                                out=out, log=None)
+    data = report.to_dict()
     assert [t["batch_size"] for t in data["tries"]] == [1, 2]
     one, two = data["tries"]
     assert one["ok"] and two["ok"] and two["peak_bytes"] > one["peak_bytes"] > 100 * 2**20
     assert data["target_batch_size"] == 32 and data["accumulate"] == 16
     assert json.loads((out / "batch_size.json").read_text()) == data
     assert (out / "memory.png").read_bytes().startswith(b"\x89PNG")
-
-    assert main(["batch-size", "--device", "cpu", "--start", "1",
-                 "--root", str(bccd_root)]) == 0
-    text = capsys.readouterr().out
-    assert "batch 1: fits" in text and "no accumulation needed" in text
-    with pytest.raises(SystemExit):
-        main(["batch-size", "--start", "0"])
-    assert "argument --start: 0 is out of range; expected a whole number > 0" in \
-        capsys.readouterr().err
+    one = batch_size_on_bccd("cpu", start=1, root=bccd_root, log=None)
+    assert one.best_batch_size == 1 and "no accumulation needed" in str(one)
 
 
 # --------------------------------------------------------------------------- bad arguments
@@ -238,42 +231,6 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the arguments were checked")
     monkeypatch.setattr("medaidet.training.recipe.Recipe.model", refuse)
-
-
-def _error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return err.strip().splitlines()[-1]
-
-
-def test_batch_size_command_min_greater_than_start(bccd_root, capsys, no_model):
-    from medaidet.cli import main
-
-    assert main(["batch-size", "--device", "cpu", "--start", "4", "--min", "8",
-                 "--root", str(bccd_root)]) == 2
-    assert _error_line(capsys) == ("medaidet: error: --min: 8 is greater than --start 4; "
-                                   "expected a batch size from 1 to --start")
-
-
-def test_batch_size_command_output_folder(bccd_root, tmp_path, capsys, no_model):
-    from medaidet.cli import main
-
-    file = tmp_path / "results"
-    file.write_text("mine")
-    argv = ["batch-size", "--device", "cpu", "--start", "1", "--root", str(bccd_root)]
-    assert main(argv + ["--out", str(file)]) == 2
-    assert _error_line(capsys) == (f"medaidet: error: --out: {file} is a file, not a folder; "
-                                   "give a folder path (it is created if missing)")
-    assert main(argv + ["--out", str(file / "finder")]) == 2
-    assert _error_line(capsys).startswith(
-        f"medaidet: error: --out: cannot create the folder {file / 'finder'} ")
-    data = tmp_path / "bccd"
-    (data / "Annotations").mkdir(parents=True)
-    assert main(["batch-size", "--device", "cpu", "--root", str(data),
-                 "--out", str(data / "finder")]) == 2
-    assert _error_line(capsys).startswith(
-        f"medaidet: error: --out: {data / 'finder'} is inside {data}, which this run reads")
-    assert not (data / "finder").exists() and file.read_text() == "mine"
 
 
 def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
@@ -291,6 +248,12 @@ def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
     with pytest.raises(OutputError) as info:
         batch_size_on_bccd("cpu", start=1, root=bccd_root, out=file)
     assert (info.value.kind, info.value.path) == ("not_a_folder", file)
+    data = tmp_path / "bccd"
+    (data / "Annotations").mkdir(parents=True)
+    with pytest.raises(OutputError) as info:
+        batch_size_on_bccd("cpu", root=data, out=data / "finder")
+    assert (info.value.kind, info.value.path) == ("input", data / "finder")
+    assert not (data / "finder").exists() and file.read_text() == "mine"
     with pytest.raises(ConfigError, match="^min_batch_size: 3 is greater than start 2"):
         find_batch_size(HungryChain(fits=1), stub_samples(2), start=2, min_batch_size=3,
                         log=None)

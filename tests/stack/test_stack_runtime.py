@@ -234,6 +234,6 @@ def test_cli_works_before_chainer_is_installed():
     assert json.loads(done.stdout)["chainer_ours"]  # read from metadata, not imported
     done = run_python(block + "raise SystemExit(main(['--help']))")
     assert done.returncode == 0 and "train" in done.stdout, done.stderr
-    for argv in (['train', '--profile', 'smoke'], ['batch-size', '--device', 'gpu']):
+    for argv in (['train', '--profile', 'smoke'], ['count', 'w.npz', '--device', 'gpu']):
         done = run_python(block + f"raise SystemExit(main({argv!r}))")
         assert done.returncode == 2 and "medaidet stack install" in done.stderr, argv

@@ -1,6 +1,5 @@
 """medaidet.training.run (with config, snapshot and divergence): config, smoke training on real
 BCCD, seeds, kill + resume to the same weights, divergence, the ``medaidet train`` command."""
-import argparse
 import json
 import os
 import signal
@@ -15,8 +14,8 @@ import pytest
 from conftest import REPO
 from medaidet.device import resolve_device
 from medaidet.errors import ConfigError, DeviceError, DivergedError, WeightsError
-from medaidet.cli import train as train_command
-from medaidet.cli.train import config_from_args
+from medaidet import cli
+from medaidet.cli import config_from_args
 from medaidet.training.config import TrainConfig
 from medaidet.training.divergence import StopOnNonFinite
 from medaidet.training.iterators import n_processes_for
@@ -28,9 +27,7 @@ TINY = dict(subset=2, batch_size=1, eval_subset=1, eval_batch_size=1, seed=0,
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(prog="medaidet")
-    train_command.add_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["train", *argv])
+    return cli.build_parser().parse_args(["train", *argv])
 
 
 def _arrays(path):
