@@ -21,10 +21,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from medaidet.errors import ConfigError, OutputError
+from medaidet.errors import ConfigError
 from medaidet.files import atomic_file
 
-__all__ = ["ConfigError", "OutputError", "check_number", "check_type", "checked_boxes",
+__all__ = ["ConfigError", "check_number", "check_type", "checked_boxes",
            "checked_size", "checked_sizes", "checked_bins", "checked_path", "is_path", "positive_int",
            "non_negative_int", "positive_float", "probability", "seed", "prepare_output_dir"]
 
@@ -178,9 +178,9 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
     the folder as the command's own; a folder that holds anything but lacks it is refused,
     and a new or empty folder gets it, as does one holding only folders named in
     ``own_folders`` that are the command's own work too (:func:`_own_work`). Returns the
-    resolved path; raises :class:`OutputError` naming ``name`` and the path."""
+    resolved path; raises :class:`ConfigError` naming ``name`` and the path."""
     if not is_path(path):
-        raise OutputError(f"{name}: {path!r} is not a folder path; expected a folder to "
+        raise ConfigError(f"{name}: {path!r} is not a folder path; expected a folder to "
                           "write the results in", "not_a_folder", path=path)
     out = Path(path).expanduser().resolve()
     for source in inputs:
@@ -188,23 +188,23 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
             continue
         source = Path(source).expanduser().resolve()
         if _is_within(out, source):
-            raise OutputError(
+            raise ConfigError(
                 f"{name}: {path} is inside {source}, which this run reads; choose a folder "
                 "outside it (for example outputs/) so nothing of yours is overwritten",
                 "input", path=out)
     if out.exists() and not out.is_dir():
-        raise OutputError(f"{name}: {path} is a file, not a folder; give a folder path "
+        raise ConfigError(f"{name}: {path} is a file, not a folder; give a folder path "
                           "(it is created if missing)", "not_a_folder", path=out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"{name}: cannot create the folder {path} ({exc.strerror or exc}); "
+        raise ConfigError(f"{name}: cannot create the folder {path} ({exc.strerror or exc}); "
                           "choose a folder you can write to", "unwritable", path=out) from None
     try:  # a real write: permission bits say nothing for root or on read-only mounts
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as exc:
-        raise OutputError(f"{name}: cannot write in the folder {path} "
+        raise ConfigError(f"{name}: cannot write in the folder {path} "
                           f"({exc.strerror or exc}); choose a folder you can write to",
                           "unwritable", path=out) from None
     if marker is not None:
@@ -242,7 +242,7 @@ def _claim_output_dir(out: Path, path, name: str, marker: str, own_folders=()) -
                    if not (p.name in own_folders and _own_work(p, marker)))
     if found:
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        raise OutputError(
+        raise ConfigError(
             f"{name}: the folder {path} already holds files ({shown}) and is not one this "
             f"command made (it has no {marker} file); nothing was written or deleted there. "
             f"Choose a new or empty folder for {name}, or move those files out of it",

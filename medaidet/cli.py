@@ -26,7 +26,7 @@ from medaidet.arguments import (non_negative_int, positive_float, positive_int,
                                 prepare_output_dir, probability, seed)
 from medaidet.data import LABELS, OTHER_SOURCES, SPLITS
 from medaidet.device import DEFAULT_DEVICE
-from medaidet.errors import DeployError, MedaidetError, OutputError
+from medaidet.errors import ConfigError, MedaidetError
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, EVALUATE_SCORE_THRESH
 from medaidet.files import check_output, is_full_disk, write_files
 from medaidet.ssd import MODEL_NAMES
@@ -302,7 +302,7 @@ def _missing_extra(exc: ModuleNotFoundError, command: str):
     extra = EXTRAS.get((exc.name or "").split(".")[0])
     if extra is None:
         return exc
-    return DeployError(f"`medaidet {command}` needs {exc.name}, which is not installed: "
+    return ConfigError(f"`medaidet {command}` needs {exc.name}, which is not installed: "
                        f"pip install 'medaidet[{extra}]' (from a checkout: "
                        f"pip install -e '.[{extra}]')", "extra")
 
@@ -348,7 +348,7 @@ def _results_folder(out, images) -> Path:
         stems.setdefault(Path(image).stem, []).append(image)
     same = [paths for paths in stems.values() if len(paths) > 1]
     if same:
-        raise OutputError(f"{' and '.join(same[0])} would both write {Path(same[0][0]).stem}.json "
+        raise ConfigError(f"{' and '.join(same[0])} would both write {Path(same[0][0]).stem}.json "
                           f"and .png into {out}: count them in separate runs with separate "
                           "--out folders, or rename one (nothing was written).", "clash", path=out)
     for stem in stems:          # every result checked before any image is counted

@@ -114,8 +114,16 @@ class ConfigError(MedaidetError, ValueError):
     does not support. The message begins with the argument or field at fault, as the Python
     API names it (``"iterations: ..."``; the command line puts its flag there instead), and
     says what is expected. ``kind``: None, or ``"seed"``, ``"accumulation"``,
-    ``"nothing_to_learn"``, ``"nothing_to_evaluate"``, ``"numpy"``.
+    ``"nothing_to_learn"``, ``"nothing_to_evaluate"``, ``"numpy"``, ``"extra"`` (a package
+    of one of medaidet's extras is not installed); for an output that cannot be written
+    where asked, with ``path`` (the output): ``"input"`` (it is one of the run's inputs, or
+    inside one), ``"not_a_folder"`` (a folder is asked for: the path is a file, or no path),
+    ``"not_a_file"`` (a file would replace a folder, a device, a FIFO or a dangling link),
+    ``"unwritable"`` (the folder cannot be created or written), ``"not_ours"`` (the folder
+    holds someone's files) or ``"clash"`` (two outputs of one run would share a name).
     """
+
+    path = None
 
 
 class DeviceError(MedaidetError, ValueError):
@@ -128,27 +136,6 @@ class DeviceError(MedaidetError, ValueError):
 
     KINDS = ("spec", "no_cuda", "no_gpu", "memory")
     spec = None
-
-
-class OutputError(MedaidetError):
-    """An output cannot be written where asked. ``kind``: ``"input"`` (it is one of the
-    run's inputs, or inside one), ``"not_a_folder"`` (a folder is asked for: the path is a
-    file, or no path), ``"not_a_file"`` (a file would replace a folder, a device, a FIFO or
-    a dangling link), ``"unwritable"`` (the folder cannot be created or written),
-    ``"not_ours"`` (the folder holds someone's files) or ``"clash"`` (two outputs of one run
-    would share a name). ``path``: the output."""
-
-    KINDS = ("input", "not_a_folder", "not_a_file", "unwritable", "not_ours", "clash")
-    path = None
-
-
-class DeployError(MedaidetError):
-    """The detector cannot leave Chainer as asked (notebook 09). ``kind``: ``"model"`` (the
-    file is not an ONNX model ``medaidet export`` wrote, or is not there), ``"opset"`` (an
-    ONNX opset onnx_chainer cannot write) or ``"extra"`` (a package of one of medaidet's
-    extras is not installed)."""
-
-    KINDS = ("model", "opset", "extra")
 
 
 class WeightsError(MedaidetError):

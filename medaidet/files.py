@@ -29,9 +29,9 @@ import stat
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from medaidet.errors import OutputError
+from medaidet.errors import ConfigError
 
-__all__ = ["FULL_DISK_ERRNOS", "OutputError", "atomic_file", "check_output", "is_full_disk",
+__all__ = ["FULL_DISK_ERRNOS", "atomic_file", "check_output", "is_full_disk",
            "not_a_regular_file", "png_bytes", "write_files"]
 
 # The errors of a write that found no room: the disk, the user's quota, the file-size limit.
@@ -56,12 +56,12 @@ def not_a_regular_file(path) -> str | None:
 
 def check_output(path, inputs=()) -> Path:
     """``path``, if writing a file there replaces nothing but a regular file (or a link to
-    one) that is none of ``inputs``; else :class:`OutputError` naming it. Nothing is written."""
+    one) that is none of ``inputs``; else :class:`ConfigError` naming it. Nothing is written."""
     path = Path(path)
     if os.path.lexists(path) and not path.is_file():
         what = ("a folder" if path.is_dir() else "a link to nothing" if path.is_symlink()
                 else "a device, FIFO or socket, not a regular file")
-        raise OutputError(f"{path} is {what}: writing there would replace it. Give the name "
+        raise ConfigError(f"{path} is {what}: writing there would replace it. Give the name "
                           "of a file to write (nothing was written).", "not_a_file", path=path)
     for source in inputs:
         try:
@@ -69,7 +69,7 @@ def check_output(path, inputs=()) -> Path:
         except OSError:          # one of them does not exist: not the same file
             continue
         if same:
-            raise OutputError(f"{path} is also an input of this command ({source}): writing "
+            raise ConfigError(f"{path} is also an input of this command ({source}): writing "
                               "there would replace it. Choose another output name (nothing "
                               "was written).", "input", path=path)
     return path
@@ -97,7 +97,7 @@ def atomic_file(path, mode: str = "wb", inputs=()):
     """``with atomic_file(path) as f: f.write(...)``: ``path`` holds either its old content
     or everything written, never a part. ``mode``: "wb" or "w" (text, UTF-8). A full disk
     raises an ``OSError`` whose ``filename`` is ``path``; a ``path`` that is not a file to
-    write, or one of ``inputs``, :class:`OutputError` before anything is written."""
+    write, or one of ``inputs``, :class:`ConfigError` before anything is written."""
     path = check_output(path, inputs)
     fd, tmp = _create_part_file(path)
     try:

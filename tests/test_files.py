@@ -80,20 +80,20 @@ except OSError as exc:
 
 def test_an_output_never_replaces_a_device_a_fifo_a_folder_or_an_input(tmp_path):
     from medaidet.files import check_output
-    from medaidet.errors import OutputError
+    from medaidet.errors import ConfigError
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     link = tmp_path / "dangling"
     link.symlink_to(tmp_path / "nothing")
     for target, what in ((fifo, "a device, FIFO or socket"), (tmp_path, "a folder"),
                          (link, "a link to nothing")):
-        with pytest.raises(OutputError) as info:
+        with pytest.raises(ConfigError) as info:
             with atomic_file(target) as f:
                 f.write(b"x")
         assert (info.value.kind, info.value.path) == ("not_a_file", target)
         assert what in str(info.value)                     # it says what is there
     if os.path.exists("/dev/null"):    # as root (Colab) a rename would make it a plain file
-        with pytest.raises(OutputError) as info:
+        with pytest.raises(ConfigError) as info:
             write_files({tmp_path / "ok.json": "{}", "/dev/null": b"x"})
         assert (info.value.kind, str(info.value.path)) == ("not_a_file", "/dev/null")
         assert not (tmp_path / "ok.json").exists()           # checked before any write
@@ -103,7 +103,7 @@ def test_an_output_never_replaces_a_device_a_fifo_a_folder_or_an_input(tmp_path)
     alias = tmp_path / "alias.npz"
     alias.symlink_to(source)
     for target in (source, alias):
-        with pytest.raises(OutputError) as info:
+        with pytest.raises(ConfigError) as info:
             with atomic_file(target, inputs=[source]) as f:
                 f.write(b"drawing")
         assert (info.value.kind, info.value.path) == ("input", target)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures after the last step of docs/design.md's table: lower them with every step
-CEILINGS = {"lines": 15_960, "characters": 780_100, "core lines": 15_230}
+CEILINGS = {"lines": 15_940, "characters": 779_500, "core lines": 15_210}
 
 
 def _figures():
@@ -34,7 +34,7 @@ def test_no_function_outgrows_a_reading():
 def test_one_exception_class_per_boundary():
     _, found = _figures()
     public = [e for e in found["exceptions"] if not e.split(":")[1].startswith("_")]
-    assert len(found["exceptions"]) <= 12 and all(e.startswith("medaidet/errors.py:")
+    assert len(found["exceptions"]) <= 8 and all(e.startswith("medaidet/errors.py:")
                                                   for e in public), found["exceptions"]
 
 

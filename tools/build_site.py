@@ -394,11 +394,11 @@ def build(outputs: Path, out: Path, repository: str | None = None) -> None:
                   "holds no notebook): its pages show the notebooks without outputs",
                   file=sys.stderr)
     from medaidet.arguments import prepare_output_dir
-    from medaidet.errors import OutputError
+    from medaidet.errors import ConfigError
     try:   # the builder's own folder (a marker): never a user's folder, nor inside the inputs
         out = prepare_output_dir(out, "--out", inputs=(outputs, REPO / "notebooks", REPO / "docs"),
                                  marker=SITE_MARKER)
-    except OutputError as exc:
+    except ConfigError as exc:
         raise SiteError(str(exc)) from None
     repo = repository_url(repository)
     if repo is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from medaidet.arguments import check_number, is_path
-from medaidet.errors import ConfigError, DeployError
+from medaidet.errors import ConfigError, WeightsError
 from medaidet.files import not_a_regular_file
 from medaidet.deploy.decode import decode, resize_boxes
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
@@ -77,15 +77,16 @@ def _check_image(index, image) -> np.ndarray:
 def _metadata(path: Path, session) -> dict:
     """The decoding metadata ``medaidet export`` wrote, checked against itself and against the
     graph: every field there, of its type, the default boxes finite and sized, the graph's
-    ``image``/``locs``/``scores`` of the shapes they imply. :class:`DeployError` otherwise."""
+    ``image``/``locs``/``scores`` of the shapes they imply. A ``"file"`` WeightsError otherwise."""
     def bad(what):
-        return DeployError(f"{path} is not a model `medaidet export` wrote, or was changed "
-                           f"since: {what}. Export it again from its weights.", "model")
+        return WeightsError(f"{path} is not a model `medaidet export` wrote, or was changed "
+                            f"since: {what}. Export it again from its weights.", "file",
+                            path=path)
 
     text = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
     if text is None:
-        raise DeployError(f"{path} is an ONNX model, but not one `medaidet export` "
-                          "wrote: it has no default boxes to decode with", "model")
+        raise WeightsError(f"{path} is an ONNX model, but not one `medaidet export` "
+                           "wrote: it has no default boxes to decode with", "file", path=path)
     try:
         meta = json.loads(text)
     except ValueError as exc:
@@ -153,9 +154,9 @@ class OnnxDetector:
         path = Path(os.fspath(path))
         why = not_a_regular_file(path)
         if why or not path.is_file():
-            raise DeployError(f"{path} is {why}, not a model file" if why else
-                              f"no model at {path}: write one with `medaidet export "
-                              f"WEIGHTS --out {path}`", "model")
+            raise WeightsError(f"{path} is {why}, not a model file" if why else
+                               f"no model at {path}: write one with `medaidet export "
+                               f"WEIGHTS --out {path}`", "file" if why else "missing", path=path)
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
@@ -170,8 +171,9 @@ class OnnxDetector:
             self.session = onnxruntime.InferenceSession(str(path), options,
                                                         providers=list(providers))
         except Exception as exc:     # onnxruntime's own errors name no class worth catching
-            raise DeployError(f"{path} is not an ONNX model onnxruntime can load "
-                              f"({type(exc).__name__}: {str(exc)[:200]})", "model") from None
+            raise WeightsError(f"{path} is not an ONNX model onnxruntime can load "
+                               f"({type(exc).__name__}: {str(exc)[:200]})", "file",
+                               path=path) from None
         meta = _metadata(path, self.session)
         self.path = path
         self.model = meta["model"]

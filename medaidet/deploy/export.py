@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from medaidet.deploy.detector import METADATA_KEY
-from medaidet.errors import DeployError
+from medaidet.errors import ConfigError
 
 __all__ = ["export_onnx", "ExportedModel", "OPSETS", "DEFAULT_OPSET",
            "METADATA_KEY"]
@@ -48,10 +48,9 @@ class ExportedModel:
 
 def _check_opset(opset) -> int:
     if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)) or opset not in OPSETS:
-        raise DeployError(
-            f"opset {opset!r}: medaidet exports ONNX opsets {OPSETS.start} to "
-            f"{OPSETS.stop - 1}; use {DEFAULT_OPSET} (onnxruntime and onnxruntime-web run it)",
-            "opset")
+        raise ConfigError(
+            f"opset: {opset!r}: medaidet exports ONNX opsets {OPSETS.start} to "
+            f"{OPSETS.stop - 1}; use {DEFAULT_OPSET} (onnxruntime and onnxruntime-web run it)")
     return int(opset)
 
 
@@ -125,7 +124,7 @@ def _writable(out: Path) -> Path:
 def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> ExportedModel:
     """Write the SSD trained into ``weights`` (a model-only ``.npz``) as ONNX to ``out``.
 
-    Raises :class:`DeployError` (``opset`` outside 9-11),
+    Raises :class:`~medaidet.errors.ConfigError` (``opset`` outside 9-11),
     a ``"missing"`` WeightsError (no file at
     ``weights``) and the weight loader's named errors (a file that is not the weights of an
     SSD of this course), and ``OSError`` naming ``out`` when it cannot be written; all

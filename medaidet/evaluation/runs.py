@@ -139,7 +139,7 @@ def evaluate_weights(weights_path, split: str = "test", model_name: str | None =
     Raises:
         WeightsError: ``"missing"``: ``weights_path`` does not exist.
         medaidet.errors.ConfigError: ``subset`` or ``batch_size`` is not > 0.
-        medaidet.errors.OutputError: ``out`` is a file, cannot be created or
+        medaidet.errors.ConfigError: ``out`` is a file, cannot be created or
             written, or lies inside the dataset.
         ConfigError: the images to evaluate hold no ground-truth box
             (:func:`check_ground_truth`, before the model is built).

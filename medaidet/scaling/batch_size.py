@@ -355,7 +355,7 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
     ``medaidet train --device``. ``out``: a folder for ``batch_size.json`` and
     ``memory.png`` (created, and checked, before any work; not inside the dataset).
     Bad arguments raise :class:`~medaidet.errors.ConfigError` or
-    :class:`~medaidet.errors.OutputError` naming them, before the model is built.
+    :class:`~medaidet.errors.ConfigError` naming them, before the model is built.
     The model, its loss and the encoded images are the training recipe's
     (:class:`~medaidet.training.recipe.Recipe`), without augmentation."""
     if sizes:

@@ -72,14 +72,6 @@ def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None
 # waits forever for its batch. So the workers never raise: they return the error as a
 # value (_FailedExample), and the iterator raises it in the main process.
 
-class _WorkerTraceback(Exception):
-    """The traceback of an error in a worker process, as text: the ``__cause__`` of the
-    error re-raised in the main process (``medaidet --debug`` shows it)."""
-
-    def __str__(self):
-        return self.args[0]
-
-
 class _FailedExample:
     """What a worker returns for an example whose loading raised: the error, pickled in
     the worker (one that cannot be pickled is described by its type and text), and the
@@ -108,7 +100,7 @@ class _FailedExample:
         if exc is None:
             exc = DataError(f"a data-loading worker process failed on training example "
                             f"{self.index}: {self.description}", "worker")
-        exc.__cause__ = _WorkerTraceback(self.traceback)
+        exc.__cause__ = RuntimeError(f"in the worker process:\n{self.traceback}")
         return exc
 
 

@@ -59,7 +59,7 @@ def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
     readable ``.npz`` files. The messages name the field (``out: ...``; the command line
     puts its flag there). Returns the output folder and the dataset root, both resolved
     (once: the recipe reads the data from this root). Raises
-    :class:`~medaidet.errors.OutputError`, a ``"snapshot"`` WeightsError,
+    :class:`~medaidet.errors.ConfigError`, a ``"snapshot"`` WeightsError,
     :class:`medaidet.ssd.weight_files.WeightsError` or
     a ``"not_found"`` DataError."""
     if resume is not None and config.communicator is not None:

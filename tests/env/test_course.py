@@ -12,7 +12,7 @@ import pytest
 from nbformat import v4
 
 import medaidet_tools.stack
-from medaidet.errors import ConfigError, MedaidetError, OutputError
+from medaidet.errors import ConfigError, MedaidetError
 from medaidet.training.config import TrainConfig
 from medaidet import cli
 from medaidet.env import resolve_profile
@@ -201,7 +201,7 @@ def test_out_in_the_notebooks_folder_is_refused_and_deletes_nothing(failing_cour
     # it used to delete <out>/<name>.ipynb, i.e. every notebook, before running them
     out = failing_course if where == "the notebooks folder" else failing_course / "runs"
     before = {p.name: p.read_bytes() for p in failing_course.iterdir()}
-    with pytest.raises(OutputError) as info:
+    with pytest.raises(ConfigError) as info:
         run_course(profile="smoke", out=out, notebooks_dir=failing_course, log=_quiet)
     assert (info.value.kind, info.value.path) == ("input", out.resolve())
     assert {p.name: p.read_bytes() for p in failing_course.iterdir()} == before
@@ -210,7 +210,7 @@ def test_out_in_the_notebooks_folder_is_refused_and_deletes_nothing(failing_cour
 def test_out_that_is_a_file_is_named_before_any_work(failing_course, tmp_path):
     out = tmp_path / "results.txt"
     out.write_text("mine")
-    with pytest.raises(OutputError) as info:
+    with pytest.raises(ConfigError) as info:
         run_course(profile="smoke", out=out, notebooks_dir=failing_course, log=_quiet)
     assert (info.value.kind, info.value.path) == ("not_a_folder", out)
     assert out.read_text() == "mine"
@@ -382,7 +382,7 @@ def test_a_folder_of_someone_elses_files_is_refused_and_left_alone(failing_cours
                        "summary.json": "{}", "figure.png": "png"}.items():
         (mine / name).write_text(text)
     before = _contents(mine)
-    with pytest.raises(OutputError) as info:
+    with pytest.raises(ConfigError) as info:
         run_course(profile="smoke", only=["00"], out=mine, notebooks_dir=failing_course,
                    log=_quiet)
     message = str(info.value)
@@ -412,7 +412,7 @@ def test_a_folder_with_only_the_notebooks_training_runs_is_the_courses(tmp_path)
     theirs = tmp_path / "theirs"
     (theirs / "runs").mkdir(parents=True)
     (theirs / "notes.txt").write_text("mine")
-    with pytest.raises(OutputError) as info:
+    with pytest.raises(ConfigError) as info:
         run_course(profile="smoke", out=theirs, notebooks_dir=notebooks, log=_quiet)
     assert info.value.kind == "not_ours" and "notes.txt" in str(info.value)
     assert not (theirs / OUT_MARKER).exists()
@@ -429,7 +429,7 @@ def test_runs_or_ja_holding_the_users_files_do_not_make_a_folder_the_courses(tmp
         (folder / sub / "thesis").mkdir(parents=True)
         target = folder / sub / ("report.docx" if name == "runs-file" else "thesis/draft.txt")
         target.write_text("the user's")
-        with pytest.raises(OutputError) as info:
+        with pytest.raises(ConfigError) as info:
             run_course(profile="smoke", out=folder, notebooks_dir=notebooks, log=_quiet)
         assert info.value.kind == "not_ours" and f"({sub})" in str(info.value)
         assert target.read_text() == "the user's" and not (folder / OUT_MARKER).exists()

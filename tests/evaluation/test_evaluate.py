@@ -266,10 +266,10 @@ def weights_file(tmp_path):
 
 def test_out_that_is_a_file_fails_before_predicting(weights_file, bccd_root, tmp_path,
                                                      no_prediction):
-    from medaidet.errors import OutputError
+    from medaidet.errors import ConfigError
     out = tmp_path / "results.txt"
     out.write_text("mine\n")
-    with pytest.raises(OutputError) as info:
+    with pytest.raises(ConfigError) as info:
         evaluate_weights(weights_file, root=bccd_root, subset=1, out=out, progress=False)
     assert (info.value.kind, info.value.path) == ("not_a_folder", out)
     assert str(info.value).startswith("--out: ")        # the command line's name for it
@@ -278,18 +278,18 @@ def test_out_that_is_a_file_fails_before_predicting(weights_file, bccd_root, tmp
 
 def test_out_that_cannot_be_created_fails_before_predicting(weights_file, bccd_root,
                                                             tmp_path, no_prediction):
-    from medaidet.errors import OutputError
+    from medaidet.errors import ConfigError
     blocker = tmp_path / "blocker"
     blocker.write_text("")
-    with pytest.raises(OutputError) as info:
+    with pytest.raises(ConfigError) as info:
         evaluate_weights(weights_file, root=bccd_root, out=blocker / "eval",
                          progress=False)
     assert (info.value.kind, info.value.path) == ("unwritable", blocker / "eval")
 
 
 def test_out_inside_the_dataset_is_refused(weights_file, bccd_root, no_prediction):
-    from medaidet.errors import OutputError
-    with pytest.raises(OutputError) as info:
+    from medaidet.errors import ConfigError
+    with pytest.raises(ConfigError) as info:
         evaluate_weights(weights_file, root=bccd_root, out=bccd_root / "eval",
                          progress=False)
     assert (info.value.kind, info.value.path) == ("input", bccd_root.resolve() / "eval")

@@ -234,7 +234,7 @@ def no_model(monkeypatch):
 
 
 def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
-    from medaidet.errors import ConfigError, OutputError
+    from medaidet.errors import ConfigError
     from medaidet.scaling.batch_size import batch_size_on_bccd
 
     with pytest.raises(ConfigError, match="^min_batch_size: 8 .*start 4"):   # both values
@@ -245,12 +245,12 @@ def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
         batch_size_on_bccd("cpu", sizes=[2, 0], root=bccd_root)
     file = tmp_path / "results"
     file.write_text("mine")
-    with pytest.raises(OutputError) as info:
+    with pytest.raises(ConfigError) as info:
         batch_size_on_bccd("cpu", start=1, root=bccd_root, out=file)
     assert (info.value.kind, info.value.path) == ("not_a_folder", file)
     data = tmp_path / "bccd"
     (data / "Annotations").mkdir(parents=True)
-    with pytest.raises(OutputError) as info:
+    with pytest.raises(ConfigError) as info:
         batch_size_on_bccd("cpu", root=data, out=data / "finder")
     assert (info.value.kind, info.value.path) == ("input", data / "finder")
     assert not (data / "finder").exists() and file.read_text() == "mine"

@@ -224,11 +224,11 @@ def test_a_truncated_cached_wheel_is_rebuilt_not_returned(tmp_path, fake_builds)
 
 @pytest.mark.parametrize("kind", ["file", "under a file"])
 def test_dest_that_cannot_be_a_folder_fails_before_building(tmp_path, fake_builds, kind):
-    from medaidet.errors import OutputError
+    from medaidet.errors import ConfigError
     blocker = tmp_path / "wheels.txt"
     blocker.write_text("mine\n")
     dest = blocker if kind == "file" else blocker / "wheels"
-    with pytest.raises(OutputError) as info:
+    with pytest.raises(ConfigError) as info:
         build_wheels(cache_dir=tmp_path / "cache", out=dest, log=lambda *_: None)
     assert info.value.kind == ("not_a_folder" if kind == "file" else "unwritable")
     assert info.value.path == dest and str(info.value).startswith("--out: ")

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from medaidet.errors import ConfigError, OutputError, WeightsError
+from medaidet.errors import ConfigError, WeightsError
 from medaidet.cli import main
 from medaidet.training.config import TrainConfig
 from medaidet.training.run import train
@@ -123,7 +123,7 @@ def test_out_that_is_a_file(tmp_path, capsys, no_model):
     assert _error_line(capsys) == (f"medaidet: error: --out: {file} is a file, not a folder; "
                                    "give a folder path (it is created if missing)")
     assert file.read_text() == "mine"
-    with pytest.raises(OutputError) as info:       # the Python API names its own argument
+    with pytest.raises(ConfigError) as info:       # the Python API names its own argument
         train(TrainConfig.profile("smoke", out=str(file)), progress=False)
     assert (info.value.kind, info.value.path) == ("not_a_folder", file)
     assert str(info.value).startswith("out: ")
@@ -147,7 +147,7 @@ def test_out_inside_the_dataset_is_refused(bccd_root, tmp_path, capsys, no_model
         f"medaidet: error: --out: {out} is inside {data}, which this run reads; choose a "
         "folder outside it (for example outputs/) so nothing of yours is overwritten")
     assert not out.exists()
-    with pytest.raises(OutputError) as info:
+    with pytest.raises(ConfigError) as info:
         train(TrainConfig.profile("smoke", root=str(data), out=str(data)), progress=False)
     assert (info.value.kind, info.value.path) == ("input", data.resolve())
 

@@ -69,7 +69,7 @@ def build_wheels(cache_dir=None, out=None, force=False, log=print) -> list:
     interrupted copy or a full disk, is rebuilt, and ``log`` says so.
 
     With ``out``, the wheels are also copied there (e.g. to carry them to
-    another machine); it is created, or refused (:class:`~medaidet.errors.OutputError`
+    another machine); it is created, or refused (:class:`~medaidet.errors.ConfigError`
     naming ``--out``), before anything is built.
     """
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
