@@ -147,10 +147,13 @@ def abort_on_error(comm, exit_code=1):
         raise  # not reached: MPI_Abort ends the process
 
 
-def _agreed_digests(comm, model) -> list:
-    """Every rank's :func:`param_digest` of ``model``, by rank, checked identical (else a
-    ``"diverged"`` DistributedError on every rank). Every rank must call it."""
+def _agreed_digests(comm, model, metrics_file=None, metrics=None) -> list:
+    """Every rank's :func:`param_digest` of ``model``; rank 0 writes them into ``metrics``
+    and ``metrics_file`` first, then every rank raises ``"diverged"`` unless they agree."""
     digests = comm.bcast_obj(comm.gather_obj(param_digest(model)))
+    if comm.rank == 0 and metrics_file is not None:
+        metrics["rank_digests"] = digests
+        write_files({metrics_file: json.dumps(metrics, indent=2) + "\n"})
     odd = [rank for rank, d in enumerate(digests) if d != digests[0]]
     if odd:
         listed = ", ".join(f"rank {r}: {d[:12]}" for r, d in enumerate(digests))
@@ -165,8 +168,8 @@ def _agreed_digests(comm, model) -> list:
 def train(config, resume=None, progress: bool = True, log=print):
     """This process's rank of the ChainerMN run ``config.communicator`` names: the
     communicator, this rank's device and share of the batch, then
-    :func:`medaidet.training.run.train` with them; at the end every rank's weights are
-    checked identical and rank 0 adds their digests to ``metrics.json``. An error on one
+    :func:`medaidet.training.run.train` with them; at the end rank 0 adds every rank's
+    weight digest to ``metrics.json`` and they are checked identical. An error on one
     rank stops them all (:func:`abort_on_error`)."""
     from medaidet.training.run import train as train_one
 
@@ -184,8 +187,5 @@ def train(config, resume=None, progress: bool = True, log=print):
                 f"(batch {config.batch_size} in all), communicator {config.communicator}; "
                 "no trainer snapshot (resume is for one process)")
         result = train_one(config, resume, progress, log, comm=comm, device=device)
-        digests = _agreed_digests(comm, result.model)
-    if comm.rank == 0:
-        result.metrics["rank_digests"] = digests
-        write_files({result.out / "metrics.json": json.dumps(result.metrics, indent=2) + "\n"})
+        _agreed_digests(comm, result.model, result.out / "metrics.json", result.metrics)
     return result

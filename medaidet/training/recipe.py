@@ -3,7 +3,7 @@
 model -> train chain -> datasets and transform -> iterators -> optimizer (with its hooks)
 -> updater -> trainer -> extensions. A :class:`Recipe` holds a
 :class:`~medaidet.training.config.TrainConfig` (and, for one rank of a ChainerMN run, its
-communicator), and builds each piece with one method; :meth:`Recipe.build` builds them all, in that order.
+communicator), and builds each piece with one method; :meth:`Recipe.build` builds all.
 :func:`medaidet.training.run.train` is ``build()`` plus what the course adds around it
 (checks before any work, seeding, a divergence stop, snapshots with the random states,
 metrics and plots). Notebook 03 writes the same recipe out in plain ChainerCV.
@@ -26,8 +26,8 @@ from medaidet.data.annotation import parse_annotation
 from medaidet.data.bccd import BCCDDataset
 from medaidet.data.pinned import resolve_root
 from medaidet.data.txl_pbc import TXLPBCDataset
-from medaidet.device import resolve_device
 from medaidet.data.voc import annotation_path, split_path
+from medaidet.device import resolve_device
 from medaidet.errors import ConfigError
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.precision import set_precision, use_loss_scaling

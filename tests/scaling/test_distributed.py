@@ -176,8 +176,8 @@ out["loc_loss"] = float(loc.array)
 # a rank whose weights differ is named on every rank
 if comm.rank == 1:
     model.fc.W.array[0, 0] += 1
-try:
-    mn._agreed_digests(comm, model)
+try:   # rank 0 writes what every rank ended with before the error
+    mn._agreed_digests(comm, model, "metrics-diverged.json", {"iterations": 6})
 except DistributedError as exc:
     out["diverged"] = [exc.kind, str(exc)]
     out["diverged_digests"] = exc.digests
@@ -205,6 +205,8 @@ def test_two_ranks_naive_train_to_identical_parameters(mpi, tmp_path):
     for r in (r0, r1):
         assert r["diverged"][0] == "diverged" and "ranks [1]" in r["diverged"][1]
         assert r["diverged_digests"][0] == r0["digest"] != r["diverged_digests"][1]
+    written = json.loads((tmp_path / "metrics-diverged.json").read_text())
+    assert written == {"iterations": 6, "rank_digests": r0["diverged_digests"]}
 
 
 ABORT_2_RANKS = r'''
