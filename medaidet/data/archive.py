@@ -2,19 +2,20 @@
 
 :func:`extract` streams a tar archive (any compression tarfile reads) and writes only the
 regular files its :class:`~medaidet.data.pinned.PinnedSource`'s manifest names, each under
-its manifest path, with size limits. Members with absolute names or ``..`` components,
-links and special files are refused (an ``"unsafe_archive"`` DataError) before anything is
-installed. A file that is not a readable tar archive is named for what it is instead
+its manifest path, through tarfile's ``data`` filter (the standard library's rules for
+untrusted archives), with size limits. A member the filter refuses (a path out of the
+folder, a link to an absolute path or out of it, a device or FIFO) is an ``"unsafe_archive"``
+DataError before anything is installed; a member the manifest does not name is never
+written. A file that is not a readable tar archive is named for what it is instead
 (:func:`identify`: empty, a ZIP, an HTML page, gzip data cut short, ...) with what to do.
 """
 from __future__ import annotations
 
 import gzip
 import re
-import shutil
 import tarfile
 import zlib
-from pathlib import Path, PureWindowsPath
+from pathlib import Path
 
 from medaidet.data.pinned import BCCD, PinnedSource
 from medaidet.errors import DataError
@@ -27,77 +28,52 @@ MAX_MEMBER_BYTES = 64 << 20
 MAX_EXTRACTED_BYTES = 512 << 20
 
 
-def _unsafe_reason(member: tarfile.TarInfo) -> str | None:
-    """Why ``member`` may not be extracted (an absolute or ``..`` path, a link, a special
-    file), or None."""
-    name = member.name
-    if not name or "\x00" in name:
-        return "it has an empty or invalid name"
-    if name.startswith(("/", "\\")) or PureWindowsPath(name).drive:
-        return "it has an absolute path"
-    if ".." in re.split(r"[/\\]", name):
-        return "its path has a '..' component"
-    if member.issym():
-        return f"it is a symbolic link (to {member.linkname!r})"
-    if member.islnk():
-        return f"it is a hard link (to {member.linkname!r})"
-    if not (member.isreg() or member.isdir()):
-        return "it is a device, FIFO or other special file"
-    return None
-
-
-def _map_member(name: str, manifest: dict[str, str], subfolder: str | None) -> str | None:
-    """Upstream member name -> manifest path, or None when we do not keep it.
-
+def _manifest_path(name: str, manifest: dict[str, str], subfolder: str | None) -> str | None:
+    """Upstream member name -> manifest path, or None when we do not keep it:
     ``<top>/<path>`` -> ``<path>``; with ``subfolder`` (BCCD's ``BCCD``),
-    ``<top>/<subfolder>/<sub>/<file>`` -> ``<sub>/<file>``.
-    """
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if len(parts) < 2:
-        return None
-    parts = parts[1:]  # the top folder, e.g. BCCD_Dataset-<commit>
-    if subfolder is not None and parts[0] == subfolder and len(parts) > 2:
+    ``<top>/<subfolder>/<sub>/<file>`` -> ``<sub>/<file>``."""
+    parts = [p for p in name.split("/") if p not in ("", ".")][1:]   # without the top folder
+    if subfolder is not None and parts[:1] == [subfolder] and len(parts) > 2:
         parts = parts[1:]
     rel = "/".join(parts)
     return rel if rel in manifest else None
+
+
+def _refusal(member: tarfile.TarInfo, rel: str | None, staging: Path, total: int) -> str | None:
+    """Why ``member`` may not be extracted, or None."""
+    try:
+        tarfile.data_filter(member, str(staging))
+    except tarfile.FilterError as exc:
+        return str(exc)
+    if rel is None:
+        return None
+    if not member.isreg():
+        return "it is a link or folder where the dataset has a file"
+    if (staging / rel).exists():
+        return "it appears twice"
+    if member.size > MAX_MEMBER_BYTES or total > MAX_EXTRACTED_BYTES:
+        return f"it is too large ({member.size:,} bytes)"
+    return None
 
 
 def extract(source: PinnedSource, archive: Path, staging: Path, manifest: dict[str, str],
             url: str) -> None:
     """Write the members of ``archive`` (fetched from ``url``) that ``manifest`` names into
     ``staging``; an ``"unsafe_archive"`` or ``"archive"`` DataError otherwise."""
-    seen: set[str] = set()
-    extracted = 0
+    total = 0
     try:
         with open(archive, "rb") as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
             for member in tar:
-                reason = _unsafe_reason(member)
+                rel = _manifest_path(member.name, manifest, source.subfolder)
+                total += member.size if rel else 0
+                reason = _refusal(member, rel, staging, total)
                 if reason:
                     raise DataError(
                         f"unsafe member {member.name!r} in the archive from {url}: {reason}. "
                         f"Nothing was installed; this is not the pinned {source.name} "
-                        "archive.", "unsafe_archive",
-                        member=member.name)
-                if member.isdir():
-                    continue
-                rel = _map_member(member.name, manifest, source.subfolder)
-                if rel is None:
-                    continue
-                if rel in seen:
-                    raise DataError(
-                        f"member {member.name!r} appears twice in the archive from {url}. "
-                        "Nothing was installed.", "unsafe_archive", member=member.name)
-                if member.size > MAX_MEMBER_BYTES or extracted + member.size > MAX_EXTRACTED_BYTES:
-                    raise DataError(
-                        f"member {member.name!r} in the archive from {url} is too large "
-                        f"({member.size} bytes). Nothing was installed.",
-                        "unsafe_archive", member=member.name)
-                seen.add(rel)
-                extracted += member.size
-                target = staging / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with open(target, "xb") as out:
-                    shutil.copyfileobj(tar.extractfile(member), out, _CHUNK)
+                        "archive.", "unsafe_archive", member=member.name)
+                if rel is not None:
+                    tar.extract(member.replace(name=rel, deep=False), staging, filter="data")
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         what, fix = identify(archive, source)
         raise DataError(

@@ -8,8 +8,8 @@ Safety rules of :func:`download` (:func:`download_bccd`, :func:`download_txl_pbc
 
 * the URL must be ``https://``, ``http://`` or ``file://``
   (a ``"url"`` DataError otherwise, before anything is written);
-* the archive is extracted by :func:`medaidet.data.archive.extract`: unsafe members are
-  refused, only the manifest's regular files are written, with size limits;
+* the archive is extracted by :func:`medaidet.data.archive.extract` through tarfile's
+  ``data`` filter: only the manifest's regular files are written, with size limits;
 * everything is staged under temporary names beside the destination and verified before
   anything is installed. A new dataset appears with one directory rename, the marker file
   ``.medaidet-verified`` already inside. Into an existing copy of the same dataset

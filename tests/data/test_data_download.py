@@ -350,21 +350,24 @@ def _special(name, kind):
     return info
 
 
-UNSAFE = {
+UNSAFE = {   # members tarfile's data filter refuses
     "parent": lambda tmp: ("../evil.txt", ("../evil.txt", b"evil")),
-    "deep-parent": lambda tmp: (f"{TOP}/BCCD/../../evil.txt",
-                                (f"{TOP}/BCCD/../../evil.txt", b"evil")),
-    "absolute": lambda tmp: (str(tmp / "evil.txt"), (str(tmp / "evil.txt"), b"evil")),
     "symlink": lambda tmp: (f"{TOP}/BCCD/JPEGImages/BloodImage_00000.jpg",
                             _link(f"{TOP}/BCCD/JPEGImages/BloodImage_00000.jpg",
                                   tarfile.SYMTYPE, "/etc/passwd")),
     "symlink-dir": lambda tmp: (f"{TOP}/BCCD/Annotations",
                                 _link(f"{TOP}/BCCD/Annotations", tarfile.SYMTYPE, "/tmp")),
+    "symlink-out": lambda tmp: (f"{TOP}/BCCD/out", _link(f"{TOP}/BCCD/out", tarfile.SYMTYPE,
+                                                        "../../../../evil.txt")),
     "hardlink": lambda tmp: (f"{TOP}/test.csv",
                              _link(f"{TOP}/test.csv", tarfile.LNKTYPE, "/etc/passwd")),
     "device": lambda tmp: (f"{TOP}/LICENSE", _special(f"{TOP}/LICENSE", tarfile.CHRTYPE)),
     "fifo": lambda tmp: (f"{TOP}/scripts/pipe", _special(f"{TOP}/scripts/pipe",
                                                           tarfile.FIFOTYPE)),
+    # the filter lets a link inside the folder through; where the dataset has a file, refused
+    "symlink-inside": lambda tmp: (f"{TOP}/BCCD/JPEGImages/BloodImage_00001.jpg",
+                                   _link(f"{TOP}/BCCD/JPEGImages/BloodImage_00001.jpg",
+                                         tarfile.SYMTYPE, "BloodImage_00000.jpg")),
 }
 
 
@@ -380,10 +383,29 @@ def test_unsafe_member_is_refused_and_nothing_is_written(tmp_path, server, good_
     dest = work / "bccd"
     with pytest.raises(DataError) as info:
         download_bccd(root=dest, url=url, progress=False)
-    assert info.value.member == member
-    assert repr(member) in str(info.value)
+    assert (info.value.kind, info.value.member) == ("unsafe_archive", member)
     assert not dest.exists()
     assert leftovers(work) == []
+    assert not list(tmp_path.rglob("evil.txt"))
+    assert not (tmp_path.parent / "evil.txt").exists()
+
+
+# members the filter makes safe (a leading "/" stripped; ".." that stays inside the folder)
+# and the manifest does not name: never written, and the dataset installs
+UNNAMED = {"absolute": lambda tmp: str(tmp / "evil.txt"),
+           "deep-parent": lambda tmp: f"{TOP}/BCCD/../../evil.txt"}
+
+
+@pytest.mark.parametrize("case", sorted(UNNAMED))
+def test_a_member_the_manifest_does_not_name_is_never_written(tmp_path, server, good_files,
+                                                              case):
+    work = tmp_path / "work"
+    work.mkdir()
+    name = UNNAMED[case](tmp_path)
+    entries = [_dir(f"{TOP}/"), (name, b"evil")] + upstream_entries(good_files)[1:]
+    url = server.add(f"/unnamed-{case}.tar.gz", make_tar_gz(entries))
+    assert_complete(download_bccd(root=work / "bccd", url=url, progress=False))
+    assert leftovers(work) == ["bccd"]
     assert not list(tmp_path.rglob("evil.txt"))
     assert not (tmp_path.parent / "evil.txt").exists()
 
