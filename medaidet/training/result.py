@@ -60,10 +60,10 @@ def _clean_log(log):
 
 
 def run_metrics(config, recipe, data, iterators, updater, extensions, *, start_iteration,
-                seconds, resume, weights, sha256, snapshot, plots, seeding) -> dict:
+                seconds, resume, weights, sha256, snapshot, plots) -> dict:
     """The numbers of a finished run (what ``metrics.json`` holds): how long, how fast,
     the last loss, the best and the last validation AP, what the data and the processes
-    were, where the files are, the config, the seeding and the versions."""
+    were, where the files are, the config and the versions."""
     iterations_run = updater.iteration - start_iteration
     eval_seconds = extensions.evaluator.seconds
     train_seconds = max(seconds - eval_seconds, 1e-9)
@@ -107,7 +107,6 @@ def run_metrics(config, recipe, data, iterators, updater, extensions, *, start_i
         "snapshot": None if snapshot is None else str(snapshot),
         "plots": plots,
         "config": config.to_dict(),
-        "seeding": None if seeding is None else seeding.to_dict(),
         "versions": {"chainer": chainer.__version__, "numpy": np.__version__},
         "log": entries,
     }

@@ -42,7 +42,6 @@ from medaidet.training.config import WEIGHTS_NAME, TrainConfig
 from medaidet.errors import ConfigError, WeightsError
 from medaidet.training.divergence import stop_on_divergence
 from medaidet.training.extensions import write_plots
-from medaidet.training.iterators import n_processes_for
 from medaidet.training.memory_fit import fit_batch
 from medaidet.training.result import TrainResult, run_metrics
 from medaidet.training.seeding import seed_everything
@@ -158,11 +157,10 @@ def _run(config: TrainConfig, recipe: Recipe, out: Path, resume, progress: bool,
     """:func:`train`'s body, top to bottom: seed, build, run, save. ``fit``: the
     :class:`~medaidet.training.memory_fit.MemoryFit` that chose ``config.accumulate``."""
     rank = 0 if recipe.comm is None else recipe.comm.rank
-    seeding = None
     if config.seed is not None:   # each rank its own stream; the weights are rank 0's
-        seeding = seed_everything(config.seed + rank, [recipe.device],
-                                  config.deterministic, n_processes_for(config))
-        log(f"train: {seeding.table()}")
+        seed_everything(config.seed + rank, [recipe.device], config.deterministic)
+        log(f"train: seeded Python, NumPy and CuPy with {config.seed + rank}; "
+            f"cudnn_deterministic {config.deterministic}")
 
     built = recipe.build(log, progress)
     model, data, iterators = built.model, built.data, built.iterators
@@ -194,8 +192,7 @@ def _run(config: TrainConfig, recipe: Recipe, out: Path, resume, progress: bool,
                           start_iteration=start_iteration, seconds=seconds, resume=resume,
                           weights=out / WEIGHTS_NAME, sha256=sha256, snapshot=snapshot,
                           plots=write_plots(extensions.log_report.log, out, config.val_split,
-                                            extensions.lr_step_iterations),
-                          seeding=seeding)
+                                            extensions.lr_step_iterations))
     metrics["memory_fit"] = fit.to_dict() if fit is not None else None
     if iterators.n_processes == 0:
         stats = data.transform.stats

@@ -191,7 +191,6 @@ def test_same_seed_in_another_process_gives_bitwise_identical_weights(run_a, tmp
                           tmp_path / "cfg.json")
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output
-    assert "seed 0" in output and "Python random" in output     # the seeding report
     final_a, final_b = _arrays(run_a.weights), _arrays(out / "model.npz")
     assert final_b.keys() == final_a.keys()
     different = [k for k in final_a if not np.array_equal(final_a[k], final_b[k])]
@@ -211,7 +210,6 @@ def test_another_seed_gives_other_weights(run_a, tmp_path, bccd_root):
     weights = [k for k in seed0 if k.endswith("/W")]
     assert len(weights) > 30
     assert all(not np.array_equal(seed1[k], seed0[k]) for k in weights)
-    assert result.metrics["seeding"]["seed"] == 1
 
 
 @pytest.mark.slow(seconds=44)

@@ -1,4 +1,4 @@
-"""medaidet.training.seeding: what seed_everything seeds and reports, and worker reseeding."""
+"""medaidet.training.seeding: what seed_everything seeds and sets, and worker reseeding."""
 import multiprocessing
 import random
 
@@ -22,37 +22,13 @@ def test_same_seed_same_draws_other_seed_other_draws():
     assert _draws() != first
 
 
-def test_report_says_what_was_seeded_and_what_is_not_deterministic():
-    report = seed_everything(0, devices=None, deterministic=False, n_processes=0)
-    assert report.row("Python random").status == "seeded"
-    assert report.row("NumPy").status == "seeded"
-    assert report.row("shuffle order").status == "seeded"
-    assert report.row("CuPy").status == "n/a"            # a CPU run
-    assert report.not_deterministic == []
-    text = report.table()
-    assert text.splitlines()[0] == "seed 0, deterministic mode off"
-    assert "| Python random | seeded |" in report._repr_markdown_()
-    assert repr(report) == text
-    assert report.to_dict()["rows"][0]["item"] == "Python random"
-
-
-def test_workers_are_reported_as_not_deterministic():
-    report = seed_everything(1, n_processes=4)
-    row = report.row("iterator workers")
-    assert row.status == "not deterministic"
-    assert "n_processes=0" in row.detail
-    assert report.not_deterministic == [row]
-
-
 def test_deterministic_sets_chainers_cudnn_switch():
     import chainer
 
     old = chainer.config.cudnn_deterministic
     try:
-        report = seed_everything(2, deterministic=True)
+        seed_everything(2, deterministic=True)
         assert chainer.config.cudnn_deterministic is True
-        assert report.deterministic and report.row("cuDNN").detail.startswith(
-            "chainer.config.cudnn_deterministic = True")
         seed_everything(2, deterministic=False)
         assert chainer.config.cudnn_deterministic is False
     finally:
