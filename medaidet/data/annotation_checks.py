@@ -6,7 +6,7 @@ A defect of the whole file raises: a label that is not rbc/wbc/platelets
 one). A defective object is dropped (``strict``: raises a DataError of the object's kind):
 missing ``<bndbox>`` or coordinate, non-numeric coordinate,
 reversed coordinates, zero width or height, more than :data:`BOUNDS_TOLERANCE` px outside the
-image, an exact or near duplicate (IoU >= :data:`NEAR_DUPLICATE_IOU`, same class) of an
+image, a duplicate (IoU >= :data:`NEAR_DUPLICATE_IOU`, same class; an exact copy too) of an
 earlier box. A box overhanging the image by at most :data:`BOUNDS_TOLERANCE` px is clipped.
 """
 from __future__ import annotations
@@ -88,9 +88,8 @@ def _iou(box, others):
 
 
 def _duplicates(bbox, labels, threshold):
-    """Yield ``(j, k, exact, iou)`` for each box ``j`` (in order) that repeats an earlier
-    kept box ``k`` of its class: the first with the same coordinates (``exact``), else
-    the first with IoU >= ``threshold``. A box yielded is not kept.
+    """Yield ``(j, k, iou)`` for each box ``j`` (in order) that repeats an earlier kept box
+    ``k`` of its class: the first with IoU >= ``threshold``. A box yielded is not kept.
 
     ``bbox``: float32 (R, 4) ``(y_min, x_min, y_max, x_max)``, no empty box; ``labels``:
     int (R,). Memory is O(R), whatever R (an all-pairs IoU matrix of 10,000 boxes takes
@@ -115,12 +114,10 @@ def _duplicates(bbox, labels, threshold):
         if not len(earlier):
             continue
         iou = _iou(boxes[j], boxes[earlier])
-        exact = np.flatnonzero(np.all(bbox[earlier] == bbox[j], axis=1))
         near = np.flatnonzero(iou >= threshold)
-        if len(exact) or len(near):
-            first = exact[0] if len(exact) else near[0]
+        if len(near):
             keep[j] = False
-            yield j, int(earlier[first]), bool(len(exact)), float(iou[first])
+            yield j, int(earlier[near[0]]), float(iou[near[0]])
 
 
 def _check_object(obj, height: int, width: int, tolerance: float, item: str, names: str):
@@ -174,9 +171,9 @@ def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_
     ``bad_coordinates`` (drop); ``xmax < xmin`` or ``ymax < ymin`` -> ``bad_coordinates``
     (drop); ``xmax == xmin`` or ``ymax == ymin`` -> ``zero_area`` (drop); outside
     ``1..W`` x ``1..H`` by more than ``tolerance`` px -> ``out_of_bounds`` (drop), by at
-    most ``tolerance`` -> ``out_of_bounds`` (clip); the same class and coordinates as an
-    earlier kept box -> ``duplicate_box`` (drop), IoU >= ``near_duplicate_iou`` with one ->
-    ``near_duplicate_box`` (drop). ``<size>`` disagreeing with ``image_size`` ->
+    most ``tolerance`` -> ``out_of_bounds`` (clip); IoU >= ``near_duplicate_iou`` with an
+    earlier kept box of the same class (an exact copy: IoU 1) -> ``near_duplicate_box``
+    (drop). ``<size>`` disagreeing with ``image_size`` ->
     ``size_mismatch`` (raise).
     """
     height, width = image_size
@@ -198,18 +195,11 @@ def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_
     labels = np.array([c[1] for c in candidates], dtype=np.int32)
     keep = np.ones(len(candidates), dtype=bool)
     named = {obj.index: obj.name for obj in annotation.objects}
-    for j, k, exact, iou in _duplicates(bbox, labels, near_duplicate_iou):
+    for j, k, iou in _duplicates(bbox, labels, near_duplicate_iou):
         name = named[candidates[j][0]].strip()
-        if exact:
-            detail = (f"{item} {candidates[j][0]} ({name}) repeats {item} "
-                      f"{candidates[k][0]}: same class and coordinates")
-            kind = "duplicate_box"
-        else:
-            detail = (f"{item} {candidates[j][0]} ({name}) overlaps {item} "
-                      f"{candidates[k][0]} ({name}) with IoU {iou:.2f}: the same "
-                      "cell boxed twice")
-            kind = "near_duplicate_box"
-        findings.append(Finding(candidates[j][0], kind, detail, "drop"))
+        detail = (f"{item} {candidates[j][0]} ({name}) overlaps {item} {candidates[k][0]} "
+                  f"({name}) with IoU {iou:.2f}: the same cell boxed twice")
+        findings.append(Finding(candidates[j][0], "near_duplicate_box", detail, "drop"))
         keep[j] = False
     return CheckedAnnotation(
         bbox=bbox[keep], label=labels[keep],

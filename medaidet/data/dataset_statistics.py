@@ -98,7 +98,7 @@ def check_missing_classes(records, add):
         if share[c] < CLASS_PRESENCE:
             continue
         for record, present in zip(records, has[:, c]):
-            if not present and kept_boxes(record):   # no box at all: image_without_objects
+            if not present and kept_boxes(record):   # no box at all: not a missing class
                 boxes = Counter(BCCD_LABEL_NAMES[x] for x in record.checked.label)
                 what = ", ".join(f"{n} {k}" for n, k in boxes.items())
                 add(record.id, None, "missing_class",

@@ -26,9 +26,9 @@ from medaidet.errors import DataError
 from medaidet.data.annotation_checks import check_annotation
 from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.voc import annotation_path, image_path, scan_split_file, split_path
-from medaidet.data.pinned import BCCD, load_manifest, resolve_root, verify_dataset
+from medaidet.data.pinned import resolve_root
 from medaidet.data.dataset_statistics import (check_class_sizes, check_foreign_annotations,
-                                             check_missing_classes, kept_boxes)
+                                             check_missing_classes)
 from medaidet.data.same_field import THUMB, ImagePair, same_field_pairs
 from medaidet.data.validation_report import (KINDS, Issue, ValidationReport,
                                              sorted_issues)
@@ -50,19 +50,6 @@ class _Image:
         self.refused = False         # the loader raises for it
 
 
-def _unkept(records) -> str:
-    """Why ``records`` (read, with no box kept) have no box, for a detail."""
-    raw = sum(len(r.annotation.objects) for r in records)
-    if not raw:
-        return "no <object> in the annotation" + ("s" if len(records) > 1 else "")
-    difficult = sum(int(r.checked.difficult.sum()) for r in records)
-    dropped = raw - sum(len(r.checked.label) for r in records)
-    why = [f"{n} {what}" for n, what in ((dropped, "dropped (see their findings)"),
-                                         (difficult, "marked difficult (skipped by default)"))
-           if n]
-    return f"{raw} <object> element(s), none kept: {', '.join(why)}"
-
-
 class _Validation:
     def __init__(self, root: Path):
         self.root = root
@@ -73,38 +60,14 @@ class _Validation:
         self.issues.append(Issue(image, obj, kind, severity or default_severity, detail,
                                  action or default_action))
 
-    # ---- split lists
+    # ---- split lists (a bad one is the loader's DataError: only their ids are read here)
     def read_splits(self):
-        self.split_ids: dict[str, list[str]] = {}
-        for split in SPLITS:
-            ids, problems = scan_split_file(split_path(self.root, split))
-            self.split_ids[split] = ids
-            for problem in problems:
-                self.add(problem.image_id, None, "split_error", problem.detail,
-                         severity="warning" if problem.kind == "missing" else "error",
-                         action=f"BCCDDataset(split={split!r}) raises DataError (split)")
+        self.split_ids = {split: scan_split_file(split_path(self.root, split))[0]
+                          for split in SPLITS}
         self.splits_of: dict[str, list[str]] = defaultdict(list)
         for split in ("train", "val", "test"):
             for image_id in self.split_ids[split]:
                 self.splits_of[image_id].append(split)
-        for image_id in self.split_ids["trainval"]:
-            if not set(self.splits_of[image_id]) & {"train", "val"}:
-                self.splits_of[image_id].append("trainval")
-
-        train, val, trainval = (set(self.split_ids[s]) for s in ("train", "val", "trainval"))
-        listed_files = [split_path(self.root, s).is_file() for s in ("train", "val", "trainval")]
-        if all(listed_files) and trainval != train | val:
-            action = "loaded as listed: trainval is not train + val"
-            for image_id in sorted(trainval - train - val):
-                self.add(image_id, None, "split_error", "listed in trainval but in neither "
-                         "train nor val", severity="warning", action=action)
-            for image_id in sorted((train | val) - trainval):
-                self.add(image_id, None, "split_error", "listed in "
-                         f"{'train' if image_id in train else 'val'} but not in trainval",
-                         severity="warning", action=action)
-        for image_id, splits in sorted(self.splits_of.items()):
-            if len(splits) > 1:
-                self.add(image_id, None, "split_overlap", f"listed in {' and '.join(splits)}")
 
     # ---- files, annotations, per-object checks
     def read_files(self):
@@ -112,13 +75,8 @@ class _Validation:
         xml_ids = {p.stem for p in (self.root / "Annotations").glob("*.xml")}
         jpg_dir = self.root / "JPEGImages"
         jpg_ids = {p.stem for p in jpg_dir.glob("*.jpg")} if jpg_dir.is_dir() else set()
-        # Without any split list every file is in scope; with lists, unlisted files are orphans.
+        # Without any split list every file is in scope; with lists, the listed ids.
         self.population = sorted(listed) if listed else sorted(xml_ids | jpg_ids)
-        for image_id in sorted((xml_ids | jpg_ids) - set(self.population)):
-            files = [f"{d}/{image_id}.{x}" for d, x, ids in
-                     (("Annotations", "xml", xml_ids), ("JPEGImages", "jpg", jpg_ids))
-                     if image_id in ids]
-            self.add(image_id, None, "orphan_file", f"{' and '.join(files)} in no split list")
         self.images = {image_id: _Image(image_id) for image_id in self.population}
         for image_id, record in self.images.items():
             self._read_one(record, image_id in xml_ids, image_id in jpg_ids)
@@ -165,25 +123,6 @@ class _Validation:
     def loadable(self):
         return [r for r in self.images.values() if not r.refused and r.checked is not None]
 
-    # ---- what the loader keeps: images and splits without any box
-    def check_objects(self):
-        for record in self.loadable():
-            if not kept_boxes(record):
-                where = ", ".join(self.splits_of.get(record.id, [])) or "no split"
-                self.add(record.id, None, "image_without_objects",
-                         f"{_unkept([record])}; listed in {where}")
-        for split, ids in self.split_ids.items():
-            records = [self.images[i] for i in ids if self.images[i].checked is not None]
-            if not records or any(kept_boxes(r) for r in records):
-                continue      # nothing read (the errors above say why), or something to learn
-            listed = split_path(self.root, split).relative_to(self.root)
-            images = (f"its {len(ids)} image(s)" if len(records) == len(ids) else
-                      f"the {len(records)} of its {len(ids)} images whose annotation was read")
-            self.add(None, None, "split_without_objects",
-                     f"split {split} has no objects: none of {images} has a box the loader "
-                     f"keeps ({_unkept(records)}); check Annotations/<id>.xml of the ids in "
-                     f"{listed}")
-
     def check_metadata(self):
         folder_names = {"JPEGImages", self.root.name}
         for record in self.images.values():
@@ -228,8 +167,6 @@ class _Validation:
                 record.refused = True
                 continue
             record.bands = image.bands
-            if image.conversion:
-                self.add(record.id, None, "image_converted", image.conversion)
             gray = Image.fromarray(image.pixels).convert("L")
             if gray.size != THUMB:
                 gray = gray.resize(THUMB, Image.BILINEAR)
@@ -258,40 +195,8 @@ class _Validation:
                      action=KINDS["near_duplicate_image"][1] if crosses else
                      "both loaded as is: near-identical training views")
 
-    # ---- checksums
-    def check_checksums(self) -> str:
-        manifest = load_manifest()
-        present = [rel for rel in manifest if (self.root / rel).is_file()]
-        if not any(rel.startswith(("Annotations/", "JPEGImages/")) for rel in present):
-            # Another dataset in the same layout (synthetic data): its split lists share
-            # BCCD's names but nothing else.
-            return "skipped: no annotation or image of the pinned BCCD under this root"
-        problems = verify_dataset(self.root)
-        complete = len(present) >= 0.9 * len(manifest)
-        reported = 0
-        for problem in problems:
-            parts = problem.path.split("/")
-            image_id = (Path(parts[-1]).stem if parts[0] in ("Annotations", "JPEGImages")
-                        else None)
-            if problem.kind == "mismatch":
-                detail = (f"{problem.path}: sha256 {problem.actual[:12]}... differs from the "
-                          f"pinned BCCD's {problem.expected[:12]}...")
-            elif complete:
-                detail = f"{problem.path} of the pinned BCCD is missing"
-            else:
-                continue
-            self.add(image_id, None, "checksum_mismatch", detail)
-            reported += 1
-        release = f"BCCD at {BCCD.commit[:8]}"
-        if reported:
-            return f"{reported} file(s) differ from {release} (see checksum_mismatch)"
-        if complete:
-            return f"all {len(manifest)} files of {release} match its sha256 manifest"
-        return (f"the {len(present)} files of {release} present match its sha256 manifest "
-                "(a partial copy)")
-
     # ---- the report
-    def report(self, checksums: str, seconds: float) -> ValidationReport:
+    def report(self, seconds: float) -> ValidationReport:
         objects_raw = sum(len(r.annotation.objects) for r in self.images.values()
                           if r.annotation is not None)
         per_class = dict.fromkeys(BCCD_LABEL_NAMES, 0)
@@ -303,10 +208,10 @@ class _Validation:
         return ValidationReport(
             root=str(self.root), images=len(self.images), objects_raw=objects_raw,
             objects_kept=sum(per_class.values()), per_class=per_class, splits=splits,
-            issues=issues, checksums=checksums, image_pairs=self.pairs, seconds=seconds)
+            issues=issues, image_pairs=self.pairs, seconds=seconds)
 
 
-def validate_dataset(root=None, check_checksums: bool = True) -> ValidationReport:
+def validate_dataset(root=None) -> ValidationReport:
     """Check a dataset in BCCD's VOC layout; see the module docstring for every rule.
 
     ``root``: the dataset root; None: ``$MEDAIDET_DATA``, else the cache directory
@@ -319,10 +224,8 @@ def validate_dataset(root=None, check_checksums: bool = True) -> ValidationRepor
     validation.read_splits()
     validation.read_files()
     validation.check_images()
-    validation.check_objects()
     check_class_sizes(validation.loadable(), validation.add)
     check_missing_classes(validation.loadable(), validation.add)
     validation.check_metadata()
     check_foreign_annotations(list(validation.images.values()), validation.add)
-    checksums = validation.check_checksums() if check_checksums else "not checked"
-    return validation.report(checksums, time.perf_counter() - start)
+    return validation.report(time.perf_counter() - start)

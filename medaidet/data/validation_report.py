@@ -13,8 +13,7 @@ JSON (``to_json``)::
 ``per_class``: the boxes :class:`~medaidet.data.bccd.BCCDDataset` yields (default mode,
 difficult objects included); ``splits``: ids per list. ``image`` is an id, or null for a
 dataset-level issue; ``object`` is the 0-based position of the ``<object>`` in its XML, or
-null. Severity: **error** -- the loader refuses or drops it, the splits are not
-disjoint, or a split has no object to learn from or score; **warning** -- loaded, but
+null. Severity: **error** -- the loader refuses or drops it; **warning** -- loaded, but
 probably wrong (check it); **info** -- worth knowing, no effect on loading.
 
 Kinds and their rules (per-object and per-file rules are
@@ -23,19 +22,16 @@ Kinds and their rules (per-object and per-file rules are
 * ``parse_error``: not well-formed XML, DTD/entities (refused unexpanded), no ``<annotation>``.
 * ``missing_file``: a listed id without ``Annotations/<id>.xml`` or ``JPEGImages/<id>.jpg``.
 * ``bad_image``: the image does not decode as 8-bit RGB (not an image, truncated data,
-  transparent pixels, 32-bit or floating-point pixels).
-* ``image_converted``: the image decodes, but not as 8-bit RGB: the detail says what the
-  loader makes of it (16-bit grayscale scaled to 8 bits, an opaque alpha channel dropped,
-  grayscale/palette/CMYK converted). Both rules are
-  :func:`medaidet.data.image.decode_image`'s, which loader and validator call.
+  transparent pixels, 32-bit or floating-point pixels; the rule is
+  :func:`medaidet.data.image.decode_image`'s, which loader and validator call).
 * ``unknown_label``: ``<name>`` missing or not rbc/wbc/platelets (case-insensitive, stripped).
 * ``size_mismatch``: ``<size>`` disagrees with the image's real size.
 * ``bad_coordinates``: missing ``<bndbox>``/coordinate, non-numeric, reversed (max < min).
 * ``zero_area``: zero width or height.
 * ``out_of_bounds``: outside VOC's ``1..W`` x ``1..H``; more than
   :data:`~medaidet.data.annotation_checks.BOUNDS_TOLERANCE` px: dropped (error), else clipped (warning).
-* ``duplicate_box``: same class and coordinates as an earlier box.
-* ``near_duplicate_box``: same class, IoU >= 0.9 with an earlier box (one cell boxed twice).
+* ``near_duplicate_box``: same class, IoU >= 0.9 with an earlier box (one cell boxed
+  twice; an exact copy has IoU 1).
 * ``class_size_outlier``: box size ``s = sqrt(w * h)`` far from its class's own
   distribution: robust z-score ``z = 0.6745 (ln s - median) / MAD`` over the class's boxes
   that do not touch the image border (cut cells are legitimately small; MAD floored at
@@ -44,31 +40,21 @@ Kinds and their rules (per-object and per-file rules are
   ``|z| >= 5`` (implausible: a likely mislabel; the detail names the class whose size fits
   better), else **info** (unusual).
 * ``missing_class``: an image without any box of a class that at least 90 % of the
-  (at least 10) loadable images have: a likely unlabeled cell. Images without any box are
-  left to ``image_without_objects``.
-* ``image_without_objects``: a loadable image in which the loader keeps no box (no
-  ``<object>``, or every one dropped or marked difficult): trained as background only.
-  Fine for a truly empty field of view; in a blood smear, probably unannotated.
+  (at least 10) loadable images have: a likely unlabeled cell.
 * ``metadata_mismatch``: ``<filename>``, ``<path>``, ``<folder>`` or ``<depth>`` disagree
   with the real file, or ``<size>`` is missing.
 * ``foreign_annotation``: a file written unlike the rest (at least two of: root attributes,
   indentation, ``<folder>``, ``<path>`` directory differ from a value at least 80 % of
   the files share): another annotator or tool.
-* ``split_error``: a split list missing, empty, with a duplicate or malformed id, or
-  trainval != train + val.
-* ``split_overlap``: an id in two of train/val/test.
-* ``split_without_objects``: a split whose images (those whose annotation could be read)
-  hold no box the loader keeps, difficult ones skipped: nothing to learn from or to score.
-* ``orphan_file``: an annotation or image no split lists.
 * ``near_duplicate_image``: the same field of view photographed twice, found by content:
   phase correlation of 40x30 thumbnails proposes each image's 3 best partners and
   shift; a pair is kept when the normalized correlation of the overlapping part of the
   80x60 thumbnails is >= 0.85 with >= 25 % overlap (on BCCD same-field pairs score >= 0.89,
   the best other pair < 0.7). **warning** when the pair crosses splits (leaks), else info.
-* ``checksum_mismatch``: a file of the pinned BCCD release differs from the shipped
-  sha256 manifest (checked only when the root holds files of that release).
 
-Severity and what the loader does, per kind: :data:`KINDS`.
+Severity and what the loader does, per kind: :data:`KINDS`. The report checks the defects
+BCCD has and what the loader refuses; a bad split list is the loader's own DataError
+(``split``), a file against the pinned release is :func:`~medaidet.data.pinned.verify_dataset`'s.
 """
 from __future__ import annotations
 
@@ -93,7 +79,6 @@ KINDS: dict[str, tuple[str, str]] = {
     "bad_image": ("error", "BCCDDataset raises DataError (image; at construction if the header is "
                   "unreadable, when the image is read if its data is broken or not 8-bit "
                   "RGB as the detail says)"),
-    "image_converted": ("info", "loaded converted to 8-bit RGB as the detail says"),
     "unknown_label": ("error", "BCCDDataset raises DataError (label) for any split listing "
                       "this image (both modes)"),
     "size_mismatch": ("error", "BCCDDataset raises DataError (image_size) for any split listing "
@@ -101,30 +86,16 @@ KINDS: dict[str, tuple[str, str]] = {
     "bad_coordinates": ("error", "dropped with a warning (strict=True: DataError)"),
     "zero_area": ("error", "dropped with a warning (strict=True: DataError)"),
     "out_of_bounds": ("error", "dropped with a warning (strict=True: DataError)"),
-    "duplicate_box": ("error", "this copy dropped with a warning, the first kept "
-                      "(strict=True: DataError)"),
     "near_duplicate_box": ("error", "the later box dropped with a warning, the first kept "
                            "(strict=True: DataError)"),
     "class_size_outlier": ("warning", "loaded as is: check the label (and the box)"),
     "missing_class": ("warning", "loaded as is: unboxed cells are trained as background"),
-    "image_without_objects": ("warning", "loaded with no box: everything in it is trained "
-                              "as background; annotate its cells unless the field is empty"),
     "metadata_mismatch": ("info", "ignored: files are found by the split-list id and the "
                           "image's own size is used"),
     "foreign_annotation": ("info", "parsed like the others: review its labels (annotators "
                            "and tools differ in what they box)"),
-    "split_error": ("error", "BCCDDataset raises DataError (split) for this split"),
-    "split_overlap": ("error", "loaded in both splits: evaluation is not independent of "
-                      "training; keep each id in one split"),
-    "split_without_objects": ("error", "BCCDDataset loads it, every image as background "
-                              "only; training on it raises ConfigError and "
-                              "evaluating on it ConfigError: annotate its images "
-                              "(or list images with boxes)"),
-    "orphan_file": ("info", "never read: no split lists it"),
     "near_duplicate_image": ("warning", "both loaded as is: keep the two in one split "
                              "(across splits they leak one into the other)"),
-    "checksum_mismatch": ("warning", "loaded as is; results are not comparable with the "
-                          "pinned BCCD: `medaidet data download --force` restores it"),
 }
 
 
@@ -151,7 +122,6 @@ class ValidationReport:
     per_class: dict[str, int]
     splits: dict[str, int]
     issues: list[Issue]
-    checksums: str = ""                      # one line: verified / skipped / problems
     image_pairs: list[ImagePair] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -193,7 +163,6 @@ class ValidationReport:
             f"{self.images} images ({splits})",
             f"{self.objects_raw} objects in the annotations, {self.objects_kept} kept by the "
             f"loader ({classes})",
-            f"checksums: {self.checksums}",
             f"validated in {self.seconds:.1f} s",
         ]
 

@@ -78,7 +78,7 @@ def images_missing_class(ids=None, report=None, root=None, brief: bool = False) 
     Args:
         ids: only these image ids (e.g. ``predictions.ids``); default: every flagged image.
         report: a :class:`medaidet.data.validation_report.ValidationReport`; default:
-            ``validate_dataset(root, check_checksums=False)`` (under a second on BCCD).
+            ``validate_dataset(root)`` (under a second on BCCD).
 
     Returns:
         ``{image id: [detail, ...]}`` of the ``missing_class`` findings, e.g.
@@ -87,7 +87,7 @@ def images_missing_class(ids=None, report=None, root=None, brief: bool = False) 
         :func:`medaidet.evaluation.count.count_cells` takes it for ``set_aside``.
     """
     if report is None:
-        report = validate_dataset(root, check_checksums=False)
+        report = validate_dataset(root)
     wanted = None if ids is None else set(ids)
     out = {}
     for issue in report.by_kind("missing_class"):

@@ -11,7 +11,7 @@ from medaidet.data.same_field import ImagePair
 
 @pytest.fixture(scope="module")
 def report(bccd_root):
-    return validate_dataset(bccd_root, check_checksums=False)
+    return validate_dataset(bccd_root)
 
 
 def test_an_image_paired_with_itself_agrees_exactly(bccd_root):
