@@ -4,9 +4,9 @@ whole batch's column array at once, as chainer and patch set 3 built it), in one
 
 For SSD300 and the small SSD on real BCCD training images (the recipe's transform and loss,
 random initial weights: memory does not depend on their values), at batch 1, 2 and 8, each
-measured by the course's batch-size finder (:func:`medaidet.scaling.batch_size.
-batch_size_on_bccd`): on the CPU the tracemalloc peak of NumPy's arrays, on a GPU the bytes
-CuPy's memory pool held (parameters and optimizer state not counted). Prints the peak per
+measured by the course's batch-size finder
+(:func:`medaidet.extras.scaling.batch_size_on_bccd`): on the CPU the tracemalloc peak of
+NumPy's arrays, on a GPU the bytes CuPy's memory pool held (parameters and optimizer state not counted). Prints the peak per
 image, the extra memory per extra image (from batch 1 to 8), and the ratio without/with.
 Measured on a 2-core CPU (2026-11-28, one BLAS thread): SSD300 at batch 8, 415.4 MiB per
 image with the whole batch's column array, 212.0 with the bound (ratio 1.96); the small SSD
@@ -19,7 +19,7 @@ import warnings
 
 from chainer.utils import conv_chunks
 
-from medaidet.scaling.batch_size import batch_size_on_bccd
+from medaidet.extras.scaling import batch_size_on_bccd
 
 SIZES = (1, 2, 8)
 MIB = 2 ** 20

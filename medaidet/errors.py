@@ -131,7 +131,7 @@ class DeviceError(MedaidetError, ValueError):
     ``"no_cuda"`` (a GPU is asked for and CUDA cannot be used here), ``"no_gpu"`` (no GPU of
     that number), each with ``spec``; or ``"memory"`` (the device ran out of memory even at
     the smallest batch, with ``report``: the
-    :class:`~medaidet.scaling.batch_size.BatchSizeReport` of every try; or, before training,
+    :class:`~medaidet.extras.scaling.BatchSizeReport` of every try; or, before training,
     one image needs more than is available: ``needed`` and ``available`` bytes)."""
 
     KINDS = ("spec", "no_cuda", "no_gpu", "memory")

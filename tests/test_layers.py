@@ -15,8 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
 # it runs before chainer exists) and the course runner with the tools' commands (on top)
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "medaidet_tools"
 
-# lowest first: shared -> install path -> data -> ssd -> training -> scaling -> evaluation
-# -> troubleshooting -> deployment -> environment -> command line
+# lowest first: shared -> install path -> data -> ssd -> training -> evaluation -> extras
+# (scaling, troubleshooting, MPI) -> deployment -> environment -> command line
 LAYERS = [
     ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files", "medaidet.downloads",
                 "medaidet.arguments", "medaidet.compat", "medaidet.device",
@@ -26,10 +26,8 @@ LAYERS = [
     ("data", ["medaidet.data"]),
     ("ssd", ["medaidet.ssd"]),
     ("training", ["medaidet.training"]),
-    ("extras", ["medaidet.extras"]),
-    ("scaling", ["medaidet.scaling"]),
     ("evaluation", ["medaidet.evaluation"]),
-    ("troubleshoot", ["medaidet.troubleshoot"]),
+    ("extras", ["medaidet.extras"]),
     ("deploy", ["medaidet.deploy"]),
     ("env", ["medaidet.env"]),
     ("tools", ["medaidet_tools.course", "medaidet_tools.cli", "medaidet_tools"]),

@@ -122,7 +122,7 @@ def test_red_cell_size(bccd_root):
 
 
 def test_memory_headroom_of_the_out_of_memory_demo():
-    from medaidet.troubleshoot import out_of_memory_demo
+    from medaidet.extras.troubleshoot import out_of_memory_demo
 
     headroom, = stated("07", r"plus ([\d.]+) images' worth")
     assert inspect.signature(out_of_memory_demo).parameters["headroom"].default == headroom

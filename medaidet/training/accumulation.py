@@ -10,7 +10,7 @@ of the *whole* batch (:func:`batch_positives`; see :func:`medaidet.ssd.loss.mult
 ``n_positive``), so the micro-batch losses add up to the batch's loss. Peak activation
 memory is that of one micro-batch.
 
-:mod:`medaidet.scaling.batch_size` finds the micro-batch that fits and the ``N`` to use.
+:mod:`medaidet.extras.scaling` finds the micro-batch that fits and the ``N`` to use.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The batch-size finder (medaidet.scaling.batch_size) and ``medaidet batch-size``.
+"""The batch-size finder (medaidet.extras.scaling) and ``medaidet batch-size``.
 
 The finder runs for real on the CPU in a subprocess whose address space is limited with
-``RLIMIT_AS`` (``medaidet.troubleshoot.out_of_memory_demo``), so that large batches raise
+``RLIMIT_AS`` (``medaidet.extras.troubleshoot.out_of_memory_demo``), so that large batches raise
 NumPy's MemoryError and batch 1 fits; a stub chain covers the search and the report
 quickly in this process.
 """
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from medaidet.errors import DeviceError, MedaidetError
-from medaidet.scaling.batch_size import (BatchSizeReport, BatchSizeTry, find_batch_size,
+from medaidet.extras.scaling import (BatchSizeReport, BatchSizeTry, find_batch_size,
                                          measure_batch_sizes)
-from medaidet.scaling.memory import plot_memory
+from medaidet.extras.scaling import plot_memory
 from medaidet.training.memory import is_out_of_memory
 
 
@@ -141,8 +141,8 @@ def test_plot_memory():
 
 
 def test_the_memory_plot_calls_the_largest_size_a_fit_only_when_a_larger_one_failed():
-    from medaidet.scaling.batch_size import BatchSizeReport, BatchSizeTry
-    from medaidet.scaling.memory import plot_memory
+    from medaidet.extras.scaling import BatchSizeReport, BatchSizeTry
+    from medaidet.extras.scaling import plot_memory
 
     def labels(tries):
         report = BatchSizeReport("@numpy", "tracemalloc", 8, tries)
@@ -157,7 +157,7 @@ def test_the_memory_plot_calls_the_largest_size_a_fit_only_when_a_larger_one_fai
 
 
 # The real thing: SSD300 on the CPU in a subprocess with a limited address space
-# (medaidet.troubleshoot.out_of_memory_demo, which notebook 07 shows). Calibration (no
+# (medaidet.extras.troubleshoot.out_of_memory_demo, which notebook 07 shows). Calibration (no
 # limit): the address space one image's forward + backward adds on top of what the
 # process holds (VmPeak - VmSize). Limit: what it holds now + 1.5 x that, so batch 1 fits
 # and batch 2 (about three times as much: im2col's columns for 2 images) does not. Then
@@ -166,7 +166,7 @@ def test_the_memory_plot_calls_the_largest_size_a_fit_only_when_a_larger_one_fai
 # now runs with one): the fixture runs it with two.
 @pytest.fixture(scope="module")
 def oom_run(bccd_root):
-    from medaidet.troubleshoot import out_of_memory_demo
+    from medaidet.extras.troubleshoot import out_of_memory_demo
 
     with pytest.MonkeyPatch.context() as mp:
         for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -196,7 +196,7 @@ def test_finder_survives_a_real_out_of_memory_on_the_cpu(oom_run):
 
 @pytest.mark.slow(seconds=10)
 def test_no_batch_size_fits_on_the_cpu(bccd_root):
-    from medaidet.troubleshoot import out_of_memory_demo
+    from medaidet.extras.troubleshoot import out_of_memory_demo
 
     demo = out_of_memory_demo(bccd_root, start=2, headroom=0.05)
     assert demo.error is not None, demo.lines
@@ -207,7 +207,7 @@ def test_no_batch_size_fits_on_the_cpu(bccd_root):
 
 @pytest.mark.slow(seconds=27)
 def test_batch_size_on_real_bccd(bccd_root, tmp_path):
-    from medaidet.scaling.batch_size import batch_size_on_bccd
+    from medaidet.extras.scaling import batch_size_on_bccd
 
     out = tmp_path / "finder"
     report = batch_size_on_bccd("cpu", sizes=[2, 1], target_batch_size=32, root=bccd_root,
@@ -235,7 +235,7 @@ def no_model(monkeypatch):
 
 def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
     from medaidet.errors import ConfigError
-    from medaidet.scaling.batch_size import batch_size_on_bccd
+    from medaidet.extras.scaling import batch_size_on_bccd
 
     with pytest.raises(ConfigError, match="^min_batch_size: 8 .*start 4"):   # both values
         batch_size_on_bccd("cpu", start=4, min_batch_size=8, root=bccd_root)

@@ -1,4 +1,4 @@
-"""Tests for medaidet.scaling.distributed and the ranks of a run (medaidet.extras.mpi): real
+"""Tests for medaidet.extras.mpi and the ranks of a run (medaidet.extras.mpi): real
 2-rank ChainerMN runs on the CPU (Open MPI via mpi4py, communicator 'naive'), the named errors,
 the mpiexec command line and launch().
 
@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from medaidet.scaling import distributed as dist
+from medaidet.extras import mpi as dist
 from medaidet.extras import mpi as mn
 from medaidet.extras.mpi import (COMMUNICATORS, abort_on_error, param_digest,
                                  per_rank_batchsize, rank_device)
@@ -116,7 +116,7 @@ import numpy as np
 import chainer, chainer.links as L
 import chainermn
 from chainercv.extensions import DetectionVOCEvaluator
-from medaidet.scaling import distributed as dist
+from medaidet.extras import mpi as dist
 from medaidet.ssd.loss import multibox_loss
 from medaidet.errors import DistributedError
 from medaidet.extras import mpi as mn
@@ -241,7 +241,7 @@ def test_launch_from_a_process_that_initialised_mpi(mpi):
         import os
         from mpi4py import MPI
         assert MPI.COMM_WORLD.Get_size() == 1
-        from medaidet.scaling import distributed as dist
+        from medaidet.extras import mpi as dist
         os.environ.pop("OMP_NUM_THREADS", None)   # (make test sets it for its own runs)
         program = ["-c", "import os; print('rank=' + os.environ['OMPI_COMM_WORLD_RANK'] + "
                    "' threads=' + os.environ['OMP_NUM_THREADS'])"]
@@ -305,7 +305,7 @@ def test_missing_mpi4py_is_named():
     code = textwrap.dedent("""
         import sys
         sys.modules["mpi4py"] = None  # as if not installed
-        from medaidet.scaling import distributed as dist
+        from medaidet.extras import mpi as dist
         from medaidet.extras import mpi as mn
         from medaidet.errors import DistributedError
         print("problem:", dist.mpi_problem())
@@ -324,7 +324,7 @@ def test_missing_mpi4py_is_named():
 def test_missing_libmpi_is_named():
     pytest.importorskip("mpi4py")
     code = textwrap.dedent("""
-        from medaidet.scaling import distributed as dist
+        from medaidet.extras import mpi as dist
         from medaidet.extras import mpi as mn
         from medaidet.errors import DistributedError
         print("problem:", dist.mpi_problem())
@@ -464,7 +464,7 @@ def test_abort_on_error_without_ranks_reraises():
 
 
 def test_distributed_imports_neither_chainer_nor_mpi():
-    done = run_python("import sys, medaidet.scaling.distributed\n"
+    done = run_python("import sys, medaidet.extras.mpi\n"
                       "print(sorted(m for m in ('chainer', 'chainermn', 'mpi4py.MPI') "
                       "if m in sys.modules))")
     assert done.returncode == 0, done.stderr

@@ -1,7 +1,7 @@
-"""medaidet.troubleshoot: the bad-sample finder on real BCCD, the OpenCV fork check (the
+"""medaidet.extras.troubleshoot: the bad-sample finder on real BCCD, the OpenCV fork check (the
 out-of-memory demo is tested in tests/scaling/test_batch_size.py)."""
 from medaidet.data.bccd import BCCDDataset
-from medaidet.troubleshoot import find_invalid_samples, opencv_fork_check
+from medaidet.extras.troubleshoot import find_invalid_samples, opencv_fork_check
 
 
 class OneBased:
@@ -47,7 +47,7 @@ def test_a_hang_is_reported_and_its_workers_are_killed(monkeypatch, tmp_path):
     import os
     import time
 
-    import medaidet.troubleshoot as ts
+    import medaidet.extras.troubleshoot as ts
 
     pids = tmp_path / "pids"
     (tmp_path / "hanging_child.py").write_text(f"""

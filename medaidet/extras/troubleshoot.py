@@ -3,23 +3,36 @@ whether OpenCV survives being used in forked data-loading workers on this machin
 run the batch-size finder into a real out-of-memory error on a machine without a GPU.
 
 Each helper reproduces a failure from the course's history *safely* (no CUDA fault, no hang
-of the caller) and says what to do about it.
+of the caller) and says what to do about it. Two run in a child process, this module run as
+a program: ``python -m medaidet.extras.troubleshoot fork-check THREADS`` (the OpenCV fork
+hang) and ``... oom-demo '[ROOT, START, HEADROOM]'`` (a real out-of-memory error).
 """
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
-import json
 import time
+import warnings
 from dataclasses import dataclass
 
+import cv2
+import numpy as np
+from chainer.dataset import concat_examples
+from chainer.datasets import TransformDataset
+
+from medaidet.data.bccd import BCCDDataset
 from medaidet.data.pinned import resolve_root
-from medaidet.scaling.batch_size import BatchSizeReport
-from medaidet.errors import DataError
+from medaidet.errors import DataError, DeviceError
+from medaidet.extras.scaling import BatchSizeReport, find_batch_size
 from medaidet.ssd.transforms import check_sample
+from medaidet.training.config import TrainConfig
+from medaidet.training.recipe import Recipe
 
 __all__ = ["InvalidSample", "find_invalid_samples", "OpenCVForkCheck", "opencv_fork_check",
            "OutOfMemoryDemo", "out_of_memory_demo"]
@@ -90,9 +103,9 @@ def _parallel_framework() -> str:
 
 
 def opencv_fork_check(threads: int = 4, timeout: float = 20.0,
-                      program: str = "medaidet.troubleshoot.fork_check") -> OpenCVForkCheck:
-    """The OpenCV fork hang, reproduced in a child process
-    (:mod:`medaidet.troubleshoot.fork_check`) with a time limit.
+                      program: str = "medaidet.extras.troubleshoot fork-check") -> OpenCVForkCheck:
+    """The OpenCV fork hang, reproduced in a child process (:func:`_fork_check`) with a time
+    limit.
 
     The child uses OpenCV with ``threads`` threads (its thread pool starts), then forks two
     workers that call ``cv2.resize``: with OpenCV builds whose thread pool is not fork-safe
@@ -100,11 +113,12 @@ def opencv_fork_check(threads: int = 4, timeout: float = 20.0,
     were not copied into them: ``MultiprocessIterator`` then hangs. ``threads=0`` is the fix
     medaidet applies on import (``cv2.setNumThreads(0)``). Builds with a fork-safe pool
     finish either way; the result says which framework this OpenCV uses. ``program``: the
-    module the child runs (tests pass one that hangs on every build).
+    module (and its arguments before ``THREADS``) the child runs (tests pass one that hangs
+    on every build).
     """
     start = time.monotonic()
     # a session of its own: on a hang, the stuck workers are killed with their parent
-    proc = subprocess.Popen([sys.executable, "-m", program, str(int(threads))],
+    proc = subprocess.Popen([sys.executable, "-m", *program.split(), str(int(threads))],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -127,7 +141,7 @@ class OutOfMemoryDemo:
     """What :func:`out_of_memory_demo` saw: the finder's report, its log lines as they
     were printed, and the memory the child was given."""
 
-    report: "object"           # medaidet.scaling.batch_size.BatchSizeReport
+    report: BatchSizeReport
     lines: list
     one_image_bytes: int
     limit_bytes: int
@@ -151,9 +165,10 @@ def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
                        timeout: float = 600) -> OutOfMemoryDemo:
     """An out-of-memory error at a large batch size, for real, on a machine without a GPU.
 
-    A child process (:mod:`medaidet.troubleshoot.oom_demo`) builds SSD300, measures what one BCCD image's forward + backward pass
-    needs, limits its own address space (``RLIMIT_AS``, Linux) to what it holds plus
-    ``headroom`` times that, and runs :func:`medaidet.scaling.batch_size.find_batch_size` from
+    A child process (:func:`_oom_demo`) builds SSD300, measures what one BCCD image's
+    forward + backward pass needs, limits its own address space (``RLIMIT_AS``, Linux) to
+    what it holds plus ``headroom`` times that, and runs
+    :func:`medaidet.extras.scaling.find_batch_size` from
     ``start``: large batches raise NumPy's ``MemoryError`` (CuPy's
     ``OutOfMemoryError`` on a GPU), the finder frees, halves and retries, and reports every
     try. The limit applies to the child only: this process is never short of memory.
@@ -167,7 +182,7 @@ def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
     # space after the one-image measure, and batch 1 would no longer fit its own limit
     one_thread = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                   "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "medaidet.troubleshoot.oom_demo",
+    proc = subprocess.run([sys.executable, "-m", "medaidet.extras.troubleshoot", "oom-demo",
                            json.dumps([root, int(start), float(headroom)])],
                           capture_output=True, text=True, timeout=timeout, env=one_thread)
     if proc.returncode != 0:
@@ -178,3 +193,69 @@ def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
                            lines=result["lines"], one_image_bytes=result["one_image"],
                            limit_bytes=result["limit"], headroom=float(headroom),
                            error=result["error"])
+
+
+# --------------------------------------------------------------------------- the children
+
+_IMAGE = None
+
+
+def _resize(i: int) -> float:
+    return float(cv2.resize(_IMAGE, (300 + i % 3, 300)).sum())
+
+
+def _fork_check(threads: str) -> int:
+    """The child of :func:`opencv_fork_check`: OpenCV with ``threads`` threads in this process
+    (its thread pool starts), then two forked workers calling ``cv2.resize``."""
+    global _IMAGE
+    threads = int(threads)
+    cv2.setNumThreads(threads)   # after `import medaidet` set it to 0: the check sets its own
+    _IMAGE = np.random.rand(1200, 1600, 3).astype(np.float32)
+    for _ in range(5):           # this process's OpenCV thread pool exists now
+        cv2.resize(_IMAGE, (300, 300))
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        print(len(pool.map(_resize, range(16))), "resizes done in the workers")
+    return 0
+
+
+def _vm(key: str) -> int:
+    """This process's ``VmSize``/``VmPeak`` in bytes (Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+
+def _oom_demo(arguments: str) -> int:
+    """The child of :func:`out_of_memory_demo`: prints one JSON line."""
+    root, start, headroom = json.loads(arguments)
+    np.random.seed(0)
+    # the course's recipe for SSD300 from random weights, on the CPU, encoding without
+    # augmentation: the same model, loss and encoded images as training
+    recipe = Recipe(TrainConfig(model="ssd300", pretrained=None, augment=False, device="cpu",
+                                root=root, subset=2))
+    model = recipe.model()
+    chain = recipe.train_chain(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = BCCDDataset(root, "train")
+    dataset = TransformDataset(base.slice[:2], recipe.transform(model))
+    before = _vm("VmSize")
+    loss = chain(*concat_examples([dataset[0]]))
+    loss.backward()
+    del loss
+    chain.cleargrads()
+    one_image = _vm("VmPeak") - before
+    limit = _vm("VmSize") + int(headroom * one_image)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    lines, error = [], None
+    try:
+        report = find_batch_size(chain, dataset, start=start, log=lines.append)
+    except DeviceError as exc:
+        report, error = exc.report, str(exc)
+    print(json.dumps({"one_image": one_image, "limit": limit, "lines": lines,
+                      "report": report.to_dict(), "error": error}))
+    return 0
+
+
+if __name__ == "__main__":
+    command, argument = sys.argv[1:3]
+    raise SystemExit({"fork-check": _fork_check, "oom-demo": _oom_demo}[command](argument))

@@ -1,5 +1,5 @@
-"""The batch-size finder: the largest training batch that fits in memory, and the
-``--accumulate`` that reaches the recipe's batch with it.
+"""Scaling (notebooks 07 and 08): the batch-size finder, the largest training batch that
+fits in memory, and the ``--accumulate`` that reaches the recipe's batch with it.
 
 The course's recipe trains with batch 32; SSD300's activations for one 300x300 image take a
 few hundred MB in training, so batch 32 needs a large GPU.
@@ -9,9 +9,8 @@ a failed try's memory back, measuring the peak), reporting every try (peak memor
 images/s) and the ``--accumulate`` that gives the recipe's batch with the batch size that fits
 (:class:`medaidet.training.accumulation.AccumulatingUpdater` then trains with it).
 
-:func:`~medaidet.scaling.memory.plot_memory` draws a report for the notebooks;
-:func:`batch_size_on_bccd` runs the finder (or :func:`measure_batch_sizes`) on SSD and real
-BCCD images: ``medaidet batch-size``.
+:func:`plot_memory` draws a report for the notebooks; :func:`batch_size_on_bccd` runs the
+finder (or :func:`measure_batch_sizes`) on SSD and real BCCD images.
 """
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from matplotlib.figure import Figure
 
 import chainer
 from chainer.backends import cuda
@@ -28,19 +28,19 @@ from chainer.dataset import concat_examples
 from chainer.datasets import TransformDataset
 
 from medaidet.arguments import check_number, prepare_output_dir
+from medaidet.colors import line_style
 from medaidet.errors import ConfigError, DeviceError
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
 from medaidet.data.pinned import resolve_root
 from medaidet.device import DEFAULT_DEVICE, device_name
 from medaidet.files import png_bytes, write_files
-from medaidet.scaling.memory import plot_memory
 from medaidet.training.memory import (PeakMemory, first_line, format_bytes, free_memory,
                                       is_out_of_memory, synchronize)
 from medaidet.training.config import TrainConfig
 from medaidet.training.recipe import Recipe
 
 __all__ = ["BatchSizeTry", "BatchSizeReport", "check_search", "find_batch_size",
-           "measure_batch_sizes", "batch_size_on_bccd"]
+           "measure_batch_sizes", "batch_size_on_bccd", "plot_memory"]
 
 
 # --------------------------------------------------------------------------- the finder
@@ -389,4 +389,52 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
         write_files({out / "batch_size.json": json.dumps(report.to_dict(), indent=2) + "\n",
                      out / "memory.png": png_bytes(plot_memory(report), dpi=100)})
     return report
+
+
+# --------------------------------------------------------------------------- the figure
+
+def plot_memory(report, limit_bytes: int | None = None,
+                limit_label: str = "memory limit"):
+    """Peak memory against batch size, the tries that ran out of memory marked: ``report``, a
+    :class:`~medaidet.extras.scaling.BatchSizeReport`.
+
+    ``limit_bytes``: the memory a try could use, when known (e.g. the out-of-memory demo's
+    room above what the model holds): drawn as a line, the failed tries on it (they needed
+    more). Without it the failed tries are marked at the top of the axis: a failed try has
+    no peak to plot. Lines and markers in black and grey: no class colour.
+
+    Returns a matplotlib ``Figure``.
+    """
+
+    fig = Figure(figsize=(6.0, 4.0), layout="constrained")
+    ax = fig.subplots()
+    ok = sorted((t.batch_size, t.peak_bytes / 2**20) for t in report.tries
+                if t.ok and t.peak_bytes is not None)
+    failed = sorted(t.batch_size for t in report.tries if not t.ok)
+    limit = None if limit_bytes is None else limit_bytes / 2**20
+    top = max([mib for _, mib in ok] + ([limit] if limit else []), default=1.0) * 1.15
+    if ok:
+        ax.plot([b for b, _ in ok], [mib for _, mib in ok], label="fits (peak)",
+                **line_style(0))
+    if limit is not None:
+        ax.axhline(limit, color="0.4", linestyle="--", lw=1.2,
+                   label=f"{limit_label}: {limit:,.0f} MiB")
+    if failed:
+        ax.plot(failed, [limit if limit is not None else top * 1.1] * len(failed),
+                linestyle="none", marker="x", ms=10, mew=2, color="black", clip_on=False,
+                label="out of memory (needed more" + (" than the limit)" if limit else ")"))
+    best = report.best_batch_size
+    if best is not None:     # where nothing ran out of memory, the largest fit is unknown
+        what = "largest that fit" if failed else "largest tried (all fit)"
+        ax.axvline(best, color="0.6", linestyle=":", lw=1.5, label=f"{what}: {best}")
+    sizes = sorted({t.batch_size for t in report.tries})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.set_ylim(0, top * 1.1)
+    ax.set(xlabel="batch size", ylabel="peak memory (MiB)")
+    ax.set_title(f"Memory per batch size on {device_name(report.device)}\n"
+                 f"(peak: {report.memory_measure})", fontsize="medium")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
 
