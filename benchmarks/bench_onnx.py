@@ -1,9 +1,9 @@
 """Chainer against onnxruntime on this CPU: the same detector, the same test images, one run.
 
-Exports the weights (default: the small SSD that ships with medaidet) with ``medaidet.deploy``
+Exports the weights (default: the small SSD that ships with medaidet) with ``medaidet.extras.deploy``
 and predicts ``--images`` test images one at a time with each runtime: chainer through
 :func:`medaidet.ssd.predict.predict` (ChainerCV's SSD, the course's caps), onnxruntime through
-:class:`medaidet.deploy.detector.OnnxDetector` (resize, graph, NumPy decoding). Both in the
+:class:`medaidet.extras.deploy.OnnxDetector` (resize, graph, NumPy decoding). Both in the
 'evaluate' preset, both after ``--warmup`` images. Prints images per second of each and their
 ratio, and onnxruntime with one thread.
 
@@ -34,8 +34,8 @@ def main(argv=None) -> int:
 
     import medaidet  # noqa: F401  (runtime settings first)
     from medaidet.data.bccd import BCCDDataset, quiet_annotation_warnings
-    from medaidet.deploy.detector import OnnxDetector
-    from medaidet.deploy.export import export_onnx
+    from medaidet.extras.deploy import OnnxDetector
+    from medaidet.extras.deploy import export_onnx
     from medaidet.evaluation.predictions import load_model
     from medaidet.ssd.predict import predict
     from medaidet.ssd.pretrained import shipped_weights

@@ -359,7 +359,7 @@ def _results_folder(out, images) -> Path:
 
 def _export(args) -> int:
     try:
-        from medaidet.deploy.export import export_onnx
+        from medaidet.extras.deploy import export_onnx
         out = args.out
         if out.endswith(("/", os.sep)) or Path(out).is_dir():
             out = Path(out) / f"{Path(args.weights).stem}.onnx"
@@ -377,11 +377,11 @@ def _export(args) -> int:
 
 def _count_image(args) -> int:
     try:
-        from medaidet.deploy.detector import OnnxDetector, read_rgb
+        from medaidet.extras.deploy import OnnxDetector, read_rgb
         detector = OnnxDetector(args.model)
     except ModuleNotFoundError as exc:
         raise _missing_extra(exc, "count-image") from None
-    from medaidet.deploy.draw import draw_detections
+    from medaidet.extras.deploy import draw_detections
 
     out = _results_folder(args.out, args.images) if args.out else None
     results = []

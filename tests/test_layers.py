@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "medaidet_tools"
 
 # lowest first: shared -> install path -> data -> ssd -> training -> evaluation -> extras
-# (scaling, troubleshooting, MPI) -> deployment -> environment -> command line
+# (scaling, troubleshooting, MPI, deployment) -> environment -> command line
 LAYERS = [
     ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files", "medaidet.downloads",
                 "medaidet.arguments", "medaidet.compat", "medaidet.device",
@@ -28,7 +28,6 @@ LAYERS = [
     ("training", ["medaidet.training"]),
     ("evaluation", ["medaidet.evaluation"]),
     ("extras", ["medaidet.extras"]),
-    ("deploy", ["medaidet.deploy"]),
     ("env", ["medaidet.env"]),
     ("tools", ["medaidet_tools.course", "medaidet_tools.cli", "medaidet_tools"]),
     ("cli", ["medaidet.cli", "medaidet.__main__"]),

@@ -1,4 +1,4 @@
-// The exported SSD in the browser: the same steps as medaidet.deploy (Python), in plain JS.
+// The exported SSD in the browser: the same steps as medaidet.extras.deploy (Python), in plain JS.
 //   resize: bilinear, pixel centres aligned, as OpenCV's INTER_LINEAR (what ChainerCV uses)
 //   graph:  image (1, 3, S, S) RGB 0-255 -> locs (1, K, 4), scores (1, K, C), default_boxes (K, 4)
 //   decode: offsets -> boxes; per class: score >= threshold, the 400 best, NMS at IoU 0.45;

@@ -5,7 +5,7 @@ shared by :class:`~medaidet.data.bccd.BCCDDataset` and ``validate_dataset``.
 grayscale scaled to 0-255 (``value / 257``, never clipped to white); an alpha channel dropped
 when every pixel is opaque. A truncated file, transparent pixels, another pixel format or more
 pixels than Pillow reads safely (a decompression bomb) raise an ``"image"`` DataError when the
-image is read. ``medaidet count-image`` and :func:`medaidet.deploy.detector.read_rgb` read
+image is read. ``medaidet count-image`` and :func:`medaidet.extras.deploy.read_rgb` read
 images by the same rule.
 """
 from __future__ import annotations

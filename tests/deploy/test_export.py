@@ -12,11 +12,11 @@ from chainercv.evaluations import eval_detection_voc
 
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.bccd import BCCDDataset
-from medaidet.deploy import onnx_compat
-from medaidet.deploy.detector import METADATA_KEY, OnnxDetector
+from medaidet.extras import deploy as onnx_compat
+from medaidet.extras.deploy import METADATA_KEY, OnnxDetector
 from medaidet.errors import ConfigError, WeightsError
-from medaidet.deploy.export import export_onnx
-from medaidet.deploy.parity import compare_detections
+from medaidet.extras.deploy import export_onnx
+from medaidet.extras.deploy import compare_detections
 from medaidet.evaluation.predictions import load_model, predict_split
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.pretrained import shipped_weights
@@ -40,7 +40,7 @@ def test_split(bccd_root):
 
 
 def test_onnx_gets_its_mapping_module_back():
-    onnx_compat.apply()
+    onnx_compat.apply_onnx_compat()
     from onnx import TensorProto
     from onnx.mapping import (NP_TYPE_TO_TENSOR_TYPE, STORAGE_TENSOR_TYPE_TO_FIELD,
                               TENSOR_TYPE_TO_NP_TYPE)
@@ -51,7 +51,7 @@ def test_onnx_gets_its_mapping_module_back():
     assert STORAGE_TENSOR_TYPE_TO_FIELD[TensorProto.FLOAT] == "float_data"
     # float16 is stored in int32_data: the old table did not name a field for it
     assert TensorProto.FLOAT16 not in STORAGE_TENSOR_TYPE_TO_FIELD
-    assert onnx_compat.apply() is False     # once is enough
+    assert onnx_compat.apply_onnx_compat() is False     # once is enough
 
 
 def test_the_graph_is_valid_and_says_what_it_holds(exported):
@@ -78,7 +78,7 @@ def test_the_graph_is_valid_and_says_what_it_holds(exported):
 
 @pytest.mark.slow(seconds=18)
 def test_the_same_detections_as_chainer_on_every_test_image(exported, test_split):
-    """Raw outputs within 1e-4; every detection paired with chainer's (medaidet.deploy.parity:
+    """Raw outputs within 1e-4; every detection paired with chainer's (medaidet.extras.deploy:
     boxes within 0.5 px and scores within 1e-4, or a score tie); the same counts per image and
     class, and the same test mAP to 3 decimals."""
     dataset, images = test_split
@@ -201,7 +201,7 @@ def test_count_image_runs_without_chainer(tmp_path, exported, bccd_root):
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
     detector = OnnxDetector(exported.path)
-    from medaidet.deploy.detector import read_rgb
+    from medaidet.extras.deploy import read_rgb
     for result, image in zip(printed, images):
         assert result["counts"] == detector.count(read_rgb(image), score_thresh=0.5)
         assert sum(result["counts"].values()) == len(result["detections"]) > 0
@@ -266,7 +266,7 @@ def test_read_rgb_reads_by_the_loaders_rule(tmp_path, exported, bccd_root):
     from PIL import Image
 
     from medaidet.errors import DataError
-    from medaidet.deploy.detector import read_rgb
+    from medaidet.extras.deploy import read_rgb
     detector = OnnxDetector(exported.path)
     with Image.open(bccd_root / "JPEGImages" / "BloodImage_00000.jpg") as img:
         gray = img.convert("L")
@@ -363,7 +363,7 @@ def test_the_detectors_arguments_follow_the_predictors_rules(exported):
 @pytest.mark.parametrize("opset", [9, 10])
 def test_every_offered_opset_exports_a_model_that_detects_the_same(opset, tmp_path, exported,
                                                                     bccd_root):
-    from medaidet.deploy.detector import read_rgb
+    from medaidet.extras.deploy import read_rgb
     older = export_onnx(shipped_weights("ssd_small"), tmp_path / f"m{opset}.onnx", opset=opset)
     assert onnx.load(str(older.path)).opset_import[0].version == opset
     image = read_rgb(bccd_root / "JPEGImages" / "BloodImage_00000.jpg")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run_python
-from medaidet.deploy.decode import box_iou
-from medaidet.deploy.parity import compare_detections
+from medaidet.extras.deploy import box_iou
+from medaidet.extras.deploy import compare_detections
 
 NMS = 0.45
 # Weights notebook 03 trained in a `make run` whose notebook 09 then failed its parity check
@@ -126,9 +126,9 @@ def test_the_weights_that_failed_notebook_09_pass_and_their_ties_are_found(tmp_p
         import medaidet
         from chainercv.evaluations import eval_detection_voc
         from medaidet.data.bccd import BCCDDataset
-        from medaidet.deploy.detector import OnnxDetector
-        from medaidet.deploy.export import export_onnx
-        from medaidet.deploy.parity import compare_detections
+        from medaidet.extras.deploy import OnnxDetector
+        from medaidet.extras.deploy import export_onnx
+        from medaidet.extras.deploy import compare_detections
         from medaidet.evaluation.predictions import load_model, predict_split
 
         test = BCCDDataset(None, "test", use_difficult=True, return_difficult=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medaidet.deploy.detector import OnnxDetector, read_rgb
-from medaidet.deploy.export import export_onnx
+from medaidet.extras.deploy import OnnxDetector, read_rgb
+from medaidet.extras.deploy import export_onnx
 from medaidet.ssd.pretrained import shipped_weights
 
 from conftest import REPO, npm_ci

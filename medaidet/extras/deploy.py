@@ -1,0 +1,711 @@
+"""Taking the trained detector out of Chainer (notebook 09).
+
+* export: ``export_onnx(weights, out)`` writes an ONNX model of a
+  trained SSD (needs the chainer stack and ``onnx``: ``pip install medaidet[export]``).
+* detector: :class:`OnnxDetector` runs that
+  model with onnxruntime and decodes its detections in NumPy, without chainer
+  (``pip install medaidet[deploy]``).
+* decode: the decoding (offsets to boxes, per-class NMS, the caps) in
+  NumPy, the same steps as ChainerCV's and :mod:`medaidet.ssd.predict`'s.
+
+The exported model takes ``image``, float32 (1, 3, S, S): one image's RGB pixels 0-255
+resized to the model's input size S (the mean is subtracted inside), and returns ``locs``
+(1, K, 4), the box offsets of the K default boxes, and ``scores`` (1, K, n_fg_class + 1), the
+class probabilities (column 0: background), and ``default_boxes`` (K, 4), a constant, for runtimes
+that cannot read metadata. What decoding needs (the default boxes, the variances, the class
+names, the presets) is stored in the model's metadata too
+(:data:`METADATA_KEY`).
+
+Nothing here imports chainer at import time.
+"""
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from medaidet.arguments import check_number, is_path
+from medaidet.data import CLASS_COLORS
+from medaidet.errors import ConfigError, WeightsError
+from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
+from medaidet.files import not_a_regular_file
+
+__all__ = ["boxes_from_offsets", "box_iou", "non_maximum_suppression", "decode", "resize_boxes",
+           "OnnxDetector", "METADATA_KEY", "read_rgb", "resize_image", "draw_detections",
+           "Parity", "compare_detections", "export_onnx", "ExportedModel", "OPSETS",
+           "DEFAULT_OPSET"]
+
+
+# --------------------------------------------------------------------------- decode
+#
+# From an SSD's raw outputs to detections, in NumPy only (no chainer).
+#
+# The same steps, in the same order and precision, as ChainerCV's ``MultiboxCoder.decode`` with
+# the caps of :func:`medaidet.ssd.predict.decode_capped` (tests/deploy compares the two on the
+# test images): each default box's offsets become a box; per class, the candidates scoring at
+# least ``score_thresh`` are capped to the ``top_k`` best, non-maximum suppression keeps a box
+# unless it overlaps a better one of its class at IoU >= ``nms_thresh``; the image keeps its
+# ``keep_top_k`` best detections. Boxes are ``(y_min, x_min, y_max, x_max)``.
+
+def boxes_from_offsets(locs, default_boxes, variances):
+    """``locs`` (K, 4) offsets of the default boxes ``(center y, center x, height, width)``
+    (K, 4) -> boxes (K, 4) ``(y_min, x_min, y_max, x_max)`` (float64, as ChainerCV's)."""
+    boxes = np.array(default_boxes, dtype=np.float64)        # a copy
+    sizes = boxes[:, 2:].copy()
+    boxes[:, :2] += locs[:, :2] * variances[0] * sizes        # centre shift
+    boxes[:, 2:] *= np.exp(locs[:, 2:] * variances[1])        # size ratio
+    boxes[:, :2] -= boxes[:, 2:] / 2                          # (centre, size) -> (min, size)
+    boxes[:, 2:] += boxes[:, :2]                              # -> (min, max)
+    return boxes
+
+
+def box_iou(a, b):
+    """IoU of every box of ``a`` (N, 4) with every box of ``b`` (M, 4): (N, M). Boxes
+    ``(y_min, x_min, y_max, x_max)``; boxes that do not overlap have IoU 0."""
+    a, b = np.asarray(a)[:, None], np.asarray(b)[None]
+    top_left = np.maximum(a[..., :2], b[..., :2])
+    bottom_right = np.minimum(a[..., 2:], b[..., 2:])
+    overlap = np.prod(bottom_right - top_left, axis=2) * (top_left < bottom_right).all(axis=2)
+    area_a = np.prod(a[..., 2:] - a[..., :2], axis=2)
+    area_b = np.prod(b[..., 2:] - b[..., :2], axis=2)
+    return overlap / (area_a + area_b - overlap)
+
+
+def non_maximum_suppression(boxes, thresh, scores, limit=None):
+    """Indices of the boxes kept, best score first: a box is dropped when its IoU with a
+    kept, better-scoring box is >= ``thresh``; at most ``limit`` are kept."""
+    if len(boxes) == 0:
+        return np.zeros((0,), dtype=np.int32)
+    order = scores.argsort()[::-1]
+    boxes = boxes[order]
+    kept = np.zeros(len(boxes), dtype=bool)
+    for i, box in enumerate(boxes):
+        if (box_iou(box[None], boxes[kept]) >= thresh).any():
+            continue
+        kept[i] = True
+        if limit is not None and np.count_nonzero(kept) >= limit:
+            break
+    return order[np.flatnonzero(kept)].astype(np.int32)
+
+
+def _top(scores, k):
+    """Indices of the ``k`` highest scores, ties by lower index, in index order."""
+    return np.sort(np.argsort(-scores, kind="stable")[:k])
+
+
+def decode(locs, scores, default_boxes, variances, score_thresh, nms_thresh,
+           top_k=400, keep_top_k=200):
+    """One image's detections from its ``locs`` (K, 4) and class probabilities ``scores``
+    (K, n_fg_class + 1; column 0 background): ``(boxes, labels, scores)``, float32 (R, 4) in
+    the model's input frame, int32 (R,) in ``[0, n_fg_class)``, float32 (R,); grouped by
+    label, each group best first. ``top_k``/``keep_top_k``: None for no cap."""
+    all_boxes = boxes_from_offsets(locs, default_boxes, variances)
+    out_boxes, out_labels, out_scores = [], [], []
+    for label in range(scores.shape[1] - 1):
+        score = scores[:, label + 1]
+        mask = score >= score_thresh
+        boxes, score = all_boxes[mask], score[mask]
+        if top_k is not None and len(score) > top_k:
+            keep = _top(score, top_k)
+            boxes, score = boxes[keep], score[keep]
+        if nms_thresh is not None:
+            keep = non_maximum_suppression(boxes, nms_thresh, score, limit=keep_top_k)
+            boxes, score = boxes[keep], score[keep]
+        out_boxes.append(boxes)
+        out_labels.append(np.full(len(boxes), label, dtype=np.int32))
+        out_scores.append(score)
+    boxes = np.vstack(out_boxes).astype(np.float32)
+    labels = np.hstack(out_labels).astype(np.int32)
+    scores = np.hstack(out_scores).astype(np.float32)
+    if keep_top_k is not None and len(scores) > keep_top_k:
+        keep = _top(scores, keep_top_k)
+        boxes, labels, scores = boxes[keep], labels[keep], scores[keep]
+    return boxes, labels, scores
+
+
+def resize_boxes(boxes, in_size, out_size):
+    """Boxes in an ``in_size`` (H, W) frame -> the same boxes in an ``out_size`` frame."""
+    boxes = boxes.copy()
+    boxes[:, 0::2] *= float(out_size[0]) / in_size[0]
+    boxes[:, 1::2] *= float(out_size[1]) / in_size[1]
+    return boxes
+
+
+# --------------------------------------------------------------------------- detector
+#
+# Detections from an exported model with onnxruntime, NumPy and Pillow (or OpenCV) only.
+#
+# ``OnnxDetector(path).predict(images)`` returns what ChainerCV's ``model.predict`` returns for
+# the same images (tests/deploy checks it on the test split): the image is resized to the
+# model's input size as ChainerCV resizes it (OpenCV when it is installed, else Pillow), the
+# graph gives ``locs`` and ``scores``, and :func:`decode` turns them
+# into boxes in the image's pixels with the preset's thresholds and the caps.
+
+METADATA_KEY = "medaidet"      # the model's metadata entry written by medaidet export
+
+
+def read_rgb(path) -> np.ndarray:
+    """The image file at ``path`` as float32 (3, H, W), RGB, 0-255, read by the dataset
+    loader's rule (:func:`medaidet.data.image.decode_image`: 16-bit grayscale scaled to 8
+    bits, an opaque alpha channel dropped; transparent pixels, unreadable data and images too
+    large to decode safely raise an ``"image"`` :class:`~medaidet.errors.DataError`)."""
+    from medaidet.data.image import decode_image
+
+    return decode_image(path).pixels.astype(np.float32).transpose(2, 0, 1)
+
+
+def resize_image(image, size: int) -> np.ndarray:
+    """``image`` (3, H, W) float32 resized to (3, size, size), bilinear: OpenCV when it is
+    installed, else Pillow, as ChainerCV's ``transforms.resize`` chooses."""
+    try:
+        import cv2
+    except ImportError:
+        from PIL import Image
+
+        out = np.empty((image.shape[0], size, size), dtype=np.float32)
+        for channel, resized in zip(image, out):
+            resized[:] = Image.fromarray(channel, mode="F").resize((size, size),
+                                                                   resample=Image.BILINEAR)
+        return out
+    resized = cv2.resize(image.transpose(1, 2, 0), dsize=(size, size),
+                         interpolation=cv2.INTER_LINEAR)
+    return resized.reshape(size, size, -1).transpose(2, 0, 1)
+
+
+def _check_image(index, image) -> np.ndarray:
+    image = np.asarray(image)
+    if (image.ndim != 3 or image.shape[0] != 3 or image.dtype.kind not in "iuf"
+            or 0 in image.shape):
+        raise ConfigError(
+            f"images[{index}] has shape {image.shape} and dtype {image.dtype}; expected "
+            "numbers (3, H, W) with H, W > 0: RGB, channels first, 0-255 (read_rgb gives that)")
+    image = image.astype(np.float32)
+    if not np.isfinite(image).all():
+        raise ConfigError(f"images[{index}] holds nan or inf values; expected finite "
+                                 "0-255")
+    low, high = float(image.min()), float(image.max())
+    if low < 0 or high > 255:
+        raise ConfigError(f"images[{index}] holds values {low:g}..{high:g}; expected "
+                                 "0-255 (read_rgb gives that)")
+    if image.dtype.kind == "f" and high <= 1 and np.asarray(image).any():
+        raise ConfigError(f"images[{index}] holds values {low:g}..{high:g}: scaled to "
+                                 "0-1? The model expects 0-255; multiply by 255")
+    return image
+
+
+def _metadata(path: Path, session) -> dict:
+    """The decoding metadata ``medaidet export`` wrote, checked against itself and against the
+    graph: every field there, of its type, the default boxes finite and sized, the graph's
+    ``image``/``locs``/``scores`` of the shapes they imply. A ``"file"`` WeightsError otherwise."""
+    def bad(what):
+        return WeightsError(f"{path} is not a model `medaidet export` wrote, or was changed "
+                            f"since: {what}. Export it again from its weights.", "file",
+                            path=path)
+
+    text = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+    if text is None:
+        raise WeightsError(f"{path} is an ONNX model, but not one `medaidet export` "
+                           "wrote: it has no default boxes to decode with", "file", path=path)
+    try:
+        meta = json.loads(text)
+    except ValueError as exc:
+        raise bad(f"its {METADATA_KEY!r} metadata is not JSON ({exc})") from None
+    need = {"model": str, "insize": int, "label_names": list, "default_boxes": list,
+            "variances": list, "top_k": int, "keep_top_k": int, "presets": dict}
+    if not isinstance(meta, dict):
+        raise bad(f"its metadata is a {type(meta).__name__}, not an object")
+    for key, kind in need.items():
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise bad(f"its metadata has no {key} of type {kind.__name__} ({meta.get(key)!r:.40})")
+    names = meta["label_names"]
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise bad(f"label_names {names!r:.80} are not class names")
+    if not 32 <= meta["insize"] <= 4096 or meta["top_k"] < 1 or meta["keep_top_k"] < 1:
+        raise bad(f"insize {meta['insize']}, top_k {meta['top_k']}, keep_top_k "
+                  f"{meta['keep_top_k']} (expected 32-4096 and positive caps)")
+    try:
+        boxes = np.asarray(meta["default_boxes"], dtype=np.float64)
+        variances = np.asarray(meta["variances"], dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise bad(f"its default boxes or variances are not numbers ({exc})") from None
+    if (boxes.ndim != 2 or boxes.shape[1] != 4 or not len(boxes)
+            or not np.isfinite(boxes).all() or (boxes[:, 2:] <= 0).any()):
+        raise bad(f"its default boxes (shape {boxes.shape}) are not K boxes (center y, center "
+                  "x, height, width) with finite values and positive sizes")
+    if variances.shape != (2,) or not np.isfinite(variances).all() or (variances <= 0).any():
+        raise bad(f"its variances {meta['variances']!r:.60} are not two positive numbers")
+    for preset, values in meta["presets"].items():
+        if (not isinstance(values, dict)
+                or not all(_is_fraction(values.get(k)) for k in ("score_thresh", "nms_thresh"))):
+            raise bad(f"its preset {preset!r} has no score_thresh and nms_thresh in [0, 1]")
+    expected = {"image": (1, 3, meta["insize"], meta["insize"]),
+                "locs": (1, len(boxes), 4), "scores": (1, len(boxes), len(names) + 1)}
+    found = {t.name: t.shape for t in session.get_inputs() + session.get_outputs()}
+    for name, shape in expected.items():
+        if name not in found:
+            raise bad(f"its graph has no {name!r} (it has {', '.join(sorted(found))})")
+        fixed = [(a, b) for a, b in zip(found[name], shape) if isinstance(a, int)]
+        if len(found[name]) != len(shape) or any(a != b for a, b in fixed):
+            raise bad(f"its {name!r} has shape {found[name]}, where the metadata implies "
+                      f"{shape} ({len(boxes)} default boxes, {len(names)} class name(s))")
+    return meta
+
+
+def _is_fraction(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0 <= value <= 1)
+
+
+class OnnxDetector:
+    """An SSD exported by ``medaidet export``, run with onnxruntime.
+
+    ``preset``: ``"evaluate"`` (score >= 0.01, what mAP and counts are computed from; the
+    default) or ``"visualize"`` (score >= 0.6); ``score_thresh``/``nms_thresh`` override it.
+    ``threads``: onnxruntime's threads per operator (None: its default, one per core).
+    ``label_names``, ``insize``, ``model`` (the SSD's name) come from the file.
+    """
+
+    def __init__(self, path, preset: str = "evaluate", score_thresh=None, nms_thresh=None,
+                 providers=("CPUExecutionProvider",), threads=None):
+        if not is_path(path):
+            raise ConfigError(f"path: {path!r} is not a file path; expected the .onnx "
+                                     "file `medaidet export` wrote (a str or os.PathLike)")
+        path = Path(os.fspath(path))
+        why = not_a_regular_file(path)
+        if why or not path.is_file():
+            raise WeightsError(f"{path} is {why}, not a model file" if why else
+                               f"no model at {path}: write one with `medaidet export "
+                               f"WEIGHTS --out {path}`", "file" if why else "missing", path=path)
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = check_number(threads, "threads", integer=True)
+        if score_thresh is not None:
+            check_number(score_thresh, "score_thresh", "probability")
+        if nms_thresh is not None and check_number(nms_thresh, "nms_thresh", "probability") == 0:
+            raise ConfigError("nms_thresh: 0 is out of range; expected a number in "
+                                     "(0, 1] (0 would keep one box per class)")
+        try:
+            self.session = onnxruntime.InferenceSession(str(path), options,
+                                                        providers=list(providers))
+        except Exception as exc:     # onnxruntime's own errors name no class worth catching
+            raise WeightsError(f"{path} is not an ONNX model onnxruntime can load "
+                               f"({type(exc).__name__}: {str(exc)[:200]})", "file",
+                               path=path) from None
+        meta = _metadata(path, self.session)
+        self.path = path
+        self.model = meta["model"]
+        self.insize = int(meta["insize"])
+        self.label_names = tuple(meta["label_names"])
+        self.default_boxes = np.asarray(meta["default_boxes"], dtype=np.float64)
+        self.variances = tuple(meta["variances"])
+        self.top_k, self.keep_top_k = meta["top_k"], meta["keep_top_k"]
+        if preset not in meta["presets"]:
+            raise ValueError(f"preset {preset!r}: expected one of {sorted(meta['presets'])}")
+        chosen = meta["presets"][preset]
+        self.score_thresh = chosen["score_thresh"] if score_thresh is None else score_thresh
+        self.nms_thresh = chosen["nms_thresh"] if nms_thresh is None else nms_thresh
+
+    def raw(self, images):
+        """The graph's outputs for ``images`` (each (3, H, W) RGB 0-255): ``(locs, scores,
+        sizes)``, (B, K, 4), (B, K, n_fg_class + 1) and each image's (H, W)."""
+        if isinstance(images, np.ndarray) and images.ndim == 3 or not isinstance(
+                images, (list, tuple, np.ndarray)):
+            raise ConfigError(f"images: expected a list of images (each (3, H, W)), got "
+                                     f"{type(images).__name__}; for one image pass [image]")
+        images = [_check_image(i, image) for i, image in enumerate(images)]
+        if not images:
+            k = len(self.default_boxes)
+            return (np.zeros((0, k, 4), np.float32),
+                    np.zeros((0, k, len(self.label_names) + 1), np.float32), [])
+        outputs = [self.session.run(["locs", "scores"],   # the graph takes one image
+                                    {"image": resize_image(image, self.insize)[None]})
+                   for image in images]
+        return (np.concatenate([locs for locs, _ in outputs]),
+                np.concatenate([scores for _, scores in outputs]),
+                [image.shape[1:] for image in images])
+
+    def predict(self, images):
+        """``(bboxes, labels, scores)``, one array per image, as ChainerCV's ``predict``:
+        float32 (R, 4) ``(y_min, x_min, y_max, x_max)`` in the image's pixels, int32 (R,),
+        float32 (R,)."""
+        locs, scores, sizes = self.raw(images)
+        bboxes, labels, out_scores = [], [], []
+        for loc, score, size in zip(locs, scores, sizes):
+            bbox, label, score = decode(loc, score, self.default_boxes, self.variances,
+                                        self.score_thresh, self.nms_thresh,
+                                        self.top_k, self.keep_top_k)
+            bboxes.append(resize_boxes(bbox, (self.insize, self.insize), size))
+            labels.append(label)
+            out_scores.append(score)
+        return bboxes, labels, out_scores
+
+    def count(self, image, score_thresh: float = COUNT_SCORE_THRESH) -> dict:
+        """Cells per class in ``image``: its detections scoring ``>= score_thresh``."""
+        score_thresh = check_number(score_thresh, "score_thresh", "probability")
+        _, labels, scores = self.predict([image])
+        counted = labels[0][scores[0] >= score_thresh]
+        return {name: int((counted == i).sum()) for i, name in enumerate(self.label_names)}
+
+
+# --------------------------------------------------------------------------- draw
+#
+# An image with its detections drawn in the course's class colours (Pillow only).
+
+def draw_detections(image, bboxes, labels, label_names, width: int = 2):
+    """``image`` (3, H, W) RGB 0-255 as a Pillow image with each box ``(y_min, x_min, y_max,
+    x_max)`` outlined in its class's colour and the count per class written at the top."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    picture = Image.fromarray(np.clip(image, 0, 255).astype(np.uint8).transpose(1, 2, 0))
+    pen = ImageDraw.Draw(picture)
+    for (y0, x0, y1, x1), label in zip(bboxes, labels):
+        pen.rectangle([float(x0), float(y0), float(x1), float(y1)],
+                      outline=CLASS_COLORS[label_names[label]], width=width)
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(label_names))
+    try:
+        font = ImageFont.load_default(size=max(12, picture.height // 28))
+    except TypeError:       # Pillow < 10.1: one size only
+        font = ImageFont.load_default()
+    x = 4
+    for name, n in zip(label_names, counts):
+        text = f"{name} {n}"
+        left, top, right, bottom = pen.textbbox((x, 4), text, font=font)
+        pen.rectangle([left - 3, top - 3, right + 3, bottom + 3], fill="white")
+        pen.text((x, 4), text, fill=CLASS_COLORS[name], font=font)
+        x = right + 12
+    return picture
+
+
+# --------------------------------------------------------------------------- parity
+#
+# Do two runtimes detect the same cells? A comparison that score ties cannot fail.
+#
+# chainer and onnxruntime compute an SSD's scores to within about 1e-7 of each other, not bit
+# for bit (they add up the products of a convolution in another order). Where two candidates of
+# a class score that close together, the two runtimes can sort them the other way round, and
+# both results are right:
+#
+# * two detections **swap places**: each class's detections are listed best first;
+# * NMS **keeps the other one** of two overlapping candidates (IoU >= its threshold): one box in
+#   place of another, at the same score.
+#
+# :func:`compare_detections` therefore matches detections image by image and class by class,
+# without regard to their order: a pair is *the same* when its boxes differ by at most
+# ``box_tol`` px and its scores by at most ``score_tol``; of what is left, a pair is *a tie*
+# when the two boxes overlap at IoU >= ``nms_thresh`` and their scores differ by at most
+# ``score_tol``. Anything else is a difference. The counts (detections scoring >= 0.5, per image
+# and class) must be equal. Boxes are ``(y_min, x_min, y_max, x_max)``. No chainer here.
+
+@dataclass
+class Parity:
+    """What :func:`compare_detections` found (``a`` and ``b``: the two runtimes' detections).
+
+    ``n_same``: pairs within ``box_tol`` px and ``score_tol``; ``n_ties``: pairs where NMS
+    kept the other of two overlapping, equally scored candidates; ``differences``: one line per
+    detection without a partner; ``box_difference``: the largest over the same pairs (px);
+    ``score_difference``: the largest over all pairs; ``count_differences``: one line per image
+    whose counts differ.
+    """
+    n_images: int
+    n_detections: tuple                 # (in a, in b)
+    n_same: int = 0
+    n_ties: int = 0
+    box_difference: float = 0.0
+    score_difference: float = 0.0
+    differences: list = field(default_factory=list)
+    count_differences: list = field(default_factory=list)
+
+    @property
+    def same(self) -> bool:
+        """Every detection has a partner, and every count is equal."""
+        return not self.differences and not self.count_differences
+
+    def __str__(self):
+        lines = [f"{self.n_images} images, {self.n_detections[0]} and {self.n_detections[1]} "
+                 f"detections: {self.n_same} the same (boxes within "
+                 f"{self.box_difference:.1e} px), {self.n_ties} tie{'' if self.n_ties == 1 else 's'} "
+                 "(NMS kept the other of two overlapping boxes scored alike), "
+                 f"{len(self.differences)} without a partner; "
+                 f"scores within {self.score_difference:.1e}; "
+                 + ("the same counts" if not self.count_differences else
+                    f"counts differ in {len(self.count_differences)} images")]
+        lines += [f"  {line}" for line in (self.differences + self.count_differences)[:10]]
+        return "\n".join(lines)
+
+
+def _greedy_pairs(cost, allowed):
+    """Pairs ``(i, j)`` taken cheapest first among the ``allowed`` ones, each index once."""
+    pairs, used_i, used_j = [], set(), set()
+    for flat in np.argsort(np.where(allowed, cost, np.inf), axis=None, kind="stable"):
+        i, j = np.unravel_index(flat, cost.shape)
+        if not allowed[i, j]:
+            break
+        if i not in used_i and j not in used_j:
+            pairs.append((int(i), int(j)))
+            used_i.add(i)
+            used_j.add(j)
+    return pairs
+
+
+def _counts(labels, scores, n_classes, thresh):
+    return np.bincount(np.asarray(labels)[np.asarray(scores) >= thresh], minlength=n_classes)
+
+
+def compare_detections(a, b, nms_thresh: float, box_tol: float = 0.5, score_tol: float = 1e-4,
+                       count_thresh: float = COUNT_SCORE_THRESH, names=None) -> Parity:
+    """Compare two runtimes' detections of the same images.
+
+    ``a``, ``b``: ``(bboxes, labels, scores)``, one array per image each, as ``predict``
+    returns them (float32 (R, 4), int32 (R,), float32 (R,)). ``nms_thresh``: the NMS threshold
+    both used. ``names``: the images' names for the report (default: their indices).
+    """
+    n_images = len(a[0])
+    if any(len(part) != n_images for part in (*a, *b)):
+        raise ConfigError(f"a and b must hold the same number of images ({n_images} in a's "
+                         f"boxes); got {[len(part) for part in (*a, *b)]}")
+    names = list(names) if names is not None else [str(i) for i in range(n_images)]
+    parity = Parity(n_images, (sum(map(len, a[1])), sum(map(len, b[1]))))
+    for image in range(n_images):
+        (boxes_a, labels_a, scores_a), (boxes_b, labels_b, scores_b) = (
+            [np.asarray(part[image]) for part in run] for run in (a, b))
+        n_classes = int(max(labels_a.max(initial=-1), labels_b.max(initial=-1))) + 1
+        for label in range(n_classes):
+            ia, ib = np.flatnonzero(labels_a == label), np.flatnonzero(labels_b == label)
+            box_a, box_b = boxes_a[ia].astype(np.float64), boxes_b[ib].astype(np.float64)
+            moved = np.abs(box_a[:, None] - box_b[None]).max(axis=2, initial=0.0)
+            rescored = np.abs(scores_a[ia][:, None].astype(np.float64) - scores_b[ib][None])
+            same = _greedy_pairs(moved, (moved <= box_tol) & (rescored <= score_tol))
+            left_a = np.setdiff1d(np.arange(len(ia)), [i for i, _ in same])
+            left_b = np.setdiff1d(np.arange(len(ib)), [j for _, j in same])
+            overlap = box_iou(box_a[left_a], box_b[left_b])
+            ties = _greedy_pairs(rescored[np.ix_(left_a, left_b)],
+                                 (overlap >= nms_thresh)
+                                 & (rescored[np.ix_(left_a, left_b)] <= score_tol))
+            parity.n_same += len(same)
+            parity.n_ties += len(ties)
+            parity.box_difference = max([parity.box_difference]
+                                        + [float(moved[i, j]) for i, j in same])
+            parity.score_difference = max(
+                [parity.score_difference] + [float(rescored[i, j]) for i, j in same]
+                + [float(rescored[left_a[i], left_b[j]]) for i, j in ties])
+            for side, left, index, boxes, scores in (
+                    ("a", left_a, ia, boxes_a, scores_a), ("b", left_b, ib, boxes_b, scores_b)):
+                paired = {i if side == "a" else j for i, j in ties}
+                for k in (k for n, k in enumerate(left) if n not in paired):
+                    parity.differences.append(
+                        f"{names[image]}: only {side} has class {label}'s box "
+                        f"{np.round(boxes[index[k]], 1).tolist()} (score {scores[index[k]]:.4g})")
+        counts_a = _counts(labels_a, scores_a, n_classes, count_thresh)
+        counts_b = _counts(labels_b, scores_b, n_classes, count_thresh)
+        if not np.array_equal(counts_a, counts_b):
+            parity.count_differences.append(f"{names[image]}: counts {counts_a.tolist()} in a, "
+                                            f"{counts_b.tolist()} in b")
+    return parity
+
+
+# --------------------------------------------------------------------------- onnx compat
+#
+# ``onnx_chainer`` (shipped with chainer 7.8.1) with today's ``onnx``.
+#
+# onnx 1.17 removed the module ``onnx.mapping``; ``onnx_chainer`` imports three tables from
+# it. :func:`apply_onnx_compat` puts a module of that name in place, built from the functions that replaced
+# the tables in ``onnx.helper``, when ``onnx`` no longer has one. Nothing else of
+# ``onnx_chainer`` needs changing for the SSDs of this course (tests/deploy checks the export
+# against chainer's outputs).
+
+def _mapping_module():
+    from onnx import helper
+
+    module = types.ModuleType("onnx.mapping")
+    module.__doc__ = "onnx.mapping's tables, rebuilt by medaidet.extras.deploy"
+    module.TENSOR_TYPE_TO_NP_TYPE, module.NP_TYPE_TO_TENSOR_TYPE = {}, {}
+    module.STORAGE_TENSOR_TYPE_TO_FIELD = {}
+    for tensor_type in helper.get_all_tensor_dtypes():
+        try:
+            np_type = helper.tensor_dtype_to_np_dtype(tensor_type)
+        except (KeyError, ValueError, TypeError):   # a type NumPy has no dtype for
+            continue
+        module.TENSOR_TYPE_TO_NP_TYPE[tensor_type] = np_type
+        module.NP_TYPE_TO_TENSOR_TYPE.setdefault(np_type, tensor_type)
+        # the old table named the field of the types that are stored as themselves only
+        if helper.tensor_dtype_to_storage_tensor_dtype(tensor_type) == tensor_type:
+            module.STORAGE_TENSOR_TYPE_TO_FIELD[tensor_type] = \
+                helper.tensor_dtype_to_field(tensor_type)
+    return module
+
+
+def apply_onnx_compat() -> bool:
+    """Give ``onnx`` its ``mapping`` module back when it has none; True when it was added."""
+    import onnx
+
+    if "onnx.mapping" in sys.modules or hasattr(onnx, "mapping"):
+        return False
+    module = _mapping_module()
+    sys.modules["onnx.mapping"] = module
+    onnx.mapping = module
+    return True
+
+
+# --------------------------------------------------------------------------- export
+#
+# An ONNX model of a trained SSD (``medaidet export``; notebook 09).
+#
+# :func:`export_onnx` reads the weights as ``evaluate`` does (the model is the one the file was
+# saved from), wraps the SSD so the graph takes the image's pixels and gives what decoding needs
+# (the mean subtracted inside; ``locs`` and the softmaxed ``scores``), traces it with the
+# ``onnx_chainer`` of the chainer build (:func:`apply_onnx_compat` makes it work with
+# today's ``onnx``), stores the default boxes, variances, class names and presets in the
+# model's metadata, checks the graph with ``onnx.checker`` and writes it atomically.
+
+#: The opsets offered (9 to 11); 11 is the default (onnxruntime and onnxruntime-web run it).
+#: onnx_chainer also writes 7 and 8, but their file format (IR 3) wants every weight listed as
+#: a graph input a caller could override, which this exporter does not write.
+OPSETS = range(9, 12)
+DEFAULT_OPSET = 11
+
+
+@dataclass(frozen=True)
+class ExportedModel:
+    """What :func:`export_onnx` wrote: ``path``, the model's name, input size and opset."""
+
+    path: Path
+    model: str
+    insize: int
+    opset: int
+    n_default_boxes: int
+
+    def __str__(self) -> str:
+        return (f"{self.path}: {self.model}, input 3x{self.insize}x{self.insize}, "
+                f"{self.n_default_boxes} default boxes, ONNX opset {self.opset}")
+
+
+def _check_opset(opset) -> int:
+    if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)) or opset not in OPSETS:
+        raise ConfigError(
+            f"opset: {opset!r}: medaidet exports ONNX opsets {OPSETS.start} to "
+            f"{OPSETS.stop - 1}; use {DEFAULT_OPSET} (onnxruntime and onnxruntime-web run it)")
+    return int(opset)
+
+
+def _pixels_in(ssd):
+    """A chain from one image's pixels (1, 3, S, S), 0-255, to ``(locs, scores)``."""
+    import chainer
+    import chainer.functions as F
+
+    class PixelsIn(chainer.Chain):
+        def __init__(self):
+            super().__init__()
+            with self.init_scope():
+                self.ssd = ssd
+            self.mean = np.asarray(ssd.mean, dtype=np.float32)[None]    # (1, 3, 1, 1)
+
+        def forward(self, image):
+            locs, confs = self.ssd(image - self.mean)
+            return locs, F.softmax(confs, axis=2)
+
+    return PixelsIn()
+
+
+def decoding_metadata(model) -> dict:
+    """What turns the model's outputs into detections, for the model's metadata."""
+    from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS
+    from medaidet.evaluation.protocol import COURSE_SCORE_THRESH, EVALUATE_SCORE_THRESH
+    from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
+
+    coder = model.coder
+    return {
+        "model": model.name, "insize": int(model.insize),
+        "label_names": list(BCCD_LABEL_NAMES),
+        "class_colors": [CLASS_COLORS[name] for name in BCCD_LABEL_NAMES],
+        "default_boxes": np.asarray(coder._default_bbox, dtype=np.float64).tolist(),
+        "variances": [float(v) for v in coder._variance],
+        "presets": {"evaluate": {"score_thresh": EVALUATE_SCORE_THRESH,
+                                 "nms_thresh": model.nms_thresh},
+                    "visualize": {"score_thresh": COURSE_SCORE_THRESH,
+                                  "nms_thresh": model.nms_thresh}},
+        "top_k": DEFAULT_TOP_K, "keep_top_k": DEFAULT_KEEP_TOP_K,
+        "box_order": "y_min, x_min, y_max, x_max",
+    }
+
+
+def _add_default_boxes_output(graph, default_boxes) -> None:
+    """A third output, ``default_boxes`` (K, 4) ``(center y, center x, height, width)`` in the
+    input's pixels: a constant, for runtimes that cannot read the metadata (a browser)."""
+    import onnx
+    from onnx import numpy_helper
+
+    boxes = np.asarray(default_boxes, dtype=np.float32)
+    graph.graph.initializer.append(numpy_helper.from_array(boxes, "default_boxes_value"))
+    graph.graph.node.append(onnx.helper.make_node("Identity", ["default_boxes_value"],
+                                                  ["default_boxes"]))
+    graph.graph.output.append(onnx.helper.make_tensor_value_info(
+        "default_boxes", onnx.TensorProto.FLOAT, list(boxes.shape)))
+
+
+def _writable(out: Path) -> Path:
+    """``out``, once its folder exists and can be written: an ``OSError`` naming it if not."""
+    if out.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder; give the .onnx file to write",
+                                str(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise PermissionError(errno.EACCES, "cannot be written here (permission denied); "
+                              "choose another --out", str(out))
+    return out
+
+
+def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> ExportedModel:
+    """Write the SSD trained into ``weights`` (a model-only ``.npz``) as ONNX to ``out``.
+
+    Raises :class:`~medaidet.errors.ConfigError` (``opset`` outside 9-11),
+    a ``"missing"`` WeightsError (no file at
+    ``weights``) and the weight loader's named errors (a file that is not the weights of an
+    SSD of this course), and ``OSError`` naming ``out`` when it cannot be written; all
+    before anything is written. A failed write leaves no partial file.
+    """
+    import chainer
+    import onnx
+
+    from medaidet.evaluation.predictions import load_model
+    from medaidet.files import atomic_file, check_output
+
+    opset = _check_opset(opset)
+    out = _writable(Path(os.fspath(out)))
+    check_output(out, inputs=(weights,))
+    model = load_model(weights, model_name=model_name, device="cpu")
+    metadata = decoding_metadata(model)   # now: wrapped, the link is renamed "ssd"
+    apply_onnx_compat()
+    import onnx_chainer
+
+    x = np.zeros((1, 3, model.insize, model.insize), dtype=np.float32)
+    with chainer.using_config("train", False):
+        graph = onnx_chainer.export(_pixels_in(model), x, opset_version=opset,
+                                    input_names=["image"], output_names=["locs", "scores"])
+    # the weights are constants (initializers), not inputs a caller could override
+    constants = {t.name for t in graph.graph.initializer}
+    inputs = [i for i in graph.graph.input if i.name not in constants]
+    del graph.graph.input[:]
+    graph.graph.input.extend(inputs)
+    _add_default_boxes_output(graph, metadata["default_boxes"])
+    # the oldest file format that holds this opset, not onnx's newest: older runtimes (a
+    # browser's onnxruntime-web lags onnxruntime) read it
+    graph.ir_version = onnx.helper.find_min_ir_version_for(list(graph.opset_import))
+    onnx.helper.set_model_props(graph, {METADATA_KEY: json.dumps(metadata)})
+    graph.doc_string = (f"medaidet {metadata['model']} for BCCD (rbc, wbc, platelets): image "
+                        f"(1, 3, {model.insize}, {model.insize}) RGB 0-255 -> locs, scores")
+    onnx.checker.check_model(graph)
+    data = io.BytesIO()
+    onnx.save(graph, data)
+    with atomic_file(out, inputs=(weights,)) as f:
+        f.write(data.getvalue())
+    return ExportedModel(out, metadata["model"], int(model.insize), opset,
+                         len(model.coder._default_bbox))
