@@ -39,15 +39,13 @@ __all__ = ["validate_dataset"]
 # --------------------------------------------------------------------------- the checks
 
 class _Image:
-    """What the validator learns about one id."""
+    """What the validator learns about one id: its annotation, the real image's (height,
+    width) and bands, the CheckedAnnotation, and whether the loader refuses it."""
 
     def __init__(self, image_id):
         self.id = image_id
-        self.annotation = None
-        self.size = None             # (height, width) of the real image
-        self.bands = None
-        self.checked = None          # CheckedAnnotation
-        self.refused = False         # the loader raises for it
+        self.annotation = self.size = self.bands = self.checked = None
+        self.refused = False
 
 
 class _Validation:
@@ -68,6 +66,9 @@ class _Validation:
         for split in ("train", "val", "test"):
             for image_id in self.split_ids[split]:
                 self.splits_of[image_id].append(split)
+        for image_id in self.split_ids["trainval"]:    # listed in trainval alone: loaded too
+            if not set(self.splits_of[image_id]) & {"train", "val"}:
+                self.splits_of[image_id].append("trainval")
 
     # ---- files, annotations, per-object checks
     def read_files(self):

@@ -197,3 +197,17 @@ def test_an_image_without_objects_is_not_missing_a_class(tmp_path):
     assert _cli_validate(str(root)).returncode == 0
 
 
+
+
+def test_an_id_listed_in_trainval_alone_is_validated(tmp_path, bccd_root):
+    """BCCDDataset(split="trainval") loads it, so the report checks it too."""
+    import shutil
+    ids = ["BloodImage_00000", "BloodImage_00001"]
+    for folder, suffix in (("Annotations", "xml"), ("JPEGImages", "jpg")):
+        (tmp_path / folder).mkdir()
+        for image_id in ids:
+            shutil.copy(bccd_root / folder / f"{image_id}.{suffix}", tmp_path / folder)
+    (tmp_path / "ImageSets" / "Main").mkdir(parents=True)
+    (tmp_path / "ImageSets" / "Main" / "train.txt").write_text(ids[0] + "\n")
+    (tmp_path / "ImageSets" / "Main" / "trainval.txt").write_text("\n".join(ids) + "\n")
+    assert validate_dataset(tmp_path).images == 2
