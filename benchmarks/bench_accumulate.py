@@ -28,7 +28,7 @@ from medaidet.data.bccd import BCCDDataset
 from medaidet.training.accumulation import AccumulatingUpdater
 from medaidet.training.memory import PeakMemory
 from medaidet.ssd.model import build_ssd
-from medaidet.ssd.weight_files import materialize
+from medaidet.ssd.weights import materialize
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform
 

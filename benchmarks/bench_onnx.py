@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     from medaidet.extras.deploy import export_onnx
     from medaidet.evaluation.predictions import load_model
     from medaidet.ssd.predict import predict
-    from medaidet.ssd.pretrained import shipped_weights
+    from medaidet.ssd.weights import shipped_weights
 
     quiet_annotation_warnings()
     weights = args.weights or shipped_weights("ssd_small")

@@ -74,14 +74,20 @@ def test_a_trickling_server_meets_the_deadline(liar):
     assert time.monotonic() - began < 10   # each byte arrives within the socket timeout
 
 
-def test_imagenet_downloads_are_capped_at_about_twice_the_largest_file(liar, tmp_path,
-                                                                          monkeypatch):
+def test_weight_downloads_are_capped_at_about_twice_the_largest_file(liar, tmp_path):
     from dataclasses import replace
 
-    from medaidet.ssd import pretrained as imagenet
-    source = replace(imagenet.SOURCES[1], url=f"{liar}/huge")
-    assert 1e9 < imagenet.MAX_DOWNLOAD_BYTES < 1.2e9
-    with pytest.raises(WeightsError, match="announces 10000000000000 bytes") as info:
-        imagenet._download(source, tmp_path / "vgg16.safetensors", progress=False, timeout=5)
+    import chainer
+
+    from medaidet.ssd import weights
+    source = replace(weights.SOURCES["ssd300", "imagenet"][1], url=f"{liar}/huge")
+    assert 1e9 < weights.MAX_DOWNLOAD_BYTES < 1.2e9
+    old = chainer.dataset.get_dataset_root()
+    chainer.dataset.set_dataset_root(str(tmp_path))
+    try:
+        with pytest.raises(WeightsError, match="announces 10000000000000 bytes") as info:
+            weights._download(source, progress=False, timeout=5)
+    finally:
+        chainer.dataset.set_dataset_root(old)
     assert info.value.kind == "source"
-    assert list(tmp_path.iterdir()) == []          # nothing written, nothing left behind
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []   # nothing left behind

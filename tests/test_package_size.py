@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures after the last step of docs/design.md's table: lower them with every step
-CEILINGS = {"lines": 15_554, "characters": 760_190, "core lines": 13_163}
+CEILINGS = {"lines": 15_001, "characters": 733_687, "core lines": 12_610}
 
 
 def _figures():

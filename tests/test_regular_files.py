@@ -15,7 +15,7 @@ from medaidet.data.image import decode_image, read_image_size
 from medaidet.data.yolo import parse_yolo_labels
 from medaidet.errors import DataError, WeightsError
 from medaidet.files import not_a_regular_file
-from medaidet.ssd.npz_files import read_arrays
+from medaidet.ssd.weights import read_arrays
 
 
 def raised_within(call, seconds=10):

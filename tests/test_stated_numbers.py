@@ -88,7 +88,7 @@ def test_training_profiles():
 def test_default_box_sizes_and_the_small_ssd():
     from medaidet.ssd.model import build_ssd
     from medaidet.ssd.small import SIZES, SSD300_SIZES, SSDSmall
-    from medaidet.ssd.weight_files import materialize
+    from medaidet.ssd.weights import materialize
 
     assert stated("04", r"SSD300's smallest boxes are (\d+) px; the small\s+SSD's start at "
                         r"(\d+) px") == (SSD300_SIZES[0], SIZES[0])

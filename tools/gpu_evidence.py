@@ -100,10 +100,10 @@ def loss_check(device: str) -> dict:
 
 
 def compare(a: str, b: str) -> dict:
-    """Two runs' weights (medaidet.ssd.weight_files.compare_weights) and logged losses."""
+    """Two runs' weights (medaidet.ssd.weights.compare_weights) and logged losses."""
     from pathlib import Path
 
-    from medaidet.ssd.weight_files import compare_weights
+    from medaidet.ssd.weights import compare_weights
     weights = compare_weights(Path(a) / "model.npz", Path(b) / "model.npz")
     logs = [json.loads((Path(d) / "metrics.json").read_text())["log"] for d in (a, b)]
     la, lb = ([e.get("main/loss") for e in log] for log in logs)

@@ -26,8 +26,7 @@ from measure_detector import measure  # tools/, beside this file
 
 from medaidet.evaluation.analysis import images_missing_class
 from medaidet.evaluation.predictions import load_model
-from medaidet.ssd.pretrained import SHIPPED_WEIGHTS
-from medaidet.ssd.weight_files import save_weights
+from medaidet.ssd.weights import SHIPPED_WEIGHTS, save_weights
 from medaidet.ssd.small import SIZES
 from medaidet.training.config import TrainConfig
 

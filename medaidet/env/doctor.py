@@ -168,23 +168,6 @@ def check_opencv(f: Facts) -> Check:
                  "import medaidet (it calls cv2.setNumThreads(0)), or call cv2.setNumThreads(0)")
 
 
-def check_imagenet(f: Facts) -> Check:
-    """Where SSD300's ImageNet VGG-16 would come from (the full profile's start)."""
-    if f.imagenet_error:
-        return Check("imagenet", "skip", f"chainer does not import ({f.imagenet_error})")
-    usable = [(name, state) for name, _, state in f.imagenet
-              if state.startswith(("cached", "reachable"))]
-    listed = "; ".join(f"{name}: {state}" for name, _, state in f.imagenet)
-    if usable:
-        return Check("imagenet", "ok", f"SSD300 would start from {usable[0][0]} "
-                     f"({usable[0][1].split(' (')[0]}). {listed}")
-    return Check("imagenet", "warn", f"no source cached or reachable: {listed}",
-                 "the full profile (SSD300 from ImageNet) needs one: place one of these files "
-                 "in ChainerCV's model cache ($CHAINER_DATASET_ROOT/pfnet/chainercv/models): "
-                 + ", ".join(url for _, url, _ in f.imagenet)
-                 + "; the cpu and smoke profiles need none")
-
-
 def check_compat(f: Facts) -> Check:
     done = "; ".join(f"{name}: {detail}" for name, detail in f.compat_actions)
     return Check("compat", "ok", done or "nothing needed")
@@ -208,7 +191,7 @@ def check_gpu_smoke(f: Facts) -> Check:
 
 
 CHECKS = (check_python, check_numpy, check_chainer, check_chainercv, check_cupy,
-          check_cuda_available, check_cudnn, check_gpu, check_opencv, check_imagenet,
+          check_cuda_available, check_cudnn, check_gpu, check_opencv,
           check_compat)
 
 

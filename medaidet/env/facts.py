@@ -46,8 +46,6 @@ class Facts:
     cv2_threads: object = None
     cv2_error: str = ""
     compat_actions: list = field(default_factory=list)  # [(name, detail)]
-    imagenet: list = field(default_factory=list)  # [(source, its URL, state)]
-    imagenet_error: str = ""             # why the sources could not be looked at
     smoke: object = None                 # gpu smoke result dict; None: not run
     gather_errors: list = field(default_factory=list)
 
@@ -139,15 +137,6 @@ def _gather_opencv(f: Facts) -> None:
         f.cv2, f.cv2_error = installed_version("opencv-python-headless") or "?", error_text(exc)
 
 
-def _gather_imagenet(f: Facts) -> None:
-    try:
-        from medaidet.ssd.pretrained import imagenet_status
-    except ImportError as exc:     # no chainer stack yet
-        f.imagenet_error = error_text(exc)
-        return
-    f.imagenet = [(s.describe(), s.url, state) for s, state in imagenet_status()]
-
-
 def _gather_compat(f: Facts) -> None:
     f.compat_actions = [(a.name, a.detail) for a in compat.apply()]
 
@@ -157,7 +146,7 @@ def gather_facts(gpu_smoke: bool = False) -> Facts:
     ``gather_errors`` and the doctor reports it as a failed line."""
     f = Facts()
     parts = {"compat": _gather_compat, "stack": _gather_stack, "cuda": _gather_cuda,
-             "opencv": _gather_opencv, "imagenet": _gather_imagenet}
+             "opencv": _gather_opencv}
     for name, part in parts.items():
         try:
             part(f)

@@ -27,8 +27,7 @@ from medaidet.errors import ConfigError, WeightsError
 from medaidet.evaluation.protocol import EVALUATE_SCORE_THRESH
 from medaidet.ssd.model import build_ssd, model_of_weights
 from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, predict
-from medaidet.ssd.pretrained import shipped_weights
-from medaidet.ssd.weight_files import load_weights
+from medaidet.ssd.weights import load_weights, shipped_weights
 
 __all__ = ["Predictions", "checked", "predict_split", "bootstrap", "paired_bootstrap",
            "load_model", "course_weights", "missing_weights_error"]
@@ -320,7 +319,7 @@ def course_weights(profile: str, run_dir) -> tuple:
 
     * ``'full'`` and ``'cpu'``: ``<run_dir>/<profile>/model.npz`` when notebook 03 trained
       it, else the small SSD's weights that ship with medaidet
-      (:func:`~medaidet.ssd.pretrained.shipped_weights`), so that either notebook also runs
+      (:func:`~medaidet.ssd.weights.shipped_weights`), so that either notebook also runs
       opened alone (on Colab each notebook has a runtime of its own).
     * ``'smoke'``: the shipped weights: the smoke run's model saw 4 images for 4 iterations
       and has nothing to show.

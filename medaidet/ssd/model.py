@@ -8,23 +8,17 @@ BCCD classes) and loads one of:
   ChainerCV: the parameters get their shapes on the first forward pass).
 * ``'imagenet'``: ImageNet VGG-16 weights for the extractor's VGG layers, the rest random
   (what ``SSD300(n_fg_class, pretrained_model='imagenet')`` loads), from the first source
-  that works: the cache, ChainerCV's server, timm's file, converted
-  (:mod:`medaidet.ssd.pretrained`); the report says which.
+  that works (:data:`medaidet.ssd.weights.SOURCES`); the report says which.
 * ``'voc0712'``: every parameter of ChainerCV's PASCAL VOC model *except the class-score
   heads* (``multibox/conf/*``), which keep their random initialization. ChainerCV refuses
   these weights unless ``n_fg_class == 20``; the box regressors (``multibox/loc``)
-  and the whole extractor do not depend on the classes, so they are reused. (The heads
-  are skipped even with ``n_fg_class=20``: for VOC's own detector use ChainerCV's
-  ``SSD300(pretrained_model='voc0712')``.)
-* a path to an ``.npz`` file: a model-only weight file
-  (:func:`~medaidet.ssd.weight_files.save_weights`) of a model with the same architecture and
-  classes, loaded completely; a ``.sha256`` sidecar is verified.
+  and the whole extractor do not depend on the classes, so they are reused.
+* a path to an ``.npz`` file: a model-only weight file (:func:`~medaidet.ssd.weights.save_weights`)
+  of a model with the same architecture and classes, loaded completely; a ``.sha256``
+  sidecar is verified.
 
-Where the named weights come from (ImageNet, VOC): :mod:`medaidet.ssd.pretrained`. How a
-weight file is read
-and checked: :mod:`medaidet.ssd.weight_files`. What was loaded is described by a
-:class:`~medaidet.ssd.weight_files.WeightsReport` (``model.weights_report``, also logged at
-INFO level).
+What was loaded is a :class:`~medaidet.ssd.weights.WeightsReport` (``model.weights_report``,
+also logged at INFO level).
 """
 from __future__ import annotations
 
@@ -38,11 +32,10 @@ from chainercv.links import SSD300, SSD512
 
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.ssd import MODEL_NAMES
-from medaidet.ssd.pretrained import check_pretrained, imagenet_weights, pretrained_file
-from medaidet.ssd.small import SSDSmall
 from medaidet.errors import WeightsError
-from medaidet.ssd.weight_files import load_all_but_class_heads, load_backbone, load_weights
-from medaidet.ssd.npz_files import what_file_is
+from medaidet.ssd.small import SSDSmall
+from medaidet.ssd.weights import (CLASS_HEADS, check_pretrained, load_weights, pretrained_file,
+                                  what_file_is)
 
 __all__ = ["MODELS", "build_ssd", "model_of_weights"]
 
@@ -83,25 +76,21 @@ def build_ssd(name: str = "ssd300", pretrained=None,
         raise ValueError(f"n_fg_class must be a positive int, got {n_fg_class!r}")
     n_fg_class = int(n_fg_class)
 
+    model = cls(n_fg_class=n_fg_class)
     if pretrained is None:
-        model = cls(n_fg_class=n_fg_class)
         report = None
-    elif pretrained == "imagenet":
-        path, source, how = imagenet_weights()
-        model = cls(n_fg_class=n_fg_class)
-        report = load_backbone(model, path, origin=f"{source.describe()}, {how}")
-    elif pretrained == "voc0712":
-        path = pretrained_file(name, "voc0712")
-        model = cls(n_fg_class=n_fg_class)
-        report = load_all_but_class_heads(model, path)
+    elif pretrained in ("imagenet", "voc0712"):
+        path, source, how = pretrained_file(name, pretrained)
+        report = load_weights(model, path, origin=f"{source.describe()}, {how}",
+                              backbone=pretrained == "imagenet",
+                              skip=CLASS_HEADS if pretrained == "voc0712" else None)
     else:
         path = Path(os.fspath(pretrained))
         if not path.is_file():
             raise WeightsError(
                 f"no weight file at {path}: pretrained must be None, 'imagenet', 'voc0712' "
-                f"or the path of an .npz saved by medaidet.ssd.weight_files.save_weights",
+                f"or the path of an .npz saved by medaidet.ssd.weights.save_weights",
                 "missing", path=path)
-        model = cls(n_fg_class=n_fg_class)
         report = load_weights(model, path)
 
     model.weights_report = report

@@ -57,7 +57,7 @@ import numpy as np
 from chainercv.links.model.ssd import Multibox, Normalize
 
 from medaidet.ssd import PRECISIONS
-from medaidet.ssd.weight_files import materialize
+from medaidet.ssd.weights import materialize
 
 __all__ = ["PRECISIONS", "set_precision", "precision_of", "use_loss_scaling",
            "skipped_update", "use_tf32", "HalfConvolution2D", "HalfDilatedConvolution2D",

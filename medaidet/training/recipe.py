@@ -34,7 +34,7 @@ from medaidet.ssd.precision import set_precision, use_loss_scaling
 from medaidet.ssd.predict import CappedPredictor
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform, TrainTransform
-from medaidet.ssd.weight_files import materialize
+from medaidet.ssd.weights import materialize
 from medaidet.training.accumulation import AccumulatingUpdater
 from medaidet.training.config import TrainConfig
 from medaidet.training.divergence import StopOnNonFinite

@@ -6,7 +6,7 @@
 first nan or inf: :mod:`medaidet.training.divergence`), and writes to ``config.out``:
 
 * ``model.npz`` + ``model.npz.sha256``: model-only weights
-  (:func:`medaidet.ssd.weight_files.save_weights`), what evaluation, counting and
+  (:func:`medaidet.ssd.weights.save_weights`), what evaluation, counting and
   ``build_ssd(pretrained=PATH)`` load;
 * ``snapshot_latest.npz``: the whole trainer with the random states
   (:mod:`medaidet.training.snapshot`), every ``snapshot_interval`` epochs and at the end;
@@ -36,7 +36,7 @@ from medaidet.device import resolve_device
 from medaidet.files import write_files
 from medaidet.ssd import PRETRAINED
 from medaidet.ssd.precision import use_tf32
-from medaidet.ssd.weight_files import save_weights
+from medaidet.ssd.weights import save_weights
 from medaidet.training.recipe import Recipe
 from medaidet.training.config import WEIGHTS_NAME, TrainConfig
 from medaidet.errors import ConfigError, WeightsError
@@ -59,7 +59,7 @@ def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
     puts its flag there). Returns the output folder and the dataset root, both resolved
     (once: the recipe reads the data from this root). Raises
     :class:`~medaidet.errors.ConfigError`, a ``"snapshot"`` WeightsError,
-    :class:`medaidet.ssd.weight_files.WeightsError` or
+    :class:`medaidet.ssd.weights.WeightsError` or
     a ``"not_found"`` DataError."""
     if resume is not None and config.communicator is not None:
         raise WeightsError("resume: resuming a multi-process (ChainerMN) run is not "

@@ -23,7 +23,7 @@ import chainer
 import numpy as np
 
 from medaidet.errors import WeightsError
-from medaidet.ssd.npz_files import check_sizes, what_file_is
+from medaidet.ssd.weights import check_sizes, what_file_is
 
 __all__ = ["SNAPSHOT_NAME", "RandomStateExtension", "check_snapshot_file",
            "check_weights_file", "load_snapshot", "snapshot_iteration"]
@@ -87,7 +87,7 @@ def _npz_entries(path: Path, name: str, expected: str, kind: str) -> list:
     """The array names in the ``.npz`` at ``path`` (its zip directory only: no array is
     read). Raises a :class:`~medaidet.errors.WeightsError` of ``kind`` naming ``name`` when
     it is missing, a folder, not a zip (what it is instead:
-    :func:`medaidet.ssd.npz_files.what_file_is`) or truncated."""
+    :func:`medaidet.ssd.weights.what_file_is`) or truncated."""
     def fail(problem):
         return WeightsError(f"{name}: {path} {problem}; expected {expected}", kind, path=path)
 
@@ -126,7 +126,7 @@ def check_weights_file(path, name: str = "pretrained") -> Path:
     """``path`` if it looks like a model-only weight file (an ``.npz``), else
     a ``"missing"`` WeightsError or
     a ``"file"`` WeightsError naming ``name``. Reads only the zip
-    directory; :func:`medaidet.ssd.weight_files.load_weights` checks every array when it loads."""
+    directory; :func:`medaidet.ssd.weights.load_weights` checks every array when it loads."""
     path = Path(path)
     if not path.exists():
         raise WeightsError(f"{name}: {path} does not exist; expected "

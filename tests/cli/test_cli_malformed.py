@@ -45,7 +45,7 @@ def files(tmp_path_factory, bccd_root, txl_root):
     made["empty"] = d / "empty.npz"
     made["empty"].write_bytes(b"")
     from medaidet.ssd.model import build_ssd
-    from medaidet.ssd.weight_files import save_weights
+    from medaidet.ssd.weights import save_weights
     model = build_ssd("ssd300", pretrained=None)
     made["weights"] = d / "model.npz"
     save_weights(model, made["weights"])

@@ -19,8 +19,8 @@ from medaidet.extras.deploy import export_onnx
 from medaidet.extras.deploy import compare_detections
 from medaidet.evaluation.predictions import load_model, predict_split
 from medaidet.ssd.model import build_ssd
-from medaidet.ssd.pretrained import shipped_weights
-from medaidet.ssd.weight_files import materialize, save_weights
+from medaidet.ssd.weights import shipped_weights
+from medaidet.ssd.weights import materialize, save_weights
 
 from conftest import REPO
 

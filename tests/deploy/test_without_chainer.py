@@ -7,7 +7,7 @@ import pytest
 
 from medaidet.extras.deploy import OnnxDetector, read_rgb
 from medaidet.extras.deploy import export_onnx
-from medaidet.ssd.pretrained import shipped_weights
+from medaidet.ssd.weights import shipped_weights
 
 from conftest import REPO, python312
 

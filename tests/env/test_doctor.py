@@ -24,7 +24,7 @@ OURS_CHAINER = sources.CHAINER.wheel_version
 OURS_CHAINERCV = sources.CHAINERCV.wheel_version
 GPU_LINES = ("cuda_available", "cudnn", "gpu")
 ALL_NAMES = ("python", "numpy", "chainer", "chainercv", "cupy", "cuda_available", "cudnn",
-             "gpu", "opencv", "imagenet", "compat")
+             "gpu", "opencv", "compat")
 
 
 def cpu_facts(**over) -> Facts:
@@ -263,27 +263,6 @@ def test_opencv_threads(threads, status):
     line = doctor.check_opencv(cpu_facts(cv2="4.12.0", cv2_threads=threads))
     assert line.status == status
     assert doctor.check_opencv(cpu_facts()).found == "not installed: PIL is used for image I/O"
-
-
-IMAGENET = [("ChainerCV's model server", "http://a/x.npz", "unreachable (refused)"),
-            ("timm's vgg16.tv_in1k (converted)", "http://c/model.safetensors", "reachable")]
-
-
-def test_imagenet_names_the_first_usable_source():
-    line = doctor.check_imagenet(cpu_facts(imagenet=IMAGENET))
-    assert line.status == "ok"
-    assert line.found.startswith("SSD300 would start from timm's vgg16.tv_in1k (converted) "
-                                 "(reachable).")
-    assert "ChainerCV's model server: unreachable (refused)" in line.found
-
-
-def test_imagenet_without_any_source_warns_with_every_url():
-    facts = cpu_facts(imagenet=[(n, u, "unreachable (offline)") for n, u, _ in IMAGENET])
-    line = doctor.check_imagenet(facts)
-    assert line.status == "warn" and line.found.startswith("no source cached or reachable")
-    assert all(url in line.fix for _, url, _ in IMAGENET) and "cpu and smoke" in line.fix
-    assert doctor.check_imagenet(cpu_facts(imagenet_error="No module named 'chainer'")
-                                 ).status == "skip"
 
 
 def test_gpu_smoke_results():

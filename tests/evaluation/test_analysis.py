@@ -178,7 +178,7 @@ def test_images_set_aside_and_subsets():
 
 
 def test_real_run_on_bccd_test_images(bccd_root):
-    from medaidet.ssd.pretrained import shipped_weights
+    from medaidet.ssd.weights import shipped_weights
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -112,7 +112,7 @@ def test_set_aside_says_how_many_images_lack_each_class():
 
 def test_count_weights_sets_aside_the_images_the_validator_flags(bccd_root):
     from medaidet.evaluation.runs import count_weights
-    from medaidet.ssd.pretrained import SHIPPED_WEIGHTS
+    from medaidet.ssd.weights import SHIPPED_WEIGHTS
 
     result, _ = count_weights(SHIPPED_WEIGHTS["ssd_small", "bccd"], split="test", progress=False)
     assert sorted(result.set_aside) == ["BloodImage_00135", "BloodImage_00171",
@@ -300,7 +300,7 @@ def test_cli_parser_registers_count():
 @pytest.mark.slow(seconds=17)
 def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
     from medaidet.ssd.model import build_ssd
-    from medaidet.ssd.weight_files import save_weights
+    from medaidet.ssd.weights import save_weights
     np.random.seed(0)
     weights = tmp_path / "ssd300_random.npz"
     save_weights(build_ssd("ssd300", n_fg_class=3), weights)
@@ -393,7 +393,7 @@ def test_count_and_evaluate_check_their_arguments_once(monkeypatch, bccd_root):
     """check_run runs once per command: count_weights and evaluate_weights predict through
     predict_run, which takes the checked arguments, not predict_weights, which checks again."""
     from medaidet.evaluation import runs
-    from medaidet.ssd.pretrained import SHIPPED_WEIGHTS
+    from medaidet.ssd.weights import SHIPPED_WEIGHTS
 
     calls = []
     real = runs.check_run

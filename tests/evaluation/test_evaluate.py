@@ -176,7 +176,7 @@ def test_cli_parser_registers_evaluate():
 @pytest.fixture(scope="module")
 def random_weights(tmp_path_factory):
     from medaidet.ssd.model import build_ssd
-    from medaidet.ssd.weight_files import save_weights
+    from medaidet.ssd.weights import save_weights
     np.random.seed(0)
     model = build_ssd("ssd300", n_fg_class=3)
     path = tmp_path_factory.mktemp("weights") / "ssd300_random.npz"
@@ -211,7 +211,7 @@ def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_pat
 def test_the_model_is_read_from_the_weights(bccd_root, tmp_path, capsys):
     from medaidet.cli import main
     from medaidet.ssd.model import build_ssd
-    from medaidet.ssd.weight_files import save_weights
+    from medaidet.ssd.weights import save_weights
 
     np.random.seed(0)
     save_weights(build_ssd("ssd_small"), tmp_path / "small.npz")
@@ -401,7 +401,7 @@ def test_cli_without_room_for_the_figure_leaves_neither_result_file(bccd_root, t
     import subprocess
     import sys
 
-    from medaidet.ssd.pretrained import shipped_weights
+    from medaidet.ssd.weights import shipped_weights
 
     def limit_file_size():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past it fails with EFBIG

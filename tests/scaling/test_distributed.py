@@ -488,7 +488,7 @@ def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
     tolerance (the loss is normalised by the positives of all ranks -- the two images
     have different numbers of cells, so a per-rank normalisation would not match --, the
     gradients are averaged, and rank 0's weights are broadcast before the first step)."""
-    from medaidet.ssd.weight_files import compare_weights
+    from medaidet.ssd.weights import compare_weights
     from medaidet.training.config import TrainConfig
     from medaidet.training.run import train
 

@@ -14,12 +14,11 @@ from dataclasses import replace
 import chainer
 import numpy as np
 import pytest
-from vgg_files import torchvision_vgg16, write_vgg_file
+from vgg_files import timm_layout, torchvision_vgg16, write_vgg_file
 
-from medaidet.ssd import pretrained as imagenet
-from medaidet.ssd.pretrained import SOURCES, imagenet_status, imagenet_weights
+from medaidet.ssd import weights
 from medaidet.ssd.model import build_ssd
-from medaidet.ssd.vgg_weights import CHAINERCV_SHAPES, convert_vgg16
+from medaidet.ssd.weights import SOURCES, VGG16_SHAPES, convert_vgg16, pretrained_file
 from medaidet.errors import WeightsError
 
 
@@ -37,9 +36,9 @@ def served(state, tmp_path_factory):
     """A folder served on 127.0.0.1 holding each publisher's file (and ChainerCV's layout)."""
     root = tmp_path_factory.mktemp("www")
     write_vgg_file(state, root / "model.safetensors")
-    converted, _ = convert_vgg16(state)
+    converted = convert_vgg16(timm_layout(state))
     np.savez(root / "ssd_vgg16_imagenet_converted_2017_06_09.npz",
-             **{k: v for k, v in converted.items() if k in CHAINERCV_SHAPES})
+             **{k: v for k, v in converted.items() if k in VGG16_SHAPES})
     np.savez(root / "not_vgg.npz", **{"extractor/conv1_1/W": np.zeros((8, 3, 3, 3))})
     handler = functools.partial(Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -69,7 +68,7 @@ def sources(served, chainercv="closed", timm="good"):
     files = {"chainercv": "ssd_vgg16_imagenet_converted_2017_06_09.npz",
              "timm": "model.safetensors"}
     out = []
-    for source, how in zip(SOURCES, (chainercv, timm), strict=True):
+    for source, how in zip(SOURCES["ssd300", "imagenet"], (chainercv, timm), strict=True):
         name = files[source.name]
         url = {"closed": closed_port_url(name), "404": f"{base}/missing/{name}",
                "not-vgg": f"{base}/not_vgg.npz"}.get(how, f"{base}/{name}")
@@ -100,7 +99,7 @@ def params(model):
 def test_chainercv_unreachable_builds_from_timms_file(served, state, cache, monkeypatch,
                                                       caplog):
     chain = sources(served, chainercv="closed")
-    monkeypatch.setattr(imagenet, "SOURCES", chain)
+    monkeypatch.setitem(weights.SOURCES, ("ssd300", "imagenet"), chain)
     caplog.set_level(logging.INFO, logger="medaidet")
     model = build_ssd("ssd300", pretrained="imagenet")
     report = model.weights_report
@@ -108,7 +107,7 @@ def test_chainercv_unreachable_builds_from_timms_file(served, state, cache, monk
     assert "timm's vgg16.tv_in1k (converted), download" in report.summary()
     assert "ssd_vgg16_imagenet_from_timm.npz" in report.source
     assert "Connection refused" in caplog.text        # ChainerCV's server was tried first
-    want, _ = convert_vgg16(state)                     # proven exact in test_vgg_weights
+    want = convert_vgg16(timm_layout(state))                     # proven exact in test_vgg_weights
     got = params(model)
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
@@ -117,7 +116,7 @@ def test_chainercv_unreachable_builds_from_timms_file(served, state, cache, monk
     assert sorted(p.name for p in cache.iterdir()) == [
         "ssd_vgg16_imagenet_from_timm.npz", "ssd_vgg16_imagenet_from_timm.npz.sha256"]
     # the next build finds it in the cache, with every server closed
-    monkeypatch.setattr(imagenet, "SOURCES", sources(served, "closed", "closed"))
+    monkeypatch.setitem(weights.SOURCES, ("ssd512", "imagenet"), sources(served, "closed", "closed"))
     again = build_ssd("ssd512", pretrained="imagenet")
     assert again.weights_report.origin.endswith(", cache")
     np.testing.assert_array_equal(params(again)["extractor/conv6/W"],
@@ -128,12 +127,12 @@ def test_chainercv_unreachable_builds_from_timms_file(served, state, cache, monk
 def test_404_then_timm(served, state, cache, caplog):
     caplog.set_level(logging.INFO, logger="medaidet")
     chain = sources(served, chainercv="404", timm="good")
-    path, source, how = imagenet_weights(progress=False, sources=chain)
+    path, source, how = pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
     assert (source.name, how) == ("timm", "download")
     assert "HTTP 404" in caplog.text
     assert sorted(p.name for p in cache.iterdir()) == [
         "ssd_vgg16_imagenet_from_timm.npz", "ssd_vgg16_imagenet_from_timm.npz.sha256"]
-    want, _ = convert_vgg16(state)
+    want = convert_vgg16(timm_layout(state))
     with np.load(path) as npz:
         assert sorted(npz.files) == sorted(want)
         np.testing.assert_array_equal(npz["extractor/conv7/W"], want["extractor/conv7/W"])
@@ -142,13 +141,13 @@ def test_404_then_timm(served, state, cache, caplog):
 def test_a_download_with_another_checksum_is_deleted_and_named(served, cache):
     chain = sources(served, chainercv="404", timm="wrong-sha")
     with pytest.raises(WeightsError) as info:
-        imagenet_weights(progress=False, sources=chain)
-    assert info.value.kind == "missing" and "is not the" in str(info.value)
+        pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
+    assert info.value.kind == "missing"
     assert not cache.exists() or not any(cache.iterdir())
 
 
 def test_chainercvs_own_file_is_used_as_it_is(served, cache):
-    path, source, how = imagenet_weights(progress=False, sources=sources(served, "good"))
+    path, source, how = pretrained_file("ssd300", "imagenet", progress=False, sources=sources(served, "good"))
     assert (source.name, how) == ("chainercv", "download")
     assert path == cache / "ssd_vgg16_imagenet_converted_2017_06_09.npz"
     assert sha256(path) == sha256(served[0] / path.name)      # no conversion
@@ -157,7 +156,7 @@ def test_chainercvs_own_file_is_used_as_it_is(served, cache):
 def test_a_server_file_that_is_not_vgg16_is_deleted(served, cache, caplog):
     caplog.set_level(logging.INFO, logger="medaidet")
     chain = sources(served, chainercv="not-vgg", timm="good")
-    _, source, _ = imagenet_weights(progress=False, sources=chain)
+    _, source, _ = pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
     assert source.name == "timm"
     assert "is not ChainerCV's ImageNet VGG-16" in caplog.text
     assert not (cache / "ssd_vgg16_imagenet_converted_2017_06_09.npz").exists()
@@ -166,7 +165,7 @@ def test_a_server_file_that_is_not_vgg16_is_deleted(served, cache, caplog):
 def test_offline_one_error_lists_every_source(served, cache):
     chain = sources(served, "closed", "404")
     with pytest.raises(WeightsError) as info:
-        imagenet_weights(progress=False, sources=chain)
+        pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
     text = str(info.value)
     for source in chain:
         assert source.url in text
@@ -183,7 +182,7 @@ def test_a_file_placed_by_hand_is_checked_and_converted(served, state, cache):
     cache.mkdir(parents=True)
     placed = cache / "vgg16.tv_in1k.safetensors"
     placed.write_bytes((served[0] / "model.safetensors").read_bytes())
-    path, source, how = imagenet_weights(progress=False, sources=chain)
+    path, source, how = pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
     assert (source.name, how, path.name) == ("timm", "cache", "ssd_vgg16_imagenet_from_timm.npz")
     assert placed.exists()                                # the user's file is kept
 
@@ -194,48 +193,28 @@ def test_a_wrong_file_placed_by_hand_is_named(served, cache):
     wrong = cache / "vgg16.tv_in1k.safetensors"
     wrong.write_bytes(b"{}" * 10)
     with pytest.raises(WeightsError) as info:
-        imagenet_weights(progress=False, sources=chain)
-    assert str(wrong) in str(info.value) and "is not timm's" in str(info.value)
+        pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
+    assert (info.value.kind, info.value.path) == ("checksum", wrong)
 
 
-# --------------------------------------------------------------------------- doctor
-
-def test_status_says_cached_reachable_or_not(served, cache):
+def test_a_converted_file_changed_since_is_named(served, cache):
+    """Its .sha256 no longer matches: the build says so (not "not in the cache")."""
     chain = sources(served, chainercv="closed", timm="good")
-    states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
-    assert states["chainercv"].startswith("unreachable (") and "refused" in states["chainercv"]
-    assert states["timm"] == "reachable"
-    states = dict((s.name, state) for s, state in
-                  imagenet_status(sources=sources(served, "closed", "404")))
-    assert states["timm"] == "unreachable (HTTP 404 File not found)"
-    imagenet_weights(progress=False, sources=chain)
-    states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
-    assert states["timm"].startswith("cached (") and "from_timm" in states["timm"]
-
-
-def test_a_converted_file_changed_since_is_named_by_the_build_and_by_doctor(served, cache):
-    """Its .sha256 no longer matches: the build says so (not "not in the cache") and doctor's
-    status says damaged (not "OK (cached)")."""
-    chain = sources(served, chainercv="closed", timm="good")
-    path, _, _ = imagenet_weights(progress=False, sources=chain)
+    path, _, _ = pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
     with open(path, "ab") as f:
         f.write(b"changed")
     with pytest.raises(WeightsError) as info:
-        imagenet_weights(progress=False, sources=chain)
+        pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
     assert (info.value.kind, info.value.path) == ("checksum", path)
-    states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
-    assert states["timm"] == f"damaged ({path} does not match its .sha256: delete both)"
 
 
 def test_a_truncated_converted_file_with_a_matching_sidecar_is_damaged_not_cached(served, cache):
     """A sidecar written for the damaged file (by hand, or by a copy tool) proves nothing:
-    doctor and the build both read the file's layout before trusting it."""
+    the build reads the file before trusting it."""
     chain = sources(served, chainercv="closed", timm="good")
-    path, _, _ = imagenet_weights(progress=False, sources=chain)
+    path, _, _ = pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     path.with_name(path.name + ".sha256").write_text(f"{sha256(path)}  {path.name}\n")
-    states = dict((s.name, state) for s, state in imagenet_status(sources=chain))
-    assert states["timm"].startswith(f"damaged ({path}: ")
     with pytest.raises(WeightsError) as info:
-        imagenet_weights(progress=False, sources=chain)
+        pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
     assert info.value.path == path

@@ -14,8 +14,8 @@ import pytest
 
 from medaidet import cli
 from medaidet.errors import WeightsError
-from medaidet.ssd import npz_files
-from medaidet.ssd.npz_files import read_arrays
+from medaidet.ssd import weights
+from medaidet.ssd.weights import read_arrays
 
 PEAK = 64 * 2**20      # what reading a refused file may take, at most
 
@@ -79,7 +79,7 @@ def test_members_over_the_total_limit_are_refused(tmp_path, monkeypatch):
     path = tmp_path / "two.npz"
     np.savez(path, a=np.zeros(2**18, np.float32), b=np.zeros(2**18, np.float32))  # 1 MiB each
     assert set(read_arrays(path)) == {"a", "b"}                   # under the limits: read
-    monkeypatch.setattr(npz_files, "MAX_TOTAL_BYTES", 3 * 2**19)  # 1.5 MiB in all
+    monkeypatch.setattr(weights, "MAX_TOTAL_BYTES", 3 * 2**19)  # 1.5 MiB in all
     error, _ = refused(read_arrays, path)
     assert error.kind == "too_large" and error.parameter == "b.npy"
 

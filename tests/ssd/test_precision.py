@@ -24,7 +24,7 @@ from medaidet.ssd.model import build_ssd
 from medaidet.ssd.precision import (Float32Multibox, Float32Normalize, HalfConvolution2D,
                                     HalfDilatedConvolution2D, precision_of, set_precision,
                                     skipped_update, use_loss_scaling, use_tf32)
-from medaidet.ssd.pretrained import shipped_weights
+from medaidet.ssd.weights import shipped_weights
 from medaidet.ssd.small import SSDSmall
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import TrainTransform

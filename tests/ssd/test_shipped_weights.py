@@ -8,7 +8,7 @@ import pytest
 from medaidet.checksums import sha256_file
 from medaidet.evaluation.runs import evaluate_weights
 from medaidet.evaluation.predictions import course_weights
-from medaidet.ssd.pretrained import SHIPPED_WEIGHTS, shipped_weights
+from medaidet.ssd.weights import SHIPPED_WEIGHTS, shipped_weights
 from medaidet.errors import WeightsError
 from medaidet.ssd.small import SIZES
 from medaidet.training.config import TrainConfig
@@ -45,13 +45,13 @@ def test_no_shipped_weights_for_other_models_is_a_named_error():
 
 @pytest.mark.parametrize("change", ["a byte", "no sidecar"])
 def test_a_shipped_file_that_is_not_the_recorded_one_is_refused(tmp_path, monkeypatch, change):
-    import medaidet.ssd.pretrained as pretrained
+    import medaidet.ssd.weights as weights
 
     copy = tmp_path / PATH.name
     for suffix in ("", ".sha256"):
         (tmp_path / (PATH.name + suffix)).write_bytes((PATH.parent / (PATH.name + suffix)).read_bytes())
     copy.with_suffix(".json").write_bytes(PATH.with_suffix(".json").read_bytes())
-    monkeypatch.setitem(pretrained.SHIPPED_WEIGHTS, ("ssd_small", "bccd"), copy)
+    monkeypatch.setitem(weights.SHIPPED_WEIGHTS, ("ssd_small", "bccd"), copy)
     assert shipped_weights("ssd_small") == copy                  # the copy as shipped: fine
     if change == "a byte":
         data = bytearray(copy.read_bytes())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from medaidet.ssd.model import build_ssd, model_of_weights
-from medaidet.ssd.weight_files import load_weights, materialize, save_weights
+from medaidet.ssd.weights import load_weights, materialize, save_weights
 from medaidet.errors import WeightsError
 from medaidet.ssd.small import SIZES, SSD300_SIZES, SmallExtractor, SSDSmall
 

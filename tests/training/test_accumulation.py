@@ -33,7 +33,7 @@ from medaidet.data.bccd import BCCDDataset
 from medaidet.errors import ConfigError, MedaidetError
 from medaidet.training.accumulation import (AccumulatingUpdater, batch_positives, gradient_difference)
 from medaidet.ssd.model import build_ssd
-from medaidet.ssd.weight_files import materialize
+from medaidet.ssd.weights import materialize
 from medaidet.ssd.train_chain import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform
 

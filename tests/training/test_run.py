@@ -119,7 +119,7 @@ def run_a(tmp_path_factory, bccd_root):
 @pytest.mark.slow(seconds=27)
 def test_smoke_training_writes_everything(run_a):
     from medaidet.ssd.model import build_ssd
-    from medaidet.ssd.weight_files import load_weights
+    from medaidet.ssd.weights import load_weights
 
     out = run_a.out
     metrics = json.loads((out / "metrics.json").read_text())

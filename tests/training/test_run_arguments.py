@@ -173,7 +173,7 @@ def test_unusable_resume_file(kind, tmp_path, capsys, no_model):
         problem = "is truncated or corrupt"
     elif kind == "npy":
         np.save(path, np.zeros(3))
-        problem = "is a single NumPy array (.npy, as numpy.save writes it)"
+        problem = "is a single NumPy array (.npy)"
     elif kind == "text":
         path.write_text("not a snapshot")
         problem = "is a text file (it begins 'not a snapshot')"
@@ -212,7 +212,7 @@ def test_unusable_pretrained_file(kind, tmp_path, capsys, no_model):
     path = tmp_path / ("weights.npy" if kind == "npy" else "model.npz")
     if kind == "npy":
         np.save(path, np.zeros(3))
-        problem = "is a single NumPy array (.npy, as numpy.save writes it)"
+        problem = "is a single NumPy array (.npy)"
     elif kind == "truncated":
         np.savez(path, **{"extractor/conv1_1/W": np.zeros((64, 64))})
         data = path.read_bytes()

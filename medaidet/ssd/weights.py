@@ -1,0 +1,701 @@
+"""Weights (notebooks 02, 03, 06): where a model's starting weights come from, and weight files
+saved, read as untrusted data, checked and loaded.
+
+**Sources** (:data:`SOURCES`, one table): ChainerCV's server for its PASCAL VOC SSDs and its
+ImageNet VGG-16, and timm's ImageNet VGG-16 (``vgg16.tv_in1k``, a safetensors file, pinned by
+the sha256 its hub lists; ChainerCV published no checksums, so its files are checked by their
+names, shapes and finite values instead). :func:`pretrained_file` takes the first source
+whose file is in ChainerCV's model cache (:func:`cache_dir`), else the first that downloads;
+offline, one ``"missing"`` WeightsError lists every URL and where to place a file by hand.
+timm's file is converted to ChainerCV's layout (:func:`convert_vgg16`) and only the converted
+file, with its ``.sha256`` sidecar, is kept.
+
+**Files**: :func:`save_weights` writes a model's parameters in ``chainer.serializers``'
+``save_npz`` format (reproducible byte for byte) and a ``.sha256`` sidecar, both atomically.
+:func:`read_arrays` reads an ``.npz`` someone hands us: never unpickling
+(``allow_pickle=False``), every declared size checked before memory is taken, a file of
+another kind named. :func:`load_weights` checks the sidecar, every name and shape against the
+model (naming the likely cause of a mismatch) and that values are finite, then copies with
+``chainer.serializers.NpzDeserializer``. Parameter names are ``save_npz``'s keys, e.g.
+``extractor/conv1_1/W``, ``multibox/conf/0/W``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import zipfile
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import chainer
+import numpy as np
+from chainer.dataset import get_dataset_root
+from chainercv.links import SSD300, SSD512
+
+from medaidet import __version__
+from medaidet.checksums import sha256_file
+from medaidet.downloads import stream_url
+from medaidet.errors import DataError, WeightsError
+from medaidet.files import atomic_file, check_output, not_a_regular_file
+from medaidet.ssd import PRETRAINED, WITH_PRETRAINED
+
+__all__ = ["Source", "SOURCES", "SHIPPED_WEIGHTS", "CLASS_HEADS", "MAX_ARRAY_BYTES",
+           "MAX_TOTAL_BYTES", "VGG16_SHAPES", "SSD_MEAN", "TORCHVISION_MEAN_255", "cache_dir",
+           "check_pretrained", "pretrained_file", "shipped_weights", "convert_vgg16",
+           "read_vgg16", "materialize", "save_weights", "what_file_is", "check_sizes",
+           "read_arrays", "load_weights", "WeightsReport", "compare_weights",
+           "WeightsComparison"]
+
+TIMEOUT_S = 60.0
+logger = logging.getLogger(__name__)
+#: The most bytes a download may bring: about twice the largest file (timm's, 553 MB).
+MAX_DOWNLOAD_BYTES = 1100 * 10**6
+#: The largest array a weight file may hold (SSD512's largest is 18 MiB), and all of them
+#: together (SSD512 is about 110 MiB; a trainer snapshot with Adam's moments three times that).
+MAX_ARRAY_BYTES = 256 * 2**20
+MAX_TOTAL_BYTES = 1 * 2**30
+#: Prefix of the class-score heads, whose shape depends on the number of classes.
+CLASS_HEADS = "multibox/conf/"
+#: Trained weights that ship with medaidet (float16, with ``.sha256`` and a ``.json`` record
+#: of the command that made them and their scores), by (model, labels): notebooks 04, 05, 10.
+SHIPPED_WEIGHTS = {(model, labels): Path(__file__).parent / "weights" / f"{model}_{labels}.npz"
+                   for model, labels in (("ssd_small", "bccd"), ("ssd_small", "txl-pbc"))}
+
+
+# --------------------------------------------------------------------------- sources
+
+@dataclass(frozen=True)
+class Source:
+    """One publisher's file. ``layout``: ``'ssd'`` (ChainerCV's whole SSD), ``'vgg16'``
+    (ChainerCV's ImageNet VGG-16) or ``'timm'`` (timm's VGG-16 safetensors, converted)."""
+
+    name: str
+    url: str
+    file_name: str                   # its name in the cache
+    layout: str = "ssd"
+    sha256: str | None = None        # the digest its publisher lists
+
+    def describe(self) -> str:
+        return {"chainercv": "ChainerCV's model server",
+                "timm": "timm's vgg16.tv_in1k (converted)"}.get(self.name, self.name)
+
+
+def _chainercv(cls, key: str, layout: str) -> Source:
+    url = cls._models[key]["url"]
+    return Source("chainercv", url, os.path.basename(url), layout)
+
+
+_IMAGENET = (_chainercv(SSD300, "imagenet", "vgg16"),
+             Source("timm", "https://huggingface.co/timm/vgg16.tv_in1k/resolve/main/"
+                    "model.safetensors", "vgg16.tv_in1k.safetensors", "timm",
+                    "57b026918159a6bf9faf8405c3a551903768e7138989d9c6224a14227203fad8"))
+#: (model, weights) -> the sources tried, in order.
+SOURCES = {("ssd300", "voc0712"): (_chainercv(SSD300, "voc0712", "ssd"),),
+           ("ssd512", "voc0712"): (_chainercv(SSD512, "voc0712", "ssd"),),
+           ("ssd300", "imagenet"): _IMAGENET, ("ssd512", "imagenet"): _IMAGENET}
+CONVERTED_NAME = "ssd_vgg16_imagenet_from_timm.npz"
+
+
+def cache_dir() -> Path:
+    """ChainerCV's model cache, ``$CHAINER_DATASET_ROOT/pfnet/chainercv/models`` (default
+    root ``~/.chainer/dataset``), where every source's file is kept."""
+    return Path(get_dataset_root(), "pfnet", "chainercv", "models")
+
+
+def check_pretrained(name: str, pretrained) -> None:
+    """A ``"missing"`` WeightsError when ``pretrained`` names weights model ``name`` lacks."""
+    if pretrained in PRETRAINED and str(name).lower() not in WITH_PRETRAINED:
+        raise WeightsError(
+            f"{name} has no {pretrained!r} weights (only {', '.join(WITH_PRETRAINED)} do): "
+            f"train it from random weights (pretrained None, --pretrained none) or load a "
+            f"model-only .npz of it", "missing", path=Path(str(pretrained)))
+
+
+def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712", progress: bool = True,
+                    timeout: float = TIMEOUT_S, sources=None) -> tuple[Path, Source, str]:
+    """The weight file of ``pretrained`` for model ``name``: ``(path, source, how)``, ``how``
+    being ``'cache'`` or ``'download'``; the cache is looked at before any server.
+
+    Raises:
+        WeightsError: ``"missing"``: no source gave the file (lists each URL, why, and where
+            to place it; ``.path`` is the cache folder). ``"checksum"``, ``"mismatch"``,
+            ``"file"``, ``"not_finite"``: a file in the cache is damaged (named; delete it).
+    """
+    check_pretrained(name, pretrained)
+    sources = SOURCES[str(name).lower(), pretrained] if sources is None else tuple(sources)
+    for source in sources:
+        path = _cached(source)
+        if path is not None:
+            return path, source, "cache"
+    failures = []
+    for source in sources:
+        try:
+            return _download(source, progress, timeout), source, "download"
+        except WeightsError as exc:
+            if exc.kind != "source":
+                raise
+            logger.info("%s weights from %s failed: %s", pretrained, source.url, exc)
+            failures.append(f"  {len(failures) + 1}. {source.describe()}: {source.url}\n"
+                            f"     {exc}")
+    folder = cache_dir()
+    places = "\n".join(f"  {folder / s.file_name}" for s in sources)
+    raise WeightsError(
+        f"the {pretrained!r} weights for {name} are not in the cache and no source could give "
+        f"them:\n" + "\n".join(failures) + "\nDownload one of these files where there is "
+        f"network access and place it at its path (it is checked on first use):\n{places}\n"
+        f"(ChainerCV's model cache: $CHAINER_DATASET_ROOT/pfnet/chainercv/models, default "
+        f"root ~/.chainer/dataset). Or train from random weights: pretrained None "
+        f"(--pretrained none).", "missing", path=folder, url=sources[0].url)
+
+
+def _cached(source: Source) -> Path | None:
+    path = cache_dir() / source.file_name
+    if source.layout == "vgg16" and path.is_file():     # an SSD file is checked as it loads
+        _check_download(path, source, "the cached file is damaged; delete it and it is "
+                                      "downloaded again")
+    if source.layout != "timm":
+        return path if path.is_file() else None
+    converted = cache_dir() / CONVERTED_NAME
+    if converted.is_file():
+        if not _sidecar_matches(converted):
+            raise WeightsError(
+                f"{converted} does not match its .sha256 file (changed since it was converted, "
+                f"or the .sha256 is missing): delete both; the weights are converted again",
+                "checksum", path=converted)
+        _check_download(converted, _IMAGENET[0], "delete it and its .sha256")
+        return converted
+    if not path.is_file():
+        return None
+    found = sha256_file(path)                     # placed by hand: checked like a download
+    if found != source.sha256:
+        raise WeightsError(f"{path} is not timm's published file (sha256 {found}, published "
+                           f"{source.sha256}): delete it, or replace it with the file from "
+                           f"{source.url}", "checksum", path=path, expected=source.sha256,
+                           found=found)
+    return _convert(path)
+
+
+def _download(source: Source, progress: bool, timeout: float) -> Path:
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / (source.file_name if source.layout != "timm"
+                       else f".{source.file_name}.{os.getpid()}.download")
+    try:
+        with atomic_file(target) as out:
+            try:
+                _, digest = stream_url(source.url, out, timeout=timeout,
+                                       user_agent=f"medaidet/{__version__}",
+                                       desc=f"{source.name} weights", progress=progress,
+                                       max_bytes=MAX_DOWNLOAD_BYTES)
+            except DataError as exc:
+                raise WeightsError(f"unreachable ({exc})" if exc.offline else str(exc),
+                                   "source") from None
+            if source.sha256 and digest != source.sha256:
+                raise WeightsError(f"its sha256 {digest} is not the {source.sha256} its "
+                                   f"publisher lists (a changed or damaged file); it was "
+                                   f"deleted", "source")
+        if source.layout == "timm":
+            return _convert(target)
+        _check_download(target, source, "the server sent a damaged file")
+        return target
+    except WeightsError as exc:
+        if exc.kind == "source":
+            raise
+        target.unlink(missing_ok=True)
+        raise WeightsError(f"the file it sent is not usable ({exc}); it was deleted",
+                           "source") from None
+    finally:
+        if source.layout == "timm":
+            target.unlink(missing_ok=True)       # only the converted file is kept
+
+
+def _check_download(path: Path, source: Source, cause: str) -> None:
+    """Readable, finite and, for ChainerCV's VGG-16, VGG-16's names and shapes."""
+    arrays = read_arrays(path)
+    _check_finite(arrays, path, cause)
+    if source.layout == "vgg16":
+        for key, shape in VGG16_SHAPES.items():
+            found = tuple(arrays[key].shape) if key in arrays else None
+            if found != shape:
+                raise WeightsError(
+                    f"{path} is not ChainerCV's ImageNet VGG-16: {key} "
+                    f"{'is missing' if found is None else f'has shape {found}'}, expected "
+                    f"{shape}. Delete it; it is downloaded again.", "mismatch", path=path,
+                    parameter=key, expected=shape, found=found)
+
+
+def _sidecar_matches(path: Path) -> bool:
+    sidecar = path.with_name(path.name + ".sha256")
+    fields = sidecar.read_text().split() if sidecar.is_file() else []
+    return bool(fields) and fields[0].lower() == sha256_file(path)
+
+
+def shipped_weights(name: str = "ssd_small", labels: str = "bccd") -> Path:
+    """The trained weights of ``name`` on ``labels`` (``'bccd'`` or ``'txl-pbc'``) that ship
+    with medaidet (:data:`SHIPPED_WEIGHTS`). A ``"missing"`` WeightsError when none ship or
+    the file is gone, a ``"checksum"`` one when it is not the file its record names."""
+    path = SHIPPED_WEIGHTS.get((name, labels))
+    if path is None or not path.is_file():
+        raise WeightsError(
+            f"medaidet ships trained weights for {', '.join(f'{n} ({l})' for n, l in SHIPPED_WEIGHTS)}"
+            f"; none for {name!r} on {labels!r} in this installation: train it (`medaidet "
+            f"train`) and use its model.npz, or reinstall medaidet", "missing", path=path)
+    expected = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))["sha256"]
+    found = sha256_file(path)
+    if found != expected or not _sidecar_matches(path):
+        raise WeightsError(f"the shipped weights {path} are not the file medaidet shipped (sha256 "
+                           f"{found}, recorded {expected}, or its .sha256 is missing): "
+                           f"reinstall medaidet", "checksum", path=path, expected=expected,
+                           found=found)
+    return path
+
+
+# --------------------------------------------------------------------------- ImageNet VGG-16
+
+#: ChainerCV's names for VGG-16's thirteen 3x3 convolutions and where each sits in timm's
+#: (torchvision's) ``features``; ChainerCV's SSD ``mean``; torchvision's normalisation.
+_CONVS = ("conv1_1", "conv1_2", "conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv3_3",
+          "conv4_1", "conv4_2", "conv4_3", "conv5_1", "conv5_2", "conv5_3")
+_FEATURES = (0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28)
+_WIDTHS = (64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512)
+SSD_MEAN = np.array([123.0, 117.0, 104.0])
+TORCHVISION_MEAN_255 = np.array([0.485, 0.456, 0.406]) * 255
+TORCHVISION_STD = np.array([0.229, 0.224, 0.225])
+#: ChainerCV's ImageNet VGG-16: name -> shape (what its file holds).
+VGG16_SHAPES = {f"extractor/{name}/{p}": (width, n_in, 3, 3) if p == "W" else (width,)
+                for name, width, n_in in zip(_CONVS, _WIDTHS, (3, *_WIDTHS[:-1]))
+                for p in "Wb"}
+VGG16_SHAPES.update({"extractor/conv6/W": (1024, 512, 3, 3), "extractor/conv6/b": (1024,),
+                     "extractor/conv7/W": (1024, 1024, 1, 1), "extractor/conv7/b": (1024,)})
+_TIMM_SHAPES = {f"features.{i}.{p}": VGG16_SHAPES[f"extractor/{name}/{'W' if p == 'weight' else 'b'}"]
+                for name, i in zip(_CONVS, _FEATURES) for p in ("weight", "bias")}
+_TIMM_SHAPES.update({"pre_logits.fc1.weight": (4096, 512, 7, 7), "pre_logits.fc1.bias": (4096,),
+                     "pre_logits.fc2.weight": (4096, 4096, 1, 1), "pre_logits.fc2.bias": (4096,)})
+
+
+def read_vgg16(path) -> dict[str, np.ndarray]:
+    """The arrays of timm's VGG-16 safetensors file; a ``"file"`` WeightsError for anything
+    else (a ``torch.save`` pickle is never read)."""
+    path = Path(path)
+    why = not_a_regular_file(path)
+    if why or not path.is_file():
+        raise WeightsError(f"no VGG-16 weight file at {path} ({why or 'missing'})", "missing",
+                           path=path)
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise WeightsError(f"{path} is not a readable safetensors file ({exc}): use timm's "
+                           f"vgg16.tv_in1k model.safetensors, downloaded again.", "file",
+                           path=path) from None
+
+
+def convert_vgg16(state: dict, mean=SSD_MEAN, path="the weights") -> dict[str, np.ndarray]:
+    """ChainerCV's VGG16 parameters (float32) from timm's ``vgg16.tv_in1k`` arrays.
+
+    * conv1_1 … conv5_3 are copied. timm's network sees ``(pixel / 255 - MEAN) / STD``,
+      ChainerCV's ``x = pixel - mean``: conv1_1's weights are divided by ``255 STD`` and
+      its bias gets ``W · (mean - 255 MEAN) / (255 STD)``. Exact wherever the 3x3 window
+      lies inside the image; on the one-pixel frame the zero padding stands for another
+      pixel (under one grey level apart with ChainerCV's mean; exact with
+      ``mean=TORCHVISION_MEAN_255``).
+    * conv6/conv7 are fc6/fc7 subsampled as the SSD paper says: fc6 (4096 × 512 × 7 × 7)
+      keeps every 4th output and kernel rows/columns 0, 3, 6 (ChainerCV dilates conv6 by 6);
+      fc7 every 4th output and input; the biases every 4th entry.
+    * norm4 (conv4_3's L2 normalisation) gets ChainerCV's initial scale, 20.
+
+    A missing entry or another shape raises a ``"mismatch"`` WeightsError naming it (and
+    VGG-16 with batch norm, whose indices differ); NaN or inf a ``"not_finite"`` one.
+    """
+    path = Path(str(path))
+    for key, shape in _TIMM_SHAPES.items():
+        found = tuple(np.shape(state[key])) if key in state else None
+        if found != shape:
+            bn = any(k.endswith("running_mean") for k in state)
+            raise WeightsError(
+                f"{path} is not timm's ImageNet VGG-16: {key} "
+                f"{'is missing' if found is None else f'has shape {found}'}, expected {shape}"
+                f"{' (the file is VGG-16 with batch norm, vgg16_bn: use vgg16)' if bn else ''}.",
+                "mismatch", path=path, parameter=key, expected=shape, found=found)
+    _check_finite({k: state[k] for k in _TIMM_SHAPES}, path,
+                  "the file was damaged or written by a diverged training; use the published file")
+    out = {f"extractor/{name}/{p}": state[f"features.{i}.{q}"]
+           for name, i in zip(_CONVS, _FEATURES) for p, q in (("W", "weight"), ("b", "bias"))}
+    weight = np.asarray(out["extractor/conv1_1/W"], dtype=np.float64)
+    scale = 1.0 / (255.0 * TORCHVISION_STD)
+    shift = (np.asarray(mean, dtype=np.float64).reshape(3) - TORCHVISION_MEAN_255) * scale
+    out["extractor/conv1_1/W"] = weight * scale[None, :, None, None]
+    out["extractor/conv1_1/b"] = out["extractor/conv1_1/b"] + np.einsum("ocij,c->o", weight, shift)
+    out["extractor/conv6/W"] = state["pre_logits.fc1.weight"][::4, :, ::3, ::3]
+    out["extractor/conv6/b"] = state["pre_logits.fc1.bias"][::4]
+    out["extractor/conv7/W"] = state["pre_logits.fc2.weight"][::4, ::4]
+    out["extractor/conv7/b"] = state["pre_logits.fc2.bias"][::4]
+    out["extractor/norm4/scale"] = np.full(512, 20.0)
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(out.items())}
+
+
+def _convert(raw: Path) -> Path:
+    try:
+        arrays = convert_vgg16(read_vgg16(raw), path=raw)
+    except WeightsError as exc:
+        raise WeightsError(f"it cannot be converted: {exc}", "source") from None
+    out = cache_dir() / CONVERTED_NAME
+    save_weights(arrays, out)
+    return out
+
+
+# --------------------------------------------------------------------------- saving
+
+def materialize(model):
+    """Give every lazily shaped parameter its shape (one forward pass on a blank image:
+    ChainerCV's convolutions learn their input channels then). Draws from NumPy's global RNG,
+    so seeded runs stay reproducible. Returns ``model``."""
+    if any(param.array is None for param in model.params()):
+        x = model.xp.zeros((1, 3, model.insize, model.insize), dtype=np.float32)
+        with chainer.using_config("train", False), chainer.no_backprop_mode():
+            model(x)
+    return model
+
+
+def save_weights(model, path, compression: bool = False, half: bool = False,
+                 inputs=()) -> str:
+    """Save a model's parameters (or ``{name: array}``) in ``save_npz``'s format and a
+    ``<sha256>  <name>`` sidecar (``sha256sum -c`` reads it); returns the sha256.
+
+    Reproducible: ``np.savez`` stamps each zip entry with the clock, here every entry has one
+    fixed date, in name order, so the same weights give the same bytes. ``half``: float32 is
+    stored as float16 (loading casts back). Both files are written under temporary names and
+    renamed, and neither may be one of ``inputs``.
+    """
+    if isinstance(model, dict):
+        arrays = model
+    else:
+        serializer = chainer.serializers.DictionarySerializer()
+        serializer.save(materialize(model))
+        arrays = serializer.target
+    path = Path(path)
+    sidecar = path.with_name(path.name + ".sha256")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_output(sidecar, inputs)
+    method = zipfile.ZIP_DEFLATED if compression else zipfile.ZIP_STORED
+    with atomic_file(path, inputs=inputs) as f, \
+            zipfile.ZipFile(f, "w", compression=method, allowZip64=True) as archive:
+        for name in sorted(arrays):
+            array = chainer.backends.cuda.to_cpu(arrays[name])
+            if half and array.dtype == np.float32:
+                array = array.astype(np.float16)
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = method
+            with archive.open(info, "w", force_zip64=True) as entry:
+                np.lib.format.write_array(entry, np.asanyarray(array), allow_pickle=False)
+    digest = sha256_file(path)
+    with atomic_file(sidecar, "w") as f:
+        f.write(f"{digest}  {path.name}\n")
+    return digest
+
+
+# --------------------------------------------------------------------------- reading
+
+_EXPECTED = ("expected a ChainerCV/medaidet .npz (a zip of .npy arrays, as save_weights or "
+             "chainer.serializers.save_npz writes it)")
+_MAGIC = ((b"\x93NUMPY", "a single NumPy array (.npy)"),
+          (b"\x1f\x8b", "a gzip-compressed file (a .tar.gz?)"),
+          (b"\x89HDF", "an HDF5 file (save_hdf5 or Keras weights?)"),
+          (b"\x80", "a Python pickle (pickle.dump or an old torch.save?)"))
+
+
+def what_file_is(path: Path) -> str | None:
+    """What ``path`` holds, in words, when it is not a zip archive (``None`` when it is)."""
+    why = not_a_regular_file(path)
+    if why:
+        return why
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if not head:
+        return "empty (0 bytes)"
+    if any(magic.startswith(head[:4]) for magic in (b"PK\x03\x04", b"PK\x05\x06")):
+        return None
+    if head[257:262] == b"ustar":
+        return "a tar archive"
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return what
+    text = head.decode("utf-8", "replace")
+    if "\x00" not in text and text.count("\ufffd") <= 1:
+        return f"a text file (it begins {text.strip()[:40]!r})"
+    return f"not an .npz (it begins with the bytes {head[:8].hex(' ')})"
+
+
+def check_sizes(path: Path, archive: zipfile.ZipFile) -> None:
+    """Refuse (``"too_large"``) a member of the open ``archive`` that inflates past
+    :data:`MAX_ARRAY_BYTES` or members past :data:`MAX_TOTAL_BYTES`, and (``"file"``) a
+    ``.npy`` header declaring another size than its member holds; reads headers only."""
+    total = 0
+    for info in archive.infolist():
+        total += info.file_size
+        if info.file_size > MAX_ARRAY_BYTES or total > MAX_TOTAL_BYTES:
+            raise WeightsError(
+                f"{path}: {info.filename} takes its entries to {total:,} bytes, more than any "
+                f"model's weights (limits {MAX_ARRAY_BYTES:,} per array, {MAX_TOTAL_BYTES:,} "
+                f"in all); not read. {_EXPECTED}.", "too_large", path=path,
+                parameter=info.filename)
+        if not info.filename.endswith(".npy"):
+            continue
+        with archive.open(info) as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0(f))
+                header = f.tell()
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+                raise _damaged(path, info.filename, exc) from None
+        declared = math.prod(shape) * dtype.itemsize
+        if not dtype.hasobject and header + declared != info.file_size:
+            raise WeightsError(
+                f"{path}: {info.filename} declares shape {shape} ({declared:,} bytes) but "
+                f"holds {info.file_size - header:,}: damaged or made to mislead; not read.",
+                "file", path=path, parameter=info.filename)
+
+
+def read_arrays(path: Path) -> dict:
+    """Every array of the ``.npz`` at ``path``, by name; a ``"file"`` or ``"too_large"``
+    WeightsError saying what the file is instead (empty, truncated, another format, pickled
+    objects, damaged) and what was expected."""
+    path = Path(path)
+    what = what_file_is(path)
+    if what is not None:
+        raise WeightsError(f"{path} is {what}, not a weight file (an interrupted save or copy "
+                           f"leaves an empty one; copy it again); {_EXPECTED}.", "file",
+                           path=path)
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+        raise WeightsError(
+            f"{path} is a truncated .npz: it starts as a zip but its end is missing "
+            f"({path.stat().st_size} bytes; an interrupted copy, download or save, or a full "
+            f"disk). Copy, download or save it again.", "file", path=path) from None
+    with npz:
+        check_sizes(path, npz.zip)
+        other = [m for m in npz.zip.namelist() if not m.endswith(".npy")]
+        if other or not npz.files:
+            raise WeightsError(f"{path} is a zip archive but not an .npz of arrays (it holds "
+                               f"{other[0] if other else 'nothing'!r}: a PyTorch checkpoint or "
+                               f"another tool's archive?); {_EXPECTED}.", "file", path=path)
+        arrays = {}
+        for key in npz.files:
+            try:
+                arrays[key] = npz[key]
+            except ValueError as exc:
+                if "allow_pickle" not in str(exc) and "Object arrays" not in str(exc):
+                    raise _damaged(path, key, exc) from None
+                raise WeightsError(f"{path}: {key} holds Python objects, not numbers (saved "
+                                   f"before the model's first forward pass?); save with "
+                                   f"save_weights.", "file", path=path, parameter=key) from None
+            except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+                raise _damaged(path, key, exc) from None
+    return arrays
+
+
+def _damaged(path: Path, key: str, exc: Exception) -> WeightsError:
+    return WeightsError(f"{path} is damaged: its entry {key} cannot be read ({exc}). Copy, "
+                        f"download or save it again.", "file", path=Path(path), parameter=key)
+
+
+def _check_finite(arrays: dict, path: Path, cause: str) -> None:
+    bad = [k for k in sorted(arrays) if np.asarray(arrays[k]).dtype.kind in "fc"
+           and not np.isfinite(arrays[k]).all()]
+    if bad:
+        array = np.asarray(arrays[bad[0]])
+        raise WeightsError(
+            f"{path}: {bad[0]} holds {int(np.isnan(array).sum())} NaN and "
+            f"{int(np.isinf(array).sum())} infinite of its {array.size} values ({len(bad)} of "
+            f"{len(arrays)} arrays hold some). A model with these weights detects nothing. "
+            f"Likely cause: {cause}.", "not_finite", path=path, parameter=bad[0], count=len(bad))
+
+
+# --------------------------------------------------------------------------- loading
+
+@dataclass(frozen=True)
+class WeightsReport:
+    """What a weight file gave a model (names are ``save_npz`` keys)."""
+
+    source: str                    # the file read
+    loaded: tuple[str, ...]        # model parameters set from the file
+    skipped: tuple[str, ...]       # entries of the file not used
+    initialized: tuple[str, ...]   # model parameters left at their random initialization
+    note: str = ""                 # why entries were skipped
+    origin: str = ""               # where the file came from, when it matters
+
+    def summary(self) -> str:
+        def groups(names):
+            counts = Counter("/".join(n.split("/")[:2 if n.startswith("multibox") else 1])
+                             for n in names)
+            return " (" + ", ".join(f"{g} {c}" for g, c in sorted(counts.items())) + ")"
+        origin = f" ({self.origin})" if self.origin else ""
+        parts = [f"{Path(self.source).name}{origin}: loaded {len(self.loaded)} parameters"
+                 f"{groups(self.loaded)}"]
+        if self.skipped:
+            parts.append(f"skipped {len(self.skipped)} from the file{groups(self.skipped)}"
+                         + (f" ({self.note})" if self.note else ""))
+        if self.initialized:
+            parts.append(f"random init for {len(self.initialized)}{groups(self.initialized)}")
+        return "; ".join(parts)
+
+    __str__ = summary
+
+
+_DIVERGED = ("the training diverged before these were saved; use an earlier snapshot (or "
+             "train again with a lower learning rate)")
+
+
+def load_weights(model, path, *, skip: str | None = None, backbone: bool = False,
+                 origin: str = "") -> WeightsReport:
+    """Load the ``.npz`` at ``path`` into ``model`` after checking all of it: its ``.sha256``
+    sidecar if there is one, every name and shape (names first: a snapshot or an SSD512 file
+    fails before any forward pass) and finite values.
+
+    By default the file holds exactly the model's parameters. ``skip``: a name prefix neither
+    loaded nor required (VOC's class heads, :data:`CLASS_HEADS`; other extra entries are
+    then reported as skipped). ``backbone``: the file holds part of the model (ImageNet
+    VGG-16); the rest keeps its random initialization. ``origin``: for the report.
+
+    Raises:
+        WeightsError: "missing", "checksum", "file", "too_large", "mismatch" (names the
+            parameter, both shapes and the likely cause) or "not_finite".
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"no weight file at {path}", "missing", path=path)
+    sidecar = path.with_name(path.name + ".sha256")
+    if sidecar.is_file():
+        expected, found = (sidecar.read_text().split() or [""])[0].lower(), sha256_file(path)
+        if found != expected:
+            raise WeightsError(f"{path} does not match its checksum file {sidecar.name} (sha256 "
+                               f"{found}, expected {expected}): it changed after it was saved "
+                               f"or was copied only partly; copy it again.", "checksum",
+                               path=path, expected=expected, found=found)
+    arrays = read_arrays(path)
+
+    def used(key):
+        return not (skip and key.startswith(skip))
+
+    expected = _model_shapes(model)
+    missing = [] if backbone else [k for k in sorted(expected) if used(k) and k not in arrays]
+    extra = [] if skip else [k for k in sorted(arrays) if k not in expected]
+    if missing or extra:
+        raise _mismatch(model, path, arrays, expected, [], missing, extra)
+    expected = _model_shapes(materialize(model))
+    loaded = tuple(k for k in sorted(arrays) if k in expected and used(k))
+    wrong = [k for k in loaded if tuple(arrays[k].shape) != expected[k]]
+    if wrong:
+        raise _mismatch(model, path, arrays, expected, wrong, [], [])
+    _check_finite({k: arrays[k] for k in loaded}, path,
+                  "the cached file is damaged; delete it and it is downloaded again"
+                  if skip or backbone else _DIVERGED)
+    chainer.serializers.NpzDeserializer({k: arrays[k] for k in loaded}, strict=False).load(model)
+    return WeightsReport(
+        source=str(path), loaded=loaded, origin=origin,
+        skipped=tuple(k for k in sorted(arrays) if k not in loaded),
+        initialized=tuple(k for k in sorted(expected) if k not in loaded),
+        note="VOC's 21-class score heads; these classes get new ones" if skip else "")
+
+
+def _model_shapes(model) -> dict:
+    """save_npz key -> shape of every parameter (None while lazily shaped) and persistent
+    value (batch normalisation's running statistics)."""
+    shapes = {name.lstrip("/"): None if param.array is None else tuple(param.shape)
+              for name, param in model.namedparams()}
+    for path, link in model.namedlinks():
+        for name in link._persistent:
+            shapes[f"{path}/{name}".lstrip("/")] = np.shape(getattr(link, name))
+    return shapes
+
+
+def _mismatch(model, path, arrays, expected, wrong, missing, extra) -> WeightsError:
+    if wrong:
+        key, found, want = wrong[0], tuple(arrays[wrong[0]].shape), expected[wrong[0]]
+        what = f"parameter {key} has shape {found} in the file, the model expects {want}"
+    elif missing:
+        key, found, want = missing[0], None, expected[missing[0]]
+        what = f"parameter {key} is not in the file"
+    else:
+        key, found, want = extra[0], tuple(arrays[extra[0]].shape), None
+        what = f"the file has {key} (shape {found}), which the model lacks"
+    return WeightsError(
+        f"{path} does not fit {type(model).__name__}(n_fg_class={model.n_fg_class}): {what} "
+        f"({len(wrong)} of another shape, {len(missing)} missing, {len(extra)} extra). "
+        f"Likely cause: {_likely_cause(model, arrays)}", "mismatch", path=path, parameter=key,
+        expected=want, found=found)
+
+
+def _likely_cause(model, arrays) -> str:
+    if any(k.startswith("updater/") for k in arrays):
+        return ("this is a trainer snapshot (keys start with 'updater/'), not model weights. "
+                "Load it with chainer.serializers.load_npz(path, model, "
+                "path='updater/model:main/model/'), then save_weights(model, ...).")
+    is_512 = "extractor/conv12_1/W" in arrays
+    if is_512 != isinstance(model, SSD512) and "extractor/conv1_1/W" in arrays:
+        name = "SSD512" if is_512 else "SSD300"
+        return (f"the file was saved from {name}; this model is {type(model).__name__}. Build "
+                f"the same model: build_ssd('{name.lower()}', ...).")
+    loc, conf = arrays.get("multibox/loc/0/W"), arrays.get("multibox/conf/0/W")
+    if loc is not None and conf is not None and loc.shape[0] % 4 == 0 and loc.shape[0]:
+        n_fg = conf.shape[0] // (loc.shape[0] // 4) - 1
+        if n_fg != model.n_fg_class:
+            return (f"the file was saved from a model with n_fg_class={n_fg}; build it with "
+                    f"n_fg_class={n_fg}, or start from 'voc0712'/'imagenet' weights, which do "
+                    f"not depend on the classes.")
+    if not any(k.startswith(("extractor/", "multibox/")) for k in arrays):
+        return "the file holds no SSD parameters; it is not an SSD weight file."
+    return "the file was saved from a different architecture or a modified model."
+
+
+# --------------------------------------------------------------------------- comparing
+
+@dataclass(frozen=True)
+class WeightsComparison:
+    """How two weight files differ (:func:`compare_weights`)."""
+
+    n_arrays: int
+    n_different: int
+    max_abs_diff: float
+    max_rel_diff: float        # per array max |a - b| / max(|a|, |b|); the largest
+    only_in_one: tuple = ()
+
+    @property
+    def identical(self) -> bool:
+        """Bit for bit: same names, every array equal."""
+        return self.n_different == 0 and not self.only_in_one
+
+    def summary(self) -> str:
+        if self.identical:
+            return f"identical ({self.n_arrays} arrays, bit for bit)"
+        def plain(v):
+            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+        extra = f"; only in one file: {', '.join(self.only_in_one)}" if self.only_in_one else ""
+        return (f"{self.n_different} of {self.n_arrays} arrays differ; largest difference "
+                f"{plain(self.max_abs_diff)}; relative to its array's largest value, up to "
+                f"{plain(self.max_rel_diff)}{extra}")
+
+
+def compare_weights(a, b) -> WeightsComparison:
+    """Compare two weight files (or ``{name: array}`` mappings) array by array."""
+    a, b = (x if isinstance(x, dict) else read_arrays(Path(x)) for x in (a, b))
+    common = sorted(set(a) & set(b))
+    n_different, max_abs, max_rel = 0, 0.0, 0.0
+    for name in common:
+        x, y = np.asarray(a[name]), np.asarray(b[name])
+        if x.shape != y.shape:
+            n_different, max_abs, max_rel = n_different + 1, math.inf, math.inf
+        elif not np.array_equal(x, y):
+            n_different += 1
+            diff = float(np.max(np.abs(x.astype(np.float64) - y)))
+            scale = max(float(np.max(np.abs(x))), float(np.max(np.abs(y)))) or 1.0
+            max_abs, max_rel = max(max_abs, diff), max(max_rel, diff / scale)
+    return WeightsComparison(len(common), n_different, max_abs, max_rel,
+                             tuple(sorted(set(a) ^ set(b))))
