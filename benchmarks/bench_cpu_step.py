@@ -34,7 +34,7 @@ PREVIOUS_AUGMENTATION = {"color_distortion": True, "max_expand_ratio": 2}
 def build(n_processes, overrides):
     """The profile's training pieces (the course's ``Recipe``), with ``overrides``."""
     from medaidet.training.config import TrainConfig
-    from medaidet.training.recipe import Recipe
+    from medaidet.training.train import Recipe
 
     config = TrainConfig.profile("cpu", n_processes=n_processes, out="/tmp/bench-cpu-step",
                                  **overrides)

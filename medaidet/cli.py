@@ -145,7 +145,7 @@ def _add_train(commands) -> None:
     p.add_argument("--batch-size", type=positive_int, default=None)
     p.add_argument("--subset", type=positive_int, default=None, help="train on the first N images")
     p.add_argument("--seed", type=seed, default=None,
-                   help="seed Python, NumPy, CuPy and the data workers (see medaidet.training.seeding)")
+                   help="seed Python, NumPy, CuPy and the data workers (see medaidet.training.train)")
     p.add_argument("--deterministic", action="store_true", default=None,
                    help="bitwise reproducible where possible: no worker processes, "
                         "deterministic cuDNN; needs --seed")
@@ -204,7 +204,7 @@ def _train(args) -> int:
     if config.communicator is not None:    # one rank of an mpiexec run (notebook 08)
         from medaidet.extras.mpi import train
     else:
-        from medaidet.training.run import train
+        from medaidet.training.train import train
     # the messages of the checks before any work name the flags the user typed
     typed = {field: f"--{field}" for field in ("out", "resume", "pretrained")
              if getattr(args, field) is not None}

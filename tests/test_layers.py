@@ -130,22 +130,24 @@ def test_no_import_cycles():
 
 def test_the_checker_sees_a_lazy_upward_import(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    from medaidet.training import run\n")
-    assert imported(source, {"medaidet.training.run"}) == {"medaidet.training.run"}
-    assert layer_of("medaidet.ssd.model") < layer_of("medaidet.training.run")
+    source.write_text("def f():\n    from medaidet.training import train\n")
+    assert imported(source, {"medaidet.training.train"}) == {"medaidet.training.train"}
+    assert layer_of("medaidet.ssd.model") < layer_of("medaidet.training.train")
 
 
 def test_the_checker_sees_relative_imports_and_module_strings(tmp_path):
-    known = {"medaidet.training.run", "medaidet.training", "medaidet.env.gpu_smoke",
+    known = {"medaidet.training.train", "medaidet.training.config", "medaidet.training",
+             "medaidet.env.gpu_smoke",
              "medaidet.ssd.loss"}
     source = tmp_path / "model.py"           # read as the module medaidet.ssd.model
-    source.write_text("from ..training import run\nfrom . import loss\n"
+    source.write_text("from ..training import config\nfrom . import loss\n"
                       "import importlib, subprocess, sys\n"
                       "subprocess.run([sys.executable, '-m', 'medaidet.env.gpu_smoke'])\n"
-                      "importlib.import_module('medaidet.training.run')\n"
+                      "importlib.import_module('medaidet.training.train')\n"
                       "note = 'medaidet.ssd.model is named in a sentence, not imported'\n")
     assert imported(source, known, "medaidet.ssd.model") == {
-        "medaidet.training.run", "medaidet.ssd.loss", "medaidet.env.gpu_smoke"}
+        "medaidet.training.config", "medaidet.training.train", "medaidet.ssd.loss",
+        "medaidet.env.gpu_smoke"}
 
 
 @pytest.mark.parametrize("name", ["medaidet_tools.stack.install", "medaidet_tools.course",

@@ -85,7 +85,7 @@ def train_path(root: str) -> tuple[list, int]:
     import tempfile
 
     from medaidet.training.config import TrainConfig
-    from medaidet.training.run import train
+    from medaidet.training.train import train
 
     entered, again, trail = [], set(), []
 
@@ -111,8 +111,8 @@ def train_path(root: str) -> tuple[list, int]:
             train(config, progress=False, log=lambda *a: None)
         finally:
             sys.setprofile(None)
-    entered = [m for m in entered if m != "medaidet.training.run"]
-    return entered, len(again - {"medaidet.training.run"})
+    entered = [m for m in entered if m != "medaidet.training.train"]
+    return entered, len(again - {"medaidet.training.train"})
 
 
 def main(argv=None) -> int:

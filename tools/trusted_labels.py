@@ -27,7 +27,7 @@ from pathlib import Path
 
 def _train(args):
     from medaidet.training.config import TrainConfig
-    from medaidet.training.run import train
+    from medaidet.training.train import train
     changes = {}
     for item in args.set:
         key, value = item.split("=", 1)

@@ -6,7 +6,7 @@ one failing rank stopping all, and the check that every rank ends with the same 
 
 ``mpiexec -n N python -m medaidet train --communicator naive`` runs :func:`train` in each of
 N processes. The recipe itself needs only the communicator
-(:class:`~medaidet.training.recipe.Recipe`: it scatters the images, wraps the optimizer in
+(:class:`~medaidet.training.train.Recipe`: it scatters the images, wraps the optimizer in
 ChainerMN's multi-node optimizer and lets rank 0 write, as ChainerCV's
 ``examples/ssd/train_multi.py`` does). What is not checked here is ChainerMN's or MPI's own error. Importing this module imports
 neither chainermn nor ``mpi4py.MPI`` (that initialises MPI).
@@ -180,10 +180,10 @@ def _agreed_digests(comm, model, metrics_file=None, metrics=None) -> list:
 def train(config, resume=None, progress: bool = True, log=print):
     """This process's rank of the ChainerMN run ``config.communicator`` names: the
     communicator, this rank's device and share of the batch, then
-    :func:`medaidet.training.run.train` with them; at the end rank 0 adds every rank's
+    :func:`medaidet.training.train.train` with them; at the end rank 0 adds every rank's
     weight digest to ``metrics.json`` and they are checked identical. An error on one
     rank stops them all (:func:`abort_on_error`)."""
-    from medaidet.training.run import train as train_one
+    from medaidet.training.train import train as train_one
 
     comm = create_communicator(config.communicator, config.device)
     with abort_on_error(comm):
@@ -395,7 +395,7 @@ def launch(n: int, argv, python=sys.executable, timeout=3600, env=None, cwd=None
     ``CHAINERMN_FORCE_ABORT_ON_EXCEPTION=1`` (an uncaught exception on one rank aborts all
     instead of leaving the others waiting) and, unless ``env`` sets it, ``OMP_NUM_THREADS`` =
     cores / ranks. The ranks' lines can interleave: let only rank 0 print
-    (:attr:`medaidet.training.recipe.Recipe.main`).
+    (:attr:`medaidet.training.train.Recipe.main`).
 
     Raises a ``"launch"`` DistributedError with the last ``tail_lines`` lines (and a hint for
     known launcher failures) on a non-zero exit, and after stopping every rank when

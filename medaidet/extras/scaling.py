@@ -37,7 +37,7 @@ from medaidet.files import png_bytes, write_files
 from medaidet.training.memory import (PeakMemory, first_line, format_bytes, free_memory,
                                       is_out_of_memory, synchronize)
 from medaidet.training.config import TrainConfig
-from medaidet.training.recipe import Recipe
+from medaidet.training.train import Recipe
 
 __all__ = ["BatchSizeTry", "BatchSizeReport", "check_search", "find_batch_size",
            "measure_batch_sizes", "batch_size_on_bccd", "plot_memory"]
@@ -357,7 +357,7 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
     Bad arguments raise :class:`~medaidet.errors.ConfigError` or
     :class:`~medaidet.errors.ConfigError` naming them, before the model is built.
     The model, its loss and the encoded images are the training recipe's
-    (:class:`~medaidet.training.recipe.Recipe`), without augmentation."""
+    (:class:`~medaidet.training.train.Recipe`), without augmentation."""
     if sizes:
         sizes = _check_sizes(sizes)
     else:

@@ -32,7 +32,7 @@ from medaidet.errors import DataError, DeviceError
 from medaidet.extras.scaling import BatchSizeReport, find_batch_size
 from medaidet.ssd.transforms import check_sample
 from medaidet.training.config import TrainConfig
-from medaidet.training.recipe import Recipe
+from medaidet.training.train import Recipe
 
 __all__ = ["InvalidSample", "find_invalid_samples", "OpenCVForkCheck", "opencv_fork_check",
            "OutOfMemoryDemo", "out_of_memory_demo"]

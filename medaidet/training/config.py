@@ -102,7 +102,7 @@ class TrainConfig:
                                          # saturation and hue (SSD's); False: colours kept
     accumulate: int = 1                  # micro-batches per batch (gradient accumulation);
                                          # on a GPU raised before training until the
-                                         # micro-batch fits (medaidet.training.memory_fit)
+                                         # micro-batch fits (medaidet.training.train)
     memory_limit: float | None = None    # GiB the run may hold (None: what the GPU has free;
                                          # on a GPU also CuPy's pool limit); on the CPU the
                                          # batch is only fitted when this is set

@@ -4,7 +4,7 @@ notebook 07, section 4; notebook 08).
 
 :class:`PeakMemory` measures a block's peak (tracemalloc on the CPU, CuPy's memory pool on a
 GPU); :func:`is_out_of_memory` tells an out-of-memory error from any other;
-:func:`free_memory` gives a failed try's memory back. :mod:`medaidet.training.memory_fit`
+:func:`free_memory` gives a failed try's memory back. :mod:`medaidet.training.train`
 fits the recipe's batch with them, :mod:`medaidet.extras.scaling` builds the batch-size
 finder on them.
 """

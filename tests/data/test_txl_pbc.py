@@ -86,7 +86,7 @@ def test_no_bccd_val_or_test_image_reaches_training_through_txl_pbcs_splits(bccd
     training recipe reads exactly those."""
     from medaidet.data.bccd import BCCDDataset
     from medaidet.training.config import TrainConfig
-    from medaidet.training.recipe import Recipe
+    from medaidet.training.train import Recipe
     held_out = set(read_split(bccd_root, "val")) | set(read_split(bccd_root, "test"))
     in_txl_train = {link.bccd_id for link in bccd_links() if link.txl_split == "train"}
     assert len(in_txl_train & held_out) == 64
@@ -188,7 +188,7 @@ def test_other_laboratories_load_with_txl_pbcs_boxes_and_their_defects_named(txl
 def test_training_can_add_other_laboratories_images(bccd_root, txl_root):
     from medaidet.training.config import TrainConfig
     from medaidet.errors import ConfigError
-    from medaidet.training.recipe import Recipe
+    from medaidet.training.train import Recipe
     config = TrainConfig.profile("smoke", labels="txl-pbc", subset=None,
                                  other_sources=["PBC", "Raabin-WBC"])
     assert TrainConfig.from_dict(config.to_dict()) == config

@@ -230,7 +230,7 @@ def no_model(monkeypatch):
     """Building SSD is the start of the work: every check must come before it."""
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the arguments were checked")
-    monkeypatch.setattr("medaidet.training.recipe.Recipe.model", refuse)
+    monkeypatch.setattr("medaidet.training.train.Recipe.model", refuse)
 
 
 def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):

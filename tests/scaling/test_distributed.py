@@ -472,7 +472,7 @@ def test_distributed_imports_neither_chainer_nor_mpi():
 
 
 def test_one_process_training_never_imports_the_ranks():
-    done = run_python("import sys, medaidet.training.run, medaidet.training.recipe\n"
+    done = run_python("import sys, medaidet.training.train, medaidet.training.train\n"
                       "print('medaidet.extras.mpi' in sys.modules)")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
@@ -490,7 +490,7 @@ def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
     gradients are averaged, and rank 0's weights are broadcast before the first step)."""
     from medaidet.ssd.weights import compare_weights
     from medaidet.training.config import TrainConfig
-    from medaidet.training.run import train
+    from medaidet.training.train import train
 
     config = dict(subset=2, batch_size=2, iterations=2, augment=False, seed=0,
                   snapshot_interval=None,
@@ -520,7 +520,7 @@ def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
     # largest update (float32 summation order; some biases do not move at all), and each
     # weight moved by at most 5% of its norm (from another seed's init: 140%). ChainerMN
     # skipping the first update (the bug this guards against) differed by 5.6e-3.
-    from medaidet.training.run import initial_weights
+    from medaidet.training.train import initial_weights
     initial = initial_weights(TrainConfig.profile("smoke", **config))
     with np.load(single.weights) as a, np.load(tmp_path / "mn" / "model.npz") as b:
         for name in a.files:
@@ -557,7 +557,7 @@ def test_two_rank_training_with_augmentation_is_reproducible(mpi, tmp_path, bccd
 
 def test_resume_of_a_multi_process_run_is_refused(tmp_path):
     from medaidet.training.config import TrainConfig
-    from medaidet.training.run import prepare_run, train
+    from medaidet.training.train import prepare_run, train
     from medaidet.errors import ConfigError, WeightsError
 
     config = TrainConfig.profile("smoke", communicator="naive", out=str(tmp_path))

@@ -85,7 +85,7 @@ def test_members_over_the_total_limit_are_refused(tmp_path, monkeypatch):
 
 
 def test_a_snapshot_to_resume_is_held_to_the_same_limits(inflating):
-    from medaidet.training.snapshot import load_snapshot
+    from medaidet.training.train import load_snapshot
 
     error, peak = refused(lambda p: load_snapshot(None, p, train_size=4, batch_size=2),
                           inflating)

@@ -81,7 +81,7 @@ def test_the_plots_mark_each_learning_rate_step_the_run_reached(tmp_path):
 
 def test_a_learning_rate_step_applies_after_the_first_iteration_reaching_its_epoch():
     from medaidet.training.config import TrainConfig
-    from medaidet.training.recipe import Length
+    from medaidet.training.train import Length
 
     config = TrainConfig.profile("cpu").replace(lr_steps=(30, 35.5))
     assert Length(config, n_images=205, batch_size=4).lr_step_iterations == [1538, 1820]

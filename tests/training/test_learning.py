@@ -4,7 +4,7 @@ learning (the loss, the coder, the augmentation, the optimizer hooks) turns this
 import pytest
 
 from medaidet.training.config import TrainConfig
-from medaidet.training.run import train
+from medaidet.training.train import train
 
 # Measured on a 2-core CPU with one thread: see docs/cpu-detector.md ("the CI check").
 SHORT = dict(batch_size=8, iterations=60, lr_steps=(), eval_interval=None,

@@ -1,4 +1,4 @@
-"""The batch fitted to the device's memory before training (medaidet.training.memory_fit),
+"""The batch fitted to the device's memory before training (medaidet.training.train),
 on the CPU with a memory limit standing in for a small GPU: measured on real BCCD images,
 the micro-batch that fits chosen, the run trained with it and saying so, the run's random
 streams untouched by the measurement."""
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from medaidet.errors import DeviceError
-from medaidet.training import memory_fit
+from medaidet.training import train as memory_fit
 from medaidet.training.config import TrainConfig
-from medaidet.training.memory_fit import GIB, MARGIN, MemoryFit, fit_batch, plan_accumulate
-from medaidet.training.run import train
+from medaidet.training.train import GIB, MARGIN, MemoryFit, fit_batch, plan_accumulate
+from medaidet.training.train import train
 
 MIB = 2 ** 20
 SMALL = dict(model="ssd_small", batch_size=8, iterations=1, subset=8, eval_subset=1,

@@ -1,4 +1,4 @@
-"""medaidet.training.recipe: the Recipe's pieces, built one by one, train the same weights as
+"""medaidet.training.train: the Recipe's pieces, built one by one, train the same weights as
 ``train()`` (which is ``Recipe.build()`` plus checks, snapshots and metrics)."""
 import numpy as np
 import pytest
@@ -6,11 +6,11 @@ import pytest
 from conftest import edit_objects, split_ids
 from medaidet.errors import MedaidetError
 from medaidet.ssd.transforms import EncodeTransform, TrainTransform
-from medaidet.training import recipe
+from medaidet.training import train as recipe
 from medaidet.training.config import TrainConfig
-from medaidet.training.recipe import Recipe
-from medaidet.training.run import train
-from medaidet.training.seeding import seed_everything
+from medaidet.training.train import Recipe
+from medaidet.training.train import train
+from medaidet.training.train import seed_everything
 
 TINY = dict(subset=2, batch_size=1, eval_subset=1, eval_batch_size=1, seed=0, n_processes=0,
             pretrained=None, device="cpu", iterations=3)

@@ -1,4 +1,4 @@
-"""medaidet.training.run (with config, snapshot and divergence): config, smoke training on real
+"""medaidet.training.train (with config, snapshot and divergence): config, smoke training on real
 BCCD, seeds, kill + resume to the same weights, divergence, the ``medaidet train`` command."""
 import json
 import os
@@ -17,9 +17,9 @@ from medaidet.errors import ConfigError, DeviceError, DivergedError, WeightsErro
 from medaidet import cli
 from medaidet.cli import config_from_args
 from medaidet.training.config import TrainConfig
-from medaidet.training.divergence import StopOnNonFinite
+from medaidet.training.train import StopOnNonFinite
 from medaidet.training.iterators import n_processes_for
-from medaidet.training.run import train
+from medaidet.training.train import train
 
 # Tiny runs: SSD300 on a 2-core CPU is several seconds per image per iteration.
 TINY = dict(subset=2, batch_size=1, eval_subset=1, eval_batch_size=1, seed=0,

@@ -1,4 +1,4 @@
-"""medaidet.training.run's inputs: every bad number, name, file or folder ends in one named error
+"""medaidet.training.train's inputs: every bad number, name, file or folder ends in one named error
 that says the argument as the user wrote it (``--epochs``, ``--resume``, or the config
 field ``model``), the value and what is expected, before any model or data is built."""
 import json
@@ -11,7 +11,7 @@ import pytest
 from medaidet.errors import ConfigError, WeightsError
 from medaidet.cli import main
 from medaidet.training.config import TrainConfig
-from medaidet.training.run import train
+from medaidet.training.train import train
 
 
 @pytest.fixture
@@ -20,8 +20,8 @@ def no_model(monkeypatch):
     must come before it."""
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the arguments were checked")
-    monkeypatch.setattr("medaidet.training.recipe.Recipe.model", refuse)
-    monkeypatch.setattr("medaidet.training.recipe.Recipe.datasets", refuse)
+    monkeypatch.setattr("medaidet.training.train.Recipe.model", refuse)
+    monkeypatch.setattr("medaidet.training.train.Recipe.datasets", refuse)
 
 
 def _error_line(capsys) -> str:
@@ -200,7 +200,7 @@ def test_missing_resume_file(tmp_path, capsys, no_model):
 
 
 def test_a_good_looking_resume_file_passes_the_first_check(tmp_path):
-    from medaidet.training.snapshot import check_snapshot_file
+    from medaidet.training.train import check_snapshot_file
     path = _snapshot_like(tmp_path / "snapshot_latest.npz")
     assert check_snapshot_file(path, "--resume") == path
 
@@ -235,7 +235,7 @@ def test_unusable_pretrained_file(kind, tmp_path, capsys, no_model):
 def test_the_command_checks_its_run_once(monkeypatch, tmp_path, bccd_root):
     """prepare_run runs once per `medaidet train` (its messages get the flags' names from
     the command line: test_out_that_is_a_file)."""
-    from medaidet.training import run as run_module
+    from medaidet.training import train as run_module
     calls = []
     real = run_module.prepare_run
 
@@ -252,26 +252,21 @@ def test_the_command_checks_its_run_once(monkeypatch, tmp_path, bccd_root):
 def test_train_resolves_the_data_root_once(monkeypatch, tmp_path, bccd_root):
     """root=None is resolved once ($MEDAIDET_DATA here), before anything is built; the
     recipe reads both splits from that folder and never resolves it again."""
-    from medaidet.training import recipe as recipe_module
-    from medaidet.training import run as run_module
+    from medaidet.training import train as run_module
     monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
     calls, real = [], run_module.resolve_root
 
     def counted(root=None):
         calls.append(root)
         return real(root)
-
-    def again(root=None):
-        raise AssertionError(f"the recipe resolved the root again ({root!r})")
     monkeypatch.setattr(run_module, "resolve_root", counted)
-    monkeypatch.setattr(recipe_module, "resolve_root", again)
     read = []
-    real_dataset = recipe_module.BCCDDataset
+    real_dataset = run_module.BCCDDataset
 
     def dataset(root, split, **kwargs):
         read.append((root, split))
         return real_dataset(root, split, **kwargs)
-    monkeypatch.setattr(recipe_module, "BCCDDataset", dataset)
+    monkeypatch.setattr(run_module, "BCCDDataset", dataset)
     config = TrainConfig.profile("smoke", root=None, out=str(tmp_path / "run"), iterations=1)
     train(config, progress=False, log=lambda *a: None)
     assert calls == [None]

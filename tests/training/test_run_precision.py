@@ -11,9 +11,9 @@ import pytest
 from medaidet.errors import ConfigError
 from medaidet.ssd.precision import HalfConvolution2D
 from medaidet.training.config import TrainConfig
-from medaidet.training.divergence import StopOnNonFinite
-from medaidet.training.recipe import Recipe
-from medaidet.training.run import train
+from medaidet.training.train import StopOnNonFinite
+from medaidet.training.train import Recipe
+from medaidet.training.train import train
 
 TINY = dict(model="ssd_small", batch_size=2, iterations=2, subset=2, eval_subset=1,
             eval_batch_size=1, n_processes=0, seed=0, snapshot_interval=None,

@@ -1,11 +1,11 @@
-"""medaidet.training.seeding: what seed_everything seeds and sets, and worker reseeding."""
+"""medaidet.training.train: what seed_everything seeds and sets, and worker reseeding."""
 import multiprocessing
 import random
 
 import numpy as np
 import pytest
 
-from medaidet.training.seeding import ReseedingTransform, seed_everything
+from medaidet.training.train import ReseedingTransform, seed_everything
 from medaidet.errors import ConfigError
 
 
