@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     from medaidet.data.bccd import BCCDDataset, quiet_annotation_warnings
     from medaidet.extras.deploy import OnnxDetector
     from medaidet.extras.deploy import export_onnx
-    from medaidet.evaluation.predictions import load_model
+    from medaidet.evaluation.evaluate import load_model
     from medaidet.ssd.predict import predict
     from medaidet.ssd.weights import shipped_weights
 

@@ -7,8 +7,8 @@ import pytest
 
 from medaidet.data import agreement, compare, same_field, txl_pbc, yolo
 from medaidet.errors import ConfigError
-from medaidet.evaluation import analysis, box_sizes, count, frame, thresholds
-from medaidet.evaluation.predictions import Predictions, bootstrap, paired_bootstrap
+from medaidet.evaluation import analysis, count
+from medaidet.evaluation.evaluate import Predictions, bootstrap, paired_bootstrap
 
 NAMES = ("rbc", "wbc", "platelets")
 MARGINS = {"rbc": 5, "wbc": 5, "platelets": 5}
@@ -30,29 +30,29 @@ def a_label_file(txl_root):
 
 CASES = {
     # the counting frame
-    "frame_margins: no boxes": (lambda: frame.frame_margins(None, [[0]], NAMES), "bboxes"),
+    "frame_margins: no boxes": (lambda: count.frame_margins(None, [[0]], NAMES), "bboxes"),
     "frame_margins: a label past the classes": (
-        lambda: frame.frame_margins([BOX], [[7]], NAMES), "bboxes"),
-    "frame_margins: no class names": (lambda: frame.frame_margins([BOX], [[0]], None),
+        lambda: count.frame_margins([BOX], [[7]], NAMES), "bboxes"),
+    "frame_margins: no class names": (lambda: count.frame_margins([BOX], [[0]], None),
                                       "label_names"),
-    "margin_per_class: not a dict": (lambda: frame.margin_per_class(None, NAMES), "margins"),
-    "in_frame: boxes of text": (lambda: frame.in_frame("x", [0], (100, 100), MARGINS, NAMES),
+    "margin_per_class: not a dict": (lambda: count.margin_per_class(None, NAMES), "margins"),
+    "in_frame: boxes of text": (lambda: count.in_frame("x", [0], (100, 100), MARGINS, NAMES),
                                 "bbox"),
     "in_frame: three numbers a box": (
-        lambda: frame.in_frame([[0, 0, 1]], [0], (100, 100), MARGINS, NAMES), "bbox"),
+        lambda: count.in_frame([[0, 0, 1]], [0], (100, 100), MARGINS, NAMES), "bbox"),
     "in_frame: a label past the classes": (
-        lambda: frame.in_frame(BOX, [9], (100, 100), MARGINS, NAMES), "bbox"),
+        lambda: count.in_frame(BOX, [9], (100, 100), MARGINS, NAMES), "bbox"),
     "in_frame: a size of three numbers": (
-        lambda: frame.in_frame(BOX, [0], (1, 2, 3), MARGINS, NAMES), "size"),
-    "frame_area: no size": (lambda: frame.frame_area(None, 3), "size"),
+        lambda: count.in_frame(BOX, [0], (1, 2, 3), MARGINS, NAMES), "size"),
+    "frame_area: no size": (lambda: count.frame_area(None, 3), "size"),
     "frame_predictions: not predictions": (
-        lambda: frame.frame_predictions(None, (100, 100), MARGINS), "predictions"),
+        lambda: count.frame_predictions(None, (100, 100), MARGINS), "predictions"),
     "frame_predictions: no sizes": (
-        lambda: frame.frame_predictions(predictions(), None, MARGINS), "sizes"),
+        lambda: count.frame_predictions(predictions(), None, MARGINS), "sizes"),
     "frame_errors: one threshold, not one per class": (
-        lambda: frame.frame_errors(predictions(), 0.5, (100, 100), MARGINS), "thresholds"),
+        lambda: count.frame_errors(predictions(), 0.5, (100, 100), MARGINS), "thresholds"),
     "densities: counts of text": (
-        lambda: frame.densities("x", [(100, 100)], MARGINS, NAMES), "counts"),
+        lambda: count.densities("x", [(100, 100)], MARGINS, NAMES), "counts"),
     # counts and thresholds
     "count_cells: not predictions": (lambda: count.count_cells("x"), "predictions"),
     "count_errors: one threshold": (lambda: count.count_errors(predictions(), 0.5),
@@ -62,10 +62,10 @@ CASES = {
         "score_thresh['wbc']"),
     "images_at_points: no counts": (lambda: count.images_at_points(None, [1]),
                                     "annotated, predicted"),
-    "threshold_sweep: not predictions": (lambda: thresholds.threshold_sweep(None),
+    "threshold_sweep: not predictions": (lambda: count.threshold_sweep(None),
                                          "predictions"),
     "report_count_errors: not predictions": (
-        lambda: thresholds.report_count_errors(None, predictions()), "predictions"),
+        lambda: count.report_count_errors(None, predictions()), "predictions"),
     "filter: nan": (lambda: predictions().filter(float("nan")), "score_thresh"),
     "filter: 2": (lambda: predictions().filter(2), "score_thresh"),
     "take: image ids, not positions": (lambda: predictions().take(["a"]), "indices"),
@@ -87,9 +87,9 @@ CASES = {
     "missed_by: no bins": (lambda: analysis.missed_by(None, 0.5, "size", []), "bins"),
     "missed_by: bins of text": (lambda: analysis.missed_by(None, 0.5, "size", "ab"), "bins"),
     "gt_box_sizes: a threshold above 1": (
-        lambda: box_sizes.gt_box_sizes(predictions(), 2), "score_thresh"),
+        lambda: analysis.gt_box_sizes(predictions(), 2), "score_thresh"),
     "gt_box_sizes: sizes of another length": (
-        lambda: box_sizes.gt_box_sizes(predictions(), image_sizes=[(1, 2), (3, 4)]),
+        lambda: analysis.gt_box_sizes(predictions(), image_sizes=[(1, 2), (3, 4)]),
         "image_sizes"),
     # data
     "pair_counts: no pairs": (lambda: agreement.pair_counts(None, None), "pairs"),
@@ -139,9 +139,9 @@ def test_the_checked_paths_still_give_the_right_results(txl_root):
     """The checks let through what the functions are for: per-class thresholds, one (H, W)
     for all images, list-like boxes, a dataset root given as a str."""
     assert count.count_errors(predictions(2), PER_CLASS)["rbc"] == 0.0
-    assert frame.frame_predictions(predictions(2), (100, 100), MARGINS).gt_labels[1].tolist() \
+    assert count.frame_predictions(predictions(2), (100, 100), MARGINS).gt_labels[1].tolist() \
         == [0]
-    assert frame.in_frame(BOX, [0], [100, 100], MARGINS, NAMES).tolist() == [True]
+    assert count.in_frame(BOX, [0], [100, 100], MARGINS, NAMES).tolist() == [True]
     assert sum(txl_pbc.census(str(txl_root)).values()) > 0
     label = a_label_file(txl_root)
     assert yolo.parse_yolo_labels(str(label), (480, 640)).objects

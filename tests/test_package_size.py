@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures after the last step of docs/design.md's table: lower them with every step
-CEILINGS = {"lines": 14_894, "characters": 730_002, "core lines": 12_503}
+CEILINGS = {"lines": 14_740, "characters": 723_556, "core lines": 12_349}
 
 
 def _figures():

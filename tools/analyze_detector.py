@@ -28,7 +28,7 @@ from medaidet.evaluation.analysis import (LOST_STAGES, box_outcomes, detection_s
                                           plot_detection_scores, recall_precision,
                                           stage_counts)
 from medaidet.evaluation.runs import predict_weights
-from medaidet.evaluation.visualize import plot_detections
+from medaidet.evaluation.analysis import plot_detections
 from medaidet.tables import Table
 
 SIZE_BINS = (0, 15, 20, 25, 30, 45, 60, 75, 100, np.inf)
@@ -145,7 +145,7 @@ def plot_misses(outcomes, split, t):
 
 def top_false_positive_images(preds, t, n=6):
     """Indices of the ``n`` images whose highest-scoring false positive scores highest."""
-    from medaidet.evaluation.matching import match_predictions
+    from medaidet.evaluation.analysis import match_predictions
 
     best = []
     for i, m in enumerate(match_predictions(preds, t, 0.5)):

@@ -6,9 +6,9 @@ frame"). A research record, not part of the package:
 
 For each weight file: predictions on the 57 val and 40 test images TXL-PBC re-annotated,
 scored against TXL-PBC's boxes and against BCCD's; margins per class from BCCD's train boxes
-(:func:`medaidet.evaluation.frame.frame_margins`); for each annotation and rule, thresholds
+(:func:`medaidet.evaluation.count.frame_margins`); for each annotation and rule, thresholds
 chosen on val with that rule, the test count error once with its bootstrap interval
-(:func:`medaidet.evaluation.thresholds.report_count_errors`).
+(:func:`medaidet.evaluation.count.report_count_errors`).
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import warnings
 
 def framed_counts(weights, bootstrap=1000) -> dict:
     from medaidet.data.bccd import BCCDDataset
-    from medaidet.evaluation.frame import frame_errors, frame_margins, frame_predictions
-    from medaidet.evaluation.predictions import load_model, predict_split
-    from medaidet.evaluation.thresholds import report_count_errors
+    from medaidet.evaluation.count import frame_errors, frame_margins, frame_predictions
+    from medaidet.evaluation.evaluate import load_model, predict_split
+    from medaidet.evaluation.count import report_count_errors
 
     warnings.simplefilter("ignore")          # BCCD's dropped boxes: notebook 01 lists them
     train = BCCDDataset(None, "train")

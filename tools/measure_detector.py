@@ -21,7 +21,7 @@ import medaidet  # noqa: F401  (runtime settings before chainer)
 from medaidet.data.bccd import AnnotationWarning
 from medaidet.evaluation.analysis import images_missing_class
 from medaidet.evaluation.count import count_cells
-from medaidet.evaluation.thresholds import threshold_sweep
+from medaidet.evaluation.count import threshold_sweep
 from medaidet.evaluation.evaluate import evaluate
 from medaidet.evaluation.runs import predict_weights
 from medaidet.numbers import finite_or_none

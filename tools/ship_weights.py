@@ -25,7 +25,7 @@ import medaidet  # noqa: F401  (runtime settings before chainer)
 from measure_detector import measure  # tools/, beside this file
 
 from medaidet.evaluation.analysis import images_missing_class
-from medaidet.evaluation.predictions import load_model
+from medaidet.evaluation.evaluate import load_model
 from medaidet.ssd.weights import SHIPPED_WEIGHTS, save_weights
 from medaidet.ssd.small import SIZES
 from medaidet.training.config import TrainConfig

@@ -50,13 +50,13 @@ def _dataset(split, labels):
 
 
 def _predict(model, split, labels):
-    from medaidet.evaluation.predictions import predict_split
+    from medaidet.evaluation.evaluate import predict_split
     return predict_split(model, _dataset(split, labels), progress=False)
 
 
 def _predict_other(model, split, source):
     from medaidet.data.txl_pbc import TXLPBCDataset
-    from medaidet.evaluation.predictions import predict_split
+    from medaidet.evaluation.evaluate import predict_split
     return predict_split(model, TXLPBCDataset(None, split, source), progress=False)
 
 
@@ -78,8 +78,8 @@ def _figures(preds, thresholds):
 
 
 def _bootstrap(preds, thresholds, n=1000, seed=0):
-    """The spread of each mAP and count error (medaidet.evaluation.predictions.bootstrap)."""
-    from medaidet.evaluation.predictions import bootstrap
+    """The spread of each mAP and count error (medaidet.evaluation.evaluate.bootstrap)."""
+    from medaidet.evaluation.evaluate import bootstrap
 
     def flat(p):
         figures = _figures(p, thresholds)[0]
@@ -92,8 +92,8 @@ def judge(weights, bootstrap=1000, other_sources=("PBC", "Raabin-WBC")) -> dict:
     """Every figure of the module docstring for one detector: per annotation (``'txl-pbc'``,
     ``'bccd'``) and per other source, the test figures at thresholds chosen on val, the val
     figures beside them, and with ``bootstrap`` the test figures' spreads."""
-    from medaidet.evaluation.thresholds import threshold_sweep
-    from medaidet.evaluation.predictions import load_model
+    from medaidet.evaluation.count import threshold_sweep
+    from medaidet.evaluation.evaluate import load_model
     model = load_model(weights)
     val = _predict(model, "val", "txl-pbc")
     test_txl = _predict(model, "test", "txl-pbc")
@@ -156,7 +156,7 @@ def _frame(args):
     miss), and where the red cells missed at score >= 0.6 lie."""
     import numpy as np
     from chainercv.utils import bbox_iou
-    from medaidet.evaluation.predictions import Predictions, load_model
+    from medaidet.evaluation.evaluate import Predictions, load_model
     for weights in args.weights:
         model = load_model(weights)
         for split in ("val", "test"):
@@ -205,7 +205,7 @@ def _unseen(p, c, height=480, width=640):
     0.5 at any score the predictions hold (0.01 up): no threshold counts them. Returns the
     per-image counts of those boxes and of those among them the frame cuts."""
     import numpy as np
-    from medaidet.evaluation.matching import voc_iou
+    from medaidet.evaluation.analysis import voc_iou
     unseen, cut = [], []
     for pb, pl, gb, gl in zip(p.pred_bboxes, p.pred_labels, p.gt_bboxes, p.gt_labels):
         g, d = gb[gl == c], pb[pl == c]
@@ -254,8 +254,8 @@ def ceiling(p, thresholds) -> dict:
 
 
 def _ceiling(args):
-    from medaidet.evaluation.thresholds import threshold_sweep
-    from medaidet.evaluation.predictions import load_model
+    from medaidet.evaluation.count import threshold_sweep
+    from medaidet.evaluation.evaluate import load_model
     report = {}
     for weights in args.weights:
         model = load_model(weights)
@@ -275,7 +275,7 @@ def count_events(p, c, thresh):
     detection that takes no box is a false one, noted with the annotated box it overlaps
     most."""
     import numpy as np
-    from medaidet.evaluation.matching import match_detections, voc_iou
+    from medaidet.evaluation.analysis import match_detections, voc_iou
     events = []
     for i, (pb, pl, ps, gb, gl) in enumerate(zip(p.pred_bboxes, p.pred_labels, p.pred_scores,
                                                  p.gt_bboxes, p.gt_labels)):
@@ -296,8 +296,8 @@ def _count_audit(args):
     """Every count error of one class at the val-chosen threshold (or --threshold), listed,
     and with --figure drawn: a crop around each (annotation: solid, class colour; the event's
     box dashed, yellow for a false detection, magenta for a miss)."""
-    from medaidet.evaluation.thresholds import threshold_sweep
-    from medaidet.evaluation.predictions import load_model
+    from medaidet.evaluation.count import threshold_sweep
+    from medaidet.evaluation.evaluate import load_model
     model = load_model(args.weights)
     val = _predict(model, "val", "txl-pbc")
     p = val if args.split == "val" else _predict(model, args.split, "txl-pbc")
@@ -349,7 +349,7 @@ RAABIN_RELABEL = {
 
 
 def _relabelled(preds, split):
-    from medaidet.evaluation.predictions import Predictions
+    from medaidet.evaluation.evaluate import Predictions
     labels = [lb.copy() for lb in preds.gt_labels]
     for i, (name, boxes) in enumerate(zip(preds.ids, preds.gt_bboxes)):
         fix = RAABIN_RELABEL[split].get(name[-12:])
@@ -364,7 +364,7 @@ def _relabelled(preds, split):
 def _raabin_audit(args):
     """Raabin-WBC's val and test mAP as labelled and with RAABIN_RELABEL applied; with
     --figure, the audited test images drawn with their labels (blue: white cell)."""
-    from medaidet.evaluation.predictions import load_model
+    from medaidet.evaluation.evaluate import load_model
     for weights in args.weights:
         model = load_model(weights)
         for split in ("val", "test"):

@@ -10,7 +10,7 @@ annotation boxes a cell the other leaves out is often a rule (a cell the border 
 mistake.
 
 To compare two detectors (or two scorings) on the same images, use
-:func:`medaidet.evaluation.predictions.paired_bootstrap`.
+:func:`medaidet.evaluation.evaluate.paired_bootstrap`.
 """
 from __future__ import annotations
 

@@ -1,66 +1,630 @@
-"""Error analysis: where a detector's misses come from, box by box.
+"""What a detector gets right and wrong, box by box (notebooks 04 and 05).
 
-AP and count errors say *how much* a detector misses; this module says *where* each
-missed ground-truth box was lost. Every non-difficult ground-truth box of a split gets:
-
-* its outcome at a score threshold ``t``, by VOC matching at IoU 0.5
-  (:func:`~medaidet.evaluation.matching.match_detections`, the rule of VOC AP): found or
-  missed;
-* its size, ``sqrt(h * w)`` at the model's ``input_size`` x ``input_size`` input (as
-  :func:`~medaidet.evaluation.box_sizes.gt_box_sizes`);
-* its **crowding**: how many *other* ground-truth boxes of its class overlap it with IoU
-  ``> crowd_iou`` (default 0: any overlap of positive area). A box in a clump of red cells
-  has several; a lone platelet none;
-* the **best score** of a same-class candidate covering it (IoU ``>= 0.5``) at each stage
-  of prediction (:class:`medaidet.ssd.predict.Candidates`): among all candidates (class
-  score ``>= 0.01`` in the 'evaluate' preset), after the ``top_k`` cap per class, after
-  NMS, after the ``keep_top_k`` cap (the detections). 0 where none covers it.
-
-From the best scores follows, for any threshold ``t``, the **stage** at which a missed
-box was lost (the first that holds, in this order):
-
-* ``"no_candidate"``: no same-class candidate covers it at any score (``>= 0.01``): the
-  model did not localise it (or called it another class);
-* ``"low_score"``: candidates cover it, but all score ``< t``: ranked, not believed;
-* ``"top_k"``: a candidate scoring ``>= t`` covered it, but the cap of ``top_k``
-  candidates per class before NMS removed every such one;
-* ``"nms"``: one survived the cap, but NMS suppressed every such one (a neighbour's box
-  overlapped it by ``>= nms_thresh``);
-* ``"keep_top_k"``: one survived NMS, but the image's cap of ``keep_top_k`` detections
-  removed it;
-* ``"matching"``: a detection scoring ``>= t`` covers it, but VOC's greedy matching gave
-  that detection to another box (each detection matches one box, its best-overlapping).
-
-Every count can be taken on all images, or without the images the validator flags as
-missing a class (:func:`images_missing_class`: ``missing_class`` findings of
-:func:`medaidet.data.validate.validate_dataset`), where unboxed cells turn correct
-detections into false positives.
+* **Matching** (:func:`match_detections`): the rule of ChainerCV's
+  ``calc_detection_voc_prec_rec``, exposed per detection and per box: which detections are
+  true positives, which are false, which boxes were missed. Drawing, the box sizes, the error
+  analysis and the count audits all match with it, so a box missed in one place is missed in
+  every other.
+* **Box sizes** (:func:`gt_box_sizes`): the found and the missed ground-truth boxes measured
+  at the model's input (300x300), to set beside the default boxes' sizes (the small SSD's
+  smallest is 20 px, SSD300's 30 px): a class missed under the smallest is missed for its size.
+* **Drawing** (:func:`draw_detections`, :func:`plot_detections`): each detection scoring
+  ``>= score_thresh``, matched as VOC AP matches, drawn correct (solid black), false (dashed
+  orange) or missed (dotted black) (:data:`medaidet.colors.OUTCOME_STYLES`: no class colour,
+  told apart by line style too), with its class's initial; each panel's title has the counts
+  per class, predicted/annotated, as :func:`~medaidet.evaluation.count.count_cells` counts.
+* **Error analysis** (:func:`box_outcomes`): every non-difficult ground-truth box gets its
+  outcome at a threshold, its size, its **crowding** (how many other boxes of its class
+  overlap it with IoU ``> crowd_iou``) and the **best score** of a same-class candidate
+  covering it (IoU ``>= 0.5``) at each stage of prediction
+  (:class:`medaidet.ssd.predict.Candidates`). From those follows the **stage** at which a
+  missed box was lost, the first that holds: ``"no_candidate"`` (no same-class candidate
+  covers it: not localised, or called another class), ``"low_score"`` (covered, but every
+  score ``< t``), ``"top_k"`` (the per-class cap before NMS removed every such candidate),
+  ``"nms"`` (a neighbour's box suppressed it), ``"keep_top_k"`` (the image's cap of
+  detections removed it), ``"matching"`` (VOC's greedy matching gave the covering detection
+  to another box). Every count can be taken without the images the validator flags as
+  missing a class (:func:`images_missing_class`), where unboxed cells turn correct
+  detections into false positives.
 
 Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels, float32, shape (R, 4); labels
-int32 (R,), indices into the label names; scores float32 (R,).
+int32 (R,), indices into the label names; scores float32 (R,). Images float32 (3, H, W),
+RGB, 0-255 (ChainerCV's layout).
 """
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 from chainercv.utils import bbox_iou
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
 
-from medaidet.arguments import check_number, check_type, checked_bins
-from medaidet.data.bccd import CLASS_COLORS
+from medaidet.arguments import check_number, check_type, checked_bins, checked_sizes
+from medaidet.colors import OUTCOME_LABELS, OUTCOME_STYLES, bar_style
+from medaidet.data.bccd import CLASS_COLORS, AnnotationWarning, BCCDDataset
+from medaidet.data.image import read_image_size
+from medaidet.data.pinned import resolve_root
 from medaidet.data.validate import validate_dataset
+from medaidet.data.voc import image_path
 from medaidet.errors import ConfigError
-from medaidet.evaluation.predictions import Predictions
-from medaidet.evaluation.protocol import IOU_THRESH
-from medaidet.evaluation.box_sizes import image_sizes_of
-from medaidet.evaluation.matching import match_predictions, voc_iou
+from medaidet.evaluation.evaluate import Predictions, checked
+from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH
 from medaidet.ssd.predict import Candidates
 
-__all__ = ["STAGES", "LOST_STAGES", "CANDIDATE_SETS", "BoxOutcomes", "images_missing_class",
-           "recall_precision", "detection_scores", "plot_detection_scores", "box_outcomes",
-           "stage_counts", "missed_by"]
+__all__ = [
+    "DetectionMatch", "match_detections", "match_predictions", "voc_iou", "as_boxes",
+    "BoxSizes", "gt_box_sizes", "plot_box_sizes", "image_sizes_of", "STYLES",
+    "draw_detections", "plot_detections", "STAGES", "LOST_STAGES", "CANDIDATE_SETS",
+    "BoxOutcomes", "images_missing_class", "recall_precision", "detection_scores",
+    "plot_detection_scores", "box_outcomes", "stage_counts", "missed_by"]
+
+
+# --------------------------------------------------------------------------- matching
+
+@dataclass
+class DetectionMatch:
+    """The outcome of every detection and ground-truth box of one image.
+
+    Over the R detections (bool, shape (R,)): ``kept`` (score ``>= score_thresh``), ``tp``,
+    ``fp`` and ``ignored`` (matched to a *difficult* box: neither, as in VOC). A detection
+    below the threshold is none of ``tp``/``fp``/``ignored``. Over the G ground-truth boxes:
+    ``missed`` (bool (G,): a non-difficult box no kept detection matched) and ``matched_by``
+    (int (G,): the index of the detection that matched it, -1 if none).
+    """
+    kept: np.ndarray
+    tp: np.ndarray
+    fp: np.ndarray
+    ignored: np.ndarray
+    missed: np.ndarray
+    matched_by: np.ndarray
+
+    @property
+    def found(self) -> np.ndarray:
+        """bool (G,): ground-truth boxes matched by a true positive."""
+        return self.matched_by >= 0
+
+    @property
+    def n_tp(self) -> int:
+        return int(self.tp.sum())
+
+    @property
+    def n_fp(self) -> int:
+        return int(self.fp.sum())
+
+    @property
+    def n_missed(self) -> int:
+        return int(self.missed.sum())
+
+
+def as_boxes(bbox) -> np.ndarray:
+    """float32 (R, 4); an empty list or array becomes (0, 4)."""
+    return np.asarray(bbox, dtype=np.float32).reshape(-1, 4)
+
+
+def _matched_inputs(pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult):
+    """:func:`match_detections`' arguments as arrays, their lengths checked."""
+    pred_bbox = as_boxes(pred_bbox)
+    gt_bbox = as_boxes(gt_bbox)
+    pred_label = np.asarray(pred_label, dtype=np.int32).reshape(-1)
+    pred_score = np.asarray(pred_score, dtype=np.float32).reshape(-1)
+    gt_label = np.asarray(gt_label, dtype=np.int32).reshape(-1)
+    gt_difficult = (np.zeros(len(gt_label), dtype=bool) if gt_difficult is None
+                    else np.asarray(gt_difficult, dtype=bool).reshape(-1))
+    r, g = len(pred_bbox), len(gt_bbox)
+    if not (len(pred_label) == len(pred_score) == r and len(gt_label) == len(gt_difficult) == g):
+        raise ConfigError(f"match_detections: {r} predicted boxes with {len(pred_label)} labels "
+                         f"and {len(pred_score)} scores; {g} ground-truth boxes with "
+                         f"{len(gt_label)} labels and {len(gt_difficult)} difficult flags: "
+                         "each box needs one of each")
+    return pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult
+
+
+def voc_iou(a, b):
+    """IoU of boxes ``a`` (N, 4) and ``b`` (M, 4) with VOC's integer-pixel convention
+    (``y_max``/``x_max`` + 1), in their own dtype, as ChainerCV's
+    ``calc_detection_voc_prec_rec`` computes it; (N, M)."""
+    a = np.array(a).reshape(-1, 4)
+    b = np.array(b).reshape(-1, 4)
+    if not len(a) or not len(b):
+        return np.zeros((len(a), len(b)))
+    a[:, 2:] += 1
+    b[:, 2:] += 1
+    return bbox_iou(a, b)
+
+
+def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
+                     gt_difficult=None, iou_thresh: float = IOU_THRESH,
+                     score_thresh: float = COUNT_SCORE_THRESH) -> DetectionMatch:
+    """Match one image's detections to its ground truth, the way VOC AP does.
+
+    The detections scoring ``>= score_thresh`` are taken class by class in descending
+    score order; each goes to the ground-truth box of its class it overlaps most
+    (:func:`chainercv.utils.bbox_iou`). If that IoU is ``>= iou_thresh`` and the box is
+    still free, the detection is a true positive and takes the box; if the box is taken
+    already (a duplicate), or the best IoU is below the threshold, it is a false positive.
+    A box is matched at most once; boxes no detection took are missed. This is ChainerCV's
+    ``calc_detection_voc_prec_rec`` rule exactly, including VOC's integer-pixel
+    convention (``y_max``/``x_max`` + 1 before the IoU) and its handling of difficult
+    boxes (a detection on one is ignored; the box is never missed).
+
+    Args:
+        pred_bbox: float32 (R, 4), ``(y_min, x_min, y_max, x_max)`` in image pixels.
+        pred_label: int32 (R,). pred_score: float32 (R,).
+        gt_bbox: float32 (G, 4), ``(y_min, x_min, y_max, x_max)``. gt_label: int32 (G,).
+        gt_difficult: bool (G,) or None (none difficult).
+        iou_thresh: the IoU a match needs (VOC: 0.5).
+        score_thresh: detections below it are not drawn, counted or matched.
+
+    Returns:
+        :class:`DetectionMatch`: masks over the detections and over the boxes.
+    """
+    pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult = _matched_inputs(
+        pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult)
+    r, g = len(pred_bbox), len(gt_bbox)
+    kept = pred_score >= score_thresh
+    tp, fp, ignored = (np.zeros(r, dtype=bool) for _ in range(3))
+    matched_by = np.full(g, -1, dtype=np.int64)
+    taken = np.zeros(g, dtype=bool)
+    for label in np.unique(pred_label[kept]):
+        pred_idx = np.flatnonzero(kept & (pred_label == label))
+        # ChainerCV's order, ties included: argsort()[::-1]
+        pred_idx = pred_idx[pred_score[pred_idx].argsort()[::-1]]
+        gt_idx = np.flatnonzero(gt_label == label)
+        if len(gt_idx) == 0:
+            fp[pred_idx] = True
+            continue
+        iou = voc_iou(pred_bbox[pred_idx], gt_bbox[gt_idx])
+        best = iou.argmax(axis=1)
+        best[iou.max(axis=1) < iou_thresh] = -1
+        for p, b in zip(pred_idx, best):
+            if b < 0:
+                fp[p] = True
+                continue
+            box = gt_idx[b]
+            if gt_difficult[box]:
+                ignored[p] = True
+            elif not taken[box]:
+                tp[p] = True
+                matched_by[box] = p
+            else:
+                fp[p] = True
+            taken[box] = True
+    missed = (matched_by < 0) & ~gt_difficult
+    return DetectionMatch(kept, tp, fp, ignored, missed, matched_by)
+
+
+def match_predictions(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH,
+                      iou_thresh: float = IOU_THRESH) -> list:
+    """:func:`match_detections` of every image of ``predictions``, in order."""
+    predictions = checked(predictions)
+    score_thresh = check_number(score_thresh, "score_thresh", "probability")
+    iou_thresh = check_number(iou_thresh, "iou_thresh", "probability")
+    return [match_detections(*(getattr(predictions, k)[i] for k in (
+        "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
+        "gt_difficults")), iou_thresh=iou_thresh, score_thresh=score_thresh)
+        for i in range(len(predictions))]
+
+
+# --------------------------------------------------------------------------- box_sizes
+
+@dataclass
+class BoxSizes:
+    """Sizes of the ground-truth boxes, found vs missed, per class.
+
+    Size is ``sqrt(h * w)`` of the box rescaled to the model's ``input_size`` x
+    ``input_size`` input (SSD resizes every image to a square, aspect ratio not kept), in
+    pixels: the scale the default boxes' sizes are given at. ``found[name]`` /
+    ``missed[name]``: float64 arrays (one size per box); difficult boxes are in neither.
+    """
+    label_names: tuple
+    found: dict
+    missed: dict
+    input_size: int
+    score_thresh: float
+    iou_thresh: float = IOU_THRESH
+
+    def rows(self) -> list:
+        out = []
+        for name in self.label_names:
+            f, m = self.found[name], self.missed[name]
+            out.append({"class": name, "found": len(f), "missed": len(m),
+                        "recall": len(f) / (len(f) + len(m)) if len(f) + len(m) else math.nan,
+                        "median_found": float(np.median(f)) if len(f) else math.nan,
+                        "median_missed": float(np.median(m)) if len(m) else math.nan})
+        return out
+
+    def missed_fraction_below(self, size: float) -> dict:
+        """Per class: of the boxes smaller than ``size`` px, the fraction missed (NaN: none)."""
+        out = {}
+        for name in self.label_names:
+            f = int((self.found[name] < size).sum())
+            m = int((self.missed[name] < size).sum())
+            out[name] = m / (f + m) if f + m else math.nan
+        return out
+
+    def __str__(self):
+        lines = [f"Ground-truth box sizes sqrt(h*w) at {self.input_size}x{self.input_size} "
+                 f"px, detections at score >= {self.score_thresh:g}"]
+        for r in self.rows():
+            lines.append(f"{r['class']:>10}: found {r['found']:4d}{_median(r['median_found'])}, "
+                         f"missed {r['missed']:4d}{_median(r['median_missed'])}")
+        return "\n".join(lines)
+
+
+def _median(value: float) -> str:
+    return "" if math.isnan(value) else f" (median {value:5.1f} px)"
+
+
+def image_sizes_of(predictions: Predictions, image_sizes, dataset, root):
+    """(height, width) of every image of ``predictions``: ``image_sizes`` when given, else
+    from ``dataset`` or the image files' headers under ``root`` (nothing is decoded)."""
+    if image_sizes is not None:
+        return [tuple(int(v) for v in size)
+                for size in checked_sizes(image_sizes, len(checked(predictions)), "image_sizes")]
+
+    root = resolve_root(getattr(dataset, "root", None) if root is None else root)
+    # the header only: no image is decoded
+    return [read_image_size(image_path(root, image_id), image_id)
+            for image_id in predictions.ids]
+
+
+def gt_box_sizes(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH,
+                 iou_thresh: float = IOU_THRESH, input_size: int = 300, image_sizes=None,
+                 dataset=None, root=None) -> BoxSizes:
+    """Sizes of the found and the missed ground-truth boxes per class, at the model's input.
+
+    A box is found when a detection scoring ``>= score_thresh`` matches it
+    (:func:`~medaidet.evaluation.analysis.match_detections`), missed otherwise. Its size is ``sqrt(h * w)`` after the
+    image is resized to ``input_size`` x ``input_size`` (300 for SSD300 and the small SSD,
+    512 for SSD512): compare it with the model's default-box sizes (smallest: 20 px for
+    the small SSD, :data:`medaidet.ssd.small.SIZES`; 30 px for SSD300).
+
+    Args:
+        image_sizes: ``(H, W)`` of each image; default: read from the image files'
+            headers in ``root`` (or ``dataset.root``, else ``$MEDAIDET_DATA``).
+    """
+    matches = match_predictions(predictions, score_thresh, iou_thresh)
+    sizes = image_sizes_of(predictions, image_sizes, dataset, root)
+    label_names = tuple(predictions.label_names)
+    found = {n: [] for n in label_names}
+    missed = {n: [] for n in label_names}
+    for i, m in enumerate(matches):
+        h_img, w_img = sizes[i]
+        bbox = as_boxes(predictions.gt_bboxes[i]).astype(np.float64)
+        h = (bbox[:, 2] - bbox[:, 0]) * input_size / h_img
+        w = (bbox[:, 3] - bbox[:, 1]) * input_size / w_img
+        size = np.sqrt(np.clip(h, 0, None) * np.clip(w, 0, None))
+        labels = np.asarray(predictions.gt_labels[i]).reshape(-1)
+        for l, name in enumerate(label_names):
+            found[name].extend(size[(labels == l) & m.found])
+            missed[name].extend(size[(labels == l) & m.missed])
+    return BoxSizes(label_names, {n: np.asarray(v, dtype=np.float64) for n, v in found.items()},
+                    {n: np.asarray(v, dtype=np.float64) for n, v in missed.items()},
+                    int(input_size), float(score_thresh), float(iou_thresh))
+
+
+def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
+    """Histograms of found vs missed box sizes, one panel per class (``classes``: default
+    all), stacked, with a vertical line at each of ``default_box_sizes`` (up to four, e.g.
+    ``(medaidet.ssd.small.SIZES[0], 30)`` for the small SSD's and SSD300's smallest; at the
+    same input scale).
+
+    Returns a matplotlib ``Figure``.
+    """
+
+    names = list(classes or sizes.label_names)
+    fig = Figure(figsize=(4.2 * len(names), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    for ax, name in zip(axes, names):
+        f, m = sizes.found[name], sizes.missed[name]
+        both = np.concatenate([f, m])
+        bins = np.linspace(both.min(), both.max() + 1, 21) if len(both) else 10
+        # found: solid dark bars; missed: white, dotted, stacked on top (as the drawings)
+        counts_found, edges, _ = ax.hist(f, bins=bins, label=f"found ({len(f)})",
+                                         **bar_style(0))
+        ax.hist(m, bins=edges, bottom=counts_found, label=f"missed ({len(m)})",
+                **dict(bar_style(0), color="white", hatch="..."))
+        for s, ls in zip(default_box_sizes, ("--", "-.", ":", (0, (5, 1, 1, 1)))):
+            ax.axvline(s, color="0.55", ls=ls, lw=1.8, label=f"default box {s:g} px")
+        ax.set(title=name, xlabel=f"box size sqrt(h*w) at {sizes.input_size}x"
+                                  f"{sizes.input_size} px", ylabel="boxes")
+        ax.legend(fontsize="small")
+    fig.suptitle(f"Found vs missed ground truth (score >= {sizes.score_thresh:g}, "
+                 f"IoU >= {sizes.iou_thresh:g})")
+    return fig
+
+
+# --------------------------------------------------------------------------- visualize
+
+#: Drawing style of each outcome (matplotlib ``Rectangle`` keywords): no class colour, and
+#: the line styles tell them apart without colour (:mod:`medaidet.colors`).
+STYLES = OUTCOME_STYLES
+_LEGEND = OUTCOME_LABELS
+
+
+# --------------------------------------------------------------------------- drawing
+
+def _class_index(class_filter, label_names):
+    if class_filter is None:
+        return None
+    if isinstance(class_filter, str):
+        names = [n.lower() for n in label_names]
+        if class_filter.lower() not in names:
+            raise ConfigError(f"class_filter: {class_filter!r} is not a class; expected one "
+                             f"of {', '.join(label_names)} (or its index)")
+        return names.index(class_filter.lower())
+    index = int(class_filter)
+    if not 0 <= index < len(label_names):
+        raise ConfigError(f"class_filter: {class_filter} is not a class index; expected 0 to "
+                         f"{len(label_names) - 1} ({', '.join(label_names)})")
+    return index
+
+
+def _of_class(labels, class_index) -> np.ndarray:
+    """bool mask of ``labels`` equal to ``class_index`` (all True for None)."""
+    labels = np.asarray(labels).reshape(-1)
+    return np.ones(len(labels), dtype=bool) if class_index is None else labels == class_index
+
+
+def _tags(label_names):
+    """Class initials (``R``, ``W``, ``P``), or the names if two initials collide."""
+    initials = [n[:1].upper() for n in label_names]
+    return initials if len(set(initials)) == len(initials) else list(label_names)
+
+
+def _count_title(pred_label, kept, gt_label, label_names, class_index=None) -> str:
+    """``rbc 18/21 · wbc 1/1 · platelets 0/2``: kept detections / annotated boxes per class."""
+    classes = range(len(label_names)) if class_index is None else [class_index]
+    pred_label = np.asarray(pred_label).reshape(-1)
+    gt_label = np.asarray(gt_label).reshape(-1)
+    return " · ".join(f"{label_names[l]} {int(np.sum(kept & (pred_label == l)))}"
+                      f"/{int(np.sum(gt_label == l))}" for l in classes)
+
+
+def _legend_handles(totals=None):
+
+    return [Patch(facecolor="none", **STYLES[kind],
+                  label=_LEGEND[kind] + ("" if totals is None else f" ({totals[kind]})"))
+            for kind in ("tp", "fp", "missed")]
+
+
+def _to_hwc(img) -> np.ndarray:
+    img = np.asarray(img)
+    if img.ndim != 3 or img.shape[0] not in (1, 3):
+        raise ConfigError(f"img: expected float (3, H, W) RGB 0-255 (ChainerCV's layout); "
+                         f"got shape {img.shape}")
+    hwc = img.transpose(1, 2, 0)
+    if hwc.shape[2] == 1:
+        hwc = np.repeat(hwc, 3, axis=2)
+    return np.clip(hwc, 0, 255).astype(np.uint8)
+
+
+def _draw_box(ax, kind: str, box, text: str) -> None:
+    """One box in the style of its outcome (``"tp"``, ``"fp"``, ``"missed"``), tagged."""
+    style = STYLES[kind]
+    y0, x0, y1, x1 = (float(v) for v in box)
+    ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, gid=kind, **style))
+    # missed boxes tagged below their corner, detections above: a TP and the box it
+    # matched do not both show, but an FP over a missed box should stay readable;
+    # a missed box's tag is black on white inside its dotted outline, a detection's filled
+    missed = kind == "missed"
+    ax.text(x0 + 1, (y1 - 1) if missed else (y0 + 1), text,
+            fontsize=6, color="black" if missed else "white", va="bottom" if missed else "top",
+            bbox=dict(facecolor="white" if missed else style["edgecolor"],
+                      edgecolor=style["edgecolor"] if missed else "none",
+                      pad=0.6, alpha=0.85), clip_on=True)
+
+
+def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
+                    label_names, score_thresh: float = COUNT_SCORE_THRESH,
+                    iou_thresh: float = IOU_THRESH, gt_difficult=None, class_filter=None,
+                    title: str | None = None, legend: bool = True,
+                    show_scores: bool = False) -> DetectionMatch:
+    """Draw ``img`` on ``ax`` with its detections matched to its ground truth.
+
+    Correct detections (solid black), false ones (dashed orange) and missed boxes (dotted
+    black) are drawn as rectangles (:data:`STYLES`), each tagged with its class's initial
+    (and the score with ``show_scores``); the title holds ``title`` (e.g. the image id)
+    and, per class, kept detections / annotated boxes. Detections scoring below
+    ``score_thresh`` are not drawn; nor are detections on difficult boxes.
+
+    Args:
+        ax: a matplotlib ``Axes``.
+        img: float32 (3, H, W), RGB, 0-255.
+        pred_bbox, pred_label, pred_score: float32 (R, 4) ``(y_min, x_min, y_max, x_max)``,
+            int32 (R,), float32 (R,), in ``img``'s pixels.
+        gt_bbox, gt_label: float32 (G, 4) ``(y_min, x_min, y_max, x_max)``, int32 (G,).
+        label_names: the class names, indexed by label.
+        score_thresh, iou_thresh, gt_difficult: as for :func:`match_detections`.
+        class_filter: a class name or index: draw and count only that class.
+        legend: add a legend (with the number of boxes of each kind) to ``ax``.
+
+    Returns:
+        the :class:`DetectionMatch` of all classes (the drawing may show one).
+    """
+    label_names = tuple(label_names)
+    match = match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
+                             gt_difficult, iou_thresh, score_thresh)
+    pred_bbox, gt_bbox = as_boxes(pred_bbox), as_boxes(gt_bbox)
+    pred_label = np.asarray(pred_label, dtype=np.int32).reshape(-1)
+    pred_score = np.asarray(pred_score, dtype=np.float32).reshape(-1)
+    gt_label = np.asarray(gt_label, dtype=np.int32).reshape(-1)
+    only = _class_index(class_filter, label_names)
+    pred_in, gt_in = _of_class(pred_label, only), _of_class(gt_label, only)
+    tags = _tags(label_names)
+
+    ax.imshow(_to_hwc(img))
+    drawn = {"tp": [], "fp": [], "missed": []}
+    for kind, boxes, labels, mask, scores in (
+            ("missed", gt_bbox, gt_label, match.missed & gt_in, None),
+            ("fp", pred_bbox, pred_label, match.fp & pred_in, pred_score),
+            ("tp", pred_bbox, pred_label, match.tp & pred_in, pred_score)):
+        for i in np.flatnonzero(mask):
+            text = tags[labels[i]] if 0 <= labels[i] < len(tags) else str(labels[i])
+            if show_scores and scores is not None:
+                text += f" {scores[i]:.2f}"
+            _draw_box(ax, kind, boxes[i], text)
+            drawn[kind].append(i)
+    counts = _count_title(pred_label, match.kept, gt_label, label_names, only)
+    ax.set_title(counts if not title else f"{title}\n{counts}", fontsize=9)
+    ax.set_axis_off()
+    if legend:
+        ax.legend(handles=_legend_handles({k: len(v) for k, v in drawn.items()}),
+                  loc="upper right", fontsize="x-small", framealpha=0.8)
+    return match
+
+
+def _images_for(predictions: Predictions, dataset=None, root=None):
+    """The dataset whose images the predictions were made on, and an id -> index lookup."""
+    if dataset is None:
+        if predictions.split is None:
+            raise ConfigError("plot_detections: the predictions do not say their split; pass "
+                             "dataset= (e.g. BCCDDataset(root, 'test')), whose images they are")
+        # predicting read the same annotations and warned about what it dropped already
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AnnotationWarning)
+            dataset = BCCDDataset(root, predictions.split, use_difficult=True)
+    ids = getattr(dataset, "ids", None)
+    index = {image_id: i for i, image_id in enumerate(ids)} if ids is not None else None
+    return dataset, index
+
+
+def _image(dataset, index, position, image_id):
+    if index is not None:
+        if image_id not in index:
+            raise ConfigError(f"image {image_id!r} of the predictions is not in the dataset "
+                             "given: pass the dataset the predictions were made on")
+        position = index[image_id]
+    if hasattr(dataset, "slice") and "img" in getattr(dataset, "keys", ()):
+        return dataset.slice[:, "img"][position]     # decodes the image only
+    item = dataset[position]
+    return item[0] if isinstance(item, tuple) else item
+
+
+def _at_threshold(predictions: Predictions, score_thresh):
+    """``(predictions, score_thresh, "score >= ...")`` for one threshold or one per class
+    (``{class name: threshold}``: the predictions filtered, their lowest threshold kept)."""
+    at = f"score >= {score_thresh:g}" if not isinstance(score_thresh, dict) else (
+        "scores >= " + ", ".join(f"{n} {t:g}" for n, t in score_thresh.items()))
+    if isinstance(score_thresh, dict):
+        predictions = predictions.filter(score_thresh)
+        score_thresh = predictions.score_thresh
+    if score_thresh < predictions.score_thresh:
+        raise ConfigError(f"score_thresh: {score_thresh} is below {predictions.score_thresh:g}, "
+                         "the lowest score the predictions hold")
+    return predictions, score_thresh, at
+
+
+def _chosen(predictions: Predictions, indices, n: int, sort_by, outcomes) -> list:
+    """The positions :func:`plot_detections` shows: ``indices`` (positions or image ids)
+    checked, or the first ``n`` (by ``sort_by``; ``outcomes``: per image (tp, missed, fp))."""
+    if indices is None:
+        order = list(range(len(predictions)))
+        if sort_by is not None:
+            if sort_by not in ("missed", "fp", "errors"):
+                raise ConfigError(f"sort_by: {sort_by!r}; expected 'missed', 'fp', 'errors' "
+                                 "or None")
+
+            def errors(i):
+                missed, fp = outcomes[i][1:]
+                return (missed if sort_by != "fp" else 0) + (fp if sort_by != "missed" else 0)
+
+            order.sort(key=lambda i: -errors(i))       # stable: ties keep their order
+        return order[:n]
+    position = {image_id: i for i, image_id in enumerate(predictions.ids)}
+    indices = [position[i] if isinstance(i, str) and i in position else i for i in indices]
+    bad = [i for i in indices
+           if isinstance(i, str) or not -len(predictions) <= int(i) < len(predictions)]
+    if bad:
+        raise ConfigError(f"indices: {bad} are neither positions (0 to "
+                         f"{len(predictions) - 1}) nor image ids of the predictions")
+    return [int(i) % len(predictions) for i in indices]
+
+
+def _outcomes(predictions: Predictions, score_thresh, iou_thresh, only) -> list:
+    """Per image, of the class ``only`` (None: every class): (true positives, missed, false
+    positives)."""
+    return [(int((m.tp & _of_class(pl, only)).sum()),
+             int((m.missed & _of_class(gl, only)).sum()),
+             int((m.fp & _of_class(pl, only)).sum()))
+            for m, pl, gl in zip(match_predictions(predictions, score_thresh, iou_thresh),
+                                 predictions.pred_labels, predictions.gt_labels)]
+
+
+def _grid(n_panels: int, ncols: int):
+    """A figure of ``n_panels`` panels, ``ncols`` a row at most: ``(fig, flat axes)``."""
+    ncols = max(1, min(int(ncols), n_panels))
+    nrows = math.ceil(n_panels / ncols)
+    fig = Figure(figsize=(4.6 * ncols, 3.9 * nrows + 0.6), layout="constrained")
+    return fig, fig.subplots(nrows, ncols, squeeze=False).ravel()
+
+
+def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_names=None,
+                    score_thresh: float = COUNT_SCORE_THRESH, class_filter=None,
+                    dataset=None, root=None, sort_by: str | None = None, ncols: int = 3,
+                    iou_thresh: float = IOU_THRESH, show_scores: bool = False):
+    """A grid of images, each with its detections matched to its ground truth.
+
+    One panel per image (:func:`draw_detections`): true positives, false positives and
+    missed boxes in three styles, the image id and the counts per class (predicted /
+    annotated) in its title, one legend for the figure with the totals over the panels.
+
+    Args:
+        predictions: from :func:`~medaidet.evaluation.evaluate.predict_split` or
+            :func:`~medaidet.evaluation.runs.predict_weights`.
+        indices: positions in ``predictions`` (ints) or image ids (strs) to show;
+            default: ``n`` images, the first ones or the first by ``sort_by``.
+        label_names: default ``predictions.label_names``.
+        score_thresh: detections scoring at least this are drawn (from 0.01, what
+            predictions hold, to 1); or one per class, ``{class name: threshold}`` (as
+            :meth:`~medaidet.evaluation.evaluate.Predictions.filter` takes them).
+        class_filter: a class name or index (e.g. ``"platelets"``): only that class.
+        dataset: the images: anything with ``(img, ...)`` items (float32 (3, H, W) RGB
+            0-255); with an ``ids`` attribute images are looked up by id. Default:
+            ``BCCDDataset(root, predictions.split)``.
+        sort_by: with ``indices=None``: ``"missed"``, ``"fp"`` or ``"errors"`` (both)
+            shows the ``n`` images with the most of them (of ``class_filter`` if given),
+            most first; None keeps the predictions' order.
+
+    Returns:
+        a matplotlib ``Figure`` (not shown; ``fig.savefig(...)`` to write it).
+    """
+    label_names = tuple(label_names or predictions.label_names)
+    predictions, score_thresh, at = _at_threshold(predictions, score_thresh)
+    only = _class_index(class_filter, label_names)
+    outcomes = _outcomes(predictions, score_thresh, iou_thresh, only)
+    indices = _chosen(predictions, indices, n, sort_by, outcomes)
+    if not indices:
+        raise ConfigError("plot_detections: no image to show (empty predictions or indices)")
+    dataset, index = _images_for(predictions, dataset, root)
+
+    fig, axes = _grid(len(indices), ncols)
+    totals = {"tp": 0, "fp": 0, "missed": 0}
+    for ax, i in zip(axes, indices):
+        image_id = predictions.ids[i]
+        img = _image(dataset, index, i, image_id)
+        draw_detections(
+            ax, img, predictions.pred_bboxes[i], predictions.pred_labels[i],
+            predictions.pred_scores[i], predictions.gt_bboxes[i], predictions.gt_labels[i],
+            label_names, score_thresh, iou_thresh, predictions.gt_difficults[i], class_filter,
+            title=str(image_id), legend=False, show_scores=show_scores)
+        for kind, value in zip(("tp", "missed", "fp"), outcomes[i]):
+            totals[kind] += value
+    for ax in axes[len(indices):]:
+        ax.set_axis_off()
+    what = "" if only is None else f"{label_names[only]} only; "
+    fig.suptitle(f"Detections at {at} vs ground truth "
+                 f"({what}{predictions.split or 'split'}, IoU >= {iou_thresh:g}); "
+                 "titles: predicted/annotated per class")
+    fig.legend(handles=_legend_handles(totals), loc="outside lower center", ncols=3,
+               fontsize="small")
+    return fig
+
+
+# --------------------------------------------------------------------------- analysis
 
 #: Candidate sets, in the order prediction narrows them (see :class:`BoxOutcomes`).
 CANDIDATE_SETS = ("all", "top_k", "nms", "kept")
@@ -106,7 +670,7 @@ def recall_precision(predictions: Predictions, score_threshs=(0.5, 0.6),
     """Recall and precision per class at each score threshold, VOC matching.
 
     A detection scoring ``>= t`` is a true positive when
-    :func:`~medaidet.evaluation.matching.match_detections` matches it to a box of its
+    :func:`~medaidet.evaluation.analysis.match_detections` matches it to a box of its
     class at IoU ``>= iou_thresh``, a false positive otherwise (duplicates included); one
     on a difficult box is neither. Recall = TP / non-difficult boxes, precision =
     TP / (TP + FP); NaN where the denominator is 0.

@@ -1,51 +1,69 @@
-"""Counting cells with a detector: predicted vs annotated counts per image and class.
+"""Counting cells with a detector (notebook 05): counts, the count threshold, the counting frame.
 
-Notebook 05, section 1 (which writes :func:`per_image_counts` and :func:`count_stats`); the
-threshold a class is counted at is chosen on val with :mod:`medaidet.evaluation.thresholds`.
+**Counts** (section 1, which writes :func:`per_image_counts` and :func:`count_stats`). A lab
+wants counts, not boxes. The predicted count of a class in an image is the number of its
+detections scoring ``>= score_thresh``; the annotated count is the number of its boxes
+(difficult ones included; BCCD marks none). Per class, over the images: ``mae``, the mean
+absolute error (cells per image); ``bias``, the mean signed error (> 0 over-counts);
+``relative_error``, ``sum |predicted - annotated| / sum annotated`` (NaN when no image has a
+box of the class). Predictions are capped at ``keep_top_k`` (200) detections per image.
+Read the RBC numbers with :data:`RBC_NOTE` in mind: images the validator flags
+``missing_class`` can be *set aside*, and :func:`count_cells` then reports the errors on all
+images and, beside them, on the others.
 
-A lab wants counts, not boxes. The predicted count of a class in an image is the number of
-its detections scoring ``>= score_thresh``; the annotated count is the number of its boxes
-(difficult ones included; BCCD marks none). Per class, over the images:
+**The count threshold** (section 2). Too low counts background, too high misses cells.
+:func:`threshold_sweep` measures every class's count errors at each threshold of a list and
+names the one of least MAE (:class:`SweepResult`), on val; test then uses it: a threshold
+chosen on the images it is scored on is optimistic (:data:`SWEEP_NOTE`).
+:func:`threshold_change` follows one class from one threshold to another image by image.
 
-* ``mae``: mean absolute error, ``mean |predicted - annotated|`` (cells per image);
-* ``bias``: mean signed error, ``mean (predicted - annotated)``: > 0 over-counts;
-* ``relative_error``: ``sum |predicted - annotated| / sum annotated`` over the images: the
-  share of the annotated cells the counts get wrong (an image with no box of the class
-  adds its over-count to the top, nothing to the bottom); NaN when no image has a box of
-  the class.
+**The counting frame** (section 4). An image's edge cuts the cells across it: a sliver one
+annotator boxes and another leaves out, so a count of every box depends on where the edge
+fell. Microscopy counts by a rule that gives every cell one chance (the unbiased counting
+frame, Gundersen 1977), here in its simplest form for boxes: the **inner frame** is the image
+set back by a guard margin per class (:func:`frame_margins`: half the class's large boxes on
+train), and a cell **counts when its box's centre lies inside** (top and left lines
+included, bottom and right not: frames side by side count every centre once).
+:func:`frame_predictions` keeps what counts on both sides, :func:`frame_errors` names each
+error left, :func:`plot_frame` draws the frame. Counts become **densities**: cells per
+10,000 px² of the inner frame, or per mm² where the pixel size is known (cells per area of
+the slide, not a concentration per µL).
 
-Predictions come from :func:`medaidet.evaluation.predictions.predict_split` (score >=
-0.01), capped at ``keep_top_k`` (200) detections per image: a count can never exceed that
-(BCCD images hold ~11 RBC boxes on average, so only an untrained model reaches the cap).
-
-Read the RBC numbers with :data:`RBC_NOTE` in mind. Images the validator flags
-``missing_class`` (no RBC or no WBC box although such cells are visible) can be *set aside*:
-:func:`count_cells` then reports the errors on all images and, beside them, on the others,
-and names the images and why
-(:func:`medaidet.evaluation.runs.count_weights` does this by default).
+Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels; an image size is ``(H, W)``.
 """
 from __future__ import annotations
 
 import html
 import json
 import math
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from medaidet.arguments import check_number, check_type
+from medaidet.arguments import (check_number, check_type, checked_boxes, checked_size,
+                                checked_sizes)
+from medaidet.colors import CLASS_COLORS
 from medaidet.errors import ConfigError
-from medaidet.data.bccd import CLASS_COLORS
-from medaidet.evaluation.predictions import Predictions, checked
+from medaidet.evaluation.evaluate import Predictions, bootstrap, checked
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
 from medaidet.numbers import finite_or_none
 
-__all__ = ["RBC_NOTE", "CountResult", "count_cells", "count_errors", "images_at_points",
-           "plot_counts", "per_image_counts", "predicted_counts", "count_stats",
-           "check_score_thresh"]
+__all__ = [
+    "RBC_NOTE", "CountResult", "count_cells", "count_errors", "images_at_points",
+    "plot_counts", "per_image_counts", "predicted_counts", "count_stats", "check_score_thresh",
+    "PER_AREA", "frame_margins", "margin_per_class", "in_frame", "frame_predictions",
+    "FrameError", "frame_errors", "frame_area", "densities", "plot_frame",
+    "DEFAULT_THRESHOLDS", "SWEEP_NOTE", "SweepResult", "ThresholdChange", "threshold_sweep",
+    "threshold_change", "plot_sweep", "report_count_errors"]
+
+
+# --------------------------------------------------------------------------- count
 
 RBC_NOTE = (
     "RBC counts are limited by the annotation, not only by the detector. BCCD's RBC boxes "
@@ -266,7 +284,7 @@ def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRE
 def count_errors(predictions: Predictions, thresholds: dict) -> dict:
     """``{class: relative error}`` (``sum |predicted - annotated| / sum annotated`` over the
     images) with each class counted at its own threshold, e.g. those
-    :func:`~medaidet.evaluation.thresholds.threshold_sweep` chose on val."""
+    :func:`~medaidet.evaluation.count.threshold_sweep` chose on val."""
     kept = checked(predictions).filter(check_type(thresholds, dict, "thresholds",
                                                   "a dict {class name: score threshold}"))
     names = predictions.label_names
@@ -338,3 +356,487 @@ def plot_counts(result: CountResult):
     return fig
 
 
+# --------------------------------------------------------------------------- frame
+
+PER_AREA = 10_000     # densities are cells per this many px² (100 x 100 px)
+
+
+def frame_margins(bboxes, labels, label_names, quantile: float = 0.95) -> dict:
+    """``{class name: guard margin in px}``: half the ``quantile`` of the class's box sizes
+    (the longer side) over ``bboxes``/``labels`` (one array each per image: train's boxes),
+    rounded up. A class without a box gets a margin of 0 and a cell centred on the edge
+    still counts once per frame (never twice)."""
+    quantile = check_number(quantile, "quantile", "probability")
+    label_names = _checked_names(label_names)
+    bboxes, labels = (check_type(x, (list, tuple), name, "a list of one array per image")
+                      for x, name in ((bboxes, "bboxes"), (labels, "labels")))
+    sides = {name: [] for name in label_names}
+    for bbox, label in zip(bboxes, labels, strict=True):
+        bbox, label = checked_boxes(bbox, label, len(label_names), "bboxes")
+        longer = np.maximum(bbox[:, 2] - bbox[:, 0], bbox[:, 3] - bbox[:, 1])
+        for value, lb in zip(longer, label):
+            sides[label_names[lb]].append(value)
+    return {name: math.ceil(np.quantile(values, quantile) / 2) if values else 0
+            for name, values in sides.items()}
+
+
+def margin_per_class(margins: dict, label_names) -> np.ndarray:
+    """float (C,): ``margins[name]`` of each class in ``label_names``, each checked (a named
+    ConfigError for a class without one, or a negative or non-finite margin)."""
+    check_type(margins, dict, "margins", "a dict {class name: guard margin in px}")
+    missing = [n for n in _checked_names(label_names) if n not in margins]
+    if missing:
+        raise ConfigError(f"margins: no guard margin for {', '.join(missing)}; give one per "
+                          f"class ({', '.join(label_names)}), in pixels")
+    values = np.array([check_number(margins[n], f"margins[{n!r}]", "non-negative")
+                       for n in label_names], dtype=float)
+    return values
+
+
+def _checked_names(label_names) -> tuple:
+    if isinstance(label_names, str) or not all(
+            isinstance(n, str) for n in check_type(label_names, (list, tuple), "label_names",
+                                                   "a list of class names")):
+        raise ConfigError(f"label_names: {label_names!r}; expected a list of class names")
+    return tuple(label_names)
+
+
+def in_frame(bbox, label, size, margins: dict, label_names) -> np.ndarray:
+    """bool (R,): which of an image's boxes count, their centre inside the inner frame of an
+    image of ``size`` ``(H, W)`` set back by ``margins[class]`` px (top/left line in,
+    bottom/right line out). A class whose margins leave no frame counts nothing. Written in
+    notebook 05, section 4."""
+    height, width = checked_size(size)
+    bbox, label = checked_boxes(bbox, label, len(label_names))
+    margin = margin_per_class(margins, label_names)[label]
+    cy, cx = (bbox[:, 0] + bbox[:, 2]) / 2, (bbox[:, 1] + bbox[:, 3]) / 2
+    return (cy >= margin) & (cy < height - margin) & (cx >= margin) & (cx < width - margin)
+
+
+def frame_predictions(predictions, sizes, margins: dict):
+    """``predictions`` (:class:`~medaidet.evaluation.evaluate.Predictions`) with only the
+    detections and annotated boxes that count in the frame: every count, error and
+    threshold choice made on it follows the counting frame. ``sizes``: one ``(H, W)`` per
+    image, or one for all."""
+    names = check_type(predictions, Predictions, "predictions", "Predictions").label_names
+    sizes = checked_sizes(sizes, len(predictions))
+
+    def kept(bboxes, labels, *others):
+        masks = [in_frame(b, lb, s, margins, names) for b, lb, s in zip(bboxes, labels, sizes)]
+        return [[x[m] for x, m in zip(column, masks)] for column in (bboxes, labels, *others)]
+
+    pb, pl, ps = kept(predictions.pred_bboxes, predictions.pred_labels, predictions.pred_scores)
+    gb, gl, gd = kept(predictions.gt_bboxes, predictions.gt_labels, predictions.gt_difficults)
+    return Predictions(**{**predictions.__dict__, "pred_bboxes": pb, "pred_labels": pl,
+                          "pred_scores": ps, "gt_bboxes": gb, "gt_labels": gl,
+                          "gt_difficults": gd})
+
+
+class FrameError(NamedTuple):
+    """One count error in the frame: image ``index``, class ``label``, ``kind``, the
+    ``box`` it is about and a ``score`` (see :func:`frame_errors`)."""
+    index: int
+    label: int
+    kind: str
+    box: np.ndarray
+    score: float
+
+
+def frame_errors(predictions, thresholds: dict, sizes, margins: dict) -> list:
+    """Every count error of ``predictions`` (whole images) in the counting frame, each
+    class counted at ``thresholds[class]``, as :class:`FrameError`. Detections and boxes
+    are matched on the whole image, as AP matches them, and then looked at in the frame:
+
+    * ``"false"``: a detection in the frame that matches no box (its score);
+    * ``"missed"``: a box in the frame that no kept detection matches (the best score a
+      detection of its class reached on it at IoU >= 0.5, at any threshold; 0 for none);
+    * ``"line +"``/``"line -"``: a detection and its box on either side of the frame's line,
+      the detection in (counted, its cell not) or out (its cell counted, the detection not);
+      the box is the annotated one, the score the detection's.
+
+    Per image and class, the framed count error is (line +) - (line -) + false - missed."""
+    from medaidet.evaluation.analysis import match_detections, voc_iou
+
+    names = check_type(predictions, Predictions, "predictions", "Predictions").label_names
+    kept = predictions.filter(check_type(thresholds, dict, "thresholds",
+                                         "a dict {class name: score threshold}"))
+    sizes = checked_sizes(sizes, len(predictions))
+    errors = []
+    for i, size in enumerate(sizes):
+        pb, pl, ps = kept.pred_bboxes[i], kept.pred_labels[i], kept.pred_scores[i]
+        gb, gl = kept.gt_bboxes[i], kept.gt_labels[i]
+        match = match_detections(pb, pl, ps, gb, gl, score_thresh=kept.score_thresh)
+        p_in, g_in = in_frame(pb, pl, size, margins, names), in_frame(gb, gl, size, margins, names)
+        for g, d in enumerate(match.matched_by):
+            if d >= 0 and p_in[d] != g_in[g]:
+                errors.append(FrameError(i, int(gl[g]), "line +" if p_in[d] else "line -",
+                                         gb[g], float(ps[d])))
+        taken = set(int(d) for d in match.matched_by if d >= 0)
+        errors += [FrameError(i, int(pl[d]), "false", pb[d], float(ps[d]))
+                   for d in np.flatnonzero(p_in) if int(d) not in taken]
+        every, labels, scores = (getattr(predictions, f"pred_{k}")[i]
+                                 for k in ("bboxes", "labels", "scores"))
+        for g in np.flatnonzero(g_in & (match.matched_by < 0)):
+            on = (voc_iou(gb[g], every)[0] >= 0.5) & (labels == gl[g])
+            errors.append(FrameError(i, int(gl[g]), "missed", gb[g],
+                                     float(scores[on].max()) if on.any() else 0.0))
+    return errors
+
+
+def frame_area(size, margin) -> float:
+    """px² of the inner frame of an image of ``size`` ``(H, W)`` set back by ``margin``."""
+    height, width = checked_size(size)
+    margin = check_number(margin, "margin", "non-negative")
+    return max(height - 2 * margin, 0.0) * max(width - 2 * margin, 0.0)
+
+
+def densities(counts, sizes, margins: dict, label_names, pixel_um=None) -> np.ndarray:
+    """Cells per :data:`PER_AREA` px² (or per mm² with ``pixel_um``, the side of a pixel in
+    µm) of each class's inner frame: float (N images, C classes) from framed ``counts``
+    (N, C) and one ``(H, W)`` per image (or one for all). NaN where a frame has no area."""
+    try:
+        counts = np.asarray(counts, dtype=float).reshape(-1, len(_checked_names(label_names)))
+    except (TypeError, ValueError):
+        raise ConfigError(f"counts: {counts!r:.60}; expected (images, {len(label_names)}) "
+                          "numbers, one count per class") from None
+    sizes = checked_sizes(sizes, len(counts))
+    margin = margin_per_class(margins, label_names)
+    area = np.array([[frame_area(s, m) for m in margin] for s in sizes]).reshape(counts.shape)
+    if pixel_um is None:
+        unit = PER_AREA
+    else:
+        pixel_um = check_number(pixel_um, "pixel_um", "positive")
+        unit = 1e6 / pixel_um ** 2            # px² in one mm²
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(area > 0, counts / area * unit, np.nan)
+
+
+def plot_frame(img, bbox, label, margins: dict, label_names, title: str = "") -> Figure:
+    """One panel per class: the image (float (3, H, W) RGB 0-255), the class's inner frame
+    dashed in its colour, each of its boxes solid when it counts, dash-dotted dark grey when
+    not, and its centre as a dot (the point the rule looks at)."""
+    height, width = img.shape[1:]
+    label = np.asarray(label, dtype=int)
+    counted = in_frame(bbox, label, (height, width), margins, label_names)
+    fig = Figure(figsize=(4.6 * len(label_names), 3.9), layout="constrained")
+    for c, (ax, name) in enumerate(zip(fig.subplots(1, len(label_names)), label_names)):
+        ax.imshow(np.clip(img.transpose(1, 2, 0), 0, 255).astype(np.uint8))
+        m, color = margins[name], CLASS_COLORS.get(name, f"C{c}")
+        ax.add_patch(Rectangle((m, m), width - 2 * m, height - 2 * m, fill=False, ec=color,
+                               ls="--", lw=2))
+        ours = np.flatnonzero(label == c)
+        for k in ours:
+            y0, x0, y1, x1 = np.asarray(bbox[k], dtype=float)
+            style = (dict(ec=color, lw=1.8) if counted[k] else dict(ec="0.2", ls="-.", lw=1.2))
+            ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, **style))
+            ax.plot((x0 + x1) / 2, (y0 + y1) / 2, "o", ms=3.5,
+                    color=color if counted[k] else "0.2")
+        ax.set(xticks=[], yticks=[], title=f"{name}: {int(counted[ours].sum())} counted, "
+               f"{int((~counted[ours]).sum())} not (margin {m:g} px)")
+    fig.suptitle(title or "The counting frame: a cell counts when its centre (dot) lies inside "
+                 "its class's frame (dashed); solid counted, dash-dotted grey not")
+    return fig
+
+
+# --------------------------------------------------------------------------- thresholds
+
+DEFAULT_THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
+
+
+#: :func:`plot_sweep`'s axis fits the thresholds from here up (lower ones may run off it)...
+SWEEP_AXIS_FROM = 0.2
+
+
+#: ... when a lower one's MAE is more than this many times the highest of the rest.
+SWEEP_FLATTENS = 3.0
+
+
+SWEEP_NOTE = (
+    "The best threshold is chosen on the same images it is scored on: on the test split "
+    "that is optimistic. Choose the threshold on the val split and report test counts at it.")
+
+
+@dataclass(repr=False)
+class ThresholdChange:
+    """One class counted at two score thresholds, image by image: what moving the threshold
+    did to each image's error and to the MAE. From :func:`threshold_change`.
+
+    ``error_before``/``error_after``: int (N,), ``predicted - annotated`` of the class per
+    image in ``ids``. ``images``: ids to list one by one (e.g. the images a figure shows).
+    ``str()`` explains the change with these numbers.
+    """
+    class_name: str
+    split: str | None
+    before: float
+    after: float
+    ids: list
+    annotated: np.ndarray
+    error_before: np.ndarray
+    error_after: np.ndarray
+    images: list = field(default_factory=list)
+
+    @property
+    def mae_before(self) -> float:
+        return float(np.abs(self.error_before).mean()) if len(self.ids) else math.nan
+
+    @property
+    def mae_after(self) -> float:
+        return float(np.abs(self.error_after).mean()) if len(self.ids) else math.nan
+
+    @property
+    def bias_before(self) -> float:
+        return float(self.error_before.mean()) if len(self.ids) else math.nan
+
+    @property
+    def bias_after(self) -> float:
+        return float(self.error_after.mean()) if len(self.ids) else math.nan
+
+    @property
+    def closer(self) -> np.ndarray:
+        """Per image: its count moved closer to its annotation (bool (N,))."""
+        return np.abs(self.error_after) < np.abs(self.error_before)
+
+    @property
+    def further(self) -> np.ndarray:
+        """Per image: its count moved further from its annotation (bool (N,))."""
+        return np.abs(self.error_after) > np.abs(self.error_before)
+
+    @property
+    def gained(self) -> int:
+        """Cells of error the images brought closer lost, summed."""
+        change = np.abs(self.error_before) - np.abs(self.error_after)
+        return int(change[self.closer].sum())
+
+    @property
+    def lost(self) -> int:
+        """Cells of error the images pushed further gained, summed."""
+        change = np.abs(self.error_after) - np.abs(self.error_before)
+        return int(change[self.further].sum())
+
+    def __str__(self):
+        name, n = self.class_name, len(self.ids)
+        where = f"{self.split or 'these images'} ({n} images)"
+        head = f"{name}, score >= {self.before:g} -> >= {self.after:g}, {where}"
+        if self.after == self.before or not n:
+            return f"{head}: the same threshold, nothing changes"
+        raised = self.after > self.before
+        lines = [f"{head}: MAE {self.mae_before:.2f} -> {self.mae_after:.2f}, "
+                 f"bias {self.bias_before:+.2f} -> {self.bias_after:+.2f}"]
+        for image_id in self.images:
+            i = self.ids.index(image_id)
+            a = int(self.annotated[i])
+            lines.append(f"  {image_id}: {a + int(self.error_before[i])}/{a} -> "
+                         f"{a + int(self.error_after[i])}/{a} (error "
+                         f"{int(self.error_before[i]):+d} -> {int(self.error_after[i]):+d})")
+        # raising the threshold can only lower a count (lowering it, only raise one): an
+        # image already off in that direction moves further off, one off the other way closer
+        wrong_way = self.error_before < 0 if raised else self.error_before > 0
+        shown = [self.ids.index(i) for i in self.images]
+        direction = "raised" if raised else "lowered"
+        off = "under" if raised else "over"
+        lines.append(
+            f"The threshold was {direction}: no {name} count can {'rise' if raised else 'fall'}"
+            f". An image {off}-counted at {self.before:g} can only move further from its "
+            f"annotation; one {'over' if raised else 'under'}-counted moves closer, unless its "
+            f"count passes the annotation by more than it was off.")
+        if shown:
+            lines.append(f"Of the {len(shown)} images listed, {int(wrong_way[shown].sum())} "
+                         f"were {off}-counted at {self.before:g}; {int(self.further[shown].sum())}"
+                         f" moved further from their annotation, "
+                         f"{int(self.closer[shown].sum())} closer.")
+        same = n - int(self.closer.sum()) - int(self.further.sum())
+        change = (self.lost - self.gained) / n
+        verdict = ("it falls, although some images look worse" if change < 0 and self.lost
+                   else "it falls" if change < 0
+                   else "it rises; here the images pushed further outweigh those brought "
+                        "closer" if change > 0 else "it stays where it was")
+        lines.append(
+            f"Over all {n} images, {int(wrong_way.sum())} were {off}-counted at "
+            f"{self.before:g}; {int(self.closer.sum())} moved closer to their annotation (by "
+            f"{self.gained} cells in all), {int(self.further.sum())} further (by {self.lost} "
+            f"cells), {same} kept their error. The MAE, the mean over all of them, changes by "
+            f"({self.lost} - {self.gained}) / {n} = {change:+.2f} cells per image: {verdict}.")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return str(self)
+
+
+def threshold_change(predictions: Predictions, class_name: str, before: float, after: float,
+                     images=()) -> ThresholdChange:
+    """``class_name`` counted at ``before`` and at ``after`` on ``predictions``, image by image.
+
+    ``images``: ids (or positions) of images to list one by one. Thresholds as
+    :func:`count_cells` takes them. Returns a :class:`ThresholdChange`; print it for the
+    explanation in this run's numbers.
+    """
+    names = list(checked(predictions).label_names)
+    if class_name not in names:
+        raise ConfigError(f"class_name: {class_name!r} is not a class of the "
+                                 f"predictions; expected one of {names}")
+    l = names.index(class_name)
+    first, second = (count_cells(predictions, t) for t in (before, after))
+    ids = list(predictions.ids)
+    listed = [ids[i] if isinstance(i, (int, np.integer)) else i for i in images]
+    unknown = [i for i in listed if i not in ids]
+    if unknown:
+        raise ConfigError(f"images: {unknown} are not among the predictions' images")
+    return ThresholdChange(class_name, predictions.split, first.score_thresh,
+                           second.score_thresh, ids, first.annotated[:, l].copy(),
+                           first.error[:, l].copy(), second.error[:, l].copy(), listed)
+
+
+@dataclass(repr=False)
+class SweepResult:
+    """Count errors vs score threshold. Arrays (T thresholds, C classes): ``mae``,
+    ``bias``, ``relative_error``; ``best_threshold`` per class: the threshold of least MAE on
+    *these* images (see :data:`SWEEP_NOTE`), the middle one where several tie (the white
+    cells of val are often counted exactly over a wide range: its middle is the choice
+    furthest from both ends, and on halves of val it counts the other half better than the
+    lowest; docs/cpu-detector.md)."""
+    thresholds: np.ndarray
+    label_names: tuple
+    mae: np.ndarray
+    bias: np.ndarray
+    relative_error: np.ndarray
+    split: str | None = None
+
+    @property
+    def best_threshold(self) -> dict:
+        out = {}
+        for l, name in enumerate(self.label_names):
+            mae = self.mae[:, l]       # all NaN without images: the first threshold, as argmin
+            tied = np.flatnonzero(mae == np.nanmin(mae)) if np.isfinite(mae).any() else [0]
+            out[name] = float(self.thresholds[tied[len(tied) // 2]])
+        return out
+
+    @property
+    def best_mae(self) -> dict:
+        return {name: float(np.min(self.mae[:, l])) for l, name in enumerate(self.label_names)}
+
+    def rows(self) -> list:
+        return [{"score_thresh": float(t),
+                 **{f"{name}_mae": float(self.mae[i, l])
+                    for l, name in enumerate(self.label_names)}}
+                for i, t in enumerate(self.thresholds)]
+
+    def __str__(self):
+        cols = ["score>="] + [f"{n} MAE" for n in self.label_names]
+        table = [cols] + [[f"{t:g}"] + [f"{self.mae[i, l]:.2f}"
+                                        for l in range(len(self.label_names))]
+                          for i, t in enumerate(self.thresholds)]
+        widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table]
+        best = ", ".join(f"{n} {t:g} (MAE {self.best_mae[n]:.2f})"
+                         for n, t in self.best_threshold.items())
+        return "\n".join(lines + [f"best threshold on {self.split or 'these images'}: {best}",
+                                  SWEEP_NOTE])
+
+    def __repr__(self):      # the text view, also what a notebook stores beside the HTML
+        return str(self)
+
+    def _repr_html_(self):
+        esc = html.escape
+        cols = ["score &gt;="] + [f"{esc(n)} MAE" for n in self.label_names]
+        best = self.best_threshold
+        body = ""
+        for i, t in enumerate(self.thresholds):
+            cells = "".join(
+                f"<td><b>{self.mae[i, l]:.2f}</b></td>" if best[n] == float(t)
+                else f"<td>{self.mae[i, l]:.2f}</td>" for l, n in enumerate(self.label_names))
+            body += f"<tr><td>{t:g}</td>{cells}</tr>"
+        return ("<table><thead><tr>" + "".join(f"<th>{c}</th>" for c in cols)
+                + f"</tr></thead><tbody>{body}</tbody></table><p>{esc(SWEEP_NOTE)}</p>")
+
+    def to_dict(self) -> dict:
+        return {"split": self.split, "thresholds": [float(t) for t in self.thresholds],
+                "label_names": list(self.label_names),
+                "mae": {n: [float(v) for v in self.mae[:, l]]
+                        for l, n in enumerate(self.label_names)},
+                "bias": {n: [float(v) for v in self.bias[:, l]]
+                         for l, n in enumerate(self.label_names)},
+                "best_threshold": self.best_threshold, "best_mae": self.best_mae,
+                "note": SWEEP_NOTE}
+
+
+def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> SweepResult:
+    """Count MAE, bias and relative error per class at each score threshold.
+
+    Warns (``UserWarning``) when ``predictions.split == 'test'``: a threshold chosen there
+    is optimistic; choose it on val.
+    """
+    thresholds = np.sort([check_score_thresh(t, checked(predictions).score_thresh, "thresholds")
+                          for t in np.asarray(thresholds, dtype=object).ravel()])
+    if thresholds.size == 0:
+        raise ConfigError("thresholds: none given; expected score thresholds from "
+                          f"{predictions.score_thresh:g} to 1")
+    if predictions.split == "test":
+        warnings.warn("threshold_sweep on the test split: " + SWEEP_NOTE, UserWarning,
+                      stacklevel=2)
+    n_class = len(predictions.label_names)
+    annotated = per_image_counts(predictions.gt_labels, n_class)
+    stats = [count_stats(predicted_counts(predictions, t), annotated) for t in thresholds]
+    mae, bias, rel = (np.array([s[k] for s in stats]).reshape(len(thresholds), n_class)
+                      for k in range(3))
+    return SweepResult(thresholds, predictions.label_names, mae, bias, rel, predictions.split)
+
+
+def report_count_errors(val, test, n: int = 1000, seed: int = 0) -> dict:
+    """Each class's threshold chosen on ``val`` (:class:`Predictions`), its count error on
+    ``test`` once, with the bootstrap interval over the test images and the annotated cells
+    it rests on: ``{class: {"threshold", "error", "low", "high", "cells"}}``. Written in
+    notebook 05, section 4."""
+    chosen = threshold_sweep(val).best_threshold
+    errors = count_errors(test, chosen)
+    spread = bootstrap(test, lambda p: count_errors(p, chosen), n=n, seed=seed)
+    cells = per_image_counts(test.gt_labels, len(test.label_names)).sum(axis=0)
+    return {name: {"threshold": chosen[name], "error": errors[name], "low": spread[name][0],
+                   "high": spread[name][1], "cells": int(cells[c])}
+            for c, name in enumerate(test.label_names)}
+
+
+def plot_sweep(sweep: SweepResult):
+    """Count MAE vs score threshold: one panel per class, each on its own scale, the best
+    threshold starred.
+
+    One panel per class because the classes' MAEs differ tenfold (an image holds about ten
+    red cells and one white cell): on a shared axis the small ones lie flat along the
+    bottom, and the place of their minimum, which is what the sweep is for, cannot be read.
+    Where the lowest thresholds (below :data:`SWEEP_AXIS_FROM`) count so much background
+    that they would flatten the rest of a panel's curve (an MAE over :data:`SWEEP_FLATTENS`
+    times the rest's highest), that panel's axis stops above the rest and says what it left
+    off.
+
+    Returns a matplotlib ``Figure``.
+    """
+
+    n = len(sweep.label_names)
+    fig = Figure(figsize=(3.6 * n, 3.6), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False, sharex=True)[0]
+    best = sweep.best_threshold
+    for l, (ax, name) in enumerate(zip(axes, sweep.label_names)):
+        color = CLASS_COLORS.get(name, f"C{l}")
+        mae = sweep.mae[:, l]
+        ax.plot(sweep.thresholds, mae, marker="o", ms=3, color=color)
+        ax.plot([best[name]], [sweep.best_mae[name]], marker="*", ms=12, color=color,
+                linestyle="none", label=f"best {best[name]:g} (MAE {sweep.best_mae[name]:.2f})")
+        # the lowest thresholds count background by the hundred: an MAE in the hundreds
+        # would flatten every point that matters, so the axis stops above the rest
+        rest = float(np.nanmax(mae[sweep.thresholds >= SWEEP_AXIS_FROM], initial=0.0))
+        highest = float(np.nanmax(mae, initial=0.0))
+        top = 1.3 * rest
+        if rest > 0 and highest > SWEEP_FLATTENS * rest:
+            ax.set_ylim(0, top)
+            ax.text(0.02, 0.02, f"below score {SWEEP_AXIS_FROM:g}: off the scale\n"
+                    f"(MAE up to {highest:.0f})", transform=ax.transAxes, va="bottom",
+                    fontsize="x-small")
+        else:
+            ax.set_ylim(0, 1.1 * highest if highest > 0 else 1)
+        ax.set(title=name, xlabel="score threshold")
+        if l == 0:
+            ax.set_ylabel("count MAE (cells per image)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="upper center")
+    fig.suptitle(f"Count error vs threshold ({sweep.split or 'split'}; choose on val); "
+                 "each panel on its own scale")
+    return fig

@@ -5,7 +5,7 @@ dataset root, the output folder, created now), so a mistake costs nothing; then 
 model, predicts the split once (:func:`predict_run`) and scores the predictions:
 :func:`evaluate_weights` (VOC AP, :mod:`medaidet.evaluation.evaluate`) and
 :func:`count_weights` (counts and the threshold sweep, :mod:`~medaidet.evaluation.count`,
-:mod:`~medaidet.evaluation.thresholds`), each writing its JSON and figures all together or
+:mod:`~medaidet.evaluation.count`), each writing its JSON and figures all together or
 not at all. Errors name the arguments as the command line spells them (``--subset``,
 ``--out``).
 """
@@ -29,9 +29,9 @@ from medaidet.evaluation.analysis import images_missing_class
 from medaidet.evaluation.count import check_score_thresh, count_cells, plot_counts
 from medaidet.evaluation.evaluate import (EvaluationResult, evaluate, n_scored_boxes,
                                           plot_pr_curves)
-from medaidet.evaluation.predictions import load_model, missing_weights_error, predict_split
+from medaidet.evaluation.evaluate import load_model, missing_weights_error, predict_split
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, EVALUATE_SCORE_THRESH
-from medaidet.evaluation.thresholds import DEFAULT_THRESHOLDS, plot_sweep, threshold_sweep
+from medaidet.evaluation.count import DEFAULT_THRESHOLDS, plot_sweep, threshold_sweep
 from medaidet.files import png_bytes, write_files
 
 __all__ = ["CheckedRun", "check_run", "predict_run", "predict_weights", "check_ground_truth",
@@ -76,7 +76,7 @@ def predict_weights(weights_path, split: str = "test", model_name: str | None = 
                     progress: bool = True, return_candidates: bool = False):
     """Load weights and predict ``split`` (its first ``subset`` images when given); with
     ``return_candidates`` also the candidates before the caps and NMS (see
-    :func:`~medaidet.evaluation.predictions.predict_split`). The arguments are checked
+    :func:`~medaidet.evaluation.evaluate.predict_split`). The arguments are checked
     first (:func:`check_run`)."""
     return predict_run(check_run(weights_path, root, subset, batch_size), split, model_name,
                        device, progress, return_candidates)

@@ -675,7 +675,7 @@ def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> Ex
     import chainer
     import onnx
 
-    from medaidet.evaluation.predictions import load_model
+    from medaidet.evaluation.evaluate import load_model
     from medaidet.files import atomic_file, check_output
 
     opset = _check_opset(opset)

@@ -4,7 +4,7 @@ import pytest
 from medaidet.errors import ConfigError
 
 from medaidet.data.compare import compare_annotations, draw_both, match_boxes
-from medaidet.evaluation.predictions import paired_bootstrap
+from medaidet.evaluation.evaluate import paired_bootstrap
 
 
 def test_match_boxes_pairs_the_closest_boxes_of_one_class_once():
@@ -103,7 +103,7 @@ def test_paired_bootstrap_on_the_two_annotations_as_detectors(bccd_root, txl_roo
     resample: the difference's interval lies far from 0 and its value is the table's."""
     from medaidet.data.bccd import BCCDDataset
     from medaidet.evaluation.count import count_errors
-    from medaidet.evaluation.predictions import Predictions
+    from medaidet.evaluation.evaluate import Predictions
     bccd = BCCDDataset(split="test", reannotated_only=True)
     txl = BCCDDataset(split="test", labels="txl-pbc")
     boxes_b = txl.slice[:, ("bbox", "label")]

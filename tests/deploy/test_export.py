@@ -17,7 +17,7 @@ from medaidet.extras.deploy import METADATA_KEY, OnnxDetector
 from medaidet.errors import ConfigError, WeightsError
 from medaidet.extras.deploy import export_onnx
 from medaidet.extras.deploy import compare_detections
-from medaidet.evaluation.predictions import load_model, predict_split
+from medaidet.evaluation.evaluate import load_model, predict_split
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.weights import shipped_weights
 from medaidet.ssd.weights import materialize, save_weights

@@ -129,7 +129,7 @@ def test_the_weights_that_failed_notebook_09_pass_and_their_ties_are_found(tmp_p
         from medaidet.extras.deploy import OnnxDetector
         from medaidet.extras.deploy import export_onnx
         from medaidet.extras.deploy import compare_detections
-        from medaidet.evaluation.predictions import load_model, predict_split
+        from medaidet.evaluation.evaluate import load_model, predict_split
 
         test = BCCDDataset(None, "test", use_difficult=True, return_difficult=True)
         theirs = predict_split(load_model({str(weights)!r}), test, progress=False)

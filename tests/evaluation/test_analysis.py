@@ -12,7 +12,7 @@ from medaidet.evaluation.analysis import (box_outcomes, detection_scores,
                                           images_missing_class, missed_by,
                                           plot_detection_scores, recall_precision,
                                           stage_counts)
-from medaidet.evaluation.predictions import Predictions
+from medaidet.evaluation.evaluate import Predictions
 from medaidet.evaluation.runs import predict_weights
 from medaidet.ssd.predict import Candidates
 

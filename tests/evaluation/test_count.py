@@ -9,8 +9,8 @@ from matplotlib.figure import Figure
 
 from medaidet import cli
 from medaidet.evaluation.count import RBC_NOTE, count_cells, plot_counts
-from medaidet.evaluation.thresholds import SWEEP_NOTE, SweepResult, plot_sweep, threshold_sweep
-from medaidet.evaluation.predictions import Predictions
+from medaidet.evaluation.count import SWEEP_NOTE, SweepResult, plot_sweep, threshold_sweep
+from medaidet.evaluation.evaluate import Predictions
 
 NAMES = ("rbc", "wbc", "platelets")
 
@@ -256,7 +256,7 @@ def test_the_sweep_axis_is_not_flattened_by_the_lowest_thresholds():
 def test_threshold_change_follows_each_image_and_adds_up_to_the_mae():
     """Raising a threshold lowers every count: an under-counted image moves further off, an
     over-counted one closer (or past its annotation); the MAE changes by the sum."""
-    from medaidet.evaluation.thresholds import threshold_change
+    from medaidet.evaluation.count import threshold_change
 
     # rbc per image: annotated 3; detections at 0.9 x a and 0.55 x b. Counted at 0.5: a + b,
     # at 0.6: a. Errors at 0.5 -> 0.6: img0 +2 -> 0 (closer), img1 -1 -> -3 (further),
@@ -415,7 +415,7 @@ def test_report_count_errors_chooses_on_val_and_reports_test_once_with_its_inter
     """val says rbc >= 0.5 counts right (its 0.3 detections are spurious); on test the same
     threshold misses one of 4 cells in one image of two: error 1/7, whatever test's own best
     would be, with an interval from resampling test's two images."""
-    from medaidet.evaluation.thresholds import report_count_errors
+    from medaidet.evaluation.count import report_count_errors
 
     val = make_preds([[(0, 0.9), (0, 0.6), (0, 0.3)]] * 3, [[0, 0]] * 3, split="val")
     test = make_preds([[(0, 0.9), (0, 0.8), (0, 0.7), (0, 0.4)], [(0, 0.9)] * 3],

@@ -12,7 +12,7 @@ from medaidet import cli
 from medaidet.errors import MedaidetError, WeightsError
 from medaidet.evaluation.evaluate import evaluate, plot_pr_curves
 from medaidet.evaluation.runs import evaluate_weights
-from medaidet.evaluation.predictions import Predictions
+from medaidet.evaluation.evaluate import Predictions
 from medaidet.evaluation.protocol import PROTOCOLS
 
 NAMES = ("rbc", "wbc", "platelets")
@@ -227,7 +227,7 @@ def test_seconds_is_the_time_the_prediction_loop_took(bccd_root):
     import time
 
     from medaidet.data.bccd import BCCDDataset
-    from medaidet.evaluation.predictions import predict_split
+    from medaidet.evaluation.evaluate import predict_split
     from medaidet.ssd.model import build_ssd
 
     np.random.seed(0)
@@ -422,7 +422,7 @@ def test_cli_without_room_for_the_figure_leaves_neither_result_file(bccd_root, t
 
 
 def _two_images():
-    from medaidet.evaluation.predictions import Predictions
+    from medaidet.evaluation.evaluate import Predictions
     box = np.array([[0, 0, 10, 10]], np.float32)
     return Predictions(["a", "b"], [box, box + 20], [np.array([0], np.int32)] * 2,
                        [np.array([0.9], np.float32)] * 2, [box, box], [np.array([0], np.int32)] * 2,
@@ -430,7 +430,7 @@ def _two_images():
 
 
 def test_take_resamples_images_and_bootstrap_gives_the_spread_of_a_figure():
-    from medaidet.evaluation.predictions import bootstrap
+    from medaidet.evaluation.evaluate import bootstrap
     preds = _two_images()
     again = preds.take([1, 1, 0])
     assert again.ids == ["b", "b", "a"] and again.pred_bboxes[0][0, 0] == 20

@@ -1,12 +1,12 @@
-"""The counting frame (medaidet.evaluation.frame): which boxes count, on synthetic boxes
+"""The counting frame (medaidet.evaluation.count): which boxes count, on synthetic boxes
 placed on each edge and corner, and on BCCD's real boxes."""
 import numpy as np
 import pytest
 
 from medaidet.errors import ConfigError
-from medaidet.evaluation.frame import (densities, frame_area, frame_margins, frame_predictions,
+from medaidet.evaluation.count import (densities, frame_area, frame_margins, frame_predictions,
                                        in_frame)
-from medaidet.evaluation.predictions import Predictions
+from medaidet.evaluation.evaluate import Predictions
 
 NAMES = ("rbc", "wbc", "platelets")
 SIZE = (480, 640)
@@ -126,7 +126,7 @@ def test_the_frame_figure_marks_each_box_counted_or_not_in_its_class_panel():
     from matplotlib.patches import Rectangle
 
     from medaidet.colors import CLASS_COLORS
-    from medaidet.evaluation.frame import plot_frame
+    from medaidet.evaluation.count import plot_frame
 
     img = np.full((3, *SIZE), 200, np.float32)
     bbox = np.array([box(240, 320), box(5, 320), box(240, 320, 30), box(240, 630)], np.float32)
@@ -145,7 +145,7 @@ def test_the_frame_figure_marks_each_box_counted_or_not_in_its_class_panel():
 
 
 def test_frame_errors_say_which_detection_or_box_each_count_error_is():
-    from medaidet.evaluation.frame import frame_errors
+    from medaidet.evaluation.count import frame_errors
 
     gt = np.array([box(240, 320), box(45, 320), box(240, 100), box(300, 300)], np.float32)
     pred = np.array([box(241, 321), box(38, 320), box(100, 500), box(302, 302)], np.float32)
@@ -165,7 +165,7 @@ def test_frame_errors_add_up_to_the_framed_count_error():
     """Per image and class, (line +) - (line -) + false - missed is the framed count error,
     on random cells near the frame's lines and random detections of them."""
     from medaidet.evaluation.count import per_image_counts
-    from medaidet.evaluation.frame import frame_errors
+    from medaidet.evaluation.count import frame_errors
 
     rng = np.random.default_rng(1)
     ids, pb, pl, ps, gb, gl = [], [], [], [], [], []

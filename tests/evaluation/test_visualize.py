@@ -1,4 +1,4 @@
-"""VOC matching (medaidet.evaluation.matching) on hand-made boxes and against ChainerCV;
+"""VOC matching (medaidet.evaluation.analysis) on hand-made boxes and against ChainerCV;
 detections drawn (visualize) on real BCCD test images, in grids; box sizes found vs missed
 (box_sizes)."""
 import matplotlib
@@ -12,10 +12,10 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from medaidet.evaluation.count import count_cells  # noqa: E402
-from medaidet.evaluation.predictions import Predictions  # noqa: E402
-from medaidet.evaluation.box_sizes import gt_box_sizes, plot_box_sizes  # noqa: E402
-from medaidet.evaluation.matching import match_detections  # noqa: E402
-from medaidet.evaluation.visualize import STYLES, draw_detections, plot_detections  # noqa: E402
+from medaidet.evaluation.evaluate import Predictions  # noqa: E402
+from medaidet.evaluation.analysis import gt_box_sizes, plot_box_sizes  # noqa: E402
+from medaidet.evaluation.analysis import match_detections  # noqa: E402
+from medaidet.evaluation.analysis import STYLES, draw_detections, plot_detections  # noqa: E402
 
 NAMES = ("rbc", "wbc", "platelets")
 RBC, WBC, PLT = 0, 1, 2

@@ -348,7 +348,7 @@ def test_non_finite_weights_are_refused_naming_file_and_array(tmp_path, bccd_fil
 
 
 def test_evaluate_load_model_refuses_nan_weights(tmp_path, bccd_file):
-    from medaidet.evaluation.predictions import load_model
+    from medaidet.evaluation.evaluate import load_model
     from medaidet.errors import WeightsError
     path = _with_non_finite(bccd_file, tmp_path / "model.npz", "extractor/conv1_1/W", np.nan)
     with pytest.raises(WeightsError) as info:

@@ -7,7 +7,7 @@ import pytest
 
 from medaidet.checksums import sha256_file
 from medaidet.evaluation.runs import evaluate_weights
-from medaidet.evaluation.predictions import course_weights
+from medaidet.evaluation.evaluate import course_weights
 from medaidet.ssd.weights import SHIPPED_WEIGHTS, shipped_weights
 from medaidet.errors import WeightsError
 from medaidet.ssd.small import SIZES
@@ -84,7 +84,7 @@ def test_the_shipped_detector_scores_on_the_test_split_what_its_record_says(bccd
 def test_the_recorded_count_errors_are_what_counting_at_the_val_thresholds_gives(bccd_root):
     from medaidet.evaluation.analysis import images_missing_class
     from medaidet.evaluation.count import count_cells
-    from medaidet.evaluation.thresholds import threshold_sweep
+    from medaidet.evaluation.count import threshold_sweep
     from medaidet.evaluation.runs import predict_weights
 
     counts = _record()["counts"]
@@ -145,9 +145,9 @@ def test_the_trusted_label_detector_scores_against_the_re_annotation_what_its_re
         bccd_root, txl_root):
     from medaidet.data.bccd import BCCDDataset
     from medaidet.evaluation.count import count_errors
-    from medaidet.evaluation.thresholds import threshold_sweep
+    from medaidet.evaluation.count import threshold_sweep
     from medaidet.evaluation.evaluate import evaluate
-    from medaidet.evaluation.predictions import load_model, predict_split
+    from medaidet.evaluation.evaluate import load_model, predict_split
     judged = json.loads(TXL.with_suffix(".json").read_text())["judged"]["txl-pbc"]
     model = load_model(TXL)
     split = {s: BCCDDataset(bccd_root, s, labels="txl-pbc", txl_root=txl_root)
