@@ -161,7 +161,7 @@ def _cached(source: Source) -> Path | None:
         return path if path.is_file() else None
     converted = cache_dir() / CONVERTED_NAME
     if converted.is_file():
-        if not _sidecar_matches(converted):
+        if _sidecar_digest(converted) != sha256_file(converted):
             raise WeightsError(
                 f"{converted} does not match its .sha256 file (changed since it was converted, "
                 f"or the .sha256 is missing): delete both; the weights are converted again",
@@ -228,10 +228,10 @@ def _check_download(path: Path, source: Source, cause: str) -> None:
                     parameter=key, expected=shape, found=found)
 
 
-def _sidecar_matches(path: Path) -> bool:
+def _sidecar_digest(path: Path) -> str:
+    """Its .sha256 file's digest, or ""."""
     sidecar = path.with_name(path.name + ".sha256")
-    fields = sidecar.read_text().split() if sidecar.is_file() else []
-    return bool(fields) and fields[0].lower() == sha256_file(path)
+    return ((sidecar.read_text().split() if sidecar.is_file() else []) or [""])[0].lower()
 
 
 def shipped_weights(name: str = "ssd_small", labels: str = "bccd") -> Path:
@@ -246,7 +246,7 @@ def shipped_weights(name: str = "ssd_small", labels: str = "bccd") -> Path:
             f"train`) and use its model.npz, or reinstall medaidet", "missing", path=path)
     expected = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))["sha256"]
     found = sha256_file(path)
-    if found != expected or not _sidecar_matches(path):
+    if found != expected or _sidecar_digest(path) != found:
         raise WeightsError(f"the shipped weights {path} are not the file medaidet shipped (sha256 "
                            f"{found}, recorded {expected}, or its .sha256 is missing): "
                            f"reinstall medaidet", "checksum", path=path, expected=expected,
@@ -573,7 +573,7 @@ def load_weights(model, path, *, skip: str | None = None, backbone: bool = False
         raise WeightsError(f"no weight file at {path}", "missing", path=path)
     sidecar = path.with_name(path.name + ".sha256")
     if sidecar.is_file():
-        expected, found = (sidecar.read_text().split() or [""])[0].lower(), sha256_file(path)
+        expected, found = _sidecar_digest(path), sha256_file(path)
         if found != expected:
             raise WeightsError(f"{path} does not match its checksum file {sidecar.name} (sha256 "
                                f"{found}, expected {expected}): it changed after it was saved "
