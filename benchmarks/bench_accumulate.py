@@ -29,7 +29,7 @@ from medaidet.training.accumulation import AccumulatingUpdater
 from medaidet.training.memory import PeakMemory
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.weights import materialize
-from medaidet.ssd.train_chain import MultiboxTrainChain
+from medaidet.ssd.loss import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform
 
 

@@ -109,7 +109,7 @@ def _add_data(commands) -> None:
 
 def _download(args) -> int:
     from medaidet.data.download import download
-    from medaidet.data.pinned import SOURCES
+    from medaidet.data.download import SOURCES
     print(download(SOURCES[args.dataset], root=args.root, force=args.force))
     return 0
 

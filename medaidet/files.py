@@ -20,8 +20,11 @@ target is a new name or a regular file (or a link to one), never a folder, a dev
 A full disk (``ENOSPC``), a full quota (``EDQUOT``) or the file-size limit (``EFBIG``) fails a
 ``write()`` with an ``OSError`` that names no file; raised from here it names the file
 being written, so the user learns where the space ran out.
+
+:func:`sha256_file` is the one checksum of a file (sdists, dataset files, weight files).
 """
 import errno
+import hashlib
 import io
 import os
 import secrets
@@ -32,7 +35,7 @@ from pathlib import Path
 from medaidet.errors import ConfigError
 
 __all__ = ["FULL_DISK_ERRNOS", "atomic_file", "check_output", "is_full_disk",
-           "not_a_regular_file", "png_bytes", "write_files"]
+           "not_a_regular_file", "png_bytes", "sha256_file", "write_files"]
 
 # The errors of a write that found no room: the disk, the user's quota, the file-size limit.
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -142,3 +145,12 @@ def default_cache_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "medaidet"
+
+
+def sha256_file(path) -> str:
+    """Hex sha256 of the file at ``path``, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

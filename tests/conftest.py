@@ -172,7 +172,7 @@ def fresh_annotation_reports():
 def _find_bccd():
     """``(root, None)`` where the package finds BCCD for the caller (an argument is never
     given here: ``$MEDAIDET_DATA`` > the cache), else ``(None, why)``."""
-    from medaidet.data.pinned import resolve_root
+    from medaidet.data.download import resolve_root
     from medaidet.errors import DataError
     try:
         return resolve_root(), None
@@ -183,7 +183,7 @@ def _find_bccd():
 def _find_txl():
     """TXL-PBC where the package finds it (``$MEDAIDET_TXL_PBC`` > the cache), else beside
     the checkout (``../shared/txl-pbc``, where CI has it), else None."""
-    from medaidet.data.pinned import TXL_PBC, resolve_root
+    from medaidet.data.download import TXL_PBC, resolve_root
     from medaidet.errors import DataError
     try:
         return resolve_root(source=TXL_PBC)

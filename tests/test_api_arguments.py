@@ -5,7 +5,7 @@ result (a threshold of 2 that counts nothing, a label file read for a negative s
 import numpy as np
 import pytest
 
-from medaidet.data import agreement, compare, same_field, txl_pbc, yolo
+from medaidet.data import agreement, bccd, compare, same_field, txl_pbc
 from medaidet.errors import ConfigError
 from medaidet.evaluation import analysis, count
 from medaidet.evaluation.evaluate import Predictions, bootstrap, paired_bootstrap
@@ -106,10 +106,10 @@ CASES = {
     "same_field_pairs: one thumbnail": (
         lambda: list(same_field.same_field_pairs(np.zeros((60, 80)))), "thumbs"),
     "census: a number for a folder": (lambda: txl_pbc.census(5), "root"),
-    "bccd_links: a number for a file": (lambda: txl_pbc.bccd_links(5), "path"),
+    "bccd_links: a number for a file": (lambda: bccd.bccd_links(5), "path"),
     "TXLPBCDataset: sources a number": (lambda: txl_pbc.TXLPBCDataset(sources=5), "sources"),
     "TXLPBCDataset: root a number": (lambda: txl_pbc.TXLPBCDataset(root=5), "root"),
-    "parse_yolo_labels: no path": (lambda: yolo.parse_yolo_labels(None, (480, 640)), "path"),
+    "parse_yolo_labels: no path": (lambda: bccd.parse_yolo_labels(None, (480, 640)), "path"),
 }
 
 
@@ -124,7 +124,7 @@ def test_a_wrong_argument_is_a_config_error_naming_it(case):
 @pytest.mark.parametrize("size", [None, (-1, 640), (480,), (480, 640, 3)])
 def test_a_label_file_is_not_read_for_an_impossible_image_size(txl_root, size):
     with pytest.raises(ConfigError) as raised:
-        yolo.parse_yolo_labels(a_label_file(txl_root), size)
+        bccd.parse_yolo_labels(a_label_file(txl_root), size)
     assert str(raised.value).startswith("image_size:")
 
 
@@ -132,7 +132,7 @@ def test_bccd_links_does_not_read_an_open_file_descriptor():
     """An int is a file descriptor to open(): a number given for the table's path must not
     read (or close) whatever the process has open under that number."""
     with pytest.raises(ConfigError):
-        txl_pbc.bccd_links(0)
+        bccd.bccd_links(0)
 
 
 def test_the_checked_paths_still_give_the_right_results(txl_root):
@@ -144,4 +144,4 @@ def test_the_checked_paths_still_give_the_right_results(txl_root):
     assert count.in_frame(BOX, [0], [100, 100], MARGINS, NAMES).tolist() == [True]
     assert sum(txl_pbc.census(str(txl_root)).values()) > 0
     label = a_label_file(txl_root)
-    assert yolo.parse_yolo_labels(str(label), (480, 640)).objects
+    assert bccd.parse_yolo_labels(str(label), (480, 640)).objects

@@ -18,7 +18,7 @@ TOOLS = Path(__file__).resolve().parents[1] / "tools" / "medaidet_tools"
 # lowest first: shared -> install path -> data -> ssd -> training -> evaluation -> extras
 # (scaling, troubleshooting, MPI, deployment) -> environment -> command line
 LAYERS = [
-    ("shared", ["medaidet.errors", "medaidet.checksums", "medaidet.files", "medaidet.downloads",
+    ("shared", ["medaidet.errors", "medaidet.files", "medaidet.downloads",
                 "medaidet.arguments", "medaidet.compat", "medaidet.device",
                 "medaidet.numbers", "medaidet.tables", "medaidet.exercises",
                 "medaidet.colors"]),

@@ -10,9 +10,8 @@ import threading
 
 import pytest
 
-from medaidet.data.annotation import parse_annotation
+from medaidet.data.bccd import parse_annotation, parse_yolo_labels
 from medaidet.data.image import decode_image, read_image_size
-from medaidet.data.yolo import parse_yolo_labels
 from medaidet.errors import DataError, WeightsError
 from medaidet.files import not_a_regular_file
 from medaidet.ssd.weights import read_arrays

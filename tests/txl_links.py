@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from medaidet.data.bccd import Link, LINKS_FILE, image_path, read_split
 from medaidet.data.image import decode_image, read_image_size
-from medaidet.data.txl_pbc import (LINKS_FILE, REEXPORTED_FILE, SOURCE_BY_SIZE, TXL_SPLITS,
-                                   Link, Resemblance, _txl_images)
-from medaidet.data.voc import image_path, read_split
+from medaidet.data.txl_pbc import (REEXPORTED_FILE, SOURCE_BY_SIZE, TXL_SPLITS, Resemblance,
+                                   _txl_images)
 from medaidet.errors import MedaidetError
 
 BCCD_SPLITS = ("train", "val", "test")

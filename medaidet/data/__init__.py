@@ -23,7 +23,7 @@ _PUBLIC = {
     "TXLPBCDataset": "medaidet.data.txl_pbc",
     "download_bccd": "medaidet.data.download",
     "download_txl_pbc": "medaidet.data.download",
-    "resolve_root": "medaidet.data.pinned",
+    "resolve_root": "medaidet.data.download",
     "validate_dataset": "medaidet.data.validate",
 }
 

@@ -30,13 +30,11 @@ from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.arguments import check_number, check_type
 from medaidet.errors import ConfigError
 from medaidet.data import LABELS
-from medaidet.data.annotation import parse_annotation
-from medaidet.data.pinned import TXL_PBC, resolve_root
-from medaidet.data.same_field import ImagePair
+from medaidet.data.bccd import (annotation_path, bccd_links, image_path, parse_annotation,
+                                parse_yolo_labels)
 from medaidet.data.image import read_image_size
-from medaidet.data.txl_pbc import bccd_links
-from medaidet.data.voc import annotation_path, image_path
-from medaidet.data.yolo import parse_yolo_labels
+from medaidet.data.download import TXL_PBC, resolve_root
+from medaidet.data.same_field import ImagePair
 
 __all__ = ["PairCounts", "pair_counts", "count_agreement"]
 

@@ -1,7 +1,13 @@
-"""BCCD as a ChainerCV dataset: ``(img, bbox, label)`` for every image of a split, from the
-VOC layout (:mod:`medaidet.data.voc`), each annotation parsed
-(:mod:`medaidet.data.annotation`) and checked (:mod:`medaidet.data.annotation_checks`),
-each image decoded (:mod:`medaidet.data.image`).
+"""BCCD as a ChainerCV dataset (notebook 01): the VOC layout it comes in, each image decoded,
+each annotation parsed safely and checked by one rule, and :class:`BCCDDataset`, which gives
+``(img, bbox, label)`` for every image of a split.
+
+Layout (files are found by the ids in the split lists, never by the XML's ``<filename>``,
+``<path>`` or ``<folder>``: BCCD's carry annotators' machine paths)::
+
+    ROOT/ImageSets/Main/{train,val,trainval,test}.txt   one image id per line
+    ROOT/Annotations/<id>.xml                            VOC XML, one <object> per box
+    ROOT/JPEGImages/<id>.jpg
 
 Conventions (the same as ChainerCV's ``VOCBboxDataset``):
 
@@ -11,49 +17,611 @@ Conventions (the same as ChainerCV's ``VOCBboxDataset``):
 * ``label``: int32, shape (R,), index into :data:`~medaidet.data.BCCD_LABEL_NAMES`.
 * ``difficult``: bool, shape (R,) (only with ``return_difficult=True``).
 
-What the loader does with defective annotations (``validate_dataset`` reports the same
-findings, from the same code):
+What the loader does with defective data (``validate_dataset`` reports the same findings,
+from the same code, :func:`check_annotation`):
 
 * a defect of the whole file raises, in both modes: XML that is not well-formed or uses a
-  DTD/entities, a label that is not rbc/wbc/platelets, ``<size>`` that disagrees with the
-  image, a listed id without its files, a bad split list, an unreadable image;
+  DTD/entities (nothing is expanded or fetched), a label that is not rbc/wbc/platelets,
+  ``<size>`` that disagrees with the image, a listed id without its files, a bad split list,
+  an image that cannot be decoded (:mod:`medaidet.data.image` says what is readable);
 * a defective object is dropped with an :class:`AnnotationWarning` (``strict=True``: raises
-  a DataError (of the object's kind)); a box overhanging the image
-  by at most a few pixels is clipped. The dataset lists them in :attr:`BCCDDataset.dropped`
-  and :attr:`BCCDDataset.clipped`.
+  a DataError of the object's kind): a missing or non-numeric coordinate, reversed
+  coordinates, zero width or height, more than :data:`BOUNDS_TOLERANCE` px outside the image,
+  the same cell boxed twice (IoU >= :data:`NEAR_DUPLICATE_IOU`, same class). A box
+  overhanging the image by at most :data:`BOUNDS_TOLERANCE` px is clipped. The dataset lists
+  them in :attr:`BCCDDataset.dropped` and :attr:`BCCDDataset.clipped`.
 
 Whose boxes (``labels``): BCCD's own (``'bccd'``), or TXL-PBC's re-annotation of the same
 smears (``'txl-pbc'``, :mod:`medaidet.data.txl_pbc`; only the 221 images it re-annotated,
-read by :mod:`medaidet.data.yolo` and judged by the same checks). BCCD's split lists decide
-train/val/test either way.
+found through the shipped table :func:`bccd_links`, read by :func:`parse_yolo_labels` and
+judged by the same checks). BCCD's split lists decide train/val/test either way.
 """
 from __future__ import annotations
 
+import csv
+import functools
+import math
 import os
+import re
 import warnings
+import xml.etree.ElementTree as ET
 from collections import Counter
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import NamedTuple
 
+import defusedxml
+import defusedxml.ElementTree as SafeET
 import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 
-from medaidet.arguments import is_path
-from medaidet.errors import ConfigError, DataError
-from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS, LABELS  # noqa: F401 (CLASS_COLORS)
-from medaidet.data.annotation import parse_annotation
-from medaidet.data.annotation_checks import (QUIET_ENV, _REPORTED,  # noqa: F401 (here too)
-                                             AnnotationWarning, Finding, check_annotation,
-                                             warn_once)
-from medaidet.data.pinned import TXL_PBC, resolve_root
+from medaidet.arguments import checked_path, checked_size, is_path
+from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS, LABELS, SPLITS
+from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.image import decode_image, read_image_size
-from medaidet.data.txl_pbc import bccd_links
-from medaidet.data.voc import annotation_path, image_path, read_split, split_path
-from medaidet.data.yolo import parse_yolo_labels
+from medaidet.errors import ConfigError, DataError, MedaidetError
+from medaidet.files import not_a_regular_file
 from medaidet.tables import Table
 
-__all__ = ["CLASS_COLORS", "BCCDDataset", "LABELS", "ObjectIssue", "AnnotationWarning",
-           "annotation_report", "quiet_annotation_warnings", "QUIET_ENV"]
+__all__ = [
+    "split_path", "annotation_path", "image_path", "SplitProblem", "scan_split_file",
+    "read_split", "Annotation",
+    "AnnotatedObject", "parse_annotation", "MAX_XML_BYTES", "check_annotation", "Finding",
+    "CheckedAnnotation", "BOUNDS_TOLERANCE", "NEAR_DUPLICATE_IOU", "AnnotationWarning",
+    "QUIET_ENV", "warn_once", "parse_yolo_labels", "TXL_CLASSES", "MAX_LABEL_BYTES", "Link",
+    "read_links", "bccd_links", "LINKS_FILE", "CLASS_COLORS", "BCCDDataset", "LABELS",
+    "ObjectIssue", "annotation_report", "quiet_annotation_warnings"]
 
+
+# ---------------------------------------------------------------------------------- the VOC layout
+
+def split_path(root, split: str) -> Path:
+    return Path(root) / "ImageSets" / "Main" / f"{split}.txt"
+
+
+def annotation_path(root, image_id: str) -> Path:
+    return Path(root) / "Annotations" / f"{image_id}.xml"
+
+
+def image_path(root, image_id: str) -> Path:
+    return Path(root) / "JPEGImages" / f"{image_id}.jpg"
+
+
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,254}")
+
+
+class SplitProblem(NamedTuple):
+    """One defect of a split list; ``image_id`` is None for the whole file."""
+    kind: str                # "missing" | "unreadable" | "empty" | "bad_id" | "duplicate"
+    image_id: str | None
+    line: int | None         # 1-based line number
+    detail: str
+
+
+def scan_split_file(path) -> tuple[list[str], list[SplitProblem]]:
+    """Ids of a split list in order (first occurrence), and every problem found.
+
+    Blank lines are ignored; a line must hold one id (letters, digits, ``_.+-``; no
+    path separators, no spaces).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        return [], [SplitProblem("missing", None, None, f"split list {path} does not exist")]
+    except (OSError, UnicodeDecodeError) as exc:
+        return [], [SplitProblem("unreadable", None, None,
+                                 f"split list {path} cannot be read as UTF-8 text ({exc})")]
+    ids, problems, first_line = [], [], {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        entry = raw.strip()
+        if not entry:
+            continue
+        if not _ID_RE.fullmatch(entry) or ".." in entry:
+            problems.append(SplitProblem(
+                "bad_id", entry, number,
+                f"{path} line {number}: {entry!r} is not an image id (one id per line; "
+                "letters, digits and _.+- only)"))
+            continue
+        if entry in first_line:
+            problems.append(SplitProblem(
+                "duplicate", entry, number,
+                f"{path} line {number}: id {entry} is listed twice (first on line "
+                f"{first_line[entry]}); remove one"))
+            continue
+        first_line[entry] = number
+        ids.append(entry)
+    if not ids and not problems:
+        problems.append(SplitProblem("empty", None, None,
+                                     f"split list {path} is empty: it lists no image id"))
+    return ids, problems
+
+
+def read_split(root, split: str) -> list[str]:
+    """The ids of ``split`` (train, val, trainval or test); raises a ``"split"`` DataError."""
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}", "split")
+    path = split_path(root, split)
+    ids, problems = scan_split_file(path)
+    if problems:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise DataError(first.detail + more, "split", path=path, image_id=first.image_id)
+    return ids
+
+
+def _read_small_file(path: Path, limit: int, kind: str, what: str, missing: str) -> bytes:
+    """The bytes of a label file of at most ``limit`` bytes; a ``kind`` DataError (a
+    ``missing`` one when it does not exist) naming the file otherwise."""
+    why = not_a_regular_file(path)
+    if why:
+        raise DataError(f"{path} is {why}, not {what}", kind, path=path, image_id=path.stem)
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise DataError(f"{path}: {size} bytes is too large for {what} (limit {limit})",
+                            kind, path=path, image_id=path.stem)
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path} does not exist", missing, path=path,
+                        image_id=path.stem) from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read it ({exc})", kind, path=path,
+                        image_id=path.stem) from None
+
+
+# ------------------------------------------------------------------ VOC annotations, parsed safely
+#
+# parse_annotation reads what is written and judges nothing: an unknown class name gets
+# label=None, an unusable box bndbox=None with the reason (check_annotation judges).
+
+MAX_XML_BYTES = 8 << 20     # BCCD's largest annotation is ~6 kB
+_COORDS = ("xmin", "ymin", "xmax", "ymax")
+
+
+class AnnotatedObject(NamedTuple):
+    """One ``<object>`` as written. ``index`` is its 0-based position in the file."""
+    index: int
+    name: str | None                  # <name> text as written; None when missing
+    label: int | None                 # index into the label names; None when unknown
+    bndbox: tuple[float, float, float, float] | None   # (xmin, ymin, xmax, ymax): VOC, 1-based
+    problem: str | None               # why bndbox is None
+    difficult: bool
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """A parsed VOC annotation file. Metadata fields are None when absent."""
+    path: Path
+    objects: tuple[AnnotatedObject, ...]
+    size: tuple[int, int] | None      # (height, width) from <size>; None if absent or not > 0
+    size_text: str | None             # <size> as written, for messages
+    depth: int | None
+    filename: str | None
+    folder: str | None
+    image_path: str | None            # the <path> element
+    attributes: tuple[tuple[str, str], ...]   # attributes of <annotation>
+    indent: str                       # leading whitespace of the first indented line
+
+
+def _text(element, tag):
+    found = element.find(tag)
+    return None if found is None or found.text is None else found.text.strip()
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
+def _read_bndbox(element):
+    box = element.find("bndbox")
+    if box is None:
+        return None, "it has no <bndbox>"
+    values = []
+    for tag in _COORDS:
+        text = _text(box, tag)
+        if text is None:
+            return None, f"its <bndbox> has no <{tag}>"
+        try:
+            value = float(text)
+        except ValueError:
+            return None, f"its <{tag}> is {text!r}, not a number"
+        if not math.isfinite(value):
+            return None, f"its <{tag}> is {text!r}, not a finite number"
+        values.append(value)
+    return tuple(values), None
+
+
+def _flag(text) -> bool:
+    return (text or "").strip().lower() in ("1", "true", "yes")
+
+
+def _label_index(label_names):
+    return {name.lower(): i for i, name in enumerate(label_names)}
+
+
+def parse_annotation(path, label_names=BCCD_LABEL_NAMES) -> Annotation:
+    """Parse one VOC XML file safely: no DTD, no entity expansion, no external entities.
+
+    Does not judge the objects (see :func:`check_annotation`): unknown names get
+    ``label=None``, unusable boxes ``bndbox=None`` with the reason in ``problem``.
+    Raises an ``"missing_file"`` DataError, an ``"xml"`` DataError or
+    an ``"unsafe_xml"`` DataError. Parsed files are cached in memory, keyed by path and content.
+    """
+    path = Path(path)
+    data = _read_small_file(path, MAX_XML_BYTES, "xml", "a VOC XML annotation file",
+                            "missing_file")
+    return _parse_cached(str(path), data, tuple(label_names))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(path_text: str, data: bytes, label_names) -> Annotation:
+    path = Path(path_text)
+    image_id = path.stem
+
+    def fail(kind, why):
+        return DataError(f"{path}: {why}", kind, path=path, image_id=image_id)
+
+    try:
+        root = SafeET.fromstring(data, forbid_dtd=True)
+    except defusedxml.DefusedXmlException as exc:
+        raise fail("unsafe_xml", f"refused: the XML declares a DTD or entities ({exc!r}); "
+                   "VOC annotations need neither, so nothing is expanded or fetched. "
+                   "Remove the <!DOCTYPE ...> block") from None
+    except (ET.ParseError, ValueError, LookupError, UnicodeError) as exc:
+        raise fail("xml", f"not well-formed XML ({exc}); re-export it from "
+                   "the annotation tool or restore it from the original dataset") from None
+    if root.tag != "annotation":
+        raise fail("xml", f"the root element is <{root.tag}>, not "
+                   "<annotation>: not a Pascal VOC annotation")
+
+    index_of = _label_index(label_names)
+    objects = []
+    for index, element in enumerate(root.findall("object")):
+        name_element = element.find("name")
+        name = None if name_element is None else (name_element.text or "")
+        label = None if name is None else index_of.get(name.strip().lower())
+        bndbox, problem = _read_bndbox(element)
+        objects.append(AnnotatedObject(index, name, label, bndbox, problem,
+                                       _flag(element.findtext("difficult")),
+                                       _flag(element.findtext("truncated"))))
+
+    size_element = root.find("size")
+    height = width = depth = None
+    size_text = None
+    if size_element is not None:
+        width = _positive_int(_text(size_element, "width"))
+        height = _positive_int(_text(size_element, "height"))
+        depth = _positive_int(_text(size_element, "depth"))
+        size_text = f"{_text(size_element, 'width')}x{_text(size_element, 'height')}"
+    text = data.decode("utf-8", "replace")
+    indent = re.search(r"\n([ \t]+)<", text)
+    return Annotation(
+        path=path, objects=tuple(objects),
+        size=(height, width) if height and width else None, size_text=size_text, depth=depth,
+        filename=_text(root, "filename"), folder=_text(root, "folder"),
+        image_path=_text(root, "path"), attributes=tuple(sorted(root.attrib.items())),
+        indent=indent.group(1) if indent else "")
+
+
+# -------------------------------------------------- the checks: is an annotation usable as written
+
+#: Pixels a box may overhang the image and be clipped rather than dropped
+#: (0-based exports write ``xmin = 0``; VOC's smallest index is 1).
+BOUNDS_TOLERANCE = 2
+#: Two boxes of one class overlapping at least this much (IoU) are the same cell boxed twice.
+NEAR_DUPLICATE_IOU = 0.9
+
+
+class AnnotationWarning(UserWarning):
+    """Objects were dropped or clipped while loading (see ``.dropped`` / ``.clipped``)."""
+
+
+#: Set (not empty, not "0") in the environment: no :class:`AnnotationWarning`, in this process
+#: and in the processes it starts (data workers, MPI ranks). See
+#: :func:`medaidet.data.bccd.quiet_annotation_warnings`.
+QUIET_ENV = "MEDAIDET_QUIET_ANNOTATIONS"
+# Every split is loaded several times in a run (a notebook, the training recipe, the
+# evaluator): its report is shown the first time only, wherever the loading happens (a
+# record of our own: Python's "once" filter forgets whenever warning filters change).
+_REPORTED = set()
+
+
+def warn_once(message: str, stacklevel: int = 3) -> None:
+    """An :class:`AnnotationWarning` with ``message``, once per process and message, unless
+    :data:`QUIET_ENV` is set: a loader built again (every split, every rank) says it once."""
+    if message not in _REPORTED and os.environ.get(QUIET_ENV, "") in ("", "0"):
+        _REPORTED.add(message)
+        warnings.warn(AnnotationWarning(message), stacklevel=stacklevel)
+
+
+class Finding(NamedTuple):
+    """One defect :func:`check_annotation` found and what the loader does with it."""
+    index: int | None        # object index (0-based, order in the file); None: the whole file
+    kind: str                # unknown_label, size_mismatch, bad_coordinates, zero_area, ...
+    detail: str
+    action: str              # "raise" | "drop" | "clip"
+
+
+class CheckedAnnotation(NamedTuple):
+    """The boxes the loader keeps, in ChainerCV's convention, and the findings.
+
+    bbox: float32 (R, 4) ``(y_min, x_min, y_max, x_max)``, 0-based. label: int32 (R,).
+    difficult: bool (R,). index: int64 (R,), the object index of each kept box.
+    """
+    bbox: np.ndarray
+    label: np.ndarray
+    difficult: np.ndarray
+    index: np.ndarray
+    findings: tuple[Finding, ...]
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _iou(box, others):
+    """IoU of ``box`` (4,) with each of ``others`` (N, 4), both
+    ``(y_min, x_min, y_max, x_max)``: shape (N,); 0 for empty unions."""
+    tl = np.maximum(box[:2], others[:, :2])
+    br = np.minimum(box[2:], others[:, 2:])
+    inter = np.prod(np.clip(br - tl, 0, None), axis=1)
+    union = np.prod(box[2:] - box[:2]) + np.prod(others[:, 2:] - others[:, :2], axis=1) - inter
+    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+
+
+def _duplicates(bbox, labels, threshold):
+    """Yield ``(j, k, iou)`` for each box ``j`` (in order) that repeats an earlier kept box
+    ``k`` of its class: the first with IoU >= ``threshold``. A box yielded is not kept.
+
+    ``bbox``: float32 (R, 4) ``(y_min, x_min, y_max, x_max)``, no empty box; ``labels``:
+    int (R,). Memory is O(R), whatever R (an all-pairs IoU matrix of 10,000 boxes takes
+    GBs). Only boxes whose ``y_min`` lie within a band are compared: for IoU >= t > 0,
+    the intersection is at most ``(h - d) * w`` of the upper box (height ``h``, width
+    ``w``, ``d`` the difference of the ``y_min``), so ``d <= (1 - t) * h``.
+    """
+    boxes = bbox.astype(np.float64)
+    keep = np.ones(len(boxes), dtype=bool)
+    if len(boxes) < 2:
+        return
+    band = ((1 - threshold) * float(np.max(boxes[:, 2] - boxes[:, 0])) + 1e-6
+            if threshold > 0 else np.inf)
+    order = np.argsort(boxes[:, 0], kind="stable")
+    tops = boxes[order, 0]
+    for j in range(1, len(boxes)):
+        lo = np.searchsorted(tops, boxes[j, 0] - band, side="left")
+        hi = np.searchsorted(tops, boxes[j, 0] + band, side="right")
+        near_by = np.sort(order[lo:hi])
+        near_by = near_by[near_by < j]
+        earlier = near_by[keep[near_by] & (labels[near_by] == labels[j])]
+        if not len(earlier):
+            continue
+        iou = _iou(boxes[j], boxes[earlier])
+        near = np.flatnonzero(iou >= threshold)
+        if len(near):
+            keep[j] = False
+            yield j, int(earlier[near[0]]), float(iou[near[0]])
+
+
+def _check_object(obj, height: int, width: int, tolerance: float, item: str, names: str):
+    """``(findings, box)`` of one object: its box 0-based ``(y_min, x_min, y_max, x_max)``
+    (clipped when it was within ``tolerance`` of the image), or None when it is not kept."""
+    i = obj.index
+    if obj.label is None:
+        why = ("has no <name>" if obj.name is None else
+               f"is named {obj.name!r}, not one of {names} (case-insensitive)")
+        return [Finding(i, "unknown_label", f"{item} {i} {why}", "raise")], None
+    if obj.bndbox is None:
+        return [Finding(i, "bad_coordinates", f"{item} {i} ({obj.name.strip()}): "
+                        f"{obj.problem}", "drop")], None
+    xmin, ymin, xmax, ymax = obj.bndbox
+    where = f"{item} {i} ({obj.name.strip()}, x {_fmt(xmin)}..{_fmt(xmax)}, " \
+            f"y {_fmt(ymin)}..{_fmt(ymax)})"
+    if xmax < xmin or ymax < ymin:
+        axis = "xmax < xmin" if xmax < xmin else "ymax < ymin"
+        return [Finding(i, "bad_coordinates", f"{where}: reversed ({axis})", "drop")], None
+    if xmax == xmin or ymax == ymin:
+        which = ("width and height" if xmax == xmin and ymax == ymin else
+                 "width" if xmax == xmin else "height")
+        return [Finding(i, "zero_area", f"{where}: zero {which}", "drop")], None
+    over = max(1 - xmin, 1 - ymin, xmax - width, ymax - height)
+    if over > tolerance:
+        return [Finding(i, "out_of_bounds", f"{where}: {_fmt(over)} px outside the "
+                        f"{width}x{height} image (VOC pixels are 1..{width}, "
+                        f"1..{height})", "drop")], None
+    findings = []
+    if over > 0:
+        xmin, ymin = max(xmin, 1), max(ymin, 1)
+        xmax, ymax = min(xmax, width), min(ymax, height)
+        if xmax <= xmin or ymax <= ymin:
+            return [Finding(i, "out_of_bounds", f"{where}: outside the {width}x"
+                            f"{height} image (nothing left after clipping)", "drop")], None
+        findings.append(Finding(i, "out_of_bounds", f"{where}: {_fmt(over)} px outside the "
+                                f"{width}x{height} image (within {tolerance} px: clipped)",
+                                "clip"))
+    return findings, (ymin - 1, xmin - 1, ymax - 1, xmax - 1)
+
+
+def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_NAMES,
+                     tolerance: float = BOUNDS_TOLERANCE,
+                     near_duplicate_iou: float = NEAR_DUPLICATE_IOU,
+                     item: str = "object") -> CheckedAnnotation:
+    """Judge every object of ``annotation`` against the real ``image_size`` (height, width).
+    ``item`` is what the findings call an object (a YOLO file's objects are its lines).
+
+    Rules, in order, on the VOC coordinates as written (1-based inclusive):
+    unknown or missing name -> ``unknown_label`` (raise); missing/non-numeric coordinate ->
+    ``bad_coordinates`` (drop); ``xmax < xmin`` or ``ymax < ymin`` -> ``bad_coordinates``
+    (drop); ``xmax == xmin`` or ``ymax == ymin`` -> ``zero_area`` (drop); outside
+    ``1..W`` x ``1..H`` by more than ``tolerance`` px -> ``out_of_bounds`` (drop), by at
+    most ``tolerance`` -> ``out_of_bounds`` (clip); IoU >= ``near_duplicate_iou`` with an
+    earlier kept box of the same class (an exact copy: IoU 1) -> ``near_duplicate_box``
+    (drop). ``<size>`` disagreeing with ``image_size`` ->
+    ``size_mismatch`` (raise).
+    """
+    height, width = image_size
+    findings = []
+    if annotation.size is not None and annotation.size != (height, width):
+        findings.append(Finding(None, "size_mismatch",
+                                f"<size> says {annotation.size[1]}x{annotation.size[0]} but "
+                                f"the image is {width}x{height}: the boxes were drawn for "
+                                "another image (resized copy?)", "raise"))
+    names = ", ".join(label_names)
+    candidates = []            # (index, label, box 0-based, difficult)
+    for obj in annotation.objects:
+        found, box = _check_object(obj, height, width, tolerance, item, names)
+        findings += found
+        if box is not None:
+            candidates.append((obj.index, obj.label, box, obj.difficult))
+
+    bbox = np.array([c[2] for c in candidates], dtype=np.float32).reshape(-1, 4)
+    labels = np.array([c[1] for c in candidates], dtype=np.int32)
+    keep = np.ones(len(candidates), dtype=bool)
+    named = {obj.index: obj.name for obj in annotation.objects}
+    for j, k, iou in _duplicates(bbox, labels, near_duplicate_iou):
+        name = named[candidates[j][0]].strip()
+        detail = (f"{item} {candidates[j][0]} ({name}) overlaps {item} {candidates[k][0]} "
+                  f"({name}) with IoU {iou:.2f}: the same cell boxed twice")
+        findings.append(Finding(candidates[j][0], "near_duplicate_box", detail, "drop"))
+        keep[j] = False
+    return CheckedAnnotation(
+        bbox=bbox[keep], label=labels[keep],
+        difficult=np.array([c[3] for c in candidates], dtype=bool).reshape(-1)[keep],
+        index=np.array([c[0] for c in candidates], dtype=np.int64).reshape(-1)[keep],
+        findings=tuple(findings))
+
+
+# ------------------------------------------------------------- YOLO label files (TXL-PBC's format)
+#
+# Each line is ``<class> <x_center> <y_center> <width> <height>``: the class an index into
+# the dataset's classes.txt, the four numbers fractions of the image's width and height. A
+# box [x0, x1] in pixels covers the VOC pixels x0 + 1 .. x1, so a box over the whole image
+# is exactly VOC's 1 .. W. The result is the same Annotation a VOC file gives, so that one
+# rule (check_annotation) judges both: an object's index is its line number (1-based), its
+# name the class's name. The whole file raises a "yolo" DataError when it is unreadable,
+# too large, empty (every smear has cells: an empty file is a lost export) or names a class
+# that is not an index of class_names; a line without five fields, a coordinate that is not
+# a finite number, or a box under one pixel becomes an object without a box (dropped).
+
+#: TXL-PBC's classes (its labels/classes.txt: WBC, RBC, Platelet), in its id order, as the
+#: course names them.
+TXL_CLASSES = ("wbc", "rbc", "platelets")
+MAX_LABEL_BYTES = 1 << 20      # TXL-PBC's largest label file is under 4 kB
+
+
+def _read_text(path: Path) -> str:
+    data = _read_small_file(path, MAX_LABEL_BYTES, "yolo", "a YOLO label file", "yolo")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: cannot read it as UTF-8 text ({exc})", "yolo",
+                        path=path, image_id=path.stem) from None
+
+
+def _box(fields, size):
+    """``(xmin, ymin, xmax, ymax)`` in VOC pixels, or ``(None, why)``."""
+    height, width = size
+    try:
+        xc, yc, w, h = (float(f) for f in fields)
+    except ValueError:
+        return None, f"coordinates {' '.join(fields)!r} are not all numbers"
+    if not all(math.isfinite(v) for v in (xc, yc, w, h)):
+        return None, f"coordinates {' '.join(fields)!r} are not all finite numbers"
+    if w * width < 1 or h * height < 1:
+        return None, (f"the box is {w * width:g} x {h * height:g} px (width x height): "
+                      "under one pixel")
+    x0, y0 = (xc - w / 2) * width, (yc - h / 2) * height
+    # to 0.01 px: six-digit fractions carry ~0.0006 px of rounding, which would otherwise
+    # put a box drawn to the frame a hair outside it
+    return tuple(round(v, 2) for v in (x0 + 1, y0 + 1, x0 + w * width, y0 + h * height)), None
+
+
+def parse_yolo_labels(path, image_size, class_names=TXL_CLASSES,
+                      label_names=BCCD_LABEL_NAMES) -> Annotation:
+    """Read a YOLO label file for an image of ``image_size`` (height, width).
+
+    ``class_names[c]`` names class ``c`` of the file; each is looked up in ``label_names``
+    (the course's order) for the object's ``label``. Raises a ``"yolo"`` DataError (see
+    above); judges no box (``check_annotation(..., item="line")`` does).
+    """
+    path = checked_path(path, "path", "a YOLO label file")
+    image_size = checked_size(image_size, "image_size")
+    text = _read_text(path)
+    index_of = {name.lower(): i for i, name in enumerate(label_names)}
+    classes = ", ".join(f"{i} ({name})" for i, name in enumerate(class_names))
+    objects = []
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        token = fields[0]
+        if not (token.isascii() and token.isdigit() and int(token) < len(class_names)):
+            raise DataError(
+                f"{path} line {number}: class {token!r} is not one of {classes}; "
+                "fix the line or the class list",
+                "yolo", path=path, image_id=path.stem, line=number)
+        name = class_names[int(token)]
+        if len(fields) != 5:
+            bndbox, problem = None, (f"has {len(fields)} fields, not 5 (<class> <x_center> "
+                                     "<y_center> <width> <height>)")
+        else:
+            bndbox, problem = _box(fields[1:], image_size)
+        objects.append(AnnotatedObject(number, name, index_of.get(name.lower()), bndbox,
+                                       problem, False, False))
+    if not objects:
+        raise DataError(f"{path} is empty: it lists no box, and every smear of the "
+                        "dataset has cells; restore the file from the dataset", "yolo",
+                        path=path, image_id=path.stem)
+    return Annotation(path=path, objects=tuple(objects), size=None, size_text=None,
+                      depth=None, filename=None, folder=None, image_path=None,
+                      attributes=(), indent="")
+
+
+# --------------------------------------------------------------------------------- TXL-PBC's links
+
+#: The shipped table of the TXL-PBC images that are BCCD's (:mod:`medaidet.data.txl_pbc`
+#: says how it was found).
+LINKS_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd.tsv"
+
+
+@dataclass(frozen=True)
+class Link:
+    """One TXL-PBC image that is a BCCD image: TXL-PBC's split and file stem, BCCD's id and
+    BCCD's split."""
+
+    txl_split: str
+    txl_name: str
+    bccd_id: str
+    bccd_split: str
+
+    def label_path(self, txl_root) -> Path:
+        """TXL-PBC's label file of this image under ``txl_root``."""
+        return Path(txl_root) / "TXL_PBC" / "labels" / self.txl_split / f"{self.txl_name}.txt"
+
+
+def read_links(path, cls=Link) -> list:
+    """A shipped table of links (``.tsv`` with ``cls``'s fields as its header)."""
+    path = checked_path(path, "path", "a shipped table of links (.tsv)")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    header = [f.name for f in fields(cls)]
+    if not rows or rows[0] != header:
+        raise MedaidetError(f"{path}: expected the header {header}, found "
+                            f"{rows[0] if rows else 'an empty file'}")
+    return [cls(*row) for row in rows[1:]]
+
+
+def bccd_links(path=LINKS_FILE) -> list[Link]:
+    """The shipped table of TXL-PBC images that are BCCD images, at the pinned commit."""
+    return read_links(path)
+
+
+# ------------------------------------------------------------------------------------- the dataset
 
 class ObjectIssue(NamedTuple):
     """An object the loader dropped or clipped."""
@@ -71,7 +639,7 @@ class BCCDDataset(GetterDataset):
     Args:
         root: dataset root, a str or ``os.PathLike`` (else
             :class:`~medaidet.errors.ConfigError`); None: ``$MEDAIDET_DATA``,
-            else the cache directory (:func:`medaidet.data.pinned.resolve_root`).
+            else the cache directory (:func:`medaidet.data.download.resolve_root`).
         split: ``'train'`` (205), ``'val'`` (87), ``'trainval'`` (292) or ``'test'`` (72).
         strict: raise a DataError (of the object's kind) instead of dropping/clipping objects.
         use_difficult: keep objects marked difficult (ChainerCV's default: skip them;

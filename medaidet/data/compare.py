@@ -23,7 +23,7 @@ from matplotlib.patches import Rectangle
 from medaidet.arguments import check_number, checked_bins, checked_boxes
 from medaidet.colors import CLASS_COLORS
 from medaidet.errors import ConfigError
-from medaidet.data.annotation_checks import _iou
+from medaidet.data.bccd import _iou
 from medaidet.tables import Table
 
 __all__ = ["match_boxes", "compare_annotations", "Comparison", "draw_both",

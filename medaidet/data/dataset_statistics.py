@@ -4,7 +4,7 @@ nearly every image has (``missing_class``) and files written unlike the rest
 (``foreign_annotation``); :mod:`medaidet.data.validation_report` states each rule.
 
 Each check takes the validator's records of the images (``id``, ``size``, ``annotation``
-and ``checked``, the :class:`~medaidet.data.annotation_checks.CheckedAnnotation`) and its
+and ``checked``, the :class:`~medaidet.data.bccd.CheckedAnnotation`) and its
 ``add(image, object, kind, detail, severity=None)``.
 """
 from __future__ import annotations

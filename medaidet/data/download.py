@@ -1,49 +1,362 @@
-"""Fetch a pinned dataset (:mod:`medaidet.data.pinned`), verify every file, install it.
+"""Where the course's data comes from: a dataset pinned to one commit of its repository, the
+sha256 manifest of the files kept from it, where a copy lives, and the download that fetches,
+extracts, verifies and installs it (notebooks 01 and 10).
 
-The download is GitHub's archive of the pinned commit. GitHub builds these archives on the
-fly, so their own bytes are not stable: instead of checking the archive, every extracted
-file is checked against the manifest.
+A :class:`PinnedSource` names a repository, a commit and the manifest of the files kept,
+shipped in this package: :data:`BCCD` (``manifests/bccd-d272fb14.sha256``) and
+:data:`TXL_PBC`, a re-annotation of BCCD's smears and of three other sources
+(``manifests/txl-pbc-056d09e4.sha256``). :func:`verify_dataset` re-hashes a copy against its
+manifest; a verified copy carries the marker file :data:`MARKER_NAME` (:func:`is_verified`).
 
-Safety rules of :func:`download` (:func:`download_bccd`, :func:`download_txl_pbc`):
+Root resolution (:func:`resolve_root`, which only looks, never downloads): explicit argument >
+the source's variable (``$MEDAIDET_DATA`` for BCCD, ``$MEDAIDET_TXL_PBC`` for TXL-PBC) > the
+default cache directory ``<cache>/bccd`` or ``<cache>/txl-pbc``, where ``<cache>`` is
+``$MEDAIDET_CACHE``, else ``$XDG_CACHE_HOME/medaidet``, else ``~/.cache/medaidet``.
 
-* the URL must be ``https://``, ``http://`` or ``file://``
-  (a ``"url"`` DataError otherwise, before anything is written);
-* the archive is extracted by :func:`medaidet.data.archive.extract` through tarfile's
-  ``data`` filter: only the manifest's regular files are written, with size limits;
-* everything is staged under temporary names beside the destination and verified before
-  anything is installed. A new dataset appears with one directory rename, the marker file
-  ``.medaidet-verified`` already inside. Into an existing copy of the same dataset
-  (``force``), each file of the manifest is renamed over its old copy and nothing else is
-  touched: files the user added stay where they are. The marker is removed first and put
-  back last, so an interrupted install is never taken for a verified copy. A folder that
-  holds another dataset is refused: a dataset root holds one dataset;
-* the temporary folder (``.<name>.*.partial`` beside the destination, made by
-  :mod:`tempfile`) is removed on any failure; nothing else is ever deleted. A download killed
-  outright (``kill -9``, a power cut) leaves it behind, to be deleted by hand;
-* nothing is ever downloaded implicitly: :func:`~medaidet.data.pinned.resolve_root` only
-  looks.
+The download (:func:`download`, :func:`download_bccd`, :func:`download_txl_pbc`) is GitHub's
+archive of the pinned commit. GitHub builds these archives on the fly, so their bytes are not
+stable: every extracted file is checked against the manifest instead. Its safety rules:
+
+* the URL must be ``https://``, ``http://`` or ``file://`` (a ``"url"`` DataError otherwise,
+  before anything is written);
+* :func:`extract` streams the archive and writes only the regular files the manifest names,
+  through tarfile's ``data`` filter (the standard library's rules for untrusted archives),
+  with size limits. A member the filter refuses (a path out of the folder, a link to an
+  absolute path or out of it, a device or FIFO) is an ``"unsafe_archive"`` DataError before
+  anything is installed; a file that is not a readable tar archive is named for what it is
+  (:func:`identify`: empty, a ZIP, an HTML page, gzip data cut short, ...) with what to do;
+* everything is staged in a temporary folder beside the destination (``.<name>.*.partial``,
+  made by :mod:`tempfile`, removed on any failure) and verified before anything is
+  installed. A new dataset appears with one directory rename, the marker already inside.
+  Into an existing copy of the same dataset (``force``), each file of the manifest is renamed
+  over its old copy and nothing else is touched: files the user added stay. The marker is
+  removed first and put back last, so an interrupted install is never taken for a verified
+  copy. A folder that holds another dataset is refused: a dataset root holds one dataset.
 """
 from __future__ import annotations
 
+import functools
+import gzip
+import hashlib
+import importlib.resources
 import logging
 import os
+import re
 import shutil
+import tarfile
 import tempfile
 import urllib.parse
+import zlib
+from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
+from typing import NamedTuple
 
 from medaidet import __version__
-from medaidet.data.archive import extract
-from medaidet.data.pinned import (BCCD, MARKER_NAME, SOURCES, TXL_PBC, PinnedSource, choose_root,
-                                  cli_flag, is_verified, load_manifest, manifest_entries,
-                                  manifest_sha256, summarize_problems, verify_dataset)
+from medaidet.arguments import checked_path
 from medaidet.downloads import stream_url
-from medaidet.errors import DataError
+from medaidet.errors import DataError, MedaidetError
+from medaidet.files import default_cache_dir, sha256_file
 
-__all__ = ["download", "download_bccd", "download_txl_pbc", "URL_SCHEMES"]
+__all__ = [
+    "PinnedSource", "BCCD", "TXL_PBC", "SOURCES", "MARKER_NAME", "Problem", "load_manifest",
+    "manifest_entries", "manifest_sha256", "verify_dataset", "is_verified",
+    "summarize_problems", "default_root", "choose_root", "cli_flag", "resolve_root",
+    "extract", "identify", "MAX_MEMBER_BYTES", "MAX_EXTRACTED_BYTES", "download",
+    "download_bccd", "download_txl_pbc", "URL_SCHEMES"]
 
 logger = logging.getLogger(__name__)
 
+
+# ------------------------------------------------------------- the pinned sources and their copies
+
+@dataclass(frozen=True)
+class PinnedSource:
+    """A dataset as a repository at one commit, the files kept from it and their sha256.
+
+    Upstream member ``<top>/<path>`` is kept as ``<path>`` when the manifest lists it;
+    with ``subfolder``, ``<top>/<subfolder>/<dir>/<file>`` is kept as ``<dir>/<file>``
+    (BCCD's VOC folders sit in ``BCCD/``). ``marks``: the folder every copy has (what
+    :func:`resolve_root` looks for). ``layout``: how to place the files by hand.
+    """
+
+    name: str
+    repo: str
+    commit: str
+    cache_name: str
+    data_env: str
+    url_env: str
+    marks: str
+    layout: str
+    subfolder: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.repo}/archive/{self.commit}.tar.gz"
+
+    @property
+    def manifest_name(self) -> str:
+        return f"{self.cache_name}-{self.commit[:8]}.sha256"
+
+
+BCCD = PinnedSource(
+    "BCCD", "https://github.com/Shenggan/BCCD_Dataset",
+    "d272fb14cdff6e473fafeeeba32aba5f560e9e43", "bccd", "MEDAIDET_DATA", "MEDAIDET_BCCD_URL",
+    "Annotations", subfolder="BCCD", layout=(
+        "the BCCD/ folder of that repository at that commit, plus LICENSE and test.csv from "
+        "its top level, laid out as\n"
+        "  ROOT/Annotations/BloodImage_00000.xml ...   (364 files)\n"
+        "  ROOT/JPEGImages/BloodImage_00000.jpg ...    (364 files)\n"
+        "  ROOT/ImageSets/Main/{train,val,trainval,test}.txt\n"
+        "  ROOT/LICENSE, ROOT/test.csv"))
+
+
+TXL_PBC = PinnedSource(
+    "TXL-PBC", "https://github.com/lugan113/TXL-PBC_Dataset",
+    "056d09e45403f4d1321b99cdb2cfcc3eb605edcf", "txl-pbc", "MEDAIDET_TXL_PBC",
+    "MEDAIDET_TXL_PBC_URL", "TXL_PBC", layout=(
+        "the repository at that commit without its code, laid out as\n"
+        "  ROOT/TXL_PBC/images/{train,val,test}/<uuid>.jpg   (1,440 files)\n"
+        "  ROOT/TXL_PBC/labels/{train,val,test}/<uuid>.txt   (1,440 files; and classes.txt)\n"
+        "  ROOT/TXL_PBC/labels/classes.txt, ROOT/TXL_PBC/data.yaml, ROOT/TXL_PBC/README.md\n"
+        "  ROOT/LICENSE.txt, ROOT/README.md"))
+
+
+SOURCES = {"bccd": BCCD, "txl-pbc": TXL_PBC}
+
+
+MARKER_NAME = ".medaidet-verified"
+
+
+class Problem(NamedTuple):
+    """One file that does not match the manifest."""
+    path: str              # relative to the dataset root, e.g. "JPEGImages/BloodImage_00000.jpg"
+    kind: str              # "missing" | "mismatch"
+    expected: str          # sha256 from the manifest
+    actual: str | None     # sha256 found, None when missing
+
+
+def _manifest_bytes(source: PinnedSource = BCCD) -> bytes:
+    return (importlib.resources.files("medaidet.data") / "manifests"
+            / source.manifest_name).read_bytes()
+
+
+@functools.lru_cache(maxsize=None)
+def manifest_entries(source: PinnedSource = BCCD) -> tuple[tuple[str, str], ...]:
+    """``(relative path, sha256)`` of every file of ``source``, in the manifest's order."""
+    entries = []
+    for number, line in enumerate(_manifest_bytes(source).decode("utf-8").splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = re.fullmatch(r"([0-9a-f]{64}) [ *](\S.*)", line)
+        if not match:
+            raise MedaidetError(f"manifest {source.manifest_name} line {number} is "
+                                f"malformed: {line!r}")
+        entries.append((match.group(2), match.group(1)))
+    return tuple(entries)
+
+
+def load_manifest(source: PinnedSource = BCCD) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file of ``source`` at its pinned commit."""
+    return dict(manifest_entries(source))
+
+
+@functools.lru_cache(maxsize=None)
+def manifest_sha256(source: PinnedSource = BCCD) -> str:
+    """sha256 of the manifest itself: the content of the marker file."""
+    return hashlib.sha256(_manifest_bytes(source)).hexdigest()
+
+
+def verify_dataset(root, source: PinnedSource = BCCD) -> list[Problem]:
+    """Re-hash every manifest file under ``root``; ``[]`` when all match.
+
+    Files not in the manifest are ignored. Takes well under a second for BCCD.
+    """
+    root = Path(root)
+    problems = []
+    for rel, expected in manifest_entries(source):
+        path = root / rel
+        if not path.is_file():
+            problems.append(Problem(rel, "missing", expected, None))
+            continue
+        actual = sha256_file(path)
+        if actual != expected:
+            problems.append(Problem(rel, "mismatch", expected, actual))
+    return problems
+
+
+def is_verified(root, source: PinnedSource = BCCD) -> bool:
+    """Whether ``root`` carries our marker for the current manifest (no re-hashing)."""
+    root = Path(root)
+    try:
+        first = (root / MARKER_NAME).read_text(encoding="utf-8").split("\n", 1)[0].strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return first == manifest_sha256(source) and (root / source.marks).is_dir()
+
+
+def summarize_problems(problems: list[Problem], limit: int = 5) -> str:
+    """The problems of :func:`verify_dataset` in one phrase for a message."""
+    parts = []
+    for kind, text in (("mismatch", "with a wrong sha256"), ("missing", "missing")):
+        names = [p.path for p in problems if p.kind == kind]
+        if names:
+            shown = ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+            parts.append(f"{len(names)} {text} ({shown})")
+    return "; ".join(parts)
+
+
+def default_root(source: PinnedSource = BCCD) -> Path:
+    """``<cache>/bccd`` (``<cache>/txl-pbc``...), the cache being ``$MEDAIDET_CACHE``,
+    else ``$XDG_CACHE_HOME/medaidet``, else ``~/.cache/medaidet``."""
+    return default_cache_dir() / source.cache_name
+
+
+def choose_root(root, source: PinnedSource = BCCD) -> tuple[Path, str]:
+    """The dataset root asked for, and how it was chosen (for messages); not checked."""
+    if root is not None:
+        return checked_path(root, "root", "a dataset folder").expanduser(), "given explicitly"
+    env = os.environ.get(source.data_env)
+    if env:
+        return Path(env).expanduser(), f"from ${source.data_env}"
+    return default_root(source), f"the default cache directory; ${source.data_env} is not set"
+
+
+def cli_flag(source: PinnedSource) -> str:
+    """The ``medaidet data download`` option that picks ``source`` (none for BCCD)."""
+    return "" if source is BCCD else f" --dataset {source.cache_name}"
+
+
+def _layout_help(source: PinnedSource = BCCD) -> str:
+    function = f"download_{source.cache_name.replace('-', '_')}"
+    return (
+        f"Get it with `medaidet data download{cli_flag(source)} [--root DIR]` (Python: "
+        f"medaidet.data.download.{function}()), which fetches "
+        f"{source.repo} at commit {source.commit}, verifies every file and stores it at "
+        f"{default_root(source)} unless --root or ${source.data_env} says otherwise.\n"
+        f"Or place the files by hand, keeping {source.layout}\n"
+        f"and set {source.data_env}=ROOT (or pass ROOT explicitly); "
+        f"`medaidet data download{cli_flag(source)} --root ROOT` then verifies it without "
+        "the network."
+    )
+
+
+def resolve_root(root=None, source: PinnedSource = BCCD) -> Path:
+    """The dataset root: ``root`` > ``$MEDAIDET_DATA`` (``source.data_env``) > the default
+    cache directory.
+
+    Only looks (never downloads); raises a ``"not_found"`` DataError with
+    instructions when the chosen folder has no ``Annotations/`` (``source.marks``).
+    """
+    path, how = choose_root(root, source)
+    if not (path / source.marks).is_dir():
+        state = "does not exist" if not path.exists() else f"has no {source.marks}/ folder"
+        raise DataError(f"{source.name} not found: {path} ({how}) {state}.\n"
+                        f"{_layout_help(source)}", "not_found")
+    return path.resolve()
+
+
+# -------------------------------------------------------------------------------------- extraction
+
+_CHUNK = 1 << 20
+# Limits far above the real data (the largest file is ~200 kB; BCCD ~11 MB, TXL-PBC ~44 MB).
+MAX_MEMBER_BYTES = 64 << 20
+MAX_EXTRACTED_BYTES = 512 << 20
+
+
+def _manifest_path(name: str, manifest: dict[str, str], subfolder: str | None) -> str | None:
+    """Upstream member name -> manifest path, or None when we do not keep it:
+    ``<top>/<path>`` -> ``<path>``; with ``subfolder`` (BCCD's ``BCCD``),
+    ``<top>/<subfolder>/<sub>/<file>`` -> ``<sub>/<file>``."""
+    parts = [p for p in name.split("/") if p not in ("", ".")][1:]   # without the top folder
+    if subfolder is not None and parts[:1] == [subfolder] and len(parts) > 2:
+        parts = parts[1:]
+    rel = "/".join(parts)
+    return rel if rel in manifest else None
+
+
+def _refusal(member: tarfile.TarInfo, rel: str | None, staging: Path, total: int) -> str | None:
+    """Why ``member`` may not be extracted, or None."""
+    try:
+        tarfile.data_filter(member, str(staging))
+    except tarfile.FilterError as exc:
+        return str(exc)
+    if rel is None:
+        return None
+    if not member.isreg():
+        return "it is a link or folder where the dataset has a file"
+    if (staging / rel).exists():
+        return "it appears twice"
+    if member.size > MAX_MEMBER_BYTES or total > MAX_EXTRACTED_BYTES:
+        return f"it is too large ({member.size:,} bytes)"
+    return None
+
+
+def extract(source: PinnedSource, archive: Path, staging: Path, manifest: dict[str, str],
+            url: str) -> None:
+    """Write the members of ``archive`` (fetched from ``url``) that ``manifest`` names into
+    ``staging``; an ``"unsafe_archive"`` or ``"archive"`` DataError otherwise."""
+    total = 0
+    try:
+        with open(archive, "rb") as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
+            for member in tar:
+                rel = _manifest_path(member.name, manifest, source.subfolder)
+                total += member.size if rel else 0
+                reason = _refusal(member, rel, staging, total)
+                if reason:
+                    raise DataError(
+                        f"unsafe member {member.name!r} in the archive from {url}: {reason}. "
+                        f"Nothing was installed; this is not the pinned {source.name} "
+                        "archive.", "unsafe_archive", member=member.name)
+                if rel is not None:
+                    tar.extract(member.replace(name=rel, deep=False), staging, filter="data")
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        what, fix = identify(archive, source)
+        raise DataError(
+            f"the file downloaded from {url} is not a complete tar archive: it {what} "
+            f"(tarfile: {type(exc).__name__}: {exc}). {fix}; expected a .tar.gz archive "
+            f"like {source.url}. Nothing was installed.", "archive") from None
+
+
+_CUT_SHORT = "The download was probably cut short: run the download again"
+
+
+def identify(path: Path, source: PinnedSource = BCCD) -> tuple[str, str]:
+    """What a file that is not a readable tar archive really is, from its content:
+    ``(what it is, what to do)``, each a phrase for the error message."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    check_url = (f"Check the URL (from url= or ${source.url_env}): it does not point to the "
+                 f"{source.name} archive")
+    if size == 0:
+        return "is empty (0 bytes)", "The server sent nothing: run the download again"
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return (f"is a ZIP archive ({size} bytes)",
+                "Use the .tar.gz archive of the same commit instead (GitHub serves both: "
+                ".../archive/<commit>.tar.gz rather than .../archive/<commit>.zip)")
+    if text.startswith((b"<!doctype html", b"<html")) or b"<html" in text[:1024]:
+        title = re.search(rb"<title[^>]*>([^<]{1,80})", head, re.IGNORECASE)
+        named = f" titled {title.group(1).decode('utf-8', 'replace').strip()!r}" if title else ""
+        return (f"is an HTML page{named} ({size} bytes)",
+                "The server sent a web page (an error, login or proxy page): check the URL "
+                f"(from url= or ${source.url_env}) and your proxy settings")
+    if head.startswith(b"\x1f\x8b"):
+        try:
+            with gzip.open(path, "rb") as fh:
+                read = 0
+                while read <= MAX_EXTRACTED_BYTES and (chunk := fh.read(_CHUNK)):
+                    read += len(chunk)
+        except (EOFError, OSError, zlib.error):
+            return f"is gzip data cut short ({size} bytes)", _CUT_SHORT
+        return (f"is a complete gzip file whose content is not a tar archive ({size} bytes)",
+                check_url)
+    if head.startswith((b"BZh", b"\xfd7zXZ\x00")) or head[257:262] == b"ustar":
+        return f"is a compressed or tar archive cut short ({size} bytes)", _CUT_SHORT
+    return f"is not an archive ({size} bytes, starting {head[:24]!r})", check_url
+
+
+# ------------------------------------------------------------------------------------ the download
 
 #: The URL schemes :func:`download_bccd` accepts.
 URL_SCHEMES = ("https", "http", "file")
@@ -124,13 +437,6 @@ def _looks_like_dataset(root: Path, source: PinnedSource) -> bool:
     names = {source.marks} | {rel.split("/")[0] for rel, _ in manifest_entries(source) if "/" in rel}
     return any((root / name).exists() for name in names)
 
-
-# --------------------------------------------------------------------------- temporary files
-#
-# Beside the dataset root ROOT, a download writes ``.ROOT.<tag>.download`` (the archive)
-# and ``.ROOT.partial-<tag>/`` (the files being extracted and verified), with
-# ``<tag> = <host>-<pid>-<8 hex digits>``: a later run can tell whether the process that
-# made them still runs.
 
 def _install(source: PinnedSource, staging: Path, root: Path) -> None:
     """Put the verified files of ``staging`` (the manifest's and the marker) in ``root``, as

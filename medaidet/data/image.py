@@ -1,12 +1,13 @@
 """Decoding an image as the loader uses it (8-bit RGB): the one rule of what is readable,
-shared by :class:`~medaidet.data.bccd.BCCDDataset` and ``validate_dataset``.
+shared by :class:`~medaidet.data.bccd.BCCDDataset`, ``validate_dataset``, ``medaidet
+count-image`` and :func:`medaidet.extras.deploy.read_rgb` (which runs without chainer: this
+module needs only Pillow and NumPy).
 
-8-bit RGB as is; other 8-bit modes (grayscale, palette, CMYK) converted to RGB; 16-bit
-grayscale scaled to 0-255 (``value / 257``, never clipped to white); an alpha channel dropped
-when every pixel is opaque. A truncated file, transparent pixels, another pixel format or more
-pixels than Pillow reads safely (a decompression bomb) raise an ``"image"`` DataError when the
-image is read. ``medaidet count-image`` and :func:`medaidet.extras.deploy.read_rgb` read
-images by the same rule.
+8-bit RGB as is; other 8-bit
+modes (grayscale, palette, CMYK) converted to RGB; 16-bit grayscale scaled to 0-255
+(``value / 257``, never clipped to white); an alpha channel dropped when every pixel is
+opaque. A truncated file, transparent pixels, another pixel format or more pixels than
+Pillow reads safely (a decompression bomb) raise an ``"image"`` DataError.
 """
 from __future__ import annotations
 
@@ -22,36 +23,35 @@ from medaidet.files import not_a_regular_file
 __all__ = ["read_image_size", "decode_image", "DecodedImage"]
 
 
-def _too_large(path, exc, image_id) -> DataError:
-    return DataError(f"{path} is too large to decode safely ({exc}): a blood-smear photograph "
-                     "has a few million pixels; downscale it first", "image", path=path,
-                     image_id=image_id)
-
-
-def _check_regular(path: Path, image_id) -> None:
+def _open_image(path, image_id, read):
+    """``read(img)`` of the opened image at ``path``; every failure a named DataError."""
+    path = Path(path)
     why = not_a_regular_file(path)
     if why:
         raise DataError(f"{path} is {why}, not an image file; give the path of a JPEG or PNG "
                         "file", "image", path=path, image_id=image_id)
-
-
-def read_image_size(path, image_id=None) -> tuple[int, int]:
-    """(height, width) from the image header (no decoding). Raises
-    an ``"missing_file"`` DataError or an ``"image"`` DataError."""
-    path = Path(path)
-    _check_regular(path, image_id)
     try:
         with Image.open(path) as img:
-            width, height = img.size
+            return read(img)
     except FileNotFoundError:
         raise DataError(f"image file {path} does not exist", "missing_file", path=path,
                         image_id=image_id) from None
+    except MedaidetError:
+        raise
     except Image.DecompressionBombError as exc:
-        raise _too_large(path, exc, image_id) from None
-    except Exception as exc:     # PIL raises OSError, SyntaxError, ValueError, ...
-        raise DataError(f"{path} is not a readable image ({type(exc).__name__}: {exc}); "
+        raise DataError(f"{path} is too large to decode safely ({exc}): a blood-smear "
+                        "photograph has a few million pixels; downscale it first", "image",
+                        path=path, image_id=image_id) from None
+    except Exception as exc:     # PIL: OSError (truncated), SyntaxError, ValueError, ...
+        raise DataError(f"{path} cannot be decoded ({type(exc).__name__}: {exc}); "
                         "restore it from the original dataset", "image", path=path,
                         image_id=image_id) from None
+
+
+def read_image_size(path, image_id=None) -> tuple[int, int]:
+    """(height, width) from the image header (no decoding). Raises a ``"missing_file"`` or
+    an ``"image"`` DataError."""
+    width, height = _open_image(path, image_id, lambda img: img.size)
     return height, width
 
 
@@ -108,39 +108,18 @@ def _to_rgb(img: Image.Image, path: Path, image_id) -> tuple[np.ndarray, str | N
 
 
 def decode_image(path, image_id=None, draft_size=None) -> DecodedImage:
-    """Decode an image as the loader uses it (8-bit RGB): the one readability rule, shared
-    by :class:`BCCDDataset` and ``validate_dataset``.
-
-    * 8-bit RGB: as is;
-    * 8-bit grayscale, palette, bilevel, CMYK, YCbCr: PIL's conversion to RGB;
-    * 16-bit grayscale (PNG/TIFF): ``value / 257``, rounded (0..65535 -> 0..255, so the
-      picture looks as in a viewer; not clipped to white), in R, G and B;
-    * an alpha channel (RGBA, LA, a palette with transparency): dropped when every pixel
-      is opaque; a transparent pixel raises an ``"image"`` DataError, since the colours under
-      it are not what the annotator saw;
-    * anything else (32-bit, floating point) and any undecodable data raise
-      an ``"image"`` DataError; a missing file raises an ``"missing_file"`` DataError.
+    """Decode an image as the loader uses it (8-bit RGB; the rule above). A transparent pixel
+    raises (the colours under it are not what the annotator saw), as do 32-bit and
+    floating-point data and anything undecodable (an ``"image"`` DataError); a missing file
+    is a ``"missing_file"`` DataError.
 
     ``draft_size`` (width, height): a JPEG is decoded at the smallest scale not below it
     (the validator's thumbnails); other formats in full.
     """
-    path = Path(path)
-    _check_regular(path, image_id)
-    try:
-        with Image.open(path) as img:
-            if draft_size is not None:
-                img.draft("RGB", draft_size)
-            img.load()
-            pixels, conversion = _to_rgb(img, path, image_id)
-            return DecodedImage(pixels, img.mode, len(img.getbands()), conversion)
-    except FileNotFoundError:
-        raise DataError(f"image file {path} does not exist", "missing_file", path=path,
-                        image_id=image_id) from None
-    except MedaidetError:
-        raise
-    except Image.DecompressionBombError as exc:
-        raise _too_large(path, exc, image_id) from None
-    except Exception as exc:     # PIL: OSError (truncated), SyntaxError, ValueError, ...
-        raise DataError(f"{path} cannot be decoded ({type(exc).__name__}: {exc}); "
-                        "restore it from the original dataset", "image", path=path,
-                        image_id=image_id) from None
+    def read(img):
+        if draft_size is not None:
+            img.draft("RGB", draft_size)
+        img.load()
+        pixels, conversion = _to_rgb(img, Path(path), image_id)
+        return DecodedImage(pixels, img.mode, len(img.getbands()), conversion)
+    return _open_image(path, image_id, read)

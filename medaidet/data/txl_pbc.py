@@ -5,8 +5,8 @@ TXL-PBC (Gan & Li, arXiv:2407.13214; MIT) re-labelled 1,440 blood-smear images f
 sources, BCCD among them, and named every image by a UUID: nothing in its files says which BCCD
 image one is, nor which source any image came from. The BCCD ones were found by identity of
 the decoded pixels (every TXL-PBC image of BCCD's 640x480 size decoded and compared with
-BCCD's 364), and the answer shipped as ``manifests/txl-pbc-bccd.tsv`` (:func:`bccd_links`
-reads it); ``tests/txl_links.py`` is that derivation, and ``tests/data/test_txl_pbc.py`` runs
+BCCD's 364), and the answer shipped as ``manifests/txl-pbc-bccd.tsv``
+(:func:`medaidet.data.bccd.bccd_links` reads it); ``tests/txl_links.py`` is that derivation, and ``tests/data/test_txl_pbc.py`` runs
 it again on the real data and compares.
 
 Each link also carries BCCD's own split: BCCD's splits decide train/val/test in the course, not
@@ -26,47 +26,28 @@ them), and they cannot tell how a detector fares on another laboratory's smears.
 """
 from __future__ import annotations
 
-import csv
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
 
-from medaidet.arguments import check_type, checked_path
-from medaidet.errors import ConfigError, DataError, MedaidetError
+from medaidet.arguments import check_type
+from medaidet.errors import ConfigError, DataError
 from medaidet.data import BCCD_LABEL_NAMES, OTHER_SOURCES
-from medaidet.data.annotation_checks import check_annotation, warn_once
-from medaidet.data.pinned import TXL_PBC, resolve_root
+from medaidet.data.bccd import Link, check_annotation, parse_yolo_labels, read_links, warn_once
 from medaidet.data.image import decode_image, read_image_size
-from medaidet.data.yolo import parse_yolo_labels
+from medaidet.data.download import TXL_PBC, resolve_root
 
-__all__ = ["Link", "Resemblance", "TXLPBCDataset", "OTHER_SOURCES", "bccd_links",
-           "reexported_links", "census", "SOURCE_BY_SIZE", "LINKS_FILE", "REEXPORTED_FILE",
-           "TXL_SPLITS"]
+__all__ = ["Resemblance", "TXLPBCDataset", "OTHER_SOURCES", "reexported_links", "census",
+           "SOURCE_BY_SIZE", "REEXPORTED_FILE", "TXL_SPLITS"]
 
-LINKS_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd.tsv"
 REEXPORTED_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd-reexported.tsv"
 #: The source of a TXL-PBC image by its size, (width, height) (see the module docstring).
 SOURCE_BY_SIZE = {(640, 480): "BCCD", (416, 416): "BCCD, re-exported",
                   (360, 363): "PBC", (366, 369): "PBC", (575, 575): "Raabin-WBC"}
 TXL_SPLITS = ("train", "val", "test")
-
-
-@dataclass(frozen=True)
-class Link:
-    """One TXL-PBC image that is a BCCD image: TXL-PBC's split and file stem, BCCD's id and
-    BCCD's split."""
-
-    txl_split: str
-    txl_name: str
-    bccd_id: str
-    bccd_split: str
-
-    def label_path(self, txl_root) -> Path:
-        """TXL-PBC's label file of this image under ``txl_root``."""
-        return Path(txl_root) / "TXL_PBC" / "labels" / self.txl_split / f"{self.txl_name}.txt"
 
 
 @dataclass(frozen=True)
@@ -95,25 +76,9 @@ def census(txl_root=None) -> Counter:
                    for split, _, size in _txl_images(txl_root))
 
 
-def _read_table(path, cls):
-    path = checked_path(path, "path", "a shipped table of links (.tsv)")
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f, delimiter="\t"))
-    header = [f.name for f in fields(cls)]
-    if not rows or rows[0] != header:
-        raise MedaidetError(f"{path}: expected the header {header}, found "
-                            f"{rows[0] if rows else 'an empty file'}")
-    return [cls(*row) for row in rows[1:]]
-
-
-def bccd_links(path=LINKS_FILE) -> list[Link]:
-    """The shipped table of TXL-PBC images that are BCCD images, at the pinned commit."""
-    return _read_table(path, Link)
-
-
 def reexported_links(path=REEXPORTED_FILE) -> list[Resemblance]:
     """The shipped table of re-exported BCCD images, at the pinned commit."""
-    return _read_table(path, Resemblance)
+    return read_links(path, Resemblance)
 
 
 class TXLPBCDataset(GetterDataset):
@@ -130,8 +95,8 @@ class TXLPBCDataset(GetterDataset):
             not at all.
         strict: raise on a line the default drops or clips.
 
-    Each label file is read by :func:`~medaidet.data.yolo.parse_yolo_labels` and judged by
-    :func:`~medaidet.data.annotation_checks.check_annotation`, as BCCD's are;
+    Each label file is read by :func:`~medaidet.data.bccd.parse_yolo_labels` and judged by
+    :func:`~medaidet.data.bccd.check_annotation`, as BCCD's are;
     :attr:`dropped` / :attr:`clipped` list what was dropped or clipped. ``ids`` are
     ``'<source>/<file stem>'``; :attr:`sources` gives each image's source.
     """

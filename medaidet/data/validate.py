@@ -3,7 +3,7 @@
 ``validate_dataset(root)`` returns a :class:`~medaidet.data.validation_report.ValidationReport`
 (:mod:`medaidet.data.validation_report` lists every kind of issue with its rule, and the
 JSON shape). Per-object and per-file rules are
-:func:`medaidet.data.annotation_checks.check_annotation`'s, so report and loader agree; two
+:func:`medaidet.data.bccd.check_annotation`'s, so report and loader agree; two
 photographs of the same field of view are found by :mod:`medaidet.data.same_field`.
 
 Each image is decoded once, by the loader's :func:`~medaidet.data.image.decode_image`, at 1/8
@@ -21,12 +21,11 @@ import numpy as np
 from PIL import Image
 
 from medaidet.data import BCCD_LABEL_NAMES, SPLITS
-from medaidet.data.annotation import parse_annotation
-from medaidet.errors import DataError
-from medaidet.data.annotation_checks import check_annotation
+from medaidet.data.bccd import (annotation_path, check_annotation, image_path, parse_annotation,
+                                scan_split_file, split_path)
 from medaidet.data.image import decode_image, read_image_size
-from medaidet.data.voc import annotation_path, image_path, scan_split_file, split_path
-from medaidet.data.pinned import resolve_root
+from medaidet.errors import DataError
+from medaidet.data.download import resolve_root
 from medaidet.data.dataset_statistics import (check_class_sizes, check_foreign_annotations,
                                              check_missing_classes)
 from medaidet.data.same_field import THUMB, ImagePair, same_field_pairs
@@ -216,7 +215,7 @@ def validate_dataset(root=None) -> ValidationReport:
     """Check a dataset in BCCD's VOC layout; see the module docstring for every rule.
 
     ``root``: the dataset root; None: ``$MEDAIDET_DATA``, else the cache directory
-    (:func:`medaidet.data.pinned.resolve_root`, which raises a ``"not_found"`` DataError with
+    (:func:`medaidet.data.download.resolve_root`, which raises a ``"not_found"`` DataError with
     instructions when there is no dataset). Never raises for defects in the data: each is
     an issue in the report.
     """

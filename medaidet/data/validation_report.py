@@ -17,7 +17,7 @@ null. Severity: **error** -- the loader refuses or drops it; **warning** -- load
 probably wrong (check it); **info** -- worth knowing, no effect on loading.
 
 Kinds and their rules (per-object and per-file rules are
-:func:`medaidet.data.annotation_checks.check_annotation`'s, so report and loader agree):
+:func:`medaidet.data.bccd.check_annotation`'s, so report and loader agree):
 
 * ``parse_error``: not well-formed XML, DTD/entities (refused unexpanded), no ``<annotation>``.
 * ``missing_file``: a listed id without ``Annotations/<id>.xml`` or ``JPEGImages/<id>.jpg``.
@@ -29,7 +29,7 @@ Kinds and their rules (per-object and per-file rules are
 * ``bad_coordinates``: missing ``<bndbox>``/coordinate, non-numeric, reversed (max < min).
 * ``zero_area``: zero width or height.
 * ``out_of_bounds``: outside VOC's ``1..W`` x ``1..H``; more than
-  :data:`~medaidet.data.annotation_checks.BOUNDS_TOLERANCE` px: dropped (error), else clipped (warning).
+  :data:`~medaidet.data.bccd.BOUNDS_TOLERANCE` px: dropped (error), else clipped (warning).
 * ``near_duplicate_box``: same class, IoU >= 0.9 with an earlier box (one cell boxed
   twice; an exact copy has IoU 1).
 * ``class_size_outlier``: box size ``s = sqrt(w * h)`` far from its class's own
@@ -54,7 +54,7 @@ Kinds and their rules (per-object and per-file rules are
 
 Severity and what the loader does, per kind: :data:`KINDS`. The report checks the defects
 BCCD has and what the loader refuses; a bad split list is the loader's own DataError
-(``split``), a file against the pinned release is :func:`~medaidet.data.pinned.verify_dataset`'s.
+(``split``), a file against the pinned release is :func:`~medaidet.data.download.verify_dataset`'s.
 """
 from __future__ import annotations
 

@@ -44,11 +44,10 @@ from matplotlib.patches import Patch, Rectangle
 
 from medaidet.arguments import check_number, check_type, checked_bins, checked_sizes
 from medaidet.colors import OUTCOME_LABELS, OUTCOME_STYLES, bar_style
-from medaidet.data.bccd import CLASS_COLORS, AnnotationWarning, BCCDDataset
+from medaidet.data.bccd import AnnotationWarning, BCCDDataset, CLASS_COLORS, image_path
 from medaidet.data.image import read_image_size
-from medaidet.data.pinned import resolve_root
+from medaidet.data.download import resolve_root
 from medaidet.data.validate import validate_dataset
-from medaidet.data.voc import image_path
 from medaidet.errors import ConfigError
 from medaidet.evaluation.evaluate import Predictions, checked
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, IOU_THRESH

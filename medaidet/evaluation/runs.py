@@ -20,9 +20,8 @@ from typing import NamedTuple
 import numpy as np
 
 from medaidet.arguments import check_number, prepare_output_dir
-from medaidet.data.bccd import BCCDDataset
-from medaidet.data.pinned import resolve_root
-from medaidet.data.voc import split_path
+from medaidet.data.bccd import BCCDDataset, split_path
+from medaidet.data.download import resolve_root
 from medaidet.device import DEFAULT_DEVICE
 from medaidet.errors import ConfigError
 from medaidet.evaluation.analysis import images_missing_class

@@ -31,7 +31,7 @@ from medaidet.arguments import check_number, prepare_output_dir
 from medaidet.colors import line_style
 from medaidet.errors import ConfigError, DeviceError
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
-from medaidet.data.pinned import resolve_root
+from medaidet.data.download import resolve_root
 from medaidet.device import DEFAULT_DEVICE, device_name
 from medaidet.files import png_bytes, write_files
 from medaidet.training.memory import (PeakMemory, first_line, format_bytes, free_memory,
@@ -282,7 +282,7 @@ def find_batch_size(train_chain, dataset, device=None, start: int = 32,
     forward + backward pass fits in memory, with every try reported.
 
     Args:
-        train_chain: the training chain (:class:`medaidet.ssd.train_chain.MultiboxTrainChain`):
+        train_chain: the training chain (:class:`medaidet.ssd.loss.MultiboxTrainChain`):
             ``train_chain(*batch)`` returns the loss. Moved to ``device``.
         dataset: transformed examples (what the training iterator yields, e.g. a
             ``TransformDataset`` with :class:`medaidet.ssd.transforms.TrainTransform`). A try

@@ -27,7 +27,7 @@ from chainer.dataset import concat_examples
 from chainer.datasets import TransformDataset
 
 from medaidet.data.bccd import BCCDDataset
-from medaidet.data.pinned import resolve_root
+from medaidet.data.download import resolve_root
 from medaidet.errors import DataError, DeviceError
 from medaidet.extras.scaling import BatchSizeReport, find_batch_size
 from medaidet.ssd.transforms import check_sample

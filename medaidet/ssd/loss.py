@@ -28,6 +28,11 @@ count and the micro-batch losses (and gradients) add up to the large batch's.
 A hand-written loss with its own backward (19.8 ms against ChainerCV's 34.0 ms for SSD300 at
 batch 32 on the CPU) bought nothing measurable in the training the course runs (the cpu
 profile: docs/cpu-detector.md, "Where a training step's time goes"), so the loss is ChainerCV's.
+
+:class:`MultiboxTrainChain` is ChainerCV's ``examples/ssd/train.py`` chain with this loss:
+the model plus the loss, the losses reported (``chainer.reporter.report``; under a ``Trainer``
+the keys get the observer's prefix, ``main/`` for the updater's target): ``loss``
+(``loc_loss * alpha + conf_loss``), ``loss/loc`` and ``loss/conf``.
 """
 import math
 import reprlib
@@ -43,7 +48,7 @@ from chainercv.links.model.ssd.multibox_loss import _hard_negative as chainercv_
 
 from medaidet.errors import DivergedError, InvalidTargetsError
 
-__all__ = ["multibox_loss", "hard_negative", "check_values"]
+__all__ = ["multibox_loss", "hard_negative", "check_values", "MultiboxTrainChain"]
 
 
 # --------------------------------------------------------------------------- the loss
@@ -395,3 +400,49 @@ def diverged_error(mb_locs, mb_confs) -> DivergedError:
 
 def _fmt(values):
     return "[" + ", ".join(f"{v:.6g}" for v in values) + "]"
+
+
+class MultiboxTrainChain(chainer.Chain):
+    """``model`` plus the multibox loss, for ``chainer.training.StandardUpdater``: written
+    in notebook 02, section 7 (a cell ``# @save medaidet/ssd/loss.py``).
+
+    Args:
+        model: a ChainerCV SSD (``SSD300``/``SSD512``): ``model(imgs)`` returns
+            ``(mb_locs, mb_confs)`` of shapes (B, K, 4) and (B, K, n_fg_class + 1).
+        alpha: weight of the localisation loss (1 in SSD and the course).
+        k: hard negatives per positive (3 in SSD and the course).
+        comm: a ChainerMN communicator for multi-node training, or None.
+        check: validate targets and predictions before the loss (see
+            :func:`medaidet.ssd.loss.multibox_loss`); False skips the checks.
+
+    ``forward(imgs, gt_mb_locs, gt_mb_labels)``: imgs float32 (B, 3, insize, insize),
+    mean subtracted; gt_mb_locs float32 (B, K, 4) and gt_mb_labels int32 (B, K) as
+    encoded by the model's coder (label 0 is background), i.e. what
+    :class:`medaidet.ssd.transforms.TrainTransform` returns, batched by
+    ``chainer.dataset.concat_examples``. Returns the total loss (a 0-dim Variable).
+
+    ``forward(..., n_positive=N)`` divides the losses by ``N`` instead of this batch's
+    positive count (and skips ``comm``'s allreduce, which the caller did): for
+    :class:`medaidet.training.accumulation.AccumulatingUpdater`, which feeds a batch in
+    micro-batches and gives each the whole batch's count, so the micro-batch losses add up
+    to the batch's. The reported values are then this micro-batch's share of the batch's.
+    """
+
+    def __init__(self, model, alpha: float = 1, k: int = 3, comm=None, check: bool = True):
+        super().__init__()
+        with self.init_scope():
+            self.model = model
+        self.alpha = alpha
+        self.k = k
+        self.comm = comm
+        self.check = check
+
+    def forward(self, imgs, gt_mb_locs, gt_mb_labels, n_positive=None):
+        mb_locs, mb_confs = self.model(imgs)
+        loc_loss, conf_loss = multibox_loss(
+            mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, self.k, comm=self.comm,
+            check=self.check, n_positive=n_positive)
+        loss = loc_loss * self.alpha + conf_loss
+        chainer.reporter.report(
+            {"loss": loss, "loss/loc": loc_loss, "loss/conf": conf_loss}, self)
+        return loss

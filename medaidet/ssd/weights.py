@@ -37,10 +37,9 @@ from chainer.dataset import get_dataset_root
 from chainercv.links import SSD300, SSD512
 
 from medaidet import __version__
-from medaidet.checksums import sha256_file
 from medaidet.downloads import stream_url
 from medaidet.errors import DataError, WeightsError
-from medaidet.files import atomic_file, check_output, not_a_regular_file
+from medaidet.files import atomic_file, check_output, not_a_regular_file, sha256_file
 from medaidet.ssd import PRETRAINED, WITH_PRETRAINED
 
 __all__ = ["Source", "SOURCES", "SHIPPED_WEIGHTS", "CLASS_HEADS", "MAX_ARRAY_BYTES",

@@ -80,7 +80,7 @@ class AccumulatingUpdater(StandardUpdater):
     Args:
         iterator, optimizer, converter, device, loss_func, loss_scale, auto_new_epoch,
             input_device: as ``StandardUpdater``. The loss function (``loss_func`` or the
-            optimizer's target, e.g. :class:`medaidet.ssd.train_chain.MultiboxTrainChain`) must
+            optimizer's target, e.g. :class:`medaidet.ssd.loss.MultiboxTrainChain`) must
             take the keyword ``n_positive``.
         accumulate: micro-batches per batch; must divide the batch size. 1: exactly
             ``StandardUpdater`` (its ``update_core`` runs).
@@ -226,7 +226,7 @@ def gradient_difference(model, samples, accumulate: int) -> float:
     than the batch, and another gradient. ChainerMN's ranks are the same case: each rank
     normalises its own images.
     """
-    from medaidet.ssd.train_chain import MultiboxTrainChain
+    from medaidet.ssd.loss import MultiboxTrainChain
 
     grads = []
     for n in (1, accumulate):

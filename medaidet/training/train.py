@@ -55,11 +55,10 @@ from chainercv.links.model.ssd import GradientScaling
 from medaidet import compat
 from medaidet.arguments import prepare_output_dir
 from medaidet.data import BCCD_LABEL_NAMES
-from medaidet.data.annotation import parse_annotation
-from medaidet.data.bccd import AnnotationWarning, BCCDDataset
-from medaidet.data.pinned import TXL_PBC, resolve_root
+from medaidet.data.bccd import (AnnotationWarning, BCCDDataset, annotation_path, parse_annotation,
+                                split_path)
+from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.txl_pbc import TXLPBCDataset
-from medaidet.data.voc import annotation_path, split_path
 from medaidet.device import gpu_ids, resolve_device
 from medaidet.errors import ConfigError, DeviceError, DivergedError, WeightsError
 from medaidet.files import write_files
@@ -68,7 +67,7 @@ from medaidet.ssd import PRETRAINED
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.precision import set_precision, skipped_update, use_loss_scaling, use_tf32
 from medaidet.ssd.predict import CappedPredictor
-from medaidet.ssd.train_chain import MultiboxTrainChain
+from medaidet.ssd.loss import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform, TrainTransform
 from medaidet.ssd.weights import check_sizes, materialize, save_weights, what_file_is
 from medaidet.tables import Table

@@ -3,8 +3,7 @@ import numpy as np
 import pytest
 
 from medaidet.data.agreement import count_agreement, pair_counts
-from medaidet.data.annotation import parse_annotation
-from medaidet.data.voc import annotation_path
+from medaidet.data.bccd import annotation_path, parse_annotation
 from medaidet.data.validate import validate_dataset
 from medaidet.data.same_field import ImagePair
 

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 from medaidet.data import BCCD_LABEL_NAMES
-from medaidet.data.annotation import parse_annotation
+from medaidet.data.bccd import (AnnotationWarning, BCCDDataset, annotation_report,
+                                parse_annotation, read_split)
 from medaidet.errors import ConfigError, DataError, MedaidetError
-from medaidet.data.bccd import AnnotationWarning, BCCDDataset, annotation_report
-from medaidet.data.voc import read_split
 from conftest import BCCD_DROPPED as DROPPED
 
 SPLIT_SIZES = {"train": 205, "val": 87, "trainval": 292, "test": 72}

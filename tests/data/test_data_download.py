@@ -21,14 +21,12 @@ from pathlib import Path
 import pytest
 
 from medaidet.data import download as dl
-from medaidet.data import pinned
-from medaidet.data.download import download_bccd
-from medaidet.data.pinned import resolve_root, verify_dataset
+from medaidet.data.download import download_bccd, resolve_root, verify_dataset
 from medaidet.errors import DataError, MedaidetError
 
 REPO = Path(__file__).resolve().parents[2]
 
-TOP = f"BCCD_Dataset-{pinned.BCCD.commit}"
+TOP = f"BCCD_Dataset-{dl.BCCD.commit}"
 CORRUPTED = "JPEGImages/BloodImage_00042.jpg"
 
 
@@ -49,7 +47,7 @@ def make_tar_gz(entries) -> bytes:
     Written like ``git archive``: pax format with the commit as a global comment."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1, format=tarfile.PAX_FORMAT,
-                      pax_headers={"comment": pinned.BCCD.commit}) as tar:
+                      pax_headers={"comment": dl.BCCD.commit}) as tar:
         for entry in entries:
             if isinstance(entry, tarfile.TarInfo):
                 tar.addfile(entry)
@@ -80,7 +78,7 @@ def upstream_entries(files: dict, replace=None):
 
 @pytest.fixture(scope="module")
 def good_files(bccd_root):
-    return {rel: (bccd_root / rel).read_bytes() for rel in pinned.load_manifest()}
+    return {rel: (bccd_root / rel).read_bytes() for rel in dl.load_manifest()}
 
 
 class Server:
@@ -166,7 +164,7 @@ def server(good_files):
 def _no_proxy_for_localhost(monkeypatch):
     for var in ("no_proxy", "NO_PROXY"):
         monkeypatch.setenv(var, "127.0.0.1,localhost")
-    monkeypatch.delenv(pinned.BCCD.url_env, raising=False)
+    monkeypatch.delenv(dl.BCCD.url_env, raising=False)
 
 
 def leftovers(folder: Path, keep=()):
@@ -177,19 +175,19 @@ def leftovers(folder: Path, keep=()):
 def assert_complete(root: Path, extra=()):
     """Every manifest file verified and marked; besides them only the files ``extra``
     (the user's: a forced download leaves them where they are)."""
-    manifest = pinned.load_manifest()
+    manifest = dl.load_manifest()
     assert verify_dataset(root) == []
-    assert pinned.is_verified(root)
-    marker = (root / pinned.MARKER_NAME).read_text().splitlines()[0]
-    assert marker == pinned.manifest_sha256()
+    assert dl.is_verified(root)
+    marker = (root / dl.MARKER_NAME).read_text().splitlines()[0]
+    assert marker == dl.manifest_sha256()
     files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
-    assert files == set(manifest) | {pinned.MARKER_NAME} | set(extra)  # no README, scripts...
+    assert files == set(manifest) | {dl.MARKER_NAME} | set(extra)  # no README, scripts...
 
 
 # --------------------------------------------------------------------------- manifest
 
 def test_manifest_lists_every_bccd_file_without_the_upstream_level():
-    manifest = pinned.load_manifest()
+    manifest = dl.load_manifest()
     assert len(manifest) == 734
     assert sum(p.startswith("Annotations/") for p in manifest) == 364
     assert sum(p.startswith("JPEGImages/") for p in manifest) == 364
@@ -197,14 +195,14 @@ def test_manifest_lists_every_bccd_file_without_the_upstream_level():
     assert {p for p in manifest if p.startswith("ImageSets/")} == {
         f"ImageSets/Main/{s}.txt" for s in ("train", "val", "trainval", "test")}
     assert not [p for p in manifest if p.startswith("BCCD/")]
-    assert len(pinned.manifest_sha256()) == 64
+    assert len(dl.manifest_sha256()) == 64
 
 
 def test_manifest_is_the_shared_sha256sums(bccd_root):
     shared = bccd_root / "SHA256SUMS"
     if not shared.is_file():
         pytest.skip("this BCCD copy has no SHA256SUMS")
-    assert pinned._manifest_bytes() == shared.read_bytes()
+    assert dl._manifest_bytes() == shared.read_bytes()
 
 
 def test_verify_dataset_accepts_the_real_copy(bccd_root):
@@ -221,7 +219,7 @@ def test_verify_dataset_names_missing_and_changed_files(tmp_path, good_files):
     assert [(p.path, p.kind) for p in problems] == [
         ("Annotations/BloodImage_00001.xml", "missing"), ("test.csv", "mismatch")]
     path, kind, expected, actual = problems[1]
-    assert expected == pinned.load_manifest()["test.csv"] and actual != expected
+    assert expected == dl.load_manifest()["test.csv"] and actual != expected
     assert problems[0].actual is None
 
 
@@ -426,7 +424,7 @@ def test_server_down_says_how_to_place_the_data_by_hand(tmp_path):
         sock.close()
     message = str(info.value)
     assert info.value.kind == "download"
-    for needle in (url, "offline", pinned.BCCD.url, pinned.BCCD.commit, "MEDAIDET_DATA", "--root",
+    for needle in (url, "offline", dl.BCCD.url, dl.BCCD.commit, "MEDAIDET_DATA", "--root",
                    "Annotations/", "MEDAIDET_BCCD_URL=file://"):
         assert needle in message
     assert leftovers(tmp_path) == []
@@ -469,7 +467,7 @@ def test_url_without_an_accepted_scheme_is_a_named_error(tmp_path, server, case)
     assert repr(url) in message and "https://, http:// or file://" in message, message
     # how to pass a local archive: its own file:// URL when the path exists
     assert (archive.as_uri() if case == "local-path" else "file:///path/to/") in message
-    assert pinned.BCCD.url_env in message
+    assert dl.BCCD.url_env in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["BCCD.tar.gz"]
 
 
@@ -477,7 +475,7 @@ def test_cli_local_path_as_url_exits_2_without_a_traceback(tmp_path, server):
     archive = tmp_path / "BCCD.tar.gz"
     archive.write_bytes(server.routes["/good.tar.gz"][1])
     result = _cli(["data", "download", "--root", str(tmp_path / "bccd")],
-                  {pinned.BCCD.url_env: str(archive)})
+                  {dl.BCCD.url_env: str(archive)})
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"medaidet: error: cannot download BCCD from '{archive}'")
     assert archive.as_uri() in result.stderr and "Traceback" not in result.stderr
@@ -485,7 +483,7 @@ def test_cli_local_path_as_url_exits_2_without_a_traceback(tmp_path, server):
 
 
 def test_url_from_the_environment(tmp_path, server, monkeypatch):
-    monkeypatch.setenv(pinned.BCCD.url_env, server.url("/good.tar.gz"))
+    monkeypatch.setenv(dl.BCCD.url_env, server.url("/good.tar.gz"))
     before = server.hits["/good.tar.gz"]
     assert_complete(download_bccd(root=tmp_path / "bccd", progress=False))
     assert server.hits["/good.tar.gz"] == before + 1
@@ -499,9 +497,9 @@ def test_copy_placed_by_hand_is_verified_in_place_without_network(tmp_path, good
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_bytes(data)
     (dest / "SOURCE.txt").write_text("extra files are fine")
-    (dest / pinned.MARKER_NAME).write_text("0" * 64 + "\n")  # a marker of another manifest
+    (dest / dl.MARKER_NAME).write_text("0" * 64 + "\n")  # a marker of another manifest
     root = download_bccd(root=dest, url="http://127.0.0.1:9/unused", progress=False)
-    assert root == dest.resolve() and pinned.is_verified(root)
+    assert root == dest.resolve() and dl.is_verified(root)
 
 
 def test_a_read_only_copy_is_verified_in_place_and_left_unwritten(tmp_path, good_files):
@@ -514,7 +512,7 @@ def test_a_read_only_copy_is_verified_in_place_and_left_unwritten(tmp_path, good
         for _ in range(2):  # re-hashed each time, found good each time
             assert download_bccd(root=dest, url="http://127.0.0.1:9/unused",
                                  progress=False) == dest.resolve()
-        assert not (dest / pinned.MARKER_NAME).exists()
+        assert not (dest / dl.MARKER_NAME).exists()
     finally:
         dest.chmod(0o755)
 
@@ -596,12 +594,12 @@ def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, ser
     url = server.url("/good.tar.gz")
     root = download_bccd(root=dest, url=url, progress=False)
     add_user_files(root)
-    changed = list(pinned.load_manifest())[-1]                # installed last
+    changed = list(dl.load_manifest())[-1]                # installed last
     (root / changed).write_bytes(b"edited")
     real_replace, moved = os.replace, []
 
     def killed_after_ten_files(src, dst, **kwargs):
-        if Path(dst).parent.is_relative_to(root) and Path(dst).name != pinned.MARKER_NAME:
+        if Path(dst).parent.is_relative_to(root) and Path(dst).name != dl.MARKER_NAME:
             if len(moved) == 10:
                 raise KeyboardInterrupt
             moved.append(dst)
@@ -612,7 +610,7 @@ def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, ser
         download_bccd(root=dest, url=url, force=True, progress=False)
     monkeypatch.setattr(os, "replace", real_replace)
     assert len(moved) == 10
-    assert not pinned.is_verified(root)
+    assert not dl.is_verified(root)
     assert [(p.path, p.kind) for p in verify_dataset(root)] == [(changed, "mismatch")]
     assert_user_files_kept(root)
     assert leftovers(tmp_path) == ["bccd"]
@@ -695,7 +693,7 @@ def test_a_killed_download_leaves_one_hidden_folder_and_the_next_one_deletes_not
 
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
-    for var in (pinned.BCCD.data_env, "MEDAIDET_CACHE", "XDG_CACHE_HOME"):
+    for var in (dl.BCCD.data_env, "MEDAIDET_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
     home = tmp_path / "home"
     home.mkdir()
@@ -709,18 +707,18 @@ def _dataset(path: Path) -> Path:
 
 
 def test_default_root_follows_the_cache_settings(clean_env, monkeypatch, tmp_path):
-    assert pinned.default_root() == clean_env / ".cache" / "medaidet" / "bccd"
+    assert dl.default_root() == clean_env / ".cache" / "medaidet" / "bccd"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert pinned.default_root() == tmp_path / "xdg" / "medaidet" / "bccd"
+    assert dl.default_root() == tmp_path / "xdg" / "medaidet" / "bccd"
     monkeypatch.setenv("MEDAIDET_CACHE", str(tmp_path / "cache"))
-    assert pinned.default_root() == tmp_path / "cache" / "bccd"
+    assert dl.default_root() == tmp_path / "cache" / "bccd"
 
 
 def test_resolve_root_order_explicit_then_env_then_cache(clean_env, monkeypatch, tmp_path):
     cached = _dataset(clean_env / ".cache" / "medaidet" / "bccd")
     assert resolve_root() == cached
     from_env = _dataset(tmp_path / "env")
-    monkeypatch.setenv(pinned.BCCD.data_env, str(from_env))
+    monkeypatch.setenv(dl.BCCD.data_env, str(from_env))
     assert resolve_root() == from_env
     explicit = _dataset(tmp_path / "explicit")
     assert resolve_root(explicit) == explicit
@@ -735,7 +733,7 @@ def test_resolve_root_never_downloads_and_explains(clean_env, tmp_path):
     message = str(info.value)
     assert isinstance(info.value, MedaidetError)
     for needle in (str(empty), "has no Annotations/", "medaidet data download",
-                   pinned.BCCD.repo, pinned.BCCD.commit, "MEDAIDET_DATA=ROOT",
+                   dl.BCCD.repo, dl.BCCD.commit, "MEDAIDET_DATA=ROOT",
                    "ROOT/JPEGImages/", "ROOT/ImageSets/Main/", "test.csv"):
         assert needle in message
     with pytest.raises(DataError) as info:
@@ -746,9 +744,9 @@ def test_resolve_root_never_downloads_and_explains(clean_env, tmp_path):
 
 def test_download_destination_from_env_then_cache(clean_env, monkeypatch, tmp_path, server):
     url = server.url("/good.tar.gz")
-    monkeypatch.setenv(pinned.BCCD.data_env, str(tmp_path / "env-root"))
+    monkeypatch.setenv(dl.BCCD.data_env, str(tmp_path / "env-root"))
     assert download_bccd(url=url, progress=False) == (tmp_path / "env-root").resolve()
-    monkeypatch.delenv(pinned.BCCD.data_env)
+    monkeypatch.delenv(dl.BCCD.data_env)
     monkeypatch.setenv("MEDAIDET_CACHE", str(tmp_path / "cache"))
     root = download_bccd(url=url, progress=False)
     assert root == (tmp_path / "cache" / "bccd").resolve()
@@ -766,7 +764,7 @@ def _cli(args, env):
 def test_cli_download_prints_the_root(tmp_path, server):
     dest = tmp_path / "bccd"
     result = _cli(["data", "download", "--root", str(dest)],
-                  {pinned.BCCD.url_env: server.url("/cli.tar.gz"), "no_proxy": "127.0.0.1"})
+                  {dl.BCCD.url_env: server.url("/cli.tar.gz"), "no_proxy": "127.0.0.1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == str(dest.resolve())
     assert_complete(dest)
@@ -777,7 +775,7 @@ def test_cli_download_offline_exits_2_with_instructions(tmp_path):
     sock = _refused_port()
     try:
         result = _cli(["data", "download", "--root", str(tmp_path / "bccd")],
-                      {pinned.BCCD.url_env: f"http://127.0.0.1:{sock.getsockname()[1]}/x.tar.gz"})
+                      {dl.BCCD.url_env: f"http://127.0.0.1:{sock.getsockname()[1]}/x.tar.gz"})
     finally:
         sock.close()
     assert result.returncode == 2
@@ -790,7 +788,7 @@ def test_cli_download_offline_exits_2_with_instructions(tmp_path):
 
 # --------------------------------------------------------------------------- TXL-PBC, the same path
 
-TXL_TOP = f"TXL-PBC_Dataset-{pinned.TXL_PBC.commit}"
+TXL_TOP = f"TXL-PBC_Dataset-{dl.TXL_PBC.commit}"
 TXL_CHANGED = "TXL_PBC/labels/test/01e4af27-0d62-557e-b967-cd665b590d45.txt"
 
 
@@ -798,7 +796,7 @@ TXL_CHANGED = "TXL_PBC/labels/test/01e4af27-0d62-557e-b967-cd665b590d45.txt"
 def txl_server(txl_root):
     """TXL-PBC's archive in the upstream layout (its code and example image too, which are
     not kept), rebuilt from the real files: good, with one label line changed, cut short."""
-    files = {rel: (txl_root / rel).read_bytes() for rel in pinned.load_manifest(pinned.TXL_PBC)}
+    files = {rel: (txl_root / rel).read_bytes() for rel in dl.load_manifest(dl.TXL_PBC)}
     extras = [(f"{TXL_TOP}/example.png", b"\x89PNG not kept"),
               (f"{TXL_TOP}/TXL_PBC/train.py", b"print('not kept')\n")]
 
@@ -822,14 +820,14 @@ def test_txl_pbc_installs_verified_by_its_manifest_and_serves_the_loader(tmp_pat
     dest = tmp_path / "txl-pbc"
     root = dl.download_txl_pbc(root=dest, url=txl_server.url("/txl.tar.gz"), progress=False)
     files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
-    assert files == set(pinned.load_manifest(pinned.TXL_PBC)) | {pinned.MARKER_NAME}   # no code, no png
-    assert len(files) == 2888 + 1 and pinned.is_verified(root, pinned.TXL_PBC)
-    assert not pinned.is_verified(root)                      # BCCD's marker is another manifest
+    assert files == set(dl.load_manifest(dl.TXL_PBC)) | {dl.MARKER_NAME}   # no code, no png
+    assert len(files) == 2888 + 1 and dl.is_verified(root, dl.TXL_PBC)
+    assert not dl.is_verified(root)                      # BCCD's marker is another manifest
     # cached: the second call does not touch the network
     assert dl.download_txl_pbc(root=dest, url=txl_server.url("/txl.tar.gz")) == root
     assert txl_server.hits["/txl.tar.gz"] == 1
     monkeypatch.setenv("MEDAIDET_TXL_PBC", str(dest))
-    assert resolve_root(source=pinned.TXL_PBC) == root
+    assert resolve_root(source=dl.TXL_PBC) == root
     from medaidet.data.bccd import BCCDDataset
     assert len(BCCDDataset(split="test", labels="txl-pbc")) == 40
 
@@ -863,7 +861,7 @@ def test_txl_pbc_offline_says_how_to_place_it_by_hand(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith(f"medaidet: error: TXL-PBC is not at {tmp_path / 'txl-pbc'}"
                                     " (given explicitly), and could not download TXL-PBC")
-    for needle in ("offline", pinned.TXL_PBC.url, "MEDAIDET_TXL_PBC_URL=file://", "--dataset txl-pbc",
+    for needle in ("offline", dl.TXL_PBC.url, "MEDAIDET_TXL_PBC_URL=file://", "--dataset txl-pbc",
                    "point MEDAIDET_TXL_PBC at",
                    "TXL_PBC/labels/{train,val,test}/<uuid>.txt"):
         assert needle in result.stderr
@@ -877,16 +875,16 @@ def test_a_root_holding_another_dataset_is_refused_even_with_force(tmp_path, ser
     """A verified BCCD copy given as TXL-PBC's root (or the reverse) is refused by name, with
     no suggestion to force it; nothing of the other dataset is installed, the marker kept."""
     bccd = download_bccd(root=tmp_path / "bccd", url=server.url("/good.tar.gz"), progress=False)
-    marker = (bccd / pinned.MARKER_NAME).read_text()
+    marker = (bccd / dl.MARKER_NAME).read_text()
     with pytest.raises(DataError) as info:
         dl.download_txl_pbc(root=bccd, url=txl_server.url("/txl.tar.gz"), force=force,
                             progress=False)
     assert info.value.kind == "destination" and "force" not in str(info.value).lower()
     assert str(bccd) in str(info.value) and not (bccd / "TXL_PBC").exists()
-    assert (bccd / pinned.MARKER_NAME).read_text() == marker and pinned.is_verified(bccd)
+    assert (bccd / dl.MARKER_NAME).read_text() == marker and dl.is_verified(bccd)
     txl = dl.download_txl_pbc(root=tmp_path / "txl", url=txl_server.url("/txl.tar.gz"),
                               progress=False)
     with pytest.raises(DataError) as info:
         download_bccd(root=txl, url=server.url("/good.tar.gz"), force=force, progress=False)
     assert info.value.kind == "destination" and not (txl / "Annotations").exists()
-    assert pinned.is_verified(txl, pinned.TXL_PBC)
+    assert dl.is_verified(txl, dl.TXL_PBC)

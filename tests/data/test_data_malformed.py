@@ -280,7 +280,7 @@ CASES = {
         lambda r: truncate(jpg_file(r)), ReadFails(), {("bad_image", X, None, "error")}),
     "not_an_image": Case(
         lambda r: jpg_file(r).write_text("not a JPEG"),
-        Refused(DataError, mentions=("not a readable image",)),
+        Refused(DataError, mentions=("UnidentifiedImageError",)),
         {("bad_image", X, None, "error")}),
     "xml_size_disagrees_with_image": Case(
         lambda r: xml_file(r).write_text(xml_file(r).read_text()

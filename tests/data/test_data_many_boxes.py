@@ -11,9 +11,8 @@ import warnings
 import numpy as np
 import pytest
 
-from medaidet.data.annotation import parse_annotation
-from medaidet.data.annotation_checks import check_annotation, NEAR_DUPLICATE_IOU
-from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+from medaidet.data.bccd import (AnnotationWarning, BCCDDataset, NEAR_DUPLICATE_IOU,
+                                check_annotation, parse_annotation)
 from medaidet.data.validate import validate_dataset
 
 IMAGE_ID = "BloodImage_00001"        # 640x480

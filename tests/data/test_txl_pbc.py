@@ -8,9 +8,8 @@ from dataclasses import astuple
 import numpy as np
 import pytest
 
-from medaidet.data.txl_pbc import LINKS_FILE, bccd_links
+from medaidet.data.bccd import LINKS_FILE, bccd_links, read_split
 from txl_links import find_bccd_images, links_tsv
-from medaidet.data.voc import read_split
 from medaidet.errors import MedaidetError
 
 
@@ -164,7 +163,7 @@ def test_the_416_pixel_images_are_bccds_own_again_and_the_table_is_derived_again
 def test_other_laboratories_load_with_txl_pbcs_boxes_and_their_defects_named(txl_root):
     from medaidet.errors import ConfigError
     from medaidet.data.txl_pbc import TXLPBCDataset
-    from medaidet.data.annotation_checks import AnnotationWarning
+    from medaidet.data.bccd import AnnotationWarning
     with pytest.warns(AnnotationWarning, match=r"TXL-PBC test \(PBC; .*\): dropped 36 and "
                       "clipped 0 line"):
         pbc = TXLPBCDataset(txl_root, "test", "PBC")

@@ -5,9 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from medaidet.data.annotation_checks import check_annotation
+from medaidet.data.bccd import MAX_LABEL_BYTES, check_annotation, parse_yolo_labels
 from medaidet.errors import DataError
-from medaidet.data.yolo import MAX_LABEL_BYTES, parse_yolo_labels
 
 SIZE = (480, 640)       # height, width
 

@@ -102,7 +102,7 @@ def test_framed_predictions_keep_the_same_boxes_on_both_sides_and_count_the_fram
         frame_predictions(preds, [SIZE, SIZE], MARGINS)
 
 
-@pytest.mark.filterwarnings("ignore::medaidet.data.annotation_checks.AnnotationWarning")
+@pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")
 def test_margins_from_bccd_train_boxes_keep_a_counted_cell_whole(bccd_root):
     """On BCCD's train boxes: half the 95th percentile of each class's longer side, and
     almost every box (>= 95 %) whose centre counts lies wholly inside the image."""

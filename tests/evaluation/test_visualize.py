@@ -283,8 +283,8 @@ def test_plot_detections_refuses_bad_arguments(test_split):
 
 
 def test_gt_box_sizes_found_vs_missed_on_real_boxes(test_split, bccd_root):
+    from medaidet.data.bccd import image_path
     from medaidet.data.image import read_image_size
-    from medaidet.data.voc import image_path
 
     preds = known_predictions(test_split, len(test_split))
     sizes = gt_box_sizes(preds, root=bccd_root)

@@ -12,8 +12,8 @@ from chainercv.transforms import resize_bbox
 from chainercv.utils import bbox_iou
 
 from medaidet.data import BCCD_LABEL_NAMES, BCCDDataset
+from medaidet.data.bccd import image_path
 from medaidet.data.image import read_image_size
-from medaidet.data.voc import image_path
 
 
 def _corners(boxes):

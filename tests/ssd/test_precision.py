@@ -18,7 +18,7 @@ import pytest
 from chainer.dataset import concat_examples
 from chainercv.links.model.ssd import Normalize
 
-import medaidet.ssd.train_chain as train_chain
+import medaidet.ssd.loss as loss_module
 from medaidet.data.bccd import BCCDDataset
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.precision import (Float32Multibox, Float32Normalize, HalfConvolution2D,
@@ -26,7 +26,7 @@ from medaidet.ssd.precision import (Float32Multibox, Float32Normalize, HalfConvo
                                     skipped_update, use_loss_scaling, use_tf32)
 from medaidet.ssd.weights import shipped_weights
 from medaidet.ssd.small import SSDSmall
-from medaidet.ssd.train_chain import MultiboxTrainChain
+from medaidet.ssd.loss import MultiboxTrainChain
 from medaidet.ssd.transforms import TrainTransform
 
 IDS = ("BloodImage_00046", "BloodImage_00408")
@@ -141,7 +141,7 @@ def test_mixed16_detections_of_the_shipped_small_ssd_match_float32(bccd_root):
 def test_train_chain_in_mixed16_follows_float32_with_float32_weights_and_loss(
         batches, monkeypatch):
     losses, seen = {}, []
-    real_loss = train_chain.multibox_loss
+    real_loss = loss_module.multibox_loss
 
     def recording_loss(mb_locs, mb_confs, *args, **kwargs):
         seen.append((mb_locs.dtype, mb_confs.dtype))
@@ -149,7 +149,7 @@ def test_train_chain_in_mixed16_follows_float32_with_float32_weights_and_loss(
         seen.append((loc_loss.dtype, conf_loss.dtype))
         return loc_loss, conf_loss
 
-    monkeypatch.setattr(train_chain, "multibox_loss", recording_loss)
+    monkeypatch.setattr(loss_module, "multibox_loss", recording_loss)
     for precision in ("float32", "mixed16"):
         chain, optimizer = tiny_chain(precision)
         steps = []

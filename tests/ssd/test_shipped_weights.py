@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from medaidet.checksums import sha256_file
+from medaidet.files import sha256_file
 from medaidet.evaluation.runs import evaluate_weights
 from medaidet.evaluation.evaluate import course_weights
 from medaidet.ssd.weights import SHIPPED_WEIGHTS, shipped_weights

@@ -15,10 +15,10 @@ from chainer.dataset import concat_examples
 from chainercv.links import SSD300
 from chainercv.links.model.ssd import multibox_loss as chainercv_multibox_loss
 
-import medaidet.ssd.train_chain as train_chain
+import medaidet.ssd.loss as loss_module
 from medaidet.data.bccd import BCCDDataset
 from medaidet.errors import InvalidTargetsError
-from medaidet.ssd.train_chain import MultiboxTrainChain
+from medaidet.ssd.loss import MultiboxTrainChain
 from medaidet.ssd.transforms import TrainTransform
 
 KEYS = ("main/loss", "main/loss/loc", "main/loss/conf")
@@ -69,13 +69,13 @@ def update(dataset):
                         for a in args[:4]]
         return real_loss(*args, **kwargs)
 
-    real_loss = train_chain.multibox_loss
+    real_loss = loss_module.multibox_loss
     reporter = chainer.Reporter()
     reporter.add_observer("main", chain)
     observation = {}
     random.seed(0)
     with pytest.MonkeyPatch.context() as patch, reporter.scope(observation):
-        patch.setattr(train_chain, "multibox_loss", recording_loss)
+        patch.setattr(loss_module, "multibox_loss", recording_loss)
         updater.update()         # forward, backward, update (the lazy layers initialize)
     return dict(model=model, chain=chain, transform=transform, optimizer=optimizer,
                 updater=updater, observation=observation, loss_args=seen["args"],
@@ -189,7 +189,7 @@ def test_alpha_weights_the_location_loss(alpha):
 
 def test_arguments_reach_the_loss(monkeypatch):
     seen = {}
-    real = train_chain.multibox_loss
+    real = loss_module.multibox_loss
 
     def spy(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, check=True,
             n_positive=None):
@@ -197,7 +197,7 @@ def test_arguments_reach_the_loss(monkeypatch):
         return real(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, check=check,
                     n_positive=n_positive)
 
-    monkeypatch.setattr(train_chain, "multibox_loss", spy)
+    monkeypatch.setattr(loss_module, "multibox_loss", spy)
     comm = object()
     chain = MultiboxTrainChain(StubModel(), k=1, comm=comm, check=False)
     chain(*stub_targets())

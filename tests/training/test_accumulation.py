@@ -34,7 +34,7 @@ from medaidet.errors import ConfigError, MedaidetError
 from medaidet.training.accumulation import (AccumulatingUpdater, batch_positives, gradient_difference)
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.weights import materialize
-from medaidet.ssd.train_chain import MultiboxTrainChain
+from medaidet.ssd.loss import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform
 
 IDS = ("BloodImage_00001", "BloodImage_00005", "BloodImage_00004", "BloodImage_00022")

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from medaidet.checksums import sha256_file
+from medaidet.files import sha256_file
 from medaidet_tools.stack.errors import StackError
 
 # Bump when the patches or the overlay change: it becomes the local version
