@@ -215,10 +215,10 @@ def test_the_readmes_link_each_other_and_give_the_two_commands():
 def test_the_japanese_readme_opens_the_japanese_notebooks_on_colab():
     import sys
     sys.path.insert(0, str(REPO))
-    from medaidet.env import colab
-    url = colab.repository_url(REPO / "pyproject.toml")
+    from medaidet_tools import colab as colab_tools
+    url = colab_tools.repository_url(REPO / "pyproject.toml")
     japanese = sorted(JA_DIR.glob("*.ipynb"))
-    assert colab.update_readme_badges(REPO / "README.ja.md", url, japanese, write=False) is \
+    assert colab_tools.update_readme_badges(REPO / "README.ja.md", url, japanese, write=False) is \
         False, "README.ja.md's Colab badges are stale: run python tools/set_colab.py"
     text = (REPO / "README.ja.md").read_text(encoding="utf-8")
     assert text.count("/blob/main/notebooks/ja/") == len(japanese) == len(EN)

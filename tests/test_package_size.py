@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures after the last step of docs/design.md's table: lower them with every step
-CEILINGS = {"lines": 14_594, "characters": 718_005, "core lines": 12_203}
+CEILINGS = {"lines": 14_420, "characters": 709_345, "core lines": 12_029}
 
 
 def _figures():

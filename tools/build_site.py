@@ -69,8 +69,8 @@ class SiteError(Exception):
 
 def repository_url(given: str | None = None) -> str | None:
     """``given``, else pyproject's Repository; None when that is a placeholder or missing."""
-    from medaidet.env.colab import repository_slug
-    from medaidet.env.colab import repository_url as configured
+    from medaidet_tools.colab import repository_slug
+    from medaidet_tools.colab import repository_url as configured
     try:
         url = given or configured(REPO / "pyproject.toml")
         repository_slug(url)
@@ -305,7 +305,7 @@ def index_figure(lang: str, notebooks: list, src: Path) -> str:
 def notebook_table(lang: str, names: list, repo: str | None) -> str:
     """README's table of notebooks, for the site: each one's page, and its Colab badge only
     when there is a real repository."""
-    from medaidet.env.colab import COLAB_BADGE_IMAGE, COLAB_URL, repository_slug
+    from medaidet_tools.colab import COLAB_BADGE_IMAGE, COLAB_URL, repository_slug
     rows = ["| notebook | |" + (" |" if repo else ""), "|---|---|" + ("---|" if repo else "")]
     for name in names:
         colab = ""
@@ -345,7 +345,7 @@ def stage_edition(lang: str, outputs: Path, src: Path, repo: str | None) -> None
         (src / doc).write_text(link_to_repository(text, (src / doc).parent,
                                                   Path(doc).parent.as_posix(), repo),
                                encoding="utf-8")
-    from medaidet.env.colab import BADGES_BEGIN, BADGES_END
+    from medaidet_tools.colab import BADGES_BEGIN, BADGES_END
     text = (REPO / readme).read_text(encoding="utf-8")
     before, _, rest = text.partition(BADGES_BEGIN)
     if rest:                    # the badge table: the site's pages (and Colab, if real)

@@ -21,7 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from medaidet.env import colab  # noqa: E402  (this checkout's, not an installed one)
+sys.path.insert(0, str(REPO / "tools"))
+from medaidet_tools import colab  # noqa: E402  (this checkout's, not an installed one)
 
 
 def differs(path: Path, repo: str) -> bool:

@@ -18,6 +18,7 @@ import pytest
 
 import medaidet_tools.stack
 from medaidet.env import CELL_TIMEOUT, colab
+from medaidet_tools import colab as colab_tools
 from medaidet_tools.course import _parameters as course_parameters, printed_warnings
 from medaidet_tools.stack.install import numpy_supported
 from conftest import fake_distribution, run_python
@@ -27,9 +28,9 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 NOTEBOOK = REPO / "notebooks" / "00_environment.ipynb"
 TOOL = REPO / "tools" / "set_colab.py"
 README = REPO / "README.md"
-URL = colab.repository_url(REPO / "pyproject.toml")
-CELL = colab.setup_cell(URL)                    # what notebooks 00-07 start with
-MPI_CELL = colab.setup_cell(URL, ["mpi"])       # notebook 08's
+URL = colab_tools.repository_url(REPO / "pyproject.toml")
+CELL = colab_tools.setup_cell(URL)                    # what notebooks 00-07 start with
+MPI_CELL = colab_tools.setup_cell(URL, ["mpi"])       # notebook 08's
 
 # What stands in for Colab's own module. No google/__init__.py: ``google`` stays a
 # namespace package, as on Colab, so protobuf (google.protobuf, chainer's) still imports.
@@ -110,18 +111,18 @@ def test_repository_url_on_python_310_without_tomllib(tmp_path, monkeypatch):
     pyproject.write_text('[project]\nname = "x"\n\n[project.urls]\n'
                          'Repository = "https://github.com/someone/medaidet"\n')
     monkeypatch.setitem(sys.modules, "tomllib", None)   # import tomllib raises ImportError
-    assert colab.repository_url(pyproject) == "https://github.com/someone/medaidet"
+    assert colab_tools.repository_url(pyproject) == "https://github.com/someone/medaidet"
     pyproject.write_text('[project]\nname = "x"\n')
     with pytest.raises(ValueError, match=r"no \[project.urls\] Repository"):
-        colab.repository_url(pyproject)
+        colab_tools.repository_url(pyproject)
 
 
 def test_readme_badges_are_pyprojects_repository():
-    assert colab.update_readme_badges(README, URL, NOTEBOOKS, write=False) is False, \
+    assert colab_tools.update_readme_badges(README, URL, NOTEBOOKS, write=False) is False, \
         "README's Colab badges differ from pyproject's Repository: run python tools/set_colab.py"
     text = README.read_text(encoding="utf-8")
-    table = text[text.index(colab.BADGES_BEGIN):text.index(colab.BADGES_END)]
-    slug = colab.repository_slug(URL)
+    table = text[text.index(colab_tools.BADGES_BEGIN):text.index(colab_tools.BADGES_END)]
+    slug = colab_tools.repository_slug(URL)
     assert table.count(f"/github/{slug}/blob/main/notebooks/") == len(NOTEBOOKS) == 11
 
 
@@ -133,9 +134,9 @@ def test_notebooks_name_the_extras_they_use():
         code = "\n".join(c.source for c in nb.cells[1:] if c.cell_type == "code")
         uses = {"mpi": any(word in code for word in ("mpiexec", "mpi4py", "chainermn")),
                 "export": any(word in code for word in ("import onnx", "export_onnx"))}
-        assert colab.notebook_extras(nb) == [e for e, used in uses.items() if used], notebook.name
-    assert {p.name: colab.notebook_extras(nbformat.read(str(p), as_version=4))
-            for p in NOTEBOOKS if colab.notebook_extras(nbformat.read(str(p), as_version=4))} \
+        assert colab_tools.notebook_extras(nb) == [e for e, used in uses.items() if used], notebook.name
+    assert {p.name: colab_tools.notebook_extras(nbformat.read(str(p), as_version=4))
+            for p in NOTEBOOKS if colab_tools.notebook_extras(nbformat.read(str(p), as_version=4))} \
         == {"08_scaling.ipynb": ["mpi"], "09_using_the_detector.ipynb": ["export"]}
 
 
@@ -525,13 +526,13 @@ def test_setup_stops_at_a_numpy_newer_than_the_stack_supports(site_dir, tmp_path
 def test_notebook_starts_with_the_setup_cell(notebook):
     nb = nbformat.read(str(notebook), as_version=nbformat.NO_CONVERT)
     first = nb.cells[0]
-    assert first.cell_type == "code" and colab.SETUP_CELL_TAG in first.metadata.get("tags", [])
-    assert len(colab.setup_cells(nb)) == 1
-    if first.source != colab.notebook_setup_cell(nb, URL):
+    assert first.cell_type == "code" and colab_tools.SETUP_CELL_TAG in first.metadata.get("tags", [])
+    assert len(colab_tools.setup_cells(nb)) == 1
+    if first.source != colab_tools.notebook_setup_cell(nb, URL):
         pytest.fail(f"{notebook.name}: its colab-setup cell is not the one for pyproject's "
                     f"Repository and its extras; run: python tools/set_colab.py", pytrace=False)
     assert first.source == {"08_scaling.ipynb": MPI_CELL,
-                            "09_using_the_detector.ipynb": colab.setup_cell(URL, ["export"])
+                            "09_using_the_detector.ipynb": colab_tools.setup_cell(URL, ["export"])
                             }.get(notebook.name, CELL)
     assert first.get("outputs") == [] and first.get("execution_count") is None
     # a reader sees one line: Colab's form view shows the title, Jupyter folds the code
@@ -544,22 +545,22 @@ def test_insert_setup_cell_is_first_idempotent_and_clean(tmp_path):
     path = tmp_path / NOTEBOOK.name
     original = nbformat.read(str(NOTEBOOK), as_version=nbformat.NO_CONVERT)
     original.cells = [c for c in original.cells  # the committed notebook has the cell already
-                      if colab.SETUP_CELL_TAG not in c.metadata.get("tags", [])]
+                      if colab_tools.SETUP_CELL_TAG not in c.metadata.get("tags", [])]
     nbformat.write(original, str(path))
 
-    assert colab.insert_setup_cell(path, URL) is True
+    assert colab_tools.insert_setup_cell(path, URL) is True
     first_bytes = path.read_bytes()
-    assert colab.insert_setup_cell(path, URL) is False
+    assert colab_tools.insert_setup_cell(path, URL) is False
     assert path.read_bytes() == first_bytes
 
     nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
     nbformat.validate(nb)
     cell = nb.cells[0]
-    assert cell.cell_type == "code" and cell.id == colab.SETUP_CELL_ID
-    assert cell.metadata == {"tags": [colab.SETUP_CELL_TAG], **colab.SETUP_CELL_METADATA}
+    assert cell.cell_type == "code" and cell.id == colab_tools.SETUP_CELL_ID
+    assert cell.metadata == {"tags": [colab_tools.SETUP_CELL_TAG], **colab_tools.SETUP_CELL_METADATA}
     assert cell.source == CELL
     assert cell.outputs == [] and cell.execution_count is None
-    assert len(colab.setup_cells(nb)) == 1
+    assert len(colab_tools.setup_cells(nb)) == 1
     assert [c.source for c in nb.cells[1:]] == [c.source for c in original.cells]
     assert nb.metadata == original.metadata
     assert first_bytes.endswith(b"\n")
@@ -568,24 +569,24 @@ def test_insert_setup_cell_is_first_idempotent_and_clean(tmp_path):
 def test_insert_setup_cell_replaces_an_old_cell_keeping_id_and_tag(tmp_path):
     path = tmp_path / NOTEBOOK.name
     nb = nbformat.read(str(NOTEBOOK), as_version=nbformat.NO_CONVERT)
-    nb.cells = [c for c in nb.cells if colab.SETUP_CELL_TAG not in c.metadata.get("tags", [])]
+    nb.cells = [c for c in nb.cells if colab_tools.SETUP_CELL_TAG not in c.metadata.get("tags", [])]
     nb.metadata["medaidet"] = {"extras": ["mpi"]}
     rest = [c.source for c in nb.cells]
     old = nbformat.v4.new_code_cell("REPO_URL = 'x'  # the old 53-line cell", id="old-setup")
-    old.metadata["tags"] = [colab.SETUP_CELL_TAG]
+    old.metadata["tags"] = [colab_tools.SETUP_CELL_TAG]
     old.metadata["collapsed"] = True
     old.outputs = [nbformat.v4.new_output("stream", text="x")]
     old.execution_count = 4
     nb.cells.insert(2, old)
     nbformat.write(nb, str(path))
 
-    assert colab.insert_setup_cell(path, URL) is True
+    assert colab_tools.insert_setup_cell(path, URL) is True
     nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
-    assert len(colab.setup_cells(nb)) == 1
+    assert len(colab_tools.setup_cells(nb)) == 1
     first = nb.cells[0]
     assert first.source == MPI_CELL and first.id == "old-setup"
-    assert first.metadata == {"tags": [colab.SETUP_CELL_TAG], "collapsed": True,
-                              **colab.SETUP_CELL_METADATA}
+    assert first.metadata == {"tags": [colab_tools.SETUP_CELL_TAG], "collapsed": True,
+                              **colab_tools.SETUP_CELL_METADATA}
     assert first.outputs == [] and first.execution_count is None
     assert [c.source for c in nb.cells[1:]] == rest
 
@@ -619,7 +620,7 @@ def test_tool_writes_a_new_repository_into_every_cell_and_the_badges(tmp_path):
     for original, copy in zip(NOTEBOOKS, copies):
         before = nbformat.read(str(original), as_version=nbformat.NO_CONVERT)
         after = nbformat.read(str(copy), as_version=nbformat.NO_CONVERT)
-        assert after.cells[0].source == colab.setup_cell(new_url, colab.notebook_extras(before))
+        assert after.cells[0].source == colab_tools.setup_cell(new_url, colab_tools.notebook_extras(before))
         assert after.cells[0].id == before.cells[0].id
         assert after.cells[0].metadata == before.cells[0].metadata
         assert after.cells[1:] == before.cells[1:] and after.metadata == before.metadata
@@ -627,37 +628,37 @@ def test_tool_writes_a_new_repository_into_every_cell_and_the_badges(tmp_path):
     assert f"\ngit clone {URL}.git\n" in old_text
     assert f"\ngit clone {new_url}.git\n" in new_text and URL not in new_text
     old_text = old_text.replace(f"git clone {URL}.git", f"git clone {new_url}.git")
-    cut = old_text.index(colab.BADGES_BEGIN), old_text.index(colab.BADGES_END)
-    new_cut = new_text.index(colab.BADGES_BEGIN), new_text.index(colab.BADGES_END)
+    cut = old_text.index(colab_tools.BADGES_BEGIN), old_text.index(colab_tools.BADGES_END)
+    new_cut = new_text.index(colab_tools.BADGES_BEGIN), new_text.index(colab_tools.BADGES_END)
     assert new_text[:new_cut[0]] == old_text[:cut[0]] and new_text[new_cut[1]:] == old_text[cut[1]:]
     table = new_text[new_cut[0]:new_cut[1]]
     assert table.count("/github/someone/medaidet/blob/main/notebooks/") == len(NOTEBOOKS)
-    assert colab.repository_slug(URL) not in table
+    assert colab_tools.repository_slug(URL) not in table
     assert tool("--check").returncode == 0
 
 
 def test_notebook_with_setup_cell_still_has_its_parameters_cell(tmp_path):
     path = tmp_path / NOTEBOOK.name
     shutil.copy(NOTEBOOK, path)
-    colab.insert_setup_cell(path, URL)
+    colab_tools.insert_setup_cell(path, URL)
     nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
     tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and tagged[0] > 0
 
 
 def test_colab_badge():
-    badge = colab.colab_badge("someone/medaidet", "notebooks/03_training.ipynb")
+    badge = colab_tools.colab_badge("someone/medaidet", "notebooks/03_training.ipynb")
     assert badge == (
         "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
         "(https://colab.research.google.com/github/someone/medaidet/blob/main/notebooks/"
         "03_training.ipynb)")
-    assert colab.colab_badge("someone/medaidet", Path("00_environment.ipynb")).endswith(
+    assert colab_tools.colab_badge("someone/medaidet", Path("00_environment.ipynb")).endswith(
         "/github/someone/medaidet/blob/main/notebooks/00_environment.ipynb)")
-    assert "/blob/dev/notebooks/" in colab.colab_badge("a/b", "x.ipynb", branch="dev")
+    assert "/blob/dev/notebooks/" in colab_tools.colab_badge("a/b", "x.ipynb", branch="dev")
     for bad in ("medaidet", "a/b/c", "/medaidet", ""):
         with pytest.raises(ValueError):
-            colab.colab_badge(bad, "00_environment.ipynb")
-    assert colab.repository_slug("https://github.com/someone/medaidet.git") == "someone/medaidet"
+            colab_tools.colab_badge(bad, "00_environment.ipynb")
+    assert colab_tools.repository_slug("https://github.com/someone/medaidet.git") == "someone/medaidet"
     for bad in ("https://gitlab.com/a/b", "https://github.com/a", "/content/medaidet"):
         with pytest.raises(ValueError, match="not a GitHub repository URL"):
-            colab.repository_slug(bad)
+            colab_tools.repository_slug(bad)
