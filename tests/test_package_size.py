@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures after the last step of docs/design.md's table: lower them with every step
-CEILINGS = {"lines": 14_420, "characters": 709_345, "core lines": 12_029}
+CEILINGS = {"lines": 14_394, "characters": 708_366, "core lines": 12_003}
 
 
 def _figures():

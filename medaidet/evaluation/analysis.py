@@ -640,7 +640,7 @@ def images_missing_class(ids=None, report=None, root=None, brief: bool = False) 
 
     Args:
         ids: only these image ids (e.g. ``predictions.ids``); default: every flagged image.
-        report: a :class:`medaidet.data.validation_report.ValidationReport`; default:
+        report: a :class:`medaidet.data.validate.ValidationReport`; default:
             ``validate_dataset(root)`` (under a second on BCCD).
 
     Returns:

@@ -5,8 +5,7 @@ import sys
 
 import pytest
 
-from medaidet.data.validate import validate_dataset
-from medaidet.data.validation_report import KINDS, SEVERITIES, ValidationReport
+from medaidet.data.validate import KINDS, SEVERITIES, ValidationReport, validate_dataset
 from conftest import BCCD_DROPPED as DROPPED
 from conftest import REPO, edit_objects, split_ids
 

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from medaidet.data.validation_report import Issue
+from medaidet.data.validate import Issue
 from medaidet.evaluation.analysis import (box_outcomes, detection_scores,
                                           images_missing_class, missed_by,
                                           plot_detection_scores, recall_precision,
