@@ -24,7 +24,8 @@ endif
 # SEED=N trains notebook 03's detector with seed N (default: the profile's).
 SEED :=
 OUT := $(if $(filter en,$(COURSE_LANG)),outputs,outputs/$(COURSE_LANG))
-PYTEST_ARGS ?= -q
+# --durations: each shard names its 25 slowest tests, where CI's time goes
+PYTEST_ARGS ?= -q --durations=25
 PY := $(VENV312)/bin/python
 # The file the course runner leaves in every output folder it made (medaidet_tools.course).
 OUT_MARKER := .medaidet-course
