@@ -65,12 +65,12 @@ from medaidet.tables import Table
 
 __all__ = [
     "split_path", "annotation_path", "image_path", "SplitProblem", "scan_split_file",
-    "read_split", "Annotation",
-    "AnnotatedObject", "parse_annotation", "MAX_XML_BYTES", "check_annotation", "Finding",
-    "CheckedAnnotation", "BOUNDS_TOLERANCE", "NEAR_DUPLICATE_IOU", "AnnotationWarning",
-    "QUIET_ENV", "warn_once", "parse_yolo_labels", "TXL_CLASSES", "MAX_LABEL_BYTES", "Link",
-    "read_links", "bccd_links", "LINKS_FILE", "CLASS_COLORS", "BCCDDataset", "LABELS",
-    "ObjectIssue", "annotation_report", "quiet_annotation_warnings"]
+    "read_split", "Annotation", "AnnotatedObject", "parse_annotation", "MAX_XML_BYTES",
+    "check_annotation", "Finding", "CheckedAnnotation", "BOUNDS_TOLERANCE",
+    "NEAR_DUPLICATE_IOU", "AnnotationWarning", "QUIET_ENV", "warn_once", "parse_yolo_labels",
+    "TXL_CLASSES", "MAX_LABEL_BYTES", "Link", "read_links", "bccd_links", "LINKS_FILE",
+    "CLASS_COLORS", "BCCDDataset", "LABELS", "ObjectIssue", "annotation_report",
+    "quiet_annotation_warnings"]
 
 
 # ---------------------------------------------------------------------------------- the VOC layout
