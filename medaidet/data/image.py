@@ -3,11 +3,10 @@ shared by :class:`~medaidet.data.bccd.BCCDDataset`, ``validate_dataset``, ``meda
 count-image`` and :func:`medaidet.extras.deploy.read_rgb` (which runs without chainer: this
 module needs only Pillow and NumPy).
 
-8-bit RGB as is; other 8-bit
-modes (grayscale, palette, CMYK) converted to RGB; 16-bit grayscale scaled to 0-255
-(``value / 257``, never clipped to white); an alpha channel dropped when every pixel is
-opaque. A truncated file, transparent pixels, another pixel format or more pixels than
-Pillow reads safely (a decompression bomb) raise an ``"image"`` DataError.
+8-bit RGB as is; other 8-bit modes (grayscale, palette, CMYK) converted to RGB; 16-bit
+grayscale scaled to 0-255 (``value / 257``, never clipped to white); an alpha channel dropped
+when every pixel is opaque. A truncated file, transparent pixels, another pixel format or more
+pixels than Pillow reads safely (a decompression bomb) raise an ``"image"`` DataError.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ sources, BCCD among them, and named every image by a UUID: nothing in its files 
 image one is, nor which source any image came from. The BCCD ones were found by identity of
 the decoded pixels (every TXL-PBC image of BCCD's 640x480 size decoded and compared with
 BCCD's 364), and the answer shipped as ``manifests/txl-pbc-bccd.tsv``
-(:func:`medaidet.data.bccd.bccd_links` reads it); ``tests/txl_links.py`` is that derivation, and ``tests/data/test_txl_pbc.py`` runs
-it again on the real data and compares.
+(:func:`medaidet.data.bccd.bccd_links` reads it); ``tests/txl_links.py`` is that derivation,
+and ``tests/data/test_txl_pbc.py`` runs it again on the real data and compares.
 
 Each link also carries BCCD's own split: BCCD's splits decide train/val/test in the course, not
 TXL-PBC's, which put some of BCCD's val and test images into its training split.
