@@ -260,7 +260,7 @@ def add_weights_arguments(p) -> None:
 
 
 def _evaluate(args) -> int:
-    from medaidet.evaluation.runs import evaluate_weights
+    from medaidet.evaluation.evaluate import evaluate_weights
 
     result = evaluate_weights(args.weights, split=args.split, model_name=args.model,
                               root=args.root, subset=args.subset, device=args.device,
@@ -281,7 +281,7 @@ def count_threshold(text: str) -> float:
 
 
 def _count(args) -> int:
-    from medaidet.evaluation.runs import count_weights
+    from medaidet.evaluation.count import count_weights
 
     result, sweep = count_weights(args.weights, split=args.split,
                                   score_thresh=args.score_thresh, model_name=args.model,

@@ -275,8 +275,8 @@ def python312():
 @pytest.fixture
 def no_prediction(monkeypatch):
     """Fails the test if the model is built: an evaluate/count run's checks come first."""
-    import medaidet.evaluation.runs as runs_module
+    import medaidet.evaluation.evaluate as evaluate_module
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the model was built before the arguments were checked")
-    monkeypatch.setattr(runs_module, "load_model", forbidden)
+    monkeypatch.setattr(evaluate_module, "load_model", forbidden)

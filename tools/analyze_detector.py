@@ -27,7 +27,7 @@ from medaidet.evaluation.analysis import (LOST_STAGES, box_outcomes, detection_s
                                           images_missing_class, missed_by,
                                           plot_detection_scores, recall_precision,
                                           stage_counts)
-from medaidet.evaluation.runs import predict_weights
+from medaidet.evaluation.evaluate import predict_weights
 from medaidet.evaluation.analysis import plot_detections
 from medaidet.tables import Table
 

@@ -23,7 +23,7 @@ from medaidet.evaluation.analysis import images_missing_class
 from medaidet.evaluation.count import count_cells
 from medaidet.evaluation.count import threshold_sweep
 from medaidet.evaluation.evaluate import evaluate
-from medaidet.evaluation.runs import predict_weights
+from medaidet.evaluation.evaluate import predict_weights
 from medaidet.numbers import finite_or_none
 
 

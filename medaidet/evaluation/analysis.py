@@ -573,7 +573,7 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
 
     Args:
         predictions: from :func:`~medaidet.evaluation.evaluate.predict_split` or
-            :func:`~medaidet.evaluation.runs.predict_weights`.
+            :func:`~medaidet.evaluation.evaluate.predict_weights`.
         indices: positions in ``predictions`` (ints) or image ids (strs) to show;
             default: ``n`` images, the first ones or the first by ``sort_by``.
         label_names: default ``predictions.label_names``.
@@ -860,7 +860,7 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
 
     Args:
         predictions: the detections (from
-            :func:`~medaidet.evaluation.runs.predict_weights` with ``return_candidates=True``,
+            :func:`~medaidet.evaluation.evaluate.predict_weights` with ``return_candidates=True``,
             or any :class:`Predictions` when no candidates are given).
         candidates: a list of :class:`medaidet.ssd.predict.Candidates`, one per image,
             boxes in image pixels, whose ``kept`` candidates are the predictions'

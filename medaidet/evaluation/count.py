@@ -49,9 +49,13 @@ from matplotlib.ticker import MaxNLocator
 from medaidet.arguments import (check_number, check_type, checked_boxes, checked_size,
                                 checked_sizes)
 from medaidet.colors import CLASS_COLORS
+from medaidet.device import DEFAULT_DEVICE
 from medaidet.errors import ConfigError
-from medaidet.evaluation.evaluate import Predictions, bootstrap, checked
-from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
+from medaidet.evaluation.analysis import images_missing_class, match_detections, voc_iou
+from medaidet.evaluation.evaluate import (Predictions, bootstrap, check_run, checked,
+                                          predict_weights)
+from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, EVALUATE_SCORE_THRESH
+from medaidet.files import png_bytes, write_files
 from medaidet.numbers import finite_or_none
 
 __all__ = [
@@ -60,7 +64,7 @@ __all__ = [
     "PER_AREA", "frame_margins", "margin_per_class", "in_frame", "frame_predictions",
     "FrameError", "frame_errors", "frame_area", "densities", "plot_frame",
     "DEFAULT_THRESHOLDS", "SWEEP_NOTE", "SweepResult", "ThresholdChange", "threshold_sweep",
-    "threshold_change", "plot_sweep", "report_count_errors"]
+    "threshold_change", "plot_sweep", "report_count_errors", "count_weights"]
 
 
 # --------------------------------------------------------------------------- count
@@ -455,8 +459,6 @@ def frame_errors(predictions, thresholds: dict, sizes, margins: dict) -> list:
       the box is the annotated one, the score the detection's.
 
     Per image and class, the framed count error is (line +) - (line -) + false - missed."""
-    from medaidet.evaluation.analysis import match_detections, voc_iou
-
     names = check_type(predictions, Predictions, "predictions", "Predictions").label_names
     kept = predictions.filter(check_type(thresholds, dict, "thresholds",
                                          "a dict {class name: score threshold}"))
@@ -840,3 +842,34 @@ def plot_sweep(sweep: SweepResult):
     fig.suptitle(f"Count error vs threshold ({sweep.split or 'split'}; choose on val); "
                  "each panel on its own scale")
     return fig
+
+
+def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_THRESH,
+                  model_name: str | None = None, root=None, subset=None, device=DEFAULT_DEVICE,
+                  out=None, thresholds=DEFAULT_THRESHOLDS, batch_size: int = 8,
+                  progress: bool = True):
+    """Load, predict once, count at ``score_thresh`` and sweep ``thresholds``
+    (``medaidet count``); the images the validator flags ``missing_class`` are set aside.
+    Every argument is checked, and ``out`` created, before the model is built. Writes
+    ``counts.json``, ``counts.png`` and ``count_sweep.png`` to ``out``, all or none.
+    Returns ``(CountResult, SweepResult)``."""
+    score_thresh = check_score_thresh(score_thresh, EVALUATE_SCORE_THRESH, "--score-thresh")
+    for t in np.asarray(thresholds, dtype=object).ravel():
+        check_score_thresh(t, EVALUATE_SCORE_THRESH, "thresholds")
+    _, root, subset, _, out = check_run(weights_path, root, subset, batch_size, out)
+    preds = predict_weights(weights_path, split, model_name, root, subset, device, batch_size,
+                            progress)
+    result = count_cells(preds, score_thresh,
+                         set_aside=images_missing_class(preds.ids, root=root, brief=True))
+    result.info.update(weights=str(weights_path), model=preds.model, subset=subset)
+    with warnings.catch_warnings():
+        if split != "test":
+            warnings.simplefilter("ignore", UserWarning)
+        sweep = threshold_sweep(preds, thresholds)
+    if out is not None:
+        write_files({
+            out / "counts.json": json.dumps({**result.to_dict(), "sweep": sweep.to_dict()},
+                                            indent=2) + "\n",
+            out / "counts.png": png_bytes(plot_counts(result), dpi=100),
+            out / "count_sweep.png": png_bytes(plot_sweep(sweep), dpi=100)})
+    return result, sweep

@@ -40,13 +40,16 @@ import numpy as np
 from chainercv.evaluations import calc_detection_voc_prec_rec, eval_detection_voc
 from matplotlib.figure import Figure
 
-from medaidet.arguments import check_number, check_type
+from medaidet.arguments import check_number, check_type, prepare_output_dir
 from medaidet.colors import line_style
 from medaidet.data import BCCD_LABEL_NAMES
+from medaidet.data.bccd import BCCDDataset, split_path
+from medaidet.data.download import resolve_root
 from medaidet.device import DEFAULT_DEVICE, resolve_device
 from medaidet.errors import ConfigError, WeightsError
 from medaidet.evaluation.protocol import (COURSE_PUBLISHED, EVALUATE_SCORE_THRESH, IOU_THRESH,
                                           PROTOCOLS)
+from medaidet.files import png_bytes, write_files
 from medaidet.numbers import finite_or_none
 from medaidet.ssd.model import build_ssd, model_of_weights
 from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, predict
@@ -56,7 +59,8 @@ from medaidet.tables import Table
 __all__ = [
     "Predictions", "checked", "predict_split", "bootstrap", "paired_bootstrap", "load_model",
     "course_weights", "missing_weights_error", "ProtocolResult", "EvaluationResult",
-    "evaluate", "plot_pr_curves", "n_scored_boxes"]
+    "evaluate", "plot_pr_curves", "n_scored_boxes", "check_run", "predict_weights",
+    "check_ground_truth", "evaluate_weights"]
 
 
 # --------------------------------------------------------------------------- predictions
@@ -589,3 +593,87 @@ def plot_pr_curves(result: EvaluationResult):
     fig.suptitle(f"Precision-recall at IoU {IOU_THRESH}, {result.split or 'split'} "
                  f"({result.n_images} images)")
     return fig
+
+
+# --------------------------------------------------------------------------- a weight file in
+
+def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=None) -> tuple:
+    """The cheap checks of an evaluate/count run, before the model is built: the weight file
+    exists, ``subset`` and ``batch_size`` are whole numbers > 0, the dataset is there and
+    ``out`` (created now) can be written outside it. Errors name the arguments as the
+    command line spells them (``--subset``, ``--out``). Returns ``(weights, root, subset,
+    batch_size, out)``."""
+    path = Path(os.fspath(weights_path))
+    if not path.is_file():
+        raise missing_weights_error(path)
+    if subset is not None:
+        subset = check_number(subset, "--subset", "positive", integer=True)
+    batch_size = check_number(batch_size, "--batch-size", "positive", integer=True)
+    root = resolve_root(root)
+    if out is not None:
+        out = prepare_output_dir(out, "--out", inputs=(root,))
+    return path, root, subset, batch_size, out
+
+
+def predict_weights(weights_path, split: str = "test", model_name: str | None = None,
+                    root=None, subset=None, device=DEFAULT_DEVICE, batch_size: int = 8,
+                    progress: bool = True, return_candidates: bool = False):
+    """Load weights and predict ``split`` (its first ``subset`` images when given); with
+    ``return_candidates`` also the candidates before the caps and NMS
+    (:func:`predict_split`). The arguments are checked first (:func:`check_run`)."""
+    path, root, subset, batch_size, _ = check_run(weights_path, root, subset, batch_size)
+    model = load_model(path, model_name, device)
+    # ChainerCV's evaluation convention: keep difficult boxes, flagged, so they are ignored.
+    dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
+    ids = list(dataset.ids)[:subset]
+    view = dataset if subset is None else dataset.slice[:len(ids)]
+    return predict_split(model, view, batch_size=batch_size, progress=progress, ids=ids,
+                         label_names=dataset.label_names, split=split,
+                         return_candidates=return_candidates)
+
+
+def check_ground_truth(root, split: str, subset=None):
+    """Raise :class:`ConfigError` when the images to evaluate (the first ``subset`` of
+    ``split``) hold no ground-truth box, before any model is built (annotations only)."""
+    dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
+    difficults = list(dataset.slice[:, "difficult"])
+    n = len(difficults) if subset is None else min(subset, len(difficults))
+    if n_scored_boxes(difficults[:n]):
+        return
+    listed = split_path(dataset.root, split)
+    if n < len(difficults) and n_scored_boxes(difficults):
+        raise ConfigError(
+            f"the first {n} images of split {split} ({listed}) have no objects: nothing to "
+            f"evaluate (--subset {subset}). Evaluate more of the split's {len(dataset)} "
+            "images (a larger --subset, or none)", "nothing_to_evaluate")
+    raise ConfigError(
+        f"split {split} has no objects: nothing to evaluate. None of the {len(dataset)} "
+        f"images listed in {listed} has a ground-truth box (difficult ones are ignored), so "
+        f"AP is undefined for every class. Check Annotations/<id>.xml of the ids in that "
+        f"list, or run `medaidet data validate {dataset.root}`; or evaluate another split "
+        "(--split)", "nothing_to_evaluate")
+
+
+def evaluate_weights(weights_path, split: str = "test", model_name: str | None = None,
+                     root=None, subset=None, device=DEFAULT_DEVICE, out=None,
+                     batch_size: int = 8, progress: bool = True) -> EvaluationResult:
+    """Load, predict, evaluate (``medaidet evaluate``); write ``evaluation.json`` and
+    ``pr_curves.png`` to ``out``, both or neither. Every argument is checked, and ``out``
+    created, before the model is built.
+
+    Raises:
+        WeightsError: ``"missing"``: ``weights_path`` does not exist.
+        ConfigError: a bad ``subset``, ``batch_size`` or ``out``; or the images to evaluate
+            hold no ground-truth box (:func:`check_ground_truth`).
+    """
+    _, root, subset, _, out = check_run(weights_path, root, subset, batch_size, out)
+    check_ground_truth(root, split, subset)
+    preds = predict_weights(weights_path, split, model_name, root, subset, device, batch_size,
+                            progress)
+    result = evaluate(preds)
+    result.info.update(weights=str(weights_path), model=preds.model, subset=subset,
+                       image_ids=list(preds.ids))
+    if out is not None:
+        write_files({out / "evaluation.json": result.to_json() + "\n",
+                     out / "pr_curves.png": png_bytes(plot_pr_curves(result), dpi=100)})
+    return result

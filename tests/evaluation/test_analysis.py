@@ -13,7 +13,7 @@ from medaidet.evaluation.analysis import (box_outcomes, detection_scores,
                                           plot_detection_scores, recall_precision,
                                           stage_counts)
 from medaidet.evaluation.evaluate import Predictions
-from medaidet.evaluation.runs import predict_weights
+from medaidet.evaluation.evaluate import predict_weights
 from medaidet.ssd.predict import Candidates
 
 NAMES = ("rbc", "wbc", "platelets")

@@ -111,7 +111,7 @@ def test_set_aside_says_how_many_images_lack_each_class():
 
 
 def test_count_weights_sets_aside_the_images_the_validator_flags(bccd_root):
-    from medaidet.evaluation.runs import count_weights
+    from medaidet.evaluation.count import count_weights
     from medaidet.ssd.weights import SHIPPED_WEIGHTS
 
     result, _ = count_weights(SHIPPED_WEIGHTS["ssd_small", "bccd"], split="test", progress=False)
@@ -370,7 +370,7 @@ def test_threshold_sweep_refuses_bad_thresholds():
 @pytest.mark.parametrize("bad", [-1, float("nan"), 2, 0.001])
 def test_count_weights_checks_the_threshold_before_predicting(tmp_path, bad, no_prediction):
     from medaidet.errors import ConfigError
-    from medaidet.evaluation.runs import count_weights
+    from medaidet.evaluation.count import count_weights
     weights = tmp_path / "model.npz"
     weights.write_bytes(b"")
     with pytest.raises(ConfigError, match=r"^--score-thresh: "):
@@ -387,28 +387,6 @@ def test_count_out_that_is_a_file_fails_before_predicting(tmp_path, bccd_root, n
     assert main(["count", str(weights), "--root", str(bccd_root), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err
-
-
-def test_count_and_evaluate_check_their_arguments_once(monkeypatch, bccd_root):
-    """check_run runs once per command: count_weights and evaluate_weights predict through
-    predict_run, which takes the checked arguments, not predict_weights, which checks again."""
-    from medaidet.evaluation import runs
-    from medaidet.ssd.weights import SHIPPED_WEIGHTS
-
-    calls = []
-    real = runs.check_run
-
-    def counted(*args, **kwargs):
-        calls.append(args[0])
-        return real(*args, **kwargs)
-    monkeypatch.setattr(runs, "check_run", counted)
-    weights = SHIPPED_WEIGHTS["ssd_small", "bccd"]
-    result, _ = runs.count_weights(weights, split="test", root=bccd_root, subset=2,
-                                   progress=False)
-    assert len(calls) == 1 and result.info["subset"] == 2
-    evaluated = runs.evaluate_weights(weights, split="test", root=bccd_root, subset=2,
-                                      progress=False)
-    assert len(calls) == 2 and evaluated.n_images == 2
 
 
 def test_report_count_errors_chooses_on_val_and_reports_test_once_with_its_interval():

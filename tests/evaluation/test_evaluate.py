@@ -11,7 +11,7 @@ from conftest import REPO, edit_objects, split_ids
 from medaidet import cli
 from medaidet.errors import MedaidetError, WeightsError
 from medaidet.evaluation.evaluate import evaluate, plot_pr_curves
-from medaidet.evaluation.runs import evaluate_weights
+from medaidet.evaluation.evaluate import evaluate_weights
 from medaidet.evaluation.evaluate import Predictions
 from medaidet.evaluation.protocol import PROTOCOLS
 

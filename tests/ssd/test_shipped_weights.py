@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from medaidet.files import sha256_file
-from medaidet.evaluation.runs import evaluate_weights
+from medaidet.evaluation.evaluate import evaluate_weights
 from medaidet.evaluation.evaluate import course_weights
 from medaidet.ssd.weights import SHIPPED_WEIGHTS, shipped_weights
 from medaidet.errors import WeightsError
@@ -85,7 +85,7 @@ def test_the_recorded_count_errors_are_what_counting_at_the_val_thresholds_gives
     from medaidet.evaluation.analysis import images_missing_class
     from medaidet.evaluation.count import count_cells
     from medaidet.evaluation.count import threshold_sweep
-    from medaidet.evaluation.runs import predict_weights
+    from medaidet.evaluation.evaluate import predict_weights
 
     counts = _record()["counts"]
     chosen = counts["thresholds_chosen_on_val"]
