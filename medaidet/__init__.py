@@ -1,8 +1,7 @@
 """medaidet: blood-cell detection on BCCD with ChainerCV's SSD.
 
-Importing the package applies the runtime compatibility settings once
-(see :mod:`medaidet.compat`). It never imports chainer itself, so
-``python -m medaidet stack install`` runs before chainer exists.
+Importing it applies :mod:`medaidet.compat` once, never importing chainer (``stack install``
+runs before chainer exists).
 """
 from medaidet import compat as _compat
 

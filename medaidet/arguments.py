@@ -1,19 +1,9 @@
-"""Checked values for the command line and the Python API.
+"""Checked values for the command line and the Python API: a wrong one ends, before any work,
+in one line naming the argument, the value and what is expected.
 
-Every ``medaidet`` command reads numbers, files and folders from its user. A wrong one must
-end in one line that names the argument, the value and what is expected — never in a
-traceback from deep inside a run, and never after the long work is done. The checks here
-are the ones every command shares:
-
-* argparse ``type=`` functions (:func:`positive_int`, :func:`non_negative_int`,
-  :func:`positive_float`, :func:`probability`, :func:`seed`) — argparse then names the argument itself;
-* :func:`check_number` for the same rules on values that come from Python or a config file,
-  :func:`check_type` and :func:`checked_boxes` for the objects and arrays the Python API takes;
-* :func:`prepare_output_dir`: create (or accept) an output folder *before* any work, and
-  refuse one that is a file, is not writable, or is one of the run's inputs — a run must
-  never write into, or delete from, what it reads. With a ``marker`` it also refuses a folder
-  that holds files but not the marker: a command that rewrites its folder (the course runner)
-  deletes and replaces files only in a folder it made.
+argparse ``type=`` functions (:func:`positive_int`, ...); :func:`check_number` and the
+``check*`` functions for values from Python or a config file; :func:`prepare_output_dir`: a run
+never writes into, or deletes from, what it reads.
 """
 import argparse
 import math
@@ -29,7 +19,7 @@ __all__ = ["ConfigError", "check_number", "check_type", "checked_boxes",
            "non_negative_int", "positive_float", "probability", "seed", "prepare_output_dir"]
 
 
-# The rules: (test, what is expected). `kind` int values must be whole numbers.
+# rule: (test, what is expected)
 _RULES = {
     "positive": (lambda v: v > 0, "a number > 0"),
     "non-negative": (lambda v: v >= 0, "a number ≥ 0"),
@@ -39,9 +29,8 @@ _RULES = {
 
 
 def check_number(value, name: str, rule: str = "positive", integer: bool = False):
-    """``value`` as an int (``integer``) or float that is finite and follows ``rule``
-    ("positive", "non-negative", "probability"); else :class:`ConfigError` naming
-    ``name``. Accepts numbers and numeric strings; rejects bools, NaN and infinities."""
+    """``value`` (a number or numeric text, not a bool) as a finite int (``integer``) or float
+    that follows ``rule``; else :class:`ConfigError` naming ``name``."""
     test, expected = _RULES[rule]
     what = ("a whole " + expected.replace("a number", "number")) if integer else expected
     if isinstance(value, bool):
@@ -75,9 +64,8 @@ def _short(value) -> str:
 
 
 def checked_boxes(bbox, label, n_class=None, name: str = "bbox"):
-    """One image's boxes as ``(float (R, 4), int (R,))``: numbers, four per box
-    ``(y_min, x_min, y_max, x_max)``, one whole label ``>= 0`` (and ``< n_class``) per box;
-    else a :class:`ConfigError` naming ``name`` (or ``name``'s labels)."""
+    """One image's boxes as ``(float (R, 4), int (R,))``, ``(y_min, x_min, y_max, x_max)``,
+    one whole label in ``[0, n_class)`` per box; else a :class:`ConfigError` naming ``name``."""
     import numpy as np      # here: the command line starts (and says what is missing) without it
 
     n_class = math.inf if n_class is None else n_class
@@ -171,14 +159,11 @@ def _is_within(path: Path, folder: Path) -> bool:
 
 def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
                        own_folders=()) -> Path:
-    """Create the output folder ``path`` (and its parents) now, before any work, and check
-    that files can be written in it. ``inputs``: folders the run reads (notebooks, the dataset
-    root); the output may be neither one of them nor inside one — a run that writes there
-    could overwrite or delete the user's own files. ``marker``: the name of a file that marks
-    the folder as the command's own; a folder that holds anything but lacks it is refused,
-    and a new or empty folder gets it, as does one holding only folders named in
-    ``own_folders`` that are the command's own work too (:func:`_own_work`). Returns the
-    resolved path; raises :class:`ConfigError` naming ``name`` and the path."""
+    """Create the output folder ``path`` now, before any work, and check it can be written;
+    it may be neither one of ``inputs`` (folders the run reads) nor inside one. ``marker``: a
+    file marking the folder as the command's own; a folder holding anything else without it is
+    refused (one holding only ``own_folders`` of its own work is not). Returns the resolved
+    path; raises :class:`ConfigError` naming ``name`` and the path."""
     if not is_path(path):
         raise ConfigError(f"{name}: {path!r} is not a folder path; expected a folder to "
                           "write the results in", "not_a_folder", path=path)
@@ -213,11 +198,8 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
 
 
 def _own_work(folder: Path, marker: str) -> bool:
-    """Whether ``folder`` (a subfolder named in ``own_folders``) holds only what the command's
-    own work leaves: it carries ``marker`` itself (another edition's results), or it is a
-    folder of training runs, each an empty folder or one with the ``config.json`` that
-    ``medaidet train`` writes. Anything else in it is someone's, and adopting it would let a
-    later clean-up delete it."""
+    """Whether ``folder`` holds only the command's own work: it carries ``marker``, or it holds
+    training runs, each empty or with ``medaidet train``'s ``config.json``."""
     if not folder.is_dir() or folder.is_symlink():
         return False
     if (folder / marker).is_file():
@@ -233,9 +215,8 @@ def _own_work(folder: Path, marker: str) -> bool:
 
 
 def _claim_output_dir(out: Path, path, name: str, marker: str, own_folders=()) -> None:
-    """Mark a new or empty folder ``out`` (or one holding only ``own_folders``) with the file
-    ``marker``; refuse one that holds anything else without it (it is someone's, and the
-    command would replace or delete some)."""
+    """Mark a new or empty ``out`` (or one holding only ``own_folders``) with ``marker``;
+    refuse one that holds anything else without it."""
     if (out / marker).is_file():
         return
     found = sorted(p.name for p in out.iterdir()

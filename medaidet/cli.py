@@ -1,15 +1,8 @@
 """The ``medaidet`` command: one argparse parser, one handler per command.
 
-``build_parser`` defines every command's arguments without NumPy or chainer (``stack`` and
-``course`` are the course's tools', :mod:`medaidet_tools.cli`), and each handler imports
-what it runs only when it runs, so ``medaidet --help`` and ``medaidet stack install`` work in
-an environment that has no chainer yet (a command that needs it then says what to install).
-
-A user's mistake ends in one line on stderr, exit status 2, never a traceback: a bad
-argument (argparse and :mod:`medaidet.arguments` name it), any named
-:class:`~medaidet.errors.MedaidetError`, and an operating-system error (a file that cannot be
-read or written; a full disk names the file and says what to do). Ctrl-C ends with one line
-and status 130. ``--debug``, anywhere on the command line, shows the traceback instead.
+Handlers import what they run only when run, so ``--help`` and ``stack install`` work before
+chainer is installed. A user's mistake (a bad argument, a MedaidetError, an ``OSError``) ends in
+one line on stderr and status 2 (Ctrl-C: 130); ``--debug`` shows the traceback instead.
 """
 import argparse
 import contextlib
@@ -33,8 +26,7 @@ from medaidet.ssd import MODEL_NAMES
 from medaidet.training.config import PRECISIONS, PROFILES, TrainConfig
 
 DEBUG_FLAG = "--debug"
-# The import names of the dependencies pyproject.toml lists: missing, `python -m medaidet` is
-# running from a source checkout that was never installed.
+# pyproject.toml's dependencies: missing, this is a source checkout that was never installed.
 OWN_DEPENDENCIES = ("numpy", "packaging", "PIL", "matplotlib", "papermill", "nbformat",
                     "ipykernel", "tqdm", "defusedxml", "safetensors",
                     "medaidet_tools")   # installed with medaidet, from tools/
@@ -43,8 +35,7 @@ MODEL_COMMANDS = ("train", "evaluate", "count", "export")
 
 
 class CommandParser(argparse.ArgumentParser):
-    """argparse, with a usage mistake said in one line (the command, what is wrong, where
-    to look) instead of the usage block. Sub-command parsers are of this class too."""
+    """argparse, with a usage mistake said in one line instead of the usage block."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
@@ -238,8 +229,7 @@ def _add_evaluation(commands) -> None:
 
 
 def add_weights_arguments(p) -> None:
-    """The arguments ``medaidet evaluate`` and ``medaidet count`` share: the weights, the
-    split they predict and how."""
+    """The arguments ``medaidet evaluate`` and ``medaidet count`` share."""
     p.add_argument("weights", metavar="WEIGHTS", help="model-only .npz from medaidet train")
     p.add_argument("--split", default="test", choices=SPLITS,
                    help="split to predict (default: test)")
@@ -270,8 +260,7 @@ def _evaluate(args) -> int:
 
 
 def count_threshold(text: str) -> float:
-    """argparse type of ``--score-thresh``: a probability, and not below the 0.01 the
-    detector predicts with (a lower threshold would count nothing more)."""
+    """argparse type of ``--score-thresh``: a probability, not below the detector's 0.01."""
     value = probability(text)
     if value < EVALUATE_SCORE_THRESH:
         raise argparse.ArgumentTypeError(
@@ -425,9 +414,8 @@ def _needs_stack(exc: ImportError, command: str):
 
 @contextlib.contextmanager
 def flags_in_messages(flags: dict):
-    """An error raised inside whose message begins with a field name of ``flags``
-    (``"out: ..."``, as the Python API names it) begins with the flag the user typed
-    instead (``"--out: ..."``)."""
+    """Errors raised inside that begin with a field of ``flags`` (``"out: ..."``) begin with
+    the flag the user typed instead (``"--out: ..."``)."""
     try:
         yield
     except MedaidetError as exc:
@@ -440,11 +428,9 @@ def flags_in_messages(flags: dict):
 
 
 def _one_line(exc: BaseException, args=None) -> str:
-    """The message of a user-facing error, for one line of stderr. ``args``: the parsed
-    command line, for what to do about a full disk."""
+    """A user-facing error's message for one line of stderr (``args``: for a full disk's fix)."""
     if isinstance(exc, MedaidetError):
         return str(exc)
-    # OSError: which file, and what the system said about it
     where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
     what = exc.strerror or str(exc)
     if is_full_disk(exc):
@@ -483,7 +469,7 @@ def _install_hint(exc: ModuleNotFoundError):
     """The one command to run first when ``exc`` is one of medaidet's own dependencies."""
     if (exc.name or "").split(".")[0] not in OWN_DEPENDENCIES:
         return None
-    checkout = Path(__file__).resolve().parents[1]  # medaidet/cli.py -> the checkout
+    checkout = Path(__file__).resolve().parents[1]
     target = f"-e {checkout}" if (checkout / "pyproject.toml").is_file() else "medaidet"
     return (f"{exc.name} is not installed: medaidet's own dependencies are missing in "
             f"this environment ({sys.executable}); run first: "
@@ -491,11 +477,10 @@ def _install_hint(exc: ModuleNotFoundError):
 
 
 def _show_medaidet_logs() -> None:
-    """What medaidet's modules log at INFO (files left alone by a download,
-    weights loaded) goes to stderr, prefixed like every other line of the command."""
+    """medaidet's INFO logs go to stderr, prefixed like every other line of the command."""
     logger = logging.getLogger("medaidet")
     if not any(getattr(h, "medaidet_cli", False) for h in logger.handlers):
-        handler = logging.StreamHandler()   # stderr
+        handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("medaidet: %(message)s"))
         handler.medaidet_cli = True
         logger.addHandler(handler)

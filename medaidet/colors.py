@@ -1,21 +1,14 @@
 """The course's colours: each one means one thing, in every figure.
 
-* **Classes** -- :data:`CLASS_COLORS`: rbc red, wbc blue, platelets green (matplotlib's tab:red,
-  tab:blue and tab:green), also in the exported model's drawings and on the web page. These
-  three hues stand for a class and for nothing else.
-* **What became of a box** -- :data:`OUTCOME_STYLES`: a correct detection solid black, a false
-  one dashed orange, a missed cell dotted black. No class hue; the line styles tell them apart
-  without colour too (colour-blind readers, grey print).
-* **Anything else** (splits, runs, protocols, tries) -- :func:`line_style` and
-  :func:`bar_style`: black and greys, told apart by line style, marker and hatching.
-
-Plain constants and the standard library only: the exported model's metadata uses them too.
+The class hues (:data:`CLASS_COLORS`) stand for a class and nothing else, also in the exported
+model and on the web page. :data:`OUTCOME_STYLES` (what became of a box) use no class hue and
+differ by line style too (colour-blind readers, grey print); anything else (:func:`line_style`,
+:func:`bar_style`) is black and greys. Standard library only: the exported model uses them too.
 """
 
 __all__ = ["CLASS_COLORS", "OUTCOME_STYLES", "OUTCOME_LABELS", "line_style", "bar_style"]
 
-#: One colour per class, the same in every figure of the course, in the exported model's
-#: drawings and on the web page.
+#: One colour per class (matplotlib's tab:red, tab:blue, tab:green).
 CLASS_COLORS = {"rbc": "#d62728", "wbc": "#1f77b4", "platelets": "#2ca02c"}
 
 #: How each outcome of a detection is drawn (matplotlib ``Rectangle`` keywords): no class hue.

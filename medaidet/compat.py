@@ -1,8 +1,5 @@
-"""Runtime settings that make the chainer stack behave on today's platforms.
-
-Applied once by ``import medaidet``; each action is recorded so the doctor
-and notebooks can say what was changed and why. Nothing is done when it is
-not needed, and chainer is never imported here.
+"""Runtime settings that make the chainer stack behave on today's platforms, applied once by
+``import medaidet`` and recorded for the doctor and notebooks. Never imports chainer.
 """
 import importlib.metadata
 import importlib.util
@@ -24,17 +21,15 @@ class Action:
 ACTIONS: list = []
 _applied = False
 
-# The NumPy versions the patched chainer 7.8.1 / chainercv 0.13.1 are tested with (the stack's
-# wheels require them). Here, in a module of the standard library only, because Colab's setup
-# cell checks the runtime's NumPy before anything of medaidet's is installed.
+# The NumPy range of the patched chainer 7.8.1 / chainercv 0.13.1; here (stdlib only) because
+# Colab's setup cell checks NumPy before anything of medaidet's is installed.
 NUMPY_OLDEST = (1, 26)
 NUMPY_BELOW = (2, 6)
 NUMPY_RANGE = ">={}.{},<{}.{}".format(*NUMPY_OLDEST, *NUMPY_BELOW)
 
 
 def numpy_newer_than_supported(version) -> bool:
-    """Whether the NumPy ``version`` (e.g. ``"2.6.0"``) is at or past :data:`NUMPY_BELOW`:
-    one the stack does not support and medaidet will not replace by an older one."""
+    """Whether NumPy ``version`` (e.g. ``"2.6.0"``) is at or past :data:`NUMPY_BELOW`."""
     found = re.match(r"(\d+)\.(\d+)", str(version or ""))
     return bool(found) and (int(found[1]), int(found[2])) >= NUMPY_BELOW
 
@@ -67,8 +62,7 @@ def _major(version: str) -> int:
 
 
 def _disable_cudnn_on_cupy14(actions: list) -> None:
-    # CuPy 14 removed cuDNN: chainer must be told before it is imported,
-    # or it warns on every convolution that cuDNN is not enabled.
+    # CuPy 14 has no cuDNN: tell chainer before its import, or it warns on every convolution
     cupy = installed_cupy()
     if not cupy or max(_major(v) for _, v in cupy) < 14:
         return
@@ -113,10 +107,8 @@ def apply() -> list:
 
 
 def reapply() -> list:
-    """Apply the settings again, for a stack that changed in this process (``medaidet stack
-    install`` just added CuPy: its settings were not needed when ``import medaidet`` ran).
-    Returns the actions taken, which ``medaidet.compat_actions`` then holds too. Call it
-    before the first ``import chainer``."""
+    """Apply the settings again for a stack changed in this process (``medaidet stack install``
+    added CuPy); also sets ``medaidet.compat_actions``. Call it before ``import chainer``."""
     global _applied
     importlib.invalidate_caches()
     ACTIONS.clear()

@@ -1,14 +1,8 @@
 """Which device to compute on: one reading of ``--device`` for every command.
 
-A device spec is ``"auto"`` (the default everywhere: GPU 0 when CUDA is usable, else the CPU),
-``"cpu"``, ``"gpu"`` (GPU 0), a GPU number (``-1``: the CPU), or chainer's ``"@numpy"`` /
-``"@cupy:N"``. :func:`parse_device` checks the spec without touching CUDA;
-:func:`gpu_status` says whether a GPU is usable and, if not, why (in chainer's own words);
-:func:`resolve_device` gives the ``chainer.backend.Device``, or one :class:`DeviceError`
-when a GPU is asked for and none is usable.
-
-chainer is imported only inside the functions: the doctor and the course runner read this
-module on machines where chainer is broken or missing.
+A spec is ``"auto"`` (the default: GPU 0 when CUDA is usable, else the CPU), ``"cpu"``,
+``"gpu"`` (GPU 0), a GPU number (``-1``: the CPU), or chainer's ``"@numpy"`` / ``"@cupy:N"``.
+chainer is imported only inside functions: the doctor reads this module where it is broken.
 """
 import numbers
 
@@ -42,8 +36,7 @@ def parse_device(spec=DEFAULT_DEVICE, name: str = "--device"):
 
 
 def device_name(spec) -> str:
-    """A device spec in words, for titles and messages: "the CPU", "GPU 0", "a GPU", "auto"
-    (anything :func:`parse_device` does not read is returned as given)."""
+    """A device spec in words: "the CPU", "GPU 0", "a GPU", "auto" (else as given)."""
     try:
         device = parse_device(spec)
     except DeviceError:
@@ -63,8 +56,7 @@ def device_kind(device) -> str:
 
 
 def gpu_ids(devices) -> list:
-    """The GPU numbers among ``devices`` (chainer devices or device specs; ``"gpu"`` is
-    GPU 0; the CPU, ``"auto"`` and None have none), sorted, each once."""
+    """The sorted, distinct GPU numbers among ``devices`` (chainer devices or specs)."""
     ids = set()
     for device in devices or ():
         if device is None:
@@ -109,9 +101,8 @@ def gpu_status():
 
 
 def resolve_device(spec=DEFAULT_DEVICE):
-    """The ``chainer.backend.Device`` for ``spec`` (see :func:`parse_device`). ``"auto"``
-    falls back to the CPU; a GPU asked for by name or number that cannot be used raises
-    :class:`DeviceError` saying why and what to do."""
+    """The ``chainer.backend.Device`` for ``spec``; ``"auto"`` falls back to the CPU, an
+    unusable GPU asked for raises :class:`DeviceError` saying why."""
     import chainer
 
     spec = parse_device(spec)

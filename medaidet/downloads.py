@@ -1,8 +1,5 @@
-"""The one HTTP download loop (BCCD's archive, SSD's ImageNet weights): a URL streamed into an
-open file with a progress bar, its length and size limit checked and its sha256 computed on
-the way. What went wrong is a ``"download"`` DataError (``offline``: whether being offline may
-be the cause), whose message each caller puts into its own (what to do differs: place BCCD
-by hand, try the next weight source)."""
+"""The one HTTP download loop (BCCD's archive, SSD's ImageNet weights). Failures are a
+``"download"`` DataError (``offline``: whether being offline may be the cause)."""
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +13,7 @@ from medaidet.errors import DataError
 __all__ = ["stream_url"]
 
 _CHUNK = 1 << 20
-#: The longest a whole download may take (a server that trickles a byte now and then would
-#: otherwise keep it waiting for ever: ``timeout`` bounds each wait, not the sum).
+#: The longest a whole download may take (``timeout`` bounds each wait, not the sum).
 DEADLINE_S = 3600.0
 
 
@@ -25,11 +21,7 @@ def stream_url(url: str, out, *, timeout: float, user_agent: str, desc: str,
                progress: bool = True, max_bytes: int | None = None,
                deadline_s: float = DEADLINE_S) -> tuple[int, str]:
     """Write what ``url`` answers into the binary file ``out``; returns (bytes, sha256 hex).
-
-    Raises a ``"download"`` DataError for an HTTP error, an unreachable server, a connection
-    that breaks, more than ``max_bytes`` (announced or received), fewer bytes than announced, or a
-    download still unfinished after ``deadline_s`` seconds.
-    """
+    Any failure, more than ``max_bytes`` or an overrun ``deadline_s`` is a DataError."""
     started = time.monotonic()
     try:
         response = urllib.request.urlopen(

@@ -1,17 +1,9 @@
 """Checking a learner's answer to a notebook exercise against the solution the run computed.
 
-Each numeric exercise of the course ends with two cells: one where the learner writes an
-answer (``my_answer_N = None`` until they do) and the worked solution, which computes the
-answer on this run's data and calls :func:`check`. Numbers are compared with a relative
-tolerance, text without regard to case and surrounding spaces; dicts, lists and tuples are
-compared element by element, so the message can say which part is off.
-
-The verdict speaks the language of the exercise's label: ``check(..., "exercise 1")`` in
-English, ``check(..., "演習 1")`` in Japanese (the Japanese edition's labels). A class name or
-yes/no may be answered in either language (``"白血球"`` for ``"wbc"``; ``"はい"`` or ``"あり"`` for
-``"yes"`` and for a solution that is ``True``, ``"いいえ"`` or ``"なし"`` for ``"no"`` and ``False``;
-``"あり"`` / ``"なし"`` also for ``"with"`` / ``"without"``), and an English answer is right for a
-solution in Japanese (``"with"`` for ``"あり"``).
+Numbers are compared with a relative tolerance, text ignoring case and surrounding spaces,
+dicts, lists and tuples element by element (the message says which part is off). The verdict
+speaks the label's language (``"exercise 1"`` or ``"演習 1"``); class names and yes/no may be
+answered in either language (:data:`SYNONYMS`, ``True``/``False`` as yes/no).
 """
 from __future__ import annotations
 
@@ -103,8 +95,7 @@ def compare(answer, solution, rtol: float = 1e-2, where: str = "",
 
 
 class Verdict:
-    """What :func:`check` returns: true when the answer is right. A notebook shows nothing for
-    it (``check`` has printed the verdict already; a bare ``True``/``False`` would repeat it)."""
+    """What :func:`check` returns: true when right; shown as nothing (``check`` printed it)."""
 
     def __init__(self, right: bool):
         self.right = bool(right)

@@ -1,27 +1,10 @@
-"""Writing a file so that a crash or a full disk never leaves half of one under its name.
+"""Writing files so that a crash or a full disk never leaves half of one under its name, and
+the one rule for reading one.
 
-:func:`atomic_file` writes to a temporary ``.<name>.<random>.part`` beside the target and
-renames it onto the target only when the writing finished. The temporary file is created
-with the mode the umask gives any new file (typically 0644): ``tempfile.mkstemp`` would give
-0600, which the rename carries over, and weights or wheels in a shared folder would then be
-unreadable to everyone but their writer.
-
-:func:`write_files` writes several files that belong together (a result and its figure):
-either every one gets its new content or none changes.
-
-Every file read follows one rule too (:func:`not_a_regular_file`): a FIFO or a socket would
-block its reader for ever and a device such as ``/dev/zero`` never end, so each reader asks
-first and refuses them by name.
-
-Every command that writes follows one rule (:func:`check_output`, which both call first): the
-target is a new name or a regular file (or a link to one), never a folder, a device such as
-``/dev/null``, a FIFO or a socket, and never one of the command's own inputs.
-
-A full disk (``ENOSPC``), a full quota (``EDQUOT``) or the file-size limit (``EFBIG``) fails a
-``write()`` with an ``OSError`` that names no file; raised from here it names the file
-being written, so the user learns where the space ran out.
-
-:func:`sha256_file` is the one checksum of a file (sdists, dataset files, weight files).
+Untrusted-file rules: a reader refuses anything but a regular file (:func:`not_a_regular_file`);
+an output (:func:`check_output`) never replaces a folder, device, FIFO, socket or an input. A
+full disk, quota or file-size limit fails a ``write()`` with an ``OSError`` naming no file;
+raised from here it names the file being written.
 """
 import errno
 import hashlib
@@ -42,9 +25,8 @@ FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def not_a_regular_file(path) -> str | None:
-    """What ``path`` (links followed) is, in words, when it is there and is not a regular
-    file to read: a folder, a FIFO, a socket or a device. None for a regular file, and for
-    no file at all (the reader says that in its own words)."""
+    """What ``path`` (links followed) is, in words, when it is not a regular file (a FIFO
+    blocks its reader, a device never ends); None for a regular file or no file at all."""
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
@@ -58,8 +40,8 @@ def not_a_regular_file(path) -> str | None:
 
 
 def check_output(path, inputs=()) -> Path:
-    """``path``, if writing a file there replaces nothing but a regular file (or a link to
-    one) that is none of ``inputs``; else :class:`ConfigError` naming it. Nothing is written."""
+    """``path``, if writing there replaces nothing but a regular file (or a link to one)
+    that is none of ``inputs``; else :class:`ConfigError`."""
     path = Path(path)
     if os.path.lexists(path) and not path.is_file():
         what = ("a folder" if path.is_dir() else "a link to nothing" if path.is_symlink()
@@ -84,7 +66,8 @@ def is_full_disk(exc: BaseException) -> bool:
 
 
 def _create_part_file(path: Path):
-    """``(fd, name)`` of a new, empty ``.<name>.<random>.part`` file beside ``path``."""
+    """``(fd, name)`` of a new ``.<name>.<random>.part`` beside ``path``, mode 0o666 less the
+    umask (mkstemp's 0600 would survive the rename and hide shared files from others)."""
     for _ in range(100):
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
         try:
@@ -97,10 +80,8 @@ def _create_part_file(path: Path):
 
 @contextmanager
 def atomic_file(path, mode: str = "wb", inputs=()):
-    """``with atomic_file(path) as f: f.write(...)``: ``path`` holds either its old content
-    or everything written, never a part. ``mode``: "wb" or "w" (text, UTF-8). A full disk
-    raises an ``OSError`` whose ``filename`` is ``path``; a ``path`` that is not a file to
-    write, or one of ``inputs``, :class:`ConfigError` before anything is written."""
+    """``with atomic_file(path) as f: f.write(...)``: ``path`` holds its old content or
+    everything written, never a part. ``mode``: "wb" or "w" (UTF-8)."""
     path = check_output(path, inputs)
     fd, tmp = _create_part_file(path)
     try:
@@ -117,18 +98,15 @@ def atomic_file(path, mode: str = "wb", inputs=()):
 
 
 def png_bytes(fig, dpi=None) -> bytes:
-    """A matplotlib figure as PNG bytes, for :func:`write_files` (``dpi``: the figure's own
-    when None)."""
+    """A matplotlib figure as PNG bytes, for :func:`write_files`."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", **({} if dpi is None else {"dpi": dpi}))
     return buffer.getvalue()
 
 
 def write_files(contents: dict, inputs=()) -> None:
-    """Write ``{path: bytes or str}`` (str as UTF-8) as one result: every file gets its new
-    content, or — when one write fails, a full disk say — none of them changes. Each file
-    is written in full beside its target first; the renames come last. Every path is checked
-    (:func:`check_output`, against ``inputs`` too) before any is written."""
+    """Write ``{path: bytes or str}`` as one result: every file gets its new content, or
+    none changes; every path is checked before any is written."""
     for path in contents:
         check_output(path, inputs)
     with ExitStack() as stack:

@@ -1,10 +1,7 @@
 """Tables that render themselves: as Markdown in a notebook, as aligned text in a terminal.
 
-The course's results (an evaluation, a config, a training log, a comparison of runs) are small
-tables. :class:`Table` holds the column names and the rows; ``display(table)`` in Jupyter shows
-it as Markdown (``_repr_markdown_``), ``print(table)`` as text. Cells are written as given, except
-floats (``float_format``, default 3 decimals) and missing values (``None``, NaN: ``n/a``);
-columns whose cells are all numbers are right-aligned.
+Cells are written as given, except floats (``float_format``, default 3 decimals) and missing
+values (``None``, NaN: ``n/a``); all-number columns are right-aligned.
 """
 from __future__ import annotations
 

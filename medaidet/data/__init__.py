@@ -1,17 +1,14 @@
-"""BCCD data: pinned download, validating loader, validation report; TXL-PBC's re-annotation
-of it.
+"""BCCD data: pinned download, validating loader, validation report; TXL-PBC's re-annotation.
 
-Names are imported lazily so that ``medaidet data download`` needs no chainer; for the same
-reason :data:`SPLITS` and :data:`BCCD_LABEL_NAMES` are here (the command line offers them).
+Names are imported lazily (constants live here) so that the command line needs no chainer.
 """
 import importlib
 
-from medaidet.colors import CLASS_COLORS   # one colour per class (medaidet.colors)
+from medaidet.colors import CLASS_COLORS
 
 #: BCCD's image sets, ``ImageSets/Main/<split>.txt``.
 SPLITS = ("train", "val", "trainval", "test")
-#: Class names in the course's order: label 0 is rbc, 1 wbc, 2 platelets. The XML
-#: says ``RBC``, ``WBC``, ``Platelets``; names are matched case-insensitively, stripped.
+#: Label 0 is rbc, 1 wbc, 2 platelets; the XML's names are matched case-insensitively.
 BCCD_LABEL_NAMES = ("rbc", "wbc", "platelets")
 #: Whose boxes a dataset can carry: BCCD's own, or TXL-PBC's re-annotation of its images.
 LABELS = ("bccd", "txl-pbc")

@@ -1,24 +1,10 @@
-"""How far BCCD's annotation agrees with itself: the same cells, boxed twice.
+"""How far BCCD's annotation agrees with itself: the same cells, boxed twice (notebook 05).
 
-BCCD holds pairs of photographs of the same field of view, shifted by some pixels
-(:func:`medaidet.data.validate.validate_dataset` finds them: ``report.image_pairs``). Each
-photograph was annotated on its own, so a pair is two annotations of the same cells. On the
-part of the field both show, the two annotations should hold the same number of boxes per
-class; where they do not, the annotation itself is uncertain by that much.
-
-That is the yardstick for counting: a detector is scored against one annotation, and a second
-annotation of the same cells, scored the same way, is as good as a count can look against it.
-:func:`count_agreement` gives that number, ``sum |a - b| / sum b`` per class over the pairs
-(``a`` scored against ``b``, and ``b`` against ``a``: the two directions are averaged), next to
-the counts of every pair.
-
-A box belongs to the shared part when its centre lies inside the shared rectangle shrunk by
-``margin`` pixels (at full resolution) on every side, in both frames: cells cut by a frame's
-border are boxed in one photograph and half outside the other, and would count as
-disagreement that is not one.
-
-``labels="txl-pbc"`` asks the same of TXL-PBC's re-annotation (:mod:`medaidet.data.txl_pbc`),
-on the pairs whose two images it re-annotated: how far a count can be checked against it.
+The two photographs of a same-field pair (``report.image_pairs``) were annotated one at a
+time; :func:`count_agreement` says how far their counts agree on the part both show: as good
+as a count can look against one annotation. A box is in that part when its centre lies
+``margin`` px (full resolution) inside it in both frames: cells cut by a border would count as
+disagreement. ``labels="txl-pbc"``: the same for TXL-PBC's re-annotation.
 """
 from __future__ import annotations
 
@@ -71,15 +57,9 @@ def _boxes(root, image_id, txl=None):
 
 def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES,
                 labels: str = "bccd", txl_root=None) -> list:
-    """:class:`PairCounts` of each :class:`~medaidet.data.same_field.ImagePair` in ``pairs``.
-
-    ``root``: the BCCD root (``None``: ``$MEDAIDET_DATA``, else the cache).
-    ``pair.dx``/``pair.dy``: how far ``b``'s content appears moved in ``a``, so a point
-    ``(x, y)`` of ``b`` is ``(x + dx, y + dy)`` in ``a``. Pairs whose shared part is empty
-    after the margin are left out. ``labels``: ``'bccd'``, or ``'txl-pbc'`` for TXL-PBC's
-    boxes (``txl_root``: ``None`` for ``$MEDAIDET_TXL_PBC``, else the cache), on the pairs
-    whose two images TXL-PBC re-annotated.
-    """
+    """:class:`PairCounts` of each :class:`~medaidet.data.same_field.ImagePair` in ``pairs``
+    (a point ``(x, y)`` of ``b`` is ``(x + dx, y + dy)`` in ``a``); pairs with no shared part
+    after the margin are left out. ``root``, ``txl_root``: as for ``BCCDDataset``."""
     if labels not in LABELS:
         raise ConfigError(f"labels: {labels!r} is not one of {', '.join(LABELS)}")
     margin = check_number(margin, "margin", "non-negative")
@@ -123,13 +103,9 @@ def _checked_rows(rows, name: str, cls) -> list:
 
 
 def count_agreement(rows, label_names=BCCD_LABEL_NAMES, exclude=()) -> dict:
-    """Per class: the relative count error of one annotation scored against the other,
-    ``(sum |a - b| / sum b + sum |a - b| / sum a) / 2`` over the pairs (``None`` when a
-    class has no box), with the pairs used and the boxes in each annotation.
-
-    ``exclude``: image ids to leave out (pairs with either image among them), e.g. the
-    images the validator flags ``missing_class``.
-    """
+    """Per class: ``(sum |a - b| / sum b + sum |a - b| / sum a) / 2`` over the pairs (None when
+    a class has no box), the pairs used and the boxes of each. ``exclude``: image ids whose
+    pairs are left out (e.g. the validator's ``missing_class`` images)."""
     exclude = set(exclude)
     kept = [r for r in _checked_rows(rows, "rows", PairCounts) if r.a not in exclude and r.b not in exclude]
     out = {}

@@ -1,40 +1,22 @@
-"""BCCD as a ChainerCV dataset (notebook 01): the VOC layout it comes in, each image decoded,
-each annotation parsed safely and checked by one rule, and :class:`BCCDDataset`, which gives
-``(img, bbox, label)`` for every image of a split.
+"""BCCD as a ChainerCV dataset (notebook 01): the VOC layout, annotations parsed safely and
+checked by one rule (:func:`check_annotation`), and :class:`BCCDDataset`.
 
-Layout (files are found by the ids in the split lists, never by the XML's ``<filename>``,
-``<path>`` or ``<folder>``: BCCD's carry annotators' machine paths)::
+Layout (files are found by the split lists' ids, never by the XML's ``<filename>``, ``<path>``
+or ``<folder>``: BCCD's carry annotators' machine paths)::
 
     ROOT/ImageSets/Main/{train,val,trainval,test}.txt   one image id per line
     ROOT/Annotations/<id>.xml                            VOC XML, one <object> per box
     ROOT/JPEGImages/<id>.jpg
 
-Conventions (the same as ChainerCV's ``VOCBboxDataset``):
+As ChainerCV's ``VOCBboxDataset``: ``img`` float32 (3, H, W), RGB, 0-255; ``bbox`` float32
+(R, 4), ``(y_min, x_min, y_max, x_max)``, 0-based (VOC's 1-based coordinates minus 1);
+``label`` int32 (R,), index into :data:`~medaidet.data.BCCD_LABEL_NAMES`; ``difficult`` bool (R,).
 
-* ``img``: float32, shape (3, H, W), RGB, values 0-255.
-* ``bbox``: float32, shape (R, 4), ``(y_min, x_min, y_max, x_max)``, 0-based. VOC XML
-  stores 1-based inclusive pixel indices; 1 is subtracted from every coordinate.
-* ``label``: int32, shape (R,), index into :data:`~medaidet.data.BCCD_LABEL_NAMES`.
-* ``difficult``: bool, shape (R,) (only with ``return_difficult=True``).
-
-What the loader does with defective data (``validate_dataset`` reports the same findings,
-from the same code, :func:`check_annotation`):
-
-* a defect of the whole file raises, in both modes: XML that is not well-formed or uses a
-  DTD/entities (nothing is expanded or fetched), a label that is not rbc/wbc/platelets,
-  ``<size>`` that disagrees with the image, a listed id without its files, a bad split list,
-  an image that cannot be decoded (:mod:`medaidet.data.image` says what is readable);
-* a defective object is dropped with an :class:`AnnotationWarning` (``strict=True``: raises
-  a DataError of the object's kind): a missing or non-numeric coordinate, reversed
-  coordinates, zero width or height, more than :data:`BOUNDS_TOLERANCE` px outside the image,
-  the same cell boxed twice (IoU >= :data:`NEAR_DUPLICATE_IOU`, same class). A box
-  overhanging the image by at most :data:`BOUNDS_TOLERANCE` px is clipped. The dataset lists
-  them in :attr:`BCCDDataset.dropped` and :attr:`BCCDDataset.clipped`.
-
-Whose boxes (``labels``): BCCD's own (``'bccd'``), or TXL-PBC's re-annotation of the same
-smears (``'txl-pbc'``, :mod:`medaidet.data.txl_pbc`; only the 221 images it re-annotated,
-found through the shipped table :func:`bccd_links`, read by :func:`parse_yolo_labels` and
-judged by the same checks). BCCD's split lists decide train/val/test either way.
+Untrusted files: XML with a DTD or entities is refused (nothing is expanded or fetched), and
+label files are size-checked before they are read. A defect of a whole file raises a DataError;
+a defective object is dropped or clipped with an :class:`AnnotationWarning` (``strict=True``:
+raises). ``labels='txl-pbc'``: TXL-PBC's boxes of the same smears (:mod:`medaidet.data.txl_pbc`);
+BCCD's split lists decide train/val/test either way.
 """
 from __future__ import annotations
 
@@ -99,11 +81,8 @@ class SplitProblem(NamedTuple):
 
 
 def scan_split_file(path) -> tuple[list[str], list[SplitProblem]]:
-    """Ids of a split list in order (first occurrence), and every problem found.
-
-    Blank lines are ignored; a line must hold one id (letters, digits, ``_.+-``; no
-    path separators, no spaces).
-    """
+    """Ids of a split list in order (first occurrence), and every problem found; a line holds
+    one id (letters, digits, ``_.+-``)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -151,8 +130,7 @@ def read_split(root, split: str) -> list[str]:
 
 
 def _read_small_file(path: Path, limit: int, kind: str, what: str, missing: str) -> bytes:
-    """The bytes of a label file of at most ``limit`` bytes; a ``kind`` DataError (a
-    ``missing`` one when it does not exist) naming the file otherwise."""
+    """The bytes of a file of at most ``limit`` bytes; else a ``kind`` or ``missing`` DataError."""
     why = not_a_regular_file(path)
     if why:
         raise DataError(f"{path} is {why}, not {what}", kind, path=path, image_id=path.stem)
@@ -171,9 +149,6 @@ def _read_small_file(path: Path, limit: int, kind: str, what: str, missing: str)
 
 
 # ------------------------------------------------------------------ VOC annotations, parsed safely
-#
-# parse_annotation reads what is written and judges nothing: an unknown class name gets
-# label=None, an unusable box bndbox=None with the reason (check_annotation judges).
 
 MAX_XML_BYTES = 8 << 20     # BCCD's largest annotation is ~6 kB
 _COORDS = ("xmin", "ymin", "xmax", "ymax")
@@ -182,8 +157,8 @@ _COORDS = ("xmin", "ymin", "xmax", "ymax")
 class AnnotatedObject(NamedTuple):
     """One ``<object>`` as written. ``index`` is its 0-based position in the file."""
     index: int
-    name: str | None                  # <name> text as written; None when missing
-    label: int | None                 # index into the label names; None when unknown
+    name: str | None
+    label: int | None                 # None when unknown
     bndbox: tuple[float, float, float, float] | None   # (xmin, ymin, xmax, ymax): VOC, 1-based
     problem: str | None               # why bndbox is None
     difficult: bool
@@ -201,7 +176,7 @@ class Annotation:
     filename: str | None
     folder: str | None
     image_path: str | None            # the <path> element
-    attributes: tuple[tuple[str, str], ...]   # attributes of <annotation>
+    attributes: tuple[tuple[str, str], ...]   # of <annotation>
     indent: str                       # leading whitespace of the first indented line
 
 
@@ -246,13 +221,8 @@ def _label_index(label_names):
 
 
 def parse_annotation(path, label_names=BCCD_LABEL_NAMES) -> Annotation:
-    """Parse one VOC XML file safely: no DTD, no entity expansion, no external entities.
-
-    Does not judge the objects (see :func:`check_annotation`): unknown names get
-    ``label=None``, unusable boxes ``bndbox=None`` with the reason in ``problem``.
-    Raises an ``"missing_file"`` DataError, an ``"xml"`` DataError or
-    an ``"unsafe_xml"`` DataError. Parsed files are cached in memory, keyed by path and content.
-    """
+    """Parse one VOC XML file safely (no DTD, no entities), judging nothing; a cached result, or
+    a ``"missing_file"``, ``"xml"`` or ``"unsafe_xml"`` DataError."""
     path = Path(path)
     data = _read_small_file(path, MAX_XML_BYTES, "xml", "a VOC XML annotation file",
                             "missing_file")
@@ -311,8 +281,7 @@ def _parse_cached(path_text: str, data: bytes, label_names) -> Annotation:
 
 # -------------------------------------------------- the checks: is an annotation usable as written
 
-#: Pixels a box may overhang the image and be clipped rather than dropped
-#: (0-based exports write ``xmin = 0``; VOC's smallest index is 1).
+#: Pixels a box may overhang the image and be clipped, not dropped (0-based exports write 0).
 BOUNDS_TOLERANCE = 2
 #: Two boxes of one class overlapping at least this much (IoU) are the same cell boxed twice.
 NEAR_DUPLICATE_IOU = 0.9
@@ -322,19 +291,14 @@ class AnnotationWarning(UserWarning):
     """Objects were dropped or clipped while loading (see ``.dropped`` / ``.clipped``)."""
 
 
-#: Set (not empty, not "0") in the environment: no :class:`AnnotationWarning`, in this process
-#: and in the processes it starts (data workers, MPI ranks). See
-#: :func:`medaidet.data.bccd.quiet_annotation_warnings`.
+#: Set (not empty, not "0"): no :class:`AnnotationWarning` here nor in child processes.
 QUIET_ENV = "MEDAIDET_QUIET_ANNOTATIONS"
-# Every split is loaded several times in a run (a notebook, the training recipe, the
-# evaluator): its report is shown the first time only, wherever the loading happens (a
-# record of our own: Python's "once" filter forgets whenever warning filters change).
+# Our own record: Python's "once" filter forgets whenever warning filters change.
 _REPORTED = set()
 
 
 def warn_once(message: str, stacklevel: int = 3) -> None:
-    """An :class:`AnnotationWarning` with ``message``, once per process and message, unless
-    :data:`QUIET_ENV` is set: a loader built again (every split, every rank) says it once."""
+    """An :class:`AnnotationWarning`, once per process and message, unless :data:`QUIET_ENV`."""
     if message not in _REPORTED and os.environ.get(QUIET_ENV, "") in ("", "0"):
         _REPORTED.add(message)
         warnings.warn(AnnotationWarning(message), stacklevel=stacklevel)
@@ -343,17 +307,14 @@ def warn_once(message: str, stacklevel: int = 3) -> None:
 class Finding(NamedTuple):
     """One defect :func:`check_annotation` found and what the loader does with it."""
     index: int | None        # object index (0-based, order in the file); None: the whole file
-    kind: str                # unknown_label, size_mismatch, bad_coordinates, zero_area, ...
+    kind: str
     detail: str
     action: str              # "raise" | "drop" | "clip"
 
 
 class CheckedAnnotation(NamedTuple):
-    """The boxes the loader keeps, in ChainerCV's convention, and the findings.
-
-    bbox: float32 (R, 4) ``(y_min, x_min, y_max, x_max)``, 0-based. label: int32 (R,).
-    difficult: bool (R,). index: int64 (R,), the object index of each kept box.
-    """
+    """The boxes kept, and the findings. bbox: float32 (R, 4) ``(y_min, x_min, y_max, x_max)``,
+    0-based; label: int32 (R,); difficult: bool (R,); index: int64 (R,), object indices."""
     bbox: np.ndarray
     label: np.ndarray
     difficult: np.ndarray
@@ -366,8 +327,7 @@ def _fmt(value: float) -> str:
 
 
 def _iou(box, others):
-    """IoU of ``box`` (4,) with each of ``others`` (N, 4), both
-    ``(y_min, x_min, y_max, x_max)``: shape (N,); 0 for empty unions."""
+    """IoU (N,) of ``box`` (4,) with ``others`` (N, 4), ``(y_min, x_min, y_max, x_max)``."""
     tl = np.maximum(box[:2], others[:, :2])
     br = np.minimum(box[2:], others[:, 2:])
     inter = np.prod(np.clip(br - tl, 0, None), axis=1)
@@ -376,15 +336,9 @@ def _iou(box, others):
 
 
 def _duplicates(bbox, labels, threshold):
-    """Yield ``(j, k, iou)`` for each box ``j`` (in order) that repeats an earlier kept box
-    ``k`` of its class: the first with IoU >= ``threshold``. A box yielded is not kept.
-
-    ``bbox``: float32 (R, 4) ``(y_min, x_min, y_max, x_max)``, no empty box; ``labels``:
-    int (R,). Memory is O(R), whatever R (an all-pairs IoU matrix of 10,000 boxes takes
-    GBs). Only boxes whose ``y_min`` lie within a band are compared: for IoU >= t > 0,
-    the intersection is at most ``(h - d) * w`` of the upper box (height ``h``, width
-    ``w``, ``d`` the difference of the ``y_min``), so ``d <= (1 - t) * h``.
-    """
+    """Yield ``(j, k, iou)`` for each box ``j`` repeating an earlier kept box ``k`` of its class
+    (IoU >= ``threshold``); ``j`` is not kept. O(R) memory, not all pairs: IoU >= t needs
+    ``y_min`` within ``(1 - t) * h`` of each other, so only that band is compared."""
     boxes = bbox.astype(np.float64)
     keep = np.ones(len(boxes), dtype=bool)
     if len(boxes) < 2:
@@ -451,19 +405,15 @@ def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_
                      tolerance: float = BOUNDS_TOLERANCE,
                      near_duplicate_iou: float = NEAR_DUPLICATE_IOU,
                      item: str = "object") -> CheckedAnnotation:
-    """Judge every object of ``annotation`` against the real ``image_size`` (height, width).
-    ``item`` is what the findings call an object (a YOLO file's objects are its lines).
+    """Judge every object of ``annotation`` against the real ``image_size`` (height, width);
+    ``item``: what findings call an object (a YOLO file's objects are its lines).
 
-    Rules, in order, on the VOC coordinates as written (1-based inclusive):
-    unknown or missing name -> ``unknown_label`` (raise); missing/non-numeric coordinate ->
-    ``bad_coordinates`` (drop); ``xmax < xmin`` or ``ymax < ymin`` -> ``bad_coordinates``
-    (drop); ``xmax == xmin`` or ``ymax == ymin`` -> ``zero_area`` (drop); outside
-    ``1..W`` x ``1..H`` by more than ``tolerance`` px -> ``out_of_bounds`` (drop), by at
-    most ``tolerance`` -> ``out_of_bounds`` (clip); IoU >= ``near_duplicate_iou`` with an
-    earlier kept box of the same class (an exact copy: IoU 1) -> ``near_duplicate_box``
-    (drop). ``<size>`` disagreeing with ``image_size`` ->
-    ``size_mismatch`` (raise).
-    """
+    Rules, in order, on VOC coordinates (1-based inclusive): unknown or missing name ->
+    ``unknown_label`` (raise); missing/non-numeric coordinate or max < min ->
+    ``bad_coordinates`` (drop); max == min -> ``zero_area`` (drop); outside ``1..W`` x ``1..H``
+    by more than ``tolerance`` px -> ``out_of_bounds`` (drop), else (clip); IoU >=
+    ``near_duplicate_iou`` with an earlier kept box of its class -> ``near_duplicate_box``
+    (drop); ``<size>`` unlike ``image_size`` -> ``size_mismatch`` (raise)."""
     height, width = image_size
     findings = []
     if annotation.size is not None and annotation.size != (height, width):
@@ -497,19 +447,11 @@ def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_
 
 
 # ------------------------------------------------------------- YOLO label files (TXL-PBC's format)
-#
-# Each line is ``<class> <x_center> <y_center> <width> <height>``: the class an index into
-# the dataset's classes.txt, the four numbers fractions of the image's width and height. A
-# box [x0, x1] in pixels covers the VOC pixels x0 + 1 .. x1, so a box over the whole image
-# is exactly VOC's 1 .. W. The result is the same Annotation a VOC file gives, so that one
-# rule (check_annotation) judges both: an object's index is its line number (1-based), its
-# name the class's name. The whole file raises a "yolo" DataError when it is unreadable,
-# too large, empty (every smear has cells: an empty file is a lost export) or names a class
-# that is not an index of class_names; a line without five fields, a coordinate that is not
-# a finite number, or a box under one pixel becomes an object without a box (dropped).
+# A line: ``<class> <x_center> <y_center> <width> <height>``, fractions of the image size; pixels
+# [x0, x1] are VOC's x0 + 1 .. x1. A file unreadable, too large, empty or naming an unknown class
+# raises a "yolo" DataError; a bad line becomes an object without a box (index: line number).
 
-#: TXL-PBC's classes (its labels/classes.txt: WBC, RBC, Platelet), in its id order, as the
-#: course names them.
+#: TXL-PBC's classes in its id order (labels/classes.txt: WBC, RBC, Platelet).
 TXL_CLASSES = ("wbc", "rbc", "platelets")
 MAX_LABEL_BYTES = 1 << 20      # TXL-PBC's largest label file is under 4 kB
 
@@ -536,19 +478,14 @@ def _box(fields, size):
         return None, (f"the box is {w * width:g} x {h * height:g} px (width x height): "
                       "under one pixel")
     x0, y0 = (xc - w / 2) * width, (yc - h / 2) * height
-    # to 0.01 px: six-digit fractions carry ~0.0006 px of rounding, which would otherwise
-    # put a box drawn to the frame a hair outside it
+    # to 0.01 px: six-digit fractions would put a box drawn to the frame a hair outside it
     return tuple(round(v, 2) for v in (x0 + 1, y0 + 1, x0 + w * width, y0 + h * height)), None
 
 
 def parse_yolo_labels(path, image_size, class_names=TXL_CLASSES,
                       label_names=BCCD_LABEL_NAMES) -> Annotation:
-    """Read a YOLO label file for an image of ``image_size`` (height, width).
-
-    ``class_names[c]`` names class ``c`` of the file; each is looked up in ``label_names``
-    (the course's order) for the object's ``label``. Raises a ``"yolo"`` DataError (see
-    above); judges no box (``check_annotation(..., item="line")`` does).
-    """
+    """Read a YOLO label file of an image of ``image_size`` (height, width); judges no box.
+    ``class_names[c]``, the file's class ``c``, is looked up in ``label_names``."""
     path = checked_path(path, "path", "a YOLO label file")
     image_size = checked_size(image_size, "image_size")
     text = _read_text(path)
@@ -584,15 +521,13 @@ def parse_yolo_labels(path, image_size, class_names=TXL_CLASSES,
 
 # --------------------------------------------------------------------------------- TXL-PBC's links
 
-#: The shipped table of the TXL-PBC images that are BCCD's (:mod:`medaidet.data.txl_pbc`
-#: says how it was found).
+#: The shipped table of the TXL-PBC images that are BCCD's (see :mod:`medaidet.data.txl_pbc`).
 LINKS_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd.tsv"
 
 
 @dataclass(frozen=True)
 class Link:
-    """One TXL-PBC image that is a BCCD image: TXL-PBC's split and file stem, BCCD's id and
-    BCCD's split."""
+    """A TXL-PBC image that is a BCCD image: TXL-PBC's split and stem, BCCD's id and split."""
 
     txl_split: str
     txl_name: str
@@ -626,7 +561,7 @@ def bccd_links(path=LINKS_FILE) -> list[Link]:
 class ObjectIssue(NamedTuple):
     """An object the loader dropped or clipped."""
     image_id: str
-    index: int               # 0-based position among the file's <object> elements
+    index: int
     kind: str
     detail: str
 
@@ -637,31 +572,17 @@ class BCCDDataset(GetterDataset):
     """BCCD (or any dataset in its VOC layout) for ChainerCV: ``(img, bbox, label)``.
 
     Args:
-        root: dataset root, a str or ``os.PathLike`` (else
-            :class:`~medaidet.errors.ConfigError`); None: ``$MEDAIDET_DATA``,
-            else the cache directory (:func:`medaidet.data.download.resolve_root`).
+        root: dataset root (str or ``os.PathLike``, else ConfigError); None:
+            ``$MEDAIDET_DATA``, else the cache directory.
         split: ``'train'`` (205), ``'val'`` (87), ``'trainval'`` (292) or ``'test'`` (72).
-        strict: raise a DataError (of the object's kind) instead of dropping/clipping objects.
-        use_difficult: keep objects marked difficult (ChainerCV's default: skip them;
-            BCCD marks none).
-        return_difficult: also return ``difficult`` (bool, (R,)).
-        labels: whose boxes, ``'bccd'`` (BCCD's annotation) or ``'txl-pbc'`` (TXL-PBC's
-            re-annotation of the same images; only the images it re-annotated).
-        reannotated_only: keep only the images TXL-PBC re-annotated (221 of 364: train
-            124, val 57, test 40), whatever ``labels``: both annotations on one image set.
-        txl_root: TXL-PBC's root (``labels='txl-pbc'``); None: ``$MEDAIDET_TXL_PBC``, else
-            the cache directory.
+        strict: raise a DataError instead of dropping or clipping an object.
+        use_difficult, return_difficult: as ChainerCV's (BCCD marks no object difficult).
+        labels: ``'bccd'`` or ``'txl-pbc'`` (only the images TXL-PBC re-annotated).
+        reannotated_only: only the 221 images TXL-PBC re-annotated, whatever ``labels``.
+        txl_root: TXL-PBC's root; None: ``$MEDAIDET_TXL_PBC``, else the cache directory.
 
-    Keys: ``img`` (float32 (3, H, W) RGB 0-255), ``bbox`` (float32 (R, 4)
-    ``(y_min, x_min, y_max, x_max)``, 0-based), ``label`` (int32 (R,), index into
-    :data:`BCCD_LABEL_NAMES`) and, with ``return_difficult``, ``difficult``. Supports
-    ChainerCV's ``dataset.slice[:, ('img', 'bbox')]``.
-
-    Every annotation of the split is parsed and checked at construction (well under a
-    second for BCCD) and the boxes kept in memory; images are decoded on access.
-    Construction raises on file-level defects (see the module docstring); dropped and
-    clipped objects are listed in :attr:`dropped` / :attr:`clipped` and announced by one
-    :class:`AnnotationWarning`. :attr:`sizes` holds each image's (height, width).
+    Annotations are checked at construction, images decoded on access. :attr:`dropped` /
+    :attr:`clipped` list the objects dropped and clipped; :attr:`sizes`, each (height, width).
     """
 
     def __init__(self, root=None, split: str = "train", strict: bool = False,
@@ -757,8 +678,7 @@ class BCCDDataset(GetterDataset):
 
     def _get_image(self, i):
         path = self._image_paths[i]
-        # PIL, not cv2: PIL raises on a truncated file, cv2 only warns and returns the
-        # missing part grey.
+        # PIL, not cv2: PIL raises on a truncated file, cv2 returns the missing part grey
         img = decode_image(path, self.ids[i]).pixels.transpose(2, 0, 1).astype(np.float32)
         if img.shape[1:] != self.sizes[i]:
             raise DataError(f"{path} changed size since the dataset was built: "
@@ -772,17 +692,12 @@ class BCCDDataset(GetterDataset):
 
 
 def quiet_annotation_warnings() -> None:
-    """No more :class:`AnnotationWarning` from the loader, here and in the processes this
-    one starts (it sets :data:`QUIET_ENV`). For a notebook that shows
-    :func:`annotation_report` once instead of a warning wherever a split is loaded; the
-    objects are dropped and clipped all the same, and every dataset still lists them."""
+    """Set :data:`QUIET_ENV`; objects are still dropped, clipped and listed, without warning."""
     os.environ[QUIET_ENV] = "1"
 
 
 def annotation_report(root=None, splits=("train", "val", "test")) -> Table:
-    """What the loader drops and clips in each split: one row per split with its images,
-    the objects it keeps, the objects dropped and clipped, and why (the checks' kinds, as
-    :func:`~medaidet.data.validate.validate_dataset` names them)."""
+    """One row per split: its images, the objects kept, dropped and clipped, and the kinds why."""
     table = Table(["split", "images", "objects kept", "dropped", "clipped", "why"])
     for split in splits:
         with warnings.catch_warnings():

@@ -1,16 +1,9 @@
 """Two annotations of the same images, box by box: what each one has that the other lacks.
 
-BCCD's own boxes and TXL-PBC's re-annotation cover the same 221 images
-(:class:`~medaidet.data.bccd.BCCDDataset` with ``labels='bccd'`` or ``'txl-pbc'``). In each image
-and class, :func:`match_boxes` pairs a box of one with a box of the other when they overlap
-(IoU >= ``iou_thresh``), the pairs of highest IoU first, each box at most once. What is left
-is a cell only one annotation boxed. :func:`compare_annotations` does it for every image and
-tells the unmatched boxes apart by size and by distance to the image border: where one
-annotation boxes a cell the other leaves out is often a rule (a cell the border cuts), not a
-mistake.
-
-To compare two detectors (or two scorings) on the same images, use
-:func:`medaidet.evaluation.evaluate.paired_bootstrap`.
+:func:`compare_annotations` matches the boxes of every image (:func:`match_boxes`), e.g. BCCD's
+and TXL-PBC's, and sorts the unmatched by size and distance to the border: a cell only one
+annotation boxes is often a rule (a cell the border cuts), not a mistake. To compare two
+detectors, use :func:`medaidet.evaluation.evaluate.paired_bootstrap`.
 """
 from __future__ import annotations
 
@@ -35,7 +28,7 @@ BORDER_BINS = (0, 2, 30, np.inf)      # [0, 2): touches the border, a cell the b
 
 
 def _iou_thresh(value) -> float:
-    """An IoU to match at: above 0 (every box would pair with any other) and at most 1."""
+    """An IoU to match at: in (0, 1]."""
     value = check_number(value, "iou_thresh", "probability")
     if value == 0:
         raise ConfigError("iou_thresh: 0 is out of range; expected a number in (0, 1] (at 0 "
@@ -75,9 +68,8 @@ def _size_and_border(bbox, image_size):
 
 @dataclass
 class Comparison:
-    """:func:`compare_annotations`'s result. ``rows``: one dict per image and class (image,
-    class, boxes in a, boxes in b, matched, only in a, only in b); ``unmatched``: one dict per
-    box only one annotation has (image, class, which, size px, distance to the border px)."""
+    """:func:`compare_annotations`'s result: ``rows``, one dict per image and class;
+    ``unmatched``, one dict per box only one annotation has (size, border distance in px)."""
     names: tuple
     label_names: tuple
     rows: list
@@ -121,8 +113,7 @@ class Comparison:
 
 
 def compare_annotations(a, b, names=("a", "b"), iou_thresh: float = 0.5) -> Comparison:
-    """Compare two datasets over the same images (the same ``ids``), box by box; only the
-    annotations are read (no image is decoded). ``names``: what to call each."""
+    """Compare two datasets of the same ``ids`` box by box (no image is decoded)."""
     iou_thresh = _iou_thresh(iou_thresh)
     for name, dataset in (("a", a), ("b", b)):
         if not all(hasattr(dataset, k) for k in ("ids", "sizes", "slice", "label_names")):
@@ -156,9 +147,8 @@ def compare_annotations(a, b, names=("a", "b"), iou_thresh: float = 0.5) -> Comp
 
 
 def draw_both(img, boxes, names, title=None) -> Figure:
-    """One image twice, side by side, each with one annotation's boxes (class colours);
-    ``boxes``: ``[(bbox, label, unmatched indices), ...]``, one per annotation: the boxes the
-    other annotation lacks are drawn thick."""
+    """One image twice, side by side, with each annotation's boxes; ``boxes``: ``[(bbox,
+    label, unmatched indices), ...]``, one per annotation (the unmatched drawn thick)."""
     fig = Figure(figsize=(6.4 * len(boxes), 5.2))
     axes = fig.subplots(1, len(boxes))
     hwc = np.asarray(img).transpose(1, 2, 0).astype(np.uint8)

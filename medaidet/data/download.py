@@ -1,37 +1,14 @@
-"""Where the course's data comes from: a dataset pinned to one commit of its repository, the
-sha256 manifest of the files kept from it, where a copy lives, and the download that fetches,
-extracts, verifies and installs it (notebooks 01 and 10).
+"""Where the course's data comes from: datasets pinned to one commit, their shipped sha256
+manifests, where a copy lives, and the download (notebooks 01 and 10).
 
-A :class:`PinnedSource` names a repository, a commit and the manifest of the files kept,
-shipped in this package: :data:`BCCD` (``manifests/bccd-d272fb14.sha256``) and
-:data:`TXL_PBC`, a re-annotation of BCCD's smears and of three other sources
-(``manifests/txl-pbc-056d09e4.sha256``). :func:`verify_dataset` re-hashes a copy against its
-manifest; a verified copy carries the marker file :data:`MARKER_NAME` (:func:`is_verified`).
+A verified copy carries the marker :data:`MARKER_NAME`. The root is the argument, else
+``$MEDAIDET_DATA`` (``$MEDAIDET_TXL_PBC``), else :func:`default_root`.
 
-Root resolution (:func:`resolve_root`, which only looks, never downloads): explicit argument >
-the source's variable (``$MEDAIDET_DATA`` for BCCD, ``$MEDAIDET_TXL_PBC`` for TXL-PBC) > the
-default cache directory ``<cache>/bccd`` or ``<cache>/txl-pbc``, where ``<cache>`` is
-``$MEDAIDET_CACHE``, else ``$XDG_CACHE_HOME/medaidet``, else ``~/.cache/medaidet``.
-
-The download (:func:`download`, :func:`download_bccd`, :func:`download_txl_pbc`) is GitHub's
-archive of the pinned commit. GitHub builds these archives on the fly, so their bytes are not
-stable: every extracted file is checked against the manifest instead. Its safety rules:
-
-* the URL must be ``https://``, ``http://`` or ``file://`` (a ``"url"`` DataError otherwise,
-  before anything is written);
-* :func:`extract` streams the archive and writes only the regular files the manifest names,
-  through tarfile's ``data`` filter (the standard library's rules for untrusted archives),
-  with size limits. A member the filter refuses (a path out of the folder, a link to an
-  absolute path or out of it, a device or FIFO) is an ``"unsafe_archive"`` DataError before
-  anything is installed; a file that is not a readable tar archive is named for what it is
-  (:func:`identify`: empty, a ZIP, an HTML page, gzip data cut short, ...) with what to do;
-* everything is staged in a temporary folder beside the destination (``.<name>.*.partial``,
-  made by :mod:`tempfile`, removed on any failure) and verified before anything is
-  installed. A new dataset appears with one directory rename, the marker already inside.
-  Into an existing copy of the same dataset (``force``), each file of the manifest is renamed
-  over its old copy and nothing else is touched: files the user added stay. The marker is
-  removed first and put back last, so an interrupted install is never taken for a verified
-  copy. A folder that holds another dataset is refused: a dataset root holds one dataset.
+The download is GitHub's archive of the commit (not byte-stable: each file is checked against
+the manifest). Untrusted-archive rules: https, http or file URLs only; only the manifest's
+regular files are written, through tarfile's ``data`` filter, with size limits; all is staged
+beside the destination and verified first. The marker is removed first and put back last, so
+an interrupted install is never taken for a verified copy; a root holds one dataset.
 """
 from __future__ import annotations
 
@@ -72,12 +49,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PinnedSource:
     """A dataset as a repository at one commit, the files kept from it and their sha256.
-
-    Upstream member ``<top>/<path>`` is kept as ``<path>`` when the manifest lists it;
-    with ``subfolder``, ``<top>/<subfolder>/<dir>/<file>`` is kept as ``<dir>/<file>``
-    (BCCD's VOC folders sit in ``BCCD/``). ``marks``: the folder every copy has (what
-    :func:`resolve_root` looks for). ``layout``: how to place the files by hand.
-    """
+    ``marks``: the folder every copy has; ``layout``: how to place the files by hand."""
 
     name: str
     repo: str
@@ -167,10 +139,7 @@ def manifest_sha256(source: PinnedSource = BCCD) -> str:
 
 
 def verify_dataset(root, source: PinnedSource = BCCD) -> list[Problem]:
-    """Re-hash every manifest file under ``root``; ``[]`` when all match.
-
-    Files not in the manifest are ignored. Takes well under a second for BCCD.
-    """
+    """Re-hash every manifest file under ``root`` (others are ignored); ``[]`` when all match."""
     root = Path(root)
     problems = []
     for rel, expected in manifest_entries(source):
@@ -241,12 +210,8 @@ def _layout_help(source: PinnedSource = BCCD) -> str:
 
 
 def resolve_root(root=None, source: PinnedSource = BCCD) -> Path:
-    """The dataset root: ``root`` > ``$MEDAIDET_DATA`` (``source.data_env``) > the default
-    cache directory.
-
-    Only looks (never downloads); raises a ``"not_found"`` DataError with
-    instructions when the chosen folder has no ``Annotations/`` (``source.marks``).
-    """
+    """The dataset root (never downloads); a ``"not_found"`` DataError with instructions when
+    it has no ``source.marks`` folder."""
     path, how = choose_root(root, source)
     if not (path / source.marks).is_dir():
         state = "does not exist" if not path.exists() else f"has no {source.marks}/ folder"
@@ -264,9 +229,8 @@ MAX_EXTRACTED_BYTES = 512 << 20
 
 
 def _manifest_path(name: str, manifest: dict[str, str], subfolder: str | None) -> str | None:
-    """Upstream member name -> manifest path, or None when we do not keep it:
-    ``<top>/<path>`` -> ``<path>``; with ``subfolder`` (BCCD's ``BCCD``),
-    ``<top>/<subfolder>/<sub>/<file>`` -> ``<sub>/<file>``."""
+    """Upstream member name -> manifest path, or None: ``<top>/<path>`` -> ``<path>``; with
+    ``subfolder`` (BCCD's ``BCCD``), ``<top>/<subfolder>/<sub>/<file>`` -> ``<sub>/<file>``."""
     parts = [p for p in name.split("/") if p not in ("", ".")][1:]   # without the top folder
     if subfolder is not None and parts[:1] == [subfolder] and len(parts) > 2:
         parts = parts[1:]
@@ -358,10 +322,8 @@ def identify(path: Path, source: PinnedSource = BCCD) -> tuple[str, str]:
 
 # ------------------------------------------------------------------------------------ the download
 
-#: The URL schemes :func:`download_bccd` accepts.
 URL_SCHEMES = ("https", "http", "file")
 TIMEOUT_S = 60.0
-#: Far above the real archives (BCCD ~11 MB, TXL-PBC ~44 MB).
 MAX_DOWNLOAD_BYTES = 1 << 30
 
 
@@ -390,12 +352,8 @@ def _download_error(source: PinnedSource, url: str, dest: Path, reason: str,
 
 
 def _check_url(url: str, source: PinnedSource = BCCD) -> None:
-    """Raise a ``"url"`` DataError unless ``url`` is https://, http:// or file://.
-
-    urllib would take a plain path for a relative URL and fail with a bare ValueError,
-    and would try FTP; a path of an archive on this machine is answered with its file://
-    URL.
-    """
+    """Raise a ``"url"`` DataError unless ``url`` is https://, http:// or file:// (urllib
+    would fail on a plain path with a bare ValueError, and would try FTP)."""
     parts = urllib.parse.urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "file" or scheme in URL_SCHEMES and parts.netloc:
@@ -439,9 +397,7 @@ def _looks_like_dataset(root: Path, source: PinnedSource) -> bool:
 
 
 def _install(source: PinnedSource, staging: Path, root: Path) -> None:
-    """Put the verified files of ``staging`` (the manifest's and the marker) in ``root``, as
-    the module docstring says: :func:`verify_dataset` passes on a copy only once every file
-    is in place, and the marker goes in last."""
+    """Put the verified files of ``staging`` in ``root``, the marker last (module docstring)."""
     if not root.exists():
         try:
             os.replace(staging, root)
@@ -449,7 +405,7 @@ def _install(source: PinnedSource, staging: Path, root: Path) -> None:
         except OSError:
             if is_verified(root, source):
                 return      # another process installed a verified copy first
-            # something appeared there meanwhile: install file by file, below
+            # something appeared there meanwhile: install file by file
     current = root / MARKER_NAME
     try:
         current.unlink(missing_ok=True)
@@ -474,8 +430,8 @@ def _files_not_ours(root: Path, source: PinnedSource) -> list[str]:
 
 
 def _temp_folder(source: PinnedSource, root: Path) -> Path:
-    """This run's temporary folder beside ``root`` (on its file system, so that the install
-    is a rename), created; a ``"destination"`` DataError when it cannot be."""
+    """A new temporary folder beside ``root`` (so that the install is a rename); else a
+    ``"destination"`` DataError."""
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(".partial", f".{root.name}.", root.parent))
@@ -485,9 +441,8 @@ def _temp_folder(source: PinnedSource, root: Path) -> Path:
 
 
 def _usable_copy(source: PinnedSource, root: Path, force: bool) -> bool:
-    """Whether ``root`` already holds a verified copy to use as it is (a copy placed by hand
-    whose files all match is marked now); a ``"destination"`` DataError when ``root`` cannot
-    take a download (not a folder, another copy without ``force``, foreign content)."""
+    """Whether ``root`` holds a verified copy to use as is (a matching copy placed by hand is
+    marked now); a ``"destination"`` DataError when ``root`` cannot take a download."""
     if not root.exists():
         return False
     if not root.is_dir():
@@ -543,20 +498,8 @@ def download_txl_pbc(root=None, url=None, force=False, progress=True,
 def download(source: PinnedSource, root=None, url=None, force=False, progress=True,
              timeout=TIMEOUT_S) -> Path:
     """Fetch ``source`` at its pinned commit, verify every file, return the dataset root.
-
-    ``root``: the dataset root to create (default: ``$MEDAIDET_DATA`` for BCCD,
-    ``source.data_env`` in general, else :func:`default_root`). ``url``: the archive
-    (default: ``$MEDAIDET_BCCD_URL`` (``source.url_env``), else ``source.url``;
-    ``file://`` works for an archive fetched elsewhere).
-
-    A root already verified is returned without network access unless
-    ``force``. An existing folder without the marker whose files all match
-    the manifest (placed by hand) is marked and returned, also without network.
-    ``force`` replaces the manifest's files of an existing dataset and leaves
-    every other file in it where it is (they are logged); it refuses a folder
-    that does not look like a dataset. Raises a ``"url"`` DataError for
-    a URL that is not https://, http:// or file://.
-    """
+    ``url``: default ``$MEDAIDET_BCCD_URL`` (``source.url_env``), else ``source.url``. A copy
+    that verifies is used without the network unless ``force`` (which replaces only its files)."""
     root, how = choose_root(root, source)
     root = root.resolve()
     url = url or os.environ.get(source.url_env) or source.url

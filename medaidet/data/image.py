@@ -1,12 +1,10 @@
-"""Decoding an image as the loader uses it (8-bit RGB): the one rule of what is readable,
-shared by :class:`~medaidet.data.bccd.BCCDDataset`, ``validate_dataset``, ``medaidet
-count-image`` and :func:`medaidet.extras.deploy.read_rgb` (which runs without chainer: this
-module needs only Pillow and NumPy).
+"""Decoding an image as the loader uses it (8-bit RGB): the one rule of what is readable, for
+the loader, the validator, ``medaidet count-image`` and :func:`medaidet.extras.deploy.read_rgb`
+(so this module needs only Pillow and NumPy, no chainer).
 
-8-bit RGB as is; other 8-bit modes (grayscale, palette, CMYK) converted to RGB; 16-bit
-grayscale scaled to 0-255 (``value / 257``, never clipped to white); an alpha channel dropped
-when every pixel is opaque. A truncated file, transparent pixels, another pixel format or more
-pixels than Pillow reads safely (a decompression bomb) raise an ``"image"`` DataError.
+Other 8-bit modes are converted to RGB; 16-bit grayscale scaled (``value / 257``, not clipped);
+alpha dropped when every pixel is opaque. A truncated file, transparent pixels, another pixel
+format or a decompression bomb raise an ``"image"`` DataError; a missing file ``"missing_file"``.
 """
 from __future__ import annotations
 
@@ -55,12 +53,8 @@ def read_image_size(path, image_id=None) -> tuple[int, int]:
 
 
 class DecodedImage(NamedTuple):
-    """An image as the loader uses it, and how it got so.
-
-    pixels: uint8, shape (H, W, 3), RGB. mode: the file's PIL mode (``"RGB"``, ``"L"``,
-    ``"RGBA"``, ``"I;16"``...). bands: its number of channels. conversion: what was done
-    to make it 8-bit RGB, a sentence naming the file; None for an 8-bit RGB file.
-    """
+    """An image as the loader uses it. pixels: uint8 (H, W, 3), RGB; mode, bands: the file's
+    PIL mode and channels; conversion: a sentence on what was converted, None if nothing."""
     pixels: np.ndarray
     mode: str
     bands: int
@@ -107,14 +101,8 @@ def _to_rgb(img: Image.Image, path: Path, image_id) -> tuple[np.ndarray, str | N
 
 
 def decode_image(path, image_id=None, draft_size=None) -> DecodedImage:
-    """Decode an image as the loader uses it (8-bit RGB; the rule above). A transparent pixel
-    raises (the colours under it are not what the annotator saw), as do 32-bit and
-    floating-point data and anything undecodable (an ``"image"`` DataError); a missing file
-    is a ``"missing_file"`` DataError.
-
-    ``draft_size`` (width, height): a JPEG is decoded at the smallest scale not below it
-    (the validator's thumbnails); other formats in full.
-    """
+    """Decode an image by the rule above. ``draft_size`` (width, height): a JPEG is decoded at
+    the smallest scale not below it; other formats in full."""
     def read(img):
         if draft_size is not None:
             img.draft("RGB", draft_size)

@@ -1,13 +1,9 @@
 """The same field of view photographed twice, found by content (notebook 01, section 6).
 
-BCCD photographed some fields of view twice, slightly shifted. :func:`same_field_pairs`
-finds them among thumbnails: phase correlation of 40x30 thumbnails proposes each image's
-:data:`SAME_FIELD_CANDIDATES` best partners and their shift; a pair is kept when the
-normalized correlation of the overlapping part of the 80x60 thumbnails is at least
-:data:`SAME_FIELD_CORRELATION` with at least :data:`SAME_FIELD_OVERLAP` of the frame in
-common (on BCCD same-field pairs score >= 0.89, the best other pair < 0.7). The validator
-reports each as an :class:`ImagePair` (``near_duplicate_image``); notebook 05 compares the
-two annotations of each pair (:mod:`medaidet.data.agreement`).
+Phase correlation of 40x30 thumbnails proposes each image's :data:`SAME_FIELD_CANDIDATES` best
+partners and their shift; a pair is kept when the overlapping part of the 80x60 thumbnails
+correlates at least :data:`SAME_FIELD_CORRELATION` on at least :data:`SAME_FIELD_OVERLAP` of
+the frame (on BCCD same-field pairs score >= 0.89, the best other pair < 0.7).
 """
 from __future__ import annotations
 
@@ -73,13 +69,8 @@ def _overlap_correlation(a, b, dy, dx):
 
 
 def same_field_pairs(thumbs: np.ndarray):
-    """Pairs of thumbnails (N, 60, 80) showing the same scene, possibly shifted.
-
-    Phase correlation on 2x2-pooled thumbnails gives, for every pair, a peak height and
-    the shift; each image's best :data:`SAME_FIELD_CANDIDATES` partners are verified by
-    the normalized correlation of the overlapping part at full thumbnail resolution.
-    Yields ``(i, j, dy, dx, overlap, correlation)`` with shifts in thumbnail pixels.
-    """
+    """Pairs of grey thumbnails (N, 60, 80) showing the same scene, by the rule above. Yields
+    ``(i, j, dy, dx, overlap, correlation)``, shifts in thumbnail pixels."""
     if not isinstance(thumbs, np.ndarray) or thumbs.ndim != 3 or not thumbs.size:
         raise ConfigError(f"thumbs: {getattr(thumbs, 'shape', type(thumbs).__name__)}; "
                           "expected an array (N, 60, 80) of grey thumbnails")

@@ -1,28 +1,13 @@
 """TXL-PBC, a second annotation of BCCD's smears: which of its images are BCCD's, and where
 the others come from.
 
-TXL-PBC (Gan & Li, arXiv:2407.13214; MIT) re-labelled 1,440 blood-smear images from four public
-sources, BCCD among them, and named every image by a UUID: nothing in its files says which BCCD
-image one is, nor which source any image came from. The BCCD ones were found by identity of
-the decoded pixels (every TXL-PBC image of BCCD's 640x480 size decoded and compared with
-BCCD's 364), and the answer shipped as ``manifests/txl-pbc-bccd.tsv``
-(:func:`medaidet.data.bccd.bccd_links` reads it); ``tests/txl_links.py`` is that derivation,
-and ``tests/data/test_txl_pbc.py`` runs it again on the real data and compares.
-
-Each link also carries BCCD's own split: BCCD's splits decide train/val/test in the course, not
-TXL-PBC's, which put some of BCCD's val and test images into its training split.
-
-The other images, by size (:data:`SOURCE_BY_SIZE`; :func:`census` counts them): 360x363 and
-366x369 are the sizes of PBC's images (Barcelona; Acevedo et al. 2020), 575x575 of
-Raabin-WBC's. The 219 images of 416x416 are *not* another laboratory's: they are BCCD's own
-images again, resized from 640x480 and often flipped, rotated or recoloured (the BCCD export
-of an annotation platform, which the paper's "BCD" source is). For each, the BCCD image it
-most resembles was found (rank correlation of 16x16 grey thumbnails
-over the eight flips and rotations): 216 of the 219 resemble one BCCD image at >= 0.75, while
-no image of another size resembles any BCCD image above 0.69. Shipped as
-``manifests/txl-pbc-bccd-reexported.tsv`` (:func:`reexported_links`). They matter twice:
-TXL-PBC's train split holds re-exports of 65 of BCCD's val and test images (never train on
-them), and they cannot tell how a detector fares on another laboratory's smears.
+TXL-PBC (Gan & Li, arXiv:2407.13214; MIT) re-labelled 1,440 images of four public sources and
+named each by a UUID. Its BCCD images were found by identical decoded pixels and shipped, with
+BCCD's split (which decides: TXL-PBC trains on some of BCCD's val and test images), as
+``manifests/txl-pbc-bccd.tsv`` (:func:`medaidet.data.bccd.bccd_links`; the derivation is
+``tests/txl_links.py``). The others by size (:data:`SOURCE_BY_SIZE`): PBC's, Raabin-WBC's, and
+219 of 416x416, BCCD's images again, resized and often flipped, rotated or recoloured
+(:func:`reexported_links`): never train on them; they are not another laboratory's smears.
 """
 from __future__ import annotations
 
@@ -52,9 +37,8 @@ TXL_SPLITS = ("train", "val", "test")
 
 @dataclass(frozen=True)
 class Resemblance(Link):
-    """A re-exported BCCD image of TXL-PBC and the BCCD image it most resembles
-    (``similarity``: rank correlation of 16x16 grey thumbnails, best of eight
-    orientations)."""
+    """A re-exported BCCD image of TXL-PBC and the BCCD image it most resembles (``similarity``:
+    rank correlation of 16x16 grey thumbnails, best of eight orientations)."""
 
     similarity: str
 
@@ -68,9 +52,7 @@ def _txl_images(txl_root):
 
 
 def census(txl_root=None) -> Counter:
-    """TXL-PBC's images counted by ``(split, source)``; a size not in
-    :data:`SOURCE_BY_SIZE` counts as ``'unknown WxH'``. ``txl_root``: as
-    :class:`TXLPBCDataset`'s ``root``."""
+    """TXL-PBC's images counted by ``(split, source)``; an unknown size as ``'unknown WxH'``."""
     txl_root = resolve_root(txl_root, TXL_PBC)
     return Counter((split, SOURCE_BY_SIZE.get(size, f"unknown {size[0]}x{size[1]}"))
                    for split, _, size in _txl_images(txl_root))
@@ -82,23 +64,16 @@ def reexported_links(path=REEXPORTED_FILE) -> list[Resemblance]:
 
 
 class TXLPBCDataset(GetterDataset):
-    """TXL-PBC's images of other laboratories, with its boxes: ``(img, bbox, label)`` in
-    the course's conventions (those of :class:`~medaidet.data.bccd.BCCDDataset`).
+    """TXL-PBC's images of other laboratories with its boxes: ``(img, bbox, label)`` as
+    :class:`~medaidet.data.bccd.BCCDDataset`'s, judged by the same rule.
 
     Args:
         root: TXL-PBC's root; None: ``$MEDAIDET_TXL_PBC``, else the cache directory.
-        split: TXL-PBC's ``'train'``, ``'val'`` or ``'test'`` (350 / 100 / 50 images of each
-            source).
-        sources: some of :data:`OTHER_SOURCES`. BCCD's images are not offered here: read
-            them with ``BCCDDataset(labels='txl-pbc')``, where BCCD's splits decide (TXL-PBC's
-            put BCCD's val and test images in its train split), and the re-exports of them
-            not at all.
+        split: ``'train'``, ``'val'`` or ``'test'`` (350 / 100 / 50 images of each source).
+        sources: some of :data:`OTHER_SOURCES` (BCCD's: ``BCCDDataset(labels='txl-pbc')``).
         strict: raise on a line the default drops or clips.
 
-    Each label file is read by :func:`~medaidet.data.bccd.parse_yolo_labels` and judged by
-    :func:`~medaidet.data.bccd.check_annotation`, as BCCD's are;
-    :attr:`dropped` / :attr:`clipped` list what was dropped or clipped. ``ids`` are
-    ``'<source>/<file stem>'``; :attr:`sources` gives each image's source.
+    ``ids``: ``'<source>/<file stem>'``; :attr:`sources`, :attr:`dropped`, :attr:`clipped`.
     """
 
     def __init__(self, root=None, split: str = "test", sources=OTHER_SOURCES,

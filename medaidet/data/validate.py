@@ -1,66 +1,24 @@
 """Validate a dataset in BCCD's VOC layout: every defect, where it is, what the loader does
 (notebook 01, section 6).
 
-``validate_dataset(root)`` returns a :class:`ValidationReport`. Per-object and per-file rules
-are :func:`medaidet.data.bccd.check_annotation`'s, so report and loader agree; two
-photographs of the same field of view are found by :mod:`medaidet.data.same_field`. Each
-image is decoded once, by the loader's :func:`~medaidet.data.image.decode_image`, at 1/8
-scale (JPEG draft mode); all of BCCD takes a few seconds.
-
-The report reads as a summary (``str``), as tables in a notebook (``_repr_html_``) and as
-JSON (``to_json``)::
+``validate_dataset(root)`` returns a :class:`ValidationReport`: a summary (``str``), tables in
+a notebook (``_repr_html_``) or JSON (``to_json``)::
 
     {"root", "images", "objects_raw", "objects_kept", "per_class": {name: n},
      "splits": {split: n},
      "issues": [{"image", "object", "kind", "severity", "detail", "action"}]}
 
-``images``: ids in the split lists (all annotation/image ids when there are no lists);
-``objects_raw``: ``<object>`` elements in their annotations; ``objects_kept`` and
-``per_class``: the boxes :class:`~medaidet.data.bccd.BCCDDataset` yields (default mode,
-difficult objects included); ``splits``: ids per list. ``image`` is an id, or null for a
-dataset-level issue; ``object`` is the 0-based position of the ``<object>`` in its XML, or
-null. Severity: **error** -- the loader refuses or drops it; **warning** -- loaded, but
-probably wrong (check it); **info** -- worth knowing, no effect on loading.
+``objects_kept``, ``per_class``: the boxes :class:`~medaidet.data.bccd.BCCDDataset` yields
+(difficult ones included). ``image``: an id, or null for the dataset; ``object``: the 0-based
+position of the ``<object>`` in its XML, or null. Severity: **error** (the loader refuses or
+drops it), **warning** (loaded, probably wrong), **info** (no effect); per kind: :data:`KINDS`.
 
-Kinds and their rules (per-object and per-file rules are
-:func:`medaidet.data.bccd.check_annotation`'s, so report and loader agree):
-
-* ``parse_error``: not well-formed XML, DTD/entities (refused unexpanded), no ``<annotation>``.
-* ``missing_file``: a listed id without ``Annotations/<id>.xml`` or ``JPEGImages/<id>.jpg``.
-* ``bad_image``: the image does not decode as 8-bit RGB (not an image, truncated data,
-  transparent pixels, 32-bit or floating-point pixels; the rule is
-  :func:`medaidet.data.image.decode_image`'s, which loader and validator call).
-* ``unknown_label``: ``<name>`` missing or not rbc/wbc/platelets (case-insensitive, stripped).
-* ``size_mismatch``: ``<size>`` disagrees with the image's real size.
-* ``bad_coordinates``: missing ``<bndbox>``/coordinate, non-numeric, reversed (max < min).
-* ``zero_area``: zero width or height.
-* ``out_of_bounds``: outside VOC's ``1..W`` x ``1..H``; more than
-  :data:`~medaidet.data.bccd.BOUNDS_TOLERANCE` px: dropped (error), else clipped (warning).
-* ``near_duplicate_box``: same class, IoU >= 0.9 with an earlier box (one cell boxed
-  twice; an exact copy has IoU 1).
-* ``class_size_outlier``: box size ``s = sqrt(w * h)`` far from its class's own
-  distribution: robust z-score ``z = 0.6745 (ln s - median) / MAD`` over the class's boxes
-  that do not touch the image border (cut cells are legitimately small; MAD floored at
-  0.05, i.e. 5 % in size; skipped below 10 loadable images or 20 such boxes); flagged when
-  ``z > 3.5``, or ``z < -3.5`` for a box not touching the border. **warning** when
-  ``|z| >= 5`` (implausible: a likely mislabel; the detail names the class whose size fits
-  better), else **info** (unusual).
-* ``missing_class``: an image without any box of a class that at least 90 % of the
-  (at least 10) loadable images have: a likely unlabeled cell.
-* ``metadata_mismatch``: ``<filename>``, ``<path>``, ``<folder>`` or ``<depth>`` disagree
-  with the real file, or ``<size>`` is missing.
-* ``foreign_annotation``: a file written unlike the rest (at least two of: root attributes,
-  indentation, ``<folder>``, ``<path>`` directory differ from a value at least 80 % of
-  the files share): another annotator or tool.
-* ``near_duplicate_image``: the same field of view photographed twice, found by content:
-  phase correlation of 40x30 thumbnails proposes each image's 3 best partners and
-  shift; a pair is kept when the normalized correlation of the overlapping part of the
-  80x60 thumbnails is >= 0.85 with >= 25 % overlap (on BCCD same-field pairs score >= 0.89,
-  the best other pair < 0.7). **warning** when the pair crosses splits (leaks), else info.
-
-Severity and what the loader does, per kind: :data:`KINDS`. The report checks the defects
-BCCD has and what the loader refuses; a bad split list is the loader's own DataError
-(``split``), a file against the pinned release is :func:`~medaidet.data.download.verify_dataset`'s.
+One rule each, shared with the loader: objects and files
+:func:`medaidet.data.bccd.check_annotation`, images :func:`medaidet.data.image.decode_image`
+(decoded once, at 1/8 scale), same-field pairs :mod:`medaidet.data.same_field` (a warning
+when the pair crosses splits); the ``check_*`` functions below are the validator's own. A bad
+split list is the loader's DataError; files against the pinned release,
+:func:`~medaidet.data.download.verify_dataset`'s.
 """
 from __future__ import annotations
 
@@ -95,7 +53,7 @@ __all__ = ["validate_dataset", "ValidationReport", "Issue", "KINDS", "SEVERITIES
 SEVERITIES = ("error", "warning", "info")
 
 
-#: kind -> (usual severity, what the loader does). Some issues override both (see above).
+#: kind -> (usual severity, what the loader does); some issues override both.
 KINDS: dict[str, tuple[str, str]] = {
     "parse_error": ("error", "BCCDDataset raises DataError (kind xml; unsafe_xml for "
                     "DTD/entities, never expanded) for any split listing this image"),
@@ -128,18 +86,17 @@ _ORDER = {kind: i for i, kind in enumerate(KINDS)}
 
 
 class Issue(NamedTuple):
-    image: str | None        # image id; None for a dataset-level issue
-    object: int | None       # 0-based position of the <object> in the XML; None: the file
+    image: str | None
+    object: int | None
     kind: str
-    severity: str            # "error" | "warning" | "info"
+    severity: str
     detail: str
-    action: str              # what the loader does with it
+    action: str
 
 
 @dataclass(repr=False)
 class ValidationReport:
-    """What :func:`validate_dataset` found. ``to_dict()`` / ``to_json()`` give the JSON
-    shape in the module docstring; the other attributes are for notebooks."""
+    """What :func:`validate_dataset` found; ``to_json()`` gives the module docstring's JSON."""
     root: str
     images: int
     objects_raw: int
@@ -150,7 +107,6 @@ class ValidationReport:
     image_pairs: list[ImagePair] = field(default_factory=list)
     seconds: float = 0.0
 
-    # ---- data
     def to_dict(self) -> dict:
         return {
             "root": self.root, "images": self.images, "objects_raw": self.objects_raw,
@@ -180,7 +136,6 @@ class ValidationReport:
         """No issue of severity error."""
         return not any(issue.severity == "error" for issue in self.issues)
 
-    # ---- rendering
     def _summary_lines(self) -> list[str]:
         splits = ", ".join(f"{name} {n}" for name, n in self.splits.items())
         classes = ", ".join(f"{name} {n}" for name, n in self.per_class.items())
@@ -261,11 +216,7 @@ def sorted_issues(issues) -> list:
 
 
 # ------------------------------------------------------------- findings from the whole dataset
-#
-# Each check takes the validator's records of the images (id, size, annotation and checked,
-# the CheckedAnnotation) and its add(image, object, kind, detail, severity=None).
-
-# class_size_outlier / missing_class / foreign_annotation rules
+# Each check takes the validator's image records and its add(image, object, kind, detail, ...).
 SIZE_Z = 3.5
 SIZE_Z_IMPLAUSIBLE = 5.0
 SIZE_MIN_BOXES = 20
@@ -282,8 +233,9 @@ def kept_boxes(record) -> int:
 
 
 def check_class_sizes(records, add):
-    """``class_size_outlier``: boxes whose size is far from their class's (robust z-score of
-    the log size over the class's boxes that do not touch the border)."""
+    """``class_size_outlier``: z = 0.6745 (ln s - median) / MAD of the size s = sqrt(w * h)
+    over the class's boxes off the border (cut cells are small); flagged above ``SIZE_Z``
+    (below ``-SIZE_Z`` off the border), a warning from ``SIZE_Z_IMPLAUSIBLE``, else info."""
     labels, sizes, inner, where = [], [], [], []
     for record in records:
         bbox, label = record.checked.bbox, record.checked.label
@@ -353,7 +305,8 @@ def check_missing_classes(records, add):
 
 
 def check_foreign_annotations(records, add):
-    """``foreign_annotation``: a file written unlike the rest (another annotator or tool)."""
+    """``foreign_annotation``: a file with two features unlike ``FOREIGN_MAJORITY`` of the
+    files' (another annotator or tool)."""
     records = [r for r in records if r.annotation is not None]
     if len(records) < FOREIGN_MIN_FILES:
         return
@@ -411,7 +364,7 @@ class _Validation:
         self.issues.append(Issue(image, obj, kind, severity or default_severity, detail,
                                  action or default_action))
 
-    # ---- split lists (a bad one is the loader's DataError: only their ids are read here)
+    # ---- split lists (a bad one is the loader's DataError: only the ids are read here)
     def read_splits(self):
         self.split_ids = {split: scan_split_file(split_path(self.root, split))[0]
                           for split in SPLITS}
@@ -423,7 +376,6 @@ class _Validation:
             if not set(self.splits_of[image_id]) & {"train", "val"}:
                 self.splits_of[image_id].append("trainval")
 
-    # ---- files, annotations, per-object checks
     def read_files(self):
         listed = set(self.splits_of)
         xml_ids = {p.stem for p in (self.root / "Annotations").glob("*.xml")}
@@ -505,7 +457,6 @@ class _Validation:
                 self.add(record.id, None, "metadata_mismatch",
                          "; ".join(problems) + f" (the file is JPEGImages/{expected})")
 
-    # ---- images: decoding and the same field of view
     def check_images(self):
         decoded, thumbs = [], []
         for record in self.images.values():
@@ -549,7 +500,6 @@ class _Validation:
                      action=KINDS["near_duplicate_image"][1] if crosses else
                      "both loaded as is: near-identical training views")
 
-    # ---- the report
     def report(self, seconds: float) -> ValidationReport:
         objects_raw = sum(len(r.annotation.objects) for r in self.images.values()
                           if r.annotation is not None)
@@ -566,13 +516,8 @@ class _Validation:
 
 
 def validate_dataset(root=None) -> ValidationReport:
-    """Check a dataset in BCCD's VOC layout; see the module docstring for every rule.
-
-    ``root``: the dataset root; None: ``$MEDAIDET_DATA``, else the cache directory
-    (:func:`medaidet.data.download.resolve_root`, which raises a ``"not_found"`` DataError with
-    instructions when there is no dataset). Never raises for defects in the data: each is
-    an issue in the report.
-    """
+    """Check a dataset in BCCD's VOC layout (``root``: as for ``resolve_root``, which raises
+    ``"not_found"``). Defects in the data never raise: each is an issue in the report."""
     start = time.perf_counter()
     validation = _Validation(resolve_root(root))
     validation.read_splits()

@@ -1,18 +1,8 @@
 """Google Colab: what a notebook's first cell does there (:func:`setup`).
 
-Every course notebook starts with a setup cell (tagged ``colab-setup``; written by
-``tools/set_colab.py``, :mod:`medaidet_tools.colab`). On Colab (``"google.colab" in
-sys.modules``) it does only what must happen before medaidet exists: when
-:data:`COLAB_DIR_ENV` (default ``/content/medaidet``) is not there yet, it ``git clone``\\ s
-the repository named by ``$MEDAIDET_REPO`` (a URL or a local path; default: the project's
-repository). Then it calls :func:`setup`, which installs medaidet with the extras that
-notebook needs (only notebook 08 needs one: ``mpi``), keeping the runtime's NumPy, installs
-the chainer stack when it is missing and changes into ``notebooks/``. Everywhere else (local
-Jupyter, papermill, Azure ML) the cell imports ``os``, ``subprocess`` and ``sys`` and does
-nothing: it never installs anything behind the user's back.
-
-This module imports nothing beyond the standard library at import time: the cell
-imports it from the fresh clone, before anything is installed.
+On Colab, every notebook's ``colab-setup`` cell (:mod:`medaidet_tools.colab`) clones
+``$MEDAIDET_REPO`` into :data:`COLAB_DIR_ENV` when missing and calls :func:`setup`; elsewhere it
+does nothing. Standard library only at import time: the cell imports this from the fresh clone.
 """
 import importlib
 import importlib.metadata
@@ -31,8 +21,7 @@ DEFAULT_COLAB_DIR = "/content/medaidet"
 
 
 def _run(*cmd) -> None:
-    """Run ``cmd``, its output streamed into the notebook (a kernel does not show what
-    a child process writes to its own stdout)."""
+    """Run ``cmd``, its output streamed into the notebook (a kernel hides a child's stdout)."""
     print("$", " ".join(cmd), flush=True)
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -74,14 +63,9 @@ def _missing(extras) -> list:
 def setup(home=None, extras=(), cuda: str = "auto") -> None:
     """What a notebook's setup cell does once medaidet's clone ``home`` is on ``sys.path``.
 
-    Stops with :class:`ConfigError` when the runtime's NumPy is newer than the
-    stack supports (saying how to get one it supports) instead of replacing it. Installs
-    the clone with the notebook's ``extras`` (``pip install -e home[extras]``, the NumPy
-    there held where it is) when medaidet or something an extra needs is missing, runs
-    ``python -m medaidet stack install --cuda <cuda>`` when the stack is not complete (it
-    keeps the NumPy too: no runtime restart) and applies :mod:`medaidet.compat` again for
-    the new CuPy, then changes into ``home/notebooks``. The cell calls it on Colab only; it
-    installs wherever it runs.
+    Installs the clone with ``extras`` when anything is missing and the chainer stack when
+    incomplete, both keeping the runtime's NumPy (no restart), then changes into
+    ``home/notebooks``. Raises ConfigError when that NumPy is newer than the stack supports.
     """
     home = os.path.abspath(home or os.environ.get(COLAB_DIR_ENV, DEFAULT_COLAB_DIR))
     numpy = _version("numpy")
@@ -98,8 +82,7 @@ def setup(home=None, extras=(), cuda: str = "auto") -> None:
             _run(sys.executable, "-m", "pip", "install", "-q", "-e", target,
                  "-c", str(constraints))
     importlib.invalidate_caches()
-    # A running kernel does not read the .pth file of the install it just made: as the cell
-    # put the clone on sys.path for medaidet, its tools/ goes there for medaidet_tools.
+    # a running kernel does not read the new install's .pth file: put tools/ on sys.path
     tools = os.path.join(home, "tools")
     if tools not in sys.path:
         sys.path.insert(1, tools)

@@ -1,10 +1,7 @@
 """The doctor: does this environment run the course, and if not, what fixes it (notebook 00).
 
-Two halves, so every check can be tested without the environment it describes:
-:func:`~medaidet.env.facts.gather_facts` reads the environment into a plain
-:class:`~medaidet.env.facts.Facts` and never raises; the ``check_*`` functions here turn
-facts into :class:`Check` lines with the exact fix, and :func:`run_doctor` puts them in a
-:class:`DoctorReport`.
+The ``check_*`` functions turn :class:`~medaidet.env.facts.Facts` into :class:`Check` lines
+with the exact fix; :func:`run_doctor` puts them in a :class:`DoctorReport`.
 """
 import html
 from dataclasses import dataclass
@@ -242,8 +239,7 @@ class DoctorReport:
 
 
 def run_doctor(gpu_smoke: bool = False, facts: Facts = None) -> DoctorReport:
-    """Gather facts (unless given) and run every check; a check that raises
-    becomes a ``fail`` line naming the exception."""
+    """Gather facts (unless given) and run every check; one that raises is a ``fail`` line."""
     if facts is None:
         facts = gather_facts(gpu_smoke=gpu_smoke)
     checks = []

@@ -1,9 +1,5 @@
-"""What the doctor reads: the environment as a plain :class:`Facts` (notebook 00).
-
-:func:`gather_facts` never raises: a broken import becomes an error string, a part that
-fails is recorded in ``gather_errors``; :mod:`medaidet.env.doctor` turns the facts into
-report lines with their fixes, so every check can be tested with facts built by hand.
-"""
+"""What the doctor reads: the environment as a plain :class:`Facts` (notebook 00), so each
+check of :mod:`medaidet.env.doctor` can be tested with facts built by hand."""
 import ctypes
 import importlib
 import importlib.util
@@ -142,8 +138,7 @@ def _gather_compat(f: Facts) -> None:
 
 
 def gather_facts(gpu_smoke: bool = False) -> Facts:
-    """Read the environment. Never raises: a part that fails is recorded in
-    ``gather_errors`` and the doctor reports it as a failed line."""
+    """Read the environment. Never raises: a part that fails is recorded in ``gather_errors``."""
     f = Facts()
     parts = {"compat": _gather_compat, "stack": _gather_stack, "cuda": _gather_cuda,
              "opencv": _gather_opencv}

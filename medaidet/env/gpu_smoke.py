@@ -1,10 +1,7 @@
 """``python -m medaidet.env.gpu_smoke gpu|cpu``: a small real GPU workload, in a child.
 
-Allocates and sums a large array, sorts a (32, 8732) array as SSD's hard-negative mining
-does and checks it against NumPy, and runs SSD300 forward twice (the first call compiles
-kernels). Prints one JSON line: ``ok``, the timings in ms, or the error's traceback.
-:func:`medaidet.env.facts.run_gpu_smoke` runs it with ``CUDA_LAUNCH_BLOCKING=1``, so a CUDA
-fault ends this process, not the doctor. ``cpu`` runs the same code with NumPy (tests).
+Allocates and sums, sorts a (32, 8732) array as hard-negative mining does, runs SSD300 forward
+twice; prints one JSON line (``ok``, timings in ms, or the traceback). ``cpu``: NumPy (tests).
 """
 import json
 import sys

@@ -1,35 +1,16 @@
 """What a detector gets right and wrong, box by box (notebooks 04 and 05).
 
-* **Matching** (:func:`match_detections`): the rule of ChainerCV's
-  ``calc_detection_voc_prec_rec``, exposed per detection and per box: which detections are
-  true positives, which are false, which boxes were missed. Drawing, the box sizes, the error
-  analysis and the count audits all match with it, so a box missed in one place is missed in
-  every other.
-* **Box sizes** (:func:`gt_box_sizes`): the found and the missed ground-truth boxes measured
-  at the model's input (300x300), to set beside the default boxes' sizes (the small SSD's
-  smallest is 20 px, SSD300's 30 px): a class missed under the smallest is missed for its size.
-* **Drawing** (:func:`draw_detections`, :func:`plot_detections`): each detection scoring
-  ``>= score_thresh``, matched as VOC AP matches, drawn correct (solid black), false (dashed
-  orange) or missed (dotted black) (:data:`medaidet.colors.OUTCOME_STYLES`: no class colour,
-  told apart by line style too), with its class's initial; each panel's title has the counts
-  per class, predicted/annotated, as :func:`~medaidet.evaluation.count.count_cells` counts.
-* **Error analysis** (:func:`box_outcomes`): every non-difficult ground-truth box gets its
-  outcome at a threshold, its size, its **crowding** (how many other boxes of its class
-  overlap it with IoU ``> crowd_iou``) and the **best score** of a same-class candidate
-  covering it (IoU ``>= 0.5``) at each stage of prediction
-  (:class:`medaidet.ssd.predict.Candidates`). From those follows the **stage** at which a
-  missed box was lost, the first that holds: ``"no_candidate"`` (no same-class candidate
-  covers it: not localised, or called another class), ``"low_score"`` (covered, but every
-  score ``< t``), ``"top_k"`` (the per-class cap before NMS removed every such candidate),
-  ``"nms"`` (a neighbour's box suppressed it), ``"keep_top_k"`` (the image's cap of
-  detections removed it), ``"matching"`` (VOC's greedy matching gave the covering detection
-  to another box). Every count can be taken without the images the validator flags as
-  missing a class (:func:`images_missing_class`), where unboxed cells turn correct
-  detections into false positives.
+:func:`match_detections` is ChainerCV's VOC matching per detection and per box; the drawings,
+box sizes, error analysis and count audits all use it. :func:`box_outcomes` gives each
+non-difficult box its size, crowding and the best score of a covering (IoU >= 0.5) same-class
+candidate at each stage of prediction. A missed box was lost at the first stage that holds:
+``"no_candidate"`` (none covers it: not localised, or called another class), ``"low_score"``
+(every covering score < t), ``"top_k"`` (the per-class cap before NMS), ``"nms"`` (suppressed
+by a neighbour), ``"keep_top_k"`` (the image's cap on detections), ``"matching"`` (VOC
+matching gave the covering detection to another box).
 
-Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels, float32, shape (R, 4); labels
-int32 (R,), indices into the label names; scores float32 (R,). Images float32 (3, H, W),
-RGB, 0-255 (ChainerCV's layout).
+Boxes: float32 (R, 4) ``(y_min, x_min, y_max, x_max)`` in image pixels; labels int32 (R,);
+scores float32 (R,). Images: float32 (3, H, W), RGB, 0-255 (ChainerCV's layout).
 """
 from __future__ import annotations
 
@@ -67,11 +48,8 @@ __all__ = [
 class DetectionMatch:
     """The outcome of every detection and ground-truth box of one image.
 
-    Over the R detections (bool, shape (R,)): ``kept`` (score ``>= score_thresh``), ``tp``,
-    ``fp`` and ``ignored`` (matched to a *difficult* box: neither, as in VOC). A detection
-    below the threshold is none of ``tp``/``fp``/``ignored``. Over the G ground-truth boxes:
-    ``missed`` (bool (G,): a non-difficult box no kept detection matched) and ``matched_by``
-    (int (G,): the index of the detection that matched it, -1 if none).
+    bool (R,): ``kept`` (score ``>= score_thresh``), ``tp``, ``fp``, ``ignored`` (on a difficult
+    box). ``missed``: bool (G,); ``matched_by``: int (G,), the matching detection, -1 if none.
     """
     kept: np.ndarray
     tp: np.ndarray
@@ -122,9 +100,8 @@ def _matched_inputs(pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_dif
 
 
 def voc_iou(a, b):
-    """IoU of boxes ``a`` (N, 4) and ``b`` (M, 4) with VOC's integer-pixel convention
-    (``y_max``/``x_max`` + 1), in their own dtype, as ChainerCV's
-    ``calc_detection_voc_prec_rec`` computes it; (N, M)."""
+    """(N, M) IoU of boxes ``a`` (N, 4) and ``b`` (M, 4) with VOC's integer-pixel convention
+    (``y_max``/``x_max`` + 1), as ChainerCV's ``calc_detection_voc_prec_rec``."""
     a = np.array(a).reshape(-1, 4)
     b = np.array(b).reshape(-1, 4)
     if not len(a) or not len(b):
@@ -137,28 +114,12 @@ def voc_iou(a, b):
 def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
                      gt_difficult=None, iou_thresh: float = IOU_THRESH,
                      score_thresh: float = COUNT_SCORE_THRESH) -> DetectionMatch:
-    """Match one image's detections to its ground truth, the way VOC AP does.
+    """Match one image's detections to its ground truth exactly as VOC AP does.
 
-    The detections scoring ``>= score_thresh`` are taken class by class in descending
-    score order; each goes to the ground-truth box of its class it overlaps most
-    (:func:`chainercv.utils.bbox_iou`). If that IoU is ``>= iou_thresh`` and the box is
-    still free, the detection is a true positive and takes the box; if the box is taken
-    already (a duplicate), or the best IoU is below the threshold, it is a false positive.
-    A box is matched at most once; boxes no detection took are missed. This is ChainerCV's
-    ``calc_detection_voc_prec_rec`` rule exactly, including VOC's integer-pixel
-    convention (``y_max``/``x_max`` + 1 before the IoU) and its handling of difficult
-    boxes (a detection on one is ignored; the box is never missed).
-
-    Args:
-        pred_bbox: float32 (R, 4), ``(y_min, x_min, y_max, x_max)`` in image pixels.
-        pred_label: int32 (R,). pred_score: float32 (R,).
-        gt_bbox: float32 (G, 4), ``(y_min, x_min, y_max, x_max)``. gt_label: int32 (G,).
-        gt_difficult: bool (G,) or None (none difficult).
-        iou_thresh: the IoU a match needs (VOC: 0.5).
-        score_thresh: detections below it are not drawn, counted or matched.
-
-    Returns:
-        :class:`DetectionMatch`: masks over the detections and over the boxes.
+    Per class, in descending score order, each detection scoring ``>= score_thresh`` goes to
+    the box it overlaps most (:func:`voc_iou`): a TP if that IoU is ``>= iou_thresh`` and the
+    box is free, else a FP (duplicates too). One on a difficult box is ignored; a difficult box
+    is never missed. ``gt_difficult``: bool (G,) or None. Returns :class:`DetectionMatch`.
     """
     pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult = _matched_inputs(
         pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult)
@@ -211,12 +172,10 @@ def match_predictions(predictions: Predictions, score_thresh: float = COUNT_SCOR
 
 @dataclass
 class BoxSizes:
-    """Sizes of the ground-truth boxes, found vs missed, per class.
+    """Sizes of the ground-truth boxes, found vs missed, per class (difficult ones in neither).
 
-    Size is ``sqrt(h * w)`` of the box rescaled to the model's ``input_size`` x
-    ``input_size`` input (SSD resizes every image to a square, aspect ratio not kept), in
-    pixels: the scale the default boxes' sizes are given at. ``found[name]`` /
-    ``missed[name]``: float64 arrays (one size per box); difficult boxes are in neither.
+    Size: ``sqrt(h * w)`` in px of the box in the image resized to ``input_size`` x
+    ``input_size`` (the default boxes' scale); ``found[name]``/``missed[name]``: float64 arrays.
     """
     label_names: tuple
     found: dict
@@ -258,14 +217,13 @@ def _median(value: float) -> str:
 
 
 def image_sizes_of(predictions: Predictions, image_sizes, dataset, root):
-    """(height, width) of every image of ``predictions``: ``image_sizes`` when given, else
-    from ``dataset`` or the image files' headers under ``root`` (nothing is decoded)."""
+    """(H, W) of every image: ``image_sizes`` when given, else the image files' headers under
+    ``root`` (or ``dataset.root``); nothing is decoded."""
     if image_sizes is not None:
         return [tuple(int(v) for v in size)
                 for size in checked_sizes(image_sizes, len(checked(predictions)), "image_sizes")]
 
     root = resolve_root(getattr(dataset, "root", None) if root is None else root)
-    # the header only: no image is decoded
     return [read_image_size(image_path(root, image_id), image_id)
             for image_id in predictions.ids]
 
@@ -273,17 +231,11 @@ def image_sizes_of(predictions: Predictions, image_sizes, dataset, root):
 def gt_box_sizes(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH,
                  iou_thresh: float = IOU_THRESH, input_size: int = 300, image_sizes=None,
                  dataset=None, root=None) -> BoxSizes:
-    """Sizes of the found and the missed ground-truth boxes per class, at the model's input.
+    """:class:`BoxSizes` of the boxes found (matched at ``score_thresh``) and missed.
 
-    A box is found when a detection scoring ``>= score_thresh`` matches it
-    (:func:`~medaidet.evaluation.analysis.match_detections`), missed otherwise. Its size is ``sqrt(h * w)`` after the
-    image is resized to ``input_size`` x ``input_size`` (300 for SSD300 and the small SSD,
-    512 for SSD512): compare it with the model's default-box sizes (smallest: 20 px for
-    the small SSD, :data:`medaidet.ssd.small.SIZES`; 30 px for SSD300).
-
-    Args:
-        image_sizes: ``(H, W)`` of each image; default: read from the image files'
-            headers in ``root`` (or ``dataset.root``, else ``$MEDAIDET_DATA``).
+    Compare with the smallest default box: 20 px for the small SSD
+    (:data:`medaidet.ssd.small.SIZES`), 30 px for SSD300. ``image_sizes``: (H, W) of each image;
+    default: :func:`image_sizes_of`.
     """
     matches = match_predictions(predictions, score_thresh, iou_thresh)
     sizes = image_sizes_of(predictions, image_sizes, dataset, root)
@@ -306,13 +258,8 @@ def gt_box_sizes(predictions: Predictions, score_thresh: float = COUNT_SCORE_THR
 
 
 def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
-    """Histograms of found vs missed box sizes, one panel per class (``classes``: default
-    all), stacked, with a vertical line at each of ``default_box_sizes`` (up to four, e.g.
-    ``(medaidet.ssd.small.SIZES[0], 30)`` for the small SSD's and SSD300's smallest; at the
-    same input scale).
-
-    Returns a matplotlib ``Figure``.
-    """
+    """Stacked histograms of found vs missed box sizes per class, a line at each of
+    ``default_box_sizes`` (up to four); returns a matplotlib ``Figure``."""
 
     names = list(classes or sizes.label_names)
     fig = Figure(figsize=(4.2 * len(names), 3.6), layout="constrained")
@@ -321,7 +268,6 @@ def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
         f, m = sizes.found[name], sizes.missed[name]
         both = np.concatenate([f, m])
         bins = np.linspace(both.min(), both.max() + 1, 21) if len(both) else 10
-        # found: solid dark bars; missed: white, dotted, stacked on top (as the drawings)
         counts_found, edges, _ = ax.hist(f, bins=bins, label=f"found ({len(f)})",
                                          **bar_style(0))
         ax.hist(m, bins=edges, bottom=counts_found, label=f"missed ({len(m)})",
@@ -336,10 +282,7 @@ def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
     return fig
 
 
-# --------------------------------------------------------------------------- visualize
-
-#: Drawing style of each outcome (matplotlib ``Rectangle`` keywords): no class colour, and
-#: the line styles tell them apart without colour (:mod:`medaidet.colors`).
+#: ``Rectangle`` keywords per outcome: no class colour, told apart by line style.
 STYLES = OUTCOME_STYLES
 _LEGEND = OUTCOME_LABELS
 
@@ -406,9 +349,7 @@ def _draw_box(ax, kind: str, box, text: str) -> None:
     style = STYLES[kind]
     y0, x0, y1, x1 = (float(v) for v in box)
     ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, gid=kind, **style))
-    # missed boxes tagged below their corner, detections above: a TP and the box it
-    # matched do not both show, but an FP over a missed box should stay readable;
-    # a missed box's tag is black on white inside its dotted outline, a detection's filled
+    # missed boxes tagged below their corner, detections above: an FP on one stays readable
     missed = kind == "missed"
     ax.text(x0 + 1, (y1 - 1) if missed else (y0 + 1), text,
             fontsize=6, color="black" if missed else "white", va="bottom" if missed else "top",
@@ -422,27 +363,12 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
                     iou_thresh: float = IOU_THRESH, gt_difficult=None, class_filter=None,
                     title: str | None = None, legend: bool = True,
                     show_scores: bool = False) -> DetectionMatch:
-    """Draw ``img`` on ``ax`` with its detections matched to its ground truth.
+    """Draw ``img`` on ``ax`` with its detections matched to its ground truth (notebook 04).
 
-    Correct detections (solid black), false ones (dashed orange) and missed boxes (dotted
-    black) are drawn as rectangles (:data:`STYLES`), each tagged with its class's initial
-    (and the score with ``show_scores``); the title holds ``title`` (e.g. the image id)
-    and, per class, kept detections / annotated boxes. Detections scoring below
-    ``score_thresh`` are not drawn; nor are detections on difficult boxes.
-
-    Args:
-        ax: a matplotlib ``Axes``.
-        img: float32 (3, H, W), RGB, 0-255.
-        pred_bbox, pred_label, pred_score: float32 (R, 4) ``(y_min, x_min, y_max, x_max)``,
-            int32 (R,), float32 (R,), in ``img``'s pixels.
-        gt_bbox, gt_label: float32 (G, 4) ``(y_min, x_min, y_max, x_max)``, int32 (G,).
-        label_names: the class names, indexed by label.
-        score_thresh, iou_thresh, gt_difficult: as for :func:`match_detections`.
-        class_filter: a class name or index: draw and count only that class.
-        legend: add a legend (with the number of boxes of each kind) to ``ax``.
-
-    Returns:
-        the :class:`DetectionMatch` of all classes (the drawing may show one).
+    TP, FP and missed boxes in :data:`STYLES`, tagged with the class's initial (and score with
+    ``show_scores``); the title: ``title`` and kept detections / annotated boxes per class.
+    ``class_filter``: a class name or index to draw alone. Returns the :class:`DetectionMatch`
+    of all classes.
     """
     label_names = tuple(label_names)
     match = match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
@@ -504,8 +430,7 @@ def _image(dataset, index, position, image_id):
 
 
 def _at_threshold(predictions: Predictions, score_thresh):
-    """``(predictions, score_thresh, "score >= ...")`` for one threshold or one per class
-    (``{class name: threshold}``: the predictions filtered, their lowest threshold kept)."""
+    """``(predictions, score_thresh, "score >= ...")`` for one or per-class thresholds."""
     at = f"score >= {score_thresh:g}" if not isinstance(score_thresh, dict) else (
         "scores >= " + ", ".join(f"{n} {t:g}" for n, t in score_thresh.items()))
     if isinstance(score_thresh, dict):
@@ -518,8 +443,7 @@ def _at_threshold(predictions: Predictions, score_thresh):
 
 
 def _chosen(predictions: Predictions, indices, n: int, sort_by, outcomes) -> list:
-    """The positions :func:`plot_detections` shows: ``indices`` (positions or image ids)
-    checked, or the first ``n`` (by ``sort_by``; ``outcomes``: per image (tp, missed, fp))."""
+    """The positions :func:`plot_detections` shows: ``indices`` checked, or the first ``n``."""
     if indices is None:
         order = list(range(len(predictions)))
         if sort_by is not None:
@@ -544,8 +468,7 @@ def _chosen(predictions: Predictions, indices, n: int, sort_by, outcomes) -> lis
 
 
 def _outcomes(predictions: Predictions, score_thresh, iou_thresh, only) -> list:
-    """Per image, of the class ``only`` (None: every class): (true positives, missed, false
-    positives)."""
+    """Per image, of class ``only`` (None: all): ``(tp, missed, fp)``."""
     return [(int((m.tp & _of_class(pl, only)).sum()),
              int((m.missed & _of_class(gl, only)).sum()),
              int((m.fp & _of_class(pl, only)).sum()))
@@ -565,31 +488,12 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
                     score_thresh: float = COUNT_SCORE_THRESH, class_filter=None,
                     dataset=None, root=None, sort_by: str | None = None, ncols: int = 3,
                     iou_thresh: float = IOU_THRESH, show_scores: bool = False):
-    """A grid of images, each with its detections matched to its ground truth.
+    """A grid of images, one :func:`draw_detections` panel each, one legend with the totals.
 
-    One panel per image (:func:`draw_detections`): true positives, false positives and
-    missed boxes in three styles, the image id and the counts per class (predicted /
-    annotated) in its title, one legend for the figure with the totals over the panels.
-
-    Args:
-        predictions: from :func:`~medaidet.evaluation.evaluate.predict_split` or
-            :func:`~medaidet.evaluation.evaluate.predict_weights`.
-        indices: positions in ``predictions`` (ints) or image ids (strs) to show;
-            default: ``n`` images, the first ones or the first by ``sort_by``.
-        label_names: default ``predictions.label_names``.
-        score_thresh: detections scoring at least this are drawn (from 0.01, what
-            predictions hold, to 1); or one per class, ``{class name: threshold}`` (as
-            :meth:`~medaidet.evaluation.evaluate.Predictions.filter` takes them).
-        class_filter: a class name or index (e.g. ``"platelets"``): only that class.
-        dataset: the images: anything with ``(img, ...)`` items (float32 (3, H, W) RGB
-            0-255); with an ``ids`` attribute images are looked up by id. Default:
-            ``BCCDDataset(root, predictions.split)``.
-        sort_by: with ``indices=None``: ``"missed"``, ``"fp"`` or ``"errors"`` (both)
-            shows the ``n`` images with the most of them (of ``class_filter`` if given),
-            most first; None keeps the predictions' order.
-
-    Returns:
-        a matplotlib ``Figure`` (not shown; ``fig.savefig(...)`` to write it).
+    ``indices``: positions or image ids; default the first ``n``, or with ``sort_by``
+    (``"missed"``, ``"fp"``, ``"errors"``) the ``n`` with most of them. ``score_thresh``: one
+    or ``{class name: threshold}``. ``dataset``: default ``BCCDDataset(root,
+    predictions.split)``. Returns a matplotlib ``Figure``.
     """
     label_names = tuple(label_names or predictions.label_names)
     predictions, score_thresh, at = _at_threshold(predictions, score_thresh)
@@ -627,7 +531,7 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
 
 #: Candidate sets, in the order prediction narrows them (see :class:`BoxOutcomes`).
 CANDIDATE_SETS = ("all", "top_k", "nms", "kept")
-#: Where a missed box was lost, earliest first (see the module docs).
+#: Where a missed box was lost, earliest first (module docs).
 LOST_STAGES = ("no_candidate", "low_score", "top_k", "nms", "keep_top_k", "matching")
 #: Every outcome of a box: found, or lost at one stage.
 STAGES = ("found",) + LOST_STAGES
@@ -636,18 +540,9 @@ STAGES = ("found",) + LOST_STAGES
 # --------------------------------------------------------------------------- image sets
 
 def images_missing_class(ids=None, report=None, root=None, brief: bool = False) -> dict:
-    """The images the validator flags as missing a class, and why.
-
-    Args:
-        ids: only these image ids (e.g. ``predictions.ids``); default: every flagged image.
-        report: a :class:`medaidet.data.validate.ValidationReport`; default:
-            ``validate_dataset(root)`` (under a second on BCCD).
-
-    Returns:
-        ``{image id: [detail, ...]}`` of the ``missing_class`` findings, e.g.
-        ``{"BloodImage_00134": ["no rbc box, while 96% of images ... have one; ..."]}``;
-        with ``brief``, ``{image id: "no rbc box"}`` (the first clause of each detail), as
-        :func:`medaidet.evaluation.count.count_cells` takes it for ``set_aside``.
+    """``{image id: [detail, ...]}`` of the validator's ``missing_class`` findings (of ``ids``
+    if given; ``report`` default ``validate_dataset(root)``); with ``brief``,
+    ``{image id: "no rbc box"}``, as ``count_cells(set_aside=...)`` takes it.
     """
     if report is None:
         report = validate_dataset(root)
@@ -666,18 +561,9 @@ def images_missing_class(ids=None, report=None, root=None, brief: bool = False) 
 
 def recall_precision(predictions: Predictions, score_threshs=(0.5, 0.6),
                      iou_thresh: float = IOU_THRESH) -> list:
-    """Recall and precision per class at each score threshold, VOC matching.
-
-    A detection scoring ``>= t`` is a true positive when
-    :func:`~medaidet.evaluation.analysis.match_detections` matches it to a box of its
-    class at IoU ``>= iou_thresh``, a false positive otherwise (duplicates included); one
-    on a difficult box is neither. Recall = TP / non-difficult boxes, precision =
-    TP / (TP + FP); NaN where the denominator is 0.
-
-    Returns:
-        a list of dicts, one per (threshold, class): ``score_thresh``, ``class``,
-        ``n_gt``, ``tp``, ``fp``, ``missed``, ``recall``, ``precision``.
-    """
+    """Recall and precision per class at each score threshold (VOC matching; NaN where the
+    denominator is 0): one dict per (threshold, class), keys ``score_thresh``, ``class``,
+    ``n_gt``, ``tp``, ``fp``, ``missed``, ``recall``, ``precision``."""
     names = predictions.label_names
     rows = []
     for t in score_threshs:
@@ -702,15 +588,8 @@ def recall_precision(predictions: Predictions, score_threshs=(0.5, 0.6),
 
 def detection_scores(predictions: Predictions, score_thresh: float | None = None,
                      iou_thresh: float = IOU_THRESH) -> dict:
-    """The scores of the true and of the false positives, per class, for histograms.
-
-    Detections scoring ``>= score_thresh`` (default: all the predictions hold) are matched
-    as VOC AP matches them at that threshold: a detection is a TP when it is the
-    highest-scoring one on a free box of its class, so a duplicate of a found cell is a FP.
-
-    Returns:
-        ``{class name: {"tp": float64 array, "fp": float64 array}}``.
-    """
+    """Scores of the TP and FP detections per class, matched at ``score_thresh`` (default:
+    the predictions' own): ``{class name: {"tp": float64 array, "fp": float64 array}}``."""
     t = predictions.score_thresh if score_thresh is None else score_thresh
     out = {n: {"tp": [], "fp": []} for n in predictions.label_names}
     for i, m in enumerate(match_predictions(predictions, t, iou_thresh)):
@@ -724,12 +603,8 @@ def detection_scores(predictions: Predictions, score_thresh: float | None = None
 
 
 def plot_detection_scores(scores: dict, thresholds=(0.5, 0.6), split: str | None = None):
-    """Histograms of the true and false positives' scores per class (from
-    :func:`detection_scores`), log counts, ``thresholds`` dotted. A class whose true
-    positives sit left of a threshold is found by the detector but not counted at it.
-
-    Returns a matplotlib ``Figure``.
-    """
+    """Histograms of :func:`detection_scores` per class, log counts, ``thresholds`` dotted;
+    returns a matplotlib ``Figure``."""
 
     names = list(scores)
     fig = Figure(figsize=(4.3 * len(names), 3.6), layout="constrained")
@@ -758,13 +633,10 @@ def plot_detection_scores(scores: dict, thresholds=(0.5, 0.6), split: str | None
 class BoxOutcomes:
     """One entry per non-difficult ground-truth box of the split (B boxes in all).
 
-    ``image_id``: object array (B,) of image ids; ``label``: int (B,); ``size``: float64
-    (B,), ``sqrt(h * w)`` at ``input_size`` x ``input_size`` px; ``crowding``: int (B,),
-    other boxes of the class overlapping it with IoU ``> crowd_iou``; ``best``: candidate
-    set name (:data:`CANDIDATE_SETS`) -> float64 (B,), the highest score of a same-class
-    candidate of that set covering the box (IoU ``>= iou_thresh``, VOC's integer-pixel
-    IoU), 0 if none (all NaN when no candidates were given); ``found``: threshold ->
-    bool (B,), matched by a detection scoring ``>=`` it.
+    ``image_id`` object (B,); ``label`` int (B,); ``size`` float64 (B,) as in :class:`BoxSizes`;
+    ``crowding`` int (B,): other boxes of its class with IoU ``> crowd_iou``; ``best``: set
+    (:data:`CANDIDATE_SETS`) -> float64 (B,), best covering same-class candidate score (0: none,
+    NaN: no candidates given); ``found``: threshold -> bool (B,).
     """
     label_names: tuple
     image_id: np.ndarray
@@ -782,11 +654,8 @@ class BoxOutcomes:
         return len(self.label)
 
     def stage(self, score_thresh: float) -> np.ndarray:
-        """Object array (B,): ``"found"`` or the stage the box was lost at (module docs).
-
-        Needs candidates (``box_outcomes(..., candidates=...)``); ``score_thresh`` must be
-        one of the thresholds the outcomes were computed at.
-        """
+        """Object array (B,): ``"found"`` or the stage the box was lost at (module docs); needs
+        candidates and one of the outcomes' thresholds."""
         found = self._found(score_thresh)
         if np.isnan(self.best["all"]).any():
             raise ConfigError("these outcomes were computed without candidates: pass "
@@ -820,8 +689,7 @@ class BoxOutcomes:
 
 
 def _best_scores(cand: Candidates, gt_bbox, gt_label, iou_thresh) -> dict:
-    """Per candidate set, float64 (G,): the best same-class candidate score covering each
-    box (0: none)."""
+    """Per candidate set, float64 (G,): best same-class candidate score covering each box."""
     masks = {"all": np.ones(len(cand.score), bool), "top_k": np.asarray(cand.in_top_k),
              "nms": np.asarray(cand.after_nms), "kept": np.asarray(cand.kept)}
     out = {k: np.zeros(len(gt_label)) for k in CANDIDATE_SETS}
@@ -840,8 +708,7 @@ def _best_scores(cand: Candidates, gt_bbox, gt_label, iou_thresh) -> dict:
 
 
 def _size_and_crowding(gb, gl, use, image_size, input_size: int, crowd_iou: float):
-    """Each box's size at the model's input (the square root of height x width) and how many
-    other boxes of its class (difficult ones left out) overlap it with IoU ``> crowd_iou``."""
+    """Each box's size at the model's input and its crowding (difficult neighbours left out)."""
     h_img, w_img = image_size
     h = (gb[:, 2] - gb[:, 0]).astype(np.float64) * input_size / h_img
     w = (gb[:, 3] - gb[:, 1]).astype(np.float64) * input_size / w_img
@@ -858,19 +725,9 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
                  input_size: int = 300, image_sizes=None, root=None) -> BoxOutcomes:
     """Size, crowding, best candidate scores and outcome of every non-difficult box.
 
-    Args:
-        predictions: the detections (from
-            :func:`~medaidet.evaluation.evaluate.predict_weights` with ``return_candidates=True``,
-            or any :class:`Predictions` when no candidates are given).
-        candidates: a list of :class:`medaidet.ssd.predict.Candidates`, one per image,
-            boxes in image pixels, whose ``kept`` candidates are the predictions'
-            detections; None: ``best`` is NaN and :meth:`BoxOutcomes.stage` unavailable.
-        score_threshs: the thresholds ``found`` is computed at.
-        crowd_iou: a box overlapping another of its class with IoU ``>`` this counts it
-            as a neighbour (0: any positive overlap).
-        input_size: the model's input side (300 for the small SSD and SSD300).
-        image_sizes: ``(H, W)`` of each image; default: read from the image files'
-            headers in ``root`` (else ``$MEDAIDET_DATA``).
+    ``candidates``: one :class:`medaidet.ssd.predict.Candidates` per image
+    (``predict_weights(..., return_candidates=True)``), or None (no stages). ``found`` is
+    computed at each of ``score_threshs``; ``image_sizes`` as for :func:`gt_box_sizes`.
     """
     if candidates is not None and len(candidates) != len(predictions):
         raise ConfigError(f"candidates: {len(candidates)} entries for {len(predictions)} "
@@ -926,14 +783,9 @@ def stage_counts(outcomes: BoxOutcomes, score_thresh: float) -> dict:
 
 
 def missed_by(outcomes: BoxOutcomes, score_thresh: float, by: str, bins) -> dict:
-    """Boxes found and missed per class and bin of ``by`` (``"size"`` or ``"crowding"``).
-
-    ``bins``: increasing bin edges; bin ``j`` holds ``bins[j] <= value < bins[j + 1]``
-    (values outside every bin are left out; use ``np.inf`` as the last edge).
-
-    Returns:
-        ``{class name: [{"bin": (lo, hi), "n": boxes, "missed": missed boxes,
-        "miss_rate": missed / n (NaN when n is 0)}, ...]}``.
+    """Boxes found and missed per class and bin of ``by`` (``"size"`` or ``"crowding"``); bin
+    ``j``: ``bins[j] <= value < bins[j + 1]``. Returns ``{class name: [{"bin": (lo, hi), "n",
+    "missed", "miss_rate"}, ...]}``.
     """
     if by not in ("size", "crowding"):
         raise ConfigError(f"by: {by!r}; expected 'size' or 'crowding'")

@@ -1,33 +1,20 @@
 """Counting cells with a detector (notebook 05): counts, the count threshold, the counting frame.
 
-**Counts** (section 1, which writes :func:`per_image_counts` and :func:`count_stats`). A lab
-wants counts, not boxes. The predicted count of a class in an image is the number of its
-detections scoring ``>= score_thresh``; the annotated count is the number of its boxes
-(difficult ones included; BCCD marks none). Per class, over the images: ``mae``, the mean
-absolute error (cells per image); ``bias``, the mean signed error (> 0 over-counts);
-``relative_error``, ``sum |predicted - annotated| / sum annotated`` (NaN when no image has a
-box of the class). Predictions are capped at ``keep_top_k`` (200) detections per image.
-Read the RBC numbers with :data:`RBC_NOTE` in mind: images the validator flags
-``missing_class`` can be *set aside*, and :func:`count_cells` then reports the errors on all
-images and, beside them, on the others.
+**Counts** (section 1). A class's predicted count in an image is its detections scoring
+``>= score_thresh`` (at most ``keep_top_k`` = 200); the annotated count, its boxes (difficult
+included). Per class over the images: ``mae`` (mean absolute error, cells per image), ``bias``
+(mean signed error, > 0 over-counts), ``relative_error`` (``sum |predicted - annotated| / sum
+annotated``, NaN without boxes). Images flagged ``missing_class`` can be set aside
+(:data:`RBC_NOTE`).
 
-**The count threshold** (section 2). Too low counts background, too high misses cells.
-:func:`threshold_sweep` measures every class's count errors at each threshold of a list and
-names the one of least MAE (:class:`SweepResult`), on val; test then uses it: a threshold
-chosen on the images it is scored on is optimistic (:data:`SWEEP_NOTE`).
-:func:`threshold_change` follows one class from one threshold to another image by image.
+**The count threshold** (section 2): per class, the one of least MAE on val
+(:func:`threshold_sweep`), then used on test (:data:`SWEEP_NOTE`).
 
-**The counting frame** (section 4). An image's edge cuts the cells across it: a sliver one
-annotator boxes and another leaves out, so a count of every box depends on where the edge
-fell. Microscopy counts by a rule that gives every cell one chance (the unbiased counting
-frame, Gundersen 1977), here in its simplest form for boxes: the **inner frame** is the image
-set back by a guard margin per class (:func:`frame_margins`: half the class's large boxes on
-train), and a cell **counts when its box's centre lies inside** (top and left lines
-included, bottom and right not: frames side by side count every centre once).
-:func:`frame_predictions` keeps what counts on both sides, :func:`frame_errors` names each
-error left, :func:`plot_frame` draws the frame. Counts become **densities**: cells per
-10,000 px² of the inner frame, or per mm² where the pixel size is known (cells per area of
-the slide, not a concentration per µL).
+**The counting frame** (section 4; Gundersen 1977's unbiased counting frame, for boxes). The
+inner frame is the image set back by a guard margin per class (:func:`frame_margins`); a cell
+counts when its box's centre lies inside (top/left lines in, bottom/right out: adjacent frames
+count every centre once). Densities: cells per 10,000 px² of the inner frame, or per mm² (per
+slide area, not per µL).
 
 Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels; an image size is ``(H, W)``.
 """
@@ -92,20 +79,15 @@ def per_image_counts(labels_per_image, n_class: int) -> np.ndarray:
 
 
 def predicted_counts(preds: Predictions, score_thresh: float) -> np.ndarray:
-    """Cells per image and class as :func:`per_image_counts`, of the detections scoring
-    ``>= score_thresh``."""
+    """:func:`per_image_counts` of the detections scoring ``>= score_thresh``."""
     n_class = len(preds.label_names)
     kept = [lb[s >= score_thresh] for lb, s in zip(preds.pred_labels, preds.pred_scores)]
     return per_image_counts(kept, n_class)
 
 
 def check_score_thresh(score_thresh, lowest: float, name: str = "score_thresh") -> float:
-    """``score_thresh`` as a float from ``lowest`` (the predictions' own threshold) to 1.
-
-    Scores are softmax probabilities: NaN or a value above 1 would count nothing, and a
-    value below ``lowest`` would pretend to count detections the predictions do not hold.
-    1 is allowed (float32 softmax scores do reach 1.0, and the test is ``>=``).
-    """
+    """``score_thresh`` as a float from ``lowest`` (the predictions' own threshold) to 1
+    inclusive (float32 softmax scores reach 1.0); else ConfigError."""
     value = check_number(score_thresh, name, "probability")
     if value < lowest:
         raise ConfigError(
@@ -116,10 +98,8 @@ def check_score_thresh(score_thresh, lowest: float, name: str = "score_thresh") 
 
 
 def count_stats(predicted: np.ndarray, annotated: np.ndarray):
-    """Per class, from (N images, C classes) counts: the MAE (mean |predicted - annotated|
-    per image), the bias (the mean signed error) and the relative error (all absolute
-    errors over all annotated cells; nan for a class without any). Written in notebook 05,
-    section 1."""
+    """``(mae, bias, relative_error)`` per class (module docs) from (N images, C classes)
+    counts. Written in notebook 05, section 1."""
     error = (predicted - annotated).astype(float)
     n = len(error)
     mae = np.abs(error).mean(axis=0) if n else np.full(error.shape[1], np.nan)
@@ -131,13 +111,8 @@ def count_stats(predicted: np.ndarray, annotated: np.ndarray):
 
 @dataclass(repr=False)
 class CountResult:
-    """Counts at one score threshold. ``predicted``/``annotated``: int (N images, C classes).
-
-    Per class (arrays of length C): ``mae``, ``bias``, ``relative_error``
-    (see the module docs), on all images. ``set_aside``: image id -> why it is set aside;
-    :meth:`without_set_aside` is the result on the other images. Shows as a table
-    (``_repr_html_``, ``str``); :meth:`rows` is the per-image table, :meth:`to_dict` /
-    :meth:`to_json` for files.
+    """Counts at one score threshold. ``predicted``/``annotated``: int (N images, C classes);
+    ``mae``, ``bias``, ``relative_error``: (C,), on all images; ``set_aside``: image id -> why.
     """
     ids: list
     label_names: tuple
@@ -177,8 +152,7 @@ class CountResult:
         return out
 
     def _summary(self):
-        """Columns and rows of the table; with images set aside, the errors on the other
-        images follow those on all."""
+        """Columns and rows of the table (with images set aside, also the errors without)."""
         views = [self] + ([self.without_set_aside()] if self.set_aside else [])
         cols = ["class", "annotated", "predicted", "MAE", "rel. error", "bias"]
         if self.set_aside:
@@ -192,8 +166,7 @@ class CountResult:
         return cols, body
 
     def set_aside_reasons(self) -> dict:
-        """How many set-aside images give each reason (``{"no wbc box": 4, ...}``, most
-        first); an image missing two classes counts under both."""
+        """``{reason: set-aside images}``, most first; an image can count under two reasons."""
         reasons = Counter(part.strip() for why in self.set_aside.values()
                           for part in str(why).split(";") if part.strip())
         return dict(reasons.most_common())
@@ -266,13 +239,9 @@ def _fmt(value, pct=False, sign=False) -> str:
 
 def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH,
                 set_aside=None) -> CountResult:
-    """Predicted (detections scoring ``>= score_thresh``) vs annotated counts.
+    """Predicted vs annotated counts at ``score_thresh`` (:func:`check_score_thresh`).
 
-    ``score_thresh``: from ``predictions.score_thresh`` (0.01) to 1; else
-    :class:`~medaidet.errors.ConfigError` (a ``ValueError``). ``set_aside``:
-    ``{image id: why}`` of images to report apart (e.g.
-    :func:`medaidet.evaluation.analysis.images_missing_class`); ids not among the
-    predictions are ignored.
+    ``set_aside``: ``{image id: why}`` to report apart; ids not predicted are ignored.
     """
     score_thresh = check_score_thresh(score_thresh, checked(predictions).score_thresh)
     n_class = len(predictions.label_names)
@@ -286,9 +255,8 @@ def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRE
 
 
 def count_errors(predictions: Predictions, thresholds: dict) -> dict:
-    """``{class: relative error}`` (``sum |predicted - annotated| / sum annotated`` over the
-    images) with each class counted at its own threshold, e.g. those
-    :func:`~medaidet.evaluation.count.threshold_sweep` chose on val."""
+    """``{class: relative error}``, each class counted at its own threshold (e.g. those
+    :func:`threshold_sweep` chose on val)."""
     kept = checked(predictions).filter(check_type(thresholds, dict, "thresholds",
                                                   "a dict {class name: score threshold}"))
     names = predictions.label_names
@@ -302,11 +270,8 @@ AREA_PER_IMAGE = 20.0
 
 
 def images_at_points(annotated, predicted):
-    """The distinct ``(annotated, predicted)`` count pairs and how many images share each.
-
-    Counts are integers: many images fall on one point (most WBC images on (1, 1)).
-    Returns ``(points (P, 2) int, n_images (P,) int)``, sorted by point; ``n_images`` sums to
-    the number of images.
+    """The distinct ``(annotated, predicted)`` count pairs and how many images share each:
+    ``(points (P, 2) int, n_images (P,) int)``, sorted by point.
     """
     try:
         pairs = np.stack([np.asarray(annotated, dtype=np.int64).ravel(),
@@ -321,13 +286,8 @@ def images_at_points(annotated, predicted):
 
 
 def plot_counts(result: CountResult):
-    """Scatter of predicted vs annotated count per class, with the y = x line.
-
-    Counts are integers, so images pile up on the same point: each point is drawn once, its
-    area proportional to the number of images on it (:data:`AREA_PER_IMAGE` points² each), and
-    a point of more than one image is labelled with that number. Every image is in the figure.
-
-    Returns a matplotlib ``Figure``.
+    """Scatter of predicted vs annotated count per class, with y = x; a dot's area (and label)
+    gives the images on it. Returns a matplotlib ``Figure``.
     """
 
     n = len(result.label_names)
@@ -366,10 +326,8 @@ PER_AREA = 10_000     # densities are cells per this many px² (100 x 100 px)
 
 
 def frame_margins(bboxes, labels, label_names, quantile: float = 0.95) -> dict:
-    """``{class name: guard margin in px}``: half the ``quantile`` of the class's box sizes
-    (the longer side) over ``bboxes``/``labels`` (one array each per image: train's boxes),
-    rounded up. A class without a box gets a margin of 0 and a cell centred on the edge
-    still counts once per frame (never twice)."""
+    """``{class name: guard margin in px}``: half the ``quantile`` of the class's longer box
+    sides over ``bboxes``/``labels`` (one array per image: train's), rounded up; 0 if none."""
     quantile = check_number(quantile, "quantile", "probability")
     label_names = _checked_names(label_names)
     bboxes, labels = (check_type(x, (list, tuple), name, "a list of one array per image")
@@ -385,8 +343,7 @@ def frame_margins(bboxes, labels, label_names, quantile: float = 0.95) -> dict:
 
 
 def margin_per_class(margins: dict, label_names) -> np.ndarray:
-    """float (C,): ``margins[name]`` of each class in ``label_names``, each checked (a named
-    ConfigError for a class without one, or a negative or non-finite margin)."""
+    """float (C,): ``margins[name]`` per class; ConfigError if missing, negative or not finite."""
     check_type(margins, dict, "margins", "a dict {class name: guard margin in px}")
     missing = [n for n in _checked_names(label_names) if n not in margins]
     if missing:
@@ -406,10 +363,8 @@ def _checked_names(label_names) -> tuple:
 
 
 def in_frame(bbox, label, size, margins: dict, label_names) -> np.ndarray:
-    """bool (R,): which of an image's boxes count, their centre inside the inner frame of an
-    image of ``size`` ``(H, W)`` set back by ``margins[class]`` px (top/left line in,
-    bottom/right line out). A class whose margins leave no frame counts nothing. Written in
-    notebook 05, section 4."""
+    """bool (R,): which of an image's boxes count in the frame set back by ``margins[class]``
+    px (module docs). Written in notebook 05, section 4."""
     height, width = checked_size(size)
     bbox, label = checked_boxes(bbox, label, len(label_names))
     margin = margin_per_class(margins, label_names)[label]
@@ -418,10 +373,8 @@ def in_frame(bbox, label, size, margins: dict, label_names) -> np.ndarray:
 
 
 def frame_predictions(predictions, sizes, margins: dict):
-    """``predictions`` (:class:`~medaidet.evaluation.evaluate.Predictions`) with only the
-    detections and annotated boxes that count in the frame: every count, error and
-    threshold choice made on it follows the counting frame. ``sizes``: one ``(H, W)`` per
-    image, or one for all."""
+    """``predictions`` with only the detections and boxes that count in the frame; ``sizes``:
+    one ``(H, W)`` per image, or one for all."""
     names = check_type(predictions, Predictions, "predictions", "Predictions").label_names
     sizes = checked_sizes(sizes, len(predictions))
 
@@ -437,8 +390,7 @@ def frame_predictions(predictions, sizes, margins: dict):
 
 
 class FrameError(NamedTuple):
-    """One count error in the frame: image ``index``, class ``label``, ``kind``, the
-    ``box`` it is about and a ``score`` (see :func:`frame_errors`)."""
+    """One count error in the frame (see :func:`frame_errors`)."""
     index: int
     label: int
     kind: str
@@ -447,18 +399,11 @@ class FrameError(NamedTuple):
 
 
 def frame_errors(predictions, thresholds: dict, sizes, margins: dict) -> list:
-    """Every count error of ``predictions`` (whole images) in the counting frame, each
-    class counted at ``thresholds[class]``, as :class:`FrameError`. Detections and boxes
-    are matched on the whole image, as AP matches them, and then looked at in the frame:
-
-    * ``"false"``: a detection in the frame that matches no box (its score);
-    * ``"missed"``: a box in the frame that no kept detection matches (the best score a
-      detection of its class reached on it at IoU >= 0.5, at any threshold; 0 for none);
-    * ``"line +"``/``"line -"``: a detection and its box on either side of the frame's line,
-      the detection in (counted, its cell not) or out (its cell counted, the detection not);
-      the box is the annotated one, the score the detection's.
-
-    Per image and class, the framed count error is (line +) - (line -) + false - missed."""
+    """Every count error in the frame as :class:`FrameError`, each class at ``thresholds[class]``,
+    matched on the whole image as AP matches. Kinds: ``"false"`` (a detection in the frame
+    matching no box), ``"missed"`` (a box in the frame no kept detection matches; score: best
+    same-class score on it at IoU >= 0.5, 0 if none), ``"line +"``/``"line -"`` (detection
+    in/out, its box the other side). Framed error = (line +) - (line -) + false - missed."""
     names = check_type(predictions, Predictions, "predictions", "Predictions").label_names
     kept = predictions.filter(check_type(thresholds, dict, "thresholds",
                                          "a dict {class name: score threshold}"))
@@ -493,9 +438,8 @@ def frame_area(size, margin) -> float:
 
 
 def densities(counts, sizes, margins: dict, label_names, pixel_um=None) -> np.ndarray:
-    """Cells per :data:`PER_AREA` px² (or per mm² with ``pixel_um``, the side of a pixel in
-    µm) of each class's inner frame: float (N images, C classes) from framed ``counts``
-    (N, C) and one ``(H, W)`` per image (or one for all). NaN where a frame has no area."""
+    """float (N, C): framed ``counts`` per :data:`PER_AREA` px² of each inner frame (per mm²
+    with ``pixel_um``, a pixel's side in µm); NaN where a frame has no area."""
     try:
         counts = np.asarray(counts, dtype=float).reshape(-1, len(_checked_names(label_names)))
     except (TypeError, ValueError):
@@ -514,9 +458,8 @@ def densities(counts, sizes, margins: dict, label_names, pixel_um=None) -> np.nd
 
 
 def plot_frame(img, bbox, label, margins: dict, label_names, title: str = "") -> Figure:
-    """One panel per class: the image (float (3, H, W) RGB 0-255), the class's inner frame
-    dashed in its colour, each of its boxes solid when it counts, dash-dotted dark grey when
-    not, and its centre as a dot (the point the rule looks at)."""
+    """One panel per class: the image (float (3, H, W) RGB 0-255), the inner frame dashed, the
+    boxes that count solid, the others dash-dotted, each centre a dot."""
     height, width = img.shape[1:]
     label = np.asarray(label, dtype=int)
     counted = in_frame(bbox, label, (height, width), margins, label_names)
@@ -560,12 +503,8 @@ SWEEP_NOTE = (
 
 @dataclass(repr=False)
 class ThresholdChange:
-    """One class counted at two score thresholds, image by image: what moving the threshold
-    did to each image's error and to the MAE. From :func:`threshold_change`.
-
-    ``error_before``/``error_after``: int (N,), ``predicted - annotated`` of the class per
-    image in ``ids``. ``images``: ids to list one by one (e.g. the images a figure shows).
-    ``str()`` explains the change with these numbers.
+    """One class counted at two score thresholds, image by image (:func:`threshold_change`);
+    ``error_before``/``error_after``: int (N,), ``predicted - annotated``. ``str()`` explains.
     """
     class_name: str
     split: str | None
@@ -630,8 +569,7 @@ class ThresholdChange:
             lines.append(f"  {image_id}: {a + int(self.error_before[i])}/{a} -> "
                          f"{a + int(self.error_after[i])}/{a} (error "
                          f"{int(self.error_before[i]):+d} -> {int(self.error_after[i]):+d})")
-        # raising the threshold can only lower a count (lowering it, only raise one): an
-        # image already off in that direction moves further off, one off the other way closer
+        # a raised threshold only lowers counts: under-counted images move further off
         wrong_way = self.error_before < 0 if raised else self.error_before > 0
         shown = [self.ids.index(i) for i in self.images]
         direction = "raised" if raised else "lowered"
@@ -666,12 +604,8 @@ class ThresholdChange:
 
 def threshold_change(predictions: Predictions, class_name: str, before: float, after: float,
                      images=()) -> ThresholdChange:
-    """``class_name`` counted at ``before`` and at ``after`` on ``predictions``, image by image.
-
-    ``images``: ids (or positions) of images to list one by one. Thresholds as
-    :func:`count_cells` takes them. Returns a :class:`ThresholdChange`; print it for the
-    explanation in this run's numbers.
-    """
+    """``class_name`` counted at ``before`` and ``after``, image by image; ``images``: ids or
+    positions to list one by one."""
     names = list(checked(predictions).label_names)
     if class_name not in names:
         raise ConfigError(f"class_name: {class_name!r} is not a class of the "
@@ -690,12 +624,8 @@ def threshold_change(predictions: Predictions, class_name: str, before: float, a
 
 @dataclass(repr=False)
 class SweepResult:
-    """Count errors vs score threshold. Arrays (T thresholds, C classes): ``mae``,
-    ``bias``, ``relative_error``; ``best_threshold`` per class: the threshold of least MAE on
-    *these* images (see :data:`SWEEP_NOTE`), the middle one where several tie (the white
-    cells of val are often counted exactly over a wide range: its middle is the choice
-    furthest from both ends, and on halves of val it counts the other half better than the
-    lowest; docs/cpu-detector.md)."""
+    """Count errors vs score threshold, (T thresholds, C classes) arrays; ``best_threshold``
+    per class: least MAE on these images, the middle one of ties (docs/cpu-detector.md)."""
     thresholds: np.ndarray
     label_names: tuple
     mae: np.ndarray
@@ -762,11 +692,8 @@ class SweepResult:
 
 
 def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> SweepResult:
-    """Count MAE, bias and relative error per class at each score threshold.
-
-    Warns (``UserWarning``) when ``predictions.split == 'test'``: a threshold chosen there
-    is optimistic; choose it on val.
-    """
+    """Count MAE, bias and relative error per class at each score threshold; warns
+    (``UserWarning``) on the test split (:data:`SWEEP_NOTE`)."""
     thresholds = np.sort([check_score_thresh(t, checked(predictions).score_thresh, "thresholds")
                           for t in np.asarray(thresholds, dtype=object).ravel()])
     if thresholds.size == 0:
@@ -798,18 +725,8 @@ def report_count_errors(val, test, n: int = 1000, seed: int = 0) -> dict:
 
 
 def plot_sweep(sweep: SweepResult):
-    """Count MAE vs score threshold: one panel per class, each on its own scale, the best
-    threshold starred.
-
-    One panel per class because the classes' MAEs differ tenfold (an image holds about ten
-    red cells and one white cell): on a shared axis the small ones lie flat along the
-    bottom, and the place of their minimum, which is what the sweep is for, cannot be read.
-    Where the lowest thresholds (below :data:`SWEEP_AXIS_FROM`) count so much background
-    that they would flatten the rest of a panel's curve (an MAE over :data:`SWEEP_FLATTENS`
-    times the rest's highest), that panel's axis stops above the rest and says what it left
-    off.
-
-    Returns a matplotlib ``Figure``.
+    """Count MAE vs score threshold, one panel per class on its own scale (their MAEs differ
+    tenfold), the best starred; returns a matplotlib ``Figure``.
     """
 
     n = len(sweep.label_names)
@@ -822,8 +739,7 @@ def plot_sweep(sweep: SweepResult):
         ax.plot(sweep.thresholds, mae, marker="o", ms=3, color=color)
         ax.plot([best[name]], [sweep.best_mae[name]], marker="*", ms=12, color=color,
                 linestyle="none", label=f"best {best[name]:g} (MAE {sweep.best_mae[name]:.2f})")
-        # the lowest thresholds count background by the hundred: an MAE in the hundreds
-        # would flatten every point that matters, so the axis stops above the rest
+        # the lowest thresholds' MAEs (background by the hundred) would flatten the rest
         rest = float(np.nanmax(mae[sweep.thresholds >= SWEEP_AXIS_FROM], initial=0.0))
         highest = float(np.nanmax(mae, initial=0.0))
         top = 1.3 * rest
@@ -848,11 +764,9 @@ def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_TH
                   model_name: str | None = None, root=None, subset=None, device=DEFAULT_DEVICE,
                   out=None, thresholds=DEFAULT_THRESHOLDS, batch_size: int = 8,
                   progress: bool = True):
-    """Load, predict once, count at ``score_thresh`` and sweep ``thresholds``
-    (``medaidet count``); the images the validator flags ``missing_class`` are set aside.
-    Every argument is checked, and ``out`` created, before the model is built. Writes
-    ``counts.json``, ``counts.png`` and ``count_sweep.png`` to ``out``, all or none.
-    Returns ``(CountResult, SweepResult)``."""
+    """``medaidet count``: predict once, count at ``score_thresh`` (``missing_class`` images
+    set aside), sweep ``thresholds``; write ``counts.json``, ``counts.png`` and
+    ``count_sweep.png`` to ``out``, all or none. Returns ``(CountResult, SweepResult)``."""
     score_thresh = check_score_thresh(score_thresh, EVALUATE_SCORE_THRESH, "--score-thresh")
     for t in np.asarray(thresholds, dtype=object).ravel():
         check_score_thresh(t, EVALUATE_SCORE_THRESH, "thresholds")

@@ -1,30 +1,21 @@
-"""Evaluating a trained SSD on a BCCD split (notebook 04): predict once, then VOC AP at IoU
-0.5 under two protocols, and PR curves.
+"""Evaluating a trained SSD on a BCCD split (notebook 04): VOC AP at IoU 0.5, two protocols.
 
-**Predict once** (section 1). :func:`predict_split` runs the model in the 'evaluate' preset
-(score >= 0.01, NMS IoU 0.45) over a dataset and returns :class:`Predictions`: per image the
-detections and the annotated boxes, everything AP, counts (:mod:`medaidet.evaluation.count`)
-and the drawings need, so the model runs once and every threshold is applied afterwards
-(:meth:`Predictions.filter`). :func:`load_model` builds the model a weight file was saved from.
+The model runs once in the 'evaluate' preset (score >= 0.01, NMS IoU 0.45; section 1); every
+higher threshold is applied afterwards, which equals a forward pass at it (greedy NMS and the
+caps of :func:`medaidet.ssd.predict.predict` only drop lower-scoring boxes). Protocols
+(sections 2 and 3), scored from the same predictions:
 
-**Two protocols** (sections 2 and 3). The course computed its published test mAP (0.719) in
-ChainerCV's default 'visualize' preset: only detections scoring at least 0.6 were scored. AP
-integrates precision over *all* recall levels, so the detector must hand over its
-low-scoring detections too. Both protocols are scored from the same predictions:
+* ``"evaluate"``: every detection (score >= 0.01), the correct one: AP integrates precision
+  over all recall levels;
+* ``"course"``: only scores >= 0.6 (ChainerCV's 'visualize' preset), as the course computed
+  its published mAP 0.719 (by mistake).
 
-* ``"evaluate"``: every detection (score >= 0.01) -- the correct protocol;
-* ``"course"``: only detections scoring >= 0.6, as the original course did (by mistake).
+Metrics: ChainerCV's ``eval_detection_voc``, VOC area AP (``use_07_metric=False``, what the
+course reported) and VOC2007 11-point AP. A class with boxes but no detection has AP 0; one
+without boxes NaN (``null`` in JSON), left out of the mean.
 
-Filtering the 0.01 predictions at 0.6 gives exactly what a forward pass at 0.6 would have
-given: greedy NMS keeps or drops a box by looking only at higher-scoring boxes, and the caps
-of :func:`medaidet.ssd.predict.predict` remove only the lowest-scoring candidates. The
-metrics are ChainerCV's (:func:`chainercv.evaluations.eval_detection_voc`): VOC area AP
-(``use_07_metric=False``, what the course reported) and VOC2007's 11-point AP. A class with
-boxes but no detection has AP 0; a class without any box in the split AP NaN (``null`` in
-JSON), left out of the mean; a split without any box raises :class:`ConfigError`.
-
-Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels, float32, shape (R, 4); labels
-int32 (R,), indices into the label names; scores float32 (R,).
+Boxes: float32 (R, 4) ``(y_min, x_min, y_max, x_max)`` in image pixels; labels int32 (R,);
+scores float32 (R,).
 """
 from __future__ import annotations
 
@@ -74,12 +65,9 @@ def missing_weights_error(path: Path) -> WeightsError:
 
 @dataclass
 class Predictions:
-    """Detections and ground truth of one split, one entry per image.
+    """Detections and ground truth of one split, one list entry per image (module docs).
 
-    ``pred_bboxes[i]``: float32 (R, 4) ``(y_min, x_min, y_max, x_max)`` in image pixels;
-    ``pred_labels[i]``: int32 (R,); ``pred_scores[i]``: float32 (R,). ``gt_bboxes[i]``,
-    ``gt_labels[i]``, ``gt_difficults[i]`` (bool (G,)): the annotation. ``score_thresh``:
-    the lowest score the predictions were made with (every kept score is ``>=`` it).
+    ``gt_difficults[i]``: bool (G,). ``score_thresh``: the lowest score the predictions hold.
     """
     ids: list
     pred_bboxes: list
@@ -111,12 +99,8 @@ class Predictions:
         return len(self.ids)
 
     def filter(self, score_thresh) -> "Predictions":
-        """The detections scoring ``>= score_thresh`` (ground truth unchanged).
-
-        ``score_thresh``: one threshold, or one per class as ``{class name: threshold}``
-        (every class named; e.g. the thresholds notebook 05 chooses on val). The result's
-        ``score_thresh`` is the lowest of them.
-        """
+        """The detections scoring ``>= score_thresh`` (ground truth unchanged): one threshold,
+        or ``{class name: threshold}`` naming every class (notebook 05)."""
         if isinstance(score_thresh, dict):
             missing = [n for n in self.label_names if n not in score_thresh]
             unknown = [n for n in score_thresh if n not in self.label_names]
@@ -158,9 +142,8 @@ class Predictions:
                            self.label_names, self.score_thresh, self.split, self.model)
 
     def scored_against(self, dataset) -> "Predictions":
-        """These detections with ``dataset``'s boxes as the ground truth: the same images
-        under another annotation (e.g. ``BCCDDataset(..., labels="txl-pbc")`` for BCCD's
-        boxes). Only the annotations are read."""
+        """These detections scored against ``dataset``'s boxes: the same images under another
+        annotation (e.g. ``labels="txl-pbc"``)."""
         ids = getattr(dataset, "ids", None)       # a slice of a dataset has none
         if len(dataset) != len(self) or ids is not None and list(ids) != list(self.ids):
             raise ConfigError("scored_against: the dataset holds other images than these "
@@ -188,8 +171,7 @@ def _resamples(n_images: int, n: int, seed: int) -> list:
 
 
 def _interval(samples, level: float) -> tuple:
-    """The percentiles holding ``level`` of ``samples`` (NaN, a resample without a box of a
-    class, left out)."""
+    """The percentiles ``(low, high)`` holding ``level`` of ``samples``, NaN left out."""
     samples = np.asarray(samples, dtype=float)
     samples = samples[~np.isnan(samples)]
     if not samples.size:
@@ -200,11 +182,8 @@ def _interval(samples, level: float) -> tuple:
 
 def bootstrap(predictions: Predictions, statistic, n: int = 1000, seed: int = 0,
               level: float = 0.95):
-    """How much ``statistic(predictions)`` (a number, or a dict of numbers) could
-    differ on another draw of as many images: it is computed on ``n`` resamples of the
-    images with replacement; returns the ``(low, high)`` percentiles holding ``level`` of
-    them (for a dict, ``{key: (low, high)}``). With 40 test images, a figure's spread is
-    as much a part of it as its value."""
+    """Bootstrap interval of ``statistic(predictions)`` over ``n`` resamples of the images:
+    ``(low, high)`` holding ``level`` (a dict-valued statistic: ``{key: (low, high)}``)."""
     level = _checked_statistic(statistic, level)
     values = [statistic(predictions.take(take)) for take in _resamples(len(predictions), n, seed)]
     if isinstance(values[0], dict):
@@ -214,17 +193,11 @@ def bootstrap(predictions: Predictions, statistic, n: int = 1000, seed: int = 0,
 
 def paired_bootstrap(a, b, statistic, n: int = 1000, seed: int = 0, level: float = 0.95,
                      statistic_b=None):
-    """How ``statistic(a) - statistic_b(b)`` could differ on another draw of as many images,
-    when ``a`` and ``b`` hold the same images (e.g. two detectors' :class:`Predictions` of
-    one split): each of ``n`` resamples (with replacement) takes the same images from both,
-    and the difference is computed on it. ``statistic_b``: ``b``'s statistic when it differs
-    (e.g. each detector's own thresholds); default ``statistic``. ``a`` and ``b``: anything
-    with ``len``, ``ids`` and ``take(indices)``.
+    """Paired bootstrap of ``statistic(a) - statistic_b(b)`` (default ``statistic``), ``a`` and
+    ``b`` holding the same images: each resample takes the same images from both.
 
-    Returns ``(difference on all images, low, high)``, ``low`` and ``high`` the percentiles
-    holding ``level`` of the resamples' differences (as :func:`bootstrap`); for a
-    dict-valued statistic, ``{key: (difference, low, high)}``. An interval that holds 0
-    does not tell the two apart on these images.
+    Returns ``(difference, low, high)`` (a dict-valued statistic: ``{key: (...)}``); an interval
+    holding 0 does not tell the two apart.
     """
     if list(a.ids) != list(b.ids):
         raise ConfigError("b: a and b hold different images (ids differ); a paired "
@@ -258,8 +231,7 @@ def _checked_statistic(statistic, level) -> float:
 
 
 def _ground_truth(item):
-    """``(bbox, label, difficult)`` of a dataset item: float32 (R, 4), int32 (R,), bool (R,)
-    (no difficult flags: none is difficult)."""
+    """``(bbox, label, difficult)`` of a dataset item (no difficult flags: none is difficult)."""
     label = np.asarray(item[2], dtype=np.int32)
     difficult = (np.asarray(item[3], dtype=bool) if len(item) > 3
                  else np.zeros(len(label), dtype=bool))
@@ -269,24 +241,12 @@ def _ground_truth(item):
 def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
                   top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K, ids=None,
                   label_names=None, split=None, return_candidates: bool = False):
-    """Predict every image of ``dataset`` in the 'evaluate' preset (score 0.01, NMS 0.45).
+    """Predict every image of ``dataset`` (items ``(img, bbox, label[, difficult])``) in the
+    'evaluate' preset, restored afterwards; ``top_k``/``keep_top_k``: the caps of
+    :func:`medaidet.ssd.predict.predict`.
 
-    Args:
-        model: a ChainerCV SSD; its preset is set to 'evaluate' for the call and restored.
-        dataset: items ``(img, bbox, label)`` or ``(img, bbox, label, difficult)``, e.g.
-            ``BCCDDataset(root, 'test', use_difficult=True, return_difficult=True)``.
-        batch_size: images per forward pass.
-        progress: show a ``tqdm.auto`` bar (renders in Jupyter and in a terminal).
-        top_k, keep_top_k: the caps of :func:`medaidet.ssd.predict.predict`.
-        ids: image ids; default ``dataset.ids`` or the indices.
-        label_names: default ``dataset.label_names`` or BCCD's.
-        split: the split's name, kept with the predictions; default ``dataset.split``.
-        return_candidates: also return, per image, the candidates before the caps and NMS
-            (:class:`medaidet.ssd.predict.Candidates`, for :mod:`medaidet.evaluation.analysis`).
-
-    Returns:
-        :class:`Predictions` (with the split, the model's name and the seconds the loop
-        took); with ``return_candidates``, ``(predictions, candidates)``.
+    Returns :class:`Predictions`; with ``return_candidates``, ``(predictions, candidates)``,
+    per image the :class:`~medaidet.ssd.predict.Candidates` before the caps and NMS.
     """
     if progress:    # tqdm.auto warns where Jupyter has no ipywidgets: not imported for nothing
         from tqdm.auto import tqdm
@@ -329,9 +289,8 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
 
 
 def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVICE):
-    """Build ``model_name`` (None: the model the weights were saved from,
-    :func:`~medaidet.ssd.model.model_of_weights`) for BCCD's 3 classes, load the trained
-    weights, move it to ``device``. ``model.name`` is the model's name."""
+    """Build ``model_name`` (None: the one the weights were saved from) for BCCD's classes,
+    load the weights, move it to ``device``; ``model.name`` is the model's name."""
 
     path = Path(os.fspath(weights_path))
     if not path.is_file():
@@ -347,15 +306,9 @@ def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVIC
 
 
 def course_weights(profile: str, run_dir) -> tuple:
-    """The weights notebooks 04 and 05 look at in ``profile``, and why: ``(path, reason)``.
-
-    * ``'full'`` and ``'cpu'``: ``<run_dir>/<profile>/model.npz`` when notebook 03 trained
-      it, else the small SSD's weights that ship with medaidet
-      (:func:`~medaidet.ssd.weights.shipped_weights`), so that either notebook also runs
-      opened alone (on Colab each notebook has a runtime of its own).
-    * ``'smoke'``: the shipped weights: the smoke run's model saw 4 images for 4 iterations
-      and has nothing to show.
-    """
+    """``(path, reason)``: the weights notebooks 04 and 05 use in ``profile``:
+    ``<run_dir>/<profile>/model.npz`` when notebook 03 trained it (not for ``'smoke'``), else
+    the shipped small SSD's, so each notebook also runs alone (e.g. on Colab)."""
 
     fresh = Path(os.fspath(run_dir)) / profile / "model.npz"
     if profile != "smoke" and fresh.is_file():
@@ -368,18 +321,14 @@ def course_weights(profile: str, run_dir) -> tuple:
 # --------------------------------------------------------------------------- evaluate
 
 def n_scored_boxes(difficults) -> int:
-    """Ground-truth boxes that count in AP (difficult ones are ignored), from each image's
-    ``difficult`` flags."""
+    """Non-difficult ground-truth boxes (those AP counts), from each image's difficult flags."""
     return sum(int((~np.asarray(d, dtype=bool)).sum()) for d in difficults)
 
 
 @dataclass
 class ProtocolResult:
-    """AP of one protocol. Arrays are per class (NaN: no box of the class in the split).
-
-    ``precision[l]``/``recall[l]``: ChainerCV's PR curve of class ``l`` (detections in
-    descending score order), ``None`` when the class has no box.
-    """
+    """AP of one protocol, arrays per class (NaN: no box of the class); ``precision[l]`` /
+    ``recall[l]``: ChainerCV's PR curve of class ``l``, ``None`` when it has no box."""
     name: str
     score_thresh: float
     ap_voc: np.ndarray
@@ -435,12 +384,8 @@ def _score_protocol(preds: Predictions, name: str) -> ProtocolResult:
 
 @dataclass(repr=False)
 class EvaluationResult:
-    """AP per class and mean for each protocol (see the module docs).
-
-    ``protocols``: name -> :class:`ProtocolResult` (``"evaluate"``, ``"course"``).
-    Shows as a table in Jupyter (``_repr_html_``) and in a terminal (``str``);
-    :meth:`to_dict` / :meth:`to_json` for files.
-    """
+    """AP per class and mean for each protocol (``protocols``: name -> :class:`ProtocolResult`),
+    shown as a table in Jupyter and by ``str``."""
     label_names: tuple
     protocols: dict
     n_images: int
@@ -537,17 +482,9 @@ def _fmt(value) -> str:
 
 
 def evaluate(predictions: Predictions, label_names=None, protocols=None) -> EvaluationResult:
-    """VOC area AP and VOC07 11-point AP at IoU 0.5 for each protocol.
-
-    Args:
-        predictions: from :func:`~medaidet.evaluation.evaluate.predict_split`
-            (scores ``>= 0.01``).
-        label_names: default ``predictions.label_names``.
-        protocols: name -> score threshold; default :data:`PROTOCOLS`. Each protocol
-            keeps the detections scoring ``>=`` its threshold.
-
-    Raises :class:`ConfigError` when no image has a ground-truth box.
-    """
+    """VOC area AP and VOC07 11-point AP at IoU 0.5 for each protocol (name -> score
+    threshold; default :data:`PROTOCOLS`). Raises :class:`ConfigError` when no image has a
+    (non-difficult) ground-truth box."""
     if label_names is not None:
         predictions = Predictions(**{**predictions.__dict__, "label_names": tuple(label_names)})
     if not n_scored_boxes(predictions.gt_difficults):
@@ -566,11 +503,8 @@ def evaluate(predictions: Predictions, label_names=None, protocols=None) -> Eval
 
 
 def plot_pr_curves(result: EvaluationResult):
-    """Precision-recall curve per class (one panel each), one line per protocol.
-
-    The 'course' line stops where its recall runs out: everything below score 0.6 is lost.
-    Returns a matplotlib ``Figure`` (not shown; ``fig.savefig(...)`` to write it).
-    """
+    """Precision-recall curve per class (one panel each), one line per protocol; returns a
+    matplotlib ``Figure``."""
 
     n = len(result.label_names)
     fig = Figure(figsize=(4.2 * n, 4.0), layout="constrained")
@@ -598,11 +532,9 @@ def plot_pr_curves(result: EvaluationResult):
 # --------------------------------------------------------------------------- a weight file in
 
 def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=None) -> tuple:
-    """The cheap checks of an evaluate/count run, before the model is built: the weight file
-    exists, ``subset`` and ``batch_size`` are whole numbers > 0, the dataset is there and
-    ``out`` (created now) can be written outside it. Errors name the arguments as the
-    command line spells them (``--subset``, ``--out``). Returns ``(weights, root, subset,
-    batch_size, out)``."""
+    """Check an evaluate/count run's arguments before the model is built (errors name them as
+    the command line does) and create ``out``. Returns ``(weights, root, subset, batch_size,
+    out)``."""
     path = Path(os.fspath(weights_path))
     if not path.is_file():
         raise missing_weights_error(path)
@@ -618,9 +550,8 @@ def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=Non
 def predict_weights(weights_path, split: str = "test", model_name: str | None = None,
                     root=None, subset=None, device=DEFAULT_DEVICE, batch_size: int = 8,
                     progress: bool = True, return_candidates: bool = False):
-    """Load weights and predict ``split`` (its first ``subset`` images when given); with
-    ``return_candidates`` also the candidates before the caps and NMS
-    (:func:`predict_split`). The arguments are checked first (:func:`check_run`)."""
+    """Load weights and :func:`predict_split` ``split`` (its first ``subset`` images when
+    given), the arguments checked first (:func:`check_run`)."""
     path, root, subset, batch_size, _ = check_run(weights_path, root, subset, batch_size)
     model = load_model(path, model_name, device)
     # ChainerCV's evaluation convention: keep difficult boxes, flagged, so they are ignored.
@@ -658,14 +589,8 @@ def evaluate_weights(weights_path, split: str = "test", model_name: str | None =
                      root=None, subset=None, device=DEFAULT_DEVICE, out=None,
                      batch_size: int = 8, progress: bool = True) -> EvaluationResult:
     """Load, predict, evaluate (``medaidet evaluate``); write ``evaluation.json`` and
-    ``pr_curves.png`` to ``out``, both or neither. Every argument is checked, and ``out``
-    created, before the model is built.
-
-    Raises:
-        WeightsError: ``"missing"``: ``weights_path`` does not exist.
-        ConfigError: a bad ``subset``, ``batch_size`` or ``out``; or the images to evaluate
-            hold no ground-truth box (:func:`check_ground_truth`).
-    """
+    ``pr_curves.png`` to ``out``, both or neither. Raises :class:`WeightsError` (missing
+    weights) or :class:`ConfigError` (bad arguments, no ground-truth box) before building."""
     _, root, subset, _, out = check_run(weights_path, root, subset, batch_size, out)
     check_ground_truth(root, split, subset)
     preds = predict_weights(weights_path, split, model_name, root, subset, device, batch_size,

@@ -1,9 +1,6 @@
-"""The evaluation protocol in numbers: the IoU of a match, the score thresholds detections are
-scored and counted at, and the course's published results.
+"""The evaluation protocol in numbers: match IoU, score thresholds, the course's results.
 
-Plain constants, no NumPy or chainer: the command line builds its ``evaluate`` and ``count``
-parsers from them before the stack is imported. :mod:`medaidet.evaluation.evaluate` and
-:mod:`medaidet.evaluation.count` explain what each one means for a result.
+Plain constants, no NumPy or chainer: the command line builds its parsers from them first.
 """
 
 __all__ = ["IOU_THRESH", "EVALUATE_SCORE_THRESH", "COURSE_SCORE_THRESH", "PROTOCOLS",

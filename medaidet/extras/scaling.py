@@ -1,16 +1,8 @@
 """Scaling (notebooks 07 and 08): the batch-size finder, the largest training batch that
 fits in memory, and the ``--accumulate`` that reaches the recipe's batch with it.
 
-The course's recipe trains with batch 32; SSD300's activations for one 300x300 image take a
-few hundred MB in training, so batch 32 needs a large GPU.
-:func:`find_batch_size` tries forward + backward at a batch size, halves it on out of
-memory and tries again (:mod:`medaidet.training.memory`: telling out of memory apart, giving
-a failed try's memory back, measuring the peak), reporting every try (peak memory, seconds,
-images/s) and the ``--accumulate`` that gives the recipe's batch with the batch size that fits
-(:class:`medaidet.training.accumulation.AccumulatingUpdater` then trains with it).
-
-:func:`plot_memory` draws a report for the notebooks; :func:`batch_size_on_bccd` runs the
-finder (or :func:`measure_batch_sizes`) on SSD and real BCCD images.
+:func:`find_batch_size` halves the batch on out of memory (:mod:`medaidet.training.memory`);
+:func:`batch_size_on_bccd` runs it on SSD and BCCD; :func:`plot_memory` draws the report.
 """
 from __future__ import annotations
 
@@ -47,15 +39,9 @@ __all__ = ["BatchSizeTry", "BatchSizeReport", "check_search", "find_batch_size",
 
 @dataclass
 class BatchSizeTry:
-    """One try of :func:`find_batch_size`.
-
-    ``peak_bytes``: the most memory the try held at once above what was allocated before
-    it (parameters and optimizer state are not in it; activations, gradients and the
-    inputs are); None for a failed try. ``seconds``: forward + backward (or until the
-    failure). ``device_free_bytes`` / ``device_total_bytes``: the GPU's free and total
-    memory after the backward pass (``cudaMemGetInfo``: other processes' use counts); None
-    on the CPU.
-    """
+    """One try of :func:`find_batch_size`. ``peak_bytes``: the most memory held above what was
+    allocated before (parameters and optimizer state not in it); None if it failed.
+    ``device_free_bytes``/``device_total_bytes``: the GPU's after backward; None on the CPU."""
     batch_size: int
     ok: bool
     error: str | None = None
@@ -77,11 +63,7 @@ class BatchSizeTry:
 @dataclass
 class BatchSizeReport:
     """Every try of :func:`find_batch_size`, the largest batch size that fit and the
-    ``--accumulate`` that gives ``target_batch_size`` with it.
-
-    ``memory_measure`` says what ``peak_bytes`` measures (tracemalloc on the CPU, the CuPy
-    memory pool on a GPU). ``str(report)``: the table, the result and the suggestion.
-    """
+    ``--accumulate`` reaching ``target_batch_size``; ``memory_measure``: what ``peak_bytes`` is."""
     device: str
     memory_measure: str
     target_batch_size: int
@@ -164,8 +146,7 @@ class BatchSizeReport:
 
 
 def _forward_backward(train_chain, examples, device, t):
-    """One try, measured; every array it makes dies with this frame (or, on an error,
-    with the traceback)."""
+    """One try, measured; its arrays die with this frame (or, on an error, the traceback)."""
     with PeakMemory(device) as peak:
         began = time.perf_counter()
         try:
@@ -190,9 +171,8 @@ def _prepare(train_chain, device):
 
 
 def _try_batch_size(train_chain, examples, batch_size, device) -> BatchSizeTry:
-    """Forward + backward of ``batch_size`` examples (``examples`` repeated as needed);
-    out of memory is recorded in the try, other errors propagate. Afterwards the try's
-    arrays are gone and the memory pools are emptied."""
+    """Forward + backward of ``batch_size`` examples (repeated as needed); out of memory is
+    recorded in the try, other errors propagate; then the memory pools are emptied."""
     t = BatchSizeTry(batch_size, ok=True)
     batch = [examples[i % len(examples)] for i in range(batch_size)]
     with chainer.using_config("train", True):
@@ -210,8 +190,7 @@ def _try_batch_size(train_chain, examples, batch_size, device) -> BatchSizeTry:
 
 
 def check_search(start, min_batch_size) -> tuple:
-    """``(start, min_batch_size)`` as whole numbers ``1 <= min_batch_size <= start``; else
-    :class:`~medaidet.errors.ConfigError` naming them."""
+    """``(start, min_batch_size)``, whole, ``1 <= min_batch_size <= start``; else ConfigError."""
     start = check_number(start, "start", integer=True)
     min_batch_size = check_number(min_batch_size, "min_batch_size", integer=True)
     if min_batch_size > start:
@@ -221,8 +200,7 @@ def check_search(start, min_batch_size) -> tuple:
 
 
 def _check_sizes(sizes, name: str = "sizes") -> list:
-    """``sizes`` sorted, without repeats, each a whole number > 0; else
-    :class:`~medaidet.errors.ConfigError` naming ``name``."""
+    """``sizes`` sorted and unique, each a whole number > 0; else ConfigError naming ``name``."""
     expected = "expected a list of batch sizes (whole numbers > 0)"
     if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
         raise ConfigError(f"{name}: {sizes!r} is not a list; {expected}")
@@ -241,10 +219,8 @@ def _check_sizes(sizes, name: str = "sizes") -> list:
 
 def measure_batch_sizes(train_chain, dataset, sizes=(1, 2, 4, 8), device=None,
                         log=print) -> BatchSizeReport:
-    """Peak memory and speed of a forward + backward pass at each of ``sizes`` (all of
-    them: unlike :func:`find_batch_size` it does not stop at the first fit; a size that
-    runs out of memory is recorded as such). ``target_batch_size`` of the report: the
-    largest size. Plot it with :func:`plot_memory`."""
+    """Peak memory and speed of forward + backward at each of ``sizes`` (unlike
+    :func:`find_batch_size`, all of them); ``target_batch_size``: the largest."""
     sizes = _check_sizes(sizes)
     if len(dataset) == 0:
         raise ValueError("the dataset is empty: measuring needs at least one example")
@@ -278,40 +254,11 @@ def _nothing_fits(report: BatchSizeReport, device, on_gpu: bool) -> DeviceError:
 def find_batch_size(train_chain, dataset, device=None, start: int = 32,
                     min_batch_size: int = 1, target_batch_size: int | None = None,
                     log=print) -> BatchSizeReport:
-    """The largest batch size (``start``, ``start // 2``, ... ``min_batch_size``) whose
-    forward + backward pass fits in memory, with every try reported.
-
-    Args:
-        train_chain: the training chain (:class:`medaidet.ssd.loss.MultiboxTrainChain`):
-            ``train_chain(*batch)`` returns the loss. Moved to ``device``.
-        dataset: transformed examples (what the training iterator yields, e.g. a
-            ``TransformDataset`` with :class:`medaidet.ssd.transforms.TrainTransform`). A try
-            at batch size ``b`` uses its first ``b`` examples, repeated if it has fewer.
-        device: a chainer device spec (``'@numpy'``, ``'@cupy:0'``, ``-1``, ``0``) or
-            None: the chain's device.
-        start: the first batch size tried.
-        min_batch_size: the smallest one tried.
-        target_batch_size: the batch size to reach with accumulation (default: ``start``,
-            e.g. the recipe's 32) for the suggestion.
-        log: called with one line per try as it happens (``print``; None for silence).
-
-    Each try: ``concat_examples`` onto the device, clear the gradients, forward, backward,
-    and measure the peak memory and the seconds. No optimizer update (its state is
-    allocated at the first update and is the same at every batch size). On out of memory
-    (:func:`is_out_of_memory`) every reference to the try is dropped, the gradients are
-    cleared, garbage is collected and, on a GPU, CuPy's memory pools give their blocks back
-    (:func:`free_memory`); then the batch size is halved (not below ``min_batch_size``).
-    The first try that fits ends the search: it is the largest that fit.
-
-    Peak memory (:class:`PeakMemory`): on the CPU the ``tracemalloc`` peak during the try
-    (NumPy reports its arrays to tracemalloc), on a GPU the bytes CuPy's memory pool held
-    (emptied before the try); ``memory_measure`` in the report says which. Either is the
-    try's own memory: the parameters and the optimizer state come on top. The seconds of
-    the first try include one-time costs (cuDNN's autotuning, lazily initialized layers).
-
-    Returns a :class:`BatchSizeReport`. Raises :class:`DeviceError` (with the
-    report) when even ``min_batch_size`` runs out of memory; other errors propagate.
-    """
+    """The largest batch size (``start``, ``start // 2``, ... ``min_batch_size``) whose forward
+    + backward pass (no update) of ``train_chain`` on ``dataset``'s transformed examples fits in
+    memory, every try reported. ``target_batch_size`` (default ``start``): what accumulation
+    should reach; ``log``: one line per try (None: silent). Raises a ``"memory"`` DeviceError
+    (with the report) when even ``min_batch_size`` runs out of memory."""
     start, min_batch_size = check_search(start, min_batch_size)
     if target_batch_size is not None:
         target_batch_size = check_number(target_batch_size, "target_batch_size", integer=True)
@@ -350,14 +297,9 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
                        min_batch_size: int = 1, target_batch_size: int | None = None,
                        sizes=None, root=None, out=None, log=print) -> BatchSizeReport:
     """The finder (or, with ``sizes``, :func:`measure_batch_sizes`) for ``model`` (random
-    initial weights: memory does not depend on their values) on real BCCD training
-    images, encoded as the training transform encodes them. ``device``: as
-    ``medaidet train --device``. ``out``: a folder for ``batch_size.json`` and
-    ``memory.png`` (created, and checked, before any work; not inside the dataset).
-    Bad arguments raise :class:`~medaidet.errors.ConfigError` or
-    :class:`~medaidet.errors.ConfigError` naming them, before the model is built.
-    The model, its loss and the encoded images are the training recipe's
-    (:class:`~medaidet.training.train.Recipe`), without augmentation."""
+    weights) on BCCD training images encoded as the recipe does, without augmentation.
+    ``out``: a folder for ``batch_size.json`` and ``memory.png`` (checked before any work).
+    Bad arguments raise ConfigError before the model is built."""
     if sizes:
         sizes = _check_sizes(sizes)
     else:
@@ -395,16 +337,8 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
 
 def plot_memory(report, limit_bytes: int | None = None,
                 limit_label: str = "memory limit"):
-    """Peak memory against batch size, the tries that ran out of memory marked: ``report``, a
-    :class:`~medaidet.extras.scaling.BatchSizeReport`.
-
-    ``limit_bytes``: the memory a try could use, when known (e.g. the out-of-memory demo's
-    room above what the model holds): drawn as a line, the failed tries on it (they needed
-    more). Without it the failed tries are marked at the top of the axis: a failed try has
-    no peak to plot. Lines and markers in black and grey: no class colour.
-
-    Returns a matplotlib ``Figure``.
-    """
+    """A ``Figure`` of peak memory against batch size for a :class:`BatchSizeReport`; failed
+    tries are marked on the line ``limit_bytes`` (the memory a try could use) or at the top."""
 
     fig = Figure(figsize=(6.0, 4.0), layout="constrained")
     ax = fig.subplots()

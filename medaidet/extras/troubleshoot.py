@@ -1,11 +1,7 @@
-"""Troubleshooting helpers for notebook 07: find the sample behind a bad label, check
-whether OpenCV survives being used in forked data-loading workers on this machine, and
-run the batch-size finder into a real out-of-memory error on a machine without a GPU.
-
-Each helper reproduces a failure from the course's history *safely* (no CUDA fault, no hang
-of the caller) and says what to do about it. Two run in a child process, this module run as
-a program: ``python -m medaidet.extras.troubleshoot fork-check THREADS`` (the OpenCV fork
-hang) and ``... oom-demo '[ROOT, START, HEADROOM]'`` (a real out-of-memory error).
+"""Troubleshooting helpers for notebook 07: the samples behind a bad label, whether OpenCV
+survives forked workers here, and a real out-of-memory error without a GPU; each reproduced
+safely, two in a child (``python -m medaidet.extras.troubleshoot fork-check THREADS`` or
+``... oom-demo '[ROOT, START, HEADROOM]'``).
 """
 from __future__ import annotations
 
@@ -53,14 +49,9 @@ class InvalidSample:
 
 
 def find_invalid_samples(dataset, n_fg_class: int = 3, limit: int | None = None) -> list:
-    """Run :func:`medaidet.ssd.transforms.check_sample` on every sample of ``dataset`` (an
-    ``(img, bbox, label)`` dataset, before any transform) and list the ones it rejects,
-    with their index and, when the dataset has ``ids`` (BCCD and ChainerCV's VOC datasets
-    do), the image id: the file to open and fix.
-
-    The training transform raises on the *first* bad sample it meets, in shuffled order;
-    this finds all of them, in order. ``limit``: stop after this many findings.
-    """
+    """Every sample of ``dataset`` (``(img, bbox, label)``, untransformed) that
+    :func:`medaidet.ssd.transforms.check_sample` rejects, in order, with the image id when the
+    dataset has ``ids``; ``limit``: stop after this many."""
     ids = getattr(dataset, "ids", None)
     found = []
     for index in range(len(dataset)):
@@ -105,17 +96,9 @@ def _parallel_framework() -> str:
 def opencv_fork_check(threads: int = 4, timeout: float = 20.0,
                       program: str = "medaidet.extras.troubleshoot fork-check") -> OpenCVForkCheck:
     """The OpenCV fork hang, reproduced in a child process (:func:`_fork_check`) with a time
-    limit.
-
-    The child uses OpenCV with ``threads`` threads (its thread pool starts), then forks two
-    workers that call ``cv2.resize``: with OpenCV builds whose thread pool is not fork-safe
-    (OpenMP or TBB, as in some conda builds) the workers wait forever for threads that
-    were not copied into them: ``MultiprocessIterator`` then hangs. ``threads=0`` is the fix
-    medaidet applies on import (``cv2.setNumThreads(0)``). Builds with a fork-safe pool
-    finish either way; the result says which framework this OpenCV uses. ``program``: the
-    module (and its arguments before ``THREADS``) the child runs (tests pass one that hangs
-    on every build).
-    """
+    limit: where the thread pool is not fork-safe (OpenMP or TBB builds) forked workers wait
+    forever and ``MultiprocessIterator`` hangs. ``threads=0`` is the fix medaidet applies on
+    import. ``program``: the module (and arguments before ``THREADS``) the child runs."""
     start = time.monotonic()
     # a session of its own: on a hang, the stuck workers are killed with their parent
     proc = subprocess.Popen([sys.executable, "-m", *program.split(), str(int(threads))],
@@ -163,23 +146,14 @@ class OutOfMemoryDemo:
 
 def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
                        timeout: float = 600) -> OutOfMemoryDemo:
-    """An out-of-memory error at a large batch size, for real, on a machine without a GPU.
-
-    A child process (:func:`_oom_demo`) builds SSD300, measures what one BCCD image's
-    forward + backward pass needs, limits its own address space (``RLIMIT_AS``, Linux) to
-    what it holds plus ``headroom`` times that, and runs
-    :func:`medaidet.extras.scaling.find_batch_size` from
-    ``start``: large batches raise NumPy's ``MemoryError`` (CuPy's
-    ``OutOfMemoryError`` on a GPU), the finder frees, halves and retries, and reports every
-    try. The limit applies to the child only: this process is never short of memory.
-    With a ``headroom`` below 1 not even batch 1 fits: ``error`` then holds the message of
-    the finder's :class:`~medaidet.errors.DeviceError` (kind ``"memory"``).
-    """
+    """A real out-of-memory error without a GPU: a child (:func:`_oom_demo`) limits its address
+    space (``RLIMIT_AS``, Linux) to what SSD300 holds plus ``headroom`` x one image's forward +
+    backward, and runs :func:`find_batch_size` from ``start``. With ``headroom`` < 1 nothing
+    fits: ``error`` holds the ``"memory"`` DeviceError's message."""
     if not sys.platform.startswith("linux"):
         raise RuntimeError("out_of_memory_demo limits memory with RLIMIT_AS: Linux only")
     root = str(resolve_root(root))
-    # one BLAS/OpenMP thread: each further thread's buffers and malloc arena take address
-    # space after the one-image measure, and batch 1 would no longer fit its own limit
+    # one BLAS thread: more threads' buffers would take address space after the measure
     one_thread = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                   "MKL_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "medaidet.extras.troubleshoot", "oom-demo",
@@ -205,8 +179,7 @@ def _resize(i: int) -> float:
 
 
 def _fork_check(threads: str) -> int:
-    """The child of :func:`opencv_fork_check`: OpenCV with ``threads`` threads in this process
-    (its thread pool starts), then two forked workers calling ``cv2.resize``."""
+    """The child of :func:`opencv_fork_check`: ``threads`` OpenCV threads, then 2 forked workers."""
     global _IMAGE
     threads = int(threads)
     cv2.setNumThreads(threads)   # after `import medaidet` set it to 0: the check sets its own
@@ -228,8 +201,6 @@ def _oom_demo(arguments: str) -> int:
     """The child of :func:`out_of_memory_demo`: prints one JSON line."""
     root, start, headroom = json.loads(arguments)
     np.random.seed(0)
-    # the course's recipe for SSD300 from random weights, on the CPU, encoding without
-    # augmentation: the same model, loss and encoded images as training
     recipe = Recipe(TrainConfig(model="ssd300", pretrained=None, augment=False, device="cpu",
                                 root=root, subset=2))
     model = recipe.model()

@@ -1,9 +1,5 @@
-"""A model's default boxes and variances, read through one public door.
-
-ChainerCV's ``MultiboxCoder`` builds every default box of an SSD once and keeps them, with
-the two variances that scale the offsets, in private attributes. Notebooks 01-04 look at them
-and the package decodes with them; this module is where both read them.
-"""
+"""A model's default boxes and variances (ChainerCV's ``MultiboxCoder`` keeps them private),
+read through one public door by notebooks 01-04 and the package."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,15 +13,13 @@ def _coder(model_or_coder):
 
 
 def default_boxes(model_or_coder) -> np.ndarray:
-    """Every default box of an SSD (or of its ``MultiboxCoder``), one row per box:
-    ``(center y, center x, height, width)`` in pixels of the model's input (300x300 for
-    SSD300 and the small SSD), in the order of the heads' outputs; on the host."""
+    """Every default box of an SSD (or its ``MultiboxCoder``), on the host: (K, 4)
+    ``(center y, center x, height, width)`` in input pixels, in the heads' output order."""
     return cuda.to_cpu(_coder(model_or_coder)._default_bbox)
 
 
 def variances(model_or_coder) -> tuple:
-    """The coder's two variances ``(centre, size)``: the offsets of a box from its default box
-    are divided by them when encoded (ChainerCV's SSD: 0.1 and 0.2)."""
+    """The coder's two variances ``(centre, size)`` that divide the encoded offsets (0.1, 0.2)."""
     return tuple(float(v) for v in _coder(model_or_coder)._variance)
 
 

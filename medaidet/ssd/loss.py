@@ -1,38 +1,20 @@
 """SSD's multibox loss behind a check of its targets (notebook 02, sections 7 and 8).
 
-ChainerCV's :func:`chainercv.links.model.ssd.multibox_loss` computes the loss (eq. 2 and 3 of
-Liu et al., SSD, ECCV 2016); this module checks its inputs first. Why: on the GPU an
-out-of-range label or a broken box is read unchecked inside the loss's kernels, and what
-follows is a wrong loss or a fault reported later by an unrelated call (the sort of
-hard-negative mining: ``merge_sort: failed to synchronize``), with no idea which sample was
-wrong. The check runs on the device with one host synchronisation and raises an
-:class:`~medaidet.errors.InvalidTargetsError` (a ``ValueError``) for shapes that disagree,
-non-integer or out-of-range labels and non-finite encoded locations at positive priors, naming
-the batch index, prior index, value, allowed range and likely cause, or a
-:class:`~medaidet.errors.DivergedError` (kind ``"predictions"``) for nan/inf predictions.
+The loss is ChainerCV's :func:`chainercv.links.model.ssd.multibox_loss` (eq. 2 and 3 of Liu et
+al., SSD, ECCV 2016). On a GPU a bad label or box is read unchecked inside its kernels and gives
+a wrong loss or a later fault in an unrelated call, so the inputs are checked first, on the
+device with one host synchronisation: :class:`~medaidet.errors.InvalidTargetsError` (a
+``ValueError``) for shapes that disagree, bad labels and non-finite encoded locations at
+positive priors, :class:`~medaidet.errors.DivergedError` (kind ``"predictions"``) for nan/inf
+predictions; each names the batch index, prior index, value, allowed range and likely cause.
 
-Conventions (as in ChainerCV): ``K`` default boxes per image, locations encoded by
-:class:`chainercv.links.model.ssd.MultiboxCoder` as ``(dy, dx, log(h), log(w))`` offsets,
-class 0 is background, so ``mb_confs`` has ``n_class = n_fg_class + 1`` scores per prior and
-labels run over ``0 .. n_class - 1``.
+Conventions (ChainerCV's): ``K`` default boxes per image; locations encoded by ``MultiboxCoder``
+as ``(dy, dx, log(h), log(w))`` offsets; class 0 is background, so ``mb_confs`` has
+``n_class = n_fg_class + 1`` scores per prior and labels run over ``0 .. n_class - 1``.
 
-Gradient accumulation (:class:`medaidet.training.accumulation.AccumulatingUpdater`) needs
-only the normaliser (``n_positive``): everything else in the loss is per image. The
-localisation loss is a sum over positive priors, the confidence loss a sum over positives and
-hard negatives, and hard-negative mining (:func:`hard_negative`) ranks each image's negatives by
-that image's own losses and keeps ``k`` times that image's own positives. Micro-batches
-therefore select the same priors and give the same unnormalised sums; only the division by the
-batch-wide positive count couples the images, so each micro-batch divides by the whole batch's
-count and the micro-batch losses (and gradients) add up to the large batch's.
-
-A hand-written loss with its own backward (19.8 ms against ChainerCV's 34.0 ms for SSD300 at
-batch 32 on the CPU) bought nothing measurable in the training the course runs (the cpu
-profile: docs/cpu-detector.md, "Where a training step's time goes"), so the loss is ChainerCV's.
-
-:class:`MultiboxTrainChain` is ChainerCV's ``examples/ssd/train.py`` chain with this loss:
-the model plus the loss, the losses reported (``chainer.reporter.report``; under a ``Trainer``
-the keys get the observer's prefix, ``main/`` for the updater's target): ``loss``
-(``loc_loss * alpha + conf_loss``), ``loss/loc`` and ``loss/conf``.
+Gradient accumulation: only the normaliser (the positive count) couples the images (hard
+negatives are ranked per image), so each micro-batch divides by the whole batch's count and
+the micro-batch losses add up to the large batch's.
 """
 import math
 import reprlib
@@ -57,35 +39,13 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
                   n_positive=None):
     """SSD's localisation and confidence losses, with the targets checked first.
 
-    Same arguments and results as ChainerCV's ``multibox_loss`` (eq. 2 and 3 of Liu et al.),
-    plus ``check`` and ``n_positive``.
-
-    Args:
-        mb_locs, mb_confs: the model's outputs (Variables or arrays): location offsets
-            ``(B, K, 4)`` and class logits ``(B, K, n_class)``, floating point; class 0
-            is background.
-        gt_mb_locs, gt_mb_labels: the coder's targets: ``(B, K, 4)`` in the dtype of
-            ``mb_locs`` (used at positive priors only) and integer labels ``(B, K)`` in
-            ``[0, n_class)`` (any integer dtype but uint64).
-        k: hard negatives per positive, a finite number >= 0 (3 in SSD; may be fractional).
-        comm: a ChainerMN communicator: the positive count is averaged over the workers.
-        check: validate shapes, dtypes and values first (default; :func:`check_values`).
-            ``False`` checks only the argument types and ``k``: invalid targets then give
-            undefined results or, on a GPU, an asynchronous CUDA fault.
-        n_positive: divide both losses by this instead of this call's positive count: the
-            whole batch's ``(gt_mb_labels > 0).sum()`` (with a ``comm``, already averaged
-            over the workers; ``comm`` is then not used), for gradient accumulation (see
-            the module docstring). ``None``: this call's own count, exactly as ChainerCV.
-
-    Returns:
-        ``(loc_loss, conf_loss)``, scalar Variables divided by the positive count (or
-        ``n_positive``); two float32 zeros when that is 0 (as ChainerCV).
-
-    Raises:
-        InvalidTargetsError: an argument that is not an array, arrays on different devices,
-            a bad ``k`` or ``n_positive``, shapes or dtypes that disagree, a label outside
-            ``[0, n_class)``, an encoded location that is not finite at a positive prior.
-        DivergedError: ``mb_locs`` or ``mb_confs`` holds nan or inf.
+    Arguments and results as ChainerCV's ``multibox_loss``: ``mb_locs`` (B, K, 4) and ``mb_confs``
+    (B, K, n_class), floating point; ``gt_mb_locs`` (B, K, 4) in ``mb_locs``' dtype;
+    ``gt_mb_labels`` (B, K), any integer dtype but uint64; ``k`` hard negatives per positive, a
+    finite number >= 0 (SSD: 3). ``check=False`` checks only the argument types and ``k``.
+    ``n_positive``: divide by this (the whole batch's positive count, already averaged over the
+    workers; ``comm`` is then unused) instead of this call's count. Returns ``(loc_loss,
+    conf_loss)``, scalar Variables; two float32 zeros when the count is 0.
     """
     _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k)
     gt_mb_locs, gt_mb_labels = _as_array(gt_mb_locs), _as_array(gt_mb_labels)
@@ -98,9 +58,7 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
         if check:
             check_values(_as_array(mb_locs), _as_array(mb_confs), gt_mb_locs, gt_mb_labels,
                          positive)
-        # One deliberate difference from ChainerCV: the coder writes every prior's offsets
-        # from its best box, so a degenerate box puts nan/-inf at negative priors too; the
-        # loss uses positives only, and ChainerCV's would turn those into inf * 0 = nan.
+        # unlike ChainerCV: zero negatives' offsets (a degenerate box puts nan/-inf there)
         gt_mb_locs = xp.where(positive[..., None], gt_mb_locs, gt_mb_locs.dtype.type(0))
         gt_mb_labels = gt_mb_labels.astype(np.int32, copy=False)   # chainer wants signed
         if normaliser is None:
@@ -108,7 +66,7 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
         if normaliser == 0:
             z = chainer.Variable(xp.zeros((), dtype=np.float32))
             return z, z
-        # ChainerCV divides by this call's own positive count: rescale to the caller's
+        # ChainerCV divides by this call's own count: rescale to the caller's
         loc_loss, conf_loss = chainercv_multibox_loss(mb_locs, mb_confs, gt_mb_locs,
                                                       gt_mb_labels, k)
         scale = (positive.sum() / _as_array(n_positive)).astype(loc_loss.dtype)
@@ -116,8 +74,7 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
 
 
 def _host_normaliser(n_positive):
-    """The caller's normaliser as a host number, checked: a count, or an average of counts
-    over workers, so a real number >= 0 (a scalar or a 0-d array)."""
+    """``n_positive`` as a host number, checked to be a real number >= 0 (scalar or 0-d array)."""
     value = None
     if isinstance(n_positive, (int, float, np.integer, np.floating)) \
             and not isinstance(n_positive, (bool, np.bool_)):
@@ -138,17 +95,9 @@ def _host_normaliser(n_positive):
 def hard_negative(x, positive, k):
     """SSD's hard negatives, as ChainerCV's loss chooses them (notebook 02, section 7).
 
-    Args:
-        x (array): per-prior confidence loss, shape ``(B, K)``.
-        positive (array of bool): positive priors, shape ``(B, K)``.
-        k (int or float): at most ``k * n_positive`` negatives are kept per image; a
-            finite number >= 0, else :class:`InvalidTargetsError`.
-
-    Returns:
-        array of bool, shape ``(B, K)``: the negatives (never a positive) whose loss is among
-        the ``k * n_positive`` largest of their image. ChainerCV ranks ``x * (positive - 1)``
-        (minus the loss for negatives, 0 for positives) and keeps ranks below
-        ``k * n_positive``, so a negative whose loss is exactly 0 ties with the positives.
+    ``x``: per-prior confidence loss (B, K); ``positive``: bool (B, K). Returns bool (B, K): the
+    negatives whose loss is among the ``k * n_positive`` largest of their image (a negative whose
+    loss is exactly 0 ties with the positives).
     """
     _check_k(k)
     x = _as_array(x)
@@ -191,7 +140,6 @@ def to_host(a):
     return cuda.to_cpu(a)
 
 
-#: Each array argument's expected form, in words.
 _ARRAY_FORMS = {
     "mb_locs": "a chainer.Variable or array of shape (B, K, 4), floating point",
     "mb_confs": "a chainer.Variable or array of shape (B, K, n_class), floating point",
@@ -201,8 +149,7 @@ _ARRAY_FORMS = {
 
 
 def _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k):
-    """Types, devices and ``k``: host-side metadata only, checked even with ``check=False``
-    (a list or a string would otherwise fail deep inside with a bare TypeError)."""
+    """Types, devices and ``k``: host metadata, checked even with ``check=False``."""
     args = {"mb_locs": mb_locs, "mb_confs": mb_confs,
             "gt_mb_locs": gt_mb_locs, "gt_mb_labels": gt_mb_labels}
     array_types = chainer.get_array_types()
@@ -290,9 +237,8 @@ def _check_shapes(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels):
 
 
 def _usable_label_dtype(dtype) -> bool:
-    """Labels index the flattened scores (``arange(B * K) * n_class + label``): their dtype
-    must combine with the platform's index dtype into an integer. uint64 does not (NumPy
-    and CuPy promote int64 with uint64 to float64)."""
+    """Labels index the flattened scores, so they must promote with ``intp`` to an integer
+    (uint64 promotes to float64)."""
     return np.dtype(dtype).kind in "iu" and np.promote_types(np.intp, dtype).kind in "iu"
 
 
@@ -308,13 +254,8 @@ _LABEL_DTYPES = _in_words([np.dtype(t).name for t in (np.int8, np.int16, np.int3
 
 def check_values(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, positive):
     """The values in front of the loss, checked on the device with one transfer to the host:
-    written in notebook 02, section 8 (the cell ``# @save medaidet/ssd/loss.py``).
-
-    Raises on the first problem found: a label outside ``[0, n_class)``
-    (:class:`InvalidTargetsError`), a non-finite encoded location at a positive prior (the
-    same), then nan/inf predictions (:class:`DivergedError`); each error names the batch
-    index, the prior, the value and the likely cause.
-    """
+    written in notebook 02, section 8. Raises on the first of: a label outside ``[0, n_class)``,
+    a non-finite location at a positive prior, nan/inf predictions."""
     xp = backend.get_array_module(gt_mb_labels)
     n_class = mb_confs.shape[2]
     empty = gt_mb_labels.size == 0
@@ -323,10 +264,10 @@ def check_values(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, positive):
         0 if empty else gt_mb_labels.max(),
         xp.isfinite(mb_locs).all(),
         xp.isfinite(mb_confs).all(),
-        # non-finite ground truth matters only where it is used: positive priors
+        # ground truth matters only at positive priors
         xp.logical_and(~xp.isfinite(gt_mb_locs).all(axis=-1), positive).any(),
     ]
-    # one transfer for all the flags: on a GPU, one synchronisation
+    # one transfer: on a GPU, one synchronisation
     flags = to_host(xp.stack([xp.asarray(f, dtype=np.int64) for f in flags]))
     lo, hi, locs_finite, confs_finite, gt_bad = (int(f) for f in flags)
     if lo < 0 or hi >= n_class:
@@ -404,28 +345,13 @@ def _fmt(values):
 
 class MultiboxTrainChain(chainer.Chain):
     """``model`` plus the multibox loss, for ``chainer.training.StandardUpdater``: written
-    in notebook 02, section 7 (a cell ``# @save medaidet/ssd/loss.py``).
+    in notebook 02, section 7 (ChainerCV's ``examples/ssd/train.py`` chain).
 
-    Args:
-        model: a ChainerCV SSD (``SSD300``/``SSD512``): ``model(imgs)`` returns
-            ``(mb_locs, mb_confs)`` of shapes (B, K, 4) and (B, K, n_fg_class + 1).
-        alpha: weight of the localisation loss (1 in SSD and the course).
-        k: hard negatives per positive (3 in SSD and the course).
-        comm: a ChainerMN communicator for multi-node training, or None.
-        check: validate targets and predictions before the loss (see
-            :func:`medaidet.ssd.loss.multibox_loss`); False skips the checks.
-
-    ``forward(imgs, gt_mb_locs, gt_mb_labels)``: imgs float32 (B, 3, insize, insize),
-    mean subtracted; gt_mb_locs float32 (B, K, 4) and gt_mb_labels int32 (B, K) as
-    encoded by the model's coder (label 0 is background), i.e. what
-    :class:`medaidet.ssd.transforms.TrainTransform` returns, batched by
-    ``chainer.dataset.concat_examples``. Returns the total loss (a 0-dim Variable).
-
-    ``forward(..., n_positive=N)`` divides the losses by ``N`` instead of this batch's
-    positive count (and skips ``comm``'s allreduce, which the caller did): for
-    :class:`medaidet.training.accumulation.AccumulatingUpdater`, which feeds a batch in
-    micro-batches and gives each the whole batch's count, so the micro-batch losses add up
-    to the batch's. The reported values are then this micro-batch's share of the batch's.
+    ``forward(imgs, gt_mb_locs, gt_mb_labels, n_positive=None)`` takes a batch of
+    :class:`~medaidet.ssd.transforms.TrainTransform` outputs and returns ``loc_loss * alpha +
+    conf_loss``, reporting ``loss``, ``loss/loc`` and ``loss/conf`` (``main/`` under a Trainer);
+    ``n_positive`` as in :func:`multibox_loss` (the reported values are then this micro-batch's
+    share).
     """
 
     def __init__(self, model, alpha: float = 1, k: int = 3, comm=None, check: bool = True):

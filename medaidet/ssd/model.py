@@ -1,24 +1,18 @@
 """SSD300, SSD512 and SSDSmall for the BCCD classes, built with the weights they start from.
 
-:func:`build_ssd` makes ChainerCV's ``SSD300``/``SSD512`` (or :class:`~medaidet.ssd.small.SSDSmall`,
-which has no pretrained weights) for ``n_fg_class`` foreground classes (default: the three
-BCCD classes) and loads one of:
+``pretrained`` (:func:`build_ssd`; SSDSmall takes only ``None`` or a path):
 
-* ``None``: nothing; every parameter keeps its random initialization (lazily shaped, as in
-  ChainerCV: the parameters get their shapes on the first forward pass).
-* ``'imagenet'``: ImageNet VGG-16 weights for the extractor's VGG layers, the rest random
-  (what ``SSD300(n_fg_class, pretrained_model='imagenet')`` loads), from the first source
-  that works (:data:`medaidet.ssd.weights.SOURCES`); the report says which.
-* ``'voc0712'``: every parameter of ChainerCV's PASCAL VOC model *except the class-score
-  heads* (``multibox/conf/*``), which keep their random initialization. ChainerCV refuses
-  these weights unless ``n_fg_class == 20``; the box regressors (``multibox/loc``)
-  and the whole extractor do not depend on the classes, so they are reused.
-* a path to an ``.npz`` file: a model-only weight file (:func:`~medaidet.ssd.weights.save_weights`)
-  of a model with the same architecture and classes, loaded completely; a ``.sha256``
-  sidecar is verified.
+* ``None``: random initialization (lazily shaped, as ChainerCV's).
+* ``'imagenet'``: ImageNet VGG-16 for the extractor's VGG layers, the rest random, from the
+  first source that works (:data:`medaidet.ssd.weights.SOURCES`).
+* ``'voc0712'``: ChainerCV's PASCAL VOC model except the class-score heads
+  (``multibox/conf/*``), which stay random: ChainerCV refuses these weights unless
+  ``n_fg_class == 20``, but the extractor and box regressors do not depend on the classes.
+* a path: a model-only ``.npz`` (:func:`~medaidet.ssd.weights.save_weights`) of the same
+  architecture and classes, loaded completely; a ``.sha256`` sidecar is verified.
 
-What was loaded is a :class:`~medaidet.ssd.weights.WeightsReport` (``model.weights_report``,
-also logged at INFO level).
+What was loaded: ``model.weights_report`` (:class:`~medaidet.ssd.weights.WeightsReport`),
+also logged at INFO level.
 """
 from __future__ import annotations
 
@@ -51,23 +45,10 @@ def build_ssd(name: str = "ssd300", pretrained=None,
               n_fg_class: int = len(BCCD_LABEL_NAMES)):
     """ChainerCV's ``SSD300``/``SSD512`` for ``n_fg_class`` classes, with ``pretrained`` weights.
 
-    Args:
-        name: ``'ssd300'`` or ``'ssd512'``.
-        pretrained: ``None``, ``'imagenet'``, ``'voc0712'`` or the path of a model-only
-            ``.npz`` (see the module docstring for what each loads).
-        n_fg_class: foreground classes, without the background (BCCD: 3).
-
-    Returns:
-        The model, in the 'visualize' preset (ChainerCV's default; call
-        ``model.use_preset('evaluate')`` before computing AP). ``model.weights_report``
-        is a :class:`WeightsReport`, or ``None`` when nothing was loaded. With weights the
-        model is materialized (every parameter shaped); without, lazily shaped as ChainerCV's.
-
-    Raises:
-        WeightsError: of kind "missing" (the weight file is missing and could not be
-            downloaded), "mismatch" (the file does not fit the model: names the parameter),
-            "checksum" (a local file differs from its ``.sha256`` sidecar), "file" (not a
-            readable ``.npz`` of arrays) or "not_finite" (NaN or infinite values).
+    Returns the model in the 'visualize' preset (``use_preset('evaluate')`` before computing AP),
+    materialized when weights were loaded. WeightsError kinds: "missing", "mismatch" (names the
+    parameter), "checksum" (differs from its ``.sha256``), "file" (not a readable ``.npz`` of
+    arrays), "not_finite".
     """
     cls = _model_class(name)
     check_pretrained(name, pretrained)
@@ -100,11 +81,9 @@ def build_ssd(name: str = "ssd300", pretrained=None,
 
 
 def model_of_weights(path) -> str:
-    """The model (a :data:`~medaidet.ssd.MODEL_NAMES` entry) a model-only ``.npz`` was saved
-    from, told by its parameter names (the zip directory only, no array is read):
-    ``ssd_small`` has numbered extractor stages, ``ssd512`` a seventh multibox head, else
-    ``ssd300``. A file that is not a readable ``.npz`` gives ``ssd300``:
-    :func:`load_weights` then says what is wrong with it."""
+    """The model (:data:`~medaidet.ssd.MODEL_NAMES`) a model-only ``.npz`` was saved from, by its
+    parameter names (zip directory only); ``ssd300`` for an unreadable file, which
+    :func:`load_weights` then explains."""
     path = Path(path)
     try:
         if what_file_is(path) is not None:

@@ -1,11 +1,9 @@
 """ChainerCV's two OpenCV-backed augmentation steps, for when OpenCV is not installed.
 
-OpenCV is optional in this course (images are read with PIL). ChainerCV's
-``random_distort`` and ``resize_with_random_interpolation`` need it; without it
-(:data:`IMAGE_BACKEND` ``"numpy+PIL"``) :mod:`medaidet.ssd.transforms` uses these ports,
-which draw the same random numbers in the same order (so the geometry of an augmentation
-for a given seed is the same with or without OpenCV): colour changes in NumPy with
-OpenCV's 8-bit HSV conventions, and a PIL resize with one of the five corresponding filters.
+OpenCV is optional in this course. Without it (:data:`IMAGE_BACKEND` ``"numpy+PIL"``),
+:mod:`medaidet.ssd.transforms` uses these ports of ``random_distort`` and
+``resize_with_random_interpolation``, which draw the same random numbers in the same order
+(NumPy colour changes in OpenCV's 8-bit HSV, a PIL resize with the corresponding filter).
 """
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ def rgb_to_hsv_u8(rgb):
     diff = v - np.minimum(np.minimum(r, g), b)
     s = np.divide(255 * diff, v, out=np.zeros_like(v), where=v > 0)
     red_max, green_max = v == r, v == g
-    # hue in sextants: (g - b) / diff if red is the maximum, 2 + (b - r) / diff if green,
-    # 4 + (r - g) / diff if blue; the checks in this order, as OpenCV's
+    # hue sextant by the maximum channel, checked red, green, blue as OpenCV does
     h = np.where(red_max, g - b, np.where(green_max, b - r, r - g))
     np.divide(h, diff, out=h, where=diff > 0)
     h += np.where(red_max, np.float32(0), np.where(green_max, np.float32(2), np.float32(4)))
@@ -106,8 +103,7 @@ def _random_distort_numpy(img, brightness_delta=32, contrast_low=0.5, contrast_h
     return chw.astype(np.float32)
 
 
-# The PIL filters matching, in order, the OpenCV interpolations ChainerCV chooses from
-# (INTER_LINEAR, INTER_AREA, INTER_NEAREST, INTER_CUBIC, INTER_LANCZOS4).
+# PIL's match for each of INTER_LINEAR, INTER_AREA, INTER_NEAREST, INTER_CUBIC, INTER_LANCZOS4
 _PIL_FILTERS = (Image.BILINEAR, Image.BOX, Image.NEAREST, Image.BICUBIC, Image.LANCZOS)
 
 

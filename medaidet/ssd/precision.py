@@ -1,49 +1,23 @@
 """Half precision for SSD: float16 compute on float32 weights, with loss scaling.
 
-``set_precision(model, "mixed16")`` makes a ChainerCV SSD (``SSD300``, ``SSD512``,
-:class:`~medaidet.ssd.small.SSDSmall`) compute in float16 while everything that is stored or
-summed stays float32:
+``set_precision(model, "mixed16")`` gives a ChainerCV SSD's links float16-computing classes in
+place (names, parameters and persistent values unchanged; ``"float32"`` gives them back):
 
-* every parameter stays a float32 array (the master weights): the optimizer, its hooks,
-  weight files, trainer snapshots and ChainerMN see the same model as in float32;
-* each convolution casts its input, ``W`` and ``b`` to float16 inside the graph
-  (``F.cast``), so its product runs in float16 and its weight gradients come back to the
-  float32 parameters cast to float32;
-* the L2 normalisation of SSD300's ``conv4_3`` (ChainerCV's ``Normalize``) computes in
-  float32 (cast in, cast out): in float16 ``x ** 2`` overflows (65504) once an activation
-  passes 256, the norm is inf and ChainerCV's ``Normalize`` outputs zeros without a warning;
-* batch normalisation (SSDSmall) is left as it is: chainer's ``BatchNormalization`` takes a
-  float16 input with its float32 ``gamma``, ``beta`` and statistics (what chainer's own
-  ``mixed16`` mode does) and returns float16;
-* the model's outputs, ``mb_locs`` (B, K, 4) and ``mb_confs`` (B, K, n_fg_class + 1), are
-  float32, so the coder's float32 targets, the multibox loss (softmax cross-entropy and the
-  sums over K priors) and ``MultiboxCoder.decode`` work in float32 unchanged.
+* every parameter stays a float32 master weight (the optimizer, weight files, snapshots and
+  ChainerMN see the float32 model); each convolution casts x, ``W`` and ``b`` to float16 in
+  the graph (:class:`HalfConvolution2D`, :class:`HalfDilatedConvolution2D`);
+* SSD300's ``conv4_3`` L2 normalisation computes in float32 (:class:`Float32Normalize`): in
+  float16 ``x ** 2`` overflows past 256 and ChainerCV's ``Normalize`` outputs zeros silently;
+* batch normalisation (SSDSmall) takes float16 input with float32 parameters as it is;
+* the outputs ``mb_locs`` and ``mb_confs`` are float32 (:class:`Float32Multibox`), so the
+  targets, the loss and ``MultiboxCoder.decode`` are unchanged.
 
-It works by giving the model's links float16-computing subclasses in place
-(``Convolution2D`` -> :class:`HalfConvolution2D`, ``DilatedConvolution2D`` ->
-:class:`HalfDilatedConvolution2D`, ``Normalize`` -> :class:`Float32Normalize`, ``Multibox``
--> :class:`Float32Multibox`); the links' names, parameters and persistent values do not
-change. ``set_precision(model, "float32")`` gives them back their classes.
-
-Gradients of float16 activations underflow (below about 6e-8 they are 0), so training in
-``mixed16`` scales the loss: :func:`use_loss_scaling` turns on chainer's dynamic loss scaling
-(``optimizer.loss_scaling()``): the loss is multiplied by the scale before backward, the
-float32 gradients divided by it before the update, and a step whose gradients hold inf or
-nan is skipped (the weights are left as they were) and the scale halved
-(:func:`skipped_update` says so, for hooks that check the gradients).
-
-Chainer's own ``chainer.global_config.dtype = chainer.mixed16`` is a different thing: it
-makes convolution weights float16 (only batch normalisation keeps float32), needs
-``optimizer.use_fp32_update()`` for float32 master copies, which weight files and trainer
-snapshots do not save, leaves ``Normalize``'s scale float16 (and its output zero above
-256), and the model then needs float16 inputs and float16 targets for the loss. It is not
-used here.
-
-``precision="tf32"`` leaves the model in float32; on an NVIDIA GPU of compute capability 8.0
-or higher :func:`use_tf32` lets cuBLAS multiply float32 matrices on TF32 tensor cores.
-
-On the CPU ``mixed16`` is correct but slow: NumPy has no float16 matrix product (it loops,
-accumulating in float32), and SSDSmall's training step takes about 85x as long as in float32.
+float16 gradients underflow below about 6e-8, so ``mixed16`` training scales the loss
+(:func:`use_loss_scaling`). Chainer's own ``chainer.mixed16`` is not used: its float16 weights'
+float32 master copies are not in weight files or snapshots, and its ``Normalize`` stays float16.
+``"tf32"`` keeps float32; :func:`use_tf32` lets cuBLAS use TF32 tensor cores (compute
+capability >= 8.0). On the CPU ``mixed16`` is correct but slow (NumPy has no float16 matrix
+product: SSDSmall's step takes about 85x as long).
 """
 from __future__ import annotations
 
@@ -90,10 +64,8 @@ class HalfDilatedConvolution2D(L.DilatedConvolution2D):
 
 
 class Float32Normalize(Normalize):
-    """ChainerCV's ``Normalize`` (L2 norm over channels, times a learnt per-channel scale)
-    computed in float32 whatever the input's dtype: x (B, C, H, W) is cast to float32, and
-    the result back to x's dtype. Same parameter (``scale``, (C,)) and values as
-    ``Normalize``; in float32 the same arithmetic."""
+    """ChainerCV's ``Normalize`` computed in float32 whatever x's dtype (cast in, cast back);
+    same ``scale`` (C,) parameter and, in float32, the same arithmetic."""
 
     def forward(self, x):
         x = chainer.as_variable(x)
@@ -104,9 +76,8 @@ class Float32Normalize(Normalize):
 
 
 class Float32Multibox(Multibox):
-    """ChainerCV's ``Multibox`` heads with float32 outputs: ``(mb_locs, mb_confs)``,
-    (B, K, 4) and (B, K, n_class), cast to float32 (the heads themselves compute in their
-    convolutions' precision)."""
+    """ChainerCV's ``Multibox`` with ``(mb_locs, mb_confs)``, (B, K, 4) and (B, K, n_class),
+    cast to float32."""
 
     def forward(self, xs):
         mb_locs, mb_confs = super().forward(xs)
@@ -124,27 +95,10 @@ _AS_THEY_ARE = (L.BatchNormalization,)
 
 
 def set_precision(model, precision: str):
-    """Make ``model`` (a ChainerCV SSD, in place) compute in ``precision``; returns it.
-
-    Args:
-        model: ``SSD300``/``SSD512``/``SSDSmall``, or any chain of ``Convolution2D``,
-            ``DilatedConvolution2D``, ``BatchNormalization``, ``Normalize`` and
-            ``Multibox`` links. Its parameters must be float32 (chainer's default dtype).
-            Lazily shaped parameters are shaped first (:func:`materialize`: one forward
-            pass of a blank image, drawing the random initial values).
-        precision: ``"mixed16"``: the convolutions compute in float16 and the model
-            returns float32 outputs (module docstring); ``"float32"`` and ``"tf32"``: the
-            links' own classes again (TF32 is a switch of CuPy's, :func:`use_tf32`).
-
-    Raises:
-        ValueError: ``precision`` is not one of :data:`PRECISIONS`, or a parameter is not
-            float32.
-        TypeError: (mixed16) a link with parameters of a class this module does not know
-            how to run in float16.
-
-    The model may be on any device, before or after ``to_device``; the precision stays with
-    the links (copies included) until set again.
-    """
+    """Make ``model`` (an SSD, or any chain of the links above) compute in ``precision``, in
+    place, on any device; returns it. Lazily shaped parameters are shaped first
+    (:func:`materialize`). ValueError: ``precision`` not in :data:`PRECISIONS` or a parameter not
+    float32; TypeError (mixed16): a link with parameters of a class not handled here."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
     _check_float32(model)
@@ -180,21 +134,13 @@ def precision_of(model) -> str:
 
 def use_loss_scaling(optimizer, precision: str, scale: float | None = None,
                      interval: int = 1000):
-    """Chainer's loss scaling on ``optimizer`` for ``precision`` ``"mixed16"`` (nothing for
-    the others); returns the optimizer.
+    """Chainer's loss scaling on ``optimizer`` for ``"mixed16"`` (nothing otherwise); returns it.
 
-    ``scale=None``: dynamic, chainer's ``optimizer.loss_scaling(interval)``: the scale starts
-    at 1 and doubles after every step until a step's gradients hold inf or nan; that step's
-    update is skipped and the scale halved; from then on it grows by ``2 ** (1 / interval)``
-    per step (doubles every ``interval`` steps); always within [1, 65504]. A number: that
-    scale, fixed (``optimizer.set_loss_scale``; a step that overflows is then *not*
-    skipped). Either way ``optimizer.update(lossfun, ...)`` calls
-    ``loss.backward(loss_scale=...)`` and each parameter's update rule divides its
-    gradient by the scale before its hooks (the recipe's weight decay and bias gradient
-    scaling) and the update; optimizer hooks (``optimizer.add_hook``) run before that and
-    see scaled gradients. The loss the train chain reports is not scaled. Call it before or
-    after ``optimizer.setup``; on a ChainerMN multi-node optimizer too (it forwards the
-    call to the optimizer it wraps).
+    ``scale=None``: dynamic (``optimizer.loss_scaling(interval)``): the scale starts at 1 and
+    doubles every step until a step's gradients hold inf or nan; that update is skipped and the
+    scale halved; then it doubles every ``interval`` steps, within [1, 65504]. A number: fixed,
+    and an overflowing step is not skipped. Update rules and their hooks see unscaled gradients,
+    optimizer hooks scaled ones; the reported loss is not scaled. Works on ChainerMN optimizers.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
@@ -204,28 +150,19 @@ def use_loss_scaling(optimizer, precision: str, scale: float | None = None,
 
 
 def skipped_update(optimizer) -> bool:
-    """True while ``optimizer`` (dynamic loss scaling) is on a step whose gradients hold inf
-    or nan, which it skips (after backward, before the update rule; e.g. in an optimizer
-    hook): an overflow of the scaled float16 gradients, not a divergence."""
+    """True while ``optimizer`` (dynamic loss scaling) is on a step it skips because the scaled
+    float16 gradients overflowed (an overflow, not a divergence); e.g. for optimizer hooks."""
     return bool(getattr(optimizer, "_loss_scaling_isnan", False))
 
 
 def use_tf32(enabled: bool = True) -> bool:
     """Let the GPU's float32 matrix products use TF32 tensor cores (``enabled=False``: not).
 
-    Two switches, both set here: CuPy's compute type for float32 products, which CuPy reads
-    from the environment variable ``CUPY_TF32`` (``1``: TF32) the first time it multiplies
-    float32 matrices (not at import) and keeps for the process, and which
-    ``cupy._core.set_compute_type`` changes at run time; it reaches ``cupy.dot``,
-    ``tensordot`` and 2-D ``matmul`` (cuBLAS ``gemmEx`` with ``CUBLAS_COMPUTE_32F_FAST_TF32``).
-    CuPy's batched ``matmul`` (3-D and more: chainer's im2col convolutions here, which run
-    without cuDNN on CuPy 14) ignores it; its cuBLAS calls take TF32 from the math mode of
-    cuBLAS's handle, ``CUBLAS_TF32_TENSOR_OP_MATH``, set here on the calling thread's handle
-    of the current device (call it after ``device.use()``, in the thread that trains).
-
-    Sets ``CUPY_TF32`` in any case (processes started later inherit it). Returns True when
-    TF32 is on now: False without CuPy or a GPU, or on a GPU of compute capability below 8.0
-    (no TF32 there).
+    Sets ``CUPY_TF32`` (read by CuPy at its first float32 product; inherited by processes started
+    later), CuPy's compute type (``cupy.dot``, ``tensordot``, 2-D ``matmul``) and, for batched
+    ``matmul`` (chainer's im2col convolutions), cuBLAS's math mode on this thread's handle of the
+    current device: call it after ``device.use()``, in the thread that trains. Returns whether
+    TF32 is on now (False without CuPy, a GPU, or compute capability 8.0).
     """
     os.environ["CUPY_TF32"] = "1" if enabled else "0"
     cupy = sys.modules.get("cupy")

@@ -1,39 +1,22 @@
 """SSD prediction with the candidates per class capped before NMS, as the original SSD does.
 
-ChainerCV's ``SSD.predict`` sends *every* prior whose class score passes ``score_thresh`` to
-non-maximum suppression. With the 'evaluate' preset (``score_thresh=0.01``) and an untrained
-or barely trained model, that is all 8732 priors of SSD300 for every class, and ChainerCV's
-CPU NMS is a Python loop over them: tens of seconds per image. The original SSD (Caffe,
-``DetectionOutput``: ``nms_param.top_k: 400``, ``keep_top_k: 200``) keeps only the
-``top_k`` highest-scoring candidates of each class before NMS and the ``keep_top_k``
-highest-scoring detections of the image after it; this module does the same.
+ChainerCV's ``SSD.predict`` sends every prior whose class score passes ``score_thresh`` to its
+CPU NMS, a Python loop: with the 'evaluate' preset and an untrained model, all 8732 priors of
+SSD300 per class, tens of seconds per image. Like Caffe's SSD (``nms_param.top_k: 400``,
+``keep_top_k: 200``) this keeps the ``top_k`` best candidates of each class before NMS and the
+``keep_top_k`` best detections of the image after it (``None``: no cap).
 
-What holds:
+When no cap binds the output is ChainerCV's exactly (arrays, order, dtypes). When ``top_k``
+binds, a class's detections are a prefix of ChainerCV's (greedy NMS looks only at
+higher-scoring boxes), unless scores tie. Ties at a cap go to the lower prior index. Order as
+ChainerCV's: by label, each label by descending score. ``score_thresh`` and ``nms_thresh``
+are the model's (``model.use_preset``).
 
-* When no cap binds (every class has at most ``top_k`` candidates and at most
-  ``keep_top_k`` detections survive NMS), the output is identical to ChainerCV's
-  ``model.predict``: same arrays, same order, same dtypes. ``top_k=None`` and
-  ``keep_top_k=None`` switch the caps off.
-* When ``top_k`` binds for a class whose scores are distinct, that class's detections are
-  exactly the first detections of ChainerCV's list for the class (a prefix: those scoring
-  at least the ``top_k``-th best candidate): greedy NMS keeps or drops a box by looking
-  only at higher-scoring boxes, and the cap removes only lower-scoring ones. With tied
-  scores, which of the tied boxes survives may differ.
-* ``keep_top_k`` keeps the highest-scoring detections of the image, in ChainerCV's order.
-* Ties at a cap are broken by prior index, lower first (deterministic on CPU and GPU).
-* Order, as ChainerCV: grouped by label (0, 1, ...), each group by descending score.
-
-``score_thresh`` and ``nms_thresh`` are the model's (``model.use_preset``).
-
-Checked before any work (a NaN threshold or image would otherwise give no detections without a
-word): images must be numeric arrays (3, H, W) of finite values, else a
-:class:`~medaidet.errors.DataError` naming the image's index (an HWC image with the transpose
-that fixes it); ``score_thresh`` in ``[0, 1]``, ``nms_thresh`` None or in ``(0, 1]``, the caps
-ints >= 1 or None, else a :class:`~medaidet.errors.ConfigError`.
-
-Boxes are ``(y_min, x_min, y_max, x_max)`` in the input image's pixels, float32, shape
-(R, 4); labels int32 (R,) in ``[0, n_fg_class)``; scores float32 (R,). Works on NumPy and
-CuPy arrays alike (the model's ``xp``); :func:`predict` returns NumPy arrays, as ChainerCV.
+Checked first (a NaN would otherwise give no detections without a word): images numeric
+(3, H, W) and finite, else a :class:`~medaidet.errors.DataError` naming the index;
+``score_thresh`` in ``[0, 1]``, ``nms_thresh`` None or in ``(0, 1]``, the caps ints >= 1 or
+None, else a :class:`~medaidet.errors.ConfigError`. Boxes float32 (R, 4) ``(y_min, x_min,
+y_max, x_max)``, labels int32 (R,) in ``[0, n_fg_class)``, scores float32 (R,); NumPy or CuPy.
 """
 from __future__ import annotations
 
@@ -58,15 +41,9 @@ DEFAULT_KEEP_TOP_K = 200
 
 
 class Candidates(NamedTuple):
-    """Every candidate of one image before the caps and NMS, and how far each got.
-
-    A candidate is a (default box, foreground class) pair of class score ``>= score_thresh``;
-    C in all, grouped by class (0, 1, ...), each group in default-box order. ``bbox``: float32
-    (C, 4) ``(y_min, x_min, y_max, x_max)`` (the model's input frame from
-    :func:`decode_capped`, the image's pixels from :func:`predict`); ``label``: int32 (C,);
-    ``score``: float32 (C,). Three bool (C,) masks, each a subset of the one before:
-    ``in_top_k``, ``after_nms`` and ``kept`` (the detections returned, in another order).
-    """
+    """One image's candidates (default box, foreground class) of score ``>= score_thresh``
+    before the caps and NMS, C in all, grouped by class, and how far each got: bool (C,) masks
+    ``in_top_k``, ``after_nms`` and ``kept``, each a subset of the one before."""
     bbox: object
     label: object
     score: object
@@ -112,7 +89,6 @@ def _check_nms_thresh(value, name="nms_thresh"):
     return value
 
 
-#: The image form :func:`predict` takes, in words.
 _IMAGE_FORM = "a numpy array (3, H, W) (RGB, channels first, values 0-255)"
 
 
@@ -190,10 +166,8 @@ def _top(xp, score, k):
 
 
 def _decoded(coder, mb_loc, mb_conf, xp):
-    """Every default box's decoded box ``(y_min, x_min, y_max, x_max)`` and class
-    probabilities (softmax), by the same expressions as ``MultiboxCoder.decode``: its
-    default boxes are float64, so the boxes NMS sees are float64 too; computing them any
-    other way could flip an IoU that sits exactly at the threshold."""
+    """Decoded boxes and softmax scores of every default box, by ``MultiboxCoder.decode``'s own
+    float64 expressions (any other way could flip an IoU exactly at the threshold)."""
     default_bbox = coder._default_bbox
     variance = coder._variance
     mb_bbox = default_bbox.copy()
@@ -207,15 +181,13 @@ def _decoded(coder, mb_loc, mb_conf, xp):
 
 
 def _capped_nms(xp, bbox, score, top_k, nms_thresh, keep_top_k):
-    """Positions among one class's candidates: those the ``top_k`` cap keeps, and of them
-    those NMS keeps, in NMS's order."""
+    """One class's candidates kept by the ``top_k`` cap, and of them by NMS (NMS's order)."""
     where = xp.arange(len(score))
     if top_k is not None and len(score) > top_k:
         where = where[_top(xp, score, top_k)]
     after_cap = where
     if nms_thresh is not None:
-        # No class can contribute more than keep_top_k detections to the image, so
-        # NMS may stop there (its result is then a prefix of the full one).
+        # no class gives the image more than keep_top_k detections: NMS may stop there
         where = where[non_maximum_suppression(bbox[where], nms_thresh, score[where],
                                               limit=keep_top_k)]
     return after_cap, where
@@ -224,25 +196,11 @@ def _capped_nms(xp, bbox, score, top_k, nms_thresh, keep_top_k):
 def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
                   top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
                   return_candidates=False):
-    """ChainerCV's ``MultiboxCoder.decode`` with the candidates capped (see the module docs).
+    """ChainerCV's ``MultiboxCoder.decode`` with the candidates capped.
 
-    Args:
-        coder: the model's ``chainercv.links.model.ssd.MultiboxCoder`` (``model.coder``).
-        mb_loc: float array (K, 4), one image's box offsets (K default boxes).
-        mb_conf: float array (K, n_fg_class + 1), one image's class logits; column 0 is
-            the background.
-        nms_thresh: IoU threshold of NMS, in ``(0, 1]``; ``None``: no NMS (as ChainerCV).
-        score_thresh: candidates need a class score ``>=`` this, a number in ``[0, 1]``.
-        top_k: candidates kept per class before NMS (``None``: all).
-        keep_top_k: detections kept per image after NMS (``None``: all).
-        return_candidates: also return the :class:`Candidates` (error analysis: which
-            boxes the caps and NMS removed); the detections are the same either way.
-
-    Returns:
-        ``(bbox, label, score)`` on the arrays' device: float32 (R, 4)
-        ``(y_min, x_min, y_max, x_max)`` in the model's input frame (insize x insize),
-        int32 (R,), float32 (R,). With ``return_candidates``: ``(bbox, label, score,
-        candidates)``, the candidates' boxes in the same frame.
+    ``mb_loc`` (K, 4) and ``mb_conf`` (K, n_fg_class + 1): one image's outputs (column 0 is the
+    background). Returns ``(bbox, label, score)`` on the arrays' device, boxes in the model's
+    input frame (insize x insize); with ``return_candidates`` also the :class:`Candidates`.
     """
     top_k = _check_cap("top_k", top_k)
     keep_top_k = _check_cap("keep_top_k", keep_top_k)
@@ -252,8 +210,7 @@ def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
 
     mb_bbox, mb_score = _decoded(coder, mb_loc, mb_conf, xp)
     bbox, label, score = [], [], []
-    # with return_candidates: per class, the candidates and the positions among them of
-    # those that survived the cap and NMS (the detections are computed as without it)
+    # with return_candidates: per class, the candidates and the survivors' positions
     cands, survived, offset = [], [], 0
     for fg in range(mb_conf.shape[1] - 1):
         score_l = mb_score[:, fg + 1]       # column 0 is the background
@@ -282,9 +239,8 @@ def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
 
 
 def _candidates(xp, cands, survived, final) -> Candidates:
-    """:class:`Candidates` from the per-class candidates ``(bbox, score, fg)``, the
-    positions ``(after the cap, after NMS)`` of the survivors in the concatenation, and
-    ``final``: positions among the NMS survivors kept by ``keep_top_k`` (None: all)."""
+    """:class:`Candidates` from the per-class ``(bbox, score, fg)``, the survivors' positions
+    ``(after the cap, after NMS)`` and ``final`` (those ``keep_top_k`` kept; None: all)."""
     n = sum(len(s) for _, s, _ in cands)
     bbox = xp.vstack([b for b, _, _ in cands]).astype(np.float32).reshape(-1, 4)
     score = xp.hstack([s for _, s, _ in cands]).astype(np.float32).reshape(-1)
@@ -303,24 +259,9 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
             return_candidates=False):
     """``model.predict(imgs)`` of a ChainerCV SSD, with the candidates capped.
 
-    Args:
-        model: a ChainerCV ``SSD`` (``SSD300``/``SSD512``); its ``score_thresh`` and
-            ``nms_thresh`` (``model.use_preset``) are used.
-        imgs: iterable of float arrays (3, H, W), RGB, values 0-255 (or one (B, 3, H, W)
-            array).
-        top_k, keep_top_k: see :func:`decode_capped`.
-        return_candidates: also return, per image, the :class:`Candidates` before the
-            caps and NMS (NumPy, boxes in the image's pixels); the detections are the same.
-
-    Raises ``DataError`` naming an image's index in ``imgs`` when it is not a numeric array
-    (3, H, W) or holds nan/inf; ``ConfigError`` when a cap, ``model.score_thresh`` or
-    ``model.nms_thresh`` is out of range (see :func:`decode_capped`).
-
-    Returns:
-        ``(bboxes, labels, scores)``: lists with one NumPy array per image, as
-        ``model.predict``: float32 (R, 4) ``(y_min, x_min, y_max, x_max)`` in the image's
-        pixels, int32 (R,), float32 (R,). With ``return_candidates``: ``(bboxes, labels,
-        scores, candidates)``, ``candidates`` a list of :class:`Candidates`, one per image.
+    ``imgs``: arrays (3, H, W), RGB, 0-255 (or one (B, 3, H, W) array). Returns
+    ``(bboxes, labels, scores)``, lists of NumPy arrays, one per image, boxes in the image's
+    pixels; with ``return_candidates`` also a list of :class:`Candidates` (NumPy, pixels).
     """
     top_k, keep_top_k = _check_cap("top_k", top_k), _check_cap("keep_top_k", keep_top_k)
     _check_score_thresh(model.score_thresh, "model.score_thresh")
@@ -358,14 +299,9 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
 
 
 class CappedPredictor(chainer.Chain):
-    """A link whose ``predict`` is :func:`predict` of the wrapped SSD: pass it wherever a
-    model's ``predict`` is called, e.g. ``DetectionVOCEvaluator(iterator,
-    CappedPredictor(model))``.
-
-    It holds the model itself (no copy): training the model changes what it predicts.
-    ``use_preset``, ``score_thresh`` and ``nms_thresh`` read and write the model's; a value
-    out of range (see :func:`decode_capped`) raises ``ConfigError`` when it is set.
-    """
+    """A link whose ``predict`` is :func:`predict` of the wrapped SSD (held, not copied), e.g.
+    for ``DetectionVOCEvaluator``; ``use_preset`` and the thresholds are the model's, checked
+    when set."""
 
     def __init__(self, model, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K):
         super().__init__()

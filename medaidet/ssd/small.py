@@ -1,15 +1,10 @@
 """SSDSmall: ChainerCV's SSD with a small extractor, that a CPU trains on BCCD in minutes.
 
-SSD300's VGG-16 extractor (about 23 M parameters in the extractor alone) takes seconds per
-image per training step on a CPU. :class:`SmallExtractor` keeps what SSD needs from it, the
-six feature maps of SSD300 (grids 38, 19, 10, 5, 3 and 1 for a 300x300 image), and builds
-them from a stack of 3x3 convolutions with batch normalisation: about 1 M parameters,
-trained from random weights (batch normalisation is what lets them start without
-ImageNet weights). Everything else is ChainerCV's own: :class:`chainercv.links.model.ssd.SSD`
-with SSD300's grids and aspect ratios and its :class:`~chainercv.links.model.ssd.Multibox`
-heads, so the coder, the loss, the transforms, prediction and evaluation are the same as for
-SSD300. Only the default boxes' sizes differ (:data:`SIZES`): SSD300's smallest box, 30 pixels,
-is larger than most of BCCD's platelets.
+:class:`SmallExtractor` builds SSD300's six feature maps (grids 38, 19, 10, 5, 3 and 1 for a
+300x300 image) from 3x3 convolutions with batch normalisation (which lets them train from
+random weights): about 1 M parameters against VGG-16's 23 M. The rest is ChainerCV's SSD with
+SSD300's grids, aspect ratios and heads, so coder, loss, transforms and prediction are
+SSD300's; only the default boxes' sizes differ (:data:`SIZES`).
 """
 from __future__ import annotations
 
@@ -21,15 +16,12 @@ from chainercv.links.model.ssd import SSD, Multibox
 
 __all__ = ["SSDSmall", "SmallExtractor"]
 
-# SSD300's (chainercv.links.model.ssd.ssd_vgg16): where the default boxes sit (the
-# extractor's grids match them), their shapes and sizes.
+# SSD300's (chainercv.links.model.ssd.ssd_vgg16).
 STEPS = (8, 16, 32, 64, 100, 300)
 SSD300_SIZES = (30, 60, 111, 162, 213, 264, 315)
-# BCCD's cells at 300x300 (notebook 01): platelets about 21 pixels (sqrt of the area; 10th to
-# 90th percentile 17-27), red cells 55 (47-63), white cells 102 (69-125). SSD300's 30-pixel
-# boxes overlap a median platelet (18x24) at IoU below 0.5, so a platelet is a positive only
-# for the one default box it is forced onto; 20-pixel boxes (and the map's sqrt(20*51) = 32,
-# 14x28, 28x14) overlap it at 0.7-0.8. 51 fits the red cells on the 19x19 map; the rest as SSD300.
+# At 300x300 (notebook 01) platelets are ~21 px, red cells 55, white cells 102. SSD300's
+# 30-px boxes meet a median platelet (18x24) at IoU < 0.5, 20-px ones at 0.7-0.8; 51 fits
+# the red cells on the 19x19 map.
 SIZES = (20, 51, 111, 162, 213, 264, 315)
 ASPECT_RATIOS = ((2,), (2, 3), (2, 3), (2, 3), (2,), (2,))
 MEAN = np.array((123, 117, 104), dtype=np.float32).reshape((-1, 1, 1))
@@ -50,9 +42,7 @@ class ConvBN(chainer.Chain):
 
 class SmallExtractor(chainer.ChainList):
     """Six feature maps of a 300x300 image at SSD300's grids, from 3x3 conv + BN blocks.
-
-    ``widths``: the channels of the stem (150 and 75 pixels) and of each of the six maps.
-    """
+    ``widths``: the channels of the stem (150 and 75 pixels) and of each of the six maps."""
 
     insize = 300
     grids = (38, 19, 10, 5, 3, 1)
@@ -62,8 +52,7 @@ class SmallExtractor(chainer.ChainList):
         if len(maps) != len(self.grids):
             raise ValueError(f"widths: 2 stem widths and {len(self.grids)} map widths, got "
                              f"{len(widths)} numbers")
-        # 300 -> 150 -> 75 (stem), then a stride-2 block down to each map and one more block
-        # on it; the last two maps come from unpadded convolutions (5 -> 3 -> 1).
+        # 300 -> 150 -> 75 (stem), then per map a stride-2 block and one more; 5 -> 3 -> 1 unpadded
         stages = [[ConvBN(stem1, 2), ConvBN(stem2, 2), ConvBN(stem2)]]
         for i, width in enumerate(maps):
             if i < 4:
@@ -83,9 +72,8 @@ class SmallExtractor(chainer.ChainList):
 
 
 class SSDSmall(SSD):
-    """SSD with :class:`SmallExtractor`, SSD300's grids and aspect ratios, default boxes
-    sized for BCCD (``sizes``, default :data:`SIZES`; :data:`SSD300_SIZES` are SSD300's) and
-    ChainerCV's heads; random initial weights (there are no pretrained ones)."""
+    """SSD with :class:`SmallExtractor`, SSD300's grids and aspect ratios, default boxes sized
+    for BCCD (``sizes``; :data:`SSD300_SIZES` are SSD300's) and random initial weights."""
 
     def __init__(self, n_fg_class: int, widths=None, sizes=SIZES):
         extractor = SmallExtractor() if widths is None else SmallExtractor(widths)

@@ -1,38 +1,21 @@
 """SSD training augmentation for BCCD, with the boxes re-checked after augmentation.
 
-:class:`TrainTransform` is the course's recipe, which is ChainerCV's
-``examples/ssd/train.py`` ``Transform``::
+:class:`TrainTransform` is ChainerCV's ``examples/ssd/train.py`` ``Transform``::
 
     random_distort -> random_expand (p=0.5, fill=mean) -> random_crop_with_bbox_constraints
     -> resize_with_random_interpolation to size x size -> random horizontal flip
     -> subtract mean -> coder.encode
 
-and two checks ChainerCV's does not make:
+plus two checks: before augmenting (:func:`check_sample`) a wrong sample raises
+:class:`~medaidet.errors.DataError` (augmentation must not hide it) and zero-size boxes are
+dropped; after it (:func:`recheck_boxes`) boxes are clipped to the image, and non-finite ones
+and slivers under ``min_size`` px are dropped with their labels. So the encoded ``mb_loc`` is
+finite at every positive prior and ``mb_label`` is in ``[0, n_fg_class]``.
 
-* **before** augmenting, the sample itself (:func:`check_sample`): a label outside
-  ``[0, n_fg_class)``, a non-integer label array, a non-finite or reversed box, or
-  mismatched shapes raise :class:`~medaidet.errors.DataError`: the dataset is wrong, and
-  augmentation must not hide it. A box of zero height or width is dropped (it would only
-  bias the crop: its IoU with every crop is 0);
-* **after** crop, resize and flip (:func:`recheck_boxes`): every box is clipped to the
-  image, and a box with a non-finite coordinate or a height or width below ``min_size``
-  pixels (a sliver left by the crop, shrunk by the resize) is dropped, its label with it.
-
-So every box that reaches ``coder.encode`` is finite, inside the image and at least
-``min_size`` px on each side, and every label is in ``[0, n_fg_class)``: the encoded
-``mb_loc`` is finite at every positive prior and ``mb_label`` is in ``[0, n_fg_class]``.
-
-Conventions (ChainerCV's): ``img`` float32 (3, H, W), RGB, 0-255; ``bbox`` float32
-(R, 4) ``(y_min, x_min, y_max, x_max)``, 0-based, continuous coordinates (the image
-spans ``[0, H] x [0, W]``); ``label`` int32 (R,), 0-based foreground classes (the coder
-adds 1 and uses 0 for background).
-
-Randomness comes from Python's :mod:`random` module, as in ChainerCV's SSD transforms
-(the expansion coin too, which ChainerCV's example draws from NumPy): ``random.seed(n)``
-reproduces a sequence of augmentations.
-
-OpenCV is optional in this course: without it, ChainerCV's ``random_distort`` and
-``resize_with_random_interpolation`` come from :mod:`medaidet.ssd.opencv_ports`.
+Conventions (ChainerCV's): ``img`` float32 (3, H, W), RGB, 0-255; ``bbox`` float32 (R, 4)
+``(y_min, x_min, y_max, x_max)``, continuous coordinates on ``[0, H] x [0, W]``; ``label``
+int32 (R,), 0-based foreground classes (the coder adds 1; 0 is background). Randomness comes
+from Python's :mod:`random` (the expansion coin too): ``random.seed(n)`` reproduces it.
 """
 from __future__ import annotations
 
@@ -54,8 +37,7 @@ __all__ = [
     "recheck_boxes", "TrainTransform", "EncodeTransform", "DEFAULT_MIN_SIZE",
 ]
 
-#: Smallest height and width (pixels of the network input) a box may have after
-#: augmentation. Below it the box is a sliver the crop left behind: it is dropped.
+#: Smallest box height and width (input pixels) kept after augmentation.
 DEFAULT_MIN_SIZE = 1.0
 
 
@@ -64,11 +46,7 @@ DEFAULT_MIN_SIZE = 1.0
 @dataclass
 class TransformStats:
     """What a transform did to the boxes since it was made (or since ``reset_stats``).
-
-    ``dropped`` (the re-check's drops: ``too_small + non_finite``) is what training
-    should report; ``cropped_out`` is the SSD recipe's own behaviour (a box whose centre
-    falls outside the random crop leaves the sample) and is no defect.
-    """
+    ``dropped`` is what training should report; ``cropped_out`` is the recipe's own drop."""
     samples: int = 0
     boxes_in: int = 0            # boxes given to the transform
     boxes_out: int = 0           # boxes encoded
@@ -135,14 +113,10 @@ def _check_labels(label, n_fg_class):
 
 
 def check_sample(img, bbox, label, n_fg_class: int):
-    """Check one ``(img, bbox, label)`` before augmenting; return ``(bbox, label, keep)``.
-
-    Raises :class:`DataError` for an image that is not (3, H, W), mismatched
-    shapes, non-integer labels, a label outside ``[0, n_fg_class)``, a box with a
-    non-finite coordinate or a reversed box (``y_max < y_min`` or ``x_max < x_min``).
-    Returns ``bbox`` as float32 and ``label`` as int32 without the boxes of zero
-    height or width, and ``keep`` (bool (R,)) saying which rows are left.
-    """
+    """Check one ``(img, bbox, label)`` before augmenting; return ``(bbox, label, keep)``:
+    float32 boxes and int32 labels without the zero-size boxes, ``keep`` bool (R,). Raises
+    :class:`DataError` for an image not (3, H, W), mismatched shapes, non-integer or
+    out-of-range labels, a non-finite or reversed box."""
     img = np.asarray(img)
     if img.ndim != 3 or img.shape[0] != 3 or min(img.shape[1:]) < 1:
         raise DataError(
@@ -169,22 +143,9 @@ def check_sample(img, bbox, label, n_fg_class: int):
 
 def recheck_boxes(bbox, label, size, n_fg_class: int,
                   min_size: float = DEFAULT_MIN_SIZE) -> RecheckedBoxes:
-    """Re-check boxes after augmentation: clip, drop degenerate ones, keep labels aligned.
-
-    Args:
-        bbox: (R, 4) ``(y_min, x_min, y_max, x_max)`` in the pixels of the image they now
-            belong to.
-        label: (R,) integer class indices.
-        size: that image's ``(H, W)``.
-        n_fg_class: labels must lie in ``[0, n_fg_class)``, else
-            :class:`DataError` (augmentation never changes a label, so an
-            out-of-range one came from the dataset).
-        min_size: boxes whose height or width is below it (after clipping) are dropped.
-
-    Order: a box with a non-finite coordinate is dropped; the rest are clipped to
-    ``[0, H] x [0, W]``; then a box with height or width ``< min_size`` is dropped.
-    Returns :class:`RecheckedBoxes` (bbox float32, label int32).
-    """
+    """Re-check boxes after augmentation: drop non-finite ones, clip the rest to ``size``
+    ``(H, W)``, drop those under ``min_size``; labels stay aligned and must lie in
+    ``[0, n_fg_class)`` (else :class:`DataError`). Returns :class:`RecheckedBoxes`."""
     bbox, label = _as_arrays(bbox, label)
     _check_labels(label, n_fg_class)
     height, width = size
@@ -204,9 +165,8 @@ def recheck_boxes(bbox, label, size, n_fg_class: int,
 
 
 class CheckedTransform:
-    """What both transforms share: the coder (on CPU), the mean and the counts, and the three
-    steps around whatever a transform does to an image: :meth:`check` the sample before,
-    :meth:`recheck` its boxes after, :meth:`encode` it for the loss."""
+    """What both transforms share: the coder (on CPU), the mean, the counts and the steps
+    :meth:`check` (before), :meth:`recheck` (after) and :meth:`encode`."""
 
     def __init__(self, coder, size: int, mean, n_fg_class: int, min_size: float):
         if int(n_fg_class) < 1:
@@ -214,8 +174,7 @@ class CheckedTransform:
         if not min_size > 0:
             raise ValueError(f"min_size must be > 0 pixels, got {min_size}: a box of zero "
                              "height or width gives log(0) in the encoded location")
-        # A CPU copy, as in ChainerCV's example: the model may move to the GPU, the
-        # transform runs in the data-loading workers.
+        # a CPU copy (as ChainerCV's): the transform runs in the data-loading workers
         self.coder = copy.copy(coder)
         self.coder.to_cpu()
         self.size = int(size)
@@ -227,8 +186,7 @@ class CheckedTransform:
 
     @classmethod
     def for_model(cls, model, **kwargs):
-        """The transform for a ChainerCV SSD ``model``: its coder, input size, mean and
-        number of foreground classes."""
+        """The transform for a ChainerCV SSD ``model`` (its coder, insize, mean, n_fg_class)."""
         return cls(model.coder, model.insize, model.mean, n_fg_class=model.n_fg_class,
                    **kwargs)
 
@@ -248,16 +206,14 @@ class CheckedTransform:
         self._lock = threading.Lock()
 
     def check(self, img, bbox, label):
-        """Before augmenting: the sample checked (:func:`check_sample`), boxes of zero size
-        dropped, counted; ``(img as float32, bbox, label)``."""
+        """Before augmenting: :func:`check_sample`, counted; ``(img as float32, bbox, label)``."""
         n_in = len(np.asarray(bbox))
         bbox, label, keep = check_sample(img, bbox, label, self.n_fg_class)
         self.count(samples=1, boxes_in=n_in, degenerate_input=int(np.count_nonzero(~keep)))
         return np.asarray(img, dtype=np.float32), bbox, label
 
     def recheck(self, img, bbox, label):
-        """After augmenting: boxes clipped to ``img``, slivers and non-finite boxes dropped
-        with their labels (:func:`recheck_boxes`), counted; ``(bbox, label)`` to encode."""
+        """After augmenting: :func:`recheck_boxes` against ``img``, counted; ``(bbox, label)``."""
         checked = recheck_boxes(bbox, label, img.shape[1:], self.n_fg_class, self.min_size)
         self.count(too_small=checked.too_small, non_finite=checked.non_finite,
                    clipped=checked.clipped, boxes_out=len(checked.bbox))
@@ -277,35 +233,13 @@ class CheckedTransform:
 
 
 class TrainTransform(CheckedTransform):
-    """The course's SSD augmentation, re-checked: ``(img, bbox, label) -> (img, mb_loc, mb_label)``:
-    written in notebook 03, section 1 (the cell ``# @save medaidet/ssd/transforms.py``).
+    """The course's SSD augmentation, re-checked, ``(img, bbox, label) -> (img, mb_loc,
+    mb_label)``: written in notebook 03, section 1.
 
-    Args:
-        coder: the model's ``MultiboxCoder`` (``model.coder``); a CPU copy is kept.
-        size: the network's input size (300 for SSD300, ``model.insize``).
-        mean: the model's per-channel mean (``model.mean``, (3, 1, 1)); fills the
-            expansion canvas and is subtracted from the output.
-        n_fg_class: number of foreground classes (3 for BCCD); labels must lie in
-            ``[0, n_fg_class)``.
-        min_size: smallest height and width (pixels at ``size`` x ``size``) a box may keep
-            after augmentation; smaller ones are dropped with their labels.
-        expand_probability: chance of the random expansion ("zoom out"), 0.5 in the course.
-        max_expand_ratio: the canvas is up to this many times the image (4 in SSD).
-        color_distortion: ChainerCV's ``random_distort`` first (random brightness,
-            contrast, saturation and hue, as in SSD); False leaves the colours as they are.
-
-    Input: ``img`` float32 (3, H, W) RGB 0-255, ``bbox`` (R, 4) ``(y_min, x_min, y_max,
-    x_max)``, ``label`` int (R,). Output: ``img`` float32 (3, size, size) minus the mean,
-    ``mb_loc`` float32 (K, 4) and ``mb_label`` int32 (K,) for the K default boxes
-    (8732 for SSD300); ``mb_label`` 0 is background. Counts are kept in :attr:`stats`
-    (:class:`TransformStats`); with ``MultiprocessIterator`` each worker counts in its own
-    copy, so read them with ``SerialIterator``/``MultithreadIterator``.
-    Raises :class:`DataError` for a wrong sample (see :func:`check_sample`).
-
-    Example::
-
-        transform = TrainTransform.for_model(model)       # SSD300(n_fg_class=3)
-        train = chainer.datasets.TransformDataset(BCCDDataset(split='train'), transform)
+    ``coder``, ``size``, ``mean``: the model's (:meth:`for_model`); ``mean`` also fills the
+    expansion canvas. ``max_expand_ratio``: 4 in SSD. Output: img float32 (3, size, size) minus
+    the mean, ``mb_loc`` float32 (K, 4), ``mb_label`` int32 (K,) (K = 8732 for SSD300). With
+    ``MultiprocessIterator`` each worker counts :attr:`stats` in its own copy.
     """
 
     def __init__(self, coder, size: int, mean, n_fg_class: int = 3,
@@ -317,24 +251,17 @@ class TrainTransform(CheckedTransform):
         self.color_distortion = bool(color_distortion)
 
     def augment(self, img, bbox, label):
-        """The augmentation and the checks without mean and encoding.
-
-        Returns ``(img, bbox, label)``: img float32 (3, size, size) RGB 0-255 (mean not
-        subtracted), bbox float32 (R', 4) inside the image with height and width
-        ``>= min_size``, label int32 (R',). For looking at augmented samples.
-        """
+        """The augmentation and checks without mean and encoding, for looking at samples:
+        ``(img, bbox, label)``, img float32 (3, size, size) RGB 0-255."""
         img, bbox, label = self.check(img, bbox, label)
-        # 1. colour
         if self.color_distortion:
             img = random_distort(img)
-        # 2. zoom out: the image on a larger canvas filled with the mean
         if random.random() < self.expand_probability:
             img, param = transforms.random_expand(
                 img, max_ratio=self.max_expand_ratio, fill=self.mean, return_param=True)
             bbox = transforms.translate_bbox(
                 bbox, y_offset=param["y_offset"], x_offset=param["x_offset"])
-        # 3. zoom in: a crop that overlaps the boxes enough; boxes whose centre is
-        #    outside it leave the sample
+        # boxes whose centre is outside the crop leave the sample
         img, param = random_crop_with_bbox_constraints(img, bbox, return_param=True)
         n_before = len(bbox)
         bbox, param = transforms.crop_bbox(
@@ -342,14 +269,11 @@ class TrainTransform(CheckedTransform):
             allow_outside_center=False, return_param=True)
         label = label[param["index"]]
         self.count(cropped_out=n_before - len(bbox))
-        # 4. resize, with a random interpolation
         _, height, width = img.shape
         img = resize_with_random_interpolation(img, (self.size, self.size))
         bbox = transforms.resize_bbox(bbox, (height, width), (self.size, self.size))
-        # 5. horizontal flip
         img, param = transforms.random_flip(img, x_random=True, return_param=True)
         bbox = transforms.flip_bbox(bbox, (self.size, self.size), x_flip=param["x_flip"])
-        # 6. the re-check: crop and resize can leave slivers; nothing invalid goes on
         bbox, label = self.recheck(img, bbox, label)
         return img, bbox, label
 
@@ -360,12 +284,8 @@ class TrainTransform(CheckedTransform):
 
 
 class EncodeTransform(CheckedTransform):
-    """No augmentation: resize to ``size`` x ``size`` (bilinear), re-check, subtract the
-    mean, encode. ``(img, bbox, label) -> (img, mb_loc, mb_label)``, deterministic.
-
-    For computing the training loss on fixed samples (the loss notebook, validation
-    loss). Arguments and conventions as :class:`TrainTransform`.
-    """
+    """No augmentation: resize (bilinear), re-check, subtract the mean, encode; deterministic,
+    for the loss on fixed samples (validation loss). Conventions as :class:`TrainTransform`."""
 
     def __init__(self, coder, size: int, mean, n_fg_class: int = 3,
                  min_size: float = DEFAULT_MIN_SIZE):

@@ -1,23 +1,17 @@
 """Weights (notebooks 02, 03, 06): where a model's starting weights come from, and weight files
 saved, read as untrusted data, checked and loaded.
 
-**Sources** (:data:`SOURCES`, one table): ChainerCV's server for its PASCAL VOC SSDs and its
-ImageNet VGG-16, and timm's ImageNet VGG-16 (``vgg16.tv_in1k``, a safetensors file, pinned by
-the sha256 its hub lists; ChainerCV published no checksums, so its files are checked by their
-names, shapes and finite values instead). :func:`pretrained_file` takes the first source
-whose file is in ChainerCV's model cache (:func:`cache_dir`), else the first that downloads;
-offline, one ``"missing"`` WeightsError lists every URL and where to place a file by hand.
-timm's file is converted to ChainerCV's layout (:func:`convert_vgg16`) and only the converted
-file, with its ``.sha256`` sidecar, is kept.
+**Sources** (:data:`SOURCES`): ChainerCV's server (VOC SSDs, ImageNet VGG-16; no published
+checksums, so checked by names, shapes and finite values) and timm's VGG-16 safetensors (pinned
+by its hub's sha256, converted by :func:`convert_vgg16`; only the converted file and its
+``.sha256`` are kept). :func:`pretrained_file` takes the first source whose file is in
+:func:`cache_dir`, else the first that downloads; offline, one ``"missing"`` WeightsError
+lists every URL and where to place a file by hand.
 
-**Files**: :func:`save_weights` writes a model's parameters in ``chainer.serializers``'
-``save_npz`` format (reproducible byte for byte) and a ``.sha256`` sidecar, both atomically.
-:func:`read_arrays` reads an ``.npz`` someone hands us: never unpickling
-(``allow_pickle=False``), every declared size checked before memory is taken, a file of
-another kind named. :func:`load_weights` checks the sidecar, every name and shape against the
-model (naming the likely cause of a mismatch) and that values are finite, then copies with
-``chainer.serializers.NpzDeserializer``. Parameter names are ``save_npz``'s keys, e.g.
-``extractor/conv1_1/W``, ``multibox/conf/0/W``.
+**Untrusted files**: :func:`read_arrays` never unpickles (``allow_pickle=False``), checks every
+declared size before memory is taken and names a file of another kind; :func:`load_weights`
+checks the ``.sha256`` sidecar, every name and shape and finite values before copying.
+Parameter names are ``save_npz``'s keys, e.g. ``extractor/conv1_1/W``, ``multibox/conf/0/W``.
 """
 from __future__ import annotations
 
@@ -53,14 +47,12 @@ TIMEOUT_S = 60.0
 logger = logging.getLogger(__name__)
 #: The most bytes a download may bring: about twice the largest file (timm's, 553 MB).
 MAX_DOWNLOAD_BYTES = 1100 * 10**6
-#: The largest array a weight file may hold (SSD512's largest is 18 MiB), and all of them
-#: together (SSD512 is about 110 MiB; a trainer snapshot with Adam's moments three times that).
+#: Per array and in all (SSD512: 18 MiB largest, ~110 MiB total; snapshots ~3x that).
 MAX_ARRAY_BYTES = 256 * 2**20
 MAX_TOTAL_BYTES = 1 * 2**30
 #: Prefix of the class-score heads, whose shape depends on the number of classes.
 CLASS_HEADS = "multibox/conf/"
-#: Trained weights that ship with medaidet (float16, with ``.sha256`` and a ``.json`` record
-#: of the command that made them and their scores), by (model, labels): notebooks 04, 05, 10.
+#: Shipped trained weights (float16, ``.sha256``, ``.json`` record), notebooks 04, 05, 10.
 SHIPPED_WEIGHTS = {(model, labels): Path(__file__).parent / "weights" / f"{model}_{labels}.npz"
                    for model, labels in (("ssd_small", "bccd"), ("ssd_small", "txl-pbc"))}
 
@@ -100,8 +92,7 @@ CONVERTED_NAME = "ssd_vgg16_imagenet_from_timm.npz"
 
 
 def cache_dir() -> Path:
-    """ChainerCV's model cache, ``$CHAINER_DATASET_ROOT/pfnet/chainercv/models`` (default
-    root ``~/.chainer/dataset``), where every source's file is kept."""
+    """ChainerCV's model cache, ``$CHAINER_DATASET_ROOT/pfnet/chainercv/models``."""
     return Path(get_dataset_root(), "pfnet", "chainercv", "models")
 
 
@@ -117,13 +108,8 @@ def check_pretrained(name: str, pretrained) -> None:
 def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712", progress: bool = True,
                     timeout: float = TIMEOUT_S, sources=None) -> tuple[Path, Source, str]:
     """The weight file of ``pretrained`` for model ``name``: ``(path, source, how)``, ``how``
-    being ``'cache'`` or ``'download'``; the cache is looked at before any server.
-
-    Raises:
-        WeightsError: ``"missing"``: no source gave the file (lists each URL, why, and where
-            to place it; ``.path`` is the cache folder). ``"checksum"``, ``"mismatch"``,
-            ``"file"``, ``"not_finite"``: a file in the cache is damaged (named; delete it).
-    """
+    ``'cache'`` or ``'download'``. A ``"missing"`` WeightsError when no source gives it (``.path``:
+    the cache folder); another kind for a damaged cached file."""
     check_pretrained(name, pretrained)
     sources = SOURCES[str(name).lower(), pretrained] if sources is None else tuple(sources)
     for source in sources:
@@ -234,9 +220,8 @@ def _sidecar_digest(path: Path) -> str:
 
 
 def shipped_weights(name: str = "ssd_small", labels: str = "bccd") -> Path:
-    """The trained weights of ``name`` on ``labels`` (``'bccd'`` or ``'txl-pbc'``) that ship
-    with medaidet (:data:`SHIPPED_WEIGHTS`). A ``"missing"`` WeightsError when none ship or
-    the file is gone, a ``"checksum"`` one when it is not the file its record names."""
+    """The shipped trained weights of ``name`` on ``labels`` (:data:`SHIPPED_WEIGHTS`); a
+    ``"missing"`` WeightsError when none ship, ``"checksum"`` when not the file its record names."""
     path = SHIPPED_WEIGHTS.get((name, labels))
     if path is None or not path.is_file():
         raise WeightsError(
@@ -255,8 +240,7 @@ def shipped_weights(name: str = "ssd_small", labels: str = "bccd") -> Path:
 
 # --------------------------------------------------------------------------- ImageNet VGG-16
 
-#: ChainerCV's names for VGG-16's thirteen 3x3 convolutions and where each sits in timm's
-#: (torchvision's) ``features``; ChainerCV's SSD ``mean``; torchvision's normalisation.
+#: VGG-16's 3x3 convolutions: ChainerCV's names, their indices in timm's ``features``.
 _CONVS = ("conv1_1", "conv1_2", "conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv3_3",
           "conv4_1", "conv4_2", "conv4_3", "conv5_1", "conv5_2", "conv5_3")
 _FEATURES = (0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28)
@@ -297,19 +281,12 @@ def read_vgg16(path) -> dict[str, np.ndarray]:
 def convert_vgg16(state: dict, mean=SSD_MEAN, path="the weights") -> dict[str, np.ndarray]:
     """ChainerCV's VGG16 parameters (float32) from timm's ``vgg16.tv_in1k`` arrays.
 
-    * conv1_1 … conv5_3 are copied. timm's network sees ``(pixel / 255 - MEAN) / STD``,
-      ChainerCV's ``x = pixel - mean``: conv1_1's weights are divided by ``255 STD`` and
-      its bias gets ``W · (mean - 255 MEAN) / (255 STD)``. Exact wherever the 3x3 window
-      lies inside the image; on the one-pixel frame the zero padding stands for another
-      pixel (under one grey level apart with ChainerCV's mean; exact with
-      ``mean=TORCHVISION_MEAN_255``).
-    * conv6/conv7 are fc6/fc7 subsampled as the SSD paper says: fc6 (4096 × 512 × 7 × 7)
-      keeps every 4th output and kernel rows/columns 0, 3, 6 (ChainerCV dilates conv6 by 6);
-      fc7 every 4th output and input; the biases every 4th entry.
-    * norm4 (conv4_3's L2 normalisation) gets ChainerCV's initial scale, 20.
-
-    A missing entry or another shape raises a ``"mismatch"`` WeightsError naming it (and
-    VGG-16 with batch norm, whose indices differ); NaN or inf a ``"not_finite"`` one.
+    conv1_1 … conv5_3 are copied, conv1_1 rescaled: timm sees ``(pixel / 255 - MEAN) / STD``,
+    ChainerCV ``pixel - mean``, so W is divided by ``255 STD`` and b gets ``W · (mean - 255 MEAN)
+    / (255 STD)`` (exact but on the zero-padded one-pixel frame: under one grey level off).
+    conv6/conv7 are fc6/fc7 subsampled as in the SSD paper (every 4th output; fc6's kernel
+    rows/columns 0, 3, 6; fc7's every 4th input); norm4's scale starts at 20. A ``"mismatch"``
+    WeightsError names a missing or misshapen entry; NaN/inf gives ``"not_finite"``.
     """
     path = Path(str(path))
     for key, shape in _TIMM_SHAPES.items():
@@ -351,9 +328,8 @@ def _convert(raw: Path) -> Path:
 # --------------------------------------------------------------------------- saving
 
 def materialize(model):
-    """Give every lazily shaped parameter its shape (one forward pass on a blank image:
-    ChainerCV's convolutions learn their input channels then). Draws from NumPy's global RNG,
-    so seeded runs stay reproducible. Returns ``model``."""
+    """Shape every lazily shaped parameter (one forward pass of a blank image; draws from NumPy's
+    global RNG, so seeded runs stay reproducible). Returns ``model``."""
     if any(param.array is None for param in model.params()):
         x = model.xp.zeros((1, 3, model.insize, model.insize), dtype=np.float32)
         with chainer.using_config("train", False), chainer.no_backprop_mode():
@@ -364,13 +340,9 @@ def materialize(model):
 def save_weights(model, path, compression: bool = False, half: bool = False,
                  inputs=()) -> str:
     """Save a model's parameters (or ``{name: array}``) in ``save_npz``'s format and a
-    ``<sha256>  <name>`` sidecar (``sha256sum -c`` reads it); returns the sha256.
-
-    Reproducible: ``np.savez`` stamps each zip entry with the clock, here every entry has one
-    fixed date, in name order, so the same weights give the same bytes. ``half``: float32 is
-    stored as float16 (loading casts back). Both files are written under temporary names and
-    renamed, and neither may be one of ``inputs``.
-    """
+    ``<sha256>  <name>`` sidecar, both atomically, neither over one of ``inputs``; returns the
+    sha256. Reproducible byte for byte (fixed zip dates, name order); ``half``: float32 stored as
+    float16."""
     if isinstance(model, dict):
         arrays = model
     else:
@@ -431,8 +403,7 @@ def what_file_is(path: Path) -> str | None:
 
 
 def check_sizes(path: Path, archive: zipfile.ZipFile) -> None:
-    """Refuse (``"too_large"``) a member of the open ``archive`` that inflates past
-    :data:`MAX_ARRAY_BYTES` or members past :data:`MAX_TOTAL_BYTES`, and (``"file"``) a
+    """Refuse (``"too_large"``) members of ``archive`` past the byte limits and (``"file"``) a
     ``.npy`` header declaring another size than its member holds; reads headers only."""
     total = 0
     for info in archive.infolist():
@@ -463,8 +434,7 @@ def check_sizes(path: Path, archive: zipfile.ZipFile) -> None:
 
 def read_arrays(path: Path) -> dict:
     """Every array of the ``.npz`` at ``path``, by name; a ``"file"`` or ``"too_large"``
-    WeightsError saying what the file is instead (empty, truncated, another format, pickled
-    objects, damaged) and what was expected."""
+    WeightsError saying what the file is instead and what was expected."""
     path = Path(path)
     what = what_file_is(path)
     if what is not None:
@@ -554,19 +524,10 @@ _DIVERGED = ("the training diverged before these were saved; use an earlier snap
 
 def load_weights(model, path, *, skip: str | None = None, backbone: bool = False,
                  origin: str = "") -> WeightsReport:
-    """Load the ``.npz`` at ``path`` into ``model`` after checking all of it: its ``.sha256``
-    sidecar if there is one, every name and shape (names first: a snapshot or an SSD512 file
-    fails before any forward pass) and finite values.
-
-    By default the file holds exactly the model's parameters. ``skip``: a name prefix neither
-    loaded nor required (VOC's class heads, :data:`CLASS_HEADS`; other extra entries are
-    then reported as skipped). ``backbone``: the file holds part of the model (ImageNet
-    VGG-16); the rest keeps its random initialization. ``origin``: for the report.
-
-    Raises:
-        WeightsError: "missing", "checksum", "file", "too_large", "mismatch" (names the
-            parameter, both shapes and the likely cause) or "not_finite".
-    """
+    """Load the ``.npz`` at ``path`` into ``model`` after checking its sidecar, every name (before
+    any forward pass), shape and finite values. ``skip``: a name prefix neither loaded nor
+    required (:data:`CLASS_HEADS`); ``backbone``: the file holds part of the model, the rest stays
+    random. A ``"mismatch"`` WeightsError names the parameter, both shapes and the likely cause."""
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"no weight file at {path}", "missing", path=path)
@@ -605,8 +566,7 @@ def load_weights(model, path, *, skip: str | None = None, backbone: bool = False
 
 
 def _model_shapes(model) -> dict:
-    """save_npz key -> shape of every parameter (None while lazily shaped) and persistent
-    value (batch normalisation's running statistics)."""
+    """save_npz key -> shape of every parameter (None while lazy) and persistent value."""
     shapes = {name.lstrip("/"): None if param.array is None else tuple(param.shape)
               for name, param in model.namedparams()}
     for path, link in model.namedlinks():

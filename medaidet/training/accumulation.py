@@ -1,16 +1,7 @@
-"""Gradient accumulation: the gradients of a large batch with the memory of a small one.
-
-The course's recipe trains with batch 32. SSD300's activations for one 300x300 image take
-a few hundred MB in training (on the CPU chainer's im2col alone needs ~207 MB per image for
-``conv1_2``), so batch 32 needs a large GPU. :class:`AccumulatingUpdater` (``medaidet train
---accumulate N``): each iteration takes the iterator's batch, feeds it to the model in ``N``
-micro-batches, adds their gradients up and updates once. The gradients are the large
-batch's (up to float rounding): each micro-batch's loss is divided by the positive priors
-of the *whole* batch (:func:`batch_positives`; see :func:`medaidet.ssd.loss.multibox_loss`'s
-``n_positive``), so the micro-batch losses add up to the batch's loss. Peak activation
-memory is that of one micro-batch.
-
-:mod:`medaidet.extras.scaling` finds the micro-batch that fits and the ``N`` to use.
+"""Gradient accumulation (``--accumulate N``): a large batch's gradients with one micro-batch's
+activation memory. Each micro-batch's loss is divided by the positive priors of the *whole*
+batch (:func:`batch_positives`), so the micro-batch losses add up to the batch's loss.
+:mod:`medaidet.extras.scaling` finds the ``N`` that fits.
 """
 from __future__ import annotations
 
@@ -40,12 +31,8 @@ def _labels(data, labels_key):
 def batch_positives(batch, comm=None, labels_key=2):
     """The normaliser of a whole batch: its positive priors, as the loss counts them.
 
-    ``batch``: the iterator's list of examples, ``(img, gt_mb_loc, gt_mb_label)`` tuples
-    (or dicts with ``'gt_mb_labels'``); ``labels_key`` says where the labels are. Counted
-    on the host, before the batch goes to the device. Returns a ``numpy.int64`` (what the
-    loss's own ``(gt_mb_labels > 0).sum()`` is on the CPU), or, with a ChainerMN ``comm``,
-    the count averaged over workers exactly as the loss does
-    (``comm.allreduce_obj(count) / comm.size``).
+    ``batch``: the iterator's examples (labels at ``labels_key``), counted on the host. A
+    ``numpy.int64``, or with a ChainerMN ``comm`` averaged over workers as the loss does.
     """
     count = np.int64(0)
     for example in batch:
@@ -58,8 +45,7 @@ def batch_positives(batch, comm=None, labels_key=2):
 
 
 def _on_device_of(normaliser, labels):
-    """The normaliser as the loss would hold it next to ``labels``: a NumPy scalar on the
-    CPU (the loss then divides as ChainerCV does there), a 0-d array on a GPU (likewise)."""
+    """The normaliser as the loss holds it next to ``labels``: NumPy scalar or 0-d GPU array."""
     if backend.get_array_module(labels) is np:
         return normaliser
     return backend.get_device_from_array(labels).send(np.asarray(normaliser))
@@ -68,37 +54,12 @@ def _on_device_of(normaliser, labels):
 class AccumulatingUpdater(StandardUpdater):
     """``StandardUpdater`` that feeds each batch in ``accumulate`` micro-batches.
 
-    Each iteration: take the iterator's batch (``batch_size`` images); count its positive
-    priors once (:func:`batch_positives`; with a ``comm`` averaged over workers, one
-    allreduce per batch); clear the gradients; for each of the ``accumulate`` equal
-    micro-batches: convert it to the device, ``loss = target(*micro_batch,
-    n_positive=count)``, ``loss.backward()`` (the gradients add up), free its graph; then
-    one ``optimizer.update()``. So one update sees the gradients of the whole batch (the
-    same as ``StandardUpdater`` with that batch, up to float rounding: the sums run in
-    another order) while only one micro-batch's activations are alive at a time.
-
-    Args:
-        iterator, optimizer, converter, device, loss_func, loss_scale, auto_new_epoch,
-            input_device: as ``StandardUpdater``. The loss function (``loss_func`` or the
-            optimizer's target, e.g. :class:`medaidet.ssd.loss.MultiboxTrainChain`) must
-            take the keyword ``n_positive``.
-        accumulate: micro-batches per batch; must divide the batch size. 1: exactly
-            ``StandardUpdater`` (its ``update_core`` runs).
-        comm: ChainerMN communicator for the positive count; default the target's
-            ``comm`` attribute (the one its loss would use), else none.
-        labels_key: where an example (and a converted batch) holds ``gt_mb_labels``:
-            index 2 of the tuple (the training transform's order) or a dict key.
-
-    Reporting: the chain reports ``loss``, ``loss/loc`` and ``loss/conf`` once per
-    micro-batch, each time its share of the batch's loss. Inside a reporter scope each
-    micro-batch reports into its own dictionary; the updater then reports, under the
-    same keys (``main/loss`` ...), the sum for the keys named in ``summed`` (the batch's
-    loss, the same value ``StandardUpdater`` reports) and the mean over micro-batches for
-    any other key.
-
-    Raises :class:`ConfigError` at construction if ``accumulate`` is not a positive
-    integer or does not divide the iterator's ``batch_size``, and at an iteration whose
-    batch does not split (a short last batch of a non-repeating iterator).
+    The gradients add up over the micro-batches (the loss must take ``n_positive``, the whole
+    batch's count); one ``optimizer.update()`` per batch; ``accumulate=1`` is
+    ``StandardUpdater``. ``comm``: default the target's; ``labels_key``: where an example holds
+    ``gt_mb_labels``. Reports the sum over micro-batches for the ``summed`` keys, the mean for
+    others. Raises :class:`ConfigError` when ``accumulate`` is not a positive integer or does
+    not divide a batch's size.
     """
 
     summed = ("loss", "loss/loc", "loss/conf")
@@ -188,8 +149,7 @@ class AccumulatingUpdater(StandardUpdater):
             if not any(key == name or key.endswith("/" + name) for name in self.summed):
                 total = total / len(parts)
             if isinstance(parts[0], chainer.get_array_types()):
-                # reported as the chain reports: a Variable (of a 0-d array; NumPy's
-                # arithmetic on 0-d arrays gives scalars)
+                # a Variable of a 0-d array, as the chain reports (NumPy's 0-d math gives scalars)
                 total = chainer.Variable(backend.get_array_module(parts[0]).asarray(total))
             values[key] = total
         chainer.reporter.report(values)
@@ -214,17 +174,9 @@ def _as_array(value):
 def gradient_difference(model, samples, accumulate: int) -> float:
     """How far the gradient of ``accumulate`` micro-batches is from the whole batch's.
 
-    ``model``: a ChainerCV SSD (left unchanged); ``samples``: one batch of encoded
-    ``(img, mb_loc, mb_label)`` (e.g. through ``EncodeTransform``). One backward pass of a
-    copy of the model on the whole batch, one through :class:`AccumulatingUpdater` in
-    ``accumulate`` micro-batches; returns ``||g_micro - g_batch|| / ||g_batch||`` over all
-    parameters together.
-
-    For a network without batch normalisation (SSD300) this is float rounding (well
-    under 1e-4). With batch normalisation (the small SSD) it is not: each micro-batch is
-    normalised by its own mean and variance, so the micro-batches compute another function
-    than the batch, and another gradient. ChainerMN's ranks are the same case: each rank
-    normalises its own images.
+    ``||g_micro - g_batch|| / ||g_batch||`` for ``model`` (a ChainerCV SSD, left unchanged) on
+    one batch of encoded ``samples``. Float rounding without batch normalisation (SSD300); not
+    with it (the small SSD, like ChainerMN's ranks): each micro-batch has its own statistics.
     """
     from medaidet.ssd.loss import MultiboxTrainChain
 

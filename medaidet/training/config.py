@@ -1,15 +1,8 @@
 """What a training run depends on: :class:`TrainConfig`, its profiles and its checks.
 
-The defaults are the course's recipe (ChainerCV's ``examples/ssd/train.py``, which the
-course copied): SSD300 from ImageNet VGG-16 weights, batch 32, MomentumSGD (lr 1e-3,
-momentum 0.9), bias gradients x2, weight decay 5e-4 on the other parameters, 300 epochs with
-the learning rate x0.1 at epochs 200 and 250 (the original course's schedule), hard
-negatives k=3, alpha=1. ``TrainConfig.profile('smoke')`` shrinks it to a few iterations on a
-few images from random weights (under a minute on a CPU).
-
-Bad values end here, before any work, in one :class:`ConfigError` that names the field, the
-value and what is expected. This module imports neither chainer nor the model code (the
-command line builds its parser from it).
+The defaults are the course's recipe (ChainerCV's ``examples/ssd/train.py``). Bad values end
+here, before any work, in one :class:`ConfigError` naming the field, the value and what is
+expected. Imports neither chainer nor the model code (the command line builds its parser from it).
 """
 from __future__ import annotations
 
@@ -34,11 +27,8 @@ PROFILES = {
     "smoke": dict(pretrained=None, subset=4, batch_size=2, iterations=4, eval_interval=None,
                   eval_subset=2, eval_batch_size=2, log_interval=1, snapshot_interval=None,
                   n_processes=0, device="cpu", seed=0, out="outputs/train-smoke"),
-    # the small SSD from random weights: a detector that works, trained on a CPU in minutes.
-    # Chosen on val (docs/cpu-detector.md): no zoom-out and no colour distortion (both
-    # made the detector less confident on BCCD's uniform smears); batch 4, because on a
-    # CPU four times the updates cost no more time than batch 16 and learn more per
-    # minute. Like every profile it trains on train and validates on val.
+    # the small SSD from random weights, trained on a CPU in minutes; augmentation and batch
+    # chosen on val (docs/cpu-detector.md)
     "cpu": dict(model="ssd_small", pretrained=None, optimizer="adam", lr=2e-3,
                 batch_size=4, epochs=39, lr_steps=(30,), max_expand_ratio=1,
                 color_distortion=False,
@@ -47,10 +37,8 @@ PROFILES = {
     # ChainerCV's SSD300 recipe, as the original course ran it (a GPU)
     "full": {},
 }
-# the cpu profile three times as long (for a learner with half an hour to spare): 117 epochs,
-# the learning rate x0.1 at epoch 90, validation and snapshots less often, and SSD's colour
-# distortion with a zoom-out to 2x kept: over three times the epochs, the lighter augmentation
-# of the cpu profile gained nothing on val (docs/cpu-detector.md, "The longer profile")
+# the cpu profile three times as long, with colour distortion and a 2x zoom-out (the lighter
+# augmentation gained nothing there: docs/cpu-detector.md, "The longer profile")
 PROFILES["cpu-long"] = {**PROFILES["cpu"], "epochs": 117, "lr_steps": (90,),
                         "eval_interval": 9, "snapshot_interval": 3,
                         "max_expand_ratio": 2, "color_distortion": True,
@@ -63,10 +51,9 @@ WEIGHTS_NAME = "model.npz"
 class TrainConfig:
     """Everything a training run depends on. Defaults: the course's recipe.
 
-    Durations: training stops after ``iterations`` if given, else after ``epochs``;
-    ``lr_steps`` are epochs; ``eval_interval`` and ``snapshot_interval`` are epochs (``None``:
-    only at the end; evaluation and the snapshot always also happen at the end);
-    ``log_interval`` is iterations.
+    Training stops after ``iterations`` if given, else ``epochs``. ``lr_steps``,
+    ``eval_interval`` and ``snapshot_interval`` are epochs (None: only at the end, where both
+    always happen); ``log_interval`` is iterations.
     """
 
     model: str = "ssd300"
@@ -91,32 +78,20 @@ class TrainConfig:
     train_split: str = "train"
     val_split: str = "val"
     subset: int | None = None            # first N training images; None: all
-    n_processes: int | None = None       # None: min(4, cpu count); 0: SerialIterator
-                                         # (deterministic: None means 0)
+    n_processes: int | None = None       # None: min(4, cpus), 0 if deterministic
     seed: int | None = None
     deterministic: bool = False          # bitwise reproducible where possible (needs seed)
     augment: bool = True                 # False: resize + encode only (no random augmentation)
-    max_expand_ratio: float = 4          # augmentation's zoom out: canvas up to N x the image
-                                         # (SSD's 4; 1: no zoom out)
-    color_distortion: bool = True        # augmentation's random brightness, contrast,
-                                         # saturation and hue (SSD's); False: colours kept
-    accumulate: int = 1                  # micro-batches per batch (gradient accumulation);
-                                         # on a GPU raised before training until the
-                                         # micro-batch fits (medaidet.training.train)
-    memory_limit: float | None = None    # GiB the run may hold (None: what the GPU has free;
-                                         # on a GPU also CuPy's pool limit); on the CPU the
-                                         # batch is only fitted when this is set
-    precision: str = "float32"           # 'float32', 'tf32' (a GPU's tensor cores for
-                                         # float32 products) or 'mixed16' (float16 compute,
-                                         # float32 weights, loss scaling)
+    max_expand_ratio: float = 4          # zoom-out canvas up to N x the image (1: none)
+    color_distortion: bool = True        # random brightness, contrast, saturation and hue
+    accumulate: int = 1                  # micro-batches per batch (raised on a GPU to fit)
+    memory_limit: float | None = None    # GiB the run may hold (None: what the GPU has free)
+    precision: str = "float32"           # 'float32', 'tf32' or 'mixed16' (float16 compute)
     communicator: str | None = None      # ChainerMN: 'naive' (CPU/GPU), 'pure_nccl' (GPUs), ...
     device: str | int = DEFAULT_DEVICE   # 'cpu', 'gpu' (= GPU 0), an int, or 'auto'
     root: str | None = None              # BCCD root; None: $MEDAIDET_DATA / the cache
-    labels: str = "bccd"                 # whose boxes: 'bccd', or 'txl-pbc' (TXL-PBC's
-                                         # re-annotation of 221 BCCD images; its root from
-                                         # $MEDAIDET_TXL_PBC / the cache)
-    other_sources: tuple = ()            # also train on TXL-PBC's train images of these
-                                         # laboratories: 'PBC', 'Raabin-WBC'
+    labels: str = "bccd"                 # or 'txl-pbc' (TXL-PBC's re-annotation of BCCD)
+    other_sources: tuple = ()            # TXL-PBC train images of 'PBC', 'Raabin-WBC'
     out: str = "outputs/train"
 
     def __post_init__(self):
@@ -128,20 +103,14 @@ class TrainConfig:
 
     @classmethod
     def profile(cls, name: str, **overrides) -> "TrainConfig":
-        """The settings of :data:`PROFILES` ``name``, then ``overrides``. ``'full'``: the
-        recipe. ``'cpu'``: the small SSD from random weights with Adam, 39 epochs of batch 4
-        on a CPU; ``'cpu-long'``: three times as long, with SSD's colour distortion and a
-        zoom-out to 2x. ``'smoke'``: random
-        init, 4 training images, batch 2, 4 iterations, evaluation on 2 validation images at
-        the end, no worker processes."""
+        """The settings of :data:`PROFILES` ``name``, then ``overrides``."""
         if name not in PROFILES:
             raise ConfigError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
         return cls.from_dict({**PROFILES[name], **overrides})
 
     @classmethod
     def from_dict(cls, values: dict, base: "TrainConfig | None" = None) -> "TrainConfig":
-        """A config from ``values`` (unknown keys raise :class:`ConfigError`), on top of
-        ``base`` (default: the recipe)."""
+        """A config from ``values`` on top of ``base`` (default: the recipe)."""
         if not isinstance(values, dict):
             raise ConfigError(f"a training config must be a mapping of option names to "
                               f"values, got {type(values).__name__}")
@@ -203,18 +172,14 @@ class TrainConfig:
     # ---- checks
 
     def validate(self) -> "TrainConfig":
-        """Check every field: the config with its fields normalised, or :class:`ConfigError`
-        naming the first bad one, its value and what is expected. Pure: ``self`` is not
-        changed (a new config is returned when a field changes). Construction runs the same
-        check once (a config is immutable, so it stays valid): every ``TrainConfig`` is a
-        checked one."""
+        """The config with its fields normalised (a new one if any changed), or a
+        :class:`ConfigError` naming the first bad field."""
         values = _normalised(dataclasses.asdict(self))
         return self if values == dataclasses.asdict(self) else TrainConfig(**values)
 
 
 def _normalise_numbers(v: dict) -> None:
-    """The numeric fields of ``v`` checked (:func:`check_number`'s rules), numbers written as
-    text made numbers and whole numbers ints, in place; ``lr_steps`` a tuple of floats."""
+    """Check the numeric fields of ``v`` in place: numeric text made numbers, whole ones ints."""
 
     def number(name, rule="positive", integer=False, optional=False):
         value = v[name]
@@ -258,10 +223,8 @@ def _normalise_numbers(v: dict) -> None:
 
 
 def _normalised(values: dict) -> dict:
-    """``values`` (every field of a :class:`TrainConfig`) checked, with numbers written as
-    text (YAML reads ``1e-3`` as text) made numbers, whole numbers ints, paths text
-    (``config.json`` is JSON) and names lower-case; :class:`ConfigError` naming the first
-    bad field otherwise. Does not change ``values``."""
+    """A checked copy of ``values``: numeric text (YAML's ``1e-3``) made numbers, paths text,
+    names lower-case; :class:`ConfigError` naming the first bad field."""
     v = dict(values)
     _normalise_numbers(v)
     for name in ("deterministic", "augment", "color_distortion"):
@@ -289,8 +252,7 @@ def _normalised(values: dict) -> dict:
 
 
 def _normalised_names(v: dict) -> dict:
-    """The text fields checked: the model, the optimizer, the weights, the splits and the
-    folders; returns their normalised values."""
+    """The text fields checked; returns their normalised values."""
     model, optimizer, pretrained = v["model"], v["optimizer"], v["pretrained"]
     if not isinstance(model, str) or model.lower() not in MODEL_NAMES:
         raise ConfigError(f"model: {model!r} is not a model medaidet builds; "

@@ -1,11 +1,6 @@
-"""The trainer's extensions the course adds: when they fire, progress, plots, validation.
-
-* :class:`EveryOrEnd`: a trigger that fires every N epochs or iterations and at the end.
-* :class:`PresetEvaluator`: ChainerCV's ``DetectionVOCEvaluator`` in the 'evaluate' preset
-  (score 0.01; VOC area AP at IoU 0.5), timing itself.
-* :class:`Monitor`: the progress bar (tqdm, a widget in Jupyter) with loss and val mAP.
-* :class:`Plotter` and :func:`write_plots`: ``loss.png`` and ``map.png`` redrawn while
-  training runs, and every evaluation printed.
+"""The trainer extensions the course adds: :class:`EveryOrEnd` (a trigger),
+:class:`PresetEvaluator` (validation), :class:`Monitor` (progress) and :class:`Plotter` /
+:func:`write_plots` (``loss.png`` and ``map.png``, redrawn while training runs).
 """
 from __future__ import annotations
 
@@ -44,8 +39,7 @@ class EveryOrEnd:
 
 
 class PresetEvaluator(DetectionVOCEvaluator):
-    """ChainerCV's DetectionVOCEvaluator in the 'evaluate' preset (score 0.01); the model's
-    own thresholds are restored afterwards. Counts the seconds it spends."""
+    """DetectionVOCEvaluator in the 'evaluate' preset (score 0.01), counting its seconds."""
 
     seconds = 0.0
 
@@ -62,8 +56,7 @@ class PresetEvaluator(DetectionVOCEvaluator):
 
 
 def _tqdm_class():
-    """tqdm's notebook bar where it can render (Jupyter with ipywidgets), else the text bar
-    (a terminal; Jupyter without ipywidgets shows it too)."""
+    """tqdm's notebook bar where ipywidgets is installed, else the text bar."""
     try:
         import ipywidgets  # noqa: F401
         from tqdm.auto import tqdm
@@ -73,13 +66,8 @@ def _tqdm_class():
 
 
 class Monitor:
-    """Each iteration: remember the loss; show the progress (loss and speed).
-
-    Where someone watches: a tqdm bar. In a headless course run (``medaidet course run``,
-    which sets ``MEDAIDET_COURSE_RUN``), the executed notebook stores every redraw of a bar
-    as an output of its own (tqdm also redraws on a timer), so progress is about ten plain
-    lines there instead.
-    """
+    """Each iteration: remember the loss; show progress in a tqdm bar, or in about ten plain
+    lines in a headless course run (``MEDAIDET_COURSE_RUN``: every redraw would be stored)."""
 
     trigger = (1, "iteration")
     priority = 50     # after the evaluator (300) and LogReport (200)
@@ -128,8 +116,7 @@ class Monitor:
                       + "".join(f", {k} {v}" for k, v in postfix.items()), flush=True)
 
     def write(self, text):
-        """A line among the progress (an evaluation's APs); nothing when the run was asked
-        for no progress (``train(progress=False)``)."""
+        """A line among the progress (an evaluation's APs), unless ``progress`` is off."""
         if self.progress:
             (self.bar.write if self.bar is not None else print)(text)
 
@@ -145,13 +132,11 @@ def _floats(log, key):
 
 
 def write_plots(log, out, val_split: str = "val", lr_steps=()) -> dict:
-    """``loss.png`` (total, loc and conf loss on the training batches vs iteration) and
-    ``map.png`` (mAP and per-class AP on ``val_split`` vs iteration) from a LogReport log,
-    a dashed line at each iteration of ``lr_steps`` the log reached (where the learning
-    rate was stepped down); returns their paths."""
+    """``loss.png`` and ``map.png`` (on ``val_split``) vs iteration from a LogReport log, a
+    dashed line at each of ``lr_steps``; returns their paths."""
     out = Path(out)
     paths = {}
-    # (log key, legend, colour): the classes in the course's colours (CLASS_COLORS)
+    # (log key, legend, colour)
     curves = {
         "loss": [("main/loss", "loss (loc + conf)", "black"),      # greys: no class colour
                  ("main/loss/loc", "loc: smooth L1 of the offsets", "0.45"),
@@ -190,16 +175,14 @@ def write_plots(log, out, val_split: str = "val", lr_steps=()) -> dict:
 
 
 def _ap_text(value) -> str:
-    """An AP for the progress line: three decimals, or why there is none (ChainerCV's AP is
-    NaN for a class without a box in the validation images)."""
+    """Three decimals, or "n/a" (ChainerCV's AP is NaN for a class without boxes)."""
     if value is None or not math.isfinite(value):
         return "n/a (no boxes)"
     return f"{value:.3f}"
 
 
 class Plotter:
-    """After LogReport: redraw the PNGs (at most every ``min_seconds``; always at the end)
-    and print each evaluation."""
+    """After LogReport: print each evaluation; redraw the PNGs every ``min_seconds`` and at end."""
 
     priority = 100
 

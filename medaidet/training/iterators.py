@@ -1,10 +1,6 @@
-"""The training iterator: worker processes for the augmentation, and their errors.
-
-Augmenting an image costs a large share of a training step on the CPU, so the training
-iterator runs the transform in worker processes (chainer's ``MultiprocessIterator``) where
-the platform allows it, and falls back to the ``SerialIterator`` (saying why) where it does
-not. An example that fails to load in a worker (a truncated JPEG) ends the run with the
-same error as without workers (an ``"image"`` DataError), not a hang.
+"""The training iterator: worker processes for the augmentation where the platform allows,
+else ``SerialIterator`` (saying why). An example that fails in a worker ends the run with the
+same error as without workers, not a hang.
 """
 from __future__ import annotations
 
@@ -35,18 +31,15 @@ def multiprocessing_problem() -> str | None:
 
 
 def n_processes_for(config: TrainConfig) -> int:
-    """Worker processes the config asks for: ``n_processes``, or when None ``min(4, cpu
-    count)`` (0 in deterministic mode: workers make the augmentation irreproducible)."""
+    """``config.n_processes``, or when None ``min(4, cpu count)`` (0 if deterministic)."""
     if config.n_processes is not None:
         return config.n_processes
     return 0 if config.deterministic else min(4, os.cpu_count() or 1)
 
 
 def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None):
-    """``(iterator, n_processes)``: ``MultiprocessIterator`` with
-    :func:`n_processes_for` workers, or ``SerialIterator`` (0, or workers impossible: the
-    reason is logged). Shuffled by NumPy's global RNG either way. ``batch_size``: this
-    process's batch (default ``config.batch_size``; a rank's share with ChainerMN)."""
+    """``(iterator, n_processes)``: ``MultiprocessIterator``, or ``SerialIterator`` (0, or
+    workers impossible: logged), shuffled by NumPy's global RNG. ``batch_size``: this process's."""
 
     batch_size = config.batch_size if batch_size is None else batch_size
     compat.apply()                   # cv2.setNumThreads(0) before any worker forks
@@ -67,15 +60,11 @@ def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None
         return chainer.iterators.SerialIterator(dataset, batch_size), 0
 
 
-# Chainer's MultiprocessIterator loads examples in worker processes driven by a thread in
-# the main process; an example that raises kills that thread, and the main process then
-# waits forever for its batch. So the workers never raise: they return the error as a
-# value (_FailedExample), and the iterator raises it in the main process.
+# An example that raises in a worker kills MultiprocessIterator's thread and the main process
+# waits forever: workers return the error as a value, and the iterator raises it.
 
 class _FailedExample:
-    """What a worker returns for an example whose loading raised: the error, pickled in
-    the worker (one that cannot be pickled is described by its type and text), and the
-    worker's traceback."""
+    """A worker's error for an example, pickled (or described), with the worker's traceback."""
 
     def __init__(self, index, exc: Exception):
         self.index = index
@@ -89,8 +78,7 @@ class _FailedExample:
             self.pickled = None
 
     def error(self) -> Exception:
-        """The worker's error (or a ``"worker"`` DataError describing it), its cause
-        the worker's traceback."""
+        """The worker's error (or a ``"worker"`` DataError), caused by its traceback."""
         exc = None
         if self.pickled is not None:
             try:
@@ -105,8 +93,7 @@ class _FailedExample:
 
 
 class _CarryErrors:
-    """``dataset`` for worker processes: an example that raises is returned as a
-    :class:`_FailedExample` instead."""
+    """``dataset`` for workers: an example that raises becomes a :class:`_FailedExample`."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -122,8 +109,7 @@ class _CarryErrors:
 
 
 class WorkerErrorIterator(chainer.iterators.MultiprocessIterator):
-    """MultiprocessIterator over :class:`_CarryErrors`: raises the first error a worker
-    met, in the main process."""
+    """MultiprocessIterator that raises a worker's first error in the main process."""
 
     def __next__(self):
         batch = super().__next__()

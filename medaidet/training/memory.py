@@ -1,12 +1,6 @@
-"""Device memory, measured: how much a block of work held at once, and whether an error
-means the device ran out of it (notebook 03, section 3: the batch fitted to the device;
-notebook 07, section 4; notebook 08).
-
-:class:`PeakMemory` measures a block's peak (tracemalloc on the CPU, CuPy's memory pool on a
-GPU); :func:`is_out_of_memory` tells an out-of-memory error from any other;
-:func:`free_memory` gives a failed try's memory back. :mod:`medaidet.training.train`
-fits the recipe's batch with them, :mod:`medaidet.extras.scaling` builds the batch-size
-finder on them.
+"""Device memory, measured (notebook 03, section 3; notebook 07, section 4; notebook 08):
+:class:`PeakMemory` measures a block's peak, :func:`is_out_of_memory` tells an out-of-memory
+error from any other, :func:`free_memory` gives a failed try's memory back.
 """
 from __future__ import annotations
 
@@ -26,13 +20,8 @@ def _cupy():
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` means the device ran out of memory.
-
-    ``MemoryError`` on the CPU (NumPy's ``_ArrayMemoryError`` is one); on a GPU CuPy's
-    ``cupy.cuda.memory.OutOfMemoryError``, and the allocation failures cuDNN, cuBLAS and
-    the CUDA runtime report under memory pressure (``..._ALLOC_FAILED``,
-    ``cudaErrorMemoryAllocation``).
-    """
+    """Whether ``exc`` means the device ran out of memory: ``MemoryError``, CuPy's
+    ``OutOfMemoryError``, or a cuDNN, cuBLAS or CUDA allocation failure."""
     if isinstance(exc, MemoryError):
         return True
     cupy = _cupy()
@@ -47,14 +36,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def free_memory(device) -> None:
-    """Collect garbage and, on a GPU ``device`` (a chainer device or spec), give CuPy's
-    cached blocks back to the driver.
-
-    CuPy keeps freed device memory in its memory pool for reuse; after an out-of-memory
-    the pool holds the blocks of the failed try, so the next, smaller try would fail too
-    (or other processes could not use the memory). ``free_all_blocks`` of the default
-    pool and of the pinned host pool returns every block not in use.
-    """
+    """Collect garbage and, on a GPU ``device``, give CuPy's cached blocks back to the driver
+    (after an out-of-memory they would make the next, smaller try fail too)."""
     gc.collect()
     cupy = _cupy()
     on_gpu = chainer.get_device(device).xp is not np
@@ -84,26 +67,13 @@ def synchronize(device) -> None:
 
 
 class PeakMemory:
-    """``with PeakMemory(device) as peak: ...``: the most memory the block held at once on
-    ``device`` (a chainer device or spec), above what was allocated when it began
-    (``peak.bytes``, set on leaving the block).
+    """``with PeakMemory(device) as peak: ...``: the most memory the block held at once, above
+    what was allocated when it began (``peak.bytes``, set on leaving).
 
-    * CPU: ``tracemalloc`` (started for the block unless it already runs). NumPy reports
-      every array it allocates to tracemalloc, so this is the peak of the arrays (and
-      Python objects) the block allocated; BLAS's own buffers and memory the C allocator
-      keeps cached are not in it. Tracing slows Python's own allocations, not NumPy's
-      arithmetic: a forward + backward of SSD300 takes about as long.
-    * GPU: CuPy's default memory pool, which every chainer array on the GPU comes from.
-      The pool is emptied (:func:`free_memory`) on entering, so the bytes it holds on
-      leaving (``total_bytes``: freed blocks stay cached) are the most the block held,
-      fragmentation included; minus the bytes in use on entering (parameters, optimizer
-      state) that is the block's peak. cuDNN's workspaces come from the pool too; the
-      CUDA context and cuBLAS's workspace do not. Leaving synchronizes the device and
-      records ``cudaMemGetInfo`` (``device_free_bytes``, ``device_total_bytes``: other
-      processes' memory counts there).
-
-    ``measure`` (class attribute per kind, also on the instance): the words for the
-    report.
+    CPU: the ``tracemalloc`` peak of NumPy's and Python's allocations (not BLAS's buffers).
+    GPU: CuPy's default pool, emptied on entering, so its ``total_bytes`` on leaving is the
+    peak, fragmentation included (not the CUDA context or cuBLAS's workspace); also records
+    ``device_free_bytes`` and ``device_total_bytes``. ``measure``: the words for the report.
     """
 
     HOST = "tracemalloc peak of NumPy and Python allocations"

@@ -1,31 +1,19 @@
-"""Training (notebooks 03 and 06): :func:`train` reads top to bottom like ChainerCV's
+"""Training (notebooks 03 and 06): :func:`train` follows ChainerCV's
 ``examples/ssd/train.py``: seed, build the recipe, run, save.
 
-* **Seeding** (notebook 06): :func:`seed_everything` seeds Python's ``random`` (ChainerCV's
-  augmentations), NumPy's global RNG (shuffle order, initial weights) and CuPy's on each GPU,
-  and sets ``chainer.config.cudnn_deterministic`` (nothing where CuPy has no cuDNN: CuPy 14).
-  Forked data-loading workers inherit the parent's state: :class:`ReseedingTransform`
-  reseeds each from ``(seed, worker)``. What stays non-deterministic: which worker augments
-  which image, and GPU kernels that sum in a varying order.
-* **The recipe** (notebook 03): :class:`Recipe` builds each piece with one method, in
-  ChainerCV's order: model, train chain, datasets and transform, iterators, optimizer (with
-  its hooks), updater, trainer, extensions. For one rank of a ChainerMN run
-  (:func:`medaidet.extras.mpi.train`) it takes the rank's share of the images and batch,
-  and rank 0 alone logs and writes, as ChainerCV's ``train_multi.py``.
-* **The non-finite stop**: :class:`StopOnNonFinite`, an optimizer hook, checks the loss and
-  gradients before every update and the weights after it; a nan or inf stops training with
-  a :class:`~medaidet.errors.DivergedError` naming the iteration, before a snapshot of that
-  state is written.
-* **Snapshots**: ``snapshot_latest.npz`` holds the whole trainer and, through
-  :class:`RandomStateExtension`, Python's and NumPy's random states, which chainer's own
-  snapshot leaves out: a resumed run sees the same batches as an uninterrupted one. The
-  files a run starts from are checked before anything is built.
+* Seeding (notebook 06): Python's ``random``, NumPy's global RNG and CuPy's on each GPU;
+  forked data-loading workers are reseeded from ``(seed, worker)``. Still non-deterministic:
+  which worker augments which image, and GPU kernels that sum in a varying order.
+* :class:`Recipe` (notebook 03) builds each piece in ChainerCV's order. For one ChainerMN rank
+  it takes the rank's share of images and batch; rank 0 alone logs and writes.
+* :class:`StopOnNonFinite` stops at the first nan or inf with a
+  :class:`~medaidet.errors.DivergedError` naming the iteration, before a snapshot of it.
+* ``snapshot_latest.npz`` also holds Python's and NumPy's random states, so a resumed run
+  sees the same batches as an uninterrupted one.
 
-:func:`train` writes to ``config.out``: ``model.npz`` + ``.sha256`` (model-only weights,
-:func:`medaidet.ssd.weights.save_weights`), ``snapshot_latest.npz``, ``metrics.json`` (the
-log and the final numbers), ``loss.png`` and ``map.png``, and ``config.json``. Validation
-uses the 'evaluate' preset (score threshold 0.01; the original course measured at 0.6) and
-VOC area AP at IoU 0.5, with the capped predictor of :mod:`medaidet.ssd.predict`.
+Writes to ``config.out``: ``model.npz`` + ``.sha256``, ``snapshot_latest.npz``,
+``metrics.json``, ``loss.png``, ``map.png`` and ``config.json``. Validation: the 'evaluate'
+preset (score threshold 0.01), VOC area AP at IoU 0.5.
 """
 from __future__ import annotations
 
@@ -89,10 +77,8 @@ __all__ = ["train", "prepare_run", "initial_weights", "TrainResult", "Recipe", "
 # --------------------------------------------------------------------------- seeding
 
 def seed_everything(seed: int, devices=None, deterministic: bool = False) -> None:
-    """Seed Python's ``random``, NumPy's global RNG and CuPy's RNG on every GPU in
-    ``devices`` (chainer devices or GPU ids) with ``seed``, an integer in ``[0, 2**32)``;
-    set ``chainer.config.cudnn_deterministic`` to ``deterministic``. Call it before building
-    the model (its initial weights come from NumPy's RNG)."""
+    """Seed Python's, NumPy's and (on each GPU of ``devices``) CuPy's RNGs with ``seed`` in
+    ``[0, 2**32)``; set ``cudnn_deterministic``. Call it before building the model."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
             or not 0 <= seed < 2 ** 32:
         raise ConfigError(f"seed must be an integer in [0, 2**32) (NumPy's RandomState "
@@ -107,14 +93,9 @@ def seed_everything(seed: int, devices=None, deterministic: bool = False) -> Non
 
 
 class ReseedingTransform:
-    """Wraps a transform so that every worker process draws its own random numbers.
-
-    ``MultiprocessIterator`` forks workers that inherit the parent's Python and NumPy random
-    states: without reseeding, every worker draws the *same* augmentation sequence. On the
-    first call in a new process this seeds ``random`` and NumPy from ``(seed, worker name)``
-    (``ForkPoolWorker-1``, ...: the same names in every run, unlike process ids), or from
-    the OS when ``seed`` is None. In the process that made it, it changes nothing.
-    """
+    """Wraps a transform so that each forked worker draws its own random numbers: its first
+    call in a new process reseeds ``random`` and NumPy from ``(seed, worker name)`` (the same
+    names every run, unlike pids), or from the OS when ``seed`` is None."""
 
     def __init__(self, transform, seed: int | None = None):
         self.transform = transform
@@ -147,15 +128,8 @@ WEIGHTS_EXPECTED = ("imagenet, voc0712, none or a model-only .npz (the model.npz
 
 
 class RandomStateExtension:
-    """Puts Python's and NumPy's global random states into the trainer snapshot.
-
-    Chainer's trainer snapshot restores the model, the optimizer and the iterator position
-    but not the random states that shuffle the data (NumPy) and draw the augmentation
-    (Python's ``random``): without them a resumed run sees other batches than an
-    uninterrupted one. Also records the training set size and batch size, so a snapshot
-    taken with another dataset is refused with a clear message. Never triggered itself;
-    only its ``serialize`` matters.
-    """
+    """Puts Python's and NumPy's random states (chainer's snapshot leaves them out) and the
+    training set and batch sizes into the trainer snapshot. Only ``serialize`` matters."""
 
     name = "train_state"
     trigger = (10 ** 12, "iteration")
@@ -182,7 +156,6 @@ class RandomStateExtension:
             serializer("train_size", np.int64(self.train_size))
             serializer("batch_size", np.int64(self.batch_size))
             return
-        # loading: restore
         internal = serializer("python_state", None)
         version = int(serializer("python_version", None))
         gauss = float(serializer("python_gauss", None))
@@ -196,10 +169,8 @@ class RandomStateExtension:
 
 
 def _npz_entries(path: Path, name: str, expected: str, kind: str) -> list:
-    """The array names in the ``.npz`` at ``path`` (its zip directory only: no array is
-    read). Raises a :class:`~medaidet.errors.WeightsError` of ``kind`` naming ``name`` when
-    it is missing, a folder, not a zip (what it is instead:
-    :func:`medaidet.ssd.weights.what_file_is`) or truncated."""
+    """Array names in the ``.npz`` at ``path`` (zip directory only); a ``kind`` WeightsError
+    naming ``name`` when it is missing, a folder, not a zip or truncated."""
     def fail(problem):
         return WeightsError(f"{name}: {path} {problem}; expected {expected}", kind, path=path)
 
@@ -221,10 +192,8 @@ def _npz_entries(path: Path, name: str, expected: str, kind: str) -> list:
 
 
 def check_snapshot_file(path, name: str = "resume") -> Path:
-    """``path`` if it looks like a trainer snapshot (an ``.npz`` with ``updater/``
-    entries), else a ``"snapshot"`` WeightsError naming ``name`` (the argument as the user wrote
-    it: ``--resume`` on the command line). Reads only the zip directory; whether the
-    snapshot fits the config is checked once the data are built."""
+    """``path`` if it looks like a trainer snapshot (``updater/`` entries), else a
+    ``"snapshot"`` WeightsError naming ``name``. Reads only the zip directory."""
     path = Path(path)
     entries = _npz_entries(path, name, SNAPSHOT_EXPECTED, "snapshot")
     if not any(entry.startswith("updater/") for entry in entries):
@@ -235,10 +204,8 @@ def check_snapshot_file(path, name: str = "resume") -> Path:
 
 
 def check_weights_file(path, name: str = "pretrained") -> Path:
-    """``path`` if it looks like a model-only weight file (an ``.npz``), else
-    a ``"missing"`` WeightsError or
-    a ``"file"`` WeightsError naming ``name``. Reads only the zip
-    directory; :func:`medaidet.ssd.weights.load_weights` checks every array when it loads."""
+    """``path`` if it looks like a model-only ``.npz``, else a ``"missing"`` or ``"file"``
+    WeightsError naming ``name``. Reads only the zip directory."""
     path = Path(path)
     if not path.exists():
         raise WeightsError(f"{name}: {path} does not exist; expected "
@@ -252,9 +219,8 @@ def check_weights_file(path, name: str = "pretrained") -> Path:
 
 
 def load_snapshot(trainer, path, train_size: int, batch_size: int) -> None:
-    """Restore ``trainer`` (and the random states) from the snapshot at ``path``, after
-    checking that it was taken on ``train_size`` images with ``batch_size``:
-    a ``"snapshot"`` WeightsError otherwise, or when it does not fit this trainer's model."""
+    """Restore ``trainer`` and the random states from ``path``; a ``"snapshot"`` WeightsError
+    unless it was taken on ``train_size`` images with ``batch_size`` and fits the model."""
     path = Path(path)
     _check_fits(path, train_size, batch_size)
     try:
@@ -306,16 +272,9 @@ def snapshot_iteration(path: Path):
 # --------------------------------------------------------------------------- divergence
 
 class StopOnNonFinite:
-    """Optimizer hook that stops training at the first nan or inf.
-
-    ``timing='pre'`` (after backward, before the update rule): this iteration's loss
-    (``main/loss`` as the train chain reported it) and every gradient. ``timing='post'``
-    (after the update): every parameter, so a step that overflows the weights is caught in
-    the iteration that made it, before the trainer writes a snapshot of it. One host
-    synchronisation each: the per-array checks travel together. In ``mixed16`` a step whose
-    scaled gradients overflowed is skipped by the optimizer (dynamic loss scaling), not
-    stopped here.
-    """
+    """Optimizer hook that stops training at the first nan or inf: ``'pre'`` checks the loss
+    and every gradient before the update, ``'post'`` every parameter after it. One host sync
+    each. A ``mixed16`` step whose scaled gradients overflowed is skipped, not stopped."""
 
     call_for_each_param = False
 
@@ -328,7 +287,7 @@ class StopOnNonFinite:
 
     def __call__(self, optimizer):
         if self.timing == "pre" and skipped_update(optimizer):
-            return      # mixed16: scaled gradients overflowed; the step is skipped, not diverged
+            return
         if self.timing == "pre":
             try:
                 observation = chainer.reporter.get_current_reporter().observation
@@ -362,9 +321,8 @@ def _non_finite(named_arrays) -> list:
 
 @contextlib.contextmanager
 def stop_on_divergence(updater, snapshot: Path):
-    """Around ``trainer.run()``: a nan or inf met by :class:`StopOnNonFinite` or by the
-    safe loss (a :class:`~medaidet.errors.DivergedError` without an iteration) becomes one
-    naming the iteration and the snapshot kept."""
+    """Around ``trainer.run()``: a DivergedError without an iteration becomes one naming the
+    iteration and the snapshot kept."""
     try:
         yield
     except DivergedError as exc:
@@ -406,9 +364,8 @@ def _n_boxes(dataset) -> int:
 
 
 def check_objects(dataset, images, config: TrainConfig):
-    """Raise :class:`ConfigError` when ``images`` (the first ``subset`` images of
-    the training split ``dataset``) hold no box the loader keeps. Images without boxes
-    are fine (background only) as long as some image has one."""
+    """Raise :class:`ConfigError` when ``images`` (the first ``subset`` of the training split
+    ``dataset``) hold no box the loader keeps."""
     if _n_boxes(images):
         return
     split, root = config.train_split, dataset.root
@@ -430,9 +387,8 @@ def check_objects(dataset, images, config: TrainConfig):
 
 @dataclass
 class TrainingData:
-    """``images``: the training images (all ranks'); ``train``: this process's share,
-    augmented and encoded for the loss; ``val``: the validation images, as they are;
-    ``transform``: the training transform (its ``stats`` count the boxes it drops)."""
+    """``images``: all ranks' training images; ``train``: this process's share, augmented
+    and encoded; ``val``: validation images as they are; ``transform`` (``stats``: drops)."""
 
     images: object
     train: object
@@ -449,8 +405,7 @@ class Iterators:
 
 @dataclass
 class Length:
-    """How long training runs: ``stop`` (the trainer's stop trigger), ``total`` iterations
-    of ``batch_size`` images over ``n_images`` (one process's images and batch)."""
+    """How long training runs (``stop`` trigger, ``total`` iterations), for one process."""
 
     config: TrainConfig
     n_images: int
@@ -471,8 +426,7 @@ class Length:
 
     @property
     def lr_step_iterations(self) -> list:
-        """The iteration after which each learning-rate step applies (the first whose epoch
-        reaches the step's)."""
+        """The iteration after which each learning-rate step applies."""
         batch_size = self.batch_size or self.config.batch_size
         return [math.ceil(epoch * self.n_images / batch_size) for epoch in self.config.lr_steps]
 
@@ -484,8 +438,7 @@ class Length:
 
 @dataclass
 class Extensions:
-    """The extensions the run reads back: the evaluator (its seconds), the log, the
-    progress monitor (the last loss), and where the learning-rate steps apply."""
+    """The extensions the run reads back, and where the learning-rate steps apply."""
 
     evaluator: object
     log_report: object
@@ -520,16 +473,10 @@ def _images_and_batch(updater) -> tuple:
 
 @dataclass
 class Recipe:
-    """The course's training recipe for ``config``, one method per piece.
+    """The course's training recipe for ``config``, one method per piece (notebook 03).
 
-    ``root``: the dataset root, resolved (:func:`~medaidet.training.train.train` resolves
-    ``config.root`` once, before anything is built); None (the default): resolved from
-    ``config.root`` when the data is built. ``device``: the chainer device (default:
-    ``config.device`` resolved). ``comm``: the ChainerMN communicator when this process is
-    one rank of a multi-process run (:func:`medaidet.extras.mpi.train`); the methods then
-    take this rank's share of the images and of the batch, average the gradients over the
-    ranks, and let rank 0 alone log and write (as ChainerCV's ``train_multi.py``).
-    """
+    ``root``: the resolved dataset root (None: from ``config.root`` when the data is built);
+    ``device``: default ``config.device``; ``comm``: this rank's ChainerMN communicator."""
 
     config: TrainConfig
     root: Path | None = None
@@ -544,18 +491,15 @@ class Recipe:
         self.main = self.comm is None or self.comm.rank == 0  # the one that logs and writes
 
     def model(self):
-        """The SSD of ``config.model`` for BCCD's three classes, from ``config.pretrained``
-        weights, with every parameter initialised now (random values are drawn here, from
-        the seeded RNG, before the iterator draws its first order), computing in
-        ``config.precision`` (:func:`~medaidet.ssd.precision.set_precision`)."""
+        """The SSD of ``config.model`` for BCCD's classes from ``config.pretrained``, every
+        parameter initialised now (from the seeded RNG), in ``config.precision``."""
         config = self.config
         model = materialize(build_ssd(config.model, config.pretrained,
                                       n_fg_class=len(BCCD_LABEL_NAMES)))
         return set_precision(model, config.precision)
 
     def train_chain(self, model):
-        """The model and the safe multibox loss (hard negatives ``k``, weight ``alpha``), on
-        this process's device."""
+        """The model and the multibox loss (``k``, ``alpha``) on this process's device."""
         train_chain = MultiboxTrainChain(model, alpha=self.config.alpha, k=self.config.k,
                                          comm=self.comm)
         train_chain.to_device(self.device)
@@ -563,19 +507,15 @@ class Recipe:
         return train_chain
 
     def transform(self, model):
-        """The training transform: ChainerCV's augmentation then the multibox encoding
-        (:class:`~medaidet.ssd.transforms.TrainTransform`), or the encoding alone with
-        ``augment=False``."""
+        """Augmentation then multibox encoding; the encoding alone with ``augment=False``."""
         if self.config.augment:
             return TrainTransform.for_model(model, max_expand_ratio=self.config.max_expand_ratio,
                                             color_distortion=self.config.color_distortion)
         return EncodeTransform.for_model(model)
 
     def datasets(self, model) -> TrainingData:
-        """BCCD's training and validation splits (the first ``subset`` / ``eval_subset``
-        images), the training images through :meth:`transform`, reseeded per worker
-        process when ``config.seed`` is set. Raises :class:`ConfigError` when the
-        training images hold no box (:func:`check_objects`)."""
+        """BCCD's training (transformed) and validation splits, cut to ``subset`` /
+        ``eval_subset``; :class:`ConfigError` when the training images hold no box."""
         config = self.config
         if self.root is None:
             self.root = resolve_root(config.root)
@@ -588,11 +528,9 @@ class Recipe:
         val = _first(BCCDDataset(self.root, config.val_split, labels=config.labels),
                      config.eval_subset)
         transform = self.transform(model)
-        # each rank's share of the plain images, wrapped here: a ReseedingTransform made on
-        # rank 0 and sent to another rank would take that rank for a worker process and
-        # reseed it from its process id (seeded runs would differ from run to run)
+        # wrapped per rank: one sent from rank 0 would reseed from the pid (irreproducible)
         mine = images
-        if self.comm is not None:   # rank 0's images, shuffled with the seed, split, sent
+        if self.comm is not None:
             import chainermn
             mine = chainermn.scatter_dataset(images if self.comm.rank == 0 else None,
                                              self.comm, shuffle=True, seed=config.seed or 0)
@@ -600,9 +538,7 @@ class Recipe:
         return TrainingData(images, train, val, transform)
 
     def iterators(self, data: TrainingData, log=print) -> Iterators:
-        """The shuffled, repeating training iterator (worker processes where possible:
-        :func:`~medaidet.training.iterators.make_train_iterator`), and the validation
-        iterator (one pass, in order)."""
+        """The shuffled, repeating training iterator and the one-pass validation iterator."""
         train_iter, n_processes = make_train_iterator(data.train, self.config, log,
                                                       self.batch_size)
         val_iter = chainer.iterators.SerialIterator(data.val, self.config.eval_batch_size,
@@ -610,10 +546,8 @@ class Recipe:
         return Iterators(train_iter, val_iter, n_processes)
 
     def optimizer(self, train_chain):
-        """MomentumSGD (the recipe; or Adam, ``optimizer='adam'``) with the recipe's hooks:
-        bias gradients x ``bias_grad_scale``, weight decay on every other parameter (as
-        ChainerCV's example), and :class:`StopOnNonFinite` before and after every update.
-        Shared over the ranks of a ChainerMN run."""
+        """MomentumSGD (or Adam) with the hooks: bias gradients x ``bias_grad_scale``, weight
+        decay on the other parameters, :class:`StopOnNonFinite` before and after updates."""
         config = self.config
         if config.optimizer == "adam":
             optimizer = chainer.optimizers.Adam(alpha=config.lr)
@@ -625,8 +559,7 @@ class Recipe:
         optimizer.setup(train_chain)
         use_loss_scaling(optimizer, config.precision)       # mixed16 only
         if self.comm is not None:
-            # every rank takes rank 0's weights now: ChainerMN's first update() would do it
-            # and skip that update, one step behind a one-process run
+            # rank 0's weights to every rank now: ChainerMN's first update() would skip a step
             optimizer.update()
         for param in train_chain.params():
             if param.name == "b":
@@ -638,25 +571,20 @@ class Recipe:
         return optimizer
 
     def updater(self, train_iter, optimizer):
-        """``StandardUpdater``, or with ``accumulate > 1`` the
-        :class:`~medaidet.training.accumulation.AccumulatingUpdater` (the batch in
-        ``accumulate`` micro-batches, the loss normalised by the whole batch's positives)."""
+        """``StandardUpdater``, or with ``accumulate > 1`` an ``AccumulatingUpdater``."""
         if self.config.accumulate == 1:
             return training.updaters.StandardUpdater(train_iter, optimizer, device=self.device)
         return AccumulatingUpdater(train_iter, optimizer, device=self.device,
                                    accumulate=self.config.accumulate, comm=self.comm)
 
     def trainer(self, updater):
-        """The trainer: ``iterations`` (or ``epochs`` of the training images), writing to
-        ``config.out``."""
+        """The trainer, stopping after ``iterations`` or ``epochs``, writing to ``config.out``."""
         length = Length(self.config, *_images_and_batch(updater))
         return training.Trainer(updater, length.stop, out=str(self.config.out))
 
     def extensions(self, trainer, model, val_iter, progress: bool = True) -> Extensions:
-        """The recipe's learning-rate steps and validation, then what the course adds: the
-        log (every ``log_interval`` iterations and at the end), the progress bar, the
-        plots, and (one process only) a trainer snapshot with the random states every
-        ``snapshot_interval`` epochs and at the end. Only rank 0 logs and writes."""
+        """Learning-rate steps and validation, then the log, progress bar, plots and (one
+        process only) snapshots. Only rank 0 logs and writes."""
         config = self.config
         length = Length(config, *_images_and_batch(trainer.updater))
         lr_steps = training.triggers.ManualScheduleTrigger(list(config.lr_steps), "epoch")
@@ -686,8 +614,7 @@ class Recipe:
         return Extensions(evaluator, log_report, monitor, length.lr_step_iterations)
 
     def build(self, log=print, progress: bool = True) -> Built:
-        """Every piece, in the recipe's order: model -> train chain -> data -> iterators
-        -> optimizer -> updater -> trainer -> extensions."""
+        """Every piece, in the recipe's order."""
         model = self.model()
         train_chain = self.train_chain(model)
         data = self.datasets(model)
@@ -703,8 +630,7 @@ class Recipe:
 
 @dataclass
 class TrainResult:
-    """What :func:`medaidet.training.train.train` produced. ``metrics`` is what
-    ``metrics.json`` holds (:func:`run_metrics`)."""
+    """What :func:`train` produced; ``metrics`` is what ``metrics.json`` holds."""
 
     out: Path
     weights: Path
@@ -717,8 +643,7 @@ class TrainResult:
         return dict(self.metrics)
 
     def validation_table(self) -> Table:
-        """Every validation of the run: iteration, epoch, val mAP and AP per class (the
-        split is the config's ``val_split``)."""
+        """Every validation of the run: iteration, epoch, mAP and AP per class."""
         m = self.metrics
         names = list(m["val_ap"])
         table = Table(["iteration", "epoch", f"{m['config']['val_split']} mAP", *names])
@@ -748,9 +673,7 @@ def _clean_log(log):
 
 def run_metrics(config, recipe, data, iterators, updater, extensions, *, start_iteration,
                 seconds, resume, weights, sha256, snapshot, plots) -> dict:
-    """The numbers of a finished run (what ``metrics.json`` holds): how long, how fast,
-    the last loss, the best and the last validation AP, what the data and the processes
-    were, where the files are, the config and the versions."""
+    """The numbers of a finished run, as ``metrics.json`` holds them."""
     iterations_run = updater.iteration - start_iteration
     eval_seconds = extensions.evaluator.seconds
     train_seconds = max(seconds - eval_seconds, 1e-9)
@@ -801,21 +724,10 @@ def run_metrics(config, recipe, data, iterators, updater, extensions, *, start_i
 
 # --------------------------------------------------------------------------- memory fit
 
-# The recipe's batch fitted to the device's memory, before training (notebook 03, section 4;
-# notebook 07 teaches the tools by hand).
-#
-# The recipe's batch is 32 SSD300 images: more memory than many GPUs have (a T4 gives about
-# 15 GiB). :func:`fit_batch` measures a training step (forward + backward on real training
-# images, random initial weights: memory does not depend on their values) at 2 and 4 images,
-# so it knows the step's fixed memory and its memory per image; adds the optimizer's state;
-# and keeps the largest micro-batch (a divisor of the batch) that fits in the memory the device
-# has free. Where that is less than the batch, the run trains the same batch in ``accumulate``
-# micro-batches (:class:`~medaidet.training.accumulation.AccumulatingUpdater`): the gradient of
-# the whole batch, except that batch normalisation (the small SSD's) sees micro-batches.
-#
-# On a GPU this always runs; on the CPU only when ``config.memory_limit`` says how much the run
-# may hold (host memory is not a pool to read). The measurement runs before the run is seeded,
-# on a model of its own, so the run's random streams are not touched.
+# The recipe's batch fitted to the device's memory before training (notebook 03, section 3;
+# notebook 07 by hand): :func:`fit_batch` measures a step at 2 and 4 images (fixed and per-image
+# bytes), adds the optimizer state and keeps the largest micro-batch that fits. Always on a GPU;
+# on the CPU only with ``config.memory_limit``. Runs before seeding, on a model of its own.
 
 GIB = 2 ** 30
 #: The part of the free memory a step may plan to use (fragmentation, the pool's rounding).
@@ -824,9 +736,8 @@ MARGIN = 0.9
 
 @dataclass
 class MemoryFit:
-    """What the check measured and chose. Bytes: ``fixed`` (a step's memory whatever its
-    batch), ``per_image``, ``state`` (the optimizer's state, allocated at its first update),
-    ``available`` (what the run may hold on the device). ``measure``: how peaks were read."""
+    """What the check measured and chose, in bytes: ``fixed`` (per step), ``per_image``,
+    ``state`` (optimizer), ``available``; ``measure``: how peaks were read."""
     device: str
     batch_size: int
     accumulate: int
@@ -860,9 +771,8 @@ class MemoryFit:
 
 
 def available_bytes(device, limit_gib: float | None = None) -> int | None:
-    """Bytes a run may hold on ``device`` (a chainer device): on a GPU what the driver has
-    free plus the blocks CuPy's pool caches, capped by ``limit_gib`` (which also becomes the
-    pool's limit, so the run really cannot take more); on the CPU ``limit_gib``, or None."""
+    """Bytes a run may hold on ``device``: on a GPU the driver's free bytes plus CuPy's cached
+    blocks, capped by ``limit_gib`` (also the pool's limit); on the CPU ``limit_gib``."""
     limit = None if limit_gib is None else int(limit_gib * GIB)
     if device.xp is np:
         return limit
@@ -877,9 +787,8 @@ def available_bytes(device, limit_gib: float | None = None) -> int | None:
 
 
 def plan_accumulate(fit: MemoryFit, at_least: int = 1) -> int:
-    """The smallest ``accumulate`` (a divisor of the batch, ``at_least`` or more) whose
-    micro-batch fits in ``MARGIN`` of the available memory; a ``"memory"``
-    :class:`~medaidet.errors.DeviceError` when not even one image does."""
+    """The smallest ``accumulate`` (>= ``at_least``, dividing the batch) whose micro-batch
+    fits in ``MARGIN`` of the memory; a ``"memory"`` DeviceError when not even one image does."""
     for accumulate in range(at_least, fit.batch_size + 1):
         if fit.batch_size % accumulate == 0 and \
                 fit.needs(fit.batch_size // accumulate) <= MARGIN * fit.available:
@@ -893,8 +802,7 @@ def plan_accumulate(fit: MemoryFit, at_least: int = 1) -> int:
 
 
 def _peak(chain, examples, device):
-    """Peak bytes of one step (forward + backward) on ``examples``; None when the device ran
-    out of memory. The step's arrays and gradients are given back afterwards."""
+    """Peak bytes of one forward + backward on ``examples``; None when out of memory."""
     try:
         with PeakMemory(device) as peak:
             chain.cleargrads()
@@ -911,8 +819,7 @@ def _peak(chain, examples, device):
 
 
 def _measure(config: TrainConfig, root, device):
-    """Peak bytes of a step at 2 and 4 images, the optimizer state's bytes, the memory
-    available while the measured model's parameters are held, and how peaks were read."""
+    """Step peaks at 2 and 4 images, optimizer state bytes, bytes available, how measured."""
     recipe = Recipe(config.replace(pretrained=None, augment=False), root=root)
     model = recipe.model()
     chain = recipe.train_chain(model)
@@ -929,10 +836,8 @@ def _measure(config: TrainConfig, root, device):
 
 
 def fit_batch(config: TrainConfig, root, device, log=print):
-    """``(config, fit)``: ``config`` with the ``accumulate`` whose micro-batch fits on
-    ``device`` (a chainer device) and the :class:`MemoryFit` that chose it, logged in one
-    line; ``(config, None)`` on the CPU without ``memory_limit``. A ``"memory"``
-    :class:`~medaidet.errors.DeviceError` when not even one image fits."""
+    """``(config with the accumulate that fits, MemoryFit)``, logged; ``(config, None)`` on
+    the CPU without ``memory_limit``. A ``"memory"`` DeviceError when not one image fits."""
     if device.xp is np and config.memory_limit is None:
         return config, None
     peaks, state, available, measure = _measure(config, root, device)
@@ -952,15 +857,9 @@ def fit_batch(config: TrainConfig, root, device, log=print):
 # --------------------------------------------------------------------------- run
 
 def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
-    """Check, before any model or data is built, what a run of ``config`` reads and
-    writes: the dataset root exists, the output folder can be written (created now) and
-    is not inside the datasets it reads, the ``resume`` snapshot and the ``pretrained`` file are
-    readable ``.npz`` files. The messages name the field (``out: ...``; the command line
-    puts its flag there). Returns the output folder and the dataset root, both resolved
-    (once: the recipe reads the data from this root). Raises
-    :class:`~medaidet.errors.ConfigError`, a ``"snapshot"`` WeightsError,
-    :class:`medaidet.ssd.weights.WeightsError` or
-    a ``"not_found"`` DataError."""
+    """Check before anything is built: the dataset root, the output folder (created now, not
+    inside its inputs), the ``resume`` and ``pretrained`` files. Returns ``(out, root)``,
+    resolved. Raises ConfigError, WeightsError or a ``"not_found"`` DataError."""
     if resume is not None and config.communicator is not None:
         raise WeightsError("resume: resuming a multi-process (ChainerMN) run is not "
                            "supported: each rank's data order and random state would have to "
@@ -978,11 +877,8 @@ def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
 
 
 def initial_weights(config: TrainConfig) -> dict:
-    """The weights a seeded run of ``config`` starts from, ``{save_npz name: array}``
-    (rank 0's, for a multi-process run): the seed set as :func:`train` sets it, then the
-    model built the same way. To see how far training moved each array. Needs
-    ``config.seed``; reseeds the global RNGs
-    (:func:`medaidet.training.train.seed_everything`)."""
+    """The weights a seeded run of ``config`` starts from, ``{save_npz name: array}`` (rank
+    0's). Needs ``config.seed``; reseeds the global RNGs."""
     if config.seed is None:
         raise ConfigError("initial_weights needs a seeded config (seed=...): without a "
                           "seed the initial weights are not reproducible")
@@ -996,25 +892,11 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
           log=print, comm=None, device=None) -> TrainResult:
     """Train an SSD as ``config`` says (default: the course recipe); see the module docs.
 
-    Args:
-        config: a :class:`~medaidet.training.config.TrainConfig`.
-        resume: path of a trainer snapshot (``snapshot_latest.npz``) to continue from; the
-            config must use the same training images and batch size.
-        progress: show a progress bar (tqdm: a widget in Jupyter with ipywidgets, text
-            elsewhere).
-        log: where messages go (``print``).
-        comm, device: this process as one rank of a ChainerMN run, and its device
-            (:func:`medaidet.extras.mpi.train` passes them; ``medaidet train
-            --communicator`` calls it). None: one process on ``config.device``.
-
-    Returns a :class:`~medaidet.training.train.TrainResult`. Raises
-    :class:`~medaidet.errors.DeviceError`, a ``"snapshot"`` WeightsError,
-    :class:`~medaidet.errors.DivergedError` (a nan/inf loss or
-    gradient: which iteration, and the snapshot left intact),
-    a ``"missing"`` WeightsError (``pretrained='imagenet'`` offline: the
-    message says where to put the file),
-    :class:`~medaidet.training.train.ConfigError` (no box in the training images,
-    before any iteration), and the dataset's errors.
+    ``resume``: a ``snapshot_latest.npz`` taken on the same training images and batch size.
+    ``comm``, ``device``: this process as one ChainerMN rank (:func:`medaidet.extras.mpi.train`).
+    Returns a :class:`TrainResult`. Raises DeviceError, WeightsError (``"snapshot"``;
+    ``"missing"`` offline), DivergedError (the iteration, the snapshot left intact),
+    ConfigError (no box in the training images) and the dataset's errors.
     """
     compat.apply()
     config = config if config is not None else TrainConfig()
@@ -1040,8 +922,7 @@ def _silent(*args, **kwargs) -> None:
 
 
 def _precision_note(config: TrainConfig, device) -> str:
-    """What ``config.precision`` does on ``device``, switching TF32 on where it can (for
-    the device's cuBLAS handle in this thread: the one that trains)."""
+    """What ``config.precision`` does on ``device``, switching TF32 on where it can."""
     if config.precision == "tf32":
         device.use()
         return ("TF32 tensor cores for float32 matrix products" if use_tf32() else
@@ -1054,8 +935,7 @@ def _precision_note(config: TrainConfig, device) -> str:
 
 def _run(config: TrainConfig, recipe: Recipe, out: Path, resume, progress: bool, log,
          fit=None) -> TrainResult:
-    """:func:`train`'s body, top to bottom: seed, build, run, save. ``fit``: the
-    :class:`~medaidet.training.train.MemoryFit` that chose ``config.accumulate``."""
+    """:func:`train`'s body: seed, build, run, save. ``fit``: the :class:`MemoryFit` used."""
     rank = 0 if recipe.comm is None else recipe.comm.rank
     if config.seed is not None:   # each rank its own stream; the weights are rank 0's
         seed_everything(config.seed + rank, [recipe.device], config.deterministic)
