@@ -1,7 +1,9 @@
 """Tables that render themselves: as Markdown in a notebook, as aligned text in a terminal.
 
-Cells are written as given, except floats (``float_format``, default 3 decimals) and missing
-values (``None``, NaN: ``n/a``); all-number columns are right-aligned.
+Cells are written as given, except real numbers that are not integers (``float_format``,
+default 3 decimals) and missing values (``None``, NaN: ``n/a``); all-number columns are
+right-aligned. A result class that derives from :class:`ShownAsTable` is shown as its
+``table()``, with a ``title`` line above and ``notes`` below.
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-__all__ = ["Table"]
+__all__ = ["Table", "ShownAsTable"]
 
 
 def _is_number(value) -> bool:
@@ -23,6 +25,8 @@ class Table:
     columns: list
     rows: list = field(default_factory=list)
     float_format: str = ".3f"
+    title: str = ""
+    notes: list = field(default_factory=list)
 
     def __post_init__(self):
         self.columns = [str(c) for c in self.columns]
@@ -42,10 +46,10 @@ class Table:
 
     def cell(self, value) -> str:
         """The text of one cell."""
-        if value is None or (isinstance(value, float) and math.isnan(value)):
+        if value is None or (isinstance(value, numbers.Real) and math.isnan(value)):
             return "n/a"
-        if isinstance(value, float):
-            return format(value, self.float_format)
+        if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+            return format(float(value), self.float_format)
         return str(value)
 
     def _numeric(self) -> list:
@@ -53,12 +57,16 @@ class Table:
                                         for row in self.rows)
                 for j in range(len(self.columns))]
 
+    def _framed(self, table: str) -> str:
+        return "\n\n".join([self.title] * bool(self.title) + [table] + list(self.notes))
+
     def to_markdown(self) -> str:
+        def line(cells):
+            return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
         numeric = self._numeric()
-        lines = ["| " + " | ".join(self.columns) + " |",
-                 "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
-        lines += ["| " + " | ".join(self.cell(v) for v in row) + " |" for row in self.rows]
-        return "\n".join(lines)
+        lines = [line(self.columns), "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+        lines += [line([self.cell(v) for v in row]) for row in self.rows]
+        return self._framed("\n".join(lines))
 
     def _repr_markdown_(self) -> str:
         return self.to_markdown()
@@ -67,8 +75,20 @@ class Table:
         texts = [self.columns] + [[self.cell(v) for v in row] for row in self.rows]
         widths = [max(len(t[j]) for t in texts) for j in range(len(self.columns))]
         numeric = self._numeric()
-        return "\n".join("  ".join(t[j].rjust(w) if numeric[j] else t[j].ljust(w)
-                                   for j, w in enumerate(widths)).rstrip()
-                         for t in texts)
+        return self._framed("\n".join("  ".join(t[j].rjust(w) if numeric[j] else t[j].ljust(w)
+                                                for j, w in enumerate(widths)).rstrip()
+                                      for t in texts))
 
     __repr__ = __str__       # Jupyter's text/plain, and any viewer that shows only that
+
+
+class ShownAsTable:
+    """Shows a result as its ``table()``: Markdown in a notebook, text in a terminal."""
+
+    def __str__(self) -> str:
+        return str(self.table())
+
+    __repr__ = __str__
+
+    def _repr_markdown_(self) -> str:
+        return self.table().to_markdown()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures after the last step of docs/design.md's table: lower them with every step
-CEILINGS = {"lines": 12_680, "characters": 603_054, "core lines": 10_535}
+CEILINGS = {"lines": 12_587, "characters": 598_521, "core lines": 10_442}
 
 
 def _figures():

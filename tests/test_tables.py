@@ -28,3 +28,9 @@ def test_a_row_of_the_wrong_length_is_named():
     table = Table(["a", "b"])
     with pytest.raises(ValueError, match="a row of 3 cells for 2 columns"):
         table.append([1, 2, 3])
+
+
+def test_title_and_notes_frame_the_table_and_a_pipe_stays_in_its_cell():
+    table = Table(["a"], [["x|y"]], title="T", notes=["n"])
+    assert table.to_markdown() == "T\n\n| a |\n|---|\n| x\\|y |\n\nn"
+    assert str(table) == "T\n\na\nx|y\n\nn"

@@ -29,12 +29,13 @@ SHOWN = {
 
 
 def _shown(path: Path):
-    """The figures and the text (printed, HTML, markdown) of an executed notebook."""
+    """The figures and the text (printed, plain, HTML, markdown) of an executed notebook."""
     notebook = nbformat.read(str(path), as_version=4)
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
     figures = sum("image/png" in o.get("data", {}) for o in outputs)
-    text = "".join(o.get("text", "") + o.get("data", {}).get("text/html", "")
-                   + o.get("data", {}).get("text/markdown", "") for o in outputs)
+    text = "".join(o.get("text", "") + "".join(o.get("data", {}).get(kind, "") for kind in
+                                               ("text/plain", "text/html", "text/markdown"))
+                   for o in outputs)
     return figures, text
 
 

@@ -1,8 +1,8 @@
 """Validate a dataset in BCCD's VOC layout: every defect, where it is, what the loader does
 (notebook 01, section 6).
 
-``validate_dataset(root)`` returns a :class:`ValidationReport`: a summary (``str``), tables in
-a notebook (``_repr_html_``) or JSON (``to_json``)::
+``validate_dataset(root)`` returns a :class:`ValidationReport`: a summary (``str``, also what
+a notebook shows) or JSON (``to_json``)::
 
     {"root", "images", "objects_raw", "objects_kept", "per_class": {name: n},
      "splits": {split: n},
@@ -22,7 +22,6 @@ split list is the loader's DataError; files against the pinned release,
 """
 from __future__ import annotations
 
-import html
 import json
 import math
 import re
@@ -177,36 +176,7 @@ class ValidationReport:
                 lines.append(f"  ... and {len(issues) - shown} more (to_json() lists all)")
         return "\n".join(lines)
 
-    def __repr__(self):      # the text view, also what a notebook stores beside the HTML
-        return str(self)
-
-    def _repr_html_(self) -> str:
-        e = html.escape
-        out = [f"<h4>Dataset validation: <code>{e(self.root)}</code></h4><ul>"]
-        out += [f"<li>{e(line)}</li>" for line in self._summary_lines()]
-        out.append("</ul>")
-        counts = self.counts()
-        if not counts:
-            return "".join(out) + "<p>No issues found.</p>"
-        out.append("<table><thead><tr><th>kind</th>" + "".join(f"<th>{s}</th>" for s in SEVERITIES)
-                   + "<th>what the loader does</th></tr></thead><tbody>")
-        for kind, row in counts.items():
-            action = e(KINDS.get(kind, ("", ""))[1])
-            out.append(f"<tr><td><code>{e(kind)}</code></td>"
-                       + "".join(f"<td>{row[s]}</td>" for s in SEVERITIES)
-                       + f"<td style='text-align:left'>{action}</td></tr>")
-        out.append("</tbody></table>")
-        out.append("<div style='max-height:28em;overflow:auto'><table><thead><tr>"
-                   + "".join(f"<th>{h}</th>" for h in ("image", "object", "kind", "severity",
-                                                       "detail", "action"))
-                   + "</tr></thead><tbody>")
-        for i in self.issues:
-            out.append("<tr>" + "".join(
-                f"<td style='text-align:left'>{e('' if v is None else str(v))}</td>"
-                for v in (i.image, i.object, i.kind, i.severity, i.detail, i.action)) + "</tr>")
-        out.append("</tbody></table></div>")
-        return "".join(out)
-
+    __repr__ = __str__       # a notebook shows the text view
 
 
 def sorted_issues(issues) -> list:

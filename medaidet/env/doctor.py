@@ -3,7 +3,6 @@
 The ``check_*`` functions turn :class:`~medaidet.env.facts.Facts` into :class:`Check` lines
 with the exact fix; :func:`run_doctor` puts them in a :class:`DoctorReport`.
 """
-import html
 from dataclasses import dataclass
 
 from packaging.specifiers import SpecifierSet
@@ -196,7 +195,7 @@ CHECKS = (check_python, check_numpy, check_chainer, check_chainercv, check_cupy,
 
 @dataclass(repr=False)
 class DoctorReport:
-    """The checks in order; text and HTML views of them."""
+    """The checks in order, shown as text."""
 
     checks: list
 
@@ -224,18 +223,7 @@ class DoctorReport:
         lines.append(self.summary())
         return "\n".join(lines)
 
-    def __repr__(self):      # the text view, also what a notebook stores beside the HTML
-        return str(self)
-
-    def _repr_html_(self) -> str:
-        colours = {"ok": "#c8e6c9", "warn": "#ffe0b2", "fail": "#ffcdd2", "skip": "#eeeeee"}
-        rows = "".join(
-            f"<tr><td>{html.escape(c.name)}</td>"
-            f"<td style='background:{colours.get(c.status, '#fff')}'>{c.status}</td>"
-            f"<td>{html.escape(c.found)}</td><td><code>{html.escape(c.fix)}</code></td></tr>"
-            for c in self.checks)
-        return ("<table><tr><th>check</th><th>status</th><th>found</th><th>fix</th></tr>"
-                f"{rows}</table>")
+    __repr__ = __str__       # a notebook shows the text view
 
 
 def run_doctor(gpu_smoke: bool = False, facts: Facts = None) -> DoctorReport:

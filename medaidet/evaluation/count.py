@@ -20,7 +20,6 @@ Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels; an image size is ``(
 """
 from __future__ import annotations
 
-import html
 import json
 import math
 import warnings
@@ -44,6 +43,7 @@ from medaidet.evaluation.evaluate import (Predictions, bootstrap, check_run, che
 from medaidet.evaluation.protocol import COUNT_SCORE_THRESH, EVALUATE_SCORE_THRESH
 from medaidet.files import png_bytes, write_files
 from medaidet.numbers import finite_or_none
+from medaidet.tables import ShownAsTable, Table
 
 __all__ = [
     "RBC_NOTE", "CountResult", "count_cells", "count_errors", "images_at_points",
@@ -110,7 +110,7 @@ def count_stats(predicted: np.ndarray, annotated: np.ndarray):
 
 
 @dataclass(repr=False)
-class CountResult:
+class CountResult(ShownAsTable):
     """Counts at one score threshold. ``predicted``/``annotated``: int (N images, C classes);
     ``mae``, ``bias``, ``relative_error``: (C,), on all images; ``set_aside``: image id -> why.
     """
@@ -151,20 +151,6 @@ class CountResult:
             out.append(row)
         return out
 
-    def _summary(self):
-        """Columns and rows of the table (with images set aside, also the errors without)."""
-        views = [self] + ([self.without_set_aside()] if self.set_aside else [])
-        cols = ["class", "annotated", "predicted", "MAE", "rel. error", "bias"]
-        if self.set_aside:
-            n = len(self.ids) - len(self.set_aside)
-            cols += [f"{c} ({n} kept)" for c in ("MAE", "rel. error", "bias")]
-        body = [[name, str(int(self.annotated[:, l].sum())),
-                 str(int(self.predicted[:, l].sum()))]
-                + [v for r in views for v in (_fmt(r.mae[l]), _fmt(r.relative_error[l], pct=True),
-                                              _fmt(r.bias[l], sign=True))]
-                for l, name in enumerate(self.label_names)]
-        return cols, body
-
     def set_aside_reasons(self) -> dict:
         """``{reason: set-aside images}``, most first; an image can count under two reasons."""
         reasons = Counter(part.strip() for why in self.set_aside.values()
@@ -172,38 +158,28 @@ class CountResult:
         return dict(reasons.most_common())
 
     def _set_aside_text(self) -> str:
-        if not self.set_aside:
-            return ""
         tally = ", ".join(f"{k} {why}" for why, k in self.set_aside_reasons().items())
         return (f"Set aside ({len(self.set_aside)} images the validator flags missing_class; "
                 f"{tally}): "
                 + "; ".join(f"{i}: {why}" for i, why in self.set_aside.items()))
 
-    def __str__(self):
-        cols, body = self._summary()
-        table = [cols] + body
-        widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
-        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(r, widths))) for r in table]
-        head = (f"Cell counts at score >= {self.score_thresh:g}, {self.split or 'split'} "
-                f"({len(self.ids)} images); MAE and bias in cells per image")
-        return "\n".join([head] + lines + ([self._set_aside_text()] if self.set_aside else [])
-                         + ["", RBC_NOTE])
-
-    def __repr__(self):      # the text view, also what a notebook stores beside the HTML
-        return str(self)
-
-    def _repr_html_(self):
-        cols, body = self._summary()
-        esc = html.escape
-        return ("<table><caption>" + esc(f"Cell counts at score >= {self.score_thresh:g}, "
-                                         f"{len(self.ids)} images") + "</caption><thead><tr>"
-                + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr></thead><tbody>"
-                + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>"
-                          for r in body)
-                + "</tbody></table>"
-                + (f"<p>{esc(self._set_aside_text())}</p>" if self.set_aside else "")
-                + f"<p>{esc(RBC_NOTE)}</p>")
+    def table(self) -> Table:
+        """Totals and errors per class (with images set aside, also the errors without)."""
+        views = [self] + ([self.without_set_aside()] if self.set_aside else [])
+        cols = ["class", "annotated", "predicted", "MAE", "rel. error", "bias"]
+        if self.set_aside:
+            n = len(self.ids) - len(self.set_aside)
+            cols += [f"{c} ({n} kept)" for c in ("MAE", "rel. error", "bias")]
+        table = Table(cols, title=f"Cell counts at score >= {self.score_thresh:g}, "
+                                  f"{self.split or 'split'} ({len(self.ids)} images); MAE and "
+                                  "bias in cells per image",
+                      notes=[self._set_aside_text()] * bool(self.set_aside) + [RBC_NOTE])
+        for l, name in enumerate(self.label_names):
+            table.append([name, int(self.annotated[:, l].sum()), int(self.predicted[:, l].sum())]
+                         + [v for r in views for v in (_fmt(r.mae[l]),
+                                                       _fmt(r.relative_error[l], pct=True),
+                                                       _fmt(r.bias[l], sign=True))])
+        return table
 
     def _per_class(self) -> dict:
         return {name: {"annotated_total": int(self.annotated[:, l].sum()),
@@ -623,7 +599,7 @@ def threshold_change(predictions: Predictions, class_name: str, before: float, a
 
 
 @dataclass(repr=False)
-class SweepResult:
+class SweepResult(ShownAsTable):
     """Count errors vs score threshold, (T thresholds, C classes) arrays; ``best_threshold``
     per class: least MAE on these images, the middle one of ties (docs/cpu-detector.md)."""
     thresholds: np.ndarray
@@ -652,33 +628,14 @@ class SweepResult:
                     for l, name in enumerate(self.label_names)}}
                 for i, t in enumerate(self.thresholds)]
 
-    def __str__(self):
-        cols = ["score>="] + [f"{n} MAE" for n in self.label_names]
-        table = [cols] + [[f"{t:g}"] + [f"{self.mae[i, l]:.2f}"
-                                        for l in range(len(self.label_names))]
-                          for i, t in enumerate(self.thresholds)]
-        widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
-        lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table]
+    def table(self) -> Table:
+        """Count MAE per class at each threshold; the best threshold of each class below."""
         best = ", ".join(f"{n} {t:g} (MAE {self.best_mae[n]:.2f})"
                          for n, t in self.best_threshold.items())
-        return "\n".join(lines + [f"best threshold on {self.split or 'these images'}: {best}",
-                                  SWEEP_NOTE])
-
-    def __repr__(self):      # the text view, also what a notebook stores beside the HTML
-        return str(self)
-
-    def _repr_html_(self):
-        esc = html.escape
-        cols = ["score &gt;="] + [f"{esc(n)} MAE" for n in self.label_names]
-        best = self.best_threshold
-        body = ""
-        for i, t in enumerate(self.thresholds):
-            cells = "".join(
-                f"<td><b>{self.mae[i, l]:.2f}</b></td>" if best[n] == float(t)
-                else f"<td>{self.mae[i, l]:.2f}</td>" for l, n in enumerate(self.label_names))
-            body += f"<tr><td>{t:g}</td>{cells}</tr>"
-        return ("<table><thead><tr>" + "".join(f"<th>{c}</th>" for c in cols)
-                + f"</tr></thead><tbody>{body}</tbody></table><p>{esc(SWEEP_NOTE)}</p>")
+        return Table(["score>="] + [f"{n} MAE" for n in self.label_names],
+                     [[f"{t:g}", *self.mae[i]] for i, t in enumerate(self.thresholds)], ".2f",
+                     notes=[f"best threshold on {self.split or 'these images'}: {best}",
+                            SWEEP_NOTE])
 
     def to_dict(self) -> dict:
         return {"split": self.split, "thresholds": [float(t) for t in self.thresholds],

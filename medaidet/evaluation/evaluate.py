@@ -19,7 +19,6 @@ scores float32 (R,).
 """
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
@@ -45,7 +44,7 @@ from medaidet.numbers import finite_or_none
 from medaidet.ssd.model import build_ssd, model_of_weights
 from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, predict
 from medaidet.ssd.weights import load_weights, shipped_weights
-from medaidet.tables import Table
+from medaidet.tables import ShownAsTable, Table
 
 __all__ = [
     "Predictions", "checked", "predict_split", "bootstrap", "paired_bootstrap", "load_model",
@@ -383,7 +382,7 @@ def _score_protocol(preds: Predictions, name: str) -> ProtocolResult:
 
 
 @dataclass(repr=False)
-class EvaluationResult:
+class EvaluationResult(ShownAsTable):
     """AP per class and mean for each protocol (``protocols``: name -> :class:`ProtocolResult`),
     shown as a table in Jupyter and by ``str``."""
     label_names: tuple
@@ -395,47 +394,20 @@ class EvaluationResult:
     def __getitem__(self, name) -> ProtocolResult:
         return self.protocols[name]
 
-    def _rows(self):
-        """(row name, [AP values in column order]) for every class and the mean."""
-        rows = []
+    def table(self) -> Table:
+        """Boxes and AP per class, and the means, in each protocol: VOC area AP and AP07."""
+        ps = self.protocols.values()
+        table = Table(["class", "boxes"] + [f"{kind} {name} (score>={p.score_thresh:g})"
+                                            for name, p in self.protocols.items()
+                                            for kind in ("AP", "AP07")],
+                      title=f"VOC AP at IoU {IOU_THRESH} on {self.split or 'the split'} "
+                            f"({self.n_images} images); AP = area (use_07_metric=False), "
+                            "AP07 = VOC2007 11-point", notes=[_COURSE_NOTE])
         for l, name in enumerate(self.label_names):
-            rows.append((name, [v for p in self.protocols.values()
-                                for v in (p.ap_voc[l], p.ap_voc07[l])],
-                         int(next(iter(self.protocols.values())).n_gt[l])))
-        rows.append(("mean", [v for p in self.protocols.values()
-                              for v in (p.map_voc, p.map_voc07)], None))
-        return rows
-
-    def _columns(self):
-        return [f"{kind} {name} (score>={p.score_thresh:g})"
-                for name, p in self.protocols.items() for kind in ("AP", "AP07")]
-
-    def __str__(self):
-        head = (f"VOC AP at IoU {IOU_THRESH} on {self.split or 'the split'} "
-                f"({self.n_images} images); AP = area (use_07_metric=False), "
-                "AP07 = VOC2007 11-point")
-        cols = ["class", "boxes"] + self._columns()
-        table = [cols] + [[name, "" if n is None else str(n)] + [_fmt(v) for v in vals]
-                          for name, vals, n in self._rows()]
-        widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
-        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(r, widths))) for r in table]
-        return "\n".join([head] + lines + [_COURSE_NOTE])
-
-    def __repr__(self):      # the text view, also what a notebook stores beside the HTML
-        return str(self)
-
-    def _repr_html_(self):
-        esc = html.escape
-        head = "".join(f"<th>{esc(c)}</th>" for c in ["class", "boxes"] + self._columns())
-        body = "".join(
-            "<tr><td>" + esc(name) + "</td><td>" + ("" if n is None else str(n)) + "</td>"
-            + "".join(f"<td>{_fmt(v)}</td>" for v in vals) + "</tr>"
-            for name, vals, n in self._rows())
-        caption = esc(f"VOC AP at IoU {IOU_THRESH}, {self.split or 'split'}, "
-                      f"{self.n_images} images")
-        return (f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
-                f"<tbody>{body}</tbody></table><p>{esc(_COURSE_NOTE)}</p>")
+            table.append([name, int(next(iter(ps)).n_gt[l])]
+                         + [v for p in ps for v in (p.ap_voc[l], p.ap_voc07[l])])
+        table.append(["mean", ""] + [v for p in ps for v in (p.map_voc, p.map_voc07)])
+        return table
 
     def summary_table(self, published: bool = True) -> Table:
         """mAP and AP per class (VOC area), one row per protocol; first, with

@@ -301,11 +301,10 @@ def test_a_crashing_check_or_gather_becomes_a_fail(monkeypatch):
 
 def test_views_name_every_check():
     report = run_doctor(gpu_smoke=True, facts=cpu_facts(numpy="2.7.0"))
-    text, page = str(report), report._repr_html_()
+    text = str(report)
     assert repr(report) == text
-    assert "<table>" in page and "#ffcdd2" in page  # the fail line is coloured
     for check in report.checks:
-        assert check.name in text and f"<td>{check.name}</td>" in page
+        assert check.name in text
     assert "fix: pip install" in text
     assert report.failed and text.splitlines()[-1].split(", ")[2] == "1 fail"
     with pytest.raises(KeyError):

@@ -70,7 +70,7 @@ def test_per_image_table_text_and_json():
                        "platelets_pred": 1, "platelets_true": 2, "platelets_error": -1}
     text = str(result)
     assert "1.50" in text and "+0.50" in text and RBC_NOTE in text
-    assert "<table>" in result._repr_html_()
+    assert "| rbc | 6 | 7 | 1.50 | 50.0% | +0.50 |" in result._repr_markdown_()
     assert repr(result) == text      # a notebook stores the table as text, not the arrays
     d = json.loads(result.to_json())
     assert d["per_class"]["rbc"]["mae"] == 1.5 and len(d["per_image"]) == 2
@@ -99,7 +99,7 @@ def test_set_aside_images_are_reported_apart_and_named():
     assert d["set_aside"] == {"img1": "no rbc box"}
     assert d["without_set_aside"]["n_images"] == 1
     assert d["without_set_aside"]["per_class"]["platelets"]["relative_error"] == 0.5
-    assert "img1: no rbc box" in result._repr_html_()
+    assert "img1: no rbc box" in result._repr_markdown_()
     assert "kept" not in str(count_cells(known_case(), 0.5))
 
 
@@ -144,7 +144,7 @@ def test_threshold_sweep_known_curve_and_best_threshold():
     # predicted counts can only fall as the threshold rises: bias is non-increasing
     for l in range(3):
         assert np.all(np.diff(sweep.bias[:, l]) <= 0)
-    assert SWEEP_NOTE in str(sweep) and "<table>" in sweep._repr_html_()
+    assert SWEEP_NOTE in str(sweep) and "| 0.5 | 0.00 |" in sweep._repr_markdown_()
     assert repr(sweep) == str(sweep)
     d = sweep.to_dict()
     json.dumps(d, allow_nan=False)

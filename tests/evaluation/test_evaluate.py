@@ -138,7 +138,7 @@ def test_table_json_and_figure():
                                  split="test"))
     text = str(result)
     assert "rbc" in text and "mean" in text and "1.000" in text and "0.719" in text
-    assert "<table>" in result._repr_html_()
+    assert result._repr_markdown_().splitlines()[2].startswith("| class | boxes | AP evaluate")
     assert repr(result) == text and "array(" not in repr(result)
     summary = result.summary_table().to_markdown().splitlines()
     assert summary[0] == "|  | mAP | rbc | wbc | platelets |"
