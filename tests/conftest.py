@@ -11,8 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# What the loader drops on BCCD (found by the validator, checked by eye):
-# (image id, object index) -> kind.
+# What the loader drops on BCCD (found by the validator, checked by eye): (id, object) -> kind.
 BCCD_DROPPED = {
     ("BloodImage_00338", 12): "zero_area",
     ("BloodImage_00343", 3): "zero_area",
@@ -26,15 +25,10 @@ BCCD_DROPPED = {
 }
 
 
-# `make test` runs the suite under two interpreters side by side. The tests marked
-# ``slow(seconds=N)`` (real SSD training, notebooks, 2 MPI ranks: about 25 min of the suite
-# on this 2-core machine; N is what one case took in a CI run, measured with pytest's
-# --durations, so that the split below balances) check logic that does not depend on the
-# interpreter or NumPy, so each runs in only one of the two: MEDAIDET_TEST_SHARD=K/N keeps
-# the slow tests of the modules assigned to shard K (whole modules, so module-scoped
-# fixtures are built once; the largest first, each to the shard with the least so far).
-# So do all the tests of the modules in INTERPRETER_FREE, which read text, files, processes
-# and pages, not numbers. Every other test runs in both. Without the variable everything runs.
+# `make test` runs the suite under two interpreters. With MEDAIDET_TEST_SHARD=K/N, tests marked
+# ``slow(seconds=S)`` (S: one case's time in CI, from --durations) and all tests of the
+# INTERPRETER_FREE modules run in shard K only: whole modules, largest first, each to the shard
+# with the least so far. Every other test runs in both; without the variable, everything runs.
 SHARD_ENV = "MEDAIDET_TEST_SHARD"
 INTERPRETER_FREE = ("tests/lint/", "tests/cli/", "tests/test_workflows.py",
                     "tests/test_makefile.py", "tests/test_notebooks.py",
@@ -109,8 +103,7 @@ def pytest_report_header(config):
 
 
 def npm_ci(folder: Path, package: str, missing) -> None:
-    """``npm ci`` in ``folder`` (its package-lock.json) when node_modules/``package`` is not
-    there yet; ``missing(what)`` (skip or fail, the caller's rule) when npm is not installed."""
+    """``npm ci`` unless node_modules/``package`` exists; ``missing(why)`` without npm."""
     if (folder / "node_modules" / package).is_dir():
         return
     if shutil.which("npm") is None:
@@ -138,8 +131,7 @@ def remove_object(annotation, obj):
 
 
 def edit_objects(root: Path, image_ids, change=remove_object) -> None:
-    """``change(annotation_element, object_element)`` for every <object> of the annotations
-    of ``image_ids`` (default: remove them all)."""
+    """``change(annotation, obj)`` for every <object> of ``image_ids`` (default: remove it)."""
     import xml.etree.ElementTree as ET
     for image_id in image_ids:
         path = Path(root) / "Annotations" / f"{image_id}.xml"
@@ -150,8 +142,7 @@ def edit_objects(root: Path, image_ids, change=remove_object) -> None:
 
 
 def run_python(code: str, extra_path=None, env=None, timeout=300) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter of this environment, optionally with
-    ``extra_path`` first on PYTHONPATH (fake packages shadowing real ones)."""
+    """Run ``code`` in a fresh interpreter, ``extra_path`` first on PYTHONPATH (fake packages)."""
     full_env = dict(os.environ, **(env or {}))
     paths = [str(p) for p in (extra_path or [])] + [str(REPO)]
     full_env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -161,8 +152,7 @@ def run_python(code: str, extra_path=None, env=None, timeout=300) -> subprocess.
 
 @pytest.fixture(autouse=True)
 def fresh_annotation_reports():
-    """Each test sees a split's annotation report the first time it loads the split (the
-    loader shows each report once per process; tests check the report itself)."""
+    """The loader shows a split's report once per process; each test sees it afresh."""
     bccd = sys.modules.get("medaidet.data.bccd")
     if bccd is not None:
         bccd._REPORTED.clear()
@@ -170,8 +160,7 @@ def fresh_annotation_reports():
 
 
 def _find_bccd():
-    """``(root, None)`` where the package finds BCCD for the caller (an argument is never
-    given here: ``$MEDAIDET_DATA`` > the cache), else ``(None, why)``."""
+    """``(root, None)`` where the package finds BCCD ($MEDAIDET_DATA > cache), else (None, why)."""
     from medaidet.data.download import resolve_root
     from medaidet.errors import DataError
     try:
@@ -181,8 +170,7 @@ def _find_bccd():
 
 
 def _find_txl():
-    """TXL-PBC where the package finds it (``$MEDAIDET_TXL_PBC`` > the cache), else beside
-    the checkout (``../shared/txl-pbc``, where CI has it), else None."""
+    """TXL-PBC as the package finds it, else ``../shared/txl-pbc`` (CI's), else None."""
     from medaidet.data.download import TXL_PBC, resolve_root
     from medaidet.errors import DataError
     try:
@@ -192,10 +180,8 @@ def _find_txl():
         return shared.resolve() if (shared / "TXL_PBC").is_dir() else None
 
 
-# Variables of the caller's environment that change what medaidet does. The session starts
-# without them (a test that needs one sets it with monkeypatch), except MEDAIDET_DATA, which
-# points at the BCCD copy found for this session: a command run without --root reads the
-# same data on every machine, whatever the caller exported.
+# Caller variables that change what medaidet does: unset for the session, except MEDAIDET_DATA,
+# set to the BCCD copy found, so a command without --root reads the same data everywhere.
 CALLER_VARIABLES = ("MEDAIDET_DATA", "MEDAIDET_BCCD_URL", "MEDAIDET_TXL_PBC",
                     "MEDAIDET_TXL_PBC_URL", "MEDAIDET_NOTEBOOKS",
                     "MEDAIDET_PROFILE", "MEDAIDET_COURSE_RUN", "MEDAIDET_COURSE_OUT",
@@ -205,9 +191,8 @@ _SESSION_ENV = {}
 
 
 def pytest_sessionstart(session):
-    # Set before the test modules are imported (and before module-scoped fixtures run).
-    # Pretrained weights a user has cached (~/.chainer/dataset) must not change what an
-    # offline test sees: chainer reads CHAINER_DATASET_ROOT when it is imported.
+    # Before test modules are imported: chainer reads CHAINER_DATASET_ROOT at import, and a
+    # user's cached pretrained weights (~/.chainer/dataset) must not change offline tests.
     _BCCD["root"], _BCCD["why"] = _find_bccd()
     _BCCD["tmp"] = Path(tempfile.mkdtemp(prefix="medaidet-tests-"))
     (_BCCD["tmp"] / "chainer-dataset").mkdir()
@@ -237,9 +222,7 @@ def hermetic_environment(monkeypatch):
 
 @pytest.fixture(scope="session")
 def txl_root() -> Path:
-    """The real TXL-PBC copy (``$MEDAIDET_TXL_PBC``, the cache, or ``../shared/txl-pbc``);
-    a test that needs it is skipped without it, except where CI requires it
-    (``CI_REQUIRE_TXL=1``: it fails)."""
+    """The real TXL-PBC copy; tests needing it skip without it, or fail with CI_REQUIRE_TXL=1."""
     if _BCCD["txl"] is None:
         why = "TXL-PBC is in neither $MEDAIDET_TXL_PBC, the cache nor ../shared/txl-pbc"
         if os.environ.get("CI_REQUIRE_TXL") == "1":
@@ -250,8 +233,7 @@ def txl_root() -> Path:
 
 @pytest.fixture(scope="session")
 def bccd_root() -> Path:
-    """The real BCCD copy, found as the package finds it: ``$MEDAIDET_DATA``, else the
-    cache (``make test`` downloads it there first when neither has it)."""
+    """The real BCCD copy: ``$MEDAIDET_DATA``, else the cache (where ``make test`` puts it)."""
     return _BCCD["root"]    # found: without it, no test that needs it is run
 
 
@@ -263,8 +245,7 @@ def site_dir(tmp_path):
 
 
 def python312():
-    """A Python 3.12 interpreter (pyenv's, else PATH's) for tests that build a fresh venv;
-    None when there is none."""
+    """A Python 3.12 (pyenv's, else PATH's, else None) for tests that build a fresh venv."""
     import glob
     import shutil
 

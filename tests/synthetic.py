@@ -1,35 +1,7 @@
-"""Synthetic BCCD-like data for the tests: a small VOC-layout dataset of smear-like images.
+"""Synthetic BCCD-like VOC datasets (BCCD's layout and XML conventions) of smear-like images.
 
-Tests that need a dataset of a chosen size or with a chosen defect build one here (the
-course's package reads it like BCCD). The layout and XML conventions are BCCD's::
-
-    DEST/JPEGImages/SynthImage_00000.jpg      640x480 RGB JPEG (quality 90)
-    DEST/Annotations/SynthImage_00000.xml     VOC XML: <size>, <object><name>RBC|WBC|Platelets
-                                              <difficult>0 <bndbox> 1-based inclusive pixels
-    DEST/ImageSets/Main/{train,val,trainval,test}.txt
-    DEST/README.txt                           says the data are synthetic, and how they were made
-    DEST/SHA256SUMS                           sha256 of every other file, BCCD's format
-
-How the pictures are made: a pale pink background with a slow brightness field, vignetting and
-sensor noise; cells are drawn as optical density (Beer-Lambert), so overlapping cells darken the
-way stained cells do and the drawing order does not matter:
-
-* RBC: pink discs with a darker rim and a paler centre, 80-120 px across (x the image scale),
-  slightly elliptical and irregular, about 8-14 per image; neighbours may touch or overlap
-  lightly (centres at least 0.85 x the sum of the radii apart, box IoU < 0.3);
-* WBC: 150-200 px, pale granular cytoplasm around a 2-4 lobed purple nucleus, 0-2 per image
-  (a third of the images have none);
-* Platelets: small irregular purple dots about 22-40 px, 0-3 per image (a third have none).
-
-Every box is computed from the drawn shape itself (the pixels where the cell's outline is
-at least half on), clipped to the image, so the annotations are exact. Cells lie wholly inside
-the image, except RBC, which may run over the border by at most 15 % of their diameter (so
-clipped boxes stay within the class's size distribution).
-
-Deterministic: the same ``seed`` (and ``n``, ``size``) gives byte-identical files with a given
-NumPy and Pillow. Image ``i`` depends on ``seed``, ``i`` and its WBC/platelet counts; those
-counts and the splits are drawn once per dataset from ``seed`` and ``n``. NumPy's Generator and
-Pillow only.
+Boxes come from the drawn shapes, so they are exact; the same seed, n and size give
+byte-identical files (with the same NumPy and Pillow).
 """
 from __future__ import annotations
 
@@ -50,7 +22,6 @@ from medaidet.errors import MedaidetError
 __all__ = ["make_synthetic", "SynthError", "DestinationNotEmptyError", "SYNTH_LABEL_NAMES",
            "README_MARKER", "MIN_IMAGES"]
 
-#: The label strings written, exactly BCCD's.
 SYNTH_LABEL_NAMES = ("RBC", "WBC", "Platelets")
 #: First line of README.txt; ``overwrite=True`` only replaces folders that start with it.
 README_MARKER = "SYNTHETIC DATA - medaidet synthetic blood-smear dataset (not real BCCD images)"
@@ -63,7 +34,6 @@ _JPEG_QUALITY = 90
 _REF_SIZE = (480, 640)          # BCCD's (height, width); cell sizes are given for it
 _MIN_SIDE = 64
 
-# Background light (RGB, 0-255) before the cells absorb some of it.
 _BG = np.array([234.0, 224.0, 226.0], dtype=np.float32)
 # Optical density per unit stain (-ln of transmitted fraction), per channel.
 _OD_RBC = np.array([0.15, 0.42, 0.38], dtype=np.float32)
@@ -86,8 +56,7 @@ class SynthError(MedaidetError):
 
 
 class DestinationNotEmptyError(SynthError, FileExistsError):
-    """The destination exists and is not empty; pass ``overwrite=True`` to replace a previous
-    synthetic dataset there."""
+    """The destination exists and is not empty (``overwrite=True`` replaces a synthetic one)."""
 
 
 @dataclass
@@ -96,12 +65,8 @@ class _Cell:
     box: tuple[int, int, int, int]      # xmin, ymin, xmax, ymax: 1-based inclusive, clipped
 
 
-# --------------------------------------------------------------------------- drawing
-
 def _shape(h, w, cx, cy, rx, ry, theta, amps, phases):
-    """A closed blob: ellipse (rx, ry, rotated by theta) whose radius is modulated by
-    harmonics.  Returns (y0, x0, d) with d the normalized distance (<= 1 inside) over the
-    patch of the image that can contain the blob, or None if the patch is empty."""
+    """Harmonic-modulated ellipse: (y0, x0, d) over its patch, d <= 1 inside; None if empty."""
     rmax = max(rx, ry) * (1.0 + float(np.sum(np.abs(amps)))) + 3.0
     y0, y1 = max(0, int(math.floor(cy - rmax))), min(h, int(math.ceil(cy + rmax)) + 1)
     x0, x1 = max(0, int(math.floor(cx - rmax))), min(w, int(math.ceil(cx + rmax)) + 1)
@@ -154,7 +119,6 @@ def _draw_wbc(od, rng, cx, cy, diam):
     grain = rng.random(d.shape, dtype=np.float32)
     cyto = _alpha(d, r) * (0.8 + 0.5 * grain)
     _add(od, y0, x0, cyto, _OD_CYTO)
-    # The nucleus: a few overlapping lobes, kept inside the cytoplasm.
     nucleus = np.zeros_like(d)
     for _ in range(int(rng.integers(2, 5))):
         ang, off = rng.uniform(0, 2 * np.pi), rng.uniform(0.1, 0.32) * r
@@ -201,8 +165,6 @@ def _background(rng, h, w):
     return tint[None, None, :] * vignette[:, :, None] * (1.0 + 0.025 * field)
 
 
-# --------------------------------------------------------------------------- one image
-
 def _place(rng, tries, sample, ok):
     for _ in range(tries):
         cand = sample()
@@ -236,7 +198,6 @@ def _make_image(seed, index, size, n_wbc, n_plt):
                 return False
         return True
 
-    # WBC: wholly inside, apart from each other.
     for _ in range(n_wbc):
         diam = rng.uniform(*_WBC_DIAM) * scale
         r = diam / 2 * 1.15 + 2       # outer radius: aspect and harmonics included
@@ -250,7 +211,6 @@ def _make_image(seed, index, size, n_wbc, n_plt):
         cells.append(_Cell("WBC", box))
         placed.append(("WBC", spot[0], spot[1], diam / 2))
 
-    # Platelets: wholly inside, off the WBC, apart from each other.
     for _ in range(n_plt):
         diam = rng.uniform(*_PLT_DIAM) * scale
         r = diam / 2 * 1.45 + 2       # outer radius: aspect and harmonics included
@@ -278,12 +238,10 @@ def _make_image(seed, index, size, n_wbc, n_plt):
         if m * 2 >= min(h, w):
             m = r
         cx, cy = rng.uniform(m, w - m), rng.uniform(m, h - m)
-        # Every image needs RBC: if none has found room yet late in the search, the first
-        # one may sit over the other cells.
+        # Every image needs an RBC: late in the search the first one may overlap other cells.
         desperate = not rbc_boxes and attempt >= 20 * target
         if not desperate and not clear_of(cx, cy, diam / 2, rbc_rules):
             continue
-        # Box first (from the exact shape), then accept and draw.
         amps = rng.uniform(-0.025, 0.025, size=2)
         phases = rng.uniform(0, 2 * np.pi, size=2)
         rx, ry = diam / 2 * math.sqrt(aspect), diam / 2 / math.sqrt(aspect)
@@ -326,8 +284,6 @@ def _paint_rbc(od, rng, y0, x0, d, r):
          (_OD_RBC * rng.uniform(0.92, 1.08, 3)).astype(np.float32))
 
 
-# --------------------------------------------------------------------------- files
-
 def _xml(image_id, size, cells):
     h, w = size
     parts = ["<annotation>",
@@ -363,9 +319,8 @@ def _xml(image_id, size, cells):
 
 
 def _schedule(rng, n, choices):
-    """Per-image counts: a third of the images (rounded) get 0, the others cycle through
-    ``choices``; shuffled.  Keeps a class off "almost every image" so that a missing box of it
-    is never suspicious, and keeps the totals predictable."""
+    """A third of the images get 0, the rest cycle through ``choices``, shuffled: totals stay
+    predictable and no class is on almost every image."""
     zeros = round(n / 3)
     counts = [0] * zeros + [choices[i % len(choices)] for i in range(n - zeros)]
     return [int(c) for c in rng.permutation(np.array(counts, dtype=np.int64))]
@@ -461,19 +416,8 @@ def _prepare_dest(dest: Path, overwrite: bool) -> bool:
 
 def make_synthetic(root, n: int = 24, seed: int = 0, size=(480, 640),
                    overwrite: bool = False) -> Path:
-    """Write a synthetic BCCD-like dataset of ``n`` images to ``root``; returns its path.
-
-    ``n`` is at least :data:`MIN_IMAGES` (3), so that train, val and test each get an image.
-
-    ``size`` is (height, width) of every image (BCCD's 480x640 by default; cell sizes scale
-    down with smaller images). The dataset is built in a hidden folder beside ``root`` and
-    renamed into place, so ``root`` never holds half a dataset. ``root`` must not exist or be
-    empty; with ``overwrite=True`` a synthetic dataset written there earlier (recognized by its
-    README.txt) is replaced, anything else is still refused.
-
-    Raises :class:`DestinationNotEmptyError` for a non-empty ``root`` and :class:`SynthError`
-    for bad arguments (both are :class:`medaidet.errors.MedaidetError`).
-    """
+    """Write ``n`` synthetic images to ``root`` (built beside it, then renamed in); returns it.
+    ``overwrite=True`` replaces only a synthetic dataset written there earlier."""
     n, seed, size = _check_args(n, seed, size)
     root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
     replace_old = _prepare_dest(root, overwrite)

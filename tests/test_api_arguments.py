@@ -1,7 +1,5 @@
-"""The Python API checks its arguments as the command line does: a wrong type, shape or
-value given to a public function of the data and analysis code is a ConfigError naming the
-argument, never a TypeError, IndexError or AttributeError from deep inside it, nor a wrong
-result (a threshold of 2 that counts nothing, a label file read for a negative size)."""
+"""The Python API checks its arguments as the CLI does: a ConfigError naming the argument, never
+a TypeError from deep inside nor a wrong result (a threshold of 2 that counts nothing)."""
 import numpy as np
 import pytest
 
@@ -29,7 +27,6 @@ def a_label_file(txl_root):
 
 
 CASES = {
-    # the counting frame
     "frame_margins: no boxes": (lambda: count.frame_margins(None, [[0]], NAMES), "bboxes"),
     "frame_margins: a label past the classes": (
         lambda: count.frame_margins([BOX], [[7]], NAMES), "bboxes"),
@@ -53,7 +50,6 @@ CASES = {
         lambda: count.frame_errors(predictions(), 0.5, (100, 100), MARGINS), "thresholds"),
     "densities: counts of text": (
         lambda: count.densities("x", [(100, 100)], MARGINS, NAMES), "counts"),
-    # counts and thresholds
     "count_cells: not predictions": (lambda: count.count_cells("x"), "predictions"),
     "count_errors: one threshold": (lambda: count.count_errors(predictions(), 0.5),
                                     "thresholds"),
@@ -75,7 +71,6 @@ CASES = {
     "bootstrap: a negative seed": (lambda: bootstrap(predictions(), len, seed=-1), "seed"),
     "paired_bootstrap: other images": (
         lambda: paired_bootstrap(predictions(), predictions().take([0, 0]), len), "b"),
-    # analysis
     "recall_precision: thresholds of text": (
         lambda: analysis.recall_precision(predictions(), "ab"), "score_thresh"),
     "detection_scores: a threshold above 1": (
@@ -91,7 +86,6 @@ CASES = {
     "gt_box_sizes: sizes of another length": (
         lambda: analysis.gt_box_sizes(predictions(), image_sizes=[(1, 2), (3, 4)]),
         "image_sizes"),
-    # data
     "pair_counts: no pairs": (lambda: agreement.pair_counts(None, None), "pairs"),
     "pair_counts: a margin of text": (lambda: agreement.pair_counts(None, [], "x"), "margin"),
     "count_agreement: rows of numbers": (lambda: agreement.count_agreement([1, 2]),
@@ -129,15 +123,13 @@ def test_a_label_file_is_not_read_for_an_impossible_image_size(txl_root, size):
 
 
 def test_bccd_links_does_not_read_an_open_file_descriptor():
-    """An int is a file descriptor to open(): a number given for the table's path must not
-    read (or close) whatever the process has open under that number."""
+    """To open() an int is a file descriptor: it must not read what the process has open."""
     with pytest.raises(ConfigError):
         bccd.bccd_links(0)
 
 
 def test_the_checked_paths_still_give_the_right_results(txl_root):
-    """The checks let through what the functions are for: per-class thresholds, one (H, W)
-    for all images, list-like boxes, a dataset root given as a str."""
+    """Per-class thresholds, one (H, W) for all images, list-like boxes and a str root pass."""
     assert count.count_errors(predictions(2), PER_CLASS)["rbc"] == 0.0
     assert count.frame_predictions(predictions(2), (100, 100), MARGINS).gt_labels[1].tolist() \
         == [0]

@@ -44,8 +44,7 @@ def test_opencv_threads_set_to_zero_when_present(site_dir):
 
 
 def test_reapply_runs_the_settings_again_and_updates_the_package_record():
-    """After `medaidet stack install` adds CuPy in a running kernel (Colab), the settings are
-    decided again: the same checks as at import, recorded where the doctor reads them."""
+    """After `stack install` adds CuPy in a running kernel (Colab), settings are decided again."""
     import medaidet
     from medaidet import compat
     before = compat.apply()

@@ -1,6 +1,5 @@
-"""medaidet.downloads against a real server on 127.0.0.1 that lies about sizes or trickles: the
-download loop of BCCD, TXL-PBC and the ImageNet weights stops with a DataError, never fills
-the disk or waits for ever."""
+"""medaidet.downloads vs a local server that lies about sizes or trickles: a DataError, never a
+full disk or an endless wait."""
 import http.server
 import io
 import threading

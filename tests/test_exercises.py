@@ -44,8 +44,7 @@ def test_a_notebook_shows_nothing_for_the_verdict(capsys):
 
 
 def test_the_verdict_speaks_the_labels_language(capsys):
-    """The Japanese edition labels its exercises 演習 N: the verdict is Japanese there, and a
-    class or yes/no may be answered in Japanese in either edition."""
+    """Japanese for exercises labelled 演習 N; Japanese answers work in either edition."""
     assert check({"train": [3, 1.26], "val": (1, 0.9)}, SOLUTION, "演習 1")
     assert not check({"train": (4, 1.25), "val": (1, 0.9)}, SOLUTION, "演習 1")
     assert not check(None, SOLUTION, "演習 2")
@@ -64,8 +63,7 @@ def test_the_verdict_speaks_the_labels_language(capsys):
 
 
 def test_ari_nashi_answer_yes_no_and_with_without():
-    """あり / なし (there is / there is none) answer yes / no as はい / いいえ do, and with /
-    without (データ拡張あり / なし); a solution in Japanese takes the English answer too."""
+    """あり / なし answer yes / no and with / without; a Japanese solution takes English too."""
     for answer, solution in (("あり", "yes"), (" なし ", "no"), ("あり", True), ("なし", False),
                              ("あり", "with"), ("なし", "without"), ("with", "あり"),
                              ("Without", "なし"), ("yes", "はい"), ("あり", "あり")):

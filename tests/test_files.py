@@ -52,9 +52,7 @@ def test_write_files_writes_text_and_bytes(tmp_path):
 
 
 def test_write_files_changes_none_when_one_finds_no_room(tmp_path):
-    """The figure does not fit (a real EFBIG: the file-size limit of a subprocess): the
-    result it belongs to keeps its old content too, instead of a new result without its
-    figure."""
+    """When its figure does not fit (a real EFBIG), a result keeps its old content too."""
     (tmp_path / "evaluation.json").write_text("old result")
     (tmp_path / "pr_curves.png").write_bytes(b"old figure")
     done = run_python(f"""
@@ -75,8 +73,6 @@ except OSError as exc:
     assert (tmp_path / "pr_curves.png").read_bytes() == b"old figure"
     assert sorted(os.listdir(tmp_path)) == ["evaluation.json", "pr_curves.png"]
 
-
-# --------------------------------------------------------------------------- the output rule
 
 def test_an_output_never_replaces_a_device_a_fifo_a_folder_or_an_input(tmp_path):
     from medaidet.files import check_output

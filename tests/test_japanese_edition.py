@@ -1,10 +1,5 @@
-"""The Japanese edition (notebooks/ja/) stays the English one's pair: the same notebooks, the
-same code, the same sections, prerequisites, recap and exercises, and its text in Japanese.
-
-The English edition is the one edited first; these tests fail as soon as the two drift apart
-(a code cell changed in one only, a section or exercise added to one only, a paragraph left
-in English), and say which notebook, cell and line.
-"""
+"""The Japanese edition (notebooks/ja/) stays the English one's pair: the same notebooks, code,
+sections and exercises, with its text in Japanese."""
 import re
 import sys
 from collections import Counter
@@ -51,8 +46,7 @@ def headings(markdown: str) -> list:
 
 
 def heading_key(line: str) -> tuple:
-    """What a heading must keep in translation: its level and its number ("1 ·", "2.",
-    "Exercise 3" = "演習 3")."""
+    """What a heading keeps in translation: level and number ("1 ·", "Exercise 3" = "演習 3")."""
     level, text = re.match(r"(#+) (.*)", line).groups()
     for en, ja in STANDARD_HEADINGS.items():
         if line.strip() in (en, ja):
@@ -158,8 +152,6 @@ def test_prerequisites_recap_exercises_and_solutions(en, ja):
 
 @pytest.mark.parametrize("en,ja", PAIRS, ids=IDS)
 def test_the_text_is_japanese(en, ja):
-    """Every paragraph, list item, table cell and heading with English words in it has
-    Japanese in it too: nothing was left untranslated (code, names, formulas aside)."""
     left = []
     for index, cell in enumerate(read(ja).cells):
         if cell.cell_type != "markdown":
@@ -185,7 +177,6 @@ def test_the_glossary_has_each_term_and_its_english():
         assert en in terms and JAPANESE.search(terms[en]), en
 
 
-# Words the glossary chose against: a notebook that uses one of them has drifted from it.
 NOT_OURS = {"訓練": "学習", "境界ボックス": "バウンディングボックス",
             "非最大抑制": "非最大値抑制", "平均精度": "平均適合率",
             "既定ボックス": "デフォルトボックス", "事前ボックス": "デフォルトボックス",
@@ -252,9 +243,7 @@ def inline_tokens(markdown):
 
 @pytest.mark.parametrize("path", [*EN, *JA_TEXTS[:-2]], ids=lambda p: p.parent.name + "/" + p.stem)
 def test_markdown_renders_its_emphasis(path):
-    """A `**` or `*` left as text after CommonMark rendering is emphasis that did not open
-    (e.g. `は**`code` 語**` in Japanese: the delimiter touches a letter on one side and
-    punctuation on the other)."""
+    """Emphasis that did not open (e.g. `は**`code` 語**`) shows as literal asterisks."""
     left = [f"{where}: {token.content.strip()[:60]!r}" for where, source in markdown_parts(path)
             for token, _ in inline_tokens(source)
             if token.type == "text" and re.search(r"\*\*|(?<![\s\d])\*(?![\s\d])", token.content)]
@@ -315,20 +304,15 @@ def test_the_writing_rules(path):
     assert not problems, "docs/ja/glossary.md, 表記のルール:\n" + "\n".join(problems)
 
 
-# ---- one paragraph, one line; Japanese sentences without English spliced in (issue 56) -------
-
 JA_PROSE = [JA_DIR / p.name for p in EN] + [REPO / "README.ja.md", GLOSSARY]
-# A line that starts something of its own, not the paragraph's next line: blank, a list item, a
-# heading, a table row, a fence, a quote, HTML, a display formula, an image or a badge.
+# Starts something of its own: blank, list item, heading, table, fence, quote, HTML, $$, badge.
 OWN_LINE = re.compile(r"\s*(?:$|[*+-] |\d+\. |#|\||```|>|<|\$\$|!?\[!)")
 SENTENCE_END = re.compile(r"[。！？][」』）)\]]*$|[:：]$|  $|\\$")
 
 
 def broken_lines(markdown: str) -> list:
-    """Line breaks inside a paragraph or list item whose line holds Japanese and does not end
-    a sentence (。！？, a closing bracket after one, a colon, or a Markdown hard break). In
-    Japanese the newline is no word space: Colab, GitHub and the site render it as a stray
-    space inside the sentence."""
+    """Breaks in a Japanese paragraph not at a sentence's end: in Japanese a newline is no word
+    space, so Colab, GitHub and the site show a stray space inside the sentence."""
     found, fence = [], False
     lines = markdown.split("\n")
     for line, after in zip(lines, lines[1:]):
@@ -363,9 +347,7 @@ def test_what_counts_as_a_broken_line(markdown, found):
 
 
 def _course_identifiers() -> set:
-    """Every lowercase word of the course's code: the names in its code cells (keywords aside)
-    and the words of its inline code. Such a word in a Japanese sentence is a name, not English
-    (train / val / test, chainer, onnxruntime, the profiles cpu and full)."""
+    """Lowercase words of the course's code and inline code: names, not English, in Japanese."""
     import io
     import keyword
     import tokenize
@@ -386,19 +368,15 @@ def _course_identifiers() -> set:
     return words
 
 
-# Lowercase names the code does not spell: the tools as their projects write them, and
-# "import" used as a Japanese verb (import する). Anything else is an English word in a
-# Japanese sentence: say it in Japanese, or quote it (「…」, '…', "…") when the text mentions
-# the word itself (a value the code prints, a section title of an English document).
+# Lowercase names the code does not spell (tools, "import" as a verb). Any other English word
+# in a Japanese sentence is said in Japanese, or quoted when the text names the word itself.
 NAMES = {"import", "allreduce", "conda", "venv", "pyenv", "papermill", "ipykernel", "pyproject",
          "setuptools", "sdist", "torchvision", "timm"}
 
 
 def spliced_english(text: str, identifiers: set) -> list:
-    """Lowercase Latin words (3 letters or more) with Japanese on both sides in one sentence,
-    outside inline code, HTML tags, quotes, italics, bold Latin (a value the text names:
-    **fail**) and all-Latin parentheses (a gloss: 重み減衰 (weight
-    decay)), that are no identifier of the course and no name in NAMES."""
+    """Lowercase Latin words (3+ letters) between Japanese in a sentence, outside code, tags,
+    quotes, italics, bold Latin and Latin glosses, that are neither identifiers nor NAMES."""
     text = re.sub(r"`[^`\n]*`", "`", text)
     text = re.sub(r"<[^>\n]+>", "", text)                       # s<sub>k</sub>
     text = re.sub(r"\*\*[A-Za-z][^*\n]*\*\*", "「」", text)       # a value named in bold: **fail**
@@ -418,8 +396,7 @@ def spliced_english(text: str, identifiers: set) -> list:
 
 
 def japanese_strings(source: str) -> list:
-    """The text of the code cell's string literals that hold Japanese (an f-string's text
-    parts, what it fills in left out)."""
+    """The Japanese string literals of a code cell (an f-string's text parts only)."""
     import ast
     try:
         tree = ast.parse(source)
@@ -471,8 +448,7 @@ def test_what_counts_as_spliced_english(text, found):
     assert len(spliced_english(text, {"chainer", "train", "medaidet"})) == found
 
 
-# Words the glossary chose against, in any text of the edition (markdown, code comments and
-# strings): its choices, and the 2018 course's voice (no あなた, no full-width question mark).
+# Words the glossary or the 2018 course's voice chose against, anywhere in the edition.
 NOT_IN_THE_EDITION = {"テスト用データ": "テストデータ", "テストセット": "テストデータ",
                       "コーダー": "符号化器", "あなた": "(rephrase: お使いの…, 自分の…)",
                       "？": "(end the question with 。: …ですか。)"}

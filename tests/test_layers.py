@@ -1,22 +1,14 @@
-"""The package's layers point one way, and no module imports itself back.
-
-Every ``import medaidet...`` of every module is read (at the top or inside a function: a
-lazy import is a dependency too) and checked against the layers below, lowest first. A
-module may import its own layer and those below it, never one above; and the graph of
-module imports has no cycle.
-"""
+"""The package's layers point one way (lazy imports count too), and imports have no cycle."""
 import ast
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "medaidet"
-# the course's tools, installed beside the package: the stack installer (below the package:
-# it runs before chainer exists) and the course runner with the tools' commands (on top)
+# the course's tools: the stack installer sits low (it runs before chainer), the runner on top
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "medaidet_tools"
 
-# lowest first: shared -> install path -> data -> ssd -> training -> evaluation -> extras
-# (scaling, troubleshooting, MPI, deployment) -> environment -> command line
+# lowest first: a module may import its own layer and those below it, never one above
 LAYERS = [
     ("shared", ["medaidet.errors", "medaidet.files", "medaidet.downloads",
                 "medaidet.arguments", "medaidet.compat", "medaidet.device",
@@ -46,11 +38,8 @@ def modules():
 
 
 def imported(path: Path, known, name: str | None = None) -> set:
-    """The medaidet modules ``path`` (the module ``name``) depends on: its imports, absolute
-    or relative (``from ..training import run``; ``from medaidet import x`` counts as
-    ``medaidet.x`` when that is a module), and every string that names one of the ``known``
-    modules exactly (``importlib.import_module("medaidet.data.bccd")``, ``[sys.executable,
-    "-m", "medaidet.env.gpu_smoke"]``)."""
+    """The medaidet modules ``path`` imports (absolute or relative), or names exactly in a
+    string (``import_module("medaidet.data.bccd")``, ``-m medaidet.env.gpu_smoke``)."""
     if name is None:
         name = module_name(path) if PACKAGE in path.parents or TOOLS in path.parents \
             else "medaidet"

@@ -1,6 +1,5 @@
-"""The Makefile behind README's two commands: BCCD provisioned before the tests and the
-course, one message when it cannot be, variables taken only from the command line, paths
-with spaces, and `make clean` removing only what `make run` made."""
+"""The Makefile behind README's two commands: BCCD provisioned first, command-line variables
+only, paths with spaces, and `make clean` removing only what `make run` made."""
 import os
 import shutil
 import subprocess
@@ -19,8 +18,7 @@ MARKER = ".medaidet-course"   # medaidet_tools.course's: the runner's own output
 
 
 def make(*args, cwd=REPO, env=None):
-    """Run make with REPO's Makefile in ``cwd`` (relative paths such as the venvs and OUT
-    are taken there), in this environment without MEDAIDET_DATA, plus ``env``."""
+    """Run REPO's Makefile in ``cwd`` (where relative paths resolve), without MEDAIDET_DATA."""
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith("MAKE") and k != "MEDAIDET_DATA"}
     full_env.update(env or {})
@@ -71,9 +69,7 @@ def test_an_edition_that_is_not_one_stops_make_with_one_message(lang):
 
 
 def test_without_a_copy_or_a_network_make_stops_with_one_message(tmp_path):
-    """A fresh machine with no BCCD anywhere and no network (a refused local port stands in
-    for it): `make bccd`, which `make test` and `make run` run first, exits non-zero with one
-    error that says where it looked and how to provide a copy."""
+    """A refused local port stands in for the network; `make test` and `run` run `make bccd`."""
     result = make("bccd", f"PY={sys.executable}", cwd=tmp_path, env={
         "MEDAIDET_CACHE": str(tmp_path / "cache"), "no_proxy": "127.0.0.1",
         "MEDAIDET_BCCD_URL": "http://127.0.0.1:9/bccd.tar.gz"})
@@ -124,8 +120,7 @@ def test_clean_removes_only_a_folder_the_course_runner_made(tmp_path):
 
 @pytest.mark.parametrize("uid, allowed", [("0", True), ("1000", False)])
 def test_lab_runs_as_root_with_allow_root_only(tmp_path, uid, allowed):
-    """JupyterLab refuses to run as root (a container) without --allow-root: `make lab` adds
-    it for uid 0 only (`id` on PATH stands in for the user)."""
+    """JupyterLab refuses root (a container) without --allow-root; a fake `id` sets the uid."""
     (tmp_path / "id").write_text(f"#!/bin/sh\necho {uid}\n")
     (tmp_path / "id").chmod(0o755)
     lines = recipe_lines("lab", "-o", ".venv-py312/.lab",

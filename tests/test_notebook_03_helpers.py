@@ -1,12 +1,5 @@
-"""Notebook 03's helpers, against the code they describe.
-
-* The hidden cell ``c03-aug-record`` records what ``TrainTransform.augment``'s random steps
-  chose by wrapping the functions ``medaidet.ssd.transforms`` calls: it must see every step
-  (a refactor of the transform that calls them another way would leave the views unlabelled)
-  and must not change what the transform does.
-* Section 4 marks a learning-rate step at iteration ``ceil(epoch * images / batch)``: the
-  iteration after which chainer's ``ManualScheduleTrigger`` fires ``ExponentialShift``.
-"""
+"""Notebook 03's helpers: cell ``c03-aug-record`` sees every augmentation step without changing
+it; section 4's lr step at ``ceil(epoch * images / batch)`` is when chainer shifts the rate."""
 import math
 import random
 from pathlib import Path

@@ -104,7 +104,7 @@ def test_automation_cells_are_tagged_and_hidden(path):
 
 
 def test_no_internal_incident_labels_in_the_product():
-    # "seed 003" meant something to the team that wrote the course, nothing to a learner
+    # "seed 003" means nothing to a learner
     root = NOTEBOOKS_DIR.parent
     files = [*EVERY, *root.glob("README*.md"), *root.glob("medaidet/**/*.py"),
              *root.glob("docs/**/*.md"), *root.glob("tools/*.py"),
@@ -121,10 +121,8 @@ def _heading(cell) -> str:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_every_exercise_has_a_solution(path):
-    """After "## Exercises", a "## Solutions" section with a "### Exercise N · …" part for each
-    exercise, not empty. A part that asks for an answer (``my_answer_N = …`` in a visible cell)
-    has a folded solution cell (``jupyter.source_hidden``) after it that checks the answer:
-    ``check(… my_answer_N …)``."""
+    """Each "### Exercise N · …" solution is not empty; one asking ``my_answer_N = …`` is
+    followed by a folded cell with ``check(… my_answer_N …)``."""
     cells = _read(path).cells
     exercises = [i for i, c in enumerate(cells) if c.cell_type == "markdown"
                  and re.search(r"(?m)^## Exercises$", c.source)]
@@ -161,11 +159,8 @@ def test_every_exercise_has_a_solution(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_overrides_parameter_comes_last(path):
-    """A notebook's ``overrides`` parameter may name any TrainConfig field, also one the notebook
-    sets itself: spread into the same call (``f(iterations=100, **overrides)``) such a field is a
-    TypeError ("got multiple values for keyword argument"; notebook 06's own example,
-    ``{"iterations": 50}``, failed so). It is applied after the notebook's settings instead:
-    ``config.replace(**overrides)`` or ``base.update(overrides)``."""
+    """``f(iterations=100, **overrides)`` is a TypeError when overrides names iterations too:
+    apply them after, ``config.replace(**overrides)`` or ``base.update(overrides)``."""
     nb = _read(path)
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or "parameters" in cell.metadata.get("tags", []):

@@ -1,8 +1,5 @@
-"""The learner's package only shrinks towards docs/design.md's targets: its totals (lines,
-characters, the core's lines) never grow past the figures of the last step, no function is
-over 60 lines, one exception class per boundary (figures by tools/package_figures.py, read
-from the source). A limit per module would be met by moving code between files; the totals
-are met only by removing it."""
+"""The package only shrinks towards docs/design.md's targets (tools/package_figures.py): totals,
+not per-module limits, which moving code between files would meet."""
 import importlib.util
 from pathlib import Path
 

@@ -1,10 +1,5 @@
-"""Every file we read is checked to be a regular file before it is opened.
-
-A FIFO blocks its reader until something writes to it (for ever, for a user who typed the
-wrong name), and a link to ``/dev/zero`` reads until memory runs out. Each reader of a file a
-user hands us refuses both by name: images, YOLO label files, VOC annotations, weights. Each
-call runs in a thread with a deadline, so a regression fails instead of hanging the suite.
-"""
+"""Every file we read is checked to be regular first: a FIFO blocks its reader for ever, a link
+to ``/dev/zero`` reads until memory runs out. Calls run with a deadline, so nothing hangs."""
 import os
 import threading
 

@@ -1,10 +1,5 @@
-"""The package is what the notebooks wrote (d2l's ``#@save``).
-
-A code cell that begins with ``# @save medaidet/<module>.py`` writes classes and functions
-the package holds: each must be the package's code in that module (docstrings aside: the
-package's names the notebook and section that write it), in both editions; later notebooks
-import it from the package.
-"""
+"""The package is what the notebooks wrote (d2l's ``#@save``): a ``# @save medaidet/<module>.py``
+cell's definitions are that module's code, docstrings aside, in both editions."""
 import ast
 import difflib
 import re
@@ -35,8 +30,7 @@ def _definitions(tree) -> dict:
 
 
 def differences(cell_source: str, module_source: str) -> dict:
-    """Name -> what differs, for each definition of the cell that the module does not hold
-    as written (docstrings aside)."""
+    """Name -> what differs, for each of the cell's definitions the module does not hold."""
     module = _definitions(ast.parse(module_source))
     found = {}
     for name, written in _definitions(ast.parse(cell_source)).items():

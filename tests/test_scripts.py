@@ -26,8 +26,7 @@ def test_every_script_imports_and_explains_itself(script):
 
 
 def test_the_cpu_step_benchmark_times_a_step_of_the_profile(bccd_root):
-    """One step of the benchmark's child on 8 real images, no worker processes: the recipe
-    the benchmark builds trains, and every part of the step is timed."""
+    """One step of the benchmark's child on 8 real images, no worker processes."""
     done = _run(ROOT / "benchmarks" / "bench_cpu_step.py", "--child", "0", "--steps", "1",
                 "--warmup", "0", "--overrides", json.dumps({"subset": 8, "root": str(bccd_root)}))
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,11 +1,5 @@
-"""tools/build_site.py (`make site`): the course's website from executed notebooks.
-
-The real build from a smoke run, read in Chromium, is tools/check_site.py in .ci/run (after
-the course ran); here: what the builder does to the notebooks and links, a whole build of the
-committed notebooks (no outputs, so fast), a build of a notebook papermill executed (the
-package's tables, a six-panel figure) read by tools/check_site.py in Chromium, and the message
-when there is nothing to build.
-"""
+"""tools/build_site.py (`make site`): the course's website from executed notebooks (the real
+build from a smoke run is checked by tools/check_site.py in .ci/run)."""
 import base64
 import re
 import shutil
@@ -112,8 +106,7 @@ plt.show()
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    """A notebook papermill executed (as the course runner does): one of the package's
-    tables, a six-panel figure, papermill's durations."""
+    """A papermill-executed notebook: a package table, a six-panel figure, its durations."""
     papermill = pytest.importorskip("papermill")
     folder = tmp_path_factory.mktemp("outputs")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 01 · A run"),
@@ -134,9 +127,7 @@ def problems_of(site, kind, tmp_path, only=None):
 
 @pytest.mark.slow(seconds=43)
 def test_tables_figures_index_and_no_placeholder_links(executed, tmp_path):
-    """The package's Markdown tables render as tables, every figure opens full size, the
-    index says what the course is and how long this run took, and a site built without a
-    real repository URL has no Colab link: tools/check_site.py finds no problem in it."""
+    """Without a real repository URL the site has no Colab link; check_site finds nothing."""
     pytest.importorskip("sphinx")
     pytest.importorskip("playwright")
     site = tmp_path / "site"
@@ -167,9 +158,7 @@ def test_tables_figures_index_and_no_placeholder_links(executed, tmp_path):
 @pytest.mark.slow(seconds=28)
 def test_check_site_fails_on_raw_tables_unlinked_figures_and_placeholders(executed, tmp_path,
                                                                           monkeypatch):
-    """The old build (Markdown outputs read as CommonMark, no table) leaves the table as a
-    paragraph of pipes, which check_site fails; so are a figure without its link and a
-    placeholder link."""
+    """A table read as CommonMark is left as a paragraph of pipes, which check_site fails."""
     pytest.importorskip("sphinx")
     pytest.importorskip("playwright")
     if shutil.which("chromium") is None:

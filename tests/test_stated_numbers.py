@@ -1,11 +1,5 @@
 """The numbers the course's text states, next to the data, configs and models they describe.
-
-Each test finds a sentence of a notebook's markdown (or of README.md) by a pattern that must
-match exactly once, reads the numbers in it, and compares them with what the dataset, the
-training profiles or the models are. A sentence reworded so that its pattern no longer
-matches fails here too: update the pattern with the new wording, and keep the comparison.
-(Numbers a notebook prints come from its run; numbers measured elsewhere name their source.)
-"""
+A reworded sentence fails its pattern here: update the pattern, keep the comparison."""
 import inspect
 import re
 from pathlib import Path
@@ -27,8 +21,7 @@ def _text(name: str) -> str:
 
 
 def stated(name: str, pattern: str) -> tuple:
-    """The groups of ``pattern`` (whitespace in it matches any run of spaces and line
-    breaks) in ``name``'s text, where it matches exactly once; numbers as int or float."""
+    """``pattern``'s groups (numbers as int/float) in its one match; whitespace matches any."""
     regex = re.sub(r"\\ |\s+", r"\\s+", pattern)
     found = list(re.finditer(regex, _text(name)))
     assert len(found) == 1, f"{name}: {len(found)} matches of {pattern!r} (reworded? update it)"

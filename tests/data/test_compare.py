@@ -11,8 +11,7 @@ def test_match_boxes_pairs_the_closest_boxes_of_one_class_once():
     a = [[0, 0, 10, 10], [0, 0, 10, 12], [50, 50, 60, 60], [80, 80, 90, 90]]
     b = [[0, 0, 10, 12], [50, 50, 60, 60], [80, 80, 90, 90], [200, 200, 210, 210]]
     pairs, only_a, only_b = match_boxes(a, [0, 0, 1, 1], b, [0, 1, 2, 1])
-    # a[1] equals b[0] exactly (IoU 1) and takes it before a[0] (IoU 0.83) can;
-    # a[3] and b[2] overlap fully but are of different classes
+    # a[1] == b[0] (IoU 1) wins over a[0] (IoU 0.83); a[3] and b[2] overlap but differ in class
     assert pairs.tolist() == [[1, 0], [2, 1]]
     assert only_a.tolist() == [0, 3] and only_b.tolist() == [2, 3]
     pairs, only_a, only_b = match_boxes(np.zeros((0, 4)), [], b, [0, 1, 2, 1])
@@ -74,7 +73,6 @@ def test_paired_bootstrap_gives_a_known_shift_and_sees_what_separate_intervals_m
     hard = rng.normal(0, 1, 40)               # how hard each image is: shared by both detectors
     a, b = Figures(hard), Figures(hard + 0.25)
     assert paired_bootstrap(b, a, mean, n=200) == pytest.approx((0.25, 0.25, 0.25))
-    # b better by 0.1 on average, image by image, with a little noise of its own
     b = Figures(hard + 0.1 + rng.normal(0, 0.05, 40))
     value, low, high = paired_bootstrap(b, a, mean, n=1000)
     assert 0 < low < value < high < 0.2
@@ -98,9 +96,7 @@ def test_paired_bootstrap_leaves_nans_out_uses_statistic_b_and_refuses_other_ima
 @pytest.mark.slow(seconds=3)
 @pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")   # BCCD's defects
 def test_paired_bootstrap_on_the_two_annotations_as_detectors(bccd_root, txl_root):
-    """Each annotation's boxes as a 'detector' scored against TXL-PBC's: the re-annotation
-    counts itself exactly, BCCD's boxes miss the red cells section 2 counts, on every
-    resample: the difference's interval lies far from 0 and its value is the table's."""
+    """Each annotation's boxes as a 'detector' scored against TXL-PBC's."""
     from medaidet.data.bccd import BCCDDataset
     from medaidet.evaluation.count import count_errors
     from medaidet.evaluation.evaluate import Predictions

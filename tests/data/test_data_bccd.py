@@ -80,7 +80,6 @@ def test_all_boxes_valid_and_counted(datasets):
 
 
 def test_known_box_round_trips_to_its_xml(datasets, bccd_root):
-    # BloodImage_00000.xml, object 0: WBC, xmin 260, ymin 177, xmax 491, ymax 376
     root = ET.parse(bccd_root / "Annotations" / "BloodImage_00000.xml").getroot()
     first = root.findall("object")[0]
     xml = {tag: int(first.find("bndbox").findtext(tag))
@@ -181,8 +180,7 @@ def test_parsed_annotations_are_cached(bccd_root):
 
 
 def test_a_splits_annotation_report_is_shown_once_per_process(bccd_root):
-    # a notebook loads a split, then the training recipe and the evaluator load it again:
-    # the report appears the first time only (another split has its own report)
+    # notebook, recipe and evaluator load a split: its report shows the first time only
     program = ("from medaidet.data.bccd import BCCDDataset\n"
                "def notebook(): return BCCDDataset(None, 'val')\n"
                "def recipe(): return BCCDDataset(None, 'val')\n"
@@ -197,8 +195,6 @@ def test_a_splits_annotation_report_is_shown_once_per_process(bccd_root):
 
 
 def test_quiet_annotation_warnings_reach_the_processes_it_starts(bccd_root):
-    """A notebook that shows annotation_report once turns the warnings off, for itself and
-    for what it starts (MPI ranks, workers); the objects are dropped all the same."""
     program = ("import subprocess, sys\n"
                "from medaidet.data.bccd import BCCDDataset, quiet_annotation_warnings\n"
                "quiet_annotation_warnings()\n"
@@ -226,7 +222,6 @@ def test_the_annotation_report_counts_what_each_split_drops(bccd_root):
 
 @pytest.mark.parametrize("bad", [123, 1.5, True, b"/data/bccd", ["/data/bccd"], "", "  "])
 def test_root_that_is_no_path_is_named(bad):
-    # it used to reach Path() and fail with a bare TypeError (or load the working directory)
     with pytest.raises(ConfigError) as info:
         BCCDDataset(bad)
     msg = str(info.value)

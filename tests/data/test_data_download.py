@@ -1,8 +1,4 @@
-"""``medaidet data download``: pinned archive, per-file verification, safe atomic install.
-
-Archives are rebuilt from the real BCCD files in the upstream layout and served
-from a local HTTP server on 127.0.0.1; nothing here touches the network.
-"""
+"""``medaidet data download``, from archives rebuilt from the real BCCD served on 127.0.0.1."""
 import collections
 import gzip
 import http.server
@@ -43,8 +39,7 @@ def _dir(name):
 
 
 def make_tar_gz(entries) -> bytes:
-    """``entries``: ``(name, bytes)`` for regular files, or a ``TarInfo`` without data.
-    Written like ``git archive``: pax format with the commit as a global comment."""
+    """``entries``: ``(name, bytes)`` or a ``TarInfo``; written like ``git archive`` (pax)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1, format=tarfile.PAX_FORMAT,
                       pax_headers={"comment": dl.BCCD.commit}) as tar:
@@ -74,17 +69,13 @@ def upstream_entries(files: dict, replace=None):
     return entries
 
 
-# --------------------------------------------------------------------------- fixtures
-
 @pytest.fixture(scope="module")
 def good_files(bccd_root):
     return {rel: (bccd_root / rel).read_bytes() for rel in dl.load_manifest()}
 
 
 class Server:
-    """Serves ``routes[path] = (status, body, content_length)`` on 127.0.0.1 and counts hits.
-    ``content_length``: True (the real one), None (header omitted) or an int (a lie).
-    Paths in ``stalls`` send half the body, then hang until ``release`` is set."""
+    """Serves ``routes[path] = (status, body, content_length)`` on 127.0.0.1 and counts hits."""
 
     def __init__(self):
         self.routes = {}
@@ -173,8 +164,7 @@ def leftovers(folder: Path, keep=()):
 
 
 def assert_complete(root: Path, extra=()):
-    """Every manifest file verified and marked; besides them only the files ``extra``
-    (the user's: a forced download leaves them where they are)."""
+    """Every manifest file verified and marked; besides them only the user's files ``extra``."""
     manifest = dl.load_manifest()
     assert verify_dataset(root) == []
     assert dl.is_verified(root)
@@ -183,8 +173,6 @@ def assert_complete(root: Path, extra=()):
     files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
     assert files == set(manifest) | {dl.MARKER_NAME} | set(extra)  # no README, scripts...
 
-
-# --------------------------------------------------------------------------- manifest
 
 def test_manifest_lists_every_bccd_file_without_the_upstream_level():
     manifest = dl.load_manifest()
@@ -223,8 +211,6 @@ def test_verify_dataset_names_missing_and_changed_files(tmp_path, good_files):
     assert problems[0].actual is None
 
 
-# --------------------------------------------------------------------------- download
-
 def test_good_archive_installs_every_file_and_is_cached(tmp_path, server):
     dest = tmp_path / "data" / "bccd"
     url = server.url("/good.tar.gz")
@@ -240,7 +226,6 @@ def test_good_archive_installs_every_file_and_is_cached(tmp_path, server):
     assert download_bccd(root=dest, url="http://127.0.0.1:9/nothing", progress=False) == root
     assert server.hits["/good.tar.gz"] == before + 1
 
-    # force: fetched again and replaced in place, no leftovers; a file of the user's stays
     (root / "Annotations" / "stale.xml").write_text("<old/>")
     assert download_bccd(root=dest, url=url, force=True, progress=False) == root
     assert server.hits["/good.tar.gz"] == before + 2
@@ -331,7 +316,7 @@ def test_not_a_tar_gz_says_what_the_file_is(tmp_path, server, good_files, case):
 def test_a_web_page_instead_of_the_archive(tmp_path, server):
     with pytest.raises(DataError) as info:
         download_bccd(root=tmp_path / "bccd", url=server.url("/page.html"), progress=False)
-    assert info.value.kind == "archive" and "HTML page" in str(info.value)   # what it got
+    assert info.value.kind == "archive" and "HTML page" in str(info.value)
     assert leftovers(tmp_path) == []
 
 
@@ -388,8 +373,7 @@ def test_unsafe_member_is_refused_and_nothing_is_written(tmp_path, server, good_
     assert not (tmp_path.parent / "evil.txt").exists()
 
 
-# members the filter makes safe (a leading "/" stripped; ".." that stays inside the folder)
-# and the manifest does not name: never written, and the dataset installs
+# members the filter makes safe ("/" stripped, ".." inside) and the manifest does not name
 UNNAMED = {"absolute": lambda tmp: str(tmp / "evil.txt"),
            "deep-parent": lambda tmp: f"{TOP}/BCCD/../../evil.txt"}
 
@@ -489,8 +473,6 @@ def test_url_from_the_environment(tmp_path, server, monkeypatch):
     assert server.hits["/good.tar.gz"] == before + 1
 
 
-# --------------------------------------------------------------------------- existing folders
-
 def test_copy_placed_by_hand_is_verified_in_place_without_network(tmp_path, good_files):
     dest = tmp_path / "bccd"
     for rel, data in good_files.items():
@@ -509,7 +491,7 @@ def test_a_read_only_copy_is_verified_in_place_and_left_unwritten(tmp_path, good
         (dest / rel).write_bytes(data)
     dest.chmod(0o555)   # as a shared copy is: even root (CI) must not write into it
     try:
-        for _ in range(2):  # re-hashed each time, found good each time
+        for _ in range(2):
             assert download_bccd(root=dest, url="http://127.0.0.1:9/unused",
                                  progress=False) == dest.resolve()
         assert not (dest / dl.MARKER_NAME).exists()
@@ -524,8 +506,8 @@ def test_other_content_is_never_replaced_silently(tmp_path, server):
     url = server.url("/good.tar.gz")
     with pytest.raises(DataError) as info:
         download_bccd(root=dest, url=url, progress=False)
-    assert info.value.kind == "destination" and "--force" in str(info.value)   # the way on
-    with pytest.raises(DataError) as info:                    # not even with --force
+    assert info.value.kind == "destination" and "--force" in str(info.value)
+    with pytest.raises(DataError) as info:
         download_bccd(root=dest, url=url, force=True, progress=False)
     assert info.value.kind == "destination" and str(dest) in str(info.value)
     assert (dest / "notes.txt").read_text() == "precious"
@@ -551,7 +533,6 @@ def test_broken_copy_is_reported_then_replaced_with_force(tmp_path, server):
     assert leftovers(tmp_path) == ["bccd"]
 
 
-# Files a user adds inside the dataset folder: a forced download must leave every one alone.
 USER_FILES = {
     "notes.txt": b"my notes",
     "Annotations/BloodImage_99999.xml": b"<annotation><filename>mine</filename></annotation>",
@@ -578,7 +559,7 @@ def test_force_replaces_only_the_bccd_files_and_keeps_the_users(tmp_path, server
     root = download_bccd(root=dest, url=url, progress=False)
     add_user_files(root)
     (root / CORRUPTED).write_bytes(b"edited")            # what checksum_mismatch reports
-    (root / "ImageSets" / "Main" / "train.txt").unlink()   # and a BCCD file deleted
+    (root / "ImageSets" / "Main" / "train.txt").unlink()
     with caplog.at_level(logging.INFO, logger=dl.__name__):
         assert download_bccd(root=dest, url=url, force=True, progress=False) == root
     assert_complete(root, extra=USER_FILES)
@@ -641,8 +622,7 @@ def test_failed_forced_download_keeps_the_existing_dataset(tmp_path, server):
 
 
 def _kill_mid_download(dest: Path, url: str) -> list:
-    """Start a real download in another process, SIGKILL it while the archive streams in
-    (the server stalls half-way), and return the names it left beside ``dest``."""
+    """SIGKILL a real download while the server stalls half-way; return what is left beside."""
     code = ("from medaidet.data.download import download_bccd\n"
             f"download_bccd(root={str(dest)!r}, url={url!r}, progress=False)\n")
     env = dict(os.environ, PYTHONPATH=str(REPO), no_proxy="127.0.0.1")
@@ -666,9 +646,7 @@ def _kill_mid_download(dest: Path, url: str) -> list:
 
 def test_a_killed_download_leaves_one_hidden_folder_and_the_next_one_deletes_nothing(
         tmp_path, server):
-    """What a download killed outright leaves (its temporary folder, for the user to delete),
-    and that the next download installs beside it without touching it or the user's files;
-    the dataset's folder gets the user's umask, not the temporary folder's 0700."""
+    """The dataset's folder gets the user's umask, not the temporary folder's 0700."""
     work = tmp_path / "data"
     work.mkdir()
     dest = work / "bccd"
@@ -688,8 +666,6 @@ def test_a_killed_download_leaves_one_hidden_folder_and_the_next_one_deletes_not
     assert (work / "notes.txt").read_bytes() == b"keep me"
     assert dest.stat().st_mode & 0o777 == 0o755
 
-
-# --------------------------------------------------------------------------- root resolution
 
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
@@ -753,8 +729,6 @@ def test_download_destination_from_env_then_cache(clean_env, monkeypatch, tmp_pa
     assert resolve_root() == root
 
 
-# --------------------------------------------------------------------------- CLI
-
 def _cli(args, env):
     full_env = dict(os.environ, PYTHONPATH=str(REPO), **env)
     return subprocess.run([sys.executable, "-m", "medaidet", *args], capture_output=True,
@@ -786,16 +760,13 @@ def test_cli_download_offline_exits_2_with_instructions(tmp_path):
 
 
 
-# --------------------------------------------------------------------------- TXL-PBC, the same path
-
 TXL_TOP = f"TXL-PBC_Dataset-{dl.TXL_PBC.commit}"
 TXL_CHANGED = "TXL_PBC/labels/test/01e4af27-0d62-557e-b967-cd665b590d45.txt"
 
 
 @pytest.fixture(scope="module")
 def txl_server(txl_root):
-    """TXL-PBC's archive in the upstream layout (its code and example image too, which are
-    not kept), rebuilt from the real files: good, with one label line changed, cut short."""
+    """TXL-PBC's upstream archive (code and png not kept): good, one label changed, cut short."""
     files = {rel: (txl_root / rel).read_bytes() for rel in dl.load_manifest(dl.TXL_PBC)}
     extras = [(f"{TXL_TOP}/example.png", b"\x89PNG not kept"),
               (f"{TXL_TOP}/TXL_PBC/train.py", b"print('not kept')\n")]
@@ -823,7 +794,6 @@ def test_txl_pbc_installs_verified_by_its_manifest_and_serves_the_loader(tmp_pat
     assert files == set(dl.load_manifest(dl.TXL_PBC)) | {dl.MARKER_NAME}   # no code, no png
     assert len(files) == 2888 + 1 and dl.is_verified(root, dl.TXL_PBC)
     assert not dl.is_verified(root)                      # BCCD's marker is another manifest
-    # cached: the second call does not touch the network
     assert dl.download_txl_pbc(root=dest, url=txl_server.url("/txl.tar.gz")) == root
     assert txl_server.hits["/txl.tar.gz"] == 1
     monkeypatch.setenv("MEDAIDET_TXL_PBC", str(dest))
@@ -846,7 +816,7 @@ def test_txl_pbc_archive_cut_short_is_named(tmp_path, txl_server):
     with pytest.raises(DataError) as info:
         dl.download_txl_pbc(root=tmp_path / "txl-pbc",
                             url=txl_server.url("/txl-truncated.tar.gz"), progress=False)
-    assert info.value.kind == "archive" and "cut short" in str(info.value)   # and what to do
+    assert info.value.kind == "archive" and "cut short" in str(info.value)
     assert leftovers(tmp_path) == []
 
 
@@ -872,8 +842,7 @@ def test_txl_pbc_offline_says_how_to_place_it_by_hand(tmp_path):
 @pytest.mark.parametrize("force", [False, True])
 def test_a_root_holding_another_dataset_is_refused_even_with_force(tmp_path, server, txl_server,
                                                                   force):
-    """A verified BCCD copy given as TXL-PBC's root (or the reverse) is refused by name, with
-    no suggestion to force it; nothing of the other dataset is installed, the marker kept."""
+    """Refused by name, with no suggestion to force it."""
     bccd = download_bccd(root=tmp_path / "bccd", url=server.url("/good.tar.gz"), progress=False)
     marker = (bccd / dl.MARKER_NAME).read_text()
     with pytest.raises(DataError) as info:

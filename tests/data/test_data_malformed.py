@@ -1,10 +1,4 @@
-"""A malformed-input corpus, generated here from a few real BCCD files.
-
-Every case copies five real images and annotations into a fresh root, breaks one thing,
-and checks both consumers: the loader raises its named error or reports its drop (never
-a raw KeyError/ValueError/ParseError), and the validator reports the defect with its
-image and object (and never raises).
-"""
+"""Malformed-input corpus from five real BCCD files: loader and validator name every defect."""
 import shutil
 import sys
 import warnings
@@ -28,8 +22,6 @@ SPLIT_LISTS["trainval"] = SPLIT_LISTS["val"] + SPLIT_LISTS["train"]
 TARGET = "BloodImage_00001"          # in train and trainval; 19 objects
 TARGET_OBJECTS = 19
 
-
-# --------------------------------------------------------------------------- corpus helpers
 
 @pytest.fixture
 def root(bccd_root, tmp_path):
@@ -128,8 +120,7 @@ def resize_image(root):
 
 
 def resave_image(convert, image_format="PNG"):
-    """Replace TARGET's image by ``convert(rgb)`` (``rgb``: its pixels, uint8 (H, W, 3)),
-    saved in ``image_format`` under the same ``.jpg`` name (what a user's tool might do)."""
+    """Replace TARGET's image by ``convert(rgb)``, saved as ``image_format`` under its ``.jpg``."""
     def mutate(root):
         with Image.open(jpg_file(root)) as img:
             rgb = np.asarray(img.convert("RGB"))
@@ -141,7 +132,7 @@ def with_alpha(rgb, transparent=False):
     alpha = np.full(rgb.shape[:2], 255, dtype=np.uint8)
     if transparent:
         alpha[:60, :80] = 0
-    return Image.fromarray(np.dstack([rgb, alpha]))    # mode RGBA
+    return Image.fromarray(np.dstack([rgb, alpha]))
 
 
 def gray_of(rgb):
@@ -157,8 +148,6 @@ def add_orphan(root, bccd_root):
     shutil.copy(bccd_root / "Annotations" / "BloodImage_00005.xml", root / "Annotations")
     shutil.copy(bccd_root / "JPEGImages" / "BloodImage_00005.jpg", root / "JPEGImages")
 
-
-# --------------------------------------------------------------------------- expectations
 
 @dataclass
 class Dropped:
@@ -203,7 +192,6 @@ class Case:
 
 X = str(TARGET)
 CASES = {
-    # ---- objects: dropped (or clipped) with a warning, strict mode raises
     "reversed_coordinates": Case(
         lambda r: edit_objects(r, lambda a, o: (set_coord(2, "xmin", "300")(a, o),
                                                 set_coord(2, "xmax", "200")(a, o))),
@@ -239,7 +227,6 @@ CASES = {
         lambda r: edit_objects(r, append_copy(9, shift=2)),
         Dropped("near_duplicate_box", TARGET_OBJECTS),
         {("near_duplicate_box", X, TARGET_OBJECTS, "error")}),
-    # ---- labels
     "unknown_label": Case(
         lambda r: edit_objects(r, lambda a, o: setattr(o[3].find("name"), "text", "Neutrophil")),
         Refused(DataError, mentions=("'Neutrophil'", "object 3")),
@@ -254,7 +241,6 @@ CASES = {
             .replace("<name>WBC</name>", "<name>Wbc</name>")
             .replace("<name>Platelets</name>", "<name>PLATELETS </name>")),
         Accepted(), set()),
-    # ---- the XML itself
     "entity_expansion_billion_laughs": Case(
         replace_xml(BILLION_LAUGHS), Refused(DataError, mentions=("DTD or entities",)),
         {("parse_error", X, None, "error")}),
@@ -275,7 +261,6 @@ CASES = {
     "bogus_encoding_declaration": Case(
         replace_xml('<?xml version="1.0" encoding="no-such-codec"?><annotation/>'),
         Refused(DataError), {("parse_error", X, None, "error")}),
-    # ---- images
     "truncated_jpeg": Case(
         lambda r: truncate(jpg_file(r)), ReadFails(), {("bad_image", X, None, "error")}),
     "not_an_image": Case(
@@ -287,8 +272,7 @@ CASES = {
                                          .replace("<width>640</width>", "<width>320</width>")),
         Refused(DataError, mentions=("320x480", "640x480")),
         {("size_mismatch", X, None, "error")}),
-    # one decode rule (medaidet.data.image.decode_image) for loader and validator; a
-    # converted image loads (its <depth> may disagree with it)
+    # one decode rule for loader and validator; a converted image loads (<depth> may disagree)
     "rgba_png_saved_as_jpg": Case(
         resave_image(with_alpha), Accepted(), set(), {"metadata_mismatch"}),
     "rgba_with_transparent_pixels": Case(
@@ -302,7 +286,7 @@ CASES = {
     "image_resized_after_annotation": Case(
         resize_image, Refused(DataError, mentions=("640x480", "320x240")),
         {("size_mismatch", X, None, "error")}, {"out_of_bounds"}),
-    # ---- files and split lists (a bad list is the loader's error; the report leaves it)
+    # a bad split list is the loader's error; the report leaves it
     "listed_id_without_files": Case(
         lambda r: [write_split(r, s, SPLIT_LISTS[s] + ["BloodImage_99999"])
                    for s in ("train", "trainval")],
@@ -336,8 +320,6 @@ CASES = {
         Accepted(), {("metadata_mismatch", X, None, "info")}),
 }
 
-
-# --------------------------------------------------------------------------- the tests
 
 def load_everything(root, strict):
     """Build every split and read every example; return the errors (all must be ours)."""
@@ -375,7 +357,6 @@ def test_loader(name, root, bccd_root):
     expected = case.loader
     original = target_boxes(root)
     case.mutate(root)
-    # Whatever happens, no split raises anything but our named errors.
     load_everything(root, strict=False)
     load_everything(root, strict=True)
     bccd_module._REPORTED.clear()     # each report again, as a fresh process shows it
@@ -436,7 +417,6 @@ def test_validator(name, root):
     assert set(report.counts()) <= expected_kinds, str(report)
     for issue in report.issues:
         assert issue.detail and issue.action
-    # ok: what the CLI's exit status follows (1 when an error is reported)
     assert report.ok is not any(severity == "error" for *_, severity in case.issues)
     report.to_json()
     if any(i[0] in ("parse_error", "missing_file", "unknown_label", "size_mismatch", "bad_image")
@@ -468,7 +448,6 @@ def test_external_entity_is_never_read(root, tmp_path):
     assert {(i.kind, i.image) for i in report.issues} == {("parse_error", TARGET)}
 
 
-# What the loader must return for each converted image, from the original pixels.
 CONVERTED = {
     "rgba_png_saved_as_jpg": lambda rgb: rgb,
     "grayscale_16bit_png_saved_as_jpg": lambda rgb: np.repeat(gray_of(rgb)[:, :, None], 3, axis=2),
@@ -477,8 +456,7 @@ CONVERTED = {
 
 @pytest.mark.parametrize("name", sorted(CONVERTED))
 def test_converted_image_loads_as_8_bit_rgb(name, root):
-    """16-bit values are scaled (65535 -> 255), not clipped to white; an opaque alpha
-    channel is dropped."""
+    """16-bit values are scaled (65535 -> 255), not clipped to white."""
     expected = CONVERTED[name]
     with Image.open(jpg_file(root)) as img:
         rgb = np.asarray(img.convert("RGB"))

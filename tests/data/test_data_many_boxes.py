@@ -1,8 +1,4 @@
-"""Annotations with very many boxes: the duplicate checks stay near-linear in memory and
-give the answers of the plain pair-by-pair rule.
-
-A real BCCD image is annotated with generated boxes (VOC XML, 1-based inclusive pixels).
-"""
+"""Very many boxes: the duplicate checks stay near-linear in memory and match the pairwise rule."""
 import re
 import shutil
 import tracemalloc
@@ -15,11 +11,10 @@ from medaidet.data.bccd import (AnnotationWarning, BCCDDataset, NEAR_DUPLICATE_I
                                 check_annotation, parse_annotation)
 from medaidet.data.validate import validate_dataset
 
-IMAGE_ID = "BloodImage_00001"        # 640x480
+IMAGE_ID = "BloodImage_00001"
 NAMES = ("RBC", "WBC", "Platelets")
 N_BOXES = 10_000
-# The old all-pairs check needed about 8 x N^2 bytes per array (800 MB each for 10,000
-# boxes, several arrays at once); the file itself is under 2 MB.
+# all pairs take 8 x N^2 bytes per array (800 MB at 10,000 boxes); the file is under 2 MB
 PEAK_LIMIT = 200 << 20
 
 
@@ -36,11 +31,7 @@ def annotation_xml(boxes, labels) -> str:
 
 
 def lattice_with_planted_duplicates(n):
-    """``n`` boxes 20x20 px on a 6 px (x) by 4 px (y) lattice, so neighbours overlap (IoU
-    <= 0.67) but are never near duplicates; then every 100th box (from 100) is replaced by
-    an exact copy of the box 37 before it, and every 100th from 50 by a copy of the box
-    23 before it moved 1 px right (IoU 0.905). Returns (boxes, labels, exact, near) with
-    ``exact``/``near``: {index: index of the box it copies}."""
+    """20x20 boxes on a 6x4 px lattice (IoU <= 0.67) with planted copies (IoU 1 and 0.905)."""
     boxes, labels = [], []
     for i in range(n):
         x0, y0 = 1 + 6 * (i % 100), 1 + 4 * (i // 100)
@@ -98,8 +89,7 @@ def test_ten_thousand_boxes_validate_in_bounded_memory(many_boxes_root):
 
 
 def reference_duplicates(boxes, labels, threshold):
-    """The rule, pair by pair: box j is dropped when an earlier *kept* box of its class
-    has IoU >= threshold with it (an exact copy has 1): the first such, k. Returns {j: k}."""
+    """{j: k}: box j dropped for k, the first earlier *kept* box of its class, IoU >= threshold."""
     def iou(a, b):
         w = min(a[2], b[2]) - max(a[0], b[0])
         h = min(a[3], b[3]) - max(a[1], b[1])
@@ -118,8 +108,7 @@ def reference_duplicates(boxes, labels, threshold):
 
 
 def test_duplicate_rule_matches_the_pairwise_reference(tmp_path):
-    """Dense clusters: chains of near duplicates (A~B, B~C, A!~C), exact copies of dropped
-    boxes, two classes; 900 boxes span several blocks of the chunked comparison."""
+    """Chains A~B, B~C, A!~C and copies of dropped boxes; 900 boxes span several chunks."""
     rng = np.random.default_rng(0)
     centres = rng.integers(30, 450, size=(150, 2))
     boxes, labels = [], []

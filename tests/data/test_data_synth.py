@@ -1,5 +1,4 @@
-"""The tests' synthetic BCCD-like data (tests/synthetic.py): layout, determinism, exact boxes, and that the loader and the
-validator accept it cleanly."""
+"""tests/synthetic.py's BCCD-like data: layout, exact boxes, clean for loader and validator."""
 import hashlib
 import warnings
 import xml.etree.ElementTree as ET
@@ -62,8 +61,6 @@ def all_ids(root) -> list:
     return sorted(read_split(root, "trainval") + read_split(root, "test"))
 
 
-# ----------------------------------------------------------------------------- determinism
-
 def test_same_seed_gives_identical_bytes_and_other_seed_differs(tmp_path):
     a = files_of(make_synthetic(tmp_path / "a", n=5, seed=7))
     b = files_of(make_synthetic(tmp_path / "b", n=5, seed=7))
@@ -86,8 +83,6 @@ def test_image_depends_only_on_seed_and_index(tmp_path):
         jpg = key.replace("Annotations/", "JPEGImages/").replace(".xml", ".jpg")
         assert small[jpg] == large[jpg]
 
-
-# ----------------------------------------------------------------------------- layout
 
 def test_layout_readme_and_checksums(root, all_ids):
     assert all_ids == [f"SynthImage_{i:05d}" for i in range(12)]
@@ -149,7 +144,7 @@ def test_counts_and_sizes_per_class_are_plausible(root, all_ids):
             per_image[label].append(count[label])
         for name, _, xmin, ymin, xmax, ymax in objects:
             sides[name] += [xmax - xmin + 1, ymax - ymin + 1]
-    assert min(per_image["RBC"]) >= 5                    # RBC in every image, many
+    assert min(per_image["RBC"]) >= 5
     assert max(per_image["WBC"]) <= 2 and max(per_image["Platelets"]) <= 3
     assert 0 < sum(per_image["WBC"]) < sum(per_image["RBC"]) / 4
     assert 0 < sum(per_image["Platelets"]) < sum(per_image["RBC"]) / 4
@@ -163,9 +158,7 @@ def test_counts_and_sizes_per_class_are_plausible(root, all_ids):
 
 
 def test_boxes_are_tight_around_the_drawn_cells(root, all_ids):
-    """On the JPEGs themselves: for each side of each isolated box, the 4 pixel rows (or
-    columns) just inside the box hold clearly darker cell pixels, and the band 3-6 px outside
-    it is plain background (blur and JPEG allow no tighter test)."""
+    """Darker pixels 4 px inside each side, background 3-6 px outside (blur and JPEG)."""
     checked = 0
     for image_id in all_ids:
         w, h, objects = parse(root, image_id)
@@ -209,8 +202,6 @@ def test_shape_box_matches_the_half_coverage_outline():
     assert (ymin, xmax) == (1, w) and xmin == round(290.0 - 40.0) + 1 and ymax == 45 + 1
 
 
-# ----------------------------------------------------------------------------- splits
-
 def test_splits_are_disjoint_cover_everything_and_trainval_is_train_plus_val(root, all_ids):
     train, val, trainval, test = (read_split(root, s) for s in SPLITS)
     assert (len(train), len(val), len(test)) == (8, 2, 2)
@@ -231,8 +222,7 @@ def test_split_sizes(n, expected):
 
 
 def test_too_few_images_for_three_splits_is_refused_up_front(tmp_path):
-    """Every split list must name an image (the loader refuses an empty one): n < 3 is a
-    named error before anything is written; n = 3, the minimum, loads in every split."""
+    """The loader refuses an empty split list: n < 3 is refused before anything is written."""
     from medaidet.data.bccd import BCCDDataset
     assert synth.MIN_IMAGES == 3
     for n in (1, 2):
@@ -247,8 +237,6 @@ def test_too_few_images_for_three_splits_is_refused_up_front(tmp_path):
         dataset = BCCDDataset(root, split=split, strict=True)
         assert len(dataset) == len(read_split(root, split)) >= 1
 
-
-# ----------------------------------------------------------------------------- consumers
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_the_loader_reads_it_without_dropping_anything(root, strict):
@@ -289,8 +277,7 @@ def test_the_validator_finds_nothing_to_warn_about(root):
 
 @pytest.mark.parametrize("n, seed", [(24, 0), (30, 1)])
 def test_the_validator_accepts_larger_sets(tmp_path, n, seed):
-    # >= 20 boxes per class and >= 10 images: the class-size, missing-class and same-field
-    # checks all run
+    # >= 20 boxes per class and >= 10 images: class-size, missing-class, same-field checks run
     report, bad = _warnings_and_errors(make_synthetic(tmp_path / "ds", n=n, seed=seed))
     assert not bad, bad
     assert all(v >= 20 for v in report["per_class"].values()), report["per_class"]
@@ -305,7 +292,6 @@ def test_non_empty_destination_is_refused_and_left_alone(tmp_path):
     with pytest.raises(DestinationNotEmptyError, match="not empty") as info:
         make_synthetic(dest, n=3)
     assert isinstance(info.value, MedaidetError) and isinstance(info.value, FileExistsError)
-    # overwrite=True replaces only a synthetic dataset, never another folder
     with pytest.raises(DestinationNotEmptyError, match="does not hold a synthetic dataset"):
         make_synthetic(dest, n=3, overwrite=True)
     assert [p.name for p in dest.iterdir()] == ["keep.txt"]
@@ -343,7 +329,6 @@ def test_a_failure_leaves_no_half_dataset(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="disk on fire"):
         make_synthetic(tmp_path / "ds", n=4)
     assert list(tmp_path.iterdir()) == []
-    # and an old dataset being replaced survives the failure
     monkeypatch.setattr(synth, "_make_image", real)
     old = files_of(make_synthetic(tmp_path / "ds", n=3, seed=5))
     monkeypatch.setattr(synth, "_make_image", failing)

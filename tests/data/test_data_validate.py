@@ -71,7 +71,6 @@ def test_kinds_found_on_bccd(report):
 
 
 def test_dropped_objects_match_the_loader(report):
-    """Report and loader share the checks: the errors are exactly what the loader drops."""
     errors = {(i.image, i.object): i.kind for i in report.issues if i.severity == "error"}
     assert errors == DROPPED
     for issue in report.by_kind("zero_area") + report.by_kind("near_duplicate_box"):
@@ -147,7 +146,7 @@ def test_text(report):
 
 
 def test_ok_is_false_when_errors_are_reported(report):
-    """``report.ok``: no issue of severity error. BCCD has 9 (boxes the loader drops)."""
+    """BCCD has 9 errors: the boxes the loader drops."""
     assert report.ok is False
     assert sum(row["error"] for row in report.counts().values()) == len(DROPPED)
 
@@ -182,11 +181,8 @@ def test_cli_without_data_says_how_to_get_it(tmp_path):
     assert "BCCD not found" in result.stderr and "medaidet data download" in result.stderr
 
 
-# --------------------------------------------------------------------------- no objects
-
 def test_an_image_without_objects_is_not_missing_a_class(tmp_path):
-    """Background-only images are legitimate for the loader: no missing_class for them
-    (an image without any box would be missing every class)."""
+    """Background-only images are legitimate: an image without boxes misses no class."""
     from synthetic import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=10, seed=0)    # 10 images: missing_class is on
     empty = split_ids(root, "train")[0]

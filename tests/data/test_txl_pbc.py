@@ -1,6 +1,5 @@
-"""Which TXL-PBC images are BCCD's: the shipped table, and the same table derived again from the
-real data (TXL-PBC beside the checkout in CI, ../shared/txl-pbc); BCCD's images with either
-annotation."""
+"""Which TXL-PBC images are BCCD's, the table derived again from the real data (TXL-PBC beside
+the checkout in CI, ../shared/txl-pbc); BCCD's images with either annotation."""
 import shutil
 from collections import Counter
 from dataclasses import astuple
@@ -39,7 +38,7 @@ def test_two_bccd_images_with_the_same_pixels_are_refused(bccd_root, tmp_path):
     ids = sorted(i for s in ("train", "val", "test") for i in read_split(bccd_root, s))
     first, second = ids[:2]
     for image_id in ids:
-        source = first if image_id == second else image_id     # second: a copy of first
+        source = first if image_id == second else image_id
         (root / "JPEGImages" / f"{image_id}.jpg").symlink_to(
             bccd_root / "JPEGImages" / f"{source}.jpg")
     with pytest.raises(MedaidetError, match=f"BCCD images {first} and {second} have the same"):
@@ -52,8 +51,6 @@ def test_a_table_without_its_header_is_named(tmp_path):
     with pytest.raises(MedaidetError, match="links.tsv: expected the header"):
         bccd_links(bad)
 
-
-# --------------------------------------------------------------------------- labels as a choice
 
 def _counts(dataset):
     return np.bincount(np.concatenate(list(dataset.slice[:, "label"])), minlength=3).tolist()
@@ -68,7 +65,7 @@ def test_the_re_annotation_boxes_twice_the_red_cells_bccd_boxed(bccd_root, txl_r
         with pytest.warns(AnnotationWarning, match=f"BCCD {split} \\([^,]*\\): dropped"):
             bccd = BCCDDataset(split=split, reannotated_only=True)   # BCCD's own defects
         assert txl.ids == bccd.ids and len(txl) == n
-        assert txl.dropped == [] and txl.clipped == []    # every line of the real files is usable
+        assert txl.dropped == [] and txl.clipped == []
         counts[split] = (_counts(txl), _counts(bccd))
     # rbc, wbc, platelets on the 40 test images: the re-annotation's, then BCCD's
     assert counts["test"] == ([926, 43, 37], [433, 38, 31])
@@ -80,9 +77,7 @@ def test_the_re_annotation_boxes_twice_the_red_cells_bccd_boxed(bccd_root, txl_r
 
 
 def test_no_bccd_val_or_test_image_reaches_training_through_txl_pbcs_splits(bccd_root, txl_root):
-    """TXL-PBC's train split holds 38 of BCCD's val and 26 of its test images: loaded with
-    the re-annotation, BCCD's train split still holds only BCCD's train images, and the
-    training recipe reads exactly those."""
+    """TXL-PBC's train split holds 38 of BCCD's val and 26 of its test images."""
     from medaidet.data.bccd import BCCDDataset
     from medaidet.training.config import TrainConfig
     from medaidet.training.train import Recipe
@@ -120,8 +115,6 @@ def test_without_txl_pbc_the_re_annotation_says_how_to_get_it(bccd_root, tmp_pat
                    "txl-pbc", "056d09e45403f4d1321b99cdb2cfcc3eb605edcf", "TXL_PBC/labels"):
         assert needle in message
 
-
-# --------------------------------------------------------------------------- the other sources
 
 def test_sources_by_image_size(txl_root):
     from medaidet.data.txl_pbc import census

@@ -1,5 +1,4 @@
-"""YOLO label files (TXL-PBC's format): read into the course's boxes, every bad line named
-with its file and line, judged by the same checks as BCCD's XML."""
+"""YOLO label files (TXL-PBC's format), judged by the same checks as BCCD's XML."""
 import math
 
 import numpy as np
@@ -57,7 +56,6 @@ def test_a_bad_line_is_dropped_and_named(tmp_path, line, why):
 
 
 def test_strict_mode_raises_on_the_line_the_default_drops(tmp_path, bccd_root):
-    # the loader's strict mode, through the dataset's own error
     from medaidet.data.bccd import BCCDDataset
     annotation = parse_yolo_labels(_write(tmp_path, "1 0.5 0.5 0.1 0.1\n1 2 2 0.1 0.1\n"), SIZE)
     finding = check_annotation(annotation, SIZE, item="line").findings[0]

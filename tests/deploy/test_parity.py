@@ -1,5 +1,4 @@
-"""compare_detections: what two correct runtimes may differ by (score ties) passes; what a
-wrong export would change does not."""
+"""compare_detections: score ties of two correct runtimes pass; a wrong export's changes do not."""
 import hashlib
 import json
 import os
@@ -13,8 +12,7 @@ from medaidet.extras.deploy import box_iou
 from medaidet.extras.deploy import compare_detections
 
 NMS = 0.45
-# Weights notebook 03 trained in a `make run` whose notebook 09 then failed its parity check
-# (one box 2.2 px apart): kept beside the checkout, as BCCD is (CI has ../shared).
+# weights whose notebook 09 parity check failed (one box 2.2 px off); CI has ../shared
 REPRO = REPO.parent / "shared" / "repro" / "nb09-parity"
 
 
@@ -47,8 +45,7 @@ def test_identical_detections_are_the_same():
 
 
 def test_score_ties_pass_two_ways():
-    """The two ways a near-equal score shows: two platelets swap places in the list; NMS
-    keeps an overlapping box in place of the first platelet's, at the same score."""
+    """Two platelets swap places; NMS keeps an overlapping box for the first, at its score."""
     a, b = _detections(), _copy(_detections())
     b[0][0][[1, 2]] = b[0][0][[2, 1]]                      # swapped, scores equal
     b[2][0][1] += 2e-7
@@ -71,9 +68,7 @@ def test_score_ties_pass_two_ways():
     # an overlapping box whose score differs: a wrong box, not a tie
     (lambda b: (b[0][0].__setitem__(0, [11.5, 9.0, 31.0, 29.5]),
                 b[2][0].__setitem__(0, 0.8)), "only a has class 2's box [10.0"),
-    # another class
     (lambda b: b[1][1].__setitem__(0, 0), "only a has class 1's box"),
-    # one detection fewer
     (lambda b: [part.__setitem__(1, part[1][:0]) for part in b], "y: only a has class 1's box"),
 ])
 def test_what_a_wrong_export_changes_is_a_difference(change, found):
@@ -115,9 +110,7 @@ def _repro_weights():
 
 @pytest.mark.slow(seconds=29)
 def test_the_weights_that_failed_notebook_09_pass_and_their_ties_are_found(tmp_path):
-    """chainer on one BLAS thread (as a notebook kernel may run it) against onnxruntime, on
-    all 72 test images: the old check (labels in the same order, boxes within 0.5 px) fails
-    there; the tie-aware comparison finds the ties, and nothing else differs."""
+    """chainer on one BLAS thread (as a notebook kernel may run it) against onnxruntime."""
     weights = _repro_weights()
     code = textwrap.dedent(f"""
         import json, warnings

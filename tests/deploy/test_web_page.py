@@ -1,13 +1,5 @@
-"""web/: the page counts cells in a real browser (Chromium, headless) as OnnxDetector does.
-
-The page and its onnxruntime-web (``npm ci`` in web/) and an exported model are served on
-127.0.0.1; Playwright drives Debian's Chromium through three test images picked in the file
-chooser, and each image's counts and boxes are compared with OnnxDetector's in Python. The
-last page is kept as a screenshot (``$MEDAIDET_SCREENSHOTS``, else the test's tmp folder).
-
-Without a browser, Playwright or npm the test is skipped with a loud reason, except where
-``CI_REQUIRE_BROWSER=1`` (.ci/run sets it, and installs Chromium): there it fails.
-"""
+"""web/: the page counts cells in headless Chromium as OnnxDetector does. Skipped without a
+browser, Playwright or npm, except under CI_REQUIRE_BROWSER=1 (.ci/run), where it fails."""
 import functools
 import http.server
 import os
@@ -45,8 +37,7 @@ def browser_path():
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, browser_path):
-    """web/ with its node_modules (npm ci when missing) and an exported model, served on
-    127.0.0.1."""
+    """web/ with its node_modules (npm ci when missing) and an exported model, on 127.0.0.1."""
     npm_ci(WEB, "onnxruntime-web", _missing)
     root = tmp_path_factory.mktemp("site")
     for name in ("index.html", "app.js", "detector.js"):
@@ -133,8 +124,7 @@ def test_the_page_counts_as_the_python_detector(site, browser_path, bccd_root, t
 @pytest.mark.slow(seconds=14)
 def test_a_failed_or_superseded_pick_never_shows_another_images_results(site, browser_path,
                                                                        bccd_root, tmp_path):
-    """A file that is not an image clears the previous image's table and boxes and says so in
-    the error style; a slow pick overtaken by a later one never overwrites the later result."""
+    """A non-image clears the previous results; a slow pick never overwrites a later one."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:

@@ -1,8 +1,5 @@
-"""The Colab setup cell: a no-op elsewhere; on Colab (a real run in a fresh venv of Colab's
-published runtime, colab_runtime.json, less its GPU) it clones, installs medaidet with the
-notebook's extras and the stack and keeps Colab's packages, and notebooks 04 (alone), 00 and 03
-then run in the smoke profile; the notebooks carry the cell, README the badges, both written
-from pyproject's repository URL."""
+"""The Colab setup cell: a no-op elsewhere; on a stand-in of Colab's runtime (colab_runtime.json)
+it installs medaidet and the stack keeping Colab's packages, then notebooks run in smoke."""
 import ast
 import json
 import os
@@ -32,12 +29,10 @@ URL = colab_tools.repository_url(REPO / "pyproject.toml")
 CELL = colab_tools.setup_cell(URL)                    # what notebooks 00-07 start with
 MPI_CELL = colab_tools.setup_cell(URL, ["mpi"])       # notebook 08's
 
-# What stands in for Colab's own module. No google/__init__.py: ``google`` stays a
-# namespace package, as on Colab, so protobuf (google.protobuf, chainer's) still imports.
+# No google/__init__.py: ``google`` stays a namespace package, as on Colab (protobuf imports).
 STAND_IN_COLAB = '"""Stand-in for Colab\'s google.colab (tests/env/test_colab.py)."""\n'
 
-# Colab's GPU runtime as Google publishes it, and the date it was read: the one place its
-# versions are written (README's platform table states them; a test below checks it).
+# Colab's GPU runtime as Google publishes it, and when it was read; README must state the same.
 COLAB_RUNTIME = json.loads(Path(__file__).with_name("colab_runtime.json").read_text("utf-8"))
 # what the stand-in venv gets: Colab's preinstalled packages, less those that need its GPU
 STAND_IN_PINS = {name: version for name, version in COLAB_RUNTIME["preinstalled"].items()
@@ -45,8 +40,7 @@ STAND_IN_PINS = {name: version for name, version in COLAB_RUNTIME["preinstalled"
 
 
 def colab_python():
-    """An interpreter of Colab's Python (``COLAB_RUNTIME["python"]``, e.g. 3.13): pyenv's
-    newest of that minor, else PATH's; None when there is none."""
+    """Colab's Python (e.g. 3.13): pyenv's newest of that minor, else PATH's, else None."""
     minor = COLAB_RUNTIME["python"]
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
     found = sorted(root.glob(f"versions/{minor}.*/bin/python{minor}"),
@@ -79,8 +73,6 @@ def _clean_env(**extra):
     env.update(extra)
     return env
 
-
-# --- the cell's text ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("cell", [CELL, MPI_CELL], ids=["no-extras", "mpi"])
 def test_cell_is_short_plain_python(cell):
@@ -127,8 +119,6 @@ def test_readme_badges_are_pyprojects_repository():
 
 
 def test_notebooks_name_the_extras_they_use():
-    """Only the notebook that runs MPI installs the mpi extra (Open MPI and mpi4py), only the
-    one that exports to ONNX the export extra (onnx and onnxruntime)."""
     for notebook in NOTEBOOKS:
         nb = nbformat.read(str(notebook), as_version=nbformat.NO_CONVERT)
         code = "\n".join(c.source for c in nb.cells[1:] if c.cell_type == "code")
@@ -151,8 +141,6 @@ def test_noop_outside_colab(monkeypatch, no_processes):
     assert sys.path == path_before and os.getcwd() == cwd_before
 
 
-# --- Colab's runtime: the pins the stand-in is built from ----------------------------------
-
 def test_colab_runtime_pins_are_dated_exact_and_supported():
     assert re.fullmatch(r"20\d\d-\d\d-\d\d", COLAB_RUNTIME["read"])
     assert re.fullmatch(r"3\.\d+", COLAB_RUNTIME["python"])
@@ -166,9 +154,7 @@ def test_colab_runtime_pins_are_dated_exact_and_supported():
 
 
 def test_readme_states_the_colab_runtime_the_stand_in_is_built_from():
-    """README's platform table gives Colab's runtime as colab_runtime.json pins it, with the
-    date it was read: one row for what CI runs (its CPU side), one for its GPU (not run); the
-    Colab section of README and of README.ja.md names the same versions."""
+    """One table row for Colab's CPU side (run in CI), one for its GPU (not run)."""
     text = README.read_text(encoding="utf-8")
     rows = [line for line in text.splitlines()
             if line.startswith("| ") and "Colab" in line.split("|")[1]]
@@ -191,8 +177,6 @@ def test_readme_states_the_colab_runtime_the_stand_in_is_built_from():
             assert f"{name} {version}" in section, (readme.name, name)
         assert COLAB_RUNTIME["read"] in section and f"cuda {COLAB_RUNTIME['cuda']}" in section
 
-
-# --- on Colab, for real: the stand-in google.colab, real processes -------------------------
 
 @pytest.fixture
 def stand_in_colab(tmp_path):
@@ -265,7 +249,6 @@ def test_an_option_as_repo_is_refused_and_an_existing_folder_is_never_skipped(st
 
 
 def test_cell_with_clone_installed_and_stack_ok_only_changes_directory(stand_in_colab, tmp_path):
-    """This environment has medaidet and the stack: the cell starts no process, chdirs."""
     assert medaidet_tools.stack.status().ok, "this environment's stack is incomplete"
     done = _run_cell_here(stand_in_colab, tmp_path, **{colab.COLAB_DIR_ENV: str(REPO)})
     assert done.returncode == 0, done.stderr
@@ -288,8 +271,7 @@ def _git(*args, cwd=None):
 
 
 def _source_repository(dest: Path) -> Path:
-    """A git repository with this checkout's working tree as its HEAD: a clone, with the
-    uncommitted changes (and untracked, not ignored, files) committed on top."""
+    """A clone of this checkout with its uncommitted and untracked changes committed on top."""
     _git("clone", "-q", str(REPO), str(dest))
     changed = _git("ls-files", "-z", "--modified", "--deleted", "--others", "--exclude-standard",
                    cwd=REPO).split("\0")
@@ -323,9 +305,7 @@ def _report(done):
 
 
 def _shown(notebook: Path):
-    """What an executed notebook shows: its first cell's printed text (the setup cell's), the
-    text of all its cells' outputs (printed, and the plain text of displayed objects), and its
-    number of figures."""
+    """(the setup cell's printed text, all outputs' text, number of figures) of a notebook."""
     nb = nbformat.read(str(notebook), as_version=4)
     outputs = [list(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code"]
 
@@ -340,19 +320,8 @@ def _shown(notebook: Path):
 
 @pytest.mark.slow(seconds=254)
 def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_path, bccd_root):
-    """For real, on Colab's published GPU runtime less its GPU (colab_runtime.json: Colab's
-    Python, and its NumPy, matplotlib, ipykernel and OpenCV at Colab's versions; no CuPy), a
-    stand-in google.colab, MEDAIDET_REPO a local repository.
-
-    Notebook 04's cell clones, pip installs medaidet (no extra) and the stack (wheels from
-    the shared MEDAIDET_CACHE), keeps every package Colab had, and leaves the kernel in
-    notebooks/. Then the clone's notebooks run under papermill with the parameters and the
-    environment `medaidet course run --profile smoke` gives them, each in a kernel of that
-    venv that imports google.colab at start and starts outside the clone (as Colab's does, in
-    /content), so each one's setup cell runs first: 04 alone (no notebook 03 ran in this
-    runtime: it evaluates the shipped weights, which score what their record says), then 00
-    (the doctor) and 03 (training). Last, notebook 08's cell adds the mpi extra, Colab's
-    packages still as they were."""
+    """Colab's runtime less its GPU in a venv, a stand-in google.colab, a local MEDAIDET_REPO;
+    04 runs first, alone, so it evaluates the shipped weights (no 03 has trained yet)."""
     interpreter = colab_python()
     if not interpreter:
         missing = f"no Python {COLAB_RUNTIME['python']} (Colab's) from pyenv or PATH"
@@ -426,9 +395,7 @@ def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_p
         assert colabs_packages() == STAND_IN_PINS     # nothing of Colab's replaced
         assert installed("mpi4py") == ""   # notebooks 00-07 need no MPI
 
-        # The notebooks with the parameters and kernel environment of `medaidet course run
-        # --profile smoke` (medaidet_tools.course); papermill's python3 kernel is the venv's
-        # interpreter (jupyter_client starts kernel.json's "python" from PATH).
+        # As `medaidet course run --profile smoke`; the venv's python is the kernel (via PATH).
         startup = tmp_path / "ipython" / "profile_default" / "startup"
         startup.mkdir(parents=True)
         (startup / "00-colab.py").write_text("import google.colab  # as Colab's kernel does\n")
@@ -449,7 +416,6 @@ def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_p
                 timeout=900, env=kernel_env)
             assert printed_warnings(executed) == [], executed.name   # as CI's course run
             setup, shown, figures = _shown(executed)
-            # its own setup cell ran on the stand-in Colab, with medaidet and the stack there
             assert setup == f"working directory: {home / 'notebooks'}\n", (stem, setup)
             assert figures or not draws, f"{stem}: no figure drawn (matplotlib, inline)"
             return shown
@@ -467,7 +433,6 @@ def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_p
         assert evaluation["protocols"]["evaluate"]["map_voc"] == pytest.approx(
             record["map_voc"], abs=1e-3)
 
-        # 00: the versions, and the doctor, on Colab's runtime
         shown = notebook("00_environment", draws=False)
         pins = STAND_IN_PINS
         assert f"python    {python_version} {python}\n" in shown, shown[:2000]
@@ -483,7 +448,6 @@ def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_p
             assert re.search(row, shown), row
         assert "environment ok (" in shown and "profile 'smoke': continue with 01_data" in shown
 
-        # 03: training in the smoke profile, into the run folder the runner gives it
         shown = notebook("03_training")
         model = out / "runs" / "smoke" / "model.npz"
         assert f"weights: {model} (sha256 " in shown, shown[-3000:]
@@ -496,7 +460,6 @@ def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_p
         assert installed("mpi4py") and colabs_packages() == STAND_IN_PINS
         assert _report(done)["stack_ok"]
 
-        # the cell run again in that kernel state: nothing to install, no command
         again = run(python, "-c", kernel(MPI_CELL), env={**env, colab.COLAB_DIR_ENV: str(home)})
         assert "$ " not in again.stdout and _report(again)["cwd"] == str(home / "notebooks")
     finally:
@@ -507,8 +470,7 @@ def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_p
 
 
 def test_setup_stops_at_a_numpy_newer_than_the_stack_supports(site_dir, tmp_path):
-    """A Colab image with a NumPy past the supported range: the cell's setup says so and
-    installs nothing (pip would otherwise replace that NumPy by an older one)."""
+    """Installing nothing: pip would otherwise replace Colab's NumPy by an older one."""
     fake_distribution(site_dir, "numpy", "2.6.0")
     code = ("from medaidet.env.colab import setup\n"
             f"setup({str(tmp_path / 'home')!r}, extras=['mpi'])\n")
@@ -519,8 +481,6 @@ def test_setup_stops_at_a_numpy_newer_than_the_stack_supports(site_dir, tmp_path
                            "2.6.0; the chainer stack supports numpy>=1.26,<2.6."), last
     assert 'pip install "numpy>=1.26,<2.6"' in last and "Runtime > Restart session" in last
 
-
-# --- the notebooks carry the cell ----------------------------------------------------------
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_starts_with_the_setup_cell(notebook):
@@ -592,9 +552,7 @@ def test_insert_setup_cell_replaces_an_old_cell_keeping_id_and_tag(tmp_path):
 
 
 def test_tool_writes_a_new_repository_into_every_cell_and_the_badges(tmp_path):
-    """tools/set_colab.py on copies: pyproject's Repository changed in one place reaches every
-    notebook's first cell (and only it), README's badge table and its quick start's
-    `git clone` line (and only them)."""
+    """Also README's `git clone` line; nothing else changes."""
     new_url = "https://github.com/someone/medaidet"
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text((REPO / "pyproject.toml").read_text(encoding="utf-8").replace(

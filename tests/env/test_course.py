@@ -115,7 +115,6 @@ def test_failing_notebook_stops_the_course(failing_course, tmp_path):
     assert failed.error.startswith("ValueError: boom"), failed.error
     assert summary.results[2].note == "an earlier notebook failed"
 
-    # the failing notebook is kept, with its error; nothing after it ran
     kept = nbformat.read(str(out / "01_fail.ipynb"), as_version=4)
     errors = [o for o in _code_outputs(kept) if o.output_type == "error"]
     assert errors and errors[0].ename == "ValueError" and errors[0].evalue == "boom"
@@ -130,7 +129,6 @@ def test_failing_notebook_stops_the_course(failing_course, tmp_path):
     assert any("01_fail" in line and "ValueError: boom" in line for line in lines)
     assert any("02_after: not run (an earlier notebook failed)" in line for line in lines)
     assert any(str(out / "summary.json") in line for line in lines)
-    # the kernels' environment is not left behind in this process
     assert {key: os.environ.get(key) for key in ENV_KEYS} == env_before
 
     # a second run removes the copies of the first, so the folder matches the summary
@@ -198,7 +196,6 @@ def test_cell_timeout_must_be_positive(failing_course, tmp_path):
 
 @pytest.mark.parametrize("where", ["the notebooks folder", "inside it"])
 def test_out_in_the_notebooks_folder_is_refused_and_deletes_nothing(failing_course, where):
-    # it used to delete <out>/<name>.ipynb, i.e. every notebook, before running them
     out = failing_course if where == "the notebooks folder" else failing_course / "runs"
     before = {p.name: p.read_bytes() for p in failing_course.iterdir()}
     with pytest.raises(ConfigError) as info:
@@ -258,8 +255,7 @@ def test_runs_go_under_out_where_a_notebook_has_run_dir(tmp_path):
 
 @pytest.mark.slow(seconds=2)
 def test_a_seed_reaches_the_notebooks_with_a_detector_seed_parameter(tmp_path):
-    """Only ``detector_seed`` (notebook 03's): notebook 06's ``seed`` is its own runs' seed,
-    and setting it to the detector's made its 'another seed' run the same as its first."""
+    """Not notebook 06's ``seed``: set to the detector's, its 'another seed' run repeated."""
     notebooks = tmp_path / "notebooks"
     path = make_notebook(notebooks, "03_train", "print(f'seed {detector_seed}')")
     nb = nbformat.read(str(path), as_version=4)
@@ -286,8 +282,7 @@ def test_a_seed_reaches_the_notebooks_with_a_detector_seed_parameter(tmp_path):
 
 
 def test_warnings_a_notebook_prints_are_listed(tmp_path, capsys):
-    """A warning on stderr does not fail the notebook, but its line and the summary say so;
-    text on stdout that mentions a warning is not one."""
+    """Stderr warnings are listed but fail nothing; stdout that mentions a warning is not one."""
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_warns", "print('a UserWarning explained on stdout')",
                   "import warnings\nwarnings.warn('careful with this', UserWarning)",
@@ -319,7 +314,6 @@ def test_warnings_a_notebook_prints_are_listed(tmp_path, capsys):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("1 executed notebook, no warning in their outputs")
 
-    # ...and a notebook that runs but does not show what it teaches fails it, named
     make_notebook(notebooks, "02_model_and_loss", "print('ChainerCV : IndexError')")
     shown_out = tmp_path / "shown"
     assert run_course(profile="smoke", out=shown_out, notebooks_dir=notebooks, only=["02"]).ok
@@ -371,11 +365,8 @@ def test_summary_reports_the_evaluation_a_notebook_leaves(tmp_path):
                       log=_quiet).evaluation is None
 
 
-# ------------------------------------------------ the output folder is the runner's own
-
 def test_a_folder_of_someone_elses_files_is_refused_and_left_alone(failing_course, tmp_path):
-    """Issue 23: `--out` on a folder of the user's deleted their evaluation.json and
-    overwrote summary.md/summary.json, even with `--only 00`."""
+    """Even with `--only 00`: the user's evaluation.json and summary.* must survive."""
     mine = tmp_path / "thesis"
     mine.mkdir()
     for name, text in {"evaluation.json": '{"map": 0.9}', "summary.md": "my notes",
@@ -395,9 +386,7 @@ def test_a_folder_of_someone_elses_files_is_refused_and_left_alone(failing_cours
 
 @pytest.mark.slow(seconds=2)
 def test_a_folder_with_only_the_notebooks_training_runs_is_the_courses(tmp_path):
-    """Notebooks opened in Jupyter train into ../outputs/runs: `make run` afterwards takes
-    that folder as its own and leaves the runs where they are; runs/ beside a file of the
-    user's does not make the folder the course's."""
+    """Jupyter's ../outputs/runs is adopted by `make run`; runs/ beside a user's file is not."""
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_ok", "print('ok')")
     out = tmp_path / "outputs"
@@ -419,9 +408,7 @@ def test_a_folder_with_only_the_notebooks_training_runs_is_the_courses(tmp_path)
 
 
 def test_runs_or_ja_holding_the_users_files_do_not_make_a_folder_the_courses(tmp_path):
-    """A folder holding only ``ja/`` or ``runs/`` is adopted only when they are the course's
-    own work (``ja/`` with the course's marker, ``runs/`` of training runs): adopted, a later
-    ``make clean OUT=`` that folder would delete what they hold."""
+    """If adopted, a later ``make clean OUT=`` that folder would delete the user's files."""
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_ok", "print('ok')")
     for name, sub in (("only-ja", "ja"), ("only-runs", "runs"), ("runs-file", "runs")):
@@ -485,8 +472,6 @@ def test_the_default_outputs_folder_is_marked_as_the_runners(tmp_path):
 
 @pytest.mark.slow(seconds=5)
 def test_lang_ja_runs_the_japanese_edition_into_outputs_ja(tmp_path):
-    """`--lang ja` runs notebooks/ja/ into outputs/ja and says so; the English run into
-    outputs afterwards takes outputs/ja for the course's own."""
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_ok", "print('english')")
     make_notebook(notebooks / "ja", "00_ok", "print('日本語')")
@@ -523,13 +508,9 @@ def test_the_kernel_talks_over_unix_sockets_and_prints_no_encryption_warning(tmp
     assert [out.text.strip() for out in _code_outputs(nb) if "text" in out] == ["ipc"]
 
 
-# ------------------------------------------------ Ctrl-C
-
 @pytest.mark.slow(seconds=2)
 def test_ctrl_c_ends_in_one_line_and_keeps_the_summary(tmp_path):
-    """Issue 23: Ctrl-C printed the kernel's zmq.error.ZMQError traceback before
-    'medaidet: interrupted'. Ctrl-C reaches the runner's process group only (a terminal's
-    foreground group); the kernel runs in a session of its own."""
+    """Ctrl-C reaches the runner's process group only; the kernel has a session of its own."""
     notebooks = tmp_path / "notebooks"
     started = tmp_path / "started"
     make_notebook(notebooks, "00_sleep", "import pathlib, time\n"
@@ -561,14 +542,11 @@ def test_ctrl_c_ends_in_one_line_and_keeps_the_summary(tmp_path):
         ("00_sleep", "failed"), ("01_after", "not run")]
     assert data["results"][0]["error"] == "KeyboardInterrupt: interrupted by the user"
     assert data["results"][1]["note"] == "interrupted"
-    # the interrupt reached the running cell: the executed copy shows where it stopped
     kept = nbformat.read(str(out / "00_sleep.ipynb"), as_version=4)
     assert [o.ename for o in _code_outputs(kept) if o.output_type == "error"] == [
         "KeyboardInterrupt"]
     assert not (out / "01_after.ipynb").exists()
 
-
-# ------------------------------------------------ a full disk
 
 FULL_DISK_RUN = """
 import resource, signal, sys
@@ -587,8 +565,7 @@ sys.exit(cli.main(["course", "run", "--profile", "smoke", "--out", out]))
 
 
 def _run_out_of_room(where: str, limit: int, notebooks: Path, out: Path):
-    """`course run` in a process whose files may grow to ``limit`` bytes from the moment
-    ``course.<where>`` is called: a real EFBIG, what a full disk does to a write."""
+    """`course run` whose files may grow to ``limit`` bytes once ``course.<where>`` runs."""
     return subprocess.run([sys.executable, "-c", FULL_DISK_RUN, where, str(limit), str(out)],
                           cwd=ROOT, env=_cli_env(notebooks), capture_output=True, text=True,
                           timeout=300)
@@ -596,7 +573,6 @@ def _run_out_of_room(where: str, limit: int, notebooks: Path, out: Path):
 
 @pytest.mark.slow(seconds=2)
 def test_no_room_for_the_summary_leaves_no_truncated_summary(tmp_path):
-    """Issue 23: a full disk left a 0-byte summary.json and an error naming no file."""
     notebooks = tmp_path / "notebooks"
     make_notebook(notebooks, "00_ok", "print('ok')")
     out = tmp_path / "out"

@@ -1,8 +1,4 @@
-"""Notebooks executed by the runner in conditions the course run in CI does not meet.
-
-The whole course (every notebook, training included) runs in .ci/run after the unit tests:
-``make run PROFILE=smoke``, both editions; tools/check_course_outputs.py then checks what the
-data and model notebooks show (their figures, the named errors)."""
+"""Notebooks executed by the runner in conditions CI's course run (.ci/run) does not meet."""
 import nbformat
 import pytest
 
@@ -24,8 +20,7 @@ def test_cli_model_commands_are_wired(tmp_path):
 
 @pytest.mark.slow(seconds=81)
 def test_scaling_notebook_without_mpi_runs_what_needs_none(tmp_path, monkeypatch, bccd_root):
-    """Where MPI cannot be loaded, notebook 08 still measures memory and prints the commands,
-    and says why the live ranks were skipped (it used to stop with a RuntimeError)."""
+    """Notebook 08 also says why the live MPI ranks were skipped."""
     monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
     monkeypatch.setenv("MPI4PY_LIBMPI", str(tmp_path / "no-such-libmpi.so"))
     monkeypatch.delenv("CI_REQUIRE_MPI", raising=False)

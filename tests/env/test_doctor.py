@@ -1,8 +1,4 @@
-"""Tests for medaidet.env.doctor: the real environment, simulated broken ones
-(fake packages on PYTHONPATH in a subprocess), and checks on hand-built facts.
-
-No GPU is needed; the GPU lines are driven by constructed facts.
-"""
+"""medaidet.env.doctor: the real environment, simulated broken ones, hand-built facts (no GPU)."""
 import json
 import os
 import subprocess
@@ -47,8 +43,6 @@ def gpu_facts(cupy=("cupy-cuda12x", "14.0.0"), **over) -> Facts:
     return cpu_facts(**base)
 
 
-# ---------------------------------------------------------------- this machine
-
 @pytest.fixture(scope="module")
 def real_report() -> DoctorReport:
     return run_doctor()
@@ -88,11 +82,8 @@ def test_cli_prints_every_check_and_exits_0():
     assert summary.split(", ")[2] == "0 fail"
 
 
-# ---------------------------------------------------------------- simulated broken envs
-
 def doctor_in(tmp_path, files=(), dists=()):
-    """Run the doctor in a child Python with fake packages and fake dist-info metadata
-    shadowing the real ones; return (exit code, {name: check as a dict})."""
+    """(exit code, {name: check dict}) of the doctor in a child Python with fake packages."""
     site = tmp_path / "site"
     for rel, text in dict(files).items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -156,8 +147,6 @@ def test_chainercv_that_does_not_import_fails(tmp_path):
     assert "longintrepr.h missing (fake chainercv)" in line["found"]
     assert "python -m medaidet stack install" in line["fix"]
 
-
-# ---------------------------------------------------------------- constructed facts
 
 def test_healthy_cpu_facts_have_no_fail():
     report = run_doctor(facts=cpu_facts())
@@ -296,8 +285,6 @@ def test_a_crashing_check_or_gather_becomes_a_fail(monkeypatch):
     assert facts.gather_errors == ["opencv: OSError: cv2 exploded"]
     assert run_doctor(facts=facts).by_name("doctor").status == "fail"
 
-
-# ---------------------------------------------------------------- views
 
 def test_views_name_every_check():
     report = run_doctor(gpu_smoke=True, facts=cpu_facts(numpy="2.7.0"))

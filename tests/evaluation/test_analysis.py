@@ -1,6 +1,4 @@
-"""Error analysis: recall/precision, TP/FP scores, sizes, crowding and the stage each missed
-box was lost at, on synthetic predictions with known answers; and one small real run with
-the shipped weights on BCCD test images."""
+"""Error analysis on synthetic predictions with known answers, and one real run on BCCD."""
 import math
 import warnings
 
@@ -62,7 +60,6 @@ def test_detection_scores_split_true_from_false_positives():
     assert len(s["platelets"]["tp"]) == 0
     # above the duplicate's score it is no detection at all
     assert len(detection_scores(preds_of(pred, gt), 0.5)["rbc"]["fp"]) == 0
-    # the figure: one panel per class, each holding its true and its false positives
     fig = plot_detection_scores(s, thresholds=(0.5,), split="val")
     axes = fig.axes
     assert [ax.get_title() for ax in axes] == ["rbc", "wbc", "platelets"]
@@ -73,9 +70,7 @@ def test_detection_scores_split_true_from_false_positives():
 
 
 def staged_image():
-    """One image whose seven boxes are each found or lost at a known stage at t = 0.5.
-
-    Returns (predictions, [candidates], expected stage per box)."""
+    """Seven boxes, each found or lost at a known stage at t = 0.5: (preds, [cands], stages)."""
     gt_boxes = [box(0, 0),                 # 0 found
                 box(0, 2),                 # 1 overlaps box 0: lost in matching
                 box(100, 0),               # 2 candidate removed by the top_k cap
@@ -117,7 +112,7 @@ def test_each_missed_box_is_lost_at_its_stage():
     assert counts["wbc"] == {**{s: 0 for s in counts["wbc"] if s not in ("n_gt", "recall")},
                              "no_candidate": 1, "n_gt": 1, "recall": 0.0}
     with pytest.raises(ValueError, match="thresholds"):
-        out.stage(0.7)                     # not computed
+        out.stage(0.7)
 
 
 def test_stage_needs_candidates():
@@ -203,9 +198,8 @@ def test_real_run_on_bccd_test_images(bccd_root):
             assert sum(c[s] for s in c if s not in ("n_gt", "recall")) == c["n_gt"]
             assert c["found"] == rows[t, name]["tp"]
             assert c["n_gt"] == rows[t, name]["n_gt"]
-    # a box found at a threshold is covered by a detection scoring at least that
     assert (out.best["kept"][out.found[0.5]] >= 0.5).all()
-    # the stages narrow: best over all candidates >= after cap >= after NMS >= kept
+    # the stages narrow: all >= after cap >= after NMS >= kept
     assert (out.best["all"] >= out.best["top_k"]).all()
     assert (out.best["top_k"] >= out.best["nms"]).all()
     assert (out.best["nms"] >= out.best["kept"]).all()

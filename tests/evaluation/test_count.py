@@ -16,8 +16,7 @@ NAMES = ("rbc", "wbc", "platelets")
 
 
 def make_preds(pred, gt, split=None):
-    """pred: per image a list of (label, score); gt: per image a list of labels.
-    Boxes are irrelevant to counting: all zeros."""
+    """pred: per image a list of (label, score); gt: per image a list of labels."""
     pl = [np.array([lb for lb, _ in p], dtype=np.int32) for p in pred]
     ps = [np.array([s for _, s in p], dtype=np.float32) for p in pred]
     pb = [np.zeros((len(p), 4), dtype=np.float32) for p in pred]
@@ -28,10 +27,7 @@ def make_preds(pred, gt, split=None):
 
 
 def known_case():
-    # image 0: annotated rbc 4, wbc 1, platelets 2
-    #          predicted (>= 0.5) rbc 6, wbc 1, platelets 1; below 0.5: one rbc, one wbc
-    # image 1: annotated rbc 2, wbc 1, platelets 0
-    #          predicted (>= 0.5) rbc 1, wbc 1, platelets 1
+    # annotated rbc/wbc/platelets: image 0 4/1/2, image 1 2/1/0; predicted >= 0.5: 6/1/1, 1/1/1
     pred = [[(0, 0.9)] * 6 + [(0, 0.2), (1, 0.8), (1, 0.1), (2, 0.7)],
             [(0, 0.55), (1, 0.5), (2, 0.95)]]
     gt = [[0, 0, 0, 0, 1, 2, 2], [0, 0, 1]]
@@ -45,13 +41,11 @@ def test_counts_and_errors_are_exact():
     np.testing.assert_array_equal(result.error, [[2, 0, -1], [-1, 0, 1]])
     np.testing.assert_allclose(result.mae, [1.5, 0.0, 1.0])
     np.testing.assert_allclose(result.bias, [0.5, 0.0, 0.0])
-    # relative error, sum |error| / sum annotated: rbc (2 + 1) / 6; wbc 0; platelets
-    # (1 + 1) / 2: image 1's extra platelet counts although it has no platelet box
+    # sum |error| / sum annotated: rbc 3 / 6; platelets 2 / 2 (img1's extra one counts too)
     np.testing.assert_allclose(result.relative_error, [0.5, 0.0, 1.0])
 
 
 def test_threshold_is_inclusive_and_relative_error_guards_zero():
-    # No platelet box anywhere: relative error undefined (NaN, null in JSON), MAE defined.
     preds = make_preds([[(2, 0.6), (0, 0.6)]], [[0]])
     result = count_cells(preds, score_thresh=0.6)
     np.testing.assert_array_equal(result.predicted, [[1, 0, 1]])
@@ -128,8 +122,7 @@ def test_refuses_a_threshold_below_the_predictions():
 
 
 def sweep_case():
-    # Every image: 3 rbc annotated; rbc detections at 0.9, 0.8, 0.7 (the true ones) and
-    # 0.3, 0.2 (spurious). Counts per threshold: 5 (<=0.2), 4 (<=0.3), 3 (<=0.7), 2, 1, 0.
+    # 3 rbc per image; detections 0.9, 0.8, 0.7 (true) and 0.3, 0.2 (spurious)
     pred = [[(0, s) for s in (0.9, 0.8, 0.7, 0.3, 0.2)]] * 4
     return make_preds(pred, [[0, 0, 0]] * 4)
 
@@ -141,7 +134,6 @@ def test_threshold_sweep_known_curve_and_best_threshold():
     np.testing.assert_allclose(sweep.bias[:, 0], [2, 1, 0, -1, -2, -3])
     assert sweep.best_threshold["rbc"] == 0.5
     assert sweep.best_mae["rbc"] == 0.0
-    # predicted counts can only fall as the threshold rises: bias is non-increasing
     for l in range(3):
         assert np.all(np.diff(sweep.bias[:, l]) <= 0)
     assert SWEEP_NOTE in str(sweep) and "| 0.5 | 0.00 |" in sweep._repr_markdown_()
@@ -152,8 +144,7 @@ def test_threshold_sweep_known_curve_and_best_threshold():
 
 
 def test_best_threshold_is_the_middle_of_the_tied_ones():
-    """Val's white cells are often counted exactly over a range of thresholds: the choice is
-    the middle of that range (the upper of the two middle ones), not its lower end."""
+    """Val's wbc are often exact over a range of thresholds: pick its middle, not its start."""
     t = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     mae = np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.5],
                     [0.0, 1.0, 1.0], [0.5, 1.0, 0.7], [0.0, 2.0, 3.0]])
@@ -196,9 +187,7 @@ def test_plots_return_figures_in_the_class_colours():
 
 
 def test_count_scatter_shows_every_image_where_counts_coincide():
-    """Counts are integers: 40 images on (1, 1) and 2 on (0, 1) must not look like 2 dots of
-    one image each. Each point's dot area is AREA_PER_IMAGE per image and it is labelled
-    with its number of images, so the dots add up to every image."""
+    """Integer counts coincide: 40 images on one point must not look like one image."""
     from medaidet.evaluation.count import AREA_PER_IMAGE, images_at_points
 
     gt = [[0, 1, 2]] * 40 + [[0, 0, 2]] * 2 + [[0, 1]] * 3
@@ -224,9 +213,7 @@ def test_count_scatter_shows_every_image_where_counts_coincide():
 
 
 def test_the_sweep_gives_each_class_its_own_scale():
-    """RBC's MAE is ten times the others': on one axis the WBC and platelet curves lay flat
-    at the bottom. Each class has its panel, whose axis spans its own curve."""
-    # rbc: 30 per image, detections spread over the scores; wbc and platelets: one per image
+    """RBC's MAE is ten times the others': one shared axis would flatten their curves."""
     pred = [[(0, s) for s in np.linspace(0.06, 0.99, 40)] + [(1, 0.9), (1, 0.3), (2, 0.7)]] * 5
     gt = [[0] * 30 + [1, 2]] * 5
     sweep = threshold_sweep(make_preds(pred, gt), [0.1, 0.25, 0.5, 0.75, 0.95])
@@ -241,8 +228,7 @@ def test_the_sweep_gives_each_class_its_own_scale():
 
 
 def test_the_sweep_axis_is_not_flattened_by_the_lowest_thresholds():
-    """At score 0.05 a detector counts background by the hundred: the plot keeps its axis
-    for the thresholds that matter and says what it left off."""
+    """At score 0.05 a detector counts background by the hundred."""
     pred = [[(0, 0.06)] * 200 + [(0, s) for s in (0.9, 0.8, 0.7, 0.3)]] * 4
     sweep = threshold_sweep(make_preds(pred, [[0, 0, 0]] * 4), [0.05, 0.25, 0.5, 0.75])
     assert sweep.mae[0, 0] == 201
@@ -250,17 +236,14 @@ def test_the_sweep_axis_is_not_flattened_by_the_lowest_thresholds():
     assert ax.get_ylim()[1] < 10
     assert "off the scale\n(MAE up to 201)" in " ".join(t.get_text() for t in ax.texts)
     ax = plot_sweep(threshold_sweep(sweep_case())).axes[0]
-    assert not ax.texts                         # nothing to leave off: the whole curve
+    assert not ax.texts
 
 
 def test_threshold_change_follows_each_image_and_adds_up_to_the_mae():
-    """Raising a threshold lowers every count: an under-counted image moves further off, an
-    over-counted one closer (or past its annotation); the MAE changes by the sum."""
     from medaidet.evaluation.count import threshold_change
 
-    # rbc per image: annotated 3; detections at 0.9 x a and 0.55 x b. Counted at 0.5: a + b,
-    # at 0.6: a. Errors at 0.5 -> 0.6: img0 +2 -> 0 (closer), img1 -1 -> -3 (further),
-    # img2 +1 -> -2 (past its annotation, further), img3 0 -> 0 (kept).
+    # 3 rbc per image; a detections at 0.9, b at 0.55. Errors 0.5 -> 0.6: img0 +2 -> 0,
+    # img1 -1 -> -3, img2 +1 -> -2 (past its annotation), img3 0 -> 0.
     spec = [(3, 2), (0, 2), (1, 3), (3, 0)]
     pred = [[(0, 0.9)] * a + [(0, 0.55)] * b for a, b in spec]
     change = threshold_change(make_preds(pred, [[0, 0, 0]] * 4, split="val"), "rbc", 0.5, 0.6,
@@ -317,8 +300,6 @@ def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert json.loads(capsys.readouterr().out)["n_images"] == 2
 
-
-# --------------------------------------------------------------------------- bad arguments
 
 def _count_parser():
     return cli.build_parser()
@@ -390,9 +371,7 @@ def test_count_out_that_is_a_file_fails_before_predicting(tmp_path, bccd_root, n
 
 
 def test_report_count_errors_chooses_on_val_and_reports_test_once_with_its_interval():
-    """val says rbc >= 0.5 counts right (its 0.3 detections are spurious); on test the same
-    threshold misses one of 4 cells in one image of two: error 1/7, whatever test's own best
-    would be, with an interval from resampling test's two images."""
+    """Val picks rbc >= 0.5; on test that misses 1 of 4 cells in one of two images: 1/7."""
     from medaidet.evaluation.count import report_count_errors
 
     val = make_preds([[(0, 0.9), (0, 0.6), (0, 0.3)]] * 3, [[0, 0]] * 3, split="val")

@@ -1,5 +1,4 @@
-"""Evaluation: the protocols' semantics on synthetic predictions with known answers, and one
-real (tiny) run of evaluate_weights on BCCD with random-init SSD300 weights."""
+"""Evaluation protocols on synthetic predictions, and a tiny real run on BCCD."""
 import json
 import math
 
@@ -66,7 +65,7 @@ def test_missing_class_scores_zero_and_others_one():
 
 
 def test_class_without_boxes_is_nan_and_left_out_of_the_mean():
-    # No platelet boxes and no platelet detections: ChainerCV would return only 2 classes.
+    # ChainerCV would return only 2 classes here
     gb, gl = make_gt()
     keep = [lb != 2 for lb in gl]
     gb, gl = [b[k] for b, k in zip(gb, keep)], [lb[k] for lb, k in zip(gl, keep)]
@@ -76,12 +75,11 @@ def test_class_without_boxes_is_nan_and_left_out_of_the_mean():
     assert p.map_voc == pytest.approx(1.0)
     d = result.to_dict()["protocols"]["evaluate"]
     assert d["ap_voc"]["platelets"] is None
-    json.dumps(result.to_dict(), allow_nan=False)          # strict JSON, no NaN
+    json.dumps(result.to_dict(), allow_nan=False)
 
 
 def test_score_filter_low_scores_count_in_evaluate_not_in_course():
     gb, gl = make_gt()
-    # wbc detected perfectly but only at score 0.3: in [0.01, 0.6).
     scores = [np.where(lb == 1, 0.3, 0.9) for lb in gl]
     result = evaluate(preds_from(gb, gl, scores, gb, gl))
     ev, course = result["evaluate"], result["course"]
@@ -93,8 +91,7 @@ def test_score_filter_low_scores_count_in_evaluate_not_in_course():
 
 
 def test_low_scoring_false_positives_lower_ap_only_with_low_threshold_recall_gain():
-    # rbc: one true positive at 0.9 and one at 0.3, plus a false positive at 0.5 per image.
-    # evaluate sees everything: recall 1 reached at precision 2/3. course: recall 1/2.
+    # rbc: TPs at 0.9 and 0.3, an FP at 0.5; course (>= 0.6) reaches recall 1/2 only
     gb, gl = make_gt(1)
     fp = box(300, 300)
     pb = [np.array([gb[0][0], fp, gb[0][1], gb[0][2], gb[0][3]])]
@@ -104,7 +101,6 @@ def test_low_scoring_false_positives_lower_ap_only_with_low_threshold_recall_gai
     # Area AP (VOC2010+): precision envelope 1 up to recall 0.5, 2/3 up to 1.
     assert result["evaluate"].ap_voc[0] == pytest.approx(0.5 + 0.5 * 2 / 3)
     assert result["course"].ap_voc[0] == pytest.approx(0.5)
-    # The course's PR curve is the evaluate curve cut at score 0.6.
     ev_rec, co_rec = result["evaluate"].recall[0], result["course"].recall[0]
     np.testing.assert_allclose(co_rec, ev_rec[:len(co_rec)])
     assert co_rec.max() == pytest.approx(0.5) and ev_rec.max() == pytest.approx(1.0)
@@ -119,7 +115,6 @@ def test_filter_refuses_below_the_prediction_threshold_and_is_a_filter():
     assert kept.score_thresh == 0.6
     with pytest.raises(ValueError, match="predict again"):
         preds.filter(0.001)
-    # one threshold per class: labels of the four detections are those of the boxes
     labels = [int(v) for v in gl[0]]
     per_class = preds.filter({"rbc": 0.01, "wbc": 0.65, "platelets": 0.6})
     thresholds = {0: 0.01, 1: 0.65, 2: 0.6}
@@ -199,7 +194,6 @@ def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_pat
         for value in list(p["ap_voc"].values()) + list(p["ap_voc07"].values()):
             assert value is None or 0.0 <= value <= 1.0
         assert p["n_gt"]["rbc"] > 0
-    # the course protocol is a filter of the evaluate predictions
     for name in NAMES:
         assert d["protocols"]["course"]["n_detections"][name] <= \
             d["protocols"]["evaluate"]["n_detections"][name]
@@ -223,7 +217,6 @@ def test_the_model_is_read_from_the_weights(bccd_root, tmp_path, capsys):
 @pytest.mark.slow(seconds=2)
 @pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")
 def test_seconds_is_the_time_the_prediction_loop_took(bccd_root):
-    """Several batches (the loop's index once overwrote the timer's start)."""
     import time
 
     from medaidet.data.bccd import BCCDDataset
@@ -240,8 +233,6 @@ def test_seconds_is_the_time_the_prediction_loop_took(bccd_root):
     assert 0 < predictions.seconds <= took
     assert predictions.filter(0.5).seconds == predictions.seconds
 
-
-# --------------------------------------------------------------------------- bad arguments
 
 def _evaluate_parser():
     return cli.build_parser()
@@ -260,7 +251,7 @@ def test_cli_refuses_a_subset_or_batch_size_that_is_not_positive(option, value, 
 @pytest.fixture
 def weights_file(tmp_path):
     path = tmp_path / "model.npz"
-    path.write_bytes(b"")   # exists; never read when a check fails first
+    path.write_bytes(b"")   # never read when a check fails first
     return path
 
 
@@ -272,7 +263,7 @@ def test_out_that_is_a_file_fails_before_predicting(weights_file, bccd_root, tmp
     with pytest.raises(ConfigError) as info:
         evaluate_weights(weights_file, root=bccd_root, subset=1, out=out, progress=False)
     assert (info.value.kind, info.value.path) == ("not_a_folder", out)
-    assert str(info.value).startswith("--out: ")        # the command line's name for it
+    assert str(info.value).startswith("--out: ")
     assert out.read_text() == "mine\n"
 
 
@@ -318,10 +309,7 @@ def test_cli_out_that_is_a_file_is_one_line_before_any_work(weights_file, bccd_r
     assert err.count("\n") == 1
 
 
-# --------------------------------------------------------------------------- nothing to evaluate
-
 def test_predictions_without_any_box_are_a_named_error_not_nan():
-    """A split without boxes has no AP: it used to give nan for every class."""
     from medaidet.errors import ConfigError
     gb, gl = make_gt(2)
     empty_b = [np.zeros((0, 4), dtype=np.float32)] * 2
@@ -334,7 +322,7 @@ def test_predictions_without_any_box_are_a_named_error_not_nan():
     assert str(info.value).startswith(
         "split test has no objects: nothing to evaluate. None of the 2 images has a "
         "ground-truth box (difficult ones are ignored), so AP is undefined for every class")
-    # difficult boxes only: ignored by AP, the same
+    # difficult boxes only: ignored by AP
     difficult = Predictions(preds.ids, preds.pred_bboxes, preds.pred_labels, preds.pred_scores,
                             gb, gl, [np.ones(len(lb), dtype=bool) for lb in gl], NAMES)
     with pytest.raises(ConfigError, match="^these predictions have no objects"):
@@ -342,7 +330,6 @@ def test_predictions_without_any_box_are_a_named_error_not_nan():
 
 
 def test_pr_curves_of_a_class_with_detections_but_no_box():
-    """A class detected but not in the split has no recall: no curve, not a crash."""
     gb, gl = make_gt()
     keep = [lb != 2 for lb in gl]            # no platelet box, but the platelets detected
     result = evaluate(preds_from(gb, gl, [np.full(len(lb), 0.9) for lb in gl],
@@ -378,7 +365,7 @@ def test_a_subset_without_objects_asks_for_more_images(weights_file, tmp_path,
     from medaidet.errors import ConfigError
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
     train = split_ids(root, "train")
-    edit_objects(root, train[:1])               # the others keep their boxes
+    edit_objects(root, train[:1])
     with pytest.raises(ConfigError) as info:
         evaluate_weights(weights_file, split="train", root=root, subset=1, progress=False)
     assert str(info.value) == (
@@ -389,12 +376,8 @@ def test_a_subset_without_objects_asks_for_more_images(weights_file, tmp_path,
         evaluate_weights(weights_file, split="train", root=root, subset=2, progress=False)
 
 
-# --------------------------------------------------------------------------- no room to write
-
 def test_cli_without_room_for_the_figure_leaves_neither_result_file(bccd_root, tmp_path):
-    """`medaidet evaluate --out` under a file-size limit that the JSON fits and the PR-curve
-    figure does not (a real EFBIG): one line naming the figure and what to do, and no
-    evaluation.json left without its figure."""
+    """A file-size limit the JSON fits and the PR-curve figure does not (a real EFBIG)."""
     import os
     import resource
     import signal

@@ -1,5 +1,4 @@
-"""The counting frame (medaidet.evaluation.count): which boxes count, on synthetic boxes
-placed on each edge and corner, and on BCCD's real boxes."""
+"""The counting frame: which boxes count, on synthetic edge/corner boxes and BCCD's."""
 import numpy as np
 import pytest
 
@@ -21,10 +20,10 @@ def box(cy, cx, half=10):
     ((240, 320), True),                       # the middle
     ((40, 320), True), ((39.9, 320), False),  # top line: on it counts, above it does not
     ((440, 320), False), ((439.9, 320), True),  # bottom line: on it does not count
-    ((240, 40), True), ((240, 39.9), False),  # left line in
-    ((240, 600), False), ((240, 599.9), True),  # right line out
-    ((40, 40), True),                         # top-left corner of the frame
-    ((40, 600), False), ((440, 40), False), ((440, 600), False),   # the other corners
+    ((240, 40), True), ((240, 39.9), False),
+    ((240, 600), False), ((240, 599.9), True),
+    ((40, 40), True),
+    ((40, 600), False), ((440, 40), False), ((440, 600), False),
     ((0, 0), False), ((480, 640), False),     # the image's own corners
 ])
 def test_a_red_cell_counts_by_its_centre_top_left_in_bottom_right_out(centre, counted):
@@ -43,11 +42,10 @@ def test_a_sliver_cut_by_the_edge_does_not_count_though_its_box_lies_in_the_imag
 
 
 def test_frames_side_by_side_count_every_centre_exactly_once():
-    """Two images that tile a field (the second's left edge the first's right edge) with
-    no margin: a centre on the shared line counts in exactly one of them."""
+    """Two images tiling a field, no margin: a centre on the shared line counts once."""
     rng = np.random.default_rng(0)
     centres = np.column_stack([rng.uniform(0, 480, 300), rng.uniform(0, 1280, 300)])
-    centres[:20, 1] = 640                     # on the shared line
+    centres[:20, 1] = 640
     counted = 0
     for offset in (0, 640):
         boxes = [box(cy, cx - offset, 1) for cy, cx in centres]
@@ -85,7 +83,7 @@ def test_a_margin_that_leaves_no_frame_gives_no_density_not_a_division_by_zero()
 def test_a_wrong_margin_is_a_named_error(margins, argument):
     with pytest.raises(ConfigError) as info:
         in_frame([box(240, 320)], [0], SIZE, margins, NAMES)
-    assert str(info.value).startswith(f"{argument}:")      # the argument at fault, first
+    assert str(info.value).startswith(f"{argument}:")
 
 
 def test_framed_predictions_keep_the_same_boxes_on_both_sides_and_count_the_frame():
@@ -104,8 +102,7 @@ def test_framed_predictions_keep_the_same_boxes_on_both_sides_and_count_the_fram
 
 @pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")
 def test_margins_from_bccd_train_boxes_keep_a_counted_cell_whole(bccd_root):
-    """On BCCD's train boxes: half the 95th percentile of each class's longer side, and
-    almost every box (>= 95 %) whose centre counts lies wholly inside the image."""
+    """Margins from train boxes: >= 95 % of the boxes whose centre counts lie wholly inside."""
     from medaidet.data.bccd import BCCDDataset
 
     train = BCCDDataset(bccd_root, "train")
@@ -137,7 +134,7 @@ def test_the_frame_figure_marks_each_box_counted_or_not_in_its_class_panel():
                       "wbc: 1 counted, 0 not (margin 70 px)",
                       "platelets: 0 counted, 1 not (margin 15 px)"]
     rbc = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)]
-    frame, counted, left_out = rbc                  # the frame first, then the boxes in order
+    frame, counted, left_out = rbc
     assert frame.get_linestyle() == "--" and (frame.get_x(), frame.get_y()) == (40, 40)
     assert counted.get_edgecolor()[:3] == pytest.approx(
         tuple(int(CLASS_COLORS["rbc"][i:i + 2], 16) / 255 for i in (1, 3, 5)))
@@ -149,9 +146,8 @@ def test_frame_errors_say_which_detection_or_box_each_count_error_is():
 
     gt = np.array([box(240, 320), box(45, 320), box(240, 100), box(300, 300)], np.float32)
     pred = np.array([box(241, 321), box(38, 320), box(100, 500), box(302, 302)], np.float32)
-    # 0 matches 0 inside; 1 matches gt 1 across the top line (its centre 38 < 40, the box's
-    # 45 >= 40); 2 matches nothing (false); gt 2 is found by nothing; pred 3 scores 0.3,
-    # under the threshold, on gt 3 (missed, its best score 0.3)
+    # pred 1 matches gt 1 across the top line (centre 38 < 40, gt's 45); pred 2 is false;
+    # gt 2 is found by nothing; pred 3 (0.3, under the threshold) leaves gt 3 missed
     preds = Predictions(["a"], [pred], [np.zeros(4, np.int32)],
                         [np.array([0.9, 0.8, 0.7, 0.3], np.float32)], [gt],
                         [np.zeros(4, np.int32)], None, NAMES)
@@ -162,8 +158,7 @@ def test_frame_errors_say_which_detection_or_box_each_count_error_is():
 
 
 def test_frame_errors_add_up_to_the_framed_count_error():
-    """Per image and class, (line +) - (line -) + false - missed is the framed count error,
-    on random cells near the frame's lines and random detections of them."""
+    """Per image and class, (line +) - (line -) + false - missed is the framed count error."""
     from medaidet.evaluation.count import per_image_counts
     from medaidet.evaluation.count import frame_errors
 

@@ -1,6 +1,4 @@
-"""VOC matching (medaidet.evaluation.analysis) on hand-made boxes and against ChainerCV;
-detections drawn (visualize) on real BCCD test images, in grids; box sizes found vs missed
-(box_sizes)."""
+"""VOC matching vs ChainerCV, detections drawn on BCCD test images, box sizes found/missed."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -37,8 +35,6 @@ def match(pred, gt, **kwargs):
                             **kwargs)
 
 
-# --------------------------------------------------------------------------- matching
-
 def test_perfect_prediction_is_a_true_positive():
     m = match([((10, 10, 50, 50), RBC, 0.9)], [((10, 10, 50, 50), RBC)])
     assert m.tp.tolist() == [True] and m.fp.tolist() == [False]
@@ -55,7 +51,7 @@ def test_shifted_prediction_below_iou_is_a_false_positive_and_a_miss():
 
 
 def test_two_predictions_on_one_box_the_higher_score_wins():
-    # the lower-scoring one is listed first: order is by score, not by position
+    # the lower-scoring one is listed first
     m = match([((11, 10, 50, 50), WBC, 0.6), ((10, 10, 50, 50), WBC, 0.8)],
               [((10, 10, 50, 50), WBC)])
     assert m.tp.tolist() == [False, True] and m.fp.tolist() == [True, False]
@@ -69,8 +65,7 @@ def test_class_mismatch_is_a_false_positive_and_a_miss():
 
 
 def test_a_taken_best_box_makes_a_false_positive_even_with_another_box_free():
-    # VOC's greedy rule: each detection goes to its *best* box; if that one is taken it
-    # is a false positive, though it overlaps the free box B at IoU >= 0.5 too.
+    # VOC's greedy rule: a detection whose best box is taken is an FP, though B is free
     a, b = (0, 0, 40, 40), (0, 12, 40, 52)
     pred = [((0, 0, 40, 40), RBC, 0.9), ((0, 4, 40, 44), RBC, 0.8)]
     m = match(pred, [(a, RBC), (b, RBC)])
@@ -86,7 +81,6 @@ def test_score_threshold_is_inclusive_and_drops_low_scores_from_matching():
     assert not low.tp.any() and not low.fp.any() and low.missed.tolist() == [True]
     at = match(pred, gt, score_thresh=np.float32(0.4))
     assert at.tp.tolist() == [True] and at.missed.tolist() == [False]
-    # a low-scoring duplicate does not steal the box, and is neither TP nor FP
     m = match([((10, 10, 50, 50), PLT, 0.3), ((10, 10, 50, 50), PLT, 0.7)], gt)
     assert m.tp.tolist() == [False, True] and m.fp.tolist() == [False, False]
 
@@ -108,8 +102,6 @@ def test_no_predictions_or_no_boxes():
         match_detections(boxes((0, 0, 9, 9), (1, 1, 9, 9)), [0], [0.9, 0.8], [], [])
 
 
-# --------------------------------------------------------------------------- real data
-
 @pytest.fixture(scope="module")
 def test_split(bccd_root):
     from medaidet.data.bccd import AnnotationWarning, BCCDDataset
@@ -118,8 +110,7 @@ def test_split(bccd_root):
 
 
 def noisy_predictions(dataset, seed=0):
-    """Predictions made from the real test boxes: jittered, dropped, duplicated, relabelled,
-    plus random boxes; random scores. Every outcome of the matching occurs."""
+    """The real test boxes jittered, dropped, duplicated, relabelled, plus random boxes."""
     rng = np.random.default_rng(seed)
     pb, pl, ps, gb, gl = [], [], [], [], []
     for i in range(len(dataset)):
@@ -163,7 +154,6 @@ def test_matching_agrees_with_chainercv_voc_on_the_test_split(test_split):
         assert (tp ^ fp).all()        # no difficult box: every kept detection is one
         order = scores.argsort()[::-1]
         ctp = np.cumsum(tp[order])
-        # the same precision after every detection, in score order, as VOC AP integrates
         np.testing.assert_allclose(ctp / np.arange(1, len(ctp) + 1), prec[l])
         n_pos = sum(int((g == l).sum()) for g in preds.gt_labels)
         missed = sum(int(m.missed[g == l].sum()) for m, g in zip(matches, preds.gt_labels))
@@ -173,8 +163,7 @@ def test_matching_agrees_with_chainercv_voc_on_the_test_split(test_split):
 
 
 def known_predictions(dataset, n_images=4):
-    """Per image: every rbc and wbc box predicted exactly (TP), no platelet predicted
-    (missed), one small rbc box in the top-left corner (FP), one rbc below the threshold."""
+    """Per image: rbc/wbc exact (TP), platelets missed, one FP rbc, one rbc scoring 0.2."""
     pb, pl, ps, gb, gl = [], [], [], [], []
     for i in range(n_images):
         bbox, label = dataset.slice[:, ("bbox", "label")][i]
@@ -213,7 +202,6 @@ def test_draw_detections_on_a_real_test_image(test_split):
     assert len(ax.patches) == n_cells + 1 + n_plt
     assert (m.n_tp, m.n_fp, m.n_missed) == (n_cells, 1, n_plt)
     assert ax.images[0].get_array().shape == (*img.shape[1:], 3)
-    # the title's counts are count_cells' at the same threshold
     counts = count_cells(preds, 0.5)
     expected = " · ".join(f"{n} {counts.predicted[0, l]}/{counts.annotated[0, l]}"
                           for l, n in enumerate(NAMES))
@@ -224,7 +212,7 @@ def test_draw_detections_on_a_real_test_image(test_split):
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == [f"true positive ({n_cells})", "false positive (1)",
                       f"missed (annotated) ({n_plt})"]
-    fig.savefig(__import__("io").BytesIO(), format="png")    # it renders
+    fig.savefig(__import__("io").BytesIO(), format="png")
 
 
 def test_plot_detections_grid_and_class_filter(test_split):
@@ -251,7 +239,6 @@ def test_plot_detections_grid_and_class_filter(test_split):
         assert ax.get_title().split("\n")[1] == f"platelets 0/{int((gt == PLT).sum())}"
     assert "platelets only" in only.get_suptitle()
 
-    # sort_by='missed': the images with the most missed platelets first
     worst = plot_detections(preds, n=2, dataset=test_split, class_filter=PLT, sort_by="missed")
     shown = [ax.get_title().split("\n")[0] for ax in worst.axes if ax.images]
     n_missed = {i: int((g == PLT).sum()) for i, g in zip(preds.ids, preds.gt_labels)}
@@ -267,7 +254,7 @@ def test_plot_detections_takes_a_threshold_per_class(test_split):
     for ax_low, ax, gt in zip([a for a in low.axes if a.images],
                               [a for a in per_class.axes if a.images], preds.gt_labels):
         n_wbc, n_plt = int((gt == WBC).sum()), int((gt == PLT).sum())
-        # no white cell reaches 1.0: each is missed; the red cells are drawn as at 0.1
+        # no white cell reaches 1.0
         assert styled(ax) == {"tp": styled(ax_low)["tp"] - n_wbc, "fp": styled(ax_low)["fp"],
                               "missed": n_plt + n_wbc}
 
@@ -292,19 +279,16 @@ def test_gt_box_sizes_found_vs_missed_on_real_boxes(test_split, bccd_root):
     n_rbc = sum(int((g == RBC).sum()) for g in preds.gt_labels)
     assert len(sizes.found["platelets"]) == 0 and len(sizes.missed["platelets"]) == n_plt
     assert len(sizes.found["rbc"]) == n_rbc and len(sizes.missed["rbc"]) == 0
-    # at 300x300 platelets are ~21 px, under SSD300's smallest default box (30 px);
-    # red cells ~55 px (notebook 01)
+    # at 300x300: platelets ~21 px, under SSD300's smallest default box (30 px); rbc ~55 px
     assert 15 < np.median(sizes.missed["platelets"]) < 30
     assert 45 < np.median(sizes.found["rbc"]) < 65
     assert sizes.missed_fraction_below(30)["platelets"] == 1.0
-    # by hand, for the first box of the first image
     h_img, w_img = read_image_size(image_path(bccd_root, preds.ids[0]))
     y0, x0, y1, x1 = preds.gt_bboxes[0][0]
     first = np.sqrt((y1 - y0) * 300 / h_img * (x1 - x0) * 300 / w_img)
     name = NAMES[preds.gt_labels[0][0]]
     assert np.isclose((sizes.found[name] if name != "platelets" else sizes.missed[name])[0],
                       first)
-    # the image sizes given, or read from the dataset's root: the same
     given = gt_box_sizes(preds, image_sizes=[(h_img, w_img)] * len(preds))
     np.testing.assert_allclose(given.missed["platelets"], sizes.missed["platelets"])
     text = str(sizes)
@@ -314,5 +298,4 @@ def test_gt_box_sizes_found_vs_missed_on_real_boxes(test_split, bccd_root):
     (ax,) = fig.axes
     assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == [
         "default box 20 px", "default box 30 px", "found (0)", f"missed ({n_plt})"]
-    # the stacked bars hold every platelet box once
     assert sum(p.get_height() for p in ax.patches) == n_plt

@@ -1,10 +1,4 @@
-"""The batch-size finder (medaidet.extras.scaling) and ``medaidet batch-size``.
-
-The finder runs for real on the CPU in a subprocess whose address space is limited with
-``RLIMIT_AS`` (``medaidet.extras.troubleshoot.out_of_memory_demo``), so that large batches raise
-NumPy's MemoryError and batch 1 fits; a stub chain covers the search and the report
-quickly in this process.
-"""
+"""The batch-size finder: a stub chain here, and SSD300 in a subprocess limited by RLIMIT_AS."""
 import json
 
 import chainer
@@ -19,11 +13,8 @@ from medaidet.extras.scaling import plot_memory
 from medaidet.training.memory import is_out_of_memory
 
 
-# --------------------------------------------------------------------------- the finder
-
 class HungryChain(chainer.Chain):
-    """A chain whose forward needs an impossible amount of memory above ``fits`` images:
-    NumPy raises its real MemoryError (``_ArrayMemoryError``) for 2**60 bytes."""
+    """Above ``fits`` images, NumPy raises its real MemoryError (asks for 2**60 bytes)."""
 
     def __init__(self, fits):
         super().__init__()
@@ -41,8 +32,7 @@ class HungryChain(chainer.Chain):
 
 
 def stub_samples(n):
-    """``n`` training examples ``(img, gt_mb_locs, gt_mb_labels)`` of 12 priors: what a
-    :class:`HungryChain` needs (it looks at the batch's length and sums the images)."""
+    """``n`` examples ``(img, gt_mb_locs, gt_mb_labels)`` of 12 priors for HungryChain."""
     return [(np.full((3, 4, 4), 1 + i / 3, np.float32), np.zeros((12, 4), np.float32),
              np.zeros(12, np.int32)) for i in range(n)]
 
@@ -66,7 +56,7 @@ def test_finder_halves_until_it_fits_and_reports_every_try():
     data = json.loads(json.dumps(report.to_dict()))
     assert data["best_batch_size"] == 2 and len(data["tries"]) == 5
     assert data["tries"][-1]["images_per_second"] > 0
-    assert chain.w.grad is None                                    # grads cleared after
+    assert chain.w.grad is None
 
 
 def test_finder_min_batch_size_target_and_a_fit_at_once():
@@ -83,7 +73,7 @@ def test_no_batch_size_fits_is_named():
     with pytest.raises(DeviceError) as info:
         find_batch_size(HungryChain(fits=0), stub_samples(2), start=4, log=None)
     assert isinstance(info.value, MedaidetError) and info.value.kind == "memory"
-    assert "4 -> 2 -> 1" in str(info.value)                 # every size tried
+    assert "4 -> 2 -> 1" in str(info.value)
     assert "Try:" in str(info.value)
     assert [t.ok for t in info.value.report.tries] == [False, False, False]
 
@@ -102,10 +92,10 @@ def test_other_errors_propagate():
 def test_measure_batch_sizes_tries_every_size_and_records_the_ones_that_fail():
     chain, lines = HungryChain(fits=3), []
     report = measure_batch_sizes(chain, stub_samples(4), sizes=(4, 1, 2, 8), log=lines.append)
-    assert chain.seen == [1, 2, 4, 8]                      # sorted, none skipped
+    assert chain.seen == [1, 2, 4, 8]
     assert [t.ok for t in report.tries] == [True, True, False, False]
     one, two = report.tries[:2]
-    assert two.peak_bytes > one.peak_bytes >= 4 * (1 << 16)   # grows with the batch
+    assert two.peak_bytes > one.peak_bytes >= 4 * (1 << 16)
     assert report.best_batch_size == 2 and report.target_batch_size == 8
     assert len(lines) == 4 and chain.w.grad is None
     back = BatchSizeReport.from_dict(json.loads(json.dumps(report.to_dict())))
@@ -125,11 +115,10 @@ def test_plot_memory():
     assert ax.get_title() == "Memory per batch size on the CPU\n(peak: tracemalloc)"
     fits, failed = ax.lines[:2]
     assert (fits.get_label(), failed.get_label()) == ("fits (peak)", "out of memory (needed more)")
-    # a failed try has no peak: marked above the highest peak, not at 0 MiB
+    # a failed try has no peak: marked above the highest one, not at 0 MiB
     assert list(failed.get_xdata()) == [4, 8]
     assert min(failed.get_ydata()) > 3 * 1024 and ax.get_ylim()[1] >= max(failed.get_ydata())
     fig.savefig(__import__("io").BytesIO(), format="png")
-    # with the memory a try could use: a line there, the failed tries on it
     ax = plot_memory(report, limit_bytes=4 << 30, limit_label="room").axes[0]
     limit, = [line for line in ax.lines if line.get_label() == "room: 4,096 MiB"]
     failed, = [line for line in ax.lines if line.get_label().startswith("out of memory")]
@@ -156,14 +145,8 @@ def test_the_memory_plot_calls_the_largest_size_a_fit_only_when_a_larger_one_fai
     assert "largest tried (all fit): 4" in labels(all_fit)
 
 
-# The real thing: SSD300 on the CPU in a subprocess with a limited address space
-# (medaidet.extras.troubleshoot.out_of_memory_demo, which notebook 07 shows). Calibration (no
-# limit): the address space one image's forward + backward adds on top of what the
-# process holds (VmPeak - VmSize). Limit: what it holds now + 1.5 x that, so batch 1 fits
-# and batch 2 (about three times as much: im2col's columns for 2 images) does not. Then
-# + 0.05 x that, where nothing fits. The tests run with one BLAS thread; a learner's
-# `make run` has one per core, whose buffers once took the limit's room (the demo's child
-# now runs with one): the fixture runs it with two.
+# Limit: held + 1.5 x one image's forward + backward, so batch 1 fits and batch 2 (~3x:
+# im2col's columns) does not; with 0.05 x nothing fits. Two BLAS threads, as a learner's run.
 @pytest.fixture(scope="module")
 def oom_run(bccd_root):
     from medaidet.extras.troubleshoot import out_of_memory_demo
@@ -178,7 +161,7 @@ def oom_run(bccd_root):
 def test_finder_survives_a_real_out_of_memory_on_the_cpu(oom_run):
     report = oom_run.report
     sizes = [t.batch_size for t in report.tries]
-    assert sizes[0] == 8 and sizes == [8 >> i for i in range(len(sizes))]    # halving
+    assert sizes[0] == 8 and sizes == [8 >> i for i in range(len(sizes))]
     *failed, fit = report.tries
     assert len(failed) >= 2 and fit.ok and oom_run.error is None
     for t in failed:
@@ -223,11 +206,9 @@ def test_batch_size_on_real_bccd(bccd_root, tmp_path):
     assert one.best_batch_size == 1 and "no accumulation needed" in str(one)
 
 
-# --------------------------------------------------------------------------- bad arguments
-
 @pytest.fixture
 def no_model(monkeypatch):
-    """Building SSD is the start of the work: every check must come before it."""
+    """Every check must come before SSD is built."""
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the arguments were checked")
     monkeypatch.setattr("medaidet.training.train.Recipe.model", refuse)

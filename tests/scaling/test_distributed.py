@@ -1,11 +1,5 @@
-"""Tests for medaidet.extras.mpi and the ranks of a run (medaidet.extras.mpi): real
-2-rank ChainerMN runs on the CPU (Open MPI via mpi4py, communicator 'naive'), the named errors,
-the mpiexec command line and launch().
-
-The MPI runs skip only when mpiexec/mpi4py/libmpi are missing, and never in CI: '.[test]'
-brings Open MPI and mpi4py from PyPI, and .ci/run exports CI_REQUIRE_MPI=1, which turns the
-skip into a failure.
-"""
+"""medaidet.extras.mpi: real 2-rank ChainerMN runs on the CPU, named errors, mpiexec, launch().
+MPI tests skip when MPI is missing, never in CI (.ci/run exports CI_REQUIRE_MPI=1)."""
 import io
 import json
 import os
@@ -50,8 +44,7 @@ def mpi():
 
 
 def run_ranks(tmp_path, n, body, timeout=120):
-    """Write ``body`` to a script and run it on ``n`` ranks with :func:`dist.launch`;
-    return (result, {rank: what that rank wrote to result-<rank>.json}). Files, not
+    """Run ``body`` on ``n`` ranks: (result, {rank: its result-<rank>.json}). Files, not
     stdout: mpiexec forwards the ranks' output in chunks, so long lines interleave."""
     script = tmp_path / "ranks.py"
     script.write_text(textwrap.dedent(body))
@@ -66,8 +59,6 @@ def run_ranks(tmp_path, n, body, timeout=120):
     return done, results
 
 
-# ---------------------------------------------------------------- CI cannot skip
-
 def test_the_mpi_gate_fails_instead_of_skipping_in_ci():
     assert mpi_gate(None, {"CI_REQUIRE_MPI": "1"}) == ("run", "")
     verdict, reason = mpi_gate("no mpiexec on PATH", {"CI_REQUIRE_MPI": "1"})
@@ -77,7 +68,6 @@ def test_the_mpi_gate_fails_instead_of_skipping_in_ci():
 
 
 def test_mpi_comes_from_pypi_and_ci_requires_it():
-    """A fresh machine needs nothing from the system: the extras bring Open MPI itself."""
     text = (REPO / ".ci" / "run").read_text()
     lines = [line.strip() for line in text.splitlines()]
     assert not re.search(r"apt-get[^\n]*mpi", text, re.I), \
@@ -92,8 +82,7 @@ def test_mpi_comes_from_pypi_and_ci_requires_it():
 
 
 def test_the_environments_own_mpiexec_is_found_without_path(monkeypatch, mpi):
-    """PyPI's Open MPI puts mpiexec beside the interpreter; `make`'s venvs are never
-    activated, so it must be found there with nothing on PATH."""
+    """PyPI's Open MPI puts mpiexec beside the interpreter; `make`'s venvs are not activated."""
     monkeypatch.setenv("PATH", "")
     if not (dist._interpreter_bin() / "mpiexec").exists():
         pytest.skip("this environment's MPI is not from PyPI")
@@ -107,8 +96,6 @@ def test_mpi_is_usable_when_ci_requires_it():
         pytest.skip("CI_REQUIRE_MPI is not set (only CI requires MPI)")
     assert dist.mpi_problem() is None
 
-
-# ---------------------------------------------------------------- real ranks
 
 TRAIN_2_RANKS = r'''
 import json
@@ -193,12 +180,10 @@ def test_two_ranks_naive_train_to_identical_parameters(mpi, tmp_path):
     r0, r1 = results[0], results[1]
     assert r0["size"] == r1["size"] == 2
     assert {r0["intra_rank"], r1["intra_rank"]} == {0, 1}
-    # scatter_dataset: disjoint halves covering the whole dataset
     assert len(r0["share"]) == len(r1["share"]) == 32
     assert sorted(r0["share"] + r1["share"]) == list(range(64))
-    # multi-node optimizer: bit-identical weights after training
     assert r0["digest"] == r1["digest"] and len(r0["digest"]) == 64
-    # ChainerCV's evaluator with comm: rank 0 reports, the others only predict
+    # ChainerCV's evaluator with comm: only rank 0 reports
     assert r0["map"] == 1.0 and r1["map"] is None
     # the safe loss averages the positive count over ranks: 0.5 per positive / 2
     assert r0["loc_loss"] == pytest.approx(0.25) and r1["loc_loss"] == pytest.approx(0.75)
@@ -250,7 +235,6 @@ def test_launch_from_a_process_that_initialised_mpi(mpi):
     """)
     done = run_python(code, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    # one write per line: unbuffered ranks' print(a, b) pieces can interleave;
     # the cores are shared between the ranks' BLAS threads
     threads = max(1, (os.cpu_count() or 1) // 2)
     assert f"rank=0 threads={threads}" in done.stdout and f"rank=1 threads={threads}" in done.stdout
@@ -267,8 +251,6 @@ def test_launch_timeout_stops_the_ranks(mpi):
     assert "started" in info.value.tail and "6 s" in str(info.value)
     assert time.perf_counter() - start < 60  # stopped, not waited for
 
-
-# ---------------------------------------------------------------- named errors
 
 @pytest.mark.parametrize("name", ["nccl", "pure-nccl", "", "NAIVE"])
 def test_unknown_communicator_lists_the_names(name):
@@ -354,8 +336,6 @@ def test_no_mpiexec_on_path(monkeypatch, tmp_path):
     assert raised.value.kind == "mpi" and mn.INSTALL_MPI in str(raised.value)
 
 
-# ---------------------------------------------------------------- mpiexec command line
-
 @pytest.mark.parametrize("euid,root_flag", [(0, True), (1000, False)])
 def test_open_mpi_command(monkeypatch, euid, root_flag):
     monkeypatch.setattr(os, "geteuid", lambda: euid)
@@ -388,8 +368,6 @@ def test_command_detects_the_launcher_here(mpi):
         assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0)
 
 
-# ---------------------------------------------------------------- environment
-
 def test_launch_env_drops_the_enclosing_launch_only():
     env = {"PATH": "/bin", "OMPI_COMM_WORLD_RANK": "1", "PMIX_RANK": "1", "PMI_SIZE": "2",
            "OMPI_MCA_ess": "singleton", "OMPI_MCA_orte_hnp_uri": "x", "OMPI_UNIVERSE_SIZE": "2",
@@ -402,8 +380,6 @@ def test_launch_hints():
     assert "vader_single_copy" in dist._hint("Read -1, expected 65536, errno = 1")
     assert dist._hint("all fine") == ""
 
-
-# ---------------------------------------------------------------- trainer helpers
 
 def fake_comm(rank=0, size=1, intra_rank=None, intra_size=None):
     return SimpleNamespace(rank=rank, size=size,
@@ -425,7 +401,6 @@ def test_per_rank_batchsize_that_does_not_split(total, ranks, suggest):
 
 
 def test_rank_device(monkeypatch):
-    """The rank's device is read by medaidet.device's one parser and GPU count."""
     monkeypatch.setattr("medaidet.extras.mpi.gpu_status", lambda: (0, "no CUDA"))
     comm = fake_comm(3, 4, intra_rank=1, intra_size=2)
     assert rank_device(comm, "cpu") == "cpu" and rank_device(comm, -1) == "cpu"
@@ -478,16 +453,10 @@ def test_one_process_training_never_imports_the_ranks():
     assert done.stdout.strip() == "False"
 
 
-# ---------------------------------------------------------------- medaidet train on 2 ranks
-
 @pytest.mark.slow(seconds=74)
 def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
-    """`mpiexec -n 2 medaidet train --communicator naive` on real BCCD (global batch 2 =
-    1 image per rank, no augmentation so both runs see the same pixels): both ranks end
-    with identical weights, and they match a single process with batch 2 within float
-    tolerance (the loss is normalised by the positives of all ranks -- the two images
-    have different numbers of cells, so a per-rank normalisation would not match --, the
-    gradients are averaged, and rank 0's weights are broadcast before the first step)."""
+    """1 image per rank, no augmentation; the two images' cell counts differ, so only a loss
+    normalised by all ranks' positives matches one process with batch 2."""
     from medaidet.ssd.weights import compare_weights
     from medaidet.training.config import TrainConfig
     from medaidet.training.train import train
@@ -515,11 +484,9 @@ def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
     cmp = compare_weights(single.weights, tmp_path / "mn" / "model.npz")
     assert cmp.n_arrays > 0 and not cmp.only_in_one, cmp.summary()
 
-    # The tolerance is relative to what training changed (from the seed's initial
-    # weights). Measured: the two runs differ by at most 1.2% of an array's
-    # largest update (float32 summation order; some biases do not move at all), and each
-    # weight moved by at most 5% of its norm (from another seed's init: 140%). ChainerMN
-    # skipping the first update (the bug this guards against) differed by 5.6e-3.
+    # Relative to each array's update. Measured: runs differ by <= 1.2% of the largest update
+    # (float32 sum order); ChainerMN skipping the first update differed by 5.6e-3. Each
+    # weight moved by <= 5% of its norm (from another seed's init: 140%).
     from medaidet.training.train import initial_weights
     initial = initial_weights(TrainConfig.profile("smoke", **config))
     with np.load(single.weights) as a, np.load(tmp_path / "mn" / "model.npz") as b:
@@ -535,8 +502,7 @@ def test_two_rank_ssd_training_matches_one_process(mpi, tmp_path, bccd_root):
 
 @pytest.mark.slow(seconds=20)
 def test_two_rank_training_with_augmentation_is_reproducible(mpi, tmp_path, bccd_root):
-    """Two seeded 2-rank runs with SSD's random augmentation end with the same weights: each
-    rank draws from seed + rank (the transform is made on the rank, not sent from rank 0)."""
+    """Each rank draws from seed + rank (the transform is made on the rank, not sent)."""
     config = dict(model="ssd_small", subset=4, batch_size=4, iterations=2, augment=True,
                   seed=0, snapshot_interval=None, n_processes=0, pretrained=None,
                   device="cpu", eval_subset=1, eval_batch_size=1, root=str(bccd_root))

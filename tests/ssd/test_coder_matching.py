@@ -1,8 +1,5 @@
-"""ChainerCV's MultiboxCoder.encode on real BCCD boxes: a ground-truth box that overlaps no
-default box at IoU >= 0.5 is not lost. encode first matches every ground-truth box to its best
-default box (a forced match, whatever the IoU), then applies the 0.5 threshold to the other
-default boxes; so such a box (most often a platelet under SSD300's 30-pixel default boxes) is
-the target of exactly one default box, its best one. Notebooks 01 and 02 teach this."""
+"""MultiboxCoder.encode on real BCCD boxes: a box with no default box at IoU >= 0.5 (mostly a
+platelet) is still forced onto exactly its best default box, as notebooks 01 and 02 teach."""
 import warnings
 
 import numpy as np
@@ -43,7 +40,6 @@ def bccd_train(bccd_root):
 
 
 def test_a_box_below_the_threshold_gets_exactly_its_best_default_box(bccd_train):
-    # random weights (pretrained_model=None): nothing is downloaded, only the coder is used
     coder = SSD300(n_fg_class=len(BCCD_LABEL_NAMES), pretrained_model=None).coder
     default_bbox = coder._default_bbox
     corners = _corners(default_bbox)
@@ -54,10 +50,9 @@ def test_a_box_below_the_threshold_gets_exactly_its_best_default_box(bccd_train)
         mb_loc, mb_label = coder.encode(bbox, label)
         positive = np.flatnonzero(mb_label > 0)
         owner = bbox_iou(_decode(mb_loc[positive], default_bbox[positive], coder._variance),
-                         bbox).argmax(axis=1)                 # the ground-truth box of each positive
+                         bbox).argmax(axis=1)     # the ground-truth box of each positive
         for j in np.flatnonzero(iou.max(axis=1) < 0.5):
-            # the greedy forced match gives box j its best default box unless another box
-            # claimed that default box first with a higher IoU: skip those rare shared ones
+            # skip the rare default boxes another box claimed first with a higher IoU
             rivals = iou[:, best[j]] > iou[j, best[j]]
             if rivals.any():
                 continue
@@ -67,5 +62,4 @@ def test_a_box_below_the_threshold_gets_exactly_its_best_default_box(bccd_train)
                 f"{iou[j].max():.3f}): positives {mine.tolist()}, expected only {best[j]}")
             assert mb_label[best[j]] == label[j] + 1
             checked[BCCD_LABEL_NAMES[label[j]]] += 1
-    # on BCCD these are mostly platelets: the case the notebooks describe
     assert checked["platelets"] >= 50, checked

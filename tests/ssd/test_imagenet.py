@@ -1,8 +1,5 @@
-"""SSD's ImageNet VGG-16 from several sources, against a real HTTP server on 127.0.0.1.
-
-The server serves files made here (random weights in each publisher's layout); the sources'
-pins are those files' sha256s, checked by the same code that checks the published files.
-"""
+"""SSD's ImageNet VGG-16 sources, against a real HTTP server on 127.0.0.1 serving random
+weights in each publisher's layout; the sources' sha256 pins are those files'."""
 import functools
 import hashlib
 import http.server
@@ -62,8 +59,7 @@ def closed_port_url(name):
 
 
 def sources(served, chainercv="closed", timm="good"):
-    """The two sources with local URLs; each 'good', 'closed', '404', 'wrong-sha' or
-    'not-vgg'."""
+    """The two sources with local URLs; each 'good', 'closed', '404', 'wrong-sha' or 'not-vgg'."""
     root, base = served
     files = {"chainercv": "ssd_vgg16_imagenet_converted_2017_06_09.npz",
              "timm": "model.safetensors"}
@@ -93,8 +89,6 @@ def params(model):
     return {name.lstrip("/"): p.array for name, p in model.namedparams()}
 
 
-# --------------------------------------------------------------------------- the chain
-
 @pytest.mark.slow(seconds=19)
 def test_chainercv_unreachable_builds_from_timms_file(served, state, cache, monkeypatch,
                                                       caplog):
@@ -107,7 +101,7 @@ def test_chainercv_unreachable_builds_from_timms_file(served, state, cache, monk
     assert "timm's vgg16.tv_in1k (converted), download" in report.summary()
     assert "ssd_vgg16_imagenet_from_timm.npz" in report.source
     assert "Connection refused" in caplog.text        # ChainerCV's server was tried first
-    want = convert_vgg16(timm_layout(state))                     # proven exact in test_vgg_weights
+    want = convert_vgg16(timm_layout(state))
     got = params(model)
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
@@ -115,7 +109,6 @@ def test_chainercv_unreachable_builds_from_timms_file(served, state, cache, monk
     # kept: the converted file and its sidecar; not the 500 MB download
     assert sorted(p.name for p in cache.iterdir()) == [
         "ssd_vgg16_imagenet_from_timm.npz", "ssd_vgg16_imagenet_from_timm.npz.sha256"]
-    # the next build finds it in the cache, with every server closed
     monkeypatch.setitem(weights.SOURCES, ("ssd512", "imagenet"), sources(served, "closed", "closed"))
     again = build_ssd("ssd512", pretrained="imagenet")
     assert again.weights_report.origin.endswith(", cache")
@@ -175,8 +168,6 @@ def test_offline_one_error_lists_every_source(served, cache):
     assert not cache.exists() or not any(cache.iterdir())
 
 
-# --------------------------------------------------------------------------- by hand
-
 def test_a_file_placed_by_hand_is_checked_and_converted(served, state, cache):
     chain = sources(served, "closed", "closed")
     cache.mkdir(parents=True)
@@ -184,7 +175,7 @@ def test_a_file_placed_by_hand_is_checked_and_converted(served, state, cache):
     placed.write_bytes((served[0] / "model.safetensors").read_bytes())
     path, source, how = pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
     assert (source.name, how, path.name) == ("timm", "cache", "ssd_vgg16_imagenet_from_timm.npz")
-    assert placed.exists()                                # the user's file is kept
+    assert placed.exists()
 
 
 def test_a_wrong_file_placed_by_hand_is_named(served, cache):
@@ -198,7 +189,6 @@ def test_a_wrong_file_placed_by_hand_is_named(served, cache):
 
 
 def test_a_converted_file_changed_since_is_named(served, cache):
-    """Its .sha256 no longer matches: the build says so (not "not in the cache")."""
     chain = sources(served, chainercv="closed", timm="good")
     path, _, _ = pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
     with open(path, "ab") as f:
@@ -209,8 +199,7 @@ def test_a_converted_file_changed_since_is_named(served, cache):
 
 
 def test_a_truncated_converted_file_with_a_matching_sidecar_is_damaged_not_cached(served, cache):
-    """A sidecar written for the damaged file (by hand, or by a copy tool) proves nothing:
-    the build reads the file before trusting it."""
+    """A sidecar written for the damaged file proves nothing: the build reads the file."""
     chain = sources(served, chainercv="closed", timm="good")
     path, _, _ = pretrained_file("ssd300", "imagenet", progress=False, sources=chain)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])

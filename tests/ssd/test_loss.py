@@ -1,7 +1,5 @@
-"""medaidet.ssd.loss: ChainerCV's multibox_loss behind a target check. The same numbers,
-masks and gradients as ChainerCV's on valid inputs (random, tied, zero/all positives,
-k = 0/1/3, labels of any accepted dtype, a normaliser for accumulation), and named errors
-instead of crashes on invalid ones."""
+"""medaidet.ssd.loss: ChainerCV's numbers, masks and gradients on valid inputs, and named
+errors instead of crashes on invalid ones."""
 import numpy as np
 import pytest
 
@@ -20,15 +18,10 @@ N_PRIOR_SSD300 = 8732
 N_CLASS_BCCD = 4    # background + RBC, WBC, Platelets
 
 
-# --------------------------------------------------------------------------- helpers
-
 def make_inputs(rng, n_batch, n_prior, n_class=N_CLASS_BCCD, positive_rate=0.01,
                 ties=False, confident_background=False):
-    """Random (mb_locs, mb_confs, gt_mb_locs, gt_mb_labels) as the SSD model and
-    MultiboxCoder produce them. ``ties``: logits from {-1, 0, 1}, so many priors
-    share one loss value. ``confident_background``: most negatives predict
-    background by a margin of 50, so their loss is exactly 0 (ties with the
-    positives' 0 key)."""
+    """Random (mb_locs, mb_confs, gt_mb_locs, gt_mb_labels). ``ties``: logits in {-1, 0, 1};
+    ``confident_background``: most negatives have loss exactly 0, tying the positives' key."""
     if ties:
         confs = rng.randint(-1, 2, (n_batch, n_prior, n_class)).astype(np.float32)
     else:
@@ -56,7 +49,7 @@ def our_mask(confs, labels, k):
 
 
 def stable_sort_mask(confs, labels, k):
-    """What a single *stable* sort would choose (the road not taken)."""
+    """What a single *stable* sort would choose."""
     ce = cv_softmax_cross_entropy(confs, labels).array
     positive = labels > 0
     order = (ce * (positive - 1)).argsort(axis=1, kind="stable")
@@ -97,8 +90,6 @@ def assert_same_as_chainercv(inputs, k, comm=None, variables=True):
     return ours
 
 
-# --------------------------------------------------------------------------- equivalence
-
 @pytest.mark.parametrize("variables", [True, False], ids=["variables", "arrays"])
 def test_random_small_inputs_equal_chainercv(variables):
     for seed in range(120):
@@ -124,9 +115,6 @@ def test_ssd300_sized_inputs_equal_chainercv(n_batch, k):
 
 
 def test_ties_choose_chainercvs_negatives_not_a_stable_sorts():
-    """Many equal losses straddle the k * n_positive cut: ours picks exactly
-    ChainerCV's tied negatives. A stable sort would pick others (checked, so
-    this test is not vacuous), which is why we sort like ChainerCV does."""
     differs_from_stable = 0
     for seed in range(12):
         rng = np.random.RandomState(seed)
@@ -140,8 +128,7 @@ def test_ties_choose_chainercvs_negatives_not_a_stable_sorts():
 
 
 def test_zero_loss_negatives_tied_with_positives_equal_chainercv():
-    # Confident background: losses exactly 0 tie with the positives' 0 key, and
-    # with many positives k * n_positive reaches into that tie group.
+    # many positives: k * n_positive reaches into the group of 0 losses tied with positives
     for seed in range(8):
         rng = np.random.RandomState(seed)
         inputs = make_inputs(rng, 3, N_PRIOR_SSD300, N_CLASS_BCCD, positive_rate=0.08,
@@ -196,8 +183,7 @@ def test_targets_may_be_variables_and_labels_unsigned():
 
 
 class FakeComm:
-    """The part of a ChainerMN communicator the loss uses: ``size`` and
-    ``allreduce_obj`` (here: the other workers together contribute ``others``)."""
+    """A ChainerMN communicator's ``size`` and ``allreduce_obj``; other workers add ``others``."""
 
     def __init__(self, size, others):
         self.size = size
@@ -225,11 +211,8 @@ def test_comm_averages_positives_like_chainercv(positive_rate, others):
     assert_same_as_chainercv(inputs, 3, comm=FakeComm(4, others))
 
 
-# --------------------------------------------------------------------------- n_positive
-
 def micro_batch_losses(inputs, k, n_micro, n_positive):
-    """The loss of each of ``n_micro`` equal slices of the batch, divided by
-    ``n_positive``, with the gradients of its predictions."""
+    """Loss and gradients of each of ``n_micro`` equal slices, divided by ``n_positive``."""
     locs, confs, gt_locs, labels = inputs
     size = len(locs) // n_micro
     out = []
@@ -257,10 +240,8 @@ def test_n_positive_equal_to_the_own_count_changes_nothing():
 
 @pytest.mark.parametrize("n_micro", [2, 4])
 def test_micro_batches_with_the_batch_normaliser_add_up_to_the_batch(n_micro):
-    """Hard-negative mining is per image, so only the normaliser couples the images:
-    with the batch's positive count the micro-batch losses sum to the batch's loss and
-    every prediction's gradient is the batch's, up to float rounding. With each
-    micro-batch's own count (the naive way) they do not."""
+    """Mining is per image, so only the normaliser couples images; each micro-batch's own
+    count (the naive way) does not add up."""
     rng = np.random.RandomState(9)
     inputs = make_inputs(rng, 4, N_PRIOR_SSD300, positive_rate=0.02)
     labels = inputs[3]
@@ -314,8 +295,6 @@ def test_invalid_n_positive_is_named(bad):
     assert info.value.argument == "n_positive"
 
 
-# --------------------------------------------------------------------------- hard_negative
-
 def test_hard_negative_by_hand():
     loss = np.array([[0.5, 2.0, 0.1, 3.0, 1.0, 0.7]], dtype=np.float32)
     positive = np.array([[False, False, False, True, False, False]])
@@ -339,12 +318,10 @@ def test_hard_negative_count_is_min_of_k_positives_and_negatives():
         n_pos, n_neg = positive.sum(axis=1), (~positive).sum(axis=1)
         expected = np.minimum(np.ceil(k * n_pos), n_neg)
         assert mask.sum(axis=1).tolist() == expected.tolist()
-        for b in range(3):      # and they are the largest negative losses
+        for b in range(3):
             if 0 < mask[b].sum() < n_neg[b]:
                 assert loss[b][mask[b]].min() >= loss[b][~mask[b] & ~positive[b]].max()
 
-
-# --------------------------------------------------------------------------- errors
 
 def valid(seed=7, n_batch=3, n_prior=20):
     rng = np.random.RandomState(seed)
@@ -364,8 +341,7 @@ def test_label_equal_to_n_class_is_named_not_an_index_error():
     locs, confs, gt_locs, labels = valid()
     labels[1, 7] = 4
     labels[2, 3] = 4
-    # ChainerCV on the CPU: a raw IndexError from deep inside softmax_cross_entropy
-    # (on the GPU the same read is an asynchronous fault, reported later by the sort).
+    # ChainerCV: a raw IndexError on the CPU (an asynchronous fault on the GPU)
     with pytest.raises(IndexError):
         cv_multibox_loss(locs, confs, gt_locs, labels, 3)
     with pytest.raises(InvalidTargetsError) as info:
@@ -452,7 +428,7 @@ def test_gt_dtype_must_match_predictions():
     with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(locs, confs, gt_locs.astype(np.float64), labels, 3)
     assert info.value.argument == "gt_mb_locs"
-    assert "float64" in str(info.value) and "float32" in str(info.value)   # both dtypes
+    assert "float64" in str(info.value) and "float32" in str(info.value)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -497,8 +473,7 @@ def test_non_finite_gt_location_at_a_positive_prior_is_named():
 
 
 def test_non_finite_gt_location_at_negative_priors_is_ignored():
-    # MultiboxCoder.encode writes offsets for every prior from its best box, so
-    # a degenerate box leaves nan/-inf at negatives too; they must not matter.
+    # encode writes offsets at every prior, so a degenerate box leaves nan/-inf at negatives
     locs, confs, gt_locs, labels = valid()
     bad = gt_locs.copy()
     negatives = np.argwhere(labels == 0)[:4]
@@ -545,10 +520,8 @@ def test_one_host_transfer_on_the_success_path(monkeypatch, check):
     monkeypatch.setattr(loss_module, "to_host", lambda a: calls.append(a) or real(a))
     multibox_loss(*valid(n_prior=N_PRIOR_SSD300), 3, check=check)
     assert len(calls) == int(check)     # the check's one transfer; ChainerCV's loss syncs itself
-    assert all(c.size <= 8 for c in calls)      # one small array of flags
+    assert all(c.size <= 8 for c in calls)
 
-
-# --------------------------------------------------------------------------- argument types and k
 
 ARGUMENT_NAMES = ("mb_locs", "mb_confs", "gt_mb_locs", "gt_mb_labels")
 
@@ -558,7 +531,6 @@ ARGUMENT_NAMES = ("mb_locs", "mb_confs", "gt_mb_locs", "gt_mb_labels")
 def test_a_list_instead_of_an_array_is_named(argument, check):
     args = dict(zip(ARGUMENT_NAMES, valid()))
     args[argument] = args[argument].tolist()
-    # ChainerCV: a bare AttributeError ('list' object has no attribute ...) or TypeError
     with pytest.raises((AttributeError, TypeError)):
         cv_multibox_loss(k=3, **args)
     with pytest.raises(InvalidTargetsError) as info:

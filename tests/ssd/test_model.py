@@ -1,8 +1,5 @@
-"""SSD builder and weight files, with weight files of the right shapes made here.
-
-ChainerCV's cache is laid out in a temporary dataset root; every source's server is a closed
-port, as offline, so nothing here touches the network.
-"""
+"""SSD builder and weight files, with weight files of the right shapes made here; ChainerCV's
+cache is a temporary dataset root and every server a closed port, so nothing touches the network."""
 import hashlib
 import logging
 import os
@@ -37,8 +34,7 @@ def arrays_of(cls, n_fg_class, seed):
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
-    """Every source's server is a closed port on 127.0.0.1, as offline (a served one:
-    tests/ssd/test_imagenet.py)."""
+    """Every source's server is a closed port on 127.0.0.1 (a served one: test_imagenet.py)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
@@ -78,8 +74,6 @@ def put_in_cache(name, pretrained, arrays):
     return path
 
 
-# --------------------------------------------------------------------------- voc0712
-
 def test_chainercv_itself_refuses_voc_weights_for_three_classes():
     # the reason the voc0712 helper exists; refused before any download is attempted
     with pytest.raises(ValueError, match="n_fg_class must be 20"):
@@ -106,7 +100,6 @@ def test_voc0712_loads_everything_but_the_class_heads(dataset_root, voc_arrays, 
     assert len(heads) == 12
     for key, array in params.items():
         if key in heads:
-            # untouched: the random initialization a model without weights gets
             np.testing.assert_array_equal(array, fresh[key])
             assert array.shape[0] == voc_arrays[key].shape[0] // 21 * 4
         else:
@@ -141,13 +134,11 @@ def test_voc_mismatch_outside_the_class_heads_is_named(dataset_root, voc_arrays,
         assert (err.parameter, err.found) == ("extractor/conv1_1/b", None)
 
 
-# --------------------------------------------------------------------------- imagenet
-
 def test_imagenet_is_chainercvs_own_file(dataset_root, voc_arrays):
     vgg = {k: v for k, v in voc_arrays.items() if VGG16_KEYS.match(k)}
     assert len(vgg) == 30  # conv1_1 ... conv5_3, conv6, conv7: W and b
     path = put_in_cache("ssd300", "imagenet", vgg)
-    assert weights.SOURCES["ssd512", "imagenet"][0].file_name == path.name   # one file for both
+    assert weights.SOURCES["ssd512", "imagenet"][0].file_name == path.name
     np.random.seed(0)
     model = build_ssd("ssd300", "imagenet")
     assert model.weights_report.origin == "ChainerCV's model server, cache"
@@ -174,8 +165,6 @@ def test_imagenet_file_that_does_not_fit_is_named(dataset_root, voc_arrays):
         "mismatch", path, "extractor/conv1_2/W", (64, 64, 3, 3), (64, 32, 3, 3))
 
 
-# --------------------------------------------------------------------------- offline
-
 @pytest.mark.parametrize("name", ["ssd300", "ssd512"])
 def test_offline_says_which_file_to_place_where(dataset_root, name):
     url = CHAINERCV[name]._models["voc0712"]["url"]
@@ -185,14 +174,13 @@ def test_offline_says_which_file_to_place_where(dataset_root, name):
     err = info.value
     assert isinstance(err, MedaidetError)
     assert (err.kind, err.path) == ("missing", folder)
-    assert str(folder / url.rsplit("/", 1)[1]) in str(err)      # where to place it
+    assert str(folder / url.rsplit("/", 1)[1]) in str(err)
     assert err.__cause__ is None and err.__context__ is None  # no URLError traceback
     assert not any(folder.iterdir())
 
 
 @pytest.mark.parametrize("name", ["ssd300", "ssd512"])
 def test_offline_imagenet_lists_every_source(dataset_root, name):
-    # ImageNet has two sources (tests/ssd/test_imagenet.py): each URL and file is named
     with pytest.raises(WeightsError) as info:
         build_ssd(name, "imagenet")
     err = info.value
@@ -201,8 +189,6 @@ def test_offline_imagenet_lists_every_source(dataset_root, name):
         assert source.url in str(err) and source.file_name in str(err)
     assert err.path == dataset_root / "pfnet" / "chainercv" / "models"
 
-
-# --------------------------------------------------------------------------- local files
 
 @pytest.mark.slow(seconds=13)
 def test_local_npz_round_trip_with_sha256(tmp_path):
@@ -234,7 +220,7 @@ def test_local_npz_round_trip_with_sha256(tmp_path):
     # the same weights saved again (later, elsewhere) are the same bytes: no clock inside
     time.sleep(2.1)                              # zip dates have 2-second resolution
     assert save_weights(loaded, tmp_path / "again.npz") == digest
-    with np.load(path) as npz:                   # still what chainer's own loader reads
+    with np.load(path) as npz:
         assert sorted(npz.files) == sorted(saved)
 
 
@@ -259,7 +245,7 @@ def test_other_class_count_names_parameter_shapes_and_cause(bccd_file):
     err = info.value
     assert (err.parameter, err.expected, err.found) == \
         ("multibox/conf/0/W", (24, 512, 3, 3), (16, 512, 3, 3))
-    assert err.path == bccd_file and "n_fg_class=3" in str(err)     # the cause: its classes
+    assert err.path == bccd_file and "n_fg_class=3" in str(err)
 
 
 @pytest.mark.slow(seconds=8)
@@ -269,7 +255,7 @@ def test_ssd512_file_into_ssd300_says_so(tmp_path):
     with pytest.raises(WeightsError) as info:
         build_ssd("ssd300", path)
     assert info.value.parameter == "extractor/conv12_1/W"  # SSD512's extra layer
-    assert "build_ssd('ssd512', ...)" in str(info.value)    # the fix
+    assert "build_ssd('ssd512', ...)" in str(info.value)
 
 
 def test_trainer_snapshot_is_recognized(tmp_path, bccd_file):
@@ -281,7 +267,7 @@ def test_trainer_snapshot_is_recognized(tmp_path, bccd_file):
         np.savez(f, **snapshot)
     with pytest.raises(WeightsError) as info:
         build_ssd("ssd300", path)
-    assert info.value.kind == "mismatch" and "trainer snapshot" in str(info.value)  # the cause
+    assert info.value.kind == "mismatch" and "trainer snapshot" in str(info.value)
     assert info.value.parameter == "extractor/conv10_1/W"  # the first one missing
     assert "path='updater/model:main/model/'" in str(info.value)
 
@@ -316,8 +302,6 @@ def test_compare_weights(tmp_path):
     assert other.max_abs_diff == pytest.approx(0.5) and other.max_rel_diff == pytest.approx(0.5 / 1.5)
     assert compare_weights(a, {"x/W": a["x/W"]}).only_in_one == ("x/b",)
 
-
-# --------------------------------------------------------------------------- what a file is
 
 def assert_no_chained_error(err):
     """No raw zipfile/NumPy error shown under the named one."""
@@ -364,7 +348,7 @@ def test_non_finite_voc_cache_says_download_again(dataset_root, voc_arrays):
     with pytest.raises(WeightsError) as info:
         build_ssd("ssd300", "voc0712")
     assert (info.value.kind, info.value.parameter) == ("not_finite", "extractor/conv4_3/b")
-    assert "downloaded again" in str(info.value)               # the fix for a cached file
+    assert "downloaded again" in str(info.value)
 
 
 def _tar(path):
@@ -425,10 +409,8 @@ def test_damaged_entry_is_named(tmp_path, bccd_file):
     with pytest.raises(WeightsError) as info:
         load_weights(build_ssd("ssd300"), path)
     assert info.value.kind == "file" and "model.npz" in str(info.value)
-    assert "CRC-32" in str(info.value)                            # what zipfile found
+    assert "CRC-32" in str(info.value)
 
-
-# --------------------------------------------------------------------------- file modes
 
 @pytest.fixture
 def umask_022():

@@ -1,10 +1,5 @@
-"""A weight file is untrusted data: its sizes are checked before any array is allocated.
-
-A small .npz can declare an array of gigabytes in its .npy header, or hold a member that
-inflates to gigabytes; reading it must end in a named WeightsError having taken almost no
-memory (measured with tracemalloc, which sees NumPy's allocations), for every reader of a
-user's weight file: model weights, a trainer snapshot to resume, the command line.
-"""
+"""A weight file is untrusted: a small .npz declaring or inflating to gigabytes must end in a
+named WeightsError having taken almost no memory (tracemalloc sees NumPy's allocations)."""
 import io
 import tracemalloc
 import zipfile

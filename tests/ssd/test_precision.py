@@ -1,12 +1,5 @@
-"""Half precision for SSD: ChainerCV's L2 normalisation zeroes activations above 256 in float16
-and ours does not; mixed16 keeps the weights, the outputs and the loss float32; the shipped
-small SSD detects the same in mixed16; a few training steps on real BCCD images follow
-float32's; dynamic loss scaling skips a step whose gradients overflow.
-
-NumPy has no float16 matrix product (it loops, about 100x slower than float32's BLAS), so the
-training tests use SSDSmall at a fraction of its widths (:data:`TINY`); the real SSDSmall runs
-one forward pass, SSD300 none in float16.
-"""
+"""Half precision for SSD. NumPy's float16 matrix product is ~100x slower than float32's BLAS,
+so training tests use SSDSmall at a fraction of its widths (:data:`TINY`)."""
 import os
 import random
 import warnings
@@ -35,9 +28,7 @@ TINY = (4, 4, 8, 8, 8, 8, 8, 8)      # SSDSmall's widths are (16, 32, 64, 128, .
 
 @pytest.fixture(scope="module")
 def batches(bccd_root):
-    """Three batches of the two images through the training transform (seeded), as the
-    updater's converter batches them: imgs float32 (2, 3, 300, 300), gt_mb_locs float32
-    (2, 8732, 4), gt_mb_labels int32 (2, 8732)."""
+    """Three seeded batches of the two images through the training transform, concatenated."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         full = BCCDDataset(bccd_root, "train")
@@ -49,8 +40,7 @@ def batches(bccd_root):
 
 
 def tiny_chain(precision):
-    """The train chain on a tiny SSDSmall (same seed, same initial weights each call), with
-    the recipe's MomentumSGD and loss scaling for ``precision``."""
+    """The train chain on a tiny SSDSmall (same initial weights each call) and its optimizer."""
     np.random.seed(0)
     model = set_precision(SSDSmall(3, widths=TINY), precision)
     chain = MultiboxTrainChain(model)
@@ -59,8 +49,6 @@ def tiny_chain(precision):
     use_loss_scaling(optimizer, precision)
     return chain, optimizer
 
-
-# --------------------------------------------------------------------------- normalisation
 
 def test_chainercv_normalize_outputs_zeros_above_256_in_float16_ours_does_not():
     x = np.full((1, 4, 2, 2), 1.0, np.float32)
@@ -73,11 +61,10 @@ def test_chainercv_normalize_outputs_zeros_above_256_in_float16_ours_does_not():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)            # overflow in square
         zeros = theirs(x.astype(np.float16)).array
-    assert zeros.dtype == np.float16 and not zeros.any()           # silently all zero
+    assert zeros.dtype == np.float16 and not zeros.any()
     y = ours(chainer.Variable(x.astype(np.float16)))
     assert y.dtype == np.float16
     np.testing.assert_allclose(y.array.astype(np.float32), expected, rtol=2e-3)
-    # with set_precision's float32 scale too, and gradients that are not zero either
     ours = Float32Normalize(4, initial=20)
     ours.cleargrads()                                 # (a new parameter's grad is nan)
     xv = chainer.Variable(x.astype(np.float16))
@@ -87,16 +74,13 @@ def test_chainercv_normalize_outputs_zeros_above_256_in_float16_ours_does_not():
     y.backward()
     assert xv.grad.dtype == np.float16 and ours.scale.grad.dtype == np.float32
     assert np.isfinite(xv.grad).all() and np.abs(ours.scale.grad).min() > 0
-    # in float32 it is ChainerCV's Normalize
     np.testing.assert_allclose(ours(x).array, Normalize(4, initial=20)(x).array, rtol=1e-6)
 
-
-# --------------------------------------------------------------------------- the model
 
 @pytest.mark.parametrize("name", ["ssd300", "ssd_small"])
 def test_set_precision_changes_the_links_classes_not_the_weights(name):
     np.random.seed(0)
-    model = set_precision(build_ssd(name, None), "mixed16")     # shaped here (materialize)
+    model = set_precision(build_ssd(name, None), "mixed16")
     weights = {n: p.array.copy() for n, p in model.namedparams()}
     kinds = {type(link) for link in model.links()}
     assert {HalfConvolution2D, Float32Multibox} <= kinds and L.Convolution2D not in kinds
@@ -120,7 +104,7 @@ def test_mixed16_detections_of_the_shipped_small_ssd_match_float32(bccd_root):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         img = BCCDDataset(bccd_root, "test")[0][0]
-    x = model._prepare(img)[None]             # float32 (1, 3, 300, 300), mean subtracted
+    x = model._prepare(img)[None]
     out = {}
     for precision in ("float32", "mixed16"):
         set_precision(model, precision)
@@ -135,8 +119,6 @@ def test_mixed16_detections_of_the_shipped_small_ssd_match_float32(bccd_root):
     np.testing.assert_allclose(boxes16, boxes, atol=0.5)                   # pixels
     np.testing.assert_allclose(scores16, scores, atol=5e-3)
 
-
-# --------------------------------------------------------------------------- training
 
 def test_train_chain_in_mixed16_follows_float32_with_float32_weights_and_loss(
         batches, monkeypatch):
@@ -158,7 +140,7 @@ def test_train_chain_in_mixed16_follows_float32_with_float32_weights_and_loss(
             steps.append(chain(*batch))
             return steps[-1]
 
-        for batch in batches * 2:                           # 6 steps
+        for batch in batches * 2:
             optimizer.update(loss_of, *batch)
             assert not skipped_update(optimizer)
         losses[precision] = np.array([float(loss.array) for loss in steps])
@@ -173,8 +155,7 @@ def test_train_chain_in_mixed16_follows_float32_with_float32_weights_and_loss(
 def test_dynamic_loss_scaling_skips_a_step_whose_gradients_overflow(batches):
     chain, optimizer = tiny_chain("mixed16")
     before = {n: p.array.copy() for n, p in chain.namedparams()}
-    # 1e8 x the loss: its gradient reaches the float16 outputs far above 65504, as a
-    # too large loss scale would
+    # 1e8 x the loss: gradients far above float16's 65504, as a too large loss scale gives
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         optimizer.update(lambda *a: chain(*a) * 1e8, *batches[0])
@@ -188,8 +169,6 @@ def test_dynamic_loss_scaling_skips_a_step_whose_gradients_overflow(batches):
     assert all(np.isfinite(p.array).all() for p in chain.params())
     assert any((p.array != before[n]).any() for n, p in chain.namedparams())
 
-
-# --------------------------------------------------------------------------- errors, TF32
 
 def test_unknown_precision_is_a_value_error():
     model = SSDSmall(3, widths=TINY)

@@ -81,8 +81,6 @@ def nms_inputs(monkeypatch):
     return sizes
 
 
-# --------------------------------------------------------------------------- no cap binds
-
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("score_thresh", [0.01, 0.2, 0.5])
 @pytest.mark.parametrize("nms_thresh", [0.45, 0.7, None])
@@ -117,8 +115,6 @@ def test_default_caps_do_not_bind_on_few_candidates_real_size(nms_inputs):
     assert max(nms_inputs) == 60
 
 
-# --------------------------------------------------------------------------- caps bind
-
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("top_k", [1, 5, 20])
 def test_top_k_keeps_a_prefix_of_each_class(seed, top_k, nms_inputs):
@@ -132,15 +128,13 @@ def test_top_k_keeps_a_prefix_of_each_class(seed, top_k, nms_inputs):
     bbox, label, score_out = decode_capped(coder, mb_loc, mb_conf, 0.45, 0.01,
                                            top_k=top_k, keep_top_k=None)
     assert_contract(bbox, label, score_out)
-    assert len(nms_inputs) == N_FG and max(nms_inputs) == top_k  # the cap bound, and held
+    assert len(nms_inputs) == N_FG and max(nms_inputs) == top_k
     for fg in range(N_FG):
-        # the top_k-th highest candidate score of the class
         cutoff = np.sort(score[:, fg][score[:, fg] >= 0.01])[-top_k]
         ub, us = uncapped[0][uncapped[1] == fg], uncapped[2][uncapped[1] == fg]
         cb, cs = bbox[label == fg], score_out[label == fg]
         n = len(cs)
         assert 1 <= n <= top_k
-        # exactly ChainerCV's detections of this class that scored at least the cutoff
         np.testing.assert_array_equal(cs, us[:n])
         np.testing.assert_array_equal(cb, ub[:n])
         assert n == (us >= cutoff).sum()
@@ -171,7 +165,6 @@ def test_both_caps_on_the_real_layout(nms_inputs):
     assert_contract(bbox, label, score)
     assert max(nms_inputs) == DEFAULT_TOP_K
     assert len(score) == DEFAULT_KEEP_TOP_K
-    # every kept detection is one of ChainerCV's, with its label and score
     ref = {(tuple(b), l, s) for b, l, s in zip(*uncapped)}
     assert all((tuple(b), l, s) in ref for b, l, s in zip(bbox, label, score))
 
@@ -194,8 +187,6 @@ def test_caps_must_be_positive_ints(bad):
     with pytest.raises(ConfigError, match="^keep_top_k: .*or None for no cap"):
         decode_capped(coder, mb_loc, mb_conf, keep_top_k=bad)
 
-
-# --------------------------------------------------------------------------- with a model
 
 @pytest.fixture(scope="module")
 def model_and_image():
@@ -240,8 +231,7 @@ def test_evaluate_preset_respects_the_caps(model_and_image, nms_inputs):
         assert_contract(bbox, label, score)
         assert 0 < len(score) <= DEFAULT_KEEP_TOP_K
         assert (score >= 0.01).all()
-    # decoding the same network outputs directly gives the image's result, with the
-    # boxes taken from the 300x300 input frame to the image's own pixels
+    # decoded directly, with boxes taken from the 300x300 input frame to the image's pixels
     bbox, label, score = decode_capped(model.coder, mb_loc, mb_conf, 0.45, 0.01)
     assert_same((resize_bbox(bbox, (300, 300), (240, 320)), label, score),
                 (bboxes[0], labels[0], scores[0]))
@@ -260,12 +250,11 @@ def test_capped_predictor_delegates_and_evaluates(model_and_image):
         assert len(scores[0]) == 20
         assert_same((bboxes[0], labels[0], scores[0]),
                     [a[0] for a in predict(model, [img], top_k=50, keep_top_k=20)])
-        # the evaluator's target: a link with predict()
         gt_bbox = np.array([[10, 10, 60, 80]], dtype=np.float32)
         gt_label = np.array([1], dtype=np.int32)
         it = chainer.iterators.SerialIterator([(img, gt_bbox, gt_label)], 1,
                                               repeat=False, shuffle=False)
-        result = DetectionVOCEvaluator(it, predictor)()  # as a trainer would call it
+        result = DetectionVOCEvaluator(it, predictor)()
         assert "main/map" in result
     finally:
         model.use_preset("visualize")
@@ -288,16 +277,12 @@ def test_cupy_gives_the_numpy_result():
     got = decode_capped(coder, cupy.asarray(mb_loc), cupy.asarray(mb_conf), 0.45, 0.3)
     assert all(isinstance(a, cupy.ndarray) for a in got)
     got = [cupy.asnumpy(a) for a in got]
-    # the same detections (NMS on the GPU rounds IoUs in float32: allow rare flips); the
-    # scores are the GPU's softmax, which may differ in the last bit (seen on an H100:
-    # 6e-8, docs/gpu.md)
+    # GPU NMS rounds IoUs in float32 (rare flips); its softmax may differ in the last bit
     assert abs(len(got[2]) - len(expected[2])) <= 2
     np.testing.assert_allclose(got[2][:20], expected[2][:20], rtol=1e-6, atol=0)
     np.testing.assert_array_equal(got[1][:20], expected[1][:20])
     np.testing.assert_allclose(got[0][:20], expected[0][:20], atol=1e-3)
 
-
-# --------------------------------------------------------------------------- misuse is named
 
 @pytest.fixture(scope="module")
 def blood_image(bccd_root):
@@ -322,7 +307,6 @@ def test_hwc_image_is_named_with_its_index_and_the_fix(model_and_image, blood_im
         assert msg.startswith("imgs[1] has shape (480, 640, 3), channels last (H, W, C)")
         assert "expected a numpy array (3, H, W) (RGB, channels first, values 0-255)" in msg
         assert msg.endswith("convert with img.transpose(2, 0, 1)")
-    # the fix the message gives predicts exactly what the CHW image does
     bboxes, labels, scores = predict(model, [hwc.transpose(2, 0, 1), blood_image])
     assert len(scores[0]) > 0
     for per_image in (bboxes, labels, scores):
@@ -359,7 +343,7 @@ def test_images_of_the_wrong_form_are_named(model_and_image, blood_image, make, 
 
 
 def test_uint8_images_are_still_accepted(model_and_image, blood_image):
-    # as ChainerCV (its _prepare casts to float32): an integer image gives the float one's result
+    # as in ChainerCV, whose _prepare casts to float32
     model = model_and_image[0]
     as_uint8 = blood_image.astype(np.uint8)     # BCCD pixels are whole numbers already
     np.testing.assert_array_equal(as_uint8, blood_image)
@@ -376,7 +360,7 @@ def test_non_finite_image_is_named_by_its_index(model_and_image, blood_image, wh
     elif where == "channel":
         bad[2] = np.nan
     else:
-        bad[:] = np.nan            # ChainerCV and the capped predict gave 0 boxes silently
+        bad[:] = np.nan
     count = bad.size if count is None else count
     with pytest.raises(DataError) as info:
         predict(model_and_image[0], [blood_image, bad])
@@ -392,7 +376,7 @@ def test_a_single_image_or_no_list_as_the_batch_is_named(model_and_image, blood_
     with pytest.raises(DataError) as info:
         predict(model, blood_image)
     assert info.value.kind == "image" and "(3, 480, 640)" in str(info.value)
-    assert "[img]" in str(info.value)                             # the fix
+    assert "[img]" in str(info.value)
     with pytest.raises(DataError) as info:
         predict(model, None)
     assert info.value.kind == "image" and str(info.value).startswith("imgs is None")
@@ -420,7 +404,7 @@ def test_score_thresh_must_be_a_number_from_0_to_1(model_and_image, blood_image,
         predictor.score_thresh = bad
     assert str(info.value).startswith(expected)
     assert model.score_thresh == 0.6            # unchanged ('visualize')
-    model.score_thresh = bad                    # set on the ChainerCV model itself
+    model.score_thresh = bad
     try:
         with pytest.raises(ConfigError) as info:
             predict(model, [blood_image])

@@ -1,5 +1,5 @@
-"""The small SSD's weights that ship with medaidet: the file its record names, loadable, and a
-working detector: a fresh evaluation on BCCD's test split gives the AP the record states."""
+"""The small SSD's shipped weights: the file its record names, and a working detector whose
+fresh evaluation on BCCD's test split gives the AP the record states."""
 import json
 
 import numpy as np
@@ -40,7 +40,7 @@ def test_no_shipped_weights_for_other_models_is_a_named_error():
         with pytest.raises(WeightsError) as info:
             shipped_weights(*args)
         assert info.value.kind == "missing" and asked in str(info.value)
-        assert "ssd_small (bccd), ssd_small (txl-pbc)" in str(info.value)   # what there is
+        assert "ssd_small (bccd), ssd_small (txl-pbc)" in str(info.value)
 
 
 @pytest.mark.parametrize("change", ["a byte", "no sidecar"])
@@ -52,7 +52,7 @@ def test_a_shipped_file_that_is_not_the_recorded_one_is_refused(tmp_path, monkey
         (tmp_path / (PATH.name + suffix)).write_bytes((PATH.parent / (PATH.name + suffix)).read_bytes())
     copy.with_suffix(".json").write_bytes(PATH.with_suffix(".json").read_bytes())
     monkeypatch.setitem(weights.SHIPPED_WEIGHTS, ("ssd_small", "bccd"), copy)
-    assert shipped_weights("ssd_small") == copy                  # the copy as shipped: fine
+    assert shipped_weights("ssd_small") == copy
     if change == "a byte":
         data = bytearray(copy.read_bytes())
         data[-100] ^= 1
@@ -103,8 +103,7 @@ def test_the_recorded_count_errors_are_what_counting_at_the_val_thresholds_gives
 
 
 def test_course_weights_per_profile(tmp_path):
-    """Notebook 03's model where it trained one, else the shipped weights, in every profile
-    (04 or 05 opened alone in a runtime of its own); the smoke run's model never."""
+    """Notebook 03's model where it trained one, else the shipped weights; never the smoke run's."""
     runs = tmp_path / "runs"
     for profile in ("cpu", "full"):
         path, why = course_weights(profile, runs)
@@ -118,8 +117,6 @@ def test_course_weights_per_profile(tmp_path):
         assert course_weights(profile, runs) == (
             runs / profile / "model.npz", f"trained by notebook 03 in the {profile} profile")
 
-
-# --------------------------------------------------------------------------- trained on TXL-PBC
 
 TXL = SHIPPED_WEIGHTS["ssd_small", "txl-pbc"]
 

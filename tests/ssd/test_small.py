@@ -1,6 +1,5 @@
-"""medaidet.ssd.small: SSDSmall has SSD300's grids with default boxes sized for BCCD (more positives
-per platelet), is small, and its weights (with batch normalisation's running statistics, also
-as float16) save and load; no pretrained weights are claimed; the shipped weights detect."""
+"""medaidet.ssd.small: SSD300's grids with default boxes sized for BCCD (more positives per
+platelet), a small extractor, and weights that save and load with batch-norm statistics."""
 import chainer
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from medaidet.ssd.small import SIZES, SSD300_SIZES, SmallExtractor, SSDSmall
 def test_ssd300_grids_and_shapes_with_smaller_boxes_from_a_small_extractor():
     small, ssd300 = build_ssd("ssd_small"), build_ssd("ssd300")
     ours, theirs = small.coder._default_bbox, ssd300.coder._default_bbox   # (cy, cx, h, w)
-    np.testing.assert_array_equal(ours[:, :2], theirs[:, :2])             # same centres
+    np.testing.assert_array_equal(ours[:, :2], theirs[:, :2])
     assert ours[:, 2:].min() < theirs[:, 2:].min()
     np.testing.assert_allclose(SSDSmall(3, sizes=SSD300_SIZES).coder._default_bbox, theirs,
                                rtol=1e-6)
@@ -72,8 +71,7 @@ def test_the_model_is_told_from_the_weights_parameter_names(tmp_path):
 
 
 def _positives_per_box(model, boxes):
-    """How many default boxes each box (y_min, x_min, y_max, x_max, at 300x300) overlaps
-    with IoU >= 0.5: the positives it gives the loss besides its forced best match."""
+    """How many default boxes each box (corners, at 300x300) overlaps with IoU >= 0.5."""
     from chainercv.utils import bbox_iou
     default = model.coder._default_bbox          # (cy, cx, h, w) in input pixels
     corners = np.concatenate([default[:, :2] - default[:, 2:] / 2,
@@ -98,10 +96,8 @@ def test_the_bccd_sizes_give_platelets_positives_ssd300_sizes_do_not(bccd_root):
     theirs = SSDSmall(3, sizes=SSD300_SIZES)
     with_positives = {name: (_positives_per_box(m, platelets) > 0).mean()
                       for name, m in (("bccd", ours), ("ssd300", theirs))}
-    # about half the platelets overlap no SSD300-sized box at IoU >= 0.5 (they get their
-    # forced best match only); with the BCCD sizes nearly all do
+    # about half the platelets overlap no SSD300-sized box at IoU >= 0.5 (forced match only)
     assert with_positives["ssd300"] < 0.6 and with_positives["bccd"] > 0.9, with_positives
-    # and red cells lose nothing
     assert (_positives_per_box(ours, rbc) > 0).mean() >= 0.95
     assert SIZES[0] < SSD300_SIZES[0]
 

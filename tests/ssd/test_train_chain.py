@@ -1,9 +1,5 @@
-"""The training chain: SSD300 + the safe loss on real BCCD batches, reporting, one update.
-
-An SSD300 forward and backward pass takes seconds on a CPU: the real model runs twice in
-this file (one updater step, whose forward, backward and update several tests inspect,
-and one forward with a bad label); everything else uses a stub model.
-"""
+"""The training chain on real BCCD batches. SSD300 takes seconds per pass on a CPU, so it runs
+twice (one shared updater step, one bad-label forward); everything else uses a stub model."""
 import random
 import warnings
 
@@ -49,10 +45,7 @@ def dataset(bccd_root):
 
 @pytest.fixture(scope="module")
 def update(dataset):
-    """One ``StandardUpdater`` step (MomentumSGD) of the chain on SSD300 with random
-    weights, on two real BCCD samples through ``TrainTransform`` (batched by the
-    updater's converter, ``concat_examples``). What reached the loss is recorded on its
-    way, for the comparison with ChainerCV's loss."""
+    """One StandardUpdater step of SSD300 on two real samples, recording what reached the loss."""
     np.random.seed(0)            # chainer's initializers draw from NumPy's global RNG
     model = SSD300(n_fg_class=3)
     chain = MultiboxTrainChain(model)
@@ -76,19 +69,16 @@ def update(dataset):
     random.seed(0)
     with pytest.MonkeyPatch.context() as patch, reporter.scope(observation):
         patch.setattr(loss_module, "multibox_loss", recording_loss)
-        updater.update()         # forward, backward, update (the lazy layers initialize)
+        updater.update()
     return dict(model=model, chain=chain, transform=transform, optimizer=optimizer,
                 updater=updater, observation=observation, loss_args=seen["args"],
                 grads={name: param.grad for name, param in chain.namedparams()})
 
 
-# --------------------------------------------------------------------------- real SSD300
-
 def test_one_standard_updater_step_runs(update):
     assert update["updater"].iteration == 1 and update["optimizer"].t == 1
     assert all(np.isfinite(p.array).all() for p in update["chain"].params())
-    # the update moved the weights: v <- 0.9 v - lr * grad, W <- W + v, from v = 0
-    # (the layers are initialized lazily, inside the update: there is no "before")
+    # v = -lr * grad from v = 0 (layers initialize lazily inside the update: no "before")
     conv = update["model"].extractor.conv1_1.W
     velocity = conv.update_rule.state["v"]
     np.testing.assert_allclose(velocity, -1e-3 * conv.grad, rtol=1e-6)
@@ -145,8 +135,6 @@ def test_bad_label_raises_invalid_targets(update, dataset):
     assert info.value.value == 4
     assert "1234" in str(info.value)
 
-
-# --------------------------------------------------------------------------- stub model
 
 class StubModel(chainer.Link):
     """``model(imgs)`` -> learnable (B, K, 4) locations and (B, K, n_class) scores."""
@@ -207,8 +195,6 @@ def test_arguments_reach_the_loss(monkeypatch):
 
 
 def test_n_positive_normalises_micro_batches_like_the_batch():
-    """Two micro-batches, each divided by the whole batch's positives, report and
-    return shares that add up to the batch's loss."""
     stub = StubModel()
     imgs, gt_mb_locs, gt_mb_labels = stub_targets(b=4)
     gt_mb_labels[0, 2:] = 0                     # different positive counts per half

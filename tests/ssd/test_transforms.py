@@ -1,13 +1,5 @@
 """The SSD training transform: the course's recipe, and that it cannot emit invalid targets.
-
-The property tests run the real transform over many seeds on real BCCD samples (the one
-with the most boxes on the image border, the one with the smallest box, the two whose
-zero-area boxes the loader dropped) and on adversarial synthetic boxes (1-px boxes,
-boxes on and over the border, sub-pixel slivers a crop or resize leaves behind), and
-check every output: boxes finite, inside the image, at least ``min_size`` px, labels
-aligned and in range, and the encoded ``mb_loc`` finite at every positive prior.
-``MEDAIDET_PROPERTY_RUNS`` (default 1) multiplies the number of seeds.
-"""
+``MEDAIDET_PROPERTY_RUNS`` (default 1) multiplies the property tests' seeds."""
 import math
 import os
 import pickle
@@ -35,8 +27,7 @@ from medaidet.ssd.transforms import (
 RUNS = max(1, int(os.environ.get("MEDAIDET_PROPERTY_RUNS", "1")))
 SIZE = 300
 N_FG = 3
-# (split, id): most border boxes (9), smallest box (20 px), zero-area boxes dropped by the
-# loader (objects 3 and 12): the boxes next to them stay.
+# (split, id): most border boxes (9), smallest box (20 px), loader-dropped zero-area boxes (2)
 REAL = [("train", "BloodImage_00046"), ("train", "BloodImage_00408"),
         ("train", "BloodImage_00343"), ("val", "BloodImage_00338")]
 
@@ -61,10 +52,8 @@ def transform(model):
 
 @pytest.fixture
 def geometry_only(monkeypatch):
-    """Replace the two pixel operations by stand-ins that draw the same random numbers
-    (so the geometry is the one the real transform would produce for the seed) but skip
-    the pixel work: boxes never depend on pixel values, and this makes thousands of runs
-    affordable. ``test_property_real_pixels`` runs the real pixel operations."""
+    """Pixel operations that draw the same random numbers (same geometry) but skip the pixel
+    work, making thousands of runs affordable; boxes never depend on pixel values."""
     def distort(img):
         return img
 
@@ -96,8 +85,6 @@ def assert_stats_add_up(stats):
     assert stats.boxes_in == (stats.degenerate_input + stats.cropped_out + stats.too_small
                               + stats.non_finite + stats.boxes_out)
 
-
-# --------------------------------------------------------------------------- the recipe
 
 def test_output_of_one_real_sample(transform, model, real_samples):
     img, bbox, label = real_samples[0]
@@ -134,8 +121,6 @@ def test_same_seed_same_augmentation(transform, real_samples):
 
 
 def test_without_color_distortion_the_pixels_keep_their_colours(model, monkeypatch):
-    """color_distortion=False: no random_distort; without zoom-out, crop and flip an image of
-    one colour comes out that colour, where the distortion changes it."""
     calls = []
     monkeypatch.setattr(T, "random_distort", lambda img: calls.append(1) or img * 0.5)
     monkeypatch.setattr(T, "random_crop_with_bbox_constraints", lambda img, bbox, return_param: (
@@ -178,11 +163,8 @@ def test_boxes_follow_the_image_without_expansion_or_crop(transform, monkeypatch
     assert flipped == {True, False}
 
 
-# --------------------------------------------------------------------------- properties
-
 @pytest.mark.slow(seconds=28)
 def test_property_real_samples(transform, real_samples, geometry_only):
-    """Thousands of augmentations of real BCCD samples: every target is valid."""
     n_prior = len(transform.coder._default_bbox)
     positives = 0
     runs = 0
@@ -204,7 +186,6 @@ def test_property_real_samples(transform, real_samples, geometry_only):
 
 
 def test_property_real_pixels(transform, real_samples):
-    """The same on the real pixel operations (colour distortion, random interpolation)."""
     n_prior = len(transform.coder._default_bbox)
     for seed in range(12 * RUNS):
         random.seed(10_000 + seed)
@@ -249,7 +230,6 @@ def test_property_adversarial_boxes(transform, real_samples, geometry_only):
         if seed % 2:                       # on their own, and among the real boxes
             bbox = np.concatenate([real_bbox, bbox])
             label = np.concatenate([real_label, label])
-        # a distinct label per box lets us check that labels stay with their boxes
         out_img, out_bbox, out_label = transform.augment(img, bbox, label)
         assert_valid_boxes(out_bbox, out_label)
         mb_loc, mb_label = transform.coder.encode(out_bbox, out_label)
@@ -262,8 +242,6 @@ def test_property_adversarial_boxes(transform, real_samples, geometry_only):
 
 
 def test_labels_stay_with_their_boxes(transform, geometry_only):
-    """Boxes of distinct shapes, one class each: after augmentation every kept box still
-    has its own class (the re-check drops rows of bbox and label together)."""
     img = np.zeros((3, 480, 640), dtype=np.float32)
     bbox = np.array([[100, 100, 101, 300],      # class 0: 1 px tall, 200 wide
                      [200, 200, 300, 400],      # class 1: large
@@ -284,8 +262,7 @@ def test_labels_stay_with_their_boxes(transform, geometry_only):
 
 
 def test_raw_chainercv_recipe_emits_what_the_recheck_prevents(transform, geometry_only):
-    """Without the re-check, the same recipe hands sub-pixel slivers to the coder (loc
-    targets of ~|40|); with a NaN box it hands NaN to the loss at a positive prior."""
+    """Slivers give loc targets of ~|40|; a NaN box gives NaN at a positive prior."""
     img = np.zeros((3, 480, 640), dtype=np.float32)
     bbox = np.array([[200, 100, 200.01, 500]], dtype=np.float32)   # 0.01 px tall
     label = np.array([0], dtype=np.int32)
@@ -330,8 +307,6 @@ def test_sample_without_boxes(transform, real_samples):
     assert out_img.shape == (3, SIZE, SIZE)
     assert (mb_label == 0).all() and np.isfinite(mb_loc).all()
 
-
-# --------------------------------------------------------------------------- the checks
 
 def test_recheck_boxes_clips_drops_and_keeps_labels_aligned():
     bbox = np.array([
@@ -389,7 +364,7 @@ def test_wrong_sample_raises(bbox, label, kind, shown):
     img = np.zeros((3, 40, 40), np.float32)
     with pytest.raises(DataError) as info:
         check_sample(img, np.array(bbox, np.float32), label, N_FG)
-    assert info.value.kind == kind and shown in str(info.value)   # what is wrong, named
+    assert info.value.kind == kind and shown in str(info.value)
 
 
 def test_wrong_image_raises():
@@ -415,8 +390,6 @@ def test_arguments_checked(model):
         TrainTransform(model.coder, 300, model.mean, n_fg_class=0)
 
 
-# --------------------------------------------------------------------------- counting
-
 def test_stats_reset_and_pickle(transform, real_samples):
     random.seed(2)
     transform(real_samples[1])
@@ -430,8 +403,6 @@ def test_stats_reset_and_pickle(transform, real_samples):
     assert set(old.to_dict()) >= {"samples", "boxes_in", "boxes_out", "dropped",
                                   "too_small", "non_finite", "cropped_out"}
 
-
-# --------------------------------------------------------------------------- EncodeTransform
 
 def test_encode_transform_is_resize_and_encode(model, real_samples):
     transform = EncodeTransform.for_model(model)
@@ -447,8 +418,6 @@ def test_encode_transform_is_resize_and_encode(model, real_samples):
     np.testing.assert_array_equal(mb_label, expected[1])
     assert transform.stats.boxes_out == 2 * len(bbox)
 
-
-# --------------------------------------------------------------------------- without OpenCV
 
 def _fake_cv2():
     """Enough of cv2 for ChainerCV's two functions, built on this module's conversions."""
@@ -471,8 +440,6 @@ def _fake_cv2():
 
 
 def test_distort_port_matches_chainercv(monkeypatch, real_samples):
-    """With the same colour conversions, the port computes exactly what ChainerCV's
-    ``random_distort`` computes, and draws the same random numbers."""
     monkeypatch.setitem(sys.modules, "cv2", _fake_cv2())
     img = real_samples[2][0][:, 100:220, 200:360]
     for seed in range(40):

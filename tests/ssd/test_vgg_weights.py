@@ -1,12 +1,5 @@
-"""The VGG-16 converter, proven on weights made here (no model hub is reachable).
-
-Random weights in timm's layout and names are converted, loaded into ChainerCV's SSD300
-and run on a real BCCD image; every convolution's output, conv1_1 to conv5_3, is compared
-with a NumPy reference that applies the *unconverted* weights to the same image in
-torchvision's convention ((pixel / 255 - mean) / std) with SSD's pooling. The reference is
-NumPy, not PyTorch: PyTorch's Linux wheels bring gigabytes of CUDA libraries, more than CI's
-install budget, and a 3×3 convolution is nine matrix products.
-"""
+"""The VGG-16 converter, proven on random weights against a NumPy reference of the unconverted
+ones (not PyTorch: its Linux wheels' CUDA libraries exceed CI's install budget)."""
 import chainer
 import numpy as np
 import pytest
@@ -48,8 +41,6 @@ def image(bccd_root):
     return resize(read_image(str(bccd_root / "JPEGImages" / "BloodImage_00000.jpg")),
                   (300, 300))
 
-
-# --------------------------------------------------------------------------- reference
 
 def conv3x3(x, weight, bias):
     """A 3×3 convolution, padding 1: the sum of nine shifted matrix products."""
@@ -110,8 +101,6 @@ def relative(a, b):
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-# --------------------------------------------------------------------------- exactness
-
 @pytest.mark.slow(seconds=4)
 def test_converted_extractor_equals_the_reference_layer_by_layer(vgg_state, vgg_file, image,
                                                                   tmp_path):
@@ -140,10 +129,8 @@ def test_with_chainercvs_mean_only_the_padded_frame_of_conv1_1_differs(vgg_state
     want = conv3x3(x, vgg_state["features.0.weight"], vgg_state["features.0.bias"])
     diff = ours["conv1_1"] - want
     scale = np.abs(want).max()
-    # inside the frame: exact
     assert np.abs(diff[:, 1:-1, 1:-1]).max() / scale <= 1e-5
-    # on the frame: the taps over zero padding, which stands for pixel value SSD_MEAN here
-    # and 255 x torchvision's mean there: sum over those taps of weight x mean difference
+    # on the frame, zero padding stands for SSD_MEAN here and 255 x torchvision's mean there
     shift = (SSD_MEAN - 255 * MEAN) / (255 * STD)
     weight = vgg_state["features.0.weight"].astype(np.float64)
     zero = np.zeros(64)
@@ -170,13 +157,10 @@ def test_fc6_fc7_subsampling_element_by_element(vgg_state, tmp_path):
     np.testing.assert_array_equal(conv7[:, :, 0, 0], fc7[4 * o, 4 * c])
     np.testing.assert_array_equal(arrays["extractor/conv7/b"],
                                   vgg_state["classifier.3.bias"][0:4096:4])
-    # every other convolution but conv1_1 is copied bit for bit
     for name, index in list(zip(NAMES, CONV_INDEX))[1:]:
         np.testing.assert_array_equal(arrays[f"extractor/{name}/W"],
                                       vgg_state[f"features.{index}.weight"])
 
-
-# --------------------------------------------------------------------------- bad input
 
 def small_copy(state, **changes):
     out = timm_layout(state)
@@ -202,7 +186,7 @@ def test_vgg16_with_batch_norm_is_named(vgg_state):
         state[f"features.{bn_index}.running_mean"] = np.zeros(WIDTHS[position], np.float32)
     with pytest.raises(WeightsError) as info:
         convert_vgg16(state)
-    assert info.value.kind == "mismatch" and "vgg16_bn" in str(info.value)   # what it is
+    assert info.value.kind == "mismatch" and "vgg16_bn" in str(info.value)
     assert info.value.parameter == "features.0.bias"
 
 
@@ -244,8 +228,7 @@ def test_truncated_file_is_named(vgg_file, tmp_path):
 
 
 def test_other_files_are_named(tmp_path, bccd_root):
-    """An empty file, an image, and what torch.save writes (a zip, or a pickle): a pickle is
-    never read, however it is named."""
+    """A pickle (as torch.save may write) is never read, however it is named."""
     empty = tmp_path / "empty.pth"
     empty.write_bytes(b"")
     jpeg = bccd_root / "JPEGImages" / "BloodImage_00000.jpg"

@@ -1,6 +1,4 @@
-"""VGG-16 weight files made for tests: random weights with torchvision's names and shapes
-(:func:`torchvision_vgg16`) and timm's layout of them (:func:`timm_layout`), written as timm's
-safetensors file (:func:`write_vgg_file`)."""
+"""VGG-16 weight files made for tests: random weights in torchvision's and timm's layouts."""
 import math
 
 import numpy as np
@@ -12,8 +10,7 @@ WIDTHS = [64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512]
 
 
 def torchvision_vgg16(seed):
-    """Random weights with torchvision vgg16's names and shapes (He-scaled, so activations
-    keep their size through thirteen layers; biases non-zero, so they matter)."""
+    """Random torchvision vgg16 weights (He-scaled to keep activations' size; biases non-zero)."""
     rng = np.random.default_rng(seed)
 
     def he(*shape):

@@ -1,9 +1,5 @@
-"""Chainer's im2col convolution, patched to go through the batch in pieces
-(chainer/utils/conv_chunks.py, an overlay of the stack's patch set), against chainer's
-unpatched code: the forward, the weight gradient and the input gradient on odd shapes
-(stride, padding, dilation, cover_all, a batch the piece does not divide, batch 1, one image
-in bands of rows or groups of channels); forward and input gradient the same bits whatever the
-piece; the column array bounded."""
+"""Chainer's im2col convolution patched to go through the batch in pieces (the stack's
+chainer/utils/conv_chunks.py overlay), against chainer's unpatched code on odd shapes."""
 import tracemalloc
 
 import numpy as np
@@ -29,8 +25,7 @@ def _pair(v):
 
 
 def unpatched(x, W, b, gy, stride, pad, dilate, cover_all):
-    """y, gW and gx as chainer 7.8.1's own CPU code computes them (tensordot on the
-    whole batch's column array)."""
+    """y, gW and gx as chainer 7.8.1's own CPU code computes them, on the whole batch."""
     (sy, sx), (ph, pw), (dy, dx) = _pair(stride), _pair(pad), _pair(dilate)
     kh, kw = W.shape[2:]
     col = conv.im2col_cpu(x, kh, kw, sy, sx, ph, pw, cover_all=cover_all, dy=dy, dx=dx)
@@ -93,8 +88,7 @@ def test_matches_chainers_unpatched_convolution(shape, images_per_piece, bound):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 def test_forward_and_input_gradient_are_the_same_bits_whatever_the_piece(shape, bound):
-    """float32: each output element is the same dot product whatever its piece; the weight
-    gradient sums the pieces in another order (float rounding only)."""
+    """The weight gradient sums the pieces in another order: equal up to float rounding."""
     case = _case(shape, np.float32, seed=1)
     x, W, _, gy = case[:4]
     results = []
@@ -110,8 +104,6 @@ def test_forward_and_input_gradient_are_the_same_bits_whatever_the_piece(shape, 
 
 
 def test_deconvolution_matches_chainers_unpatched_code(bound):
-    """F.deconvolution_2d itself (a convolution's input gradient is one), stride 2 and an
-    outsize, bias, a batch of 3 in chunks of 2."""
     rng = np.random.default_rng(2)
     x = rng.standard_normal((3, 4, 5, 6))
     W = rng.standard_normal((4, 3, 3, 2))
@@ -152,9 +144,7 @@ def _peak_bytes(fn):
 
 @pytest.mark.parametrize("fraction", [1, 1 / 8], ids=["an image", "an eighth of one"])
 def test_the_column_array_is_bounded(bound, fraction):
-    """Forward + backward of a 3x3 convolution on 8 images: with pieces of one image (in the
-    backward pass, of an eighth of one) the peak memory is an eighth of the column array plus
-    the arrays kept, not the whole."""
+    """Peak memory of forward + backward on 8 images: about one piece's column array, not 8."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((8, 16, 64, 64)).astype(np.float32)
     W = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
@@ -175,8 +165,7 @@ def test_the_column_array_is_bounded(bound, fraction):
 
 @pytest.mark.parametrize("a_shape", [(4, 6), (3, 4, 6)], ids=["shared", "per-image"])
 def test_one_product_per_image_equals_the_batched_product(a_shape):
-    """The GPU's way (2-D products, one per image: CuPy honours TF32 and float16 there) gives
-    the batched product's numbers, here on NumPy."""
+    """The GPU's way (CuPy honours TF32 and float16 only in 2-D products), here on NumPy."""
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal(a_shape), rng.standard_normal((3, 6, 5))
     np.testing.assert_array_equal(conv_chunks.products(a, b, one_by_one=True),

@@ -1,12 +1,5 @@
-"""Chainer's GPU im2col/col2im kernels, their index arithmetic run on the CPU.
-
-With CuPy 14 (no cuDNN) every GPU convolution goes through these two kernels. col2im's index
-into the column array was a 32-bit int: SSD300's conv1_2 at batch 64 has 3.3e9 columns, the
-index wrapped negative and the GPU read outside the array (an illegal memory access, seen on an
-H100: docs/gpu.md). No GPU here, so the kernels' own C source (as installed) is compiled into
-a small C++ program that runs its index arithmetic with a recording array, wrapping ints as the
-GPU does (-fwrapv), and every index it reads must lie inside the array.
-"""
+"""Chainer's GPU im2col/col2im kernels' index arithmetic, compiled as C++ with -fwrapv on the
+CPU: a 32-bit index wraps past 2**31 elements (SSD300's conv1_2 at batch 64 has 3.3e9 columns)."""
 import inspect
 import os
 import re
@@ -51,8 +44,7 @@ def kernel_body(function):
 
 
 def indices_read(tmp_path, function, raw, out, size, shape):
-    """Lowest and highest index ``function``'s kernel reads from ``raw``, over the first and
-    the last 2000 elements it writes (``size`` of them)."""
+    """Lowest and highest index read from ``raw`` over the first and last 2000 of ``size``."""
     source = tmp_path / f"{function.__name__}.cpp"
     source.write_text(HARNESS % dict(shape, raw=raw, out=out, size=size,
                                      body=kernel_body(function)))
@@ -64,8 +56,7 @@ def indices_read(tmp_path, function, raw, out, size, shape):
     return int(lo), int(hi)
 
 
-# SSD300's conv1_2 (64 channels, 3x3, pad 1, 300x300) at the batch the H100 failed at, and
-# a batch whose image array itself has more than 2**31 elements (im2col's read)
+# SSD300's conv1_2 (64 channels, 3x3, pad 1, 300x300); batches 64 and 400 pass 2**31 elements
 CONV1_2 = dict(h=300, w=300, out_h=300, out_w=300, kh=3, kw=3)
 
 

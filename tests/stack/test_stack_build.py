@@ -59,7 +59,6 @@ def test_metadata_and_patch_notes(fresh_wheels):
 
 
 def test_no_removed_api_left_in_code(fresh_wheels):
-    """Nothing the patches target survives in executable code of either wheel."""
     for wheel in fresh_wheels[1]:
         for name, data in _read(wheel).items():
             if not name.endswith(".py"):
@@ -79,7 +78,7 @@ def test_build_is_reproducible_and_cached(fresh_wheels):
     cache, wheels = fresh_wheels
     before = [w.read_bytes() for w in wheels]
     mtimes = [w.stat().st_mtime_ns for w in wheels]
-    assert build_wheels(cache_dir=cache) == wheels  # cached: nothing rebuilt
+    assert build_wheels(cache_dir=cache) == wheels
     assert [w.stat().st_mtime_ns for w in wheels] == mtimes
     rebuilt = build_wheels(cache_dir=cache, force=True, log=lambda *_: None)
     assert [w.read_bytes() for w in rebuilt] == before
@@ -117,8 +116,6 @@ def test_alias_regex_leaves_numpy_scalar_types_alone(tmp_path):
                                           "e = np.object_\nf = int(3)\n")
 
 
-# --------------------------------------------------------------------------- cached wheels
-
 def _tiny_wheel(dest_dir, name="chainercv", version=None):
     """A small wheel written by write_wheel, named as the real one (no sdist, no patches)."""
     from medaidet_tools.stack.wheel import write_wheel
@@ -133,8 +130,7 @@ def _tiny_wheel(dest_dir, name="chainercv", version=None):
 
 
 def _rewrite(wheel, change):
-    """Write ``wheel`` again with ``change(files)`` applied to its {name: bytes}: valid zip
-    CRCs, so only the RECORD can tell."""
+    """Rewrite ``wheel`` with ``change(files)``: valid zip CRCs, so only the RECORD can tell."""
     files = _read(wheel)
     change(files)
     wheel.unlink()
@@ -212,11 +208,10 @@ def test_a_truncated_cached_wheel_is_rebuilt_not_returned(tmp_path, fake_builds)
     assert wheels == [good, broken] and fake_builds == ["chainercv"]
     assert good.read_bytes() == good_bytes and good.stat().st_mtime_ns == good_mtime
     from medaidet_tools.stack.wheel import verify_wheel
-    verify_wheel(broken)                     # the rebuilt one
+    verify_wheel(broken)
     assert len(lines) == 1
     assert lines[0].startswith(f"cached wheel {broken} is broken (") and \
         lines[0].endswith("); rebuilding it")
-    # intact now: reused without a word
     lines.clear()
     assert build_wheels(cache_dir=cache, log=lines.append) == wheels
     assert fake_builds == ["chainercv"] and lines == []

@@ -1,5 +1,4 @@
-"""The installed stack works: imports without removed APIs, the SSD path on CPU,
-the CuPy choice, and an idempotent installer."""
+"""The installed stack: imports without removed APIs, SSD on CPU, CuPy choice, the installer."""
 import json
 import subprocess
 import sys
@@ -109,8 +108,7 @@ def _direct_convolution(x, W, stride, pad, dilate, out_hw):
 @pytest.mark.parametrize("stride, pad, dilate, cover_all", [
     (1, 1, 1, False), (2, 1, 1, False), (1, 0, 1, False), (2, 0, 1, True), (1, 2, 2, False)])
 def test_cpu_convolution_agrees_with_a_direct_sum(stride, pad, dilate, cover_all):
-    # our build computes the CPU convolution with numpy.matmul instead of numpy.tensordot:
-    # forward, both gradients and the deconvolution must still be the convolution
+    # our build computes the CPU convolution with numpy.matmul instead of numpy.tensordot
     import chainer
     import chainer.functions as F
     from chainer import gradient_check
@@ -135,7 +133,6 @@ def test_cpu_convolution_agrees_with_a_direct_sum(stride, pad, dilate, cover_all
     g = F.deconvolution_2d(gy, W, stride=stride, pad=pad, dilate=dilate,
                            outsize=x.shape[2:]).array
     np.testing.assert_allclose(x_var.grad, g, rtol=1e-10, atol=1e-10)
-    # float32 in, float32 out
     y32 = conv(x.astype(np.float32), W.astype(np.float32), b.astype(np.float32)).array
     assert y32.dtype == np.float32 and y32.flags.c_contiguous
     np.testing.assert_allclose(y32, expected, rtol=1e-4, atol=1e-4)
@@ -197,8 +194,7 @@ def test_install_keeps_a_fitting_cupy(site_dir):
 
 
 def test_install_never_replaces_a_newer_numpy_by_an_older_one(site_dir, tmp_path):
-    """A NumPy past the supported range (as a newer Colab image would have): install stops
-    before building or pip, and says how to get a supported one; nothing is changed."""
+    """A NumPy past the supported range, as a newer Colab image would have."""
     fake_distribution(site_dir, "numpy", "2.6.0")
     cache = tmp_path / "cache"
     code = ("from medaidet_tools.stack.install import install\n"
@@ -221,7 +217,6 @@ def test_numpy_newer_than_supported(version, newer):
 
 
 def test_cli_works_before_chainer_is_installed():
-    """`python -m medaidet stack …` must run in an environment without the stack."""
     block = ("import importlib.abc, sys\n"
              "class Block(importlib.abc.MetaPathFinder):\n"
              "    def find_spec(self, name, path=None, target=None):\n"

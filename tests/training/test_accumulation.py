@@ -1,25 +1,5 @@
-"""Gradient accumulation (medaidet.training.accumulation).
-
-The accumulation tests run SSD300 (random init) on four real BCCD images whose positive
-counts differ (242, 249, 134 and 153 positive priors: halves of 491 and 287), one update
-per updater: the large batch (``StandardUpdater``) against 2 and 4 micro-batches, and
-against the naive way (each micro-batch divided by its own positives), which must not
-match. Each run is a forward + backward of 4 images (seconds per image on a CPU); the
-runs are cached per module. ``accumulate=1`` is checked on a stub model (it runs
-``StandardUpdater``'s own code).
-
-Tolerance of the gradients: relative to each parameter's gradient (L2 error <= 2e-3 of
-its norm, and elementwise within 1e-4 relative + 1e-2 of its largest entry), not a fixed
-1e-6. The weight gradients are float32 sums over ~10^5-10^6 terms (images x positions)
-with much cancellation, and the large batch groups them differently: BLAS blocks one
-GEMM over 4 images differently from four over 1 (the forward outputs already differ by
-~1e-6 relative; the losses are bit-equal here), and a ReLU input or a max-pooling tie
-within rounding of its neighbour then sends a gradient down another path. Measured
-(float32): the worst parameter's relative L2 error is 1.1e-4 with 2 micro-batches and
-5e-4 with 4, the worst element 1.1e-3 of its parameter's largest; the naive
-normalisation misses by 1.5e-2 to 0.17 (median 7e-2). In float64 the same comparison
-agrees to ~5e-15 (checked by hand: too slow for the suite).
-"""
+"""Gradient accumulation: one SSD300 update on four BCCD images with different positive
+counts, as one batch, as 2 and 4 micro-batches, and the naive way (which must not match)."""
 import copy
 import warnings
 
@@ -40,18 +20,18 @@ from medaidet.ssd.transforms import EncodeTransform
 IDS = ("BloodImage_00001", "BloodImage_00005", "BloodImage_00004", "BloodImage_00022")
 KEYS = ("main/loss", "main/loss/loc", "main/loss/conf")
 RTOL, ATOL = 1e-4, 1e-6          # for the weights (and the stub model)
+# Gradients: float32 sums over ~1e5-1e6 terms that the large batch groups differently (BLAS
+# blocking, ReLU/max-pool ties). Measured: worst relative L2 error 5e-4, worst element 1.1e-3
+# of its parameter's largest; the naive way misses by 1.5e-2 to 0.17; float64 agrees to 5e-15.
 GRAD_RTOL, GRAD_NORM_RTOL, GRAD_ATOL_OF_MAX = 1e-4, 2e-3, 1e-2
 
-
-# --------------------------------------------------------------------------- helpers
 
 def as_float(value):
     return float(value.array if isinstance(value, chainer.Variable) else value)
 
 
 def one_update(model, samples, make_updater, lr=1e-3):
-    """One update of a copy of ``model`` on ``samples`` (one batch); the gradients, the
-    weights after the update and what was reported."""
+    """One update of a copy of ``model``: its gradients, weights after, and what was reported."""
     chain = MultiboxTrainChain(copy.deepcopy(model))
     optimizer = chainer.optimizers.MomentumSGD(lr=lr, momentum=0.9)
     observation = update_once(chain, optimizer, samples, make_updater)
@@ -75,8 +55,7 @@ def update_once(chain, optimizer, samples, make_updater):
 
 
 def naive(chain, n_micro):
-    """The naive accumulation: each micro-batch divided by its own positives, the
-    micro-batch losses averaged."""
+    """Each micro-batch divided by its own positives, the micro-batch losses averaged."""
     def loss(imgs, gt_mb_locs, gt_mb_labels, n_positive):
         return chain(imgs, gt_mb_locs, gt_mb_labels) / n_micro
     return loss
@@ -92,8 +71,7 @@ UPDATERS = {
 
 
 def gradient_error(ours, theirs):
-    """(relative L2 error, whether elementwise close) of one parameter's gradient, at
-    the scale of that gradient (see the module docstring)."""
+    """(relative L2 error, elementwise close) of one parameter's gradient, at its scale."""
     scale = np.abs(theirs).max()
     if scale == 0:
         return float(np.abs(ours).max()), not ours.any()
@@ -109,8 +87,6 @@ def assert_gradients_close(ours, theirs, what):
         assert relative <= GRAD_NORM_RTOL and close, \
             f"{what} {name}: relative L2 error {relative:.2e}, elementwise close: {close}"
 
-
-# --------------------------------------------------------------------------- SSD300 on BCCD
 
 @pytest.fixture(scope="module")
 def samples(bccd_root):
@@ -154,7 +130,7 @@ def test_accumulated_gradients_match_the_large_batch(runs, n_micro):
     for key in KEYS:       # the batch's loss, not the last micro-batch's share
         assert accumulated["observation"][key] == pytest.approx(
             large["observation"][key], rel=1e-5), key
-    for name, weight in large["params"].items():      # after the update (the recipe lr)
+    for name, weight in large["params"].items():
         np.testing.assert_allclose(accumulated["params"][name], weight, rtol=RTOL,
                                    atol=ATOL, err_msg=name)
 
@@ -171,23 +147,19 @@ def test_accumulated_update_moves_the_weights_like_the_large_batch(runs, initial
 
 @pytest.mark.slow(seconds=18)
 def test_naive_normalisation_does_not_match(runs):
-    """Each micro-batch divided by its own positives weights the images differently
-    (halves of 491 and 287 positives: 1/982 and 1/574 instead of 1/778): every gradient
-    misses by far more than the tolerance, so the tests above can fail."""
+    """Halves of 491 and 287 positives weigh 1/982 and 1/574 instead of 1/778."""
     large, wrong = runs("standard"), runs("naive2")
     used = [name for name, g in large["grads"].items() if g.any()]
     assert len(used) > 30
     errors = [gradient_error(wrong["grads"][name], large["grads"][name])[0] for name in used]
-    assert min(errors) > GRAD_NORM_RTOL                  # each one fails the tolerance
+    assert min(errors) > GRAD_NORM_RTOL
     assert np.median(errors) > 10 * GRAD_NORM_RTOL
 
 
 @pytest.mark.slow(seconds=21)
 def test_batch_normalisation_makes_the_micro_batches_another_function(bccd_root, samples,
                                                                       initial_model):
-    """Notebooks 07 and 08 print this measurement: without batch normalisation (SSD300) two
-    micro-batches give the batch's gradient up to rounding; the small SSD normalises each
-    micro-batch by its own statistics and its gradient moves by a large fraction."""
+    """The small SSD normalises each micro-batch by its own statistics; SSD300 has no BN."""
     assert gradient_difference(initial_model, samples[:2], 2) < 1e-4
     np.random.seed(0)
     small = materialize(build_ssd("ssd_small", None, n_fg_class=3))
@@ -198,16 +170,13 @@ def test_batch_normalisation_makes_the_micro_batches_another_function(bccd_root,
     small_samples = [transform(dataset[dataset.ids.index(i)]) for i in IDS]
     before = {name: p.array.copy() for name, p in small.namedparams()}
     assert gradient_difference(small, small_samples, 2) > 0.02
-    assert gradient_difference(small, small_samples, 1) == 0.0   # the same path: no difference
+    assert gradient_difference(small, small_samples, 1) == 0.0
     for name, p in small.namedparams():                         # copies were trained, not it
         np.testing.assert_array_equal(p.array, before[name], err_msg=name)
 
 
-# --------------------------------------------------------------------------- stub model
-
 class StubModel(chainer.Link):
-    """``model(imgs)`` -> (B, K, 4) locations and (B, K, n_class) scores that depend on
-    the image (so every sample's gradient differs) through learnable weights."""
+    """(B, K, 4) locations and (B, K, n_class) scores that depend on the image."""
 
     def __init__(self, n_prior=12, n_class=4):
         super().__init__()
@@ -287,7 +256,7 @@ def test_comm_is_allreduced_once_per_batch_like_the_loss():
     acc_optimizer.setup(acc_chain)
     updater = AccumulatingUpdater(chainer.iterators.SerialIterator(samples, 6, shuffle=False),
                                   acc_optimizer, accumulate=3)
-    assert updater.comm is acc_comm                  # the chain's comm, by default
+    assert updater.comm is acc_comm
     updater.update()
     assert big_comm.received == acc_comm.received == [count]    # once, the whole batch
     for p, q in zip(chain.params(), acc_chain.params()):
@@ -325,7 +294,7 @@ def test_batch_size_not_divisible_is_named():
     iterator = chainer.iterators.SerialIterator(stub_samples(), 3)
     with pytest.raises(ConfigError) as info:
         AccumulatingUpdater(iterator, optimizer, accumulate=2)
-    assert info.value.kind == "accumulation" and "3" in str(info.value)   # the batch size
+    assert info.value.kind == "accumulation" and "3" in str(info.value)
     assert isinstance(info.value, MedaidetError) and isinstance(info.value, ValueError)
     assert "accumulate=2" in str(info.value) and "(e.g. 2 or 4)" in str(info.value)
     for bad in (0, -1, 1.5, True):
@@ -339,4 +308,4 @@ def test_batch_size_not_divisible_is_named():
     updater.update()
     with pytest.raises(ConfigError) as info:
         updater.update()
-    assert info.value.kind == "accumulation" and "1" in str(info.value)    # the short batch
+    assert info.value.kind == "accumulation" and "1" in str(info.value)

@@ -14,13 +14,12 @@ def test_every_profile_builds_a_valid_config():
         assert config.validate() is config         # constructed means checked and normal
     with pytest.raises(ConfigError) as info:
         TrainConfig.profile("gpu")
-    assert all(name in str(info.value) for name in ("'gpu'", *PROFILES))   # and the choices
+    assert all(name in str(info.value) for name in ("'gpu'", *PROFILES))
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
 def test_no_profile_validates_or_tests_on_images_it_trains_on(name, bccd_root):
-    """The validation mAP, the learning curves and every threshold chosen on val are measured
-    on images the model never trained on; test is kept apart from both."""
+    """Val's mAP, curves and thresholds are measured on images the model never trained on."""
     config = TrainConfig.profile(name)
     train, val, test = (set(split_ids(bccd_root, split))
                         for split in (config.train_split, config.val_split, "test"))

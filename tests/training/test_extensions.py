@@ -6,8 +6,7 @@ from medaidet.training.extensions import Monitor, Plotter
 
 
 def test_the_validation_line_says_why_a_class_has_no_ap(tmp_path):
-    """ChainerCV's AP is NaN for a class with no box in the validation images (a few images
-    in a short run): the line says so instead of printing nan."""
+    """ChainerCV's AP is NaN for a class without boxes in the (few) validation images."""
     entry = {"iteration": 3, "epoch": 1.0, "main/loss": 1.0, "validation/main/map": 0.5,
              "validation/main/ap/rbc": 0.4, "validation/main/ap/wbc": 0.6,
              "validation/main/ap/platelets": float("nan")}
@@ -30,8 +29,6 @@ def test_a_run_without_progress_prints_no_validation_line(capsys, monkeypatch):
 
 
 def test_the_ap_plot_draws_each_class_in_its_course_colour(tmp_path):
-    """map.png: every class in CLASS_COLORS (the colour every figure of the course gives it),
-    no colour from matplotlib's default cycle, and the split named on the axis."""
     import numpy as np
     from matplotlib.colors import to_rgb
     from PIL import Image
@@ -56,8 +53,6 @@ def test_the_ap_plot_draws_each_class_in_its_course_colour(tmp_path):
 
 
 def test_the_plots_mark_each_learning_rate_step_the_run_reached(tmp_path):
-    """A step inside the log draws a line on both plots; a step the log never reached draws
-    nothing (the images equal those without steps)."""
     import numpy as np
     from PIL import Image
 
@@ -102,8 +97,7 @@ def _run_monitor(total):
 
 
 def test_a_headless_course_run_stores_ten_progress_lines(monkeypatch, capsys):
-    """Every redraw of a bar is an output a stored notebook keeps (tqdm also redraws on a
-    timer): in `medaidet course run` the progress is ten plain lines, whatever the time."""
+    """Every redraw of a bar is an output a stored notebook keeps (tqdm redraws on a timer)."""
     monkeypatch.setenv("MEDAIDET_COURSE_RUN", "1")
     monitor = _run_monitor(1000)
     out = capsys.readouterr().out

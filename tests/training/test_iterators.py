@@ -1,11 +1,5 @@
-"""medaidet.training.iterators: data-loading worker processes: an example that fails to load in a
-worker ends the run with the same named error as without workers, instead of a hang.
-
-Chainer's MultiprocessIterator runs the workers from a prefetch thread that dies on the
-first exception, leaving the main process waiting for a batch that never comes. Every
-test runs in a subprocess of its own session under a time limit: a hang fails the test
-and is killed with all its worker processes.
-"""
+"""A load error in a worker ends the run with the named error, not a hang (Chainer's prefetch
+thread dies on it); each test runs in its own session under a time limit."""
 import os
 import shutil
 import signal
@@ -25,8 +19,7 @@ QUICK_SECONDS = 90        # an iterator alone
 
 @pytest.fixture
 def broken_bccd(bccd_root, tmp_path):
-    """Three real BCCD images in the VOC layout; one training JPEG truncated to half (its
-    header, and so its size, still reads: the dataset builds, decoding fails)."""
+    """Three BCCD images; one JPEG truncated to half (its size still reads, decoding fails)."""
     root = tmp_path / "bccd"
     (root / "ImageSets" / "Main").mkdir(parents=True)
     for folder in ("Annotations", "JPEGImages"):
@@ -43,8 +36,7 @@ def broken_bccd(bccd_root, tmp_path):
 
 
 def run_guarded(argv, timeout=HANG_SECONDS) -> subprocess.CompletedProcess:
-    """Run ``argv`` in a new session; on timeout kill the session (the workers too) and
-    fail: the run hung."""
+    """Run ``argv`` in a new session; on timeout kill it (the workers too) and fail."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -91,7 +83,6 @@ def test_worker_error_reaches_the_main_process_as_the_same_error(broken_bccd):
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     assert lines["ERROR"] == "medaidet.errors.DataError image", done.stdout
     assert f"{BROKEN}.jpg cannot be decoded" in lines["MESSAGE"]
-    # the worker's traceback travels as the cause (shown with --debug)
     assert "Traceback" in lines["WORKER"] and "_get_image" in lines["WORKER"]
     assert done.stdout.rstrip().endswith("DONE")
     assert "Exception in thread" not in done.stderr
@@ -134,8 +125,6 @@ def test_an_error_that_cannot_travel_is_named_by_its_type_and_message():
 @pytest.mark.parametrize("n_processes", ["2", "0"])
 def test_train_with_a_broken_image_ends_with_the_named_error(broken_bccd, tmp_path,
                                                              n_processes):
-    """The whole command, as the user ran it: with worker processes (the full profile's
-    default) and without, the same one-line error and exit status 2."""
     done = run_guarded([sys.executable, "-m", "medaidet", "train", "--profile", "smoke",
                         "--root", str(broken_bccd), "--out", str(tmp_path / "out"),
                         "--subset", "2", "--batch-size", "2", "--iterations", "1",

@@ -1,6 +1,5 @@
-"""The small SSD learns BCCD: a short real training run on the CPU must find the white blood
-cells on the validation images, far above what the untrained model finds. A change that breaks
-learning (the loss, the coder, the augmentation, the optimizer hooks) turns this red."""
+"""A short CPU run of the small SSD must find val's white cells, unlike the untrained model:
+it turns red on a change that breaks learning (the loss, coder, augmentation, hooks)."""
 import pytest
 
 from medaidet.training.config import TrainConfig

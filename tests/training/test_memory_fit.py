@@ -1,7 +1,5 @@
-"""The batch fitted to the device's memory before training (medaidet.training.train),
-on the CPU with a memory limit standing in for a small GPU: measured on real BCCD images,
-the micro-batch that fits chosen, the run trained with it and saying so, the run's random
-streams untouched by the measurement."""
+"""The batch fitted to the device's memory, on the CPU with a memory limit standing in for
+a small GPU."""
 import json
 
 import chainer
@@ -54,9 +52,7 @@ def test_on_the_cpu_without_a_limit_nothing_is_measured(monkeypatch, bccd_root):
 
 @pytest.mark.slow(seconds=27)
 def test_a_limit_too_small_for_the_batch_trains_it_in_micro_batches(tmp_path, bccd_root):
-    """Measured once without a limit that binds, then trained under a limit with room for 3
-    images: micro-batches of 2 (the largest divisor of 8 that fits), accumulate 4, said in
-    one line, config.json and metrics.json."""
+    """Room for 3 images: micro-batches of 2 (the largest divisor of 8 that fits)."""
     cpu = chainer.get_device("@numpy")
     _, free = fit_batch(TrainConfig.profile("smoke", memory_limit=64, **SMALL), bccd_root, cpu,
                         log=None)
@@ -77,8 +73,6 @@ def test_a_limit_too_small_for_the_batch_trains_it_in_micro_batches(tmp_path, bc
 
 @pytest.mark.slow(seconds=30)
 def test_the_measurement_leaves_the_seeded_run_as_it_was(tmp_path, bccd_root):
-    """A limit with room for the batch measures (a model of its own, two steps) and changes
-    nothing: the same weights bit for bit as the run that measured nothing."""
     weights = []
     for limit in (None, 64):
         out = tmp_path / str(limit)

@@ -1,5 +1,4 @@
-"""medaidet.training.train: the Recipe's pieces, built one by one, train the same weights as
-``train()`` (which is ``Recipe.build()`` plus checks, snapshots and metrics)."""
+"""The Recipe's pieces, built one by one, train the same weights as ``train()``."""
 import numpy as np
 import pytest
 
@@ -27,7 +26,7 @@ def test_the_pieces_in_order_train_what_train_trains(tmp_path, bccd_root):
 
     config = TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path / "b"), **TINY)
     seed_everything(config.seed)
-    r = Recipe(config)                       # one process on config.device
+    r = Recipe(config)
     assert r.comm is None and r.batch_size == 1
     model = r.model()
     train_chain = r.train_chain(model)
@@ -46,7 +45,7 @@ def test_the_pieces_in_order_train_what_train_trains(tmp_path, bccd_root):
     assert expected.keys() == got.keys()
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
-    seed_everything(config.seed)              # and training moved them from where they began
+    seed_everything(config.seed)              # and training moved them
     initial = _weights(Recipe(config).model())
     assert any(not np.array_equal(got[name], initial[name]) for name in got)
 
@@ -91,8 +90,6 @@ def test_one_process_recipe():
     assert (r.comm, r.batch_size, r.main, str(r.device)) == (None, 3, True, "@numpy")
 
 
-# --------------------------------------------------------------------------- nothing to learn
-
 def _synthetic(tmp_path, n=6):
     from synthetic import make_synthetic
     root = make_synthetic(tmp_path / "ds", n=n, seed=0)
@@ -104,7 +101,6 @@ def _mark_difficult(annotation, obj):
 
 
 def test_training_on_a_split_without_objects_stops_before_any_iteration(tmp_path, capsys):
-    """It used to train on background only: exit 0, 'last loss 0.000', a model.npz."""
     from medaidet.cli import main
     root, train_ids = _synthetic(tmp_path)
     edit_objects(root, train_ids)
@@ -118,7 +114,7 @@ def test_training_on_a_split_without_objects_stops_before_any_iteration(tmp_path
         f"{len(train_ids)} images listed in {root}/ImageSets/Main/train.txt has a box the "
         f"loader keeps (their annotations hold no <object>). Check Annotations/<id>.xml of "
         f"the ids in that list, or run `medaidet data validate {root}`")
-    assert list(out.iterdir()) == []              # no weights, snapshot, metrics or config
+    assert list(out.iterdir()) == []
 
 
 def _zero_width(annotation, obj):           # the loader drops the box
@@ -144,8 +140,7 @@ def test_a_split_whose_objects_are_all_dropped_or_difficult_has_nothing_to_learn
 
 
 def test_images_without_objects_are_fine_when_the_split_has_some(tmp_path, monkeypatch):
-    """Background-only images are legitimate; only the training images as a whole must
-    hold a box. The check reads the annotations, never an image."""
+    """Background-only images are legitimate; the check never decodes an image."""
     from medaidet.data import bccd
     from medaidet.data.bccd import BCCDDataset
 
@@ -157,7 +152,7 @@ def test_images_without_objects_are_fine_when_the_split_has_some(tmp_path, monke
     dataset = BCCDDataset(root, "train")
     config = TrainConfig(root=str(root))
     assert recipe.check_objects(dataset, dataset, config) is None
-    # ... but the first images alone (subset) have nothing to learn: say so, not the split
+    # but the first images alone (subset) have nothing to learn
     config = TrainConfig(root=str(root), subset=2)
     with pytest.raises(recipe.ConfigError) as info:
         recipe.check_objects(dataset, dataset.slice[:2], config)
@@ -166,8 +161,6 @@ def test_images_without_objects_are_fine_when_the_split_has_some(tmp_path, monke
         f"objects: nothing to learn (subset=2). Train on more of the split's "
         f"{len(train_ids)} images (a larger subset, or none)")
 
-
-# --------------------------------------------------------------------------- notebook 03
 
 def _notebook_cell(cell_id: str) -> str:
     import json
@@ -184,9 +177,7 @@ def _notebook_cell(cell_id: str) -> str:
 ], ids=["ssd", "cpu-profile"])
 def test_notebook_03_recipe_written_out_trains_what_train_trains(tmp_path, bccd_root,
                                                                  augmentation):
-    """Notebook 03 writes the recipe out in plain ChainerCV (no Ranks, no cleanup call); run
-    from the same seed it must train bit-identical weights to train(), with either
-    profile's augmentation."""
+    """Notebook 03 writes the recipe out in plain ChainerCV (no Ranks, no cleanup call)."""
     from pathlib import Path
     build, run = _notebook_cell("recipe-build"), _notebook_cell("recipe-run")
     assert "Ranks" not in build + run and "finalize" not in build + run

@@ -1,5 +1,4 @@
-"""medaidet.training.train (with config, snapshot and divergence): config, smoke training on real
-BCCD, seeds, kill + resume to the same weights, divergence, the ``medaidet train`` command."""
+"""Training: config, smoke runs on real BCCD, seeds, kill + resume, divergence, the command."""
 import json
 import os
 import signal
@@ -35,8 +34,6 @@ def _arrays(path):
         return {k: npz[k] for k in npz.files}
 
 
-# --------------------------------------------------------------------------- config
-
 def test_recipe_defaults():
     c = TrainConfig()
     assert (c.model, c.pretrained, c.batch_size, c.lr, c.momentum, c.weight_decay) == \
@@ -60,8 +57,7 @@ def test_config_errors():
 
 
 def test_the_labels_and_the_other_sources_from_the_command_line():
-    """The shipped trusted-label detector's record names `--labels txl-pbc`: the flag must
-    reach the config, and a source or label set that does not exist is refused by argparse."""
+    """The shipped trusted-label detector's record names `--labels txl-pbc`."""
     config = config_from_args(_parse(["--profile", "cpu", "--labels", "txl-pbc",
                                       "--other-sources", "PBC", "Raabin-WBC"]))
     assert config.labels == "txl-pbc" and config.other_sources == ("PBC", "Raabin-WBC")
@@ -98,7 +94,7 @@ def test_gpu_without_cuda_is_a_named_error(tmp_path):
     with pytest.raises(DeviceError) as info:
         resolve_device("gpu")
     assert (info.value.kind, info.value.spec) == ("no_cuda", "gpu")
-    assert "--device cpu" in str(info.value)                 # the way out
+    assert "--device cpu" in str(info.value)
     args = _parse(["--profile", "smoke", "--device", "gpu", "--out", str(tmp_path)])
     with pytest.raises(DeviceError) as info:
         args.func(args)
@@ -106,11 +102,9 @@ def test_gpu_without_cuda_is_a_named_error(tmp_path):
     assert str(resolve_device("auto")) == "@numpy"
 
 
-# --------------------------------------------------------------------------- training
-
 @pytest.fixture(scope="module")
 def run_a(tmp_path_factory, bccd_root):
-    """Uninterrupted: 4 iterations, batch 1, 2 images, seed 0, evaluation at the end."""
+    """Uninterrupted: 4 iterations, batch 1, 2 images, seed 0."""
     out = tmp_path_factory.mktemp("run_a")
     return train(TrainConfig.profile("smoke", iterations=4, root=str(bccd_root),
                                      out=str(out), **TINY), progress=False)
@@ -152,9 +146,7 @@ def _umask_mode() -> int:
 
 @pytest.mark.slow(seconds=2)
 def test_snapshot_metrics_and_plots_get_the_usual_file_mode(run_a):
-    """What train() writes itself (the trainer snapshot, metrics.json, config.json, the
-    plots) is created as any file the user makes: 0666 less the umask (0644 under umask
-    022), readable by the course's other accounts, not 0600."""
+    """0666 less the umask, readable by the course's other accounts, not 0600."""
     out = run_a.out
     modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in out.iterdir()
              if p.is_file() and not p.name.startswith("model.npz")}
@@ -164,15 +156,13 @@ def test_snapshot_metrics_and_plots_get_the_usual_file_mode(run_a):
 
 @pytest.mark.slow(seconds=2)
 def test_weights_get_the_usual_file_mode(run_a):
-    """model.npz and its .sha256 sidecar likewise: what evaluation on another account, or
-    a web server serving the course's results, must read."""
     modes = {name: oct(stat.S_IMODE((run_a.out / name).stat().st_mode))
              for name in ("model.npz", "model.npz.sha256")}
     assert modes == {name: oct(_umask_mode()) for name in modes}
 
 
 def _train_process(config: dict, cfg_path, resume=None) -> subprocess.Popen:
-    """``medaidet train`` in a new process (``python -m medaidet``), config from a file."""
+    """``medaidet train`` in a new process, config from a file."""
     cfg_path.write_text(json.dumps(config))
     argv = [sys.executable, "-m", "medaidet", "train", "--profile", "smoke", "--config",
             str(cfg_path), "--no-progress"]
@@ -205,8 +195,7 @@ def test_another_seed_gives_other_weights(run_a, tmp_path, bccd_root):
                    progress=False, log=lambda *_: None)
     seed1 = _arrays(result.weights)
     seed0 = _arrays(run_a.weights)
-    # every weight array was drawn from the seeded RNG: all differ (biases start at 0 and
-    # stay there in layers that are dead at random init, so they are not compared)
+    # biases are not compared: they start at 0 and stay there in layers dead at random init
     weights = [k for k in seed0 if k.endswith("/W")]
     assert len(weights) > 30
     assert all(not np.array_equal(seed1[k], seed0[k]) for k in weights)
@@ -215,9 +204,7 @@ def test_another_seed_gives_other_weights(run_a, tmp_path, bccd_root):
 @pytest.mark.slow(seconds=44)
 def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, tmp_path,
                                                                         bccd_root):
-    """A real SIGKILL in the middle of training (a snapshot each epoch = 2 iterations);
-    a new process resumes from the snapshot to iteration 4: the weights equal the
-    uninterrupted run's bit for bit."""
+    """A real SIGKILL after the first snapshot (each epoch = 2 iterations), then resume."""
     out = tmp_path / "run_k"
     config = dict(TINY, iterations=4, snapshot_interval=1, root=str(bccd_root), out=str(out))
     snapshot = out / "snapshot_latest.npz"
@@ -225,7 +212,7 @@ def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, 
     deadline = time.monotonic() + 600
     while not snapshot.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    proc.kill()                                  # SIGKILL: no clean-up of any kind
+    proc.kill()
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, \
         f"the run ended before it could be killed (rc {proc.returncode}):\n{output}"
@@ -246,8 +233,7 @@ def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, 
 
 @pytest.mark.slow(seconds=23)
 def test_divergence_stops_with_the_iteration_and_keeps_the_last_snapshot(tmp_path, bccd_root):
-    """The learning rate jumps x1e40 after epoch 1 (iteration 2): the weights blow up and
-    training must stop with a named error; the epoch-1 snapshot stays as it was."""
+    """The learning rate jumps x1e40 after epoch 1 (iteration 2)."""
     config = TrainConfig.profile("smoke", root=str(bccd_root), out=str(tmp_path), **dict(
         TINY, iterations=6, snapshot_interval=1, lr_steps=(1,), lr_gamma=1e40))
     with pytest.raises(DivergedError) as info:
@@ -287,7 +273,7 @@ def test_stop_on_non_finite_before_and_after_the_update(timing, poison, match):
 
 
 def test_deterministic_needs_a_seed_and_means_no_workers():
-    with pytest.raises(ConfigError, match="^deterministic=True"):       # what asks for it
+    with pytest.raises(ConfigError, match="^deterministic=True"):
         TrainConfig(deterministic=True)
     assert n_processes_for(TrainConfig(deterministic=True, seed=0)) == 0
     assert n_processes_for(TrainConfig(deterministic=True, seed=0, n_processes=2)) == 2
@@ -303,7 +289,7 @@ def test_resume_with_another_subset_is_refused(run_a, bccd_root, tmp_path):
                                  out=str(tmp_path), **dict(TINY, subset=3))
     with pytest.raises(WeightsError) as info:
         train(config, resume=run_a.snapshot, progress=False)
-    assert info.value.kind == "snapshot" and "3 images" in str(info.value)  # both subsets
+    assert info.value.kind == "snapshot" and "3 images" in str(info.value)
     assert "2 images" in str(info.value)
     with pytest.raises(WeightsError) as info:                 # model weights, not a snapshot
         train(config, resume=run_a.weights, progress=False)
@@ -312,8 +298,7 @@ def test_resume_with_another_subset_is_refused(run_a, bccd_root, tmp_path):
 
 @pytest.mark.slow(seconds=5)
 def test_a_damaged_snapshot_is_a_named_error(run_a, bccd_root, tmp_path):
-    """Its zip directory is intact (the first check passes); an array in the middle is
-    not: loading it fails inside chainer, and that is a WeightsError too."""
+    """Its zip directory is intact (the first check passes); an array in the middle is not."""
     data = bytearray(run_a.snapshot.read_bytes())
     middle = len(data) // 2
     data[middle:middle + 256] = bytes(b ^ 0xFF for b in data[middle:middle + 256])

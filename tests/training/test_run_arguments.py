@@ -1,6 +1,5 @@
-"""medaidet.training.train's inputs: every bad number, name, file or folder ends in one named error
-that says the argument as the user wrote it (``--epochs``, ``--resume``, or the config
-field ``model``), the value and what is expected, before any model or data is built."""
+"""Every bad training input is one named error, naming the argument as the user wrote it,
+before any model or data is built."""
 import json
 import math
 import re
@@ -16,8 +15,7 @@ from medaidet.training.train import train
 
 @pytest.fixture
 def no_model(monkeypatch):
-    """Building the model (or the data) is the start of the long work: every check here
-    must come before it."""
+    """Every check must come before the model or the data is built."""
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the arguments were checked")
     monkeypatch.setattr("medaidet.training.train.Recipe.model", refuse)
@@ -29,8 +27,6 @@ def _error_line(capsys) -> str:
     assert "Traceback" not in err, err
     return err.strip().splitlines()[-1]
 
-
-# --------------------------------------------------------------------------- numbers
 
 @pytest.mark.parametrize("flag, value, expected", [
     ("--epochs", "inf", "inf is out of range; expected a number > 0"),
@@ -50,11 +46,9 @@ def test_numeric_flags_are_checked_by_argparse(flag, value, expected, capsys, no
     with pytest.raises(SystemExit) as info:
         main(["train", "--profile", "smoke", flag, value])
     assert info.value.code == 2
-    # (the command line may add a hint after the message, such as where --help is)
+    # a hint (such as where --help is) may follow the message
     assert _error_line(capsys).startswith(f"medaidet train: error: argument {flag}: {expected}")
 
-
-# --------------------------------------------------------------------------- config fields
 
 @pytest.mark.parametrize("field, value, expected", [
     ("model", "ssd1024", "model: 'ssd1024' is not a model medaidet builds; expected one of "
@@ -110,11 +104,9 @@ def test_paths_are_kept_as_text(tmp_path):
     config = TrainConfig(out=tmp_path / "o", root=tmp_path, pretrained=tmp_path / "w.npz")
     assert config.out == str(tmp_path / "o") and config.root == str(tmp_path)
     assert config.pretrained == str(tmp_path / "w.npz")
-    json.dumps(config.to_dict())                 # config.json can be written
+    json.dumps(config.to_dict())
     assert TrainConfig(pretrained="None").pretrained is None
 
-
-# --------------------------------------------------------------------------- the output folder
 
 def test_out_that_is_a_file(tmp_path, capsys, no_model):
     file = tmp_path / "results"
@@ -123,7 +115,7 @@ def test_out_that_is_a_file(tmp_path, capsys, no_model):
     assert _error_line(capsys) == (f"medaidet: error: --out: {file} is a file, not a folder; "
                                    "give a folder path (it is created if missing)")
     assert file.read_text() == "mine"
-    with pytest.raises(ConfigError) as info:       # the Python API names its own argument
+    with pytest.raises(ConfigError) as info:
         train(TrainConfig.profile("smoke", out=str(file)), progress=False)
     assert (info.value.kind, info.value.path) == ("not_a_folder", file)
     assert str(info.value).startswith("out: ")
@@ -151,8 +143,6 @@ def test_out_inside_the_dataset_is_refused(bccd_root, tmp_path, capsys, no_model
         train(TrainConfig.profile("smoke", root=str(data), out=str(data)), progress=False)
     assert (info.value.kind, info.value.path) == ("input", data.resolve())
 
-
-# --------------------------------------------------------------------------- --resume, --pretrained
 
 def _snapshot_like(path):
     """A small .npz with a trainer snapshot's first keys."""
@@ -233,8 +223,7 @@ def test_unusable_pretrained_file(kind, tmp_path, capsys, no_model):
 
 @pytest.mark.slow(seconds=23)
 def test_the_command_checks_its_run_once(monkeypatch, tmp_path, bccd_root):
-    """prepare_run runs once per `medaidet train` (its messages get the flags' names from
-    the command line: test_out_that_is_a_file)."""
+    """Its messages get the flags' names from the command line (test_out_that_is_a_file)."""
     from medaidet.training import train as run_module
     calls = []
     real = run_module.prepare_run
@@ -250,8 +239,7 @@ def test_the_command_checks_its_run_once(monkeypatch, tmp_path, bccd_root):
 
 @pytest.mark.slow(seconds=23)
 def test_train_resolves_the_data_root_once(monkeypatch, tmp_path, bccd_root):
-    """root=None is resolved once ($MEDAIDET_DATA here), before anything is built; the
-    recipe reads both splits from that folder and never resolves it again."""
+    """root=None is resolved once ($MEDAIDET_DATA here); both splits are read from it."""
     from medaidet.training import train as run_module
     monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
     calls, real = [], run_module.resolve_root
@@ -275,8 +263,7 @@ def test_train_resolves_the_data_root_once(monkeypatch, tmp_path, bccd_root):
 
 @pytest.mark.slow(seconds=23)
 def test_out_under_home_is_where_every_file_goes(monkeypatch, tmp_path, bccd_root):
-    """out='~/run' is the home folder's run/ for the config, the checks, the trainer's
-    snapshot and the files train() writes (not a folder named '~' in the working one)."""
+    """Every file of the run goes to ~/run, not to a folder named '~' in the working one."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     config = TrainConfig.profile("smoke", root=str(bccd_root), out="~/run", iterations=1)

@@ -1,7 +1,4 @@
-"""TrainConfig's precision through train(): mixed16 trains float32 weights with float16
-convolutions and loss scaling, and says so; tf32 on the CPU says it multiplies in float32;
-an unknown precision is a ConfigError naming the field; a skipped (overflowed) mixed16 step
-is not a divergence."""
+"""TrainConfig's precision through train(): mixed16, tf32 on the CPU, loss-scaling skips."""
 import json
 
 import chainer

@@ -51,8 +51,7 @@ def _draw(_):
 
 
 def test_each_worker_draws_its_own_stream():
-    """Forked workers inherit NumPy's state: without reseeding they all repeat it.
-    ReseedingTransform gives each worker its own stream, keyed by the seed and the worker."""
+    """Forked workers inherit NumPy's state: without reseeding they all repeat it."""
     if "fork" not in multiprocessing.get_all_start_methods():
         pytest.skip("needs fork")
     ctx = multiprocessing.get_context("fork")
@@ -64,7 +63,7 @@ def test_each_worker_draws_its_own_stream():
         with ctx.Pool(2) as pool:
             results = pool.map(_draw_in_worker, [transform] * 8, chunksize=1)
         first = {}
-        for name, value in results:          # task order = each worker's own order
+        for name, value in results:
             first.setdefault(name, value)
         return first
 
@@ -75,14 +74,12 @@ def test_each_worker_draws_its_own_stream():
     reseeded = run(ReseedingTransform(_draw, seed=7))
     # NumPy: every forked worker repeats the parent's stream (the bug)
     assert {value[1] for value in plain.values()} == {parent[1]}
-    # Python's random reseeds itself from the OS in a forked child: different, but
-    # different in every run too
+    # Python's random reseeds itself from the OS in a forked child (differs every run)
     assert all(value[0] != parent[0] for value in plain.values())
-    # reseeded: both generators leave the parent's stream, each worker its own
     assert all(value[0] != parent[0] and value[1] != parent[1] for value in reseeded.values())
     if len(reseeded) == 2:
         assert len({value[1] for value in reseeded.values()}) == 2
-    # in the process that made it, the wrapper changes nothing
+    # in the process that made it, nothing changes
     random.seed(0)
     np.random.seed(0)
     assert ReseedingTransform(_draw, seed=7)(None) == parent
