@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.arguments import check_number, check_type
+from medaidet.data import BCCD_LABEL_NAMES, LABELS
 from medaidet.errors import ConfigError
-from medaidet.data import LABELS
 from medaidet.data.bccd import (annotation_path, bccd_links, image_path, parse_annotation,
                                 parse_yolo_labels)
 from medaidet.data.image import read_image_size
@@ -72,26 +71,22 @@ def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES,
     out = []
     n_class = len(label_names)
     for pair in pairs:
-        centres_a, labels_a, size_a = _boxes(root, pair.a, txl)
-        centres_b, labels_b, size_b = _boxes(root, pair.b, txl)
-        (h_a, w_a), (h_b, w_b) = size_a, size_b
+        centres_a, labels_a, (h_a, w_a) = _boxes(root, pair.a, txl)
+        centres_b, labels_b, (h_b, w_b) = _boxes(root, pair.b, txl)
         # b's frame in a's pixels is [dx, dx + w_b] x [dy, dy + h_b]
-        x0 = max(0, pair.dx) + margin
-        y0 = max(0, pair.dy) + margin
-        x1 = min(w_a, pair.dx + w_b) - margin
-        y1 = min(h_a, pair.dy + h_b) - margin
+        x0, y0 = max(0, pair.dx) + margin, max(0, pair.dy) + margin
+        x1, y1 = min(w_a, pair.dx + w_b) - margin, min(h_a, pair.dy + h_b) - margin
         if x1 <= x0 or y1 <= y0:
             continue
 
-        def inside(centres):
-            return ((centres[:, 0] >= x0) & (centres[:, 0] < x1)
-                    & (centres[:, 1] >= y0) & (centres[:, 1] < y1))
+        def count(centres, labels):
+            inside = ((centres[:, 0] >= x0) & (centres[:, 0] < x1)
+                      & (centres[:, 1] >= y0) & (centres[:, 1] < y1))
+            return np.bincount(labels[inside], minlength=n_class)[:n_class]
 
-        shifted_b = centres_b + np.array([pair.dx, pair.dy], dtype=float)
-        counts_a = np.bincount(labels_a[inside(centres_a)], minlength=n_class)[:n_class]
-        counts_b = np.bincount(labels_b[inside(shifted_b)], minlength=n_class)[:n_class]
         out.append(PairCounts(pair.a, pair.b, tuple(pair.splits_a), tuple(pair.splits_b),
-                              (x0, y0, x1, y1), counts_a, counts_b))
+                              (x0, y0, x1, y1), count(centres_a, labels_a),
+                              count(centres_b + [pair.dx, pair.dy], labels_b)))
     return out
 
 
@@ -107,7 +102,8 @@ def count_agreement(rows, label_names=BCCD_LABEL_NAMES, exclude=()) -> dict:
     a class has no box), the pairs used and the boxes of each. ``exclude``: image ids whose
     pairs are left out (e.g. the validator's ``missing_class`` images)."""
     exclude = set(exclude)
-    kept = [r for r in _checked_rows(rows, "rows", PairCounts) if r.a not in exclude and r.b not in exclude]
+    kept = [r for r in _checked_rows(rows, "rows", PairCounts)
+            if r.a not in exclude and r.b not in exclude]
     out = {}
     for l, name in enumerate(label_names):
         a = np.array([r.counts_a[l] for r in kept], dtype=float)

@@ -36,6 +36,7 @@ import defusedxml
 import defusedxml.ElementTree as SafeET
 import numpy as np
 from chainercv.chainer_experimental.datasets.sliceable import GetterDataset
+from chainercv.utils import bbox_iou
 
 from medaidet.arguments import checked_path, checked_size, is_path
 from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS, LABELS, SPLITS
@@ -45,14 +46,13 @@ from medaidet.errors import ConfigError, DataError, MedaidetError
 from medaidet.files import not_a_regular_file
 from medaidet.tables import Table
 
-__all__ = [
-    "split_path", "annotation_path", "image_path", "SplitProblem", "scan_split_file",
-    "read_split", "Annotation", "AnnotatedObject", "parse_annotation", "MAX_XML_BYTES",
-    "check_annotation", "Finding", "CheckedAnnotation", "BOUNDS_TOLERANCE",
-    "NEAR_DUPLICATE_IOU", "AnnotationWarning", "QUIET_ENV", "warn_once", "parse_yolo_labels",
-    "TXL_CLASSES", "MAX_LABEL_BYTES", "Link", "read_links", "bccd_links", "LINKS_FILE",
-    "CLASS_COLORS", "BCCDDataset", "LABELS", "ObjectIssue", "annotation_report",
-    "quiet_annotation_warnings"]
+__all__ = ["split_path", "annotation_path", "image_path", "scan_split_file", "read_split",
+           "Annotation", "AnnotatedObject", "parse_annotation", "MAX_XML_BYTES",
+           "check_annotation", "Finding", "CheckedAnnotation", "BOUNDS_TOLERANCE",
+           "NEAR_DUPLICATE_IOU", "AnnotationWarning", "QUIET_ENV", "warn_once",
+           "parse_yolo_labels", "TXL_CLASSES", "MAX_LABEL_BYTES", "Link", "read_links",
+           "bccd_links", "LINKS_FILE", "CLASS_COLORS", "BCCDDataset", "LABELS", "ObjectIssue",
+           "annotation_report", "quiet_annotation_warnings"]
 
 
 # ---------------------------------------------------------------------------------- the VOC layout
@@ -72,48 +72,32 @@ def image_path(root, image_id: str) -> Path:
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,254}")
 
 
-class SplitProblem(NamedTuple):
-    """One defect of a split list; ``image_id`` is None for the whole file."""
-    kind: str                # "missing" | "unreadable" | "empty" | "bad_id" | "duplicate"
-    image_id: str | None
-    line: int | None         # 1-based line number
-    detail: str
-
-
-def scan_split_file(path) -> tuple[list[str], list[SplitProblem]]:
-    """Ids of a split list in order (first occurrence), and every problem found; a line holds
-    one id (letters, digits, ``_.+-``)."""
+def scan_split_file(path) -> tuple[list[str], list[tuple]]:
+    """Ids of a split list in order (first occurrence), and every problem found as ``(image id
+    or None for the whole file, detail)``; a line holds one id (letters, digits, ``_.+-``)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
-        return [], [SplitProblem("missing", None, None, f"split list {path} does not exist")]
+        return [], [(None, f"split list {path} does not exist")]
     except (OSError, UnicodeDecodeError) as exc:
-        return [], [SplitProblem("unreadable", None, None,
-                                 f"split list {path} cannot be read as UTF-8 text ({exc})")]
-    ids, problems, first_line = [], [], {}
+        return [], [(None, f"split list {path} cannot be read as UTF-8 text ({exc})")]
+    problems, first_line = [], {}
     for number, raw in enumerate(text.splitlines(), 1):
         entry = raw.strip()
         if not entry:
             continue
         if not _ID_RE.fullmatch(entry) or ".." in entry:
-            problems.append(SplitProblem(
-                "bad_id", entry, number,
-                f"{path} line {number}: {entry!r} is not an image id (one id per line; "
-                "letters, digits and _.+- only)"))
-            continue
-        if entry in first_line:
-            problems.append(SplitProblem(
-                "duplicate", entry, number,
-                f"{path} line {number}: id {entry} is listed twice (first on line "
-                f"{first_line[entry]}); remove one"))
-            continue
-        first_line[entry] = number
-        ids.append(entry)
-    if not ids and not problems:
-        problems.append(SplitProblem("empty", None, None,
-                                     f"split list {path} is empty: it lists no image id"))
-    return ids, problems
+            problems.append((entry, f"{path} line {number}: {entry!r} is not an image id (one id "
+                                    "per line; letters, digits and _.+- only)"))
+        elif entry in first_line:
+            problems.append((entry, f"{path} line {number}: id {entry} is listed twice (first on "
+                                    f"line {first_line[entry]}); remove one"))
+        else:
+            first_line[entry] = number
+    if not first_line and not problems:
+        problems.append((None, f"split list {path} is empty: it lists no image id"))
+    return list(first_line), problems
 
 
 def read_split(root, split: str) -> list[str]:
@@ -123,9 +107,9 @@ def read_split(root, split: str) -> list[str]:
     path = split_path(root, split)
     ids, problems = scan_split_file(path)
     if problems:
-        first = problems[0]
+        image_id, detail = problems[0]
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise DataError(first.detail + more, "split", path=path, image_id=first.image_id)
+        raise DataError(detail + more, "split", path=path, image_id=image_id)
     return ids
 
 
@@ -141,8 +125,7 @@ def _read_small_file(path: Path, limit: int, kind: str, what: str, missing: str)
                             kind, path=path, image_id=path.stem)
         return path.read_bytes()
     except FileNotFoundError:
-        raise DataError(f"{path} does not exist", missing, path=path,
-                        image_id=path.stem) from None
+        raise DataError(f"{path} does not exist", missing, path=path, image_id=path.stem) from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read it ({exc})", kind, path=path,
                         image_id=path.stem) from None
@@ -151,7 +134,6 @@ def _read_small_file(path: Path, limit: int, kind: str, what: str, missing: str)
 # ------------------------------------------------------------------ VOC annotations, parsed safely
 
 MAX_XML_BYTES = 8 << 20     # BCCD's largest annotation is ~6 kB
-_COORDS = ("xmin", "ymin", "xmax", "ymax")
 
 
 class AnnotatedObject(NamedTuple):
@@ -162,7 +144,6 @@ class AnnotatedObject(NamedTuple):
     bndbox: tuple[float, float, float, float] | None   # (xmin, ymin, xmax, ymax): VOC, 1-based
     problem: str | None               # why bndbox is None
     difficult: bool
-    truncated: bool
 
 
 @dataclass(frozen=True)
@@ -170,14 +151,14 @@ class Annotation:
     """A parsed VOC annotation file. Metadata fields are None when absent."""
     path: Path
     objects: tuple[AnnotatedObject, ...]
-    size: tuple[int, int] | None      # (height, width) from <size>; None if absent or not > 0
-    size_text: str | None             # <size> as written, for messages
-    depth: int | None
-    filename: str | None
-    folder: str | None
-    image_path: str | None            # the <path> element
-    attributes: tuple[tuple[str, str], ...]   # of <annotation>
-    indent: str                       # leading whitespace of the first indented line
+    size: tuple[int, int] | None = None   # (height, width) from <size>; None if absent or not > 0
+    size_text: str | None = None          # <size> as written, for messages
+    depth: int | None = None
+    filename: str | None = None
+    folder: str | None = None
+    image_path: str | None = None         # the <path> element
+    attributes: tuple[tuple[str, str], ...] = ()   # of <annotation>
+    indent: str = ""                      # leading whitespace of the first indented line
 
 
 def _text(element, tag):
@@ -198,7 +179,7 @@ def _read_bndbox(element):
     if box is None:
         return None, "it has no <bndbox>"
     values = []
-    for tag in _COORDS:
+    for tag in ("xmin", "ymin", "xmax", "ymax"):
         text = _text(box, tag)
         if text is None:
             return None, f"its <bndbox> has no <{tag}>"
@@ -212,30 +193,20 @@ def _read_bndbox(element):
     return tuple(values), None
 
 
-def _flag(text) -> bool:
-    return (text or "").strip().lower() in ("1", "true", "yes")
-
-
-def _label_index(label_names):
-    return {name.lower(): i for i, name in enumerate(label_names)}
-
-
 def parse_annotation(path, label_names=BCCD_LABEL_NAMES) -> Annotation:
     """Parse one VOC XML file safely (no DTD, no entities), judging nothing; a cached result, or
     a ``"missing_file"``, ``"xml"`` or ``"unsafe_xml"`` DataError."""
     path = Path(path)
-    data = _read_small_file(path, MAX_XML_BYTES, "xml", "a VOC XML annotation file",
-                            "missing_file")
+    data = _read_small_file(path, MAX_XML_BYTES, "xml", "a VOC XML annotation file", "missing_file")
     return _parse_cached(str(path), data, tuple(label_names))
 
 
 @functools.lru_cache(maxsize=4096)
 def _parse_cached(path_text: str, data: bytes, label_names) -> Annotation:
     path = Path(path_text)
-    image_id = path.stem
 
     def fail(kind, why):
-        return DataError(f"{path}: {why}", kind, path=path, image_id=image_id)
+        return DataError(f"{path}: {why}", kind, path=path, image_id=path.stem)
 
     try:
         root = SafeET.fromstring(data, forbid_dtd=True)
@@ -250,27 +221,22 @@ def _parse_cached(path_text: str, data: bytes, label_names) -> Annotation:
         raise fail("xml", f"the root element is <{root.tag}>, not "
                    "<annotation>: not a Pascal VOC annotation")
 
-    index_of = _label_index(label_names)
+    index_of = {name.lower(): i for i, name in enumerate(label_names)}
     objects = []
     for index, element in enumerate(root.findall("object")):
-        name_element = element.find("name")
-        name = None if name_element is None else (name_element.text or "")
+        name = element.findtext("name")
         label = None if name is None else index_of.get(name.strip().lower())
         bndbox, problem = _read_bndbox(element)
-        objects.append(AnnotatedObject(index, name, label, bndbox, problem,
-                                       _flag(element.findtext("difficult")),
-                                       _flag(element.findtext("truncated"))))
+        difficult = (element.findtext("difficult") or "").strip().lower() in ("1", "true", "yes")
+        objects.append(AnnotatedObject(index, name, label, bndbox, problem, difficult))
 
     size_element = root.find("size")
-    height = width = depth = None
-    size_text = None
+    width = height = depth = size_text = None
     if size_element is not None:
-        width = _positive_int(_text(size_element, "width"))
-        height = _positive_int(_text(size_element, "height"))
-        depth = _positive_int(_text(size_element, "depth"))
+        width, height, depth = (_positive_int(_text(size_element, tag))
+                                for tag in ("width", "height", "depth"))
         size_text = f"{_text(size_element, 'width')}x{_text(size_element, 'height')}"
-    text = data.decode("utf-8", "replace")
-    indent = re.search(r"\n([ \t]+)<", text)
+    indent = re.search(r"\n([ \t]+)<", data.decode("utf-8", "replace"))
     return Annotation(
         path=path, objects=tuple(objects),
         size=(height, width) if height and width else None, size_text=size_text, depth=depth,
@@ -326,23 +292,14 @@ def _fmt(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def _iou(box, others):
-    """IoU (N,) of ``box`` (4,) with ``others`` (N, 4), ``(y_min, x_min, y_max, x_max)``."""
-    tl = np.maximum(box[:2], others[:, :2])
-    br = np.minimum(box[2:], others[:, 2:])
-    inter = np.prod(np.clip(br - tl, 0, None), axis=1)
-    union = np.prod(box[2:] - box[:2]) + np.prod(others[:, 2:] - others[:, :2], axis=1) - inter
-    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
-
-
 def _duplicates(bbox, labels, threshold):
     """Yield ``(j, k, iou)`` for each box ``j`` repeating an earlier kept box ``k`` of its class
     (IoU >= ``threshold``); ``j`` is not kept. O(R) memory, not all pairs: IoU >= t needs
     ``y_min`` within ``(1 - t) * h`` of each other, so only that band is compared."""
     boxes = bbox.astype(np.float64)
-    keep = np.ones(len(boxes), dtype=bool)
     if len(boxes) < 2:
         return
+    keep = np.ones(len(boxes), dtype=bool)
     band = ((1 - threshold) * float(np.max(boxes[:, 2] - boxes[:, 0])) + 1e-6
             if threshold > 0 else np.inf)
     order = np.argsort(boxes[:, 0], kind="stable")
@@ -355,7 +312,7 @@ def _duplicates(bbox, labels, threshold):
         earlier = near_by[keep[near_by] & (labels[near_by] == labels[j])]
         if not len(earlier):
             continue
-        iou = _iou(boxes[j], boxes[earlier])
+        iou = bbox_iou(boxes[j:j + 1], boxes[earlier])[0]
         near = np.flatnonzero(iou >= threshold)
         if len(near):
             keep[j] = False
@@ -422,28 +379,27 @@ def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_
                                 f"the image is {width}x{height}: the boxes were drawn for "
                                 "another image (resized copy?)", "raise"))
     names = ", ".join(label_names)
-    candidates = []            # (index, label, box 0-based, difficult)
+    kept, boxes = [], []
     for obj in annotation.objects:
         found, box = _check_object(obj, height, width, tolerance, item, names)
         findings += found
         if box is not None:
-            candidates.append((obj.index, obj.label, box, obj.difficult))
+            kept.append(obj)
+            boxes.append(box)
 
-    bbox = np.array([c[2] for c in candidates], dtype=np.float32).reshape(-1, 4)
-    labels = np.array([c[1] for c in candidates], dtype=np.int32)
-    keep = np.ones(len(candidates), dtype=bool)
-    named = {obj.index: obj.name for obj in annotation.objects}
+    bbox = np.array(boxes, dtype=np.float32).reshape(-1, 4)
+    labels = np.array([obj.label for obj in kept], dtype=np.int32)
+    keep = np.ones(len(kept), dtype=bool)
     for j, k, iou in _duplicates(bbox, labels, near_duplicate_iou):
-        name = named[candidates[j][0]].strip()
-        detail = (f"{item} {candidates[j][0]} ({name}) overlaps {item} {candidates[k][0]} "
-                  f"({name}) with IoU {iou:.2f}: the same cell boxed twice")
-        findings.append(Finding(candidates[j][0], "near_duplicate_box", detail, "drop"))
+        obj, name = kept[j], kept[j].name.strip()
+        findings.append(Finding(obj.index, "near_duplicate_box",
+                                f"{item} {obj.index} ({name}) overlaps {item} {kept[k].index} "
+                                f"({name}) with IoU {iou:.2f}: the same cell boxed twice", "drop"))
         keep[j] = False
-    return CheckedAnnotation(
-        bbox=bbox[keep], label=labels[keep],
-        difficult=np.array([c[3] for c in candidates], dtype=bool).reshape(-1)[keep],
-        index=np.array([c[0] for c in candidates], dtype=np.int64).reshape(-1)[keep],
-        findings=tuple(findings))
+    return CheckedAnnotation(bbox[keep], labels[keep],
+                             np.array([obj.difficult for obj in kept], dtype=bool)[keep],
+                             np.array([obj.index for obj in kept], dtype=np.int64)[keep],
+                             tuple(findings))
 
 
 # ------------------------------------------------------------- YOLO label files (TXL-PBC's format)
@@ -456,24 +412,18 @@ TXL_CLASSES = ("wbc", "rbc", "platelets")
 MAX_LABEL_BYTES = 1 << 20      # TXL-PBC's largest label file is under 4 kB
 
 
-def _read_text(path: Path) -> str:
-    data = _read_small_file(path, MAX_LABEL_BYTES, "yolo", "a YOLO label file", "yolo")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: cannot read it as UTF-8 text ({exc})", "yolo",
-                        path=path, image_id=path.stem) from None
-
-
 def _box(fields, size):
-    """``(xmin, ymin, xmax, ymax)`` in VOC pixels, or ``(None, why)``."""
+    """A line's ``(xmin, ymin, xmax, ymax)`` in VOC pixels, or ``(None, why)``."""
+    if len(fields) != 5:
+        return None, (f"has {len(fields)} fields, not 5 (<class> <x_center> <y_center> <width> "
+                      "<height>)")
     height, width = size
     try:
-        xc, yc, w, h = (float(f) for f in fields)
+        xc, yc, w, h = (float(f) for f in fields[1:])
     except ValueError:
-        return None, f"coordinates {' '.join(fields)!r} are not all numbers"
+        return None, f"coordinates {' '.join(fields[1:])!r} are not all numbers"
     if not all(math.isfinite(v) for v in (xc, yc, w, h)):
-        return None, f"coordinates {' '.join(fields)!r} are not all finite numbers"
+        return None, f"coordinates {' '.join(fields[1:])!r} are not all finite numbers"
     if w * width < 1 or h * height < 1:
         return None, (f"the box is {w * width:g} x {h * height:g} px (width x height): "
                       "under one pixel")
@@ -488,7 +438,12 @@ def parse_yolo_labels(path, image_size, class_names=TXL_CLASSES,
     ``class_names[c]``, the file's class ``c``, is looked up in ``label_names``."""
     path = checked_path(path, "path", "a YOLO label file")
     image_size = checked_size(image_size, "image_size")
-    text = _read_text(path)
+    data = _read_small_file(path, MAX_LABEL_BYTES, "yolo", "a YOLO label file", "yolo")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: cannot read it as UTF-8 text ({exc})", "yolo",
+                        path=path, image_id=path.stem) from None
     index_of = {name.lower(): i for i, name in enumerate(label_names)}
     classes = ", ".join(f"{i} ({name})" for i, name in enumerate(class_names))
     objects = []
@@ -498,25 +453,18 @@ def parse_yolo_labels(path, image_size, class_names=TXL_CLASSES,
             continue
         token = fields[0]
         if not (token.isascii() and token.isdigit() and int(token) < len(class_names)):
-            raise DataError(
-                f"{path} line {number}: class {token!r} is not one of {classes}; "
-                "fix the line or the class list",
-                "yolo", path=path, image_id=path.stem, line=number)
+            raise DataError(f"{path} line {number}: class {token!r} is not one of {classes}; "
+                            "fix the line or the class list", "yolo", path=path,
+                            image_id=path.stem, line=number)
         name = class_names[int(token)]
-        if len(fields) != 5:
-            bndbox, problem = None, (f"has {len(fields)} fields, not 5 (<class> <x_center> "
-                                     "<y_center> <width> <height>)")
-        else:
-            bndbox, problem = _box(fields[1:], image_size)
+        bndbox, problem = _box(fields, image_size)
         objects.append(AnnotatedObject(number, name, index_of.get(name.lower()), bndbox,
-                                       problem, False, False))
+                                       problem, False))
     if not objects:
         raise DataError(f"{path} is empty: it lists no box, and every smear of the "
                         "dataset has cells; restore the file from the dataset", "yolo",
                         path=path, image_id=path.stem)
-    return Annotation(path=path, objects=tuple(objects), size=None, size_text=None,
-                      depth=None, filename=None, folder=None, image_path=None,
-                      attributes=(), indent="")
+    return Annotation(path, tuple(objects))
 
 
 # --------------------------------------------------------------------------------- TXL-PBC's links
@@ -528,7 +476,6 @@ LINKS_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd.tsv"
 @dataclass(frozen=True)
 class Link:
     """A TXL-PBC image that is a BCCD image: TXL-PBC's split and stem, BCCD's id and split."""
-
     txl_split: str
     txl_name: str
     bccd_id: str
@@ -564,8 +511,6 @@ class ObjectIssue(NamedTuple):
     index: int
     kind: str
     detail: str
-
-
 
 
 class BCCDDataset(GetterDataset):
@@ -607,16 +552,20 @@ class BCCDDataset(GetterDataset):
             self.ids = [image_id for image_id in self.ids if image_id in links]
         if labels == "txl-pbc":
             self.txl_root = resolve_root(txl_root, TXL_PBC)
-        self.dropped: list[ObjectIssue] = []
-        self.clipped: list[ObjectIssue] = []
-        self._image_paths, self.sizes, self._boxes = [], [], []
+        self.dropped, self.clipped, self.sizes, self._boxes = [], [], [], []
         for image_id in self.ids:
             label_path = (annotation_path(self.root, image_id) if labels == "bccd" else
                           links[image_id].label_path(self.txl_root))
             self._read(image_id, label_path, use_difficult)
-        if self.dropped or self.clipped:
-            self._warn_dropped()
-
+        issues = self.dropped + self.clipped
+        if issues:
+            shown = "; ".join(f"{d.image_id}: {d.detail}" for d in issues[:3])
+            more = f"; and {len(issues) - 3} more" if len(issues) > 3 else ""
+            warn_once(f"BCCD {split} ({self.root}"
+                      f"{', TXL-PBC labels' if labels != 'bccd' else ''}): dropped "
+                      f"{len(self.dropped)} and clipped {len(self.clipped)} object(s): {shown}"
+                      f"{more}. See dataset.dropped / dataset.clipped; strict=True raises "
+                      "instead", stacklevel=3)      # the line that built the dataset
         self.add_getter("img", self._get_image)
         self.add_getter(("bbox", "label", "difficult"), self._get_annotations)
         if not return_difficult:
@@ -630,8 +579,7 @@ class BCCDDataset(GetterDataset):
                 raise DataError(
                     f"{split_path(self.root, self.split)} lists {image_id}, but its {what} "
                     f"{path} does not exist: restore the file or remove the id",
-                    "missing_file",
-                    path=path, image_id=image_id)
+                    "missing_file", path=path, image_id=image_id)
         size = read_image_size(img_path, image_id)
         if self.labels == "bccd":
             annotation, item = parse_annotation(label_path), "object"
@@ -644,21 +592,8 @@ class BCCDDataset(GetterDataset):
             record = ObjectIssue(image_id, finding.index, finding.kind, finding.detail)
             (self.dropped if finding.action == "drop" else self.clipped).append(record)
         keep = slice(None) if use_difficult else ~checked.difficult
-        self._image_paths.append(img_path)
         self.sizes.append(size)
         self._boxes.append((checked.bbox[keep], checked.label[keep], checked.difficult[keep]))
-
-    def _warn_dropped(self) -> None:
-        """One warning for what the loader dropped or clipped (:func:`warn_once`)."""
-        shown = "; ".join(f"{d.image_id}: {d.detail}" for d in (self.dropped + self.clipped)[:3])
-        more = len(self.dropped) + len(self.clipped) - 3
-        warn_once(
-            f"BCCD {self.split} ({self.root}"
-            f"{', TXL-PBC labels' if self.labels != 'bccd' else ''}): "
-            f"dropped {len(self.dropped)} and clipped "
-            f"{len(self.clipped)} object(s): {shown}{f'; and {more} more' if more > 0 else ''}"
-            ". See dataset.dropped / dataset.clipped; strict=True raises instead",
-            stacklevel=4)      # the line that built the dataset
 
     @staticmethod
     def _error(finding: Finding, path, image_id, annotation) -> DataError:
@@ -677,7 +612,7 @@ class BCCDDataset(GetterDataset):
         return len(self.ids)
 
     def _get_image(self, i):
-        path = self._image_paths[i]
+        path = image_path(self.root, self.ids[i])
         # PIL, not cv2: PIL raises on a truncated file, cv2 returns the missing part grey
         img = decode_image(path, self.ids[i]).pixels.transpose(2, 0, 1).astype(np.float32)
         if img.shape[1:] != self.sizes[i]:

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from chainercv.utils import bbox_iou
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from medaidet.arguments import check_number, checked_bins, checked_boxes
 from medaidet.colors import CLASS_COLORS
 from medaidet.errors import ConfigError
-from medaidet.data.bccd import _iou
 from medaidet.tables import Table
 
 __all__ = ["match_boxes", "compare_annotations", "Comparison", "draw_both",
@@ -43,27 +43,17 @@ def match_boxes(bbox_a, label_a, bbox_b, label_b, iou_thresh: float = 0.5):
     iou_thresh = _iou_thresh(iou_thresh)
     bbox_a, label_a = checked_boxes(bbox_a, label_a, name="bbox_a")
     bbox_b, label_b = checked_boxes(bbox_b, label_b, name="bbox_b")
-    candidates = []
-    for i in range(len(bbox_a)):
-        same = np.flatnonzero(label_b == label_a[i])
-        if len(same):
-            iou = _iou(bbox_a[i], bbox_b[same])
-            candidates += [(v, i, j) for v, j in zip(iou, same) if v >= iou_thresh]
+    with np.errstate(divide="ignore", invalid="ignore"):    # two empty boxes: no IoU, no pair
+        iou = bbox_iou(bbox_a, bbox_b)
+    ii, jj = np.nonzero((label_a[:, None] == label_b) & (iou >= iou_thresh))
+    order = np.argsort(-iou[ii, jj], kind="stable")        # highest IoU first
     free_a, free_b, pairs = np.ones(len(bbox_a), bool), np.ones(len(bbox_b), bool), []
-    for _, i, j in sorted(candidates, key=lambda c: -c[0]):
+    for i, j in zip(ii[order], jj[order]):
         if free_a[i] and free_b[j]:
             free_a[i] = free_b[j] = False
             pairs.append((i, j))
     return (np.array(pairs, dtype=int).reshape(-1, 2), np.flatnonzero(free_a),
             np.flatnonzero(free_b))
-
-
-def _size_and_border(bbox, image_size):
-    height, width = image_size
-    size = np.sqrt((bbox[:, 2] - bbox[:, 0]) * (bbox[:, 3] - bbox[:, 1]))
-    border = np.min([bbox[:, 0], bbox[:, 1], height - 1 - bbox[:, 2], width - 1 - bbox[:, 3]],
-                   axis=0)
-    return size, np.maximum(border, 0)
 
 
 @dataclass
@@ -78,8 +68,7 @@ class Comparison:
     def table(self) -> Table:
         """Per class: boxes in each annotation, matched, only in each."""
         a, b = self.names
-        table = Table(["class", f"boxes {a}", f"boxes {b}", "matched", f"only {a}",
-                       f"only {b}"])
+        table = Table(["class", f"boxes {a}", f"boxes {b}", "matched", f"only {a}", f"only {b}"])
         for name in self.label_names:
             rows = [r for r in self.rows if r["class"] == name]
             table.append([name] + [sum(r[k] for r in rows)
@@ -91,15 +80,14 @@ class Comparison:
         per class and annotation."""
         if what not in ("size", "border"):
             raise ConfigError(f"what: {what!r}; expected 'size' or 'border'")
-        bins = (SIZE_BINS if what == "size" else BORDER_BINS) if bins is None else bins
-        bins = checked_bins(bins)
-        labels = [f"{lo:g}-{hi:g} px" if np.isfinite(hi) else f">= {lo:g} px"
-                  for lo, hi in zip(bins[:-1], bins[1:])]
-        table = Table([f"{'box size' if what == 'size' else 'distance to the border'}", "class",
+        bins = checked_bins((SIZE_BINS if what == "size" else BORDER_BINS) if bins is None
+                            else bins)
+        table = Table(["box size" if what == "size" else "distance to the border", "class",
                        *(f"only {n}" for n in self.names)])
-        for k, (lo, hi) in enumerate(zip(bins[:-1], bins[1:])):
+        for lo, hi in zip(bins[:-1], bins[1:]):
+            label = f"{lo:g}-{hi:g} px" if np.isfinite(hi) else f">= {lo:g} px"
             for name in self.label_names:
-                table.append([labels[k], name] + [
+                table.append([label, name] + [
                     sum(1 for u in self.unmatched if u["class"] == name and u["which"] == n
                         and lo <= u[what] < hi) for n in self.names])
         return table
@@ -129,7 +117,7 @@ def compare_annotations(a, b, names=("a", "b"), iou_thresh: float = 0.5) -> Comp
     rows, unmatched = [], []
     boxes_a, boxes_b = a.slice[:, ("bbox", "label")], b.slice[:, ("bbox", "label")]
     for i, image_id in enumerate(a.ids):
-        (bbox_a, label_a), (bbox_b, label_b), size = boxes_a[i], boxes_b[i], a.sizes[i]
+        (bbox_a, label_a), (bbox_b, label_b), (height, width) = boxes_a[i], boxes_b[i], a.sizes[i]
         pairs, only_a, only_b = match_boxes(bbox_a, label_a, bbox_b, label_b, iou_thresh)
         for c, name in enumerate(a.label_names):
             rows.append({"image": image_id, "class": name,
@@ -139,7 +127,10 @@ def compare_annotations(a, b, names=("a", "b"), iou_thresh: float = 0.5) -> Comp
                          "only_b": int((label_b[only_b] == c).sum())})
         for which, bbox, label, idx in ((names[0], bbox_a, label_a, only_a),
                                         (names[1], bbox_b, label_b, only_b)):
-            box_size, border = _size_and_border(bbox[idx].reshape(-1, 4), size)
+            box = bbox[idx].reshape(-1, 4)
+            box_size = np.sqrt((box[:, 2] - box[:, 0]) * (box[:, 3] - box[:, 1]))
+            border = np.maximum(np.min([box[:, 0], box[:, 1], height - 1 - box[:, 2],
+                                        width - 1 - box[:, 3]], axis=0), 0)
             unmatched += [{"image": image_id, "class": a.label_names[label[j]], "which": which,
                            "size": float(s), "border": float(f), "bbox": bbox[j].tolist()}
                           for j, s, f in zip(idx, box_size, border)]

@@ -18,14 +18,8 @@ __all__ = ["ImagePair", "same_field_pairs", "THUMB", "SAME_FIELD_CORRELATION",
            "SAME_FIELD_OVERLAP", "SAME_FIELD_CANDIDATES"]
 
 SAME_FIELD_CORRELATION = 0.85
-
-
 SAME_FIELD_OVERLAP = 0.25
-
-
 SAME_FIELD_CANDIDATES = 3
-
-
 #: (width, height) of the thumbnails compared: 1/8 of BCCD's 640x480
 THUMB = (80, 60)
 
@@ -60,8 +54,7 @@ def _overlap_correlation(a, b, dy, dx):
         return -1.0, 0.0
     pa = a[max(0, dy):h + min(0, dy), max(0, dx):w + min(0, dx)]
     pb = b[max(0, -dy):h + min(0, -dy), max(0, -dx):w + min(0, -dx)]
-    pa = pa - pa.mean()
-    pb = pb - pb.mean()
+    pa, pb = pa - pa.mean(), pb - pb.mean()
     denominator = math.sqrt(float((pa * pa).sum()) * float((pb * pb).sum()))
     if denominator == 0:
         return -1.0, pa.size / (h * w)
@@ -91,8 +84,7 @@ def same_field_pairs(thumbs: np.ndarray):
         dy, dx = np.unravel_index(best, (h, w))
         dy = np.where(dy > h // 2, dy - h, dy)
         dx = np.where(dx > w // 2, dx - w, dx)
-        shift[i, i + 1:, 0], shift[i, i + 1:, 1] = dy, dx
-        shift[i + 1:, i, 0], shift[i + 1:, i, 1] = -dy, -dx
+        shift[i, i + 1:, 0], shift[i, i + 1:, 1] = dy, dx      # read for i < j only
     k = min(SAME_FIELD_CANDIDATES, n - 1)
     partners = np.argsort(-peak, axis=1)[:, :k]
     candidates = sorted({(min(i, int(j)), max(i, int(j))) for i in range(n) for j in partners[i]})

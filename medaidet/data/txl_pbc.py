@@ -39,13 +39,12 @@ TXL_SPLITS = ("train", "val", "test")
 class Resemblance(Link):
     """A re-exported BCCD image of TXL-PBC and the BCCD image it most resembles (``similarity``:
     rank correlation of 16x16 grey thumbnails, best of eight orientations)."""
-
     similarity: str
 
 
-def _txl_images(txl_root):
+def _txl_images(txl_root, splits=TXL_SPLITS):
     images = Path(txl_root) / "TXL_PBC" / "images"
-    for txl_split in TXL_SPLITS:
+    for txl_split in splits:
         for path in sorted((images / txl_split).glob("*.jpg")):
             height, width = read_image_size(path)
             yield txl_split, path, (width, height)
@@ -76,8 +75,7 @@ class TXLPBCDataset(GetterDataset):
     ``ids``: ``'<source>/<file stem>'``; :attr:`sources`, :attr:`dropped`, :attr:`clipped`.
     """
 
-    def __init__(self, root=None, split: str = "test", sources=OTHER_SOURCES,
-                 strict: bool = False):
+    def __init__(self, root=None, split: str = "test", sources=OTHER_SOURCES, strict: bool = False):
         super().__init__()
         sources = ((sources,) if isinstance(sources, str) else
                    tuple(check_type(sources, (list, tuple), "sources", "some of OTHER_SOURCES")))
@@ -94,13 +92,11 @@ class TXLPBCDataset(GetterDataset):
         self.label_names = BCCD_LABEL_NAMES
         self.ids, self.sources, self.dropped, self.clipped = [], [], [], []
         self._paths, self._boxes = [], []
-        labels = self.root / "TXL_PBC" / "labels" / split
-        for path in sorted((self.root / "TXL_PBC" / "images" / split).glob("*.jpg")):
-            height, width = read_image_size(path)
+        for _, path, (width, height) in _txl_images(self.root, (split,)):
             source = SOURCE_BY_SIZE.get((width, height))
             if source not in sources:
                 continue
-            label_path = labels / f"{path.stem}.txt"
+            label_path = self.root / "TXL_PBC" / "labels" / split / f"{path.stem}.txt"
             checked = check_annotation(parse_yolo_labels(label_path, (height, width)),
                                        (height, width), item="line")
             for finding in checked.findings:
@@ -114,12 +110,12 @@ class TXLPBCDataset(GetterDataset):
             self.sources.append(source)
             self._paths.append(path)
             self._boxes.append((checked.bbox, checked.label))
-        if self.dropped or self.clipped:
-            shown = "; ".join(f"{stem}: {detail}" for stem, detail in
-                              (self.dropped + self.clipped)[:3])
+        issues = self.dropped + self.clipped
+        if issues:
+            shown = "; ".join(f"{stem}: {detail}" for stem, detail in issues[:3])
             warn_once(f"TXL-PBC {split} ({', '.join(sources)}; {self.root}): dropped "
                       f"{len(self.dropped)} and clipped {len(self.clipped)} line(s): {shown}"
-                      f"{'; ...' if len(self.dropped) + len(self.clipped) > 3 else ''}. See "
+                      f"{'; ...' if len(issues) > 3 else ''}. See "
                       "dataset.dropped / dataset.clipped; strict=True raises instead")
         self.add_getter("img", self._get_image)
         self.add_getter(("bbox", "label"), self._get_annotations)
@@ -128,8 +124,8 @@ class TXLPBCDataset(GetterDataset):
         return len(self.ids)
 
     def _get_image(self, i):
-        return decode_image(self._paths[i], self.ids[i]).pixels.transpose(2, 0, 1).astype(
-            np.float32)
+        img = decode_image(self._paths[i], self.ids[i]).pixels
+        return img.transpose(2, 0, 1).astype(np.float32)
 
     def _get_annotations(self, i):
         bbox, label = self._boxes[i]

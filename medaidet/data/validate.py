@@ -29,6 +29,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -43,15 +44,12 @@ from medaidet.data.same_field import THUMB, ImagePair, same_field_pairs
 from medaidet.errors import DataError
 
 __all__ = ["validate_dataset", "ValidationReport", "Issue", "KINDS", "SEVERITIES",
-           "sorted_issues", "check_class_sizes", "check_missing_classes",
-           "check_foreign_annotations", "kept_boxes"]
+           "check_class_sizes", "check_missing_classes", "check_foreign_annotations"]
 
 
 # ---------------------------------------------------------------------------------- the report
 
 SEVERITIES = ("error", "warning", "info")
-
-
 #: kind -> (usual severity, what the loader does); some issues override both.
 KINDS: dict[str, tuple[str, str]] = {
     "parse_error": ("error", "BCCDDataset raises DataError (kind xml; unsafe_xml for "
@@ -79,8 +77,6 @@ KINDS: dict[str, tuple[str, str]] = {
     "near_duplicate_image": ("warning", "both loaded as is: keep the two in one split "
                              "(across splits they leak one into the other)"),
 }
-
-
 _ORDER = {kind: i for i, kind in enumerate(KINDS)}
 
 
@@ -107,14 +103,9 @@ class ValidationReport:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        return {
-            "root": self.root, "images": self.images, "objects_raw": self.objects_raw,
-            "objects_kept": self.objects_kept, "per_class": dict(self.per_class),
-            "splits": dict(self.splits),
-            "issues": [{"image": i.image, "object": i.object, "kind": i.kind,
-                        "severity": i.severity, "detail": i.detail, "action": i.action}
-                       for i in self.issues],
-        }
+        return {"root": self.root, "images": self.images, "objects_raw": self.objects_raw,
+                "objects_kept": self.objects_kept, "per_class": dict(self.per_class),
+                "splits": dict(self.splits), "issues": [i._asdict() for i in self.issues]}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -135,54 +126,37 @@ class ValidationReport:
         """No issue of severity error."""
         return not any(issue.severity == "error" for issue in self.issues)
 
-    def _summary_lines(self) -> list[str]:
+    def __str__(self) -> str:
         splits = ", ".join(f"{name} {n}" for name, n in self.splits.items())
         classes = ", ".join(f"{name} {n}" for name, n in self.per_class.items())
-        return [
-            f"{self.images} images ({splits})",
-            f"{self.objects_raw} objects in the annotations, {self.objects_kept} kept by the "
-            f"loader ({classes})",
-            f"validated in {self.seconds:.1f} s",
-        ]
-
-    def __str__(self) -> str:
-        lines = [f"Dataset validation: {self.root}"]
-        lines += [f"  {line}" for line in self._summary_lines()]
+        lines = [f"Dataset validation: {self.root}", f"  {self.images} images ({splits})",
+                 f"  {self.objects_raw} objects in the annotations, {self.objects_kept} kept by "
+                 f"the loader ({classes})", f"  validated in {self.seconds:.1f} s"]
         counts = self.counts()
         if not counts:
-            lines.append("No issues found.")
-            return "\n".join(lines)
+            return "\n".join(lines + ["No issues found."])
         width = max(len(kind) for kind in counts)
-        lines += ["", f"  {'kind':<{width}}  " + "  ".join(f"{s:>7}" for s in SEVERITIES)]
-        for kind, row in counts.items():
-            lines.append(f"  {kind:<{width}}  " + "  ".join(f"{row[s]:>7}" for s in SEVERITIES))
         totals = {s: sum(row[s] for row in counts.values()) for s in SEVERITIES}
-        lines.append(f"  {'total':<{width}}  " + "  ".join(f"{totals[s]:>7}" for s in SEVERITIES))
-        shown = 3
+        lines.append("")
+        for kind, row in [("kind", {s: s for s in SEVERITIES}), *counts.items(), ("total", totals)]:
+            lines.append(f"  {kind:<{width}}  " + "  ".join(f"{row[s]:>7}" for s in SEVERITIES))
         for kind in counts:
             issues = self.by_kind(kind)
             actions = {issue.action for issue in issues}
             mixed = len(actions) > 1
             header = KINDS.get(kind, ("", ""))[1] if mixed else next(iter(actions))
             lines += ["", f"{kind} ({len(issues)}): {header}"]
-            for issue in issues[:shown]:
-                where = issue.image or "(dataset)"
-                if issue.object is not None:
-                    where += f" object {issue.object}"
+            for issue in issues[:3]:
+                where = (issue.image or "(dataset)") + (
+                    "" if issue.object is None else f" object {issue.object}")
                 lines.append(f"  [{issue.severity}] {where}: {issue.detail}")
                 if mixed:
                     lines.append(f"      -> {issue.action}")
-            if len(issues) > shown:
-                lines.append(f"  ... and {len(issues) - shown} more (to_json() lists all)")
+            if len(issues) > 3:
+                lines.append(f"  ... and {len(issues) - 3} more (to_json() lists all)")
         return "\n".join(lines)
 
     __repr__ = __str__       # a notebook shows the text view
-
-
-def sorted_issues(issues) -> list:
-    """``issues`` in the report's order: by kind (as in :data:`KINDS`), image, object."""
-    return sorted(issues, key=lambda i: (_ORDER.get(i.kind, len(_ORDER)), i.image or "",
-                                         -1 if i.object is None else i.object))
 
 
 # ------------------------------------------------------------- findings from the whole dataset
@@ -197,60 +171,42 @@ FOREIGN_MAJORITY = 0.8
 FOREIGN_MIN_FILES = 10
 
 
-def kept_boxes(record) -> int:
-    """Boxes of ``record`` the training loader keeps: not dropped, not difficult."""
-    return int((~record.checked.difficult).sum())
-
-
 def check_class_sizes(records, add):
     """``class_size_outlier``: z = 0.6745 (ln s - median) / MAD of the size s = sqrt(w * h)
     over the class's boxes off the border (cut cells are small); flagged above ``SIZE_Z``
     (below ``-SIZE_Z`` off the border), a warning from ``SIZE_Z_IMPLAUSIBLE``, else info."""
-    labels, sizes, inner, where = [], [], [], []
-    for record in records:
-        bbox, label = record.checked.bbox, record.checked.label
-        if not len(bbox):
-            continue
-        height, width = record.size
-        h, w = bbox[:, 2] - bbox[:, 0], bbox[:, 3] - bbox[:, 1]
-        touches = ((bbox[:, 0] <= 0) | (bbox[:, 1] <= 0) |
-                   (bbox[:, 2] >= height - 1) | (bbox[:, 3] >= width - 1))
-        labels.append(label)
-        sizes.append(np.sqrt(h.astype(np.float64) * w))
-        inner.append(~touches)
-        where += [(record.id, int(i), int(hh), int(ww))
-                  for i, hh, ww in zip(record.checked.index, h, w)]
-    if len(labels) < CLASS_MIN_IMAGES:     # too few images to know a class's sizes
+    records = [r for r in records if len(r.checked.bbox)]
+    if len(records) < CLASS_MIN_IMAGES:     # too few images to know a class's sizes
         return
-    labels, sizes, inner = np.concatenate(labels), np.concatenate(sizes), np.concatenate(inner)
+    bbox = np.concatenate([r.checked.bbox for r in records])
+    labels = np.concatenate([r.checked.label for r in records])
+    inner = np.concatenate([(r.checked.bbox[:, :2] > 0).all(axis=1)
+                            & (r.checked.bbox[:, 2:] < np.subtract(r.size, 1)).all(axis=1)
+                            for r in records])
+    where = [(r.id, int(i)) for r in records for i in r.checked.index]
+    h, w = bbox[:, 2] - bbox[:, 0], bbox[:, 3] - bbox[:, 1]
+    sizes = np.sqrt(h.astype(np.float64) * w)
     logs = np.log(sizes)
-    stats = {}
+    medians, z = {}, {}         # per class with enough boxes: its median, every box's z
     for c in range(len(BCCD_LABEL_NAMES)):
         ref = logs[(labels == c) & inner]
         if len(ref) >= SIZE_MIN_BOXES:
-            median = float(np.median(ref))
+            medians[c] = median = float(np.median(ref))
             mad = max(float(np.median(np.abs(ref - median))), SIZE_MAD_FLOOR)
-            stats[c] = (median, mad)
-    for c, (median, mad) in stats.items():
-        z = 0.6745 * (logs - median) / mad
-        flagged = (labels == c) & ((z > SIZE_Z) | ((z < -SIZE_Z) & inner))
-        for k in np.flatnonzero(flagged):
-            image_id, index, h, w = where[k]
-            name = BCCD_LABEL_NAMES[c]
-            fits = []
-            for other, (m2, d2) in stats.items():
-                z2 = 0.6745 * (logs[k] - m2) / d2
-                if other != c and abs(z2) < SIZE_Z and abs(z2) < abs(z[k]):
-                    fits.append((abs(z2), other, m2))
-            implausible = abs(z[k]) >= SIZE_Z_IMPLAUSIBLE
-            detail = (f"{name} box {w}x{h} px: size {sizes[k]:.0f} px vs the {name} median "
-                      f"{math.exp(median):.0f} px (robust z {z[k]:+.1f}: "
+            z[c] = 0.6745 * (logs - median) / mad
+    for c, median in medians.items():
+        for k in np.flatnonzero((labels == c) & ((z[c] > SIZE_Z) | ((z[c] < -SIZE_Z) & inner))):
+            name, implausible = BCCD_LABEL_NAMES[c], abs(z[c][k]) >= SIZE_Z_IMPLAUSIBLE
+            detail = (f"{name} box {int(w[k])}x{int(h[k])} px: size {sizes[k]:.0f} px vs the "
+                      f"{name} median {math.exp(median):.0f} px (robust z {z[c][k]:+.1f}: "
                       f"{'implausible' if implausible else 'unusual'} for {name})")
+            fits = [(abs(z[o][k]), o) for o in z if abs(z[o][k]) < SIZE_Z]   # never c: flagged
             if fits:
-                _, other, m2 = min(fits)
+                other = min(fits)[1]
                 detail += (f"; the size fits {BCCD_LABEL_NAMES[other]} (median "
-                           f"{math.exp(m2):.0f} px)" + (": mislabel?" if implausible else ""))
-            add(image_id, index, "class_size_outlier", detail,
+                           f"{math.exp(medians[other]):.0f} px)"
+                           + (": mislabel?" if implausible else ""))
+            add(*where[k], "class_size_outlier", detail,
                 severity="warning" if implausible else "info")
 
 
@@ -258,20 +214,18 @@ def check_missing_classes(records, add):
     """``missing_class``: an image with boxes but none of a class nearly every image has."""
     if len(records) < CLASS_MIN_IMAGES:
         return
-    has = np.array([[c in r.checked.label for c in range(len(BCCD_LABEL_NAMES))]
-                    for r in records])
+    has = np.array([[c in r.checked.label for c in range(len(BCCD_LABEL_NAMES))] for r in records])
     share = has.mean(axis=0)
     for c, name in enumerate(BCCD_LABEL_NAMES):
         if share[c] < CLASS_PRESENCE:
             continue
         for record, present in zip(records, has[:, c]):
-            if not present and kept_boxes(record):   # no box at all: not a missing class
+            if not present and (~record.checked.difficult).any():   # no box: no class missing
                 boxes = Counter(BCCD_LABEL_NAMES[x] for x in record.checked.label)
                 what = ", ".join(f"{n} {k}" for n, k in boxes.items())
-                add(record.id, None, "missing_class",
-                    f"no {name} box, while {share[c]:.0%} of images "
-                    f"({int(has[:, c].sum())} of {len(records)}) have one; "
-                    f"its boxes: {what}")
+                add(record.id, None, "missing_class", f"no {name} box, while {share[c]:.0%} of "
+                    f"images ({int(has[:, c].sum())} of {len(records)}) have one; its boxes: "
+                    f"{what}")
 
 
 def check_foreign_annotations(records, add):
@@ -280,32 +234,25 @@ def check_foreign_annotations(records, add):
     records = [r for r in records if r.annotation is not None]
     if len(records) < FOREIGN_MIN_FILES:
         return
-
-    def directory(a):
-        if not a.image_path:
-            return None
-        return "/".join(re.split(r"[\\/]+", a.image_path)[:-1]) or None
-
     features = {
-        "root attributes": lambda a: " ".join(f'{k}="{v}"' for k, v in a.attributes) or
-        "none",
+        "root attributes": lambda a: " ".join(f'{k}="{v}"' for k, v in a.attributes) or "none",
         "indentation": lambda a: {"\t": "a tab", "": "none"}.get(
             a.indent, f"{len(a.indent)} spaces" if set(a.indent) == {" "} else repr(a.indent)),
         "<folder>": lambda a: repr(a.folder),
-        "<path> directory": lambda a: repr(directory(a)),
+        "<path> directory": lambda a: repr(
+            "/".join(re.split(r"[\\/]+", a.image_path or "")[:-1]) or None),
     }
     values = {name: [f(r.annotation) for r in records] for name, f in features.items()}
     majority = {}
     for name, column in values.items():
         value, count = Counter(column).most_common(1)[0]
         if count >= FOREIGN_MAJORITY * len(records):
-            majority[name] = (value, count)
+            majority[name] = value
     for k, record in enumerate(records):
         differs = [f"{name} {values[name][k]} instead of {value}"
-                   for name, (value, _) in majority.items() if values[name][k] != value]
+                   for name, value in majority.items() if values[name][k] != value]
         if len(differs) >= 2:
-            boxes = Counter(o.name.strip() if o.name else "?"
-                            for o in record.annotation.objects)
+            boxes = Counter(o.name.strip() if o.name else "?" for o in record.annotation.objects)
             what = ", ".join(f"{n} {c}" for n, c in boxes.items()) or "none"
             add(record.id, None, "foreign_annotation",
                 f"written unlike the other files ({'; '.join(differs)}): another "
@@ -313,16 +260,6 @@ def check_foreign_annotations(records, add):
 
 
 # ---------------------------------------------------------------------------------- the checks
-
-class _Image:
-    """What the validator learns about one id: its annotation, the real image's (height,
-    width) and bands, the CheckedAnnotation, and whether the loader refuses it."""
-
-    def __init__(self, image_id):
-        self.id = image_id
-        self.annotation = self.size = self.bands = self.checked = None
-        self.refused = False
-
 
 class _Validation:
     def __init__(self, root: Path):
@@ -347,17 +284,20 @@ class _Validation:
                 self.splits_of[image_id].append("trainval")
 
     def read_files(self):
-        listed = set(self.splits_of)
         xml_ids = {p.stem for p in (self.root / "Annotations").glob("*.xml")}
         jpg_dir = self.root / "JPEGImages"
         jpg_ids = {p.stem for p in jpg_dir.glob("*.jpg")} if jpg_dir.is_dir() else set()
         # Without any split list every file is in scope; with lists, the listed ids.
-        self.population = sorted(listed) if listed else sorted(xml_ids | jpg_ids)
-        self.images = {image_id: _Image(image_id) for image_id in self.population}
+        population = sorted(self.splits_of or xml_ids | jpg_ids)
+        # per id: its annotation, the real image's (height, width) and bands, the
+        # CheckedAnnotation, and whether the loader refuses it
+        self.images = {image_id: SimpleNamespace(id=image_id, annotation=None, size=None,
+                                                 bands=None, checked=None, refused=False)
+                       for image_id in population}
         for image_id, record in self.images.items():
             self._read_one(record, image_id in xml_ids, image_id in jpg_ids)
 
-    def _read_one(self, record: _Image, has_xml: bool, has_jpg: bool):
+    def _read_one(self, record, has_xml: bool, has_jpg: bool):
         image_id = record.id
         where = ", ".join(self.splits_of.get(image_id, [])) or "the dataset"
         for present, path in ((has_xml, annotation_path(self.root, image_id)),
@@ -389,12 +329,10 @@ class _Validation:
                 record.refused = True
             if finding.kind == "size_mismatch" and record.size is None:
                 continue
-            if finding.action == "clip":
-                self.add(image_id, finding.index, finding.kind, finding.detail,
-                         severity="warning", action="clipped to the image with a warning "
-                         "(strict=True: DataError)")
-            else:
-                self.add(image_id, finding.index, finding.kind, finding.detail)
+            clip = finding.action == "clip"
+            self.add(image_id, finding.index, finding.kind, finding.detail,
+                     severity="warning" if clip else None, action="clipped to the image with "
+                     "a warning (strict=True: DataError)" if clip else None)
 
     def loadable(self):
         return [r for r in self.images.values() if not r.refused and r.checked is not None]
@@ -433,8 +371,7 @@ class _Validation:
             if record.size is None:
                 continue
             try:
-                image = decode_image(image_path(self.root, record.id), record.id,
-                                     draft_size=THUMB)
+                image = decode_image(image_path(self.root, record.id), record.id, draft_size=THUMB)
             except DataError as exc:                   # "image" or "missing_file"
                 self.add(record.id, None, "bad_image", str(exc),
                          action="BCCDDataset raises DataError when the image is read "
@@ -452,18 +389,18 @@ class _Validation:
             return
         for i, j, dy, dx, overlap, corr in same_field_pairs(np.stack(thumbs)):
             a, b = decoded[i], decoded[j]
-            scale_y, scale_x = a.size[0] / THUMB[1], a.size[1] / THUMB[0]
             pair = ImagePair(a.id, b.id, tuple(self.splits_of.get(a.id, ())),
-                             tuple(self.splits_of.get(b.id, ())), round(dx * scale_x),
-                             round(dy * scale_y), overlap, corr)
+                             tuple(self.splits_of.get(b.id, ())),
+                             round(dx * (a.size[1] / THUMB[0])),
+                             round(dy * (a.size[0] / THUMB[1])), overlap, corr)
             self.pairs.append(pair)
             crosses = bool(pair.splits_a and pair.splits_b and
                            set(pair.splits_a) != set(pair.splits_b))
-            where = (f"{a.id} is in {'/'.join(pair.splits_a) or 'no split'}, {b.id} in "
-                     f"{'/'.join(pair.splits_b) or 'no split'}")
             detail = (f"same field of view as {b.id} (shifted {pair.dx:+d} px in x, "
                       f"{pair.dy:+d} px in y; {overlap:.0%} of the frame in common, "
-                      f"correlation {corr:.2f}); {where}"
+                      f"correlation {corr:.2f}); {a.id} is in "
+                      f"{'/'.join(pair.splits_a) or 'no split'}, {b.id} in "
+                      f"{'/'.join(pair.splits_b) or 'no split'}"
                       + (": crosses splits" if crosses else ""))
             self.add(a.id, None, "near_duplicate_image", detail,
                      severity="warning" if crosses else "info",
@@ -473,16 +410,14 @@ class _Validation:
     def report(self, seconds: float) -> ValidationReport:
         objects_raw = sum(len(r.annotation.objects) for r in self.images.values()
                           if r.annotation is not None)
-        per_class = dict.fromkeys(BCCD_LABEL_NAMES, 0)
-        for record in self.loadable():
-            for label in record.checked.label:
-                per_class[BCCD_LABEL_NAMES[label]] += 1
+        kept = Counter(BCCD_LABEL_NAMES[c] for r in self.loadable() for c in r.checked.label)
+        per_class = {name: kept[name] for name in BCCD_LABEL_NAMES}
         splits = {split: len(ids) for split, ids in self.split_ids.items()}
-        issues = sorted_issues(self.issues)
-        return ValidationReport(
-            root=str(self.root), images=len(self.images), objects_raw=objects_raw,
-            objects_kept=sum(per_class.values()), per_class=per_class, splits=splits,
-            issues=issues, image_pairs=self.pairs, seconds=seconds)
+        issues = sorted(self.issues, key=lambda i: (_ORDER[i.kind], i.image or "",
+                                                    -1 if i.object is None else i.object))
+        return ValidationReport(str(self.root), len(self.images), objects_raw,
+                                sum(per_class.values()), per_class, splits, issues, self.pairs,
+                                seconds)
 
 
 def validate_dataset(root=None) -> ValidationReport:

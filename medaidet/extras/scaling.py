@@ -52,12 +52,7 @@ class BatchSizeTry:
 
     @property
     def images_per_second(self) -> float | None:
-        if not self.ok or not self.seconds:
-            return None
-        return self.batch_size / self.seconds
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "images_per_second": self.images_per_second}
+        return self.batch_size / self.seconds if self.ok and self.seconds else None
 
 
 @dataclass
@@ -77,11 +72,9 @@ class BatchSizeReport:
     @property
     def micro_batch_size(self) -> int | None:
         """The largest divisor of ``target_batch_size`` that fits (None if none does)."""
-        best = self.best_batch_size
-        if best is None:
-            return None
-        return max(d for d in range(1, min(best, self.target_batch_size) + 1)
-                   if self.target_batch_size % d == 0)
+        best, target = self.best_batch_size, self.target_batch_size
+        return None if best is None else max(d for d in range(1, min(best, target) + 1)
+                                             if target % d == 0)
 
     @property
     def accumulate(self) -> int | None:
@@ -114,35 +107,32 @@ class BatchSizeReport:
                          "-" if t.images_per_second is None else f"{t.images_per_second:.2f}",
                          t.error or ""))
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
-        lines = []
-        for row in rows:
-            cells = [row[0].rjust(widths[0]), row[1].ljust(widths[1])]
-            cells += [cell.rjust(width) for cell, width in zip(row[2:5], widths[2:5])]
-            lines.append("  ".join(cells + [row[5]]).rstrip())
-        return "\n".join(lines)
+        align = (str.rjust, str.ljust, str.rjust, str.rjust, str.rjust)   # the error: as is
+        return "\n".join("  ".join([f(cell, w) for f, cell, w in zip(align, row, widths)]
+                                   + [row[5]]).rstrip() for row in rows)
 
     def __str__(self) -> str:
         best = self.best_batch_size
         result = "nothing fit" if best is None else f"largest batch size that fit: {best}"
         return (f"batch-size finder on {device_name(self.device)} (peak memory: "
-                f"{self.memory_measure})\n"
-                f"{self.table()}\n{result}\n{self.suggestion}")
+                f"{self.memory_measure})\n{self.table()}\n{result}\n{self.suggestion}")
 
     @classmethod
     def from_dict(cls, data: dict) -> "BatchSizeReport":
         """The report :meth:`to_dict` described (e.g. read back from another process)."""
         fields = BatchSizeTry.__dataclass_fields__
-        return cls(device=data["device"], memory_measure=data["memory_measure"],
-                   target_batch_size=data["target_batch_size"],
-                   tries=[BatchSizeTry(**{k: v for k, v in t.items() if k in fields})
-                          for t in data["tries"]])
+        return cls(data["device"], data["memory_measure"], data["target_batch_size"],
+                   [BatchSizeTry(**{k: v for k, v in t.items() if k in fields})
+                    for t in data["tries"]])
 
     def to_dict(self) -> dict:
         return {"device": self.device, "memory_measure": self.memory_measure,
                 "target_batch_size": self.target_batch_size,
                 "best_batch_size": self.best_batch_size,
                 "micro_batch_size": self.micro_batch_size, "accumulate": self.accumulate,
-                "suggestion": self.suggestion, "tries": [t.to_dict() for t in self.tries]}
+                "suggestion": self.suggestion,
+                "tries": [{**asdict(t), "images_per_second": t.images_per_second}
+                          for t in self.tries]}
 
 
 def _forward_backward(train_chain, examples, device, t):
@@ -161,15 +151,6 @@ def _forward_backward(train_chain, examples, device, t):
     t.device_free_bytes, t.device_total_bytes = peak.device_free_bytes, peak.device_total_bytes
 
 
-def _prepare(train_chain, device):
-    device = train_chain.device if device is None else chainer.get_device(device)
-    train_chain.to_device(device)
-    device.use()
-    if device.xp is not np and not cuda.available:
-        raise ValueError(f"device {device} is a GPU but CuPy is not available")
-    return device
-
-
 def _try_batch_size(train_chain, examples, batch_size, device) -> BatchSizeTry:
     """Forward + backward of ``batch_size`` examples (repeated as needed); out of memory is
     recorded in the try, other errors propagate; then the memory pools are emptied."""
@@ -183,7 +164,6 @@ def _try_batch_size(train_chain, examples, batch_size, device) -> BatchSizeTry:
                 raise
             t.ok, t.error = False, first_line(exc)
     # the try's arrays are unreachable now (its frame and traceback are gone)
-    del batch
     train_chain.cleargrads()
     free_memory(device)
     return t
@@ -195,26 +175,48 @@ def check_search(start, min_batch_size) -> tuple:
     min_batch_size = check_number(min_batch_size, "min_batch_size", integer=True)
     if min_batch_size > start:
         raise ConfigError(f"min_batch_size: {min_batch_size} is greater than start "
-                                 f"{start}; expected a batch size from 1 to start")
+                          f"{start}; expected a batch size from 1 to start")
     return start, min_batch_size
 
 
-def _check_sizes(sizes, name: str = "sizes") -> list:
-    """``sizes`` sorted and unique, each a whole number > 0; else ConfigError naming ``name``."""
+def _check_sizes(sizes) -> list:
+    """``sizes`` sorted and unique, each a whole number > 0; else a ConfigError."""
     expected = "expected a list of batch sizes (whole numbers > 0)"
     if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
-        raise ConfigError(f"{name}: {sizes!r} is not a list; {expected}")
+        raise ConfigError(f"sizes: {sizes!r} is not a list; {expected}")
     sizes = list(sizes)
     if not sizes:
-        raise ConfigError(f"{name}: [] is empty; {expected}")
+        raise ConfigError(f"sizes: [] is empty; {expected}")
     checked = []
     for size in sizes:
         try:
-            checked.append(check_number(size, name, integer=True))
+            checked.append(check_number(size, "sizes", integer=True))
         except ConfigError:
-            raise ConfigError(f"{name}: {sizes!r} holds {size!r}, not a batch size; "
-                                     f"{expected}") from None
+            raise ConfigError(f"sizes: {sizes!r} holds {size!r}, not a batch size; "
+                              f"{expected}") from None
     return sorted(set(checked))
+
+
+def _try_sizes(train_chain, dataset, device, sizes, target_batch_size, log, until_fit):
+    """``(report, device)`` of trying ``sizes`` in order (``until_fit``: up to the first fit)."""
+    if len(dataset) == 0:
+        what = "the finder" if until_fit else "measuring"
+        raise ValueError(f"the dataset is empty: {what} needs at least one example")
+    log = log or (lambda line: None)
+    device = train_chain.device if device is None else chainer.get_device(device)
+    train_chain.to_device(device)
+    device.use()
+    if device.xp is not np and not cuda.available:
+        raise ValueError(f"device {device} is a GPU but CuPy is not available")
+    report = BatchSizeReport(str(device), PeakMemory(device).measure, target_batch_size)
+    examples = [dataset[i] for i in range(min(max(sizes), len(dataset)))]
+    for batch_size in sizes:
+        t = _try_batch_size(train_chain, examples, batch_size, device)
+        report.tries.append(t)
+        log(_log_line(t))
+        if t.ok and until_fit:
+            break
+    return report, device
 
 
 def measure_batch_sizes(train_chain, dataset, sizes=(1, 2, 4, 8), device=None,
@@ -222,33 +224,7 @@ def measure_batch_sizes(train_chain, dataset, sizes=(1, 2, 4, 8), device=None,
     """Peak memory and speed of forward + backward at each of ``sizes`` (unlike
     :func:`find_batch_size`, all of them); ``target_batch_size``: the largest."""
     sizes = _check_sizes(sizes)
-    if len(dataset) == 0:
-        raise ValueError("the dataset is empty: measuring needs at least one example")
-    log = log or (lambda line: None)
-    device = _prepare(train_chain, device)
-    report = BatchSizeReport(device=str(device), memory_measure=PeakMemory(device).measure,
-                             target_batch_size=sizes[-1])
-    examples = [dataset[i] for i in range(min(sizes[-1], len(dataset)))]
-    for batch_size in sizes:
-        t = _try_batch_size(train_chain, examples, batch_size, device)
-        report.tries.append(t)
-        log(_log_line(t))
-    return report
-
-
-def _nothing_fits(report: BatchSizeReport, device, on_gpu: bool) -> DeviceError:
-    """The ``"memory"`` DeviceError when even the smallest batch size ran out of memory."""
-    tried = " -> ".join(str(t.batch_size) for t in report.tries)
-    where = ("free GPU memory held by other processes (nvidia-smi lists them; restart "
-             "other notebooks' kernels), use a smaller model input (SSD300 instead of "
-             "SSD512), or train on the CPU (--device cpu: slow, but the host's memory)"
-             if on_gpu else
-             "close other programs or use a machine with more memory, or use a smaller "
-             "model input (SSD300 instead of SSD512)")
-    return DeviceError(
-        f"no batch size fits in memory on {device}: tried {tried}, and even batch "
-        f"{report.tries[-1].batch_size} ran out of memory ({report.tries[-1].error}). "
-        f"Try: {where}.", "memory", report=report)
+    return _try_sizes(train_chain, dataset, device, sizes, sizes[-1], log, False)[0]
 
 
 def find_batch_size(train_chain, dataset, device=None, start: int = 32,
@@ -262,26 +238,24 @@ def find_batch_size(train_chain, dataset, device=None, start: int = 32,
     start, min_batch_size = check_search(start, min_batch_size)
     if target_batch_size is not None:
         target_batch_size = check_number(target_batch_size, "target_batch_size", integer=True)
-    if len(dataset) == 0:
-        raise ValueError("the dataset is empty: the finder needs at least one example")
-    log = log or (lambda line: None)
-    device = _prepare(train_chain, device)
-    on_gpu = device.xp is not np
-    report = BatchSizeReport(device=str(device), memory_measure=PeakMemory(device).measure,
-                             target_batch_size=target_batch_size or start)
-    examples = [dataset[i] for i in range(min(start, len(dataset)))]
-    batch_size = start
-    while True:
-        t = _try_batch_size(train_chain, examples, batch_size, device)
-        report.tries.append(t)
-        log(_log_line(t))
-        if t.ok:
-            return report
-        if batch_size <= min_batch_size:
-            break
-        batch_size = max(batch_size // 2, min_batch_size)
-
-    raise _nothing_fits(report, device, on_gpu)
+    sizes = [start]
+    while sizes[-1] > min_batch_size:
+        sizes.append(max(sizes[-1] // 2, min_batch_size))
+    report, device = _try_sizes(train_chain, dataset, device, sizes,
+                                target_batch_size or start, log, True)
+    if report.tries[-1].ok:
+        return report
+    where = ("free GPU memory held by other processes (nvidia-smi lists them; restart other "
+             "notebooks' kernels), use a smaller model input (SSD300 instead of SSD512), or "
+             "train on the CPU (--device cpu: slow, but the host's memory)"
+             if device.xp is not np else
+             "close other programs or use a machine with more memory, or use a smaller model "
+             "input (SSD300 instead of SSD512)")
+    raise DeviceError(
+        f"no batch size fits in memory on {device}: tried "
+        f"{' -> '.join(str(t.batch_size) for t in report.tries)}, and even batch "
+        f"{report.tries[-1].batch_size} ran out of memory ({report.tries[-1].error}). "
+        f"Try: {where}.", "memory", report=report)
 
 
 def _log_line(t: BatchSizeTry) -> str:
@@ -320,9 +294,8 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
     dataset = TransformDataset(images.slice[:min(n, len(images))], recipe.transform(ssd))
     chain = recipe.train_chain(ssd)
     if sizes:
-        report = measure_batch_sizes(chain, dataset, sizes, device=device, log=log)
-        if target_batch_size:
-            report.target_batch_size = target_batch_size
+        report = _try_sizes(chain, dataset, device, sizes, target_batch_size or sizes[-1], log,
+                            until_fit=False)[0]
     else:
         report = find_batch_size(chain, dataset, device=device, start=start,
                                  min_batch_size=min_batch_size,
@@ -339,7 +312,6 @@ def plot_memory(report, limit_bytes: int | None = None,
                 limit_label: str = "memory limit"):
     """A ``Figure`` of peak memory against batch size for a :class:`BatchSizeReport`; failed
     tries are marked on the line ``limit_bytes`` (the memory a try could use) or at the top."""
-
     fig = Figure(figsize=(6.0, 4.0), layout="constrained")
     ax = fig.subplots()
     ok = sorted((t.batch_size, t.peak_bytes / 2**20) for t in report.tries
@@ -364,8 +336,7 @@ def plot_memory(report, limit_bytes: int | None = None,
     sizes = sorted({t.batch_size for t in report.tries})
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
-    ax.set_ylim(0, top * 1.1)
-    ax.set(xlabel="batch size", ylabel="peak memory (MiB)")
+    ax.set(xlabel="batch size", ylabel="peak memory (MiB)", ylim=(0, top * 1.1))
     ax.set_title(f"Memory per batch size on {device_name(report.device)}\n"
                  f"(peak: {report.memory_measure})", fontsize="medium")
     ax.grid(alpha=0.3)

@@ -39,8 +39,6 @@ logger = logging.getLogger(__name__)
 MODELS = dict(zip(MODEL_NAMES, (SSD300, SSD512, SSDSmall)))
 
 
-# --------------------------------------------------------------------------- model
-
 def build_ssd(name: str = "ssd300", pretrained=None,
               n_fg_class: int = len(BCCD_LABEL_NAMES)):
     """ChainerCV's ``SSD300``/``SSD512`` for ``n_fg_class`` classes, with ``pretrained`` weights.
@@ -50,22 +48,21 @@ def build_ssd(name: str = "ssd300", pretrained=None,
     parameter), "checksum" (differs from its ``.sha256``), "file" (not a readable ``.npz`` of
     arrays), "not_finite".
     """
-    cls = _model_class(name)
+    cls = MODELS.get(str(name).lower())
+    if cls is None:
+        raise ValueError(f"unknown model {name!r}: use one of {', '.join(MODELS)}")
     check_pretrained(name, pretrained)
     if not isinstance(n_fg_class, (int, np.integer)) or isinstance(n_fg_class, bool) \
             or n_fg_class < 1:
         raise ValueError(f"n_fg_class must be a positive int, got {n_fg_class!r}")
-    n_fg_class = int(n_fg_class)
-
-    model = cls(n_fg_class=n_fg_class)
-    if pretrained is None:
-        report = None
-    elif pretrained in ("imagenet", "voc0712"):
+    model = cls(n_fg_class=int(n_fg_class))
+    report = None
+    if pretrained in ("imagenet", "voc0712"):
         path, source, how = pretrained_file(name, pretrained)
         report = load_weights(model, path, origin=f"{source.describe()}, {how}",
                               backbone=pretrained == "imagenet",
                               skip=CLASS_HEADS if pretrained == "voc0712" else None)
-    else:
+    elif pretrained is not None:
         path = Path(os.fspath(pretrained))
         if not path.is_file():
             raise WeightsError(
@@ -95,10 +92,3 @@ def model_of_weights(path) -> str:
     if any(name.startswith("extractor/0/") for name in names):
         return "ssd_small"
     return "ssd512" if "multibox/loc/6/W.npy" in names else "ssd300"
-
-
-def _model_class(name: str):
-    cls = MODELS.get(str(name).lower())
-    if cls is None:
-        raise ValueError(f"unknown model {name!r}: use one of {', '.join(MODELS)}")
-    return cls

@@ -38,7 +38,6 @@ __all__ = ["PRECISIONS", "set_precision", "precision_of", "use_loss_scaling",
            "Float32Normalize", "Float32Multibox"]
 
 
-
 def _cast(x, dtype):
     """``x`` (a Variable, an array or None) as ``dtype``, in the graph."""
     return None if x is None else F.cast(x, dtype)
@@ -68,10 +67,8 @@ class Float32Normalize(Normalize):
     same ``scale`` (C,) parameter and, in float32, the same arithmetic."""
 
     def forward(self, x):
-        x = chainer.as_variable(x)
         h = F.normalize(F.cast(x, np.float32), eps=self.eps, axis=1)
-        scale = F.cast(self.scale, np.float32)
-        h = h * F.broadcast_to(scale[:, None, None], h.shape)
+        h = h * F.broadcast_to(F.cast(self.scale, np.float32)[:, None, None], h.shape)
         return F.cast(h, x.dtype)
 
 
@@ -90,8 +87,6 @@ _MIXED16 = {L.Convolution2D: HalfConvolution2D,
             Normalize: Float32Normalize,
             Multibox: Float32Multibox}
 _FLOAT32 = {half: plain for plain, half in _MIXED16.items()}
-#: Links with parameters that need no change: float16 inputs, float32 parameters.
-_AS_THEY_ARE = (L.BatchNormalization,)
 
 
 def set_precision(model, precision: str):
@@ -108,8 +103,9 @@ def set_precision(model, precision: str):
         cls = type(link)
         if cls in table:
             link.__class__ = table[cls]
-        elif (precision == "mixed16" and cls not in _FLOAT32 and cls not in _MIXED16
-              and not isinstance(link, _AS_THEY_ARE) and link._params):   # its own
+        # batch normalization needs no change: float16 inputs, float32 parameters
+        elif (precision == "mixed16" and cls not in _FLOAT32
+              and not isinstance(link, L.BatchNormalization) and link._params):   # its own
             raise TypeError(f"link {name or '/'} is a {cls.__module__}.{cls.__qualname__} with "
                             "parameters: set_precision does not know how to run it in "
                             "float16 (it knows Convolution2D, DilatedConvolution2D, "

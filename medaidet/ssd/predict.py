@@ -57,8 +57,8 @@ def _check_cap(name, value):
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
             or value < 1:
-        raise ConfigError(f"{name}: {value!r} is not a valid cap; expected a whole "
-                                 "number >= 1 (an int), or None for no cap")
+        raise ConfigError(f"{name}: {value!r} is not a valid cap; expected a whole number >= 1 "
+                          "(an int), or None for no cap")
     return int(value)
 
 
@@ -93,8 +93,7 @@ _IMAGE_FORM = "a numpy array (3, H, W) (RGB, channels first, values 0-255)"
 
 
 def _image_error(index, problem, fix, value=None):
-    return DataError(f"imgs[{index}] {problem}; expected {_IMAGE_FORM}{fix}",
-                     "image", value=value)
+    return DataError(f"imgs[{index}] {problem}; expected {_IMAGE_FORM}{fix}", "image", value=value)
 
 
 def _check_image(index, img):
@@ -161,15 +160,13 @@ def _as_images(imgs):
 
 def _top(xp, score, k):
     """Indices of the ``k`` highest scores, ties by lower index, returned in index order."""
-    order = xp.argsort(-score, kind="stable")[:k]
-    return xp.sort(order)
+    return xp.sort(xp.argsort(-score, kind="stable")[:k])
 
 
 def _decoded(coder, mb_loc, mb_conf, xp):
     """Decoded boxes and softmax scores of every default box, by ``MultiboxCoder.decode``'s own
     float64 expressions (any other way could flip an IoU exactly at the threshold)."""
-    default_bbox = coder._default_bbox
-    variance = coder._variance
+    default_bbox, variance = coder._default_bbox, coder._variance
     mb_bbox = default_bbox.copy()
     mb_bbox[:, :2] += mb_loc[:, :2] * variance[0] * default_bbox[:, 2:]
     mb_bbox[:, 2:] *= xp.exp(mb_loc[:, 2:] * variance[1])
@@ -178,19 +175,6 @@ def _decoded(coder, mb_loc, mb_conf, xp):
     mb_score = xp.exp(mb_conf)
     mb_score /= mb_score.sum(axis=1, keepdims=True)
     return mb_bbox, mb_score
-
-
-def _capped_nms(xp, bbox, score, top_k, nms_thresh, keep_top_k):
-    """One class's candidates kept by the ``top_k`` cap, and of them by NMS (NMS's order)."""
-    where = xp.arange(len(score))
-    if top_k is not None and len(score) > top_k:
-        where = where[_top(xp, score, top_k)]
-    after_cap = where
-    if nms_thresh is not None:
-        # no class gives the image more than keep_top_k detections: NMS may stop there
-        where = where[non_maximum_suppression(bbox[where], nms_thresh, score[where],
-                                              limit=keep_top_k)]
-    return after_cap, where
 
 
 def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
@@ -204,55 +188,44 @@ def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
     """
     top_k = _check_cap("top_k", top_k)
     keep_top_k = _check_cap("keep_top_k", keep_top_k)
-    nms_thresh = _check_nms_thresh(nms_thresh)
-    score_thresh = _check_score_thresh(score_thresh)
+    _check_nms_thresh(nms_thresh)
+    _check_score_thresh(score_thresh)
     xp = chainer.backend.get_array_module(mb_loc)
 
     mb_bbox, mb_score = _decoded(coder, mb_loc, mb_conf, xp)
-    bbox, label, score = [], [], []
-    # with return_candidates: per class, the candidates and the survivors' positions
-    cands, survived, offset = [], [], 0
+    # every candidate, by class, and the positions among them of those past the cap and NMS
+    bbox, label, score, in_top_k, after_nms, n = [], [], [], [], [], 0
     for fg in range(mb_conf.shape[1] - 1):
         score_l = mb_score[:, fg + 1]       # column 0 is the background
         mask = score_l >= score_thresh
         bbox_l, score_l = mb_bbox[mask], score_l[mask]
-        after_cap, where = _capped_nms(xp, bbox_l, score_l, top_k, nms_thresh, keep_top_k)
-        if return_candidates:
-            cands.append((bbox_l, score_l, fg))
-            survived.append((after_cap + offset, where + offset))
-            offset += len(score_l)
-        bbox.append(bbox_l[where])
-        label.append(xp.full((len(where),), fg, dtype=np.int32))
-        score.append(score_l[where])
+        where = xp.arange(len(score_l))
+        if top_k is not None and len(score_l) > top_k:
+            where = where[_top(xp, score_l, top_k)]
+        in_top_k.append(where + n)
+        if nms_thresh is not None:
+            # no class gives the image more than keep_top_k detections: NMS may stop there
+            where = where[non_maximum_suppression(bbox_l[where], nms_thresh, score_l[where],
+                                                  limit=keep_top_k)]
+        after_nms.append(where + n)
+        n += len(score_l)
+        bbox.append(bbox_l)
+        label.append(xp.full((len(score_l),), fg, dtype=np.int32))
+        score.append(score_l)
 
     bbox = xp.vstack(bbox).astype(np.float32)
-    label = xp.hstack(label).astype(np.int32)
+    label = xp.hstack(label)
     score = xp.hstack(score).astype(np.float32)
-    final = None
-    if keep_top_k is not None and len(score) > keep_top_k:
-        keep = _top(xp, score, keep_top_k)   # index order keeps ChainerCV's ordering
-        bbox, label, score = bbox[keep], label[keep], score[keep]
-        final = keep
+    kept = after_nms = xp.hstack(after_nms)
+    if keep_top_k is not None and len(kept) > keep_top_k:
+        kept = kept[_top(xp, score[kept], keep_top_k)]   # index order keeps ChainerCV's order
     if not return_candidates:
-        return bbox, label, score
-    return bbox, label, score, _candidates(xp, cands, survived, final)
-
-
-def _candidates(xp, cands, survived, final) -> Candidates:
-    """:class:`Candidates` from the per-class ``(bbox, score, fg)``, the survivors' positions
-    ``(after the cap, after NMS)`` and ``final`` (those ``keep_top_k`` kept; None: all)."""
-    n = sum(len(s) for _, s, _ in cands)
-    bbox = xp.vstack([b for b, _, _ in cands]).astype(np.float32).reshape(-1, 4)
-    score = xp.hstack([s for _, s, _ in cands]).astype(np.float32).reshape(-1)
-    label = xp.hstack([xp.full((len(s),), fg, dtype=np.int32)
-                       for _, s, fg in cands]).reshape(-1)
-    in_top_k, after_nms, kept = (xp.zeros(n, dtype=bool) for _ in range(3))
-    nms_positions = xp.hstack([w for _, w in survived]).astype(np.int64).reshape(-1)
-    for cap, _ in survived:
-        in_top_k[cap] = True
-    after_nms[nms_positions] = True
-    kept[nms_positions if final is None else nms_positions[final]] = True
-    return Candidates(bbox, label, score, in_top_k, after_nms, kept)
+        return bbox[kept], label[kept], score[kept]
+    masks = []
+    for positions in (xp.hstack(in_top_k), after_nms, kept):
+        masks.append(xp.zeros(n, dtype=bool))
+        masks[-1][positions] = True
+    return bbox[kept], label[kept], score[kept], Candidates(bbox, label, score, *masks)
 
 
 def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
@@ -266,36 +239,24 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
     top_k, keep_top_k = _check_cap("top_k", top_k), _check_cap("keep_top_k", keep_top_k)
     _check_score_thresh(model.score_thresh, "model.score_thresh")
     _check_nms_thresh(model.nms_thresh, "model.nms_thresh")
-    xp = model.xp
-    x, sizes = [], []
-    for img in _as_images(imgs):
-        _, H, W = img.shape
-        x.append(xp.array(model._prepare(img)))
-        sizes.append((H, W))
-    if not x:
-        return ([], [], [], []) if return_candidates else ([], [], [])
-
-    with chainer.using_config("train", False), chainer.no_backprop_mode():
-        mb_locs, mb_confs = model(chainer.Variable(xp.stack(x)))
-    mb_locs, mb_confs = mb_locs.array, mb_confs.array
-
-    bboxes, labels, scores, candidates = [], [], [], []
-    to_cpu = chainer.backends.cuda.to_cpu
-    for mb_loc, mb_conf, size in zip(mb_locs, mb_confs, sizes):
-        bbox, label, score, *cands = decode_capped(
-            model.coder, mb_loc, mb_conf, model.nms_thresh, model.score_thresh,
-            top_k=top_k, keep_top_k=keep_top_k, return_candidates=return_candidates)
-        bbox = transforms.resize_bbox(bbox, (model.insize, model.insize), size)
-        bboxes.append(to_cpu(bbox))
-        labels.append(to_cpu(label))
-        scores.append(to_cpu(score))
-        if cands:
-            c = cands[0]
-            c_bbox = transforms.resize_bbox(c.bbox, (model.insize, model.insize), size)
-            candidates.append(Candidates(*(to_cpu(a) for a in (c_bbox, *c[1:]))))
-    if return_candidates:
-        return bboxes, labels, scores, candidates
-    return bboxes, labels, scores
+    imgs = _as_images(imgs)
+    outputs = bboxes, labels, scores, candidates = [], [], [], []
+    if imgs:
+        x = model.xp.stack([model.xp.array(model._prepare(img)) for img in imgs])
+        with chainer.using_config("train", False), chainer.no_backprop_mode():
+            mb_locs, mb_confs = model(chainer.Variable(x))
+        insize = (model.insize, model.insize)
+        for mb_loc, mb_conf, img in zip(mb_locs.array, mb_confs.array, imgs):
+            bbox, label, score, *cands = decode_capped(
+                model.coder, mb_loc, mb_conf, model.nms_thresh, model.score_thresh,
+                top_k=top_k, keep_top_k=keep_top_k, return_candidates=return_candidates)
+            bboxes.append(cuda.to_cpu(transforms.resize_bbox(bbox, insize, img.shape[1:])))
+            labels.append(cuda.to_cpu(label))
+            scores.append(cuda.to_cpu(score))
+            for c in cands:
+                c = c._replace(bbox=transforms.resize_bbox(c.bbox, insize, img.shape[1:]))
+                candidates.append(Candidates(*map(cuda.to_cpu, c)))
+    return outputs if return_candidates else outputs[:3]
 
 
 class CappedPredictor(chainer.Chain):

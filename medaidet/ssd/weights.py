@@ -203,14 +203,19 @@ def _check_download(path: Path, source: Source, cause: str) -> None:
     arrays = read_arrays(path)
     _check_finite(arrays, path, cause)
     if source.layout == "vgg16":
-        for key, shape in VGG16_SHAPES.items():
-            found = tuple(arrays[key].shape) if key in arrays else None
-            if found != shape:
-                raise WeightsError(
-                    f"{path} is not ChainerCV's ImageNet VGG-16: {key} "
-                    f"{'is missing' if found is None else f'has shape {found}'}, expected "
-                    f"{shape}. Delete it; it is downloaded again.", "mismatch", path=path,
-                    parameter=key, expected=shape, found=found)
+        _check_shapes(arrays, VGG16_SHAPES, path, "ChainerCV's ImageNet VGG-16",
+                      ". Delete it; it is downloaded again.")
+
+
+def _check_shapes(arrays: dict, shapes: dict, path: Path, what: str, advice: str) -> None:
+    """A ``"mismatch"`` WeightsError for the first of ``shapes`` missing or misshapen."""
+    for key, shape in shapes.items():
+        found = tuple(np.shape(arrays[key])) if key in arrays else None
+        if found != shape:
+            raise WeightsError(
+                f"{path} is not {what}: {key} "
+                f"{'is missing' if found is None else f'has shape {found}'}, expected {shape}"
+                f"{advice}", "mismatch", path=path, parameter=key, expected=shape, found=found)
 
 
 def _sidecar_digest(path: Path) -> str:
@@ -225,9 +230,10 @@ def shipped_weights(name: str = "ssd_small", labels: str = "bccd") -> Path:
     path = SHIPPED_WEIGHTS.get((name, labels))
     if path is None or not path.is_file():
         raise WeightsError(
-            f"medaidet ships trained weights for {', '.join(f'{n} ({l})' for n, l in SHIPPED_WEIGHTS)}"
-            f"; none for {name!r} on {labels!r} in this installation: train it (`medaidet "
-            f"train`) and use its model.npz, or reinstall medaidet", "missing", path=path)
+            f"medaidet ships trained weights for "
+            f"{', '.join(f'{n} ({l})' for n, l in SHIPPED_WEIGHTS)}; none for {name!r} on "
+            f"{labels!r} in this installation: train it (`medaidet train`) and use its "
+            f"model.npz, or reinstall medaidet", "missing", path=path)
     expected = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))["sha256"]
     found = sha256_file(path)
     if found != expected or _sidecar_digest(path) != found:
@@ -254,8 +260,10 @@ VGG16_SHAPES = {f"extractor/{name}/{p}": (width, n_in, 3, 3) if p == "W" else (w
                 for p in "Wb"}
 VGG16_SHAPES.update({"extractor/conv6/W": (1024, 512, 3, 3), "extractor/conv6/b": (1024,),
                      "extractor/conv7/W": (1024, 1024, 1, 1), "extractor/conv7/b": (1024,)})
-_TIMM_SHAPES = {f"features.{i}.{p}": VGG16_SHAPES[f"extractor/{name}/{'W' if p == 'weight' else 'b'}"]
-                for name, i in zip(_CONVS, _FEATURES) for p in ("weight", "bias")}
+#: ChainerCV's VGG-16 conv1_1 ... conv5_3 name -> timm's name.
+_TIMM_NAMES = {f"extractor/{name}/{p}": f"features.{i}.{q}"
+               for name, i in zip(_CONVS, _FEATURES) for p, q in (("W", "weight"), ("b", "bias"))}
+_TIMM_SHAPES = {timm: VGG16_SHAPES[name] for name, timm in _TIMM_NAMES.items()}
 _TIMM_SHAPES.update({"pre_logits.fc1.weight": (4096, 512, 7, 7), "pre_logits.fc1.bias": (4096,),
                      "pre_logits.fc2.weight": (4096, 4096, 1, 1), "pre_logits.fc2.bias": (4096,)})
 
@@ -289,19 +297,12 @@ def convert_vgg16(state: dict, mean=SSD_MEAN, path="the weights") -> dict[str, n
     WeightsError names a missing or misshapen entry; NaN/inf gives ``"not_finite"``.
     """
     path = Path(str(path))
-    for key, shape in _TIMM_SHAPES.items():
-        found = tuple(np.shape(state[key])) if key in state else None
-        if found != shape:
-            bn = any(k.endswith("running_mean") for k in state)
-            raise WeightsError(
-                f"{path} is not timm's ImageNet VGG-16: {key} "
-                f"{'is missing' if found is None else f'has shape {found}'}, expected {shape}"
-                f"{' (the file is VGG-16 with batch norm, vgg16_bn: use vgg16)' if bn else ''}.",
-                "mismatch", path=path, parameter=key, expected=shape, found=found)
+    bn = any(k.endswith("running_mean") for k in state)
+    _check_shapes(state, _TIMM_SHAPES, path, "timm's ImageNet VGG-16",
+                  " (the file is VGG-16 with batch norm, vgg16_bn: use vgg16)." if bn else ".")
     _check_finite({k: state[k] for k in _TIMM_SHAPES}, path,
                   "the file was damaged or written by a diverged training; use the published file")
-    out = {f"extractor/{name}/{p}": state[f"features.{i}.{q}"]
-           for name, i in zip(_CONVS, _FEATURES) for p, q in (("W", "weight"), ("b", "bias"))}
+    out = {name: state[timm] for name, timm in _TIMM_NAMES.items()}
     weight = np.asarray(out["extractor/conv1_1/W"], dtype=np.float64)
     scale = 1.0 / (255.0 * TORCHVISION_STD)
     shift = (np.asarray(mean, dtype=np.float64).reshape(3) - TORCHVISION_MEAN_255) * scale
@@ -337,12 +338,10 @@ def materialize(model):
     return model
 
 
-def save_weights(model, path, compression: bool = False, half: bool = False,
-                 inputs=()) -> str:
+def save_weights(model, path, compression: bool = False, half: bool = False) -> str:
     """Save a model's parameters (or ``{name: array}``) in ``save_npz``'s format and a
-    ``<sha256>  <name>`` sidecar, both atomically, neither over one of ``inputs``; returns the
-    sha256. Reproducible byte for byte (fixed zip dates, name order); ``half``: float32 stored as
-    float16."""
+    ``<sha256>  <name>`` sidecar, both atomically; returns the sha256. Reproducible byte for
+    byte (fixed zip dates, name order); ``half``: float32 stored as float16."""
     if isinstance(model, dict):
         arrays = model
     else:
@@ -352,9 +351,9 @@ def save_weights(model, path, compression: bool = False, half: bool = False,
     path = Path(path)
     sidecar = path.with_name(path.name + ".sha256")
     path.parent.mkdir(parents=True, exist_ok=True)
-    check_output(sidecar, inputs)
+    check_output(sidecar)
     method = zipfile.ZIP_DEFLATED if compression else zipfile.ZIP_STORED
-    with atomic_file(path, inputs=inputs) as f, \
+    with atomic_file(path) as f, \
             zipfile.ZipFile(f, "w", compression=method, allowZip64=True) as archive:
         for name in sorted(arrays):
             array = chainer.backends.cuda.to_cpu(arrays[name])
@@ -518,10 +517,6 @@ class WeightsReport:
     __str__ = summary
 
 
-_DIVERGED = ("the training diverged before these were saved; use an earlier snapshot (or "
-             "train again with a lower learning rate)")
-
-
 def load_weights(model, path, *, skip: str | None = None, backbone: bool = False,
                  origin: str = "") -> WeightsReport:
     """Load the ``.npz`` at ``path`` into ``model`` after checking its sidecar, every name (before
@@ -556,7 +551,8 @@ def load_weights(model, path, *, skip: str | None = None, backbone: bool = False
         raise _mismatch(model, path, arrays, expected, wrong, [], [])
     _check_finite({k: arrays[k] for k in loaded}, path,
                   "the cached file is damaged; delete it and it is downloaded again"
-                  if skip or backbone else _DIVERGED)
+                  if skip or backbone else "the training diverged before these were saved; use "
+                  "an earlier snapshot (or train again with a lower learning rate)")
     chainer.serializers.NpzDeserializer({k: arrays[k] for k in loaded}, strict=False).load(model)
     return WeightsReport(
         source=str(path), loaded=loaded, origin=origin,
@@ -576,15 +572,12 @@ def _model_shapes(model) -> dict:
 
 
 def _mismatch(model, path, arrays, expected, wrong, missing, extra) -> WeightsError:
-    if wrong:
-        key, found, want = wrong[0], tuple(arrays[wrong[0]].shape), expected[wrong[0]]
-        what = f"parameter {key} has shape {found} in the file, the model expects {want}"
-    elif missing:
-        key, found, want = missing[0], None, expected[missing[0]]
-        what = f"parameter {key} is not in the file"
-    else:
-        key, found, want = extra[0], tuple(arrays[extra[0]].shape), None
-        what = f"the file has {key} (shape {found}), which the model lacks"
+    key = (wrong or missing or extra)[0]
+    found = tuple(arrays[key].shape) if key in arrays else None
+    want = expected.get(key)
+    what = (f"parameter {key} has shape {found} in the file, the model expects {want}" if wrong
+            else f"parameter {key} is not in the file" if missing
+            else f"the file has {key} (shape {found}), which the model lacks")
     return WeightsError(
         f"{path} does not fit {type(model).__name__}(n_fg_class={model.n_fg_class}): {what} "
         f"({len(wrong)} of another shape, {len(missing)} missing, {len(extra)} extra). "

@@ -17,8 +17,7 @@ from chainer.training.updaters import StandardUpdater
 
 from medaidet.errors import ConfigError
 
-__all__ = ["AccumulatingUpdater", "batch_positives",
-           "gradient_difference"]
+__all__ = ["AccumulatingUpdater", "batch_positives", "gradient_difference"]
 
 
 def _labels(data, labels_key):
@@ -34,21 +33,11 @@ def batch_positives(batch, comm=None, labels_key=2):
     ``batch``: the iterator's examples (labels at ``labels_key``), counted on the host. A
     ``numpy.int64``, or with a ChainerMN ``comm`` averaged over workers as the loss does.
     """
-    count = np.int64(0)
-    for example in batch:
-        labels = _labels(example, labels_key)
-        xp = backend.get_array_module(labels)
-        count += np.int64(int(xp.count_nonzero(labels > 0)))
+    labels = [_labels(example, labels_key) for example in batch]
+    count = np.int64(sum(int(backend.get_array_module(x).count_nonzero(x > 0)) for x in labels))
     if comm:
         return comm.allreduce_obj(count) / comm.size
     return count
-
-
-def _on_device_of(normaliser, labels):
-    """The normaliser as the loss holds it next to ``labels``: NumPy scalar or 0-d GPU array."""
-    if backend.get_array_module(labels) is np:
-        return normaliser
-    return backend.get_device_from_array(labels).send(np.asarray(normaliser))
 
 
 class AccumulatingUpdater(StandardUpdater):
@@ -117,7 +106,9 @@ class AccumulatingUpdater(StandardUpdater):
         for start in range(0, len(batch), size):
             in_arrays = convert._call_converter(self.converter, batch[start:start + size],
                                                 self.input_device)
-            normaliser = _on_device_of(n_positive, _labels(in_arrays, self.labels_key))
+            labels = _labels(in_arrays, self.labels_key)    # the normaliser beside them
+            normaliser = (n_positive if backend.get_array_module(labels) is np else
+                          backend.get_device_from_array(labels).send(np.asarray(n_positive)))
             observation = {}
             with _reports_into(observation):
                 if isinstance(in_arrays, tuple):
@@ -128,8 +119,9 @@ class AccumulatingUpdater(StandardUpdater):
                     loss = loss_func(in_arrays, n_positive=normaliser)
             loss.backward(loss_scale=getattr(optimizer, "_loss_scale", None))
             # the graph (every activation of this micro-batch) dies here, before the next
-            del loss, in_arrays
-            observations.append({key: _as_array(value) for key, value in observation.items()})
+            del loss, in_arrays, labels
+            observations.append({key: value.array if isinstance(value, chainer.Variable)
+                                 else value for key, value in observation.items()})
         self._report(observations)
         optimizer.update()
 
@@ -137,15 +129,10 @@ class AccumulatingUpdater(StandardUpdater):
             optimizer.new_epoch(auto=True)
 
     def _report(self, observations):
-        keys = []
-        for observation in observations:
-            keys += [key for key in observation if key not in keys]
         values = {}
-        for key in keys:
+        for key in dict.fromkeys(key for observation in observations for key in observation):
             parts = [o[key] for o in observations if key in o]
-            total = parts[0]
-            for part in parts[1:]:
-                total = total + part
+            total = sum(parts[1:], parts[0])
             if not any(key == name or key.endswith("/" + name) for name in self.summed):
                 total = total / len(parts)
             if isinstance(parts[0], chainer.get_array_types()):
@@ -165,10 +152,6 @@ def _reports_into(observation):
         return
     with chainer.reporter.report_scope(observation):
         yield
-
-
-def _as_array(value):
-    return value.array if isinstance(value, chainer.Variable) else value
 
 
 def gradient_difference(model, samples, accumulate: int) -> float:

@@ -119,12 +119,8 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown training option(s) {', '.join(unknown)}; known: "
                               f"{', '.join(sorted(names))}")
-        merged = dataclasses.asdict(base) if base is not None else {}
-        merged.update(values)
-        if isinstance(merged.get("lr_steps"), list):
-            merged["lr_steps"] = tuple(merged["lr_steps"])
         try:
-            return cls(**merged)
+            return cls(**{**(dataclasses.asdict(base) if base is not None else {}), **values})
         except TypeError as exc:
             raise ConfigError(f"bad training config: {exc}") from None
 
@@ -142,15 +138,13 @@ class TrainConfig:
             except ImportError:
                 raise ConfigError(f"{path} is YAML but PyYAML is not installed: "
                                   "pip install pyyaml, or write the config as JSON") from None
-            try:
-                values = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+            language, parse, invalid = "YAML", yaml.safe_load, yaml.YAMLError
         else:
-            try:
-                values = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+            language, parse, invalid = "JSON", json.loads, json.JSONDecodeError
+        try:
+            values = parse(text)
+        except invalid as exc:
+            raise ConfigError(f"{path} is not valid {language}: {exc}") from None
         try:
             return cls.from_dict(values if values is not None else {}, base)
         except ConfigError as exc:
@@ -213,13 +207,8 @@ def _normalise_numbers(v: dict) -> None:
     if not isinstance(v["lr_steps"], (list, tuple)):
         raise ConfigError(f"lr_steps: {v['lr_steps']!r} is not a list; expected a list of "
                           "epochs")
-    steps = []
-    for i, step in enumerate(v["lr_steps"]):
-        try:
-            steps.append(float(check_number(step, f"lr_steps[{i}]", "non-negative")))
-        except ConfigError as exc:
-            raise ConfigError(str(exc)) from None
-    v["lr_steps"] = tuple(steps)
+    v["lr_steps"] = tuple(check_number(step, f"lr_steps[{i}]", "non-negative")
+                          for i, step in enumerate(v["lr_steps"]))
 
 
 def _normalised(values: dict) -> dict:

@@ -30,8 +30,7 @@ class EveryOrEnd:
         self.is_end = is_end
 
     def __call__(self, trainer):
-        fire = self.interval(trainer) if self.interval is not None else False
-        return fire or self.is_end(trainer)
+        return (self.interval is not None and self.interval(trainer)) or self.is_end(trainer)
 
     def serialize(self, serializer):
         if self.interval is not None:
@@ -53,16 +52,6 @@ class PresetEvaluator(DetectionVOCEvaluator):
         finally:
             target.score_thresh, target.nms_thresh = old
             self.seconds += time.perf_counter() - start
-
-
-def _tqdm_class():
-    """tqdm's notebook bar where ipywidgets is installed, else the text bar."""
-    try:
-        import ipywidgets  # noqa: F401
-        from tqdm.auto import tqdm
-    except ImportError:
-        from tqdm import tqdm
-    return tqdm
 
 
 class Monitor:
@@ -89,10 +78,14 @@ class Monitor:
             self.lines_every = max(1, (self.total or 0) // self.STORED_LINES)
             self._start = time.perf_counter()
             return
-        self.bar = _tqdm_class()(total=self.total, initial=trainer.updater.iteration,
-                                 desc="train", unit="it", dynamic_ncols=True,
-                                 mininterval=0.5, file=sys.stdout,
-                                 miniters=max(1, (self.total or 0) // 200))
+        try:                     # tqdm's notebook bar where ipywidgets is installed
+            import ipywidgets  # noqa: F401
+            from tqdm.auto import tqdm
+        except ImportError:
+            from tqdm import tqdm
+        self.bar = tqdm(total=self.total, initial=trainer.updater.iteration, desc="train",
+                        unit="it", dynamic_ncols=True, mininterval=0.5, file=sys.stdout,
+                        miniters=max(1, (self.total or 0) // 200))
 
     def __call__(self, trainer):
         self.iterations_run += 1
@@ -126,35 +119,28 @@ class Monitor:
             self.bar = None
 
 
-def _floats(log, key):
-    points = [(entry["iteration"], float(entry[key])) for entry in log if key in entry]
-    return [p[0] for p in points], [p[1] for p in points]
-
-
 def write_plots(log, out, val_split: str = "val", lr_steps=()) -> dict:
     """``loss.png`` and ``map.png`` (on ``val_split``) vs iteration from a LogReport log, a
     dashed line at each of ``lr_steps``; returns their paths."""
-    out = Path(out)
     paths = {}
-    # (log key, legend, colour)
-    curves = {
-        "loss": [("main/loss", "loss (loc + conf)", "black"),      # greys: no class colour
-                 ("main/loss/loc", "loc: smooth L1 of the offsets", "0.45"),
-                 ("main/loss/conf", "conf: cross-entropy", "0.7")],
-        "map": [("validation/main/map", "mAP", "black")]
-               + [(f"validation/main/ap/{c}", c, CLASS_COLORS[c]) for c in BCCD_LABEL_NAMES],
+    curves = {      # name: (y label, [(log key, legend, colour)])
+        "loss": ("loss on the training batches",
+                 [("main/loss", "loss (loc + conf)", "black"),      # greys: no class colour
+                  ("main/loss/loc", "loc: smooth L1 of the offsets", "0.45"),
+                  ("main/loss/conf", "conf: cross-entropy", "0.7")]),
+        "map": (f"AP on {val_split} (VOC area, IoU 0.5, score >= 0.01)",
+                [("validation/main/map", "mAP", "black")] + [
+                    (f"validation/main/ap/{c}", c, CLASS_COLORS[c]) for c in BCCD_LABEL_NAMES]),
     }
-    ylabels = {"loss": "loss on the training batches",
-               "map": f"AP on {val_split} (VOC area, IoU 0.5, score >= 0.01)"}
-    for name, series in curves.items():
+    for name, (ylabel, series) in curves.items():
         fig = Figure(figsize=(6, 4), dpi=100)
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
         for i, (key, label, color) in enumerate(series):
-            x, y = _floats(log, key)
-            if x:
-                ax.plot(x, y, marker="o" if len(x) < 20 else None, label=label, color=color,
-                        linewidth=2 if i == 0 else 1)
+            points = [(entry["iteration"], float(entry[key])) for entry in log if key in entry]
+            if points:
+                ax.plot(*zip(*points), marker="o" if len(points) < 20 else None, label=label,
+                        color=color, linewidth=2 if i == 0 else 1)
         if not ax.lines:
             ax.text(0.5, 0.5, "no values yet", ha="center", va="center",
                     transform=ax.transAxes)
@@ -165,10 +151,10 @@ def write_plots(log, out, val_split: str = "val", lr_steps=()) -> dict:
                            label=None if i else "learning-rate step")
             ax.legend()
         ax.set_xlabel("iteration")
-        ax.set_ylabel(ylabels[name])
+        ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
-        path = out / f"{name}.png"
+        path = Path(out) / f"{name}.png"
         write_files({path: png_bytes(fig)})   # redrawn while training: never half a file
         paths[name] = str(path)
     return paths

@@ -40,24 +40,20 @@ def n_processes_for(config: TrainConfig) -> int:
 def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None):
     """``(iterator, n_processes)``: ``MultiprocessIterator``, or ``SerialIterator`` (0, or
     workers impossible: logged), shuffled by NumPy's global RNG. ``batch_size``: this process's."""
-
     batch_size = config.batch_size if batch_size is None else batch_size
     compat.apply()                   # cv2.setNumThreads(0) before any worker forks
     n = n_processes_for(config)
-    if n > 0:
-        problem = multiprocessing_problem()
-        if problem:
-            log(f"train: using SerialIterator (no worker processes): {problem}")
-            n = 0
-    if n == 0:
-        return chainer.iterators.SerialIterator(dataset, batch_size), 0
-    try:
-        return WorkerErrorIterator(
-            _CarryErrors(dataset), batch_size, n_processes=n, shared_mem=4 << 20), n
-    except Exception as exc:        # noqa: BLE001 (any failure: fall back, say why)
-        log(f"train: using SerialIterator: MultiprocessIterator failed "
-            f"({type(exc).__name__}: {exc})")
-        return chainer.iterators.SerialIterator(dataset, batch_size), 0
+    problem = multiprocessing_problem() if n > 0 else None
+    if problem:
+        log(f"train: using SerialIterator (no worker processes): {problem}")
+    elif n > 0:
+        try:
+            return WorkerErrorIterator(
+                _CarryErrors(dataset), batch_size, n_processes=n, shared_mem=4 << 20), n
+        except Exception as exc:        # noqa: BLE001 (any failure: fall back, say why)
+            log(f"train: using SerialIterator: MultiprocessIterator failed "
+                f"({type(exc).__name__}: {exc})")
+    return chainer.iterators.SerialIterator(dataset, batch_size), 0
 
 
 # An example that raises in a worker kills MultiprocessIterator's thread and the main process
@@ -69,8 +65,7 @@ class _FailedExample:
     def __init__(self, index, exc: Exception):
         self.index = index
         self.description = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
-        self.traceback = "".join(traceback.format_exception(type(exc), exc,
-                                                            exc.__traceback__))
+        self.traceback = "".join(traceback.format_exception(exc))
         try:
             self.pickled = pickle.dumps(exc)
             pickle.loads(self.pickled)            # and back: its __init__ may not accept it
@@ -79,13 +74,9 @@ class _FailedExample:
 
     def error(self) -> Exception:
         """The worker's error (or a ``"worker"`` DataError), caused by its traceback."""
-        exc = None
-        if self.pickled is not None:
-            try:
-                exc = pickle.loads(self.pickled)
-            except Exception:                     # noqa: BLE001 (described instead)
-                exc = None
-        if exc is None:
+        try:
+            exc = pickle.loads(self.pickled)      # None: it could not be pickled
+        except Exception:                         # noqa: BLE001 (described instead)
             exc = DataError(f"a data-loading worker process failed on training example "
                             f"{self.index}: {self.description}", "worker")
         exc.__cause__ = RuntimeError(f"in the worker process:\n{self.traceback}")

@@ -40,8 +40,7 @@ def free_memory(device) -> None:
     (after an out-of-memory they would make the next, smaller try fail too)."""
     gc.collect()
     cupy = _cupy()
-    on_gpu = chainer.get_device(device).xp is not np
-    if cupy is not None and on_gpu:
+    if cupy is not None and chainer.get_device(device).xp is not np:
         cupy.get_default_memory_pool().free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()
 
@@ -76,13 +75,11 @@ class PeakMemory:
     ``device_free_bytes`` and ``device_total_bytes``. ``measure``: the words for the report.
     """
 
-    HOST = "tracemalloc peak of NumPy and Python allocations"
-    GPU = "CuPy memory pool bytes held (pool emptied before)"
-
     def __init__(self, device):
         self.device = chainer.get_device(device)
         self.on_gpu = self.device.xp is not np
-        self.measure = self.GPU if self.on_gpu else self.HOST
+        self.measure = ("CuPy memory pool bytes held (pool emptied before)" if self.on_gpu
+                        else "tracemalloc peak of NumPy and Python allocations")
         self.bytes = None
         self.device_free_bytes = self.device_total_bytes = None
 

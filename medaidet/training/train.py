@@ -28,6 +28,7 @@ import time
 import warnings
 import zipfile
 import zlib
+from collections import namedtuple
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -67,11 +68,10 @@ from medaidet.training.memory import (PeakMemory, format_bytes, free_memory, is_
                                       synchronize)
 
 __all__ = ["train", "prepare_run", "initial_weights", "TrainResult", "Recipe", "Built",
-           "TrainingData", "Iterators", "Extensions", "Length", "lr_name", "check_objects",
-           "seed_everything", "ReseedingTransform", "StopOnNonFinite", "stop_on_divergence",
-           "RandomStateExtension", "SNAPSHOT_NAME", "check_snapshot_file", "check_weights_file",
-           "load_snapshot", "snapshot_iteration", "run_metrics", "MemoryFit", "available_bytes",
-           "plan_accumulate", "fit_batch"]
+           "TrainingData", "Iterators", "Extensions", "Length", "check_objects", "seed_everything",
+           "ReseedingTransform", "StopOnNonFinite", "stop_on_divergence", "RandomStateExtension",
+           "SNAPSHOT_NAME", "check_snapshot_file", "check_weights_file", "load_snapshot",
+           "run_metrics", "MemoryFit", "available_bytes", "plan_accumulate", "fit_batch"]
 
 
 # --------------------------------------------------------------------------- seeding
@@ -102,17 +102,12 @@ class ReseedingTransform:
         self.seed = seed
         self._pid = os.getpid()
 
-    @staticmethod
-    def _worker_key() -> list:
-        name = multiprocessing.current_process().name
-        digits = "".join(c for c in name if c.isdigit())
-        return [int(digits)] if digits else [os.getpid()]
-
     def __call__(self, in_data):
-        pid = os.getpid()
-        if pid != self._pid:
-            self._pid = pid
-            entropy = None if self.seed is None else [self.seed, *self._worker_key()]
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            digits = "".join(c for c in multiprocessing.current_process().name if c.isdigit())
+            worker = int(digits) if digits else self._pid
+            entropy = None if self.seed is None else [self.seed, worker]
             words = np.random.SeedSequence(entropy).generate_state(2)
             random.seed(int(words[0]))
             np.random.seed(int(words[1]))
@@ -168,23 +163,20 @@ class RandomStateExtension:
                              float(serializer("numpy_cached_gaussian", None))))
 
 
-def _npz_entries(path: Path, name: str, expected: str, kind: str) -> list:
-    """Array names in the ``.npz`` at ``path`` (zip directory only); a ``kind`` WeightsError
-    naming ``name`` when it is missing, a folder, not a zip or truncated."""
-    def fail(problem):
+def _is_snapshot(path: Path, name: str, expected: str, kind: str, missing: str) -> bool:
+    """Whether the ``.npz`` at ``path`` has ``updater/`` entries (its zip directory only); a
+    WeightsError naming ``name`` when it is missing (kind ``missing``), not a zip or truncated."""
+    def fail(problem, kind=kind):
         return WeightsError(f"{name}: {path} {problem}; expected {expected}", kind, path=path)
 
     if not path.exists():
-        raise fail("does not exist")
-    if path.is_dir():
-        raise fail("is a folder")
+        raise fail("does not exist", missing)
     try:
-        what = what_file_is(path)
+        what = what_file_is(path)        # a folder, an empty file, a .npy, a text file, ...
         if what is not None:
             raise fail(f"is {what}")
         with zipfile.ZipFile(path) as archive:
-            return [entry[:-4] if entry.endswith(".npy") else entry
-                    for entry in archive.namelist()]
+            return any(entry.startswith("updater/") for entry in archive.namelist())
     except zipfile.BadZipFile as exc:
         raise fail(f"is truncated or corrupt ({exc})") from None
     except OSError as exc:
@@ -195,8 +187,7 @@ def check_snapshot_file(path, name: str = "resume") -> Path:
     """``path`` if it looks like a trainer snapshot (``updater/`` entries), else a
     ``"snapshot"`` WeightsError naming ``name``. Reads only the zip directory."""
     path = Path(path)
-    entries = _npz_entries(path, name, SNAPSHOT_EXPECTED, "snapshot")
-    if not any(entry.startswith("updater/") for entry in entries):
+    if not _is_snapshot(path, name, SNAPSHOT_EXPECTED, "snapshot", "snapshot"):
         raise WeightsError(f"{name}: {path} is not a trainer snapshot (no 'updater/' entries); "
                            f"expected {SNAPSHOT_EXPECTED}; to start from model weights use "
                            "pretrained=PATH (--pretrained PATH) instead", "snapshot")
@@ -207,11 +198,7 @@ def check_weights_file(path, name: str = "pretrained") -> Path:
     """``path`` if it looks like a model-only ``.npz``, else a ``"missing"`` or ``"file"``
     WeightsError naming ``name``. Reads only the zip directory."""
     path = Path(path)
-    if not path.exists():
-        raise WeightsError(f"{name}: {path} does not exist; expected "
-                           f"{WEIGHTS_EXPECTED}", "missing", path=path)
-    entries = _npz_entries(path, name, WEIGHTS_EXPECTED, "file")
-    if any(entry.startswith("updater/") for entry in entries):
+    if _is_snapshot(path, name, WEIGHTS_EXPECTED, "file", "missing"):
         raise WeightsError(f"{name}: {path} is a trainer snapshot, not model weights; "
                            f"expected {WEIGHTS_EXPECTED}; to continue that run use "
                            "resume=PATH (--resume PATH)", "file")
@@ -221,32 +208,15 @@ def check_weights_file(path, name: str = "pretrained") -> Path:
 def load_snapshot(trainer, path, train_size: int, batch_size: int) -> None:
     """Restore ``trainer`` and the random states from ``path``; a ``"snapshot"`` WeightsError
     unless it was taken on ``train_size`` images with ``batch_size`` and fits the model."""
-    path = Path(path)
-    _check_fits(path, train_size, batch_size)
-    try:
-        chainer.serializers.load_npz(str(path), trainer)
-    except (KeyError, ValueError, TypeError) as exc:
-        raise WeightsError(f"{path} does not fit this trainer ({type(exc).__name__}: "
-                           f"{exc}): was it taken with another model or config?",
-                           "snapshot") from None
-    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise WeightsError(f"{path} is truncated or corrupt ({type(exc).__name__}: "
-                           f"{exc}); expected {SNAPSHOT_EXPECTED}", "snapshot") from None
-
-
-def _check_fits(path: Path, train_size: int, batch_size: int) -> None:
+    path, prefix = Path(path), f"extensions/{RandomStateExtension.name}/"
     try:
         with np.load(path, allow_pickle=False) as npz:
             check_sizes(path, npz.zip)          # before chainer reads every array of it
-            keys = set(npz.files)
-            prefix = f"extensions/{RandomStateExtension.name}/"
-            if not any(k.startswith("updater/") for k in keys):
-                raise WeightsError(f"{path} is not a trainer snapshot (no 'updater/' entries); "
-                                   "to start from model weights use pretrained=PATH instead",
+            if prefix + "train_size" not in npz.files:
+                raise WeightsError(f"{path} is not a trainer snapshot of medaidet train (it "
+                                   "lacks the random states): it cannot be resumed here; to "
+                                   "start from model weights use pretrained=PATH instead",
                                    "snapshot")
-            if prefix + "train_size" not in keys:
-                raise WeightsError(f"{path} was not written by medaidet train (it lacks the "
-                                   "random states); it cannot be resumed here", "snapshot")
             size, batch = int(npz[prefix + "train_size"]), int(npz[prefix + "batch_size"])
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise WeightsError(f"{path} is not a readable trainer snapshot ({type(exc).__name__}: "
@@ -258,15 +228,15 @@ def _check_fits(path: Path, train_size: int, batch_size: int) -> None:
             "holds the iterator's position in that dataset: resume with the same subset and "
             "batch size, or start a new run from its model weights "
             "(pretrained='.../model.npz').", "snapshot")
-
-
-def snapshot_iteration(path: Path):
-    """The iteration the snapshot at ``path`` was taken at, or None (no readable one)."""
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            return int(npz["updater/iteration"])
-    except (OSError, KeyError, ValueError):
-        return None
+        chainer.serializers.load_npz(str(path), trainer)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise WeightsError(f"{path} does not fit this trainer ({type(exc).__name__}: "
+                           f"{exc}): was it taken with another model or config?",
+                           "snapshot") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise WeightsError(f"{path} is truncated or corrupt ({type(exc).__name__}: "
+                           f"{exc}); expected {SNAPSHOT_EXPECTED}", "snapshot") from None
 
 
 # --------------------------------------------------------------------------- divergence
@@ -286,32 +256,29 @@ class StopOnNonFinite:
         self.loss_key = loss_key
 
     def __call__(self, optimizer):
-        if self.timing == "pre" and skipped_update(optimizer):
+        pre = self.timing == "pre"
+        if pre and skipped_update(optimizer):
             return
-        if self.timing == "pre":
+        if pre:
             try:
                 observation = chainer.reporter.get_current_reporter().observation
             except IndexError:                      # no reporter: outside a trainer
                 observation = {}
-            loss = observation.get(self.loss_key)
-            if loss is not None:
-                value = float(getattr(loss, "array", loss))
-                if not math.isfinite(value):
-                    raise DivergedError(f"the loss is {value}", "training")
-            arrays = [(name, p.grad) for name, p in optimizer.target.namedparams()]
-            what = "gradient"
-        else:
-            arrays = [(name, p.array) for name, p in optimizer.target.namedparams()]
-            what = "weight array"
-        bad = _non_finite([(n, a) for n, a in arrays if a is not None])
+            loss = observation.get(self.loss_key, 0.0)
+            value = float(getattr(loss, "array", loss))
+            if not math.isfinite(value):
+                raise DivergedError(f"the loss is {value}", "training")
+        bad = _non_finite([(name, p.grad if pre else p.array)
+                           for name, p in optimizer.target.namedparams()])
         if bad:
-            after = " after this iteration's update" if self.timing == "post" else ""
-            raise DivergedError(f"{len(bad)} {what}(s) hold nan or inf{after}, first {bad[0]}",
-                                "training")
+            what = ("gradient(s) hold nan or inf" if pre else
+                    "weight array(s) hold nan or inf after this iteration's update")
+            raise DivergedError(f"{len(bad)} {what}, first {bad[0]}", "training")
 
 
 def _non_finite(named_arrays) -> list:
-    """Names of the arrays holding a nan or inf (one transfer to the host)."""
+    """Names of the arrays (None skipped) holding a nan or inf (one transfer to the host)."""
+    named_arrays = [(name, a) for name, a in named_arrays if a is not None]
     if not named_arrays:
         return []
     xp = backend.get_array_module(named_arrays[0][1])
@@ -330,26 +297,23 @@ def stop_on_divergence(updater, snapshot: Path):
             raise
         cause = (str(exc) if exc.kind == "training" else
                  f"the network's outputs hold nan or inf ({exc})")
-        raise _diverged_error(cause, updater.iteration + 1, snapshot) from exc
-
-
-def _diverged_error(cause, iteration: int, snapshot: Path) -> DivergedError:
-    snap_iteration = snapshot_iteration(snapshot) if snapshot.is_file() else None
-    if snap_iteration is None:
-        kept = (f"no trainer snapshot had been written yet ({snapshot} does not exist): "
-                "set snapshot_interval to keep one")
-        snapshot_arg = None
-    else:
-        kept = (f"the last trainer snapshot, {snapshot} (iteration {snap_iteration}), is "
-                "intact")
-        snapshot_arg = snapshot
-    return DivergedError(
-        f"training diverged at iteration {iteration}: {cause}. Training stopped there: "
-        f"model.npz was not written and no snapshot of this state was taken; {kept}. "
-        "Common causes: a learning rate too high for this batch size (lower lr, or warm "
-        "up), or a bad sample (medaidet data validate). Start again with a lower lr, or "
-        "resume from the snapshot once the cause is fixed.", "training",
-        iteration=iteration, snapshot=snapshot_arg, snapshot_iteration=snap_iteration)
+        try:
+            with np.load(snapshot, allow_pickle=False) as npz:
+                snap_iteration = int(npz["updater/iteration"])
+        except (OSError, KeyError, ValueError):         # none written yet
+            snap_iteration = None
+        kept = (f"no trainer snapshot had been written yet ({snapshot} does not exist): set "
+                "snapshot_interval to keep one" if snap_iteration is None else
+                f"the last trainer snapshot, {snapshot} (iteration {snap_iteration}), is intact")
+        iteration = updater.iteration + 1
+        raise DivergedError(
+            f"training diverged at iteration {iteration}: {cause}. Training stopped there: "
+            f"model.npz was not written and no snapshot of this state was taken; {kept}. "
+            "Common causes: a learning rate too high for this batch size (lower lr, or warm "
+            "up), or a bad sample (medaidet data validate). Start again with a lower lr, or "
+            "resume from the snapshot once the cause is fixed.", "training",
+            iteration=iteration, snapshot=None if snap_iteration is None else snapshot,
+            snapshot_iteration=snap_iteration) from exc
 
 
 # --------------------------------------------------------------------------- recipe
@@ -385,22 +349,16 @@ def check_objects(dataset, images, config: TrainConfig):
         f"of the ids in that list, or run `medaidet data validate {root}`", "nothing_to_learn")
 
 
-@dataclass
-class TrainingData:
-    """``images``: all ranks' training images; ``train``: this process's share, augmented
-    and encoded; ``val``: validation images as they are; ``transform`` (``stats``: drops)."""
-
-    images: object
-    train: object
-    val: object
-    transform: object
-
-
-@dataclass
-class Iterators:
-    train: object
-    val: object
-    n_processes: int     # worker processes of the training iterator (0: none)
+# ``images``: all ranks' training images; ``train``: this process's share, augmented and
+# encoded; ``val``: validation images as they are; ``transform`` (``stats``: drops)
+TrainingData = namedtuple("TrainingData", "images train val transform")
+# ``n_processes``: worker processes of the training iterator (0: none)
+Iterators = namedtuple("Iterators", "train val n_processes")
+# the extensions the run reads back, and where the learning-rate steps apply
+Extensions = namedtuple("Extensions", "evaluator log_report monitor lr_step_iterations")
+# every piece of a built recipe (:meth:`Recipe.build`), by name
+Built = namedtuple("Built", "model train_chain data iterators optimizer updater trainer "
+                            "extensions")
 
 
 @dataclass
@@ -411,64 +369,21 @@ class Length:
     n_images: int
     batch_size: int | None = None      # None: the config's
 
-    @property
-    def stop(self) -> tuple:
-        if self.config.iterations is not None:
-            return self.config.iterations, "iteration"
-        return self.config.epochs, "epoch"
-
-    @property
-    def total(self) -> int:
-        if self.config.iterations is not None:
-            return self.config.iterations
-        batch_size = self.batch_size or self.config.batch_size
-        return math.ceil(self.config.epochs * self.n_images / batch_size)
-
-    @property
-    def lr_step_iterations(self) -> list:
-        """The iteration after which each learning-rate step applies."""
-        batch_size = self.batch_size or self.config.batch_size
-        return [math.ceil(epoch * self.n_images / batch_size) for epoch in self.config.lr_steps]
+    def __post_init__(self):
+        config, batch_size = self.config, self.batch_size or self.config.batch_size
+        if config.iterations is not None:
+            self.stop, self.total = (config.iterations, "iteration"), config.iterations
+        else:
+            self.stop = config.epochs, "epoch"
+            self.total = math.ceil(config.epochs * self.n_images / batch_size)
+        # the iteration after which each learning-rate step applies
+        self.lr_step_iterations = [math.ceil(epoch * self.n_images / batch_size)
+                                   for epoch in config.lr_steps]
 
     def is_end(self, trainer) -> bool:
         if self.config.iterations is not None:
             return trainer.updater.iteration >= self.config.iterations
         return trainer.updater.epoch_detail >= self.config.epochs
-
-
-@dataclass
-class Extensions:
-    """The extensions the run reads back, and where the learning-rate steps apply."""
-
-    evaluator: object
-    log_report: object
-    monitor: object
-    lr_step_iterations: list
-
-
-@dataclass
-class Built:
-    """Every piece of a built recipe (:meth:`Recipe.build`), by name."""
-
-    model: object
-    train_chain: object
-    data: TrainingData
-    iterators: Iterators
-    optimizer: object
-    updater: object
-    trainer: object
-    extensions: Extensions
-
-
-def lr_name(config: TrainConfig) -> str:
-    """The optimizer's hyperparameter that the learning-rate steps scale (Adam's is alpha)."""
-    return "alpha" if config.optimizer == "adam" else "lr"
-
-
-def _images_and_batch(updater) -> tuple:
-    """``(images, batch size)`` of this process's training iterator."""
-    iterator = updater.get_iterator("main")
-    return len(iterator.dataset), iterator.batch_size
 
 
 @dataclass
@@ -577,40 +492,42 @@ class Recipe:
         return AccumulatingUpdater(train_iter, optimizer, device=self.device,
                                    accumulate=self.config.accumulate, comm=self.comm)
 
+    def _length(self, updater) -> Length:
+        iterator = updater.get_iterator("main")          # this process's images and batch
+        return Length(self.config, len(iterator.dataset), iterator.batch_size)
+
     def trainer(self, updater):
         """The trainer, stopping after ``iterations`` or ``epochs``, writing to ``config.out``."""
-        length = Length(self.config, *_images_and_batch(updater))
-        return training.Trainer(updater, length.stop, out=str(self.config.out))
+        return training.Trainer(updater, self._length(updater).stop, out=str(self.config.out))
 
     def extensions(self, trainer, model, val_iter, progress: bool = True) -> Extensions:
         """Learning-rate steps and validation, then the log, progress bar, plots and (one
         process only) snapshots. Only rank 0 logs and writes."""
-        config = self.config
-        length = Length(config, *_images_and_batch(trainer.updater))
+        config, length = self.config, self._length(trainer.updater)
+
+        def every(interval, unit):
+            return EveryOrEnd(interval, unit, length.is_end)
+
         lr_steps = training.triggers.ManualScheduleTrigger(list(config.lr_steps), "epoch")
-        trainer.extend(extensions.ExponentialShift(lr_name(config), config.lr_gamma,
-                                                   init=config.lr), trigger=lr_steps)
+        trainer.extend(extensions.ExponentialShift(     # Adam's learning rate is its alpha
+            "alpha" if config.optimizer == "adam" else "lr", config.lr_gamma, init=config.lr),
+            trigger=lr_steps)
         evaluator = PresetEvaluator(val_iter, CappedPredictor(model), use_07_metric=False,
                                     label_names=BCCD_LABEL_NAMES, comm=self.comm)
-        trainer.extend(evaluator, name="validation",
-                       trigger=EveryOrEnd(config.eval_interval, "epoch", length.is_end))
-        log_report = extensions.LogReport(trigger=EveryOrEnd(config.log_interval, "iteration",
-                                                             length.is_end))
+        trainer.extend(evaluator, name="validation", trigger=every(config.eval_interval, "epoch"))
+        log_report = extensions.LogReport(trigger=every(config.log_interval, "iteration"))
         monitor = Monitor(length.total, progress and self.main)
         if self.main:
             trainer.extend(log_report)
             trainer.extend(extensions.observe_lr(), trigger=(1, "iteration"))
             trainer.extend(monitor, name="monitor")
             trainer.extend(Plotter(Path(config.out), log_report, monitor, length.is_end,
-                                   val_split=config.val_split,
-                                   lr_steps=length.lr_step_iterations),
-                           name="plots",
-                           trigger=EveryOrEnd(config.log_interval, "iteration", length.is_end))
+                                   val_split=config.val_split, lr_steps=length.lr_step_iterations),
+                           name="plots", trigger=every(config.log_interval, "iteration"))
         if self.comm is None:       # each rank's data order and random state: not saved
             trainer.extend(RandomStateExtension(length.n_images, length.batch_size))
             trainer.extend(extensions.snapshot(filename=SNAPSHOT_NAME),
-                           trigger=EveryOrEnd(config.snapshot_interval, "epoch", length.is_end),
-                           priority=-100)
+                           trigger=every(config.snapshot_interval, "epoch"), priority=-100)
         return Extensions(evaluator, log_report, monitor, length.lr_step_iterations)
 
     def build(self, log=print, progress: bool = True) -> Built:
@@ -639,9 +556,6 @@ class TrainResult:
     metrics: dict
     model: object = field(repr=False, default=None)
 
-    def to_dict(self) -> dict:
-        return dict(self.metrics)
-
     def validation_table(self) -> Table:
         """Every validation of the run: iteration, epoch, mAP and AP per class."""
         m = self.metrics
@@ -665,23 +579,18 @@ class TrainResult:
                 (f"\nsnapshot: {self.snapshot}" if self.snapshot is not None else ""))
 
 
-def _clean_log(log):
-    """LogReport's entries with nan/inf as None (JSON has no nan)."""
-    return [{k: (finite_or_none(v) if isinstance(v, (float, np.floating)) else v)
-             for k, v in entry.items()} for entry in log]
-
-
 def run_metrics(config, recipe, data, iterators, updater, extensions, *, start_iteration,
                 seconds, resume, weights, sha256, snapshot, plots) -> dict:
     """The numbers of a finished run, as ``metrics.json`` holds them."""
     iterations_run = updater.iteration - start_iteration
     eval_seconds = extensions.evaluator.seconds
     train_seconds = max(seconds - eval_seconds, 1e-9)
-    entries = _clean_log(extensions.log_report.log)
-    evals = [e for e in entries if e.get("validation/main/map") is not None]
-    best = max(evals, key=lambda e: e["validation/main/map"], default=None)
-    last_eval = [e for e in entries if "validation/main/map" in e]
-    last_eval = last_eval[-1] if last_eval else {}
+    entries = [{k: finite_or_none(v) if isinstance(v, (float, np.floating)) else v
+                for k, v in entry.items()} for entry in extensions.log_report.log]  # no nan
+    evals = [e for e in entries if "validation/main/map" in e]
+    best = max((e for e in evals if e["validation/main/map"] is not None),
+               key=lambda e: e["validation/main/map"], default=None)
+    last_eval = evals[-1] if evals else {}
     counted = iterators.n_processes == 0      # worker processes keep their own counts
     return {
         "iterations": int(updater.iteration),
@@ -842,8 +751,7 @@ def fit_batch(config: TrainConfig, root, device, log=print):
         return config, None
     peaks, state, available, measure = _measure(config, root, device)
     gc.collect()
-    if None in peaks:        # out of memory already at 2 or 4 images
-        peaks = [p if p is not None else available for p in peaks]
+    peaks = [available if p is None else p for p in peaks]     # None: out of memory
     per_image = max((peaks[1] - peaks[0]) // 2, peaks[1] // 8)
     fit = MemoryFit(device=str(device), batch_size=config.batch_size,
                     accumulate=config.accumulate, fixed=max(peaks[0] - 2 * per_image, 0),
@@ -866,8 +774,8 @@ def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
                            "be restored. Start a new run from its weights "
                            "(pretrained='.../model.npz').", "snapshot")
     root = resolve_root(config.root)
-    read = (root, resolve_root(None, TXL_PBC)) if config.labels == "txl-pbc" or config.other_sources \
-        else (root,)
+    read = ((root, resolve_root(None, TXL_PBC)) if config.labels == "txl-pbc"
+            or config.other_sources else (root,))
     out = prepare_output_dir(config.out, "out", inputs=read)
     if resume is not None:
         check_snapshot_file(resume, "resume")
@@ -911,14 +819,10 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     if comm is None:      # before seeding: it builds a model of its own
         config, fit = fit_batch(config, root, device, log)
     elif comm.rank != 0:
-        log = _silent
+        log = lambda *args, **kwargs: None      # rank 0 alone logs
     if config.precision != "float32":
         log(f"train: precision {config.precision}: {_precision_note(config, device)}")
     return _run(config, Recipe(config, root, comm, device), out, resume, progress, log, fit)
-
-
-def _silent(*args, **kwargs) -> None:
-    """The log of every rank but rank 0."""
 
 
 def _precision_note(config: TrainConfig, device) -> str:
@@ -959,18 +863,16 @@ def _run(config: TrainConfig, recipe: Recipe, out: Path, resume, progress: bool,
             trainer.run(show_loop_exception_msg=False)
     finally:
         extensions.monitor.finalize()
-        if hasattr(iterators.train, "finalize"):
-            iterators.train.finalize()
+        iterators.train.finalize()
     seconds = time.perf_counter() - start
 
-    snapshot = out / SNAPSHOT_NAME if recipe.comm is None else None
+    weights, snapshot = out / WEIGHTS_NAME, out / SNAPSHOT_NAME if recipe.comm is None else None
     if not recipe.main:
-        return TrainResult(out=out, weights=out / WEIGHTS_NAME, sha256="", snapshot=snapshot,
-                           metrics={"rank": rank}, model=model)
-    sha256 = save_weights(model, out / WEIGHTS_NAME)
+        return TrainResult(out, weights, "", snapshot, {"rank": rank}, model)
+    sha256 = save_weights(model, weights)
     metrics = run_metrics(config, recipe, data, iterators, updater, extensions,
                           start_iteration=start_iteration, seconds=seconds, resume=resume,
-                          weights=out / WEIGHTS_NAME, sha256=sha256, snapshot=snapshot,
+                          weights=weights, sha256=sha256, snapshot=snapshot,
                           plots=write_plots(extensions.log_report.log, out, config.val_split,
                                             extensions.lr_step_iterations))
     metrics["memory_fit"] = fit.to_dict() if fit is not None else None
@@ -980,7 +882,6 @@ def _run(config: TrainConfig, recipe: Recipe, out: Path, resume, progress: bool,
             f"(too small {stats.too_small}, non-finite {stats.non_finite}); "
             f"{stats.cropped_out} left the random crop (the recipe's own behaviour)")
     write_files({out / "metrics.json": json.dumps(metrics, indent=2) + "\n"})
-    result = TrainResult(out=out, weights=out / WEIGHTS_NAME, sha256=sha256,
-                         snapshot=snapshot, metrics=metrics, model=model)
+    result = TrainResult(out, weights, sha256, snapshot, metrics, model)
     log(result.summary())
     return result
