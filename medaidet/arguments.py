@@ -14,8 +14,8 @@ from pathlib import Path
 from medaidet.errors import ConfigError
 from medaidet.files import atomic_file
 
-__all__ = ["ConfigError", "check_number", "check_type", "checked_boxes",
-           "checked_size", "checked_sizes", "checked_bins", "checked_path", "is_path", "positive_int",
+__all__ = ["ConfigError", "check_number", "check_type", "checked_boxes", "checked_size",
+           "checked_sizes", "checked_bins", "checked_path", "is_path", "positive_int",
            "non_negative_int", "positive_float", "probability", "seed", "prepare_output_dir"]
 
 
@@ -33,19 +33,17 @@ def check_number(value, name: str, rule: str = "positive", integer: bool = False
     that follows ``rule``; else :class:`ConfigError` naming ``name``."""
     test, expected = _RULES[rule]
     what = ("a whole " + expected.replace("a number", "number")) if integer else expected
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}: {value!r} is not a number; expected {what}")
     try:
+        if isinstance(value, bool):
+            raise TypeError("a bool is not a number")
         number = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: {value!r} is not a number; expected {what}") from None
     if not math.isfinite(number) or not test(number):
         raise ConfigError(f"{name}: {value} is out of range; expected {what}")
-    if integer:
-        if number != int(number):
-            raise ConfigError(f"{name}: {value} is not a whole number; expected {what}")
-        return int(number)
-    return number
+    if integer and number != int(number):
+        raise ConfigError(f"{name}: {value} is not a whole number; expected {what}")
+    return int(number) if integer else number
 
 
 def check_type(value, types, name: str, expected: str):
@@ -94,8 +92,7 @@ def checked_size(size, name: str = "size") -> tuple:
     if np.shape(size) != (2,):
         raise ConfigError(f"{name}: {_short(size)} is not an image size; expected "
                           "(height, width)")
-    height, width = (check_number(v, name, "positive") for v in size)
-    return height, width
+    return tuple(check_number(v, name, "positive") for v in size)
 
 
 def checked_sizes(sizes, n: int, name: str = "sizes") -> list:
@@ -153,10 +150,6 @@ def is_path(value) -> bool:
     return isinstance(value, (str, os.PathLike)) and bool(str(os.fspath(value)).strip())
 
 
-def _is_within(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
 def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
                        own_folders=()) -> Path:
     """Create the output folder ``path`` now, before any work, and check it can be written;
@@ -168,11 +161,9 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
         raise ConfigError(f"{name}: {path!r} is not a folder path; expected a folder to "
                           "write the results in", "not_a_folder", path=path)
     out = Path(path).expanduser().resolve()
-    for source in inputs:
-        if not source:  # None or "" (an unset or empty variable): nothing to protect
-            continue
+    for source in filter(None, inputs):   # None or "" (an unset variable): nothing to protect
         source = Path(source).expanduser().resolve()
-        if _is_within(out, source):
+        if out.is_relative_to(source):
             raise ConfigError(
                 f"{name}: {path} is inside {source}, which this run reads; choose a folder "
                 "outside it (for example outputs/) so nothing of yours is overwritten",
@@ -182,16 +173,12 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
                           "(it is created if missing)", "not_a_folder", path=out)
     try:
         out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):  # permission bits say nothing for root or on
+            pass                               # read-only mounts: a real write
     except OSError as exc:
-        raise ConfigError(f"{name}: cannot create the folder {path} ({exc.strerror or exc}); "
-                          "choose a folder you can write to", "unwritable", path=out) from None
-    try:  # a real write: permission bits say nothing for root or on read-only mounts
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"{name}: cannot write in the folder {path} "
-                          f"({exc.strerror or exc}); choose a folder you can write to",
-                          "unwritable", path=out) from None
+        raise ConfigError(f"{name}: cannot {'write in' if out.is_dir() else 'create'} the "
+                          f"folder {path} ({exc.strerror or exc}); choose a folder you can "
+                          "write to", "unwritable", path=out) from None
     if marker is not None:
         _claim_output_dir(out, path, name, marker, own_folders)
     return out

@@ -5,7 +5,6 @@ chainer is installed. A user's mistake (a bad argument, a MedaidetError, an ``OS
 one line on stderr and status 2 (Ctrl-C: 130); ``--debug`` shows the traceback instead.
 """
 import argparse
-import contextlib
 import errno
 import io
 import json
@@ -41,7 +40,6 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
 
-ROOT_HELP = "dataset root (default: $MEDAIDET_DATA, else the cache directory)"
 # the optional dependencies of the deploy commands, by the extra that installs them
 EXTRAS = {"onnx": "export", "onnx_chainer": "export", "onnxruntime": "deploy"}
 
@@ -85,22 +83,21 @@ def _add_data(commands) -> None:
     p.add_argument("--dataset", choices=("bccd", "txl-pbc"), default="bccd",
                    help="bccd (default), or txl-pbc: TXL-PBC, a re-annotation of 221 BCCD "
                    "images and of three other sources")
-    p.add_argument("--root", default=None, help="dataset root to create (default: "
-                   "$MEDAIDET_DATA for bccd, $MEDAIDET_TXL_PBC for txl-pbc, else the cache "
-                   "directory)")
+    p.add_argument("--root", help="dataset root to create (default: $MEDAIDET_DATA for bccd, "
+                   "$MEDAIDET_TXL_PBC for txl-pbc, else the cache directory)")
     p.add_argument("--force", action="store_true", help="download again even if verified "
                    "(replaces the dataset's own files only)")
     p.set_defaults(func=_download)
     p = data_commands.add_parser("validate", help="report every annotation defect; exit 1 "
                                  "when any is of severity error")
-    p.add_argument("root", nargs="?", default=None, help=ROOT_HELP)
+    p.add_argument("root", nargs="?",
+                   help="dataset root (default: $MEDAIDET_DATA, else the cache directory)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_validate)
 
 
 def _download(args) -> int:
-    from medaidet.data.download import download
-    from medaidet.data.download import SOURCES
+    from medaidet.data.download import SOURCES, download
     print(download(SOURCES[args.dataset], root=args.root, force=args.force))
     return 0
 
@@ -116,7 +113,8 @@ def _validate(args) -> int:
 
 def _add_train(commands) -> None:
     p = commands.add_parser(
-        "train", help="train an SSD on BCCD (the course recipe, the small SSD on a CPU, or a smoke run)",
+        "train",
+        help="train an SSD on BCCD (the course recipe, the small SSD on a CPU, or a smoke run)",
         description="Train an SSD on BCCD. Settings: the profile's, then --config FILE, "
                     "then the flags.")
     p.add_argument("--profile", choices=list(PROFILES), default="full",
@@ -125,49 +123,55 @@ def _add_train(commands) -> None:
                         "cpu-long: three times as long, with SSD's colour distortion and a "
                         "2x zoom-out; "
                         "full: the course recipe, SSD300 (default: full)")
-    p.add_argument("--config", metavar="FILE", default=None,
+    p.add_argument("--config", metavar="FILE",
                    help="JSON (or YAML, with PyYAML) file of TrainConfig options")
-    p.add_argument("--device", default=None, help="auto, cpu, gpu (= GPU 0) or a GPU number (default: the profile's, auto)")
-    p.add_argument("--out", default=None, help="output directory")
-    p.add_argument("--resume", metavar="SNAPSHOT", default=None,
+    p.add_argument("--device", help="auto, cpu, gpu (= GPU 0) or a GPU number "
+                   "(default: the profile's, auto)")
+    p.add_argument("--out", help="output directory")
+    p.add_argument("--resume", metavar="SNAPSHOT",
                    help="continue from a trainer snapshot (snapshot_latest.npz)")
-    p.add_argument("--iterations", type=positive_int, default=None, help="stop after N iterations")
-    p.add_argument("--epochs", type=positive_float, default=None, help="stop after N epochs")
-    p.add_argument("--batch-size", type=positive_int, default=None)
-    p.add_argument("--subset", type=positive_int, default=None, help="train on the first N images")
-    p.add_argument("--seed", type=seed, default=None,
-                   help="seed Python, NumPy, CuPy and the data workers (see medaidet.training.train)")
+    p.add_argument("--iterations", type=positive_int, help="stop after N iterations")
+    p.add_argument("--epochs", type=positive_float, help="stop after N epochs")
+    p.add_argument("--batch-size", type=positive_int)
+    p.add_argument("--subset", type=positive_int, help="train on the first N images")
+    p.add_argument("--seed", type=seed, help="seed Python, NumPy, CuPy and the data workers "
+                   "(see medaidet.training.train)")
     p.add_argument("--deterministic", action="store_true", default=None,
                    help="bitwise reproducible where possible: no worker processes, "
                         "deterministic cuDNN; needs --seed")
-    p.add_argument("--accumulate", type=positive_int, default=None, metavar="N",
+    p.add_argument("--accumulate", type=positive_int, metavar="N",
                    help="split each batch into N micro-batches (gradient accumulation: the "
                         "memory of batch/N, the gradients of the whole batch)")
-    p.add_argument("--memory-limit", type=positive_float, default=None, metavar="GIB",
+    p.add_argument("--memory-limit", type=positive_float, metavar="GIB",
                    help="the memory the run may hold, in GiB (default: what the GPU has free; "
                         "on a GPU also CuPy's pool limit): the batch is split into "
                         "micro-batches until one fits")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
+    p.add_argument("--precision", choices=PRECISIONS,
                    help="float32 (default), tf32 (a GPU's tensor cores for float32 products) "
                         "or mixed16 (float16 compute, float32 weights, loss scaling)")
-    p.add_argument("--communicator", default=None, metavar="NAME",
+    p.add_argument("--communicator", metavar="NAME",
                    help="ChainerMN multi-process training under mpiexec: naive (CPU or GPU), "
                         "pure_nccl (GPUs), ...; batch size is the total over all ranks")
     p.add_argument("--no-augment", dest="augment", action="store_false", default=None,
                    help="no random augmentation (resize and encode only)")
-    p.add_argument("--root", default=None, help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
-    p.add_argument("--labels", choices=LABELS, default=None,
+    p.add_argument("--root", help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
+    p.add_argument("--labels", choices=LABELS,
                    help="train on BCCD's boxes or on TXL-PBC's re-annotation of BCCD's images "
                         "(notebook 10; $MEDAIDET_TXL_PBC, else the cache) (default: bccd)")
-    p.add_argument("--other-sources", nargs="+", choices=OTHER_SOURCES, default=None,
-                   metavar="SOURCE", help="also train on TXL-PBC's train images of these "
-                   f"laboratories ({', '.join(OTHER_SOURCES)})")
-    p.add_argument("--pretrained", default=None,
-                   help="imagenet, voc0712, none, or a model-only .npz")
-    p.add_argument("--n-processes", type=non_negative_int, default=None,
+    p.add_argument("--other-sources", nargs="+", choices=OTHER_SOURCES, metavar="SOURCE",
+                   help="also train on TXL-PBC's train images of these laboratories "
+                        f"({', '.join(OTHER_SOURCES)})")
+    p.add_argument("--pretrained", help="imagenet, voc0712, none, or a model-only .npz")
+    p.add_argument("--n-processes", type=non_negative_int,
                    help="data-loading worker processes (0: none)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)
+
+
+# the TrainConfig fields a `medaidet train` flag of the same name sets
+TRAIN_FLAGS = ("device", "out", "iterations", "epochs", "batch_size", "subset", "seed", "root",
+               "n_processes", "deterministic", "augment", "accumulate", "communicator",
+               "labels", "other_sources", "memory_limit", "precision")
 
 
 def config_from_args(args) -> TrainConfig:
@@ -175,14 +179,7 @@ def config_from_args(args) -> TrainConfig:
     config = TrainConfig.profile(args.profile)
     if args.config:
         config = TrainConfig.from_file(args.config, base=config)
-    flags = {"device": args.device, "out": args.out, "iterations": args.iterations,
-             "epochs": args.epochs, "batch_size": args.batch_size, "subset": args.subset,
-             "seed": args.seed, "root": args.root, "n_processes": args.n_processes,
-             "deterministic": args.deterministic, "augment": args.augment,
-             "accumulate": args.accumulate, "communicator": args.communicator,
-             "labels": args.labels, "other_sources": args.other_sources,
-             "memory_limit": args.memory_limit, "precision": args.precision}
-    changes = {k: v for k, v in flags.items() if v is not None}
+    changes = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None}
     if args.epochs is not None and args.iterations is None:
         changes["iterations"] = None      # --epochs alone: the profile's iteration count yields
     if args.pretrained is not None:
@@ -196,11 +193,13 @@ def _train(args) -> int:
         from medaidet.extras.mpi import train
     else:
         from medaidet.training.train import train
-    # the messages of the checks before any work name the flags the user typed
-    typed = {field: f"--{field}" for field in ("out", "resume", "pretrained")
-             if getattr(args, field) is not None}
-    with flags_in_messages(typed):
+    try:
         train(config, resume=args.resume, progress=not args.no_progress)
+    except MedaidetError as exc:   # the checks before any work name the flag the user typed
+        field = str(exc).split(":")[0]
+        if field in ("out", "resume", "pretrained") and getattr(args, field) is not None:
+            exc.args = ("--" + str(exc),) + exc.args[1:]
+        raise
     return 0
 
 
@@ -233,14 +232,12 @@ def add_weights_arguments(p) -> None:
     p.add_argument("weights", metavar="WEIGHTS", help="model-only .npz from medaidet train")
     p.add_argument("--split", default="test", choices=SPLITS,
                    help="split to predict (default: test)")
-    p.add_argument("--model", default=None, choices=MODEL_NAMES,
+    p.add_argument("--model", choices=MODEL_NAMES,
                    help="architecture the weights were trained with (default: read from "
                         "the weights' parameter names)")
-    p.add_argument("--root", default=None,
-                   help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="write JSON and figures here")
-    p.add_argument("--subset", type=positive_int, default=None, metavar="N",
+    p.add_argument("--root", help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
+    p.add_argument("--out", metavar="DIR", help="write JSON and figures here")
+    p.add_argument("--subset", type=positive_int, metavar="N",
                    help="only the first N images of the split")
     p.add_argument("--device", default=DEFAULT_DEVICE,
                    help="auto, cpu, gpu or a GPU number (default: auto)")
@@ -279,9 +276,7 @@ def _count(args) -> int:
     if args.json:
         print(json.dumps({**result.to_dict(), "sweep": sweep.to_dict()}, indent=2))
     else:
-        print(result)
-        print()
-        print(sweep)
+        print(f"{result}\n\n{sweep}")
     return 0
 
 
@@ -366,12 +361,10 @@ def _export(args) -> int:
 
 def _count_image(args) -> int:
     try:
-        from medaidet.extras.deploy import OnnxDetector, read_rgb
+        from medaidet.extras.deploy import OnnxDetector, draw_detections, read_rgb
         detector = OnnxDetector(args.model)
     except ModuleNotFoundError as exc:
         raise _missing_extra(exc, "count-image") from None
-    from medaidet.extras.deploy import draw_detections
-
     out = _results_folder(args.out, args.images) if args.out else None
     results = []
     for path in map(Path, args.images):
@@ -412,21 +405,6 @@ def _needs_stack(exc: ImportError, command: str):
             "`python -m medaidet stack install` first")
 
 
-@contextlib.contextmanager
-def flags_in_messages(flags: dict):
-    """Errors raised inside that begin with a field of ``flags`` (``"out: ..."``) begin with
-    the flag the user typed instead (``"--out: ..."``)."""
-    try:
-        yield
-    except MedaidetError as exc:
-        message = str(exc)
-        for field, flag in flags.items():
-            if message.startswith(field + ":"):
-                exc.args = (flag + message[len(field):],) + exc.args[1:]
-                break
-        raise
-
-
 def _one_line(exc: BaseException, args=None) -> str:
     """A user-facing error's message for one line of stderr (``args``: for a full disk's fix)."""
     if isinstance(exc, MedaidetError):
@@ -444,18 +422,16 @@ def _no_room_fix(exc: OSError, args) -> str:
 
     out = getattr(args, "out", None)
     target = folder = None
-    if exc.filename:
-        target = Path(exc.filename).expanduser().resolve()
-        folder = target if target.is_dir() else target.parent
-    elif out:  # an error that names no file: the output folder
-        target = folder = Path(out).expanduser().resolve()
+    if exc.filename or out:  # an error that names no file: the output folder
+        target = folder = Path(exc.filename or out).expanduser().resolve()
+        if exc.filename and not target.is_dir():
+            folder = target.parent
     disk = f"the disk that holds {folder}" if folder else "the disk this command writes to"
+    fix = f"free space on {disk}"
     if exc.errno == errno.EFBIG:
         fix = "the file outgrew the file-size limit (`ulimit -f`) or the file system's; raise it"
     elif exc.errno == errno.EDQUOT:
         fix = f"free space in your quota on {disk}"
-    else:
-        fix = f"free space on {disk}"
     caches = [Path(p).expanduser().resolve()
               for p in (getattr(args, "cache", None), default_cache_dir()) if p]
     if target and out and target.is_relative_to(Path(out).expanduser().resolve()):
@@ -465,9 +441,10 @@ def _no_room_fix(exc: OSError, args) -> str:
     return fix + ", or write to a folder on another disk"
 
 
-def _install_hint(exc: ModuleNotFoundError):
-    """The one command to run first when ``exc`` is one of medaidet's own dependencies."""
-    if (exc.name or "").split(".")[0] not in OWN_DEPENDENCIES:
+def _install_hint(exc: ImportError):
+    """The one command to run first when ``exc`` is one of medaidet's own dependencies missing."""
+    if not (isinstance(exc, ModuleNotFoundError)
+            and (exc.name or "").split(".")[0] in OWN_DEPENDENCIES):
         return None
     checkout = Path(__file__).resolve().parents[1]
     target = f"-e {checkout}" if (checkout / "pyproject.toml").is_file() else "medaidet"
@@ -491,17 +468,10 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in argv
     argv = [a for a in argv if a != DEBUG_FLAG]
+    args = None
     try:
-        parser = build_parser()
-    except ModuleNotFoundError as exc:   # a checkout that was never installed
-        hint = _install_hint(exc)
-        if hint is None or debug:
-            raise
-        print(f"medaidet: error: {hint}", file=sys.stderr)
-        return 2
-    args = parser.parse_args(argv)
-    _show_medaidet_logs()
-    try:
+        args = build_parser().parse_args(argv)   # ImportError: a checkout never installed
+        _show_medaidet_logs()
         return args.func(args)
     except KeyboardInterrupt:
         if debug:
@@ -509,14 +479,12 @@ def main(argv=None) -> int:
         print("medaidet: interrupted", file=sys.stderr)
         return 130
     except ImportError as exc:
-        hint = (_install_hint(exc) if isinstance(exc, ModuleNotFoundError) else None) \
-            or _needs_stack(exc, args.command)
-        if hint is None or debug:
+        message = _install_hint(exc) or (args and _needs_stack(exc, args.command))
+        if not message or debug:
             raise
-        print(f"medaidet: error: {hint}", file=sys.stderr)
-        return 2
     except (MedaidetError, OSError) as exc:
         if debug:
             traceback.print_exc()
-        print(f"medaidet: error: {_one_line(exc, args)}", file=sys.stderr)
-        return 2
+        message = _one_line(exc, args)
+    print(f"medaidet: error: {message}", file=sys.stderr)
+    return 2

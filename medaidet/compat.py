@@ -63,15 +63,14 @@ def _major(version: str) -> int:
 
 def _disable_cudnn_on_cupy14(actions: list) -> None:
     # CuPy 14 has no cuDNN: tell chainer before its import, or it warns on every convolution
-    cupy = installed_cupy()
-    if not cupy or max(_major(v) for _, v in cupy) < 14:
+    if max((_major(v) for _, v in installed_cupy()), default=0) < 14:
         return
     if "chainer" in sys.modules:
         if os.environ.get("CHAINER_CUDNN") != "0":
-            msg = ("chainer was imported before medaidet with CuPy >= 14 (no cuDNN): "
-                   "import medaidet first, or set CHAINER_CUDNN=0 before importing chainer, "
-                   "to silence chainer's 'cuDNN is not enabled' warnings.")
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            warnings.warn("chainer was imported before medaidet with CuPy >= 14 (no cuDNN): "
+                          "import medaidet first, or set CHAINER_CUDNN=0 before importing "
+                          "chainer, to silence chainer's 'cuDNN is not enabled' warnings.",
+                          RuntimeWarning, stacklevel=3)
             actions.append(Action("CHAINER_CUDNN", "not set: chainer was already imported"))
         return
     if "CHAINER_CUDNN" in os.environ:

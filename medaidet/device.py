@@ -59,17 +59,13 @@ def gpu_ids(devices) -> list:
     """The sorted, distinct GPU numbers among ``devices`` (chainer devices or specs)."""
     ids = set()
     for device in devices or ():
-        if device is None:
-            continue
-        if getattr(device, "xp", None) is not None:
-            if device.xp.__name__ != "numpy":
-                ids.add(int(device.device.id))
-            continue
-        spec = parse_device(int(device) if isinstance(device, numbers.Integral) else device)
-        if spec == "gpu":
-            ids.add(0)
-        elif isinstance(spec, int):
-            ids.add(spec)
+        if getattr(device, "xp", None) is not None:     # a chainer device
+            spec = "cpu" if device.xp.__name__ == "numpy" else int(device.device.id)
+        else:
+            spec = "cpu" if device is None else parse_device(
+                int(device) if isinstance(device, numbers.Integral) else device)
+        if spec not in ("cpu", "auto"):
+            ids.add(0 if spec == "gpu" else spec)
     return sorted(ids)
 
 

@@ -42,8 +42,7 @@ def stream_url(url: str, out, *, timeout: float, user_agent: str, desc: str,
         total = int(length) if length and length.strip().isdigit() else None
         if total is not None and max_bytes is not None and total > max_bytes:
             raise DataError(f"it announces {total} bytes, more than the {max_bytes} allowed",
-                            "download",
-                            offline=False)
+                            "download", offline=False)
         received = 0
         with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
                   disable=not progress, leave=False) as bar:
@@ -51,8 +50,7 @@ def stream_url(url: str, out, *, timeout: float, user_agent: str, desc: str,
                 if time.monotonic() - started > deadline_s:
                     raise DataError(f"it took longer than {deadline_s:g} s ({received} bytes "
                                     "received): the server or the network is too slow",
-                                    "download",
-                                    offline=True)
+                                    "download", offline=True)
                 try:
                     chunk = response.read1(_CHUNK)   # what has arrived, not a full MB
                 except (OSError, http.client.HTTPException) as exc:

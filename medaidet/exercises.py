@@ -5,8 +5,6 @@ dicts, lists and tuples element by element (the message says which part is off).
 speaks the label's language (``"exercise 1"`` or ``"演習 1"``); class names and yes/no may be
 answered in either language (:data:`SYNONYMS`, ``True``/``False`` as yes/no).
 """
-from __future__ import annotations
-
 import math
 import numbers
 import re
@@ -46,10 +44,6 @@ MESSAGES = {
 }
 
 
-def _language(label: str) -> str:
-    return "ja" if re.search(r"[\u3040-\u30ff\u4e00-\u9fff]", label) else "en"
-
-
 def compare(answer, solution, rtol: float = 1e-2, where: str = "",
             lang: str = "en") -> str | None:
     """None when ``answer`` matches ``solution``, else a sentence (in ``lang``: ``"en"`` or
@@ -61,24 +55,19 @@ def compare(answer, solution, rtol: float = 1e-2, where: str = "",
             return say["dict"].format(keys=sorted(solution), at=at, got=type(answer).__name__)
         if set(answer) != set(solution):
             return say["keys"].format(keys=sorted(solution), at=at, got=sorted(answer))
-        for key in solution:
-            problem = compare(answer[key], solution[key], rtol, f"{where}[{key!r}]", lang)
-            if problem:
-                return problem
-        return None
+        problems = (compare(answer[key], solution[key], rtol, f"{where}[{key!r}]", lang)
+                    for key in solution)
+        return next(filter(None, problems), None)
     if isinstance(solution, (list, tuple)):
         if not isinstance(answer, (list, tuple)) or len(answer) != len(solution):
             return say["values"].format(n=len(solution), at=at, got=repr(answer))
-        for i, (a, s) in enumerate(zip(answer, solution)):
-            problem = compare(a, s, rtol, f"{where}[{i}]", lang)
-            if problem:
-                return problem
-        return None
+        problems = (compare(a, s, rtol, f"{where}[{i}]", lang)
+                    for i, (a, s) in enumerate(zip(answer, solution)))
+        return next(filter(None, problems), None)
     if isinstance(solution, str):
-        text = answer.strip() if isinstance(answer, str) else None
-        if text is None or not _same_word(text, solution):
-            return say["wrong"].format(got=repr(answer), at=at)
-        return None
+        if isinstance(answer, str) and _same_word(answer, solution):
+            return None
+        return say["wrong"].format(got=repr(answer), at=at)
     if isinstance(solution, bool) and isinstance(answer, str):      # "はい" for True
         word = answer.strip().lower()
         if _same_word(word, "yes") or word == "true":
@@ -113,7 +102,7 @@ class Verdict:
 def check(answer, solution, exercise: str, rtol: float = 1e-2) -> Verdict:
     """Print whether ``answer`` is right, in the language of the label ``exercise``; the
     :class:`Verdict` is true if it is. ``None``: not answered yet."""
-    lang = _language(exercise)
+    lang = "ja" if re.search(r"[\u3040-\u30ff\u4e00-\u9fff]", exercise) else "en"
     say = MESSAGES[lang]
     if answer is None:
         print(say["none"].format(label=exercise))

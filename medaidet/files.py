@@ -6,6 +6,7 @@ an output (:func:`check_output`) never replaces a folder, device, FIFO, socket o
 full disk, quota or file-size limit fails a ``write()`` with an ``OSError`` naming no file;
 raised from here it names the file being written.
 """
+import contextlib
 import errno
 import hashlib
 import io
@@ -49,14 +50,11 @@ def check_output(path, inputs=()) -> Path:
         raise ConfigError(f"{path} is {what}: writing there would replace it. Give the name "
                           "of a file to write (nothing was written).", "not_a_file", path=path)
     for source in inputs:
-        try:
-            same = os.path.samefile(path, source)
-        except OSError:          # one of them does not exist: not the same file
-            continue
-        if same:
-            raise ConfigError(f"{path} is also an input of this command ({source}): writing "
-                              "there would replace it. Choose another output name (nothing "
-                              "was written).", "input", path=path)
+        with contextlib.suppress(OSError):   # one of them does not exist: not the same file
+            if os.path.samefile(path, source):
+                raise ConfigError(f"{path} is also an input of this command ({source}): writing "
+                                  "there would replace it. Choose another output name "
+                                  "(nothing was written).", "input", path=path)
     return path
 
 
@@ -68,14 +66,9 @@ def is_full_disk(exc: BaseException) -> bool:
 def _create_part_file(path: Path):
     """``(fd, name)`` of a new ``.<name>.<random>.part`` beside ``path``, mode 0o666 less the
     umask (mkstemp's 0600 would survive the rename and hide shared files from others)."""
-    for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                           | getattr(os, "O_BINARY", 0), 0o666), str(tmp)
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name beside {path}")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.part")  # O_EXCL: never shared
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    return os.open(tmp, flags, 0o666), str(tmp)
 
 
 @contextmanager
@@ -85,7 +78,7 @@ def atomic_file(path, mode: str = "wb", inputs=()):
     path = check_output(path, inputs)
     fd, tmp = _create_part_file(path)
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
         os.replace(tmp, path)
     except OSError as exc:
@@ -100,7 +93,7 @@ def atomic_file(path, mode: str = "wb", inputs=()):
 def png_bytes(fig, dpi=None) -> bytes:
     """A matplotlib figure as PNG bytes, for :func:`write_files`."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", **({} if dpi is None else {"dpi": dpi}))
+    fig.savefig(buffer, format="png", dpi=dpi)   # None: matplotlib's savefig.dpi
     return buffer.getvalue()
 
 
@@ -118,11 +111,9 @@ def write_files(contents: dict, inputs=()) -> None:
 
 def default_cache_dir() -> Path:
     """``$MEDAIDET_CACHE`` or ``~/.cache/medaidet``."""
-    env = os.environ.get("MEDAIDET_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "medaidet"
+    if os.environ.get("MEDAIDET_CACHE"):
+        return Path(os.environ["MEDAIDET_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medaidet"
 
 
 def sha256_file(path) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures after the last step of docs/design.md's table: lower them with every step
-CEILINGS = {"lines": 11_962, "characters": 581_014, "core lines": 9_926}
+CEILINGS = {"lines": 11_750, "characters": 574_681, "core lines": 9_746}
 
 
 def _figures():

@@ -12,6 +12,7 @@ an interrupted install is never taken for a verified copy; a root holds one data
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -19,7 +20,6 @@ import importlib.resources
 import logging
 import os
 import re
-import shutil
 import tarfile
 import tempfile
 import urllib.parse
@@ -81,7 +81,6 @@ BCCD = PinnedSource(
         "  ROOT/ImageSets/Main/{train,val,trainval,test}.txt\n"
         "  ROOT/LICENSE, ROOT/test.csv"))
 
-
 TXL_PBC = PinnedSource(
     "TXL-PBC", "https://github.com/lugan113/TXL-PBC_Dataset",
     "056d09e45403f4d1321b99cdb2cfcc3eb605edcf", "txl-pbc", "MEDAIDET_TXL_PBC",
@@ -92,10 +91,7 @@ TXL_PBC = PinnedSource(
         "  ROOT/TXL_PBC/labels/classes.txt, ROOT/TXL_PBC/data.yaml, ROOT/TXL_PBC/README.md\n"
         "  ROOT/LICENSE.txt, ROOT/README.md"))
 
-
 SOURCES = {"bccd": BCCD, "txl-pbc": TXL_PBC}
-
-
 MARKER_NAME = ".medaidet-verified"
 
 
@@ -140,27 +136,22 @@ def manifest_sha256(source: PinnedSource = BCCD) -> str:
 
 def verify_dataset(root, source: PinnedSource = BCCD) -> list[Problem]:
     """Re-hash every manifest file under ``root`` (others are ignored); ``[]`` when all match."""
-    root = Path(root)
     problems = []
     for rel, expected in manifest_entries(source):
-        path = root / rel
-        if not path.is_file():
-            problems.append(Problem(rel, "missing", expected, None))
-            continue
-        actual = sha256_file(path)
+        path = Path(root) / rel
+        actual = sha256_file(path) if path.is_file() else None
         if actual != expected:
-            problems.append(Problem(rel, "mismatch", expected, actual))
+            problems.append(Problem(rel, "mismatch" if actual else "missing", expected, actual))
     return problems
 
 
 def is_verified(root, source: PinnedSource = BCCD) -> bool:
     """Whether ``root`` carries our marker for the current manifest (no re-hashing)."""
-    root = Path(root)
     try:
-        first = (root / MARKER_NAME).read_text(encoding="utf-8").split("\n", 1)[0].strip()
+        first = Path(root, MARKER_NAME).read_text(encoding="utf-8").split("\n", 1)[0].strip()
     except (OSError, UnicodeDecodeError):
         return False
-    return first == manifest_sha256(source) and (root / source.marks).is_dir()
+    return first == manifest_sha256(source) and Path(root, source.marks).is_dir()
 
 
 def summarize_problems(problems: list[Problem], limit: int = 5) -> str:
@@ -196,11 +187,10 @@ def cli_flag(source: PinnedSource) -> str:
 
 
 def _layout_help(source: PinnedSource = BCCD) -> str:
-    function = f"download_{source.cache_name.replace('-', '_')}"
     return (
         f"Get it with `medaidet data download{cli_flag(source)} [--root DIR]` (Python: "
-        f"medaidet.data.download.{function}()), which fetches "
-        f"{source.repo} at commit {source.commit}, verifies every file and stores it at "
+        f"medaidet.data.download.download_{source.cache_name.replace('-', '_')}()), which "
+        f"fetches {source.repo} at commit {source.commit}, verifies every file and stores it at "
         f"{default_root(source)} unless --root or ${source.data_env} says otherwise.\n"
         f"Or place the files by hand, keeping {source.layout}\n"
         f"and set {source.data_env}=ROOT (or pass ROOT explicitly); "
@@ -232,7 +222,7 @@ def _manifest_path(name: str, manifest: dict[str, str], subfolder: str | None) -
     """Upstream member name -> manifest path, or None: ``<top>/<path>`` -> ``<path>``; with
     ``subfolder`` (BCCD's ``BCCD``), ``<top>/<subfolder>/<sub>/<file>`` -> ``<sub>/<file>``."""
     parts = [p for p in name.split("/") if p not in ("", ".")][1:]   # without the top folder
-    if subfolder is not None and parts[:1] == [subfolder] and len(parts) > 2:
+    if parts[:1] == [subfolder] and len(parts) > 2:
         parts = parts[1:]
     rel = "/".join(parts)
     return rel if rel in manifest else None
@@ -265,8 +255,7 @@ def extract(source: PinnedSource, archive: Path, staging: Path, manifest: dict[s
             for member in tar:
                 rel = _manifest_path(member.name, manifest, source.subfolder)
                 total += member.size if rel else 0
-                reason = _refusal(member, rel, staging, total)
-                if reason:
+                if reason := _refusal(member, rel, staging, total):
                     raise DataError(
                         f"unsafe member {member.name!r} in the archive from {url}: {reason}. "
                         f"Nothing was installed; this is not the pinned {source.name} "
@@ -308,9 +297,8 @@ def identify(path: Path, source: PinnedSource = BCCD) -> tuple[str, str]:
     if head.startswith(b"\x1f\x8b"):
         try:
             with gzip.open(path, "rb") as fh:
-                read = 0
-                while read <= MAX_EXTRACTED_BYTES and (chunk := fh.read(_CHUNK)):
-                    read += len(chunk)
+                while fh.tell() <= MAX_EXTRACTED_BYTES and fh.read(_CHUNK):
+                    pass
         except (EOFError, OSError, zlib.error):
             return f"is gzip data cut short ({size} bytes)", _CUT_SHORT
         return (f"is a complete gzip file whose content is not a tar archive ({size} bytes)",
@@ -341,16 +329,6 @@ def _by_hand(source: PinnedSource, dest: Path) -> str:
     )
 
 
-def _download_error(source: PinnedSource, url: str, dest: Path, reason: str,
-                    offline_hint: bool) -> DataError:
-    hint = (" Are you offline, or behind a proxy (urllib honors https_proxy/no_proxy)?"
-            if offline_hint else "")
-    override = ("" if url == source.url else
-                f" (the URL came from url= or ${source.url_env}; the default is {source.url})")
-    return DataError(f"could not download {source.name} from {url}{override}: "
-                     f"{reason}.{hint}\n{_by_hand(source, dest)}", "download")
-
-
 def _check_url(url: str, source: PinnedSource = BCCD) -> None:
     """Raise a ``"url"`` DataError unless ``url`` is https://, http:// or file:// (urllib
     would fail on a plain path with a bare ValueError, and would try FTP)."""
@@ -365,35 +343,38 @@ def _check_url(url: str, source: PinnedSource = BCCD) -> None:
     else:
         what = f"its scheme {scheme}:// is not supported"
     local = Path(url).expanduser()
-    if local.is_file():
-        how = f"{local} is a file here: pass {local.resolve().as_uri()}"
-    else:
-        how = ("for an archive on this machine pass its file:// URL, e.g. "
-               f"file:///path/to/{source.name}.tar.gz")
+    how = (f"{local} is a file here: pass {local.resolve().as_uri()}" if local.is_file() else
+           f"for an archive on this machine pass its file:// URL, e.g. file:///path/to/"
+           f"{source.name}.tar.gz")
     raise DataError(
         f"cannot download {source.name} from {url!r}: {what}. Accepted URLs start with "
         f"https://, http:// or file://; {how} (as url=, or in ${source.url_env}). The default "
         f"is {source.url}.", "url")
 
 
-def _fetch(source: PinnedSource, url: str, target: Path, dest: Path, timeout: float,
-           progress: bool) -> int:
-    """Stream ``url`` into ``target``; returns the number of bytes."""
+def _fetch(source: PinnedSource, url: str, target: Path, root: Path, how: str | None,
+           timeout: float, progress: bool) -> None:
+    """Stream ``url`` into ``target``; else a ``"download"`` DataError saying how to place the
+    data by hand (``how``: how ``root``, not there yet, was chosen; None when it exists)."""
     agent = f"medaidet/{__version__} ({source.name} download; +{source.repo})"
     try:
         with open(target, "wb") as out:
-            received, _ = stream_url(url, out, timeout=timeout, user_agent=agent,
-                                     desc=f"{source.name} download", progress=progress,
-                                     max_bytes=MAX_DOWNLOAD_BYTES)
+            stream_url(url, out, timeout=timeout, user_agent=agent, progress=progress,
+                       desc=f"{source.name} download", max_bytes=MAX_DOWNLOAD_BYTES)
     except DataError as exc:             # stream_url's: a "download" error
-        raise _download_error(source, url, dest, str(exc), offline_hint=exc.offline) from None
-    return received
+        missing = "" if how is None else f"{source.name} is not at {root} ({how}), and "
+        override = ("" if url == source.url else
+                    f" (the URL came from url= or ${source.url_env}; the default is {source.url})")
+        hint = (" Are you offline, or behind a proxy (urllib honors https_proxy/no_proxy)?"
+                if exc.offline else "")
+        raise DataError(f"{missing}could not download {source.name} from {url}{override}: "
+                        f"{exc}.{hint}\n{_by_hand(source, root)}", "download") from None
 
 
 def _looks_like_dataset(root: Path, source: PinnedSource) -> bool:
     """Whether ``root`` holds a folder of ``source``'s (every dataset's copy has a marker)."""
-    names = {source.marks} | {rel.split("/")[0] for rel, _ in manifest_entries(source) if "/" in rel}
-    return any((root / name).exists() for name in names)
+    names = {rel.split("/")[0] for rel, _ in manifest_entries(source) if "/" in rel}
+    return any((root / name).exists() for name in names | {source.marks})
 
 
 def _install(source: PinnedSource, staging: Path, root: Path) -> None:
@@ -418,23 +399,17 @@ def _install(source: PinnedSource, staging: Path, root: Path) -> None:
     except OSError as exc:
         raise DataError(
             f"cannot install {current} ({exc}); {root} is left unverified, with every file "
-            f"that is not part of {source.name} where it was. Make that path writable (or move what "
-            "is in its way) and run the download again with --force.", "destination") from None
+            f"that is not part of {source.name} where it was. Make that path writable (or move "
+            "what is in its way) and run the download again with --force.", "destination") from None
 
 
-def _files_not_ours(root: Path, source: PinnedSource) -> list[str]:
-    """Files under ``root`` that are neither in the manifest nor the marker."""
-    ours = set(load_manifest(source)) | {MARKER_NAME}
-    return sorted(rel for rel in (p.relative_to(root).as_posix() for p in root.rglob("*")
-                                  if p.is_file()) if rel not in ours)
-
-
-def _temp_folder(source: PinnedSource, root: Path) -> Path:
+def _temp_folder(source: PinnedSource, root: Path) -> tempfile.TemporaryDirectory:
     """A new temporary folder beside ``root`` (so that the install is a rename); else a
     ``"destination"`` DataError."""
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(".partial", f".{root.name}.", root.parent))
+        return tempfile.TemporaryDirectory(".partial", f".{root.name}.", root.parent,
+                                           ignore_cleanup_errors=True)
     except OSError as exc:
         raise DataError(f"cannot write beside {root}: {exc}. Choose another --root "
                         f"or set ${source.data_env}.", "destination") from None
@@ -476,12 +451,13 @@ def _usable_copy(source: PinnedSource, root: Path, force: bool) -> bool:
 
 def _log_kept(source: PinnedSource, root: Path) -> None:
     """Log the files of ``root`` a forced download left in place (not part of ``source``)."""
-    kept = _files_not_ours(root, source)
+    ours = set(load_manifest(source)) | {MARKER_NAME}
+    kept = sorted(rel for rel in (p.relative_to(root).as_posix() for p in root.rglob("*")
+                                  if p.is_file()) if rel not in ours)
     if kept:
-        shown = ", ".join(kept[:10]) + (", ..." if len(kept) > 10 else "")
-        logger.info("%s: replaced the files of %s; left %d file(s) that are not part of "
-                    "%s where they were: %s", root, source.name, len(kept), source.name,
-                    shown)
+        logger.info("%s: replaced the files of %s; left %d file(s) that are not part of %s "
+                    "where they were: %s", root, source.name, len(kept), source.name,
+                    ", ".join(kept[:10]) + (", ..." if len(kept) > 10 else ""))
 
 
 def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEOUT_S) -> Path:
@@ -507,19 +483,10 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
     manifest = load_manifest(source)
     if _usable_copy(source, root, force):
         return root
-    work = None
-    had_root = root.exists()   # else a failed download is said to have found no copy
-    try:
-        work = _temp_folder(source, root)
-        archive, staging = work / "archive.download", work / root.name
+    with _temp_folder(source, root) as work:
+        archive, staging = Path(work, "archive.download"), Path(work, root.name)
         staging.mkdir()        # with the user's umask: it becomes the dataset's folder
-        try:
-            _fetch(source, url, archive, root, timeout, progress)
-        except DataError as exc:         # "download", "url" or "archive"
-            if had_root:
-                raise
-            raise DataError(f"{source.name} is not at {root} ({how}), and {exc}",
-                            "download") from None
+        _fetch(source, url, archive, root, None if root.exists() else how, timeout, progress)
         extract(source, archive, staging, manifest, url)
         archive.unlink()
         problems = verify_dataset(staging, source)
@@ -531,22 +498,14 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
                 "commit or was corrupted on the way; nothing was installed.", "checksum",
                 problems=problems)
         _write_marker(source, staging, f"downloaded from {url}")  # last, before the install
-        existed = root.exists()
         _install(source, staging, root)
-    finally:
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
-    if existed:
-        _log_kept(source, root)
+    _log_kept(source, root)    # nothing to say of a new copy
     return root
 
 
 def _write_marker(source: PinnedSource, root: Path, how: str) -> None:
-    text = (f"{manifest_sha256(source)}\n# every file of {source.manifest_name} verified; "
-            f"{how}\n")
-    if not root.stat().st_mode & 0o222:
-        return  # a copy made read-only on purpose is not written to, even by root
-    try:
-        (root / MARKER_NAME).write_text(text, encoding="utf-8")
-    except OSError:
-        pass  # a read-only copy verified in place stays usable; it is re-hashed next time
+    if root.stat().st_mode & 0o222:  # a copy made read-only on purpose is not written to
+        with contextlib.suppress(OSError):  # else it stays usable, re-hashed next time
+            (root / MARKER_NAME).write_text(f"{manifest_sha256(source)}\n# every file of "
+                                            f"{source.manifest_name} verified; {how}\n",
+                                            encoding="utf-8")

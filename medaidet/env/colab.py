@@ -4,7 +4,6 @@ On Colab, every notebook's ``colab-setup`` cell (:mod:`medaidet_tools.colab`) cl
 ``$MEDAIDET_REPO`` into :data:`COLAB_DIR_ENV` when missing and calls :func:`setup`; elsewhere it
 does nothing. Standard library only at import time: the cell imports this from the fresh clone.
 """
-import importlib
 import importlib.metadata
 import os
 import subprocess
@@ -12,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from medaidet.compat import numpy_newer_than_supported, numpy_too_new_message
+from medaidet.compat import numpy_newer_than_supported, numpy_too_new_message, reapply
 from medaidet.errors import ConfigError
 
 REPO_ENV = "MEDAIDET_REPO"
@@ -39,14 +38,10 @@ def _version(name: str):
         return None
 
 
-def _installed(name: str) -> bool:
-    return _version(name) is not None
-
-
 def _missing(extras) -> list:
     """What ``pip install -e home[extras]`` would add: ``["medaidet"]`` when medaidet is not
     installed, else the distributions ``extras`` require that are not installed."""
-    if not _installed("medaidet"):
+    if _version("medaidet") is None:
         return ["medaidet"]
     from packaging.requirements import Requirement   # a dependency of medaidet: installed now
 
@@ -55,7 +50,7 @@ def _missing(extras) -> list:
         requirement = Requirement(line)
         needed = any(requirement.marker and requirement.marker.evaluate({"extra": extra})
                      for extra in extras)
-        if needed and not _installed(requirement.name):
+        if needed and _version(requirement.name) is None:
             missing.append(requirement.name)
     return missing
 
@@ -87,13 +82,11 @@ def setup(home=None, extras=(), cuda: str = "auto") -> None:
     if tools not in sys.path:
         sys.path.insert(1, tools)
 
-    import medaidet
-    import medaidet.compat
     from medaidet_tools import stack
 
     if not stack.status().ok:
         _run(sys.executable, "-m", "medaidet", "stack", "install", "--cuda", cuda)
-        medaidet.compat.reapply()           # runtime settings again, for the new CuPy
+        reapply()           # runtime settings again, for the new CuPy
     notebooks = os.path.join(home, "notebooks")
     if os.path.isdir(notebooks) and os.path.abspath(os.getcwd()) != notebooks:
         os.chdir(notebooks)

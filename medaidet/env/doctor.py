@@ -105,16 +105,13 @@ def check_cuda_available(f: Facts) -> Check:
     return Check(name, "ok", "True")
 
 
-def _no_gpu(name: str, f: Facts):
-    if f.gpu is None:
-        return Check(name, "skip", f"no GPU: {f.gpu_error or 'not checked'}")
-    return None
+def _no_gpu(name: str, f: Facts) -> Check:
+    return Check(name, "skip", f"no GPU: {f.gpu_error or 'not checked'}")
 
 
 def check_cudnn(f: Facts) -> Check:
-    skip = _no_gpu("cudnn", f)
-    if skip:
-        return skip
+    if f.gpu is None:
+        return _no_gpu("cudnn", f)
     cuda_major = max(major_version(v) for _, v in f.cupy)
     if cuda_major >= 14:
         found = "no cuDNN in CuPy 14: chainer uses im2col+cuBLAS"
@@ -136,9 +133,8 @@ def check_cudnn(f: Facts) -> Check:
 
 
 def check_gpu(f: Facts) -> Check:
-    skip = _no_gpu("gpu", f)
-    if skip:
-        return skip
+    if f.gpu is None:
+        return _no_gpu("gpu", f)
     g = f.gpu
     found = (f"{g['name']} x{g['count']}, compute {g['cc']}, driver CUDA {g['driver']}, "
              f"runtime CUDA {g['runtime']}, {g['free'] / GIB:.1f}/{g['total'] / GIB:.1f} GiB free")
@@ -170,9 +166,8 @@ def check_compat(f: Facts) -> Check:
 
 
 def check_gpu_smoke(f: Facts) -> Check:
-    skip = _no_gpu("gpu_smoke", f)
-    if skip:
-        return skip
+    if f.gpu is None:
+        return _no_gpu("gpu_smoke", f)
     s = f.smoke
     if s is None:
         return Check("gpu_smoke", "skip", "not run")
@@ -204,10 +199,7 @@ class DoctorReport:
         return any(c.status == "fail" for c in self.checks)
 
     def by_name(self, name: str) -> Check:
-        for check in self.checks:
-            if check.name == name:
-                return check
-        raise KeyError(name)
+        return {c.name: c for c in self.checks}[name]
 
     def summary(self) -> str:
         """One line: the number of checks of each status."""
@@ -230,16 +222,15 @@ def run_doctor(gpu_smoke: bool = False, facts: Facts = None) -> DoctorReport:
     """Gather facts (unless given) and run every check; one that raises is a ``fail`` line."""
     if facts is None:
         facts = gather_facts(gpu_smoke=gpu_smoke)
+    report = "report this with the output of `medaidet doctor`"
     checks = []
     for fn in CHECKS + ((check_gpu_smoke,) if gpu_smoke else ()):
-        name = fn.__name__[len("check_"):]
         try:
             checks.append(fn(facts))
         except Exception as exc:
-            checks.append(Check(name, "fail", f"the check itself failed: {error_text(exc)}",
-                                "report this with the output of `medaidet doctor`"))
+            checks.append(Check(fn.__name__[len("check_"):], "fail",
+                                f"the check itself failed: {error_text(exc)}", report))
     if facts.gather_errors:
         checks.append(Check("doctor", "fail", "reading the environment failed: "
-                            + "; ".join(facts.gather_errors),
-                            "report this with the output of `medaidet doctor`"))
+                            + "; ".join(facts.gather_errors), report))
     return DoctorReport(checks)

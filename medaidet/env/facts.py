@@ -1,7 +1,6 @@
 """What the doctor reads: the environment as a plain :class:`Facts` (notebook 00), so each
 check of :mod:`medaidet.env.doctor` can be tested with facts built by hand."""
 import ctypes
-import importlib
 import importlib.util
 import json
 import os
@@ -9,8 +8,8 @@ import platform
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
 import time
+from dataclasses import dataclass, field
 
 from medaidet import compat
 from medaidet_tools.stack.install import installed_version
@@ -122,7 +121,6 @@ def _gather_cuda(f: Facts) -> None:
             f.libcudnn8 = False
 
 
-
 def _gather_opencv(f: Facts) -> None:
     if importlib.util.find_spec("cv2") is None:
         return
@@ -162,9 +160,8 @@ def run_gpu_smoke(device: str = "gpu", timeout: int = 600) -> dict:
                               timeout=timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout} s"}
-    lines = done.stdout.strip().splitlines()
     try:
-        result = json.loads(lines[-1])
+        result = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         tail = (done.stdout + done.stderr)[-1500:]
         result = {"ok": False, "error": f"exit code {done.returncode}: {tail}"}

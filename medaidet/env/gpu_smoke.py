@@ -19,24 +19,21 @@ def smoke(device: str) -> dict:
         gpu = device_kind(device) != "cpu"   # "gpu" (or a GPU number): GPU 0
         if gpu:
             import cupy as xp
-
-            def sync():
-                xp.cuda.Device().synchronize()
         else:
             xp = np
 
-            def sync():
-                pass
-        t = time.perf_counter()
-        x = xp.ones(1 << 24, dtype=np.float32)
-        sync()
-        out["alloc_ms"] = (time.perf_counter() - t) * 1e3
+        def timed(key, run):
+            t = time.perf_counter()
+            result = run()
+            if gpu:
+                xp.cuda.Device().synchronize()
+            out[key] = (time.perf_counter() - t) * 1e3
+            return result
+
+        x = timed("alloc_ms", lambda: xp.ones(1 << 24, dtype=np.float32))
         assert float(x.sum()) == float(1 << 24), "sum of a ones array is wrong"
         a = np.random.RandomState(0).rand(32, 8732).astype(np.float32)
-        t = time.perf_counter()
-        order = xp.argsort(xp.asarray(a), axis=1)
-        sync()
-        out["argsort_ms"] = (time.perf_counter() - t) * 1e3
+        order = timed("argsort_ms", lambda: xp.argsort(xp.asarray(a), axis=1))
         order = order.get() if gpu else order
         assert np.array_equal(np.take_along_axis(a, order, 1), np.sort(a, 1)), \
             "argsort on (32, 8732) float32 disagrees with numpy"
@@ -48,10 +45,7 @@ def smoke(device: str) -> dict:
         img = xp.asarray(np.random.RandomState(1).rand(1, 3, 300, 300).astype(np.float32))
         with chainer.using_config("train", False), chainer.no_backprop_mode():
             for key in ("ssd_first_ms", "ssd_ms"):  # the first call compiles kernels
-                t = time.perf_counter()
-                locs, confs = model(img)
-                sync()
-                out[key] = (time.perf_counter() - t) * 1e3
+                locs, confs = timed(key, lambda: model(img))
         assert locs.shape == (1, 8732, 4) and confs.shape == (1, 8732, 4), \
             (locs.shape, confs.shape)
         assert bool(xp.isfinite(confs.array).all()), "SSD300 forward gave non-finite scores"

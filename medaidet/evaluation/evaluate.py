@@ -23,11 +23,11 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-from chainercv.evaluations import calc_detection_voc_prec_rec, eval_detection_voc
+from chainercv.evaluations import calc_detection_voc_ap, calc_detection_voc_prec_rec
 from matplotlib.figure import Figure
 
 from medaidet.arguments import check_number, check_type, prepare_output_dir
@@ -62,6 +62,10 @@ def missing_weights_error(path: Path) -> WeightsError:
         f"here (expected {path})", "missing", path=path)
 
 
+_PER_IMAGE = ("ids", "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
+              "gt_difficults")
+
+
 @dataclass
 class Predictions:
     """Detections and ground truth of one split, one list entry per image (module docs).
@@ -82,16 +86,12 @@ class Predictions:
     seconds: float | None = None      # how long predicting took, when measured
 
     def __post_init__(self):
-        n = len(self.ids)
-        for name in ("pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels"):
-            if len(getattr(self, name)) != n:
-                raise ConfigError(f"Predictions.{name} has {len(getattr(self, name))} "
-                                 f"entries for {n} images")
         if self.gt_difficults is None:
             self.gt_difficults = [np.zeros(len(lb), dtype=bool) for lb in self.gt_labels]
-        if len(self.gt_difficults) != n:
-            raise ConfigError(f"Predictions.gt_difficults has {len(self.gt_difficults)} "
-                             f"entries for {n} images")
+        for name in _PER_IMAGE[1:]:
+            if len(getattr(self, name)) != len(self.ids):
+                raise ConfigError(f"Predictions.{name} has {len(getattr(self, name))} "
+                                  f"entries for {len(self.ids)} images")
         self.label_names = tuple(self.label_names)
 
     def __len__(self):
@@ -119,26 +119,20 @@ class Predictions:
                               "with a lower score threshold")
         keep = [s >= per_class[np.asarray(lb, dtype=int)]
                 for s, lb in zip(self.pred_scores, self.pred_labels)]
-        return Predictions(
-            list(self.ids), [b[k] for b, k in zip(self.pred_bboxes, keep)],
-            [lb[k] for lb, k in zip(self.pred_labels, keep)],
-            [s[k] for s, k in zip(self.pred_scores, keep)],
-            self.gt_bboxes, self.gt_labels, self.gt_difficults, self.label_names,
-            max(lowest, self.score_thresh), self.split, self.model, self.seconds)
-
+        return replace(self, ids=list(self.ids), score_thresh=max(lowest, self.score_thresh),
+                       **{name: [x[k] for x, k in zip(getattr(self, name), keep)]
+                          for name in ("pred_bboxes", "pred_labels", "pred_scores")})
 
     def take(self, indices) -> "Predictions":
         """The images at ``indices`` (in that order, repeats allowed: a bootstrap sample)."""
-        fields = ("ids", "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
-                  "gt_difficults")
         indices = np.asarray(indices)
         if indices.ndim != 1 or indices.size and (indices.dtype.kind not in "iu" or
                                                   not (-len(self) <= indices).all() or
                                                   not (indices < len(self)).all()):
             raise ConfigError(f"indices: {indices!r:.60}; expected image indices from 0 to "
                               f"{len(self) - 1}")
-        return Predictions(*([getattr(self, f)[i] for i in indices] for f in fields),
-                           self.label_names, self.score_thresh, self.split, self.model)
+        return replace(self, seconds=None,
+                       **{name: [getattr(self, name)[i] for i in indices] for name in _PER_IMAGE})
 
     def scored_against(self, dataset) -> "Predictions":
         """These detections scored against ``dataset``'s boxes: the same images under another
@@ -148,10 +142,8 @@ class Predictions:
             raise ConfigError("scored_against: the dataset holds other images than these "
                              "predictions")
         boxes = dataset.slice[:, ("bbox", "label")]
-        return Predictions(**{**self.__dict__,
-                              "gt_bboxes": [np.asarray(b, np.float32) for b, _ in boxes],
-                              "gt_labels": [np.asarray(lb, np.int32) for _, lb in boxes],
-                              "gt_difficults": None})
+        return replace(self, gt_bboxes=[np.asarray(b, np.float32) for b, _ in boxes],
+                       gt_labels=[np.asarray(lb, np.int32) for _, lb in boxes], gt_difficults=None)
 
 
 def checked(predictions, name: str = "predictions") -> Predictions:
@@ -258,7 +250,8 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         ids = list(getattr(dataset, "ids", range(n)))[:n]
     if label_names is None:
         label_names = getattr(dataset, "label_names", BCCD_LABEL_NAMES)
-    out = {k: [] for k in ("pb", "pl", "ps", "gb", "gl", "gd", "candidates")}
+    # predicted boxes, labels, scores[, candidates]; true boxes, labels, difficult flags
+    predicted, truth = ([], [], [], []), ([], [], [])
     saved = (model.score_thresh, model.nms_thresh)
     model.use_preset("evaluate")
     began = time.perf_counter()
@@ -266,25 +259,21 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
         with tqdm(total=n, desc="predict", unit="img", disable=not progress) as bar:
             for first in range(0, n, batch_size):
                 items = [dataset[i] for i in range(first, min(first + batch_size, n))]
-                bboxes, labels, scores, *candidates = predict(
-                    model, [it[0] for it in items], top_k=top_k, keep_top_k=keep_top_k,
-                    return_candidates=return_candidates)
-                out["candidates"] += candidates[0] if candidates else []
-                out["pb"] += bboxes
-                out["pl"] += labels
-                out["ps"] += scores
+                for column, values in zip(predicted, predict(
+                        model, [it[0] for it in items], top_k=top_k, keep_top_k=keep_top_k,
+                        return_candidates=return_candidates)):
+                    column += values
                 for it in items:
-                    for key, value in zip(("gb", "gl", "gd"), _ground_truth(it)):
-                        out[key].append(value)
+                    for column, value in zip(truth, _ground_truth(it)):
+                        column.append(value)
                 bar.update(len(items))
         score_thresh = float(model.score_thresh)
     finally:
         model.score_thresh, model.nms_thresh = saved
-    preds = Predictions(list(ids), out["pb"], out["pl"], out["ps"], out["gb"], out["gl"],
-                        out["gd"], tuple(label_names), score_thresh,
+    preds = Predictions(list(ids), *predicted[:3], *truth, tuple(label_names), score_thresh,
                         split if split is not None else getattr(dataset, "split", None),
                         getattr(model, "name", None), time.perf_counter() - began)
-    return (preds, out["candidates"]) if return_candidates else preds
+    return (preds, predicted[3]) if return_candidates else preds
 
 
 def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVICE):
@@ -351,34 +340,25 @@ def _nanmean(values) -> float:
     return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
 
 
-def _pad(values, n, fill=np.nan):
-    out = np.full(n, fill, dtype=float)
-    values = np.asarray(values, dtype=float)[:n]
-    out[:len(values)] = values
-    return out
+def _pad(values, n, fill=None) -> list:
+    """``values`` cut or padded to ``n`` (ChainerCV sizes its arrays by the largest label)."""
+    return (list(values) + [fill] * n)[:n]
 
 
 def _score_protocol(preds: Predictions, name: str) -> ProtocolResult:
-
     n_class = len(preds.label_names)
-    n_gt = np.zeros(n_class, dtype=int)
-    n_det = np.zeros(n_class, dtype=int)
-    for gl, gd in zip(preds.gt_labels, preds.gt_difficults):
-        n_gt += np.bincount(gl[~gd], minlength=n_class)[:n_class]
-    for pl in preds.pred_labels:
-        n_det += np.bincount(pl, minlength=n_class)[:n_class]
-    args = (preds.pred_bboxes, preds.pred_labels, preds.pred_scores,
-            preds.gt_bboxes, preds.gt_labels, preds.gt_difficults)
-    # ChainerCV sizes its arrays by the largest label seen: pad to every class.
-    ap = _pad(eval_detection_voc(*args, iou_thresh=IOU_THRESH,
-                                 use_07_metric=False)["ap"], n_class)
-    ap07 = _pad(eval_detection_voc(*args, iou_thresh=IOU_THRESH,
-                                   use_07_metric=True)["ap"], n_class)
-    precision, recall = calc_detection_voc_prec_rec(*args, iou_thresh=IOU_THRESH)
-    precision = (list(precision) + [None] * n_class)[:n_class]
-    recall = (list(recall) + [None] * n_class)[:n_class]
+    n_gt = sum((np.bincount(gl[~gd], minlength=n_class)[:n_class]
+                for gl, gd in zip(preds.gt_labels, preds.gt_difficults)), np.zeros(n_class, int))
+    n_det = sum((np.bincount(pl, minlength=n_class)[:n_class] for pl in preds.pred_labels),
+                np.zeros(n_class, int))
+    # eval_detection_voc's two steps, the precision-recall computed once
+    precision, recall = calc_detection_voc_prec_rec(
+        preds.pred_bboxes, preds.pred_labels, preds.pred_scores, preds.gt_bboxes,
+        preds.gt_labels, preds.gt_difficults, iou_thresh=IOU_THRESH)
+    ap, ap07 = (np.array(_pad(calc_detection_voc_ap(precision, recall, use_07_metric=m),
+                              n_class, np.nan), dtype=float) for m in (False, True))
     return ProtocolResult(name, preds.score_thresh, ap, ap07, n_gt, n_det,
-                          precision, recall)
+                          _pad(precision, n_class), _pad(recall, n_class))
 
 
 @dataclass(repr=False)
@@ -424,18 +404,17 @@ class EvaluationResult(ShownAsTable):
 
     def to_dict(self) -> dict:
         """JSON-ready: NaN (no box of a class) becomes ``None``."""
-        protocols = {}
-        for name, p in self.protocols.items():
-            protocols[name] = {
-                "score_thresh": p.score_thresh,
-                "map_voc": finite_or_none(p.map_voc),
-                "map_voc07": finite_or_none(p.map_voc07),
-                "ap_voc": {c: finite_or_none(v) for c, v in zip(self.label_names, p.ap_voc)},
-                "ap_voc07": {c: finite_or_none(v)
-                             for c, v in zip(self.label_names, p.ap_voc07)},
-                "n_gt": {c: int(v) for c, v in zip(self.label_names, p.n_gt)},
-                "n_detections": {c: int(v) for c, v in zip(self.label_names, p.n_detections)},
-            }
+        def per_class(values, convert):
+            return {c: convert(v) for c, v in zip(self.label_names, values)}
+
+        protocols = {name: {"score_thresh": p.score_thresh,
+                            "map_voc": finite_or_none(p.map_voc),
+                            "map_voc07": finite_or_none(p.map_voc07),
+                            "ap_voc": per_class(p.ap_voc, finite_or_none),
+                            "ap_voc07": per_class(p.ap_voc07, finite_or_none),
+                            "n_gt": per_class(p.n_gt, int),
+                            "n_detections": per_class(p.n_detections, int)}
+                     for name, p in self.protocols.items()}
         return {"split": self.split, "n_images": self.n_images, "iou_thresh": IOU_THRESH,
                 "label_names": list(self.label_names), "protocols": protocols,
                 "course_published": COURSE_PUBLISHED, **self.info}
@@ -449,16 +428,12 @@ _COURSE_NOTE = ("The course published mAP 0.719 (rbc 0.760, wbc 0.965, platelets
                 "truncates the PR curves and understates AP. Report the 'evaluate' protocol.")
 
 
-def _fmt(value) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
-
-
 def evaluate(predictions: Predictions, label_names=None, protocols=None) -> EvaluationResult:
     """VOC area AP and VOC07 11-point AP at IoU 0.5 for each protocol (name -> score
     threshold; default :data:`PROTOCOLS`). Raises :class:`ConfigError` when no image has a
     (non-difficult) ground-truth box."""
     if label_names is not None:
-        predictions = Predictions(**{**predictions.__dict__, "label_names": tuple(label_names)})
+        predictions = replace(predictions, label_names=label_names)
     if not n_scored_boxes(predictions.gt_difficults):
         where = (f"split {predictions.split} has" if predictions.split else
                  "these predictions have")
@@ -467,11 +442,9 @@ def evaluate(predictions: Predictions, label_names=None, protocols=None) -> Eval
             "images has a ground-truth box (difficult ones are ignored), so AP is undefined "
             "for every class. Evaluate images with boxes (`medaidet data validate ROOT` "
             "finds splits without objects)", "nothing_to_evaluate")
-    protocols = PROTOCOLS if protocols is None else protocols
     results = {name: _score_protocol(predictions.filter(thresh), name)
-               for name, thresh in protocols.items()}
-    return EvaluationResult(predictions.label_names, results, len(predictions),
-                            predictions.split)
+               for name, thresh in (PROTOCOLS if protocols is None else protocols).items()}
+    return EvaluationResult(predictions.label_names, results, len(predictions), predictions.split)
 
 
 def plot_pr_curves(result: EvaluationResult):
@@ -481,17 +454,15 @@ def plot_pr_curves(result: EvaluationResult):
     n = len(result.label_names)
     fig = Figure(figsize=(4.2 * n, 4.0), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False)[0]
-    styles = {proto: dict(line_style(k), marker=None, lw=2)     # no class colour: greys
-              for k, proto in enumerate(result.protocols)}
     for l, (ax, name) in enumerate(zip(axes, result.label_names)):
-        for proto, p in result.protocols.items():
-            prec, rec = p.precision[l], p.recall[l]
-            label = f"{proto} (score>={p.score_thresh:g}) AP {_fmt(p.ap_voc[l])}"
+        for k, (proto, p) in enumerate(result.protocols.items()):
+            prec, rec, ap = p.precision[l], p.recall[l], p.ap_voc[l]
+            label = f"{proto} (score>={p.score_thresh:g}) AP " + (
+                f"{ap:.3f}" if math.isfinite(ap) else "n/a")
             if prec is None or rec is None or len(prec) == 0:    # no box or no detection
-                ax.plot([], [], label=label + " (no curve)", **styles.get(proto, {}))
-                continue
+                prec, rec, label = [], [], label + " (no curve)"
             ax.plot(np.nan_to_num(rec), np.nan_to_num(prec), label=label,
-                    **styles.get(proto, {}))
+                    **dict(line_style(k), marker=None, lw=2))    # no class colour: greys
         ax.set(title=f"{name} ({int(result[next(iter(result.protocols))].n_gt[l])} boxes)",
                xlabel="recall", ylabel="precision", xlim=(0, 1.02), ylim=(0, 1.02))
         ax.grid(alpha=0.3)
@@ -540,7 +511,7 @@ def check_ground_truth(root, split: str, subset=None):
     ``split``) hold no ground-truth box, before any model is built (annotations only)."""
     dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
     difficults = list(dataset.slice[:, "difficult"])
-    n = len(difficults) if subset is None else min(subset, len(difficults))
+    n = len(difficults[:subset])
     if n_scored_boxes(difficults[:n]):
         return
     listed = split_path(dataset.root, split)

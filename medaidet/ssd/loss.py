@@ -47,17 +47,16 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
     workers; ``comm`` is then unused) instead of this call's count. Returns ``(loc_loss,
     conf_loss)``, scalar Variables; two float32 zeros when the count is 0.
     """
-    _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k)
-    gt_mb_locs, gt_mb_labels = _as_array(gt_mb_locs), _as_array(gt_mb_labels)
+    arrays = _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k)
+    locs, confs, gt_mb_locs, gt_mb_labels = arrays.values()
     normaliser = None if n_positive is None else _host_normaliser(n_positive)
     if check:
-        _check_shapes(_as_array(mb_locs), _as_array(mb_confs), gt_mb_locs, gt_mb_labels)
+        _check_shapes(arrays)
     xp = backend.get_array_module(gt_mb_labels)
     with cuda.get_device_from_array(gt_mb_labels):
         positive = gt_mb_labels > 0
         if check:
-            check_values(_as_array(mb_locs), _as_array(mb_confs), gt_mb_locs, gt_mb_labels,
-                         positive)
+            check_values(locs, confs, gt_mb_locs, gt_mb_labels, positive)
         # unlike ChainerCV: zero negatives' offsets (a degenerate box puts nan/-inf there)
         gt_mb_locs = xp.where(positive[..., None], gt_mb_locs, gt_mb_locs.dtype.type(0))
         gt_mb_labels = gt_mb_labels.astype(np.int32, copy=False)   # chainer wants signed
@@ -75,14 +74,13 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
 
 def _host_normaliser(n_positive):
     """``n_positive`` as a host number, checked to be a real number >= 0 (scalar or 0-d array)."""
-    value = None
-    if isinstance(n_positive, (int, float, np.integer, np.floating)) \
-            and not isinstance(n_positive, (bool, np.bool_)):
+    value = math.nan
+    if _is_number(n_positive):
         value = float(n_positive)
     elif getattr(n_positive, "shape", None) == () and \
             getattr(n_positive, "dtype", np.dtype(object)).kind in "iuf":
         value = float(to_host(n_positive))
-    if value is None or not np.isfinite(value) or value < 0:
+    if not 0 <= value < math.inf:
         raise InvalidTargetsError(
             f"n_positive = {n_positive!r} is not a valid normaliser: give the number of "
             "positive priors (gt_mb_labels > 0) of the whole batch as a number >= 0 or a 0-d "
@@ -100,8 +98,7 @@ def hard_negative(x, positive, k):
     loss is exactly 0 ties with the positives).
     """
     _check_k(k)
-    x = _as_array(x)
-    return chainercv_hard_negative(x, positive, k) & ~positive
+    return chainercv_hard_negative(_as_array(x), positive, k) & ~positive
 
 
 # --------------------------------------------------------------------------- checks
@@ -119,16 +116,6 @@ _CAUSE_LABEL_NEGATIVE = (
     "a negative label: labels are class indices >= 0 (0 = background) and this loss has no "
     "ignore label; if -1 marks 'ignore' or 'difficult' objects in your data, drop those boxes "
     "before encoding.")
-_CAUSE_GT_LOC = (
-    "a reversed (y_max < y_min or x_max < x_min) or zero-size ground-truth box, or a nan/inf "
-    "coordinate: MultiboxCoder.encode takes the log of the box's height and width over the "
-    "default box's, and the log of a non-positive size is nan or -inf. Check the boxes "
-    "(y_min, x_min, y_max, x_max) of this image before encoding (medaidet's loader drops "
-    "such boxes and the training transform re-checks them after augmentation).")
-_CAUSE_DIVERGED = (
-    "training diverged (or the input images hold nan/inf): lower the learning rate (or add a "
-    "warm-up / gradient clipping), check the images and targets of the last batches, and "
-    "restart from the last good snapshot.")
 
 
 def _as_array(a):
@@ -148,21 +135,21 @@ _ARRAY_FORMS = {
 }
 
 
-def _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k):
-    """Types, devices and ``k``: host metadata, checked even with ``check=False``."""
+def _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k) -> dict:
+    """Types, devices and ``k``: host metadata, checked even with ``check=False``. Returns the
+    four arrays by name (Variables' data)."""
     args = {"mb_locs": mb_locs, "mb_confs": mb_confs,
             "gt_mb_locs": gt_mb_locs, "gt_mb_labels": gt_mb_labels}
-    array_types = chainer.get_array_types()
+    arrays = {name: _as_array(a) for name, a in args.items()}
     for name, a in args.items():
-        array = _as_array(a)
-        if not isinstance(array, array_types):
+        if not isinstance(arrays[name], chainer.get_array_types()):
             raise InvalidTargetsError(
                 f"{name} is a {type(a).__name__} ({reprlib.repr(a)}); expected "
                 f"{_ARRAY_FORMS[name]}, on the device of the model's outputs. Convert it with "
                 "xp.asarray(...) (xp = model.xp; numpy on the CPU) or batch the encoded "
                 "targets with chainer.dataset.concat_examples, as the training chain does.",
                 argument=name, value=a, allowed=_ARRAY_FORMS[name])
-    devices = {name: backend.get_device_from_array(_as_array(a)) for name, a in args.items()}
+    devices = {name: backend.get_device_from_array(a) for name, a in arrays.items()}
     for name, device in devices.items():
         if device != devices["mb_confs"]:
             raise InvalidTargetsError(
@@ -171,13 +158,17 @@ def _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k):
                 "chainer.dataset.to_device(device, ...) or model.xp.asarray(...).",
                 argument=name, value=str(device), allowed=f"arrays on {devices['mb_confs']}")
     _check_k(k)
+    return arrays
+
+
+def _is_number(x) -> bool:
+    """A real number (int, float or NumPy's), not a bool."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
 def _check_k(k):
     """``k`` is a real number (not a bool or a string), finite and >= 0."""
-    number = isinstance(k, (int, float, np.integer, np.floating)) \
-        and not isinstance(k, (bool, np.bool_))
-    if not number or (isinstance(k, (float, np.floating)) and not math.isfinite(k)) or k < 0:
+    if not (_is_number(k) and 0 <= k < math.inf):
         raise InvalidTargetsError(
             f"k = {k!r} is not a valid hard-negative ratio; expected a finite number >= 0 "
             "(an int or a float, not a string or a bool): at most k * n_positive negatives "
@@ -185,16 +176,14 @@ def _check_k(k):
             argument="k", value=k, allowed="a finite number >= 0")
 
 
-def _check_shapes(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels):
-    """Shapes and dtypes: metadata only, nothing runs on the device."""
+def _check_shapes(args):
+    """Shapes and dtypes of the four arrays (by name): metadata only, nothing runs on the
+    device."""
     expected = ("expected mb_locs (B, K, 4), mb_confs (B, K, n_class), gt_mb_locs (B, K, 4) "
                 "and gt_mb_labels (B, K) with the same B and K")
-    args = {"mb_locs": mb_locs, "mb_confs": mb_confs,
-            "gt_mb_locs": gt_mb_locs, "gt_mb_labels": gt_mb_labels}
     shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in args.items())
-    ndim = {"mb_locs": 3, "mb_confs": 3, "gt_mb_locs": 3, "gt_mb_labels": 2}
     for name, a in args.items():
-        if a.ndim != ndim[name]:
+        if a.ndim != (2 if name == "gt_mb_labels" else 3):
             raise InvalidTargetsError(
                 f"{name} has {a.ndim} dimensions, {expected}; got {shapes}.", argument=name)
     # blame the argument whose (B, K) disagrees with the others'
@@ -211,45 +200,35 @@ def _check_shapes(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels):
             raise InvalidTargetsError(
                 f"{name} has {args[name].shape[2]} values per prior, {expected}; got {shapes}.",
                 argument=name)
-    if mb_confs.shape[2] < 1:
+    if args["mb_confs"].shape[2] < 1:
         raise InvalidTargetsError(f"mb_confs has no class scores; got {shapes}.",
                                   argument="mb_confs")
     for name in ("mb_locs", "mb_confs", "gt_mb_locs"):
         if args[name].dtype.kind != "f":
             raise InvalidTargetsError(
                 f"{name} must be floating point, got {args[name].dtype}.", argument=name)
-    if gt_mb_locs.dtype != mb_locs.dtype:
+    locs, labels = args["mb_locs"].dtype, args["gt_mb_labels"].dtype
+    if args["gt_mb_locs"].dtype != locs:
         raise InvalidTargetsError(
-            f"gt_mb_locs is {gt_mb_locs.dtype} but mb_locs is {mb_locs.dtype}: convert the "
-            f"encoded targets with .astype({mb_locs.dtype.name}).", argument="gt_mb_locs")
-    if gt_mb_labels.dtype.kind not in "iu":
+            f"gt_mb_locs is {args['gt_mb_locs'].dtype} but mb_locs is {locs}: convert the "
+            f"encoded targets with .astype({locs.name}).", argument="gt_mb_locs")
+    if labels.kind not in "iu":
         raise InvalidTargetsError(
-            f"gt_mb_labels must be integers (class indices), got {gt_mb_labels.dtype}: "
-            "convert with .astype(numpy.int32) after checking that the values are whole "
-            "numbers.", argument="gt_mb_labels", allowed="an integer dtype")
-    if not _usable_label_dtype(gt_mb_labels.dtype):
+            f"gt_mb_labels must be integers (class indices), got {labels}: convert with "
+            ".astype(numpy.int32) after checking that the values are whole numbers.",
+            argument="gt_mb_labels", allowed="an integer dtype")
+    # labels index the flattened scores: they must stay integers next to intp (uint64 does not)
+    if np.promote_types(np.intp, labels).kind not in "iu":
         raise InvalidTargetsError(
-            f"gt_mb_labels is {gt_mb_labels.dtype}, which the loss cannot use as class "
-            f"indices: combined with the {np.dtype(np.intp)} index arithmetic it becomes "
-            f"{np.promote_types(np.intp, gt_mb_labels.dtype)}. Allowed: {_LABEL_DTYPES}. "
+            f"gt_mb_labels is {labels}, which the loss cannot use as class indices: combined "
+            f"with the {np.dtype(np.intp)} index arithmetic it becomes "
+            f"{np.promote_types(np.intp, labels)}. Allowed: {_LABEL_DTYPES}. "
             "Convert with .astype(numpy.int32) (MultiboxCoder.encode gives int32).",
             argument="gt_mb_labels", allowed=_LABEL_DTYPES)
 
 
-def _usable_label_dtype(dtype) -> bool:
-    """Labels index the flattened scores, so they must promote with ``intp`` to an integer
-    (uint64 promotes to float64)."""
-    return np.dtype(dtype).kind in "iu" and np.promote_types(np.intp, dtype).kind in "iu"
-
-
-def _in_words(names) -> str:
-    return ", ".join(names[:-1]) + " or " + names[-1]
-
-
 #: The label dtypes the loss accepts, in words (every integer dtype but uint64).
-_LABEL_DTYPES = _in_words([np.dtype(t).name for t in (np.int8, np.int16, np.int32, np.int64,
-                                                      np.uint8, np.uint16, np.uint32,
-                                                      np.uint64) if _usable_label_dtype(t)])
+_LABEL_DTYPES = "int8, int16, int32, int64, uint8, uint16 or uint32"
 
 
 def check_values(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, positive):
@@ -280,23 +259,16 @@ def check_values(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, positive):
 
 def _first(mask):
     """(count, batch index, prior index) of the True entries of a (B, K) mask."""
-    count = int(mask.sum())
-    first = int(mask.ravel().argmax())
-    b, i = divmod(first, mask.shape[1])
-    return count, b, i
+    b, i = divmod(int(mask.ravel().argmax()), mask.shape[1])
+    return int(mask.sum()), b, i
 
 
 def bad_label_error(labels, n_class, lo, hi) -> InvalidTargetsError:
     """The error for the first label outside ``[0, n_class)`` (labels span lo..hi)."""
-    bad = (labels < 0) | (labels >= n_class)
-    count, b, i = _first(bad)
+    count, b, i = _first((labels < 0) | (labels >= n_class))
     value = int(labels[b, i])
-    if value < 0:
-        cause = _CAUSE_LABEL_NEGATIVE
-    elif value == n_class:
-        cause = _CAUSE_LABEL_IS_N_CLASS
-    else:
-        cause = _CAUSE_LABEL_TOO_LARGE
+    cause = (_CAUSE_LABEL_NEGATIVE if value < 0 else
+             _CAUSE_LABEL_IS_N_CLASS if value == n_class else _CAUSE_LABEL_TOO_LARGE)
     allowed = f"[0, {n_class})"
     return InvalidTargetsError(
         f"gt_mb_labels[{b}, {i}] = {value} (batch index {b}, prior index {i}) is outside the "
@@ -310,14 +282,18 @@ def bad_label_error(labels, n_class, lo, hi) -> InvalidTargetsError:
 def bad_location_error(gt_mb_locs, labels, positive) -> InvalidTargetsError:
     """The error for the first positive prior whose encoded location is not finite."""
     xp = backend.get_array_module(gt_mb_locs)
-    bad = ~xp.isfinite(gt_mb_locs).all(axis=-1) & positive
-    count, b, i = _first(bad)
+    count, b, i = _first(~xp.isfinite(gt_mb_locs).all(axis=-1) & positive)
     value = [float(v) for v in to_host(gt_mb_locs[b, i])]
     return InvalidTargetsError(
         f"gt_mb_locs[{b}, {i}] = {_fmt(value)} (batch index {b}, prior index {i}, label "
         f"{int(labels[b, i])}) is not finite at a positive prior; allowed: finite values "
         f"wherever the label is > 0. {count} positive priors have non-finite encoded "
-        f"locations; the first is shown. Likely cause: {_CAUSE_GT_LOC}",
+        "locations; the first is shown. Likely cause: a reversed (y_max < y_min or x_max < "
+        "x_min) or zero-size ground-truth box, or a nan/inf coordinate: MultiboxCoder.encode "
+        "takes the log of the box's height and width over the default box's, and the log of a "
+        "non-positive size is nan or -inf. Check the boxes (y_min, x_min, y_max, x_max) of "
+        "this image before encoding (medaidet's loader drops such boxes and the training "
+        "transform re-checks them after augmentation).",
         argument="gt_mb_locs", batch_index=b, prior_index=i, value=value, count=count,
         allowed="finite values at positive priors")
 
@@ -328,14 +304,15 @@ def diverged_error(mb_locs, mb_confs) -> DivergedError:
     bad_locs = ~xp.isfinite(mb_locs).all(axis=-1)
     bad_confs = ~xp.isfinite(mb_confs).all(axis=-1)
     count, b, i = _first(bad_locs | bad_confs)
-    n_locs, n_confs = int(bad_locs.sum()), int(bad_confs.sum())
     name, array = ("mb_locs", mb_locs) if bool(bad_locs[b, i]) else ("mb_confs", mb_confs)
     value = [float(v) for v in to_host(array[b, i])]
     return DivergedError(
         f"{name}[{b}, {i}] = {_fmt(value)} (batch index {b}, prior index {i}) is not finite; "
         f"allowed: finite predictions. {count} of {bad_locs.size} priors have nan/inf "
-        f"predictions (mb_locs: {n_locs}, mb_confs: {n_confs}); the first is shown. "
-        f"Likely cause: {_CAUSE_DIVERGED}", "predictions",
+        f"predictions (mb_locs: {int(bad_locs.sum())}, mb_confs: {int(bad_confs.sum())}); the "
+        "first is shown. Likely cause: training diverged (or the input images hold nan/inf): "
+        "lower the learning rate (or add a warm-up / gradient clipping), check the images and "
+        "targets of the last batches, and restart from the last good snapshot.", "predictions",
         argument=name, batch_index=b, prior_index=i, value=value, count=count)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import random
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -62,9 +62,7 @@ class TransformStats:
         return self.too_small + self.non_finite
 
     def to_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["dropped"] = self.dropped
-        return out
+        return {**asdict(self), "dropped": self.dropped}
 
 
 class RecheckedBoxes(NamedTuple):
@@ -77,9 +75,9 @@ class RecheckedBoxes(NamedTuple):
     clipped: int
 
 
-def _as_arrays(bbox, label):
-    bbox = np.asarray(bbox)
-    label = np.asarray(label)
+def _as_arrays(bbox, label, n_fg_class):
+    """``bbox`` (R, 4) and ``label`` (R,) as arrays, the labels checked to be classes."""
+    bbox, label = np.asarray(bbox), np.asarray(label)
     if bbox.ndim != 2 or bbox.shape[1] != 4:
         raise DataError(
             f"bbox has shape {bbox.shape}; expected (R, 4) boxes (y_min, x_min, y_max, x_max)",
@@ -88,18 +86,13 @@ def _as_arrays(bbox, label):
         raise DataError(
             f"label has shape {label.shape} but bbox has {len(bbox)} boxes; expected label "
             f"of shape ({len(bbox)},), one class per box", "shape")
-    if not (np.issubdtype(label.dtype, np.integer) and label.dtype != np.bool_):
+    if label.dtype.kind not in "iu":
         raise DataError(
             f"label has dtype {label.dtype}; expected integers (int32 class indices)",
             "label_dtype", value=label.dtype)
-    return bbox, label
-
-
-def _check_labels(label, n_fg_class):
     bad = np.flatnonzero((label < 0) | (label >= n_fg_class))
     if len(bad):
-        i = int(bad[0])
-        value = int(label[i])
+        i, value = int(bad[0]), int(label[bad[0]])
         hint = ("labels are 0-based foreground classes; the SSD coder adds the background "
                 "class itself: did the dataset add 1 for background?"
                 if value == n_fg_class else
@@ -110,6 +103,7 @@ def _check_labels(label, n_fg_class):
             f"box {i}: label {value} is outside the allowed range [0, {n_fg_class}) "
             f"(n_fg_class={n_fg_class}){more}; {hint}. The dataset is wrong: fix its labels",
             "label_range", box_index=i, value=value)
+    return bbox, label
 
 
 def check_sample(img, bbox, label, n_fg_class: int):
@@ -121,22 +115,17 @@ def check_sample(img, bbox, label, n_fg_class: int):
     if img.ndim != 3 or img.shape[0] != 3 or min(img.shape[1:]) < 1:
         raise DataError(
             f"img has shape {img.shape}; expected (3, H, W), RGB, channels first", "image")
-    bbox, label = _as_arrays(bbox, label)
-    _check_labels(label, n_fg_class)
-    finite = np.isfinite(bbox).all(axis=1)
-    if not finite.all():
-        i = int(np.flatnonzero(~finite)[0])
-        raise DataError(
-            f"box {i} is {bbox[i].tolist()}: a coordinate is not finite. The dataset is "
-            "wrong: fix or drop the box", "non_finite_box", box_index=i, value=bbox[i].tolist())
-    reversed_ = (bbox[:, 2] < bbox[:, 0]) | (bbox[:, 3] < bbox[:, 1])
-    if reversed_.any():
-        i = int(np.flatnonzero(reversed_)[0])
-        raise DataError(
-            f"box {i} is {bbox[i].tolist()}: reversed (y_max < y_min or x_max < x_min). Boxes "
-            "are (y_min, x_min, y_max, x_max): was (x_min, y_min, x_max, y_max) or "
-            "(y, x, height, width) given?", "reversed_box", box_index=i,
-            value=bbox[i].tolist())
+    bbox, label = _as_arrays(bbox, label, n_fg_class)
+    for bad, kind, what in (
+            (~np.isfinite(bbox).all(axis=1), "non_finite_box",
+             "a coordinate is not finite. The dataset is wrong: fix or drop the box"),
+            ((bbox[:, 2] < bbox[:, 0]) | (bbox[:, 3] < bbox[:, 1]), "reversed_box",
+             "reversed (y_max < y_min or x_max < x_min). Boxes are (y_min, x_min, y_max, "
+             "x_max): was (x_min, y_min, x_max, y_max) or (y, x, height, width) given?")):
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"box {i} is {bbox[i].tolist()}: {what}", kind, box_index=i,
+                            value=bbox[i].tolist())
     keep = (bbox[:, 2] > bbox[:, 0]) & (bbox[:, 3] > bbox[:, 1])
     return bbox[keep].astype(np.float32), label[keep].astype(np.int32), keep
 
@@ -146,16 +135,14 @@ def recheck_boxes(bbox, label, size, n_fg_class: int,
     """Re-check boxes after augmentation: drop non-finite ones, clip the rest to ``size``
     ``(H, W)``, drop those under ``min_size``; labels stay aligned and must lie in
     ``[0, n_fg_class)`` (else :class:`DataError`). Returns :class:`RecheckedBoxes`."""
-    bbox, label = _as_arrays(bbox, label)
-    _check_labels(label, n_fg_class)
+    bbox, label = _as_arrays(bbox, label, n_fg_class)
     height, width = size
     bbox = bbox.astype(np.float32)
     finite = np.isfinite(bbox).all(axis=1)
     upper = np.array([height, width, height, width], dtype=np.float32)
     clipped_bbox = np.clip(np.where(finite[:, None], bbox, 0), 0, upper)
     moved = finite & np.any(clipped_bbox != bbox, axis=1)
-    extent = clipped_bbox[:, 2:] - clipped_bbox[:, :2]
-    big_enough = np.all(extent >= min_size, axis=1)
+    big_enough = np.all(clipped_bbox[:, 2:] - clipped_bbox[:, :2] >= min_size, axis=1)
     keep = finite & big_enough
     return RecheckedBoxes(
         bbox=clipped_bbox[keep], label=label[keep].astype(np.int32), keep=keep,
@@ -168,7 +155,8 @@ class CheckedTransform:
     """What both transforms share: the coder (on CPU), the mean, the counts and the steps
     :meth:`check` (before), :meth:`recheck` (after) and :meth:`encode`."""
 
-    def __init__(self, coder, size: int, mean, n_fg_class: int, min_size: float):
+    def __init__(self, coder, size: int, mean, n_fg_class: int = 3,
+                 min_size: float = DEFAULT_MIN_SIZE):
         if int(n_fg_class) < 1:
             raise ValueError(f"n_fg_class must be >= 1, got {n_fg_class}")
         if not min_size > 0:
@@ -207,9 +195,8 @@ class CheckedTransform:
 
     def check(self, img, bbox, label):
         """Before augmenting: :func:`check_sample`, counted; ``(img as float32, bbox, label)``."""
-        n_in = len(np.asarray(bbox))
         bbox, label, keep = check_sample(img, bbox, label, self.n_fg_class)
-        self.count(samples=1, boxes_in=n_in, degenerate_input=int(np.count_nonzero(~keep)))
+        self.count(samples=1, boxes_in=len(keep), degenerate_input=int(np.count_nonzero(~keep)))
         return np.asarray(img, dtype=np.float32), bbox, label
 
     def recheck(self, img, bbox, label):
@@ -221,9 +208,8 @@ class CheckedTransform:
 
     def encode(self, img, bbox, label):
         """What the loss takes: ``(img - mean, mb_loc, mb_label)`` (the coder's encoding)."""
-        img = img - self.mean
         mb_loc, mb_label = self.coder.encode(bbox, label)
-        return img.astype(np.float32, copy=False), mb_loc, mb_label
+        return (img - self.mean).astype(np.float32, copy=False), mb_loc, mb_label
 
     def count(self, **counts):
         """Add ``counts`` to :attr:`stats` (thread-safe)."""
@@ -287,20 +273,12 @@ class EncodeTransform(CheckedTransform):
     """No augmentation: resize (bilinear), re-check, subtract the mean, encode; deterministic,
     for the loss on fixed samples (validation loss). Conventions as :class:`TrainTransform`."""
 
-    def __init__(self, coder, size: int, mean, n_fg_class: int = 3,
-                 min_size: float = DEFAULT_MIN_SIZE):
-        super().__init__(coder, size, mean, n_fg_class, min_size)
-
     def resize(self, img, bbox, label):
         """Resized ``(img, bbox, label)``, boxes re-checked, mean not subtracted."""
         img, bbox, label = self.check(img, bbox, label)
-        _, height, width = img.shape
+        bbox = transforms.resize_bbox(bbox, img.shape[1:], (self.size, self.size))
         img = transforms.resize(img, (self.size, self.size))
-        bbox = transforms.resize_bbox(bbox, (height, width), (self.size, self.size))
-        bbox, label = self.recheck(img, bbox, label)
-        return img, bbox, label
+        return (img, *self.recheck(img, bbox, label))
 
     def __call__(self, in_data):
-        img, bbox, label = in_data[:3]
-        img, bbox, label = self.resize(img, bbox, label)
-        return self.encode(img, bbox, label)
+        return self.encode(*self.resize(*in_data[:3]))
