@@ -60,8 +60,9 @@ def test_an_announced_size_above_the_cap_is_refused_before_reading(liar):
 
 
 def test_more_bytes_than_the_cap_without_a_length(liar):
-    with pytest.raises(DataError, match="more than 4096 bytes"):
+    with pytest.raises(DataError) as info:
         _get(f"{liar}/plain", max_bytes=4096)
+    assert info.value.kind == "download" and not info.value.offline
 
 
 def test_a_trickling_server_meets_the_deadline(liar):
@@ -69,7 +70,6 @@ def test_a_trickling_server_meets_the_deadline(liar):
     with pytest.raises(DataError) as info:
         _get(f"{liar}/trickle", deadline_s=1)
     assert info.value.kind == "download" and info.value.offline
-    assert "longer than 1 s" in str(info.value)
     assert time.monotonic() - began < 10   # each byte arrives within the socket timeout
 
 

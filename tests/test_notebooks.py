@@ -24,11 +24,8 @@ def _assigned_names(source: str) -> set:
             if isinstance(target, ast.Name)}
 
 
-def test_there_are_notebooks():
-    assert NOTEBOOKS, f"no notebooks in {NOTEBOOKS_DIR}"
-
-
 def test_names_are_numbered_and_unique():
+    assert NOTEBOOKS, f"no notebooks in {NOTEBOOKS_DIR}"
     for path in NOTEBOOKS:
         assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), \
             f"{path.name}: name it NN_topic.ipynb (the runner runs them in name order)"
@@ -71,21 +68,6 @@ def test_one_parameters_cell_with_profile(path):
     assert "injected-parameters" not in cell.metadata.get("tags", [])
 
 
-def _markdown(nb) -> str:
-    return "\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_prerequisites_recap_and_graded_exercises(path):
-    text = _markdown(_read(path))
-    assert "**Prerequisites:**" in text, f"{path.name}: say what to run or know first"
-    assert re.search(r"^## Recap", text, re.M), f"{path.name}: end with a recap"
-    exercises = re.search(r"^## Exercises\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    assert exercises, f"{path.name}: end with an '## Exercises' section"
-    items = re.findall(r"^\d+\. ", exercises.group(1), re.M)
-    assert 3 <= len(items) <= 5, f"{path.name}: {len(items)} exercises, want 3 to 5"
-
-
 @pytest.mark.parametrize("path", EVERY, ids=EVERY_IDS)
 def test_automation_cells_are_tagged_and_hidden(path):
     # asserts for CI and files for the runner stay out of the reading flow
@@ -120,16 +102,20 @@ def _heading(cell) -> str:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_every_exercise_has_a_solution(path):
-    """Each "### Exercise N · …" solution is not empty; one asking ``my_answer_N = …`` is
-    followed by a folded cell with ``check(… my_answer_N …)``."""
+def test_prerequisites_recap_and_exercises_each_with_a_solution(path):
+    """3 to 5 exercises; each "### Exercise N · …" solution is not empty; one asking
+    ``my_answer_N = …`` is followed by a folded cell with ``check(… my_answer_N …)``."""
     cells = _read(path).cells
+    text = "\n".join(cell.source for cell in cells if cell.cell_type == "markdown")
+    assert "**Prerequisites:**" in text, f"{path.name}: say what to run or know first"
+    assert re.search(r"^## Recap", text, re.M), f"{path.name}: end with a recap"
     exercises = [i for i, c in enumerate(cells) if c.cell_type == "markdown"
                  and re.search(r"(?m)^## Exercises$", c.source)]
     assert len(exercises) == 1, f"{path.name}: one markdown cell with '## Exercises'"
     listed = re.split(r"(?m)^## Exercises$", cells[exercises[0]].source)[1]
     numbers = [int(n) for n in re.findall(r"(?m)^(\d+)\. ", listed)]
-    assert numbers == list(range(1, len(numbers) + 1)) and numbers, f"{path.name}: {numbers}"
+    assert numbers == list(range(1, len(numbers) + 1)) and 3 <= len(numbers) <= 5, \
+        f"{path.name}: exercises {numbers}, want 3 to 5"
     starts = [i for i, c in enumerate(cells) if _heading(c) == "## Solutions"]
     assert len(starts) == 1 and starts[0] > exercises[0], \
         f"{path.name}: a '## Solutions' markdown cell after the exercises"

@@ -197,8 +197,8 @@ def test_a_notebook_cannot_put_a_script_or_a_local_file_on_a_page(capsys):
 def test_the_site_publishes_only_the_course_into_its_own_folder(tmp_path, capsys):
     pytest.importorskip("sphinx")
     secret = tmp_path / "secret.png"
-    secret.write_bytes(base64.b64decode(
-        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="))
+    secret.write_bytes(base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42"
+                                        "mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="))
     outputs = tmp_path / "outputs"
     outputs.mkdir()
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(

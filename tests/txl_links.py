@@ -28,13 +28,16 @@ def _pixels_digest(path) -> str:
     return hashlib.sha256(decode_image(path).pixels.tobytes()).hexdigest()
 
 
+def _split_of(bccd_root) -> dict:
+    return {image_id: split for split in BCCD_SPLITS for image_id in read_split(bccd_root, split)}
+
+
 def find_bccd_images(txl_root, bccd_root) -> list[Link]:
     """TXL-PBC images whose decoded pixels equal a BCCD image's, by BCCD id; an ambiguous
     match (1 to 2 or 2 to 1) raises :class:`MedaidetError`."""
     bccd_root = Path(bccd_root)
     images = Path(txl_root) / "TXL_PBC" / "images"
-    split_of = {image_id: split for split in BCCD_SPLITS
-                for image_id in read_split(bccd_root, split)}
+    split_of = _split_of(bccd_root)
     by_digest = {}
     for image_id in sorted(split_of):
         digest = _pixels_digest(image_path(bccd_root, image_id))
@@ -58,7 +61,6 @@ def find_bccd_images(txl_root, bccd_root) -> list[Link]:
     return [links[k] for k in sorted(links)]
 
 
-
 def _thumbnail(path, n=16) -> np.ndarray:
     with Image.open(path) as img:
         return np.asarray(img.convert("L").resize((n, n), Image.BILINEAR), dtype=np.float64)
@@ -74,8 +76,7 @@ def find_reexported_bccd(txl_root, bccd_root) -> list[Resemblance]:
     """For each 416x416 TXL-PBC image, the BCCD image it most resembles (grey-level ranks,
     which colour changes leave alone; all eight flips and rotations)."""
     bccd_root = Path(bccd_root)
-    split_of = {image_id: split for split in BCCD_SPLITS
-                for image_id in read_split(bccd_root, split)}
+    split_of = _split_of(bccd_root)
     ids = sorted(split_of)
     bccd = np.stack([_ranks(_thumbnail(image_path(bccd_root, i))) for i in ids])
     found = []

@@ -1,13 +1,10 @@
 """Malformed input for ``medaidet``: exit 2, one last error line naming argument and value."""
 import errno
-import json
 import os
 import signal
 import subprocess
 import sys
-import tarfile
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -21,120 +18,48 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, bccd_root, txl_root):
-    """Every bad (and one good) input file, made once for all rows."""
+    """The bad (and one good) input files, made once for all rows."""
     d = tmp_path_factory.mktemp("inputs")
     made = {"dir": d, "bccd": bccd_root, "txl": txl_root}
     made["a_file"] = d / "results.txt"
     made["a_file"].write_text("a user's file\n")
     made["npy"] = d / "weights.npy"
     np.save(made["npy"], np.zeros(3, np.float32))
-    made["text"] = d / "weights.txt"
-    made["text"].write_text("not weights\n")
-    made["tar"] = d / "weights.tar"
-    with tarfile.open(made["tar"], "w") as tar:
-        tar.add(made["text"], arcname="weights.txt")
-    made["empty"] = d / "empty.npz"
-    made["empty"].write_bytes(b"")
     from medaidet.ssd.model import build_ssd
     from medaidet.ssd.weights import save_weights
-    model = build_ssd("ssd300", pretrained=None)
     made["weights"] = d / "model.npz"
-    save_weights(model, made["weights"])
-    made["truncated"] = d / "truncated.npz"
-    made["truncated"].write_bytes(made["weights"].read_bytes()[:4096])
+    save_weights(build_ssd("ssd300", pretrained=None), made["weights"])
     with np.load(made["weights"]) as arrays:
         poisoned = {k: arrays[k] for k in arrays.files}
     first = sorted(poisoned)[0]
     poisoned[first] = np.full_like(poisoned[first], np.nan)
     made["nan"] = d / "nan.npz"
     np.savez(made["nan"], **poisoned)
-    made["zip"] = d / "BCCD.zip"
-    with zipfile.ZipFile(made["zip"], "w") as archive:
-        archive.writestr("BCCD/README.md", "not the tar.gz")
-    for name, value in {"model": "ssd1024", "pretrained": 5, "out": 5, "root": 123}.items():
-        made[f"config_{name}"] = d / f"config_{name}.json"
-        made[f"config_{name}"].write_text(json.dumps({name: value}))
     return made
 
 
-# (id, argv from the inputs, substrings the one error line must hold[, environment])
+# (id, argv from the inputs, substrings the one error line must hold[, environment]). Each
+# check is tested with its fields where it lives (tests/training, evaluation, ssd, env); these
+# rows check the one line each command reports it in.
 ROWS = [
-    ("train --epochs inf", lambda f: ["train", "--epochs", "inf"], ["--epochs", "inf"]),
-    ("train --subset 0", lambda f: ["train", "--subset", "0"], ["--subset", "0"]),
-    ("train --batch-size 0", lambda f: ["train", "--batch-size", "0"], ["--batch-size", "0"]),
-    ("train --iterations -1", lambda f: ["train", "--iterations", "-1"], ["--iterations", "-1"]),
-    ("evaluate --subset 0", lambda f: ["evaluate", str(f["weights"]), "--subset", "0"],
-     ["--subset", "0"]),
-    ("evaluate --batch-size 0", lambda f: ["evaluate", str(f["weights"]), "--batch-size", "0"],
-     ["--batch-size", "0"]),
-    ("count --score-thresh -1", lambda f: ["count", str(f["weights"]), "--score-thresh", "-1"],
-     ["--score-thresh", "-1"]),
-    ("count --score-thresh nan", lambda f: ["count", str(f["weights"]), "--score-thresh", "nan"],
-     ["--score-thresh", "nan"]),
-    ("count --score-thresh 2", lambda f: ["count", str(f["weights"]), "--score-thresh", "2"],
-     ["--score-thresh", "2"]),
     ("course run --cell-timeout 0", lambda f: ["course", "run", "--cell-timeout", "0"],
      ["--cell-timeout", "0"]),
     ("course run --seed 2**32", lambda f: ["course", "run", "--seed", "4294967296"],
      ["--seed", "4294967296"]),
-    ("train --seed 2**32", lambda f: ["train", "--seed", "4294967296"], ["--seed", "4294967296"]),
     ("course run --out ''", lambda f: ["course", "run", "--profile", "smoke", "--out", ""],
      ["--out", "''"]),
     ("train --labels txl-pbc --out inside TXL-PBC",
      lambda f: ["train", "--labels", "txl-pbc", "--out", str(f["txl"] / "runs"), "--root",
                 str(f["bccd"])], ["--out", "which this run reads"],
      lambda f: {"MEDAIDET_TXL_PBC": str(f["txl"])}),
-    ("train --out FILE", lambda f: ["train", "--out", str(f["a_file"]), "--root", str(f["bccd"])],
-     ["--out", "results.txt", "is a file"]),
-    ("train --out under a file",
-     lambda f: ["train", "--out", str(f["a_file"] / "run"), "--root", str(f["bccd"])],
-     ["--out", "results.txt", "cannot create"]),
-    ("train --out inside the data",
-     lambda f: ["train", "--out", str(f["bccd"] / "runs"), "--root", str(f["bccd"])],
-     ["--out", "which this run reads"]),
     ("evaluate --out FILE", lambda f: ["evaluate", str(f["weights"]), "--out", str(f["a_file"])],
-     ["--out", "results.txt", "is a file"]),
-    ("count --out FILE", lambda f: ["count", str(f["weights"]), "--out", str(f["a_file"])],
-     ["--out", "results.txt", "is a file"]),
+     ["--out", "results.txt"]),
     ("course run --out FILE", lambda f: ["course", "run", "--out", str(f["a_file"])],
-     ["--out", "results.txt", "is a file"]),
-    ("course run --out notebooks", lambda f: ["course", "run", "--out", str(REPO / "notebooks")],
-     ["--out", "notebooks", "which this run reads"]),
-    ("course run --out a folder of the user's files",
-     lambda f: ["course", "run", "--only", "00", "--out", str(f["dir"])],
-     ["--out: the folder ", "inputs", "already holds files (BCCD.zip, ",
-      "no .medaidet-course file", "Choose a new or empty folder for --out"]),
+     ["--out", "results.txt"]),
     ("stack build --out FILE", lambda f: ["stack", "build", "--out", str(f["a_file"])],
-     ["--out", "results.txt", "is a file"]),
-    ("train --resume truncated", lambda f: ["train", "--resume", str(f["truncated"]),
-                                            "--root", str(f["bccd"]), "--out", str(f["dir"] / "r1")],
-     ["truncated.npz"]),
-    ("train --resume empty", lambda f: ["train", "--resume", str(f["empty"]),
-                                        "--root", str(f["bccd"]), "--out", str(f["dir"] / "r2")],
-     ["empty.npz"]),
-    ("train --resume .npy", lambda f: ["train", "--resume", str(f["npy"]),
-                                       "--root", str(f["bccd"]), "--out", str(f["dir"] / "r3")],
-     ["weights.npy"]),
-    ("train --pretrained .npy", lambda f: ["train", "--pretrained", str(f["npy"]),
-                                           "--root", str(f["bccd"]), "--out", str(f["dir"] / "r4")],
-     ["weights.npy"]),
+     ["--out", "results.txt"]),
     ("evaluate .npy", lambda f: ["evaluate", str(f["npy"])], ["weights.npy"]),
-    ("evaluate text file", lambda f: ["evaluate", str(f["text"])], ["weights.txt"]),
-    ("evaluate tar file", lambda f: ["evaluate", str(f["tar"])], ["weights.tar"]),
-    ("evaluate truncated", lambda f: ["evaluate", str(f["truncated"])], ["truncated.npz"]),
     ("evaluate NaN weights", lambda f: ["evaluate", str(f["nan"])], ["nan.npz"]),
-    ("data download from a plain path",
-     lambda f: ["data", "download", "--root", str(f["dir"] / "dl1")], ["https://", "file://"],
-     lambda f: {"MEDAIDET_BCCD_URL": str(f["zip"])}),
-    ("data download of a zip",
-     lambda f: ["data", "download", "--root", str(f["dir"] / "dl2")], ["ZIP archive"],
-     lambda f: {"MEDAIDET_BCCD_URL": f["zip"].as_uri()}),
-    ("config model: ssd1024", lambda f: ["train", "--config", str(f["config_model"])],
-     ["model", "ssd1024"]),
-    ("config pretrained: 5", lambda f: ["train", "--config", str(f["config_pretrained"])],
-     ["pretrained", "5"]),
-    ("config out: 5", lambda f: ["train", "--config", str(f["config_out"])], ["out", "5"]),
-    ("config root: 123", lambda f: ["train", "--config", str(f["config_root"])], ["root", "123"]),
 ]
 
 
@@ -165,12 +90,6 @@ def test_debug_shows_the_traceback(files, capsys):
     err = capsys.readouterr().err
     assert status == 2 and "Traceback (most recent call last)" in err
     assert err.strip().splitlines()[-1].startswith("medaidet: error: --out:")
-
-
-def test_data_validate_exits_1_when_it_reports_errors(files, capsys):
-    # real BCCD has objects of severity error (zero-area and duplicate boxes)
-    assert cli.main(["data", "validate", str(files["bccd"])]) == 1
-    assert "zero_area" in capsys.readouterr().out
 
 
 def test_an_os_error_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):

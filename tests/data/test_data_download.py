@@ -18,7 +18,7 @@ import pytest
 
 from medaidet.data import download as dl
 from medaidet.data.download import download_bccd, resolve_root, verify_dataset
-from medaidet.errors import DataError, MedaidetError
+from medaidet.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -146,7 +146,6 @@ def server(good_files):
             make_tar_gz(upstream_entries(good_files, {CORRUPTED: bytes(corrupt)})))
     srv.add("/truncated.tar.gz", good[: len(good) // 2])
     srv.add("/dropped.tar.gz", good[: len(good) // 2], content_length=len(good))
-    srv.add("/page.html", b"<html><body>Please log in</body></html>")
     yield srv
     srv.close()
 
@@ -183,7 +182,6 @@ def test_manifest_lists_every_bccd_file_without_the_upstream_level():
     assert {p for p in manifest if p.startswith("ImageSets/")} == {
         f"ImageSets/Main/{s}.txt" for s in ("train", "val", "trainval", "test")}
     assert not [p for p in manifest if p.startswith("BCCD/")]
-    assert len(dl.manifest_sha256()) == 64
 
 
 def test_manifest_is_the_shared_sha256sums(bccd_root):
@@ -193,14 +191,16 @@ def test_manifest_is_the_shared_sha256sums(bccd_root):
     assert dl._manifest_bytes() == shared.read_bytes()
 
 
-def test_verify_dataset_accepts_the_real_copy(bccd_root):
-    assert verify_dataset(bccd_root) == []
+def place_by_hand(dest: Path, files: dict) -> Path:
+    """Write ``files`` (manifest path -> bytes) under ``dest``, as a user copying them would."""
+    for rel, data in files.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
+    return dest
 
 
 def test_verify_dataset_names_missing_and_changed_files(tmp_path, good_files):
-    for rel, data in good_files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_bytes(data)
+    place_by_hand(tmp_path, good_files)
     (tmp_path / "Annotations/BloodImage_00001.xml").unlink()
     (tmp_path / "test.csv").write_bytes(b"filename\n")
     problems = verify_dataset(tmp_path)
@@ -222,16 +222,9 @@ def test_good_archive_installs_every_file_and_is_cached(tmp_path, server):
     assert server.hits["/good.tar.gz"] == before + 1
     assert resolve_root(dest) == root
 
-    # verified: no network at all, even with an unreachable URL
+    # verified: no network at all, even with an unreachable URL (--force: the tests below)
     assert download_bccd(root=dest, url="http://127.0.0.1:9/nothing", progress=False) == root
     assert server.hits["/good.tar.gz"] == before + 1
-
-    (root / "Annotations" / "stale.xml").write_text("<old/>")
-    assert download_bccd(root=dest, url=url, force=True, progress=False) == root
-    assert server.hits["/good.tar.gz"] == before + 2
-    assert_complete(root, extra={"Annotations/stale.xml"})
-    assert (root / "Annotations" / "stale.xml").read_text() == "<old/>"
-    assert leftovers(dest.parent) == ["bccd"]
 
 
 def test_progress_bar_without_content_length(tmp_path, server, capsys):
@@ -245,30 +238,17 @@ def test_corrupted_file_is_named_and_nothing_is_installed(tmp_path, server):
     dest = tmp_path / "bccd"
     with pytest.raises(DataError) as info:
         download_bccd(root=dest, url=server.url("/corrupt.tar.gz"), progress=False)
-    assert CORRUPTED in str(info.value)
-    assert "1 with a wrong sha256" in str(info.value)
+    assert info.value.kind == "checksum"
     assert [(p.path, p.kind) for p in info.value.problems] == [(CORRUPTED, "mismatch")]
     assert not dest.exists()
     assert leftovers(tmp_path) == []
 
 
-def test_truncated_archive_is_a_named_error(tmp_path, server):
-    dest = tmp_path / "bccd"
-    url = server.url("/truncated.tar.gz")
+@pytest.mark.parametrize("path", ["/missing.tar.gz", "/dropped.tar.gz"])   # 404; cut off
+def test_http_404_or_a_connection_dropped_mid_download(tmp_path, server, path):
     with pytest.raises(DataError) as info:
-        download_bccd(root=dest, url=url, progress=False)
-    assert info.value.kind == "archive"
-    assert url in str(info.value) and "not a complete tar archive" in str(info.value)
-    assert not dest.exists()
-    assert leftovers(tmp_path) == []
-
-
-def test_connection_dropped_mid_download(tmp_path, server):
-    dest = tmp_path / "bccd"
-    with pytest.raises(DataError) as info:
-        download_bccd(root=dest, url=server.url("/dropped.tar.gz"), progress=False)
-    assert "bytes" in str(info.value)
-    assert not dest.exists()
+        download_bccd(root=tmp_path / "bccd", url=server.url(path), progress=False)
+    assert info.value.kind == "download"
     assert leftovers(tmp_path) == []
 
 
@@ -280,77 +260,50 @@ def _zip_of(files: dict) -> bytes:
     return buf.getvalue()
 
 
-# What the server sends instead of the .tar.gz -> what the error must call it, and the fix.
+# What the server sends instead of the .tar.gz -> what the error must call it.
 NOT_A_TAR_GZ = {
     "zip": (lambda good, files: _zip_of({upstream_name(rel): files[rel]
-                                         for rel in sorted(files)[:20]}),
-            ("is a ZIP archive", ".tar.gz")),
+                                         for rel in sorted(files)[:20]}), "is a ZIP archive"),
     "html": (lambda good, files: b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head>"
-             b"<body>Please log in</body></html>", ("is an HTML page", "'Sign in'", "proxy")),
-    "empty": (lambda good, files: b"", ("is empty (0 bytes)",)),
-    "truncated": (lambda good, files: good[: len(good) // 2],
-                  ("gzip data cut short", "run the download again")),
+             b"<body>Please log in</body></html>", "is an HTML page titled 'Sign in'"),
+    "empty": (lambda good, files: b"", "is empty (0 bytes)"),
+    "truncated": (lambda good, files: good[: len(good) // 2], "is gzip data cut short"),
     "gzip-not-tar": (lambda good, files: gzip.compress(b"filename,cell\n" * 100),
-                     ("gzip file whose content is not a tar archive",)),
-    "plain-text": (lambda good, files: b"BloodImage_00000.jpg,RBC\n",
-                   ("is not an archive", "b'BloodImage_00000.jpg,RBC")),
+                     "gzip file whose content is not a tar archive"),
+    "plain-text": (lambda good, files: b"BloodImage_00000.jpg,RBC\n", "is not an archive"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(NOT_A_TAR_GZ))
 def test_not_a_tar_gz_says_what_the_file_is(tmp_path, server, good_files, case):
-    make, needles = NOT_A_TAR_GZ[case]
+    make, what = NOT_A_TAR_GZ[case]
     url = server.add(f"/not-tar-{case}", make(server.routes["/good.tar.gz"][1], good_files))
     with pytest.raises(DataError) as info:
         download_bccd(root=tmp_path / "bccd", url=url, progress=False)
-    message = str(info.value)
-    assert url in message and "not a complete tar archive" in message
-    assert "expected a .tar.gz archive" in message and "Nothing was installed" in message
-    for needle in needles:
-        assert needle in message, message
-    if case != "truncated":
-        assert "cut short" not in message, message
+    assert info.value.kind == "archive"
+    assert what in str(info.value), str(info.value)
     assert leftovers(tmp_path) == []
 
 
-def test_a_web_page_instead_of_the_archive(tmp_path, server):
-    with pytest.raises(DataError) as info:
-        download_bccd(root=tmp_path / "bccd", url=server.url("/page.html"), progress=False)
-    assert info.value.kind == "archive" and "HTML page" in str(info.value)
-    assert leftovers(tmp_path) == []
-
-
-def _link(name, kind, target):
+def _link(name, kind, target=""):
     info = tarfile.TarInfo(name)
     info.type = kind
     info.linkname = target
     return info
 
 
-def _special(name, kind):
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    return info
-
-
 UNSAFE = {   # members tarfile's data filter refuses
-    "parent": lambda tmp: ("../evil.txt", ("../evil.txt", b"evil")),
-    "symlink": lambda tmp: (f"{TOP}/BCCD/JPEGImages/BloodImage_00000.jpg",
-                            _link(f"{TOP}/BCCD/JPEGImages/BloodImage_00000.jpg",
-                                  tarfile.SYMTYPE, "/etc/passwd")),
-    "symlink-dir": lambda tmp: (f"{TOP}/BCCD/Annotations",
-                                _link(f"{TOP}/BCCD/Annotations", tarfile.SYMTYPE, "/tmp")),
-    "symlink-out": lambda tmp: (f"{TOP}/BCCD/out", _link(f"{TOP}/BCCD/out", tarfile.SYMTYPE,
-                                                        "../../../../evil.txt")),
-    "hardlink": lambda tmp: (f"{TOP}/test.csv",
-                             _link(f"{TOP}/test.csv", tarfile.LNKTYPE, "/etc/passwd")),
-    "device": lambda tmp: (f"{TOP}/LICENSE", _special(f"{TOP}/LICENSE", tarfile.CHRTYPE)),
-    "fifo": lambda tmp: (f"{TOP}/scripts/pipe", _special(f"{TOP}/scripts/pipe",
-                                                          tarfile.FIFOTYPE)),
+    "parent": ("../evil.txt", b"evil"),
+    "symlink": _link(f"{TOP}/BCCD/JPEGImages/BloodImage_00000.jpg", tarfile.SYMTYPE,
+                     "/etc/passwd"),
+    "symlink-dir": _link(f"{TOP}/BCCD/Annotations", tarfile.SYMTYPE, "/tmp"),
+    "symlink-out": _link(f"{TOP}/BCCD/out", tarfile.SYMTYPE, "../../../../evil.txt"),
+    "hardlink": _link(f"{TOP}/test.csv", tarfile.LNKTYPE, "/etc/passwd"),
+    "device": _link(f"{TOP}/LICENSE", tarfile.CHRTYPE),
+    "fifo": _link(f"{TOP}/scripts/pipe", tarfile.FIFOTYPE),
     # the filter lets a link inside the folder through; where the dataset has a file, refused
-    "symlink-inside": lambda tmp: (f"{TOP}/BCCD/JPEGImages/BloodImage_00001.jpg",
-                                   _link(f"{TOP}/BCCD/JPEGImages/BloodImage_00001.jpg",
-                                         tarfile.SYMTYPE, "BloodImage_00000.jpg")),
+    "symlink-inside": _link(f"{TOP}/BCCD/JPEGImages/BloodImage_00001.jpg", tarfile.SYMTYPE,
+                            "BloodImage_00000.jpg"),
 }
 
 
@@ -358,16 +311,14 @@ UNSAFE = {   # members tarfile's data filter refuses
 def test_unsafe_member_is_refused_and_nothing_is_written(tmp_path, server, good_files, case):
     work = tmp_path / "work"
     work.mkdir()
-    member, entry = UNSAFE[case](tmp_path)
+    entry = UNSAFE[case]
+    member = entry.name if isinstance(entry, tarfile.TarInfo) else entry[0]
     # a few good files first, so the refusal happens mid-extraction
     first = [(upstream_name(rel), good_files[rel]) for rel in sorted(good_files)[:5]]
-    path = f"/unsafe-{case}.tar.gz"
-    url = server.add(path, make_tar_gz([_dir(f"{TOP}/")] + first + [entry]))
-    dest = work / "bccd"
+    url = server.add(f"/unsafe-{case}.tar.gz", make_tar_gz([_dir(f"{TOP}/")] + first + [entry]))
     with pytest.raises(DataError) as info:
-        download_bccd(root=dest, url=url, progress=False)
+        download_bccd(root=work / "bccd", url=url, progress=False)
     assert (info.value.kind, info.value.member) == ("unsafe_archive", member)
-    assert not dest.exists()
     assert leftovers(work) == []
     assert not list(tmp_path.rglob("evil.txt"))
     assert not (tmp_path.parent / "evil.txt").exists()
@@ -398,27 +349,19 @@ def _refused_port():
     return sock
 
 
-def test_server_down_says_how_to_place_the_data_by_hand(tmp_path):
+@pytest.mark.parametrize("source", [dl.BCCD, dl.TXL_PBC], ids=lambda s: s.name)
+def test_offline_exits_2_saying_how_to_place_the_data_by_hand(tmp_path, source):
+    dest = tmp_path / "data"
+    flag = [] if source is dl.BCCD else ["--dataset", "txl-pbc"]
     sock = _refused_port()
     try:
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/bccd.tar.gz"
-        with pytest.raises(DataError) as info:
-            download_bccd(root=tmp_path / "bccd", url=url, progress=False, timeout=5)
+        result = _cli(["data", "download", *flag, "--root", str(dest)],
+                      {source.url_env: f"http://127.0.0.1:{sock.getsockname()[1]}/x.tar.gz"})
     finally:
         sock.close()
-    message = str(info.value)
-    assert info.value.kind == "download"
-    for needle in (url, "offline", dl.BCCD.url, dl.BCCD.commit, "MEDAIDET_DATA", "--root",
-                   "Annotations/", "MEDAIDET_BCCD_URL=file://"):
-        assert needle in message
-    assert leftovers(tmp_path) == []
-
-
-def test_http_404_is_a_download_error(tmp_path, server):
-    with pytest.raises(DataError) as info:
-        download_bccd(root=tmp_path / "bccd", url=server.url("/missing.tar.gz"),
-                      progress=False)
-    assert info.value.kind == "download" and "404" in str(info.value)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"medaidet: error: {source.name} is not at {dest} ")
+    assert source.url in result.stderr          # the pinned archive, to fetch elsewhere
     assert leftovers(tmp_path) == []
 
 
@@ -443,41 +386,16 @@ def test_url_without_an_accepted_scheme_is_a_named_error(tmp_path, server, case)
     archive = tmp_path / "BCCD.tar.gz"
     archive.write_bytes(server.routes["/good.tar.gz"][1])
     url = URLS_WITHOUT_AN_ACCEPTED_SCHEME[case](archive)
-    dest = tmp_path / "out" / "bccd"
     with pytest.raises(DataError) as info:
-        download_bccd(root=dest, url=url, progress=False)
+        download_bccd(root=tmp_path / "out" / "bccd", url=url, progress=False)
     assert info.value.kind == "url"
-    message = str(info.value)
-    assert repr(url) in message and "https://, http:// or file://" in message, message
     # how to pass a local archive: its own file:// URL when the path exists
-    assert (archive.as_uri() if case == "local-path" else "file:///path/to/") in message
-    assert dl.BCCD.url_env in message
+    assert (archive.as_uri() if case == "local-path" else repr(url)) in str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["BCCD.tar.gz"]
-
-
-def test_cli_local_path_as_url_exits_2_without_a_traceback(tmp_path, server):
-    archive = tmp_path / "BCCD.tar.gz"
-    archive.write_bytes(server.routes["/good.tar.gz"][1])
-    result = _cli(["data", "download", "--root", str(tmp_path / "bccd")],
-                  {dl.BCCD.url_env: str(archive)})
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith(f"medaidet: error: cannot download BCCD from '{archive}'")
-    assert archive.as_uri() in result.stderr and "Traceback" not in result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["BCCD.tar.gz"]
-
-
-def test_url_from_the_environment(tmp_path, server, monkeypatch):
-    monkeypatch.setenv(dl.BCCD.url_env, server.url("/good.tar.gz"))
-    before = server.hits["/good.tar.gz"]
-    assert_complete(download_bccd(root=tmp_path / "bccd", progress=False))
-    assert server.hits["/good.tar.gz"] == before + 1
 
 
 def test_copy_placed_by_hand_is_verified_in_place_without_network(tmp_path, good_files):
-    dest = tmp_path / "bccd"
-    for rel, data in good_files.items():
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dest / rel).write_bytes(data)
+    dest = place_by_hand(tmp_path / "bccd", good_files)
     (dest / "SOURCE.txt").write_text("extra files are fine")
     (dest / dl.MARKER_NAME).write_text("0" * 64 + "\n")  # a marker of another manifest
     root = download_bccd(root=dest, url="http://127.0.0.1:9/unused", progress=False)
@@ -485,10 +403,7 @@ def test_copy_placed_by_hand_is_verified_in_place_without_network(tmp_path, good
 
 
 def test_a_read_only_copy_is_verified_in_place_and_left_unwritten(tmp_path, good_files):
-    dest = tmp_path / "bccd"
-    for rel, data in good_files.items():
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dest / rel).write_bytes(data)
+    dest = place_by_hand(tmp_path / "bccd", good_files)
     dest.chmod(0o555)   # as a shared copy is: even root (CI) must not write into it
     try:
         for _ in range(2):
@@ -504,33 +419,13 @@ def test_other_content_is_never_replaced_silently(tmp_path, server):
     dest.mkdir()
     (dest / "notes.txt").write_text("precious")
     url = server.url("/good.tar.gz")
-    with pytest.raises(DataError) as info:
-        download_bccd(root=dest, url=url, progress=False)
-    assert info.value.kind == "destination" and "--force" in str(info.value)
-    with pytest.raises(DataError) as info:
-        download_bccd(root=dest, url=url, force=True, progress=False)
-    assert info.value.kind == "destination" and str(dest) in str(info.value)
-    assert (dest / "notes.txt").read_text() == "precious"
-
     afile = tmp_path / "afile"
     afile.write_text("x")
-    with pytest.raises(DataError) as info:
-        download_bccd(root=afile, url=url, progress=False)
-    assert info.value.kind == "destination" and str(afile) in str(info.value)
-
-
-def test_broken_copy_is_reported_then_replaced_with_force(tmp_path, server):
-    dest = tmp_path / "bccd"
-    (dest / "Annotations").mkdir(parents=True)
-    (dest / "Annotations" / "BloodImage_00000.xml").write_text("<broken/>")
-    url = server.url("/good.tar.gz")
-    with pytest.raises(DataError) as info:
-        download_bccd(root=dest, url=url, progress=False)
-    assert info.value.kind == "destination" and "--force" in str(info.value)
-    assert "files that are not part of BCCD are left where they are" in str(info.value)
-    root = download_bccd(root=dest, url=url, force=True, progress=False)
-    assert_complete(root)
-    assert leftovers(tmp_path) == ["bccd"]
+    for root, force in ((dest, False), (dest, True), (afile, False)):
+        with pytest.raises(DataError) as info:
+            download_bccd(root=root, url=url, force=force, progress=False)
+        assert info.value.kind == "destination"
+    assert (dest / "notes.txt").read_text() == "precious" and afile.read_text() == "x"
 
 
 USER_FILES = {
@@ -542,12 +437,6 @@ USER_FILES = {
 }
 
 
-def add_user_files(root: Path):
-    for rel, data in USER_FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-
-
 def assert_user_files_kept(root: Path):
     for rel, data in USER_FILES.items():
         assert (root / rel).read_bytes() == data, rel
@@ -557,7 +446,7 @@ def test_force_replaces_only_the_bccd_files_and_keeps_the_users(tmp_path, server
     dest = tmp_path / "bccd"
     url = server.url("/good.tar.gz")
     root = download_bccd(root=dest, url=url, progress=False)
-    add_user_files(root)
+    place_by_hand(root, USER_FILES)
     (root / CORRUPTED).write_bytes(b"edited")            # what checksum_mismatch reports
     (root / "ImageSets" / "Main" / "train.txt").unlink()
     with caplog.at_level(logging.INFO, logger=dl.__name__):
@@ -566,7 +455,6 @@ def test_force_replaces_only_the_bccd_files_and_keeps_the_users(tmp_path, server
     assert_user_files_kept(root)
     assert leftovers(tmp_path) == ["bccd"]
     assert f"left {len(USER_FILES)} file(s) that are not part of BCCD" in caplog.text
-    assert "notes.txt" in caplog.text
 
 
 def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, server,
@@ -574,7 +462,7 @@ def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, ser
     dest = tmp_path / "bccd"
     url = server.url("/good.tar.gz")
     root = download_bccd(root=dest, url=url, progress=False)
-    add_user_files(root)
+    place_by_hand(root, USER_FILES)
     changed = list(dl.load_manifest())[-1]                # installed last
     (root / changed).write_bytes(b"edited")
     real_replace, moved = os.replace, []
@@ -706,27 +594,19 @@ def test_resolve_root_never_downloads_and_explains(clean_env, tmp_path):
     empty.mkdir()
     with pytest.raises(DataError) as info:
         resolve_root(empty)
-    message = str(info.value)
-    assert isinstance(info.value, MedaidetError)
-    for needle in (str(empty), "has no Annotations/", "medaidet data download",
-                   dl.BCCD.repo, dl.BCCD.commit, "MEDAIDET_DATA=ROOT",
-                   "ROOT/JPEGImages/", "ROOT/ImageSets/Main/", "test.csv"):
-        assert needle in message
+    assert info.value.kind == "not_found" and str(empty) in str(info.value)
     with pytest.raises(DataError) as info:
-        resolve_root()
-    assert info.value.kind == "not_found" and "default cache directory" in str(info.value)
+        resolve_root()                              # the default cache: empty too
+    assert info.value.kind == "not_found"
     assert list(empty.iterdir()) == []
 
 
-def test_download_destination_from_env_then_cache(clean_env, monkeypatch, tmp_path, server):
-    url = server.url("/good.tar.gz")
-    monkeypatch.setenv(dl.BCCD.data_env, str(tmp_path / "env-root"))
-    assert download_bccd(url=url, progress=False) == (tmp_path / "env-root").resolve()
-    monkeypatch.delenv(dl.BCCD.data_env)
+def test_download_without_a_root_goes_where_resolve_root_looks(clean_env, monkeypatch, tmp_path,
+                                                              server):
+    """The order of the places is test_resolve_root_order_explicit_then_env_then_cache's."""
     monkeypatch.setenv("MEDAIDET_CACHE", str(tmp_path / "cache"))
-    root = download_bccd(url=url, progress=False)
-    assert root == (tmp_path / "cache" / "bccd").resolve()
-    assert resolve_root() == root
+    root = download_bccd(url=server.url("/good.tar.gz"), progress=False)
+    assert root == (tmp_path / "cache" / "bccd").resolve() == resolve_root()
 
 
 def _cli(args, env):
@@ -745,20 +625,6 @@ def test_cli_download_prints_the_root(tmp_path, server):
     assert server.hits["/cli.tar.gz"] == 1
 
 
-def test_cli_download_offline_exits_2_with_instructions(tmp_path):
-    sock = _refused_port()
-    try:
-        result = _cli(["data", "download", "--root", str(tmp_path / "bccd")],
-                      {dl.BCCD.url_env: f"http://127.0.0.1:{sock.getsockname()[1]}/x.tar.gz"})
-    finally:
-        sock.close()
-    assert result.returncode == 2
-    assert result.stderr.startswith(f"medaidet: error: BCCD is not at {tmp_path / 'bccd'} "
-                                    "(given explicitly), and could not download BCCD")
-    assert "MEDAIDET_DATA" in result.stderr and "Traceback" not in result.stderr
-    assert leftovers(tmp_path) == []
-
-
 
 TXL_TOP = f"TXL-PBC_Dataset-{dl.TXL_PBC.commit}"
 TXL_CHANGED = "TXL_PBC/labels/test/01e4af27-0d62-557e-b967-cd665b590d45.txt"
@@ -766,7 +632,7 @@ TXL_CHANGED = "TXL_PBC/labels/test/01e4af27-0d62-557e-b967-cd665b590d45.txt"
 
 @pytest.fixture(scope="module")
 def txl_server(txl_root):
-    """TXL-PBC's upstream archive (code and png not kept): good, one label changed, cut short."""
+    """TXL-PBC's upstream archive (code and png not kept): good, and one label changed."""
     files = {rel: (txl_root / rel).read_bytes() for rel in dl.load_manifest(dl.TXL_PBC)}
     extras = [(f"{TXL_TOP}/example.png", b"\x89PNG not kept"),
               (f"{TXL_TOP}/TXL_PBC/train.py", b"print('not kept')\n")]
@@ -779,8 +645,8 @@ def txl_server(txl_root):
     good = archive()
     srv = Server()
     srv.add("/txl.tar.gz", good)
-    srv.add("/txl-changed.tar.gz", archive({TXL_CHANGED: files[TXL_CHANGED].replace(b"1 ", b"2 ", 1)}))
-    srv.add("/txl-truncated.tar.gz", good[: len(good) // 3])
+    changed = files[TXL_CHANGED].replace(b"1 ", b"2 ", 1)
+    srv.add("/txl-changed.tar.gz", archive({TXL_CHANGED: changed}))
     yield srv
     srv.close()
 
@@ -807,34 +673,7 @@ def test_txl_pbc_with_a_changed_label_is_refused_by_name(tmp_path, txl_server):
     with pytest.raises(DataError) as info:
         dl.download_txl_pbc(root=tmp_path / "txl-pbc", url=txl_server.url("/txl-changed.tar.gz"),
                             progress=False)
-    assert [p.path for p in info.value.problems] == [TXL_CHANGED]
-    assert "txl-pbc-056d09e4.sha256 (TXL-PBC commit 056d09e4" in str(info.value)
-    assert leftovers(tmp_path) == []
-
-
-def test_txl_pbc_archive_cut_short_is_named(tmp_path, txl_server):
-    with pytest.raises(DataError) as info:
-        dl.download_txl_pbc(root=tmp_path / "txl-pbc",
-                            url=txl_server.url("/txl-truncated.tar.gz"), progress=False)
-    assert info.value.kind == "archive" and "cut short" in str(info.value)
-    assert leftovers(tmp_path) == []
-
-
-def test_txl_pbc_offline_says_how_to_place_it_by_hand(tmp_path):
-    sock = _refused_port()
-    try:
-        result = _cli(["data", "download", "--dataset", "txl-pbc", "--root",
-                       str(tmp_path / "txl-pbc")],
-                      {"MEDAIDET_TXL_PBC_URL": f"http://127.0.0.1:{sock.getsockname()[1]}/t.tgz"})
-    finally:
-        sock.close()
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.startswith(f"medaidet: error: TXL-PBC is not at {tmp_path / 'txl-pbc'}"
-                                    " (given explicitly), and could not download TXL-PBC")
-    for needle in ("offline", dl.TXL_PBC.url, "MEDAIDET_TXL_PBC_URL=file://", "--dataset txl-pbc",
-                   "point MEDAIDET_TXL_PBC at",
-                   "TXL_PBC/labels/{train,val,test}/<uuid>.txt"):
-        assert needle in result.stderr
+    assert info.value.kind == "checksum" and [p.path for p in info.value.problems] == [TXL_CHANGED]
     assert leftovers(tmp_path) == []
 
 
@@ -849,7 +688,7 @@ def test_a_root_holding_another_dataset_is_refused_even_with_force(tmp_path, ser
         dl.download_txl_pbc(root=bccd, url=txl_server.url("/txl.tar.gz"), force=force,
                             progress=False)
     assert info.value.kind == "destination" and "force" not in str(info.value).lower()
-    assert str(bccd) in str(info.value) and not (bccd / "TXL_PBC").exists()
+    assert not (bccd / "TXL_PBC").exists()
     assert (bccd / dl.MARKER_NAME).read_text() == marker and dl.is_verified(bccd)
     txl = dl.download_txl_pbc(root=tmp_path / "txl", url=txl_server.url("/txl.tar.gz"),
                               progress=False)

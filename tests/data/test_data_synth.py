@@ -1,6 +1,5 @@
 """tests/synthetic.py's BCCD-like data: layout, exact boxes, clean for loader and validator."""
 import hashlib
-import warnings
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -10,7 +9,6 @@ import pytest
 from PIL import Image
 
 import synthetic as synth
-from medaidet.errors import MedaidetError
 from synthetic import DestinationNotEmptyError, SynthError, make_synthetic
 
 
@@ -65,13 +63,9 @@ def test_same_seed_gives_identical_bytes_and_other_seed_differs(tmp_path):
     a = files_of(make_synthetic(tmp_path / "a", n=5, seed=7))
     b = files_of(make_synthetic(tmp_path / "b", n=5, seed=7))
     c = files_of(make_synthetic(tmp_path / "c", n=5, seed=8))
-    assert a.keys() == b.keys() == c.keys()
+    assert a == b and a.keys() == c.keys()
     assert len([k for k in a if k.startswith("JPEGImages/")]) == 5
-    for key in a:
-        assert a[key] == b[key], key
-    for key in a:
-        if key.startswith(("JPEGImages/", "Annotations/")):
-            assert a[key] != c[key], f"{key} is the same with seed 7 and 8"
+    assert all(a[k] != c[k] for k in a if k.startswith(("JPEGImages/", "Annotations/")))
 
 
 def test_image_depends_only_on_seed_and_index(tmp_path):
@@ -90,12 +84,9 @@ def test_layout_readme_and_checksums(root, all_ids):
     assert sorted(p.stem for p in (root / "Annotations").iterdir()) == all_ids
     assert sorted(p.name for p in (root / "ImageSets" / "Main").iterdir()) == \
         sorted(f"{s}.txt" for s in SPLITS)
-    readme = (root / "README.txt").read_text()
-    assert readme.startswith(synth.README_MARKER) and "synthetic" in readme.lower()
-    listed = {}
-    for line in (root / "SHA256SUMS").read_text().splitlines():
-        digest, rel = line.split("  ", 1)
-        listed[rel] = digest
+    assert (root / "README.txt").read_text().startswith(synth.README_MARKER)
+    listed = {rel: digest for digest, rel in (
+        line.split("  ", 1) for line in (root / "SHA256SUMS").read_text().splitlines())}
     assert set(listed) == set(files_of(root)) - {"SHA256SUMS"}
     for rel, digest in listed.items():
         assert hashlib.sha256((root / rel).read_bytes()).hexdigest() == digest, rel
@@ -112,16 +103,6 @@ def test_images_are_640x480_rgb_jpeg_and_match_their_xml(root, all_ids):
         assert (w, h) == (640, 480)
         # a pale smear: bright background, not flat, not saturated
         assert 170 < pixels.mean() < 235 and pixels.std() > 8
-
-
-def test_boxes_are_1_based_inside_the_image_and_not_degenerate(root, all_ids):
-    for image_id in all_ids:
-        w, h, objects = parse(root, image_id)
-        assert objects
-        for name, difficult, xmin, ymin, xmax, ymax in objects:
-            assert name in LABELS
-            assert difficult == 0
-            assert 1 <= xmin < xmax <= w and 1 <= ymin < ymax <= h, (image_id, xmin, ymin)
 
 
 def test_no_duplicate_or_near_duplicate_boxes(root, all_ids):
@@ -221,32 +202,11 @@ def test_split_sizes(n, expected):
     assert sorted(splits["trainval"] + splits["test"]) == sorted(ids)
 
 
-def test_too_few_images_for_three_splits_is_refused_up_front(tmp_path):
-    """The loader refuses an empty split list: n < 3 is refused before anything is written."""
-    from medaidet.data.bccd import BCCDDataset
-    assert synth.MIN_IMAGES == 3
-    for n in (1, 2):
-        with pytest.raises(SynthError) as info:
-            make_synthetic(tmp_path / "ds", n=n)
-        assert str(info.value) == (
-            f"n={n} is too few images: each of the splits train, val and test needs at least "
-            "one, so n must be at least 3")
-        assert list(tmp_path.iterdir()) == []
-    root = make_synthetic(tmp_path / "ds", n=3, seed=1)
-    for split in SPLITS:
-        dataset = BCCDDataset(root, split=split, strict=True)
-        assert len(dataset) == len(read_split(root, split)) >= 1
-
-
-@pytest.mark.parametrize("strict", [False, True])
-def test_the_loader_reads_it_without_dropping_anything(root, strict):
+def test_the_loader_reads_it_without_dropping_anything(root):
     from medaidet.data import BCCD_LABEL_NAMES
-    from medaidet.data.bccd import AnnotationWarning, BCCDDataset
+    from medaidet.data.bccd import BCCDDataset
     for split in SPLITS:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", AnnotationWarning)   # warned when it drops or clips
-            dataset = BCCDDataset(root, split=split, strict=strict)
-        assert dataset.dropped == [] and dataset.clipped == []
+        dataset = BCCDDataset(root, split=split, strict=True)   # raises where it would drop
         ids = read_split(root, split)
         assert len(dataset) == len(ids)
         for i, image_id in enumerate(ids):
@@ -272,7 +232,6 @@ def test_the_validator_finds_nothing_to_warn_about(root):
     report, bad = _warnings_and_errors(root)
     assert not bad, bad
     assert report["images"] == 12 and report["objects_raw"] == report["objects_kept"]
-    assert report["splits"] == {"train": 8, "val": 2, "trainval": 10, "test": 2}
 
 
 @pytest.mark.parametrize("n, seed", [(24, 0), (30, 1)])
@@ -289,9 +248,8 @@ def test_non_empty_destination_is_refused_and_left_alone(tmp_path):
     dest = tmp_path / "mine"
     dest.mkdir()
     (dest / "keep.txt").write_text("precious")
-    with pytest.raises(DestinationNotEmptyError, match="not empty") as info:
+    with pytest.raises(DestinationNotEmptyError, match="not empty"):
         make_synthetic(dest, n=3)
-    assert isinstance(info.value, MedaidetError) and isinstance(info.value, FileExistsError)
     with pytest.raises(DestinationNotEmptyError, match="does not hold a synthetic dataset"):
         make_synthetic(dest, n=3, overwrite=True)
     assert [p.name for p in dest.iterdir()] == ["keep.txt"]
@@ -338,8 +296,10 @@ def test_a_failure_leaves_no_half_dataset(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["ds"]
 
 
+# n < 3 leaves a split empty, which the loader refuses: refused before anything is written
 @pytest.mark.parametrize("kwargs, match", [
-    ({"n": 0}, "at least 3"), ({"n": -3}, "at least 3"), ({"n": 2.5}, "whole number"),
+    ({"n": 2}, "at least 3"), ({"n": 1}, "at least 3"), ({"n": 0}, "at least 3"),
+    ({"n": -3}, "at least 3"), ({"n": 2.5}, "whole number"),
     ({"seed": -1}, "non-negative"), ({"size": (32, 640)}, "too small"),
     ({"size": "big"}, "height, width"),
 ])

@@ -70,20 +70,18 @@ def test_kinds_found_on_bccd(report):
         "metadata_mismatch", "foreign_annotation", "near_duplicate_image"}
 
 
-def test_dropped_objects_match_the_loader(report):
+def test_dropped_objects_match_the_loader_and_are_errors(report):
+    """BCCD has 9 errors, the boxes the loader drops: the report is not ok."""
     errors = {(i.image, i.object): i.kind for i in report.issues if i.severity == "error"}
     assert errors == DROPPED
-    for issue in report.by_kind("zero_area") + report.by_kind("near_duplicate_box"):
-        assert issue.image.startswith("BloodImage_") and isinstance(issue.object, int)
-        assert "dropped" in issue.action
+    assert sum(row["error"] for row in report.counts().values()) == len(DROPPED)
+    assert report.ok is False
 
 
 def test_class_size_outliers(report):
     assert keys(report, "class_size_outlier", "warning") == MISLABELS
     detail = {(i.image, i.object): i.detail for i in report.by_kind("class_size_outlier")}
-    assert "wbc box 31x27 px" in detail[("BloodImage_00113", 12)]
-    assert "fits platelets" in detail[("BloodImage_00113", 12)]
-    assert "fits wbc" in detail[("BloodImage_00133", 9)]
+    assert "fits platelets" in detail[("BloodImage_00113", 12)]      # a platelet boxed as wbc
     assert all(i.severity == "info" for i in report.by_kind("class_size_outlier")
                if (i.image, i.object) not in MISLABELS)
 
@@ -99,9 +97,6 @@ def test_missing_classes(report):
 def test_foreign_annotations_and_metadata(report):
     assert keys(report, "foreign_annotation") == {(image, None) for image in FOREIGN}
     assert keys(report, "metadata_mismatch") == {(image, None) for image in FOREIGN}
-    detail = report.by_kind("foreign_annotation")[0].detail
-    assert 'verified="no"' in detail and "2 spaces instead of a tab" in detail
-    assert "<folder> is 'RBC'" in report.by_kind("metadata_mismatch")[0].detail
 
 
 def test_same_field_of_view_pairs(report):
@@ -109,8 +104,7 @@ def test_same_field_of_view_pairs(report):
     assert pairs == SAME_FIELD
     issues = {i.image: i for i in report.by_kind("near_duplicate_image")}
     crossing = issues["BloodImage_00227"]
-    assert crossing.severity == "warning" and "crosses splits" in crossing.detail
-    assert "BloodImage_00260" in crossing.detail and "test" in crossing.detail
+    assert crossing.severity == "warning" and "BloodImage_00260" in crossing.detail
     assert issues["BloodImage_00231"].severity == "info"
     assert sum(i.severity == "warning" for i in issues.values()) == sum(
         a != b for a, b in SAME_FIELD.values())
@@ -145,12 +139,6 @@ def test_text(report):
     assert "BloodImage_00338 object 12" in text
 
 
-def test_ok_is_false_when_errors_are_reported(report):
-    """BCCD has 9 errors: the boxes the loader drops."""
-    assert report.ok is False
-    assert sum(row["error"] for row in report.counts().values()) == len(DROPPED)
-
-
 def _cli_validate(*args):
     return subprocess.run([sys.executable, "-m", "medaidet", "data", "validate", *args],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
@@ -174,11 +162,8 @@ def test_cli_exits_0_without_errors(tmp_path):
 
 
 def test_cli_without_data_says_how_to_get_it(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "medaidet", "data", "validate",
-                             str(tmp_path / "nowhere")], capture_output=True, text=True,
-                            cwd=REPO, timeout=300)
-    assert result.returncode == 2
-    assert "BCCD not found" in result.stderr and "medaidet data download" in result.stderr
+    result = _cli_validate(str(tmp_path / "nowhere"))
+    assert result.returncode == 2 and "medaidet data download" in result.stderr
 
 
 def test_an_image_without_objects_is_not_missing_a_class(tmp_path):
@@ -189,9 +174,6 @@ def test_an_image_without_objects_is_not_missing_a_class(tmp_path):
     edit_objects(root, [empty])
     report = validate_dataset(root)
     assert report.issues == [] and report.ok
-    assert _cli_validate(str(root)).returncode == 0
-
-
 
 
 def test_an_id_listed_in_trainval_alone_is_validated(tmp_path, bccd_root):

@@ -12,7 +12,6 @@ from txl_links import find_bccd_images, links_tsv
 from medaidet.errors import MedaidetError
 
 
-
 def test_the_shipped_table_links_221_bccd_images_by_bccds_own_splits(bccd_root):
     links = bccd_links()
     assert len(links) == 221 and len({link.bccd_id for link in links}) == 221
@@ -82,8 +81,6 @@ def test_no_bccd_val_or_test_image_reaches_training_through_txl_pbcs_splits(bccd
     from medaidet.training.config import TrainConfig
     from medaidet.training.train import Recipe
     held_out = set(read_split(bccd_root, "val")) | set(read_split(bccd_root, "test"))
-    in_txl_train = {link.bccd_id for link in bccd_links() if link.txl_split == "train"}
-    assert len(in_txl_train & held_out) == 64
     train = BCCDDataset(split="train", labels="txl-pbc")
     assert not set(train.ids) & held_out
     assert set(train.ids) <= set(read_split(bccd_root, "train"))
@@ -110,10 +107,8 @@ def test_without_txl_pbc_the_re_annotation_says_how_to_get_it(bccd_root, tmp_pat
     monkeypatch.setenv("MEDAIDET_TXL_PBC", str(tmp_path / "nowhere"))
     with pytest.raises(DataError) as info:
         BCCDDataset(split="test", labels="txl-pbc")
-    message = str(info.value)
-    for needle in ("TXL-PBC not found", "MEDAIDET_TXL_PBC", "medaidet data download --dataset "
-                   "txl-pbc", "056d09e45403f4d1321b99cdb2cfcc3eb605edcf", "TXL_PBC/labels"):
-        assert needle in message
+    assert info.value.kind == "not_found"
+    assert "medaidet data download --dataset txl-pbc" in str(info.value)
 
 
 def test_sources_by_image_size(txl_root):

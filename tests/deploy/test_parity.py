@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run_python
-from medaidet.extras.deploy import box_iou
-from medaidet.extras.deploy import compare_detections
+from medaidet.extras.deploy import box_iou, compare_detections
 
 NMS = 0.45
 # weights whose notebook 09 parity check failed (one box 2.2 px off); CI has ../shared

@@ -1,5 +1,6 @@
 """web/: the page counts cells in headless Chromium as OnnxDetector does. Skipped without a
 browser, Playwright or npm, except under CI_REQUIRE_BROWSER=1 (.ci/run), where it fails."""
+import contextlib
 import functools
 import http.server
 import os
@@ -10,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medaidet.extras.deploy import OnnxDetector, read_rgb
-from medaidet.extras.deploy import export_onnx
+from medaidet.extras.deploy import OnnxDetector, box_iou, export_onnx, read_rgb
 from medaidet.ssd.weights import shipped_weights
 
 from conftest import REPO, npm_ci
@@ -52,48 +52,46 @@ def site(tmp_path_factory, browser_path):
     server.shutdown()
 
 
+@contextlib.contextmanager
+def _ready_page(site, browser_path, errors=None, **options):
+    """A headless Chromium page on the site once the model is loaded; page errors to ``errors``."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("the playwright package is not installed (pip install -e '.[test]')")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, headless=True,
+                                    args=["--no-sandbox"])
+        page = browser.new_page(**options)
+        if errors is not None:
+            page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(site[1])
+        page.wait_for_selector('#status[data-state="ready"]', timeout=60_000)
+        yield page
+        browser.close()
+
+
 def _match(ours, theirs):
     """Pairs of the page's and Python's detections of one class, by IoU (greedy, best first)."""
     pairs, free = [], list(range(len(theirs)))
     for box in ours:
         if not free:
             break
-        ious = [_iou(box, theirs[j]) for j in free]
+        ious = box_iou(np.array([box], float), np.array([theirs[j] for j in free], float))[0]
         best = int(np.argmax(ious))
         pairs.append((box, theirs[free[best]], ious[best]))
         free.pop(best)
     return pairs
 
 
-def _iou(a, b):
-    top, left = max(a[0], b[0]), max(a[1], b[1])
-    bottom, right = min(a[2], b[2]), min(a[3], b[3])
-    if top >= bottom or left >= right:
-        return 0.0
-    overlap = (bottom - top) * (right - left)
-    area = lambda box: (box[2] - box[0]) * (box[3] - box[1])  # noqa: E731
-    return overlap / (area(a) + area(b) - overlap)
-
-
 @pytest.mark.slow(seconds=14)
 def test_the_page_counts_as_the_python_detector(site, browser_path, bccd_root, tmp_path):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("the playwright package is not installed (pip install -e '.[test]')")
-    root, url = site
-    detector = OnnxDetector(root / "model.onnx")
+    detector = OnnxDetector(site[0] / "model.onnx")
     images = sorted((bccd_root / "JPEGImages").glob("*.jpg"))[:3]
     shots = Path(os.environ.get("MEDAIDET_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=browser_path, headless=True,
-                                    args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 900, "height": 1000})
-        errors = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(url)
-        page.wait_for_selector('#status[data-state="ready"]', timeout=60_000)
+    errors = []
+    with _ready_page(site, browser_path, errors, viewport={"width": 900, "height": 1000}) as page:
         for image in images:
             page.set_input_files("#file", str(image))
             page.wait_for_function(
@@ -116,7 +114,6 @@ def test_the_page_counts_as_the_python_detector(site, browser_path, bccd_root, t
                      for name in detector.label_names}
             assert shown == expected
         page.screenshot(path=str(shots / "web_page.png"), full_page=True)
-        browser.close()
     assert errors == []
     assert (shots / "web_page.png").stat().st_size > 10_000
 
@@ -125,24 +122,14 @@ def test_the_page_counts_as_the_python_detector(site, browser_path, bccd_root, t
 def test_a_failed_or_superseded_pick_never_shows_another_images_results(site, browser_path,
                                                                        bccd_root, tmp_path):
     """A non-image clears the previous results; a slow pick never overwrites a later one."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("the playwright package is not installed (pip install -e '.[test]')")
     from PIL import Image
-    _, url = site
     good = bccd_root / "JPEGImages" / "BloodImage_00000.jpg"
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"not an image at all")
     slow = tmp_path / "slow.png"           # a large PNG: decoded and resized for longer
     with Image.open(good) as img:
         img.resize((4800, 3600)).save(slow)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=browser_path, headless=True,
-                                    args=["--no-sandbox"])
-        page = browser.new_page()
-        page.goto(url)
-        page.wait_for_selector('#status[data-state="ready"]', timeout=60_000)
+    with _ready_page(site, browser_path) as page:
         page.set_input_files("#file", str(good))
         page.wait_for_function("window.medaidetResult", timeout=60_000)
         page.set_input_files("#file", str(broken))
@@ -169,4 +156,3 @@ def test_a_failed_or_superseded_pick_never_shows_another_images_results(site, br
         page.wait_for_timeout(4000)          # the slow pick finishes meanwhile
         assert page.evaluate("window.medaidetResult.image") == "fast.jpg"
         assert page.inner_text("#status").startswith("fast.jpg: ")
-        browser.close()

@@ -5,12 +5,10 @@ import subprocess
 
 import pytest
 
-from medaidet.extras.deploy import OnnxDetector, read_rgb
-from medaidet.extras.deploy import export_onnx
+from medaidet.extras.deploy import OnnxDetector, export_onnx, read_rgb
 from medaidet.ssd.weights import shipped_weights
 
 from conftest import REPO, python312
-
 
 
 @pytest.mark.slow(seconds=93)

@@ -26,6 +26,7 @@ NOTEBOOK = REPO / "notebooks" / "00_environment.ipynb"
 TOOL = REPO / "tools" / "set_colab.py"
 README = REPO / "README.md"
 URL = colab_tools.repository_url(REPO / "pyproject.toml")
+TAG = colab_tools.SETUP_CELL_TAG
 CELL = colab_tools.setup_cell(URL)                    # what notebooks 00-07 start with
 MPI_CELL = colab_tools.setup_cell(URL, ["mpi"])       # notebook 08's
 
@@ -60,12 +61,6 @@ def no_processes(monkeypatch):
     monkeypatch.setattr(os, "system", _forbid)
 
 
-def _exec(source):
-    namespace = {"__name__": "__main__"}
-    exec(compile(source, "<colab-setup>", "exec"), namespace)
-    return namespace
-
-
 def _clean_env(**extra):
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP",
@@ -82,16 +77,14 @@ def test_cell_is_short_plain_python(cell):
     assert not any(line.lstrip().startswith(("!", "%")) for line in lines)
     assert "exec(" not in cell and "eval(" not in cell
     assert "pip" not in cell   # medaidet.env.colab.setup installs, with NumPy held
+    # the URL once; its variable named in the comment, read once, and named in the error
+    assert cell.count(URL) == 1 and cell.count(colab.REPO_ENV) == 3
 
 
-def test_repository_url_is_pyprojects_and_written_once_in_the_cell():
+def test_repository_url_is_pyprojects_and_the_cells_end_in_setup():
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert URL == project["urls"]["Repository"]
-    for cell in (CELL, MPI_CELL):
-        assert cell.count(URL) == 1
-        # named in the comment, read once, and named in the error that says how to set it
-        assert cell.count(colab.REPO_ENV) == 3
     assert MPI_CELL.splitlines()[0].startswith("# @title Setup · on Google Colab: install "
                                                "medaidet[mpi] ")
     assert MPI_CELL.splitlines()[-1].endswith('setup(home, extras=["mpi"])')
@@ -109,34 +102,35 @@ def test_repository_url_on_python_310_without_tomllib(tmp_path, monkeypatch):
         colab_tools.repository_url(pyproject)
 
 
-def test_readme_badges_are_pyprojects_repository():
-    assert colab_tools.update_readme_badges(README, URL, NOTEBOOKS, write=False) is False, \
-        "README's Colab badges differ from pyproject's Repository: run python tools/set_colab.py"
-    text = README.read_text(encoding="utf-8")
+@pytest.mark.parametrize("readme, folder", [("README.md", ""), ("README.ja.md", "ja/")])
+def test_readme_badges_are_pyprojects_repository(readme, folder):
+    notebooks = sorted((REPO / "notebooks" / folder).glob("*.ipynb"))
+    assert colab_tools.update_readme_badges(REPO / readme, URL, notebooks, write=False) is False, \
+        f"{readme}'s Colab badges differ from pyproject's Repository: run tools/set_colab.py"
+    text = (REPO / readme).read_text(encoding="utf-8")
     table = text[text.index(colab_tools.BADGES_BEGIN):text.index(colab_tools.BADGES_END)]
     slug = colab_tools.repository_slug(URL)
-    assert table.count(f"/github/{slug}/blob/main/notebooks/") == len(NOTEBOOKS) == 11
+    assert table.count(f"/github/{slug}/blob/main/notebooks/{folder}") == len(notebooks) == 11
 
 
 def test_notebooks_name_the_extras_they_use():
+    extras = {}
     for notebook in NOTEBOOKS:
         nb = nbformat.read(str(notebook), as_version=nbformat.NO_CONVERT)
         code = "\n".join(c.source for c in nb.cells[1:] if c.cell_type == "code")
         uses = {"mpi": any(word in code for word in ("mpiexec", "mpi4py", "chainermn")),
                 "export": any(word in code for word in ("import onnx", "export_onnx"))}
-        assert colab_tools.notebook_extras(nb) == [e for e, used in uses.items() if used], notebook.name
-    assert {p.name: colab_tools.notebook_extras(nbformat.read(str(p), as_version=4))
-            for p in NOTEBOOKS if colab_tools.notebook_extras(nbformat.read(str(p), as_version=4))} \
-        == {"08_scaling.ipynb": ["mpi"], "09_using_the_detector.ipynb": ["export"]}
+        extras[notebook.name] = colab_tools.notebook_extras(nb)
+        assert extras[notebook.name] == [e for e, used in uses.items() if used], notebook.name
+    assert {name: e for name, e in extras.items() if e} == {
+        "08_scaling.ipynb": ["mpi"], "09_using_the_detector.ipynb": ["export"]}
 
 
 def test_noop_outside_colab(monkeypatch, no_processes):
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
     path_before, cwd_before = list(sys.path), os.getcwd()
-    start = time.perf_counter()
-    namespace = _exec(MPI_CELL)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 0.05, f"the setup cell took {elapsed:.3f} s outside Colab"
+    namespace = {"__name__": "__main__"}
+    exec(compile(MPI_CELL, "<colab-setup>", "exec"), namespace)   # no process, no import
     assert "setup" not in namespace and "repo" not in namespace
     assert sys.path == path_before and os.getcwd() == cwd_before
 
@@ -186,71 +180,61 @@ def stand_in_colab(tmp_path):
     return site
 
 
-def _run_cell_here(stand_in, tmp_path, **env):
-    """The cell in a fresh interpreter of this environment, on the stand-in Colab."""
+def _run_cell_here(stand_in, tmp_path, repo=None, home=None, **env):
+    """The cell in a fresh interpreter of this environment, on the stand-in Colab; its last line
+    of stderr. ``home`` is the clone's folder (default: tmp_path/content/medaidet)."""
     code = ("import google.colab\n"
             f"exec(compile({CELL!r}, '<colab-setup>', 'exec'))\n"
             "import os; print('cwd:', os.getcwd())\n")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    env[colab.COLAB_DIR_ENV] = str(home or tmp_path / "content" / "medaidet")
+    if repo:
+        env[colab.REPO_ENV] = repo
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120,
                           env=_clean_env(PYTHONPATH=os.pathsep.join([str(stand_in), str(REPO)]),
                                          **env))
+    return done, (done.stderr.strip().splitlines() or [""])[-1]
 
 
-@pytest.mark.parametrize("repo", [None, "https://github.com/<you>/medaidet"])
+@pytest.mark.parametrize("repo", [None, "https://github.com/<you>/medaidet",
+                                  "--upload-pack=touch {marker}"])   # must not reach git
 def test_placeholder_repo_says_how_to_set_it(stand_in_colab, tmp_path, repo):
-    home = tmp_path / "content" / "medaidet"
-    env = {colab.COLAB_DIR_ENV: str(home), **({colab.REPO_ENV: repo} if repo else {})}
-    done = _run_cell_here(stand_in_colab, tmp_path, **env)
+    repo = repo and repo.format(marker=tmp_path / "git-ran-an-option")
+    done, last = _run_cell_here(stand_in_colab, tmp_path, repo)
     assert done.returncode != 0
-    last = done.stderr.strip().splitlines()[-1]
     assert last == ("RuntimeError: Set the repository first: "
                     "%env MEDAIDET_REPO=https://github.com/<you>/medaidet"), done.stderr
-    assert not home.exists()
+    assert not (tmp_path / "content").exists() and not (tmp_path / "git-ran-an-option").exists()
 
 
 def test_without_git_the_cell_says_so(stand_in_colab, tmp_path):
-    home = tmp_path / "content" / "medaidet"
-    empty = tmp_path / "bin"
-    empty.mkdir()
-    done = _run_cell_here(stand_in_colab, tmp_path, PATH=str(empty), **{
-        colab.REPO_ENV: "https://github.com/o/medaidet", colab.COLAB_DIR_ENV: str(home)})
-    last = done.stderr.strip().splitlines()[-1]
-    assert done.returncode != 0 and last.startswith("RuntimeError: git is not installed"), done.stderr
-    assert str(home) in last and not home.exists()
+    (tmp_path / "bin").mkdir()
+    done, last = _run_cell_here(stand_in_colab, tmp_path, "https://github.com/o/medaidet",
+                                PATH=str(tmp_path / "bin"))
+    assert done.returncode != 0 and last.startswith("RuntimeError: git is not installed"), last
+    assert str(tmp_path / "content" / "medaidet") in last
+    assert not (tmp_path / "content").exists()
 
 
-def test_bad_repo_fails_at_the_clone(stand_in_colab, tmp_path):
+def test_a_bad_repo_fails_at_the_clone_and_an_existing_folder_is_never_skipped(stand_in_colab,
+                                                                               tmp_path):
     home = tmp_path / "content" / "medaidet"
-    done = _run_cell_here(stand_in_colab, tmp_path, **{colab.REPO_ENV: str(tmp_path / "none"),
-                                                       colab.COLAB_DIR_ENV: str(home)})
+    done, _ = _run_cell_here(stand_in_colab, tmp_path, str(tmp_path / "none"))
     assert done.returncode != 0 and "CalledProcessError" in done.stderr, done.stderr
     assert "'git', 'clone'" in done.stderr and not home.exists()
-
-
-def test_an_option_as_repo_is_refused_and_an_existing_folder_is_never_skipped(stand_in_colab,
-                                                                              tmp_path):
-    home = tmp_path / "content" / "medaidet"
-    marker = tmp_path / "git-ran-an-option"
-    done = _run_cell_here(stand_in_colab, tmp_path, **{
-        colab.REPO_ENV: f"--upload-pack=touch {marker}", colab.COLAB_DIR_ENV: str(home)})
-    assert done.returncode != 0 and "Set the repository first" in done.stderr, done.stderr
-    assert not marker.exists() and not home.exists()
     home.mkdir(parents=True)            # an empty folder (a failed earlier clone): cloned into
-    done = _run_cell_here(stand_in_colab, tmp_path, **{colab.REPO_ENV: str(tmp_path / "none"),
-                                                       colab.COLAB_DIR_ENV: str(home)})
+    done, _ = _run_cell_here(stand_in_colab, tmp_path, str(tmp_path / "none"))
     assert "'git', 'clone', '-q', '--'" in done.stderr, done.stderr
     (home / "notes.txt").write_text("mine")    # someone's folder: named, not imported from
-    done = _run_cell_here(stand_in_colab, tmp_path, **{colab.COLAB_DIR_ENV: str(home)})
-    assert done.returncode != 0, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == (
+    done, last = _run_cell_here(stand_in_colab, tmp_path)
+    assert done.returncode != 0 and last == (
         f"RuntimeError: {home} holds files but no medaidet clone: empty it, or "
-        "%env MEDAIDET_COLAB_DIR=<another folder>")
+        "%env MEDAIDET_COLAB_DIR=<another folder>"), done.stderr
 
 
 def test_cell_with_clone_installed_and_stack_ok_only_changes_directory(stand_in_colab, tmp_path):
     assert medaidet_tools.stack.status().ok, "this environment's stack is incomplete"
-    done = _run_cell_here(stand_in_colab, tmp_path, **{colab.COLAB_DIR_ENV: str(REPO)})
+    done, _ = _run_cell_here(stand_in_colab, tmp_path, home=REPO)
     assert done.returncode == 0, done.stderr
     assert "$ " not in done.stdout  # no command run
     assert done.stdout.splitlines()[-1] == f"cwd: {REPO / 'notebooks'}"
@@ -262,7 +246,6 @@ def test_setup_streams_a_failing_command_and_names_it(capsys):
                    " sys.exit(3)")
     printed = capsys.readouterr().out
     assert "out\n" in printed and "err\n" in printed
-
 
 
 def _git(*args, cwd=None):
@@ -390,9 +373,7 @@ def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_p
         assert report["numpy"] == report["numpy_installed"] == STAND_IN_PINS["numpy"]
         assert "installing medaidet (missing: medaidet)" in done.stdout
         assert "stack install --cuda auto" in done.stdout
-        assert f"OpenCV: keeping opencv-python {STAND_IN_PINS['opencv-python']}" in done.stdout
-        assert "CuPy: none installed (no NVIDIA GPU found" in done.stdout
-        assert colabs_packages() == STAND_IN_PINS     # nothing of Colab's replaced
+        assert colabs_packages() == STAND_IN_PINS     # nothing of Colab's replaced (OpenCV)
         assert installed("mpi4py") == ""   # notebooks 00-07 need no MPI
 
         # As `medaidet course run --profile smoke`; the venv's python is the kernel (via PATH).
@@ -434,19 +415,12 @@ def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_p
             record["map_voc"], abs=1e-3)
 
         shown = notebook("00_environment", draws=False)
-        pins = STAND_IN_PINS
-        assert f"python    {python_version} {python}\n" in shown, shown[:2000]
-        for line in (f"numpy     {pins['numpy']}\n", "cupy      none\n",
-                     "profile   smoke (as requested) [medaidet course run]\n"):
-            assert line in shown, line
-        cv2 = ".".join(pins["opencv-python"].split(".")[:3])     # cv2.__version__: 5.0.0
-        for row in (rf"python\s+OK\s+{python_version}\n",
-                    rf"numpy\s+OK\s+{pins['numpy']} \(supported",
+        assert f"python    {python_version} {python}\n" in shown, shown[:2000]   # the kernel
+        cv2 = ".".join(STAND_IN_PINS["opencv-python"].split(".")[:3])   # cv2.__version__: 5.0.0
+        for row in (rf"numpy\s+OK\s+{STAND_IN_PINS['numpy']} \(supported",
                     r"chainer\s+OK\s+7\.8\.1\+medaidet", r"cupy\s+SKIP\s+no CuPy",
-                    rf"opencv\s+OK\s+{cv2},",
-                    r"\d+ ok, \d+ warn, 0 fail, \d+ skip"):
+                    rf"opencv\s+OK\s+{cv2},", r"\d+ ok, \d+ warn, 0 fail, \d+ skip"):
             assert re.search(row, shown), row
-        assert "environment ok (" in shown and "profile 'smoke': continue with 01_data" in shown
 
         shown = notebook("03_training")
         model = out / "runs" / "smoke" / "model.npz"
@@ -486,26 +460,26 @@ def test_setup_stops_at_a_numpy_newer_than_the_stack_supports(site_dir, tmp_path
 def test_notebook_starts_with_the_setup_cell(notebook):
     nb = nbformat.read(str(notebook), as_version=nbformat.NO_CONVERT)
     first = nb.cells[0]
-    assert first.cell_type == "code" and colab_tools.SETUP_CELL_TAG in first.metadata.get("tags", [])
+    assert first.cell_type == "code" and TAG in first.metadata.get("tags", [])
     assert len(colab_tools.setup_cells(nb)) == 1
-    if first.source != colab_tools.notebook_setup_cell(nb, URL):
-        pytest.fail(f"{notebook.name}: its colab-setup cell is not the one for pyproject's "
-                    f"Repository and its extras; run: python tools/set_colab.py", pytrace=False)
-    assert first.source == {"08_scaling.ipynb": MPI_CELL,
-                            "09_using_the_detector.ipynb": colab_tools.setup_cell(URL, ["export"])
-                            }.get(notebook.name, CELL)
-    assert first.get("outputs") == [] and first.get("execution_count") is None
+    assert first.source == colab_tools.notebook_setup_cell(nb, URL), \
+        f"{notebook.name}: not the setup cell of pyproject's Repository: run tools/set_colab.py"
     # a reader sees one line: Colab's form view shows the title, Jupyter folds the code
     assert first.source.splitlines()[0].startswith("# @title ")
     assert first.metadata.get("cellView") == "form"
     assert first.metadata.get("jupyter", {}).get("source_hidden") is True
 
 
+def _without_setup_cell():
+    """Notebook 00 as it was before its setup cell (the committed one has it)."""
+    nb = nbformat.read(str(NOTEBOOK), as_version=nbformat.NO_CONVERT)
+    nb.cells = [c for c in nb.cells if TAG not in c.metadata.get("tags", [])]
+    return nb
+
+
 def test_insert_setup_cell_is_first_idempotent_and_clean(tmp_path):
     path = tmp_path / NOTEBOOK.name
-    original = nbformat.read(str(NOTEBOOK), as_version=nbformat.NO_CONVERT)
-    original.cells = [c for c in original.cells  # the committed notebook has the cell already
-                      if colab_tools.SETUP_CELL_TAG not in c.metadata.get("tags", [])]
+    original = _without_setup_cell()
     nbformat.write(original, str(path))
 
     assert colab_tools.insert_setup_cell(path, URL) is True
@@ -517,26 +491,21 @@ def test_insert_setup_cell_is_first_idempotent_and_clean(tmp_path):
     nbformat.validate(nb)
     cell = nb.cells[0]
     assert cell.cell_type == "code" and cell.id == colab_tools.SETUP_CELL_ID
-    assert cell.metadata == {"tags": [colab_tools.SETUP_CELL_TAG], **colab_tools.SETUP_CELL_METADATA}
-    assert cell.source == CELL
-    assert cell.outputs == [] and cell.execution_count is None
+    assert cell.metadata == {"tags": [TAG], **colab_tools.SETUP_CELL_METADATA}
+    assert cell.source == CELL and cell.outputs == [] and cell.execution_count is None
     assert len(colab_tools.setup_cells(nb)) == 1
-    assert [c.source for c in nb.cells[1:]] == [c.source for c in original.cells]
-    assert nb.metadata == original.metadata
+    assert nb.cells[1:] == original.cells and nb.metadata == original.metadata  # tags included
     assert first_bytes.endswith(b"\n")
 
 
 def test_insert_setup_cell_replaces_an_old_cell_keeping_id_and_tag(tmp_path):
     path = tmp_path / NOTEBOOK.name
-    nb = nbformat.read(str(NOTEBOOK), as_version=nbformat.NO_CONVERT)
-    nb.cells = [c for c in nb.cells if colab_tools.SETUP_CELL_TAG not in c.metadata.get("tags", [])]
+    nb = _without_setup_cell()
     nb.metadata["medaidet"] = {"extras": ["mpi"]}
     rest = [c.source for c in nb.cells]
     old = nbformat.v4.new_code_cell("REPO_URL = 'x'  # the old 53-line cell", id="old-setup")
-    old.metadata["tags"] = [colab_tools.SETUP_CELL_TAG]
-    old.metadata["collapsed"] = True
-    old.outputs = [nbformat.v4.new_output("stream", text="x")]
-    old.execution_count = 4
+    old.metadata.update(tags=[TAG], collapsed=True)
+    old.outputs, old.execution_count = [nbformat.v4.new_output("stream", text="x")], 4
     nb.cells.insert(2, old)
     nbformat.write(nb, str(path))
 
@@ -545,8 +514,7 @@ def test_insert_setup_cell_replaces_an_old_cell_keeping_id_and_tag(tmp_path):
     assert len(colab_tools.setup_cells(nb)) == 1
     first = nb.cells[0]
     assert first.source == MPI_CELL and first.id == "old-setup"
-    assert first.metadata == {"tags": [colab_tools.SETUP_CELL_TAG], "collapsed": True,
-                              **colab_tools.SETUP_CELL_METADATA}
+    assert first.metadata == {"tags": [TAG], "collapsed": True, **colab_tools.SETUP_CELL_METADATA}
     assert first.outputs == [] and first.execution_count is None
     assert [c.source for c in nb.cells[1:]] == rest
 
@@ -559,10 +527,7 @@ def test_tool_writes_a_new_repository_into_every_cell_and_the_badges(tmp_path):
         f'Repository = "{URL}"', f'Repository = "{new_url}"'), encoding="utf-8")
     readme = tmp_path / "README.md"
     shutil.copy(README, readme)
-    copies = []
-    for notebook in NOTEBOOKS:
-        shutil.copy(notebook, tmp_path / notebook.name)
-        copies.append(tmp_path / notebook.name)
+    copies = [Path(shutil.copy(notebook, tmp_path / notebook.name)) for notebook in NOTEBOOKS]
     options = ["--pyproject", str(pyproject), "--readme", str(readme)]
 
     def tool(*args):
@@ -578,9 +543,10 @@ def test_tool_writes_a_new_repository_into_every_cell_and_the_badges(tmp_path):
     for original, copy in zip(NOTEBOOKS, copies):
         before = nbformat.read(str(original), as_version=nbformat.NO_CONVERT)
         after = nbformat.read(str(copy), as_version=nbformat.NO_CONVERT)
-        assert after.cells[0].source == colab_tools.setup_cell(new_url, colab_tools.notebook_extras(before))
-        assert after.cells[0].id == before.cells[0].id
-        assert after.cells[0].metadata == before.cells[0].metadata
+        assert after.cells[0].source == colab_tools.setup_cell(
+            new_url, colab_tools.notebook_extras(before))
+        assert (after.cells[0].id, after.cells[0].metadata) == (before.cells[0].id,
+                                                                before.cells[0].metadata)
         assert after.cells[1:] == before.cells[1:] and after.metadata == before.metadata
     old_text, new_text = README.read_text(encoding="utf-8"), readme.read_text(encoding="utf-8")
     assert f"\ngit clone {URL}.git\n" in old_text
@@ -595,15 +561,6 @@ def test_tool_writes_a_new_repository_into_every_cell_and_the_badges(tmp_path):
     assert tool("--check").returncode == 0
 
 
-def test_notebook_with_setup_cell_still_has_its_parameters_cell(tmp_path):
-    path = tmp_path / NOTEBOOK.name
-    shutil.copy(NOTEBOOK, path)
-    colab_tools.insert_setup_cell(path, URL)
-    nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
-    tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1 and tagged[0] > 0
-
-
 def test_colab_badge():
     badge = colab_tools.colab_badge("someone/medaidet", "notebooks/03_training.ipynb")
     assert badge == (
@@ -616,7 +573,7 @@ def test_colab_badge():
     for bad in ("medaidet", "a/b/c", "/medaidet", ""):
         with pytest.raises(ValueError):
             colab_tools.colab_badge(bad, "00_environment.ipynb")
-    assert colab_tools.repository_slug("https://github.com/someone/medaidet.git") == "someone/medaidet"
+    assert colab_tools.repository_slug("https://github.com/o/medaidet.git") == "o/medaidet"
     for bad in ("https://gitlab.com/a/b", "https://github.com/a", "/content/medaidet"):
         with pytest.raises(ValueError, match="not a GitHub repository URL"):
             colab_tools.repository_slug(bad)

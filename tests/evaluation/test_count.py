@@ -8,6 +8,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from medaidet import cli
+from medaidet.errors import ConfigError
 from medaidet.evaluation.count import RBC_NOTE, count_cells, plot_counts
 from medaidet.evaluation.count import SWEEP_NOTE, SweepResult, plot_sweep, threshold_sweep
 from medaidet.evaluation.evaluate import Predictions
@@ -70,12 +71,6 @@ def test_per_image_table_text_and_json():
     assert d["per_class"]["rbc"]["mae"] == 1.5 and len(d["per_image"]) == 2
 
 
-def test_rbc_note_explains_the_bias():
-    for words in ("incomplete", "missing_class", "over-count", "border", "clump",
-                  "disagree", "confidence", "on val"):
-        assert words in RBC_NOTE
-
-
 def test_set_aside_images_are_reported_apart_and_named():
     result = count_cells(known_case(), 0.5, set_aside={"img1": "no rbc box", "other": "x"})
     assert result.set_aside == {"img1": "no rbc box"}         # ids not predicted: ignored
@@ -87,21 +82,18 @@ def test_set_aside_images_are_reported_apart_and_named():
     np.testing.assert_allclose(rest.mae, [2.0, 0.0, 1.0])
     text = str(result)
     assert "(1 kept)" in text and "img1: no rbc box" in text
-    assert "flags missing_class; 1 no rbc box)" in text
-
+    assert "img1: no rbc box" in result._repr_markdown_()
+    assert "kept" not in str(count_cells(known_case(), 0.5))
     d = json.loads(result.to_json())
     assert d["set_aside"] == {"img1": "no rbc box"}
     assert d["without_set_aside"]["n_images"] == 1
     assert d["without_set_aside"]["per_class"]["platelets"]["relative_error"] == 0.5
-    assert "img1: no rbc box" in result._repr_markdown_()
-    assert "kept" not in str(count_cells(known_case(), 0.5))
-
-
-def test_set_aside_says_how_many_images_lack_each_class():
-    result = count_cells(known_case(), 0.5, set_aside={"img0": "no wbc box",
-                                                       "img1": "no rbc box; no wbc box"})
-    assert result.set_aside_reasons() == {"no wbc box": 2, "no rbc box": 1}
-    assert "(2 images the validator flags missing_class; 2 no wbc box, 1 no rbc box)" in str(result)
+    # how many images lack each class
+    both = count_cells(known_case(), 0.5, set_aside={"img0": "no wbc box",
+                                                     "img1": "no rbc box; no wbc box"})
+    assert both.set_aside_reasons() == {"no wbc box": 2, "no rbc box": 1}
+    assert "(2 images the validator flags missing_class; 2 no wbc box, 1 no rbc box)" \
+        in str(both)
 
 
 def test_count_weights_sets_aside_the_images_the_validator_flags(bccd_root):
@@ -114,11 +106,6 @@ def test_count_weights_sets_aside_the_images_the_validator_flags(bccd_root):
                                         "BloodImage_00303", "BloodImage_00327"]
     assert result.set_aside["BloodImage_00303"] == "no rbc box"
     assert len(result.without_set_aside().ids) == 66
-
-
-def test_refuses_a_threshold_below_the_predictions():
-    with pytest.raises(ValueError):
-        count_cells(known_case(), 0.001)
 
 
 def sweep_case():
@@ -134,8 +121,6 @@ def test_threshold_sweep_known_curve_and_best_threshold():
     np.testing.assert_allclose(sweep.bias[:, 0], [2, 1, 0, -1, -2, -3])
     assert sweep.best_threshold["rbc"] == 0.5
     assert sweep.best_mae["rbc"] == 0.0
-    for l in range(3):
-        assert np.all(np.diff(sweep.bias[:, l]) <= 0)
     assert SWEEP_NOTE in str(sweep) and "| 0.5 | 0.00 |" in sweep._repr_markdown_()
     assert repr(sweep) == str(sweep)
     d = sweep.to_dict()
@@ -207,8 +192,6 @@ def test_count_scatter_shows_every_image_where_counts_coincide():
         assert drawn == expected
         labels = sorted(int(t.get_text()) for t in ax.texts)
         assert labels == sorted(int(k) for k in per_dot if k > 1), NAMES[l]
-    wbc = fig.axes[1]
-    assert sorted(t.get_text() for t in wbc.texts) == ["2", "43"]
     assert "area and number" in fig.get_suptitle()
 
 
@@ -219,10 +202,10 @@ def test_the_sweep_gives_each_class_its_own_scale():
     sweep = threshold_sweep(make_preds(pred, gt), [0.1, 0.25, 0.5, 0.75, 0.95])
     assert sweep.mae[:, 0].max() > 5 * sweep.mae[:, 1:].max()
     fig = plot_sweep(sweep)
-    assert [ax.get_title() for ax in fig.axes] == list(NAMES)
     for l, ax in enumerate(fig.axes):
         low, high = ax.get_ylim()
-        assert low == 0 and sweep.mae[:, l].max() <= high <= 1.5 * sweep.mae[:, l].max(), NAMES[l]
+        most = sweep.mae[:, l].max()
+        assert low == 0 and most <= high <= 1.5 * most, NAMES[l]
         star = [line for line in ax.lines if line.get_marker() == "*"]
         assert len(star) == 1 and star[0].get_xdata()[0] == sweep.best_threshold[NAMES[l]]
 
@@ -255,28 +238,27 @@ def test_threshold_change_follows_each_image_and_adds_up_to_the_mae():
     assert (change.gained, change.lost) == (2, 3)
     assert change.mae_after - change.mae_before == pytest.approx((3 - 2) / 4)
     text = str(change)
-    assert "MAE 1.00 -> 1.00" not in text and "MAE 1.00 -> 1.25" in text
+    assert "MAE 1.00 -> 1.25" in text and "raised: no rbc count can rise" in text
     assert "img1: 2/3 -> 0/3 (error -1 -> -3)" in text and "img2: 4/3 -> 1/3" in text
-    assert "raised: no rbc count can rise" in text
-    assert "Of the 2 images listed, 1 were under-counted at 0.5; 2 moved further" in text
-    assert "1 moved closer to their annotation (by 2 cells in all), 2 further (by 3 cells)" in text
-    assert "(3 - 2) / 4 = +0.25 cells per image: it rises" in text
-    back = str(threshold_change(make_preds(pred, [[0, 0, 0]] * 4), "rbc", 0.6, 0.5))
-    assert "lowered: no rbc count can fall" in back and "it falls, although some" in back
-    same = threshold_change(make_preds(pred, [[0, 0, 0]] * 4), "rbc", 0.5, 0.5)
-    assert "nothing changes" in str(same)
-    from medaidet.errors import ConfigError
-    with pytest.raises(ConfigError, match="class_name"):
-        threshold_change(make_preds(pred, [[0, 0, 0]] * 4), "neutrophil", 0.5, 0.6)
-    with pytest.raises(ConfigError, match="images"):
-        threshold_change(make_preds(pred, [[0, 0, 0]] * 4), "rbc", 0.5, 0.6, images=["x"])
+    assert "1 moved closer to their annotation (by 2 cells in all), 2 further (by 3 cells)" \
+        in text
+    preds = make_preds(pred, [[0, 0, 0]] * 4)
+    back = str(threshold_change(preds, "rbc", 0.6, 0.5))
+    assert "lowered: no rbc count can fall" in back
+    assert "nothing changes" in str(threshold_change(preds, "rbc", 0.5, 0.5))
+    with pytest.raises(ConfigError, match="^class_name: "):
+        threshold_change(preds, "neutrophil", 0.5, 0.6)
+    with pytest.raises(ConfigError, match="^images: "):
+        threshold_change(preds, "rbc", 0.5, 0.6, images=["x"])
 
 
-def test_cli_parser_registers_count():
-    parser = cli.build_parser()
-    args = parser.parse_args(["count", "w.npz", "--score-thresh", "0.4", "--split", "val"])
+@pytest.mark.parametrize("value, expected", [("0.01", 0.01), ("1", 1.0), ("0.35", 0.35)])
+def test_cli_parser_registers_count_with_thresholds_from_the_predictions_to_one(value,
+                                                                                expected):
+    args = cli.build_parser().parse_args(["count", "w.npz", "--score-thresh", value, "--split",
+                                          "val"])
     assert (args.weights, args.split, args.score_thresh, args.device) == \
-        ("w.npz", "val", 0.4, "auto")
+        ("w.npz", "val", expected, "auto")
     assert callable(args.func)
 
 
@@ -301,37 +283,22 @@ def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["n_images"] == 2
 
 
-def _count_parser():
-    return cli.build_parser()
-
-
-@pytest.mark.parametrize("value", ["-1", "nan", "2", "inf", "0", "0.005", "half"])
-def test_cli_refuses_a_score_threshold_that_counts_nothing(value, capsys):
+@pytest.mark.parametrize("argv, named", [
+    *((["--score-thresh", v], f"--score-thresh: {v}") for v in ("-1", "nan", "2", "inf", "0",
+                                                                "0.005")),
+    (["--score-thresh", "half"], "--score-thresh: 'half'"),
+    (["--subset", "0"], "--subset: 0"), (["--batch-size", "0"], "--batch-size: 0")])
+def test_cli_refuses_a_number_that_counts_nothing(argv, named, capsys):
     with pytest.raises(SystemExit) as info:
-        _count_parser().parse_args(["count", "w.npz", "--score-thresh", value])
+        cli.build_parser().parse_args(["count", "w.npz", *argv])
     assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert f"argument --score-thresh: {value if value != 'half' else repr(value)} is" in err
-    assert "expected a number from" in err
+    assert f"argument {named} is " in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value, expected", [("0.01", 0.01), ("1", 1.0), ("0.35", 0.35)])
-def test_cli_accepts_thresholds_from_the_prediction_threshold_to_one(value, expected):
-    args = _count_parser().parse_args(["count", "w.npz", "--score-thresh", value])
-    assert args.score_thresh == expected
-
-
-@pytest.mark.parametrize("option", ["--subset", "--batch-size"])
-def test_cli_refuses_zero_subset_and_batch_size(option, capsys):
-    with pytest.raises(SystemExit):
-        _count_parser().parse_args(["count", "w.npz", option, "0"])
-    assert f"argument {option}: 0 is out of range" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("bad", [float("nan"), 2.0, -1.0, float("inf")])
-def test_count_cells_refuses_a_threshold_that_is_not_a_probability(bad):
-    from medaidet.errors import ConfigError
-    with pytest.raises(ConfigError, match=r"^score_thresh: .*expected a number from 0 to 1"):
+@pytest.mark.parametrize("bad", [float("nan"), 2.0, -1.0, float("inf"), 0.001])
+def test_count_cells_refuses_a_threshold_outside_the_predictions_to_one(bad):
+    """0.001: below the lowest score the predictions hold."""
+    with pytest.raises(ConfigError, match=r"^score_thresh: "):
         count_cells(known_case(), bad)
 
 
@@ -341,7 +308,6 @@ def test_count_cells_at_one_counts_only_saturated_scores():
 
 
 def test_threshold_sweep_refuses_bad_thresholds():
-    from medaidet.errors import ConfigError
     with pytest.raises(ConfigError, match="^thresholds: nan"):
         threshold_sweep(sweep_case(), [0.5, float("nan")])
     with pytest.raises(ConfigError, match="^thresholds: none given"):
@@ -350,7 +316,6 @@ def test_threshold_sweep_refuses_bad_thresholds():
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), 2, 0.001])
 def test_count_weights_checks_the_threshold_before_predicting(tmp_path, bad, no_prediction):
-    from medaidet.errors import ConfigError
     from medaidet.evaluation.count import count_weights
     weights = tmp_path / "model.npz"
     weights.write_bytes(b"")
@@ -367,7 +332,7 @@ def test_count_out_that_is_a_file_fails_before_predicting(tmp_path, bccd_root, n
     out.write_text("")
     assert main(["count", str(weights), "--root", str(bccd_root), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err
+    assert err.startswith(f"medaidet: error: --out: {out} ") and err.count("\n") == 1
 
 
 def test_report_count_errors_chooses_on_val_and_reports_test_once_with_its_interval():

@@ -8,7 +8,7 @@ import pytest
 from conftest import REPO, edit_objects, split_ids
 
 from medaidet import cli
-from medaidet.errors import MedaidetError, WeightsError
+from medaidet.errors import ConfigError, WeightsError
 from medaidet.evaluation.evaluate import evaluate, plot_pr_curves
 from medaidet.evaluation.evaluate import evaluate_weights
 from medaidet.evaluation.evaluate import Predictions
@@ -30,6 +30,12 @@ def make_gt(n_images=3):
                                dtype=np.float32))
         labels.append(np.array([0, 0, 1, 2], dtype=np.int32))
     return bboxes, labels
+
+
+def without_platelets(gb, gl):
+    """The boxes and labels of ``make_gt`` less each image's platelet."""
+    keep = [lb != 2 for lb in gl]
+    return [b[k] for b, k in zip(gb, keep)], [lb[k] for lb, k in zip(gl, keep)]
 
 
 def preds_from(pred_bboxes, pred_labels, pred_scores, gt_bboxes, gt_labels, split=None):
@@ -54,9 +60,8 @@ def test_perfect_predictions_score_one_in_both_metrics_and_protocols():
 
 def test_missing_class_scores_zero_and_others_one():
     gb, gl = make_gt()
-    keep = [lb != 2 for lb in gl]           # never predict a platelet
-    preds = preds_from([b[k] for b, k in zip(gb, keep)], [lb[k] for lb, k in zip(gl, keep)],
-                       [np.full(k.sum(), 0.9) for k in keep], gb, gl)
+    pb, pl = without_platelets(gb, gl)          # never predict a platelet
+    preds = preds_from(pb, pl, [np.full(len(lb), 0.9) for lb in pl], gb, gl)
     p = evaluate(preds)["evaluate"]
     np.testing.assert_allclose(p.ap_voc, [1, 1, 0])
     np.testing.assert_allclose(p.ap_voc07, [1, 1, 0])
@@ -66,9 +71,7 @@ def test_missing_class_scores_zero_and_others_one():
 
 def test_class_without_boxes_is_nan_and_left_out_of_the_mean():
     # ChainerCV would return only 2 classes here
-    gb, gl = make_gt()
-    keep = [lb != 2 for lb in gl]
-    gb, gl = [b[k] for b, k in zip(gb, keep)], [lb[k] for lb, k in zip(gl, keep)]
+    gb, gl = without_platelets(*make_gt())
     result = evaluate(preds_from(gb, gl, [np.full(len(lb), 0.9) for lb in gl], gb, gl))
     p = result["evaluate"]
     assert len(p.ap_voc) == 3 and math.isnan(p.ap_voc[2])
@@ -137,7 +140,8 @@ def test_table_json_and_figure():
     assert repr(result) == text and "array(" not in repr(result)
     summary = result.summary_table().to_markdown().splitlines()
     assert summary[0] == "|  | mAP | rbc | wbc | platelets |"
-    assert summary[2] == "| original course (score >= 0.6, published) | 0.719 | 0.760 | 0.965 | 0.432 |"
+    assert summary[2] == ("| original course (score >= 0.6, published) | 0.719 | 0.760 | "
+                          "0.965 | 0.432 |")
     assert summary[3].startswith("| this model, evaluate protocol (score >= 0.01) | 1.000 |")
     d = json.loads(result.to_json())
     assert set(d) >= {"split", "n_images", "iou_thresh", "protocols", "label_names"}
@@ -153,11 +157,7 @@ def test_missing_weights_is_a_named_error(tmp_path, bccd_root):
     missing = tmp_path / "runs" / "model.npz"
     with pytest.raises(WeightsError) as info:
         evaluate_weights(missing, root=bccd_root, subset=1, progress=False)
-    assert isinstance(info.value, MedaidetError)
-    assert isinstance(info.value, WeightsError)
-    message = str(info.value)
-    assert "03" in message and "medaidet train" in message and str(missing) in message
-    assert info.value.path == missing
+    assert (info.value.kind, info.value.path) == ("missing", missing)
 
 
 def test_cli_parser_registers_evaluate():
@@ -234,18 +234,13 @@ def test_seconds_is_the_time_the_prediction_loop_took(bccd_root):
     assert predictions.filter(0.5).seconds == predictions.seconds
 
 
-def _evaluate_parser():
-    return cli.build_parser()
-
-
 @pytest.mark.parametrize("option", ["--subset", "--batch-size"])
 @pytest.mark.parametrize("value", ["0", "-3", "1.5"])
 def test_cli_refuses_a_subset_or_batch_size_that_is_not_positive(option, value, capsys):
     with pytest.raises(SystemExit) as info:
-        _evaluate_parser().parse_args(["evaluate", "w.npz", option, value])
+        cli.build_parser().parse_args(["evaluate", "w.npz", option, value])
     assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert f"argument {option}: {value} is" in err and "expected a whole number > 0" in err
+    assert f"argument {option}: {value} is " in capsys.readouterr().err
 
 
 @pytest.fixture
@@ -255,36 +250,20 @@ def weights_file(tmp_path):
     return path
 
 
-def test_out_that_is_a_file_fails_before_predicting(weights_file, bccd_root, tmp_path,
-                                                     no_prediction):
-    from medaidet.errors import ConfigError
-    out = tmp_path / "results.txt"
-    out.write_text("mine\n")
-    with pytest.raises(ConfigError) as info:
-        evaluate_weights(weights_file, root=bccd_root, subset=1, out=out, progress=False)
-    assert (info.value.kind, info.value.path) == ("not_a_folder", out)
-    assert str(info.value).startswith("--out: ")
-    assert out.read_text() == "mine\n"
-
-
-def test_out_that_cannot_be_created_fails_before_predicting(weights_file, bccd_root,
+@pytest.mark.parametrize("case, kind", [("file", "not_a_folder"), ("under_a_file", "unwritable"),
+                                        ("inside_the_data", "input")])
+def test_an_out_that_cannot_be_used_fails_before_predicting(case, kind, weights_file, bccd_root,
                                                             tmp_path, no_prediction):
-    from medaidet.errors import ConfigError
-    blocker = tmp_path / "blocker"
-    blocker.write_text("")
+    """Never written into: a file of the user's, or the dataset this run reads."""
+    file = tmp_path / "results.txt"
+    file.write_text("mine\n")
+    out = {"file": file, "under_a_file": file / "eval", "inside_the_data": bccd_root / "eval"}
     with pytest.raises(ConfigError) as info:
-        evaluate_weights(weights_file, root=bccd_root, out=blocker / "eval",
-                         progress=False)
-    assert (info.value.kind, info.value.path) == ("unwritable", blocker / "eval")
-
-
-def test_out_inside_the_dataset_is_refused(weights_file, bccd_root, no_prediction):
-    from medaidet.errors import ConfigError
-    with pytest.raises(ConfigError) as info:
-        evaluate_weights(weights_file, root=bccd_root, out=bccd_root / "eval",
-                         progress=False)
-    assert (info.value.kind, info.value.path) == ("input", bccd_root.resolve() / "eval")
-    assert not (bccd_root / "eval").exists()
+        evaluate_weights(weights_file, root=bccd_root, subset=1, out=out[case], progress=False)
+    path = bccd_root.resolve() / "eval" if case == "inside_the_data" else out[case]
+    assert (info.value.kind, info.value.path) == (kind, path)
+    assert str(info.value).startswith("--out: ")
+    assert file.read_text() == "mine\n" and not (bccd_root / "eval").exists()
 
 
 @pytest.mark.parametrize("name, kwargs", [("--subset", dict(subset=0)),
@@ -292,25 +271,11 @@ def test_out_inside_the_dataset_is_refused(weights_file, bccd_root, no_predictio
                                           ("--subset", dict(subset=2.5))])
 def test_python_api_checks_numbers_before_predicting(weights_file, bccd_root, name, kwargs,
                                                      no_prediction):
-    from medaidet.errors import ConfigError
-    with pytest.raises(ConfigError, match=f"^{name}: .*expected a whole number > 0"):
+    with pytest.raises(ConfigError, match=f"^{name}: "):
         evaluate_weights(weights_file, root=bccd_root, progress=False, **kwargs)
 
 
-def test_cli_out_that_is_a_file_is_one_line_before_any_work(weights_file, bccd_root,
-                                                            tmp_path, no_prediction, capsys):
-    from medaidet.cli import main
-    out = tmp_path / "results.txt"
-    out.write_text("")
-    assert main(["evaluate", str(weights_file), "--root", str(bccd_root),
-                 "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("medaidet: error: --out: ") and "is a file, not a folder" in err
-    assert err.count("\n") == 1
-
-
 def test_predictions_without_any_box_are_a_named_error_not_nan():
-    from medaidet.errors import ConfigError
     gb, gl = make_gt(2)
     empty_b = [np.zeros((0, 4), dtype=np.float32)] * 2
     empty_l = [np.zeros(0, dtype=np.int32)] * 2
@@ -318,23 +283,21 @@ def test_predictions_without_any_box_are_a_named_error_not_nan():
                        split="test")
     with pytest.raises(ConfigError) as info:
         evaluate(preds)
-    assert isinstance(info.value, MedaidetError)
-    assert str(info.value).startswith(
-        "split test has no objects: nothing to evaluate. None of the 2 images has a "
-        "ground-truth box (difficult ones are ignored), so AP is undefined for every class")
+    assert info.value.kind == "nothing_to_evaluate"
+    assert str(info.value).startswith("split test has no objects")
     # difficult boxes only: ignored by AP
     difficult = Predictions(preds.ids, preds.pred_bboxes, preds.pred_labels, preds.pred_scores,
                             gb, gl, [np.ones(len(lb), dtype=bool) for lb in gl], NAMES)
-    with pytest.raises(ConfigError, match="^these predictions have no objects"):
+    with pytest.raises(ConfigError) as info:
         evaluate(difficult)
+    assert info.value.kind == "nothing_to_evaluate"
 
 
 def test_pr_curves_of_a_class_with_detections_but_no_box():
     gb, gl = make_gt()
-    keep = [lb != 2 for lb in gl]            # no platelet box, but the platelets detected
+    # no platelet box, but the platelets detected
     result = evaluate(preds_from(gb, gl, [np.full(len(lb), 0.9) for lb in gl],
-                                 [b[k] for b, k in zip(gb, keep)],
-                                 [lb[k] for lb, k in zip(gl, keep)]))
+                                 *without_platelets(gb, gl)))
     assert result["evaluate"].recall[2] is None and result["evaluate"].n_detections[2] == 3
     fig = plot_pr_curves(result)
     labels = [t.get_text() for t in fig.axes[2].get_legend().get_texts()]
@@ -350,28 +313,21 @@ def test_cli_on_a_split_without_objects_fails_before_predicting(weights_file, tm
     out = tmp_path / "eval"
     assert main(["evaluate", str(weights_file), "--root", str(root), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err == (
-        f"medaidet: error: split test has no objects: nothing to evaluate. None of the 1 "
-        f"images listed in {root}/ImageSets/Main/test.txt has a ground-truth box (difficult "
-        f"ones are ignored), so AP is undefined for every class. Check Annotations/<id>.xml "
-        f"of the ids in that list, or run `medaidet data validate {root}`; or evaluate "
-        f"another split (--split)\n")
+    assert err.startswith("medaidet: error: split test has no objects") and err.count("\n") == 1
+    assert f"{root}/ImageSets/Main/test.txt" in err                # the list to check
     assert not (out / "evaluation.json").exists()
 
 
 def test_a_subset_without_objects_asks_for_more_images(weights_file, tmp_path,
                                                        no_prediction):
     from synthetic import make_synthetic
-    from medaidet.errors import ConfigError
     root = make_synthetic(tmp_path / "ds", n=6, seed=0)
     train = split_ids(root, "train")
     edit_objects(root, train[:1])
     with pytest.raises(ConfigError) as info:
         evaluate_weights(weights_file, split="train", root=root, subset=1, progress=False)
-    assert str(info.value) == (
-        f"the first 1 images of split train ({root}/ImageSets/Main/train.txt) have no "
-        f"objects: nothing to evaluate (--subset 1). Evaluate more of the split's "
-        f"{len(train)} images (a larger --subset, or none)")
+    assert info.value.kind == "nothing_to_evaluate"
+    assert str(info.value).startswith("the first 1 images of split train")
     with pytest.raises(AssertionError, match="model was built"):   # 2 images: one has boxes
         evaluate_weights(weights_file, split="train", root=root, subset=2, progress=False)
 
@@ -398,14 +354,12 @@ def test_cli_without_room_for_the_figure_leaves_neither_result_file(bccd_root, t
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "MPLCONFIGDIR": str(tmp_path)})
     assert done.returncode == 2, done.stderr
     error = [line for line in done.stderr.splitlines() if line.startswith("medaidet: error:")]
-    assert error == [f"medaidet: error: {out / 'pr_curves.png'}: File too large: the file "
-                     "outgrew the file-size limit (`ulimit -f`) or the file system's; raise "
-                     "it, or choose an --out folder on another disk"], done.stderr
+    assert len(error) == 1, done.stderr
+    assert error[0].startswith(f"medaidet: error: {out / 'pr_curves.png'}: File too large")
     assert sorted(os.listdir(out)) == []
 
 
 def _two_images():
-    from medaidet.evaluation.evaluate import Predictions
     box = np.array([[0, 0, 10, 10]], np.float32)
     return Predictions(["a", "b"], [box, box + 20], [np.array([0], np.int32)] * 2,
                        [np.array([0.9], np.float32)] * 2, [box, box], [np.array([0], np.int32)] * 2,

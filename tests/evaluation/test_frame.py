@@ -138,7 +138,8 @@ def test_the_frame_figure_marks_each_box_counted_or_not_in_its_class_panel():
     assert frame.get_linestyle() == "--" and (frame.get_x(), frame.get_y()) == (40, 40)
     assert counted.get_edgecolor()[:3] == pytest.approx(
         tuple(int(CLASS_COLORS["rbc"][i:i + 2], 16) / 255 for i in (1, 3, 5)))
-    assert left_out.get_linestyle() == "-." and left_out.get_edgecolor()[:3] != counted.get_edgecolor()[:3]
+    assert left_out.get_linestyle() == "-."
+    assert left_out.get_edgecolor()[:3] != counted.get_edgecolor()[:3]
 
 
 def test_frame_errors_say_which_detection_or_box_each_count_error_is():
@@ -167,7 +168,8 @@ def test_frame_errors_add_up_to_the_framed_count_error():
     for i in range(30):          # half the cells within 10 px of a class's top or left line
         centres = np.column_stack([rng.uniform(0, 480, 12), rng.uniform(0, 640, 12)])
         near = rng.random(12) < 0.5
-        centres[near, rng.integers(0, 2)] = rng.choice([15, 40, 70], near.sum()) + rng.normal(0, 5, near.sum())
+        centres[near, rng.integers(0, 2)] = (rng.choice([15, 40, 70], near.sum())
+                                             + rng.normal(0, 5, near.sum()))
         labels = rng.integers(0, 3, 12)
         gt = np.array([box(cy, cx, 20) for cy, cx in centres], np.float32)
         found = rng.random(12) < 0.8

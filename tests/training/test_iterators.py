@@ -63,6 +63,14 @@ finally:
 print("DONE")
 """
 
+
+def first_batch(code, *args) -> dict:
+    """What the first batch of ``code`` + NEXT_BATCH raised: {"ERROR": ..., "MESSAGE": ...}."""
+    done = run_guarded([sys.executable, "-c", code + NEXT_BATCH, *args], timeout=QUICK_SECONDS)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith("DONE") and "Exception in thread" not in done.stderr
+    return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+
 ITERATOR_CODE = """
 import sys, traceback
 from medaidet.data.bccd import BCCDDataset
@@ -77,15 +85,10 @@ assert n == 2, n
 
 
 def test_worker_error_reaches_the_main_process_as_the_same_error(broken_bccd):
-    done = run_guarded([sys.executable, "-c", ITERATOR_CODE + NEXT_BATCH, str(broken_bccd)],
-                       timeout=QUICK_SECONDS)
-    assert done.returncode == 0, done.stderr
-    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert lines["ERROR"] == "medaidet.errors.DataError image", done.stdout
+    lines = first_batch(ITERATOR_CODE, str(broken_bccd))
+    assert lines["ERROR"] == "medaidet.errors.DataError image", lines
     assert f"{BROKEN}.jpg cannot be decoded" in lines["MESSAGE"]
     assert "Traceback" in lines["WORKER"] and "_get_image" in lines["WORKER"]
-    assert done.stdout.rstrip().endswith("DONE")
-    assert "Exception in thread" not in done.stderr
 
 
 UNPICKLABLE_CODE = """
@@ -112,13 +115,9 @@ assert n == 2, n
 
 
 def test_an_error_that_cannot_travel_is_named_by_its_type_and_message():
-    done = run_guarded([sys.executable, "-c", UNPICKLABLE_CODE + NEXT_BATCH],
-                       timeout=QUICK_SECONDS)
-    assert done.returncode == 0, done.stderr
-    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert lines["ERROR"] == "medaidet.errors.DataError worker", done.stdout
+    lines = first_batch(UNPICKLABLE_CODE)
+    assert lines["ERROR"] == "medaidet.errors.DataError worker", lines
     assert "__main__.Locked: example 2 holds a lock" in lines["MESSAGE"]
-    assert "example 2" in lines["MESSAGE"]
 
 
 @pytest.mark.slow(seconds=4)

@@ -23,16 +23,16 @@ def _fit(available, fixed=100 * MIB, per_image=50 * MIB, state=20 * MIB, batch_s
                      per_image=per_image, state=state, available=available, measure="test")
 
 
-@pytest.mark.parametrize("room_for, accumulate", [(32, 1), (31, 2), (16, 2), (9, 4),
-                                                  (8, 4), (1, 32)])
-def test_the_largest_micro_batch_that_fits_is_chosen(room_for, accumulate):
-    fit = _fit(available=(120 * MIB + room_for * 50 * MIB) / MARGIN + 1)
+# 24 images, room for 7: micro-batches of 6 (24 / 7 is no batch)
+@pytest.mark.parametrize("room_for, batch_size, accumulate", [
+    (32, 32, 1), (31, 32, 2), (16, 32, 2), (9, 32, 4), (8, 32, 4), (1, 32, 32), (7, 24, 4)])
+def test_the_largest_micro_batch_dividing_the_batch_that_fits_is_chosen(room_for, batch_size,
+                                                                        accumulate):
+    fit = _fit(available=(120 * MIB + room_for * 50 * MIB) / MARGIN + 1, batch_size=batch_size)
     assert plan_accumulate(fit) == accumulate
 
 
-def test_a_micro_batch_is_a_divisor_of_the_batch_and_never_below_the_asked_accumulation():
-    fit = _fit(available=(120 * MIB + 7 * 50 * MIB) / MARGIN, batch_size=24)
-    assert plan_accumulate(fit) == 4          # 6 images (7 would fit, but 24 / 7 is no batch)
+def test_never_fewer_micro_batches_than_asked():
     assert plan_accumulate(_fit(available=64 * GIB), at_least=2) == 2
 
 

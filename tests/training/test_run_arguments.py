@@ -2,7 +2,6 @@
 before any model or data is built."""
 import json
 import math
-import re
 
 import numpy as np
 import pytest
@@ -28,69 +27,44 @@ def _error_line(capsys) -> str:
     return err.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("flag, value, expected", [
-    ("--epochs", "inf", "inf is out of range; expected a number > 0"),
-    ("--epochs", "nan", "nan is out of range; expected a number > 0"),
-    ("--epochs", "0", "0 is out of range; expected a number > 0"),
-    ("--subset", "0", "0 is out of range; expected a whole number > 0"),
-    ("--batch-size", "0", "0 is out of range; expected a whole number > 0"),
-    ("--iterations", "0", "0 is out of range; expected a whole number > 0"),
-    ("--iterations", "1.5", "1.5 is not a whole number; expected a whole number > 0"),
-    ("--accumulate", "0", "0 is out of range; expected a whole number > 0"),
-    ("--n-processes", "-1", "-1 is out of range; expected a whole number ≥ 0"),
-    ("--seed", "-1", "-1 is out of range; expected a whole number from 0 to 2**32 - 1"),
-    ("--seed", "4294967296", "4294967296 is out of range; expected a whole number from 0 to"),
-    ("--seed", "x", "'x' is not a number; expected a whole number from 0 to 2**32 - 1"),
+@pytest.mark.parametrize("flag, value, named", [
+    ("--epochs", "inf", "inf"), ("--epochs", "nan", "nan"), ("--epochs", "0", "0"),
+    ("--subset", "0", "0"), ("--batch-size", "0", "0"), ("--iterations", "0", "0"),
+    ("--iterations", "1.5", "1.5"), ("--accumulate", "0", "0"), ("--n-processes", "-1", "-1"),
+    ("--seed", "-1", "-1"), ("--seed", "4294967296", "4294967296"), ("--seed", "x", "'x'"),
 ])
-def test_numeric_flags_are_checked_by_argparse(flag, value, expected, capsys, no_model):
+def test_numeric_flags_are_checked_by_argparse(flag, value, named, capsys, no_model):
     with pytest.raises(SystemExit) as info:
         main(["train", "--profile", "smoke", flag, value])
     assert info.value.code == 2
     # a hint (such as where --help is) may follow the message
-    assert _error_line(capsys).startswith(f"medaidet train: error: argument {flag}: {expected}")
+    assert _error_line(capsys).startswith(f"medaidet train: error: argument {flag}: {named} is ")
 
 
-@pytest.mark.parametrize("field, value, expected", [
-    ("model", "ssd1024", "model: 'ssd1024' is not a model medaidet builds; expected one of "
-                         "ssd300, ssd512, ssd_small"),
-    ("pretrained", 5, "pretrained: 5 is not a weights name or file; expected null, "
-                      "'imagenet', 'voc0712' or the path of a model-only .npz"),
-    ("out", 5, "out: 5 is not a folder path; expected a folder to write the results in"),
-    ("out", "", "out: '' is not a folder path; expected a folder to write the results in"),
-    ("root", 123, "root: 123 is not a folder path; expected null ($MEDAIDET_DATA or the "
-                  "cache) or the BCCD root"),
-    ("epochs", math.inf, "epochs: inf is out of range; expected a number > 0"),
-    ("lr", math.nan, "lr: nan is out of range; expected a number > 0"),
-    ("momentum", -0.5, "momentum: -0.5 is out of range; expected a number ≥ 0"),
-    ("lr_steps", [10, math.inf], "lr_steps[1]: inf is out of range; expected a number ≥ 0"),
-    ("lr_steps", "200", "lr_steps: '200' is not a list; expected a list of epochs"),
-    ("subset", 0, "subset: 0 is out of range; expected a whole number > 0 or null"),
-    ("n_processes", 1.5, "n_processes: 1.5 is not a whole number; expected a whole "
-                         "number ≥ 0 or null"),
-    ("train_split", 3, "train_split: 3 is not a split name; expected a split such as "
-                       "'train'"),
-    ("augment", "yes", "augment: 'yes' is not true or false; expected true or false"),
-    ("device", "tpu", "device: 'tpu' is not a device; expected auto, cpu, gpu or a GPU "
-                      "number"),
+@pytest.mark.parametrize("field, value, named", [
+    ("model", "ssd1024", "model: 'ssd1024'"), ("pretrained", 5, "pretrained: 5"),
+    ("out", 5, "out: 5"), ("out", "", "out: ''"), ("root", 123, "root: 123"),
+    ("epochs", math.inf, "epochs: inf"), ("lr", math.nan, "lr: nan"),
+    ("momentum", -0.5, "momentum: -0.5"), ("lr_steps", [10, math.inf], "lr_steps[1]: inf"),
+    ("lr_steps", "200", "lr_steps: '200'"), ("subset", 0, "subset: 0"),
+    ("n_processes", 1.5, "n_processes: 1.5"), ("train_split", 3, "train_split: 3"),
+    ("augment", "yes", "augment: 'yes'"), ("device", "tpu", "device: 'tpu'"),
+    ("batch_size", 0, "batch_size: 0"), ("batchsize", 4, "unknown training option(s) batchsize;"),
 ])
-def test_config_fields_are_named(field, value, expected):
+def test_config_fields_are_named(field, value, named):
+    """The message begins with the field (an item of a list by its index) and the value."""
     with pytest.raises(ConfigError) as info:
         TrainConfig.from_dict({field: value})
-    assert str(info.value) == expected
-    assert isinstance(info.value, ConfigError) and isinstance(info.value, ValueError)
+    assert str(info.value).startswith(f"{named} ")
 
 
 def test_config_file_fields_are_named_with_the_file(tmp_path, capsys, no_model):
     path = tmp_path / "cfg.json"
-    path.write_text(json.dumps({"model": "ssd1024"}))
-    assert main(["train", "--profile", "smoke", "--config", str(path)]) == 2
-    assert _error_line(capsys) == (f"medaidet: error: {path}: model: 'ssd1024' is not a "
-                                   "model medaidet builds; expected one of ssd300, ssd512, "
-                                   "ssd_small")
-    path.write_text('{"epochs": Infinity, "iterations": null}')
-    assert main(["train", "--profile", "smoke", "--config", str(path)]) == 2
-    assert _error_line(capsys) == (f"medaidet: error: {path}: epochs: inf is out of range; "
-                                   "expected a number > 0")
+    for text, named in ((json.dumps({"model": "ssd1024"}), "model: 'ssd1024'"),
+                        ('{"epochs": Infinity, "iterations": null}', "epochs: inf")):
+        path.write_text(text)
+        assert main(["train", "--profile", "smoke", "--config", str(path)]) == 2
+        assert _error_line(capsys).startswith(f"medaidet: error: {path}: {named} ")
 
 
 def test_numbers_written_as_text_are_read_as_numbers():
@@ -108,40 +82,23 @@ def test_paths_are_kept_as_text(tmp_path):
     assert TrainConfig(pretrained="None").pretrained is None
 
 
-def test_out_that_is_a_file(tmp_path, capsys, no_model):
-    file = tmp_path / "results"
+@pytest.mark.parametrize("case, kind", [("file", "not_a_folder"), ("under_a_file", "unwritable"),
+                                        ("inside_the_data", "input")])
+def test_an_out_that_cannot_be_used_is_refused(case, kind, tmp_path, capsys, no_model):
+    """Never written into: a file of the user's, or the dataset this run reads."""
+    file, data = tmp_path / "results", tmp_path / "bccd"
     file.write_text("mine")
-    assert main(["train", "--profile", "smoke", "--out", str(file)]) == 2
-    assert _error_line(capsys) == (f"medaidet: error: --out: {file} is a file, not a folder; "
-                                   "give a folder path (it is created if missing)")
-    assert file.read_text() == "mine"
-    with pytest.raises(ConfigError) as info:
-        train(TrainConfig.profile("smoke", out=str(file)), progress=False)
-    assert (info.value.kind, info.value.path) == ("not_a_folder", file)
-    assert str(info.value).startswith("out: ")
-
-
-def test_out_that_cannot_be_created(tmp_path, capsys, no_model):
-    file = tmp_path / "results"
-    file.write_text("mine")
-    assert main(["train", "--profile", "smoke", "--out", str(file / "run")]) == 2
-    line = _error_line(capsys)
-    assert line.startswith(f"medaidet: error: --out: cannot create the folder {file / 'run'} ")
-    assert line.endswith("choose a folder you can write to")
-
-
-def test_out_inside_the_dataset_is_refused(bccd_root, tmp_path, capsys, no_model):
-    data = tmp_path / "bccd"
     (data / "Annotations").mkdir(parents=True)
-    out = data / "outputs"
+    out = {"file": file, "under_a_file": file / "run", "inside_the_data": data / "outputs"}[case]
     assert main(["train", "--profile", "smoke", "--root", str(data), "--out", str(out)]) == 2
-    assert _error_line(capsys) == (
-        f"medaidet: error: --out: {out} is inside {data}, which this run reads; choose a "
-        "folder outside it (for example outputs/) so nothing of yours is overwritten")
-    assert not out.exists()
+    line = _error_line(capsys)
+    assert line.startswith("medaidet: error: --out: ") and f" {out} " in line
     with pytest.raises(ConfigError) as info:
-        train(TrainConfig.profile("smoke", root=str(data), out=str(data)), progress=False)
-    assert (info.value.kind, info.value.path) == ("input", data.resolve())
+        train(TrainConfig.profile("smoke", root=str(data), out=str(out)), progress=False)
+    path = data.resolve() / "outputs" if case == "inside_the_data" else out
+    assert (info.value.kind, info.value.path) == (kind, path)
+    assert str(info.value).startswith("out: ")
+    assert file.read_text() == "mine" and not (data / "outputs").exists()
 
 
 def _snapshot_like(path):
@@ -151,42 +108,38 @@ def _snapshot_like(path):
     return path
 
 
-@pytest.mark.parametrize("kind", ["empty", "truncated", "npy", "text", "weights", "folder"])
-def test_unusable_resume_file(kind, tmp_path, capsys, no_model):
+def _truncated(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+@pytest.mark.parametrize("kind, problem", [
+    ("empty", "is empty (0 bytes)"), ("truncated", "is truncated or corrupt"),
+    ("npy", "is a single NumPy array (.npy)"),
+    ("text", "is a text file (it begins 'not a snapshot')"),
+    ("weights", "is not a trainer snapshot (no 'updater/' entries)"),
+    ("folder", "is a folder"), ("missing", "does not exist")])
+def test_unusable_resume_file(kind, problem, tmp_path, capsys, no_model):
     path = tmp_path / ("snapshot.npy" if kind == "npy" else "snapshot_latest.npz")
     if kind == "empty":
         path.write_bytes(b"")
-        problem = "is empty (0 bytes)"
     elif kind == "truncated":
-        data = _snapshot_like(path).read_bytes()
-        path.write_bytes(data[:len(data) // 2])
-        problem = "is truncated or corrupt"
+        _truncated(_snapshot_like(path))
     elif kind == "npy":
         np.save(path, np.zeros(3))
-        problem = "is a single NumPy array (.npy)"
     elif kind == "text":
         path.write_text("not a snapshot")
-        problem = "is a text file (it begins 'not a snapshot')"
     elif kind == "weights":
         np.savez(path, **{"extractor/conv1_1/W": np.zeros(3)})
-        problem = "is not a trainer snapshot (no 'updater/' entries)"
-    else:
+    elif kind == "folder":
         path.mkdir()
-        problem = "is a folder"
     out = tmp_path / "out"
     assert main(["train", "--profile", "smoke", "--out", str(out), "--resume", str(path)]) == 2
     line = _error_line(capsys)
     assert line.startswith(f"medaidet: error: --resume: {path} {problem}"), line
-    assert "expected the snapshot_latest.npz" in line
-    with pytest.raises(WeightsError, match=rf"^resume: .* {re.escape(problem)}"):
+    with pytest.raises(WeightsError) as info:
         train(TrainConfig.profile("smoke", out=str(out)), resume=path, progress=False)
-
-
-def test_missing_resume_file(tmp_path, capsys, no_model):
-    path = tmp_path / "nothing.npz"
-    assert main(["train", "--profile", "smoke", "--out", str(tmp_path / "o"),
-                 "--resume", str(path)]) == 2
-    assert _error_line(capsys).startswith(f"medaidet: error: --resume: {path} does not exist")
+    assert info.value.kind == "snapshot" and str(info.value).startswith(f"resume: {path} ")
 
 
 def test_a_good_looking_resume_file_passes_the_first_check(tmp_path):
@@ -195,35 +148,29 @@ def test_a_good_looking_resume_file_passes_the_first_check(tmp_path):
     assert check_snapshot_file(path, "--resume") == path
 
 
-@pytest.mark.parametrize("kind", ["npy", "missing", "truncated"])
-def test_unusable_pretrained_file(kind, tmp_path, capsys, no_model):
-    from medaidet.errors import WeightsError
-
+@pytest.mark.parametrize("kind, problem", [("npy", "is a single NumPy array (.npy)"),
+                                           ("missing", "does not exist"),
+                                           ("truncated", "is truncated or corrupt")])
+def test_unusable_pretrained_file(kind, problem, tmp_path, capsys, no_model):
     path = tmp_path / ("weights.npy" if kind == "npy" else "model.npz")
     if kind == "npy":
         np.save(path, np.zeros(3))
-        problem = "is a single NumPy array (.npy)"
     elif kind == "truncated":
         np.savez(path, **{"extractor/conv1_1/W": np.zeros((64, 64))})
-        data = path.read_bytes()
-        path.write_bytes(data[:len(data) // 2])
-        problem = "is truncated or corrupt"
-    else:
-        problem = "does not exist"
+        _truncated(path)
     assert main(["train", "--profile", "smoke", "--out", str(tmp_path / "o"),
                  "--pretrained", str(path)]) == 2
     line = _error_line(capsys)
     assert line.startswith(f"medaidet: error: --pretrained: {path} {problem}"), line
-    assert "expected imagenet, voc0712, none or a model-only .npz" in line
-    with pytest.raises(WeightsError, match=rf"^pretrained: .* {re.escape(problem)}"):
+    with pytest.raises(WeightsError) as info:
         train(TrainConfig.profile("smoke", out=str(tmp_path / "o"), pretrained=str(path)),
               progress=False)
-
-
+    assert (info.value.kind, info.value.path) == (kind if kind == "missing" else "file", path)
 
 @pytest.mark.slow(seconds=23)
 def test_the_command_checks_its_run_once(monkeypatch, tmp_path, bccd_root):
-    """Its messages get the flags' names from the command line (test_out_that_is_a_file)."""
+    """Its messages get the flags' names from the command line (see
+    test_an_out_that_cannot_be_used_is_refused)."""
     from medaidet.training import train as run_module
     calls = []
     real = run_module.prepare_run
