@@ -1,5 +1,6 @@
 """Numbers in results: a float that is nan or inf has no JSON form, so results say None."""
 import math
+import numbers
 
 
 def finite_or_none(value):
@@ -8,3 +9,8 @@ def finite_or_none(value):
         return None
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def is_real(value) -> bool:
+    """A real number (Python's or NumPy's), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

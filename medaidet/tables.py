@@ -11,11 +11,9 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from medaidet.numbers import is_real
+
 __all__ = ["Table", "ShownAsTable"]
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Number) and not isinstance(value, bool)
 
 
 @dataclass(repr=False)
@@ -53,7 +51,7 @@ class Table:
         return str(value)
 
     def _numeric(self) -> list:
-        return [bool(self.rows) and all(_is_number(row[j]) or row[j] is None
+        return [bool(self.rows) and all(is_real(row[j]) or row[j] is None
                                         for row in self.rows)
                 for j in range(len(self.columns))]
 

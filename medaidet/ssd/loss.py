@@ -29,6 +29,7 @@ from chainercv.links.model.ssd import multibox_loss as chainercv_multibox_loss
 from chainercv.links.model.ssd.multibox_loss import _hard_negative as chainercv_hard_negative
 
 from medaidet.errors import DivergedError, InvalidTargetsError
+from medaidet.numbers import is_real
 
 __all__ = ["multibox_loss", "hard_negative", "check_values", "MultiboxTrainChain"]
 
@@ -75,7 +76,7 @@ def multibox_loss(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k, comm=None, che
 def _host_normaliser(n_positive):
     """``n_positive`` as a host number, checked to be a real number >= 0 (scalar or 0-d array)."""
     value = math.nan
-    if _is_number(n_positive):
+    if is_real(n_positive):
         value = float(n_positive)
     elif getattr(n_positive, "shape", None) == () and \
             getattr(n_positive, "dtype", np.dtype(object)).kind in "iuf":
@@ -161,14 +162,9 @@ def _check_arguments(mb_locs, mb_confs, gt_mb_locs, gt_mb_labels, k) -> dict:
     return arrays
 
 
-def _is_number(x) -> bool:
-    """A real number (int, float or NumPy's), not a bool."""
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-
-
 def _check_k(k):
     """``k`` is a real number (not a bool or a string), finite and >= 0."""
-    if not (_is_number(k) and 0 <= k < math.inf):
+    if not (is_real(k) and 0 <= k < math.inf):
         raise InvalidTargetsError(
             f"k = {k!r} is not a valid hard-negative ratio; expected a finite number >= 0 "
             "(an int or a float, not a string or a bool): at most k * n_positive negatives "

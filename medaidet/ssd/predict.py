@@ -30,6 +30,7 @@ from chainercv import transforms
 from chainercv.utils import non_maximum_suppression
 
 from medaidet.errors import ConfigError, DataError
+from medaidet.numbers import is_real
 
 __all__ = ["DEFAULT_TOP_K", "DEFAULT_KEEP_TOP_K", "Candidates", "decode_capped", "predict",
            "CappedPredictor"]
@@ -62,14 +63,9 @@ def _check_cap(name, value):
     return int(value)
 
 
-def _is_number(value):
-    return isinstance(value, (int, float, np.integer, np.floating)) \
-        and not isinstance(value, (bool, np.bool_))
-
-
 def _check_score_thresh(value, name="score_thresh"):
     """``value`` unchanged if it is a number in [0, 1] (NaN fails the comparison)."""
-    if not (_is_number(value) and 0 <= value <= 1):
+    if not (is_real(value) and 0 <= value <= 1):
         raise ConfigError(
             f"{name}: {value!r} is not a valid score threshold; expected a number from 0 to 1 "
             "(a detection is kept when its class probability is >= it; ChainerCV's presets: "
@@ -80,7 +76,7 @@ def _check_score_thresh(value, name="score_thresh"):
 
 def _check_nms_thresh(value, name="nms_thresh"):
     """``value`` unchanged if it is None (no NMS) or a number in (0, 1]."""
-    if value is not None and not (_is_number(value) and 0 < value <= 1):
+    if value is not None and not (is_real(value) and 0 < value <= 1):
         raise ConfigError(
             f"{name}: {value!r} is not a valid NMS threshold; expected a number in (0, 1] "
             "(NMS drops a box whose IoU with a higher-scoring box of its class is >= it; "
