@@ -4,12 +4,10 @@ A spec is ``"auto"`` (the default: GPU 0 when CUDA is usable, else the CPU), ``"
 ``"gpu"`` (GPU 0), a GPU number (``-1``: the CPU), or chainer's ``"@numpy"`` / ``"@cupy:N"``.
 chainer is imported only inside functions: the doctor reads this module where it is broken.
 """
-import numbers
-
 from medaidet.errors import DeviceError
 
-__all__ = ["DEFAULT_DEVICE", "parse_device", "device_name", "device_kind", "gpu_ids",
-           "gpu_status", "resolve_device"]
+__all__ = ["DEFAULT_DEVICE", "parse_device", "device_name", "device_kind", "gpu_status",
+           "resolve_device"]
 
 DEFAULT_DEVICE = "auto"
 
@@ -53,20 +51,6 @@ def device_kind(device) -> str:
         return "cpu" if xp.__name__ == "numpy" else "gpu"
     spec = parse_device(device)
     return spec if spec in ("cpu", "auto") else "gpu"
-
-
-def gpu_ids(devices) -> list:
-    """The sorted, distinct GPU numbers among ``devices`` (chainer devices or specs)."""
-    ids = set()
-    for device in devices or ():
-        if getattr(device, "xp", None) is not None:     # a chainer device
-            spec = "cpu" if device.xp.__name__ == "numpy" else int(device.device.id)
-        else:
-            spec = "cpu" if device is None else parse_device(
-                int(device) if isinstance(device, numbers.Integral) else device)
-        if spec not in ("cpu", "auto"):
-            ids.add(0 if spec == "gpu" else spec)
-    return sorted(ids)
 
 
 def _not_a_device(spec, name) -> DeviceError:

@@ -50,8 +50,8 @@ __all__ = [
     "plot_counts", "per_image_counts", "predicted_counts", "count_stats", "check_score_thresh",
     "PER_AREA", "frame_margins", "margin_per_class", "in_frame", "frame_predictions",
     "FrameError", "frame_errors", "frame_area", "densities", "plot_frame",
-    "DEFAULT_THRESHOLDS", "SWEEP_NOTE", "SweepResult", "ThresholdChange", "threshold_sweep",
-    "threshold_change", "plot_sweep", "report_count_errors", "count_weights"]
+    "DEFAULT_THRESHOLDS", "SWEEP_NOTE", "SweepResult", "threshold_sweep",
+    "plot_sweep", "report_count_errors", "count_weights"]
 
 
 # --------------------------------------------------------------------------- count
@@ -452,118 +452,6 @@ SWEEP_FLATTENS = 3.0
 SWEEP_NOTE = (
     "The best threshold is chosen on the same images it is scored on: on the test split "
     "that is optimistic. Choose the threshold on the val split and report test counts at it.")
-
-
-@dataclass(repr=False)
-class ThresholdChange:
-    """One class counted at two score thresholds, image by image (:func:`threshold_change`);
-    ``error_before``/``error_after``: int (N,), ``predicted - annotated``. ``str()`` explains.
-    """
-    class_name: str
-    split: str | None
-    before: float
-    after: float
-    ids: list
-    annotated: np.ndarray
-    error_before: np.ndarray
-    error_after: np.ndarray
-    images: list = field(default_factory=list)
-
-    @property
-    def mae_before(self) -> float:
-        return _mean(np.abs(self.error_before))
-
-    @property
-    def mae_after(self) -> float:
-        return _mean(np.abs(self.error_after))
-
-    @property
-    def closer(self) -> np.ndarray:
-        """Per image: its count moved closer to its annotation (bool (N,))."""
-        return np.abs(self.error_after) < np.abs(self.error_before)
-
-    @property
-    def further(self) -> np.ndarray:
-        """Per image: its count moved further from its annotation (bool (N,))."""
-        return np.abs(self.error_after) > np.abs(self.error_before)
-
-    @property
-    def gained(self) -> int:
-        """Cells of error the images brought closer lost, summed."""
-        return int(np.clip(np.abs(self.error_before) - np.abs(self.error_after), 0, None).sum())
-
-    @property
-    def lost(self) -> int:
-        """Cells of error the images pushed further gained, summed."""
-        return int(np.clip(np.abs(self.error_after) - np.abs(self.error_before), 0, None).sum())
-
-    def __str__(self):
-        name, n = self.class_name, len(self.ids)
-        where = f"{self.split or 'these images'} ({n} images)"
-        head = f"{name}, score >= {self.before:g} -> >= {self.after:g}, {where}"
-        if self.after == self.before or not n:
-            return f"{head}: the same threshold, nothing changes"
-        raised = self.after > self.before
-        lines = [f"{head}: MAE {self.mae_before:.2f} -> {self.mae_after:.2f}, "
-                 f"bias {_mean(self.error_before):+.2f} -> {_mean(self.error_after):+.2f}"]
-        shown = [self.ids.index(i) for i in self.images]
-        for i in shown:
-            a, before, after = (int(v[i]) for v in (self.annotated, self.error_before,
-                                                    self.error_after))
-            lines.append(f"  {self.ids[i]}: {a + before}/{a} -> {a + after}/{a} (error "
-                         f"{before:+d} -> {after:+d})")
-        # a raised threshold only lowers counts: under-counted images move further off
-        wrong_way = self.error_before < 0 if raised else self.error_before > 0
-        off = "under" if raised else "over"
-        lines.append(
-            f"The threshold was {'raised' if raised else 'lowered'}: no {name} count can "
-            f"{'rise' if raised else 'fall'}. An image {off}-counted at {self.before:g} can only "
-            f"move further from its annotation; one {'over' if raised else 'under'}-counted "
-            "moves closer, unless its count passes the annotation by more than it was off.")
-        if shown:
-            lines.append(f"Of the {len(shown)} images listed, {int(wrong_way[shown].sum())} "
-                         f"were {off}-counted at {self.before:g}; {int(self.further[shown].sum())}"
-                         f" moved further from their annotation, "
-                         f"{int(self.closer[shown].sum())} closer.")
-        same = n - int(self.closer.sum()) - int(self.further.sum())
-        change = (self.lost - self.gained) / n
-        verdict = ("it falls, although some images look worse" if change < 0 and self.lost
-                   else "it falls" if change < 0
-                   else "it rises; here the images pushed further outweigh those brought "
-                        "closer" if change > 0 else "it stays where it was")
-        lines.append(
-            f"Over all {n} images, {int(wrong_way.sum())} were {off}-counted at "
-            f"{self.before:g}; {int(self.closer.sum())} moved closer to their annotation (by "
-            f"{self.gained} cells in all), {int(self.further.sum())} further (by {self.lost} "
-            f"cells), {same} kept their error. The MAE, the mean over all of them, changes by "
-            f"({self.lost} - {self.gained}) / {n} = {change:+.2f} cells per image: {verdict}.")
-        return "\n".join(lines)
-
-    __repr__ = __str__
-
-
-def _mean(values) -> float:
-    return float(values.mean()) if len(values) else math.nan
-
-
-def threshold_change(predictions: Predictions, class_name: str, before: float, after: float,
-                     images=()) -> ThresholdChange:
-    """``class_name`` counted at ``before`` and ``after``, image by image; ``images``: ids or
-    positions to list one by one."""
-    names = list(checked(predictions).label_names)
-    if class_name not in names:
-        raise ConfigError(f"class_name: {class_name!r} is not a class of the predictions; "
-                          f"expected one of {names}")
-    l = names.index(class_name)
-    first, second = (count_cells(predictions, t) for t in (before, after))
-    ids = list(predictions.ids)
-    listed = [ids[i] if isinstance(i, (int, np.integer)) else i for i in images]
-    unknown = [i for i in listed if i not in ids]
-    if unknown:
-        raise ConfigError(f"images: {unknown} are not among the predictions' images")
-    return ThresholdChange(class_name, predictions.split, first.score_thresh,
-                           second.score_thresh, ids, first.annotated[:, l].copy(),
-                           first.error[:, l].copy(), second.error[:, l].copy(), listed)
 
 
 @dataclass(repr=False)

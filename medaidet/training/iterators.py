@@ -11,7 +11,6 @@ import traceback
 
 import chainer
 
-from medaidet import compat
 from medaidet.errors import DataError
 from medaidet.training.config import TrainConfig
 
@@ -41,7 +40,6 @@ def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None
     """``(iterator, n_processes)``: ``MultiprocessIterator``, or ``SerialIterator`` (0, or
     workers impossible: logged), shuffled by NumPy's global RNG. ``batch_size``: this process's."""
     batch_size = config.batch_size if batch_size is None else batch_size
-    compat.apply()                   # cv2.setNumThreads(0) before any worker forks
     n = n_processes_for(config)
     problem = multiprocessing_problem() if n > 0 else None
     if problem:

@@ -41,14 +41,13 @@ from chainer.optimizer_hooks import WeightDecay
 from chainer.training import extensions
 from chainercv.links.model.ssd import GradientScaling
 
-from medaidet import compat
 from medaidet.arguments import prepare_output_dir
 from medaidet.data import BCCD_LABEL_NAMES
 from medaidet.data.bccd import (AnnotationWarning, BCCDDataset, annotation_path, parse_annotation,
                                 split_path)
 from medaidet.data.download import TXL_PBC, resolve_root
 from medaidet.data.txl_pbc import TXLPBCDataset
-from medaidet.device import gpu_ids, resolve_device
+from medaidet.device import resolve_device
 from medaidet.errors import ConfigError, DeviceError, DivergedError, WeightsError
 from medaidet.files import write_files
 from medaidet.numbers import finite_or_none
@@ -77,18 +76,19 @@ __all__ = ["train", "prepare_run", "initial_weights", "TrainResult", "Recipe", "
 # --------------------------------------------------------------------------- seeding
 
 def seed_everything(seed: int, devices=None, deterministic: bool = False) -> None:
-    """Seed Python's, NumPy's and (on each GPU of ``devices``) CuPy's RNGs with ``seed`` in
-    ``[0, 2**32)``; set ``cudnn_deterministic``. Call it before building the model."""
+    """Seed Python's, NumPy's and (on each GPU among ``devices``, chainer devices) CuPy's RNGs
+    with ``seed`` in ``[0, 2**32)``; set ``cudnn_deterministic``. Call it before building the
+    model."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
             or not 0 <= seed < 2 ** 32:
         raise ConfigError(f"seed must be an integer in [0, 2**32) (NumPy's RandomState "
                           f"limit), got {seed!r}", "seed")
     random.seed(int(seed))
     np.random.seed(int(seed))
-    for gpu in gpu_ids(devices):
-        import cupy
-        with cupy.cuda.Device(gpu):
-            cupy.random.seed(int(seed))
+    for device in devices or ():
+        if device.xp is not np:             # CuPy: one generator per GPU
+            with device.device:
+                device.xp.random.seed(int(seed))
     chainer.config.cudnn_deterministic = bool(deterministic)
 
 
@@ -244,20 +244,23 @@ def load_snapshot(trainer, path, train_size: int, batch_size: int) -> None:
 class StopOnNonFinite:
     """Optimizer hook that stops training at the first nan or inf: ``'pre'`` checks the loss
     and every gradient before the update, ``'post'`` every parameter after it. One host sync
-    each. A ``mixed16`` step whose scaled gradients overflowed is skipped, not stopped."""
+    each. ``skip_overflow`` (``mixed16``): a step whose scaled gradients overflowed is skipped
+    by the loss scaling, not stopped."""
 
     call_for_each_param = False
 
-    def __init__(self, timing: str = "pre", loss_key: str = "main/loss"):
+    def __init__(self, timing: str = "pre", loss_key: str = "main/loss",
+                 skip_overflow: bool = False):
         if timing not in ("pre", "post"):
             raise ValueError(f"timing must be 'pre' or 'post', got {timing!r}")
         self.timing = timing
+        self.skip_overflow = skip_overflow
         self.name = f"StopOnNonFinite_{timing}"
         self.loss_key = loss_key
 
     def __call__(self, optimizer):
         pre = self.timing == "pre"
-        if pre and skipped_update(optimizer):
+        if pre and self.skip_overflow and skipped_update(optimizer):
             return
         if pre:
             try:
@@ -411,7 +414,8 @@ class Recipe:
         config = self.config
         model = materialize(build_ssd(config.model, config.pretrained,
                                       n_fg_class=len(BCCD_LABEL_NAMES)))
-        return set_precision(model, config.precision)
+        # float32 and tf32 need no change to a new model's links
+        return set_precision(model, "mixed16") if config.precision == "mixed16" else model
 
     def train_chain(self, model):
         """The model and the multibox loss (``k``, ``alpha``) on this process's device."""
@@ -472,7 +476,8 @@ class Recipe:
             import chainermn
             optimizer = chainermn.create_multi_node_optimizer(optimizer, self.comm)
         optimizer.setup(train_chain)
-        use_loss_scaling(optimizer, config.precision)       # mixed16 only
+        if config.precision == "mixed16":
+            use_loss_scaling(optimizer, "mixed16")
         if self.comm is not None:
             # rank 0's weights to every rank now: ChainerMN's first update() would skip a step
             optimizer.update()
@@ -481,7 +486,7 @@ class Recipe:
                 param.update_rule.add_hook(GradientScaling(config.bias_grad_scale))
             else:
                 param.update_rule.add_hook(WeightDecay(config.weight_decay))
-        optimizer.add_hook(StopOnNonFinite("pre"))
+        optimizer.add_hook(StopOnNonFinite("pre", skip_overflow=config.precision == "mixed16"))
         optimizer.add_hook(StopOnNonFinite("post"))
         return optimizer
 
@@ -806,7 +811,6 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     ``"missing"`` offline), DivergedError (the iteration, the snapshot left intact),
     ConfigError (no box in the training images) and the dataset's errors.
     """
-    compat.apply()
     config = config if config is not None else TrainConfig()
     if config.communicator is not None and comm is None:
         raise ConfigError(f"communicator: {config.communicator!r} is a multi-process "

@@ -222,36 +222,6 @@ def test_the_sweep_axis_is_not_flattened_by_the_lowest_thresholds():
     assert not ax.texts
 
 
-def test_threshold_change_follows_each_image_and_adds_up_to_the_mae():
-    from medaidet.evaluation.count import threshold_change
-
-    # 3 rbc per image; a detections at 0.9, b at 0.55. Errors 0.5 -> 0.6: img0 +2 -> 0,
-    # img1 -1 -> -3, img2 +1 -> -2 (past its annotation), img3 0 -> 0.
-    spec = [(3, 2), (0, 2), (1, 3), (3, 0)]
-    pred = [[(0, 0.9)] * a + [(0, 0.55)] * b for a, b in spec]
-    change = threshold_change(make_preds(pred, [[0, 0, 0]] * 4, split="val"), "rbc", 0.5, 0.6,
-                              images=["img1", 2])
-    np.testing.assert_array_equal(change.error_before, [2, -1, 1, 0])
-    np.testing.assert_array_equal(change.error_after, [0, -3, -2, 0])
-    assert change.closer.tolist() == [True, False, False, False]
-    assert change.further.tolist() == [False, True, True, False]
-    assert (change.gained, change.lost) == (2, 3)
-    assert change.mae_after - change.mae_before == pytest.approx((3 - 2) / 4)
-    text = str(change)
-    assert "MAE 1.00 -> 1.25" in text and "raised: no rbc count can rise" in text
-    assert "img1: 2/3 -> 0/3 (error -1 -> -3)" in text and "img2: 4/3 -> 1/3" in text
-    assert "1 moved closer to their annotation (by 2 cells in all), 2 further (by 3 cells)" \
-        in text
-    preds = make_preds(pred, [[0, 0, 0]] * 4)
-    back = str(threshold_change(preds, "rbc", 0.6, 0.5))
-    assert "lowered: no rbc count can fall" in back
-    assert "nothing changes" in str(threshold_change(preds, "rbc", 0.5, 0.5))
-    with pytest.raises(ConfigError, match="^class_name: "):
-        threshold_change(preds, "neutrophil", 0.5, 0.6)
-    with pytest.raises(ConfigError, match="^images: "):
-        threshold_change(preds, "rbc", 0.5, 0.6, images=["x"])
-
-
 @pytest.mark.parametrize("value, expected", [("0.01", 0.01), ("1", 1.0), ("0.35", 0.35)])
 def test_cli_parser_registers_count_with_thresholds_from_the_predictions_to_one(value,
                                                                                 expected):

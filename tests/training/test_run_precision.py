@@ -68,8 +68,11 @@ def test_a_step_the_loss_scaling_skips_is_not_a_divergence():
     link.W.grad = np.full_like(link.W.array, np.inf)
     link.b.grad = np.zeros_like(link.b.array)
     optimizer.check_nan_in_grads()                     # what update() does before the hooks
-    StopOnNonFinite("pre")(optimizer)                  # skipped: no DivergedError
+    StopOnNonFinite("pre", skip_overflow=True)(optimizer)     # skipped: no DivergedError
+    with pytest.raises(DivergedError) as caught:       # a run without loss scaling stops
+        StopOnNonFinite("pre")(optimizer)
+    assert caught.value.kind == "training"
     optimizer._loss_scaling_isnan = False              # a step without overflow
     with pytest.raises(DivergedError) as caught:
-        StopOnNonFinite("pre")(optimizer)
+        StopOnNonFinite("pre", skip_overflow=True)(optimizer)
     assert caught.value.kind == "training"

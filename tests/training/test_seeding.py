@@ -79,10 +79,3 @@ def test_each_worker_draws_its_own_stream():
     random.seed(0)
     np.random.seed(0)
     assert ReseedingTransform(_draw, seed=7)(None) == parent
-
-
-def test_the_gpus_to_seed_are_read_by_the_one_device_parser():
-    import chainer
-    from medaidet.device import gpu_ids
-    assert gpu_ids(["gpu", "cpu", -1, 2, "@cupy:3", None, chainer.get_device("@numpy")]) \
-        == [0, 2, 3]
