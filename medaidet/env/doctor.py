@@ -149,7 +149,8 @@ def check_gpu(f: Facts) -> Check:
 
 def check_opencv(f: Facts) -> Check:
     if f.cv2 is None:
-        return Check("opencv", "skip", "not installed: PIL is used for image I/O")
+        return Check("opencv", "fail", "not installed: training's augmentation (ChainerCV's) "
+                     "needs it", f"{INSTALL} (or pip install opencv-python-headless)")
     if f.cv2_error:
         return Check("opencv", "fail", f"{f.cv2} does not import: {f.cv2_error}",
                      "pip install --force-reinstall opencv-python-headless")

@@ -27,10 +27,10 @@ from typing import NamedTuple
 
 import numpy as np
 from chainercv import transforms
-from chainercv.links.model.ssd import random_crop_with_bbox_constraints
+from chainercv.links.model.ssd import (random_crop_with_bbox_constraints, random_distort,
+                                       resize_with_random_interpolation)
 
 from medaidet.errors import DataError
-from medaidet.ssd.opencv_ports import random_distort, resize_with_random_interpolation
 
 __all__ = [
     "TransformStats", "RecheckedBoxes", "check_sample", "CheckedTransform",

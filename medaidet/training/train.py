@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import json
 import math
 import multiprocessing
@@ -428,6 +429,11 @@ class Recipe:
     def transform(self, model):
         """Augmentation then multibox encoding; the encoding alone with ``augment=False``."""
         if self.config.augment:
+            if importlib.util.find_spec("cv2") is None:
+                raise ConfigError("augment: OpenCV is not installed, and ChainerCV's "
+                                  "augmentation (random_distort, resize_with_random_"
+                                  "interpolation) needs it: python -m medaidet stack install "
+                                  "(or pip install opencv-python-headless), or augment=False")
             return TrainTransform.for_model(model, max_expand_ratio=self.config.max_expand_ratio,
                                             color_distortion=self.config.color_distortion)
         return EncodeTransform.for_model(model)

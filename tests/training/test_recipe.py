@@ -1,8 +1,11 @@
 """The Recipe's pieces, built one by one, train the same weights as ``train()``."""
+import sys
+
 import numpy as np
 import pytest
 
 from conftest import edit_objects, split_ids
+from medaidet.errors import ConfigError
 from medaidet.ssd.transforms import EncodeTransform, TrainTransform
 from medaidet.training import train as recipe
 from medaidet.training.config import TrainConfig
@@ -77,6 +80,15 @@ def test_the_transform_augments_as_the_profile_says(profile, zoom_out, colours):
     assert (transform.max_expand_ratio, transform.color_distortion) == (zoom_out, colours)
     plain = Recipe(r.config.replace(augment=False)).transform(model)
     assert isinstance(plain, EncodeTransform)
+
+
+def test_augmenting_without_opencv_is_a_config_error(monkeypatch):
+    r = Recipe(TrainConfig.profile("cpu", pretrained=None))
+    model = r.model()
+    monkeypatch.setitem(sys.modules, "cv2", None)       # not importable: find_spec says None
+    with pytest.raises(ConfigError):
+        r.transform(model)
+    assert isinstance(Recipe(r.config.replace(augment=False)).transform(model), EncodeTransform)
 
 
 def test_training_length_in_epochs_or_iterations():

@@ -117,7 +117,7 @@ OPENCV_DISTRIBUTIONS = ("opencv-python-headless", "opencv-python", "opencv-contr
 
 
 def _install_opencv(constraints: Path, log) -> None:
-    # ChainerCV's augmentations use OpenCV when present (faster, and what Colab has).
+    # ChainerCV's training augmentations need OpenCV (Colab has it).
     # Installed under the NumPy constraint: opencv >= 4.12 needs NumPy 2, and
     # unconstrained pip would silently upgrade NumPy 1.26 to get it.
     present = [n for n in OPENCV_DISTRIBUTIONS if installed_version(n)]
