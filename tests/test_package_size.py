@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures after the last step of docs/design.md's table: lower them with every step
-CEILINGS = {"lines": 11_746, "characters": 574_518, "core lines": 9_742}
+CEILINGS = {"lines": 11_504, "characters": 564_266, "core lines": 9_500}
 
 
 def _figures():
