@@ -150,7 +150,7 @@ def check_gpu(f: Facts) -> Check:
 def check_opencv(f: Facts) -> Check:
     if f.cv2 is None:
         return Check("opencv", "fail", "not installed: training's augmentation (ChainerCV's) "
-                     "needs it", f"{INSTALL} (or pip install opencv-python-headless)")
+                     "needs it", f"{INSTALL} (it picks the OpenCV that fits your NumPy)")
     if f.cv2_error:
         return Check("opencv", "fail", f"{f.cv2} does not import: {f.cv2_error}",
                      "pip install --force-reinstall opencv-python-headless")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.util
 import json
 import math
 import multiprocessing
@@ -87,6 +86,9 @@ def seed_everything(seed: int, devices=None, deterministic: bool = False) -> Non
     random.seed(int(seed))
     np.random.seed(int(seed))
     for device in devices or ():
+        if getattr(device, "xp", None) is None:
+            raise ConfigError(f"devices: {device!r} is not a chainer device; pass "
+                              "medaidet.device.resolve_device(spec)'s")
         if device.xp is not np:             # CuPy: one generator per GPU
             with device.device:
                 device.xp.random.seed(int(seed))
@@ -429,11 +431,6 @@ class Recipe:
     def transform(self, model):
         """Augmentation then multibox encoding; the encoding alone with ``augment=False``."""
         if self.config.augment:
-            if importlib.util.find_spec("cv2") is None:
-                raise ConfigError("augment: OpenCV is not installed, and ChainerCV's "
-                                  "augmentation (random_distort, resize_with_random_"
-                                  "interpolation) needs it: python -m medaidet stack install "
-                                  "(or pip install opencv-python-headless), or augment=False")
             return TrainTransform.for_model(model, max_expand_ratio=self.config.max_expand_ratio,
                                             color_distortion=self.config.color_distortion)
         return EncodeTransform.for_model(model)
@@ -776,9 +773,17 @@ def fit_batch(config: TrainConfig, root, device, log=print):
 # --------------------------------------------------------------------------- run
 
 def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
-    """Check before anything is built: the dataset root, the output folder (created now, not
-    inside its inputs), the ``resume`` and ``pretrained`` files. Returns ``(out, root)``,
+    """Check before anything is built: OpenCV when augmenting, the dataset root, the output
+    folder (created now, not inside its inputs), the ``resume`` and ``pretrained`` files. Returns ``(out, root)``,
     resolved. Raises ConfigError, WeightsError or a ``"not_found"`` DataError."""
+    if config.augment:
+        try:
+            import cv2  # noqa: F401  (ChainerCV's augmentation imports it in each step)
+        except ImportError as exc:
+            raise ConfigError(f"augment: OpenCV does not import ({exc}), and ChainerCV's "
+                              "augmentation needs it: python -m medaidet stack install "
+                              "(it picks the OpenCV that fits your NumPy), or "
+                              "augment=False") from None
     if resume is not None and config.communicator is not None:
         raise WeightsError("resume: resuming a multi-process (ChainerMN) run is not "
                            "supported: each rank's data order and random state would have to "

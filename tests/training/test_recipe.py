@@ -82,13 +82,15 @@ def test_the_transform_augments_as_the_profile_says(profile, zoom_out, colours):
     assert isinstance(plain, EncodeTransform)
 
 
-def test_augmenting_without_opencv_is_a_config_error(monkeypatch):
-    r = Recipe(TrainConfig.profile("cpu", pretrained=None))
-    model = r.model()
-    monkeypatch.setitem(sys.modules, "cv2", None)       # not importable: find_spec says None
+def test_augmenting_without_opencv_stops_before_anything_is_built(monkeypatch, bccd_root,
+                                                                  tmp_path):
+    config = TrainConfig.profile("cpu", pretrained=None, root=str(bccd_root),
+                                 out=str(tmp_path / "run"))
+    monkeypatch.setitem(sys.modules, "cv2", None)       # `import cv2` raises ImportError
     with pytest.raises(ConfigError):
-        r.transform(model)
-    assert isinstance(Recipe(r.config.replace(augment=False)).transform(model), EncodeTransform)
+        train(config, progress=False)
+    assert not (tmp_path / "run").exists()
+    recipe.prepare_run(config.replace(augment=False))   # the encoding alone needs no OpenCV
 
 
 def test_training_length_in_epochs_or_iterations():

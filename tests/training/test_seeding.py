@@ -42,6 +42,12 @@ def test_bad_seeds_are_named(seed):
     assert info.value.kind == "seed" and repr(seed) in str(info.value)   # the value named
 
 
+@pytest.mark.parametrize("device", [0, "gpu", None])
+def test_devices_are_chainer_devices(device):
+    with pytest.raises(ConfigError):
+        seed_everything(0, devices=[device])
+
+
 def _draw_in_worker(transform):
     return multiprocessing.current_process().name, transform(None)
 

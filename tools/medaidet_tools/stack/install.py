@@ -43,11 +43,12 @@ class StackStatus:
     chainercv: object
     chainercv_ours: bool
     cupy: list = field(default_factory=list)
+    opencv: object = None        # the first of OPENCV_DISTRIBUTIONS installed, its version
 
     @property
     def ok(self) -> bool:
         return (self.chainer_ours and self.chainercv_ours and self.numpy_supported
-                and len(self.cupy) <= 1)
+                and len(self.cupy) <= 1 and self.opencv is not None)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "cupy": [f"{n}=={v}" for n, v in self.cupy], "ok": self.ok}
@@ -64,6 +65,7 @@ class StackStatus:
             f"chainercv  {self.chainercv or 'missing'}"
             + (f"  ({ours(self.chainercv_ours)})" if self.chainercv else ""),
             "cupy       " + (", ".join(f"{n}=={v}" for n, v in self.cupy) or "none"),
+            f"opencv     {self.opencv or 'missing'}",
         ]
         if not self.ok:
             lines.append("-> run: python -m medaidet stack install")
@@ -84,6 +86,7 @@ def status() -> StackStatus:
         chainercv=chainercv,
         chainercv_ours=chainercv == sources.CHAINERCV.wheel_version,
         cupy=installed_cupy(),
+        opencv=next(filter(None, map(installed_version, OPENCV_DISTRIBUTIONS)), None),
     )
 
 
