@@ -774,8 +774,8 @@ def fit_batch(config: TrainConfig, root, device, log=print):
 
 def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
     """Check before anything is built: OpenCV when augmenting, the dataset root, the output
-    folder (created now, not inside its inputs), the ``resume`` and ``pretrained`` files. Returns ``(out, root)``,
-    resolved. Raises ConfigError, WeightsError or a ``"not_found"`` DataError."""
+    folder (made now, not inside its inputs), the ``resume`` and ``pretrained`` files; returns
+    ``(out, root)``, resolved. Raises ConfigError, WeightsError or a "not_found" DataError."""
     if config.augment:
         try:
             import cv2  # noqa: F401  (ChainerCV's augmentation imports it in each step)
