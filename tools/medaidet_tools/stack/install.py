@@ -43,7 +43,7 @@ class StackStatus:
     chainercv: object
     chainercv_ours: bool
     cupy: list = field(default_factory=list)
-    opencv: object = None        # the first of OPENCV_DISTRIBUTIONS installed, its version
+    opencv: object = None        # "name version" of the first OPENCV_DISTRIBUTIONS installed
 
     @property
     def ok(self) -> bool:
@@ -86,7 +86,8 @@ def status() -> StackStatus:
         chainercv=chainercv,
         chainercv_ours=chainercv == sources.CHAINERCV.wheel_version,
         cupy=installed_cupy(),
-        opencv=next(filter(None, map(installed_version, OPENCV_DISTRIBUTIONS)), None),
+        opencv=next((f"{n} {installed_version(n)}" for n in OPENCV_DISTRIBUTIONS
+                     if installed_version(n)), None),
     )
 
 
@@ -123,9 +124,9 @@ def _install_opencv(constraints: Path, log) -> None:
     # ChainerCV's training augmentations need OpenCV (Colab has it).
     # Installed under the NumPy constraint: opencv >= 4.12 needs NumPy 2, and
     # unconstrained pip would silently upgrade NumPy 1.26 to get it.
-    present = [n for n in OPENCV_DISTRIBUTIONS if installed_version(n)]
+    present = status().opencv
     if present:
-        log(f"OpenCV: keeping {present[0]} {installed_version(present[0])}")
+        log(f"OpenCV: keeping {present}")
         return
     numpy_major = int((installed_version("numpy") or "2").split(".")[0])
     requirement = "opencv-python-headless" + ("<4.12" if numpy_major < 2 else "")
