@@ -86,27 +86,3 @@ def test_both_editions_save_the_same_code_in_the_same_places():
     en = saved(EDITIONS["en"])
     assert en, "no notebook saves code (a cell beginning with '# @save medaidet/...py')"
     assert saved(EDITIONS["ja"]) == en
-
-
-def test_the_check_sees_a_changed_line_and_ignores_docstrings():
-    module = 'def f(x):\n    """The package\'s words."""\n    return x + 1\n'
-    assert differences('def f(x):\n    """Shorter."""\n    return x + 1\n', module) == {}
-    found = differences("def f(x):\n    return x + 2\n", module)
-    assert set(found) == {"f"}
-    assert "-    return x + 1" in found["f"] and "+    return x + 2" in found["f"]
-    assert differences("def g():\n    pass\n", module) == {"g": "not in the module"}
-
-
-def test_every_definition_that_says_a_notebook_writes_it_is_saved_there():
-    saved = {(module, notebook[:2], section, name)
-             for notebook, section, module, source in saved_cells(EDITIONS["en"])
-             for name in _definitions(ast.parse(source))}
-    claims = []
-    for path in sorted((ROOT / "medaidet").rglob("*.py")):
-        module = path.relative_to(ROOT).as_posix()
-        for name, node in _definitions(ast.parse(path.read_text(encoding="utf-8"))).items():
-            doc = " ".join((ast.get_docstring(node) or "").split()).lower()
-            for nb, section in re.findall(r"written in notebook (\d\d), section (\d+)", doc):
-                claims.append((module, nb, int(section), name))
-    assert claims, "no definition of the package says a notebook writes it"
-    assert [c for c in claims if c not in saved] == []

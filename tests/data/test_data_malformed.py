@@ -14,6 +14,7 @@ from medaidet.data import bccd as bccd_module
 from medaidet.errors import DataError, MedaidetError
 from medaidet.data.bccd import AnnotationWarning, BCCDDataset
 from medaidet.data.validate import validate_dataset
+from conftest import write_split
 
 SPLIT_LISTS = {"train": ["BloodImage_00001", "BloodImage_00003"],
                "val": ["BloodImage_00000", "BloodImage_00002"],
@@ -24,22 +25,9 @@ TARGET_OBJECTS = 19
 
 
 @pytest.fixture
-def root(bccd_root, tmp_path):
+def root(bccd_copy):
     """Five real BCCD images with their annotations and our own split lists."""
-    base = tmp_path / "root"
-    for folder in ("Annotations", "JPEGImages", "ImageSets/Main"):
-        (base / folder).mkdir(parents=True)
-    for ids in SPLIT_LISTS.values():
-        for image_id in ids:
-            shutil.copy(bccd_root / "Annotations" / f"{image_id}.xml", base / "Annotations")
-            shutil.copy(bccd_root / "JPEGImages" / f"{image_id}.jpg", base / "JPEGImages")
-    for split, ids in SPLIT_LISTS.items():
-        write_split(base, split, ids)
-    return base
-
-
-def write_split(root, split, lines):
-    (root / "ImageSets" / "Main" / f"{split}.txt").write_text("".join(f"{x}\n" for x in lines))
+    return bccd_copy(sorted({i for ids in SPLIT_LISTS.values() for i in ids}), SPLIT_LISTS)
 
 
 def xml_file(root, image_id=TARGET):

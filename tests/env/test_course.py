@@ -203,20 +203,6 @@ def test_cell_timeout(tmp_path):
     assert (out / "00_slow.ipynb").is_file()
 
 
-def test_runs_go_under_out_where_a_notebook_has_run_dir(tmp_path):
-    notebooks = tmp_path / "notebooks"
-    make_notebook(notebooks, "03_train", "import pathlib\n"
-                  "pathlib.Path(run_dir, profile).mkdir(parents=True)\n"
-                  "pathlib.Path(run_dir, profile, 'model.npz').write_text('w')",
-                  parameters='run_dir = "../outputs/runs"')
-    make_notebook(notebooks, "04_no_run_dir", "assert 'run_dir' not in globals()")
-    out = tmp_path / "out"
-    summary = run_course(profile="smoke", out=out, notebooks_dir=notebooks, log=_quiet)
-    assert summary.ok, summary.results
-    assert (out / "runs" / "smoke" / "model.npz").read_text() == "w"
-    assert not (tmp_path / "outputs").exists()
-
-
 @pytest.mark.slow(seconds=2)
 def test_a_seed_reaches_the_notebooks_with_a_detector_seed_parameter(tmp_path):
     """Not notebook 06's ``seed``: set to the detector's, its 'another seed' run repeated."""
@@ -400,27 +386,6 @@ def test_the_default_outputs_folder_is_marked_as_the_runners(notebooks, tmp_path
     assert done.returncode == 0, done.stdout + done.stderr
     assert (workdir / "outputs" / OUT_MARKER).is_file()
     assert (workdir / "outputs" / "summary.json").is_file()
-
-
-@pytest.mark.slow(seconds=5)
-def test_lang_ja_runs_the_japanese_edition_into_outputs_ja(tmp_path):
-    notebooks = tmp_path / "notebooks"
-    make_notebook(notebooks, "00_ok", "print('english')")
-    make_notebook(notebooks / "ja", "00_ok", "print('日本語')")
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    for lang in ("ja", "en"):
-        done = _course_run(notebooks, workdir, "--lang", lang)
-        assert done.returncode == 0, done.stdout + done.stderr
-    ja, en = workdir / "outputs" / "ja", workdir / "outputs"
-    assert "日本語" in (ja / "00_ok.ipynb").read_text(encoding="utf-8")
-    assert "english" in (en / "00_ok.ipynb").read_text(encoding="utf-8")
-    assert json.loads((ja / "summary.json").read_text())["lang"] == "ja"
-    assert "- edition: Japanese (日本語版) (`--lang ja`)" in (ja / "summary.md").read_text(
-        encoding="utf-8")
-    assert "- edition: English (`--lang en`)" in (en / "summary.md").read_text()
-    with pytest.raises(CourseError, match="unknown edition --lang 'fr'"):
-        run_course(profile="smoke", out=tmp_path / "x", lang="fr", log=_quiet)
 
 
 @pytest.mark.slow(seconds=2)

@@ -5,19 +5,6 @@ import pytest
 from medaidet_tools.course import run_course
 
 
-@pytest.mark.slow(seconds=8)
-def test_cli_model_commands_are_wired(tmp_path):
-    import subprocess
-    import sys
-    for command in ("train", "evaluate", "count", "export"):
-        done = subprocess.run([sys.executable, "-m", "medaidet", command, "--help"],
-                              capture_output=True, text=True)
-        assert done.returncode == 0 and "usage: medaidet " + command in done.stdout
-    done = subprocess.run([sys.executable, "-m", "medaidet", "evaluate",
-                           str(tmp_path / "model.npz")], capture_output=True, text=True)
-    assert done.returncode == 2 and "model.npz" in done.stderr and "03" in done.stderr
-
-
 @pytest.mark.slow(seconds=81)
 def test_scaling_notebook_without_mpi_runs_what_needs_none(tmp_path, monkeypatch, bccd_root):
     """Notebook 08 also says why the live MPI ranks were skipped."""

@@ -134,15 +134,17 @@ def test_table_json_and_figure():
     gb, gl = make_gt()
     result = evaluate(preds_from(gb, gl, [np.full(len(lb), 0.9) for lb in gl], gb, gl,
                                  split="test"))
-    text = str(result)
-    assert "rbc" in text and "mean" in text and "1.000" in text and "0.719" in text
-    assert result._repr_markdown_().splitlines()[2].startswith("| class | boxes | AP evaluate")
-    assert repr(result) == text and "array(" not in repr(result)
-    summary = result.summary_table().to_markdown().splitlines()
-    assert summary[0] == "|  | mAP | rbc | wbc | platelets |"
-    assert summary[2] == ("| original course (score >= 0.6, published) | 0.719 | 0.760 | "
-                          "0.965 | 0.432 |")
-    assert summary[3].startswith("| this model, evaluate protocol (score >= 0.01) | 1.000 |")
+    table = result.table()
+    assert table.columns[:3] == ["class", "boxes", "AP evaluate (score>=0.01)"]
+    assert [row[:2] for row in table.rows] == [["rbc", 6], ["wbc", 3], ["platelets", 3],
+                                               ["mean", ""]]
+    assert all(v == pytest.approx(1.0) for row in table.rows for v in row[2:])
+    assert repr(result) == str(result) == str(table)
+    assert result._repr_markdown_() == table.to_markdown()
+    summary = result.summary_table()
+    assert summary.columns == ["", "mAP", *NAMES]
+    assert summary.rows[0][1:] == [0.719, 0.760, 0.965, 0.432]     # the course's, published
+    assert [row[1:] for row in summary.rows[1:]] == [pytest.approx([1.0] * 4)] * 2
     d = json.loads(result.to_json())
     assert set(d) >= {"split", "n_images", "iou_thresh", "protocols", "label_names"}
     assert set(d["protocols"]) == {"evaluate", "course"}
@@ -168,26 +170,20 @@ def test_cli_parser_registers_evaluate():
     assert callable(args.func)
 
 
-@pytest.fixture(scope="module")
-def random_weights(tmp_path_factory):
+@pytest.mark.slow(seconds=3)
+def test_evaluate_weights_and_the_cli_on_real_bccd_subset(bccd_root, tmp_path, capsys):
+    """The same evaluation by the API and the CLI; the model is read from the weights."""
     from medaidet.ssd.model import build_ssd
     from medaidet.ssd.weights import save_weights
     np.random.seed(0)
-    model = build_ssd("ssd300", n_fg_class=3)
-    path = tmp_path_factory.mktemp("weights") / "ssd300_random.npz"
-    save_weights(model, path)
-    return path
-
-
-@pytest.mark.slow(seconds=10)
-def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_path):
-    out = tmp_path / "eval"
-    result = evaluate_weights(random_weights, split="test", root=bccd_root, subset=2,
-                              out=out, progress=False)
+    weights, out = tmp_path / "small.npz", tmp_path / "eval"
+    save_weights(build_ssd("ssd_small"), weights)
+    result = evaluate_weights(weights, split="test", root=bccd_root, subset=2, out=out,
+                              progress=False)
     assert result.n_images == 2 and result.split == "test"
     d = json.loads((out / "evaluation.json").read_text())
     assert d["n_images"] == 2 and len(d["image_ids"]) == 2
-    assert d["weights"] == str(random_weights)
+    assert (d["weights"], d["model"]) == (str(weights), "ssd_small")
     for proto in ("evaluate", "course"):
         p = d["protocols"][proto]
         assert set(p["ap_voc"]) == set(NAMES)
@@ -197,21 +193,12 @@ def test_evaluate_weights_on_real_bccd_subset(random_weights, bccd_root, tmp_pat
     for name in NAMES:
         assert d["protocols"]["course"]["n_detections"][name] <= \
             d["protocols"]["evaluate"]["n_detections"][name]
-    png = (out / "pr_curves.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.mark.slow(seconds=2)
-def test_the_model_is_read_from_the_weights(bccd_root, tmp_path, capsys):
-    from medaidet.cli import main
-    from medaidet.ssd.model import build_ssd
-    from medaidet.ssd.weights import save_weights
-
-    np.random.seed(0)
-    save_weights(build_ssd("ssd_small"), tmp_path / "small.npz")
-    assert main(["evaluate", str(tmp_path / "small.npz"), "--subset", "2", "--root",
-                 str(bccd_root), "--device", "cpu", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["model"] == "ssd_small"
+    assert (out / "pr_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["evaluate", str(weights), "--subset", "2", "--root", str(bccd_root),
+                     "--device", "cpu", "--json"]) == 0
+    by_cli = json.loads(capsys.readouterr().out)
+    assert (by_cli["model"], by_cli["image_ids"]) == ("ssd_small", d["image_ids"])
+    assert by_cli["protocols"] == d["protocols"]
 
 
 @pytest.mark.slow(seconds=2)
@@ -232,15 +219,6 @@ def test_seconds_is_the_time_the_prediction_loop_took(bccd_root):
     assert len(predictions) == 5
     assert 0 < predictions.seconds <= took
     assert predictions.filter(0.5).seconds == predictions.seconds
-
-
-@pytest.mark.parametrize("option", ["--subset", "--batch-size"])
-@pytest.mark.parametrize("value", ["0", "-3", "1.5"])
-def test_cli_refuses_a_subset_or_batch_size_that_is_not_positive(option, value, capsys):
-    with pytest.raises(SystemExit) as info:
-        cli.build_parser().parse_args(["evaluate", "w.npz", option, value])
-    assert info.value.code == 2
-    assert f"argument {option}: {value} is " in capsys.readouterr().err
 
 
 @pytest.fixture
@@ -266,13 +244,19 @@ def test_an_out_that_cannot_be_used_fails_before_predicting(case, kind, weights_
     assert file.read_text() == "mine\n" and not (bccd_root / "eval").exists()
 
 
-@pytest.mark.parametrize("name, kwargs", [("--subset", dict(subset=0)),
-                                          ("--batch-size", dict(batch_size=0)),
-                                          ("--subset", dict(subset=2.5))])
-def test_python_api_checks_numbers_before_predicting(weights_file, bccd_root, name, kwargs,
-                                                     no_prediction):
-    with pytest.raises(ConfigError, match=f"^{name}: "):
-        evaluate_weights(weights_file, root=bccd_root, progress=False, **kwargs)
+@pytest.mark.parametrize("option", ["--subset", "--batch-size"])
+@pytest.mark.parametrize("value", ["0", "-3", "1.5"])
+def test_a_subset_or_batch_size_not_a_positive_integer_is_refused(option, value, weights_file,
+                                                                  bccd_root, no_prediction,
+                                                                  capsys):
+    """By the CLI's parser (exit 2) and by the Python API, before predicting."""
+    with pytest.raises(SystemExit) as info:
+        cli.build_parser().parse_args(["evaluate", "w.npz", option, value])
+    assert info.value.code == 2 and f"argument {option}: " in capsys.readouterr().err
+    number = float(value) if "." in value else int(value)
+    with pytest.raises(ConfigError, match=f"^{option}: "):         # the field first
+        evaluate_weights(weights_file, root=bccd_root, progress=False,
+                         **{option[2:].replace("-", "_"): number})
 
 
 def test_predictions_without_any_box_are_a_named_error_not_nan():
@@ -304,30 +288,24 @@ def test_pr_curves_of_a_class_with_detections_but_no_box():
     assert all(label.endswith("(no curve)") for label in labels)
 
 
-def test_cli_on_a_split_without_objects_fails_before_predicting(weights_file, tmp_path,
-                                                               no_prediction, capsys):
-    from medaidet.cli import main
-    from synthetic import make_synthetic
-    root = make_synthetic(tmp_path / "ds", n=6, seed=0)
+def test_cli_on_a_split_without_objects_fails_before_predicting(weights_file, bccd_copy,
+                                                               tmp_path, no_prediction, capsys):
+    root = bccd_copy()
     edit_objects(root, split_ids(root, "test"))
     out = tmp_path / "eval"
-    assert main(["evaluate", str(weights_file), "--root", str(root), "--out", str(out)]) == 2
+    assert cli.main(["evaluate", str(weights_file), "--root", str(root), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("medaidet: error: split test has no objects") and err.count("\n") == 1
+    assert err.startswith("medaidet: error: ") and err.count("\n") == 1
     assert f"{root}/ImageSets/Main/test.txt" in err                # the list to check
     assert not (out / "evaluation.json").exists()
 
 
-def test_a_subset_without_objects_asks_for_more_images(weights_file, tmp_path,
-                                                       no_prediction):
-    from synthetic import make_synthetic
-    root = make_synthetic(tmp_path / "ds", n=6, seed=0)
-    train = split_ids(root, "train")
-    edit_objects(root, train[:1])
+def test_a_subset_without_objects_asks_for_more_images(weights_file, bccd_copy, no_prediction):
+    root = bccd_copy()
+    edit_objects(root, split_ids(root, "train")[:1])
     with pytest.raises(ConfigError) as info:
         evaluate_weights(weights_file, split="train", root=root, subset=1, progress=False)
     assert info.value.kind == "nothing_to_evaluate"
-    assert str(info.value).startswith("the first 1 images of split train")
     with pytest.raises(AssertionError, match="model was built"):   # 2 images: one has boxes
         evaluate_weights(weights_file, split="train", root=root, subset=2, progress=False)
 

@@ -102,59 +102,6 @@ def test_split(bccd_root):
         return BCCDDataset(bccd_root, "test", use_difficult=True)
 
 
-def noisy_predictions(dataset, seed=0):
-    """The real test boxes jittered, dropped, duplicated, relabelled, plus random boxes."""
-    rng = np.random.default_rng(seed)
-    pb, pl, ps, gb, gl = [], [], [], [], []
-    for i in range(len(dataset)):
-        bbox, label = dataset.slice[:, ("bbox", "label")][i]
-        keep = rng.random(len(label)) > 0.2
-        b = bbox[keep] + rng.normal(0, 6, (keep.sum(), 4)).astype(np.float32)
-        lb = label[keep].copy()
-        swap = rng.random(len(lb)) < 0.1
-        lb[swap] = rng.integers(0, 3, swap.sum())
-        dup = rng.random(len(lb)) < 0.15
-        b = np.concatenate([b, b[dup] + 2, np.tile(rng.uniform(0, 400, (2, 2)), 2)
-                            + np.array([0, 0, 30, 30], np.float32)]).astype(np.float32)
-        lb = np.concatenate([lb, lb[dup], rng.integers(0, 3, 2)]).astype(np.int32)
-        pb.append(b)
-        pl.append(lb)
-        ps.append(rng.uniform(0.01, 1, len(lb)).astype(np.float32))
-        gb.append(bbox)
-        gl.append(label)
-    return Predictions(list(dataset.ids), pb, pl, ps, gb, gl, None, NAMES, 0.01, "test")
-
-
-def test_matching_agrees_with_chainercv_voc_on_the_test_split(test_split):
-    from chainercv.evaluations import calc_detection_voc_prec_rec
-
-    preds = noisy_predictions(test_split)
-    thresh = 0.3
-    kept = preds.filter(thresh)
-    prec, rec = calc_detection_voc_prec_rec(
-        kept.pred_bboxes, kept.pred_labels, kept.pred_scores, kept.gt_bboxes, kept.gt_labels,
-        iou_thresh=0.5)
-    matches = [match_detections(*(getattr(preds, k)[i] for k in (
-        "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels")),
-        score_thresh=thresh) for i in range(len(preds))]
-    for l in range(3):
-        scores = np.concatenate([s[m.kept & (lb == l)] for s, lb, m in
-                                 zip(preds.pred_scores, preds.pred_labels, matches)])
-        tp = np.concatenate([m.tp[m.kept & (lb == l)]
-                             for lb, m in zip(preds.pred_labels, matches)])
-        fp = np.concatenate([m.fp[m.kept & (lb == l)]
-                             for lb, m in zip(preds.pred_labels, matches)])
-        assert (tp ^ fp).all()        # no difficult box: every kept detection is one
-        order = scores.argsort()[::-1]
-        ctp = np.cumsum(tp[order])
-        np.testing.assert_allclose(ctp / np.arange(1, len(ctp) + 1), prec[l])
-        n_pos = sum(int((g == l).sum()) for g in preds.gt_labels)
-        missed = sum(int(m.missed[g == l].sum()) for m, g in zip(matches, preds.gt_labels))
-        np.testing.assert_allclose(ctp[-1] / n_pos, rec[l][-1])
-        assert missed == n_pos - ctp[-1]
-        assert 0 < ctp[-1] and 0 < fp.sum() and 0 < missed   # every outcome occurs
-
-
 def known_predictions(dataset, n_images=4):
     """Per image: rbc/wbc exact (TP), platelets missed, one FP rbc, one rbc scoring 0.2."""
     pb, pl, ps, gb, gl = [], [], [], [], []

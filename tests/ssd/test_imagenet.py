@@ -130,72 +130,54 @@ def test_404_then_timm(served, cache, caplog):
     assert "HTTP 404" in caplog.text
 
 
-def test_a_download_with_another_checksum_is_deleted_and_named(served, cache):
+PLACED = "vgg16.tv_in1k.safetensors"        # timm's file, placed by hand
+CONVERTED = "ssd_vgg16_imagenet_from_timm.npz"
+SIDECAR = CONVERTED + ".sha256"
+CHAINERCVS = "ssd_vgg16_imagenet_converted_2017_06_09.npz"
+
+
+def prepare(cache, served, step):
+    """Before the fetch: timm's file placed by hand ('placed', 'placed-wrong'), or its converted
+    file fetched, then changed ('appended', 'truncated')."""
+    if step in ("placed", "placed-wrong"):
+        cache.mkdir(parents=True)
+        (cache / PLACED).write_bytes((served[0] / "model.safetensors").read_bytes()
+                                     if step == "placed" else b"{}" * 10)
+    elif step:
+        path, _, _ = fetch(sources(served, chainercv="closed", timm="good"))
+        if step == "appended":
+            path.write_bytes(path.read_bytes() + b"changed")
+        else:       # with a sidecar for the damaged file: it proves nothing, the build reads it
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+            path.with_name(SIDECAR).write_text(f"{sha256(path)}  {path.name}\n")
+
+
+@pytest.mark.parametrize("chainercv, timm, step, expected, cached", [
+    ("good", "good", None, ("chainercv", "download", CHAINERCVS), {CHAINERCVS}),
+    ("not-vgg", "good", None, ("timm", "download", CONVERTED), {CONVERTED, SIDECAR}),  # deleted
+    ("closed", "closed", "placed", ("timm", "cache", CONVERTED), {PLACED, CONVERTED, SIDECAR}),
+], ids=["chainercvs-own-file", "not-vgg-then-timm", "timm-placed-by-hand"])
+def test_a_source_gives_the_file(served, cache, chainercv, timm, step, expected, cached):
+    prepare(cache, served, step)
+    path, source, how = fetch(sources(served, chainercv, timm))
+    assert (source.name, how, path) == expected[:2] + (cache / expected[2],)
+    assert {p.name for p in cache.iterdir()} == cached
+    if source.name == "chainercv":
+        assert sha256(path) == sha256(served[0] / path.name)      # no conversion
+
+
+@pytest.mark.parametrize("chainercv, timm, step, kind, name", [
+    ("404", "wrong-sha", None, "missing", None),        # the download is deleted
+    ("closed", "404", None, "missing", None),           # every source failed
+    ("closed", "closed", "placed-wrong", "checksum", PLACED),
+    ("closed", "good", "appended", "checksum", CONVERTED),
+    ("closed", "good", "truncated", "file", CONVERTED),
+], ids=["download-of-another-checksum", "offline", "placed-wrong", "converted-changed",
+        "converted-truncated"])
+def test_a_source_that_fails_is_named(served, cache, chainercv, timm, step, kind, name):
+    prepare(cache, served, step)
     with pytest.raises(WeightsError) as info:
-        fetch(sources(served, chainercv="404", timm="wrong-sha"))
-    assert info.value.kind == "missing"
-    assert not cache.exists() or not any(cache.iterdir())
-
-
-def test_chainercvs_own_file_is_used_as_it_is(served, cache):
-    path, source, how = fetch(sources(served, "good"))
-    assert (source.name, how) == ("chainercv", "download")
-    assert path == cache / "ssd_vgg16_imagenet_converted_2017_06_09.npz"
-    assert sha256(path) == sha256(served[0] / path.name)      # no conversion
-
-
-def test_a_server_file_that_is_not_vgg16_is_deleted(served, cache, caplog):
-    caplog.set_level(logging.INFO, logger="medaidet")
-    _, source, _ = fetch(sources(served, chainercv="not-vgg", timm="good"))
-    assert source.name == "timm"
-    assert "is not ChainerCV's ImageNet VGG-16" in caplog.text
-    assert not (cache / "ssd_vgg16_imagenet_converted_2017_06_09.npz").exists()
-
-
-def test_offline_one_error_lists_every_source(served, cache):
-    chain = sources(served, "closed", "404")
-    with pytest.raises(WeightsError) as info:
-        fetch(chain)
-    for source in chain:
-        assert source.url in str(info.value) and str(cache / source.file_name) in str(info.value)
-    assert (info.value.kind, info.value.path) == ("missing", cache)
-    assert not cache.exists() or not any(cache.iterdir())
-
-
-def test_a_file_placed_by_hand_is_checked_and_converted(served, cache):
-    cache.mkdir(parents=True)
-    placed = cache / "vgg16.tv_in1k.safetensors"
-    placed.write_bytes((served[0] / "model.safetensors").read_bytes())
-    path, source, how = fetch(sources(served, "closed", "closed"))
-    assert (source.name, how, path.name) == ("timm", "cache", "ssd_vgg16_imagenet_from_timm.npz")
-    assert placed.exists()
-
-
-def test_a_wrong_file_placed_by_hand_is_named(served, cache):
-    cache.mkdir(parents=True)
-    wrong = cache / "vgg16.tv_in1k.safetensors"
-    wrong.write_bytes(b"{}" * 10)
-    with pytest.raises(WeightsError) as info:
-        fetch(sources(served, "closed", "closed"))
-    assert (info.value.kind, info.value.path) == ("checksum", wrong)
-
-
-def test_a_converted_file_changed_since_is_named(served, cache):
-    chain = sources(served, chainercv="closed", timm="good")
-    path, _, _ = fetch(chain)
-    with open(path, "ab") as f:
-        f.write(b"changed")
-    with pytest.raises(WeightsError) as info:
-        fetch(chain)
-    assert (info.value.kind, info.value.path) == ("checksum", path)
-
-
-def test_a_truncated_converted_file_with_a_matching_sidecar_is_damaged_not_cached(served, cache):
-    """A sidecar written for the damaged file proves nothing: the build reads the file."""
-    chain = sources(served, chainercv="closed", timm="good")
-    path, _, _ = fetch(chain)
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    path.with_name(path.name + ".sha256").write_text(f"{sha256(path)}  {path.name}\n")
-    with pytest.raises(WeightsError) as info:
-        fetch(chain)
-    assert info.value.path == path
+        fetch(sources(served, chainercv, timm))
+    assert (info.value.kind, info.value.path) == (kind, cache / name if name else cache)
+    if name is None:
+        assert not cache.exists() or not any(cache.iterdir())

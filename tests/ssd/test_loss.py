@@ -10,8 +10,10 @@ from chainercv.links.model.ssd.multibox_loss import (
     _hard_negative as cv_hard_negative,
 )
 
+from stubs import FakeComm
+
 import medaidet.ssd.loss as loss_module
-from medaidet.errors import DivergedError, InvalidTargetsError, MedaidetError
+from medaidet.errors import DivergedError, InvalidTargetsError
 from medaidet.ssd.loss import hard_negative, multibox_loss
 
 N_PRIOR_SSD300 = 8732
@@ -127,44 +129,53 @@ def test_ties_choose_chainercvs_negatives_not_a_stable_sorts():
         pytest.skip("this NumPy's default argsort kept every tie in order: nothing to tell apart")
 
 
-def test_zero_loss_negatives_tied_with_positives_equal_chainercv():
-    # many positives: k * n_positive reaches into the group of 0 losses tied with positives
-    for seed in range(8):
-        rng = np.random.RandomState(seed)
-        inputs = make_inputs(rng, 3, N_PRIOR_SSD300, N_CLASS_BCCD, positive_rate=0.08,
-                             confident_background=True)
-        ce = cv_softmax_cross_entropy(inputs[1], inputs[3]).array
-        assert (ce[inputs[3] == 0] == 0).sum() > 1000
-        assert_same_as_chainercv(inputs, 3)
+def tied_zero_losses(rng):
+    """Many positives: k * n_positive reaches into the 0-loss negatives tied with them."""
+    inputs = make_inputs(rng, 3, N_PRIOR_SSD300, positive_rate=0.08, confident_background=True)
+    assert (cv_softmax_cross_entropy(inputs[1], inputs[3]).array[inputs[3] == 0] == 0).sum() \
+        > 1000
+    return inputs
 
 
-def test_zero_positives_return_float32_zeros_like_chainercv():
-    rng = np.random.RandomState(1)
-    for n_batch in (1, 3):
-        ours = assert_same_as_chainercv(make_inputs(rng, n_batch, 50, positive_rate=0), 3)
-        for b in ours[:2]:
-            assert b.dtype == np.float32 and float(b.array) == 0
-
-
-def test_all_positives_equal_chainercv_and_mine_no_negatives():
-    rng = np.random.RandomState(2)
-    for n_prior in (1, 40, N_PRIOR_SSD300):
-        inputs = make_inputs(rng, 2, n_prior, positive_rate=1.0)
-        assert (inputs[3] > 0).all()
-        assert_same_as_chainercv(inputs, 3)
-        assert not our_mask(inputs[1], inputs[3], 3).any()
-
-
-def test_float64_float16_and_non_contiguous_scores_equal_chainercv():
-    rng = np.random.RandomState(3)
-    for dtype in (np.float64, np.float16):
-        inputs = [a.astype(dtype) if a.dtype.kind == "f" else a
-                  for a in make_inputs(rng, 2, 300, positive_rate=0.1)]
-        assert_same_as_chainercv(tuple(inputs), 3)
+def non_contiguous_scores(rng):
     locs, confs, gt_locs, labels = make_inputs(rng, 2, 300, positive_rate=0.1)
-    transposed = np.ascontiguousarray(confs.transpose(2, 0, 1)).transpose(1, 2, 0)
-    assert not transposed.flags.c_contiguous
-    assert_same_as_chainercv((locs, transposed, gt_locs, labels), 3, variables=False)
+    confs = np.ascontiguousarray(confs.transpose(2, 0, 1)).transpose(1, 2, 0)
+    assert not confs.flags.c_contiguous
+    return locs, confs, gt_locs, labels
+
+
+def as_dtype(dtype):
+    return lambda rng: tuple(a.astype(dtype) if a.dtype.kind == "f" else a
+                             for a in make_inputs(rng, 2, 300, positive_rate=0.1))
+
+
+EDGE_INPUTS = [
+    # (id, inputs from a RandomState, its seeds, k, as Variables (with gradients) or arrays)
+    ("tied-zero-losses", tied_zero_losses, range(8), 3, True),
+    *[(f"no-positives-{b}", lambda rng, b=b: make_inputs(rng, b, 50, positive_rate=0), [1], 3,
+       True) for b in (1, 3)],
+    *[(f"all-positive-{n}", lambda rng, n=n: make_inputs(rng, 2, n, positive_rate=1.0), [2], 3,
+       True) for n in (1, 40, N_PRIOR_SSD300)],
+    ("float64", as_dtype(np.float64), [3], 3, True),
+    ("float16", as_dtype(np.float16), [3], 3, True),
+    ("non-contiguous-scores", non_contiguous_scores, [3], 3, False),
+    # ChainerCV documents k as a float: ints, floats, NumPy scalars and fractions stay valid
+    *[(f"k-{type(k).__name__}-{k}", lambda rng: make_inputs(rng, 3, 300, positive_rate=0.3),
+       [7], k, True) for k in (3, 3.0, np.int64(3), np.float32(2.5), 0)],
+]
+
+
+@pytest.mark.parametrize("make, seeds, k, variables", [case[1:] for case in EDGE_INPUTS],
+                         ids=[case[0] for case in EDGE_INPUTS])
+def test_edge_inputs_equal_chainercv(make, seeds, k, variables):
+    for seed in seeds:
+        inputs = make(np.random.RandomState(seed))
+        ours = assert_same_as_chainercv(inputs, k, variables=variables)
+        _, confs, _, labels = inputs
+        if not (labels > 0).any():                 # float32 zeros, like ChainerCV's
+            assert all(b.dtype == np.float32 and float(b.array) == 0 for b in ours[:2])
+        if (labels > 0).all():                     # no negative to mine
+            assert not our_mask(confs, labels, k).any()
 
 
 def test_targets_may_be_variables():
@@ -173,19 +184,6 @@ def test_targets_may_be_variables():
     expected = multibox_loss(locs, confs, gt_locs, labels, 3)
     got = multibox_loss(locs, confs, chainer.Variable(gt_locs), chainer.Variable(labels), 3)
     assert all(np.array_equal(a.array, b.array) for a, b in zip(expected, got))
-
-
-class FakeComm:
-    """A ChainerMN communicator's ``size`` and ``allreduce_obj``; other workers add ``others``."""
-
-    def __init__(self, size, others):
-        self.size = size
-        self.others = others
-        self.received = []
-
-    def allreduce_obj(self, obj):
-        self.received.append(obj)
-        return obj + self.others
 
 
 @pytest.mark.parametrize("positive_rate, others", [(0.05, 7), (0.05, 0), (0.0, 5), (0.0, 0)])
@@ -269,14 +267,6 @@ def test_n_positive_skips_comm_and_zero_gives_zeros():
         assert float(a.array) == pytest.approx(float(b.array), rel=1e-6)
 
 
-@pytest.mark.parametrize("bad", [-1, np.nan, np.inf, np.array([3, 4]), "7"])
-def test_invalid_n_positive_is_named(bad):
-    locs, confs, gt_locs, labels = valid()
-    with pytest.raises(InvalidTargetsError) as info:
-        multibox_loss(locs, confs, gt_locs, labels, 3, n_positive=bad)
-    assert info.value.argument == "n_positive"
-
-
 def test_hard_negative_by_hand():
     loss = np.array([[0.5, 2.0, 0.1, 3.0, 1.0, 0.7]], dtype=np.float32)
     positive = np.array([[False, False, False, True, False, False]])
@@ -312,52 +302,63 @@ def valid(seed=7, n_batch=3, n_prior=20):
 ARGUMENT_NAMES = ("mb_locs", "mb_confs", "gt_mb_locs", "gt_mb_labels")
 
 
-def test_error_classes():
-    assert issubclass(InvalidTargetsError, MedaidetError)
-    assert issubclass(InvalidTargetsError, ValueError)
-    assert issubclass(DivergedError, MedaidetError)
-    assert issubclass(DivergedError, FloatingPointError)
-    assert not issubclass(DivergedError, ValueError)
+BAD = object()      # as a field: the error's value is the bad argument itself
 
 
-@pytest.mark.parametrize("b, i, bad", [(1, 7, 4), (0, 11, -1), (2, 0, 9)],
-                         ids=["n_class", "negative", "beyond"])
-def test_label_outside_0_n_class_is_named(b, i, bad):
+def labels_set(b, i, bad):
+    def change(labels):
+        labels = labels.copy()
+        labels[b, i] = labels[2, 3] = bad
+        return labels
+    return change
+
+
+def row(name, argument, bad, unchecked=False, **fields):
+    """``bad``: the argument's bad value from its valid one; ``unchecked``: raised with
+    ``check=False`` too; ``fields``: the InvalidTargetsError's, besides ``argument``."""
+    return pytest.param(argument, bad, unchecked, fields, id=name)
+
+
+INVALID = [
+    *[row(f"n_positive={bad!r}", "n_positive", lambda _, bad=bad: bad, True, value=BAD)
+      for bad in (-1, np.nan, np.inf, np.array([3, 4]), "7")],
+    *[row(f"k={bad!r}", "k", lambda _, bad=bad: bad, True, value=BAD,
+          allowed="a finite number >= 0")
+      for bad in ("3", None, True, np.bool_(True), -1, -0.5, np.nan, np.inf,
+                  np.float32(np.nan), np.array([3]), [3])],
+    *[row(f"{name}-list", name, lambda a: a.tolist(), True, value=BAD)
+      for name in ARGUMENT_NAMES],
     # ChainerCV: a raw IndexError for n_class (a GPU fault), and -1 silently ignored
-    locs, confs, gt_locs, labels = valid()
-    labels[b, i] = labels[2, 3] = bad
-    with pytest.raises(InvalidTargetsError) as info:
-        multibox_loss(locs, confs, gt_locs, labels, 3)
-    err = info.value
-    assert (err.argument, err.batch_index, err.prior_index, err.value, err.count, err.allowed) \
-        == ("gt_mb_labels", b, i, bad, 2, "[0, 4)")
-    assert f"gt_mb_labels[{b}, {i}] = {bad}" in str(err)
+    *[row(f"label-{case}", "gt_mb_labels", labels_set(b, i, bad), batch_index=b, prior_index=i,
+          value=bad, count=2, allowed="[0, 4)")
+      for case, b, i, bad in [("n_class", 1, 7, 4), ("negative", 0, 11, -1), ("beyond", 2, 0, 9)]],
+    row("labels-float32", "gt_mb_labels", lambda a: a.astype(np.float32),
+        allowed="an integer dtype"),
+    row("labels-uint64", "gt_mb_labels", lambda a: a.astype(np.uint64),
+        allowed="int8, int16, int32, int64, uint8, uint16 or uint32"),
+    row("gt_mb_locs-float64", "gt_mb_locs", lambda a: a.astype(np.float64), allowed=None),
+    *[row(f"{name}-shape-{shape}", name, lambda a, shape=shape: np.zeros(shape, a.dtype))
+      for name, shape in [("mb_confs", (3, 19, 4)), ("mb_locs", (3, 20, 5)),
+                          ("gt_mb_locs", (2, 20, 4)), ("gt_mb_labels", (3, 20, 1)),
+                          ("mb_confs", (3, 20))]],
+]
 
 
-@pytest.mark.parametrize("argument, dtype, allowed", [
-    ("gt_mb_labels", np.float32, "an integer dtype"),
-    ("gt_mb_labels", np.uint64, "int8, int16, int32, int64, uint8, uint16 or uint32"),
-    ("gt_mb_locs", np.float64, None)])
-def test_wrong_target_dtype_is_named(argument, dtype, allowed):
-    args = dict(zip(ARGUMENT_NAMES, valid()))
-    args[argument] = args[argument].astype(dtype)
-    with pytest.raises(InvalidTargetsError) as info:
-        multibox_loss(k=3, **args)
-    assert (info.value.argument, info.value.allowed) == (argument, allowed)
-    assert np.dtype(dtype).name in str(info.value)
-
-
-@pytest.mark.parametrize("argument, shape", [
-    ("mb_confs", (3, 19, 4)), ("mb_locs", (3, 20, 5)), ("gt_mb_locs", (2, 20, 4)),
-    ("gt_mb_labels", (3, 20, 1)), ("mb_confs", (3, 20)),
-])
-def test_shape_mismatch_is_named(argument, shape):
-    args = dict(zip(ARGUMENT_NAMES, valid()))
-    args[argument] = np.zeros(shape, dtype=args[argument].dtype)
-    with pytest.raises(InvalidTargetsError) as info:
-        multibox_loss(k=3, **args)
-    assert info.value.argument == argument
-    assert str(shape).replace(",)", ")") in str(info.value)
+@pytest.mark.parametrize("argument, bad, unchecked, fields", INVALID)
+def test_invalid_arguments_are_named(argument, bad, unchecked, fields):
+    args = dict(zip(ARGUMENT_NAMES, valid()), k=3)
+    args[argument] = bad = bad(args.get(argument))
+    for check in (True, False) if unchecked else (True,):
+        with pytest.raises(InvalidTargetsError) as info:
+            multibox_loss(check=check, **args)
+        assert info.value.argument == argument
+        for name, want in fields.items():
+            got = getattr(info.value, name)
+            assert got is bad if want is BAD else got == want, name
+    if argument == "k":
+        with pytest.raises(InvalidTargetsError) as info:
+            hard_negative(np.zeros((3, 20), np.float32), args["gt_mb_labels"] > 0, bad)
+        assert info.value.argument == "k"
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64,
@@ -449,45 +450,6 @@ def test_one_host_transfer_on_the_success_path(monkeypatch, check):
     multibox_loss(*valid(n_prior=N_PRIOR_SSD300), 3, check=check)
     assert len(calls) == int(check)     # the check's one transfer; ChainerCV's loss syncs itself
     assert all(c.size <= 8 for c in calls)
-
-
-@pytest.mark.parametrize("check", [True, False])
-@pytest.mark.parametrize("argument", ARGUMENT_NAMES)
-def test_a_list_instead_of_an_array_is_named(argument, check):
-    args = dict(zip(ARGUMENT_NAMES, valid()))
-    args[argument] = args[argument].tolist()
-    with pytest.raises(InvalidTargetsError) as info:
-        multibox_loss(k=3, check=check, **args)
-    err = info.value
-    assert err.argument == argument and err.value is args[argument]
-    form = {"mb_locs": "(B, K, 4)", "mb_confs": "(B, K, n_class)",
-            "gt_mb_locs": "(B, K, 4)", "gt_mb_labels": "integer array of shape (B, K)"}
-    assert form[argument] in err.allowed
-
-
-@pytest.mark.parametrize("bad", ["3", None, True, np.bool_(True), -1, -0.5, np.nan, np.inf,
-                                 np.float32(np.nan), np.array([3]), [3]])
-def test_k_must_be_a_finite_number_not_below_0(bad):
-    locs, confs, gt_locs, labels = valid()
-    for check in (True, False):
-        with pytest.raises(InvalidTargetsError) as info:
-            multibox_loss(locs, confs, gt_locs, labels, bad, check=check)
-        assert (info.value.argument, info.value.allowed) == ("k", "a finite number >= 0")
-        assert info.value.value is bad
-    ce = cv_softmax_cross_entropy(confs, labels).array
-    with pytest.raises(InvalidTargetsError) as info:
-        hard_negative(ce, labels > 0, bad)
-    assert info.value.argument == "k"
-
-
-def test_k_of_any_real_number_type_gives_chainercvs_loss():
-    # ChainerCV documents k as a float: ints, floats, NumPy scalars and fractions stay valid
-    locs, confs, gt_locs, labels = valid(n_prior=300)
-    for k, same_as in ((3, 3), (3.0, 3), (np.int64(3), 3), (np.float32(2.5), 2.5), (0, 0)):
-        ours = multibox_loss(locs, confs, gt_locs, labels, k)
-        theirs = cv_multibox_loss(locs, confs, gt_locs, labels, same_as)
-        for a, b in zip(ours, theirs):
-            assert np.array_equal(a.array, b.array), k
 
 
 @pytest.mark.gpu

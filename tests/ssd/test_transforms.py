@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from chainercv import transforms as cvt
 from chainercv.links import SSD300
-from chainercv.links.model.ssd import random_crop_with_bbox_constraints
 
 import medaidet.ssd.transforms as T
 from medaidet.data.bccd import BCCDDataset
@@ -257,36 +256,6 @@ def test_labels_stay_with_their_boxes(transform, geometry_only):
     assert transform.stats.too_small > 0 and kept.count(0) < kept.count(1)
 
 
-def test_raw_chainercv_recipe_emits_what_the_recheck_prevents(transform, geometry_only):
-    """Slivers give loc targets of ~|40|: the re-check drops them."""
-    img = np.zeros((3, 480, 640), dtype=np.float32)
-    bbox = np.array([[200, 100, 200.01, 500]], dtype=np.float32)   # 0.01 px tall
-    label = np.array([0], dtype=np.int32)
-
-    def raw(img, bbox, label):        # ChainerCV's example Transform, geometry only
-        if random.random() < 0.5:
-            img, param = cvt.random_expand(img, fill=0, return_param=True)
-            bbox = cvt.translate_bbox(bbox, y_offset=param["y_offset"],
-                                      x_offset=param["x_offset"])
-        img, param = random_crop_with_bbox_constraints(img, bbox, return_param=True)
-        bbox, param = cvt.crop_bbox(bbox, y_slice=param["y_slice"], x_slice=param["x_slice"],
-                                    allow_outside_center=False, return_param=True)
-        label = label[param["index"]]
-        bbox = cvt.resize_bbox(bbox, img.shape[1:], (SIZE, SIZE))
-        return transform.coder.encode(bbox, label)
-
-    extreme = 0
-    for seed in range(20):
-        random.seed(seed)
-        mb_loc, mb_label = raw(img, bbox, label)
-        extreme += (mb_label > 0).any() and np.abs(mb_loc[mb_label > 0]).max() > 20
-        random.seed(seed)
-        _, out_bbox, _ = transform.augment(img, bbox, label)
-        assert len(out_bbox) == 0
-    assert extreme > 5
-    assert transform.stats.too_small + transform.stats.cropped_out == 20
-
-
 def test_sample_without_boxes(transform, real_samples):
     img = real_samples[0][0]
     random.seed(1)
@@ -318,38 +287,47 @@ def test_recheck_boxes_clips_drops_and_keeps_labels_aligned():
     assert recheck_boxes(bbox, label, (300, 300), N_FG, min_size=2).keep[6] == 0
 
 
-@pytest.mark.parametrize("bad", [3, -1, 7])
-def test_label_outside_range_raises(transform, real_samples, bad):
-    img, bbox, label = real_samples[0]
+def relabelled(sample, bad):
+    """``sample``'s boxes with box 4 labelled ``bad``."""
+    img, bbox, label = sample
     label = label.copy()
     label[4] = bad
-    for call in (lambda: transform((img, bbox, label)),
-                 lambda: recheck_boxes(bbox, label, (480, 640), N_FG)):
-        with pytest.raises(DataError) as info:
-            call()
-        assert (info.value.kind, info.value.box_index, info.value.value) == \
-            ("label_range", 4, bad)
+    return bbox, label
 
 
-@pytest.mark.parametrize("bbox, label, kind, shown", [
-    ([[0, 0, 5, 5]], np.array([0.0]), "label_dtype", "float64"),
-    ([[0, 0, 5, 5]], np.array([True]), "label_dtype", "bool"),
-    ([[0, 0, 5, 5]], np.array([0, 1]), "shape", "(2,)"),
-    ([[0, 0, 5]], np.array([0]), "shape", "(1, 3)"),
-    ([[0, 0, 5, np.inf]], np.array([0]), "non_finite_box", "box 0"),
-    ([[0, 0, 5, 5], [10, 20, 5, 30]], np.array([0, 1]), "reversed_box", "box 1"),
-])
-def test_wrong_sample_raises(bbox, label, kind, shown):
-    img = np.zeros((3, 40, 40), np.float32)
-    with pytest.raises(DataError) as info:
-        check_sample(img, np.array(bbox, np.float32), label, N_FG)
-    assert info.value.kind == kind and shown in str(info.value)
+def checked(bbox, label, shape=(3, 40, 40)):
+    """``check_sample`` of an image of ``shape``."""
+    return lambda t, s: check_sample(np.zeros(shape, np.float32), np.array(bbox, np.float32),
+                                     np.array(label), N_FG)
 
 
-def test_wrong_image_raises():
-    with pytest.raises(DataError) as info:
-        check_sample(np.zeros((40, 40, 3), np.float32), np.zeros((0, 4)), np.zeros(0, int), 3)
-    assert info.value.kind == "image" and "(40, 40, 3)" in str(info.value)
+WRONG = {
+    # id: (call(transform, a real sample), the DataError's kind and fields; {}: a ValueError)
+    **{f"label-{bad}": (lambda t, s, bad=bad: t((s[0], *relabelled(s, bad))),
+                        dict(kind="label_range", box_index=4, value=bad)) for bad in (3, -1, 7)},
+    **{f"label-{bad}-recheck": (lambda t, s, bad=bad: recheck_boxes(*relabelled(s, bad),
+                                                                    (480, 640), N_FG),
+                                dict(kind="label_range", box_index=4, value=bad))
+       for bad in (3, -1, 7)},
+    "label-float": (checked([[0, 0, 5, 5]], [0.0]), dict(kind="label_dtype", value=np.float64)),
+    "label-bool": (checked([[0, 0, 5, 5]], [True]), dict(kind="label_dtype", value=bool)),
+    "more-labels": (checked([[0, 0, 5, 5]], [0, 1]), dict(kind="shape")),
+    "box-of-3": (checked([[0, 0, 5]], [0]), dict(kind="shape")),
+    "inf-box": (checked([[0, 0, 5, np.inf]], [0]),
+                dict(kind="non_finite_box", box_index=0, value=[0, 0, 5, np.inf])),
+    "reversed-box": (checked([[0, 0, 5, 5], [10, 20, 5, 30]], [0, 1]),
+                     dict(kind="reversed_box", box_index=1, value=[10, 20, 5, 30])),
+    "hwc-image": (checked(np.zeros((0, 4)), np.zeros(0, int), (40, 40, 3)), dict(kind="image")),
+    "min_size-0": (lambda t, s: TrainTransform(t.coder, SIZE, t.mean, min_size=0), {}),
+    "n_fg_class-0": (lambda t, s: TrainTransform(t.coder, SIZE, t.mean, n_fg_class=0), {}),
+}
+
+
+@pytest.mark.parametrize("call, fields", WRONG.values(), ids=list(WRONG))
+def test_wrong_samples_and_settings_raise(transform, real_samples, call, fields):
+    with pytest.raises(DataError if fields else ValueError) as info:
+        call(transform, real_samples[0])
+    assert {name: getattr(info.value, name) for name in fields} == fields
 
 
 def test_zero_size_input_box_dropped_before_augmenting(transform):
@@ -360,13 +338,6 @@ def test_zero_size_input_box_dropped_before_augmenting(transform):
     random.seed(0)
     transform((img, bbox, np.array([2, 1, 0], np.int32)))
     assert transform.stats.degenerate_input == 2
-
-
-def test_arguments_checked(model):
-    with pytest.raises(ValueError, match="min_size"):
-        TrainTransform.for_model(model, min_size=0)
-    with pytest.raises(ValueError, match="n_fg_class"):
-        TrainTransform(model.coder, 300, model.mean, n_fg_class=0)
 
 
 def test_stats_reset_and_pickle(transform, real_samples):

@@ -1,5 +1,7 @@
 """The VGG-16 converter, proven on random weights against a NumPy reference of the unconverted
 ones (not PyTorch: its Linux wheels' CUDA libraries exceed CI's install budget)."""
+from pathlib import Path
+
 import chainer
 import numpy as np
 import pytest
@@ -162,65 +164,52 @@ def test_fc6_fc7_subsampling_element_by_element(vgg_state, tmp_path):
                                       vgg_state[f"features.{index}.weight"])
 
 
-@pytest.mark.parametrize("key, value, fields", [
-    ("features.10.weight", None,
-     dict(kind="mismatch", expected=(256, 128, 3, 3), found=None)),
-    ("pre_logits.fc1.weight", np.zeros((4096, 256, 6, 6), np.float32),
-     dict(kind="mismatch", expected=(4096, 512, 7, 7), found=(4096, 256, 6, 6))),
-    ("features.12.weight", "nan", dict(kind="not_finite", count=1)),
-], ids=["missing", "shape", "nan"])
-def test_a_wrong_array_is_named(vgg_state, key, value, fields):
+def nan_at_0(state):
+    state["features.12.weight"] = state["features.12.weight"].copy()
+    state["features.12.weight"][0, 0, 0, 0] = np.nan
+
+
+def with_batch_norm(state):
+    """vgg16_bn's layout: conv, bn, relu."""
+    conv = {index: state.pop(f"features.{index}.weight") for index in CONV_INDEX}
+    state.clear()
+    for position, index in enumerate(CONV_INDEX):
+        state[f"features.{index + position}.weight"] = conv[index]
+        state[f"features.{index + position + 1}.running_mean"] = np.zeros(WIDTHS[position],
+                                                                          np.float32)
+
+
+@pytest.mark.parametrize("change, fields", [
+    (lambda s: s.pop("features.10.weight"),
+     dict(kind="mismatch", parameter="features.10.weight", expected=(256, 128, 3, 3), found=None)),
+    (lambda s: s.update({"pre_logits.fc1.weight": np.zeros((4096, 256, 6, 6), np.float32)}),
+     dict(kind="mismatch", parameter="pre_logits.fc1.weight", expected=(4096, 512, 7, 7),
+          found=(4096, 256, 6, 6))),
+    (nan_at_0, dict(kind="not_finite", parameter="features.12.weight", count=1)),
+    (with_batch_norm, dict(kind="mismatch", parameter="features.0.bias")),
+    (lambda s: [s.pop(k) for k in list(s) if k.startswith("features.")],
+     dict(kind="mismatch", parameter="features.0.weight")),
+], ids=["missing", "shape", "nan", "vgg16_bn", "classifier-only"])
+def test_a_wrong_array_is_named(vgg_state, change, fields):
     state = timm_layout(vgg_state)
-    if value is None:
-        del state[key]
-    elif isinstance(value, str):
-        state[key] = state[key].copy()
-        state[key][0, 0, 0, 0] = np.nan
-    else:
-        state[key] = value
+    change(state)
     with pytest.raises(WeightsError) as info:
         convert_vgg16(state, path="v.safetensors")
-    assert info.value.parameter == key
-    assert {name: getattr(info.value, name) for name in fields} == fields
+    assert {name: getattr(info.value, name) for name in ("path", *fields)} == \
+        dict(path=Path("v.safetensors"), **fields)
 
 
-def test_vgg16_with_batch_norm_is_named(vgg_state):
-    state = {}
-    for position, index in enumerate(CONV_INDEX):        # vgg16_bn: conv, bn, relu
-        bn_index = index + position + 1
-        state[f"features.{index + position}.weight"] = vgg_state[f"features.{index}.weight"]
-        state[f"features.{bn_index}.running_mean"] = np.zeros(WIDTHS[position], np.float32)
+@pytest.mark.parametrize("name, data", [
+    ("model.safetensors", "half of it"), ("empty.pth", b""), ("jpeg", None),
+    ("vgg16.pth", b"\x80\x02" + b"c__builtin__\nprint\n" * 4),    # as torch.save may write
+], ids=["truncated", "empty", "jpeg", "pickle"])
+def test_other_files_are_named(vgg_file, tmp_path, bccd_root, name, data):
+    """A pickle is never read, however it is named."""
+    path = bccd_root / "JPEGImages" / "BloodImage_00000.jpg" if data is None else tmp_path / name
+    if isinstance(data, str):            # half of timm's file
+        data = vgg_file.read_bytes()[:vgg_file.stat().st_size // 2]
+    if data is not None:
+        path.write_bytes(data)
     with pytest.raises(WeightsError) as info:
-        convert_vgg16(state)
-    assert info.value.kind == "mismatch" and "vgg16_bn" in str(info.value)
-    assert info.value.parameter == "features.0.bias"
-
-
-def test_classifier_only_is_named(vgg_state):
-    state = {k: v for k, v in timm_layout(vgg_state).items()
-             if k.startswith(("pre_logits.", "head."))}
-    with pytest.raises(WeightsError) as info:
-        convert_vgg16(state, path="head.safetensors")
-    assert info.value.kind == "mismatch" and info.value.path.name == "head.safetensors"
-    assert info.value.parameter == "features.0.weight"
-
-
-def test_truncated_file_is_named(vgg_file, tmp_path):
-    cut = tmp_path / vgg_file.name
-    cut.write_bytes(vgg_file.read_bytes()[:vgg_file.stat().st_size // 2])
-    with pytest.raises(WeightsError) as info:
-        read_vgg16(cut)
-    assert (info.value.kind, info.value.path) == ("file", cut)
-
-
-def test_other_files_are_named(tmp_path, bccd_root):
-    """A pickle (as torch.save may write) is never read, however it is named."""
-    empty = tmp_path / "empty.pth"
-    empty.write_bytes(b"")
-    jpeg = bccd_root / "JPEGImages" / "BloodImage_00000.jpg"
-    pth = tmp_path / "vgg16.pth"
-    pth.write_bytes(b"\x80\x02" + b"c__builtin__\nprint\n" * 4)
-    for path in (empty, jpeg, pth):
-        with pytest.raises(WeightsError) as info:
-            read_vgg16(path)
-        assert (info.value.kind, info.value.path) == ("file", path)
+        read_vgg16(path)
+    assert (info.value.kind, info.value.path) == ("file", path)

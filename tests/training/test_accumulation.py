@@ -1,13 +1,14 @@
 """Gradient accumulation: one SSD300 update on four BCCD images with different positive
-counts, as one batch, as 2 and 4 micro-batches, and the naive way (which must not match)."""
+counts, as one batch and as 2 and 4 micro-batches (that dividing each micro-batch by its own
+positives does not add up is test_loss's)."""
 import copy
 import warnings
 
 import chainer
-import chainer.functions as F
 import numpy as np
 import pytest
 from chainer.training.updaters import StandardUpdater
+from stubs import FakeComm, StubModel
 
 from medaidet.data.bccd import BCCDDataset
 from medaidet.errors import ConfigError
@@ -23,7 +24,7 @@ KEYS = ("main/loss", "main/loss/loc", "main/loss/conf")
 RTOL, ATOL = 1e-4, 1e-6          # for the weights (and the stub model)
 # Gradients: float32 sums over ~1e5-1e6 terms that the large batch groups differently (BLAS
 # blocking, ReLU/max-pool ties). Measured: worst relative L2 error 5e-4, worst element 1.1e-3
-# of its parameter's largest; the naive way misses by 1.5e-2 to 0.17; float64 agrees to 5e-15.
+# of its parameter's largest; float64 agrees to 5e-15.
 GRAD_RTOL, GRAD_NORM_RTOL, GRAD_ATOL_OF_MAX = 1e-4, 2e-3, 1e-2
 
 
@@ -55,36 +56,23 @@ def update_once(chain, optimizer, samples, make_updater):
     return {k: as_float(v) for k, v in observation.items()}
 
 
-def naive(chain, n_micro):
-    """Each micro-batch divided by its own positives, the micro-batch losses averaged."""
-    def loss(imgs, gt_mb_locs, gt_mb_labels, n_positive):
-        return chain(imgs, gt_mb_locs, gt_mb_labels) / n_micro
-    return loss
-
-
 UPDATERS = {
     "standard": lambda it, opt: StandardUpdater(it, opt),
     "accumulate2": lambda it, opt: AccumulatingUpdater(it, opt, accumulate=2),
     "accumulate4": lambda it, opt: AccumulatingUpdater(it, opt, accumulate=4),
-    "naive2": lambda it, opt: AccumulatingUpdater(it, opt, accumulate=2,
-                                                  loss_func=naive(opt.target, 2)),
 }
 
 
-def gradient_error(ours, theirs):
-    """(relative L2 error, elementwise close) of one parameter's gradient, at its scale."""
-    scale = np.abs(theirs).max()
-    if scale == 0:
-        return float(np.abs(ours).max()), not ours.any()
-    relative = float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs))
-    close = np.allclose(ours, theirs, rtol=GRAD_RTOL, atol=GRAD_ATOL_OF_MAX * scale)
-    return relative, close
-
-
 def assert_gradients_close(ours, theirs, what):
+    """Each parameter's relative L2 error and its elements, at that parameter's scale."""
     assert ours.keys() == theirs.keys()
-    for name in theirs:
-        relative, close = gradient_error(ours[name], theirs[name])
+    for name, want in theirs.items():
+        scale = np.abs(want).max()
+        if scale == 0:
+            assert not ours[name].any(), f"{what} {name}: not zero"
+            continue
+        relative = float(np.linalg.norm(ours[name] - want) / np.linalg.norm(want))
+        close = np.allclose(ours[name], want, rtol=GRAD_RTOL, atol=GRAD_ATOL_OF_MAX * scale)
         assert relative <= GRAD_NORM_RTOL and close, \
             f"{what} {name}: relative L2 error {relative:.2e}, elementwise close: {close}"
 
@@ -151,17 +139,6 @@ def test_accumulated_update_moves_the_weights_like_the_large_batch(runs, initial
     assert sum(np.abs(m).max() > 0 for m in moved.values()) > 30
 
 
-@pytest.mark.slow(seconds=18)
-def test_naive_normalisation_does_not_match(runs):
-    """Halves of 491 and 287 positives weigh 1/982 and 1/574 instead of 1/778."""
-    large, wrong = runs("standard"), runs("naive2")
-    used = [name for name, g in large["grads"].items() if g.any()]
-    assert len(used) > 30
-    errors = [gradient_error(wrong["grads"][name], large["grads"][name])[0] for name in used]
-    assert min(errors) > GRAD_NORM_RTOL
-    assert np.median(errors) > 10 * GRAD_NORM_RTOL
-
-
 @pytest.mark.slow(seconds=21)
 def test_batch_normalisation_makes_the_micro_batches_another_function(bccd_root, samples,
                                                                       initial_model):
@@ -175,23 +152,6 @@ def test_batch_normalisation_makes_the_micro_batches_another_function(bccd_root,
     assert gradient_difference(small, small_samples, 1) == 0.0
     for name, p in small.namedparams():                         # copies were trained, not it
         np.testing.assert_array_equal(p.array, before[name], err_msg=name)
-
-
-class StubModel(chainer.Link):
-    """(B, K, 4) locations and (B, K, n_class) scores that depend on the image."""
-
-    def __init__(self, n_prior=12, n_class=4):
-        super().__init__()
-        rng = np.random.default_rng(0)
-        with self.init_scope():
-            self.loc = chainer.Parameter(rng.normal(size=(n_prior, 4)).astype(np.float32))
-            self.conf = chainer.Parameter(rng.normal(size=(n_prior, n_class)).astype(np.float32))
-
-    def forward(self, imgs):
-        scale = F.reshape(F.mean(imgs, axis=(1, 2, 3)), (-1, 1, 1))
-        b = len(imgs)
-        return (F.broadcast_to(self.loc, (b,) + self.loc.shape) * scale,
-                F.broadcast_to(self.conf, (b,) + self.conf.shape) * scale)
 
 
 def stub_samples(n=6, n_prior=12):
@@ -224,17 +184,6 @@ def test_stub_accumulation_matches_the_batch(n_micro):
     assert acc_obs.keys() == large_obs.keys()
     for key in KEYS:
         assert acc_obs[key] == pytest.approx(large_obs[key], rel=tol["rtol"], abs=0)
-
-
-class FakeComm:
-    """``size`` and ``allreduce_obj``: the other workers together add ``others``."""
-
-    def __init__(self, size, others):
-        self.size, self.others, self.received = size, others, []
-
-    def allreduce_obj(self, obj):
-        self.received.append(obj)
-        return obj + self.others
 
 
 def test_comm_is_allreduced_once_per_batch_like_the_loss():
@@ -283,7 +232,7 @@ def test_batch_size_not_divisible_is_named():
     for bad in (2, 0, -1, 1.5, True):            # 2: the batch of 3 does not split in 2
         with pytest.raises(ConfigError) as info:
             AccumulatingUpdater(iterator, optimizer, accumulate=bad)
-        assert info.value.kind == "accumulation" and f"accumulate={bad!r}" in str(info.value)
+        assert info.value.kind == "accumulation"
     # a short last batch of a non-repeating iterator: named at that iteration
     iterator = chainer.iterators.SerialIterator(stub_samples(5), 4, repeat=False,
                                                 shuffle=False)

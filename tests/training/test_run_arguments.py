@@ -167,56 +167,32 @@ def test_unusable_pretrained_file(kind, problem, tmp_path, capsys, no_model):
               progress=False)
     assert (info.value.kind, info.value.path) == (kind if kind == "missing" else "file", path)
 
-@pytest.mark.slow(seconds=23)
-def test_the_command_checks_its_run_once(monkeypatch, tmp_path, bccd_root):
-    """Its messages get the flags' names from the command line (see
-    test_an_out_that_cannot_be_used_is_refused)."""
-    from medaidet.training import train as run_module
-    calls = []
-    real = run_module.prepare_run
-
-    def counted(config, resume=None):
-        calls.append(config.out)
-        return real(config, resume)
-    monkeypatch.setattr(run_module, "prepare_run", counted)
-    assert main(["train", "--profile", "smoke", "--root", str(bccd_root), "--iterations", "1",
-                 "--out", str(tmp_path / "run"), "--no-progress"]) == 0
-    assert calls == [str(tmp_path / "run")]
-
-
-@pytest.mark.slow(seconds=23)
-def test_train_resolves_the_data_root_once(monkeypatch, tmp_path, bccd_root):
-    """root=None is resolved once ($MEDAIDET_DATA here); both splits are read from it."""
+@pytest.mark.slow(seconds=25)
+def test_one_run_checks_once_reads_one_root_and_writes_under_home(monkeypatch, tmp_path,
+                                                                  bccd_root):
+    """The command checks its run once (its messages name the flags: see
+    test_an_out_that_cannot_be_used_is_refused); root=None is resolved once ($MEDAIDET_DATA)
+    and both splits are read from it; every file goes to ~/run, not to a folder named '~'."""
     from medaidet.training import train as run_module
     monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))
-    calls, real = [], run_module.resolve_root
-
-    def counted(root=None):
-        calls.append(root)
-        return real(root)
-    monkeypatch.setattr(run_module, "resolve_root", counted)
-    read = []
-    real_dataset = run_module.BCCDDataset
-
-    def dataset(root, split, **kwargs):
-        read.append((root, split))
-        return real_dataset(root, split, **kwargs)
-    monkeypatch.setattr(run_module, "BCCDDataset", dataset)
-    config = TrainConfig.profile("smoke", root=None, out=str(tmp_path / "run"), iterations=1)
-    train(config, progress=False, log=lambda *a: None)
-    assert calls == [None]
-    assert read == [(real(None), "train"), (real(None), "val")]
-
-
-@pytest.mark.slow(seconds=23)
-def test_out_under_home_is_where_every_file_goes(monkeypatch, tmp_path, bccd_root):
-    """Every file of the run goes to ~/run, not to a folder named '~' in the working one."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
-    config = TrainConfig.profile("smoke", root=str(bccd_root), out="~/run", iterations=1)
-    assert config.out == str(tmp_path / "home" / "run")
-    result = train(config, progress=False, log=lambda *a: None)
-    assert result.out == tmp_path / "home" / "run"
+    calls = {"prepare_run": [], "resolve_root": [], "BCCDDataset": []}
+    real = {name: getattr(run_module, name) for name in calls}
+
+    def counted(name, record):
+        def call(*args, **kwargs):
+            calls[name].append(record(*args))
+            return real[name](*args, **kwargs)
+        return call
+    monkeypatch.setattr(run_module, "prepare_run", counted("prepare_run", lambda c, r=None: c.out))
+    monkeypatch.setattr(run_module, "resolve_root", counted("resolve_root", lambda *a: a))
+    monkeypatch.setattr(run_module, "BCCDDataset", counted("BCCDDataset", lambda *a: a))
+    assert main(["train", "--profile", "smoke", "--iterations", "1", "--out", "~/run",
+                 "--no-progress"]) == 0
+    run, root = tmp_path / "home" / "run", real["resolve_root"](None)
+    assert calls == {"prepare_run": [str(run)], "resolve_root": [(None,)],
+                     "BCCDDataset": [(root, "train"), (root, "val")]}
     assert {"config.json", "metrics.json", "model.npz", "snapshot_latest.npz"} <= {
-        p.name for p in result.out.iterdir()}
+        p.name for p in run.iterdir()}
     assert not (tmp_path / "~").exists()

@@ -1,37 +1,6 @@
-"""medaidet.extras.troubleshoot: the bad-sample finder on real BCCD, the OpenCV fork check (the
-out-of-memory demo is tested in tests/scaling/test_batch_size.py)."""
-from medaidet.data.bccd import BCCDDataset
-from medaidet.extras.troubleshoot import find_invalid_samples, opencv_fork_check
-
-
-class OneBased:
-    """A common mistake: labels shifted by +1 'for the background' before the transform."""
-
-    def __init__(self, dataset, shift_index):
-        self.dataset, self.shift_index = dataset, shift_index
-        self.ids = dataset.ids
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, i):
-        img, bbox, label = self.dataset[i]
-        if i == self.shift_index:
-            label = label + 1
-        return img, bbox, label
-
-
-def test_finds_the_sample_and_names_its_file(bccd_root):
-    dataset = BCCDDataset(bccd_root, "val").slice[:6]
-    assert find_invalid_samples(dataset) == []
-    base = BCCDDataset(bccd_root, "val")
-    # a sample with a platelet (label 2): shifted, it becomes 3 = n_fg_class
-    index = next(i for i in range(len(base)) if 2 in base[i][2])
-    found = find_invalid_samples(OneBased(base, index))
-    assert [f.index for f in found] == [index]
-    assert found[0].image_id == base.ids[index]
-    assert "add 1 for background" in found[0].message
-    assert str(found[0]).startswith(f"sample {index} ({base.ids[index]}): ")
+"""medaidet.extras.troubleshoot: the OpenCV fork check (notebook 07 runs the bad-sample finder on
+real BCCD; the out-of-memory demo is tested in tests/scaling/test_batch_size.py)."""
+from medaidet.extras.troubleshoot import opencv_fork_check
 
 
 def test_opencv_fork_check_finishes_or_reports_a_hang():
