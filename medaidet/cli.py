@@ -147,8 +147,7 @@ def _add_train(commands) -> None:
                         "on a GPU also CuPy's pool limit): the batch is split into "
                         "micro-batches until one fits")
     p.add_argument("--precision", choices=PRECISIONS,
-                   help="float32 (default), tf32 (a GPU's tensor cores for float32 products) "
-                        "or mixed16 (float16 compute, float32 weights, loss scaling)")
+                   help="float32 (default) or tf32 (a GPU's tensor cores for float32 products)")
     p.add_argument("--communicator", metavar="NAME",
                    help="ChainerMN multi-process training under mpiexec: naive (CPU or GPU), "
                         "pure_nccl (GPUs), ...; batch size is the total over all ranks")

@@ -77,12 +77,10 @@ step train-ssd300-b32 150 $T --profile full --config "$W/quiet.json" --iteration
 step train-small-b4 90 $T --profile cpu --config "$W/quiet.json" --iterations 200 --out "$W/runs/small-b4"
 step finder-search 90 python3 -m medaidet batch-size --device $DEV --model ssd300 --start 128 --target 32 --out "$W/runs/bs-search"
 # ...each variant the code offers (patch set 4's bounded column arrays against the whole
-# batch's; TF32; half precision), and the recipe in a T4's room (CuPy's pool limited to 15 GiB:
+# batch's; TF32), and the recipe in a T4's room (CuPy's pool limited to 15 GiB:
 # train() fits the batch with accumulation and says so in metrics.json's memory_fit)
 step bench-conv-memory 150 python3 benchmarks/bench_conv_memory.py --device $DEV
-for precision in tf32 mixed16; do
-    step "train-ssd300-b32-$precision" 150 $T --profile full --config "$W/quiet.json" --iterations 80 --batch-size 32 --precision $precision --out "$W/runs/ssd300-b32-$precision"
-done
+step train-ssd300-b32-tf32 150 $T --profile full --config "$W/quiet.json" --iterations 80 --batch-size 32 --precision tf32 --out "$W/runs/ssd300-b32-tf32"
 step train-ssd300-t4-room 150 $T --profile full --config "$W/quiet.json" --iterations 40 --memory-limit 15 --out "$W/runs/ssd300-t4-room"
 # 5. the course (full profile, iterations cut), most telling notebooks first, in the
 # background beside items 4 and 6 (bitwise comparisons and a one-rank run: the GPU's

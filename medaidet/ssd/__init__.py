@@ -14,4 +14,4 @@ PRETRAINED = ("imagenet", "voc0712")
 #: The models that have them.
 WITH_PRETRAINED = ("ssd300", "ssd512")
 #: Training precisions (:mod:`medaidet.ssd.precision`).
-PRECISIONS = ("float32", "tf32", "mixed16")
+PRECISIONS = ("float32", "tf32")

@@ -86,7 +86,7 @@ class TrainConfig:
     color_distortion: bool = True        # random brightness, contrast, saturation and hue
     accumulate: int = 1                  # micro-batches per batch (raised on a GPU to fit)
     memory_limit: float | None = None    # GiB the run may hold (None: what the GPU has free)
-    precision: str = "float32"           # 'float32', 'tf32' or 'mixed16' (float16 compute)
+    precision: str = "float32"           # 'float32' or 'tf32' (a GPU's TF32 tensor cores)
     communicator: str | None = None      # ChainerMN: 'naive' (CPU/GPU), 'pure_nccl' (GPUs), ...
     device: str | int = DEFAULT_DEVICE   # 'cpu', 'gpu' (= GPU 0), an int, or 'auto'
     root: str | None = None              # BCCD root; None: $MEDAIDET_DATA / the cache

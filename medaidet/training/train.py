@@ -53,7 +53,7 @@ from medaidet.files import write_files
 from medaidet.numbers import finite_or_none
 from medaidet.ssd import PRETRAINED
 from medaidet.ssd.model import build_ssd
-from medaidet.ssd.precision import set_precision, skipped_update, use_loss_scaling, use_tf32
+from medaidet.ssd.precision import use_tf32
 from medaidet.ssd.predict import CappedPredictor
 from medaidet.ssd.loss import MultiboxTrainChain
 from medaidet.ssd.transforms import EncodeTransform, TrainTransform
@@ -247,24 +247,19 @@ def load_snapshot(trainer, path, train_size: int, batch_size: int) -> None:
 class StopOnNonFinite:
     """Optimizer hook that stops training at the first nan or inf: ``'pre'`` checks the loss
     and every gradient before the update, ``'post'`` every parameter after it. One host sync
-    each. ``skip_overflow`` (``mixed16``): a step whose scaled gradients overflowed is skipped
-    by the loss scaling, not stopped."""
+    each."""
 
     call_for_each_param = False
 
-    def __init__(self, timing: str = "pre", loss_key: str = "main/loss",
-                 skip_overflow: bool = False):
+    def __init__(self, timing: str = "pre", loss_key: str = "main/loss"):
         if timing not in ("pre", "post"):
             raise ValueError(f"timing must be 'pre' or 'post', got {timing!r}")
         self.timing = timing
-        self.skip_overflow = skip_overflow
         self.name = f"StopOnNonFinite_{timing}"
         self.loss_key = loss_key
 
     def __call__(self, optimizer):
         pre = self.timing == "pre"
-        if pre and self.skip_overflow and skipped_update(optimizer):
-            return
         if pre:
             try:
                 observation = chainer.reporter.get_current_reporter().observation
@@ -413,12 +408,10 @@ class Recipe:
 
     def model(self):
         """The SSD of ``config.model`` for BCCD's classes from ``config.pretrained``, every
-        parameter initialised now (from the seeded RNG), in ``config.precision``."""
+        parameter initialised now (from the seeded RNG)."""
         config = self.config
-        model = materialize(build_ssd(config.model, config.pretrained,
-                                      n_fg_class=len(BCCD_LABEL_NAMES)))
-        # float32 and tf32 need no change to a new model's links
-        return set_precision(model, "mixed16") if config.precision == "mixed16" else model
+        return materialize(build_ssd(config.model, config.pretrained,
+                                     n_fg_class=len(BCCD_LABEL_NAMES)))
 
     def train_chain(self, model):
         """The model and the multibox loss (``k``, ``alpha``) on this process's device."""
@@ -479,8 +472,6 @@ class Recipe:
             import chainermn
             optimizer = chainermn.create_multi_node_optimizer(optimizer, self.comm)
         optimizer.setup(train_chain)
-        if config.precision == "mixed16":
-            use_loss_scaling(optimizer, "mixed16")
         if self.comm is not None:
             # rank 0's weights to every rank now: ChainerMN's first update() would skip a step
             optimizer.update()
@@ -489,7 +480,7 @@ class Recipe:
                 param.update_rule.add_hook(GradientScaling(config.bias_grad_scale))
             else:
                 param.update_rule.add_hook(WeightDecay(config.weight_decay))
-        optimizer.add_hook(StopOnNonFinite("pre", skip_overflow=config.precision == "mixed16"))
+        optimizer.add_hook(StopOnNonFinite("pre"))
         optimizer.add_hook(StopOnNonFinite("post"))
         return optimizer
 
@@ -835,21 +826,12 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
         config, fit = fit_batch(config, root, device, log)
     elif comm.rank != 0:
         log = lambda *args, **kwargs: None      # rank 0 alone logs
-    if config.precision != "float32":
-        log(f"train: precision {config.precision}: {_precision_note(config, device)}")
-    return _run(config, Recipe(config, root, comm, device), out, resume, progress, log, fit)
-
-
-def _precision_note(config: TrainConfig, device) -> str:
-    """What ``config.precision`` does on ``device``, switching TF32 on where it can."""
     if config.precision == "tf32":
         device.use()
-        return ("TF32 tensor cores for float32 matrix products" if use_tf32() else
-                "float32 products (TF32 needs an NVIDIA GPU of compute capability 8.0+)")
-    note = "float16 convolutions on float32 weights, dynamic loss scaling"
-    if device.xp is np:
-        note += " (on the CPU about 85x slower than float32: NumPy has no float16 BLAS)"
-    return note
+        log("train: precision tf32: " + ("TF32 tensor cores for float32 matrix products"
+                                         if use_tf32() else "float32 products (TF32 needs an "
+                                         "NVIDIA GPU of compute capability 8.0+)"))
+    return _run(config, Recipe(config, root, comm, device), out, resume, progress, log, fit)
 
 
 def _run(config: TrainConfig, recipe: Recipe, out: Path, resume, progress: bool, log,
