@@ -5,7 +5,7 @@ TXL-PBC (Gan & Li, arXiv:2407.13214; MIT) re-labelled 1,440 images of four publi
 named each by a UUID. Its BCCD images were found by identical decoded pixels and shipped, with
 BCCD's split (which decides: TXL-PBC trains on some of BCCD's val and test images), as
 ``manifests/txl-pbc-bccd.tsv`` (:func:`medaidet.data.bccd.bccd_links`; the derivation is
-``tests/txl_links.py``). The others by size (:data:`SOURCE_BY_SIZE`): PBC's, Raabin-WBC's, and
+``tools/txl_links.py``). The others by size (:data:`SOURCE_BY_SIZE`): PBC's, Raabin-WBC's, and
 219 of 416x416, BCCD's images again, resized and often flipped, rotated or recoloured
 (:func:`reexported_links`): never train on them; they are not another laboratory's smears.
 """

@@ -1,15 +1,19 @@
 """Which TXL-PBC images are BCCD's, the table derived again from the real data (TXL-PBC beside
 the checkout in CI, ../shared/txl-pbc); BCCD's images with either annotation."""
 import shutil
+import sys
 from collections import Counter
 from dataclasses import astuple
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from medaidet.data.bccd import LINKS_FILE, bccd_links, read_split
-from txl_links import find_bccd_images, links_tsv
 from medaidet.errors import MedaidetError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from txl_links import find_bccd_images, links_tsv  # noqa: E402  (tools/ is no package)
 
 
 def test_the_shipped_table_links_221_bccd_images_by_bccds_own_splits(bccd_root):

@@ -247,9 +247,10 @@ def _shown(notebook: Path):
 
 
 @pytest.mark.slow(seconds=254)
-def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_path, bccd_root):
+def test_setup_cell_on_colabs_runtime_then_notebooks_04_and_00_in_smoke(tmp_path, bccd_root):
     """Colab's runtime less its GPU in a venv, a stand-in google.colab, a local MEDAIDET_REPO;
-    04 runs first, alone, so it evaluates the shipped weights (no 03 has trained yet)."""
+    04 runs first, alone, so it evaluates the shipped weights (no 03 has trained yet). Training
+    itself is left to the smoke course (NumPy 2.5) and the tests under NumPy 1.26."""
     interpreter = colab_python()
     if not interpreter:
         missing = f"no Python {COLAB_RUNTIME['python']} (Colab's) from pyenv or PATH"
@@ -366,11 +367,6 @@ def test_setup_cell_on_colabs_runtime_then_notebooks_04_00_and_03_in_smoke(tmp_p
                     r"chainer\s+OK\s+7\.8\.1\+medaidet", r"cupy\s+SKIP\s+no CuPy",
                     rf"opencv\s+OK\s+{cv2},", r"\d+ ok, \d+ warn, 0 fail, \d+ skip"):
             assert re.search(row, shown), row
-
-        shown = notebook("03_training")
-        model = out / "runs" / "smoke" / "model.npz"
-        assert f"weights: {model} (sha256 " in shown, shown[-3000:]
-        assert model.is_file() and (model.parent / "metrics.json").is_file()
 
         # notebook 08's cell in that runtime: the mpi extra is missing, so it is added
         done = run(python, "-c", kernel(MPI_CELL), timeout=600,

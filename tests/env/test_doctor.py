@@ -9,7 +9,6 @@ import pytest
 
 from medaidet.env import doctor
 from medaidet.env import facts as env_facts
-from medaidet.compat import installed_cupy
 from medaidet.env.doctor import GIB, Check, DoctorReport, run_doctor
 from medaidet.env.facts import Facts
 from medaidet_tools.stack import sources
@@ -41,18 +40,6 @@ def gpu_facts(cupy=("cupy-cuda12x", "14.0.0"), **over) -> Facts:
                 gpu=gpu, gpu_error="", chainer_cudnn_env="0")
     base.update(over)
     return cpu_facts(**base)
-
-
-def test_the_real_run_finds_our_builds_and_skips_gpu_lines_with_a_reason():
-    report = run_doctor()
-    assert [c.name for c in report.checks] == list(ALL_NAMES)
-    for check in report.checks:
-        assert check.status in doctor.STATUSES and check.found
-        assert (check.fix == "") == (check.status in ("ok", "skip")), check
-    for name, ours in (("chainer", OURS_CHAINER), ("chainercv", OURS_CHAINERCV)):
-        assert report.by_name(name).status == "ok" and ours in report.by_name(name).found
-    for name in () if installed_cupy() else ("cupy",) + GPU_LINES:
-        assert report.by_name(name).status == "skip" and len(report.by_name(name).found) > 10
 
 
 def test_cli_prints_every_check_and_exits_0():
@@ -179,7 +166,7 @@ NO_CUDNN_8 = dict(cudnn_enabled=False, chainer_cudnn_env=None, libcudnn8=False,
     ("opencv", cpu_facts(cv2="4.12.0", cv2_threads=8), "warn", "", ""),
 ])
 def test_one_check(check, facts, status, found, fix):
-    """A fix for each line that is not ok (the real run's lines are checked the same way)."""
+    """A fix for each line that is not ok."""
     line = getattr(doctor, f"check_{check}")(facts)
     assert line.status == status and found in line.found, line
     assert (line.fix == "") == (status == "ok") and fix in line.fix, line
@@ -194,14 +181,9 @@ def test_no_gpu_lines_skip_with_reasons():
         assert "CPU" in line.found, line
 
 
-def test_healthy_gpu_facts():
+def test_healthy_gpu_facts_are_all_ok():
     report = run_doctor(facts=gpu_facts())
-    assert not report.failed, str(report)
-    assert report.by_name("cuda_available").status == "ok"
-    gpu = report.by_name("gpu")
-    assert gpu.status == "ok" and "NVIDIA T4" in gpu.found and "compute 7.5" in gpu.found
-    assert "driver CUDA 12.4" in gpu.found and "14.0/15.0 GiB free" in gpu.found
-    assert "no cuDNN in CuPy 14" in report.by_name("cudnn").found
+    assert {c.name: c.status for c in report.checks} == dict.fromkeys(ALL_NAMES, "ok"), report
 
 
 def test_gpu_smoke_results():
@@ -239,10 +221,10 @@ def test_a_crashing_check_or_gather_becomes_a_fail(monkeypatch):
 def test_views_name_every_check():
     report = run_doctor(gpu_smoke=True, facts=cpu_facts(numpy="2.7.0"))
     text = str(report)
-    assert repr(report) == text
-    for check in report.checks:
-        assert check.name in text
-    assert "fix: pip install" in text
+    assert repr(report) == text     # a notebook shows the text view
+    assert [row.split()[0] for row in text.splitlines()[:-1] if not row.startswith(" ")] == \
+        [check.name for check in report.checks]
+    assert all(check.fix in text for check in report.checks)      # and what to do
     assert report.failed and text.splitlines()[-1].split(", ")[2] == "1 fail"
     with pytest.raises(KeyError):
         report.by_name("nope")

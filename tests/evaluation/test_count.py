@@ -9,8 +9,8 @@ from matplotlib.figure import Figure
 
 from medaidet import cli
 from medaidet.errors import ConfigError
-from medaidet.evaluation.count import RBC_NOTE, count_cells, plot_counts
-from medaidet.evaluation.count import SWEEP_NOTE, SweepResult, plot_sweep, threshold_sweep
+from medaidet.evaluation.count import count_cells, plot_counts
+from medaidet.evaluation.count import SweepResult, plot_sweep, threshold_sweep
 from medaidet.evaluation.evaluate import Predictions
 
 NAMES = ("rbc", "wbc", "platelets")
@@ -57,16 +57,13 @@ def test_threshold_is_inclusive_and_relative_error_guards_zero():
     assert d["per_class"]["platelets"]["relative_error"] is None
 
 
-def test_per_image_table_text_and_json():
+def test_per_image_table_and_json():
     result = count_cells(known_case(), 0.5)
     rows = result.rows()
     assert rows[0] == {"image": "img0", "rbc_pred": 6, "rbc_true": 4, "rbc_error": 2,
                        "wbc_pred": 1, "wbc_true": 1, "wbc_error": 0,
                        "platelets_pred": 1, "platelets_true": 2, "platelets_error": -1}
-    text = str(result)
-    assert "1.50" in text and "+0.50" in text and RBC_NOTE in text
-    assert "| rbc | 6 | 7 | 1.50 | 50.0% | +0.50 |" in result._repr_markdown_()
-    assert repr(result) == text      # a notebook stores the table as text, not the arrays
+    assert repr(result) == str(result)  # a notebook stores the table as text, not the arrays
     d = json.loads(result.to_json())
     assert d["per_class"]["rbc"]["mae"] == 1.5 and len(d["per_image"]) == 2
 
@@ -80,10 +77,6 @@ def test_set_aside_images_are_reported_apart_and_named():
     assert rest.ids == ["img0"]
     np.testing.assert_allclose(rest.relative_error, [0.5, 0.0, 0.5])
     np.testing.assert_allclose(rest.mae, [2.0, 0.0, 1.0])
-    text = str(result)
-    assert "(1 kept)" in text and "img1: no rbc box" in text
-    assert "img1: no rbc box" in result._repr_markdown_()
-    assert "kept" not in str(count_cells(known_case(), 0.5))
     d = json.loads(result.to_json())
     assert d["set_aside"] == {"img1": "no rbc box"}
     assert d["without_set_aside"]["n_images"] == 1
@@ -92,8 +85,6 @@ def test_set_aside_images_are_reported_apart_and_named():
     both = count_cells(known_case(), 0.5, set_aside={"img0": "no wbc box",
                                                      "img1": "no rbc box; no wbc box"})
     assert both.set_aside_reasons() == {"no wbc box": 2, "no rbc box": 1}
-    assert "(2 images the validator flags missing_class; 2 no wbc box, 1 no rbc box)" \
-        in str(both)
 
 
 def test_count_weights_sets_aside_the_images_the_validator_flags(bccd_root):
@@ -121,7 +112,6 @@ def test_threshold_sweep_known_curve_and_best_threshold():
     np.testing.assert_allclose(sweep.bias[:, 0], [2, 1, 0, -1, -2, -3])
     assert sweep.best_threshold["rbc"] == 0.5
     assert sweep.best_mae["rbc"] == 0.0
-    assert SWEEP_NOTE in str(sweep) and "| 0.5 | 0.00 |" in sweep._repr_markdown_()
     assert repr(sweep) == str(sweep)
     d = sweep.to_dict()
     json.dumps(d, allow_nan=False)
@@ -223,13 +213,9 @@ def test_the_sweep_axis_is_not_flattened_by_the_lowest_thresholds():
 
 
 @pytest.mark.parametrize("value, expected", [("0.01", 0.01), ("1", 1.0), ("0.35", 0.35)])
-def test_cli_parser_registers_count_with_thresholds_from_the_predictions_to_one(value,
-                                                                                expected):
-    args = cli.build_parser().parse_args(["count", "w.npz", "--score-thresh", value, "--split",
-                                          "val"])
-    assert (args.weights, args.split, args.score_thresh, args.device) == \
-        ("w.npz", "val", expected, "auto")
-    assert callable(args.func)
+def test_cli_count_takes_thresholds_from_the_predictions_to_one(value, expected):
+    args = cli.build_parser().parse_args(["count", "w.npz", "--score-thresh", value])
+    assert (args.weights, args.score_thresh, args.device) == ("w.npz", expected, "auto")
 
 
 @pytest.mark.slow(seconds=17)
@@ -253,16 +239,25 @@ def test_count_command_on_real_bccd_subset(bccd_root, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["n_images"] == 2
 
 
-@pytest.mark.parametrize("argv, named", [
-    *((["--score-thresh", v], f"--score-thresh: {v}") for v in ("-1", "nan", "2", "inf", "0",
-                                                                "0.005")),
-    (["--score-thresh", "half"], "--score-thresh: 'half'"),
-    (["--subset", "0"], "--subset: 0"), (["--batch-size", "0"], "--batch-size: 0")])
-def test_cli_refuses_a_number_that_counts_nothing(argv, named, capsys):
-    with pytest.raises(SystemExit) as info:
-        cli.build_parser().parse_args(["count", "w.npz", *argv])
-    assert info.value.code == 2
-    assert f"argument {named} is " in capsys.readouterr().err
+@pytest.mark.parametrize("option, value", [
+    *(("--score-thresh", v) for v in ("-1", "nan", "2", "inf", "0", "0.005", "half")),
+    ("--subset", "0"), ("--batch-size", "0"), ("--out", "a file")])
+def test_cli_refuses_what_counts_nothing_before_predicting_naming_it(
+        option, value, tmp_path, bccd_root, no_prediction, capsys):
+    """Exit 2, the option named on the last line; --out: a file where the folder would go."""
+    weights = tmp_path / "model.npz"
+    weights.write_bytes(b"")
+    if value == "a file":
+        value = str(tmp_path / "counts")
+        (tmp_path / "counts").write_text("")
+    argv = ["count", str(weights), "--root", str(bccd_root), option, value]
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:       # argparse's refusal
+        code = exc.code
+    err = capsys.readouterr().err
+    last = err.splitlines()[-1]
+    assert code == 2 and f"{option}: " in last and value in last and "Traceback" not in err
 
 
 @pytest.mark.parametrize("bad", [float("nan"), 2.0, -1.0, float("inf"), 0.001])
@@ -291,18 +286,6 @@ def test_count_weights_checks_the_threshold_before_predicting(tmp_path, bad, no_
     weights.write_bytes(b"")
     with pytest.raises(ConfigError, match=r"^--score-thresh: "):
         count_weights(weights, score_thresh=bad, progress=False)
-
-
-def test_count_out_that_is_a_file_fails_before_predicting(tmp_path, bccd_root, no_prediction,
-                                                          capsys):
-    from medaidet.cli import main
-    weights = tmp_path / "model.npz"
-    weights.write_bytes(b"")
-    out = tmp_path / "counts"
-    out.write_text("")
-    assert main(["count", str(weights), "--root", str(bccd_root), "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"medaidet: error: --out: {out} ") and err.count("\n") == 1
 
 
 def test_report_count_errors_chooses_on_val_and_reports_test_once_with_its_interval():

@@ -59,7 +59,6 @@ def update_once(chain, optimizer, samples, make_updater):
 UPDATERS = {
     "standard": lambda it, opt: StandardUpdater(it, opt),
     "accumulate2": lambda it, opt: AccumulatingUpdater(it, opt, accumulate=2),
-    "accumulate4": lambda it, opt: AccumulatingUpdater(it, opt, accumulate=4),
 }
 
 
@@ -116,9 +115,8 @@ def test_the_samples_have_different_positive_counts(samples):
 
 
 @pytest.mark.slow(seconds=26)
-@pytest.mark.parametrize("n_micro", [2, 4])
-def test_accumulated_gradients_match_the_large_batch(runs, n_micro):
-    large, accumulated = runs("standard"), runs(f"accumulate{n_micro}")
+def test_accumulated_gradients_match_the_large_batch(runs):
+    large, accumulated = runs("standard"), runs("accumulate2")
     assert_gradients_close(accumulated["grads"], large["grads"], "gradient of")
     assert sum(np.abs(g).max() > 0 for g in large["grads"].values()) > 30
     for key in KEYS:       # the batch's loss, not the last micro-batch's share

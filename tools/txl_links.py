@@ -1,13 +1,12 @@
 """How the shipped TXL-PBC tables were derived (and are again by tests/data/test_txl_pbc.py).
 
-    python tests/txl_links.py TXL_ROOT BCCD_ROOT    # writes both tables into the package
+    python tools/txl_links.py TXL_ROOT BCCD_ROOT    # writes both tables into the package
 """
 from __future__ import annotations
 
 import csv
 import hashlib
 import io
-import sys
 from dataclasses import astuple, fields
 from pathlib import Path
 
@@ -103,6 +102,12 @@ def links_tsv(links) -> str:
 
 
 if __name__ == "__main__":
-    txl, bccd = sys.argv[1:3]
+    import argparse
+    parser = argparse.ArgumentParser(description="Derive the shipped TXL-PBC link tables "
+                                     "again and write them into the package.")
+    parser.add_argument("txl", metavar="TXL_ROOT")
+    parser.add_argument("bccd", metavar="BCCD_ROOT")
+    args = parser.parse_args()
+    txl, bccd = args.txl, args.bccd
     LINKS_FILE.write_text(links_tsv(find_bccd_images(txl, bccd)), encoding="utf-8")
     REEXPORTED_FILE.write_text(links_tsv(find_reexported_bccd(txl, bccd)), encoding="utf-8")
