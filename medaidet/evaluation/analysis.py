@@ -330,8 +330,9 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
             ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, gid=kind, **style))
             # missed boxes tagged below their corner, detections above: an FP on one stays
             # readable
-            ax.text(x0 + 1, (y1 - 1) if missed else (y0 + 1), text, fontsize=6,
-                    color="black" if missed else "white", va="bottom" if missed else "top",
+            ax.text(x0 + 1, (y1 - 1) if missed else (y0 + 1), text, fontsize=8,
+                    fontweight="bold", color="black" if missed else "white",
+                    va="bottom" if missed else "top",
                     bbox=dict(facecolor="white" if missed else style["edgecolor"],
                               edgecolor=style["edgecolor"] if missed else "none",
                               pad=0.6, alpha=0.85), clip_on=True)
