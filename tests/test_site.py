@@ -63,7 +63,7 @@ def test_an_edition_not_run_shows_its_notebooks_and_says_so(tmp_path):
     assert first.startswith("# 03") and build_site.NOT_RUN["ja"] in first.split("\n", 3)[3]
 
 
-@pytest.mark.slow(seconds=16)
+@pytest.mark.slow(seconds=8)
 def test_both_editions_build_with_twins_colab_and_downloads(tmp_path):
     pytest.importorskip("sphinx")
     outputs = tmp_path / "outputs"        # the English edition "run"; the Japanese not
@@ -124,7 +124,7 @@ def problems_of(site, kind, tmp_path, only=None):
     return [p for p in check_site.check(site, tmp_path / "shots", only) if p.kind == kind]
 
 
-@pytest.mark.slow(seconds=28)
+@pytest.mark.slow(seconds=11)
 def test_check_site_fails_on_raw_tables_unlinked_figures_and_placeholders(executed, tmp_path,
                                                                           monkeypatch):
     """A table read as CommonMark is left as a paragraph of pipes, which check_site fails."""
@@ -162,7 +162,7 @@ def test_a_notebook_cannot_put_a_script_or_a_local_file_on_a_page(capsys):
     assert "../../../../etc/passwd" in err and "test.ipynb, cell 1" in err
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=15)
 def test_the_site_publishes_only_the_course_into_its_own_folder(tmp_path, capsys):
     pytest.importorskip("sphinx")
     secret = tmp_path / "secret.png"

@@ -11,7 +11,7 @@ from medaidet.ssd.weights import shipped_weights
 from conftest import REPO, python312
 
 
-@pytest.mark.slow(seconds=93)
+@pytest.mark.slow(seconds=20)
 def test_count_image_in_a_venv_without_chainer(tmp_path, bccd_root):
     interpreter = python312()
     if not interpreter:

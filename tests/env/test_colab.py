@@ -246,7 +246,7 @@ def _shown(notebook: Path):
             figures)
 
 
-@pytest.mark.slow(seconds=254)
+@pytest.mark.slow(seconds=40)
 def test_setup_cell_on_colabs_runtime_then_notebooks_04_and_00_in_smoke(tmp_path, bccd_root):
     """Colab's runtime less its GPU in a venv, a stand-in google.colab, a local MEDAIDET_REPO;
     04 runs first, alone, so it evaluates the shipped weights (no 03 has trained yet). Training

@@ -5,7 +5,7 @@ import pytest
 from medaidet_tools.course import run_course
 
 
-@pytest.mark.slow(seconds=81)
+@pytest.mark.slow(seconds=32)
 def test_scaling_notebook_without_mpi_runs_what_needs_none(tmp_path, monkeypatch, bccd_root):
     """Notebook 08 also says why the live MPI ranks were skipped."""
     monkeypatch.setenv("MEDAIDET_DATA", str(bccd_root))

@@ -176,7 +176,7 @@ def test_no_batch_size_fits_on_the_cpu(bccd_root):
     assert "DeviceError" in demo.summary()
 
 
-@pytest.mark.slow(seconds=27)
+@pytest.mark.slow(seconds=14)
 def test_batch_size_on_real_bccd(bccd_root, tmp_path):
     from medaidet.extras.scaling import batch_size_on_bccd
 

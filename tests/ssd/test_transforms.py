@@ -158,7 +158,7 @@ def test_boxes_follow_the_image_without_expansion_or_crop(transform, monkeypatch
     assert flipped == {True, False}
 
 
-@pytest.mark.slow(seconds=28)
+@pytest.mark.slow(seconds=13)
 def test_property_real_samples(transform, real_samples, geometry_only):
     n_prior = len(transform.coder._default_bbox)
     positives = 0

@@ -114,7 +114,7 @@ def test_the_samples_have_different_positive_counts(samples):
     assert batch_positives(samples) == sum(counts)
 
 
-@pytest.mark.slow(seconds=26)
+@pytest.mark.slow(seconds=20)
 def test_accumulated_gradients_match_the_large_batch(runs):
     large, accumulated = runs("standard"), runs("accumulate2")
     assert_gradients_close(accumulated["grads"], large["grads"], "gradient of")
@@ -137,7 +137,7 @@ def test_accumulated_update_moves_the_weights_like_the_large_batch(runs, initial
     assert sum(np.abs(m).max() > 0 for m in moved.values()) > 30
 
 
-@pytest.mark.slow(seconds=21)
+@pytest.mark.slow(seconds=12)
 def test_batch_normalisation_makes_the_micro_batches_another_function(bccd_root, samples,
                                                                       initial_model):
     """The small SSD normalises each micro-batch by its own statistics; SSD300 has no BN."""

@@ -12,7 +12,7 @@ UNTRAINED_WBC_AP = 0.10     # the untrained model scores below this
 LEARNED_WBC_AP = 0.50       # the trained one above this
 
 
-@pytest.mark.slow(seconds=77)
+@pytest.mark.slow(seconds=40)
 def test_a_short_cpu_run_learns_to_find_white_cells(tmp_path, bccd_root):
     config = TrainConfig.profile("cpu", root=str(bccd_root), out=str(tmp_path / "run"),
                                  **SHORT)

@@ -146,7 +146,7 @@ def _notebook_cell(cell_id: str) -> str:
     return "".join(next(c["source"] for c in cells if c.get("id") == cell_id))
 
 
-@pytest.mark.slow(seconds=62)
+@pytest.mark.slow(seconds=35)
 def test_notebook_03_recipe_written_out_trains_what_train_trains(tmp_path, bccd_root):
     """With SSD's augmentation (the full profile's; the cpu profile's is the same code with
     less of it)."""

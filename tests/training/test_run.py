@@ -105,7 +105,7 @@ def run_a(tmp_path_factory, bccd_root):
                                      out=str(out), **TINY), progress=False)
 
 
-@pytest.mark.slow(seconds=27)
+@pytest.mark.slow(seconds=17)
 def test_smoke_training_writes_everything(run_a):
     from medaidet.ssd.model import build_ssd
     from medaidet.ssd.weights import load_weights
@@ -161,7 +161,7 @@ def _train_process(config: dict, cfg_path, resume=None) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.slow(seconds=29)
+@pytest.mark.slow(seconds=19)
 def test_same_seed_in_another_process_gives_bitwise_identical_weights(run_a, tmp_path,
                                                                       bccd_root):
     out = tmp_path / "run_b"
@@ -173,7 +173,7 @@ def test_same_seed_in_another_process_gives_bitwise_identical_weights(run_a, tmp
     assert (out / "model.npz.sha256").read_text().split()[0] == run_a.sha256
 
 
-@pytest.mark.slow(seconds=44)
+@pytest.mark.slow(seconds=27)
 def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, tmp_path,
                                                                         bccd_root):
     """A real SIGKILL after the first snapshot (each epoch = 2 iterations), then resume."""
