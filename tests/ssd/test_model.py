@@ -191,7 +191,7 @@ def uncached(name):
     return lambda get, tmp: (lambda: build_ssd(name, "voc0712"), dict(path=weights.cache_dir()))
 
 
-def bccd_copy(damage, sidecar=False):
+def weights_copy(damage, sidecar=False):
     """The BCCD weight file, its bytes changed by ``damage(bytearray)``."""
     def make(get, tmp):
         path, source = tmp / "model.npz", get("bccd_file")
@@ -285,9 +285,9 @@ WEIGHTS_ERRORS = {
     "offline-ssd300": error(uncached("ssd300"), "missing"),
     "offline-ssd512": error(uncached("ssd512"), "missing"),
     "no-file": error(written(lambda path, get: None), "missing"),
-    "checksum": error(bccd_copy(flip_a_byte, sidecar=True), "checksum"),
-    "damaged-entry": error(bccd_copy(flip_a_byte), "file"),     # no sidecar to say it first
-    **{f"cut-{cut}": error(bccd_copy(lambda data, cut=cut: data[:cut] if cut >= 0 else
+    "checksum": error(weights_copy(flip_a_byte, sidecar=True), "checksum"),
+    "damaged-entry": error(weights_copy(flip_a_byte), "file"),     # no sidecar to say it first
+    **{f"cut-{cut}": error(weights_copy(lambda data, cut=cut: data[:cut] if cut >= 0 else
                                      data[:len(data) + cut]), "file")
        for cut in (0, 1, 30, 4096, -22, -1)},
     "other-class-count": error(
