@@ -1,16 +1,10 @@
-"""What a detector gets right and wrong, box by box (notebooks 04 and 05).
-
-:func:`match_detections` is ChainerCV's VOC matching per detection and per box; the drawings,
-box sizes, error analysis and count audits all use it. :func:`box_outcomes` gives each
-non-difficult box its size, crowding and the best score of a covering (IoU >= 0.5) same-class
-candidate at each stage of prediction. A missed box was lost at the first stage that holds:
-``"no_candidate"`` (none covers it: not localised, or called another class), ``"low_score"``
-(every covering score < t), ``"top_k"`` (the per-class cap before NMS), ``"nms"`` (suppressed
-by a neighbour), ``"keep_top_k"`` (the image's cap on detections), ``"matching"`` (VOC
-matching gave the covering detection to another box).
-
-Boxes: float32 (R, 4) ``(y_min, x_min, y_max, x_max)`` in image pixels; labels int32 (R,);
-scores float32 (R,). Images: float32 (3, H, W), RGB, 0-255 (ChainerCV's layout).
+"""What a detector gets right and wrong, box by box (notebooks 04 and 05): VOC matching
+(:func:`match_detections`), drawings, box sizes and where each missed box was lost
+(:func:`box_outcomes`), at the first stage that holds: ``"no_candidate"`` (no same-class
+candidate covers it at IoU >= 0.5), ``"low_score"`` (every covering score < t), ``"top_k"`` (the
+per-class cap before NMS), ``"nms"`` (suppressed by a neighbour), ``"keep_top_k"`` (the image's
+cap), ``"matching"`` (VOC matching gave the covering detection to another box). Boxes: float32
+(R, 4) ``(y_min, x_min, y_max, x_max)`` in pixels; labels int32 (R,); scores float32 (R,).
 """
 from __future__ import annotations
 
@@ -42,15 +36,10 @@ __all__ = [
     "plot_detection_scores", "box_outcomes", "stage_counts", "missed_by"]
 
 
-# --------------------------------------------------------------------------- matching
-
 @dataclass
 class DetectionMatch:
-    """The outcome of every detection and ground-truth box of one image.
-
-    bool (R,): ``kept`` (score ``>= score_thresh``), ``tp``, ``fp``, ``ignored`` (on a difficult
-    box). ``missed``: bool (G,); ``matched_by``: int (G,), the matching detection, -1 if none.
-    """
+    """One image's outcomes. bool (R,): ``kept`` (score ``>= score_thresh``), ``tp``, ``fp``,
+    ``ignored`` (on a difficult box); ``missed`` bool (G,); ``matched_by`` int (G,), -1: none."""
     kept: np.ndarray
     tp: np.ndarray
     fp: np.ndarray
@@ -59,8 +48,7 @@ class DetectionMatch:
     matched_by: np.ndarray
 
     @property
-    def found(self) -> np.ndarray:
-        """bool (G,): ground-truth boxes matched by a true positive."""
+    def found(self) -> np.ndarray:      # bool (G,): boxes matched by a true positive
         return self.matched_by >= 0
 
     @property
@@ -83,23 +71,20 @@ def as_boxes(bbox) -> np.ndarray:
 
 def _matched_inputs(pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult):
     """:func:`match_detections`' arguments as arrays, their lengths checked."""
-    pred_label, gt_label = (np.asarray(x, dtype=np.int32).reshape(-1)
-                            for x in (pred_label, gt_label))
-    pred_score = np.asarray(pred_score, dtype=np.float32).reshape(-1)
-    gt_difficult = np.asarray(np.zeros(len(gt_label)) if gt_difficult is None else gt_difficult,
-                              dtype=bool).reshape(-1)
-    r, g = len(as_boxes(pred_bbox)), len(as_boxes(gt_bbox))
-    if not (len(pred_label) == len(pred_score) == r and len(gt_label) == len(gt_difficult) == g):
-        raise ConfigError(f"match_detections: {r} predicted boxes with {len(pred_label)} labels "
-                          f"and {len(pred_score)} scores; {g} ground-truth boxes with "
-                          f"{len(gt_label)} labels and {len(gt_difficult)} difficult flags: "
-                          "each box needs one of each")
-    return as_boxes(pred_bbox), pred_label, pred_score, as_boxes(gt_bbox), gt_label, gt_difficult
+    pred_bbox, gt_bbox = as_boxes(pred_bbox), as_boxes(gt_bbox)
+    pl, gl = (np.asarray(x, dtype=np.int32).reshape(-1) for x in (pred_label, gt_label))
+    ps = np.asarray(pred_score, dtype=np.float32).reshape(-1)
+    gd = np.asarray(np.zeros(len(gl)) if gt_difficult is None else gt_difficult,
+                    dtype=bool).reshape(-1)
+    if not (len(pl) == len(ps) == len(pred_bbox) and len(gl) == len(gd) == len(gt_bbox)):
+        raise ConfigError(f"match_detections: {len(pred_bbox)} predicted boxes with {len(pl)} "
+                          f"labels and {len(ps)} scores, {len(gt_bbox)} ground-truth boxes with "
+                          f"{len(gl)} labels and {len(gd)} difficult flags; expected one each")
+    return pred_bbox, pl, ps, gt_bbox, gl, gd
 
 
 def voc_iou(a, b):
-    """(N, M) IoU of boxes ``a`` (N, 4) and ``b`` (M, 4) with VOC's integer-pixel convention
-    (``y_max``/``x_max`` + 1), as ChainerCV's ``calc_detection_voc_prec_rec``."""
+    """(N, M) IoU of ``a`` (N, 4) and ``b`` (M, 4), VOC's ``y_max``/``x_max`` + 1 as ChainerCV's."""
     a, b = (np.array(x).reshape(-1, 4) for x in (a, b))
     if not len(a) or not len(b):
         return np.zeros((len(a), len(b)))
@@ -111,13 +96,9 @@ def voc_iou(a, b):
 def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
                      gt_difficult=None, iou_thresh: float = IOU_THRESH,
                      score_thresh: float = COUNT_SCORE_THRESH) -> DetectionMatch:
-    """Match one image's detections to its ground truth exactly as VOC AP does.
-
-    Per class, in descending score order, each detection scoring ``>= score_thresh`` goes to
-    the box it overlaps most (:func:`voc_iou`): a TP if that IoU is ``>= iou_thresh`` and the
-    box is free, else a FP (duplicates too). One on a difficult box is ignored; a difficult box
-    is never missed. ``gt_difficult``: bool (G,) or None. Returns :class:`DetectionMatch`.
-    """
+    """:class:`DetectionMatch` of one image as VOC AP matches: per class by descending score, a
+    detection is a TP if its best box (:func:`voc_iou` ``>= iou_thresh``) is free, else a FP;
+    one on a difficult box is ignored, and a difficult box is never missed."""
     pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult = _matched_inputs(
         pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult)
     kept = pred_score >= score_thresh
@@ -125,8 +106,7 @@ def match_detections(pred_bbox, pred_label, pred_score, gt_bbox, gt_label,
     matched_by = np.full(len(gt_bbox), -1, dtype=np.int64)
     for label in np.unique(pred_label[kept]):
         pred_idx = np.flatnonzero(kept & (pred_label == label))
-        # ChainerCV's order, ties included: argsort()[::-1]
-        pred_idx = pred_idx[pred_score[pred_idx].argsort()[::-1]]
+        pred_idx = pred_idx[pred_score[pred_idx].argsort()[::-1]]     # ChainerCV's order, ties too
         gt_idx = np.flatnonzero(gt_label == label)
         if len(gt_idx) == 0:
             fp[pred_idx] = True
@@ -155,15 +135,10 @@ def match_predictions(predictions: Predictions, score_thresh: float = COUNT_SCOR
                              p.gt_labels, p.gt_difficults)]
 
 
-# --------------------------------------------------------------------------- box_sizes
-
 @dataclass
 class BoxSizes:
-    """Sizes of the ground-truth boxes, found vs missed, per class (difficult ones in neither).
-
-    Size: ``sqrt(h * w)`` in px of the box in the image resized to ``input_size`` x
-    ``input_size`` (the default boxes' scale); ``found[name]``/``missed[name]``: float64 arrays.
-    """
+    """Non-difficult ground-truth box sizes per class, ``found[name]``/``missed[name]``: float64
+    ``sqrt(h * w)`` in px in the image resized to ``input_size`` x ``input_size``."""
     label_names: tuple
     found: dict
     missed: dict
@@ -183,44 +158,34 @@ class BoxSizes:
 
     def missed_fraction_below(self, size: float) -> dict:
         """Per class: of the boxes smaller than ``size`` px, the fraction missed (NaN: none)."""
-        out = {}
-        for name in self.label_names:
-            f, m = int((self.found[name] < size).sum()), int((self.missed[name] < size).sum())
-            out[name] = m / (f + m) if f + m else math.nan
-        return out
+        below = {n: (int((self.found[n] < size).sum()), int((self.missed[n] < size).sum()))
+                 for n in self.label_names}
+        return {n: m / (f + m) if f + m else math.nan for n, (f, m) in below.items()}
 
     def __str__(self):
         def median(value):
             return "" if math.isnan(value) else f" (median {value:5.1f} px)"
 
-        lines = [f"Ground-truth box sizes sqrt(h*w) at {self.input_size}x{self.input_size} "
-                 f"px, detections at score >= {self.score_thresh:g}"]
-        for r in self.rows():
-            lines.append(f"{r['class']:>10}: found {r['found']:4d}{median(r['median_found'])}, "
-                         f"missed {r['missed']:4d}{median(r['median_missed'])}")
-        return "\n".join(lines)
+        return "\n".join([f"Ground-truth box sizes sqrt(h*w) at {self.input_size}x"
+                          f"{self.input_size} px, detections at score >= {self.score_thresh:g}"]
+                         + [f"{r['class']:>10}: found {r['found']:4d}{median(r['median_found'])}"
+                            f", missed {r['missed']:4d}{median(r['median_missed'])}"
+                            for r in self.rows()])
 
 
 def image_sizes_of(predictions: Predictions, image_sizes, dataset, root):
-    """(H, W) of every image: ``image_sizes`` when given, else the image files' headers under
-    ``root`` (or ``dataset.root``); nothing is decoded."""
+    """(H, W) per image: ``image_sizes``, else read from the image files' headers under ``root``."""
     if image_sizes is not None:
         return [tuple(int(v) for v in size)
                 for size in checked_sizes(image_sizes, len(checked(predictions)), "image_sizes")]
     root = resolve_root(getattr(dataset, "root", None) if root is None else root)
-    return [read_image_size(image_path(root, image_id), image_id)
-            for image_id in predictions.ids]
+    return [read_image_size(image_path(root, image_id), image_id) for image_id in predictions.ids]
 
 
 def gt_box_sizes(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH,
                  iou_thresh: float = IOU_THRESH, input_size: int = 300, image_sizes=None,
                  dataset=None, root=None) -> BoxSizes:
-    """:class:`BoxSizes` of the boxes found (matched at ``score_thresh``) and missed.
-
-    Compare with the smallest default box: 20 px for the small SSD
-    (:data:`medaidet.ssd.small.SIZES`), 30 px for SSD300. ``image_sizes``: (H, W) of each image;
-    default: :func:`image_sizes_of`.
-    """
+    """:class:`BoxSizes` of the boxes found (matched at ``score_thresh``) and missed."""
     checked(predictions)
     score_thresh = check_number(score_thresh, "score_thresh", "probability")
     boxes = box_outcomes(predictions, None, (score_thresh,), iou_thresh, 0.0, input_size,
@@ -232,8 +197,7 @@ def gt_box_sizes(predictions: Predictions, score_thresh: float = COUNT_SCORE_THR
 
 
 def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
-    """Stacked histograms of found vs missed box sizes per class, a line at each of
-    ``default_box_sizes`` (up to four); returns a matplotlib ``Figure``."""
+    """A ``Figure``: found vs missed box sizes per class, a line at each ``default_box_sizes``."""
     names = list(classes or sizes.label_names)
     fig = Figure(figsize=(4.2 * len(names), 3.6), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
@@ -241,8 +205,7 @@ def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
         f, m = sizes.found[name], sizes.missed[name]
         both = np.concatenate([f, m])
         bins = np.linspace(both.min(), both.max() + 1, 21) if len(both) else 10
-        counts_found, edges, _ = ax.hist(f, bins=bins, label=f"found ({len(f)})",
-                                         **bar_style(0))
+        counts_found, edges, _ = ax.hist(f, bins=bins, label=f"found ({len(f)})", **bar_style(0))
         ax.hist(m, bins=edges, bottom=counts_found, label=f"missed ({len(m)})",
                 **dict(bar_style(0), color="white", hatch="..."))
         for s, ls in zip(default_box_sizes, ("--", "-.", ":", (0, (5, 1, 1, 1)))):
@@ -259,22 +222,16 @@ def plot_box_sizes(sizes: BoxSizes, default_box_sizes=(), classes=None):
 STYLES = OUTCOME_STYLES
 
 
-# --------------------------------------------------------------------------- drawing
-
 def _class_index(class_filter, label_names):
     if class_filter is None:
         return None
-    if isinstance(class_filter, str):
-        names = [n.lower() for n in label_names]
-        if class_filter.lower() not in names:
-            raise ConfigError(f"class_filter: {class_filter!r} is not a class; expected one "
-                              f"of {', '.join(label_names)} (or its index)")
+    names = [n.lower() for n in label_names]
+    if isinstance(class_filter, str) and class_filter.lower() in names:
         return names.index(class_filter.lower())
-    index = int(class_filter)
-    if not 0 <= index < len(label_names):
-        raise ConfigError(f"class_filter: {class_filter} is not a class index; expected 0 to "
-                          f"{len(label_names) - 1} ({', '.join(label_names)})")
-    return index
+    if not isinstance(class_filter, str) and 0 <= int(class_filter) < len(names):
+        return int(class_filter)
+    raise ConfigError(f"class_filter: {class_filter!r} is not a class; expected one of "
+                      f"{', '.join(label_names)} or its index, 0 to {len(names) - 1}")
 
 
 def _of_class(labels, class_index) -> np.ndarray:
@@ -293,13 +250,8 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
                     iou_thresh: float = IOU_THRESH, gt_difficult=None, class_filter=None,
                     title: str | None = None, legend: bool = True,
                     show_scores: bool = False) -> DetectionMatch:
-    """Draw ``img`` on ``ax`` with its detections matched to its ground truth (notebook 04).
-
-    TP, FP and missed boxes in :data:`STYLES`, tagged with the class's initial (and score with
-    ``show_scores``); the title: ``title`` and kept detections / annotated boxes per class.
-    ``class_filter``: a class name or index to draw alone. Returns the :class:`DetectionMatch`
-    of all classes.
-    """
+    """Draw ``img`` and its TP, FP and missed boxes on ``ax`` (:data:`STYLES`, notebook 04), of
+    ``class_filter`` (a name or index) only; returns the :class:`DetectionMatch` of all classes."""
     label_names = tuple(label_names)
     pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult = _matched_inputs(
         pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_difficult)
@@ -308,12 +260,10 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
     only = _class_index(class_filter, label_names)
     img = np.asarray(img)
     if img.ndim != 3 or img.shape[0] not in (1, 3):
-        raise ConfigError(f"img: expected float (3, H, W) RGB 0-255 (ChainerCV's layout); "
-                          f"got shape {img.shape}")
+        raise ConfigError(f"img: shape {img.shape}; expected float (3, H, W) RGB 0-255")
     ax.imshow(np.clip(np.broadcast_to(img, (3, *img.shape[1:])).transpose(1, 2, 0), 0, 255)
               .astype(np.uint8))
-    # class initials (R, W, P), or the names if two initials collide
-    tags = [n[:1].upper() for n in label_names]
+    tags = [n[:1].upper() for n in label_names]       # class initials, or names if two collide
     tags = tags if len(set(tags)) == len(tags) else list(label_names)
     drawn = {}
     for kind, boxes, labels, mask in (
@@ -328,14 +278,12 @@ def draw_detections(ax, img, pred_bbox, pred_label, pred_score, gt_bbox, gt_labe
                 text += f" {pred_score[i]:.2f}"
             y0, x0, y1, x1 = (float(v) for v in boxes[i])
             ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, gid=kind, **style))
-            # missed boxes tagged below their corner, detections above: an FP on one stays
-            # readable
-            ax.text(x0 + 1, (y1 - 1) if missed else (y0 + 1), text, fontsize=8,
-                    fontweight="bold", color="black" if missed else "white",
-                    va="bottom" if missed else "top",
+            # missed boxes tagged below their corner, detections above: an FP on one readable
+            ax.text(x0 + 1, (y1 - 1) if missed else (y0 + 1), text, fontsize=8, fontweight="bold",
+                    color="black" if missed else "white", va="bottom" if missed else "top",
                     bbox=dict(facecolor="white" if missed else style["edgecolor"],
-                              edgecolor=style["edgecolor"] if missed else "none",
-                              pad=0.6, alpha=0.85), clip_on=True)
+                              edgecolor=style["edgecolor"] if missed else "none", pad=0.6,
+                              alpha=0.85), clip_on=True)
     # kept detections / annotated boxes per class: "rbc 18/21 · wbc 1/1 · platelets 0/2"
     counts = " · ".join(f"{label_names[l]} {int(np.sum(match.kept & (pred_label == l)))}"
                         f"/{int(np.sum(gt_label == l))}"
@@ -355,8 +303,7 @@ def _dataset(predictions: Predictions, dataset, root):
     if predictions.split is None:
         raise ConfigError("plot_detections: the predictions do not say their split; pass "
                           "dataset= (e.g. BCCDDataset(root, 'test')), whose images they are")
-    # predicting read the same annotations and warned about what it dropped already
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():     # predicting warned about these annotations already
         warnings.simplefilter("ignore", AnnotationWarning)
         return BCCDDataset(root, predictions.split, use_difficult=True)
 
@@ -365,7 +312,7 @@ def _image(dataset, index, position, image_id):
     if index is not None:
         if image_id not in index:
             raise ConfigError(f"image {image_id!r} of the predictions is not in the dataset "
-                              "given: pass the dataset the predictions were made on")
+                              "given: pass the dataset they were made on")
         position = index[image_id]
     if hasattr(dataset, "slice") and "img" in getattr(dataset, "keys", ()):
         return dataset.slice[:, "img"][position]     # decodes the image only
@@ -377,12 +324,10 @@ def _chosen(predictions: Predictions, indices, n: int, sort_by, outcomes) -> lis
     """The positions :func:`plot_detections` shows: ``indices`` checked, or the first ``n``."""
     if indices is None:
         order = list(range(len(predictions)))
-        if sort_by is not None:
-            # outcomes: (tp, missed, fp) per image
+        if sort_by is not None:     # outcomes: (tp, missed, fp) per image
             weights = {"missed": (0, 1, 0), "fp": (0, 0, 1), "errors": (0, 1, 1)}
             if sort_by not in weights:
-                raise ConfigError(f"sort_by: {sort_by!r}; expected 'missed', 'fp', 'errors' "
-                                  "or None")
+                raise ConfigError(f"sort_by: {sort_by!r}; expected 'missed', 'fp' or 'errors'")
             order.sort(key=lambda i: -np.dot(weights[sort_by], outcomes[i]))  # stable
         return order[:n]
     position = {image_id: i for i, image_id in enumerate(predictions.ids)}
@@ -390,8 +335,8 @@ def _chosen(predictions: Predictions, indices, n: int, sort_by, outcomes) -> lis
     bad = [i for i in indices
            if isinstance(i, str) or not -len(predictions) <= int(i) < len(predictions)]
     if bad:
-        raise ConfigError(f"indices: {bad} are neither positions (0 to "
-                          f"{len(predictions) - 1}) nor image ids of the predictions")
+        raise ConfigError(f"indices: {bad} are neither positions (0 to {len(predictions) - 1}) "
+                          "nor image ids of the predictions")
     return [int(i) % len(predictions) for i in indices]
 
 
@@ -399,13 +344,8 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
                     score_thresh: float = COUNT_SCORE_THRESH, class_filter=None,
                     dataset=None, root=None, sort_by: str | None = None, ncols: int = 3,
                     iou_thresh: float = IOU_THRESH, show_scores: bool = False):
-    """A grid of images, one :func:`draw_detections` panel each, one legend with the totals.
-
-    ``indices``: positions or image ids; default the first ``n``, or with ``sort_by``
-    (``"missed"``, ``"fp"``, ``"errors"``) the ``n`` with most of them. ``score_thresh``: one
-    or ``{class name: threshold}``. ``dataset``: default ``BCCDDataset(root,
-    predictions.split)``. Returns a matplotlib ``Figure``.
-    """
+    """A ``Figure`` of :func:`draw_detections` panels of ``indices`` (positions or ids; default
+    the first ``n``, or with most ``sort_by``); ``score_thresh``: one or one per class."""
     label_names = tuple(label_names or predictions.label_names)
     if isinstance(score_thresh, dict):
         at = "scores >= " + ", ".join(f"{n} {t:g}" for n, t in score_thresh.items())
@@ -414,9 +354,8 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
     else:
         at = f"score >= {score_thresh:g}"
         if score_thresh < predictions.score_thresh:
-            raise ConfigError(f"score_thresh: {score_thresh} is below "
-                              f"{predictions.score_thresh:g}, the lowest score the predictions "
-                              "hold")
+            raise ConfigError(f"score_thresh: {score_thresh} is below the predictions' lowest "
+                              f"score, {predictions.score_thresh:g}")
     only = _class_index(class_filter, label_names)
     # per image, of class only (None: all): (tp, missed, fp)
     outcomes = [(int((m.tp & _of_class(pl, only)).sum()),
@@ -430,7 +369,6 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
     dataset = _dataset(predictions, dataset, root)
     ids = getattr(dataset, "ids", None)
     index = None if ids is None else {image_id: i for i, image_id in enumerate(ids)}
-
     ncols = max(1, min(int(ncols), len(indices)))
     nrows = math.ceil(len(indices) / ncols)
     fig = Figure(figsize=(4.6 * ncols, 3.9 * nrows + 0.6), layout="constrained")
@@ -445,21 +383,16 @@ def plot_detections(predictions: Predictions, indices=None, n: int = 6, label_na
         ax.set_axis_off()
     totals = dict(zip(("tp", "missed", "fp"), np.sum([outcomes[i] for i in indices], axis=0)))
     what = "" if only is None else f"{label_names[only]} only; "
-    fig.suptitle(f"Detections at {at} vs ground truth "
-                 f"({what}{predictions.split or 'split'}, IoU >= {iou_thresh:g}); "
-                 "titles: predicted/annotated per class")
+    fig.suptitle(f"Detections at {at} vs ground truth ({what}{predictions.split or 'split'}, "
+                 f"IoU >= {iou_thresh:g}); titles: predicted/annotated per class")
     fig.legend(handles=_legend_handles(totals), loc="outside lower center", ncols=3,
                fontsize="small")
     return fig
 
 
-# --------------------------------------------------------------------------- image sets
-
 def images_missing_class(ids=None, report=None, root=None, brief: bool = False) -> dict:
-    """``{image id: [detail, ...]}`` of the validator's ``missing_class`` findings (of ``ids``
-    if given; ``report`` default ``validate_dataset(root)``); with ``brief``,
-    ``{image id: "no rbc box"}``, as ``count_cells(set_aside=...)`` takes it.
-    """
+    """``{image id: [detail, ...]}`` of ``report``'s (default ``validate_dataset(root)``)
+    ``missing_class`` findings; with ``brief``, ``{image id: "no rbc box"}`` (for count_cells)."""
     report = validate_dataset(root) if report is None else report
     wanted = None if ids is None else set(ids)
     out = {}
@@ -472,13 +405,10 @@ def images_missing_class(ids=None, report=None, root=None, brief: bool = False) 
     return out
 
 
-# --------------------------------------------------------------------------- detections
-
 def recall_precision(predictions: Predictions, score_threshs=(0.5, 0.6),
                      iou_thresh: float = IOU_THRESH) -> list:
-    """Recall and precision per class at each score threshold (VOC matching; NaN where the
-    denominator is 0): one dict per (threshold, class), keys ``score_thresh``, ``class``,
-    ``n_gt``, ``tp``, ``fp``, ``missed``, ``recall``, ``precision``."""
+    """Recall and precision (NaN: 0 / 0) of VOC matching, a dict per score threshold and class:
+    ``score_thresh``, ``class``, ``n_gt``, ``tp``, ``fp``, ``missed``, ``recall``, ``precision``."""
     names = predictions.label_names
     n_gt = [sum(int(((np.asarray(gl) == l) & ~np.asarray(gd, dtype=bool)).sum())
                 for gl, gd in zip(predictions.gt_labels, predictions.gt_difficults))
@@ -498,8 +428,7 @@ def recall_precision(predictions: Predictions, score_threshs=(0.5, 0.6),
 
 def detection_scores(predictions: Predictions, score_thresh: float | None = None,
                      iou_thresh: float = IOU_THRESH) -> dict:
-    """Scores of the TP and FP detections per class, matched at ``score_thresh`` (default:
-    the predictions' own): ``{class name: {"tp": float64 array, "fp": float64 array}}``."""
+    """``{class name: {"tp": float64 scores, "fp": float64 scores}}`` at ``score_thresh``."""
     t = predictions.score_thresh if score_thresh is None else score_thresh
     out = {n: {"tp": [], "fp": []} for n in predictions.label_names}
     for i, m in enumerate(match_predictions(predictions, t, iou_thresh)):
@@ -508,13 +437,11 @@ def detection_scores(predictions: Predictions, score_thresh: float | None = None
         for l, name in enumerate(predictions.label_names):
             out[name]["tp"].extend(ps[m.tp & (pl == l)])
             out[name]["fp"].extend(ps[m.fp & (pl == l)])
-    return {n: {k: np.asarray(v, dtype=np.float64) for k, v in d.items()}
-            for n, d in out.items()}
+    return {n: {k: np.asarray(v, dtype=np.float64) for k, v in d.items()} for n, d in out.items()}
 
 
 def plot_detection_scores(scores: dict, thresholds=(0.5, 0.6), split: str | None = None):
-    """Histograms of :func:`detection_scores` per class, log counts, ``thresholds`` dotted;
-    returns a matplotlib ``Figure``."""
+    """A ``Figure``: histograms of :func:`detection_scores` per class, ``thresholds`` dotted."""
     names = list(scores)
     fig = Figure(figsize=(4.3 * len(names), 3.6), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
@@ -527,16 +454,13 @@ def plot_detection_scores(scores: dict, thresholds=(0.5, 0.6), split: str | None
                 label=f"false positives ({len(fp)})")
         for t in thresholds:
             ax.axvline(t, color="0.4", ls=":", lw=1)
-        ax.set_yscale("log")
-        ax.set(title=name, xlabel="detection score", ylabel="detections (log scale)")
+        ax.set(yscale="log", title=name, xlabel="detection score", ylabel="detections (log scale)")
         ax.legend(fontsize="x-small")
     where = f", {split}" if split else ""
     fig.suptitle(f"Scores of true vs false positives (VOC matching at IoU 0.5){where}; "
                  f"dotted: {', '.join(f'{t:g}' for t in thresholds)}", fontsize=9)
     return fig
 
-
-# --------------------------------------------------------------------------- boxes
 
 #: Candidate sets, in the order prediction narrows them (see :class:`BoxOutcomes`).
 CANDIDATE_SETS = ("all", "top_k", "nms", "kept")
@@ -548,13 +472,9 @@ STAGES = ("found",) + LOST_STAGES
 
 @dataclass
 class BoxOutcomes:
-    """One entry per non-difficult ground-truth box of the split (B boxes in all).
-
-    ``image_id`` object (B,); ``label`` int (B,); ``size`` float64 (B,) as in :class:`BoxSizes`;
-    ``crowding`` int (B,): other boxes of its class with IoU ``> crowd_iou``; ``best``: set
-    (:data:`CANDIDATE_SETS`) -> float64 (B,), best covering same-class candidate score (0: none,
-    NaN: no candidates given); ``found``: threshold -> bool (B,).
-    """
+    """Per non-difficult box (B): ``image_id``, ``label``, ``size`` (as :class:`BoxSizes`),
+    ``crowding`` (same-class boxes with IoU ``> crowd_iou``); ``best``: set -> float64 (B,), best
+    covering candidate score (0: none, NaN: no candidates); ``found``: threshold -> bool (B,)."""
     label_names: tuple
     image_id: np.ndarray
     label: np.ndarray
@@ -571,13 +491,11 @@ class BoxOutcomes:
         return len(self.label)
 
     def stage(self, score_thresh: float) -> np.ndarray:
-        """Object array (B,): ``"found"`` or the stage the box was lost at (module docs); needs
-        candidates and one of the outcomes' thresholds."""
+        """Object array (B,): ``"found"`` or the stage each box was lost at (module docs)."""
         found = self._found(score_thresh)
         if np.isnan(self.best["all"]).any():
-            raise ConfigError("these outcomes were computed without candidates: pass "
-                              "candidates= to box_outcomes (predict_weights(..., "
-                              "return_candidates=True))")
+            raise ConfigError("stage: these outcomes were computed without candidates; pass "
+                              "box_outcomes candidates= (predict_weights(return_candidates=True))")
         out = np.full(len(self), "matching", dtype=object)
         # from the last stage to the first: the earliest that holds wins
         for stage, best in (("keep_top_k", "kept"), ("nms", "nms"), ("top_k", "top_k"),
@@ -597,9 +515,8 @@ class BoxOutcomes:
     def without(self, image_ids) -> "BoxOutcomes":
         """The boxes of the images not in ``image_ids``."""
         keep = ~np.isin(self.image_id, list(image_ids))
-        return BoxOutcomes(self.label_names, self.image_id[keep], self.label[keep],
-                           self.size[keep], self.crowding[keep],
-                           {k: v[keep] for k, v in self.best.items()},
+        return BoxOutcomes(self.label_names, self.image_id[keep], self.label[keep], self.size[keep],
+                           self.crowding[keep], {k: v[keep] for k, v in self.best.items()},
                            {k: v[keep] for k, v in self.found.items()}, self.input_size,
                            self.crowd_iou, self.iou_thresh, self.split)
 
@@ -618,15 +535,9 @@ def _best_scores(cand: Candidates, gt_bbox, gt_label, iou_thresh) -> dict:
 def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 0.6),
                  iou_thresh: float = IOU_THRESH, crowd_iou: float = 0.0,
                  input_size: int = 300, image_sizes=None, root=None) -> BoxOutcomes:
-    """Size, crowding, best candidate scores and outcome of every non-difficult box.
-
-    ``candidates``: one :class:`medaidet.ssd.predict.Candidates` per image
-    (``predict_weights(..., return_candidates=True)``), or None (no stages). ``found`` is
-    computed at each of ``score_threshs``; ``image_sizes`` as for :func:`gt_box_sizes`.
-    """
+    """:class:`BoxOutcomes`, found at each ``score_threshs``; ``candidates``: per image, or None."""
     if candidates is not None and len(candidates) != len(predictions):
-        raise ConfigError(f"candidates: {len(candidates)} entries for {len(predictions)} "
-                          "images")
+        raise ConfigError(f"candidates: {len(candidates)} entries for {len(predictions)} images")
     found = {check_number(t, "score_threshs", "probability"): []
              for t in np.atleast_1d(score_threshs)}
     matches = {t: match_predictions(predictions, t, iou_thresh) for t in found}
@@ -639,8 +550,7 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
         (height, width), (y0, x0, y1, x1) = sizes[i], gb.astype(np.float64).T
         size = np.sqrt(np.clip((y1 - y0) * input_size / height, 0, None)
                        * np.clip((x1 - x0) * input_size / width, 0, None))
-        # crowding: plain IoU of the annotated boxes (their overlap as drawn), difficult
-        # neighbours left out
+        # crowding: plain IoU of the annotated boxes (overlap as drawn), difficult ones left out
         iou = bbox_iou(gb, gb) if len(gb) else np.zeros((0, 0))
         same = (gl[:, None] == gl[None, :]) & ~np.eye(len(gl), dtype=bool)
         best = (dict.fromkeys(CANDIDATE_SETS, np.full(len(gl), np.nan)) if candidates is None
@@ -664,24 +574,19 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
 
 
 def stage_counts(outcomes: BoxOutcomes, score_thresh: float) -> dict:
-    """``{class name: {stage: number of boxes}}`` over :data:`STAGES` (module docs), plus
-    ``"n_gt"`` and ``"recall"`` per class."""
+    """``{class name: {stage: boxes}}`` over :data:`STAGES`, plus ``"n_gt"`` and ``"recall"``."""
     stage = check_type(outcomes, BoxOutcomes, "outcomes", "BoxOutcomes").stage(score_thresh)
     out = {}
     for l, name in enumerate(outcomes.label_names):
         of = outcomes.label == l
-        row = {s: int((stage[of] == s).sum()) for s in STAGES}
-        row["n_gt"] = int(of.sum())
-        row["recall"] = row["found"] / row["n_gt"] if row["n_gt"] else math.nan
-        out[name] = row
+        row, n_gt = {s: int((stage[of] == s).sum()) for s in STAGES}, int(of.sum())
+        out[name] = {**row, "n_gt": n_gt, "recall": row["found"] / n_gt if n_gt else math.nan}
     return out
 
 
 def missed_by(outcomes: BoxOutcomes, score_thresh: float, by: str, bins) -> dict:
-    """Boxes found and missed per class and bin of ``by`` (``"size"`` or ``"crowding"``); bin
-    ``j``: ``bins[j] <= value < bins[j + 1]``. Returns ``{class name: [{"bin": (lo, hi), "n",
-    "missed", "miss_rate"}, ...]}``.
-    """
+    """``{class name: [{"bin": (lo, hi), "n", "missed", "miss_rate"}, ...]}`` of the boxes whose
+    ``by`` (``"size"`` or ``"crowding"``) is in each bin, ``lo <= value < hi``."""
     if by not in ("size", "crowding"):
         raise ConfigError(f"by: {by!r}; expected 'size' or 'crowding'")
     bins = checked_bins(bins)

@@ -1,22 +1,12 @@
 """Counting cells with a detector (notebook 05): counts, the count threshold, the counting frame.
 
-**Counts** (section 1). A class's predicted count in an image is its detections scoring
-``>= score_thresh`` (at most ``keep_top_k`` = 200); the annotated count, its boxes (difficult
-included). Per class over the images: ``mae`` (mean absolute error, cells per image), ``bias``
-(mean signed error, > 0 over-counts), ``relative_error`` (``sum |predicted - annotated| / sum
-annotated``, NaN without boxes). Images flagged ``missing_class`` can be set aside
-(:data:`RBC_NOTE`).
-
-**The count threshold** (section 2): per class, the one of least MAE on val
-(:func:`threshold_sweep`), then used on test (:data:`SWEEP_NOTE`).
-
-**The counting frame** (section 4; Gundersen 1977's unbiased counting frame, for boxes). The
-inner frame is the image set back by a guard margin per class (:func:`frame_margins`); a cell
-counts when its box's centre lies inside (top/left lines in, bottom/right out: adjacent frames
-count every centre once). Densities: cells per 10,000 px² of the inner frame, or per mm² (per
-slide area, not per µL).
-
-Boxes are ``(y_min, x_min, y_max, x_max)`` in image pixels; an image size is ``(H, W)``.
+Counts (section 1): detections scoring ``>= score_thresh`` vs boxes (difficult included) per
+image and class; ``mae`` (cells per image), ``bias`` (> 0 over-counts), ``relative_error`` (``sum
+|predicted - annotated| / sum annotated``). The count threshold (section 2): per class, least MAE
+on val, used on test. The counting frame (section 4; Gundersen 1977's, for boxes): a cell counts
+when its box's centre lies in the image set back by its class's guard margin (top/left lines in,
+bottom/right out); densities per 10,000 px² of that frame, or per mm² of slide (not per µL).
+Boxes: ``(y_min, x_min, y_max, x_max)`` in pixels; sizes ``(H, W)``.
 """
 from __future__ import annotations
 
@@ -24,7 +14,7 @@ import json
 import math
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -54,52 +44,44 @@ __all__ = [
     "plot_sweep", "report_count_errors", "count_weights"]
 
 
-# --------------------------------------------------------------------------- count
-
 RBC_NOTE = (
-    "RBC counts are limited by the annotation, not only by the detector. BCCD's RBC boxes "
-    "are incomplete: some images have no RBC box at all although red cells are visible "
-    "(the validator's missing_class findings, notebook 01: set aside above when flagged), "
-    "and cells cut by the image border or packed in clumps are often left unboxed; where "
-    "BCCD has two photographs of the same field, their two RBC annotations disagree in "
-    "count (medaidet.data.agreement, notebook 05), and TXL-PBC's independent re-annotation "
-    "of 221 BCCD images boxes about twice as many red cells (notebook 10: count against it, "
-    "labels='txl-pbc'). A detector that finds unboxed cells is scored as over-counting. "
-    "Platelet and WBC boxes agree between such pairs. A class "
-    "with a high AP but a low count at a fixed threshold is found but scored below it (a "
-    "confidence problem: notebook 04 measures whether size plays a part): choose the "
-    "threshold per class on val.")
+    "RBC counts are limited by the annotation, not only by the detector. BCCD's RBC boxes are "
+    "incomplete: some images have no RBC box at all although red cells are visible (the "
+    "validator's missing_class findings, notebook 01: set aside above when flagged), and cells cut "
+    "by the image border or packed in clumps are often left unboxed; where BCCD has two "
+    "photographs of the same field, their two RBC annotations disagree in count "
+    "(medaidet.data.agreement, notebook 05), and TXL-PBC's independent re-annotation of 221 BCCD "
+    "images boxes about twice as many red cells (notebook 10: count against it, labels='txl-pbc'). "
+    "A detector that finds unboxed cells is scored as over-counting. Platelet and WBC boxes agree "
+    "between such pairs. A class with a high AP but a low count at a fixed threshold is found but "
+    "scored below it (a confidence problem: notebook 04 measures whether size plays a part): "
+    "choose the threshold per class on val.")
 
 
 def per_image_counts(labels_per_image, n_class: int) -> np.ndarray:
-    """Cells per image and class, (N images, n_class) ints, from each image's labels (written
-    in notebook 05, section 1)."""
+    """(N images, n_class) ints from each image's labels. Written in notebook 05, section 1."""
     return np.array([np.bincount(np.asarray(lb, dtype=np.int64), minlength=n_class)[:n_class]
                      for lb in labels_per_image], dtype=np.int64).reshape(-1, n_class)
 
 
 def predicted_counts(preds: Predictions, score_thresh: float) -> np.ndarray:
     """:func:`per_image_counts` of the detections scoring ``>= score_thresh``."""
-    n_class = len(preds.label_names)
     kept = [lb[s >= score_thresh] for lb, s in zip(preds.pred_labels, preds.pred_scores)]
-    return per_image_counts(kept, n_class)
+    return per_image_counts(kept, len(preds.label_names))
 
 
 def check_score_thresh(score_thresh, lowest: float, name: str = "score_thresh") -> float:
-    """``score_thresh`` as a float from ``lowest`` (the predictions' own threshold) to 1
-    inclusive (float32 softmax scores reach 1.0); else ConfigError."""
+    """``score_thresh`` as a float from ``lowest`` (the predictions' own) to 1; else ConfigError."""
     value = check_number(score_thresh, name, "probability")
     if value < lowest:
-        raise ConfigError(
-            f"{name}: {score_thresh} is below {lowest:g}, the lowest score the predictions "
-            f"hold (the detector keeps only detections scoring >= {lowest:g}); expected a "
-            f"number from {lowest:g} to 1")
+        raise ConfigError(f"{name}: {score_thresh} is below {lowest:g}, the lowest score the "
+                          f"predictions hold; expected a number from {lowest:g} to 1")
     return value
 
 
 def count_stats(predicted: np.ndarray, annotated: np.ndarray):
-    """``(mae, bias, relative_error)`` per class (module docs) from (N images, C classes)
-    counts. Written in notebook 05, section 1."""
+    """``(mae, bias, relative_error)`` per class from (N images, C classes) counts. Written in
+    notebook 05, section 1."""
     error = (predicted - annotated).astype(float)
     n = len(error)
     mae = np.abs(error).mean(axis=0) if n else np.full(error.shape[1], np.nan)
@@ -111,9 +93,8 @@ def count_stats(predicted: np.ndarray, annotated: np.ndarray):
 
 @dataclass(repr=False)
 class CountResult(ShownAsTable):
-    """Counts at one score threshold. ``predicted``/``annotated``: int (N images, C classes);
-    ``mae``, ``bias``, ``relative_error``: (C,), on all images; ``set_aside``: image id -> why.
-    """
+    """Counts at one threshold: ``predicted``/``annotated`` int (N images, C classes), errors (C,);
+    ``set_aside``: image id -> why."""
     ids: list
     label_names: tuple
     score_thresh: float
@@ -177,16 +158,14 @@ class CountResult(ShownAsTable):
     def _per_class(self) -> dict:
         return {name: {"annotated_total": int(self.annotated[:, l].sum()),
                        "predicted_total": int(self.predicted[:, l].sum()),
-                       "mae": finite_or_none(self.mae[l]),
-                       "bias": finite_or_none(self.bias[l]),
-                       "relative_error": finite_or_none(self.relative_error[l])}
+                       **{k: finite_or_none(getattr(self, k)[l])
+                          for k in ("mae", "bias", "relative_error")}}
                 for l, name in enumerate(self.label_names)}
 
     def to_dict(self) -> dict:
-        out = {"split": self.split, "score_thresh": self.score_thresh,
-               "n_images": len(self.ids), "label_names": list(self.label_names),
-               "per_class": self._per_class(), "per_image": self.rows(), "rbc_note": RBC_NOTE,
-               **self.info}
+        out = {"split": self.split, "score_thresh": self.score_thresh, "n_images": len(self.ids),
+               "label_names": list(self.label_names), "per_class": self._per_class(),
+               "per_image": self.rows(), "rbc_note": RBC_NOTE, **self.info}
         if self.set_aside:
             rest = self.without_set_aside()
             out.update(set_aside=dict(self.set_aside),
@@ -201,36 +180,28 @@ class CountResult(ShownAsTable):
 def _fmt(value, pct=False, sign=False) -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
-    if pct:
-        return f"{100 * value:.1f}%"
-    return f"{value:+.2f}" if sign else f"{value:.2f}"
+    return f"{100 * value:.1f}%" if pct else f"{value:+.2f}" if sign else f"{value:.2f}"
 
 
 def count_cells(predictions: Predictions, score_thresh: float = COUNT_SCORE_THRESH,
                 set_aside=None) -> CountResult:
-    """Predicted vs annotated counts at ``score_thresh`` (:func:`check_score_thresh`).
-
-    ``set_aside``: ``{image id: why}`` to report apart; ids not predicted are ignored.
-    """
+    """Counts at ``score_thresh``; ``set_aside``: ``{image id: why}`` of images to report apart."""
     score_thresh = check_score_thresh(score_thresh, checked(predictions).score_thresh)
     predicted = predicted_counts(predictions, score_thresh)
     annotated = per_image_counts(predictions.gt_labels, len(predictions.label_names))
     ids = list(predictions.ids)
-    set_aside = {i: why for i, why in (set_aside or {}).items() if i in ids}
     return CountResult(ids, predictions.label_names, float(score_thresh), predicted, annotated,
                        *count_stats(predicted, annotated), predictions.split,
-                       set_aside=set_aside)
+                       set_aside={i: why for i, why in (set_aside or {}).items() if i in ids})
 
 
 def count_errors(predictions: Predictions, thresholds: dict) -> dict:
-    """``{class: relative error}``, each class counted at its own threshold (e.g. those
-    :func:`threshold_sweep` chose on val)."""
+    """``{class: relative error}``, each class counted at its own ``thresholds[class]``."""
     kept = checked(predictions).filter(check_type(thresholds, dict, "thresholds",
                                                   "a dict {class name: score threshold}"))
-    names = predictions.label_names
-    annotated = per_image_counts(predictions.gt_labels, len(names))
+    annotated = per_image_counts(predictions.gt_labels, len(predictions.label_names))
     relative = count_stats(predicted_counts(kept, kept.score_thresh), annotated)[2]
-    return {name: float(relative[c]) for c, name in enumerate(names)}
+    return {name: float(relative[c]) for c, name in enumerate(predictions.label_names)}
 
 
 #: :func:`plot_counts`: a dot's area in points² per image at its place.
@@ -238,9 +209,7 @@ AREA_PER_IMAGE = 20.0
 
 
 def images_at_points(annotated, predicted):
-    """The distinct ``(annotated, predicted)`` count pairs and how many images share each:
-    ``(points (P, 2) int, n_images (P,) int)``, sorted by point.
-    """
+    """``(points (P, 2), n_images (P,))``: distinct ``(annotated, predicted)`` pairs and counts."""
     try:
         pairs = np.stack([np.asarray(annotated, dtype=np.int64).ravel(),
                           np.asarray(predicted, dtype=np.int64).ravel()], axis=1)
@@ -251,9 +220,7 @@ def images_at_points(annotated, predicted):
 
 
 def plot_counts(result: CountResult):
-    """Scatter of predicted vs annotated count per class, with y = x; a dot's area (and label)
-    gives the images on it. Returns a matplotlib ``Figure``.
-    """
+    """A ``Figure``: predicted vs annotated count per class; a dot's area: the images on it."""
     n = len(result.label_names)
     fig = Figure(figsize=(4.2 * n, 4.8), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False)[0]
@@ -267,12 +234,12 @@ def plot_counts(result: CountResult):
                    label="images (area and number: how many)")
         for (px, py), k in zip(points, n_images):
             if k > 1:
-                ax.annotate(str(k), (px, py), textcoords="offset points", ha="left",
-                            va="bottom", fontsize="x-small", in_layout=False,
+                ax.annotate(str(k), (px, py), textcoords="offset points", ha="left", va="bottom",
+                            fontsize="x-small", in_layout=False,
                             xytext=(1 + 0.4 * math.sqrt(AREA_PER_IMAGE * k),) * 2)
         ax.set(title=f"{name}: MAE {_fmt(result.mae[l])}, bias {_fmt(result.bias[l], sign=True)}",
-               xlabel="annotated count", ylabel="predicted count",
-               xlim=(-0.5, top), ylim=(-0.5, top), aspect="equal")
+               xlabel="annotated count", ylabel="predicted count", xlim=(-0.5, top),
+               ylim=(-0.5, top), aspect="equal")
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -284,14 +251,11 @@ def plot_counts(result: CountResult):
     return fig
 
 
-# --------------------------------------------------------------------------- frame
-
 PER_AREA = 10_000     # densities are cells per this many px² (100 x 100 px)
 
 
 def frame_margins(bboxes, labels, label_names, quantile: float = 0.95) -> dict:
-    """``{class name: guard margin in px}``: half the ``quantile`` of the class's longer box
-    sides over ``bboxes``/``labels`` (one array per image: train's), rounded up; 0 if none."""
+    """``{class name: margin px}``: half the ``quantile`` of its longer box sides, rounded up."""
     quantile = check_number(quantile, "quantile", "probability")
     label_names = _checked_names(label_names)
     bboxes, labels = (check_type(x, (list, tuple), name, "a list of one array per image")
@@ -311,16 +275,14 @@ def margin_per_class(margins: dict, label_names) -> np.ndarray:
     check_type(margins, dict, "margins", "a dict {class name: guard margin in px}")
     missing = [n for n in _checked_names(label_names) if n not in margins]
     if missing:
-        raise ConfigError(f"margins: no guard margin for {', '.join(missing)}; give one per "
-                          f"class ({', '.join(label_names)}), in pixels")
+        raise ConfigError(f"margins: no guard margin for {', '.join(missing)}; expected one each")
     return np.array([check_number(margins[n], f"margins[{n!r}]", "non-negative")
                      for n in label_names], dtype=float)
 
 
 def _checked_names(label_names) -> tuple:
-    if isinstance(label_names, str) or not all(
-            isinstance(n, str) for n in check_type(label_names, (list, tuple), "label_names",
-                                                   "a list of class names")):
+    check_type(label_names, (list, tuple), "label_names", "a list of class names")
+    if not all(isinstance(n, str) for n in label_names):
         raise ConfigError(f"label_names: {label_names!r}; expected a list of class names")
     return tuple(label_names)
 
@@ -336,8 +298,7 @@ def in_frame(bbox, label, size, margins: dict, label_names) -> np.ndarray:
 
 
 def frame_predictions(predictions, sizes, margins: dict):
-    """``predictions`` with only the detections and boxes that count in the frame; ``sizes``:
-    one ``(H, W)`` per image, or one for all."""
+    """``predictions`` with only what counts in the frame; ``sizes``: (H, W) per image, or one."""
     names = check_type(predictions, Predictions, "predictions", "Predictions").label_names
     sizes = checked_sizes(sizes, len(predictions))
 
@@ -347,9 +308,8 @@ def frame_predictions(predictions, sizes, margins: dict):
 
     pb, pl, ps = kept(predictions.pred_bboxes, predictions.pred_labels, predictions.pred_scores)
     gb, gl, gd = kept(predictions.gt_bboxes, predictions.gt_labels, predictions.gt_difficults)
-    return Predictions(**{**predictions.__dict__, "pred_bboxes": pb, "pred_labels": pl,
-                          "pred_scores": ps, "gt_bboxes": gb, "gt_labels": gl,
-                          "gt_difficults": gd})
+    return replace(predictions, pred_bboxes=pb, pred_labels=pl, pred_scores=ps, gt_bboxes=gb,
+                   gt_labels=gl, gt_difficults=gd)
 
 
 class FrameError(NamedTuple):
@@ -362,11 +322,10 @@ class FrameError(NamedTuple):
 
 
 def frame_errors(predictions, thresholds: dict, sizes, margins: dict) -> list:
-    """Every count error in the frame as :class:`FrameError`, each class at ``thresholds[class]``,
-    matched on the whole image as AP matches. Kinds: ``"false"`` (a detection in the frame
-    matching no box), ``"missed"`` (a box in the frame no kept detection matches; score: best
-    same-class score on it at IoU >= 0.5, 0 if none), ``"line +"``/``"line -"`` (detection
-    in/out, its box the other side). Framed error = (line +) - (line -) + false - missed."""
+    """Every :class:`FrameError` in the frame at ``thresholds[class]``, matched on the whole image:
+    ``"false"`` (matching no box), ``"missed"`` (score: best same-class score on the box, 0 if
+    none), ``"line +"``/``"line -"`` (detection in/out, its box the other side). Framed count
+    error = line+ - line- + false - missed."""
     names = check_type(predictions, Predictions, "predictions", "Predictions").label_names
     kept = predictions.filter(check_type(thresholds, dict, "thresholds",
                                          "a dict {class name: score threshold}"))
@@ -400,8 +359,7 @@ def frame_area(size, margin) -> float:
 
 
 def densities(counts, sizes, margins: dict, label_names, pixel_um=None) -> np.ndarray:
-    """float (N, C): framed ``counts`` per :data:`PER_AREA` px² of each inner frame (per mm²
-    with ``pixel_um``, a pixel's side in µm); NaN where a frame has no area."""
+    """float (N, C): ``counts`` per :data:`PER_AREA` px² of frame (per mm² with ``pixel_um``)."""
     try:
         counts = np.asarray(counts, dtype=float).reshape(-1, len(_checked_names(label_names)))
     except (TypeError, ValueError):
@@ -417,8 +375,7 @@ def densities(counts, sizes, margins: dict, label_names, pixel_um=None) -> np.nd
 
 
 def plot_frame(img, bbox, label, margins: dict, label_names, title: str = "") -> Figure:
-    """One panel per class: the image (float (3, H, W) RGB 0-255), the inner frame dashed, the
-    boxes that count solid, the others dash-dotted, each centre a dot."""
+    """A ``Figure``, a panel per class: ``img`` (float (3, H, W)), its frame, the boxes counted."""
     height, width = img.shape[1:]
     label = np.asarray(label, dtype=int)
     counted = in_frame(bbox, label, (height, width), margins, label_names)
@@ -433,16 +390,13 @@ def plot_frame(img, bbox, label, margins: dict, label_names, title: str = "") ->
             y0, x0, y1, x1 = np.asarray(bbox[k], dtype=float)
             style = (dict(ec=color, lw=1.8) if counted[k] else dict(ec="0.2", ls="-.", lw=1.2))
             ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, **style))
-            ax.plot((x0 + x1) / 2, (y0 + y1) / 2, "o", ms=3.5,
-                    color=color if counted[k] else "0.2")
+            ax.plot((x0 + x1) / 2, (y0 + y1) / 2, "o", ms=3.5, color=color if counted[k] else "0.2")
         ax.set(xticks=[], yticks=[], title=f"{name}: {int(counted[ours].sum())} counted, "
                f"{int((~counted[ours]).sum())} not (margin {m:g} px)")
     fig.suptitle(title or "The counting frame: a cell counts when its centre (dot) lies inside "
                  "its class's frame (dashed); solid counted, dash-dotted grey not")
     return fig
 
-
-# --------------------------------------------------------------------------- thresholds
 
 DEFAULT_THRESHOLDS = tuple(np.round(np.arange(0.05, 0.96, 0.05), 2))
 #: :func:`plot_sweep`'s axis fits the thresholds from here up (lower ones may run off it)...
@@ -456,8 +410,7 @@ SWEEP_NOTE = (
 
 @dataclass(repr=False)
 class SweepResult(ShownAsTable):
-    """Count errors vs score threshold, (T thresholds, C classes) arrays; ``best_threshold``
-    per class: least MAE on these images, the middle one of ties (docs/cpu-detector.md)."""
+    """Count errors, (T thresholds, C classes); ``best_threshold``: least MAE (middle of ties)."""
     thresholds: np.ndarray
     label_names: tuple
     mae: np.ndarray
@@ -497,28 +450,23 @@ class SweepResult(ShownAsTable):
 
 
 def threshold_sweep(predictions: Predictions, thresholds=DEFAULT_THRESHOLDS) -> SweepResult:
-    """Count MAE, bias and relative error per class at each score threshold; warns
-    (``UserWarning``) on the test split (:data:`SWEEP_NOTE`)."""
+    """Count errors per class at each threshold; a UserWarning on test (:data:`SWEEP_NOTE`)."""
     lowest = checked(predictions).score_thresh
     thresholds = np.sort([check_score_thresh(t, lowest, "thresholds")
                           for t in np.asarray(thresholds, dtype=object).ravel()])
     if thresholds.size == 0:
-        raise ConfigError(f"thresholds: none given; expected score thresholds from {lowest:g} "
-                          "to 1")
+        raise ConfigError(f"thresholds: none given; expected score thresholds from {lowest:g} to 1")
     if predictions.split == "test":
-        warnings.warn("threshold_sweep on the test split: " + SWEEP_NOTE, UserWarning,
-                      stacklevel=2)
+        warnings.warn("threshold_sweep on the test split: " + SWEEP_NOTE, UserWarning, stacklevel=2)
     annotated = per_image_counts(predictions.gt_labels, len(predictions.label_names))
-    # (3 statistics, T thresholds, C classes)
     stats = np.stack([count_stats(predicted_counts(predictions, t), annotated)
-                      for t in thresholds], axis=1)
+                      for t in thresholds], axis=1)      # (3 statistics, T, C)
     return SweepResult(thresholds, predictions.label_names, *stats, predictions.split)
 
 
 def report_count_errors(val, test, n: int = 1000, seed: int = 0) -> dict:
-    """Each class's threshold chosen on ``val`` (:class:`Predictions`), its count error on
-    ``test`` once, with the bootstrap interval over the test images and the annotated cells
-    it rests on: ``{class: {"threshold", "error", "low", "high", "cells"}}``. Written in
+    """Per class the threshold chosen on ``val``, the count error on ``test`` with its bootstrap
+    interval and cells: ``{class: {"threshold", "error", "low", "high", "cells"}}``. Written in
     notebook 05, section 4."""
     chosen = threshold_sweep(val).best_threshold
     errors = count_errors(test, chosen)
@@ -530,16 +478,13 @@ def report_count_errors(val, test, n: int = 1000, seed: int = 0) -> dict:
 
 
 def plot_sweep(sweep: SweepResult):
-    """Count MAE vs score threshold, one panel per class on its own scale (their MAEs differ
-    tenfold), the best starred; returns a matplotlib ``Figure``.
-    """
+    """A ``Figure``: count MAE vs threshold, a panel per class on its own scale, best starred."""
     n = len(sweep.label_names)
     fig = Figure(figsize=(3.6 * n, 3.6), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False, sharex=True)[0]
     best = sweep.best_threshold
     for l, (ax, name) in enumerate(zip(axes, sweep.label_names)):
-        color = CLASS_COLORS.get(name, f"C{l}")
-        mae = sweep.mae[:, l]
+        color, mae = CLASS_COLORS.get(name, f"C{l}"), sweep.mae[:, l]
         ax.plot(sweep.thresholds, mae, marker="o", ms=3, color=color)
         ax.plot([best[name]], [sweep.best_mae[name]], marker="*", ms=12, color=color,
                 linestyle="none", label=f"best {best[name]:g} (MAE {sweep.best_mae[name]:.2f})")
@@ -548,14 +493,12 @@ def plot_sweep(sweep: SweepResult):
         highest = float(np.nanmax(mae, initial=0.0))
         if rest > 0 and highest > SWEEP_FLATTENS * rest:
             ax.set_ylim(0, 1.3 * rest)
-            ax.text(0.02, 0.02, f"below score {SWEEP_AXIS_FROM:g}: off the scale\n"
-                    f"(MAE up to {highest:.0f})", transform=ax.transAxes, va="bottom",
-                    fontsize="x-small")
+            ax.text(0.02, 0.02, f"below score {SWEEP_AXIS_FROM:g}: off the scale\n(MAE up to "
+                    f"{highest:.0f})", transform=ax.transAxes, va="bottom", fontsize="x-small")
         else:
             ax.set_ylim(0, 1.1 * highest if highest > 0 else 1)
-        ax.set(title=name, xlabel="score threshold")
-        if l == 0:
-            ax.set_ylabel("count MAE (cells per image)")
+        ax.set(title=name, xlabel="score threshold",
+               ylabel="count MAE (cells per image)" if l == 0 else "")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small", loc="upper center")
     fig.suptitle(f"Count error vs threshold ({sweep.split or 'split'}; choose on val); "
@@ -567,9 +510,8 @@ def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_TH
                   model_name: str | None = None, root=None, subset=None, device=DEFAULT_DEVICE,
                   out=None, thresholds=DEFAULT_THRESHOLDS, batch_size: int = 8,
                   progress: bool = True):
-    """``medaidet count``: predict once, count at ``score_thresh`` (``missing_class`` images
-    set aside), sweep ``thresholds``; write ``counts.json``, ``counts.png`` and
-    ``count_sweep.png`` to ``out``, all or none. Returns ``(CountResult, SweepResult)``."""
+    """``medaidet count``: ``(CountResult, SweepResult)`` at ``score_thresh`` (``missing_class``
+    images set aside) and over ``thresholds``, written to ``out``, all or none."""
     score_thresh = check_score_thresh(score_thresh, EVALUATE_SCORE_THRESH, "--score-thresh")
     for t in np.asarray(thresholds, dtype=object).ravel():
         check_score_thresh(t, EVALUATE_SCORE_THRESH, "thresholds")
@@ -584,9 +526,8 @@ def count_weights(weights_path, split: str = "test", score_thresh=COUNT_SCORE_TH
             warnings.simplefilter("ignore", UserWarning)
         sweep = threshold_sweep(preds, thresholds)
     if out is not None:
-        write_files({
-            out / "counts.json": json.dumps({**result.to_dict(), "sweep": sweep.to_dict()},
-                                            indent=2) + "\n",
-            out / "counts.png": png_bytes(plot_counts(result), dpi=100),
-            out / "count_sweep.png": png_bytes(plot_sweep(sweep), dpi=100)})
+        counts = json.dumps({**result.to_dict(), "sweep": sweep.to_dict()}, indent=2) + "\n"
+        write_files({out / "counts.json": counts,
+                     out / "counts.png": png_bytes(plot_counts(result), dpi=100),
+                     out / "count_sweep.png": png_bytes(plot_sweep(sweep), dpi=100)})
     return result, sweep

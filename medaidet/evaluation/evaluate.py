@@ -1,21 +1,11 @@
 """Evaluating a trained SSD on a BCCD split (notebook 04): VOC AP at IoU 0.5, two protocols.
 
-The model runs once in the 'evaluate' preset (score >= 0.01, NMS IoU 0.45; section 1); every
-higher threshold is applied afterwards, which equals a forward pass at it (greedy NMS and the
-caps of :func:`medaidet.ssd.predict.predict` only drop lower-scoring boxes). Protocols
-(sections 2 and 3), scored from the same predictions:
-
-* ``"evaluate"``: every detection (score >= 0.01), the correct one: AP integrates precision
-  over all recall levels;
-* ``"course"``: only scores >= 0.6 (ChainerCV's 'visualize' preset), as the course computed
-  its published mAP 0.719 (by mistake).
-
-Metrics: ChainerCV's ``eval_detection_voc``, VOC area AP (``use_07_metric=False``, what the
-course reported) and VOC2007 11-point AP. A class with boxes but no detection has AP 0; one
-without boxes NaN (``null`` in JSON), left out of the mean.
-
-Boxes: float32 (R, 4) ``(y_min, x_min, y_max, x_max)`` in image pixels; labels int32 (R,);
-scores float32 (R,).
+The model runs once in the 'evaluate' preset (score >= 0.01, NMS IoU 0.45; section 1); higher
+thresholds are applied afterwards, as a forward pass at them would. Protocols (sections 2, 3):
+``"evaluate"``, every detection (the correct one); ``"course"``, scores >= 0.6, as the course
+computed its published mAP 0.719 (by mistake). Metrics: ChainerCV's VOC area AP and VOC2007
+11-point AP; a class with boxes but no detection has AP 0, one without boxes NaN (``null`` in
+JSON), left out of the mean. Boxes: float32 (R, 4) ``(y_min, x_min, y_max, x_max)`` in pixels.
 """
 from __future__ import annotations
 
@@ -53,13 +43,10 @@ __all__ = [
     "check_ground_truth", "evaluate_weights"]
 
 
-# --------------------------------------------------------------------------- predictions
-
 def missing_weights_error(path: Path) -> WeightsError:
-    return WeightsError(
-        f"no trained weights at {path}: run notebook 03_training.ipynb or `medaidet train` "
-        f"first (it writes model-only weights and a .sha256 sidecar), then pass that file "
-        f"here (expected {path})", "missing", path=path)
+    return WeightsError(f"no trained weights at {path}: run notebook 03_training.ipynb or "
+                        "`medaidet train` first, then pass the weights file it writes",
+                        "missing", path=path)
 
 
 _PER_IMAGE = ("ids", "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "gt_labels",
@@ -68,10 +55,8 @@ _PER_IMAGE = ("ids", "pred_bboxes", "pred_labels", "pred_scores", "gt_bboxes", "
 
 @dataclass
 class Predictions:
-    """Detections and ground truth of one split, one list entry per image (module docs).
-
-    ``gt_difficults[i]``: bool (G,). ``score_thresh``: the lowest score the predictions hold.
-    """
+    """Detections and ground truth of one split, one list entry per image (module docs);
+    ``gt_difficults[i]``: bool (G,); ``score_thresh``: the lowest score the predictions hold."""
     ids: list
     pred_bboxes: list
     pred_labels: list
@@ -100,23 +85,21 @@ class Predictions:
     def filter(self, score_thresh) -> "Predictions":
         """The detections scoring ``>= score_thresh`` (ground truth unchanged): one threshold,
         or ``{class name: threshold}`` naming every class (notebook 05)."""
-        if isinstance(score_thresh, dict):
-            missing = [n for n in self.label_names if n not in score_thresh]
-            unknown = [n for n in score_thresh if n not in self.label_names]
-            if missing or unknown:
-                raise ConfigError(f"score_thresh: per-class thresholds need exactly the "
-                                  f"classes {', '.join(self.label_names)}; missing "
-                                  f"{missing or 'none'}, unknown {unknown or 'none'}")
-            per_class = np.array([check_number(score_thresh[n], f"score_thresh[{n!r}]",
-                                               "probability") for n in self.label_names])
-        else:
-            per_class = np.full(len(self.label_names),
-                                check_number(score_thresh, "score_thresh", "probability"))
+        names = self.label_names
+        if not isinstance(score_thresh, dict):
+            score_thresh = dict.fromkeys(names, check_number(score_thresh, "score_thresh",
+                                                             "probability"))
+        missing = [n for n in names if n not in score_thresh]
+        unknown = [n for n in score_thresh if n not in names]
+        if missing or unknown:
+            raise ConfigError(f"score_thresh: missing {missing or 'none'}, unknown "
+                              f"{unknown or 'none'}; expected one per class of {names}")
+        per_class = np.array([check_number(score_thresh[n], f"score_thresh[{n!r}]",
+                                           "probability") for n in names])
         lowest = float(per_class.min())
         if lowest < self.score_thresh:
-            raise ConfigError(f"score_thresh: these predictions hold only scores >= "
-                              f"{self.score_thresh}; cannot filter at {lowest}: predict again "
-                              "with a lower score threshold")
+            raise ConfigError(f"score_thresh: {lowest} is below {self.score_thresh}, the lowest "
+                              "score these predictions hold: predict again at a lower one")
         keep = [s >= per_class[np.asarray(lb, dtype=int)]
                 for s, lb in zip(self.pred_scores, self.pred_labels)]
         return replace(self, ids=list(self.ids), score_thresh=max(lowest, self.score_thresh),
@@ -126,21 +109,17 @@ class Predictions:
     def take(self, indices) -> "Predictions":
         """The images at ``indices`` (in that order, repeats allowed: a bootstrap sample)."""
         indices = np.asarray(indices)
-        if indices.ndim != 1 or indices.size and (indices.dtype.kind not in "iu" or
-                                                  not (-len(self) <= indices).all() or
-                                                  not (indices < len(self)).all()):
-            raise ConfigError(f"indices: {indices!r:.60}; expected image indices from 0 to "
-                              f"{len(self) - 1}")
+        if indices.ndim != 1 or indices.size and (indices.dtype.kind not in "iu" or not (
+                (-len(self) <= indices) & (indices < len(self))).all()):
+            raise ConfigError(f"indices: {indices!r:.60}; expected positions 0 to {len(self) - 1}")
         return replace(self, seconds=None,
                        **{name: [getattr(self, name)[i] for i in indices] for name in _PER_IMAGE})
 
     def scored_against(self, dataset) -> "Predictions":
-        """These detections scored against ``dataset``'s boxes: the same images under another
-        annotation (e.g. ``labels="txl-pbc"``)."""
+        """These detections scored against ``dataset``'s boxes (the same images' other labels)."""
         ids = getattr(dataset, "ids", None)       # a slice of a dataset has none
         if len(dataset) != len(self) or ids is not None and list(ids) != list(self.ids):
-            raise ConfigError("scored_against: the dataset holds other images than these "
-                             "predictions")
+            raise ConfigError("scored_against: the dataset holds other images than the predictions")
         boxes = dataset.slice[:, ("bbox", "label")]
         return replace(self, gt_bboxes=[np.asarray(b, np.float32) for b, _ in boxes],
                        gt_labels=[np.asarray(lb, np.int32) for _, lb in boxes], gt_difficults=None)
@@ -156,8 +135,7 @@ def _resamples(n_images: int, n: int, seed: int) -> list:
     if not n_images:
         raise ConfigError("predictions: no image to resample; a bootstrap needs at least one")
     n = check_number(n, "n", "positive", integer=True)
-    seed = check_number(seed, "seed", "seed", integer=True)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_number(seed, "seed", "seed", integer=True))
     return [rng.integers(0, n_images, n_images) for _ in range(n)]
 
 
@@ -166,7 +144,7 @@ def _interval(samples, level: float) -> tuple:
     samples = np.asarray(samples, dtype=float)
     samples = samples[~np.isnan(samples)]
     if not samples.size:
-        return float("nan"), float("nan")
+        return math.nan, math.nan
     low, high = np.percentile(samples, (100 * (1 - level) / 2, 100 * (1 + level) / 2))
     return float(low), float(high)
 
@@ -184,28 +162,23 @@ def bootstrap(predictions: Predictions, statistic, n: int = 1000, seed: int = 0,
 
 def paired_bootstrap(a, b, statistic, n: int = 1000, seed: int = 0, level: float = 0.95,
                      statistic_b=None):
-    """Paired bootstrap of ``statistic(a) - statistic_b(b)`` (default ``statistic``), ``a`` and
-    ``b`` holding the same images: each resample takes the same images from both.
-
-    Returns ``(difference, low, high)`` (a dict-valued statistic: ``{key: (...)}``); an interval
-    holding 0 does not tell the two apart.
-    """
+    """``(difference, low, high)`` of ``statistic(a) - statistic_b(b)`` (default ``statistic``),
+    resampling the same images of both (a dict-valued statistic: ``{key: (...)}``)."""
     if list(a.ids) != list(b.ids):
-        raise ConfigError("b: a and b hold different images (ids differ); a paired "
-                          "comparison needs the same images in the same order")
+        raise ConfigError("b: a and b hold different images; expected the same ids in one order")
     level = _checked_statistic(statistic, level)
     statistic_b = statistic_b or statistic
     _checked_statistic(statistic_b, level)
     takes = _resamples(len(a), n, seed)
 
-    def difference(x, y):
+    def difference(sample_a, sample_b):
+        x, y = statistic(sample_a), statistic_b(sample_b)
         if isinstance(x, dict):
             return {k: float(x[k]) - float(y[k]) for k in x}
         return float(x) - float(y)
 
-    whole = difference(statistic(a), statistic_b(b))
-    samples = [difference(statistic(a.take(take)), statistic_b(b.take(take)))
-               for take in takes]
+    whole = difference(a, b)
+    samples = [difference(a.take(take), b.take(take)) for take in takes]
     if isinstance(whole, dict):
         return {k: (v, *_interval([s[k] for s in samples], level)) for k, v in whole.items()}
     return (whole, *_interval(samples, level))
@@ -221,37 +194,23 @@ def _checked_statistic(statistic, level) -> float:
     return level
 
 
-def _ground_truth(item):
-    """``(bbox, label, difficult)`` of a dataset item (no difficult flags: none is difficult)."""
-    label = np.asarray(item[2], dtype=np.int32)
-    difficult = (np.asarray(item[3], dtype=bool) if len(item) > 3
-                 else np.zeros(len(label), dtype=bool))
-    return np.asarray(item[1], dtype=np.float32).reshape(-1, 4), label, difficult
-
-
 def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
                   top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K, ids=None,
                   label_names=None, split=None, return_candidates: bool = False):
-    """Predict every image of ``dataset`` (items ``(img, bbox, label[, difficult])``) in the
-    'evaluate' preset, restored afterwards; ``top_k``/``keep_top_k``: the caps of
-    :func:`medaidet.ssd.predict.predict`.
-
-    Returns :class:`Predictions`; with ``return_candidates``, ``(predictions, candidates)``,
-    per image the :class:`~medaidet.ssd.predict.Candidates` before the caps and NMS.
-    """
+    """:class:`Predictions` of ``dataset`` (items ``(img, bbox, label[, difficult])``) in the
+    'evaluate' preset, ``top_k``/``keep_top_k`` the caps of :func:`medaidet.ssd.predict.predict`;
+    with ``return_candidates``, also each image's ``Candidates`` before the caps and NMS."""
     if progress:    # tqdm.auto warns where Jupyter has no ipywidgets: not imported for nothing
         from tqdm.auto import tqdm
     else:
         from tqdm import tqdm
-
     batch_size = check_number(batch_size, "batch_size", "positive", integer=True)
     n = len(dataset)
-    if ids is None:
-        ids = list(getattr(dataset, "ids", range(n)))[:n]
+    ids = list(getattr(dataset, "ids", range(n)))[:n] if ids is None else ids
     if label_names is None:
         label_names = getattr(dataset, "label_names", BCCD_LABEL_NAMES)
     # predicted boxes, labels, scores[, candidates]; true boxes, labels, difficult flags
-    predicted, truth = ([], [], [], []), ([], [], [])
+    predicted, (bboxes, labels, difficults) = ([], [], [], []), ([], [], [])
     saved = (model.score_thresh, model.nms_thresh)
     model.use_preset("evaluate")
     began = time.perf_counter()
@@ -263,23 +222,23 @@ def predict_split(model, dataset, batch_size: int = 8, progress: bool = True,
                         model, [it[0] for it in items], top_k=top_k, keep_top_k=keep_top_k,
                         return_candidates=return_candidates)):
                     column += values
-                for it in items:
-                    for column, value in zip(truth, _ground_truth(it)):
-                        column.append(value)
+                for it in items:     # no difficult flags: none is difficult
+                    bboxes.append(np.asarray(it[1], dtype=np.float32).reshape(-1, 4))
+                    labels.append(np.asarray(it[2], dtype=np.int32))
+                    difficults.append(np.asarray(it[3], dtype=bool) if len(it) > 3
+                                      else np.zeros(len(labels[-1]), dtype=bool))
                 bar.update(len(items))
         score_thresh = float(model.score_thresh)
     finally:
         model.score_thresh, model.nms_thresh = saved
-    preds = Predictions(list(ids), *predicted[:3], *truth, tuple(label_names), score_thresh,
-                        split if split is not None else getattr(dataset, "split", None),
+    preds = Predictions(list(ids), *predicted[:3], bboxes, labels, difficults, tuple(label_names),
+                        score_thresh, getattr(dataset, "split", None) if split is None else split,
                         getattr(model, "name", None), time.perf_counter() - began)
     return (preds, predicted[3]) if return_candidates else preds
 
 
 def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVICE):
-    """Build ``model_name`` (None: the one the weights were saved from) for BCCD's classes,
-    load the weights, move it to ``device``; ``model.name`` is the model's name."""
-
+    """``model_name`` (default: the weights') for BCCD, loaded, on ``device``; sets ``.name``."""
     path = Path(os.fspath(weights_path))
     if not path.is_file():
         raise missing_weights_error(path)
@@ -294,10 +253,8 @@ def load_model(weights_path, model_name: str | None = None, device=DEFAULT_DEVIC
 
 
 def course_weights(profile: str, run_dir) -> tuple:
-    """``(path, reason)``: the weights notebooks 04 and 05 use in ``profile``:
-    ``<run_dir>/<profile>/model.npz`` when notebook 03 trained it (not for ``'smoke'``), else
-    the shipped small SSD's, so each notebook also runs alone (e.g. on Colab)."""
-
+    """``(path, reason)`` of the weights notebooks 04 and 05 use: ``<run_dir>/<profile>/model.npz``
+    when notebook 03 trained it (not ``'smoke'``), else the shipped small SSD's."""
     fresh = Path(os.fspath(run_dir)) / profile / "model.npz"
     if profile != "smoke" and fresh.is_file():
         return fresh, f"trained by notebook 03 in the {profile} profile"
@@ -306,8 +263,6 @@ def course_weights(profile: str, run_dir) -> tuple:
     return shipped_weights("ssd_small"), f"the small SSD's weights shipped with medaidet: {why}"
 
 
-# --------------------------------------------------------------------------- evaluate
-
 def n_scored_boxes(difficults) -> int:
     """Non-difficult ground-truth boxes (those AP counts), from each image's difficult flags."""
     return sum(int((~np.asarray(d, dtype=bool)).sum()) for d in difficults)
@@ -315,8 +270,7 @@ def n_scored_boxes(difficults) -> int:
 
 @dataclass
 class ProtocolResult:
-    """AP of one protocol, arrays per class (NaN: no box of the class); ``precision[l]`` /
-    ``recall[l]``: ChainerCV's PR curve of class ``l``, ``None`` when it has no box."""
+    """AP of one protocol per class (NaN: no box); ``precision``/``recall``: PR curves or None."""
     name: str
     score_thresh: float
     ap_voc: np.ndarray
@@ -363,8 +317,7 @@ def _score_protocol(preds: Predictions, name: str) -> ProtocolResult:
 
 @dataclass(repr=False)
 class EvaluationResult(ShownAsTable):
-    """AP per class and mean for each protocol (``protocols``: name -> :class:`ProtocolResult`),
-    shown as a table in Jupyter and by ``str``."""
+    """AP per class and mean of each protocol (``protocols``: name -> :class:`ProtocolResult`)."""
     label_names: tuple
     protocols: dict
     n_images: int
@@ -390,8 +343,7 @@ class EvaluationResult(ShownAsTable):
         return table
 
     def summary_table(self, published: bool = True) -> Table:
-        """mAP and AP per class (VOC area), one row per protocol; first, with
-        ``published``, the original course's published numbers at its score >= 0.6."""
+        """mAP and AP per class (VOC area) per protocol, after the course's (``published``)."""
         names = list(self.label_names)
         table = Table(["", "mAP", *names])
         if published:
@@ -429,28 +381,22 @@ _COURSE_NOTE = ("The course published mAP 0.719 (rbc 0.760, wbc 0.965, platelets
 
 
 def evaluate(predictions: Predictions, label_names=None, protocols=None) -> EvaluationResult:
-    """VOC area AP and VOC07 11-point AP at IoU 0.5 for each protocol (name -> score
-    threshold; default :data:`PROTOCOLS`). Raises :class:`ConfigError` when no image has a
-    (non-difficult) ground-truth box."""
+    """VOC area and VOC07 11-point AP at IoU 0.5 per protocol (name -> score threshold; default
+    :data:`PROTOCOLS`); ConfigError when no image has a (non-difficult) ground-truth box."""
     if label_names is not None:
         predictions = replace(predictions, label_names=label_names)
     if not n_scored_boxes(predictions.gt_difficults):
-        where = (f"split {predictions.split} has" if predictions.split else
-                 "these predictions have")
-        raise ConfigError(
-            f"{where} no objects: nothing to evaluate. None of the {len(predictions)} "
-            "images has a ground-truth box (difficult ones are ignored), so AP is undefined "
-            "for every class. Evaluate images with boxes (`medaidet data validate ROOT` "
-            "finds splits without objects)", "nothing_to_evaluate")
+        where = f"split {predictions.split} has" if predictions.split else "these predictions have"
+        raise ConfigError(f"{where} no objects: none of the {len(predictions)} images has a "
+                          "non-difficult ground-truth box; evaluate images with boxes",
+                          "nothing_to_evaluate")
     results = {name: _score_protocol(predictions.filter(thresh), name)
                for name, thresh in (PROTOCOLS if protocols is None else protocols).items()}
     return EvaluationResult(predictions.label_names, results, len(predictions), predictions.split)
 
 
 def plot_pr_curves(result: EvaluationResult):
-    """Precision-recall curve per class (one panel each), one line per protocol; returns a
-    matplotlib ``Figure``."""
-
+    """A ``Figure``: precision-recall curve per class (one panel each), a line per protocol."""
     n = len(result.label_names)
     fig = Figure(figsize=(4.2 * n, 4.0), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False)[0]
@@ -472,12 +418,8 @@ def plot_pr_curves(result: EvaluationResult):
     return fig
 
 
-# --------------------------------------------------------------------------- a weight file in
-
 def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=None) -> tuple:
-    """Check an evaluate/count run's arguments before the model is built (errors name them as
-    the command line does) and create ``out``. Returns ``(weights, root, subset, batch_size,
-    out)``."""
+    """``(weights, root, subset, batch_size, out)``, checked as the CLI does; ``out`` created."""
     path = Path(os.fspath(weights_path))
     if not path.is_file():
         raise missing_weights_error(path)
@@ -493,8 +435,7 @@ def check_run(weights_path, root=None, subset=None, batch_size: int = 8, out=Non
 def predict_weights(weights_path, split: str = "test", model_name: str | None = None,
                     root=None, subset=None, device=DEFAULT_DEVICE, batch_size: int = 8,
                     progress: bool = True, return_candidates: bool = False):
-    """Load weights and :func:`predict_split` ``split`` (its first ``subset`` images when
-    given), the arguments checked first (:func:`check_run`)."""
+    """:func:`predict_split` of ``split`` (its first ``subset`` images) with these weights."""
     path, root, subset, batch_size, _ = check_run(weights_path, root, subset, batch_size)
     model = load_model(path, model_name, device)
     # ChainerCV's evaluation convention: keep difficult boxes, flagged, so they are ignored.
@@ -507,33 +448,25 @@ def predict_weights(weights_path, split: str = "test", model_name: str | None = 
 
 
 def check_ground_truth(root, split: str, subset=None):
-    """Raise :class:`ConfigError` when the images to evaluate (the first ``subset`` of
-    ``split``) hold no ground-truth box, before any model is built (annotations only)."""
+    """ConfigError when the first ``subset`` images of ``split`` hold no ground-truth box."""
     dataset = BCCDDataset(root, split, use_difficult=True, return_difficult=True)
     difficults = list(dataset.slice[:, "difficult"])
     n = len(difficults[:subset])
-    if n_scored_boxes(difficults[:n]):
-        return
-    listed = split_path(dataset.root, split)
-    if n < len(difficults) and n_scored_boxes(difficults):
-        raise ConfigError(
-            f"the first {n} images of split {split} ({listed}) have no objects: nothing to "
-            f"evaluate (--subset {subset}). Evaluate more of the split's {len(dataset)} "
-            "images (a larger --subset, or none)", "nothing_to_evaluate")
-    raise ConfigError(
-        f"split {split} has no objects: nothing to evaluate. None of the {len(dataset)} "
-        f"images listed in {listed} has a ground-truth box (difficult ones are ignored), so "
-        f"AP is undefined for every class. Check Annotations/<id>.xml of the ids in that "
-        f"list, or run `medaidet data validate {dataset.root}`; or evaluate another split "
-        "(--split)", "nothing_to_evaluate")
+    if not n_scored_boxes(difficults[:n]):
+        listed = split_path(dataset.root, split)
+        if n < len(difficults) and n_scored_boxes(difficults):
+            raise ConfigError(f"the first {n} images of split {split} ({listed}) have no "
+                              f"objects: evaluate more of its {len(dataset)} images (--subset)",
+                              "nothing_to_evaluate")
+        raise ConfigError(f"split {split} has no objects: no image in {listed} has a non-difficult "
+                          f"box; run `medaidet data validate {dataset.root}`, or evaluate another "
+                          "--split", "nothing_to_evaluate")
 
 
 def evaluate_weights(weights_path, split: str = "test", model_name: str | None = None,
                      root=None, subset=None, device=DEFAULT_DEVICE, out=None,
                      batch_size: int = 8, progress: bool = True) -> EvaluationResult:
-    """Load, predict, evaluate (``medaidet evaluate``); write ``evaluation.json`` and
-    ``pr_curves.png`` to ``out``, both or neither. Raises :class:`WeightsError` (missing
-    weights) or :class:`ConfigError` (bad arguments, no ground-truth box) before building."""
+    """``medaidet evaluate``: :class:`EvaluationResult`, written to ``out`` (JSON, PR curves)."""
     _, root, subset, _, out = check_run(weights_path, root, subset, batch_size, out)
     check_ground_truth(root, split, subset)
     preds = predict_weights(weights_path, split, model_name, root, subset, device, batch_size,
