@@ -1,8 +1,6 @@
 """BCCD as a ChainerCV dataset (notebook 01): the VOC layout, annotations parsed safely and
-checked by one rule (:func:`check_annotation`), and :class:`BCCDDataset`.
-
-Layout (files are found by the split lists' ids, never by the XML's ``<filename>``, ``<path>``
-or ``<folder>``: BCCD's carry annotators' machine paths)::
+checked by one rule (:func:`check_annotation`), and :class:`BCCDDataset`. Files are found by
+the split lists' ids, never by the XML's ``<filename>``, ``<path>`` or ``<folder>``::
 
     ROOT/ImageSets/Main/{train,val,trainval,test}.txt   one image id per line
     ROOT/Annotations/<id>.xml                            VOC XML, one <object> per box
@@ -12,11 +10,10 @@ As ChainerCV's ``VOCBboxDataset``: ``img`` float32 (3, H, W), RGB, 0-255; ``bbox
 (R, 4), ``(y_min, x_min, y_max, x_max)``, 0-based (VOC's 1-based coordinates minus 1);
 ``label`` int32 (R,), index into :data:`~medaidet.data.BCCD_LABEL_NAMES`; ``difficult`` bool (R,).
 
-Untrusted files: XML with a DTD or entities is refused (nothing is expanded or fetched), and
-label files are size-checked before they are read. A defect of a whole file raises a DataError;
-a defective object is dropped or clipped with an :class:`AnnotationWarning` (``strict=True``:
-raises). ``labels='txl-pbc'``: TXL-PBC's boxes of the same smears (:mod:`medaidet.data.txl_pbc`);
-BCCD's split lists decide train/val/test either way.
+Untrusted files: XML with a DTD or entities is refused, label files are size-checked before
+they are read. A defective file raises a DataError; a defective object is dropped or clipped
+with an :class:`AnnotationWarning` (``strict=True``: raises). ``labels='txl-pbc'``: TXL-PBC's
+boxes of the same smears (:mod:`medaidet.data.txl_pbc`), split by BCCD's lists.
 """
 from __future__ import annotations
 
@@ -56,7 +53,6 @@ __all__ = ["split_path", "annotation_path", "image_path", "scan_split_file", "re
 
 
 # ---------------------------------------------------------------------------------- the VOC layout
-
 def split_path(root, split: str) -> Path:
     return Path(root) / "ImageSets" / "Main" / f"{split}.txt"
 
@@ -83,17 +79,14 @@ def scan_split_file(path) -> tuple[list[str], list[tuple]]:
     except (OSError, UnicodeDecodeError) as exc:
         return [], [(None, f"split list {path} cannot be read as UTF-8 text ({exc})")]
     problems, first_line = [], {}
-    for number, raw in enumerate(text.splitlines(), 1):
-        entry = raw.strip()
-        if not entry:
-            continue
-        if not _ID_RE.fullmatch(entry) or ".." in entry:
+    for number, entry in enumerate(map(str.strip, text.splitlines()), 1):
+        if entry and (not _ID_RE.fullmatch(entry) or ".." in entry):
             problems.append((entry, f"{path} line {number}: {entry!r} is not an image id (one id "
                                     "per line; letters, digits and _.+- only)"))
         elif entry in first_line:
             problems.append((entry, f"{path} line {number}: id {entry} is listed twice (first on "
                                     f"line {first_line[entry]}); remove one"))
-        else:
+        elif entry:
             first_line[entry] = number
     if not first_line and not problems:
         problems.append((None, f"split list {path} is empty: it lists no image id"))
@@ -107,32 +100,32 @@ def read_split(root, split: str) -> list[str]:
     path = split_path(root, split)
     ids, problems = scan_split_file(path)
     if problems:
-        image_id, detail = problems[0]
-        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise DataError(detail + more, "split", path=path, image_id=image_id)
+        (image_id, detail), more = problems[0], len(problems) - 1
+        raise DataError(detail + (f" (and {more} more problem(s))" if more else ""), "split",
+                        path=path, image_id=image_id)
     return ids
+
+
+def _file_error(path: Path, kind: str, message: str, **fields) -> DataError:
+    """A DataError of the file ``path``: its message is ``path`` followed by ``message``."""
+    return DataError(f"{path}{message}", kind, path=path, image_id=path.stem, **fields)
 
 
 def _read_small_file(path: Path, limit: int, kind: str, what: str, missing: str) -> bytes:
     """The bytes of a file of at most ``limit`` bytes; else a ``kind`` or ``missing`` DataError."""
-    why = not_a_regular_file(path)
-    if why:
-        raise DataError(f"{path} is {why}, not {what}", kind, path=path, image_id=path.stem)
+    if why := not_a_regular_file(path):
+        raise _file_error(path, kind, f" is {why}, not {what}")
     try:
-        size = path.stat().st_size
-        if size > limit:
-            raise DataError(f"{path}: {size} bytes is too large for {what} (limit {limit})",
-                            kind, path=path, image_id=path.stem)
+        if (size := path.stat().st_size) > limit:
+            raise _file_error(path, kind, f": {size} bytes is too large for {what} (limit {limit})")
         return path.read_bytes()
     except FileNotFoundError:
-        raise DataError(f"{path} does not exist", missing, path=path, image_id=path.stem) from None
+        raise _file_error(path, missing, " does not exist") from None
     except OSError as exc:
-        raise DataError(f"{path}: cannot read it ({exc})", kind, path=path,
-                        image_id=path.stem) from None
+        raise _file_error(path, kind, f": cannot read it ({exc})") from None
 
 
 # ------------------------------------------------------------------ VOC annotations, parsed safely
-
 MAX_XML_BYTES = 8 << 20     # BCCD's largest annotation is ~6 kB
 
 
@@ -162,34 +155,31 @@ class Annotation:
 
 
 def _text(element, tag):
-    found = element.find(tag)
+    found = None if element is None else element.find(tag)
     return None if found is None or found.text is None else found.text.strip()
 
 
 def _positive_int(text):
     try:
-        value = int(text)
+        return int(text) if int(text) > 0 else None
     except (TypeError, ValueError):
         return None
-    return value if value > 0 else None
 
 
 def _read_bndbox(element):
-    box = element.find("bndbox")
+    """``((xmin, ymin, xmax, ymax), None)`` as written, or ``(None, why not)``."""
+    box, values = element.find("bndbox"), []
     if box is None:
         return None, "it has no <bndbox>"
-    values = []
     for tag in ("xmin", "ymin", "xmax", "ymax"):
-        text = _text(box, tag)
-        if text is None:
+        if (text := _text(box, tag)) is None:
             return None, f"its <bndbox> has no <{tag}>"
         try:
-            value = float(text)
+            values.append(float(text))
         except ValueError:
             return None, f"its <{tag}> is {text!r}, not a number"
-        if not math.isfinite(value):
+        if not math.isfinite(values[-1]):
             return None, f"its <{tag}> is {text!r}, not a finite number"
-        values.append(value)
     return tuple(values), None
 
 
@@ -204,49 +194,36 @@ def parse_annotation(path, label_names=BCCD_LABEL_NAMES) -> Annotation:
 @functools.lru_cache(maxsize=4096)
 def _parse_cached(path_text: str, data: bytes, label_names) -> Annotation:
     path = Path(path_text)
-
-    def fail(kind, why):
-        return DataError(f"{path}: {why}", kind, path=path, image_id=path.stem)
-
     try:
         root = SafeET.fromstring(data, forbid_dtd=True)
     except defusedxml.DefusedXmlException as exc:
-        raise fail("unsafe_xml", f"refused: the XML declares a DTD or entities ({exc!r}); "
-                   "VOC annotations need neither, so nothing is expanded or fetched. "
-                   "Remove the <!DOCTYPE ...> block") from None
+        raise _file_error(path, "unsafe_xml", f": refused, it declares a DTD or entities "
+                          f"({exc!r}); VOC needs neither: remove the <!DOCTYPE> block") from None
     except (ET.ParseError, ValueError, LookupError, UnicodeError) as exc:
-        raise fail("xml", f"not well-formed XML ({exc}); re-export it from "
-                   "the annotation tool or restore it from the original dataset") from None
+        raise _file_error(path, "xml", f": not well-formed XML ({exc}); re-export it or restore "
+                          "it from the original dataset") from None
     if root.tag != "annotation":
-        raise fail("xml", f"the root element is <{root.tag}>, not "
-                   "<annotation>: not a Pascal VOC annotation")
-
+        raise _file_error(path, "xml", f": the root element is <{root.tag}>, not <annotation>: "
+                          "not a Pascal VOC annotation")
     index_of = {name.lower(): i for i, name in enumerate(label_names)}
     objects = []
     for index, element in enumerate(root.findall("object")):
         name = element.findtext("name")
         label = None if name is None else index_of.get(name.strip().lower())
-        bndbox, problem = _read_bndbox(element)
         difficult = (element.findtext("difficult") or "").strip().lower() in ("1", "true", "yes")
-        objects.append(AnnotatedObject(index, name, label, bndbox, problem, difficult))
-
-    size_element = root.find("size")
-    width = height = depth = size_text = None
-    if size_element is not None:
-        width, height, depth = (_positive_int(_text(size_element, tag))
-                                for tag in ("width", "height", "depth"))
-        size_text = f"{_text(size_element, 'width')}x{_text(size_element, 'height')}"
+        objects.append(AnnotatedObject(index, name, label, *_read_bndbox(element), difficult))
+    size = root.find("size")
+    width, height, depth = (_positive_int(_text(size, tag)) for tag in ("width", "height", "depth"))
     indent = re.search(r"\n([ \t]+)<", data.decode("utf-8", "replace"))
     return Annotation(
-        path=path, objects=tuple(objects),
-        size=(height, width) if height and width else None, size_text=size_text, depth=depth,
-        filename=_text(root, "filename"), folder=_text(root, "folder"),
+        path=path, objects=tuple(objects), size=(height, width) if height and width else None,
+        size_text=None if size is None else f"{_text(size, 'width')}x{_text(size, 'height')}",
+        depth=depth, filename=_text(root, "filename"), folder=_text(root, "folder"),
         image_path=_text(root, "path"), attributes=tuple(sorted(root.attrib.items())),
         indent=indent.group(1) if indent else "")
 
 
 # -------------------------------------------------- the checks: is an annotation usable as written
-
 #: Pixels a box may overhang the image and be clipped, not dropped (0-based exports write 0).
 BOUNDS_TOLERANCE = 2
 #: Two boxes of one class overlapping at least this much (IoU) are the same cell boxed twice.
@@ -297,10 +274,8 @@ def _duplicates(bbox, labels, threshold):
     (IoU >= ``threshold``); ``j`` is not kept. O(R) memory, not all pairs: IoU >= t needs
     ``y_min`` within ``(1 - t) * h`` of each other, so only that band is compared."""
     boxes = bbox.astype(np.float64)
-    if len(boxes) < 2:
-        return
     keep = np.ones(len(boxes), dtype=bool)
-    band = ((1 - threshold) * float(np.max(boxes[:, 2] - boxes[:, 0])) + 1e-6
+    band = ((1 - threshold) * float(np.max(boxes[:, 2] - boxes[:, 0], initial=0)) + 1e-6
             if threshold > 0 else np.inf)
     order = np.argsort(boxes[:, 0], kind="stable")
     tops = boxes[order, 0]
@@ -308,8 +283,7 @@ def _duplicates(bbox, labels, threshold):
         lo = np.searchsorted(tops, boxes[j, 0] - band, side="left")
         hi = np.searchsorted(tops, boxes[j, 0] + band, side="right")
         near_by = np.sort(order[lo:hi])
-        near_by = near_by[near_by < j]
-        earlier = near_by[keep[near_by] & (labels[near_by] == labels[j])]
+        earlier = near_by[(near_by < j) & keep[near_by] & (labels[near_by] == labels[j])]
         if not len(earlier):
             continue
         iou = bbox_iou(boxes[j:j + 1], boxes[earlier])[0]
@@ -333,29 +307,27 @@ def _check_object(obj, height: int, width: int, tolerance: float, item: str, nam
     xmin, ymin, xmax, ymax = obj.bndbox
     where = f"{item} {i} ({obj.name.strip()}, x {_fmt(xmin)}..{_fmt(xmax)}, " \
             f"y {_fmt(ymin)}..{_fmt(ymax)})"
+
+    def drop(kind, why):
+        return [Finding(i, kind, f"{where}: {why}", "drop")], None
+
     if xmax < xmin or ymax < ymin:
         axis = "xmax < xmin" if xmax < xmin else "ymax < ymin"
-        return [Finding(i, "bad_coordinates", f"{where}: reversed ({axis})", "drop")], None
+        return drop("bad_coordinates", f"reversed ({axis})")
     if xmax == xmin or ymax == ymin:
-        which = ("width and height" if xmax == xmin and ymax == ymin else
-                 "width" if xmax == xmin else "height")
-        return [Finding(i, "zero_area", f"{where}: zero {which}", "drop")], None
-    over = max(1 - xmin, 1 - ymin, xmax - width, ymax - height)
+        return drop("zero_area", "zero " + ("width and height" if xmax == xmin and ymax == ymin
+                                            else "width" if xmax == xmin else "height"))
+    over, image = max(1 - xmin, 1 - ymin, xmax - width, ymax - height), f"{width}x{height} image"
     if over > tolerance:
-        return [Finding(i, "out_of_bounds", f"{where}: {_fmt(over)} px outside the "
-                        f"{width}x{height} image (VOC pixels are 1..{width}, "
-                        f"1..{height})", "drop")], None
-    findings = []
-    if over > 0:
-        xmin, ymin = max(xmin, 1), max(ymin, 1)
-        xmax, ymax = min(xmax, width), min(ymax, height)
-        if xmax <= xmin or ymax <= ymin:
-            return [Finding(i, "out_of_bounds", f"{where}: outside the {width}x"
-                            f"{height} image (nothing left after clipping)", "drop")], None
-        findings.append(Finding(i, "out_of_bounds", f"{where}: {_fmt(over)} px outside the "
-                                f"{width}x{height} image (within {tolerance} px: clipped)",
-                                "clip"))
-    return findings, (ymin - 1, xmin - 1, ymax - 1, xmax - 1)
+        return drop("out_of_bounds", f"{_fmt(over)} px outside the {image} (VOC pixels are "
+                    f"1..{width}, 1..{height})")
+    # clipped (a box inside the image is unchanged)
+    ymin, xmin, ymax, xmax = max(ymin, 1), max(xmin, 1), min(ymax, height), min(xmax, width)
+    if xmax <= xmin or ymax <= ymin:
+        return drop("out_of_bounds", f"outside the {image} (nothing left after clipping)")
+    clipped = Finding(i, "out_of_bounds", f"{where}: {_fmt(over)} px outside the {image} "
+                      f"(within {tolerance} px: clipped)", "clip")
+    return [clipped] if over > 0 else [], (ymin - 1, xmin - 1, ymax - 1, xmax - 1)
 
 
 def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_NAMES,
@@ -379,15 +351,12 @@ def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_
                                 f"the image is {width}x{height}: the boxes were drawn for "
                                 "another image (resized copy?)", "raise"))
     names = ", ".join(label_names)
-    kept, boxes = [], []
-    for obj in annotation.objects:
-        found, box = _check_object(obj, height, width, tolerance, item, names)
-        findings += found
-        if box is not None:
-            kept.append(obj)
-            boxes.append(box)
-
-    bbox = np.array(boxes, dtype=np.float32).reshape(-1, 4)
+    checked = [(obj, *_check_object(obj, height, width, tolerance, item, names))
+               for obj in annotation.objects]
+    findings += [finding for _, found, _ in checked for finding in found]
+    kept = [obj for obj, _, box in checked if box is not None]
+    bbox = np.array([box for *_, box in checked if box is not None],
+                    dtype=np.float32).reshape(-1, 4)
     labels = np.array([obj.label for obj in kept], dtype=np.int32)
     keep = np.ones(len(kept), dtype=bool)
     for j, k, iou in _duplicates(bbox, labels, near_duplicate_iou):
@@ -417,13 +386,13 @@ def _box(fields, size):
     if len(fields) != 5:
         return None, (f"has {len(fields)} fields, not 5 (<class> <x_center> <y_center> <width> "
                       "<height>)")
-    height, width = size
+    (height, width), coordinates = size, " ".join(fields[1:])
     try:
         xc, yc, w, h = (float(f) for f in fields[1:])
     except ValueError:
-        return None, f"coordinates {' '.join(fields[1:])!r} are not all numbers"
+        return None, f"coordinates {coordinates!r} are not all numbers"
     if not all(math.isfinite(v) for v in (xc, yc, w, h)):
-        return None, f"coordinates {' '.join(fields[1:])!r} are not all finite numbers"
+        return None, f"coordinates {coordinates!r} are not all finite numbers"
     if w * width < 1 or h * height < 1:
         return None, (f"the box is {w * width:g} x {h * height:g} px (width x height): "
                       "under one pixel")
@@ -442,33 +411,27 @@ def parse_yolo_labels(path, image_size, class_names=TXL_CLASSES,
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: cannot read it as UTF-8 text ({exc})", "yolo",
-                        path=path, image_id=path.stem) from None
+        raise _file_error(path, "yolo", f": cannot read it as UTF-8 text ({exc})") from None
     index_of = {name.lower(): i for i, name in enumerate(label_names)}
     classes = ", ".join(f"{i} ({name})" for i, name in enumerate(class_names))
     objects = []
     for number, line in enumerate(text.splitlines(), 1):
-        fields = line.split()
-        if not fields:
+        if not (fields := line.split()):
             continue
         token = fields[0]
         if not (token.isascii() and token.isdigit() and int(token) < len(class_names)):
-            raise DataError(f"{path} line {number}: class {token!r} is not one of {classes}; "
-                            "fix the line or the class list", "yolo", path=path,
-                            image_id=path.stem, line=number)
+            raise _file_error(path, "yolo", f" line {number}: class {token!r} is not one of "
+                              f"{classes}; fix the line or the class list", line=number)
         name = class_names[int(token)]
-        bndbox, problem = _box(fields, image_size)
-        objects.append(AnnotatedObject(number, name, index_of.get(name.lower()), bndbox,
-                                       problem, False))
+        objects.append(AnnotatedObject(number, name, index_of.get(name.lower()),
+                                       *_box(fields, image_size), False))
     if not objects:
-        raise DataError(f"{path} is empty: it lists no box, and every smear of the "
-                        "dataset has cells; restore the file from the dataset", "yolo",
-                        path=path, image_id=path.stem)
+        raise _file_error(path, "yolo", " is empty: it lists no box, yet every smear has cells; "
+                          "restore the file from the dataset")
     return Annotation(path, tuple(objects))
 
 
 # --------------------------------------------------------------------------------- TXL-PBC's links
-
 #: The shipped table of the TXL-PBC images that are BCCD's (see :mod:`medaidet.data.txl_pbc`).
 LINKS_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd.tsv"
 
@@ -504,7 +467,6 @@ def bccd_links(path=LINKS_FILE) -> list[Link]:
 
 
 # ------------------------------------------------------------------------------------- the dataset
-
 class ObjectIssue(NamedTuple):
     """An object the loader dropped or clipped."""
     image_id: str
@@ -535,16 +497,11 @@ class BCCDDataset(GetterDataset):
                  labels: str = "bccd", reannotated_only: bool = False, txl_root=None):
         super().__init__()
         if root is not None and not is_path(root):
-            raise ConfigError(
-                f"root: {root!r} is not a folder path; expected a str or os.PathLike naming "
-                "the dataset root (the folder with Annotations/), or None for $MEDAIDET_DATA, "
-                "else the cache directory")
+            raise ConfigError(f"root: {root!r} is not a folder path; pass a str or os.PathLike "
+                              "(the folder with Annotations/), or None for $MEDAIDET_DATA")
         if labels not in LABELS:
             raise ConfigError(f"labels: {labels!r} is not one of {', '.join(LABELS)}")
-        self.root = resolve_root(root)
-        self.split = split
-        self.strict = strict
-        self.labels = labels
+        self.root, self.split, self.strict, self.labels = resolve_root(root), split, strict, labels
         self.label_names = BCCD_LABEL_NAMES
         self.ids = read_split(self.root, split)
         if labels == "txl-pbc" or reannotated_only:
@@ -557,15 +514,13 @@ class BCCDDataset(GetterDataset):
             label_path = (annotation_path(self.root, image_id) if labels == "bccd" else
                           links[image_id].label_path(self.txl_root))
             self._read(image_id, label_path, use_difficult)
-        issues = self.dropped + self.clipped
-        if issues:
+        if issues := self.dropped + self.clipped:
             shown = "; ".join(f"{d.image_id}: {d.detail}" for d in issues[:3])
-            more = f"; and {len(issues) - 3} more" if len(issues) > 3 else ""
-            warn_once(f"BCCD {split} ({self.root}"
-                      f"{', TXL-PBC labels' if labels != 'bccd' else ''}): dropped "
-                      f"{len(self.dropped)} and clipped {len(self.clipped)} object(s): {shown}"
-                      f"{more}. See dataset.dropped / dataset.clipped; strict=True raises "
-                      "instead", stacklevel=3)      # the line that built the dataset
+            warn_once(f"BCCD {split} ({self.root}{', TXL-PBC labels' if labels != 'bccd' else ''})"
+                      f": dropped {len(self.dropped)} and clipped {len(self.clipped)} object(s): "
+                      + shown + (f"; and {len(issues) - 3} more" if len(issues) > 3 else "")
+                      + ". See dataset.dropped / dataset.clipped; strict=True raises instead",
+                      stacklevel=3)      # the line that built the dataset
         self.add_getter("img", self._get_image)
         self.add_getter(("bbox", "label", "difficult"), self._get_annotations)
         if not return_difficult:
@@ -576,37 +531,33 @@ class BCCDDataset(GetterDataset):
         img_path = image_path(self.root, image_id)
         for path, what in ((label_path, "annotation"), (img_path, "image")):
             if not path.is_file():
-                raise DataError(
-                    f"{split_path(self.root, self.split)} lists {image_id}, but its {what} "
-                    f"{path} does not exist: restore the file or remove the id",
-                    "missing_file", path=path, image_id=image_id)
-        size = read_image_size(img_path, image_id)
-        if self.labels == "bccd":
-            annotation, item = parse_annotation(label_path), "object"
-        else:
-            annotation, item = parse_yolo_labels(label_path, size), "line"
-        checked = check_annotation(annotation, size, item=item)
+                raise DataError(f"{split_path(self.root, self.split)} lists {image_id}, but its "
+                                f"{what} {path} does not exist: restore the file or remove the id",
+                                "missing_file", path=path, image_id=image_id)
+        size, bccd = read_image_size(img_path, image_id), self.labels == "bccd"
+        annotation = parse_annotation(label_path) if bccd else parse_yolo_labels(label_path, size)
+        checked = check_annotation(annotation, size, item="object" if bccd else "line")
         for finding in checked.findings:
             if finding.action == "raise" or self.strict:
                 raise self._error(finding, label_path, image_id, annotation)
-            record = ObjectIssue(image_id, finding.index, finding.kind, finding.detail)
-            (self.dropped if finding.action == "drop" else self.clipped).append(record)
+            (self.dropped if finding.action == "drop" else self.clipped).append(
+                ObjectIssue(image_id, finding.index, finding.kind, finding.detail))
         keep = slice(None) if use_difficult else ~checked.difficult
         self.sizes.append(size)
         self._boxes.append((checked.bbox[keep], checked.label[keep], checked.difficult[keep]))
 
     @staticmethod
     def _error(finding: Finding, path, image_id, annotation) -> DataError:
-        message = f"{path}: {finding.detail}"
+        message, where = f"{path}: {finding.detail}", {"path": path, "image_id": image_id}
         if finding.kind == "unknown_label":
-            name = annotation.objects[finding.index].name
-            return DataError(message + "; fix the name in the XML", "label", path=path,
-                             image_id=image_id, object_index=finding.index, name=name)
+            return DataError(message + "; fix the name in the XML", "label", **where,
+                             object_index=finding.index,
+                             name=annotation.objects[finding.index].name)
         if finding.kind == "size_mismatch":
-            return DataError(message, "image_size", path=path, image_id=image_id)
+            return DataError(message, "image_size", **where)
         default = "clips" if finding.action == "clip" else "drops"
         return DataError(f"{message} (strict mode; the default {default} it)", finding.kind,
-                         path=path, image_id=image_id, object_index=finding.index)
+                         **where, object_index=finding.index)
 
     def __len__(self):
         return len(self.ids)
@@ -616,14 +567,12 @@ class BCCDDataset(GetterDataset):
         # PIL, not cv2: PIL raises on a truncated file, cv2 returns the missing part grey
         img = decode_image(path, self.ids[i]).pixels.transpose(2, 0, 1).astype(np.float32)
         if img.shape[1:] != self.sizes[i]:
-            raise DataError(f"{path} changed size since the dataset was built: "
-                            f"{img.shape[1:]} != {self.sizes[i]}",
-                            "image", path=path, image_id=self.ids[i])
+            raise DataError(f"{path} changed size since the dataset was built: {img.shape[1:]} "
+                            f"!= {self.sizes[i]}", "image", path=path, image_id=self.ids[i])
         return img
 
     def _get_annotations(self, i):
-        bbox, label, difficult = self._boxes[i]
-        return bbox.copy(), label.copy(), difficult.copy()
+        return tuple(array.copy() for array in self._boxes[i])
 
 
 def quiet_annotation_warnings() -> None:

@@ -1,8 +1,7 @@
 """Where the course's data comes from: datasets pinned to one commit, their shipped sha256
-manifests, where a copy lives, and the download (notebooks 01 and 10).
-
-A verified copy carries the marker :data:`MARKER_NAME`. The root is the argument, else
-``$MEDAIDET_DATA`` (``$MEDAIDET_TXL_PBC``), else :func:`default_root`.
+manifests, where a copy lives, and the download (notebooks 01 and 10). A verified copy carries
+the marker :data:`MARKER_NAME`. The root is the argument, else ``$MEDAIDET_DATA``
+(``$MEDAIDET_TXL_PBC``), else :func:`default_root`.
 
 The download is GitHub's archive of the commit (not byte-stable: each file is checked against
 the manifest). Untrusted-archive rules: https, http or file URLs only; only the manifest's
@@ -45,12 +44,10 @@ logger = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------- the pinned sources and their copies
-
 @dataclass(frozen=True)
 class PinnedSource:
     """A dataset as a repository at one commit, the files kept from it and their sha256.
     ``marks``: the folder every copy has; ``layout``: how to place the files by hand."""
-
     name: str
     repo: str
     commit: str
@@ -113,13 +110,11 @@ def manifest_entries(source: PinnedSource = BCCD) -> tuple[tuple[str, str], ...]
     """``(relative path, sha256)`` of every file of ``source``, in the manifest's order."""
     entries = []
     for number, line in enumerate(_manifest_bytes(source).decode("utf-8").splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        match = re.fullmatch(r"([0-9a-f]{64}) [ *](\S.*)", line)
-        if not match:
-            raise MedaidetError(f"manifest {source.manifest_name} line {number} is "
-                                f"malformed: {line!r}")
-        entries.append((match.group(2), match.group(1)))
+        if line.strip() and not line.startswith("#"):
+            if not (match := re.fullmatch(r"([0-9a-f]{64}) [ *](\S.*)", line)):
+                raise MedaidetError(f"manifest {source.manifest_name} line {number} is "
+                                    f"malformed: {line!r}")
+            entries.append((match.group(2), match.group(1)))
     return tuple(entries)
 
 
@@ -139,8 +134,7 @@ def verify_dataset(root, source: PinnedSource = BCCD) -> list[Problem]:
     problems = []
     for rel, expected in manifest_entries(source):
         path = Path(root) / rel
-        actual = sha256_file(path) if path.is_file() else None
-        if actual != expected:
+        if (actual := sha256_file(path) if path.is_file() else None) != expected:
             problems.append(Problem(rel, "mismatch" if actual else "missing", expected, actual))
     return problems
 
@@ -158,8 +152,7 @@ def summarize_problems(problems: list[Problem], limit: int = 5) -> str:
     """The problems of :func:`verify_dataset` in one phrase for a message."""
     parts = []
     for kind, text in (("mismatch", "with a wrong sha256"), ("missing", "missing")):
-        names = [p.path for p in problems if p.kind == kind]
-        if names:
+        if names := [p.path for p in problems if p.kind == kind]:
             shown = ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
             parts.append(f"{len(names)} {text} ({shown})")
     return "; ".join(parts)
@@ -175,8 +168,7 @@ def choose_root(root, source: PinnedSource = BCCD) -> tuple[Path, str]:
     """The dataset root asked for, and how it was chosen (for messages); not checked."""
     if root is not None:
         return checked_path(root, "root", "a dataset folder").expanduser(), "given explicitly"
-    env = os.environ.get(source.data_env)
-    if env:
+    if env := os.environ.get(source.data_env):
         return Path(env).expanduser(), f"from ${source.data_env}"
     return default_root(source), f"the default cache directory; ${source.data_env} is not set"
 
@@ -186,32 +178,23 @@ def cli_flag(source: PinnedSource) -> str:
     return "" if source is BCCD else f" --dataset {source.cache_name}"
 
 
-def _layout_help(source: PinnedSource = BCCD) -> str:
-    return (
-        f"Get it with `medaidet data download{cli_flag(source)} [--root DIR]` (Python: "
-        f"medaidet.data.download.download_{source.cache_name.replace('-', '_')}()), which "
-        f"fetches {source.repo} at commit {source.commit}, verifies every file and stores it at "
-        f"{default_root(source)} unless --root or ${source.data_env} says otherwise.\n"
-        f"Or place the files by hand, keeping {source.layout}\n"
-        f"and set {source.data_env}=ROOT (or pass ROOT explicitly); "
-        f"`medaidet data download{cli_flag(source)} --root ROOT` then verifies it without "
-        "the network."
-    )
-
-
 def resolve_root(root=None, source: PinnedSource = BCCD) -> Path:
     """The dataset root (never downloads); a ``"not_found"`` DataError with instructions when
     it has no ``source.marks`` folder."""
     path, how = choose_root(root, source)
     if not (path / source.marks).is_dir():
         state = "does not exist" if not path.exists() else f"has no {source.marks}/ folder"
-        raise DataError(f"{source.name} not found: {path} ({how}) {state}.\n"
-                        f"{_layout_help(source)}", "not_found")
+        command = f"medaidet data download{cli_flag(source)}"
+        raise DataError(
+            f"{source.name} not found: {path} ({how}) {state}.\nRun `{command} [--root DIR]` "
+            f"(Python: download_{source.cache_name.replace('-', '_')}()) to fetch {source.repo} "
+            f"at commit {source.commit}, verified, into {default_root(source)} or the --root; or "
+            f"place by hand {source.layout}\nand set {source.data_env}=ROOT (`{command} --root "
+            "ROOT` then verifies it offline).", "not_found")
     return path.resolve()
 
 
 # -------------------------------------------------------------------------------------- extraction
-
 _CHUNK = 1 << 20
 # Limits far above the real data (the largest file is ~200 kB; BCCD ~11 MB, TXL-PBC ~44 MB).
 MAX_MEMBER_BYTES = 64 << 20
@@ -224,8 +207,7 @@ def _manifest_path(name: str, manifest: dict[str, str], subfolder: str | None) -
     parts = [p for p in name.split("/") if p not in ("", ".")][1:]   # without the top folder
     if parts[:1] == [subfolder] and len(parts) > 2:
         parts = parts[1:]
-    rel = "/".join(parts)
-    return rel if rel in manifest else None
+    return rel if (rel := "/".join(parts)) in manifest else None
 
 
 def _refusal(member: tarfile.TarInfo, rel: str | None, staging: Path, total: int) -> str | None:
@@ -234,15 +216,11 @@ def _refusal(member: tarfile.TarInfo, rel: str | None, staging: Path, total: int
         tarfile.data_filter(member, str(staging))
     except tarfile.FilterError as exc:
         return str(exc)
-    if rel is None:
-        return None
-    if not member.isreg():
-        return "it is a link or folder where the dataset has a file"
-    if (staging / rel).exists():
-        return "it appears twice"
-    if member.size > MAX_MEMBER_BYTES or total > MAX_EXTRACTED_BYTES:
-        return f"it is too large ({member.size:,} bytes)"
-    return None
+    return (None if rel is None else
+            "it is a link or folder where the dataset has a file" if not member.isreg() else
+            "it appears twice" if (staging / rel).exists() else
+            f"it is too large ({member.size:,} bytes)"
+            if member.size > MAX_MEMBER_BYTES or total > MAX_EXTRACTED_BYTES else None)
 
 
 def extract(source: PinnedSource, archive: Path, staging: Path, manifest: dict[str, str],
@@ -256,18 +234,16 @@ def extract(source: PinnedSource, archive: Path, staging: Path, manifest: dict[s
                 rel = _manifest_path(member.name, manifest, source.subfolder)
                 total += member.size if rel else 0
                 if reason := _refusal(member, rel, staging, total):
-                    raise DataError(
-                        f"unsafe member {member.name!r} in the archive from {url}: {reason}. "
-                        f"Nothing was installed; this is not the pinned {source.name} "
-                        "archive.", "unsafe_archive", member=member.name)
+                    raise DataError(f"unsafe member {member.name!r} in the archive from {url}: "
+                                    f"{reason}; nothing was installed (not the pinned "
+                                    f"{source.name} archive)", "unsafe_archive", member=member.name)
                 if rel is not None:
                     tar.extract(member.replace(name=rel, deep=False), staging, filter="data")
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         what, fix = identify(archive, source)
-        raise DataError(
-            f"the file downloaded from {url} is not a complete tar archive: it {what} "
-            f"(tarfile: {type(exc).__name__}: {exc}). {fix}; expected a .tar.gz archive "
-            f"like {source.url}. Nothing was installed.", "archive") from None
+        raise DataError(f"the file downloaded from {url} is not a complete tar archive: it {what} "
+                        f"({type(exc).__name__}: {exc}). {fix}; expected a .tar.gz like "
+                        f"{source.url}. Nothing was installed.", "archive") from None
 
 
 _CUT_SHORT = "The download was probably cut short: run the download again"
@@ -280,20 +256,18 @@ def identify(path: Path, source: PinnedSource = BCCD) -> tuple[str, str]:
     with open(path, "rb") as fh:
         head = fh.read(4096)
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n").lower()
-    check_url = (f"Check the URL (from url= or ${source.url_env}): it does not point to the "
-                 f"{source.name} archive")
+    check_url = f"Check the URL (from url= or ${source.url_env}): not the {source.name} archive"
     if size == 0:
         return "is empty (0 bytes)", "The server sent nothing: run the download again"
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
-        return (f"is a ZIP archive ({size} bytes)",
-                "Use the .tar.gz archive of the same commit instead (GitHub serves both: "
-                ".../archive/<commit>.tar.gz rather than .../archive/<commit>.zip)")
+        return (f"is a ZIP archive ({size} bytes)", "Use the .tar.gz archive of the same commit "
+                "(.../archive/<commit>.tar.gz, not .../archive/<commit>.zip)")
     if text.startswith((b"<!doctype html", b"<html")) or b"<html" in text[:1024]:
         title = re.search(rb"<title[^>]*>([^<]{1,80})", head, re.IGNORECASE)
         named = f" titled {title.group(1).decode('utf-8', 'replace').strip()!r}" if title else ""
-        return (f"is an HTML page{named} ({size} bytes)",
-                "The server sent a web page (an error, login or proxy page): check the URL "
-                f"(from url= or ${source.url_env}) and your proxy settings")
+        return (f"is an HTML page{named} ({size} bytes)", "The server sent a web page (an "
+                f"error, login or proxy page): check the URL (from url= or ${source.url_env}) "
+                "and your proxy settings")
     if head.startswith(b"\x1f\x8b"):
         try:
             with gzip.open(path, "rb") as fh:
@@ -301,55 +275,33 @@ def identify(path: Path, source: PinnedSource = BCCD) -> tuple[str, str]:
                     pass
         except (EOFError, OSError, zlib.error):
             return f"is gzip data cut short ({size} bytes)", _CUT_SHORT
-        return (f"is a complete gzip file whose content is not a tar archive ({size} bytes)",
-                check_url)
+        return f"is gzip data, complete, but not a tar archive ({size} bytes)", check_url
     if head.startswith((b"BZh", b"\xfd7zXZ\x00")) or head[257:262] == b"ustar":
         return f"is a compressed or tar archive cut short ({size} bytes)", _CUT_SHORT
     return f"is not an archive ({size} bytes, starting {head[:24]!r})", check_url
 
 
 # ------------------------------------------------------------------------------------ the download
-
 URL_SCHEMES = ("https", "http", "file")
 TIMEOUT_S = 60.0
 MAX_DOWNLOAD_BYTES = 1 << 30
-
-
-def _by_hand(source: PinnedSource, dest: Path) -> str:
-    return (
-        "To place the data by hand: on a machine with network access download\n"
-        f"  {source.url}\n"
-        f"(the archive of {source.repo} at commit {source.commit}), then either\n"
-        f"  - copy it here and run `{source.url_env}=file:///path/to/archive.tar.gz medaidet "
-        f"data download{cli_flag(source)} --root {dest}` (extracts and verifies every "
-        "file), or\n"
-        f"  - extract it and keep {source.layout}\n"
-        f"then point {source.data_env} at that folder, or pass it as --root (it is then "
-        "verified in place)."
-    )
 
 
 def _check_url(url: str, source: PinnedSource = BCCD) -> None:
     """Raise a ``"url"`` DataError unless ``url`` is https://, http:// or file:// (urllib
     would fail on a plain path with a bare ValueError, and would try FTP)."""
     parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme == "file" or scheme in URL_SCHEMES and parts.netloc:
+    if (scheme := parts.scheme.lower()) == "file" or scheme in URL_SCHEMES and parts.netloc:
         return
-    if not scheme or PureWindowsPath(url).drive:
-        what = "it has no scheme (a plain path?)"
-    elif scheme in URL_SCHEMES:
-        what = "it names no host"
-    else:
-        what = f"its scheme {scheme}:// is not supported"
+    what = ("it has no scheme (a plain path?)" if not scheme or PureWindowsPath(url).drive else
+            "it names no host" if scheme in URL_SCHEMES else
+            f"its scheme {scheme}:// is not supported")
     local = Path(url).expanduser()
-    how = (f"{local} is a file here: pass {local.resolve().as_uri()}" if local.is_file() else
-           f"for an archive on this machine pass its file:// URL, e.g. file:///path/to/"
-           f"{source.name}.tar.gz")
-    raise DataError(
-        f"cannot download {source.name} from {url!r}: {what}. Accepted URLs start with "
-        f"https://, http:// or file://; {how} (as url=, or in ${source.url_env}). The default "
-        f"is {source.url}.", "url")
+    how = (f"pass {local.resolve().as_uri()}" if local.is_file() else
+           f"for a local archive pass its file:// URL, e.g. file:///path/to/{source.name}.tar.gz")
+    raise DataError(f"cannot download {source.name} from {url!r}: {what}. Use an https://, "
+                    f"http:// or file:// URL: {how} (as url=, or in ${source.url_env}); the "
+                    f"default is {source.url}", "url")
 
 
 def _fetch(source: PinnedSource, url: str, target: Path, root: Path, how: str | None,
@@ -365,10 +317,13 @@ def _fetch(source: PinnedSource, url: str, target: Path, root: Path, how: str | 
         missing = "" if how is None else f"{source.name} is not at {root} ({how}), and "
         override = ("" if url == source.url else
                     f" (the URL came from url= or ${source.url_env}; the default is {source.url})")
-        hint = (" Are you offline, or behind a proxy (urllib honors https_proxy/no_proxy)?"
-                if exc.offline else "")
-        raise DataError(f"{missing}could not download {source.name} from {url}{override}: "
-                        f"{exc}.{hint}\n{_by_hand(source, root)}", "download") from None
+        hint = " Offline, or behind a proxy (https_proxy, no_proxy)?" if exc.offline else ""
+        raise DataError(
+            f"{missing}could not download {source.name} from {url}{override}: {exc}.{hint}\n"
+            f"By hand: download {source.url} where there is network, then run `{source.url_env}"
+            f"=file:///path/to/archive.tar.gz medaidet data download{cli_flag(source)} --root "
+            f"{root}`, or extract it keeping {source.layout}\nand pass that folder as --root or "
+            f"${source.data_env} (it is then verified in place).", "download") from None
 
 
 def _looks_like_dataset(root: Path, source: PinnedSource) -> bool:
@@ -390,29 +345,14 @@ def _install(source: PinnedSource, staging: Path, root: Path) -> None:
     current = root / MARKER_NAME
     try:
         current.unlink(missing_ok=True)
-        for rel, _ in manifest_entries(source):
+        for rel in [rel for rel, _ in manifest_entries(source)] + [MARKER_NAME]:
             current = root / rel
             current.parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / rel, current)
-        current = root / MARKER_NAME
-        os.replace(staging / MARKER_NAME, current)
     except OSError as exc:
-        raise DataError(
-            f"cannot install {current} ({exc}); {root} is left unverified, with every file "
-            f"that is not part of {source.name} where it was. Make that path writable (or move "
-            "what is in its way) and run the download again with --force.", "destination") from None
-
-
-def _temp_folder(source: PinnedSource, root: Path) -> tempfile.TemporaryDirectory:
-    """A new temporary folder beside ``root`` (so that the install is a rename); else a
-    ``"destination"`` DataError."""
-    try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        return tempfile.TemporaryDirectory(".partial", f".{root.name}.", root.parent,
-                                           ignore_cleanup_errors=True)
-    except OSError as exc:
-        raise DataError(f"cannot write beside {root}: {exc}. Choose another --root "
-                        f"or set ${source.data_env}.", "destination") from None
+        raise DataError(f"cannot install {current} ({exc}); {root} is left unverified (other "
+                        "files untouched): make that path writable (or move what is in its way) "
+                        "and run the download again with --force.", "destination") from None
 
 
 def _usable_copy(source: PinnedSource, root: Path, force: bool) -> bool:
@@ -421,43 +361,26 @@ def _usable_copy(source: PinnedSource, root: Path, force: bool) -> bool:
     if not root.exists():
         return False
     if not root.is_dir():
-        raise DataError(f"{root} exists and is not a folder; choose another --root.",
+        raise DataError(f"{root} is not a folder; choose another --root.", "destination")
+    if other := [s.name for s in SOURCES.values()
+                 if s is not source and _looks_like_dataset(root, s)]:
+        raise DataError(f"{root} holds {other[0]}, and a dataset root holds one dataset: choose "
+                        f"another --root for {source.name}.", "destination")
+    if force and any(root.iterdir()) and not _looks_like_dataset(root, source):
+        raise DataError(f"refusing to replace {root}: it is not empty and has no "
+                        f"{source.marks}/ of {source.name}. Choose a new or empty --root.",
                         "destination")
-    other = [s.name for s in SOURCES.values() if s is not source and _looks_like_dataset(root, s)]
-    if other:     # one dataset per root: --force replaces only a copy of this one
-        raise DataError(f"{root} holds {other[0]}, not {source.name}: a dataset root holds one "
-                        f"dataset. Choose another --root for {source.name}.", "destination")
-    if not force:
-        if is_verified(root, source):
-            return True
-        if any(root.iterdir()):
-            problems = verify_dataset(root, source)
-            if not problems:
-                _write_marker(source, root, "verified in place")
-                return True
-            raise DataError(
-                f"{root} exists and is not a verified {source.name} copy "
-                f"({summarize_problems(problems)}). Pass --force (force=True) to replace the "
-                f"files of {source.name} with a fresh download (files that are not part "
-                f"of {source.name} are left where they are), or choose another --root.",
-                "destination")
-    elif any(root.iterdir()) and not _looks_like_dataset(root, source):
-        raise DataError(
-            f"refusing to replace {root}: it is not empty and does not look like a "
-            f"{source.name} copy (no {source.marks}/). Choose a new or empty "
-            "--root.", "destination")
-    return False
-
-
-def _log_kept(source: PinnedSource, root: Path) -> None:
-    """Log the files of ``root`` a forced download left in place (not part of ``source``)."""
-    ours = set(load_manifest(source)) | {MARKER_NAME}
-    kept = sorted(rel for rel in (p.relative_to(root).as_posix() for p in root.rglob("*")
-                                  if p.is_file()) if rel not in ours)
-    if kept:
-        logger.info("%s: replaced the files of %s; left %d file(s) that are not part of %s "
-                    "where they were: %s", root, source.name, len(kept), source.name,
-                    ", ".join(kept[:10]) + (", ..." if len(kept) > 10 else ""))
+    if force or not any(root.iterdir()):
+        return False          # download (--force replaces only the files of this dataset)
+    if is_verified(root, source):
+        return True
+    if problems := verify_dataset(root, source):
+        raise DataError(f"{root} exists and is not a verified {source.name} copy "
+                        f"({summarize_problems(problems)}). Pass --force (force=True) to replace "
+                        f"its {source.name} files (others stay), or choose another --root.",
+                        "destination")
+    _write_marker(source, root, "verified in place")
+    return True
 
 
 def download_bccd(root=None, url=None, force=False, progress=True, timeout=TIMEOUT_S) -> Path:
@@ -483,23 +406,32 @@ def download(source: PinnedSource, root=None, url=None, force=False, progress=Tr
     manifest = load_manifest(source)
     if _usable_copy(source, root, force):
         return root
-    with _temp_folder(source, root) as work:
+    try:        # staged beside root, so that the install is a rename
+        root.parent.mkdir(parents=True, exist_ok=True)
+        temporary = tempfile.TemporaryDirectory(".partial", f".{root.name}.", root.parent,
+                                                ignore_cleanup_errors=True)
+    except OSError as exc:
+        raise DataError(f"cannot write beside {root}: {exc}. Choose another --root "
+                        f"or set ${source.data_env}.", "destination") from None
+    with temporary as work:
         archive, staging = Path(work, "archive.download"), Path(work, root.name)
         staging.mkdir()        # with the user's umask: it becomes the dataset's folder
         _fetch(source, url, archive, root, None if root.exists() else how, timeout, progress)
         extract(source, archive, staging, manifest, url)
         archive.unlink()
-        problems = verify_dataset(staging, source)
-        if problems:
-            raise DataError(
-                f"{len(problems)} of {len(manifest)} files from {url} do not match the pinned "
-                f"manifest {source.manifest_name} ({source.name} commit {source.commit}): "
-                f"{summarize_problems(problems)}. The archive is not {source.name} at that "
-                "commit or was corrupted on the way; nothing was installed.", "checksum",
-                problems=problems)
+        if problems := verify_dataset(staging, source):
+            raise DataError(f"{len(problems)} of {len(manifest)} files from {url} do not match "
+                            f"{source.manifest_name} ({source.name} at {source.commit}): "
+                            f"{summarize_problems(problems)}; nothing was installed (another "
+                            "archive, or corrupted on the way)", "checksum", problems=problems)
         _write_marker(source, staging, f"downloaded from {url}")  # last, before the install
         _install(source, staging, root)
-    _log_kept(source, root)    # nothing to say of a new copy
+    ours = set(load_manifest(source)) | {MARKER_NAME}    # a forced download leaves other files
+    if kept := sorted(rel for rel in (p.relative_to(root).as_posix() for p in root.rglob("*")
+                                      if p.is_file()) if rel not in ours):
+        logger.info("%s: replaced the files of %s; left %d file(s) that are not part of %s "
+                    "where they were: %s", root, source.name, len(kept), source.name,
+                    ", ".join(kept[:10]) + (", ..." if len(kept) > 10 else ""))
     return root
 
 

@@ -1,8 +1,6 @@
 """Validate a dataset in BCCD's VOC layout: every defect, where it is, what the loader does
-(notebook 01, section 6).
-
-``validate_dataset(root)`` returns a :class:`ValidationReport`: a summary (``str``, also what
-a notebook shows) or JSON (``to_json``)::
+(notebook 01, section 6). :func:`validate_dataset` returns a :class:`ValidationReport`: a
+summary (``str``, what a notebook shows) or JSON (``to_json``)::
 
     {"root", "images", "objects_raw", "objects_kept", "per_class": {name: n},
      "splits": {split: n},
@@ -13,12 +11,9 @@ a notebook shows) or JSON (``to_json``)::
 position of the ``<object>`` in its XML, or null. Severity: **error** (the loader refuses or
 drops it), **warning** (loaded, probably wrong), **info** (no effect); per kind: :data:`KINDS`.
 
-One rule each, shared with the loader: objects and files
-:func:`medaidet.data.bccd.check_annotation`, images :func:`medaidet.data.image.decode_image`
-(decoded once, at 1/8 scale), same-field pairs :mod:`medaidet.data.same_field` (a warning
-when the pair crosses splits); the ``check_*`` functions below are the validator's own. A bad
-split list is the loader's DataError; files against the pinned release,
-:func:`~medaidet.data.download.verify_dataset`'s.
+Rules shared with the loader: :func:`~medaidet.data.bccd.check_annotation`, images
+:func:`~medaidet.data.image.decode_image` (at 1/8 scale), same-field pairs
+:mod:`~medaidet.data.same_field`; the ``check_*`` functions below are the validator's own.
 """
 from __future__ import annotations
 
@@ -48,7 +43,6 @@ __all__ = ["validate_dataset", "ValidationReport", "Issue", "KINDS", "SEVERITIES
 
 
 # ---------------------------------------------------------------------------------- the report
-
 SEVERITIES = ("error", "warning", "info")
 #: kind -> (usual severity, what the loader does); some issues override both.
 KINDS: dict[str, tuple[str, str]] = {
@@ -63,9 +57,8 @@ KINDS: dict[str, tuple[str, str]] = {
                       "this image (both modes)"),
     "size_mismatch": ("error", "BCCDDataset raises DataError (image_size) for any split listing "
                       "this image (both modes): the boxes belong to an image of another size"),
-    "bad_coordinates": ("error", "dropped with a warning (strict=True: DataError)"),
-    "zero_area": ("error", "dropped with a warning (strict=True: DataError)"),
-    "out_of_bounds": ("error", "dropped with a warning (strict=True: DataError)"),
+    **dict.fromkeys(("bad_coordinates", "zero_area", "out_of_bounds"),
+                    ("error", "dropped with a warning (strict=True: DataError)")),
     "near_duplicate_box": ("error", "the later box dropped with a warning, the first kept "
                            "(strict=True: DataError)"),
     "class_size_outlier": ("warning", "loaded as is: check the label (and the box)"),
@@ -114,8 +107,7 @@ class ValidationReport:
         """``{kind: {severity: n}}`` for the kinds found, in the order of :data:`KINDS`."""
         table: dict[str, dict[str, int]] = {}
         for issue in self.issues:
-            row = table.setdefault(issue.kind, dict.fromkeys(SEVERITIES, 0))
-            row[issue.severity] += 1
+            table.setdefault(issue.kind, dict.fromkeys(SEVERITIES, 0))[issue.severity] += 1
         return dict(sorted(table.items(), key=lambda kv: _ORDER.get(kv[0], len(_ORDER))))
 
     def by_kind(self, kind: str) -> list[Issue]:
@@ -132,14 +124,13 @@ class ValidationReport:
         lines = [f"Dataset validation: {self.root}", f"  {self.images} images ({splits})",
                  f"  {self.objects_raw} objects in the annotations, {self.objects_kept} kept by "
                  f"the loader ({classes})", f"  validated in {self.seconds:.1f} s"]
-        counts = self.counts()
-        if not counts:
+        if not (counts := self.counts()):
             return "\n".join(lines + ["No issues found."])
         width = max(len(kind) for kind in counts)
         totals = {s: sum(row[s] for row in counts.values()) for s in SEVERITIES}
-        lines.append("")
-        for kind, row in [("kind", {s: s for s in SEVERITIES}), *counts.items(), ("total", totals)]:
-            lines.append(f"  {kind:<{width}}  " + "  ".join(f"{row[s]:>7}" for s in SEVERITIES))
+        lines += [""] + [f"  {kind:<{width}}  " + "  ".join(f"{row[s]:>7}" for s in SEVERITIES)
+                         for kind, row in [("kind", dict(zip(SEVERITIES, SEVERITIES))),
+                                           *counts.items(), ("total", totals)]]
         for kind in counts:
             issues = self.by_kind(kind)
             actions = {issue.action for issue in issues}
@@ -147,11 +138,10 @@ class ValidationReport:
             header = KINDS.get(kind, ("", ""))[1] if mixed else next(iter(actions))
             lines += ["", f"{kind} ({len(issues)}): {header}"]
             for issue in issues[:3]:
-                where = (issue.image or "(dataset)") + (
-                    "" if issue.object is None else f" object {issue.object}")
+                where = issue.image or "(dataset)"
+                where += "" if issue.object is None else f" object {issue.object}"
                 lines.append(f"  [{issue.severity}] {where}: {issue.detail}")
-                if mixed:
-                    lines.append(f"      -> {issue.action}")
+                lines += [f"      -> {issue.action}"] if mixed else []
             if len(issues) > 3:
                 lines.append(f"  ... and {len(issues) - 3} more (to_json() lists all)")
         return "\n".join(lines)
@@ -161,14 +151,9 @@ class ValidationReport:
 
 # ------------------------------------------------------------- findings from the whole dataset
 # Each check takes the validator's image records and its add(image, object, kind, detail, ...).
-SIZE_Z = 3.5
-SIZE_Z_IMPLAUSIBLE = 5.0
-SIZE_MIN_BOXES = 20
-SIZE_MAD_FLOOR = 0.05
-CLASS_PRESENCE = 0.9
-CLASS_MIN_IMAGES = 10
-FOREIGN_MAJORITY = 0.8
-FOREIGN_MIN_FILES = 10
+SIZE_Z, SIZE_Z_IMPLAUSIBLE, SIZE_MIN_BOXES, SIZE_MAD_FLOOR = 3.5, 5.0, 20, 0.05
+CLASS_PRESENCE, CLASS_MIN_IMAGES = 0.9, 10
+FOREIGN_MAJORITY, FOREIGN_MIN_FILES = 0.8, 10
 
 
 def check_class_sizes(records, add):
@@ -200,8 +185,7 @@ def check_class_sizes(records, add):
             detail = (f"{name} box {int(w[k])}x{int(h[k])} px: size {sizes[k]:.0f} px vs the "
                       f"{name} median {math.exp(median):.0f} px (robust z {z[c][k]:+.1f}: "
                       f"{'implausible' if implausible else 'unusual'} for {name})")
-            fits = [(abs(z[o][k]), o) for o in z if abs(z[o][k]) < SIZE_Z]   # never c: flagged
-            if fits:
+            if fits := [(abs(z[o][k]), o) for o in z if abs(z[o][k]) < SIZE_Z]:   # never c
                 other = min(fits)[1]
                 detail += (f"; the size fits {BCCD_LABEL_NAMES[other]} (median "
                            f"{math.exp(medians[other]):.0f} px)"
@@ -217,15 +201,13 @@ def check_missing_classes(records, add):
     has = np.array([[c in r.checked.label for c in range(len(BCCD_LABEL_NAMES))] for r in records])
     share = has.mean(axis=0)
     for c, name in enumerate(BCCD_LABEL_NAMES):
-        if share[c] < CLASS_PRESENCE:
-            continue
         for record, present in zip(records, has[:, c]):
-            if not present and (~record.checked.difficult).any():   # no box: no class missing
+            # an image without a box misses no class
+            if share[c] >= CLASS_PRESENCE and not present and (~record.checked.difficult).any():
                 boxes = Counter(BCCD_LABEL_NAMES[x] for x in record.checked.label)
-                what = ", ".join(f"{n} {k}" for n, k in boxes.items())
                 add(record.id, None, "missing_class", f"no {name} box, while {share[c]:.0%} of "
                     f"images ({int(has[:, c].sum())} of {len(records)}) have one; its boxes: "
-                    f"{what}")
+                    + ", ".join(f"{n} {k}" for n, k in boxes.items()))
 
 
 def check_foreign_annotations(records, add):
@@ -243,11 +225,9 @@ def check_foreign_annotations(records, add):
             "/".join(re.split(r"[\\/]+", a.image_path or "")[:-1]) or None),
     }
     values = {name: [f(r.annotation) for r in records] for name, f in features.items()}
-    majority = {}
-    for name, column in values.items():
-        value, count = Counter(column).most_common(1)[0]
-        if count >= FOREIGN_MAJORITY * len(records):
-            majority[name] = value
+    majority = {name: value for name, column in values.items()
+                for value, count in [Counter(column).most_common(1)[0]]
+                if count >= FOREIGN_MAJORITY * len(records)}
     for k, record in enumerate(records):
         differs = [f"{name} {values[name][k]} instead of {value}"
                    for name, value in majority.items() if values[name][k] != value]
@@ -260,73 +240,57 @@ def check_foreign_annotations(records, add):
 
 
 # ---------------------------------------------------------------------------------- the checks
-
 class _Validation:
     def __init__(self, root: Path):
-        self.root = root
-        self.issues: list[Issue] = []
-
-    def add(self, image, obj, kind, detail, severity=None, action=None):
-        default_severity, default_action = KINDS[kind]
-        self.issues.append(Issue(image, obj, kind, severity or default_severity, detail,
-                                 action or default_action))
-
-    # ---- split lists (a bad one is the loader's DataError: only the ids are read here)
-    def read_splits(self):
-        self.split_ids = {split: scan_split_file(split_path(self.root, split))[0]
-                          for split in SPLITS}
+        """Read the split lists (ids only: a bad list is the loader's DataError) and the files
+        of their ids (else of every file): a record per id of its annotation, the real image's
+        (height, width) and bands, the CheckedAnnotation, and whether the loader refuses it."""
+        self.root, self.issues = root, []
+        self.split_ids = {split: scan_split_file(split_path(root, split))[0] for split in SPLITS}
         self.splits_of: dict[str, list[str]] = defaultdict(list)
-        for split in ("train", "val", "test"):
+        for split in ("train", "val", "test", "trainval"):    # in trainval alone: loaded too
             for image_id in self.split_ids[split]:
-                self.splits_of[image_id].append(split)
-        for image_id in self.split_ids["trainval"]:    # listed in trainval alone: loaded too
-            if not set(self.splits_of[image_id]) & {"train", "val"}:
-                self.splits_of[image_id].append("trainval")
-
-    def read_files(self):
+                if split != "trainval" or not set(self.splits_of[image_id]) & {"train", "val"}:
+                    self.splits_of[image_id].append(split)
         xml_ids = {p.stem for p in (self.root / "Annotations").glob("*.xml")}
         jpg_dir = self.root / "JPEGImages"
         jpg_ids = {p.stem for p in jpg_dir.glob("*.jpg")} if jpg_dir.is_dir() else set()
-        # Without any split list every file is in scope; with lists, the listed ids.
-        population = sorted(self.splits_of or xml_ids | jpg_ids)
-        # per id: its annotation, the real image's (height, width) and bands, the
-        # CheckedAnnotation, and whether the loader refuses it
         self.images = {image_id: SimpleNamespace(id=image_id, annotation=None, size=None,
                                                  bands=None, checked=None, refused=False)
-                       for image_id in population}
+                       for image_id in sorted(self.splits_of or xml_ids | jpg_ids)}
         for image_id, record in self.images.items():
             self._read_one(record, image_id in xml_ids, image_id in jpg_ids)
 
+    def add(self, image, obj, kind, detail, severity=None, action=None):
+        self.issues.append(Issue(image, obj, kind, severity or KINDS[kind][0], detail,
+                                 action or KINDS[kind][1]))
+
     def _read_one(self, record, has_xml: bool, has_jpg: bool):
         image_id = record.id
+        xml, jpg = annotation_path(self.root, image_id), image_path(self.root, image_id)
         where = ", ".join(self.splits_of.get(image_id, [])) or "the dataset"
-        for present, path in ((has_xml, annotation_path(self.root, image_id)),
-                              (has_jpg, image_path(self.root, image_id))):
+        for present, path in ((has_xml, xml), (has_jpg, jpg)):
             if not present:
-                self.add(image_id, None, "missing_file",
-                         f"{path.relative_to(self.root)} does not exist ({image_id} is listed "
-                         f"in {where})")
+                self.add(image_id, None, "missing_file", f"{path.relative_to(self.root)} does not "
+                         f"exist ({image_id} is listed in {where})")
                 record.refused = True
-        if has_jpg:
-            try:
-                record.size = read_image_size(image_path(self.root, image_id), image_id)
-            except DataError as exc:                   # "image" or "missing_file"
-                self.add(image_id, None, "bad_image", str(exc))
-                record.refused = True
-        if not has_xml:
-            return
         try:
-            record.annotation = parse_annotation(annotation_path(self.root, image_id))
+            record.size = read_image_size(jpg, image_id) if has_jpg else None
+        except DataError as exc:                       # "image" or "missing_file"
+            self.add(image_id, None, "bad_image", str(exc))
+            record.refused = True
+        try:
+            record.annotation = parse_annotation(xml) if has_xml else None
         except DataError as exc:                       # "xml", "unsafe_xml", "missing_file"
             self.add(image_id, None, "parse_error", str(exc))
             record.refused = True
+        if record.annotation is None:
             return
         # Without a readable image, judge the boxes against the XML's <size> (if any).
         size = record.size or record.annotation.size or (math.inf, math.inf)
         record.checked = check_annotation(record.annotation, size)
         for finding in record.checked.findings:
-            if finding.action == "raise":
-                record.refused = True
+            record.refused |= finding.action == "raise"
             if finding.kind == "size_mismatch" and record.size is None:
                 continue
             clip = finding.action == "clip"
@@ -340,33 +304,29 @@ class _Validation:
     def check_metadata(self):
         folder_names = {"JPEGImages", self.root.name}
         for record in self.images.values():
-            a = record.annotation
-            if a is None:
+            if (a := record.annotation) is None:
                 continue
-            expected = f"{record.id}.jpg"
-            problems = []
+            expected, problems = f"{record.id}.jpg", []
             if a.filename is not None and a.filename != expected:
                 problems.append(f"<filename> is {a.filename!r}")
-            if a.image_path:
-                parts = re.split(r"[\\/]+", a.image_path)
-                if parts[-1] != expected:
-                    problems.append(f"<path> {a.image_path!r} names another file")
-                elif len(parts) > 1 and parts[-2] not in folder_names:
-                    problems.append(f"<path> {a.image_path!r} is not under JPEGImages")
+            parts = re.split(r"[\\/]+", a.image_path or "")
+            if a.image_path and parts[-1] != expected:
+                problems.append(f"<path> {a.image_path!r} names another file")
+            elif a.image_path and len(parts) > 1 and parts[-2] not in folder_names:
+                problems.append(f"<path> {a.image_path!r} is not under JPEGImages")
             if a.folder is not None and a.folder not in folder_names:
                 problems.append(f"<folder> is {a.folder!r}")
             if a.size is None and record.size is not None:
                 problems.append("<size> is missing" if a.size_text is None else
                                 f"<size> {a.size_text} is not a size")
             if a.depth is not None and record.bands is not None and a.depth != record.bands:
-                problems.append(f"<depth> is {a.depth} but the image has {record.bands} "
-                                "channel(s)")
+                problems.append(f"<depth> is {a.depth} but the image has {record.bands} channel(s)")
             if problems:
                 self.add(record.id, None, "metadata_mismatch",
                          "; ".join(problems) + f" (the file is JPEGImages/{expected})")
 
     def check_images(self):
-        decoded, thumbs = [], []
+        decoded, thumbs, self.pairs = [], [], []
         for record in self.images.values():
             if record.size is None:
                 continue
@@ -379,54 +339,44 @@ class _Validation:
                 record.refused = True
                 continue
             record.bands = image.bands
-            gray = Image.fromarray(image.pixels).convert("L")
-            if gray.size != THUMB:
-                gray = gray.resize(THUMB, Image.BILINEAR)
+            gray = Image.fromarray(image.pixels).convert("L").resize(THUMB, Image.BILINEAR)
             thumbs.append(np.asarray(gray, dtype=np.float32))
             decoded.append(record)
-        self.pairs = []
         if len(decoded) < 2:
             return
         for i, j, dy, dx, overlap, corr in same_field_pairs(np.stack(thumbs)):
             a, b = decoded[i], decoded[j]
-            pair = ImagePair(a.id, b.id, tuple(self.splits_of.get(a.id, ())),
-                             tuple(self.splits_of.get(b.id, ())),
-                             round(dx * (a.size[1] / THUMB[0])),
+            in_a, in_b = (tuple(self.splits_of.get(r.id, ())) for r in (a, b))
+            pair = ImagePair(a.id, b.id, in_a, in_b, round(dx * (a.size[1] / THUMB[0])),
                              round(dy * (a.size[0] / THUMB[1])), overlap, corr)
             self.pairs.append(pair)
-            crosses = bool(pair.splits_a and pair.splits_b and
-                           set(pair.splits_a) != set(pair.splits_b))
-            detail = (f"same field of view as {b.id} (shifted {pair.dx:+d} px in x, "
-                      f"{pair.dy:+d} px in y; {overlap:.0%} of the frame in common, "
-                      f"correlation {corr:.2f}); {a.id} is in "
-                      f"{'/'.join(pair.splits_a) or 'no split'}, {b.id} in "
-                      f"{'/'.join(pair.splits_b) or 'no split'}"
-                      + (": crosses splits" if crosses else ""))
-            self.add(a.id, None, "near_duplicate_image", detail,
+            crosses = bool(in_a and in_b and set(in_a) != set(in_b))
+            self.add(a.id, None, "near_duplicate_image",
+                     f"same field of view as {b.id} (shifted {pair.dx:+d} px in x, {pair.dy:+d} "
+                     f"px in y; {overlap:.0%} of the frame in common, correlation {corr:.2f}); "
+                     f"{a.id} is in {'/'.join(in_a) or 'no split'}, {b.id} in "
+                     f"{'/'.join(in_b) or 'no split'}" + (": crosses splits" if crosses else ""),
                      severity="warning" if crosses else "info",
                      action=KINDS["near_duplicate_image"][1] if crosses else
                      "both loaded as is: near-identical training views")
 
     def report(self, seconds: float) -> ValidationReport:
-        objects_raw = sum(len(r.annotation.objects) for r in self.images.values()
-                          if r.annotation is not None)
         kept = Counter(BCCD_LABEL_NAMES[c] for r in self.loadable() for c in r.checked.label)
         per_class = {name: kept[name] for name in BCCD_LABEL_NAMES}
-        splits = {split: len(ids) for split, ids in self.split_ids.items()}
-        issues = sorted(self.issues, key=lambda i: (_ORDER[i.kind], i.image or "",
-                                                    -1 if i.object is None else i.object))
-        return ValidationReport(str(self.root), len(self.images), objects_raw,
-                                sum(per_class.values()), per_class, splits, issues, self.pairs,
-                                seconds)
+        return ValidationReport(
+            str(self.root), len(self.images),
+            sum(len(r.annotation.objects) for r in self.images.values() if r.annotation),
+            sum(per_class.values()), per_class,
+            {split: len(ids) for split, ids in self.split_ids.items()},
+            sorted(self.issues, key=lambda i: (_ORDER[i.kind], i.image or "",
+                                               -1 if i.object is None else i.object)),
+            self.pairs, seconds)
 
 
 def validate_dataset(root=None) -> ValidationReport:
     """Check a dataset in BCCD's VOC layout (``root``: as for ``resolve_root``, which raises
     ``"not_found"``). Defects in the data never raise: each is an issue in the report."""
-    start = time.perf_counter()
-    validation = _Validation(resolve_root(root))
-    validation.read_splits()
-    validation.read_files()
+    start, validation = time.perf_counter(), _Validation(resolve_root(root))
     validation.check_images()
     check_class_sizes(validation.loadable(), validation.add)
     check_missing_classes(validation.loadable(), validation.add)
