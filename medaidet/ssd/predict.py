@@ -1,22 +1,12 @@
 """SSD prediction with the candidates per class capped before NMS, as the original SSD does.
 
-ChainerCV's ``SSD.predict`` sends every prior whose class score passes ``score_thresh`` to its
-CPU NMS, a Python loop: with the 'evaluate' preset and an untrained model, all 8732 priors of
-SSD300 per class, tens of seconds per image. Like Caffe's SSD (``nms_param.top_k: 400``,
-``keep_top_k: 200``) this keeps the ``top_k`` best candidates of each class before NMS and the
-``keep_top_k`` best detections of the image after it (``None``: no cap).
-
-When no cap binds the output is ChainerCV's exactly (arrays, order, dtypes). When ``top_k``
-binds, a class's detections are a prefix of ChainerCV's (greedy NMS looks only at
-higher-scoring boxes), unless scores tie. Ties at a cap go to the lower prior index. Order as
-ChainerCV's: by label, each label by descending score. ``score_thresh`` and ``nms_thresh``
-are the model's (``model.use_preset``).
-
-Checked first (a NaN would otherwise give no detections without a word): images numeric
-(3, H, W) and finite, else a :class:`~medaidet.errors.DataError` naming the index;
-``score_thresh`` in ``[0, 1]``, ``nms_thresh`` None or in ``(0, 1]``, the caps ints >= 1 or
-None, else a :class:`~medaidet.errors.ConfigError`. Boxes float32 (R, 4) ``(y_min, x_min,
-y_max, x_max)``, labels int32 (R,) in ``[0, n_fg_class)``, scores float32 (R,); NumPy or CuPy.
+ChainerCV's ``SSD.predict`` sends every prior that passes ``score_thresh`` to a Python NMS loop
+(tens of seconds per image for an untrained model). Like Caffe's SSD this keeps the ``top_k``
+best candidates per class before NMS and the ``keep_top_k`` best detections after it (``None``:
+no cap); with no cap binding the output is ChainerCV's exactly (ties at a cap go to the lower
+prior index). Images, thresholds and caps are checked first (a NaN would give no detections
+without a word). Boxes float32 (R, 4) ``(y_min, x_min, y_max, x_max)``, labels int32 (R,),
+scores float32 (R,), ordered as ChainerCV's.
 """
 from __future__ import annotations
 
@@ -54,38 +44,34 @@ class Candidates(NamedTuple):
 
 
 def _check_cap(name, value):
-    if value is None:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-            or value < 1:
-        raise ConfigError(f"{name}: {value!r} is not a valid cap; expected a whole number >= 1 "
-                          "(an int), or None for no cap")
-    return int(value)
+    if value is not None and (isinstance(value, (bool, np.bool_))
+                              or not isinstance(value, (int, np.integer)) or value < 1):
+        raise ConfigError(f"{name}: {value!r} is not a valid cap; expected an int >= 1, or None "
+                          "for no cap")
+    return None if value is None else int(value)
 
 
 def _check_score_thresh(value, name="score_thresh"):
     """``value`` unchanged if it is a number in [0, 1] (NaN fails the comparison)."""
     if not (is_real(value) and 0 <= value <= 1):
-        raise ConfigError(
-            f"{name}: {value!r} is not a valid score threshold; expected a number from 0 to 1 "
-            "(a detection is kept when its class probability is >= it; ChainerCV's presets: "
-            "'visualize' 0.6, 'evaluate' 0.01). Outside that range, or NaN, nothing (or "
-            "everything) would pass without a word")
+        raise ConfigError(f"{name}: {value!r} is not a valid score threshold; expected a number "
+                          "from 0 to 1 (ChainerCV's presets: 'visualize' 0.6, 'evaluate' 0.01)")
     return value
 
 
 def _check_nms_thresh(value, name="nms_thresh"):
     """``value`` unchanged if it is None (no NMS) or a number in (0, 1]."""
     if value is not None and not (is_real(value) and 0 < value <= 1):
-        raise ConfigError(
-            f"{name}: {value!r} is not a valid NMS threshold; expected a number in (0, 1] "
-            "(NMS drops a box whose IoU with a higher-scoring box of its class is >= it; "
-            "ChainerCV's presets use 0.45), or None for no NMS. 0 or less would keep one box "
-            "per class, NaN or more than 1 would suppress nothing")
+        raise ConfigError(f"{name}: {value!r} is not a valid NMS threshold; expected a number "
+                          "in (0, 1] (ChainerCV's presets: 0.45), or None for no NMS")
     return value
 
 
 _IMAGE_FORM = "a numpy array (3, H, W) (RGB, channels first, values 0-255)"
+#: What a (H, W, C) image of C channels is converted with.
+_CHANNELS_LAST = {1: "np.repeat(img, 3, axis=2).transpose(2, 0, 1) (gray to RGB)",
+                  3: "img.transpose(2, 0, 1)",
+                  4: "img[..., :3].transpose(2, 0, 1) (without the alpha channel)"}
 
 
 def _image_error(index, problem, fix, value=None):
@@ -100,57 +86,42 @@ def _check_image(index, img):
         kind = type(img)
         name = kind.__name__ if kind.__module__ == "builtins" else \
             f"{kind.__module__}.{kind.__qualname__}"
-        hint = (": convert with np.asarray(img, dtype=np.float32).transpose(2, 0, 1) (or read "
-                "it with chainercv.utils.read_image)" if hasattr(img, "getpixel") else
-                ": convert with np.asarray(img, dtype=np.float32)"
+        hint = (": convert with np.asarray(img, dtype=np.float32).transpose(2, 0, 1)"
+                if hasattr(img, "getpixel") else ": convert with np.asarray(img, dtype=np.float32)"
                 if isinstance(img, (list, tuple)) else "")
         raise _image_error(index, f"is a {name}", hint, value=kind)
     if img.dtype.kind not in "iuf":
         raise _image_error(index, f"has dtype {img.dtype}", " (float32, or uint8)",
                            value=img.dtype)
     shape = img.shape
-    if img.ndim == 3 and shape[0] == 3 and min(shape[1:]) >= 1:
-        pass
-    elif img.ndim == 3 and shape[2] in (1, 3, 4) and shape[0] not in (1, 3, 4):
-        fix = {1: "np.repeat(img, 3, axis=2).transpose(2, 0, 1) (gray to RGB)",
-               3: "img.transpose(2, 0, 1)",
-               4: "img[..., :3].transpose(2, 0, 1) (without the alpha channel)"}[shape[2]]
-        raise _image_error(index, f"has shape {shape}, channels last (H, W, C) as PIL and "
-                           "OpenCV give", f": convert with {fix}", value=shape)
-    elif img.ndim == 3 and shape[0] == 1:
-        raise _image_error(index, f"has shape {shape}, one channel (grayscale)",
-                           ": repeat it to RGB with np.repeat(img, 3, axis=0)", value=shape)
-    elif img.ndim == 3 and shape[0] == 4:
-        raise _image_error(index, f"has shape {shape}, four channels (RGBA?)",
-                           ": drop the alpha channel with img[:3]", value=shape)
-    elif img.ndim == 2:
-        raise _image_error(index, f"has shape {shape}, a 2-D (H, W) image",
-                           ": make it RGB with np.stack([img] * 3)", value=shape)
-    else:
-        raise _image_error(index, f"has shape {shape}", "", value=shape)
+    if not (img.ndim == 3 and shape[0] == 3 and min(shape[1:]) >= 1):
+        problem, fix = (
+            ("channels last (H, W, C) as PIL and OpenCV give", _CHANNELS_LAST[shape[2]])
+            if img.ndim == 3 and shape[2] in (1, 3, 4) and shape[0] not in (1, 3, 4) else
+            ("one channel", "np.repeat(img, 3, axis=0)") if img.ndim == 3 and shape[0] == 1 else
+            ("four channels (RGBA?)", "img[:3]") if img.ndim == 3 and shape[0] == 4 else
+            ("a 2-D (H, W) image", "np.stack([img] * 3)") if img.ndim == 2 else ("", ""))
+        raise _image_error(index, f"has shape {shape}" + (problem and f", {problem}"),
+                           fix and f": convert with {fix}", value=shape)
     if img.dtype.kind == "f" and not np.isfinite(img).all():
         bad = ~np.isfinite(img)
-        raise DataError(
-            f"imgs[{index}] holds {int(bad.sum())} nan/inf value(s) of {img.size}; expected "
-            "finite values 0-255: the image was decoded or preprocessed wrongly (a division "
-            "by zero in a normalisation?), and a non-finite image gives no detections",
-            "image", value=float(img[bad][0]))
+        raise DataError(f"imgs[{index}] holds {int(bad.sum())} nan/inf value(s) of {img.size}; "
+                        "expected finite values 0-255 (decoded or normalised wrongly?)",
+                        "image", value=float(img[bad][0]))
     return img
 
 
 def _as_images(imgs):
     """The batch as a list of checked images; a single image given as the batch is named."""
     if isinstance(imgs, chainer.get_array_types()) and imgs.ndim != 4:
-        raise DataError(
-            f"imgs is one array of shape {imgs.shape}; expected a list of images, each "
-            f"{_IMAGE_FORM} (or one (B, 3, H, W) array): pass [img] for a single image",
-            "image", value=imgs.shape)
+        raise DataError(f"imgs is one array of shape {imgs.shape}; expected a list of images, "
+                        f"each {_IMAGE_FORM}: pass [img] for a single image", "image",
+                        value=imgs.shape)
     try:
         imgs = list(imgs)
     except TypeError:
-        raise DataError(
-            f"imgs is {reprlib.repr(imgs)}, not a list of images; expected a list of images, each "
-            f"{_IMAGE_FORM}", "image", value=imgs) from None
+        raise DataError(f"imgs is {reprlib.repr(imgs)}; expected a list of images, each "
+                        f"{_IMAGE_FORM}", "image", value=imgs) from None
     return [_check_image(i, img) for i, img in enumerate(imgs)]
 
 
@@ -159,9 +130,18 @@ def _top(xp, score, k):
     return xp.sort(xp.argsort(-score, kind="stable")[:k])
 
 
-def _decoded(coder, mb_loc, mb_conf, xp):
-    """Decoded boxes and softmax scores of every default box, by ``MultiboxCoder.decode``'s own
-    float64 expressions (any other way could flip an IoU exactly at the threshold)."""
+def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
+                  top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
+                  return_candidates=False):
+    """ChainerCV's ``MultiboxCoder.decode`` with the candidates capped, for one image's
+    ``mb_loc`` (K, 4) and ``mb_conf`` (K, n_fg_class + 1). Returns ``(bbox, label, score)`` on
+    the arrays' device, boxes in the model's input frame (insize x insize); with
+    ``return_candidates`` also the :class:`Candidates`."""
+    top_k, keep_top_k = _check_cap("top_k", top_k), _check_cap("keep_top_k", keep_top_k)
+    _check_nms_thresh(nms_thresh)
+    _check_score_thresh(score_thresh)
+    xp = chainer.backend.get_array_module(mb_loc)
+    # MultiboxCoder.decode's own float64 expressions (others could flip an IoU at the threshold)
     default_bbox, variance = coder._default_bbox, coder._variance
     mb_bbox = default_bbox.copy()
     mb_bbox[:, :2] += mb_loc[:, :2] * variance[0] * default_bbox[:, 2:]
@@ -170,25 +150,7 @@ def _decoded(coder, mb_loc, mb_conf, xp):
     mb_bbox[:, 2:] += mb_bbox[:, :2]       # -> (y_min, x_min, y_max, x_max)
     mb_score = xp.exp(mb_conf)
     mb_score /= mb_score.sum(axis=1, keepdims=True)
-    return mb_bbox, mb_score
 
-
-def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
-                  top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
-                  return_candidates=False):
-    """ChainerCV's ``MultiboxCoder.decode`` with the candidates capped.
-
-    ``mb_loc`` (K, 4) and ``mb_conf`` (K, n_fg_class + 1): one image's outputs (column 0 is the
-    background). Returns ``(bbox, label, score)`` on the arrays' device, boxes in the model's
-    input frame (insize x insize); with ``return_candidates`` also the :class:`Candidates`.
-    """
-    top_k = _check_cap("top_k", top_k)
-    keep_top_k = _check_cap("keep_top_k", keep_top_k)
-    _check_nms_thresh(nms_thresh)
-    _check_score_thresh(score_thresh)
-    xp = chainer.backend.get_array_module(mb_loc)
-
-    mb_bbox, mb_score = _decoded(coder, mb_loc, mb_conf, xp)
     # every candidate, by class, and the positions among them of those past the cap and NMS
     bbox, label, score, in_top_k, after_nms, n = [], [], [], [], [], 0
     for fg in range(mb_conf.shape[1] - 1):
@@ -217,21 +179,18 @@ def decode_capped(coder, mb_loc, mb_conf, nms_thresh=0.45, score_thresh=0.6,
         kept = kept[_top(xp, score[kept], keep_top_k)]   # index order keeps ChainerCV's order
     if not return_candidates:
         return bbox[kept], label[kept], score[kept]
-    masks = []
-    for positions in (xp.hstack(in_top_k), after_nms, kept):
-        masks.append(xp.zeros(n, dtype=bool))
-        masks[-1][positions] = True
+    masks = [xp.zeros(n, dtype=bool) for _ in range(3)]
+    for mask, positions in zip(masks, (xp.hstack(in_top_k), after_nms, kept)):
+        mask[positions] = True
     return bbox[kept], label[kept], score[kept], Candidates(bbox, label, score, *masks)
 
 
 def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
             return_candidates=False):
-    """``model.predict(imgs)`` of a ChainerCV SSD, with the candidates capped.
-
-    ``imgs``: arrays (3, H, W), RGB, 0-255 (or one (B, 3, H, W) array). Returns
-    ``(bboxes, labels, scores)``, lists of NumPy arrays, one per image, boxes in the image's
-    pixels; with ``return_candidates`` also a list of :class:`Candidates` (NumPy, pixels).
-    """
+    """``model.predict(imgs)`` of a ChainerCV SSD, with the candidates capped: ``imgs``
+    (3, H, W), RGB, 0-255, or one (B, 3, H, W) array. Returns ``(bboxes, labels, scores)``,
+    lists of NumPy arrays, boxes in the image's pixels; with ``return_candidates`` also a list
+    of :class:`Candidates` (NumPy, pixels)."""
     top_k, keep_top_k = _check_cap("top_k", top_k), _check_cap("keep_top_k", keep_top_k)
     _check_score_thresh(model.score_thresh, "model.score_thresh")
     _check_nms_thresh(model.nms_thresh, "model.nms_thresh")
@@ -256,9 +215,8 @@ def predict(model, imgs, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K,
 
 
 class CappedPredictor(chainer.Chain):
-    """A link whose ``predict`` is :func:`predict` of the wrapped SSD (held, not copied), e.g.
-    for ``DetectionVOCEvaluator``; ``use_preset`` and the thresholds are the model's, checked
-    when set."""
+    """A link whose ``predict`` is :func:`predict` of the wrapped SSD (e.g. for an evaluator);
+    ``use_preset`` and the thresholds are the model's, checked when set."""
 
     def __init__(self, model, top_k=DEFAULT_TOP_K, keep_top_k=DEFAULT_KEEP_TOP_K):
         super().__init__()

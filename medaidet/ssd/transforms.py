@@ -1,21 +1,12 @@
 """SSD training augmentation for BCCD, with the boxes re-checked after augmentation.
 
-:class:`TrainTransform` is ChainerCV's ``examples/ssd/train.py`` ``Transform``::
-
-    random_distort -> random_expand (p=0.5, fill=mean) -> random_crop_with_bbox_constraints
-    -> resize_with_random_interpolation to size x size -> random horizontal flip
-    -> subtract mean -> coder.encode
-
-plus two checks: before augmenting (:func:`check_sample`) a wrong sample raises
-:class:`~medaidet.errors.DataError` (augmentation must not hide it) and zero-size boxes are
-dropped; after it (:func:`recheck_boxes`) boxes are clipped to the image, and non-finite ones
-and slivers under ``min_size`` px are dropped with their labels. So the encoded ``mb_loc`` is
-finite at every positive prior and ``mb_label`` is in ``[0, n_fg_class]``.
-
-Conventions (ChainerCV's): ``img`` float32 (3, H, W), RGB, 0-255; ``bbox`` float32 (R, 4)
-``(y_min, x_min, y_max, x_max)``, continuous coordinates on ``[0, H] x [0, W]``; ``label``
-int32 (R,), 0-based foreground classes (the coder adds 1; 0 is background). Randomness comes
-from Python's :mod:`random` (the expansion coin too): ``random.seed(n)`` reproduces it.
+:class:`TrainTransform` is ChainerCV's ``examples/ssd/train.py`` ``Transform`` (distort, expand,
+crop, resize, flip, subtract the mean, encode) between two checks: :func:`check_sample` raises
+:class:`~medaidet.errors.DataError` for a wrong sample and drops zero-size boxes;
+:func:`recheck_boxes` clips the augmented boxes and drops non-finite ones and slivers under
+``min_size`` px, so the encoded ``mb_loc`` is finite at every positive prior. Boxes are float32
+(R, 4) ``(y_min, x_min, y_max, x_max)``, labels int32 (R,) 0-based foreground classes (the coder
+adds 1). Randomness comes from Python's :mod:`random` (``random.seed(n)`` reproduces it).
 """
 from __future__ import annotations
 
@@ -32,21 +23,16 @@ from chainercv.links.model.ssd import (random_crop_with_bbox_constraints, random
 
 from medaidet.errors import DataError
 
-__all__ = [
-    "TransformStats", "RecheckedBoxes", "check_sample", "CheckedTransform",
-    "recheck_boxes", "TrainTransform", "EncodeTransform", "DEFAULT_MIN_SIZE",
-]
+__all__ = ["TransformStats", "RecheckedBoxes", "check_sample", "CheckedTransform",
+           "recheck_boxes", "TrainTransform", "EncodeTransform", "DEFAULT_MIN_SIZE"]
 
 #: Smallest box height and width (input pixels) kept after augmentation.
 DEFAULT_MIN_SIZE = 1.0
 
 
-# --------------------------------------------------------------------------- checks
-
 @dataclass
 class TransformStats:
-    """What a transform did to the boxes since it was made (or since ``reset_stats``).
-    ``dropped`` is what training should report; ``cropped_out`` is the recipe's own drop."""
+    """What a transform did to the boxes since it was made (or since ``reset_stats``)."""
     samples: int = 0
     boxes_in: int = 0            # boxes given to the transform
     boxes_out: int = 0           # boxes encoded
@@ -58,7 +44,7 @@ class TransformStats:
 
     @property
     def dropped(self) -> int:
-        """Boxes the re-check dropped (``too_small + non_finite``)."""
+        """Boxes the re-check dropped (``too_small + non_finite``), what training reports."""
         return self.too_small + self.non_finite
 
     def to_dict(self) -> dict:
@@ -79,49 +65,39 @@ def _as_arrays(bbox, label, n_fg_class):
     """``bbox`` (R, 4) and ``label`` (R,) as arrays, the labels checked to be classes."""
     bbox, label = np.asarray(bbox), np.asarray(label)
     if bbox.ndim != 2 or bbox.shape[1] != 4:
-        raise DataError(
-            f"bbox has shape {bbox.shape}; expected (R, 4) boxes (y_min, x_min, y_max, x_max)",
-            "shape")
+        raise DataError(f"bbox has shape {bbox.shape}; expected (R, 4) boxes (y_min, x_min, "
+                        "y_max, x_max)", "shape")
     if label.shape != (len(bbox),):
-        raise DataError(
-            f"label has shape {label.shape} but bbox has {len(bbox)} boxes; expected label "
-            f"of shape ({len(bbox)},), one class per box", "shape")
+        raise DataError(f"label has shape {label.shape}; expected ({len(bbox)},), one class per "
+                        "box", "shape")
     if label.dtype.kind not in "iu":
-        raise DataError(
-            f"label has dtype {label.dtype}; expected integers (int32 class indices)",
-            "label_dtype", value=label.dtype)
+        raise DataError(f"label has dtype {label.dtype}; expected integers (int32 class "
+                        "indices)", "label_dtype", value=label.dtype)
     bad = np.flatnonzero((label < 0) | (label >= n_fg_class))
     if len(bad):
         i, value = int(bad[0]), int(label[bad[0]])
-        hint = ("labels are 0-based foreground classes; the SSD coder adds the background "
-                "class itself: did the dataset add 1 for background?"
-                if value == n_fg_class else
-                "a negative label is no class (was -1 meant as 'ignore'?)" if value < 0 else
+        hint = ("labels are 0-based foreground classes (did the dataset add 1 for background?)"
+                if value == n_fg_class else "a negative label is no class" if value < 0 else
                 "is n_fg_class right for this dataset?")
-        more = f" ({len(bad) - 1} more box(es) out of range)" if len(bad) > 1 else ""
-        raise DataError(
-            f"box {i}: label {value} is outside the allowed range [0, {n_fg_class}) "
-            f"(n_fg_class={n_fg_class}){more}; {hint}. The dataset is wrong: fix its labels",
-            "label_range", box_index=i, value=value)
+        raise DataError(f"box {i}: label {value} is outside [0, {n_fg_class}) ({len(bad)} such "
+                        f"box(es)); {hint}. Fix the dataset's labels", "label_range",
+                        box_index=i, value=value)
     return bbox, label
 
 
 def check_sample(img, bbox, label, n_fg_class: int):
-    """Check one ``(img, bbox, label)`` before augmenting; return ``(bbox, label, keep)``:
-    float32 boxes and int32 labels without the zero-size boxes, ``keep`` bool (R,). Raises
-    :class:`DataError` for an image not (3, H, W), mismatched shapes, non-integer or
-    out-of-range labels, a non-finite or reversed box."""
+    """Check one ``(img, bbox, label)`` before augmenting (:class:`DataError` for an image not
+    (3, H, W), mismatched shapes, bad labels, a non-finite or reversed box); return ``(bbox,
+    label, keep)``: float32 boxes, int32 labels without the zero-size boxes, ``keep`` (R,)."""
     img = np.asarray(img)
     if img.ndim != 3 or img.shape[0] != 3 or min(img.shape[1:]) < 1:
-        raise DataError(
-            f"img has shape {img.shape}; expected (3, H, W), RGB, channels first", "image")
+        raise DataError(f"img has shape {img.shape}; expected (3, H, W), RGB", "image")
     bbox, label = _as_arrays(bbox, label, n_fg_class)
     for bad, kind, what in (
             (~np.isfinite(bbox).all(axis=1), "non_finite_box",
-             "a coordinate is not finite. The dataset is wrong: fix or drop the box"),
+             "a coordinate is not finite; fix or drop the box in the dataset"),
             ((bbox[:, 2] < bbox[:, 0]) | (bbox[:, 3] < bbox[:, 1]), "reversed_box",
-             "reversed (y_max < y_min or x_max < x_min). Boxes are (y_min, x_min, y_max, "
-             "x_max): was (x_min, y_min, x_max, y_max) or (y, x, height, width) given?")):
+             "reversed; boxes are (y_min, x_min, y_max, x_max), not (x_min, y_min, ...)")):
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise DataError(f"box {i} is {bbox[i].tolist()}: {what}", kind, box_index=i,
@@ -141,14 +117,13 @@ def recheck_boxes(bbox, label, size, n_fg_class: int,
     finite = np.isfinite(bbox).all(axis=1)
     upper = np.array([height, width, height, width], dtype=np.float32)
     clipped_bbox = np.clip(np.where(finite[:, None], bbox, 0), 0, upper)
-    moved = finite & np.any(clipped_bbox != bbox, axis=1)
     big_enough = np.all(clipped_bbox[:, 2:] - clipped_bbox[:, :2] >= min_size, axis=1)
     keep = finite & big_enough
     return RecheckedBoxes(
         bbox=clipped_bbox[keep], label=label[keep].astype(np.int32), keep=keep,
         too_small=int(np.count_nonzero(finite & ~big_enough)),
         non_finite=int(np.count_nonzero(~finite)),
-        clipped=int(np.count_nonzero(moved & keep)))
+        clipped=int(np.count_nonzero(keep & np.any(clipped_bbox != bbox, axis=1))))
 
 
 class CheckedTransform:
@@ -160,8 +135,7 @@ class CheckedTransform:
         if int(n_fg_class) < 1:
             raise ValueError(f"n_fg_class must be >= 1, got {n_fg_class}")
         if not min_size > 0:
-            raise ValueError(f"min_size must be > 0 pixels, got {min_size}: a box of zero "
-                             "height or width gives log(0) in the encoded location")
+            raise ValueError(f"min_size must be > 0 pixels, got {min_size} (log(0) otherwise)")
         # a CPU copy (as ChainerCV's): the transform runs in the data-loading workers
         self.coder = copy.copy(coder)
         self.coder.to_cpu()
@@ -185,9 +159,7 @@ class CheckedTransform:
         return old
 
     def __getstate__(self):          # picklable for MultiprocessIterator
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
+        return {name: value for name, value in self.__dict__.items() if name != "_lock"}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -219,14 +191,10 @@ class CheckedTransform:
 
 
 class TrainTransform(CheckedTransform):
-    """The course's SSD augmentation, re-checked, ``(img, bbox, label) -> (img, mb_loc,
-    mb_label)``: written in notebook 03, section 1.
-
-    ``coder``, ``size``, ``mean``: the model's (:meth:`for_model`); ``mean`` also fills the
-    expansion canvas. ``max_expand_ratio``: 4 in SSD. Output: img float32 (3, size, size) minus
-    the mean, ``mb_loc`` float32 (K, 4), ``mb_label`` int32 (K,) (K = 8732 for SSD300). With
-    ``MultiprocessIterator`` each worker counts :attr:`stats` in its own copy.
-    """
+    """The course's SSD augmentation, re-checked (notebook 03, section 1): ``(img, bbox, label)
+    -> (img - mean, mb_loc, mb_label)``, float32 (3, size, size), float32 (K, 4), int32 (K,).
+    ``coder``, ``size``, ``mean``: the model's (:meth:`for_model`). With ``MultiprocessIterator``
+    each worker counts :attr:`stats` in its own copy."""
 
     def __init__(self, coder, size: int, mean, n_fg_class: int = 3,
                  min_size: float = DEFAULT_MIN_SIZE, expand_probability: float = 0.5,

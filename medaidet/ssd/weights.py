@@ -1,17 +1,7 @@
-"""Weights (notebooks 02, 03, 06): where a model's starting weights come from, and weight files
-saved, read as untrusted data, checked and loaded.
-
-**Sources** (:data:`SOURCES`): ChainerCV's server (VOC SSDs, ImageNet VGG-16; no published
-checksums, so checked by names, shapes and finite values) and timm's VGG-16 safetensors (pinned
-by its hub's sha256, converted by :func:`convert_vgg16`; only the converted file and its
-``.sha256`` are kept). :func:`pretrained_file` takes the first source whose file is in
-:func:`cache_dir`, else the first that downloads; offline, one ``"missing"`` WeightsError
-lists every URL and where to place a file by hand.
-
-**Untrusted files**: :func:`read_arrays` never unpickles (``allow_pickle=False``), checks every
-declared size before memory is taken and names a file of another kind; :func:`load_weights`
-checks the ``.sha256`` sidecar, every name and shape and finite values before copying.
-Parameter names are ``save_npz``'s keys, e.g. ``extractor/conv1_1/W``, ``multibox/conf/0/W``.
+"""Weights (notebooks 02, 03, 06): starting weights from ChainerCV's server or timm's VGG-16
+(:data:`SOURCES`, cached in :func:`cache_dir`; timm's pinned by sha256 and converted), and weight
+files saved, read as untrusted data (never unpickled, sizes checked before memory is taken,
+``.sha256`` sidecars), checked and loaded. Names are ``save_npz``'s, e.g. ``multibox/conf/0/W``.
 """
 from __future__ import annotations
 
@@ -57,8 +47,6 @@ SHIPPED_WEIGHTS = {(model, labels): Path(__file__).parent / "weights" / f"{model
                    for model, labels in (("ssd_small", "bccd"), ("ssd_small", "txl-pbc"))}
 
 
-# --------------------------------------------------------------------------- sources
-
 @dataclass(frozen=True)
 class Source:
     """One publisher's file. ``layout``: ``'ssd'`` (ChainerCV's whole SSD), ``'vgg16'``
@@ -89,6 +77,7 @@ SOURCES = {("ssd300", "voc0712"): (_chainercv(SSD300, "voc0712", "ssd"),),
            ("ssd512", "voc0712"): (_chainercv(SSD512, "voc0712", "ssd"),),
            ("ssd300", "imagenet"): _IMAGENET, ("ssd512", "imagenet"): _IMAGENET}
 CONVERTED_NAME = "ssd_vgg16_imagenet_from_timm.npz"
+_DAMAGED_CACHE = "the cached file is damaged; delete it and it is downloaded again"
 
 
 def cache_dir() -> Path:
@@ -100,9 +89,9 @@ def check_pretrained(name: str, pretrained) -> None:
     """A ``"missing"`` WeightsError when ``pretrained`` names weights model ``name`` lacks."""
     if pretrained in PRETRAINED and str(name).lower() not in WITH_PRETRAINED:
         raise WeightsError(
-            f"{name} has no {pretrained!r} weights (only {', '.join(WITH_PRETRAINED)} do): "
-            f"train it from random weights (pretrained None, --pretrained none) or load a "
-            f"model-only .npz of it", "missing", path=Path(str(pretrained)))
+            f"{name} has no {pretrained!r} weights (only {', '.join(WITH_PRETRAINED)} do): train "
+            f"it from random weights (--pretrained none) or load a .npz of it", "missing",
+            path=Path(str(pretrained)))
 
 
 def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712", progress: bool = True,
@@ -113,8 +102,7 @@ def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712", progress:
     check_pretrained(name, pretrained)
     sources = SOURCES[str(name).lower(), pretrained] if sources is None else tuple(sources)
     for source in sources:
-        path = _cached(source)
-        if path is not None:
+        if (path := _cached(source)) is not None:
             return path, source, "cache"
     failures = []
     for source in sources:
@@ -127,30 +115,26 @@ def pretrained_file(name: str = "ssd300", pretrained: str = "voc0712", progress:
             failures.append(f"  {len(failures) + 1}. {source.describe()}: {source.url}\n"
                             f"     {exc}")
     folder = cache_dir()
-    places = "\n".join(f"  {folder / s.file_name}" for s in sources)
     raise WeightsError(
-        f"the {pretrained!r} weights for {name} are not in the cache and no source could give "
-        f"them:\n" + "\n".join(failures) + "\nDownload one of these files where there is "
-        f"network access and place it at its path (it is checked on first use):\n{places}\n"
-        f"(ChainerCV's model cache: $CHAINER_DATASET_ROOT/pfnet/chainercv/models, default "
-        f"root ~/.chainer/dataset). Or train from random weights: pretrained None "
-        f"(--pretrained none).", "missing", path=folder, url=sources[0].url)
+        f"the {pretrained!r} weights for {name} are not in the cache and no source gave them:\n"
+        + "\n".join(failures) + "\nPlace one of these files, downloaded elsewhere (it is checked "
+        "on first use):\n" + "\n".join(f"  {folder / s.file_name}" for s in sources)
+        + "\nor train from random weights (--pretrained none).", "missing", path=folder,
+        url=sources[0].url)
 
 
 def _cached(source: Source) -> Path | None:
     path = cache_dir() / source.file_name
     if source.layout == "vgg16" and path.is_file():     # an SSD file is checked as it loads
-        _check_download(path, source, "the cached file is damaged; delete it and it is "
-                                      "downloaded again")
+        _check_download(path, source, _DAMAGED_CACHE)
     if source.layout != "timm":
         return path if path.is_file() else None
     converted = cache_dir() / CONVERTED_NAME
     if converted.is_file():
         if _sidecar_digest(converted) != sha256_file(converted):
-            raise WeightsError(
-                f"{converted} does not match its .sha256 file (changed since it was converted, "
-                f"or the .sha256 is missing): delete both; the weights are converted again",
-                "checksum", path=converted)
+            raise WeightsError(f"{converted} does not match its .sha256 file (or that is "
+                               "missing): delete both; the weights are converted again",
+                               "checksum", path=converted)
         _check_download(converted, _IMAGENET[0], "delete it and its .sha256")
         return converted
     if not path.is_file():
@@ -158,17 +142,16 @@ def _cached(source: Source) -> Path | None:
     found = sha256_file(path)                     # placed by hand: checked like a download
     if found != source.sha256:
         raise WeightsError(f"{path} is not timm's published file (sha256 {found}, published "
-                           f"{source.sha256}): delete it, or replace it with the file from "
-                           f"{source.url}", "checksum", path=path, expected=source.sha256,
-                           found=found)
+                           f"{source.sha256}): delete it or replace it with {source.url}",
+                           "checksum", path=path, expected=source.sha256, found=found)
     return _convert(path)
 
 
 def _download(source: Source, progress: bool, timeout: float) -> Path:
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    target = folder / (source.file_name if source.layout != "timm"
-                       else f".{source.file_name}.{os.getpid()}.download")
+    timm = source.layout == "timm"
+    target = folder / (f".{source.file_name}.{os.getpid()}.download" if timm else source.file_name)
     try:
         with atomic_file(target) as out:
             try:
@@ -181,9 +164,8 @@ def _download(source: Source, progress: bool, timeout: float) -> Path:
                                    "source") from None
             if source.sha256 and digest != source.sha256:
                 raise WeightsError(f"its sha256 {digest} is not the {source.sha256} its "
-                                   f"publisher lists (a changed or damaged file); it was "
-                                   f"deleted", "source")
-        if source.layout == "timm":
+                                   "publisher lists; it was deleted", "source")
+        if timm:
             return _convert(target)
         _check_download(target, source, "the server sent a damaged file")
         return target
@@ -194,7 +176,7 @@ def _download(source: Source, progress: bool, timeout: float) -> Path:
         raise WeightsError(f"the file it sent is not usable ({exc}); it was deleted",
                            "source") from None
     finally:
-        if source.layout == "timm":
+        if timm:
             target.unlink(missing_ok=True)       # only the converted file is kept
 
 
@@ -230,21 +212,17 @@ def shipped_weights(name: str = "ssd_small", labels: str = "bccd") -> Path:
     path = SHIPPED_WEIGHTS.get((name, labels))
     if path is None or not path.is_file():
         raise WeightsError(
-            f"medaidet ships trained weights for "
-            f"{', '.join(f'{n} ({l})' for n, l in SHIPPED_WEIGHTS)}; none for {name!r} on "
-            f"{labels!r} in this installation: train it (`medaidet train`) and use its "
-            f"model.npz, or reinstall medaidet", "missing", path=path)
+            f"no trained weights ship for {name!r} on {labels!r} (only for "
+            f"{', '.join(f'{n} ({l})' for n, l in SHIPPED_WEIGHTS)}): train it (`medaidet "
+            "train`) and use its model.npz, or reinstall medaidet", "missing", path=path)
     expected = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))["sha256"]
     found = sha256_file(path)
     if found != expected or _sidecar_digest(path) != found:
         raise WeightsError(f"the shipped weights {path} are not the file medaidet shipped (sha256 "
-                           f"{found}, recorded {expected}, or its .sha256 is missing): "
-                           f"reinstall medaidet", "checksum", path=path, expected=expected,
-                           found=found)
+                           f"{found}, recorded {expected}, or no .sha256): reinstall medaidet",
+                           "checksum", path=path, expected=expected, found=found)
     return path
 
-
-# --------------------------------------------------------------------------- ImageNet VGG-16
 
 #: VGG-16's 3x3 convolutions: ChainerCV's names, their indices in timm's ``features``.
 _CONVS = ("conv1_1", "conv1_2", "conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv3_3",
@@ -281,9 +259,8 @@ def read_vgg16(path) -> dict[str, np.ndarray]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise WeightsError(f"{path} is not a readable safetensors file ({exc}): use timm's "
-                           f"vgg16.tv_in1k model.safetensors, downloaded again.", "file",
-                           path=path) from None
+        raise WeightsError(f"{path} is not a readable safetensors file ({exc}): download timm's "
+                           "vgg16.tv_in1k model.safetensors again.", "file", path=path) from None
 
 
 def convert_vgg16(state: dict, mean=SSD_MEAN, path="the weights") -> dict[str, np.ndarray]:
@@ -291,11 +268,8 @@ def convert_vgg16(state: dict, mean=SSD_MEAN, path="the weights") -> dict[str, n
 
     conv1_1 … conv5_3 are copied, conv1_1 rescaled: timm sees ``(pixel / 255 - MEAN) / STD``,
     ChainerCV ``pixel - mean``, so W is divided by ``255 STD`` and b gets ``W · (mean - 255 MEAN)
-    / (255 STD)`` (exact but on the zero-padded one-pixel frame: under one grey level off).
-    conv6/conv7 are fc6/fc7 subsampled as in the SSD paper (every 4th output; fc6's kernel
-    rows/columns 0, 3, 6; fc7's every 4th input); norm4's scale starts at 20. A ``"mismatch"``
-    WeightsError names a missing or misshapen entry; NaN/inf gives ``"not_finite"``.
-    """
+    / (255 STD)``. conv6/conv7 are fc6/fc7 subsampled as in the SSD paper; norm4's scale starts
+    at 20. A ``"mismatch"`` or ``"not_finite"`` WeightsError names a bad entry."""
     path = Path(str(path))
     bn = any(k.endswith("running_mean") for k in state)
     _check_shapes(state, _TIMM_SHAPES, path, "timm's ImageNet VGG-16",
@@ -321,12 +295,9 @@ def _convert(raw: Path) -> Path:
         arrays = convert_vgg16(read_vgg16(raw), path=raw)
     except WeightsError as exc:
         raise WeightsError(f"it cannot be converted: {exc}", "source") from None
-    out = cache_dir() / CONVERTED_NAME
-    save_weights(arrays, out)
-    return out
+    save_weights(arrays, cache_dir() / CONVERTED_NAME)
+    return cache_dir() / CONVERTED_NAME
 
-
-# --------------------------------------------------------------------------- saving
 
 def materialize(model):
     """Shape every lazily shaped parameter (one forward pass of a blank image; draws from NumPy's
@@ -342,12 +313,10 @@ def save_weights(model, path, compression: bool = False, half: bool = False) -> 
     """Save a model's parameters (or ``{name: array}``) in ``save_npz``'s format and a
     ``<sha256>  <name>`` sidecar, both atomically; returns the sha256. Reproducible byte for
     byte (fixed zip dates, name order); ``half``: float32 stored as float16."""
-    if isinstance(model, dict):
-        arrays = model
-    else:
-        serializer = chainer.serializers.DictionarySerializer()
-        serializer.save(materialize(model))
-        arrays = serializer.target
+    arrays = model
+    if not isinstance(model, dict):
+        arrays = {}
+        chainer.serializers.DictionarySerializer(arrays).save(materialize(model))
     path = Path(path)
     sidecar = path.with_name(path.name + ".sha256")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -369,10 +338,7 @@ def save_weights(model, path, compression: bool = False, half: bool = False) -> 
     return digest
 
 
-# --------------------------------------------------------------------------- reading
-
-_EXPECTED = ("expected a ChainerCV/medaidet .npz (a zip of .npy arrays, as save_weights or "
-             "chainer.serializers.save_npz writes it)")
+_EXPECTED = "expected an .npz of arrays, as save_weights or chainer.serializers.save_npz write"
 _MAGIC = ((b"\x93NUMPY", "a single NumPy array (.npy)"),
           (b"\x1f\x8b", "a gzip-compressed file (a .tar.gz?)"),
           (b"\x89HDF", "an HDF5 file (save_hdf5 or Keras weights?)"),
@@ -410,9 +376,8 @@ def check_sizes(path: Path, archive: zipfile.ZipFile) -> None:
         if info.file_size > MAX_ARRAY_BYTES or total > MAX_TOTAL_BYTES:
             raise WeightsError(
                 f"{path}: {info.filename} takes its entries to {total:,} bytes, more than any "
-                f"model's weights (limits {MAX_ARRAY_BYTES:,} per array, {MAX_TOTAL_BYTES:,} "
-                f"in all); not read. {_EXPECTED}.", "too_large", path=path,
-                parameter=info.filename)
+                f"model's weights (limits {MAX_ARRAY_BYTES:,} per array, {MAX_TOTAL_BYTES:,} in "
+                f"all); not read. {_EXPECTED}.", "too_large", path=path, parameter=info.filename)
         if not info.filename.endswith(".npy"):
             continue
         with archive.open(info) as f:
@@ -425,10 +390,10 @@ def check_sizes(path: Path, archive: zipfile.ZipFile) -> None:
                 raise _damaged(path, info.filename, exc) from None
         declared = math.prod(shape) * dtype.itemsize
         if not dtype.hasobject and header + declared != info.file_size:
-            raise WeightsError(
-                f"{path}: {info.filename} declares shape {shape} ({declared:,} bytes) but "
-                f"holds {info.file_size - header:,}: damaged or made to mislead; not read.",
-                "file", path=path, parameter=info.filename)
+            raise WeightsError(f"{path}: {info.filename} declares shape {shape} ({declared:,} "
+                               f"bytes) but holds {info.file_size - header:,}: damaged or made "
+                               "to mislead; not read.", "file", path=path,
+                               parameter=info.filename)
 
 
 def read_arrays(path: Path) -> dict:
@@ -437,23 +402,21 @@ def read_arrays(path: Path) -> dict:
     path = Path(path)
     what = what_file_is(path)
     if what is not None:
-        raise WeightsError(f"{path} is {what}, not a weight file (an interrupted save or copy "
-                           f"leaves an empty one; copy it again); {_EXPECTED}.", "file",
-                           path=path)
+        raise WeightsError(f"{path} is {what}, not a weight file (an interrupted copy leaves an "
+                           f"empty one: copy it again); {_EXPECTED}.", "file", path=path)
     try:
         npz = np.load(path, allow_pickle=False)
     except (OSError, zipfile.BadZipFile, EOFError, ValueError):
-        raise WeightsError(
-            f"{path} is a truncated .npz: it starts as a zip but its end is missing "
-            f"({path.stat().st_size} bytes; an interrupted copy, download or save, or a full "
-            f"disk). Copy, download or save it again.", "file", path=path) from None
+        raise WeightsError(f"{path} is a truncated .npz ({path.stat().st_size} bytes; an "
+                           "interrupted copy or save, or a full disk): copy or save it again.",
+                           "file", path=path) from None
     with npz:
         check_sizes(path, npz.zip)
         other = [m for m in npz.zip.namelist() if not m.endswith(".npy")]
         if other or not npz.files:
             raise WeightsError(f"{path} is a zip archive but not an .npz of arrays (it holds "
-                               f"{other[0] if other else 'nothing'!r}: a PyTorch checkpoint or "
-                               f"another tool's archive?); {_EXPECTED}.", "file", path=path)
+                               f"{other[0] if other else 'nothing'!r}: a PyTorch checkpoint?); "
+                               f"{_EXPECTED}.", "file", path=path)
         arrays = {}
         for key in npz.files:
             try:
@@ -462,16 +425,16 @@ def read_arrays(path: Path) -> dict:
                 if "allow_pickle" not in str(exc) and "Object arrays" not in str(exc):
                     raise _damaged(path, key, exc) from None
                 raise WeightsError(f"{path}: {key} holds Python objects, not numbers (saved "
-                                   f"before the model's first forward pass?); save with "
-                                   f"save_weights.", "file", path=path, parameter=key) from None
+                                   "before the model's first forward pass?); save with "
+                                   "save_weights.", "file", path=path, parameter=key) from None
             except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
                 raise _damaged(path, key, exc) from None
     return arrays
 
 
 def _damaged(path: Path, key: str, exc: Exception) -> WeightsError:
-    return WeightsError(f"{path} is damaged: its entry {key} cannot be read ({exc}). Copy, "
-                        f"download or save it again.", "file", path=Path(path), parameter=key)
+    return WeightsError(f"{path} is damaged: its entry {key} cannot be read ({exc}); copy or "
+                        "save it again.", "file", path=Path(path), parameter=key)
 
 
 def _check_finite(arrays: dict, path: Path, cause: str) -> None:
@@ -482,11 +445,9 @@ def _check_finite(arrays: dict, path: Path, cause: str) -> None:
         raise WeightsError(
             f"{path}: {bad[0]} holds {int(np.isnan(array).sum())} NaN and "
             f"{int(np.isinf(array).sum())} infinite of its {array.size} values ({len(bad)} of "
-            f"{len(arrays)} arrays hold some). A model with these weights detects nothing. "
-            f"Likely cause: {cause}.", "not_finite", path=path, parameter=bad[0], count=len(bad))
+            f"{len(arrays)} arrays hold some); a model with them detects nothing. Likely cause: "
+            f"{cause}.", "not_finite", path=path, parameter=bad[0], count=len(bad))
 
-
-# --------------------------------------------------------------------------- loading
 
 @dataclass(frozen=True)
 class WeightsReport:
@@ -526,14 +487,12 @@ def load_weights(model, path, *, skip: str | None = None, backbone: bool = False
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"no weight file at {path}", "missing", path=path)
-    sidecar = path.with_name(path.name + ".sha256")
-    if sidecar.is_file():
+    if path.with_name(path.name + ".sha256").is_file():
         expected, found = _sidecar_digest(path), sha256_file(path)
         if found != expected:
-            raise WeightsError(f"{path} does not match its checksum file {sidecar.name} (sha256 "
-                               f"{found}, expected {expected}): it changed after it was saved "
-                               f"or was copied only partly; copy it again.", "checksum",
-                               path=path, expected=expected, found=found)
+            raise WeightsError(f"{path} does not match its .sha256 file (sha256 {found}, expected "
+                               f"{expected}): changed after it was saved or copied partly; copy "
+                               "it again.", "checksum", path=path, expected=expected, found=found)
     arrays = read_arrays(path)
 
     def used(key):
@@ -549,10 +508,8 @@ def load_weights(model, path, *, skip: str | None = None, backbone: bool = False
     wrong = [k for k in loaded if tuple(arrays[k].shape) != expected[k]]
     if wrong:
         raise _mismatch(model, path, arrays, expected, wrong, [], [])
-    _check_finite({k: arrays[k] for k in loaded}, path,
-                  "the cached file is damaged; delete it and it is downloaded again"
-                  if skip or backbone else "the training diverged before these were saved; use "
-                  "an earlier snapshot (or train again with a lower learning rate)")
+    _check_finite({k: arrays[k] for k in loaded}, path, _DAMAGED_CACHE if skip or backbone else
+                  "the training diverged before these were saved; use an earlier snapshot")
     chainer.serializers.NpzDeserializer({k: arrays[k] for k in loaded}, strict=False).load(model)
     return WeightsReport(
         source=str(path), loaded=loaded, origin=origin,
@@ -587,27 +544,23 @@ def _mismatch(model, path, arrays, expected, wrong, missing, extra) -> WeightsEr
 
 def _likely_cause(model, arrays) -> str:
     if any(k.startswith("updater/") for k in arrays):
-        return ("this is a trainer snapshot (keys start with 'updater/'), not model weights. "
-                "Load it with chainer.serializers.load_npz(path, model, "
-                "path='updater/model:main/model/'), then save_weights(model, ...).")
+        return ("this is a trainer snapshot (keys start with 'updater/'): load it with "
+                "chainer.serializers.load_npz(path, model, path='updater/model:main/model/'), "
+                "then save_weights(model, ...).")
     is_512 = "extractor/conv12_1/W" in arrays
     if is_512 != isinstance(model, SSD512) and "extractor/conv1_1/W" in arrays:
         name = "SSD512" if is_512 else "SSD300"
-        return (f"the file was saved from {name}; this model is {type(model).__name__}. Build "
-                f"the same model: build_ssd('{name.lower()}', ...).")
+        return f"the file was saved from {name}: build_ssd('{name.lower()}', ...)."
     loc, conf = arrays.get("multibox/loc/0/W"), arrays.get("multibox/conf/0/W")
     if loc is not None and conf is not None and loc.shape[0] % 4 == 0 and loc.shape[0]:
         n_fg = conf.shape[0] // (loc.shape[0] // 4) - 1
         if n_fg != model.n_fg_class:
-            return (f"the file was saved from a model with n_fg_class={n_fg}; build it with "
-                    f"n_fg_class={n_fg}, or start from 'voc0712'/'imagenet' weights, which do "
-                    f"not depend on the classes.")
+            return (f"the file was saved from a model with n_fg_class={n_fg}: build it so, or "
+                    "start from 'voc0712'/'imagenet' weights.")
     if not any(k.startswith(("extractor/", "multibox/")) for k in arrays):
         return "the file holds no SSD parameters; it is not an SSD weight file."
     return "the file was saved from a different architecture or a modified model."
 
-
-# --------------------------------------------------------------------------- comparing
 
 @dataclass(frozen=True)
 class WeightsComparison:
