@@ -74,17 +74,13 @@ class AccumulatingUpdater(StandardUpdater):
 
     def _check_batch_size(self, batch_size, what):
         n = self.accumulate
-        if batch_size % n == 0:
-            return
-        lower = batch_size - batch_size % n
-        divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
-        multiples = f"{lower} or {lower + n}" if lower else f"{n}"
-        raise ConfigError(
-            f"{what} is {batch_size}, which accumulate={n} does not divide: each iteration "
-            f"splits the batch into {n} equal micro-batches. Use a batch size that is a "
-            f"multiple of {n} (e.g. {multiples}) or an accumulate that divides {batch_size} "
-            f"({', '.join(map(str, divisors))}). A non-repeating iterator's last batch "
-            "can be short: drop it or use repeat=True.", "accumulation")
+        if batch_size % n:
+            divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
+            raise ConfigError(
+                f"{what} is {batch_size}, which accumulate={n} does not divide into equal "
+                f"micro-batches: use a multiple of {n} or an accumulate among "
+                f"{', '.join(map(str, divisors))} (a non-repeating iterator's short last "
+                "batch: drop it or use repeat=True)", "accumulation")
 
     def update_core(self):
         if self.accumulate == 1:

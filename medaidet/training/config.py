@@ -95,11 +95,9 @@ class TrainConfig:
     out: str = "outputs/train"
 
     def __post_init__(self):
-        # the one check of a config: it is immutable, so it stays valid (see validate)
+        # the one check of a config: it is immutable, so it stays valid
         for name, value in _normalised(dataclasses.asdict(self)).items():
             object.__setattr__(self, name, value)
-
-    # ---- construction
 
     @classmethod
     def profile(cls, name: str, **overrides) -> "TrainConfig":
@@ -162,14 +160,6 @@ class TrainConfig:
         """``fields`` (default: all) and their values, one row each."""
         names = list(fields) if fields is not None else [f.name for f in dataclasses.fields(self)]
         return Table(["setting", "value"], [[f"`{n}`", repr(getattr(self, n))] for n in names])
-
-    # ---- checks
-
-    def validate(self) -> "TrainConfig":
-        """The config with its fields normalised (a new one if any changed), or a
-        :class:`ConfigError` naming the first bad field."""
-        values = _normalised(dataclasses.asdict(self))
-        return self if values == dataclasses.asdict(self) else TrainConfig(**values)
 
 
 def _normalise_numbers(v: dict) -> None:

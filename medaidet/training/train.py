@@ -1,19 +1,9 @@
 """Training (notebooks 03 and 06): :func:`train` follows ChainerCV's
-``examples/ssd/train.py``: seed, build the recipe, run, save.
+``examples/ssd/train.py``: seed, build the :class:`Recipe` piece by piece, run, save.
 
-* Seeding (notebook 06): Python's ``random``, NumPy's global RNG and CuPy's on each GPU;
-  forked data-loading workers are reseeded from ``(seed, worker)``. Still non-deterministic:
-  which worker augments which image, and GPU kernels that sum in a varying order.
-* :class:`Recipe` (notebook 03) builds each piece in ChainerCV's order. For one ChainerMN rank
-  it takes the rank's share of images and batch; rank 0 alone logs and writes.
-* :class:`StopOnNonFinite` stops at the first nan or inf with a
-  :class:`~medaidet.errors.DivergedError` naming the iteration, before a snapshot of it.
-* ``snapshot_latest.npz`` also holds Python's and NumPy's random states, so a resumed run
-  sees the same batches as an uninterrupted one.
-
-Writes to ``config.out``: ``model.npz`` + ``.sha256``, ``snapshot_latest.npz``,
-``metrics.json``, ``loss.png``, ``map.png`` and ``config.json``. Validation: the 'evaluate'
-preset (score threshold 0.01), VOC area AP at IoU 0.5.
+Writes to ``config.out``: ``model.npz`` + ``.sha256``, ``snapshot_latest.npz`` (with Python's
+and NumPy's random states, so a resumed run sees the batches an uninterrupted one would),
+``metrics.json``, ``loss.png``, ``map.png`` and ``config.json``.
 """
 from __future__ import annotations
 
@@ -69,7 +59,7 @@ from medaidet.training.memory import (PeakMemory, format_bytes, free_memory, is_
 __all__ = ["train", "prepare_run", "initial_weights", "TrainResult", "Recipe", "Built",
            "TrainingData", "Iterators", "Extensions", "Length", "check_objects", "seed_everything",
            "ReseedingTransform", "StopOnNonFinite", "stop_on_divergence", "RandomStateExtension",
-           "SNAPSHOT_NAME", "check_snapshot_file", "check_weights_file", "load_snapshot",
+           "SNAPSHOT_NAME", "check_run_file", "load_snapshot",
            "run_metrics", "MemoryFit", "available_bytes", "plan_accumulate", "fit_batch"]
 
 
@@ -166,45 +156,34 @@ class RandomStateExtension:
                              float(serializer("numpy_cached_gaussian", None))))
 
 
-def _is_snapshot(path: Path, name: str, expected: str, kind: str, missing: str) -> bool:
-    """Whether the ``.npz`` at ``path`` has ``updater/`` entries (its zip directory only); a
-    WeightsError naming ``name`` when it is missing (kind ``missing``), not a zip or truncated."""
+def check_run_file(path, name: str = "resume", snapshot: bool = True) -> Path:
+    """``path`` if it is a trainer snapshot (``updater/`` entries) or, with ``snapshot=False``,
+    a model-only ``.npz``; else a WeightsError naming ``name`` (kind ``"snapshot"``; for
+    weights ``"missing"`` or ``"file"``). Reads only the zip directory."""
+    path, kind = Path(path), "snapshot" if snapshot else "file"
+
     def fail(problem, kind=kind):
+        expected = SNAPSHOT_EXPECTED if snapshot else WEIGHTS_EXPECTED
         return WeightsError(f"{name}: {path} {problem}; expected {expected}", kind, path=path)
 
     if not path.exists():
-        raise fail("does not exist", missing)
+        raise fail("does not exist", kind if snapshot else "missing")
     try:
         what = what_file_is(path)        # a folder, an empty file, a .npy, a text file, ...
         if what is not None:
             raise fail(f"is {what}")
         with zipfile.ZipFile(path) as archive:
-            return any(entry.startswith("updater/") for entry in archive.namelist())
+            found = any(entry.startswith("updater/") for entry in archive.namelist())
     except zipfile.BadZipFile as exc:
         raise fail(f"is truncated or corrupt ({exc})") from None
     except OSError as exc:
         raise fail(f"cannot be read ({exc.strerror or exc})") from None
-
-
-def check_snapshot_file(path, name: str = "resume") -> Path:
-    """``path`` if it looks like a trainer snapshot (``updater/`` entries), else a
-    ``"snapshot"`` WeightsError naming ``name``. Reads only the zip directory."""
-    path = Path(path)
-    if not _is_snapshot(path, name, SNAPSHOT_EXPECTED, "snapshot", "snapshot"):
-        raise WeightsError(f"{name}: {path} is not a trainer snapshot (no 'updater/' entries); "
-                           f"expected {SNAPSHOT_EXPECTED}; to start from model weights use "
-                           "pretrained=PATH (--pretrained PATH) instead", "snapshot")
-    return path
-
-
-def check_weights_file(path, name: str = "pretrained") -> Path:
-    """``path`` if it looks like a model-only ``.npz``, else a ``"missing"`` or ``"file"``
-    WeightsError naming ``name``. Reads only the zip directory."""
-    path = Path(path)
-    if _is_snapshot(path, name, WEIGHTS_EXPECTED, "file", "missing"):
-        raise WeightsError(f"{name}: {path} is a trainer snapshot, not model weights; "
-                           f"expected {WEIGHTS_EXPECTED}; to continue that run use "
-                           "resume=PATH (--resume PATH)", "file")
+    if found and not snapshot:
+        raise fail("is a trainer snapshot, not model weights: to continue that run use "
+                   "resume=PATH (--resume PATH)")
+    if snapshot and not found:
+        raise fail("is not a trainer snapshot (no 'updater/' entries): to start from model "
+                   "weights use pretrained=PATH (--pretrained PATH)")
     return path
 
 
@@ -252,8 +231,6 @@ class StopOnNonFinite:
     call_for_each_param = False
 
     def __init__(self, timing: str = "pre", loss_key: str = "main/loss"):
-        if timing not in ("pre", "post"):
-            raise ValueError(f"timing must be 'pre' or 'post', got {timing!r}")
         self.timing = timing
         self.name = f"StopOnNonFinite_{timing}"
         self.loss_key = loss_key
@@ -323,14 +300,13 @@ def _first(dataset, n):
     return dataset if n is None or n >= len(dataset) else dataset.slice[:n]
 
 
-def _n_boxes(dataset) -> int:
-    """Boxes in ``dataset``, read from the annotations (no image is decoded)."""
+def _n_boxes(dataset) -> int:       # read from the annotations: no image is decoded
     return sum(len(label) for label in dataset.slice[:, "label"])
 
 
 def check_objects(dataset, images, config: TrainConfig):
-    """Raise :class:`ConfigError` when ``images`` (the first ``subset`` of the training split
-    ``dataset``) hold no box the loader keeps."""
+    """A ConfigError when ``images`` (the first ``subset`` of the training split ``dataset``)
+    hold no box the loader keeps."""
     if _n_boxes(images):
         return
     split, root = config.train_split, dataset.root
@@ -767,14 +743,13 @@ def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
     """Check before anything is built: OpenCV when augmenting, the dataset root, the output
     folder (made now, not inside its inputs), the ``resume`` and ``pretrained`` files; returns
     ``(out, root)``, resolved. Raises ConfigError, WeightsError or a "not_found" DataError."""
-    if config.augment:
-        try:
+    try:
+        if config.augment:
             import cv2  # noqa: F401  (ChainerCV's augmentation imports it in each step)
-        except ImportError as exc:
-            raise ConfigError(f"augment: OpenCV does not import ({exc}), and ChainerCV's "
-                              "augmentation needs it: python -m medaidet stack install "
-                              "(it picks the OpenCV that fits your NumPy), or "
-                              "augment=False") from None
+    except ImportError as exc:
+        raise ConfigError(f"augment: OpenCV does not import ({exc}), and ChainerCV's "
+                          "augmentation needs it: python -m medaidet stack install, or "
+                          "augment=False") from None
     if resume is not None and config.communicator is not None:
         raise WeightsError("resume: resuming a multi-process (ChainerMN) run is not "
                            "supported: each rank's data order and random state would have to "
@@ -785,9 +760,9 @@ def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
             or config.other_sources else (root,))
     out = prepare_output_dir(config.out, "out", inputs=read)
     if resume is not None:
-        check_snapshot_file(resume, "resume")
+        check_run_file(resume, "resume")
     if config.pretrained is not None and config.pretrained not in PRETRAINED:
-        check_weights_file(config.pretrained, "pretrained")
+        check_run_file(config.pretrained, "pretrained", snapshot=False)
     return out, root
 
 

@@ -11,7 +11,7 @@ from medaidet.errors import ConfigError
 def test_every_profile_builds_a_valid_config():
     for name in PROFILES:
         config = TrainConfig.profile(name)
-        assert config.validate() is config         # constructed means checked and normal
+        assert TrainConfig.from_dict(config.to_dict()) == config   # constructed: checked, normal
     with pytest.raises(ConfigError) as info:
         TrainConfig.profile("gpu")
     assert "'gpu'" in str(info.value)
@@ -46,11 +46,11 @@ def test_the_small_ssd_has_no_named_weights(pretrained):
         TrainConfig(model="ssd_small", pretrained=pretrained)
 
 
-def test_validate_is_pure_and_construction_normalises_once():
+def test_construction_normalises_once():
     config = TrainConfig(model="SSD_small", pretrained="None", lr="1e-3", lr_steps=[1, 2])
     assert (config.model, config.pretrained, config.lr, config.lr_steps) == \
         ("ssd_small", None, 1e-3, (1.0, 2.0))
-    assert config.validate() is config
+    assert TrainConfig.from_dict(config.to_dict()) == config
     with pytest.raises(dataclasses.FrozenInstanceError):   # immutable: it stays valid
         config.batch_size = 0
     assert config.replace(batch_size=8).batch_size == 8 and config.batch_size == 32

@@ -143,9 +143,9 @@ def test_unusable_resume_file(kind, problem, tmp_path, capsys, no_model):
 
 
 def test_a_good_looking_resume_file_passes_the_first_check(tmp_path):
-    from medaidet.training.train import check_snapshot_file
+    from medaidet.training.train import check_run_file
     path = _snapshot_like(tmp_path / "snapshot_latest.npz")
-    assert check_snapshot_file(path, "--resume") == path
+    assert check_run_file(path, "--resume") == path
 
 
 @pytest.mark.parametrize("kind, problem", [("npy", "is a single NumPy array (.npy)"),
