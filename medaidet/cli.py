@@ -26,9 +26,8 @@ from medaidet.training.config import PRECISIONS, PROFILES, TrainConfig
 
 DEBUG_FLAG = "--debug"
 # pyproject.toml's dependencies: missing, this is a source checkout that was never installed.
-OWN_DEPENDENCIES = ("numpy", "packaging", "PIL", "matplotlib", "papermill", "nbformat",
-                    "ipykernel", "tqdm", "defusedxml", "safetensors",
-                    "medaidet_tools")   # installed with medaidet, from tools/
+OWN_DEPENDENCIES = ("numpy", "packaging", "PIL", "matplotlib", "papermill", "nbformat", "ipykernel",
+                    "tqdm", "defusedxml", "safetensors", "medaidet_tools")   # tools/, installed too
 # The commands that need the chainer stack (the others run before it is installed).
 MODEL_COMMANDS = ("train", "evaluate", "count", "export")
 
@@ -68,8 +67,7 @@ def _add_doctor(commands) -> None:
 
 def _doctor(args) -> int:
     from medaidet.env.doctor import run_doctor
-    report = run_doctor(gpu_smoke=args.gpu_smoke)
-    print(report)
+    print(report := run_doctor(gpu_smoke=args.gpu_smoke))
     return 1 if report.failed else 0
 
 
@@ -78,18 +76,19 @@ def _doctor(args) -> int:
 def _add_data(commands) -> None:
     data = commands.add_parser("data", help="BCCD (and TXL-PBC): download, validate")
     data_commands = data.add_subparsers(dest="data_command", required=True)
-    p = data_commands.add_parser("download", help="fetch a dataset at its pinned commit, "
-                                 "verify every file, print the dataset root")
+    p = data_commands.add_parser(
+        "download", help="fetch a dataset at its pinned commit, verify every file, print the "
+        "dataset root")
     p.add_argument("--dataset", choices=("bccd", "txl-pbc"), default="bccd",
-                   help="bccd (default), or txl-pbc: TXL-PBC, a re-annotation of 221 BCCD "
-                   "images and of three other sources")
+                   help="bccd (default), or txl-pbc: TXL-PBC, a re-annotation of 221 BCCD images "
+                        "and of three other sources")
     p.add_argument("--root", help="dataset root to create (default: $MEDAIDET_DATA for bccd, "
                    "$MEDAIDET_TXL_PBC for txl-pbc, else the cache directory)")
     p.add_argument("--force", action="store_true", help="download again even if verified "
                    "(replaces the dataset's own files only)")
     p.set_defaults(func=_download)
-    p = data_commands.add_parser("validate", help="report every annotation defect; exit 1 "
-                                 "when any is of severity error")
+    p = data_commands.add_parser(
+        "validate", help="report every annotation defect; exit 1 when any is of severity error")
     p.add_argument("root", nargs="?",
                    help="dataset root (default: $MEDAIDET_DATA, else the cache directory)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -113,23 +112,21 @@ def _validate(args) -> int:
 
 def _add_train(commands) -> None:
     p = commands.add_parser(
-        "train",
-        help="train an SSD on BCCD (the course recipe, the small SSD on a CPU, or a smoke run)",
-        description="Train an SSD on BCCD. Settings: the profile's, then --config FILE, "
-                    "then the flags.")
+        "train", help="train an SSD on BCCD (the course recipe, the small SSD on a CPU, or a "
+        "smoke run)", description="Train an SSD on BCCD. Settings: the profile's, then --config "
+        "FILE, then the flags.")
     p.add_argument("--profile", choices=list(PROFILES), default="full",
-                   help="smoke: a few iterations on a few images from random weights; "
-                        "cpu: the small SSD from random weights, minutes on a CPU; "
-                        "cpu-long: three times as long, with SSD's colour distortion and a "
-                        "2x zoom-out; "
-                        "full: the course recipe, SSD300 (default: full)")
+                   help="smoke: a few iterations on a few images from random weights; cpu: the "
+                        "small SSD from random weights, minutes on a CPU; cpu-long: three times "
+                        "as long, with SSD's colour distortion and a 2x zoom-out; full: the "
+                        "course recipe, SSD300 (default: full)")
     p.add_argument("--config", metavar="FILE",
                    help="JSON (or YAML, with PyYAML) file of TrainConfig options")
     p.add_argument("--device", help="auto, cpu, gpu (= GPU 0) or a GPU number "
                    "(default: the profile's, auto)")
     p.add_argument("--out", help="output directory")
-    p.add_argument("--resume", metavar="SNAPSHOT",
-                   help="continue from a trainer snapshot (snapshot_latest.npz)")
+    p.add_argument("--resume", metavar="SNAPSHOT", help="continue from a trainer snapshot "
+                   "(snapshot_latest.npz)")
     p.add_argument("--iterations", type=positive_int, help="stop after N iterations")
     p.add_argument("--epochs", type=positive_float, help="stop after N epochs")
     p.add_argument("--batch-size", type=positive_int)
@@ -142,10 +139,9 @@ def _add_train(commands) -> None:
     p.add_argument("--accumulate", type=positive_int, metavar="N",
                    help="split each batch into N micro-batches (gradient accumulation: the "
                         "memory of batch/N, the gradients of the whole batch)")
-    p.add_argument("--memory-limit", type=positive_float, metavar="GIB",
-                   help="the memory the run may hold, in GiB (default: what the GPU has free; "
-                        "on a GPU also CuPy's pool limit): the batch is split into "
-                        "micro-batches until one fits")
+    p.add_argument("--memory-limit", type=positive_float, metavar="GIB", help="the memory the "
+                   "run may hold, in GiB (default: what the GPU has free; on a GPU also CuPy's "
+                   "pool limit): the batch is split into micro-batches until one fits")
     p.add_argument("--precision", choices=PRECISIONS,
                    help="float32 (default) or tf32 (a GPU's tensor cores for float32 products)")
     p.add_argument("--communicator", metavar="NAME",
@@ -154,15 +150,15 @@ def _add_train(commands) -> None:
     p.add_argument("--no-augment", dest="augment", action="store_false", default=None,
                    help="no random augmentation (resize and encode only)")
     p.add_argument("--root", help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
-    p.add_argument("--labels", choices=LABELS,
-                   help="train on BCCD's boxes or on TXL-PBC's re-annotation of BCCD's images "
-                        "(notebook 10; $MEDAIDET_TXL_PBC, else the cache) (default: bccd)")
+    p.add_argument("--labels", choices=LABELS, help="train on BCCD's boxes or on TXL-PBC's "
+                   "re-annotation of BCCD's images (notebook 10; $MEDAIDET_TXL_PBC, else the "
+                   "cache) (default: bccd)")
     p.add_argument("--other-sources", nargs="+", choices=OTHER_SOURCES, metavar="SOURCE",
                    help="also train on TXL-PBC's train images of these laboratories "
                         f"({', '.join(OTHER_SOURCES)})")
     p.add_argument("--pretrained", help="imagenet, voc0712, none, or a model-only .npz")
-    p.add_argument("--n-processes", type=non_negative_int,
-                   help="data-loading worker processes (0: none)")
+    p.add_argument("--n-processes", type=non_negative_int, help="data-loading worker processes "
+                   "(0: none)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)
 
@@ -207,22 +203,20 @@ def _train(args) -> int:
 def _add_evaluation(commands) -> None:
     p = commands.add_parser(
         "evaluate", help="VOC AP of trained weights (score 0.01 and the course's 0.6)",
-        description="Predict a BCCD split in the 'evaluate' preset and report VOC area AP "
-                    "and VOC07 11-point AP at IoU 0.5, per class and mean, for score >= 0.01 "
-                    "and for the course's score >= 0.6. --out writes evaluation.json and "
-                    "pr_curves.png.")
+        description="Predict a BCCD split in the 'evaluate' preset and report VOC area AP and "
+        "VOC07 11-point AP at IoU 0.5, per class and mean, for score >= 0.01 and for the "
+        "course's score >= 0.6. --out writes evaluation.json and pr_curves.png.")
     add_weights_arguments(p)
     p.set_defaults(func=_evaluate)
     p = commands.add_parser(
         "count", help="count cells per image and class; compare with the annotation",
-        description="Predict a BCCD split, count detections scoring >= --score-thresh per "
-                    "image and class, and compare with the annotated counts (MAE, relative "
-                    "error, bias), plus a threshold sweep. --out writes counts.json, "
-                    "counts.png and count_sweep.png.")
+        description="Predict a BCCD split, count detections scoring >= --score-thresh per image "
+        "and class, and compare with the annotated counts (MAE, relative error, bias), plus a "
+        "threshold sweep. --out writes counts.json, counts.png and count_sweep.png.")
     add_weights_arguments(p)
     p.add_argument("--score-thresh", type=count_threshold, default=COUNT_SCORE_THRESH,
-                   help=f"count detections scoring at least this, from "
-                        f"{EVALUATE_SCORE_THRESH:g} to 1 (default: {COUNT_SCORE_THRESH})")
+                   help=f"count detections scoring at least this, from {EVALUATE_SCORE_THRESH:g} "
+                        f"to 1 (default: {COUNT_SCORE_THRESH})")
     p.set_defaults(func=_count)
 
 
@@ -231,26 +225,25 @@ def add_weights_arguments(p) -> None:
     p.add_argument("weights", metavar="WEIGHTS", help="model-only .npz from medaidet train")
     p.add_argument("--split", default="test", choices=SPLITS,
                    help="split to predict (default: test)")
-    p.add_argument("--model", choices=MODEL_NAMES,
-                   help="architecture the weights were trained with (default: read from "
-                        "the weights' parameter names)")
+    p.add_argument("--model", choices=MODEL_NAMES, help="architecture the weights were trained "
+                   "with (default: read from the weights' parameter names)")
     p.add_argument("--root", help="BCCD root (default: $MEDAIDET_DATA, else the cache)")
     p.add_argument("--out", metavar="DIR", help="write JSON and figures here")
-    p.add_argument("--subset", type=positive_int, metavar="N",
-                   help="only the first N images of the split")
-    p.add_argument("--device", default=DEFAULT_DEVICE,
-                   help="auto, cpu, gpu or a GPU number (default: auto)")
-    p.add_argument("--batch-size", type=positive_int, default=8,
-                   help="images per forward pass (default: 8)")
+    p.add_argument("--subset", type=positive_int, metavar="N", help="only the first N images of "
+                   "the split")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help="auto, cpu, gpu or a GPU number "
+                   "(default: auto)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass "
+                   "(default: 8)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def _evaluate(args) -> int:
     from medaidet.evaluation.evaluate import evaluate_weights
 
-    result = evaluate_weights(args.weights, split=args.split, model_name=args.model,
-                              root=args.root, subset=args.subset, device=args.device,
-                              out=args.out, batch_size=args.batch_size)
+    result = evaluate_weights(args.weights, split=args.split, model_name=args.model, root=args.root,
+                              subset=args.subset, device=args.device, out=args.out,
+                              batch_size=args.batch_size)
     print(result.to_json() if args.json else result)
     return 0
 
@@ -268,14 +261,11 @@ def count_threshold(text: str) -> float:
 def _count(args) -> int:
     from medaidet.evaluation.count import count_weights
 
-    result, sweep = count_weights(args.weights, split=args.split,
-                                  score_thresh=args.score_thresh, model_name=args.model,
-                                  root=args.root, subset=args.subset, device=args.device,
-                                  out=args.out, batch_size=args.batch_size)
-    if args.json:
-        print(json.dumps({**result.to_dict(), "sweep": sweep.to_dict()}, indent=2))
-    else:
-        print(f"{result}\n\n{sweep}")
+    result, sweep = count_weights(args.weights, split=args.split, score_thresh=args.score_thresh,
+                                  model_name=args.model, root=args.root, subset=args.subset,
+                                  device=args.device, out=args.out, batch_size=args.batch_size)
+    print(json.dumps({**result.to_dict(), "sweep": sweep.to_dict()}, indent=2) if args.json
+          else f"{result}\n\n{sweep}")
     return 0
 
 
@@ -293,14 +283,13 @@ def _missing_extra(exc: ModuleNotFoundError, command: str):
 def _add_deploy(commands) -> None:
     p = commands.add_parser(
         "export", help="write a trained SSD as an ONNX model (for onnxruntime, a browser, ...)",
-        description="Write the SSD trained into WEIGHTS (a model-only .npz, as `medaidet "
-                    "train` writes) as an ONNX model: input `image` (1, 3, S, S) RGB 0-255, "
-                    "outputs `locs` and `scores`; the default boxes and class names are in its "
-                    "metadata. Needs the chainer stack and `pip install 'medaidet[export]'`.")
+        description="Write the SSD trained into WEIGHTS (a model-only .npz, as `medaidet train` "
+        "writes) as an ONNX model: input `image` (1, 3, S, S) RGB 0-255, outputs `locs` and "
+        "`scores`; the default boxes and class names are in its metadata. Needs the chainer "
+        "stack and `pip install 'medaidet[export]'`.")
     p.add_argument("weights", help="the trained weights (.npz)")
-    p.add_argument("--out", required=True,
-                   help="the .onnx file to write, or a folder (an existing one, or a name "
-                        "ending in /) to write <weights name>.onnx into")
+    p.add_argument("--out", required=True, help="the .onnx file to write, or a folder (an "
+                   "existing one, or a name ending in /) to write <weights name>.onnx into")
     p.add_argument("--opset", type=int, default=11, choices=list(range(9, 12)),
                    help="ONNX opset, 9 to 11 (default: 11)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
@@ -309,10 +298,9 @@ def _add_deploy(commands) -> None:
     p = commands.add_parser(
         "count-image", help="count cells in smear images with an exported model (no chainer)",
         description="Count red cells, white cells and platelets in each IMAGE with a model "
-                    "written by `medaidet export`, with onnxruntime (no chainer: `pip install "
-                    "'medaidet[deploy]'`). A detection counts when it scores at least "
-                    "--score-thresh. --out writes <image>.json and <image>.png (the detections "
-                    "drawn) per image.")
+        "written by `medaidet export`, with onnxruntime (no chainer: `pip install "
+        "'medaidet[deploy]'`). A detection counts when it scores at least --score-thresh. --out "
+        "writes <image>.json and <image>.png (the detections drawn) per image.")
     p.add_argument("images", nargs="+", help="image files (JPEG, PNG, ...)")
     p.add_argument("--model", required=True, help="the .onnx file `medaidet export` wrote")
     p.add_argument("--score-thresh", type=count_threshold, default=COUNT_SCORE_THRESH,
@@ -329,8 +317,7 @@ def _results_folder(out, images) -> Path:
     stems = {}
     for image in images:
         stems.setdefault(Path(image).stem, []).append(image)
-    same = [paths for paths in stems.values() if len(paths) > 1]
-    if same:
+    if same := [paths for paths in stems.values() if len(paths) > 1]:
         raise ConfigError(f"{' and '.join(same[0])} would both write {Path(same[0][0]).stem}.json "
                           f"and .png into {out}: count them in separate runs with separate "
                           "--out folders, or rename one (nothing was written).", "clash", path=out)
@@ -349,12 +336,10 @@ def _export(args) -> int:
         exported = export_onnx(args.weights, out, opset=args.opset)
     except ModuleNotFoundError as exc:
         raise _missing_extra(exc, "export") from None
-    if args.json:
-        print(json.dumps({"path": str(exported.path), "model": exported.model,
-                          "insize": exported.insize, "opset": exported.opset,
-                          "default_boxes": exported.n_default_boxes}))
-    else:
-        print(f"wrote {exported}")
+    print(json.dumps({"path": str(exported.path), "model": exported.model,
+                      "insize": exported.insize, "opset": exported.opset,
+                      "default_boxes": exported.n_default_boxes}) if args.json
+          else f"wrote {exported}")
     return 0
 
 
@@ -365,31 +350,31 @@ def _count_image(args) -> int:
     except ModuleNotFoundError as exc:
         raise _missing_extra(exc, "count-image") from None
     out = _results_folder(args.out, args.images) if args.out else None
-    results = []
+    names, results = detector.label_names, []
     for path in map(Path, args.images):
         image = read_rgb(path)
-        bboxes, labels, scores = detector.predict([image])
-        kept = scores[0] >= args.score_thresh
-        bbox, label, score = bboxes[0][kept], labels[0][kept], scores[0][kept]
-        counts = {name: int((label == i).sum()) for i, name in enumerate(detector.label_names)}
-        result = {"image": str(path), "counts": counts, "score_thresh": args.score_thresh,
-                  "detections": [{"class": detector.label_names[l], "score": round(float(s), 4),
+        (bbox,), (label,), (score,) = detector.predict([image])
+        kept = score >= args.score_thresh
+        bbox, label, score = bbox[kept], label[kept], score[kept]
+        result = {"image": str(path),
+                  "counts": {name: int((label == i).sum()) for i, name in enumerate(names)},
+                  "score_thresh": args.score_thresh,
+                  "detections": [{"class": names[l], "score": round(float(s), 4),
                                   "box_yxyx": [round(float(v), 1) for v in b]}
                                  for b, l, s in zip(bbox, label, score)]}
         results.append(result)
         if out is not None:
             drawing = io.BytesIO()
-            draw_detections(image, bbox, label, detector.label_names).save(drawing, "PNG")
+            draw_detections(image, bbox, label, names).save(drawing, "PNG")
             write_files({out / f"{path.stem}.json": json.dumps(result, indent=1) + "\n",
                          out / f"{path.stem}.png": drawing.getvalue()}, inputs=args.images)
     if args.json:
         print(json.dumps(results, indent=1))      # a list, for one image as for several
-    else:
-        names = detector.label_names
-        width = max(len(r["image"]) for r in results)
-        print(f"{'image':{width}s}  " + "  ".join(f"{n:>9s}" for n in names))
-        for r in results:
-            print(f"{r['image']:{width}s}  " + "  ".join(f"{r['counts'][n]:9d}" for n in names))
+        return 0
+    width = max(len(r["image"]) for r in results)
+    print(f"{'image':{width}s}  " + "  ".join(f"{n:>9s}" for n in names))
+    for r in results:
+        print(f"{r['image']:{width}s}  " + "  ".join(f"{r['counts'][n]:9d}" for n in names))
     return 0
 
 
@@ -398,10 +383,9 @@ def _count_image(args) -> int:
 def _needs_stack(exc: ImportError, command: str):
     """What to run when a command needs chainer (or CuPy) and it does not import."""
     stack = (exc.name or "").split(".")[0] in ("chainer", "chainercv", "chainermn", "cupy")
-    if not (stack or command in MODEL_COMMANDS):
-        return None
-    return (f"`medaidet {command}` needs the chainer stack ({type(exc).__name__}: {exc}): run "
-            "`python -m medaidet stack install` first")
+    if stack or command in MODEL_COMMANDS:
+        return (f"`medaidet {command}` needs the chainer stack ({type(exc).__name__}: {exc}): "
+                "run `python -m medaidet stack install` first")
 
 
 def _one_line(exc: BaseException, args=None) -> str:
@@ -426,11 +410,9 @@ def _no_room_fix(exc: OSError, args) -> str:
         if exc.filename and not target.is_dir():
             folder = target.parent
     disk = f"the disk that holds {folder}" if folder else "the disk this command writes to"
-    fix = f"free space on {disk}"
-    if exc.errno == errno.EFBIG:
-        fix = "the file outgrew the file-size limit (`ulimit -f`) or the file system's; raise it"
-    elif exc.errno == errno.EDQUOT:
-        fix = f"free space in your quota on {disk}"
+    too_big = "the file outgrew the file-size limit (`ulimit -f`) or the file system's; raise it"
+    fix = {errno.EFBIG: too_big, errno.EDQUOT: f"free space in your quota on {disk}"}.get(
+        exc.errno, f"free space on {disk}")
     caches = [Path(p).expanduser().resolve()
               for p in (getattr(args, "cache", None), default_cache_dir()) if p]
     if target and out and target.is_relative_to(Path(out).expanduser().resolve()):

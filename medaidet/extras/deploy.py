@@ -24,9 +24,8 @@ from medaidet.evaluation.protocol import COUNT_SCORE_THRESH
 from medaidet.files import not_a_regular_file
 
 __all__ = ["boxes_from_offsets", "box_iou", "non_maximum_suppression", "decode", "resize_boxes",
-           "OnnxDetector", "METADATA_KEY", "read_rgb", "resize_image", "draw_detections",
-           "Parity", "compare_detections", "export_onnx", "ExportedModel", "OPSETS",
-           "DEFAULT_OPSET"]
+           "OnnxDetector", "METADATA_KEY", "read_rgb", "resize_image", "draw_detections", "Parity",
+           "compare_detections", "export_onnx", "ExportedModel", "OPSETS", "DEFAULT_OPSET"]
 
 
 # --------------------------------------------------------------------------- decode
@@ -51,8 +50,7 @@ def box_iou(a, b):
     top_left = np.maximum(a[..., :2], b[..., :2])
     bottom_right = np.minimum(a[..., 2:], b[..., 2:])
     overlap = np.prod(bottom_right - top_left, axis=2) * (top_left < bottom_right).all(axis=2)
-    area_a = np.prod(a[..., 2:] - a[..., :2], axis=2)
-    area_b = np.prod(b[..., 2:] - b[..., :2], axis=2)
+    area_a, area_b = (np.prod(x[..., 2:] - x[..., :2], axis=2) for x in (a, b))
     return overlap / (area_a + area_b - overlap)
 
 
@@ -84,9 +82,8 @@ def decode(locs, scores, default_boxes, variances, score_thresh, nms_thresh,
     all_boxes = boxes_from_offsets(locs, default_boxes, variances)
     out_boxes, out_labels, out_scores = [], [], []
     for label in range(scores.shape[1] - 1):
-        score = scores[:, label + 1]
-        mask = score >= score_thresh
-        boxes, score = all_boxes[mask], score[mask]
+        mask = scores[:, label + 1] >= score_thresh
+        boxes, score = all_boxes[mask], scores[mask, label + 1]
         if top_k is not None and len(score) > top_k:
             keep = _top(score, top_k)
             boxes, score = boxes[keep], score[keep]
@@ -134,11 +131,8 @@ def resize_image(image, size: int) -> np.ndarray:
     except ImportError:
         from PIL import Image
 
-        out = np.empty((image.shape[0], size, size), dtype=np.float32)
-        for channel, resized in zip(image, out):
-            resized[:] = Image.fromarray(channel, mode="F").resize((size, size),
-                                                                   resample=Image.BILINEAR)
-        return out
+        return np.stack([np.asarray(Image.fromarray(channel, mode="F").resize(
+            (size, size), resample=Image.BILINEAR), dtype=np.float32) for channel in image])
     resized = cv2.resize(image.transpose(1, 2, 0), dsize=(size, size),
                          interpolation=cv2.INTER_LINEAR)
     return resized.reshape(size, size, -1).transpose(2, 0, 1)
@@ -167,24 +161,22 @@ def _metadata(path: Path, session) -> dict:
     """The decoding metadata ``medaidet export`` wrote, checked against itself and the graph's
     shapes; a ``"file"`` WeightsError otherwise."""
     def bad(what):
-        return WeightsError(f"{path} is not a model `medaidet export` wrote, or was changed "
-                            f"since: {what}. Export it again from its weights.", "file",
-                            path=path)
+        return WeightsError(f"{path} is not a model `medaidet export` wrote, or was changed since: "
+                            f"{what}. Export it again from its weights.", "file", path=path)
 
     text = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
     if text is None:
-        raise WeightsError(f"{path} is an ONNX model, but not one `medaidet export` "
-                           "wrote: it has no default boxes to decode with", "file", path=path)
+        raise WeightsError(f"{path} is an ONNX model, but not one `medaidet export` wrote: it has "
+                           "no default boxes to decode with", "file", path=path)
     try:
         meta = json.loads(text)
     except ValueError as exc:
         raise bad(f"its {METADATA_KEY!r} metadata is not JSON ({exc})") from None
-    need = {"model": str, "insize": int, "label_names": list, "default_boxes": list,
-            "variances": list, "top_k": int, "keep_top_k": int, "presets": dict}
     if not isinstance(meta, dict):
         raise bad(f"its metadata is a {type(meta).__name__}, not an object")
-    for key, kind in need.items():      # JSON's types are exact: a bool is no int here
-        if type(meta.get(key)) is not kind:
+    for key, kind in {"model": str, "insize": int, "label_names": list, "default_boxes": list,
+                      "variances": list, "top_k": int, "keep_top_k": int, "presets": dict}.items():
+        if type(meta.get(key)) is not kind:     # JSON's types are exact: a bool is no int here
             raise bad(f"its metadata has no {key} of type {kind.__name__} ({meta.get(key)!r:.40})")
     names = meta["label_names"]
     if not names or not all(isinstance(n, str) and n for n in names):
@@ -232,8 +224,7 @@ class OnnxDetector:
             raise ConfigError(f"path: {path!r} is not a file path; expected the .onnx file "
                               "`medaidet export` wrote (a str or os.PathLike)")
         path = Path(os.fspath(path))
-        why = not_a_regular_file(path)
-        if why or not path.is_file():
+        if (why := not_a_regular_file(path)) or not path.is_file():
             raise WeightsError(f"{path} is {why}, not a model file" if why else
                                f"no model at {path}: write one with `medaidet export "
                                f"WEIGHTS --out {path}`", "file" if why else "missing", path=path)
@@ -512,25 +503,12 @@ def decoding_metadata(model) -> dict:
         "class_colors": [CLASS_COLORS[name] for name in BCCD_LABEL_NAMES],
         "default_boxes": np.asarray(coder._default_bbox, dtype=np.float64).tolist(),
         "variances": [float(v) for v in coder._variance],
-        "presets": {"evaluate": {"score_thresh": EVALUATE_SCORE_THRESH,
-                                 "nms_thresh": model.nms_thresh},
-                    "visualize": {"score_thresh": COURSE_SCORE_THRESH,
-                                  "nms_thresh": model.nms_thresh}},
+        "presets": {preset: {"score_thresh": thresh, "nms_thresh": model.nms_thresh}
+                    for preset, thresh in (("evaluate", EVALUATE_SCORE_THRESH),
+                                           ("visualize", COURSE_SCORE_THRESH))},
         "top_k": DEFAULT_TOP_K, "keep_top_k": DEFAULT_KEEP_TOP_K,
         "box_order": "y_min, x_min, y_max, x_max",
     }
-
-
-def _writable(out: Path) -> Path:
-    """``out``, once its folder exists and can be written: an ``OSError`` naming it if not."""
-    if out.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "is a folder; give the .onnx file to write",
-                                str(out))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise PermissionError(errno.EACCES, "cannot be written here (permission denied); "
-                              "choose another --out", str(out))
-    return out
 
 
 def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> ExportedModel:
@@ -546,7 +524,13 @@ def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> Ex
         raise ConfigError(
             f"opset: {opset!r}: medaidet exports ONNX opsets {OPSETS.start} to "
             f"{OPSETS.stop - 1}; use {DEFAULT_OPSET} (onnxruntime and onnxruntime-web run it)")
-    out = _writable(Path(os.fspath(out)))
+    out = Path(os.fspath(out))
+    if out.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder; give the .onnx file to write", str(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise PermissionError(errno.EACCES, "cannot be written here (permission denied); "
+                              "choose another --out", str(out))
     check_output(out, inputs=(weights,))
     model = load_model(weights, model_name=model_name, device="cpu")
     metadata = decoding_metadata(model)   # now: wrapped, the link is renamed "ssd"
@@ -557,17 +541,16 @@ def export_onnx(weights, out, opset: int = DEFAULT_OPSET, model_name=None) -> Ex
     graph = onnx_chainer.export(_pixels_in(model), x, opset_version=int(opset),
                                 input_names=["image"], output_names=["locs", "scores"])
     # the weights are constants (initializers), not inputs a caller could override
-    constants = {t.name for t in graph.graph.initializer}
-    inputs = [i for i in graph.graph.input if i.name not in constants]
-    del graph.graph.input[:]
-    graph.graph.input.extend(inputs)
+    g, constants = graph.graph, {t.name for t in graph.graph.initializer}
+    inputs = [i for i in g.input if i.name not in constants]
+    del g.input[:]
+    g.input.extend(inputs)
     # a constant output, for runtimes that cannot read the metadata (a browser)
     boxes = np.asarray(metadata["default_boxes"], dtype=np.float32)
-    graph.graph.initializer.append(onnx.numpy_helper.from_array(boxes, "default_boxes_value"))
-    graph.graph.node.append(onnx.helper.make_node("Identity", ["default_boxes_value"],
-                                                  ["default_boxes"]))
-    graph.graph.output.append(onnx.helper.make_tensor_value_info(
-        "default_boxes", onnx.TensorProto.FLOAT, list(boxes.shape)))
+    g.initializer.append(onnx.numpy_helper.from_array(boxes, "default_boxes_value"))
+    g.node.append(onnx.helper.make_node("Identity", ["default_boxes_value"], ["default_boxes"]))
+    g.output.append(onnx.helper.make_tensor_value_info("default_boxes", onnx.TensorProto.FLOAT,
+                                                       list(boxes.shape)))
     # the oldest IR that holds this opset: older runtimes (onnxruntime-web lags) read it
     graph.ir_version = onnx.helper.find_min_ir_version_for(list(graph.opset_import))
     onnx.helper.set_model_props(graph, {METADATA_KEY: json.dumps(metadata)})

@@ -47,20 +47,18 @@ def create_communicator(name: str = "naive", device="cpu"):
                                "GPUs)", "communicator")
     kind = device_kind(device)
     if name != "naive" and (kind == "cpu" or kind == "auto" and not gpu_status()[0]):
-        raise DistributedError(
-            f"communicator {name!r} exchanges gradients in GPU memory, but the ranks train "
-            f"on the CPU: use --communicator naive on CPUs, or train on GPUs (--device gpu)",
-            "communicator")
+        raise DistributedError(f"communicator {name!r} exchanges gradients in GPU memory, but the "
+                               "ranks train on the CPU: use --communicator naive on CPUs, or "
+                               "train on GPUs (--device gpu)", "communicator")
     try:
         from mpi4py import MPI  # noqa: F401  (this initialises MPI)
     except ImportError as exc:
         raise DistributedError(f"ChainerMN needs mpi4py and an MPI library; mpi4py does not "
                                f"import ({exc}): {INSTALL_MPI}", "mpi") from exc
     except RuntimeError as exc:  # mpi4py >= 4 wheels: no libmpi to load
-        first = str(exc).strip().splitlines()
-        raise DistributedError(f"mpi4py imports but finds no MPI library "
-                               f"({' / '.join(first[:2])}): install one: {INSTALL_MPI}",
-                               "mpi") from exc
+        first = " / ".join(str(exc).strip().splitlines()[:2])
+        raise DistributedError(f"mpi4py imports but finds no MPI library ({first}): install "
+                               f"one: {INSTALL_MPI}", "mpi") from exc
     import chainermn
     try:
         return chainermn.create_communicator(name)
@@ -101,10 +99,8 @@ def rank_device(comm, device="gpu"):
     """This rank's device: ``gpu``/``auto`` (with a GPU) become GPU ``comm.intra_rank``, a fixed
     GPU needs one rank per host; a ``"ranks"`` DistributedError for more ranks than GPUs."""
     spec = parse_device(device)
-    if spec == "cpu":
-        return "cpu"
-    count, _ = gpu_status()
-    if spec == "auto" and not count:
+    count = 0 if spec == "cpu" else gpu_status()[0]
+    if spec == "cpu" or spec == "auto" and not count:
         return "cpu"
     if isinstance(spec, int):
         if comm.intra_size > 1:
@@ -145,13 +141,12 @@ def _agreed_digests(comm, model, metrics_file=None, metrics=None) -> list:
     if comm.rank == 0 and metrics_file is not None:
         metrics["rank_digests"] = digests
         write_files({metrics_file: json.dumps(metrics, indent=2) + "\n"})
-    odd = [rank for rank, d in enumerate(digests) if d != digests[0]]
-    if odd:
+    if odd := [rank for rank, d in enumerate(digests) if d != digests[0]]:
         listed = ", ".join(f"rank {r}: {d[:12]}" for r, d in enumerate(digests))
         raise DistributedError(
-            f"the parameters differ across ranks after training (ranks {odd} differ from "
-            f"rank 0; sha256 {listed}): every rank must train with the optimizer from "
-            f"chainermn.create_multi_node_optimizer and take the same number of updates",
+            f"the parameters differ across ranks after training (ranks {odd} differ from rank 0; "
+            f"sha256 {listed}): every rank must train with the optimizer from "
+            "chainermn.create_multi_node_optimizer and take the same number of updates",
             "diverged", digests=digests)
     return digests
 
@@ -170,10 +165,9 @@ def train(config, resume=None, progress: bool = True, log=print):
                               f"divisible by accumulate {config.accumulate}")
         device = resolve_device(rank_device(comm, config.device))
         if comm.rank == 0:
-            images = f"{batch} image{'' if batch == 1 else 's'}"
-            log(f"train: ChainerMN, {comm.size} ranks, {images} per rank per iteration "
-                f"(batch {config.batch_size} in all), communicator {config.communicator}; "
-                "no trainer snapshot (resume is for one process)")
+            log(f"train: ChainerMN, {comm.size} ranks, {batch} image{'' if batch == 1 else 's'} "
+                f"per rank per iteration (batch {config.batch_size} in all), communicator "
+                f"{config.communicator}; no trainer snapshot (resume is for one process)")
         result = train_one(config, resume, progress, log, comm=comm, device=device)
         _agreed_digests(comm, result.model, result.out / "metrics.json", result.metrics)
     return result
@@ -309,13 +303,11 @@ def _echo_until_exit(proc, emit, deadline) -> bool:
                     emit(lines + newline)
     if pending:
         emit(pending)
-    if not ended:       # the deadline came first
-        return True
-    try:
-        proc.wait(timeout=left())
-    except subprocess.TimeoutExpired:
-        return True
-    return False
+    if ended:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=left())
+            return False
+    return True         # the deadline came first
 
 
 def launch(n: int, argv, python=sys.executable, timeout=3600, env=None, cwd=None,
@@ -326,15 +318,12 @@ def launch(n: int, argv, python=sys.executable, timeout=3600, env=None, cwd=None
     or after ``timeout`` s (every rank stopped, as on KeyboardInterrupt)."""
     cmd = mpiexec_command(n, argv, python=python, mpiexec=mpiexec)
     out = sys.stdout if stream is None else (None if stream is False else stream)
-    rank_env = launch_env(env)
-    rank_env.setdefault("PYTHONUNBUFFERED", "1")
-    rank_env.setdefault("CHAINERMN_FORCE_ABORT_ON_EXCEPTION", "1")
     # n ranks with a thread per core each would oversubscribe the cores (as torchrun does)
-    rank_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    rank_env = {"PYTHONUNBUFFERED": "1", "CHAINERMN_FORCE_ABORT_ON_EXCEPTION": "1",
+                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n)), **launch_env(env)}
     chunks = []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=rank_env, cwd=cwd,
-                            start_new_session=True)
+                            stdin=subprocess.DEVNULL, env=rank_env, cwd=cwd, start_new_session=True)
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def emit(data: bytes) -> None:
@@ -344,14 +333,12 @@ def launch(n: int, argv, python=sys.executable, timeout=3600, env=None, cwd=None
             out.write(text)
             out.flush()
 
+    timed_out = True        # stays True on an exception: the ranks are stopped then too
     try:
         timed_out = _echo_until_exit(proc, emit, deadline)
+    finally:
         if timed_out:
             _stop(proc)
-    except BaseException:
-        _stop(proc)
-        raise
-    finally:
         proc.stdout.close()
     output = "".join(chunks)
     if timed_out or proc.returncode != 0:

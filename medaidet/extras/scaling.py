@@ -1,7 +1,5 @@
-"""Scaling (notebooks 07 and 08): the batch-size finder, the largest training batch that
-fits in memory, and the ``--accumulate`` that reaches the recipe's batch with it.
-
-:func:`find_batch_size` halves the batch on out of memory (:mod:`medaidet.training.memory`);
+"""Scaling (notebooks 07 and 08): :func:`find_batch_size` halves the batch on out of memory to
+the largest that fits, and the ``--accumulate`` that reaches the recipe's batch with it;
 :func:`batch_size_on_bccd` runs it on SSD and BCCD; :func:`plot_memory` draws the report.
 """
 from __future__ import annotations
@@ -92,20 +90,17 @@ class BatchSizeReport:
             return (f"target batch {target} fits on {self.device}: use --batch-size {target} "
                     "(no accumulation needed)")
         micro, n = self.micro_batch_size, self.accumulate
-        images = "image" if micro == 1 else "images"
         return (f"target batch {target} -> use --batch-size {target} --accumulate {n} "
-                f"({n} micro-batches of {micro} {images} per update: the gradients of batch "
-                f"{target}, the activation memory of batch {micro})")
+                f"({n} micro-batches of {micro} image{'' if micro == 1 else 's'} per update: "
+                f"the gradients of batch {target}, the activation memory of batch {micro})")
 
     def table(self) -> str:
         """One row per try, in the order they ran."""
-        rows = [("batch", "result", "peak memory", "seconds", "images/s", "error")]
-        for t in self.tries:
-            rows.append((str(t.batch_size), "ok" if t.ok else "out of memory",
-                         format_bytes(t.peak_bytes),
-                         "-" if t.seconds is None else f"{t.seconds:.2f}",
-                         "-" if t.images_per_second is None else f"{t.images_per_second:.2f}",
-                         t.error or ""))
+        rows = [("batch", "result", "peak memory", "seconds", "images/s", "error")] + [
+            (str(t.batch_size), "ok" if t.ok else "out of memory", format_bytes(t.peak_bytes),
+             "-" if t.seconds is None else f"{t.seconds:.2f}",
+             "-" if t.images_per_second is None else f"{t.images_per_second:.2f}", t.error or "")
+            for t in self.tries]
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
         align = (str.rjust, str.ljust, str.rjust, str.rjust, str.rjust)   # the error: as is
         return "\n".join("  ".join([f(cell, w) for f, cell, w in zip(align, row, widths)]
@@ -151,24 +146,6 @@ def _forward_backward(train_chain, examples, device, t):
     t.device_free_bytes, t.device_total_bytes = peak.device_free_bytes, peak.device_total_bytes
 
 
-def _try_batch_size(train_chain, examples, batch_size, device) -> BatchSizeTry:
-    """Forward + backward of ``batch_size`` examples (repeated as needed); out of memory is
-    recorded in the try, other errors propagate; then the memory pools are emptied."""
-    t = BatchSizeTry(batch_size, ok=True)
-    batch = [examples[i % len(examples)] for i in range(batch_size)]
-    with chainer.using_config("train", True):
-        try:
-            _forward_backward(train_chain, batch, device, t)
-        except Exception as exc:                # noqa: BLE001 (re-raised unless OOM)
-            if not is_out_of_memory(exc):
-                raise
-            t.ok, t.error = False, first_line(exc)
-    # the try's arrays are unreachable now (its frame and traceback are gone)
-    train_chain.cleargrads()
-    free_memory(device)
-    return t
-
-
 def check_search(start, min_batch_size) -> tuple:
     """``(start, min_batch_size)``, whole, ``1 <= min_batch_size <= start``; else ConfigError."""
     start = check_number(start, "start", integer=True)
@@ -184,25 +161,25 @@ def _check_sizes(sizes) -> list:
     expected = "expected a list of batch sizes (whole numbers > 0)"
     if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
         raise ConfigError(f"sizes: {sizes!r} is not a list; {expected}")
-    sizes = list(sizes)
-    if not sizes:
+    if not (sizes := list(sizes)):
         raise ConfigError(f"sizes: [] is empty; {expected}")
-    checked = []
+    checked = set()
     for size in sizes:
         try:
-            checked.append(check_number(size, "sizes", integer=True))
+            checked.add(check_number(size, "sizes", integer=True))
         except ConfigError:
             raise ConfigError(f"sizes: {sizes!r} holds {size!r}, not a batch size; "
                               f"{expected}") from None
-    return sorted(set(checked))
+    return sorted(checked)
 
 
 def _try_sizes(train_chain, dataset, device, sizes, target_batch_size, log, until_fit):
-    """``(report, device)`` of trying ``sizes`` in order (``until_fit``: up to the first fit)."""
+    """``(report, device)`` of trying ``sizes`` in order (``until_fit``: up to the first fit):
+    forward + backward of each size's examples (repeated as needed); out of memory is recorded
+    in the try, other errors propagate; after each try the memory pools are emptied."""
     if len(dataset) == 0:
         what = "the finder" if until_fit else "measuring"
         raise ValueError(f"the dataset is empty: {what} needs at least one example")
-    log = log or (lambda line: None)
     device = train_chain.device if device is None else chainer.get_device(device)
     train_chain.to_device(device)
     device.use()
@@ -211,9 +188,23 @@ def _try_sizes(train_chain, dataset, device, sizes, target_batch_size, log, unti
     report = BatchSizeReport(str(device), PeakMemory(device).measure, target_batch_size)
     examples = [dataset[i] for i in range(min(max(sizes), len(dataset)))]
     for batch_size in sizes:
-        t = _try_batch_size(train_chain, examples, batch_size, device)
+        t = BatchSizeTry(batch_size, ok=True)
+        with chainer.using_config("train", True):
+            try:
+                _forward_backward(train_chain, [examples[i % len(examples)]
+                                                for i in range(batch_size)], device, t)
+            except Exception as exc:                # noqa: BLE001 (re-raised unless OOM)
+                if not is_out_of_memory(exc):
+                    raise
+                t.ok, t.error = False, first_line(exc)
+        # the try's arrays are unreachable now (its frame and traceback are gone)
+        train_chain.cleargrads()
+        free_memory(device)
         report.tries.append(t)
-        log(_log_line(t))
+        if log:
+            log(f"batch {t.batch_size}: fits, peak {format_bytes(t.peak_bytes)}, "
+                f"{t.seconds:.2f} s, {t.images_per_second:.2f} images/s" if t.ok else
+                f"batch {t.batch_size}: out of memory after {t.seconds:.2f} s ({t.error})")
         if t.ok and until_fit:
             break
     return report, device
@@ -246,23 +237,14 @@ def find_batch_size(train_chain, dataset, device=None, start: int = 32,
     if report.tries[-1].ok:
         return report
     where = ("free GPU memory held by other processes (nvidia-smi lists them; restart other "
-             "notebooks' kernels), use a smaller model input (SSD300 instead of SSD512), or "
-             "train on the CPU (--device cpu: slow, but the host's memory)"
-             if device.xp is not np else
-             "close other programs or use a machine with more memory, or use a smaller model "
-             "input (SSD300 instead of SSD512)")
+             "notebooks' kernels), train on the CPU (--device cpu: slow, but the host's memory)"
+             if device.xp is not np else "close other programs, use a machine with more memory")
     raise DeviceError(
         f"no batch size fits in memory on {device}: tried "
         f"{' -> '.join(str(t.batch_size) for t in report.tries)}, and even batch "
-        f"{report.tries[-1].batch_size} ran out of memory ({report.tries[-1].error}). "
-        f"Try: {where}.", "memory", report=report)
-
-
-def _log_line(t: BatchSizeTry) -> str:
-    if t.ok:
-        return (f"batch {t.batch_size}: fits, peak {format_bytes(t.peak_bytes)}, "
-                f"{t.seconds:.2f} s, {t.images_per_second:.2f} images/s")
-    return f"batch {t.batch_size}: out of memory after {t.seconds:.2f} s ({t.error})"
+        f"{report.tries[-1].batch_size} ran out of memory ({report.tries[-1].error}). Try: "
+        f"{where}, or use a smaller model input (SSD300 instead of SSD512).", "memory",
+        report=report)
 
 
 # --------------------------------------------------------------------------- on BCCD
@@ -293,13 +275,10 @@ def batch_size_on_bccd(device=DEFAULT_DEVICE, model="ssd300", start: int = 32,
     n = max(sizes) if sizes else start
     dataset = TransformDataset(images.slice[:min(n, len(images))], recipe.transform(ssd))
     chain = recipe.train_chain(ssd)
-    if sizes:
-        report = _try_sizes(chain, dataset, device, sizes, target_batch_size or sizes[-1], log,
-                            until_fit=False)[0]
-    else:
-        report = find_batch_size(chain, dataset, device=device, start=start,
-                                 min_batch_size=min_batch_size,
-                                 target_batch_size=target_batch_size, log=log)
+    report = (_try_sizes(chain, dataset, device, sizes, target_batch_size or sizes[-1], log,
+                         until_fit=False)[0] if sizes else
+              find_batch_size(chain, dataset, device, start, min_batch_size, target_batch_size,
+                              log=log))
     if out is not None:  # both or neither (a full disk)
         write_files({out / "batch_size.json": json.dumps(report.to_dict(), indent=2) + "\n",
                      out / "memory.png": png_bytes(plot_memory(report), dpi=100)})
@@ -320,8 +299,7 @@ def plot_memory(report, limit_bytes: int | None = None,
     limit = None if limit_bytes is None else limit_bytes / 2**20
     top = max([mib for _, mib in ok] + ([limit] if limit else []), default=1.0) * 1.15
     if ok:
-        ax.plot([b for b, _ in ok], [mib for _, mib in ok], label="fits (peak)",
-                **line_style(0))
+        ax.plot(*zip(*ok), label="fits (peak)", **line_style(0))
     if limit is not None:
         ax.axhline(limit, color="0.4", linestyle="--", lw=1.2,
                    label=f"{limit_label}: {limit:,.0f} MiB")
