@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures after the last step of docs/design.md's table: lower them with every step
-CEILINGS = {"lines": 11_354, "characters": 556_588, "core lines": 9_351}
+CEILINGS = {"lines": 10_663, "characters": 530_159, "core lines": 8_730}
 
 
 def _figures():
