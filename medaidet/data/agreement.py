@@ -1,11 +1,8 @@
 """How far BCCD's annotation agrees with itself: the same cells, boxed twice (notebook 05).
 
-The two photographs of a same-field pair (``report.image_pairs``) were annotated one at a
-time; :func:`count_agreement` says how far their counts agree on the part both show: as good
-as a count can look against one annotation. A box is in that part when its centre lies
-``margin`` px (full resolution) inside it in both frames: cells cut by a border would count as
-disagreement. ``labels="txl-pbc"``: the same for TXL-PBC's re-annotation.
-"""
+The two photographs of a same-field pair (``report.image_pairs``) were annotated one at a time;
+:func:`count_agreement` says how far their counts agree on the part both show (a box's centre
+``margin`` px inside it in both frames), as good as a count can look against one annotation."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +36,7 @@ class PairCounts:
 
 
 def _boxes(root, image_id, txl=None):
-    """(centres (N, 2) as x, y; labels (N,); (height, width)) of an annotation's usable
-    boxes; the size from the image's header when the annotation has none. ``txl``:
+    """(centres (N, 2) as x, y; labels (N,); (height, width)) of the usable boxes; ``txl``:
     ``(TXL-PBC's root, {BCCD id: Link})`` to read TXL-PBC's boxes instead of BCCD's."""
     if txl is None:
         ann = parse_annotation(annotation_path(root, image_id))
@@ -57,19 +53,15 @@ def _boxes(root, image_id, txl=None):
 def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES,
                 labels: str = "bccd", txl_root=None) -> list:
     """:class:`PairCounts` of each :class:`~medaidet.data.same_field.ImagePair` in ``pairs``
-    (a point ``(x, y)`` of ``b`` is ``(x + dx, y + dy)`` in ``a``); pairs with no shared part
-    after the margin are left out. ``root``, ``txl_root``: as for ``BCCDDataset``."""
+    with a shared part after the margin. ``root``, ``txl_root``, ``labels``: as BCCDDataset's."""
     if labels not in LABELS:
         raise ConfigError(f"labels: {labels!r} is not one of {', '.join(LABELS)}")
     margin = check_number(margin, "margin", "non-negative")
     pairs = _checked_rows(pairs, "pairs", ImagePair)
-    root = resolve_root(root)
-    txl = None
+    root, txl, out, n_class = resolve_root(root), None, [], len(label_names)
     if labels == "txl-pbc":
         txl = (resolve_root(txl_root, TXL_PBC), {l.bccd_id: l for l in bccd_links()})
         pairs = [p for p in pairs if p.a in txl[1] and p.b in txl[1]]
-    out = []
-    n_class = len(label_names)
     for pair in pairs:
         centres_a, labels_a, (h_a, w_a) = _boxes(root, pair.a, txl)
         centres_b, labels_b, (h_b, w_b) = _boxes(root, pair.b, txl)
@@ -92,9 +84,7 @@ def pair_counts(root, pairs, margin: float = 30, label_names=BCCD_LABEL_NAMES,
 
 def _checked_rows(rows, name: str, cls) -> list:
     rows = check_type(rows, (list, tuple), name, f"a list of {cls.__name__}")
-    for i, row in enumerate(rows):
-        check_type(row, cls, f"{name}[{i}]", cls.__name__)
-    return list(rows)
+    return [check_type(row, cls, f"{name}[{i}]", cls.__name__) for i, row in enumerate(rows)]
 
 
 def count_agreement(rows, label_names=BCCD_LABEL_NAMES, exclude=()) -> dict:
@@ -109,8 +99,7 @@ def count_agreement(rows, label_names=BCCD_LABEL_NAMES, exclude=()) -> dict:
         a = np.array([r.counts_a[l] for r in kept], dtype=float)
         b = np.array([r.counts_b[l] for r in kept], dtype=float)
         diff = np.abs(a - b).sum()
-        error = (None if not (a.sum() and b.sum())
-                 else float((diff / b.sum() + diff / a.sum()) / 2))
+        error = float((diff / b.sum() + diff / a.sum()) / 2) if a.sum() and b.sum() else None
         out[name] = {"relative_error": error, "n_pairs": len(kept),
                      "boxes_a": int(a.sum()), "boxes_b": int(b.sum()),
                      "abs_difference": int(diff)}

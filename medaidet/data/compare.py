@@ -1,10 +1,6 @@
-"""Two annotations of the same images, box by box: what each one has that the other lacks.
-
-:func:`compare_annotations` matches the boxes of every image (:func:`match_boxes`), e.g. BCCD's
-and TXL-PBC's, and sorts the unmatched by size and distance to the border: a cell only one
-annotation boxes is often a rule (a cell the border cuts), not a mistake. To compare two
-detectors, use :func:`medaidet.evaluation.evaluate.paired_bootstrap`.
-"""
+"""Two annotations of the same images (e.g. BCCD's and TXL-PBC's), box by box (notebook 10):
+:func:`compare_annotations` sorts the boxes only one has by size and distance to the border (a
+cell only one annotation boxes is often a rule, a cell the border cuts, not a mistake)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,18 +24,14 @@ BORDER_BINS = (0, 2, 30, np.inf)      # [0, 2): touches the border, a cell the b
 
 
 def _iou_thresh(value) -> float:
-    """An IoU to match at: in (0, 1]."""
-    value = check_number(value, "iou_thresh", "probability")
-    if value == 0:
-        raise ConfigError("iou_thresh: 0 is out of range; expected a number in (0, 1] (at 0 "
-                          "any two boxes of a class would be one cell)")
+    if (value := check_number(value, "iou_thresh", "probability")) == 0:
+        raise ConfigError("iou_thresh: 0 is out of range; expected a number in (0, 1]")
     return value
 
 
 def match_boxes(bbox_a, label_a, bbox_b, label_b, iou_thresh: float = 0.5):
-    """Pair boxes of the same class overlapping at least ``iou_thresh``, highest IoU first,
-    each box at most once. Boxes: ``(y_min, x_min, y_max, x_max)``. Returns
-    ``(pairs (K, 2) of indices into a and b, unmatched a indices, unmatched b indices)``."""
+    """Pair boxes ``(y_min, x_min, y_max, x_max)`` of one class overlapping >= ``iou_thresh``,
+    highest IoU first, each at most once: ``(pairs (K, 2), unmatched of a, unmatched of b)``."""
     iou_thresh = _iou_thresh(iou_thresh)
     bbox_a, label_a = checked_boxes(bbox_a, label_a, name="bbox_a")
     bbox_b, label_b = checked_boxes(bbox_b, label_b, name="bbox_b")
@@ -70,14 +62,12 @@ class Comparison:
         a, b = self.names
         table = Table(["class", f"boxes {a}", f"boxes {b}", "matched", f"only {a}", f"only {b}"])
         for name in self.label_names:
-            rows = [r for r in self.rows if r["class"] == name]
-            table.append([name] + [sum(r[k] for r in rows)
+            table.append([name] + [sum(r[k] for r in self.rows if r["class"] == name)
                                    for k in ("a", "b", "matched", "only_a", "only_b")])
         return table
 
     def by(self, what: str, bins=None) -> Table:
-        """The unmatched boxes counted by ``what`` (``'size'`` or ``'border'``) in ``bins``,
-        per class and annotation."""
+        """Unmatched boxes per class and annotation by ``what`` (``'size'``, ``'border'``)."""
         if what not in ("size", "border"):
             raise ConfigError(f"what: {what!r}; expected 'size' or 'border'")
         bins = checked_bins((SIZE_BINS if what == "size" else BORDER_BINS) if bins is None
@@ -119,12 +109,11 @@ def compare_annotations(a, b, names=("a", "b"), iou_thresh: float = 0.5) -> Comp
     for i, image_id in enumerate(a.ids):
         (bbox_a, label_a), (bbox_b, label_b), (height, width) = boxes_a[i], boxes_b[i], a.sizes[i]
         pairs, only_a, only_b = match_boxes(bbox_a, label_a, bbox_b, label_b, iou_thresh)
-        for c, name in enumerate(a.label_names):
-            rows.append({"image": image_id, "class": name,
-                         "a": int((label_a == c).sum()), "b": int((label_b == c).sum()),
-                         "matched": int((label_a[pairs[:, 0]] == c).sum()),
-                         "only_a": int((label_a[only_a] == c).sum()),
-                         "only_b": int((label_b[only_b] == c).sum())})
+        labels = {"a": label_a, "b": label_b, "matched": label_a[pairs[:, 0]],
+                  "only_a": label_a[only_a], "only_b": label_b[only_b]}
+        rows += [{"image": image_id, "class": name,
+                  **{k: int((v == c).sum()) for k, v in labels.items()}}
+                 for c, name in enumerate(a.label_names)]
         for which, bbox, label, idx in ((names[0], bbox_a, label_a, only_a),
                                         (names[1], bbox_b, label_b, only_b)):
             box = bbox[idx].reshape(-1, 4)
@@ -141,18 +130,15 @@ def draw_both(img, boxes, names, title=None) -> Figure:
     """One image twice, side by side, with each annotation's boxes; ``boxes``: ``[(bbox,
     label, unmatched indices), ...]``, one per annotation (the unmatched drawn thick)."""
     fig = Figure(figsize=(6.4 * len(boxes), 5.2))
-    axes = fig.subplots(1, len(boxes))
-    hwc = np.asarray(img).transpose(1, 2, 0).astype(np.uint8)
-    colors = list(CLASS_COLORS.values())
-    for ax, (bbox, label, only), name in zip(np.atleast_1d(axes), boxes, names):
+    hwc, colors = np.asarray(img).transpose(1, 2, 0).astype(np.uint8), list(CLASS_COLORS.values())
+    for ax, (bbox, label, only), name in zip(np.atleast_1d(fig.subplots(1, len(boxes))), boxes,
+                                             names):
         ax.imshow(hwc)
-        only = set(int(j) for j in only)
+        only = {int(j) for j in only}
         for j, (y0, x0, y1, x1) in enumerate(np.asarray(bbox)):
-            thick = j in only
-            ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False,
-                                   edgecolor=colors[int(label[j])],
-                                   linewidth=3.2 if thick else 1.0,
-                                   linestyle="-" if thick else "--"))
+            width, style = (3.2, "-") if j in only else (1.0, "--")
+            ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, linewidth=width,
+                                   linestyle=style, edgecolor=colors[int(label[j])]))
         ax.set_title(f"{name}: {len(bbox)} boxes, {len(only)} the other lacks (thick)")
         ax.axis("off")
     if title:

@@ -3,8 +3,7 @@
 Phase correlation of 40x30 thumbnails proposes each image's :data:`SAME_FIELD_CANDIDATES` best
 partners and their shift; a pair is kept when the overlapping part of the 80x60 thumbnails
 correlates at least :data:`SAME_FIELD_CORRELATION` on at least :data:`SAME_FIELD_OVERLAP` of
-the frame (on BCCD same-field pairs score >= 0.89, the best other pair < 0.7).
-"""
+the frame (on BCCD same-field pairs score >= 0.89, the best other pair < 0.7)."""
 from __future__ import annotations
 
 import math
@@ -38,13 +37,9 @@ class ImagePair(NamedTuple):
 
 
 def _tukey(n: int, alpha: float = 0.5) -> np.ndarray:
-    x = np.linspace(0.0, 1.0, n)
-    w = np.ones(n)
-    edge = alpha / 2
-    low, high = x < edge, x > 1 - edge
-    w[low] = 0.5 * (1 + np.cos(np.pi * (x[low] / edge - 1)))
-    w[high] = 0.5 * (1 + np.cos(np.pi * ((x[high] - 1) / edge + 1)))
-    return w
+    x, edge = np.linspace(0.0, 1.0, n), alpha / 2
+    d = np.minimum(x, 1 - x)                # distance to the nearer end
+    return np.where(d < edge, 0.5 * (1 + np.cos(np.pi * (d / edge - 1))), 1.0)
 
 
 def _overlap_correlation(a, b, dy, dx):
@@ -56,9 +51,7 @@ def _overlap_correlation(a, b, dy, dx):
     pb = b[max(0, -dy):h + min(0, -dy), max(0, -dx):w + min(0, -dx)]
     pa, pb = pa - pa.mean(), pb - pb.mean()
     denominator = math.sqrt(float((pa * pa).sum()) * float((pb * pb).sum()))
-    if denominator == 0:
-        return -1.0, pa.size / (h * w)
-    return float((pa * pb).sum()) / denominator, pa.size / (h * w)
+    return (float((pa * pb).sum()) / denominator if denominator else -1.0), pa.size / (h * w)
 
 
 def same_field_pairs(thumbs: np.ndarray):
@@ -74,26 +67,21 @@ def same_field_pairs(thumbs: np.ndarray):
     spectra = np.fft.rfft2((small - small.mean(axis=(1, 2), keepdims=True)) * window)
     magnitude = np.abs(spectra)
     spectra /= magnitude + 1e-3 * magnitude.max()
-    peak = np.full((n, n), -np.inf)
-    shift = np.zeros((n, n, 2), dtype=np.int64)
+    peak, shift = np.full((n, n), -np.inf), np.zeros((n, n, 2), dtype=np.int64)
     for i in range(n - 1):
         surface = np.fft.irfft2(spectra[i][None] * np.conj(spectra[i + 1:]), s=(h, w))
         flat = surface.reshape(n - i - 1, -1)
         best = flat.argmax(axis=1)
         peak[i, i + 1:] = peak[i + 1:, i] = flat[np.arange(n - i - 1), best]
-        dy, dx = np.unravel_index(best, (h, w))
-        dy = np.where(dy > h // 2, dy - h, dy)
-        dx = np.where(dx > w // 2, dx - w, dx)
-        shift[i, i + 1:, 0], shift[i, i + 1:, 1] = dy, dx      # read for i < j only
-    k = min(SAME_FIELD_CANDIDATES, n - 1)
-    partners = np.argsort(-peak, axis=1)[:, :k]
+        dy, dx = np.unravel_index(best, (h, w))        # shift[i, j] is read for i < j only
+        shift[i, i + 1:, 0], shift[i, i + 1:, 1] = (np.where(dy > h // 2, dy - h, dy),
+                                                    np.where(dx > w // 2, dx - w, dx))
+    partners = np.argsort(-peak, axis=1)[:, :min(SAME_FIELD_CANDIDATES, n - 1)]
     candidates = sorted({(min(i, int(j)), max(i, int(j))) for i in range(n) for j in partners[i]})
     for i, j in candidates:
-        base_y, base_x = 2 * shift[i, j, 0], 2 * shift[i, j, 1]
-        corr, overlap, dy, dx = max(
-            _overlap_correlation(thumbs[i], thumbs[j], base_y + ey, base_x + ex) + (
-                base_y + ey, base_x + ex)
-            for ey in (-1, 0, 1) for ex in (-1, 0, 1))
+        y, x = 2 * shift[i, j, 0], 2 * shift[i, j, 1]
+        corr, overlap, dy, dx = max(_overlap_correlation(thumbs[i], thumbs[j], y + ey, x + ex)
+                                    + (y + ey, x + ex) for ey in (-1, 0, 1) for ex in (-1, 0, 1))
         if corr >= SAME_FIELD_CORRELATION and overlap >= SAME_FIELD_OVERLAP:
             yield i, j, int(dy), int(dx), round(overlap, 3), round(corr, 3)
 

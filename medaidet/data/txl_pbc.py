@@ -1,14 +1,9 @@
-"""TXL-PBC, a second annotation of BCCD's smears: which of its images are BCCD's, and where
-the others come from.
+"""TXL-PBC (Gan & Li, arXiv:2407.13214; MIT), a second annotation of BCCD's smears (notebook 10).
 
-TXL-PBC (Gan & Li, arXiv:2407.13214; MIT) re-labelled 1,440 images of four public sources and
-named each by a UUID. Its BCCD images were found by identical decoded pixels and shipped, with
-BCCD's split (which decides: TXL-PBC trains on some of BCCD's val and test images), as
-``manifests/txl-pbc-bccd.tsv`` (:func:`medaidet.data.bccd.bccd_links`; the derivation is
-``tools/txl_links.py``). The others by size (:data:`SOURCE_BY_SIZE`): PBC's, Raabin-WBC's, and
-219 of 416x416, BCCD's images again, resized and often flipped, rotated or recoloured
-(:func:`reexported_links`): never train on them; they are not another laboratory's smears.
-"""
+Its BCCD images (identical decoded pixels) are shipped with BCCD's split, which decides, as
+``manifests/txl-pbc-bccd.tsv`` (:func:`medaidet.data.bccd.bccd_links`; ``tools/txl_links.py``).
+The others by size (:data:`SOURCE_BY_SIZE`): PBC, Raabin-WBC, and 219 of 416x416, BCCD's images
+resized and often flipped, rotated or recoloured (:func:`reexported_links`): never train on them."""
 from __future__ import annotations
 
 from collections import Counter
@@ -29,7 +24,7 @@ __all__ = ["Resemblance", "TXLPBCDataset", "OTHER_SOURCES", "reexported_links", 
            "SOURCE_BY_SIZE", "REEXPORTED_FILE", "TXL_SPLITS"]
 
 REEXPORTED_FILE = Path(__file__).parent / "manifests" / "txl-pbc-bccd-reexported.tsv"
-#: The source of a TXL-PBC image by its size, (width, height) (see the module docstring).
+#: The source of a TXL-PBC image by its size, (width, height).
 SOURCE_BY_SIZE = {(640, 480): "BCCD", (416, 416): "BCCD, re-exported",
                   (360, 363): "PBC", (366, 369): "PBC", (575, 575): "Raabin-WBC"}
 TXL_SPLITS = ("train", "val", "test")
@@ -46,15 +41,13 @@ def _txl_images(txl_root, splits=TXL_SPLITS):
     images = Path(txl_root) / "TXL_PBC" / "images"
     for txl_split in splits:
         for path in sorted((images / txl_split).glob("*.jpg")):
-            height, width = read_image_size(path)
-            yield txl_split, path, (width, height)
+            yield txl_split, path, read_image_size(path)[::-1]      # (width, height)
 
 
 def census(txl_root=None) -> Counter:
     """TXL-PBC's images counted by ``(split, source)``; an unknown size as ``'unknown WxH'``."""
-    txl_root = resolve_root(txl_root, TXL_PBC)
     return Counter((split, SOURCE_BY_SIZE.get(size, f"unknown {size[0]}x{size[1]}"))
-                   for split, _, size in _txl_images(txl_root))
+                   for split, _, size in _txl_images(resolve_root(txl_root, TXL_PBC)))
 
 
 def reexported_links(path=REEXPORTED_FILE) -> list[Resemblance]:
@@ -79,22 +72,17 @@ class TXLPBCDataset(GetterDataset):
         super().__init__()
         sources = ((sources,) if isinstance(sources, str) else
                    tuple(check_type(sources, (list, tuple), "sources", "some of OTHER_SOURCES")))
-        unknown = [s for s in sources if s not in OTHER_SOURCES]
-        if unknown or not sources:
-            raise ConfigError(
-                f"sources: {unknown or 'none'}: expected some of {', '.join(OTHER_SOURCES)} "
-                "(BCCD's images: BCCDDataset(labels='txl-pbc'))")
+        if (unknown := [s for s in sources if s not in OTHER_SOURCES]) or not sources:
+            raise ConfigError(f"sources: {unknown or 'none'}: expected some of "
+                              f"{', '.join(OTHER_SOURCES)} (BCCD's: BCCDDataset(labels='txl-pbc'))")
         if split not in TXL_SPLITS:
-            raise ConfigError(f"split: {split!r} is not one of TXL-PBC's splits "
-                              f"({', '.join(TXL_SPLITS)})")
-        self.root = resolve_root(root, TXL_PBC)
-        self.split = split
+            raise ConfigError(f"split: {split!r}; expected one of {', '.join(TXL_SPLITS)}")
+        self.root, self.split = resolve_root(root, TXL_PBC), split
         self.label_names = BCCD_LABEL_NAMES
         self.ids, self.sources, self.dropped, self.clipped = [], [], [], []
         self._paths, self._boxes = [], []
         for _, path, (width, height) in _txl_images(self.root, (split,)):
-            source = SOURCE_BY_SIZE.get((width, height))
-            if source not in sources:
+            if (source := SOURCE_BY_SIZE.get((width, height))) not in sources:
                 continue
             label_path = self.root / "TXL_PBC" / "labels" / split / f"{path.stem}.txt"
             checked = check_annotation(parse_yolo_labels(label_path, (height, width)),
@@ -110,8 +98,7 @@ class TXLPBCDataset(GetterDataset):
             self.sources.append(source)
             self._paths.append(path)
             self._boxes.append((checked.bbox, checked.label))
-        issues = self.dropped + self.clipped
-        if issues:
+        if issues := self.dropped + self.clipped:
             shown = "; ".join(f"{stem}: {detail}" for stem, detail in issues[:3])
             warn_once(f"TXL-PBC {split} ({', '.join(sources)}; {self.root}): dropped "
                       f"{len(self.dropped)} and clipped {len(self.clipped)} line(s): {shown}"
@@ -128,5 +115,4 @@ class TXLPBCDataset(GetterDataset):
         return img.transpose(2, 0, 1).astype(np.float32)
 
     def _get_annotations(self, i):
-        bbox, label = self._boxes[i]
-        return bbox.copy(), label.copy()
+        return tuple(array.copy() for array in self._boxes[i])      # (bbox, label)

@@ -1,7 +1,6 @@
-"""The trainer extensions the course adds: :class:`EveryOrEnd` (a trigger),
+"""The trainer extensions the course adds (notebook 03): :class:`EveryOrEnd` (a trigger),
 :class:`PresetEvaluator` (validation), :class:`Monitor` (progress) and :class:`Plotter` /
-:func:`write_plots` (``loss.png`` and ``map.png``, redrawn while training runs).
-"""
+:func:`write_plots` (``loss.png`` and ``map.png``, redrawn while training runs)."""
 from __future__ import annotations
 
 import math
@@ -44,8 +43,7 @@ class PresetEvaluator(DetectionVOCEvaluator):
 
     def evaluate(self):
         target = self._targets["main"]
-        old = target.score_thresh, target.nms_thresh
-        start = time.perf_counter()
+        old, start = (target.score_thresh, target.nms_thresh), time.perf_counter()
         target.use_preset("evaluate")
         try:
             return super().evaluate()
@@ -63,13 +61,9 @@ class Monitor:
     STORED_LINES = 10
 
     def __init__(self, total: int, progress: bool):
-        self.total = total
-        self.progress = progress
-        self.bar = None
+        self.total, self.progress, self.iterations_run = total, progress, 0
         self.lines_every = None          # iterations between progress lines (course run)
-        self.last_loss = None
-        self.iterations_run = 0
-        self._start = None
+        self.bar = self.last_loss = self._start = None
 
     def initialize(self, trainer):
         if not self.progress or self.bar is not None or self.lines_every is not None:
@@ -89,12 +83,10 @@ class Monitor:
 
     def __call__(self, trainer):
         self.iterations_run += 1
-        loss = trainer.observation.get("main/loss")
-        if loss is not None:
+        if (loss := trainer.observation.get("main/loss")) is not None:
             self.last_loss = float(getattr(loss, "array", loss))
         postfix = {"loss": f"{self.last_loss:.3f}"} if self.last_loss is not None else {}
-        mean_ap = trainer.observation.get("validation/main/map")
-        if mean_ap is not None:
+        if (mean_ap := trainer.observation.get("validation/main/map")) is not None:
             postfix["val mAP"] = f"{float(mean_ap):.3f}"
         if self.bar is not None:
             self.bar.set_postfix(postfix, refresh=False)
@@ -122,8 +114,7 @@ class Monitor:
 def write_plots(log, out, val_split: str = "val", lr_steps=()) -> dict:
     """``loss.png`` and ``map.png`` (on ``val_split``) vs iteration from a LogReport log, a
     dashed line at each of ``lr_steps``; returns their paths."""
-    paths = {}
-    curves = {      # name: (y label, [(log key, legend, colour)])
+    paths, curves = {}, {      # name: (y label, [(log key, legend, colour)])
         "loss": ("loss on the training batches",
                  [("main/loss", "loss (loc + conf)", "black"),      # greys: no class colour
                   ("main/loss/loc", "loc: smooth L1 of the offsets", "0.45"),
@@ -133,38 +124,31 @@ def write_plots(log, out, val_split: str = "val", lr_steps=()) -> dict:
                     (f"validation/main/ap/{c}", c, CLASS_COLORS[c]) for c in BCCD_LABEL_NAMES]),
     }
     for name, (ylabel, series) in curves.items():
-        fig = Figure(figsize=(6, 4), dpi=100)
-        FigureCanvasAgg(fig)
+        FigureCanvasAgg(fig := Figure(figsize=(6, 4), dpi=100))
         ax = fig.add_subplot(1, 1, 1)
         for i, (key, label, color) in enumerate(series):
-            points = [(entry["iteration"], float(entry[key])) for entry in log if key in entry]
-            if points:
+            if points := [(entry["iteration"], float(entry[key])) for entry in log if key in entry]:
                 ax.plot(*zip(*points), marker="o" if len(points) < 20 else None, label=label,
                         color=color, linewidth=2 if i == 0 else 1)
         if not ax.lines:
-            ax.text(0.5, 0.5, "no values yet", ha="center", va="center",
-                    transform=ax.transAxes)
+            ax.text(0.5, 0.5, "no values yet", ha="center", va="center", transform=ax.transAxes)
         else:
             last = max(entry["iteration"] for entry in log)
             for i, iteration in enumerate(s for s in lr_steps if s <= last):
                 ax.axvline(iteration, color="0.3", linestyle="--", linewidth=1,
                            label=None if i else "learning-rate step")
             ax.legend()
-        ax.set_xlabel("iteration")
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel="iteration", ylabel=ylabel)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
-        path = Path(out) / f"{name}.png"
+        paths[name] = str(path := Path(out) / f"{name}.png")
         write_files({path: png_bytes(fig)})   # redrawn while training: never half a file
-        paths[name] = str(path)
     return paths
 
 
 def _ap_text(value) -> str:
     """Three decimals, or "n/a" (ChainerCV's AP is NaN for a class without boxes)."""
-    if value is None or not math.isfinite(value):
-        return "n/a (no boxes)"
-    return f"{value:.3f}"
+    return "n/a (no boxes)" if value is None or not math.isfinite(value) else f"{value:.3f}"
 
 
 class Plotter:
@@ -174,19 +158,12 @@ class Plotter:
 
     def __init__(self, out, log_report, monitor, is_end, min_seconds=30.0,
                  val_split: str = "val", lr_steps=()):
-        self.out = out
-        self.lr_steps = list(lr_steps)
-        self.val_split = val_split
-        self.log_report = log_report
-        self.monitor = monitor
-        self.is_end = is_end
-        self.min_seconds = min_seconds
-        self._last = -math.inf
-        self._evals_shown = 0
+        self.out, self.lr_steps, self.val_split = out, list(lr_steps), val_split
+        self.log_report, self.monitor, self.is_end = log_report, monitor, is_end
+        self.min_seconds, self._last, self._evals_shown = min_seconds, -math.inf, 0
 
     def __call__(self, trainer):
-        log = self.log_report.log
-        evals = [e for e in log if "validation/main/map" in e]
+        evals = [e for e in self.log_report.log if "validation/main/map" in e]
         for entry in evals[self._evals_shown:]:
             aps = ", ".join(f"{c} {_ap_text(entry.get(f'validation/main/ap/{c}'))}"
                             for c in BCCD_LABEL_NAMES)
@@ -195,5 +172,5 @@ class Plotter:
         self._evals_shown = len(evals)
         now = time.monotonic()
         if self.is_end(trainer) or now - self._last >= self.min_seconds:
-            write_plots(log, self.out, self.val_split, self.lr_steps)
+            write_plots(self.log_report.log, self.out, self.val_split, self.lr_steps)
             self._last = now

@@ -1,7 +1,6 @@
 """The training iterator: worker processes for the augmentation where the platform allows,
 else ``SerialIterator`` (saying why). An example that fails in a worker ends the run with the
-same error as without workers, not a hang.
-"""
+same error as without workers, not a hang."""
 from __future__ import annotations
 
 import multiprocessing
@@ -39,10 +38,8 @@ def n_processes_for(config: TrainConfig) -> int:
 def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None):
     """``(iterator, n_processes)``: ``MultiprocessIterator``, or ``SerialIterator`` (0, or
     workers impossible: logged), shuffled by NumPy's global RNG. ``batch_size``: this process's."""
-    batch_size = config.batch_size if batch_size is None else batch_size
-    n = n_processes_for(config)
-    problem = multiprocessing_problem() if n > 0 else None
-    if problem:
+    batch_size, n = config.batch_size if batch_size is None else batch_size, n_processes_for(config)
+    if n > 0 and (problem := multiprocessing_problem()):
         log(f"train: using SerialIterator (no worker processes): {problem}")
     elif n > 0:
         try:
@@ -54,11 +51,9 @@ def make_train_iterator(dataset, config: TrainConfig, log=print, batch_size=None
     return chainer.iterators.SerialIterator(dataset, batch_size), 0
 
 
-# An example that raises in a worker kills MultiprocessIterator's thread and the main process
-# waits forever: workers return the error as a value, and the iterator raises it.
-
 class _FailedExample:
-    """A worker's error for an example, pickled (or described), with the worker's traceback."""
+    """A worker's error for an example, pickled (or described), with the worker's traceback:
+    raised in a worker, it would kill MultiprocessIterator's thread and hang the main process."""
 
     def __init__(self, index, exc: Exception):
         self.index = index
@@ -102,9 +97,8 @@ class WorkerErrorIterator(chainer.iterators.MultiprocessIterator):
 
     def __next__(self):
         batch = super().__next__()
-        for example in batch:
-            if isinstance(example, _FailedExample):
-                raise example.error()
+        if failed := next((e for e in batch if isinstance(e, _FailedExample)), None):
+            raise failed.error()
         return batch
 
     next = __next__

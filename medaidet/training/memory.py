@@ -1,7 +1,6 @@
 """Device memory, measured (notebook 03, section 3; notebook 07, section 4; notebook 08):
 :class:`PeakMemory` measures a block's peak, :func:`is_out_of_memory` tells an out-of-memory
-error from any other, :func:`free_memory` gives a failed try's memory back.
-"""
+error from any other, :func:`free_memory` gives a failed try's memory back."""
 from __future__ import annotations
 
 import gc
@@ -24,23 +23,19 @@ def is_out_of_memory(exc: BaseException) -> bool:
     ``OutOfMemoryError``, or a cuDNN, cuBLAS or CUDA allocation failure."""
     if isinstance(exc, MemoryError):
         return True
-    cupy = _cupy()
-    if cupy is None:
+    if (cupy := _cupy()) is None:
         return False
-    if isinstance(exc, cupy.cuda.memory.OutOfMemoryError):
-        return True
     text = str(exc)
-    return type(exc).__module__.startswith("cupy") and (
-        "ALLOC_FAILED" in text or "cudaErrorMemoryAllocation" in text
-        or "out of memory" in text.lower())
+    return isinstance(exc, cupy.cuda.memory.OutOfMemoryError) or (
+        type(exc).__module__.startswith("cupy") and ("ALLOC_FAILED" in text
+        or "cudaErrorMemoryAllocation" in text or "out of memory" in text.lower()))
 
 
 def free_memory(device) -> None:
     """Collect garbage and, on a GPU ``device``, give CuPy's cached blocks back to the driver
     (after an out-of-memory they would make the next, smaller try fail too)."""
     gc.collect()
-    cupy = _cupy()
-    if cupy is not None and chainer.get_device(device).xp is not np:
+    if (cupy := _cupy()) is not None and chainer.get_device(device).xp is not np:
         cupy.get_default_memory_pool().free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()
 
@@ -66,22 +61,18 @@ def synchronize(device) -> None:
 
 
 class PeakMemory:
-    """``with PeakMemory(device) as peak: ...``: the most memory the block held at once, above
-    what was allocated when it began (``peak.bytes``, set on leaving).
-
-    CPU: the ``tracemalloc`` peak of NumPy's and Python's allocations (not BLAS's buffers).
-    GPU: CuPy's default pool, emptied on entering, so its ``total_bytes`` on leaving is the
-    peak, fragmentation included (not the CUDA context or cuBLAS's workspace); also records
-    ``device_free_bytes`` and ``device_total_bytes``. ``measure``: the words for the report.
-    """
+    """``with PeakMemory(device) as peak: ...``: the most memory the block held at once above
+    what it began with (``peak.bytes``, set on leaving). CPU: the ``tracemalloc`` peak (not
+    BLAS's buffers). GPU: CuPy's default pool, emptied on entering, its ``total_bytes`` on
+    leaving (not the CUDA context or cuBLAS's workspace); also ``device_free_bytes`` and
+    ``device_total_bytes``. ``measure``: the words for the report."""
 
     def __init__(self, device):
         self.device = chainer.get_device(device)
         self.on_gpu = self.device.xp is not np
         self.measure = ("CuPy memory pool bytes held (pool emptied before)" if self.on_gpu
                         else "tracemalloc peak of NumPy and Python allocations")
-        self.bytes = None
-        self.device_free_bytes = self.device_total_bytes = None
+        self.bytes = self.device_free_bytes = self.device_total_bytes = None
 
     def __enter__(self):
         if self.on_gpu:
@@ -105,4 +96,3 @@ class PeakMemory:
             self.bytes = max(0, tracemalloc.get_traced_memory()[1] - self._base)
             if self._started:
                 tracemalloc.stop()
-        return False
