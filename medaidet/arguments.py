@@ -1,10 +1,6 @@
-"""Checked values for the command line and the Python API: a wrong one ends, before any work,
-in one line naming the argument, the value and what is expected.
-
-argparse ``type=`` functions (:func:`positive_int`, ...); :func:`check_number` and the
-``check*`` functions for values from Python or a config file; :func:`prepare_output_dir`: a run
-never writes into, or deletes from, what it reads.
-"""
+"""Checked values for the command line (argparse ``type=`` functions) and the Python API
+(``check*``): a wrong one ends, before any work, in one line naming the argument, the value and
+what is expected. :func:`prepare_output_dir`: a run never writes into what it reads."""
 import argparse
 import math
 import os
@@ -17,7 +13,6 @@ from medaidet.files import atomic_file
 __all__ = ["ConfigError", "check_number", "check_type", "checked_boxes", "checked_size",
            "checked_sizes", "checked_bins", "checked_path", "is_path", "positive_int",
            "non_negative_int", "positive_float", "probability", "seed", "prepare_output_dir"]
-
 
 # rule: (test, what is expected)
 _RULES = {
@@ -34,9 +29,7 @@ def check_number(value, name: str, rule: str = "positive", integer: bool = False
     test, expected = _RULES[rule]
     what = ("a whole " + expected.replace("a number", "number")) if integer else expected
     try:
-        if isinstance(value, bool):
-            raise TypeError("a bool is not a number")
-        number = float(value)
+        number = float(None if isinstance(value, bool) else value)   # a bool is not a number
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: {value!r} is not a number; expected {what}") from None
     if not math.isfinite(number) or not test(number):
@@ -47,8 +40,7 @@ def check_number(value, name: str, rule: str = "positive", integer: bool = False
 
 
 def check_type(value, types, name: str, expected: str):
-    """``value`` if it is one of ``types`` (a bool is not a number); else a
-    :class:`ConfigError` naming ``name``, the value's type and ``expected``."""
+    """``value`` if one of ``types`` (a bool is not a number); else a :class:`ConfigError`."""
     types = types if isinstance(types, tuple) else (types,)
     if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
         raise ConfigError(f"{name}: got {type(value).__name__} {_short(value)}; "
@@ -57,19 +49,16 @@ def check_type(value, types, name: str, expected: str):
 
 
 def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text := repr(value)) <= 60 else text[:57] + "..."
 
 
 def checked_boxes(bbox, label, n_class=None, name: str = "bbox"):
     """One image's boxes as ``(float (R, 4), int (R,))``, ``(y_min, x_min, y_max, x_max)``,
     one whole label in ``[0, n_class)`` per box; else a :class:`ConfigError` naming ``name``."""
     import numpy as np      # here: the command line starts (and says what is missing) without it
-
     n_class = math.inf if n_class is None else n_class
     try:
-        boxes = np.asarray(bbox, dtype=float)
-        labels = np.asarray(label, dtype=float)
+        boxes, labels = np.asarray(bbox, dtype=float), np.asarray(label, dtype=float)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: {_short(bbox)} with labels {_short(label)} are not arrays "
                           "of numbers; expected (R, 4) boxes and R labels") from None
@@ -88,7 +77,6 @@ def checked_boxes(bbox, label, n_class=None, name: str = "bbox"):
 def checked_size(size, name: str = "size") -> tuple:
     """``(height, width)`` of an image ``size``, each checked to be a positive number."""
     import numpy as np
-
     if np.shape(size) != (2,):
         raise ConfigError(f"{name}: {_short(size)} is not an image size; expected "
                           "(height, width)")
@@ -98,7 +86,6 @@ def checked_size(size, name: str = "size") -> tuple:
 def checked_sizes(sizes, n: int, name: str = "sizes") -> list:
     """One checked ``(height, width)`` per image of ``n``, from one per image or one for all."""
     import numpy as np
-
     sizes = [sizes] * n if np.ndim(sizes) == 1 else sizes
     if not isinstance(sizes, (list, tuple, np.ndarray)) or len(sizes) != n:
         raise ConfigError(f"{name}: {_short(sizes)} for {n} images; give one (H, W) per image, "
@@ -109,7 +96,6 @@ def checked_sizes(sizes, n: int, name: str = "sizes") -> list:
 def checked_bins(bins, name: str = "bins"):
     """Increasing bin edges (at least two numbers; ``inf`` allowed) as floats."""
     import numpy as np
-
     try:
         edges = np.asarray(bins, dtype=float)
     except (TypeError, ValueError):
@@ -152,22 +138,18 @@ def is_path(value) -> bool:
 
 def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
                        own_folders=()) -> Path:
-    """Create the output folder ``path`` now, before any work, and check it can be written;
-    it may be neither one of ``inputs`` (folders the run reads) nor inside one. ``marker``: a
-    file marking the folder as the command's own; a folder holding anything else without it is
-    refused (one holding only ``own_folders`` of its own work is not). Returns the resolved
-    path; raises :class:`ConfigError` naming ``name`` and the path."""
+    """The resolved output folder ``path``, created and test-written before any work; neither
+    one of ``inputs`` (folders the run reads) nor inside one. With ``marker`` (the file marking
+    the command's own folder) a folder holding more than ``own_folders`` of its own work without
+    it is refused. Raises :class:`ConfigError` naming ``name`` and the path."""
     if not is_path(path):
         raise ConfigError(f"{name}: {path!r} is not a folder path; expected a folder to "
                           "write the results in", "not_a_folder", path=path)
     out = Path(path).expanduser().resolve()
     for source in filter(None, inputs):   # None or "" (an unset variable): nothing to protect
-        source = Path(source).expanduser().resolve()
-        if out.is_relative_to(source):
-            raise ConfigError(
-                f"{name}: {path} is inside {source}, which this run reads; choose a folder "
-                "outside it (for example outputs/) so nothing of yours is overwritten",
-                "input", path=out)
+        if out.is_relative_to(source := Path(source).expanduser().resolve()):
+            raise ConfigError(f"{name}: {path} is inside {source}, which this run reads; choose "
+                              "a folder outside it (for example outputs/)", "input", path=out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{name}: {path} is a file, not a folder; give a folder path "
                           "(it is created if missing)", "not_a_folder", path=out)
@@ -179,42 +161,29 @@ def prepare_output_dir(path, name: str = "--out", inputs=(), marker=None,
         raise ConfigError(f"{name}: cannot {'write in' if out.is_dir() else 'create'} the "
                           f"folder {path} ({exc.strerror or exc}); choose a folder you can "
                           "write to", "unwritable", path=out) from None
-    if marker is not None:
-        _claim_output_dir(out, path, name, marker, own_folders)
+    if marker is None or (out / marker).is_file():
+        return out
+    # a new or empty folder (or one holding only own_folders of its own work): ours now
+    if found := sorted(p.name for p in out.iterdir()
+                       if not (p.name in own_folders and _own_work(p, marker))):
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise ConfigError(f"{name}: the folder {path} already holds files ({shown}) and is not "
+                          f"one this command made (no {marker} file); choose a new or empty "
+                          "folder, or move those files out (nothing was written)",
+                          "not_ours", path=out)
+    with atomic_file(out / marker, "w") as f:
+        f.write(f"medaidet made this folder for its results ({name}); the next run into it "
+                "rewrites them.\n")
     return out
 
 
 def _own_work(folder: Path, marker: str) -> bool:
     """Whether ``folder`` holds only the command's own work: it carries ``marker``, or it holds
     training runs, each empty or with ``medaidet train``'s ``config.json``."""
-    if not folder.is_dir() or folder.is_symlink():
-        return False
-    if (folder / marker).is_file():
-        return True
-    for run in folder.iterdir():
-        if not run.is_dir() or run.is_symlink():
-            return False
+    def own_run(run: Path) -> bool:
         config = run / "config.json"
-        if any(run.iterdir()) and not (config.is_file() and config.stat().st_size < 1 << 20
-                                      and '"model"' in config.read_text(errors="replace")):
-            return False
-    return True
-
-
-def _claim_output_dir(out: Path, path, name: str, marker: str, own_folders=()) -> None:
-    """Mark a new or empty ``out`` (or one holding only ``own_folders``) with ``marker``;
-    refuse one that holds anything else without it."""
-    if (out / marker).is_file():
-        return
-    found = sorted(p.name for p in out.iterdir()
-                   if not (p.name in own_folders and _own_work(p, marker)))
-    if found:
-        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        raise ConfigError(
-            f"{name}: the folder {path} already holds files ({shown}) and is not one this "
-            f"command made (it has no {marker} file); nothing was written or deleted there. "
-            f"Choose a new or empty folder for {name}, or move those files out of it",
-            "not_ours", path=out)
-    with atomic_file(out / marker, "w") as f:
-        f.write(f"medaidet made this folder for its results ({name}); the next run into it "
-                "rewrites them.\n")
+        return run.is_dir() and not run.is_symlink() and (not any(run.iterdir()) or (
+            config.is_file() and config.stat().st_size < 1 << 20
+            and '"model"' in config.read_text(errors="replace")))
+    return folder.is_dir() and not folder.is_symlink() and (
+        (folder / marker).is_file() or all(map(own_run, folder.iterdir())))

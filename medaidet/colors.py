@@ -1,10 +1,7 @@
-"""The course's colours: each one means one thing, in every figure.
-
-The class hues (:data:`CLASS_COLORS`) stand for a class and nothing else, also in the exported
-model and on the web page. :data:`OUTCOME_STYLES` (what became of a box) use no class hue and
-differ by line style too (colour-blind readers, grey print); anything else (:func:`line_style`,
-:func:`bar_style`) is black and greys. Standard library only: the exported model uses them too.
-"""
+"""The course's colours, each meaning one thing in every figure: the class hues
+(:data:`CLASS_COLORS`, also in the exported model and web page); :data:`OUTCOME_STYLES` (what
+became of a box) use none and differ by line style too (colour-blind readers, grey print);
+anything else (:func:`line_style`, :func:`bar_style`) is black and greys. Standard library only."""
 
 __all__ = ["CLASS_COLORS", "OUTCOME_STYLES", "OUTCOME_LABELS", "line_style", "bar_style"]
 

@@ -1,6 +1,5 @@
 """Runtime settings that make the chainer stack behave on today's platforms, applied once by
-``import medaidet`` and recorded for the doctor and notebooks. Never imports chainer.
-"""
+``import medaidet`` and recorded for the doctor and notebooks. Never imports chainer."""
 import importlib.metadata
 import importlib.util
 import os
@@ -37,48 +36,44 @@ def numpy_newer_than_supported(version) -> bool:
 def numpy_too_new_message(version) -> str:
     """What to say when the interpreter's NumPy is newer than the stack supports."""
     return (f"This Python has NumPy {version}; the chainer stack supports numpy{NUMPY_RANGE}. "
-            f"medaidet never replaces an installed NumPy by an older one (on Colab or in any "
-            f"running kernel that needs a restart, and it can break packages built for the "
-            f"newer NumPy). To use the course here, install a supported NumPy yourself: "
-            f'pip install "numpy{NUMPY_RANGE}", restart the kernel (Colab: Runtime > Restart '
-            f"session) and run the setup again.")
+            "medaidet never replaces an installed NumPy by an older one: install one yourself "
+            f'(pip install "numpy{NUMPY_RANGE}"), restart the kernel (Colab: Runtime > Restart '
+            "session) and run the setup again.")
 
 
 def installed_cupy() -> list:
     """(distribution name, version) of every installed CuPy package."""
-    found = {}
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower()
-        if name == "cupy" or name.startswith("cupy-cuda") or name.startswith("cupy-rocm"):
-            found[name] = dist.version
-    return sorted(found.items())
+    found = {(dist.metadata["Name"] or "").lower(): dist.version
+             for dist in importlib.metadata.distributions()}
+    return sorted((name, version) for name, version in found.items()
+                  if name == "cupy" or name.startswith(("cupy-cuda", "cupy-rocm")))
 
 
-def _major(version: str) -> int:
+def major_version(version) -> int:
+    """The major number of a version string (0 when it has none)."""
     try:
-        return int(version.split(".")[0])
+        return int(str(version).split(".")[0])
     except ValueError:
         return 0
 
 
 def _disable_cudnn_on_cupy14(actions: list) -> None:
     # CuPy 14 has no cuDNN: tell chainer before its import, or it warns on every convolution
-    if max((_major(v) for _, v in installed_cupy()), default=0) < 14:
+    if max((major_version(v) for _, v in installed_cupy()), default=0) < 14:
         return
     if "chainer" in sys.modules:
-        if os.environ.get("CHAINER_CUDNN") != "0":
-            warnings.warn("chainer was imported before medaidet with CuPy >= 14 (no cuDNN): "
-                          "import medaidet first, or set CHAINER_CUDNN=0 before importing "
-                          "chainer, to silence chainer's 'cuDNN is not enabled' warnings.",
-                          RuntimeWarning, stacklevel=3)
-            actions.append(Action("CHAINER_CUDNN", "not set: chainer was already imported"))
-        return
-    if "CHAINER_CUDNN" in os.environ:
-        actions.append(Action("CHAINER_CUDNN", "left as the user set it: "
-                              + os.environ["CHAINER_CUDNN"]))
-        return
-    os.environ["CHAINER_CUDNN"] = "0"
-    actions.append(Action("CHAINER_CUDNN", "set to 0: CuPy >= 14 has no cuDNN"))
+        if os.environ.get("CHAINER_CUDNN") == "0":
+            return
+        warnings.warn("chainer was imported before medaidet with CuPy >= 14 (no cuDNN): import "
+                      "medaidet first, or set CHAINER_CUDNN=0 before importing chainer, to "
+                      "silence its 'cuDNN is not enabled' warnings.", RuntimeWarning, stacklevel=3)
+        detail = "not set: chainer was already imported"
+    elif "CHAINER_CUDNN" in os.environ:
+        detail = "left as the user set it: " + os.environ["CHAINER_CUDNN"]
+    else:
+        os.environ["CHAINER_CUDNN"] = "0"
+        detail = "set to 0: CuPy >= 14 has no cuDNN"
+    actions.append(Action("CHAINER_CUDNN", detail))
 
 
 def _single_thread_opencv(actions: list) -> None:
@@ -87,12 +82,11 @@ def _single_thread_opencv(actions: list) -> None:
         return
     try:
         import cv2
+        cv2.setNumThreads(0)
+        detail = "set to 0: avoids deadlocks in forked MultiprocessIterator workers"
     except ImportError as exc:  # a broken OpenCV install: the doctor reports it
-        actions.append(Action("cv2.setNumThreads", f"skipped: cv2 does not import ({exc})"))
-        return
-    cv2.setNumThreads(0)
-    actions.append(Action("cv2.setNumThreads", "set to 0: avoids deadlocks in forked "
-                          "MultiprocessIterator workers"))
+        detail = f"skipped: cv2 does not import ({exc})"
+    actions.append(Action("cv2.setNumThreads", detail))
 
 
 def apply() -> list:
@@ -113,7 +107,6 @@ def reapply() -> list:
     ACTIONS.clear()
     _applied = False
     actions = apply()
-    medaidet = sys.modules.get("medaidet")
-    if medaidet is not None:
+    if (medaidet := sys.modules.get("medaidet")) is not None:
         medaidet.compat_actions = actions
     return actions

@@ -1,9 +1,6 @@
-"""Which device to compute on: one reading of ``--device`` for every command.
-
-A spec is ``"auto"`` (the default: GPU 0 when CUDA is usable, else the CPU), ``"cpu"``,
-``"gpu"`` (GPU 0), a GPU number (``-1``: the CPU), or chainer's ``"@numpy"`` / ``"@cupy:N"``.
-chainer is imported only inside functions: the doctor reads this module where it is broken.
-"""
+"""Which device to compute on, one reading of ``--device`` for every command: ``"auto"`` (GPU 0
+when CUDA is usable, else the CPU), ``"cpu"``, ``"gpu"`` (GPU 0), a GPU number (``-1``: the CPU)
+or chainer's ``"@numpy"``/``"@cupy:N"``. Imports chainer only inside functions (for the doctor)."""
 from medaidet.errors import DeviceError
 
 __all__ = ["DEFAULT_DEVICE", "parse_device", "device_name", "device_kind", "gpu_status",
@@ -15,22 +12,18 @@ DEFAULT_DEVICE = "auto"
 def parse_device(spec=DEFAULT_DEVICE, name: str = "--device"):
     """``"cpu"``, ``"gpu"``, ``"auto"`` or a GPU number for ``spec``; :class:`DeviceError`
     naming ``name`` (the flag, or a config field) otherwise. Touches no GPU."""
-    if isinstance(spec, bool) or spec is None:
-        raise _not_a_device(spec, name)
-    if isinstance(spec, int):
+    if isinstance(spec, int) and not isinstance(spec, bool):
         return "cpu" if spec < 0 else spec
-    text = str(spec).strip().lower()
-    if text in ("cpu", "gpu", "auto"):
-        return text
+    text = str(spec).strip().lower()     # None and bools match nothing below
+    aliases = {"@numpy": "cpu", "numpy": "cpu", "@cupy": "gpu", "cuda": "gpu"}
+    if text in ("cpu", "gpu", "auto") or text in aliases:
+        return aliases.get(text, text)
     if text.lstrip("-").isdigit():
         return parse_device(int(text), name)
     if text.startswith("@cupy:") and text[6:].isdigit():
         return int(text[6:])
-    if text in ("@numpy", "numpy"):
-        return "cpu"
-    if text in ("@cupy", "cuda"):
-        return "gpu"
-    raise _not_a_device(spec, name)
+    raise DeviceError(f"{name}: {spec!r} is not a device; expected auto, cpu, gpu or a GPU "
+                      "number", "spec", spec=spec)
 
 
 def device_name(spec) -> str:
@@ -39,23 +32,15 @@ def device_name(spec) -> str:
         device = parse_device(spec)
     except DeviceError:
         return str(spec)
-    if isinstance(device, int):
-        return f"GPU {device}"
-    return {"cpu": "the CPU", "gpu": "a GPU"}.get(device, device)
+    return (f"GPU {device}" if isinstance(device, int)
+            else {"cpu": "the CPU", "gpu": "a GPU"}.get(device, device))
 
 
 def device_kind(device) -> str:
     """``"cpu"``, ``"gpu"`` or ``"auto"`` for a chainer device or a device spec."""
-    xp = getattr(device, "xp", None)
-    if xp is not None:
+    if (xp := getattr(device, "xp", None)) is not None:
         return "cpu" if xp.__name__ == "numpy" else "gpu"
-    spec = parse_device(device)
-    return spec if spec in ("cpu", "auto") else "gpu"
-
-
-def _not_a_device(spec, name) -> DeviceError:
-    return DeviceError(f"{name}: {spec!r} is not a device; expected auto, cpu, gpu or a GPU "
-                       "number", "spec", spec=spec)
+    return spec if (spec := parse_device(device)) in ("cpu", "auto") else "gpu"
 
 
 def gpu_status():
@@ -69,8 +54,7 @@ def gpu_status():
         from medaidet.compat import installed_cupy
         if not installed_cupy():
             return 0, "CuPy is not installed"
-        why = getattr(cuda, "_resolution_error", None)
-        if why is not None:
+        if (why := getattr(cuda, "_resolution_error", None)) is not None:
             return 0, f"CuPy is not usable ({type(why).__name__}: {why})"
         return 0, "chainer finds no CUDA"
     try:
@@ -93,10 +77,9 @@ def resolve_device(spec=DEFAULT_DEVICE):
         return chainer.get_device("@cupy:0" if count else "@numpy")
     gpu = 0 if spec == "gpu" else spec
     if not count:
-        raise DeviceError(
-            f"--device {spec}: GPU {gpu} is asked for, but CUDA cannot be used here: {why}. "
-            "Install CuPy with `medaidet stack install`, check with `medaidet doctor`, or use "
-            "--device cpu.", "no_cuda", spec=spec)
+        raise DeviceError(f"--device {spec}: GPU {gpu} is asked for, but CUDA cannot be used "
+                          f"here: {why}. Install CuPy with `medaidet stack install`, check with "
+                          "`medaidet doctor`, or use --device cpu.", "no_cuda", spec=spec)
     if gpu >= count:
         raise DeviceError(f"--device {spec}: there is no GPU {gpu} (this machine has {count}); "
                           f"use --device 0..{count - 1}", "no_gpu", spec=spec)

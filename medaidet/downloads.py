@@ -12,7 +12,6 @@ from medaidet.errors import DataError
 
 __all__ = ["stream_url"]
 
-_CHUNK = 1 << 20
 #: The longest a whole download may take (``timeout`` bounds each wait, not the sum).
 DEADLINE_S = 3600.0
 
@@ -29,13 +28,11 @@ def stream_url(url: str, out, *, timeout: float, user_agent: str, desc: str,
     except urllib.error.HTTPError as exc:
         raise DataError(f"the server answered HTTP {exc.code} {exc.reason}",
                         "download", offline=False) from None
-    except urllib.error.URLError as exc:
-        raise DataError(f"{exc.reason}", "download", offline=True) from None
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        raise DataError(f"{type(exc).__name__}: {exc}", "download", offline=True) from None
+    except (OSError, http.client.HTTPException, ValueError) as exc:   # a URLError: its reason
+        raise DataError(f"{exc.reason}" if isinstance(exc, urllib.error.URLError)
+                        else f"{type(exc).__name__}: {exc}", "download", offline=True) from None
 
     from tqdm.auto import tqdm
-
     digest = hashlib.sha256()
     with response:
         length = response.headers.get("Content-Length")
@@ -52,7 +49,7 @@ def stream_url(url: str, out, *, timeout: float, user_agent: str, desc: str,
                                     "received): the server or the network is too slow",
                                     "download", offline=True)
                 try:
-                    chunk = response.read1(_CHUNK)   # what has arrived, not a full MB
+                    chunk = response.read1(1 << 20)   # what has arrived, not a full MB
                 except (OSError, http.client.HTTPException) as exc:
                     raise DataError(f"the connection broke after {received} bytes "
                                     f"({type(exc).__name__}: {exc})",

@@ -1,13 +1,11 @@
-"""Checking a learner's answer to a notebook exercise against the solution the run computed.
-
-Numbers are compared with a relative tolerance, text ignoring case and surrounding spaces,
-dicts, lists and tuples element by element (the message says which part is off). The verdict
-speaks the label's language (``"exercise 1"`` or ``"演習 1"``); class names and yes/no may be
-answered in either language (:data:`SYNONYMS`, ``True``/``False`` as yes/no).
-"""
+"""Checking a learner's answer to a notebook exercise against the solution the run computed:
+numbers within a relative tolerance, text ignoring case and spaces around it, containers element
+by element. The verdict speaks the label's language (``"exercise 1"`` or ``"演習 1"``); class
+names and yes/no may be answered in either language (:data:`SYNONYMS`)."""
 import math
 import numbers
 import re
+from dataclasses import dataclass
 
 __all__ = ["check", "compare", "Verdict"]
 
@@ -46,8 +44,7 @@ MESSAGES = {
 
 def compare(answer, solution, rtol: float = 1e-2, where: str = "",
             lang: str = "en") -> str | None:
-    """None when ``answer`` matches ``solution``, else a sentence (in ``lang``: ``"en"`` or
-    ``"ja"``) saying where it does not."""
+    """None when ``answer`` matches ``solution``, else where it does not (``lang``: en or ja)."""
     say = MESSAGES[lang]
     at = say["at"].format(where=where) if where else ""
     if isinstance(solution, dict):
@@ -55,53 +52,42 @@ def compare(answer, solution, rtol: float = 1e-2, where: str = "",
             return say["dict"].format(keys=sorted(solution), at=at, got=type(answer).__name__)
         if set(answer) != set(solution):
             return say["keys"].format(keys=sorted(solution), at=at, got=sorted(answer))
-        problems = (compare(answer[key], solution[key], rtol, f"{where}[{key!r}]", lang)
-                    for key in solution)
-        return next(filter(None, problems), None)
+        return next(filter(None, (compare(answer[key], solution[key], rtol, f"{where}[{key!r}]",
+                                          lang) for key in solution)), None)
     if isinstance(solution, (list, tuple)):
         if not isinstance(answer, (list, tuple)) or len(answer) != len(solution):
             return say["values"].format(n=len(solution), at=at, got=repr(answer))
-        problems = (compare(a, s, rtol, f"{where}[{i}]", lang)
-                    for i, (a, s) in enumerate(zip(answer, solution)))
-        return next(filter(None, problems), None)
-    if isinstance(solution, str):
-        if isinstance(answer, str) and _same_word(answer, solution):
-            return None
-        return say["wrong"].format(got=repr(answer), at=at)
+        return next(filter(None, (compare(a, s, rtol, f"{where}[{i}]", lang)
+                                  for i, (a, s) in enumerate(zip(answer, solution)))), None)
     if isinstance(solution, bool) and isinstance(answer, str):      # "はい" for True
         word = answer.strip().lower()
-        if _same_word(word, "yes") or word == "true":
-            answer = True
-        elif _same_word(word, "no") or word == "false":
-            answer = False
+        answer = (True if _same_word(word, "yes") or word == "true" else
+                  False if _same_word(word, "no") or word == "false" else answer)
     if isinstance(solution, numbers.Number) and not isinstance(solution, bool):
         if isinstance(answer, bool) or not isinstance(answer, numbers.Number):
             return say["number"].format(at=at, got=repr(answer))
-        if not math.isclose(float(answer), float(solution), rel_tol=rtol, abs_tol=1e-9):
-            return say["tolerance"].format(got=repr(answer), at=at, rtol=rtol)
-        return None
-    return None if answer == solution else say["wrong"].format(got=repr(answer), at=at)
+        return (None if math.isclose(float(answer), float(solution), rel_tol=rtol, abs_tol=1e-9)
+                else say["tolerance"].format(got=repr(answer), at=at, rtol=rtol))
+    right = (isinstance(answer, str) and _same_word(answer, solution)
+             if isinstance(solution, str) else answer == solution)
+    return None if right else say["wrong"].format(got=repr(answer), at=at)
 
 
+@dataclass(eq=False)
 class Verdict:
     """What :func:`check` returns: true when right; shown as nothing (``check`` printed it)."""
 
-    def __init__(self, right: bool):
-        self.right = bool(right)
+    right: bool
 
     def __bool__(self) -> bool:
         return self.right
-
-    def __repr__(self) -> str:
-        return f"Verdict(right={self.right})"
 
     def _ipython_display_(self) -> None:
         """IPython calls this instead of showing the repr: nothing more to show."""
 
 
 def check(answer, solution, exercise: str, rtol: float = 1e-2) -> Verdict:
-    """Print whether ``answer`` is right, in the language of the label ``exercise``; the
-    :class:`Verdict` is true if it is. ``None``: not answered yet."""
+    """Print whether ``answer`` (None: not yet given) is right, in the language of ``exercise``."""
     lang = "ja" if re.search(r"[\u3040-\u30ff\u4e00-\u9fff]", exercise) else "en"
     say = MESSAGES[lang]
     if answer is None:

@@ -1,19 +1,14 @@
 """Writing files so that a crash or a full disk never leaves half of one under its name, and
-the one rule for reading one.
-
-Untrusted-file rules: a reader refuses anything but a regular file (:func:`not_a_regular_file`);
+the untrusted-file rules: a reader refuses anything but a regular file (:func:`not_a_regular_file`);
 an output (:func:`check_output`) never replaces a folder, device, FIFO, socket or an input. A
-full disk, quota or file-size limit fails a ``write()`` with an ``OSError`` naming no file;
-raised from here it names the file being written.
-"""
-import contextlib
+full disk's ``OSError`` (which names no file) raised from here names the file being written."""
 import errno
 import hashlib
 import io
 import os
 import secrets
 import stat
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 from medaidet.errors import ConfigError
@@ -32,10 +27,9 @@ def not_a_regular_file(path) -> str | None:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return None
-    if stat.S_ISREG(mode):
-        return None
-    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe): reading it would wait "
-            "for a writer for ever" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+    return (None if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode)
+            else "a FIFO (named pipe): reading it would wait for a writer for ever"
+            if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
             else "a device: reading it might never end" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
             else "not a regular file")
 
@@ -47,19 +41,18 @@ def check_output(path, inputs=()) -> Path:
     if os.path.lexists(path) and not path.is_file():
         what = ("a folder" if path.is_dir() else "a link to nothing" if path.is_symlink()
                 else "a device, FIFO or socket, not a regular file")
-        raise ConfigError(f"{path} is {what}: writing there would replace it. Give the name "
-                          "of a file to write (nothing was written).", "not_a_file", path=path)
+        raise ConfigError(f"{path} is {what}: writing there would replace it; give a file name "
+                          "(nothing was written)", "not_a_file", path=path)
     for source in inputs:
-        with contextlib.suppress(OSError):   # one of them does not exist: not the same file
+        with suppress(OSError):   # one of them does not exist: not the same file
             if os.path.samefile(path, source):
-                raise ConfigError(f"{path} is also an input of this command ({source}): writing "
-                                  "there would replace it. Choose another output name "
-                                  "(nothing was written).", "input", path=path)
+                raise ConfigError(f"{path} is also an input of this command ({source}): choose "
+                                  "another output name (nothing was written)", "input", path=path)
     return path
 
 
 def is_full_disk(exc: BaseException) -> bool:
-    """True when ``exc`` is an ``OSError`` of a write that found no room (see above)."""
+    """True when ``exc`` is an ``OSError`` of a write that found no room."""
     return isinstance(exc, OSError) and exc.errno in FULL_DISK_ERRNOS
 
 
@@ -92,8 +85,7 @@ def atomic_file(path, mode: str = "wb", inputs=()):
 
 def png_bytes(fig, dpi=None) -> bytes:
     """A matplotlib figure as PNG bytes, for :func:`write_files`."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)   # None: matplotlib's savefig.dpi
+    fig.savefig(buffer := io.BytesIO(), format="png", dpi=dpi)   # None: matplotlib's savefig.dpi
     return buffer.getvalue()
 
 

@@ -1,10 +1,7 @@
 """Tables that render themselves: as Markdown in a notebook, as aligned text in a terminal.
-
-Cells are written as given, except real numbers that are not integers (``float_format``,
-default 3 decimals) and missing values (``None``, NaN: ``n/a``); all-number columns are
-right-aligned. A result class that derives from :class:`ShownAsTable` is shown as its
-``table()``, with a ``title`` line above and ``notes`` below.
-"""
+Cells are written as given, except non-integer reals (``float_format``) and missing values
+(``None``, NaN: ``n/a``); all-number columns are right-aligned. A result class deriving from
+:class:`ShownAsTable` is shown as its ``table()``."""
 from __future__ import annotations
 
 import math
@@ -36,8 +33,7 @@ class Table:
 
     def append(self, row) -> None:
         """Add one row (as many cells as columns)."""
-        row = list(row)
-        if len(row) != len(self.columns):
+        if len(row := list(row)) != len(self.columns):
             raise ValueError(f"Table: a row of {len(row)} cells for {len(self.columns)} "
                              f"columns ({', '.join(self.columns)})")
         self.rows.append(row)
@@ -51,8 +47,7 @@ class Table:
         return str(value)
 
     def _numeric(self) -> list:
-        return [bool(self.rows) and all(is_real(row[j]) or row[j] is None
-                                        for row in self.rows)
+        return [bool(self.rows) and all(is_real(row[j]) or row[j] is None for row in self.rows)
                 for j in range(len(self.columns))]
 
     def _framed(self, table: str) -> str:
@@ -61,13 +56,12 @@ class Table:
     def to_markdown(self) -> str:
         def line(cells):
             return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
-        numeric = self._numeric()
-        lines = [line(self.columns), "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+        lines = [line(self.columns),
+                 "|" + "|".join("---:" if n else "---" for n in self._numeric()) + "|"]
         lines += [line([self.cell(v) for v in row]) for row in self.rows]
         return self._framed("\n".join(lines))
 
-    def _repr_markdown_(self) -> str:
-        return self.to_markdown()
+    _repr_markdown_ = to_markdown   # what Jupyter shows
 
     def __str__(self) -> str:
         texts = [self.columns] + [[self.cell(v) for v in row] for row in self.rows]

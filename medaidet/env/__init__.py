@@ -2,7 +2,6 @@
 runs in (:func:`course_profile`)."""
 from medaidet.device import gpu_status
 
-
 # Profiles (smoke: CI's check of the mechanics; cpu: the small SSD of notebook 03 without a GPU;
 # full: the recipe on a GPU) and a cell's time limit in each (s). This module imports no chainer.
 CELL_TIMEOUT = {"smoke": 600, "cpu": 3600, "full": 7200}
@@ -20,9 +19,8 @@ def resolve_profile(profile: str = "auto"):
         raise ValueError(f"unknown profile {profile!r}: use 'auto', "
                          f"{', '.join(repr(p) for p in COURSE_PROFILES)}")
     count, why = gpu_status()
-    if not count:
-        return "cpu", f"auto: no usable GPU ({why}), running on the CPU"
-    return "full", f"auto: {count} GPU(s) usable"
+    return (("full", f"auto: {count} GPU(s) usable") if count
+            else ("cpu", f"auto: no usable GPU ({why}), running on the CPU"))
 
 
 def course_profile(profile: str = "auto", log=print) -> str:

@@ -1,9 +1,6 @@
-"""Google Colab: what a notebook's first cell does there (:func:`setup`).
-
-On Colab, every notebook's ``colab-setup`` cell (:mod:`medaidet_tools.colab`) clones
-``$MEDAIDET_REPO`` into :data:`COLAB_DIR_ENV` when missing and calls :func:`setup`; elsewhere it
-does nothing. Standard library only at import time: the cell imports this from the fresh clone.
-"""
+"""Google Colab: what a notebook's ``colab-setup`` cell (:mod:`medaidet_tools.colab`) does there
+once it has cloned ``$MEDAIDET_REPO`` into :data:`COLAB_DIR_ENV` (:func:`setup`). Standard library
+only at import time: the cell imports this from the fresh clone."""
 import importlib.metadata
 import os
 import subprocess
@@ -39,51 +36,37 @@ def _version(name: str):
 
 
 def _missing(extras) -> list:
-    """What ``pip install -e home[extras]`` would add: ``["medaidet"]`` when medaidet is not
-    installed, else the distributions ``extras`` require that are not installed."""
+    """What ``pip install -e home[extras]`` would add (``["medaidet"]`` when it is missing)."""
     if _version("medaidet") is None:
         return ["medaidet"]
     from packaging.requirements import Requirement   # a dependency of medaidet: installed now
-
-    missing = []
-    for line in importlib.metadata.requires("medaidet") or []:
-        requirement = Requirement(line)
-        needed = any(requirement.marker and requirement.marker.evaluate({"extra": extra})
-                     for extra in extras)
-        if needed and _version(requirement.name) is None:
-            missing.append(requirement.name)
-    return missing
+    requirements = map(Requirement, importlib.metadata.requires("medaidet") or [])
+    return [r.name for r in requirements if _version(r.name) is None
+            and any(r.marker and r.marker.evaluate({"extra": extra}) for extra in extras)]
 
 
 def setup(home=None, extras=(), cuda: str = "auto") -> None:
-    """What a notebook's setup cell does once medaidet's clone ``home`` is on ``sys.path``.
-
-    Installs the clone with ``extras`` when anything is missing and the chainer stack when
-    incomplete, both keeping the runtime's NumPy (no restart), then changes into
-    ``home/notebooks``. Raises ConfigError when that NumPy is newer than the stack supports.
-    """
+    """Install the clone ``home`` with ``extras`` when anything is missing and the chainer stack
+    when incomplete, both keeping the runtime's NumPy (no restart); change into ``home/notebooks``.
+    Raises ConfigError when that NumPy is newer than the stack supports."""
     home = os.path.abspath(home or os.environ.get(COLAB_DIR_ENV, DEFAULT_COLAB_DIR))
     numpy = _version("numpy")
     if numpy_newer_than_supported(numpy):
         raise ConfigError(numpy_too_new_message(numpy), "numpy")
-    missing = _missing(extras)
-    if missing:
+    if missing := _missing(extras):
         print("installing medaidet" + (f" with {', '.join(extras)}" if extras else "")
               + f" (missing: {', '.join(missing)})", flush=True)
-        target = home + (f"[{','.join(extras)}]" if extras else "")
         with tempfile.TemporaryDirectory() as tmp:
             constraints = Path(tmp) / "constraints.txt"   # the runtime's NumPy stays
             constraints.write_text(f"numpy=={numpy}\n" if numpy else "")
-            _run(sys.executable, "-m", "pip", "install", "-q", "-e", target,
-                 "-c", str(constraints))
+            _run(sys.executable, "-m", "pip", "install", "-q", "-e",
+                 home + (f"[{','.join(extras)}]" if extras else ""), "-c", str(constraints))
     importlib.invalidate_caches()
     # a running kernel does not read the new install's .pth file: put tools/ on sys.path
-    tools = os.path.join(home, "tools")
-    if tools not in sys.path:
+    if (tools := os.path.join(home, "tools")) not in sys.path:
         sys.path.insert(1, tools)
 
     from medaidet_tools import stack
-
     if not stack.status().ok:
         _run(sys.executable, "-m", "medaidet", "stack", "install", "--cuda", cuda)
         reapply()           # runtime settings again, for the new CuPy

@@ -1,8 +1,6 @@
 """The doctor: does this environment run the course, and if not, what fixes it (notebook 00).
-
 The ``check_*`` functions turn :class:`~medaidet.env.facts.Facts` into :class:`Check` lines
-with the exact fix; :func:`run_doctor` puts them in a :class:`DoctorReport`.
-"""
+with the exact fix; :func:`run_doctor` puts them in a :class:`DoctorReport`."""
 from dataclasses import dataclass
 
 from packaging.specifiers import SpecifierSet
@@ -26,33 +24,30 @@ class Check:
     fix: str = ""
 
 
-# ---------------------------------------------------------------- checks
-
 def check_python(f: Facts) -> Check:
-    v = tuple(int(p) for p in f.python.split(".")[:2])
-    if (3, 10) <= v <= (3, 13):
+    if (3, 10) <= tuple(int(p) for p in f.python.split(".")[:2]) <= (3, 13):
         return Check("python", "ok", f.python)
     return Check("python", "fail", f"{f.python} (supported: 3.10-3.13)",
                  "use Python 3.10-3.13 (e.g. python3.12 -m venv .venv), then " + INSTALL)
 
 
 def check_numpy(f: Facts) -> Check:
-    spec_fix = (f'pip install "numpy{compat.NUMPY_RANGE}" (or {INSTALL}); '
-                "then restart the runtime")
-    if f.numpy is None:
-        return Check("numpy", "fail", "not installed", spec_fix)
-    if not SpecifierSet(compat.NUMPY_RANGE).contains(f.numpy):
-        return Check("numpy", "fail", f"{f.numpy}, outside the supported {compat.NUMPY_RANGE}",
-                     spec_fix)
+    if f.numpy is None or not SpecifierSet(compat.NUMPY_RANGE).contains(f.numpy):
+        return Check("numpy", "fail", "not installed" if f.numpy is None else
+                     f"{f.numpy}, outside the supported {compat.NUMPY_RANGE}",
+                     f'pip install "numpy{compat.NUMPY_RANGE}" (or {INSTALL}); '
+                     "then restart the runtime")
     cupy14 = [f"{n}=={v}" for n, v in f.cupy if major_version(v) >= 14]
     if cupy14 and major_version(f.numpy) < 2:
-        names = " ".join(n for n, v in f.cupy)
         return Check("numpy", "fail", f"{f.numpy} with {', '.join(cupy14)}: CuPy 14 needs NumPy 2",
-                     f"pip uninstall -y {names} && {INSTALL} --cuda auto  (installs CuPy 13.6)")
+                     f"pip uninstall -y {' '.join(n for n, _ in f.cupy)} && {INSTALL} --cuda auto"
+                     "  (installs CuPy 13.6)")
     return Check("numpy", "ok", f"{f.numpy} (supported: {compat.NUMPY_RANGE})")
 
 
-def _check_ours(name: str, version, error: str, wanted: str) -> Check:
+def _check_ours(f: Facts, name: str) -> Check:
+    version, error = getattr(f, name), getattr(f, name + "_error")
+    wanted = getattr(sources, name.upper()).wheel_version
     if version is None and error:
         return Check(name, "fail", f"not installed ({error})", INSTALL)
     if error:
@@ -65,39 +60,36 @@ def _check_ours(name: str, version, error: str, wanted: str) -> Check:
 
 
 def check_chainer(f: Facts) -> Check:
-    return _check_ours("chainer", f.chainer, f.chainer_error, sources.CHAINER.wheel_version)
+    return _check_ours(f, "chainer")
 
 
 def check_chainercv(f: Facts) -> Check:
-    return _check_ours("chainercv", f.chainercv, f.chainercv_error,
-                       sources.CHAINERCV.wheel_version)
+    return _check_ours(f, "chainercv")
 
 
 def check_cupy(f: Facts) -> Check:
-    if not f.cupy:
-        if f.nvidia_driver:
-            return Check("cupy", "warn", "none, but an NVIDIA driver is present: training "
-                         "runs on the CPU", f"{INSTALL} --cuda auto")
-        return Check("cupy", "skip", "no CuPy: CPU only")
     listed = ", ".join(f"{n}=={v}" for n, v in f.cupy)
-    if len(f.cupy) == 1:
+    if len(f.cupy) > 1:
+        return Check("cupy", "fail", f"{len(f.cupy)} CuPy packages overwrite each other: {listed}",
+                     f"pip uninstall -y {' '.join(n for n, _ in f.cupy)} && {INSTALL}")
+    if f.cupy:
         return Check("cupy", "ok", listed)
-    return Check("cupy", "fail", f"{len(f.cupy)} CuPy packages overwrite each other: {listed}",
-                 f"pip uninstall -y {' '.join(n for n, _ in f.cupy)} && {INSTALL}")
+    if f.nvidia_driver:
+        return Check("cupy", "warn", "none, but an NVIDIA driver is present: training runs on "
+                     "the CPU", f"{INSTALL} --cuda auto")
+    return Check("cupy", "skip", "no CuPy: CPU only")
 
 
 def check_cuda_available(f: Facts) -> Check:
-    name = "cuda_available"
+    name, uninstall = "cuda_available", "pip uninstall -y " + " ".join(n for n, _ in f.cupy)
     if not f.cupy:
         return Check(name, "skip", "no CuPy installed: chainer runs on the CPU")
     if f.cuda_available is None:
         return Check(name, "skip", "chainer does not import (see the chainer line)")
-    uninstall = "pip uninstall -y " + " ".join(n for n, _ in f.cupy)
     if not f.cuda_available:
         return Check(name, "fail", "False: chainer silently falls back to the CPU: "
-                     + (f.resolution_error or "unknown reason"),
-                     f"{INSTALL} --cuda auto (reinstalls the CuPy matching the driver and "
-                     f"NumPy); check the driver with nvidia-smi; CPU only: {uninstall}")
+                     + (f.resolution_error or "unknown reason"), f"{INSTALL} --cuda auto "
+                     f"(the CuPy for the driver); check nvidia-smi; CPU only: {uninstall}")
     if f.gpu is None:
         return Check(name, "warn", f"True, but {f.gpu_error}: to_gpu() will fail",
                      f"use a GPU runtime (Colab: Runtime > Change runtime type) and check "
@@ -112,30 +104,25 @@ def _no_gpu(name: str, f: Facts) -> Check:
 def check_cudnn(f: Facts) -> Check:
     if f.gpu is None:
         return _no_gpu("cudnn", f)
-    cuda_major = max(major_version(v) for _, v in f.cupy)
-    if cuda_major >= 14:
+    if max(major_version(v) for _, v in f.cupy) >= 14:
         found = "no cuDNN in CuPy 14: chainer uses im2col+cuBLAS"
         if f.chainer_cudnn_env == "0":
             return Check("cudnn", "ok", found + "; CHAINER_CUDNN=0 set by medaidet")
-        return Check("cudnn", "warn", f"{found}; CHAINER_CUDNN={f.chainer_cudnn_env}: chainer "
-                     "warns 'cuDNN is not enabled'",
+        return Check("cudnn", "warn", f"{found}; CHAINER_CUDNN={f.chainer_cudnn_env}: it warns",
                      "import medaidet before chainer, or export CHAINER_CUDNN=0")
     if f.cudnn_enabled:
         return Check("cudnn", "ok", f"cuDNN {f.cudnn_version} enabled")
     if f.chainer_cudnn_env == "0":
         return Check("cudnn", "ok", "disabled by CHAINER_CUDNN=0: chainer uses im2col+cuBLAS")
-    loads = "loads" if f.libcudnn8 else "does not load"
-    cuda = str(f.gpu.get("runtime", "12")).split(".")[0]
-    return Check("cudnn", "warn", f"not enabled ({f.resolution_error or 'unknown'}); "
-                 f"libcudnn.so.8 {loads}: chainer uses im2col+cuBLAS (slower)",
-                 f"python -m cupyx.tools.install_library --library cudnn --cuda {cuda}.x; "
-                 "then restart the runtime")
+    return Check("cudnn", "warn", f"not enabled ({f.resolution_error or 'unknown'}); libcudnn.so.8 "
+                 f"{'loads' if f.libcudnn8 else 'does not load'}: chainer uses im2col+cuBLAS "
+                 "(slower)", "python -m cupyx.tools.install_library --library cudnn --cuda "
+                 f"{str(f.gpu.get('runtime', '12')).split('.')[0]}.x; then restart the runtime")
 
 
 def check_gpu(f: Facts) -> Check:
-    if f.gpu is None:
+    if (g := f.gpu) is None:
         return _no_gpu("gpu", f)
-    g = f.gpu
     found = (f"{g['name']} x{g['count']}, compute {g['cc']}, driver CUDA {g['driver']}, "
              f"runtime CUDA {g['runtime']}, {g['free'] / GIB:.1f}/{g['total'] / GIB:.1f} GiB free")
     if major_version(g["cc"]) < 5:
@@ -162,32 +149,27 @@ def check_opencv(f: Facts) -> Check:
 
 
 def check_compat(f: Facts) -> Check:
-    done = "; ".join(f"{name}: {detail}" for name, detail in f.compat_actions)
-    return Check("compat", "ok", done or "nothing needed")
+    return Check("compat", "ok", "; ".join(f"{name}: {detail}" for name, detail
+                                           in f.compat_actions) or "nothing needed")
 
 
 def check_gpu_smoke(f: Facts) -> Check:
     if f.gpu is None:
         return _no_gpu("gpu_smoke", f)
-    s = f.smoke
-    if s is None:
+    if (s := f.smoke) is None:
         return Check("gpu_smoke", "skip", "not run")
     if s.get("ok"):
         return Check("gpu_smoke", "ok", f"alloc {s['alloc_ms']:.1f} ms, argsort (32, 8732) "
                      f"{s['argsort_ms']:.1f} ms matches numpy, SSD300 forward "
                      f"{s['ssd_first_ms']:.0f} ms first / {s['ssd_ms']:.1f} ms")
     return Check("gpu_smoke", "fail", s.get("error", "unknown error").strip(),
-                 "restart the runtime (a CUDA fault kills the context); check the cupy and "
-                 "cuda_available lines of `medaidet doctor`; rerun with CUDA_LAUNCH_BLOCKING=1 "
-                 "to see the failing op")
+                 "restart the runtime (a CUDA fault kills the context); rerun with "
+                 "CUDA_LAUNCH_BLOCKING=1 to see the failing op")
 
 
 CHECKS = (check_python, check_numpy, check_chainer, check_chainercv, check_cupy,
-          check_cuda_available, check_cudnn, check_gpu, check_opencv,
-          check_compat)
+          check_cuda_available, check_cudnn, check_gpu, check_opencv, check_compat)
 
-
-# ---------------------------------------------------------------- report
 
 @dataclass(repr=False)
 class DoctorReport:
@@ -208,21 +190,16 @@ class DoctorReport:
 
     def __str__(self) -> str:
         width = max((len(c.name) for c in self.checks), default=0)
-        lines = []
-        for c in self.checks:
-            lines.append(f"{c.name:<{width}}  {c.status.upper():<4}  {c.found}")
-            if c.fix:
-                lines.append(f"{'':<{width}}        fix: {c.fix}")
-        lines.append(self.summary())
-        return "\n".join(lines)
+        return "\n".join([f"{c.name:<{width}}  {c.status.upper():<4}  {c.found}"
+                          + (f"\n{'':<{width}}        fix: {c.fix}" if c.fix else "")
+                          for c in self.checks] + [self.summary()])
 
     __repr__ = __str__       # a notebook shows the text view
 
 
 def run_doctor(gpu_smoke: bool = False, facts: Facts = None) -> DoctorReport:
     """Gather facts (unless given) and run every check; one that raises is a ``fail`` line."""
-    if facts is None:
-        facts = gather_facts(gpu_smoke=gpu_smoke)
+    facts = gather_facts(gpu_smoke=gpu_smoke) if facts is None else facts
     report = "report this with the output of `medaidet doctor`"
     checks = []
     for fn in CHECKS + ((check_gpu_smoke,) if gpu_smoke else ()):

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from medaidet import compat
+from medaidet.compat import major_version
 from medaidet_tools.stack.install import installed_version
 
 __all__ = ["Facts", "gather_facts", "run_gpu_smoke"]
@@ -50,14 +51,6 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def major_version(version) -> int:
-    """The major number of a version string (0 when it has none)."""
-    try:
-        return int(str(version).split(".")[0])
-    except ValueError:
-        return 0
-
-
 def _cuda_version(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}"
 
@@ -77,8 +70,7 @@ def _gather_stack(f: Facts) -> None:
     f.nvidia_driver = bool(shutil.which("nvidia-smi")) or os.path.exists("/proc/driver/nvidia")
     f.chainer_cudnn_env = os.environ.get("CHAINER_CUDNN")
     f.chainer, f.chainercv = installed_version("chainer"), installed_version("chainercv")
-    f.chainer_error = _import_error("chainer")
-    f.chainercv_error = _import_error("chainercv")
+    f.chainer_error, f.chainercv_error = _import_error("chainer"), _import_error("chainercv")
 
 
 def _gather_cuda(f: Facts) -> None:
@@ -88,11 +80,11 @@ def _gather_cuda(f: Facts) -> None:
     from chainer.backends import cuda
     f.cuda_available = bool(cuda.available)
     err = getattr(cuda, "_resolution_error", None)
-    f.resolution_error = error_text(err) if err is not None else ""
+    f.resolution_error = "" if err is None else error_text(err)
     f.cudnn_enabled = bool(cuda.cudnn_enabled)
     if not f.cuda_available:
-        f.gpu_error = ("no CuPy installed: chainer runs on the CPU" if not f.cupy
-                       else "CuPy does not import: chainer runs on the CPU")
+        f.gpu_error = (f"{'CuPy does not import' if f.cupy else 'no CuPy installed'}: "
+                       "chainer runs on the CPU")
         return
     import cupy
     try:
@@ -100,12 +92,11 @@ def _gather_cuda(f: Facts) -> None:
     except Exception as exc:  # CUDARuntimeError: no driver or no device
         f.gpu_error = f"no usable CUDA device ({error_text(exc)})"
         return
-    if count == 0:
+    if not count:
         f.gpu_error = "no CUDA device"
         return
-    props = cupy.cuda.runtime.getDeviceProperties(0)
+    props, (free, total) = cupy.cuda.runtime.getDeviceProperties(0), cupy.cuda.Device(0).mem_info
     name = props["name"]
-    free, total = cupy.cuda.Device(0).mem_info
     f.gpu = {"name": name.decode() if isinstance(name, bytes) else str(name), "count": count,
              "cc": f"{props['major']}.{props['minor']}",
              "driver": _cuda_version(cupy.cuda.runtime.driverGetVersion()),
@@ -115,8 +106,7 @@ def _gather_cuda(f: Facts) -> None:
         f.cudnn_version = getattr(cuda, "_cudnn_version", None)
     elif max((major_version(v) for _, v in f.cupy), default=0) < 14:
         try:
-            ctypes.CDLL("libcudnn.so.8")
-            f.libcudnn8 = True
+            f.libcudnn8 = ctypes.CDLL("libcudnn.so.8") is not None
         except OSError:
             f.libcudnn8 = False
 
@@ -138,9 +128,8 @@ def _gather_compat(f: Facts) -> None:
 def gather_facts(gpu_smoke: bool = False) -> Facts:
     """Read the environment. Never raises: a part that fails is recorded in ``gather_errors``."""
     f = Facts()
-    parts = {"compat": _gather_compat, "stack": _gather_stack, "cuda": _gather_cuda,
-             "opencv": _gather_opencv}
-    for name, part in parts.items():
+    for name, part in (("compat", _gather_compat), ("stack", _gather_stack),
+                       ("cuda", _gather_cuda), ("opencv", _gather_opencv)):
         try:
             part(f)
         except Exception as exc:
@@ -151,20 +140,20 @@ def gather_facts(gpu_smoke: bool = False) -> Facts:
 
 
 def run_gpu_smoke(device: str = "gpu", timeout: int = 600) -> dict:
-    """Run :mod:`medaidet.env.gpu_smoke` in a subprocess (a CUDA fault cannot kill the
-    caller) with CUDA_LAUNCH_BLOCKING=1; returns ``{"ok": bool, ...timings or error}``."""
-    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+    """:mod:`medaidet.env.gpu_smoke`'s ``{"ok": bool, ...timings or error}``, run in a child (a
+    CUDA fault cannot kill the caller) with CUDA_LAUNCH_BLOCKING=1."""
     start = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, "-m", "medaidet.env.gpu_smoke", device], env=env,
-                              timeout=timeout, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "medaidet.env.gpu_smoke", device],
+                              env=dict(os.environ, CUDA_LAUNCH_BLOCKING="1"), timeout=timeout,
+                              capture_output=True, text=True)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout} s"}
     try:
         result = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        tail = (done.stdout + done.stderr)[-1500:]
-        result = {"ok": False, "error": f"exit code {done.returncode}: {tail}"}
+        result = {"ok": False,
+                  "error": f"exit code {done.returncode}: {(done.stdout + done.stderr)[-1500:]}"}
     result["wall_s"] = time.perf_counter() - start
     return result
 

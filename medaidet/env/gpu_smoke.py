@@ -1,8 +1,7 @@
-"""``python -m medaidet.env.gpu_smoke gpu|cpu``: a small real GPU workload, in a child.
-
-Allocates and sums, sorts a (32, 8732) array as hard-negative mining does, runs SSD300 forward
-twice; prints one JSON line (``ok``, timings in ms, or the traceback). ``cpu``: NumPy (tests).
-"""
+"""``python -m medaidet.env.gpu_smoke gpu|cpu``: a small real GPU workload in a child (a sum,
+a (32, 8732) argsort as hard-negative mining does, SSD300 forward twice); prints one JSON line
+(``ok``, timings in ms, or the traceback). ``cpu``: NumPy (tests)."""
+import importlib
 import json
 import sys
 import time
@@ -17,10 +16,7 @@ def smoke(device: str) -> dict:
 
         from medaidet.device import device_kind
         gpu = device_kind(device) != "cpu"   # "gpu" (or a GPU number): GPU 0
-        if gpu:
-            import cupy as xp
-        else:
-            xp = np
+        xp = importlib.import_module("cupy") if gpu else np
 
         def timed(key, run):
             t = time.perf_counter()
@@ -34,9 +30,8 @@ def smoke(device: str) -> dict:
         assert float(x.sum()) == float(1 << 24), "sum of a ones array is wrong"
         a = np.random.RandomState(0).rand(32, 8732).astype(np.float32)
         order = timed("argsort_ms", lambda: xp.argsort(xp.asarray(a), axis=1))
-        order = order.get() if gpu else order
-        assert np.array_equal(np.take_along_axis(a, order, 1), np.sort(a, 1)), \
-            "argsort on (32, 8732) float32 disagrees with numpy"
+        assert np.array_equal(np.take_along_axis(a, order.get() if gpu else order, 1),
+                              np.sort(a, 1)), "argsort on (32, 8732) float32 disagrees with numpy"
         import chainer
         from chainercv.links import SSD300
         model = SSD300(n_fg_class=3)
@@ -46,19 +41,16 @@ def smoke(device: str) -> dict:
         with chainer.using_config("train", False), chainer.no_backprop_mode():
             for key in ("ssd_first_ms", "ssd_ms"):  # the first call compiles kernels
                 locs, confs = timed(key, lambda: model(img))
-        assert locs.shape == (1, 8732, 4) and confs.shape == (1, 8732, 4), \
-            (locs.shape, confs.shape)
+        assert locs.shape == confs.shape == (1, 8732, 4), (locs.shape, confs.shape)
         assert bool(xp.isfinite(confs.array).all()), "SSD300 forward gave non-finite scores"
         out["ok"] = True
     except BaseException:
-        out["ok"] = False
-        out["error"] = traceback.format_exc()[-1500:]
+        out.update(ok=False, error=traceback.format_exc()[-1500:])
     return out
 
 
 def main(argv=None) -> int:
-    device = (sys.argv[1:] if argv is None else argv)[0]
-    print(json.dumps(smoke(device)))
+    print(json.dumps(smoke((sys.argv[1:] if argv is None else argv)[0])))
     return 0
 
 

@@ -1,8 +1,7 @@
 """Troubleshooting helpers for notebook 07: the samples behind a bad label, whether OpenCV
 survives forked workers here, and a real out-of-memory error without a GPU; each reproduced
 safely, two in a child (``python -m medaidet.extras.troubleshoot fork-check THREADS`` or
-``... oom-demo '[ROOT, START, HEADROOM]'``).
-"""
+``... oom-demo '[ROOT, START, HEADROOM]'``)."""
 from __future__ import annotations
 
 import json
@@ -44,20 +43,18 @@ class InvalidSample:
     message: str
 
     def __str__(self):
-        where = f"sample {self.index}" + (f" ({self.image_id})" if self.image_id else "")
-        return f"{where}: {self.message}"
+        return (f"sample {self.index}" + (f" ({self.image_id})" if self.image_id else "")
+                + f": {self.message}")
 
 
 def find_invalid_samples(dataset, n_fg_class: int = 3) -> list:
     """Every sample of ``dataset`` (``(img, bbox, label)``, untransformed) that
-    :func:`medaidet.ssd.transforms.check_sample` rejects, in order, with the image id when the
-    dataset has ``ids``."""
+    :func:`~medaidet.ssd.transforms.check_sample` rejects, in order, with its id if known."""
     ids = getattr(dataset, "ids", None)
     found = []
     for index in range(len(dataset)):
-        img, bbox, label = dataset[index][:3]
         try:
-            check_sample(img, bbox, label, n_fg_class)
+            check_sample(*dataset[index][:3], n_fg_class)
         except DataError as exc:
             image_id = ids[index] if ids is not None and index < len(ids) else None
             found.append(InvalidSample(index, image_id, exc.kind, str(exc)))
@@ -81,25 +78,18 @@ class OpenCVForkCheck:
                 f"workers: {what}; OpenCV's parallel framework here: {self.parallel_framework}")
 
 
-def _parallel_framework() -> str:
-    match = re.search(r"Parallel framework:\s*(.+)", cv2.getBuildInformation())
-    return match.group(1).strip() if match else "not stated in cv2.getBuildInformation()"
-
-
 def opencv_fork_check(threads: int = 4, timeout: float = 20.0,
                       program: str = "medaidet.extras.troubleshoot fork-check") -> OpenCVForkCheck:
-    """The OpenCV fork hang, reproduced in a child process (:func:`_fork_check`) with a time
-    limit: where the thread pool is not fork-safe (OpenMP or TBB builds) forked workers wait
-    forever and ``MultiprocessIterator`` hangs. ``threads=0`` is the fix medaidet applies on
-    import. ``program``: the module (and arguments before ``THREADS``) the child runs."""
-    start = time.monotonic()
+    """The OpenCV fork hang (forked workers wait forever where the thread pool is not fork-safe)
+    reproduced in a child (:func:`_fork_check`) with a time limit; ``threads=0`` is medaidet's
+    fix. ``program``: the module (and arguments before ``THREADS``) the child runs."""
+    start, hung = time.monotonic(), False
     # a session of its own: on a hang, the stuck workers are killed with their parent
     proc = subprocess.Popen([sys.executable, "-m", *program.split(), str(int(threads))],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
-        hung = False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
@@ -107,14 +97,15 @@ def opencv_fork_check(threads: int = 4, timeout: float = 20.0,
     if not hung and proc.returncode != 0:
         raise RuntimeError(f"the OpenCV fork check failed (exit {proc.returncode}): "
                            f"{output.strip()[-800:]}")
-    return OpenCVForkCheck(int(threads), hung, time.monotonic() - start, _parallel_framework(),
-                           output)
+    seconds = time.monotonic() - start
+    match = re.search(r"Parallel framework:\s*(.+)", cv2.getBuildInformation())
+    return OpenCVForkCheck(int(threads), hung, seconds, match.group(1).strip() if match
+                           else "not stated in cv2.getBuildInformation()", output)
 
 
 @dataclass
 class OutOfMemoryDemo:
-    """What :func:`out_of_memory_demo` saw: the finder's report, its log lines as they
-    were printed, and the memory the child was given."""
+    """What :func:`out_of_memory_demo` saw: the finder's report and log, the child's memory."""
 
     report: BatchSizeReport
     lines: list
@@ -129,41 +120,34 @@ class OutOfMemoryDemo:
         return int(self.headroom * self.one_image_bytes)
 
     def summary(self) -> str:
-        mib = 2 ** 20
-        text = (f"address space limited to {self.limit_bytes / mib:.0f} MiB: what the model "
+        return (f"address space limited to {self.limit_bytes / 2**20:.0f} MiB: what the model "
                 f"held plus {self.headroom:g}x one image's forward + backward "
-                f"({self.one_image_bytes / mib:.0f} MiB)\n{self.report}")
-        return text + (f"\nDeviceError: {self.error}" if self.error else "")
+                f"({self.one_image_bytes / 2**20:.0f} MiB)\n{self.report}"
+                + (f"\nDeviceError: {self.error}" if self.error else ""))
 
 
 def out_of_memory_demo(root=None, start: int = 8, headroom: float = 1.5,
                        timeout: float = 600) -> OutOfMemoryDemo:
     """A real out-of-memory error without a GPU: a child (:func:`_oom_demo`) limits its address
-    space (``RLIMIT_AS``, Linux) to what SSD300 holds plus ``headroom`` x one image's forward +
-    backward, and runs :func:`find_batch_size` from ``start``. With ``headroom`` < 1 nothing
-    fits: ``error`` holds the ``"memory"`` DeviceError's message."""
+    space (``RLIMIT_AS``, Linux) to SSD300 plus ``headroom`` x one image's forward + backward and
+    runs :func:`find_batch_size` from ``start``; nothing fitting is ``error`` (its message)."""
     if not sys.platform.startswith("linux"):
         raise RuntimeError("out_of_memory_demo limits memory with RLIMIT_AS: Linux only")
-    root = str(resolve_root(root))
     # one BLAS thread: more threads' buffers would take address space after the measure
-    one_thread = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                  "MKL_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "medaidet.extras.troubleshoot", "oom-demo",
-                           json.dumps([root, int(start), float(headroom)])],
-                          capture_output=True, text=True, timeout=timeout, env=one_thread)
+                           json.dumps([str(resolve_root(root)), int(start), float(headroom)])],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                               "MKL_NUM_THREADS": "1"})
     if proc.returncode != 0:
         raise RuntimeError(f"the out-of-memory demo failed (exit {proc.returncode}): "
                            f"{proc.stderr.strip()[-1500:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    return OutOfMemoryDemo(report=BatchSizeReport.from_dict(result["report"]),
-                           lines=result["lines"], one_image_bytes=result["one_image"],
-                           limit_bytes=result["limit"], headroom=float(headroom),
-                           error=result["error"])
+    return OutOfMemoryDemo(BatchSizeReport.from_dict(result["report"]), result["lines"],
+                           result["one_image"], result["limit"], float(headroom), result["error"])
 
 
-# --------------------------------------------------------------------------- the children
-
-_IMAGE = None
+_IMAGE = None   # the children's
 
 
 def _resize(i: int) -> float:
@@ -173,8 +157,7 @@ def _resize(i: int) -> float:
 def _fork_check(threads: str) -> int:
     """The child of :func:`opencv_fork_check`: ``threads`` OpenCV threads, then 2 forked workers."""
     global _IMAGE
-    threads = int(threads)
-    cv2.setNumThreads(threads)   # after `import medaidet` set it to 0: the check sets its own
+    cv2.setNumThreads(int(threads))   # after `import medaidet` set it to 0: the check sets its own
     _IMAGE = np.random.rand(1200, 1600, 3).astype(np.float32)
     for _ in range(5):           # this process's OpenCV thread pool exists now
         cv2.resize(_IMAGE, (300, 300))
@@ -195,16 +178,13 @@ def _oom_demo(arguments: str) -> int:
     np.random.seed(0)
     recipe = Recipe(TrainConfig(model="ssd300", pretrained=None, augment=False, device="cpu",
                                 root=root, subset=2))
-    model = recipe.model()
-    chain = recipe.train_chain(model)
+    chain = recipe.train_chain(model := recipe.model())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         base = BCCDDataset(root, "train")
     dataset = TransformDataset(base.slice[:2], recipe.transform(model))
     before = _vm("VmSize")
-    loss = chain(*concat_examples([dataset[0]]))
-    loss.backward()
-    del loss
+    chain(*concat_examples([dataset[0]])).backward()
     chain.cleargrads()
     one_image = _vm("VmPeak") - before
     limit = _vm("VmSize") + int(headroom * one_image)
