@@ -63,8 +63,6 @@ __all__ = ["train", "prepare_run", "initial_weights", "TrainResult", "Recipe", "
            "run_metrics", "MemoryFit", "available_bytes", "plan_accumulate", "fit_batch"]
 
 
-# --------------------------------------------------------------------------- seeding
-
 def seed_everything(seed: int, devices=None, deterministic: bool = False) -> None:
     """Seed Python's, NumPy's and (on each GPU among ``devices``, chainer devices) CuPy's RNGs
     with ``seed`` in ``[0, 2**32)``; set ``cudnn_deterministic``. Call it before building the
@@ -106,8 +104,6 @@ class ReseedingTransform:
             np.random.seed(int(words[1]))
         return self.transform(in_data)
 
-
-# --------------------------------------------------------------------------- snapshot
 
 SNAPSHOT_NAME = "snapshot_latest.npz"
 SNAPSHOT_EXPECTED = "the snapshot_latest.npz of a medaidet train run (in its output folder)"
@@ -221,8 +217,6 @@ def load_snapshot(trainer, path, train_size: int, batch_size: int) -> None:
                            f"{exc}); expected {SNAPSHOT_EXPECTED}", "snapshot") from None
 
 
-# --------------------------------------------------------------------------- divergence
-
 class StopOnNonFinite:
     """Optimizer hook that stops training at the first nan or inf: ``'pre'`` checks the loss
     and every gradient before the update, ``'post'`` every parameter after it. One host sync
@@ -293,8 +287,6 @@ def stop_on_divergence(updater, snapshot: Path):
             iteration=iteration, snapshot=None if snap_iteration is None else snapshot,
             snapshot_iteration=snap_iteration) from exc
 
-
-# --------------------------------------------------------------------------- recipe
 
 def _first(dataset, n):
     return dataset if n is None or n >= len(dataset) else dataset.slice[:n]
@@ -518,8 +510,6 @@ class Recipe:
         return Built(model, train_chain, data, iterators, optimizer, updater, trainer, ext)
 
 
-# --------------------------------------------------------------------------- result
-
 @dataclass
 class TrainResult:
     """What :func:`train` produced; ``metrics`` is what ``metrics.json`` holds."""
@@ -605,8 +595,6 @@ def run_metrics(config, recipe, data, iterators, updater, extensions, *, start_i
         "log": entries,
     }
 
-
-# --------------------------------------------------------------------------- memory fit
 
 # The recipe's batch fitted to the device's memory before training (notebook 03, section 3;
 # notebook 07 by hand): :func:`fit_batch` measures a step at 2 and 4 images (fixed and per-image
@@ -736,8 +724,6 @@ def fit_batch(config: TrainConfig, root, device, log=print):
         log(f"train: {fit.summary()}")
     return config.replace(accumulate=fit.accumulate), fit
 
-
-# --------------------------------------------------------------------------- run
 
 def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
     """Check before anything is built: OpenCV when augmenting, the dataset root, the output
