@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures after the last step of docs/design.md's table: lower them with every step
-CEILINGS = {"lines": 10_663, "characters": 530_159, "core lines": 8_730}
+CEILINGS = {"lines": 10_346, "characters": 522_891, "core lines": 8_433}
 
 
 def _figures():
