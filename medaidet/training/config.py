@@ -1,8 +1,6 @@
-"""What a training run depends on: :class:`TrainConfig`, its profiles and its checks.
-
-The defaults are the course's recipe (ChainerCV's ``examples/ssd/train.py``). Bad values end
-here, before any work, in one :class:`ConfigError` naming the field, the value and what is
-expected. Imports neither chainer nor the model code (the command line builds its parser from it).
+"""What a training run depends on (notebook 03): :class:`TrainConfig`, its profiles, its checks.
+Defaults: ChainerCV's ``examples/ssd/train.py``; a bad value is one :class:`ConfigError` naming
+the field, the value and what is expected. No chainer import (the command line's parser uses it).
 """
 from __future__ import annotations
 
@@ -29,9 +27,8 @@ PROFILES = {
                   n_processes=0, device="cpu", seed=0, out="outputs/train-smoke"),
     # the small SSD from random weights, trained on a CPU in minutes; augmentation and batch
     # chosen on val (docs/cpu-detector.md)
-    "cpu": dict(model="ssd_small", pretrained=None, optimizer="adam", lr=2e-3,
-                batch_size=4, epochs=39, lr_steps=(30,), max_expand_ratio=1,
-                color_distortion=False,
+    "cpu": dict(model="ssd_small", pretrained=None, optimizer="adam", lr=2e-3, batch_size=4,
+                epochs=39, lr_steps=(30,), max_expand_ratio=1, color_distortion=False,
                 eval_interval=3, log_interval=5, snapshot_interval=1, device="cpu", seed=0,
                 out="outputs/train-cpu"),
     # ChainerCV's SSD300 recipe, as the original course ran it (a GPU)
@@ -39,9 +36,8 @@ PROFILES = {
 }
 # the cpu profile three times as long, with colour distortion and a 2x zoom-out (the lighter
 # augmentation gained nothing there: docs/cpu-detector.md, "The longer profile")
-PROFILES["cpu-long"] = {**PROFILES["cpu"], "epochs": 117, "lr_steps": (90,),
-                        "eval_interval": 9, "snapshot_interval": 3,
-                        "max_expand_ratio": 2, "color_distortion": True,
+PROFILES["cpu-long"] = {**PROFILES["cpu"], "epochs": 117, "lr_steps": (90,), "eval_interval": 9,
+                        "snapshot_interval": 3, "max_expand_ratio": 2, "color_distortion": True,
                         "out": "outputs/train-cpu-long"}
 OPTIMIZERS = ("momentum_sgd", "adam")
 WEIGHTS_NAME = "model.npz"
@@ -49,12 +45,9 @@ WEIGHTS_NAME = "model.npz"
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything a training run depends on. Defaults: the course's recipe.
-
-    Training stops after ``iterations`` if given, else ``epochs``. ``lr_steps``,
-    ``eval_interval`` and ``snapshot_interval`` are epochs (None: only at the end, where both
-    always happen); ``log_interval`` is iterations.
-    """
+    """Everything a training run depends on (defaults: the recipe). It stops after ``iterations``
+    if given, else ``epochs``; ``lr_steps``, ``eval_interval`` and ``snapshot_interval`` are epochs
+    (None: only at the end, where both always happen), ``log_interval`` iterations."""
 
     model: str = "ssd300"
     pretrained: str | None = "imagenet"   # None, 'imagenet', 'voc0712' or an .npz path
@@ -95,8 +88,12 @@ class TrainConfig:
     out: str = "outputs/train"
 
     def __post_init__(self):
-        # the one check of a config: it is immutable, so it stays valid
-        for name, value in _normalised(dataclasses.asdict(self)).items():
+        # the one check of a config (immutable, so it stays valid): ConfigError at the first
+        # bad field; numeric text (YAML's ``1e-3``) made numbers, paths text, names lower-case
+        values = dataclasses.asdict(self)
+        _normalise_numbers(values)
+        _normalise_names(values)
+        for name, value in values.items():
             object.__setattr__(self, name, value)
 
     @classmethod
@@ -110,8 +107,7 @@ class TrainConfig:
     def from_dict(cls, values: dict, base: "TrainConfig | None" = None) -> "TrainConfig":
         """A config from ``values`` on top of ``base`` (default: the recipe)."""
         if not isinstance(values, dict):
-            raise ConfigError(f"a training config must be a mapping of option names to "
-                              f"values, got {type(values).__name__}")
+            raise ConfigError(f"a training config must be a mapping, got {type(values).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
@@ -152,9 +148,8 @@ class TrainConfig:
         return self.from_dict(changes, base=self)
 
     def to_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["lr_steps"], out["other_sources"] = list(self.lr_steps), list(self.other_sources)
-        return out
+        return {**dataclasses.asdict(self), "lr_steps": list(self.lr_steps),
+                "other_sources": list(self.other_sources)}
 
     def table(self, fields=None) -> Table:
         """``fields`` (default: all) and their values, one row each."""
@@ -163,7 +158,8 @@ class TrainConfig:
 
 
 def _normalise_numbers(v: dict) -> None:
-    """Check the numeric fields of ``v`` in place: numeric text made numbers, whole ones ints."""
+    """Check the numeric and true/false fields of ``v`` in place: numeric text made numbers,
+    whole ones ints."""
 
     def number(name, rule="positive", integer=False, optional=False):
         value = v[name]
@@ -176,106 +172,71 @@ def _normalise_numbers(v: dict) -> None:
         if integer or isinstance(value, str):
             v[name] = checked
 
-    for name in ("batch_size", "k", "log_interval", "eval_batch_size", "accumulate"):
-        number(name, integer=True)
-    for name in ("subset", "eval_subset", "iterations"):
-        number(name, integer=True, optional=True)
-    for name in ("epochs", "lr"):
-        number(name)
-    number("memory_limit", optional=True)
-    number("max_expand_ratio")
+    for names, rule, integer, optional in (   # names, then how each is checked
+            ("batch_size k log_interval eval_batch_size accumulate", "positive", True, False),
+            ("subset eval_subset iterations", "positive", True, True),
+            ("epochs lr max_expand_ratio", "positive", False, False),
+            ("memory_limit eval_interval snapshot_interval", "positive", False, True),
+            ("momentum weight_decay bias_grad_scale alpha lr_gamma", "non-negative", False, False),
+            ("n_processes seed", "non-negative", True, True)):
+        for name in names.split():
+            number(name, rule, integer, optional)
     if v["max_expand_ratio"] < 1:
-        raise ConfigError(f"max_expand_ratio: {v['max_expand_ratio']!r} is below 1; "
-                          "expected the largest zoom-out canvas as a multiple of the "
-                          "image, 1 or more (1: no zoom out)")
-    for name in ("eval_interval", "snapshot_interval"):
-        number(name, optional=True)
-    for name in ("momentum", "weight_decay", "bias_grad_scale", "alpha", "lr_gamma"):
-        number(name, "non-negative")
-    for name in ("n_processes", "seed"):
-        number(name, "non-negative", integer=True, optional=True)
+        raise ConfigError(f"max_expand_ratio: {v['max_expand_ratio']!r} is below 1; expected "
+                          "the zoom-out canvas as a multiple of the image, 1 or more (1: none)")
     if not isinstance(v["lr_steps"], (list, tuple)):
-        raise ConfigError(f"lr_steps: {v['lr_steps']!r} is not a list; expected a list of "
-                          "epochs")
+        raise ConfigError(f"lr_steps: {v['lr_steps']!r} is not a list; expected a list of epochs")
     v["lr_steps"] = tuple(check_number(step, f"lr_steps[{i}]", "non-negative")
                           for i, step in enumerate(v["lr_steps"]))
-
-
-def _normalised(values: dict) -> dict:
-    """A checked copy of ``values``: numeric text (YAML's ``1e-3``) made numbers, paths text,
-    names lower-case; :class:`ConfigError` naming the first bad field."""
-    v = dict(values)
-    _normalise_numbers(v)
     for name in ("deterministic", "augment", "color_distortion"):
         if not isinstance(v[name], bool):
-            raise ConfigError(f"{name}: {v[name]!r} is not true or false; expected true or "
-                              "false")
-    v.update(_normalised_names(v))
+            raise ConfigError(f"{name}: {v[name]!r} is not true or false; expected true or false")
+
+
+def _normalise_names(v: dict) -> None:
+    """Check the other fields of ``v`` in place: paths made text, names lower-case."""
+    for name, allowed in (("model", MODEL_NAMES), ("precision", PRECISIONS),
+                          ("optimizer", OPTIMIZERS)):
+        value = v[name].lower() if isinstance(v[name], str) and name != "precision" else v[name]
+        if value not in allowed:
+            raise ConfigError(f"{name}: {v[name]!r} is not one of {', '.join(allowed)}")
+        v[name] = value
+    pretrained = v["pretrained"]
+    if isinstance(pretrained, str) and pretrained.strip().lower() == "none":
+        pretrained = None        # as the command line's --pretrained none
+    if pretrained is not None and not is_path(pretrained):
+        raise ConfigError(f"pretrained: {pretrained!r} is not a weights name or file; expected "
+                          f"null, {', '.join(map(repr, PRETRAINED))} or a model-only .npz")
+    v["pretrained"] = pretrained = None if pretrained is None else os.fspath(pretrained)
+    if pretrained in PRETRAINED and v["model"] not in WITH_PRETRAINED:
+        raise ConfigError(f"pretrained: {v['model']} has no {pretrained!r} weights (only "
+                          f"{', '.join(WITH_PRETRAINED)}); expected null or a model-only .npz")
+    sources = (v["other_sources"],) if isinstance(v["other_sources"], str) else v["other_sources"]
+    if not isinstance(sources, (list, tuple)) or any(s not in OTHER_SOURCES for s in sources):
+        raise ConfigError(f"other_sources: {v['other_sources']!r}: expected a list of "
+                          f"{', '.join(OTHER_SOURCES)} (TXL-PBC's other laboratories), or none")
+    v["other_sources"] = tuple(sources)
+    if v["labels"] not in LABELS:
+        raise ConfigError(f"labels: {v['labels']!r} is not one of {', '.join(LABELS)}")
+    for name in ("train_split", "val_split"):
+        if not isinstance(v[name], str) or not v[name].strip():
+            raise ConfigError(f"{name}: {v[name]!r} is not a split name such as 'train'")
+    for name, expected in (("out", "a folder to write the results in"),
+                           ("root", "null ($MEDAIDET_DATA or the cache) or the BCCD root")):
+        if (name == "out" or v[name] is not None) and not is_path(v[name]):
+            raise ConfigError(f"{name}: {v[name]!r} is not a folder path; expected {expected}")
+    v["out"] = os.path.expanduser(os.fspath(v["out"]))
+    v["root"] = None if v["root"] is None else os.fspath(v["root"])
     if v["batch_size"] % v["accumulate"]:
-        raise ConfigError(
-            f"batch_size {v['batch_size']} is not divisible by accumulate "
-            f"{v['accumulate']}: the batch is split into {v['accumulate']} equal "
-            f"micro-batches; use a batch size that is a multiple of {v['accumulate']}")
+        raise ConfigError(f"batch_size {v['batch_size']} is not divisible by accumulate "
+                          f"{v['accumulate']}: use a batch size that is a multiple of it")
     communicator = v["communicator"]
     if communicator is not None and (not isinstance(communicator, str) or not communicator):
-        raise ConfigError(f"communicator: {communicator!r} is not a communicator "
-                          "name; expected a ChainerMN communicator name (naive, "
-                          "pure_nccl, ...) or null")
+        raise ConfigError(f"communicator: {communicator!r} is not a ChainerMN communicator name "
+                          "(naive, pure_nccl, ...) or null")
     if v["deterministic"] and v["seed"] is None:
         raise ConfigError("deterministic=True needs a seed: set seed (--seed S) too")
     try:
         parse_device(v["device"], "device")
     except DeviceError as exc:
         raise ConfigError(str(exc)) from None
-    return v
-
-
-def _normalised_names(v: dict) -> dict:
-    """The text fields checked; returns their normalised values."""
-    model, optimizer, pretrained = v["model"], v["optimizer"], v["pretrained"]
-    if not isinstance(model, str) or model.lower() not in MODEL_NAMES:
-        raise ConfigError(f"model: {model!r} is not a model medaidet builds; "
-                          f"expected one of {', '.join(MODEL_NAMES)}")
-    model = model.lower()
-    if v["precision"] not in PRECISIONS:
-        raise ConfigError(f"precision: {v['precision']!r} is not a precision the recipe "
-                          f"trains in; expected one of {', '.join(PRECISIONS)}")
-    if not isinstance(optimizer, str) or optimizer.lower() not in OPTIMIZERS:
-        raise ConfigError(f"optimizer: {optimizer!r} is not an optimizer the recipe "
-                          f"builds; expected one of {', '.join(OPTIMIZERS)}")
-    if isinstance(pretrained, str) and pretrained.strip().lower() == "none":
-        pretrained = None        # as the command line's --pretrained none
-    if pretrained is not None:
-        if not is_path(pretrained):
-            raise ConfigError(
-                f"pretrained: {pretrained!r} is not a weights name or file; expected "
-                f"null, {', '.join(repr(p) for p in PRETRAINED)} or the path of a "
-                "model-only .npz")
-        pretrained = os.fspath(pretrained)
-    if pretrained in PRETRAINED and model not in WITH_PRETRAINED:
-        raise ConfigError(f"pretrained: {model} has no {pretrained!r} weights "
-                          f"(only {', '.join(WITH_PRETRAINED)} do); expected null (random "
-                          "weights) or a model-only .npz of it")
-    sources = v["other_sources"]
-    sources = (sources,) if isinstance(sources, str) else sources
-    if (not isinstance(sources, (list, tuple))
-            or any(s not in OTHER_SOURCES for s in sources)):
-        raise ConfigError(f"other_sources: {v['other_sources']!r}: expected a list of "
-                          f"{', '.join(OTHER_SOURCES)} (TXL-PBC's images of other "
-                          "laboratories), or none")
-    if v["labels"] not in LABELS:
-        raise ConfigError(f"labels: {v['labels']!r} is not an annotation the course reads; "
-                          f"expected one of {', '.join(LABELS)}")
-    for name in ("train_split", "val_split"):
-        if not isinstance(v[name], str) or not v[name].strip():
-            raise ConfigError(f"{name}: {v[name]!r} is not a split name; expected a split "
-                              "such as 'train'")
-    if not is_path(v["out"]):
-        raise ConfigError(f"out: {v['out']!r} is not a folder path; expected a folder to "
-                          "write the results in")
-    if v["root"] is not None and not is_path(v["root"]):
-        raise ConfigError(f"root: {v['root']!r} is not a folder path; expected null "
-                          "($MEDAIDET_DATA or the cache) or the BCCD root")
-    return {"model": model, "optimizer": optimizer.lower(), "pretrained": pretrained,
-            "out": os.path.expanduser(os.fspath(v["out"])), "other_sources": tuple(sources),
-            "root": None if v["root"] is None else os.fspath(v["root"])}

@@ -1,10 +1,7 @@
-"""Training (notebooks 03 and 06): :func:`train` follows ChainerCV's
-``examples/ssd/train.py``: seed, build the :class:`Recipe` piece by piece, run, save.
-
-Writes to ``config.out``: ``model.npz`` + ``.sha256``, ``snapshot_latest.npz`` (with Python's
-and NumPy's random states, so a resumed run sees the batches an uninterrupted one would),
-``metrics.json``, ``loss.png``, ``map.png`` and ``config.json``.
-"""
+"""Training (notebooks 03 and 06): :func:`train` is ChainerCV's ``examples/ssd/train.py`` (seed,
+build the :class:`Recipe` piece by piece, run, save). Writes to ``config.out``: ``model.npz`` +
+``.sha256``, ``snapshot_latest.npz`` (with the random states: a resumed run sees the batches an
+uninterrupted one would), ``metrics.json``, ``loss.png``, ``map.png`` and ``config.json``."""
 from __future__ import annotations
 
 import contextlib
@@ -59,16 +56,14 @@ from medaidet.training.memory import (PeakMemory, format_bytes, free_memory, is_
 __all__ = ["train", "prepare_run", "initial_weights", "TrainResult", "Recipe", "Built",
            "TrainingData", "Iterators", "Extensions", "Length", "check_objects", "seed_everything",
            "ReseedingTransform", "StopOnNonFinite", "stop_on_divergence", "RandomStateExtension",
-           "SNAPSHOT_NAME", "check_run_file", "load_snapshot",
-           "run_metrics", "MemoryFit", "available_bytes", "plan_accumulate", "fit_batch"]
+           "SNAPSHOT_NAME", "check_run_file", "load_snapshot", "run_metrics", "MemoryFit",
+           "available_bytes", "plan_accumulate", "fit_batch"]
 
 
 def seed_everything(seed: int, devices=None, deterministic: bool = False) -> None:
-    """Seed Python's, NumPy's and (on each GPU among ``devices``, chainer devices) CuPy's RNGs
-    with ``seed`` in ``[0, 2**32)``; set ``cudnn_deterministic``. Call it before building the
-    model."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
-            or not 0 <= seed < 2 ** 32:
+    """Seed Python's, NumPy's and (on each GPU among the chainer ``devices``) CuPy's RNGs with
+    ``seed`` in ``[0, 2**32)``; set ``cudnn_deterministic``. Call it before building the model."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
         raise ConfigError(f"seed must be an integer in [0, 2**32) (NumPy's RandomState "
                           f"limit), got {seed!r}", "seed")
     random.seed(int(seed))
@@ -84,21 +79,17 @@ def seed_everything(seed: int, devices=None, deterministic: bool = False) -> Non
 
 
 class ReseedingTransform:
-    """Wraps a transform so that each forked worker draws its own random numbers: its first
-    call in a new process reseeds ``random`` and NumPy from ``(seed, worker name)`` (the same
-    names every run, unlike pids), or from the OS when ``seed`` is None."""
+    """``transform``, reseeding ``random`` and NumPy at its first call in each new (worker)
+    process from ``(seed, worker name)``, the same every run (the OS's entropy if no seed)."""
 
     def __init__(self, transform, seed: int | None = None):
-        self.transform = transform
-        self.seed = seed
-        self._pid = os.getpid()
+        self.transform, self.seed, self._pid = transform, seed, os.getpid()
 
     def __call__(self, in_data):
         if os.getpid() != self._pid:
             self._pid = os.getpid()
             digits = "".join(c for c in multiprocessing.current_process().name if c.isdigit())
-            worker = int(digits) if digits else self._pid
-            entropy = None if self.seed is None else [self.seed, worker]
+            entropy = None if self.seed is None else [self.seed, int(digits or self._pid)]
             words = np.random.SeedSequence(entropy).generate_state(2)
             random.seed(int(words[0]))
             np.random.seed(int(words[1]))
@@ -107,8 +98,6 @@ class ReseedingTransform:
 
 SNAPSHOT_NAME = "snapshot_latest.npz"
 SNAPSHOT_EXPECTED = "the snapshot_latest.npz of a medaidet train run (in its output folder)"
-WEIGHTS_EXPECTED = ("imagenet, voc0712, none or a model-only .npz (the model.npz of a "
-                    "medaidet train run)")
 
 
 class RandomStateExtension:
@@ -120,8 +109,7 @@ class RandomStateExtension:
     priority = 0
 
     def __init__(self, train_size: int, batch_size: int):
-        self.train_size = int(train_size)
-        self.batch_size = int(batch_size)
+        self.train_size, self.batch_size = int(train_size), int(batch_size)
 
     def __call__(self, trainer):
         pass
@@ -140,13 +128,11 @@ class RandomStateExtension:
             serializer("train_size", np.int64(self.train_size))
             serializer("batch_size", np.int64(self.batch_size))
             return
-        internal = serializer("python_state", None)
-        version = int(serializer("python_version", None))
         gauss = float(serializer("python_gauss", None))
-        random.setstate((version, tuple(int(v) for v in internal),
+        random.setstate((int(serializer("python_version", None)),
+                         tuple(int(v) for v in serializer("python_state", None)),
                          None if math.isnan(gauss) else gauss))
-        np.random.set_state(("MT19937", np.asarray(serializer("numpy_keys", None),
-                                                   dtype=np.uint32),
+        np.random.set_state(("MT19937", np.asarray(serializer("numpy_keys", None), np.uint32),
                              int(serializer("numpy_pos", None)),
                              int(serializer("numpy_has_gauss", None)),
                              float(serializer("numpy_cached_gaussian", None))))
@@ -159,7 +145,8 @@ def check_run_file(path, name: str = "resume", snapshot: bool = True) -> Path:
     path, kind = Path(path), "snapshot" if snapshot else "file"
 
     def fail(problem, kind=kind):
-        expected = SNAPSHOT_EXPECTED if snapshot else WEIGHTS_EXPECTED
+        expected = SNAPSHOT_EXPECTED if snapshot else ("imagenet, voc0712, none or a model-only "
+                                                       ".npz (the model.npz of a train run)")
         return WeightsError(f"{name}: {path} {problem}; expected {expected}", kind, path=path)
 
     if not path.exists():
@@ -174,11 +161,10 @@ def check_run_file(path, name: str = "resume", snapshot: bool = True) -> Path:
         raise fail(f"is truncated or corrupt ({exc})") from None
     except OSError as exc:
         raise fail(f"cannot be read ({exc.strerror or exc})") from None
-    if found and not snapshot:
+    if found != snapshot:
         raise fail("is a trainer snapshot, not model weights: to continue that run use "
-                   "resume=PATH (--resume PATH)")
-    if snapshot and not found:
-        raise fail("is not a trainer snapshot (no 'updater/' entries): to start from model "
+                   "resume=PATH (--resume PATH)" if found else
+                   "is not a trainer snapshot (no 'updater/' entries): to start from model "
                    "weights use pretrained=PATH (--pretrained PATH)")
     return path
 
@@ -191,43 +177,35 @@ def load_snapshot(trainer, path, train_size: int, batch_size: int) -> None:
         with np.load(path, allow_pickle=False) as npz:
             check_sizes(path, npz.zip)          # before chainer reads every array of it
             if prefix + "train_size" not in npz.files:
-                raise WeightsError(f"{path} is not a trainer snapshot of medaidet train (it "
-                                   "lacks the random states): it cannot be resumed here; to "
-                                   "start from model weights use pretrained=PATH instead",
-                                   "snapshot")
+                raise WeightsError(f"{path} lacks medaidet train's random states: it cannot be "
+                                   "resumed; start from its weights (pretrained=PATH)", "snapshot")
             size, batch = int(npz[prefix + "train_size"]), int(npz[prefix + "batch_size"])
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise WeightsError(f"{path} is not a readable trainer snapshot ({type(exc).__name__}: "
                            f"{exc}); expected {SNAPSHOT_EXPECTED}", "snapshot") from None
     if (size, batch) != (train_size, batch_size):
-        raise WeightsError(
-            f"{path} was taken training on {size} images with batch size {batch}; this "
-            f"config has {train_size} images and batch size {batch_size}. A trainer snapshot "
-            "holds the iterator's position in that dataset: resume with the same subset and "
-            "batch size, or start a new run from its model weights "
-            "(pretrained='.../model.npz').", "snapshot")
+        raise WeightsError(f"{path} was taken on {size} images with batch size {batch}, this "
+                           f"config has {train_size} images and batch size {batch_size}: resume "
+                           "with the same subset and batch size, or start from its weights "
+                           "(pretrained='.../model.npz')", "snapshot")
     try:
         chainer.serializers.load_npz(str(path), trainer)
     except (KeyError, ValueError, TypeError) as exc:
-        raise WeightsError(f"{path} does not fit this trainer ({type(exc).__name__}: "
-                           f"{exc}): was it taken with another model or config?",
-                           "snapshot") from None
+        raise WeightsError(f"{path} does not fit this trainer ({type(exc).__name__}: {exc}): "
+                           "was it taken with another model or config?", "snapshot") from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise WeightsError(f"{path} is truncated or corrupt ({type(exc).__name__}: "
-                           f"{exc}); expected {SNAPSHOT_EXPECTED}", "snapshot") from None
+        raise WeightsError(f"{path} is truncated or corrupt ({type(exc).__name__}: {exc}); "
+                           f"expected {SNAPSHOT_EXPECTED}", "snapshot") from None
 
 
 class StopOnNonFinite:
-    """Optimizer hook that stops training at the first nan or inf: ``'pre'`` checks the loss
-    and every gradient before the update, ``'post'`` every parameter after it. One host sync
-    each."""
+    """Optimizer hook stopping training at the first nan or inf: ``'pre'`` checks the loss and
+    every gradient before the update, ``'post'`` every parameter after it (one host sync each)."""
 
     call_for_each_param = False
 
     def __init__(self, timing: str = "pre", loss_key: str = "main/loss"):
-        self.timing = timing
-        self.name = f"StopOnNonFinite_{timing}"
-        self.loss_key = loss_key
+        self.timing, self.loss_key, self.name = timing, loss_key, f"StopOnNonFinite_{timing}"
 
     def __call__(self, optimizer):
         pre = self.timing == "pre"
@@ -240,22 +218,17 @@ class StopOnNonFinite:
             value = float(getattr(loss, "array", loss))
             if not math.isfinite(value):
                 raise DivergedError(f"the loss is {value}", "training")
-        bad = _non_finite([(name, p.grad if pre else p.array)
-                           for name, p in optimizer.target.namedparams()])
+        arrays = [(name, a) for name, p in optimizer.target.namedparams()
+                  if (a := p.grad if pre else p.array) is not None]
+        if not arrays:
+            return
+        xp = backend.get_array_module(arrays[0][1])       # one transfer to the host
+        finite = backend.CpuDevice().send(xp.stack([xp.isfinite(a).all() for _, a in arrays]))
+        bad = [name for (name, _), ok in zip(arrays, finite) if not ok]
         if bad:
             what = ("gradient(s) hold nan or inf" if pre else
                     "weight array(s) hold nan or inf after this iteration's update")
             raise DivergedError(f"{len(bad)} {what}, first {bad[0]}", "training")
-
-
-def _non_finite(named_arrays) -> list:
-    """Names of the arrays (None skipped) holding a nan or inf (one transfer to the host)."""
-    named_arrays = [(name, a) for name, a in named_arrays if a is not None]
-    if not named_arrays:
-        return []
-    xp = backend.get_array_module(named_arrays[0][1])
-    finite = backend.CpuDevice().send(xp.stack([xp.isfinite(a).all() for _, a in named_arrays]))
-    return [name for (name, _), ok in zip(named_arrays, finite) if not ok]
 
 
 @contextlib.contextmanager
@@ -274,17 +247,15 @@ def stop_on_divergence(updater, snapshot: Path):
                 snap_iteration = int(npz["updater/iteration"])
         except (OSError, KeyError, ValueError):         # none written yet
             snap_iteration = None
-        kept = (f"no trainer snapshot had been written yet ({snapshot} does not exist): set "
-                "snapshot_interval to keep one" if snap_iteration is None else
+        kept = (f"no trainer snapshot was written ({snapshot}; set snapshot_interval)"
+                if snap_iteration is None else
                 f"the last trainer snapshot, {snapshot} (iteration {snap_iteration}), is intact")
         iteration = updater.iteration + 1
         raise DivergedError(
-            f"training diverged at iteration {iteration}: {cause}. Training stopped there: "
-            f"model.npz was not written and no snapshot of this state was taken; {kept}. "
-            "Common causes: a learning rate too high for this batch size (lower lr, or warm "
-            "up), or a bad sample (medaidet data validate). Start again with a lower lr, or "
-            "resume from the snapshot once the cause is fixed.", "training",
-            iteration=iteration, snapshot=None if snap_iteration is None else snapshot,
+            f"training diverged at iteration {iteration}: {cause}; model.npz was not written, "
+            f"{kept}. Lower lr (or warm up) or fix the bad sample (medaidet data validate), "
+            "then start again or resume", "training", iteration=iteration,
+            snapshot=None if snap_iteration is None else snapshot,
             snapshot_iteration=snap_iteration) from exc
 
 
@@ -304,18 +275,14 @@ def check_objects(dataset, images, config: TrainConfig):
     split, root = config.train_split, dataset.root
     listed = split_path(root, split)
     if len(images) < len(dataset) and _n_boxes(dataset):
-        raise ConfigError(
-            f"the first {len(images)} images of split {split} ({listed}) have no objects: "
-            f"nothing to learn (subset={config.subset}). Train on more of the split's "
-            f"{len(dataset)} images (a larger subset, or none)", "nothing_to_learn")
+        raise ConfigError(f"subset={config.subset}: the first {len(images)} images of split "
+                          f"{split} ({listed}) have no objects; use a larger subset, or none",
+                          "nothing_to_learn")
     raw = sum(len(parse_annotation(annotation_path(root, i)).objects) for i in dataset.ids)
-    why = ("their annotations hold no <object>" if not raw else
-           f"the {raw} <object> element(s) of their annotations are all dropped as invalid "
-           "or marked difficult")
-    raise ConfigError(
-        f"split {split} has no objects: nothing to learn. None of the {len(dataset)} images "
-        f"listed in {listed} has a box the loader keeps ({why}). Check Annotations/<id>.xml "
-        f"of the ids in that list, or run `medaidet data validate {root}`", "nothing_to_learn")
+    why = f"all {raw} <object>s dropped as invalid or difficult" if raw else "no <object>"
+    raise ConfigError(f"split {split} has nothing to learn: no image in {listed} has a box the "
+                      f"loader keeps ({why}); check their Annotations/<id>.xml, or run "
+                      f"`medaidet data validate {root}`", "nothing_to_learn")
 
 
 # ``images``: all ranks' training images; ``train``: this process's share, augmented and
@@ -326,8 +293,7 @@ Iterators = namedtuple("Iterators", "train val n_processes")
 # the extensions the run reads back, and where the learning-rate steps apply
 Extensions = namedtuple("Extensions", "evaluator log_report monitor lr_step_iterations")
 # every piece of a built recipe (:meth:`Recipe.build`), by name
-Built = namedtuple("Built", "model train_chain data iterators optimizer updater trainer "
-                            "extensions")
+Built = namedtuple("Built", "model train_chain data iterators optimizer updater trainer extensions")
 
 
 @dataclass
@@ -357,10 +323,9 @@ class Length:
 
 @dataclass
 class Recipe:
-    """The course's training recipe for ``config``, one method per piece (notebook 03).
-
-    ``root``: the resolved dataset root (None: from ``config.root`` when the data is built);
-    ``device``: default ``config.device``; ``comm``: this rank's ChainerMN communicator."""
+    """The course's training recipe for ``config``, one method per piece (notebook 03). ``root``:
+    the dataset root (None: ``config.root``'s, resolved when the data is built); ``device``:
+    default ``config.device``; ``comm``: this rank's ChainerMN communicator."""
 
     config: TrainConfig
     root: Path | None = None
@@ -375,17 +340,14 @@ class Recipe:
         self.main = self.comm is None or self.comm.rank == 0  # the one that logs and writes
 
     def model(self):
-        """The SSD of ``config.model`` for BCCD's classes from ``config.pretrained``, every
-        parameter initialised now (from the seeded RNG)."""
-        config = self.config
-        return materialize(build_ssd(config.model, config.pretrained,
+        """The SSD of ``config.model`` from ``config.pretrained`` for BCCD, initialised now."""
+        return materialize(build_ssd(self.config.model, self.config.pretrained,
                                      n_fg_class=len(BCCD_LABEL_NAMES)))
 
     def train_chain(self, model):
         """The model and the multibox loss (``k``, ``alpha``) on this process's device."""
         train_chain = MultiboxTrainChain(model, alpha=self.config.alpha, k=self.config.k,
-                                         comm=self.comm)
-        train_chain.to_device(self.device)
+                                         comm=self.comm).to_device(self.device)
         self.device.use()
         return train_chain
 
@@ -406,8 +368,7 @@ class Recipe:
         images = _first(dataset, config.subset)
         check_objects(dataset, images, config)
         if config.other_sources:     # TXL-PBC's train images of other laboratories
-            images = ConcatenatedDataset(
-                images, TXLPBCDataset(None, "train", config.other_sources))
+            images = ConcatenatedDataset(images, TXLPBCDataset(None, "train", config.other_sources))
         val = _first(BCCDDataset(self.root, config.val_split, labels=config.labels),
                      config.eval_subset)
         transform = self.transform(model)
@@ -422,8 +383,7 @@ class Recipe:
 
     def iterators(self, data: TrainingData, log=print) -> Iterators:
         """The shuffled, repeating training iterator and the one-pass validation iterator."""
-        train_iter, n_processes = make_train_iterator(data.train, self.config, log,
-                                                      self.batch_size)
+        train_iter, n_processes = make_train_iterator(data.train, self.config, log, self.batch_size)
         val_iter = chainer.iterators.SerialIterator(data.val, self.config.eval_batch_size,
                                                     repeat=False, shuffle=False)
         return Iterators(train_iter, val_iter, n_processes)
@@ -432,10 +392,8 @@ class Recipe:
         """MomentumSGD (or Adam) with the hooks: bias gradients x ``bias_grad_scale``, weight
         decay on the other parameters, :class:`StopOnNonFinite` before and after updates."""
         config = self.config
-        if config.optimizer == "adam":
-            optimizer = chainer.optimizers.Adam(alpha=config.lr)
-        else:
-            optimizer = chainer.optimizers.MomentumSGD(lr=config.lr, momentum=config.momentum)
+        optimizer = (chainer.optimizers.Adam(alpha=config.lr) if config.optimizer == "adam" else
+                     chainer.optimizers.MomentumSGD(lr=config.lr, momentum=config.momentum))
         if self.comm is not None:   # gradients averaged over the ranks before every update
             import chainermn
             optimizer = chainermn.create_multi_node_optimizer(optimizer, self.comm)
@@ -444,10 +402,8 @@ class Recipe:
             # rank 0's weights to every rank now: ChainerMN's first update() would skip a step
             optimizer.update()
         for param in train_chain.params():
-            if param.name == "b":
-                param.update_rule.add_hook(GradientScaling(config.bias_grad_scale))
-            else:
-                param.update_rule.add_hook(WeightDecay(config.weight_decay))
+            param.update_rule.add_hook(GradientScaling(config.bias_grad_scale) if param.name == "b"
+                                       else WeightDecay(config.weight_decay))
         optimizer.add_hook(StopOnNonFinite("pre"))
         optimizer.add_hook(StopOnNonFinite("post"))
         return optimizer
@@ -475,10 +431,9 @@ class Recipe:
         def every(interval, unit):
             return EveryOrEnd(interval, unit, length.is_end)
 
-        lr_steps = training.triggers.ManualScheduleTrigger(list(config.lr_steps), "epoch")
         trainer.extend(extensions.ExponentialShift(     # Adam's learning rate is its alpha
             "alpha" if config.optimizer == "adam" else "lr", config.lr_gamma, init=config.lr),
-            trigger=lr_steps)
+            trigger=training.triggers.ManualScheduleTrigger(list(config.lr_steps), "epoch"))
         evaluator = PresetEvaluator(val_iter, CappedPredictor(model), use_07_metric=False,
                                     label_names=BCCD_LABEL_NAMES, comm=self.comm)
         trainer.extend(evaluator, name="validation", trigger=every(config.eval_interval, "epoch"))
@@ -525,16 +480,13 @@ class TrainResult:
         """Every validation of the run: iteration, epoch, mAP and AP per class."""
         m = self.metrics
         names = list(m["val_ap"])
-        table = Table(["iteration", "epoch", f"{m['config']['val_split']} mAP", *names])
-        for entry in m["log"]:
-            if "validation/main/map" in entry:
-                table.append([entry["iteration"], entry["epoch"], entry["validation/main/map"],
-                              *(entry.get(f"validation/main/ap/{n}") for n in names)])
-        return table
+        return Table(["iteration", "epoch", f"{m['config']['val_split']} mAP", *names],
+                     [[e["iteration"], e["epoch"], e["validation/main/map"],
+                       *(e.get(f"validation/main/ap/{n}") for n in names)]
+                      for e in m["log"] if "validation/main/map" in e])
 
     def summary(self) -> str:
-        m = self.metrics
-        best = m.get("best_val_map")
+        m, best = self.metrics, self.metrics.get("best_val_map")
         best = "n/a" if best is None else f"{best:.3f} (iteration {m['best_val_iteration']})"
         loss = "n/a" if m.get("last_loss") is None else f"{m['last_loss']:.3f}"
         return (f"trained {m['iterations']} iterations ({m['iterations_this_run']} in this run, "
@@ -545,11 +497,10 @@ class TrainResult:
 
 
 def run_metrics(config, recipe, data, iterators, updater, extensions, *, start_iteration,
-                seconds, resume, weights, sha256, snapshot, plots) -> dict:
-    """The numbers of a finished run, as ``metrics.json`` holds them."""
+                seconds, resume, weights, sha256, snapshot, plots, fit=None) -> dict:
+    """The numbers of a finished run, as ``metrics.json`` holds them; ``fit``: the MemoryFit."""
     iterations_run = updater.iteration - start_iteration
-    eval_seconds = extensions.evaluator.seconds
-    train_seconds = max(seconds - eval_seconds, 1e-9)
+    train_seconds = max(seconds - extensions.evaluator.seconds, 1e-9)
     entries = [{k: finite_or_none(v) if isinstance(v, (float, np.floating)) else v
                 for k, v in entry.items()} for entry in extensions.log_report.log]  # no nan
     evals = [e for e in entries if "validation/main/map" in e]
@@ -564,7 +515,7 @@ def run_metrics(config, recipe, data, iterators, updater, extensions, *, start_i
         "resumed_from": None if resume is None else str(resume),
         "seconds": seconds,
         "train_seconds": train_seconds,
-        "eval_seconds": eval_seconds,
+        "eval_seconds": extensions.evaluator.seconds,
         "images_per_second": iterations_run * config.batch_size / train_seconds,
         "seconds_per_epoch": (train_seconds / (iterations_run * config.batch_size)
                               * len(data.images)) if iterations_run else None,
@@ -576,9 +527,8 @@ def run_metrics(config, recipe, data, iterators, updater, extensions, *, start_i
         "val_images": len(data.val),
         "train_images": len(data.images),
         "transform_stats": data.transform.stats.to_dict() if counted else None,
-        **({} if counted else {"transform_stats_note": (
-            "not counted: the transform ran in worker processes; use n_processes=0 to "
-            "count drops")}),
+        **({} if counted else {"transform_stats_note": "not counted: the transform ran in "
+                               "worker processes; use n_processes=0 to count drops"}),
         "n_processes": iterators.n_processes,
         "accumulate": config.accumulate,
         "communicator": config.communicator,
@@ -593,6 +543,7 @@ def run_metrics(config, recipe, data, iterators, updater, extensions, *, start_i
         "config": config.to_dict(),
         "versions": {"chainer": chainer.__version__, "numpy": np.__version__},
         "log": entries,
+        "memory_fit": fit.to_dict() if fit is not None else None,
     }
 
 
@@ -666,10 +617,9 @@ def plan_accumulate(fit: MemoryFit, at_least: int = 1) -> int:
                 fit.needs(fit.batch_size // accumulate) <= MARGIN * fit.available:
             return accumulate
     raise DeviceError(
-        f"memory: not even one image fits on {fit.device}: a step of one image takes "
-        f"{format_bytes(fit.needs(1))} (measured), {format_bytes(fit.available)} are "
-        "available. Free the device's memory (other notebooks' kernels, nvidia-smi lists "
-        "them), raise memory_limit, or train the small SSD (model='ssd_small')", "memory",
+        f"memory: not even one image fits on {fit.device} ({format_bytes(fit.needs(1))} "
+        f"measured, {format_bytes(fit.available)} available): free its memory (nvidia-smi lists "
+        "the users), raise memory_limit, or use model='ssd_small'", "memory",
         needed=fit.needs(1), available=fit.available)
 
 
@@ -693,8 +643,7 @@ def _peak(chain, examples, device):
 def _measure(config: TrainConfig, root, device):
     """Step peaks at 2 and 4 images, optimizer state bytes, bytes available, how measured."""
     recipe = Recipe(config.replace(pretrained=None, augment=False), root=root)
-    model = recipe.model()
-    chain = recipe.train_chain(model)
+    chain = recipe.train_chain(model := recipe.model())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AnnotationWarning)
         images = BCCDDataset(root, config.train_split, labels=config.labels).slice[:4]
@@ -702,8 +651,7 @@ def _measure(config: TrainConfig, root, device):
     examples = [dataset[i % len(dataset)] for i in range(4)]
     with chainer.using_config("train", True):
         peaks = [_peak(chain, examples[:n], device) for n in (2, 4)]
-    state = sum(p.array.nbytes for p in chain.params()) * (2 if config.optimizer == "adam"
-                                                            else 1)
+    state = sum(p.array.nbytes for p in chain.params()) * (2 if config.optimizer == "adam" else 1)
     return peaks, state, available_bytes(device, config.memory_limit), PeakMemory(device).measure
 
 
@@ -733,14 +681,11 @@ def prepare_run(config: TrainConfig, resume=None) -> tuple[Path, Path]:
         if config.augment:
             import cv2  # noqa: F401  (ChainerCV's augmentation imports it in each step)
     except ImportError as exc:
-        raise ConfigError(f"augment: OpenCV does not import ({exc}), and ChainerCV's "
-                          "augmentation needs it: python -m medaidet stack install, or "
-                          "augment=False") from None
+        raise ConfigError(f"augment: OpenCV does not import ({exc}), ChainerCV's augmentation "
+                          "needs it: python -m medaidet stack install, or augment=False") from None
     if resume is not None and config.communicator is not None:
-        raise WeightsError("resume: resuming a multi-process (ChainerMN) run is not "
-                           "supported: each rank's data order and random state would have to "
-                           "be restored. Start a new run from its weights "
-                           "(pretrained='.../model.npz').", "snapshot")
+        raise WeightsError("resume: a multi-process (ChainerMN) run cannot be resumed; start a "
+                           "new run from its weights (pretrained='.../model.npz')", "snapshot")
     root = resolve_root(config.root)
     read = ((root, resolve_root(None, TXL_PBC)) if config.labels == "txl-pbc"
             or config.other_sources else (root,))
@@ -766,47 +711,30 @@ def initial_weights(config: TrainConfig) -> dict:
 
 def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
           log=print, comm=None, device=None) -> TrainResult:
-    """Train an SSD as ``config`` says (default: the course recipe); see the module docs.
-
-    ``resume``: a ``snapshot_latest.npz`` taken on the same training images and batch size.
-    ``comm``, ``device``: this process as one ChainerMN rank (:func:`medaidet.extras.mpi.train`).
-    Returns a :class:`TrainResult`. Raises DeviceError, WeightsError (``"snapshot"``;
-    ``"missing"`` offline), DivergedError (the iteration, the snapshot left intact),
-    ConfigError (no box in the training images) and the dataset's errors.
-    """
+    """Train as ``config`` says (notebook 03), from a ``resume`` snapshot (06), as one ``comm``
+    rank (08). Raises ConfigError, DeviceError, WeightsError, DivergedError or DataError."""
     config = config if config is not None else TrainConfig()
     if config.communicator is not None and comm is None:
-        raise ConfigError(f"communicator: {config.communicator!r} is a multi-process "
-                          "(ChainerMN) run: start it with `mpiexec -n N python -m medaidet "
-                          f"train --communicator {config.communicator}` (notebook 08), or "
-                          "call medaidet.extras.mpi.train")
+        raise ConfigError(f"communicator: {config.communicator!r} needs several processes: "
+                          "run it with mpiexec (notebook 08) or medaidet.extras.mpi.train")
     out, root = prepare_run(config, resume)
     device = resolve_device(config.device) if device is None else device
-    fit = None
-    if comm is None:      # before seeding: it builds a model of its own
-        config, fit = fit_batch(config, root, device, log)
-    elif comm.rank != 0:
-        log = lambda *args, **kwargs: None      # rank 0 alone logs
+    rank = 0 if comm is None else comm.rank
+    # the batch fitted to the memory, before seeding (it builds a model of its own)
+    config, fit = fit_batch(config, root, device, log) if comm is None else (config, None)
+    log = log if rank == 0 else (lambda *args, **kwargs: None)      # rank 0 alone logs
     if config.precision == "tf32":
         device.use()
         log("train: precision tf32: " + ("TF32 tensor cores for float32 matrix products"
                                          if use_tf32() else "float32 products (TF32 needs an "
                                          "NVIDIA GPU of compute capability 8.0+)"))
-    return _run(config, Recipe(config, root, comm, device), out, resume, progress, log, fit)
-
-
-def _run(config: TrainConfig, recipe: Recipe, out: Path, resume, progress: bool, log,
-         fit=None) -> TrainResult:
-    """:func:`train`'s body: seed, build, run, save. ``fit``: the :class:`MemoryFit` used."""
-    rank = 0 if recipe.comm is None else recipe.comm.rank
     if config.seed is not None:   # each rank its own stream; the weights are rank 0's
-        seed_everything(config.seed + rank, [recipe.device], config.deterministic)
+        seed_everything(config.seed + rank, [device], config.deterministic)
         log(f"train: seeded Python, NumPy and CuPy with {config.seed + rank}; "
             f"cudnn_deterministic {config.deterministic}")
 
-    built = recipe.build(log, progress)
-    model, data, iterators = built.model, built.data, built.iterators
-    updater, trainer, extensions = built.updater, built.trainer, built.extensions
+    recipe = Recipe(config, root, comm, device)
+    model, _, data, iterators, _, updater, trainer, ext = recipe.build(log, progress)
     if model.weights_report is not None:
         log(f"train: {model.weights_report.summary()}")
     if resume is not None:
@@ -820,20 +748,18 @@ def _run(config: TrainConfig, recipe: Recipe, out: Path, resume, progress: bool,
         with stop_on_divergence(updater, out / SNAPSHOT_NAME):
             trainer.run(show_loop_exception_msg=False)
     finally:
-        extensions.monitor.finalize()
+        ext.monitor.finalize()
         iterators.train.finalize()
     seconds = time.perf_counter() - start
 
-    weights, snapshot = out / WEIGHTS_NAME, out / SNAPSHOT_NAME if recipe.comm is None else None
+    weights, snapshot = out / WEIGHTS_NAME, out / SNAPSHOT_NAME if comm is None else None
     if not recipe.main:
         return TrainResult(out, weights, "", snapshot, {"rank": rank}, model)
     sha256 = save_weights(model, weights)
-    metrics = run_metrics(config, recipe, data, iterators, updater, extensions,
-                          start_iteration=start_iteration, seconds=seconds, resume=resume,
-                          weights=weights, sha256=sha256, snapshot=snapshot,
-                          plots=write_plots(extensions.log_report.log, out, config.val_split,
-                                            extensions.lr_step_iterations))
-    metrics["memory_fit"] = fit.to_dict() if fit is not None else None
+    plots = write_plots(ext.log_report.log, out, config.val_split, ext.lr_step_iterations)
+    metrics = run_metrics(config, recipe, data, iterators, updater, ext, resume=resume,
+                          start_iteration=start_iteration, seconds=seconds, weights=weights,
+                          sha256=sha256, snapshot=snapshot, plots=plots, fit=fit)
     if iterators.n_processes == 0:
         stats = data.transform.stats
         log(f"train: augmentation dropped {stats.dropped} of {stats.boxes_in} boxes "
