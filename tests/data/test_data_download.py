@@ -30,10 +30,12 @@ def upstream_name(rel: str) -> str:
     return f"{TOP}/{rel}" if "/" not in rel else f"{TOP}/BCCD/{rel}"
 
 
-def _dir(name):
+def _member(name, kind=tarfile.DIRTYPE, target=""):
+    """A member without data: a folder (0755), or with ``kind`` a link, device or FIFO."""
     info = tarfile.TarInfo(name)
-    info.type = tarfile.DIRTYPE
-    info.mode = 0o755
+    info.type, info.linkname = kind, target
+    if kind == tarfile.DIRTYPE:
+        info.mode = 0o755
     return info
 
 
@@ -46,26 +48,21 @@ def make_tar_gz(entries) -> bytes:
             if isinstance(entry, tarfile.TarInfo):
                 tar.addfile(entry)
             else:
-                name, data = entry
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                info.mode = 0o644
-                tar.addfile(info, io.BytesIO(data))
+                info = tarfile.TarInfo(entry[0])     # mode 0644
+                info.size = len(entry[1])
+                tar.addfile(info, io.BytesIO(entry[1]))
     return buf.getvalue()
 
 
 def upstream_entries(files: dict, replace=None):
     """The whole upstream archive: directories, the manifest files, and extras we ignore."""
-    replace = replace or {}
-    entries = [_dir(f"{TOP}/"), ("%s/README.md" % TOP, b"# BCCD Dataset\n"),
-               (f"{TOP}/example.jpg", b"\xff\xd8not used\xff\xd9"),
-               _dir(f"{TOP}/scripts/"), (f"{TOP}/scripts/split.py", b"print('split')\n"),
-               _dir(f"{TOP}/BCCD/"), _dir(f"{TOP}/BCCD/ImageSets/"),
-               _dir(f"{TOP}/BCCD/ImageSets/Main/"), _dir(f"{TOP}/BCCD/Annotations/"),
-               _dir(f"{TOP}/BCCD/JPEGImages/")]
-    for rel, data in files.items():
-        entries.append((upstream_name(rel), replace.get(rel, data)))
-    return entries
+    return [_member(f"{TOP}/"), ("%s/README.md" % TOP, b"# BCCD Dataset\n"),
+            (f"{TOP}/example.jpg", b"\xff\xd8not used\xff\xd9"),
+            _member(f"{TOP}/scripts/"), (f"{TOP}/scripts/split.py", b"print('split')\n"),
+            _member(f"{TOP}/BCCD/"), _member(f"{TOP}/BCCD/ImageSets/"),
+            _member(f"{TOP}/BCCD/ImageSets/Main/"), _member(f"{TOP}/BCCD/Annotations/"),
+            _member(f"{TOP}/BCCD/JPEGImages/")] + [
+        (upstream_name(rel), (replace or {}).get(rel, data)) for rel, data in files.items()]
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +71,12 @@ def good_files(bccd_root):
 
 
 class Server:
-    """Serves ``routes[path] = (status, body, content_length)`` on 127.0.0.1 and counts hits."""
+    """Serves ``routes[path] = (body, content_length)`` on 127.0.0.1 and counts hits; a path in
+    ``stalls`` sends half its body, then waits."""
 
     def __init__(self):
-        self.routes = {}
-        self.stalls = set()
-        self.release = threading.Event()
-        self.hits = collections.Counter()
-        self.lock = threading.Lock()
+        self.routes, self.stalls, self.hits = {}, set(), collections.Counter()
+        self.release, self.lock = threading.Event(), threading.Lock()
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -89,23 +84,19 @@ class Server:
                 with server.lock:
                     server.hits[self.path] += 1
                 if self.path not in server.routes:
-                    self.send_error(404, "Not Found")
-                    return
-                status, body, length = server.routes[self.path]
-                self.send_response(status)
+                    return self.send_error(404, "Not Found")
+                body, length = server.routes[self.path]
+                self.send_response(200)
                 self.send_header("Content-Type", "application/x-gzip")
-                if length is True:
-                    self.send_header("Content-Length", str(len(body)))
-                elif length is not None:
-                    self.send_header("Content-Length", str(length))
+                if length is not None:
+                    self.send_header("Content-Length", str(len(body) if length is True else length))
                 self.end_headers()
+                stall = self.path in server.stalls
                 try:
-                    if self.path in server.stalls:
-                        self.wfile.write(body[: len(body) // 2])
+                    self.wfile.write(body[: len(body) // 2] if stall else body)
+                    if stall:
                         self.wfile.flush()
                         server.release.wait(60)
-                    else:
-                        self.wfile.write(body)
                 except OSError:
                     pass
 
@@ -118,8 +109,8 @@ class Server:
                                        kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
-    def add(self, path, body, status=200, content_length=True) -> str:
-        self.routes[path] = (status, body, content_length)
+    def add(self, path, body, content_length=True) -> str:
+        self.routes[path] = (body, content_length)
         return self.url(path)
 
     def url(self, path) -> str:
@@ -161,7 +152,7 @@ def txl_server(txl_root):
               (f"{TXL_TOP}/TXL_PBC/train.py", b"print('not kept')\n")]
 
     def archive(changed=None):
-        entries = [_dir(f"{TXL_TOP}/")] + extras + [
+        entries = [_member(f"{TXL_TOP}/")] + extras + [
             (f"{TXL_TOP}/{rel}", (changed or {}).get(rel, data)) for rel, data in files.items()]
         return make_tar_gz(entries)
 
@@ -186,9 +177,21 @@ def _no_proxy_for_localhost(monkeypatch):
     monkeypatch.delenv(dl.BCCD.url_env, raising=False)
 
 
-def leftovers(folder: Path, keep=()):
-    """Everything in ``folder`` except ``keep`` (temp files, partial folders...)."""
-    return sorted(p.name for p in folder.iterdir() if p.name not in keep)
+def leftovers(folder: Path):
+    """Everything in ``folder`` (temp files, partial folders...)."""
+    return sorted(p.name for p in folder.iterdir())
+
+
+def data_error(call, *args, **kwargs) -> DataError:
+    """The DataError that ``call(*args, **kwargs)`` raises."""
+    with pytest.raises(DataError) as info:
+        call(*args, **kwargs)
+    return info.value
+
+
+def fetch(server, root, path, **kwargs) -> Path:
+    """``download_bccd`` into ``root`` from ``server``'s ``path``, without a progress bar."""
+    return download_bccd(root=root, url=server.url(path), progress=False, **kwargs)
 
 
 def assert_complete(root: Path, extra=(), source=dl.BCCD):
@@ -205,13 +208,10 @@ def assert_complete(root: Path, extra=(), source=dl.BCCD):
 def test_manifests_list_every_file_without_the_upstream_level_as_the_shared_copies_do(
         bccd_root):
     manifest = dl.load_manifest()
-    assert len(manifest) == 734
-    assert sum(p.startswith("Annotations/") for p in manifest) == 364
-    assert sum(p.startswith("JPEGImages/") for p in manifest) == 364
-    assert {p for p in manifest if "/" not in p} == {"LICENSE", "test.csv"}
+    assert collections.Counter(p.split("/")[0] for p in manifest) == {     # 734 files
+        "Annotations": 364, "JPEGImages": 364, "ImageSets": 4, "LICENSE": 1, "test.csv": 1}
     assert {p for p in manifest if p.startswith("ImageSets/")} == {
         f"ImageSets/Main/{s}.txt" for s in ("train", "val", "trainval", "test")}
-    assert not [p for p in manifest if p.startswith("BCCD/")]
     assert len(dl.load_manifest(dl.TXL_PBC)) == 2888
     shared = bccd_root / "SHA256SUMS"
     if shared.is_file():                # a copy made by hand may lack it
@@ -254,7 +254,7 @@ def test_a_good_archive_installs_every_file_then_is_used_without_the_network(
     dest = tmp_path / "cache" / source.cache_name
     if case == "file-url":                  # an archive fetched elsewhere
         archive = tmp_path / "archive.tar.gz"
-        archive.write_bytes(srv.routes[good][1])
+        archive.write_bytes(srv.routes[good][0])
         url = archive.as_uri()
     if case == "empty-folder":
         dest.mkdir(parents=True)
@@ -275,18 +275,10 @@ def test_a_good_archive_installs_every_file_then_is_used_without_the_network(
 def test_a_changed_file_is_named_and_nothing_is_installed(tmp_path, request, source):
     fixture, _, changed, rel = ARCHIVES[source]
     dest = tmp_path / source.cache_name
-    with pytest.raises(DataError) as info:
-        dl.download(source, dest, request.getfixturevalue(fixture).url(changed), progress=False)
-    assert info.value.kind == "checksum"
-    assert [(p.path, p.kind) for p in info.value.problems] == [(rel, "mismatch")]
-    assert leftovers(tmp_path) == []
-
-
-@pytest.mark.parametrize("path", ["/missing.tar.gz", "/dropped.tar.gz"])   # 404; cut off
-def test_http_404_or_a_connection_dropped_mid_download(tmp_path, server, path):
-    with pytest.raises(DataError) as info:
-        download_bccd(root=tmp_path / "bccd", url=server.url(path), progress=False)
-    assert info.value.kind == "download"
+    err = data_error(dl.download, source, dest, request.getfixturevalue(fixture).url(changed),
+                     progress=False)
+    assert err.kind == "checksum" and [(p.path, p.kind) for p in err.problems] == [
+        (rel, "mismatch")]
     assert leftovers(tmp_path) == []
 
 
@@ -298,7 +290,7 @@ def _zip_of(files: dict) -> bytes:
     return buf.getvalue()
 
 
-# What the server sends instead of the .tar.gz.
+# What the server sends instead of the .tar.gz (besides a 404 and a connection dropped).
 NOT_A_TAR_GZ = {
     "zip": lambda good, files: _zip_of({upstream_name(rel): files[rel]
                                         for rel in sorted(files)[:20]}),
@@ -311,36 +303,30 @@ NOT_A_TAR_GZ = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(NOT_A_TAR_GZ))
-def test_not_a_tar_gz_is_an_archive_error_and_nothing_is_written(tmp_path, server, good_files,
-                                                                 case):
-    body = NOT_A_TAR_GZ[case](server.routes["/good.tar.gz"][1], good_files)
-    with pytest.raises(DataError) as info:
-        download_bccd(root=tmp_path / "bccd", url=server.add(f"/not-tar-{case}", body),
-                      progress=False)
-    assert info.value.kind == "archive"
+@pytest.mark.parametrize("case", ["http-404", "dropped", *sorted(NOT_A_TAR_GZ)])
+def test_a_failed_download_or_not_a_tar_gz_is_named_and_nothing_is_written(
+        tmp_path, server, good_files, case):
+    path = {"http-404": "/missing.tar.gz", "dropped": "/dropped.tar.gz"}.get(case,
+                                                                             f"/not-tar-{case}")
+    if case in NOT_A_TAR_GZ:
+        server.add(path, NOT_A_TAR_GZ[case](server.routes["/good.tar.gz"][0], good_files))
+    kind = "archive" if case in NOT_A_TAR_GZ else "download"
+    assert data_error(fetch, server, tmp_path / "bccd", path).kind == kind
     assert leftovers(tmp_path) == []
-
-
-def _link(name, kind, target=""):
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.linkname = target
-    return info
 
 
 UNSAFE = {   # members tarfile's data filter refuses
     "parent": ("../evil.txt", b"evil"),
-    "symlink": _link(f"{TOP}/BCCD/JPEGImages/BloodImage_00000.jpg", tarfile.SYMTYPE,
-                     "/etc/passwd"),
-    "symlink-dir": _link(f"{TOP}/BCCD/Annotations", tarfile.SYMTYPE, "/tmp"),
-    "symlink-out": _link(f"{TOP}/BCCD/out", tarfile.SYMTYPE, "../../../../evil.txt"),
-    "hardlink": _link(f"{TOP}/test.csv", tarfile.LNKTYPE, "/etc/passwd"),
-    "device": _link(f"{TOP}/LICENSE", tarfile.CHRTYPE),
-    "fifo": _link(f"{TOP}/scripts/pipe", tarfile.FIFOTYPE),
+    "symlink": _member(f"{TOP}/BCCD/JPEGImages/BloodImage_00000.jpg", tarfile.SYMTYPE,
+                       "/etc/passwd"),
+    "symlink-dir": _member(f"{TOP}/BCCD/Annotations", tarfile.SYMTYPE, "/tmp"),
+    "symlink-out": _member(f"{TOP}/BCCD/out", tarfile.SYMTYPE, "../../../../evil.txt"),
+    "hardlink": _member(f"{TOP}/test.csv", tarfile.LNKTYPE, "/etc/passwd"),
+    "device": _member(f"{TOP}/LICENSE", tarfile.CHRTYPE),
+    "fifo": _member(f"{TOP}/scripts/pipe", tarfile.FIFOTYPE),
     # the filter lets a link inside the folder through; where the dataset has a file, refused
-    "symlink-inside": _link(f"{TOP}/BCCD/JPEGImages/BloodImage_00001.jpg", tarfile.SYMTYPE,
-                            "BloodImage_00000.jpg"),
+    "symlink-inside": _member(f"{TOP}/BCCD/JPEGImages/BloodImage_00001.jpg", tarfile.SYMTYPE,
+                              "BloodImage_00000.jpg"),
 }
 
 
@@ -352,10 +338,9 @@ def test_unsafe_member_is_refused_and_nothing_is_written(tmp_path, server, good_
     member = entry.name if isinstance(entry, tarfile.TarInfo) else entry[0]
     # a few good files first, so the refusal happens mid-extraction
     first = [(upstream_name(rel), good_files[rel]) for rel in sorted(good_files)[:5]]
-    url = server.add(f"/unsafe-{case}.tar.gz", make_tar_gz([_dir(f"{TOP}/")] + first + [entry]))
-    with pytest.raises(DataError) as info:
-        download_bccd(root=work / "bccd", url=url, progress=False)
-    assert (info.value.kind, info.value.member) == ("unsafe_archive", member)
+    url = server.add(f"/unsafe-{case}.tar.gz", make_tar_gz([_member(f"{TOP}/")] + first + [entry]))
+    err = data_error(download_bccd, root=work / "bccd", url=url, progress=False)
+    assert (err.kind, err.member) == ("unsafe_archive", member)
     assert leftovers(work) == []
     assert not list(tmp_path.rglob("evil.txt"))
     assert not (tmp_path.parent / "evil.txt").exists()
@@ -372,7 +357,7 @@ def test_a_member_the_manifest_does_not_name_is_never_written(tmp_path, server, 
     work = tmp_path / "work"
     work.mkdir()
     name = UNNAMED[case](tmp_path)
-    entries = [_dir(f"{TOP}/"), (name, b"evil")] + upstream_entries(good_files)[1:]
+    entries = [_member(f"{TOP}/"), (name, b"evil")] + upstream_entries(good_files)[1:]
     url = server.add(f"/unnamed-{case}.tar.gz", make_tar_gz(entries))
     assert_complete(download_bccd(root=work / "bccd", url=url, progress=False))
     assert leftovers(work) == ["bccd"]
@@ -380,78 +365,65 @@ def test_a_member_the_manifest_does_not_name_is_never_written(tmp_path, server, 
     assert not (tmp_path.parent / "evil.txt").exists()
 
 
-def _refused_port():
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
-    return sock
-
-
 @pytest.mark.parametrize("source", [dl.BCCD, dl.TXL_PBC], ids=lambda s: s.name)
 def test_offline_exits_2_naming_where_to_place_the_data_by_hand(tmp_path, source):
     dest = tmp_path / "data"
     flag = [] if source is dl.BCCD else ["--dataset", "txl-pbc"]
-    sock = _refused_port()
-    try:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
         result = _cli(["data", "download", *flag, "--root", str(dest)],
                       {source.url_env: f"http://127.0.0.1:{sock.getsockname()[1]}/x.tar.gz"})
-    finally:
-        sock.close()
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert str(dest) in result.stderr           # the folder to place the data in
     assert leftovers(tmp_path) == []
 
 
-URLS_WITHOUT_AN_ACCEPTED_SCHEME = {
-    "local-path": lambda archive: str(archive),
-    "relative-path": lambda archive: "bccd.tar.gz",
-    "ftp": lambda archive: "ftp://ftp.example.org/BCCD.tar.gz",
-    "windows-path": lambda archive: r"C:\\Users\\me\\BCCD.tar.gz",
-    "host-without-scheme": lambda archive: "github.com/Shenggan/BCCD_Dataset/archive/x.tar.gz",
+URLS_WITHOUT_AN_ACCEPTED_SCHEME = {     # None: the archive's local path
+    "local-path": None, "relative-path": "bccd.tar.gz", "ftp": "ftp://ftp.example.org/BCCD.tar.gz",
+    "windows-path": r"C:\\Users\\me\\BCCD.tar.gz",
+    "host-without-scheme": "github.com/Shenggan/BCCD_Dataset/archive/x.tar.gz",
 }
 
 
 @pytest.mark.parametrize("case", sorted(URLS_WITHOUT_AN_ACCEPTED_SCHEME))
 def test_url_without_an_accepted_scheme_is_a_named_error(tmp_path, server, case):
     archive = tmp_path / "BCCD.tar.gz"
-    archive.write_bytes(server.routes["/good.tar.gz"][1])
-    url = URLS_WITHOUT_AN_ACCEPTED_SCHEME[case](archive)
-    with pytest.raises(DataError) as info:
-        download_bccd(root=tmp_path / "out" / "bccd", url=url, progress=False)
-    assert info.value.kind == "url"
+    archive.write_bytes(server.routes["/good.tar.gz"][0])
+    url = URLS_WITHOUT_AN_ACCEPTED_SCHEME[case] or str(archive)
+    assert data_error(download_bccd, root=tmp_path / "out" / "bccd", url=url,
+                      progress=False).kind == "url"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["BCCD.tar.gz"]
 
 
-def test_copy_placed_by_hand_is_verified_in_place_without_network(tmp_path, good_files):
+@pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
+def test_a_copy_placed_by_hand_is_verified_in_place_without_network(tmp_path, good_files,
+                                                                    read_only):
+    """Writable: marked (extra files and another manifest's marker are fine); read-only, as a
+    shared copy is: left unwritten, even by root (CI)."""
     dest = place_by_hand(tmp_path / "bccd", good_files)
-    (dest / "SOURCE.txt").write_text("extra files are fine")
-    (dest / dl.MARKER_NAME).write_text("0" * 64 + "\n")  # a marker of another manifest
-    root = download_bccd(root=dest, url="http://127.0.0.1:9/unused", progress=False)
-    assert root == dest.resolve() and dl.is_verified(root)
-
-
-def test_a_read_only_copy_is_verified_in_place_and_left_unwritten(tmp_path, good_files):
-    dest = place_by_hand(tmp_path / "bccd", good_files)
-    dest.chmod(0o555)   # as a shared copy is: even root (CI) must not write into it
+    if read_only:
+        dest.chmod(0o555)
+    else:
+        (dest / "SOURCE.txt").write_text("extra files are fine")
+        (dest / dl.MARKER_NAME).write_text("0" * 64 + "\n")
     try:
         for _ in range(2):
             assert download_bccd(root=dest, url="http://127.0.0.1:9/unused",
                                  progress=False) == dest.resolve()
-        assert not (dest / dl.MARKER_NAME).exists()
     finally:
         dest.chmod(0o755)
+    assert dl.is_verified(dest) is not read_only
+    assert (dest / dl.MARKER_NAME).exists() is not read_only
 
 
 def test_other_content_is_never_replaced_silently(tmp_path, server):
     dest = tmp_path / "mine"
     dest.mkdir()
     (dest / "notes.txt").write_text("precious")
-    url = server.url("/good.tar.gz")
     afile = tmp_path / "afile"
     afile.write_text("x")
     for root, force in ((dest, False), (dest, True), (afile, False)):
-        with pytest.raises(DataError) as info:
-            download_bccd(root=root, url=url, force=force, progress=False)
-        assert info.value.kind == "destination"
+        assert data_error(fetch, server, root, "/good.tar.gz", force=force).kind == "destination"
     assert (dest / "notes.txt").read_text() == "precious" and afile.read_text() == "x"
 
 
@@ -464,32 +436,31 @@ USER_FILES = {
 }
 
 
-def assert_user_files_kept(root: Path):
+def assert_forced_install_complete(root: Path):
+    assert_complete(root, extra=USER_FILES)
     for rel, data in USER_FILES.items():
         assert (root / rel).read_bytes() == data, rel
 
 
+def installed_with_user_files(server, root: Path, edited: str) -> Path:
+    """A downloaded BCCD with the user's files added and ``edited`` changed."""
+    fetch(server, root, "/good.tar.gz")
+    (place_by_hand(root, USER_FILES) / edited).write_bytes(b"edited")
+    return root.resolve()
+
+
 def test_force_replaces_only_the_bccd_files_and_keeps_the_users(tmp_path, server):
-    dest = tmp_path / "bccd"
-    url = server.url("/good.tar.gz")
-    root = download_bccd(root=dest, url=url, progress=False)
-    place_by_hand(root, USER_FILES)
-    (root / CORRUPTED).write_bytes(b"edited")            # what checksum_mismatch reports
+    root = installed_with_user_files(server, tmp_path / "bccd", CORRUPTED)
     (root / "ImageSets" / "Main" / "train.txt").unlink()
-    assert download_bccd(root=dest, url=url, force=True, progress=False) == root
-    assert_complete(root, extra=USER_FILES)
-    assert_user_files_kept(root)
+    assert fetch(server, root, "/good.tar.gz", force=True) == root
+    assert_forced_install_complete(root)
     assert leftovers(tmp_path) == ["bccd"]
 
 
 def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, server,
                                                                    monkeypatch):
-    dest = tmp_path / "bccd"
-    url = server.url("/good.tar.gz")
-    root = download_bccd(root=dest, url=url, progress=False)
-    place_by_hand(root, USER_FILES)
     changed = list(dl.load_manifest())[-1]                # installed last
-    (root / changed).write_bytes(b"edited")
+    root = installed_with_user_files(server, tmp_path / "bccd", changed)
     real_replace, moved = os.replace, []
 
     def killed_after_ten_files(src, dst, **kwargs):
@@ -501,29 +472,22 @@ def test_an_interrupted_forced_install_is_never_taken_for_verified(tmp_path, ser
 
     monkeypatch.setattr(os, "replace", killed_after_ten_files)
     with pytest.raises(KeyboardInterrupt):
-        download_bccd(root=dest, url=url, force=True, progress=False)
+        fetch(server, root, "/good.tar.gz", force=True)
     monkeypatch.setattr(os, "replace", real_replace)
     assert len(moved) == 10
     assert not dl.is_verified(root)
     assert [(p.path, p.kind) for p in verify_dataset(root)] == [(changed, "mismatch")]
-    assert_user_files_kept(root)
+    assert all((root / rel).read_bytes() == data for rel, data in USER_FILES.items())
     assert leftovers(tmp_path) == ["bccd"]
-    with pytest.raises(DataError) as info:
-        download_bccd(root=dest, url=url, progress=False)
-    assert info.value.kind == "destination"
-    download_bccd(root=dest, url=url, force=True, progress=False)
-    assert_complete(root, extra=USER_FILES)
-    assert_user_files_kept(root)
+    assert data_error(fetch, server, root, "/good.tar.gz").kind == "destination"
+    fetch(server, root, "/good.tar.gz", force=True)
+    assert_forced_install_complete(root)
 
 
 def test_failed_forced_download_keeps_the_existing_dataset(tmp_path, server):
-    dest = tmp_path / "bccd"
-    root = download_bccd(root=dest, url=server.url("/good.tar.gz"), progress=False)
-    with pytest.raises(DataError):
-        download_bccd(root=dest, url=server.url("/corrupt.tar.gz"), force=True, progress=False)
-    with pytest.raises(DataError):
-        download_bccd(root=dest, url=server.url("/truncated.tar.gz"), force=True,
-                      progress=False)
+    root = fetch(server, tmp_path / "bccd", "/good.tar.gz")
+    for path, kind in (("/corrupt.tar.gz", "checksum"), ("/truncated.tar.gz", "archive")):
+        assert data_error(fetch, server, root, path, force=True).kind == kind
     assert_complete(root)
     assert leftovers(tmp_path) == ["bccd"]
 
@@ -537,14 +501,10 @@ def _kill_mid_download(dest: Path, url: str) -> list:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            partial = [p for p in dest.parent.glob(f".{dest.name}.*.partial/archive.download")
-                       if p.stat().st_size > 0]
-            if partial:
-                break
+        while not any(p.stat().st_size for p in
+                      dest.parent.glob(f".{dest.name}.*.partial/archive.download")):
+            assert time.monotonic() < deadline, "the download never started"
             time.sleep(0.05)
-        else:
-            pytest.fail("the download never started")
     finally:
         proc.kill()
         proc.wait()
@@ -558,14 +518,14 @@ def test_a_killed_download_leaves_one_hidden_folder_and_the_next_one_deletes_not
     work.mkdir()
     dest = work / "bccd"
     server.stalls.add("/stall.tar.gz")
-    server.add("/stall.tar.gz", server.routes["/good.tar.gz"][1])
+    server.add("/stall.tar.gz", server.routes["/good.tar.gz"][0])
     killed = _kill_mid_download(dest, server.url("/stall.tar.gz"))
     assert len(killed) == 1 and killed[0].startswith(".bccd.") and \
         killed[0].endswith(".partial"), killed
     (work / "notes.txt").write_bytes(b"keep me")
     umask = os.umask(0o022)
     try:
-        download_bccd(root=dest, url=server.url("/good.tar.gz"), progress=False)
+        fetch(server, dest, "/good.tar.gz")
     finally:
         os.umask(umask)
     assert_complete(dest)
@@ -611,12 +571,9 @@ def test_resolve_root_order_explicit_then_env_then_cache(clean_env, monkeypatch,
 def test_resolve_root_never_downloads_and_explains(clean_env, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(DataError) as info:
-        resolve_root(empty)
-    assert info.value.kind == "not_found" and str(empty) in str(info.value)
-    with pytest.raises(DataError) as info:
-        resolve_root()                              # the default cache: empty too
-    assert info.value.kind == "not_found"
+    err = data_error(resolve_root, empty)
+    assert err.kind == "not_found" and str(empty) in str(err)
+    assert data_error(resolve_root).kind == "not_found"            # the default cache: empty too
     assert list(empty.iterdir()) == []
 
 
@@ -640,18 +597,14 @@ def test_cli_download_prints_the_root(tmp_path, server):
 @pytest.mark.parametrize("force", [False, True])
 def test_a_root_holding_another_dataset_is_refused_even_with_force(tmp_path, server, txl_server,
                                                                   force):
-    """Refused by name, with no suggestion to force it."""
-    bccd = download_bccd(root=tmp_path / "bccd", url=server.url("/good.tar.gz"), progress=False)
+    bccd = fetch(server, tmp_path / "bccd", "/good.tar.gz")
     marker = (bccd / dl.MARKER_NAME).read_text()
-    with pytest.raises(DataError) as info:
-        dl.download_txl_pbc(root=bccd, url=txl_server.url("/txl.tar.gz"), force=force,
-                            progress=False)
-    assert info.value.kind == "destination"
+    assert data_error(dl.download_txl_pbc, root=bccd, url=txl_server.url("/txl.tar.gz"),
+                      force=force, progress=False).kind == "destination"
     assert not (bccd / "TXL_PBC").exists()
     assert (bccd / dl.MARKER_NAME).read_text() == marker and dl.is_verified(bccd)
     txl = dl.download_txl_pbc(root=tmp_path / "txl", url=txl_server.url("/txl.tar.gz"),
                               progress=False)
-    with pytest.raises(DataError) as info:
-        download_bccd(root=txl, url=server.url("/good.tar.gz"), force=force, progress=False)
-    assert info.value.kind == "destination" and not (txl / "Annotations").exists()
+    assert data_error(fetch, server, txl, "/good.tar.gz", force=force).kind == "destination"
+    assert not (txl / "Annotations").exists()
     assert dl.is_verified(txl, dl.TXL_PBC)

@@ -38,24 +38,27 @@ def jpg_file(root, image_id=TARGET):
     return root / "JPEGImages" / f"{image_id}.jpg"
 
 
-def edit_objects(root, change, image_id=TARGET):
-    """Apply ``change(annotation_element, objects)`` to a (trusted, real) XML and save it."""
-    tree = ET.parse(xml_file(root, image_id))
-    change(tree.getroot(), tree.getroot().findall("object"))
-    tree.write(xml_file(root, image_id))
+def edit(change):
+    """A mutation applying ``change(annotation_element, objects)`` to TARGET's (real) XML."""
+    def mutate(root):
+        tree = ET.parse(xml_file(root))
+        change(tree.getroot(), tree.getroot().findall("object"))
+        tree.write(xml_file(root))
+    return mutate
 
 
-def set_coord(index, tag, value):
+def set_coords(index, **values):
     def change(_, objects):
-        objects[index].find("bndbox").find(tag).text = value
-    return change
+        for tag, value in values.items():
+            objects[index].find("bndbox").find(tag).text = value
+    return edit(change)
 
 
 def remove(index, path):
     def change(_, objects):
         parent = objects[index] if "/" not in path else objects[index].find(path.split("/")[0])
         parent.remove(parent.find(path.split("/")[-1]))
-    return change
+    return edit(change)
 
 
 def append_copy(index, shift=0):
@@ -65,30 +68,25 @@ def append_copy(index, shift=0):
             element = copy.find("bndbox").find(tag)
             element.text = str(int(element.text) + shift)
         annotation.append(copy)
-    return change
+    return edit(change)
 
 
-def replace_xml(text):
+def replace_xml(text, *pairs):
+    """A mutation writing ``text`` as TARGET's XML (None: its text, each ``(old, new)`` of
+    ``pairs`` replaced)."""
     def mutate(root):
-        xml_file(root).write_text(text)
+        new = xml_file(root).read_text() if text is None else text
+        for old, replacement in pairs:
+            new = new.replace(old, replacement)
+        xml_file(root).write_text(new)
     return mutate
 
 
 OBJECT = ("<object><name>RBC</name><difficult>0</difficult><bndbox><xmin>10</xmin>"
           "<ymin>10</ymin><xmax>90</xmax><ymax>90</ymax></bndbox></object>")
-BILLION_LAUGHS = """<?xml version="1.0"?>
-<!DOCTYPE annotation [
-  <!ENTITY lol "lol">
-  <!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">
-  <!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">
-  <!ENTITY lol4 "&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;">
-  <!ENTITY lol5 "&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;">
-  <!ENTITY lol6 "&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;">
-  <!ENTITY lol7 "&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;">
-  <!ENTITY lol8 "&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;">
-  <!ENTITY lol9 "&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;">
-]>
-<annotation><filename>&lol9;</filename>""" + OBJECT + "</annotation>"
+BILLION_LAUGHS = ('<?xml version="1.0"?>\n<!DOCTYPE annotation [\n  <!ENTITY lol1 "lol">\n'
+                  + "".join(f'  <!ENTITY lol{i} "{f"&lol{i - 1};" * 10}">\n' for i in range(2, 10))
+                  + "]>\n<annotation><filename>&lol9;</filename>" + OBJECT + "</annotation>")
 
 
 def external_entity_xml(secret_path):
@@ -151,8 +149,7 @@ XML, JPG, LIST = f"Annotations/{TARGET}.xml", f"JPEGImages/{TARGET}.jpg", "Image
 
 @dataclass
 class Refused:
-    """Building ``split`` raises a DataError (both modes) with these fields (``path`` under
-    the root)."""
+    """Building ``split`` raises a DataError (both modes) with these fields (path: root's)."""
     kind: str
     path: str = XML
     split: str = "train"
@@ -160,20 +157,15 @@ class Refused:
     object_index: int = None
 
 
-@dataclass
 class ReadFails:
     """Building works; reading TARGET's image raises DataError naming the file."""
 
 
-@dataclass
 class Accepted:
     """Every split loads in strict mode; TARGET's boxes equal the unmodified ones."""
 
 
-X = str(TARGET)
-
-
-def found(kind, image=X, obj=None, severity="error"):
+def found(kind, image=TARGET, obj=None, severity="error"):
     """The validator's finding ``(kind, image, object, severity)``, as a set of one."""
     return {(kind, image, obj, severity)}
 
@@ -192,43 +184,30 @@ class Case:
 
 
 CASES = {
-    "reversed_coordinates": Case(
-        lambda r: edit_objects(r, lambda a, o: (set_coord(2, "xmin", "300")(a, o),
-                                                set_coord(2, "xmax", "200")(a, o))),
-        Dropped("bad_coordinates", 2)),
-    "non_numeric_coordinate": Case(lambda r: edit_objects(r, set_coord(1, "ymin", "12px")),
-                                   Dropped("bad_coordinates", 1)),
-    "nan_coordinate": Case(lambda r: edit_objects(r, set_coord(3, "xmax", "nan")),
-                           Dropped("bad_coordinates", 3)),
-    "missing_bndbox": Case(lambda r: edit_objects(r, remove(4, "bndbox")),
-                           Dropped("bad_coordinates", 4)),
-    "missing_coordinate": Case(lambda r: edit_objects(r, remove(5, "bndbox/ymax")),
-                               Dropped("bad_coordinates", 5)),
-    "zero_area_box": Case(
-        lambda r: edit_objects(r, lambda a, o: set_coord(2, "xmax", o[2].find(
-            "bndbox").findtext("xmin"))(a, o)),
-        Dropped("zero_area", 2)),
-    "box_outside_image": Case(
-        lambda r: edit_objects(r, lambda a, o: (set_coord(6, "xmin", "700")(a, o),
-                                                set_coord(6, "xmax", "760")(a, o))),
-        Dropped("out_of_bounds", 6)),
+    "reversed_coordinates": Case(set_coords(2, xmin="300", xmax="200"),
+                                 Dropped("bad_coordinates", 2)),
+    "non_numeric_coordinate": Case(set_coords(1, ymin="12px"), Dropped("bad_coordinates", 1)),
+    "nan_coordinate": Case(set_coords(3, xmax="nan"), Dropped("bad_coordinates", 3)),
+    "missing_bndbox": Case(remove(4, "bndbox"), Dropped("bad_coordinates", 4)),
+    "missing_coordinate": Case(remove(5, "bndbox/ymax"), Dropped("bad_coordinates", 5)),
+    "zero_area_box": Case(edit(lambda _, o: setattr(o[2].find("bndbox/xmax"), "text",
+                                                    o[2].findtext("bndbox/xmin"))),
+                          Dropped("zero_area", 2)),
+    "box_outside_image": Case(set_coords(6, xmin="700", xmax="760"), Dropped("out_of_bounds", 6)),
     "box_overhanging_border": Case(          # object 0 ends on the last row (ymax 480)
-        lambda r: edit_objects(r, set_coord(0, "ymax", "481")), Clipped("out_of_bounds", 0)),
+        set_coords(0, ymax="481"), Clipped("out_of_bounds", 0)),
     "exact_copy_of_a_box": Case(                 # IoU 1: a near duplicate too
-        lambda r: edit_objects(r, append_copy(8)), Dropped("near_duplicate_box", TARGET_OBJECTS)),
-    "near_duplicate_box": Case(lambda r: edit_objects(r, append_copy(9, shift=2)),
-                               Dropped("near_duplicate_box", TARGET_OBJECTS)),
-    "unknown_label": Case(
-        lambda r: edit_objects(r, lambda a, o: setattr(o[3].find("name"), "text", "Neutrophil")),
-        Refused("label", object_index=3), found("unknown_label", obj=3)),
-    "missing_object_name": Case(lambda r: edit_objects(r, remove(2, "name")),
-                                Refused("label", object_index=2), found("unknown_label", obj=2)),
+        append_copy(8), Dropped("near_duplicate_box", TARGET_OBJECTS)),
+    "near_duplicate_box": Case(append_copy(9, shift=2), Dropped("near_duplicate_box",
+                                                                TARGET_OBJECTS)),
+    "unknown_label": Case(edit(lambda _, o: setattr(o[3].find("name"), "text", "Neutrophil")),
+                          Refused("label", object_index=3), found("unknown_label", obj=3)),
+    "missing_object_name": Case(remove(2, "name"), Refused("label", object_index=2),
+                                found("unknown_label", obj=2)),
     "label_other_case_and_spaces": Case(
-        lambda r: xml_file(r).write_text(
-            xml_file(r).read_text().replace("<name>RBC</name>", "<name>  rbc\t</name>")
-            .replace("<name>WBC</name>", "<name>Wbc</name>")
-            .replace("<name>Platelets</name>", "<name>PLATELETS </name>")),
-        Accepted(), set()),
+        replace_xml(None, ("<name>RBC</name>", "<name>  rbc\t</name>"),
+                    ("<name>WBC</name>", "<name>Wbc</name>"),
+                    ("<name>Platelets</name>", "<name>PLATELETS </name>")), Accepted(), set()),
     "entity_expansion_billion_laughs": Case(
         replace_xml(BILLION_LAUGHS), Refused("unsafe_xml"), found("parse_error")),
     "external_dtd": Case(
@@ -247,9 +226,8 @@ CASES = {
     "not_an_image": Case(lambda r: jpg_file(r).write_text("not a JPEG"), Refused("image", JPG),
                          found("bad_image")),
     "xml_size_disagrees_with_image": Case(
-        lambda r: xml_file(r).write_text(xml_file(r).read_text()
-                                         .replace("<width>640</width>", "<width>320</width>")),
-        Refused("image_size"), found("size_mismatch")),
+        replace_xml(None, ("<width>640</width>", "<width>320</width>")), Refused("image_size"),
+        found("size_mismatch")),
     # one decode rule for loader and validator; a converted image loads (<depth> may disagree)
     "rgba_png_saved_as_jpg": Case(
         resave_image(with_alpha), Accepted(), set(), {"metadata_mismatch"}),
@@ -290,8 +268,7 @@ CASES = {
         lambda r: write_split(r, "test", SPLIT_LISTS["test"] + [TARGET]),
         Accepted(), set()),
     "metadata_disagrees": Case(
-        lambda r: xml_file(r).write_text(xml_file(r).read_text().replace(
-            f"<filename>{TARGET}.jpg", "<filename>BloodImage_00999.jpg")),
+        replace_xml(None, (f"<filename>{TARGET}.jpg", "<filename>BloodImage_00999.jpg")),
         Accepted(), found("metadata_mismatch", severity="info")),
 }
 

@@ -11,31 +11,16 @@ from conftest import CLEAN_IDS, REPO, edit_objects, split_ids
 
 
 # The same field of view photographed twice (each pair checked by eye), with the splits.
-SAME_FIELD = {
-    ("BloodImage_00037", "BloodImage_00038"): ("val", "train"),
-    ("BloodImage_00204", "BloodImage_00277"): ("train", "val"),
-    ("BloodImage_00205", "BloodImage_00276"): ("test", "train"),
-    ("BloodImage_00206", "BloodImage_00278"): ("train", "train"),
-    ("BloodImage_00223", "BloodImage_00263"): ("val", "train"),
-    ("BloodImage_00224", "BloodImage_00264"): ("train", "train"),
-    ("BloodImage_00226", "BloodImage_00261"): ("test", "val"),
-    ("BloodImage_00227", "BloodImage_00260"): ("test", "val"),
-    ("BloodImage_00228", "BloodImage_00259"): ("val", "train"),
-    ("BloodImage_00229", "BloodImage_00258"): ("test", "train"),
-    ("BloodImage_00230", "BloodImage_00257"): ("val", "train"),
-    ("BloodImage_00231", "BloodImage_00256"): ("train", "train"),
-    ("BloodImage_00233", "BloodImage_00254"): ("test", "train"),
-    ("BloodImage_00236", "BloodImage_00253"): ("val", "test"),
-    ("BloodImage_00237", "BloodImage_00252"): ("train", "train"),
-    ("BloodImage_00242", "BloodImage_00249"): ("train", "test"),
-    ("BloodImage_00243", "BloodImage_00250"): ("train", "train"),
-    ("BloodImage_00244", "BloodImage_00247"): ("val", "train"),
-    ("BloodImage_00248", "BloodImage_00249"): ("train", "test"),
-    ("BloodImage_00381", "BloodImage_00397"): ("val", "val"),
-    ("BloodImage_00382", "BloodImage_00395"): ("train", "train"),
-    ("BloodImage_00384", "BloodImage_00393"): ("train", "train"),
-    ("BloodImage_00386", "BloodImage_00391"): ("val", "test"),
-}
+SAME_FIELD = {(f"BloodImage_{a:05d}", f"BloodImage_{b:05d}"): (split_a, split_b)
+              for a, b, split_a, split_b in [
+    (37, 38, "val", "train"), (204, 277, "train", "val"), (205, 276, "test", "train"),
+    (206, 278, "train", "train"), (223, 263, "val", "train"), (224, 264, "train", "train"),
+    (226, 261, "test", "val"), (227, 260, "test", "val"), (228, 259, "val", "train"),
+    (229, 258, "test", "train"), (230, 257, "val", "train"), (231, 256, "train", "train"),
+    (233, 254, "test", "train"), (236, 253, "val", "test"), (237, 252, "train", "train"),
+    (242, 249, "train", "test"), (243, 250, "train", "train"), (244, 247, "val", "train"),
+    (248, 249, "train", "test"), (381, 397, "val", "val"), (382, 395, "train", "train"),
+    (384, 393, "train", "train"), (386, 391, "val", "test")]}
 # Files from another annotator/tool (labelImg on a Mac, folder "RBC"): only RBC boxed.
 FOREIGN = {"BloodImage_00171", "BloodImage_00178", "BloodImage_00228"}
 # Implausible sizes: a platelet boxed as WBC, two WBCs boxed as platelets, a tiny "RBC".
@@ -160,7 +145,6 @@ def test_cli_without_data_says_how_to_get_it(tmp_path):
 
 
 def test_an_image_without_objects_is_not_missing_a_class(bccd_copy):
-    """Background-only images are legitimate: an image without boxes misses no class."""
     root = bccd_copy()                          # 10 images: missing_class is on
     edit_objects(root, split_ids(root, "train")[:1])
     report = validate_dataset(root)

@@ -9,11 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medaidet.data.bccd import LINKS_FILE, bccd_links, read_split
-from medaidet.errors import MedaidetError
+from medaidet.data.bccd import AnnotationWarning, BCCDDataset, LINKS_FILE, bccd_links, read_split
+from medaidet.data.txl_pbc import (REEXPORTED_FILE, TXLPBCDataset, _txl_images, census,
+                                   reexported_links)
+from medaidet.errors import ConfigError, DataError, MedaidetError
+from medaidet.training.config import TrainConfig
+from medaidet.training.train import Recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from txl_links import find_bccd_images, links_tsv  # noqa: E402  (tools/ is no package)
+from txl_links import (_ranks, _thumbnail, find_bccd_images,  # noqa: E402  (tools/: no package)
+                       find_reexported_bccd, links_tsv)
 
 
 def test_the_shipped_table_links_221_bccd_images_by_bccds_own_splits(bccd_root):
@@ -61,7 +66,6 @@ def _counts(dataset):
 
 @pytest.mark.slow(seconds=2)
 def test_the_re_annotation_boxes_twice_the_red_cells_bccd_boxed(bccd_root, txl_root):
-    from medaidet.data.bccd import AnnotationWarning, BCCDDataset
     counts = {}
     for split, n in (("train", 124), ("val", 57), ("test", 40)):
         txl = BCCDDataset(split=split, labels="txl-pbc")
@@ -80,10 +84,6 @@ def test_the_re_annotation_boxes_twice_the_red_cells_bccd_boxed(bccd_root, txl_r
 
 
 def test_no_bccd_val_or_test_image_reaches_training_through_txl_pbcs_splits(bccd_root, txl_root):
-    """TXL-PBC's train split holds 38 of BCCD's val and 26 of its test images."""
-    from medaidet.data.bccd import BCCDDataset
-    from medaidet.training.config import TrainConfig
-    from medaidet.training.train import Recipe
     held_out = set(read_split(bccd_root, "val")) | set(read_split(bccd_root, "test"))
     train = BCCDDataset(split="train", labels="txl-pbc")
     assert not set(train.ids) & held_out
@@ -96,9 +96,6 @@ def test_no_bccd_val_or_test_image_reaches_training_through_txl_pbcs_splits(bccd
 
 
 def test_labels_are_checked_by_name(bccd_root):
-    from medaidet.data.bccd import BCCDDataset
-    from medaidet.errors import ConfigError
-    from medaidet.training.config import TrainConfig
     with pytest.raises(ConfigError, match="^labels: 'txl'"):
         BCCDDataset(split="test", labels="txl")
     with pytest.raises(ConfigError, match="^labels: 'TXL'"):
@@ -106,8 +103,6 @@ def test_labels_are_checked_by_name(bccd_root):
 
 
 def test_without_txl_pbc_the_re_annotation_says_how_to_get_it(bccd_root, tmp_path, monkeypatch):
-    from medaidet.data.bccd import BCCDDataset
-    from medaidet.errors import DataError
     monkeypatch.setenv("MEDAIDET_TXL_PBC", str(tmp_path / "nowhere"))
     with pytest.raises(DataError) as info:
         BCCDDataset(split="test", labels="txl-pbc")
@@ -116,7 +111,6 @@ def test_without_txl_pbc_the_re_annotation_says_how_to_get_it(bccd_root, tmp_pat
 
 
 def test_sources_by_image_size(txl_root):
-    from medaidet.data.txl_pbc import census
     counts = census(txl_root)
     assert sum(counts.values()) == 1440 and not any("unknown" in s for _, s in counts)
     by_source = Counter()
@@ -131,8 +125,6 @@ def test_sources_by_image_size(txl_root):
 @pytest.mark.slow(seconds=9)
 def test_the_416_pixel_images_are_bccds_own_again_and_the_table_is_derived_again(bccd_root,
                                                                                 txl_root):
-    from medaidet.data.txl_pbc import REEXPORTED_FILE, _txl_images, reexported_links
-    from txl_links import _ranks, _thumbnail, find_reexported_bccd
     found = find_reexported_bccd(txl_root, bccd_root)
     shipped = reexported_links()
     # the same links; the similarity to within rounding (image decoders differ in the last bit)
@@ -153,9 +145,6 @@ def test_the_416_pixel_images_are_bccds_own_again_and_the_table_is_derived_again
 
 
 def test_other_laboratories_load_with_txl_pbcs_boxes_and_their_defects_named(txl_root):
-    from medaidet.errors import ConfigError
-    from medaidet.data.txl_pbc import TXLPBCDataset
-    from medaidet.data.bccd import AnnotationWarning
     with pytest.warns(AnnotationWarning, match=r"TXL-PBC test \(PBC; .*\): dropped 36 and "
                       "clipped 0 line"):
         pbc = TXLPBCDataset(txl_root, "test", "PBC")
@@ -177,9 +166,6 @@ def test_other_laboratories_load_with_txl_pbcs_boxes_and_their_defects_named(txl
 @pytest.mark.slow(seconds=8)
 @pytest.mark.filterwarnings("ignore::medaidet.data.bccd.AnnotationWarning")   # the sources' defects
 def test_training_can_add_other_laboratories_images(bccd_root, txl_root):
-    from medaidet.training.config import TrainConfig
-    from medaidet.errors import ConfigError
-    from medaidet.training.train import Recipe
     config = TrainConfig.profile("smoke", labels="txl-pbc", subset=None,
                                  other_sources=["PBC", "Raabin-WBC"])
     assert TrainConfig.from_dict(config.to_dict()) == config

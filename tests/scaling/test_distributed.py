@@ -9,36 +9,37 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import chainer.links as L
 import numpy as np
 import pytest
 
 from medaidet.extras import mpi as dist
 from medaidet.extras.mpi import (abort_on_error, param_digest, per_rank_batchsize,
                                  rank_device)
-from medaidet.errors import DeviceError, DistributedError
+from medaidet.errors import ConfigError, DeviceError, DistributedError, WeightsError
+from medaidet.training.config import TrainConfig
+from medaidet.training.train import prepare_run, train
 from conftest import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def mpi_gate(problem, environ) -> tuple:
-    """('run' | 'skip' | 'fail', reason) for the MPI tests on a machine with ``problem``."""
-    if problem is None:
-        return "run", ""
-    if environ.get("CI_REQUIRE_MPI") == "1":
-        return "fail", (f"CI_REQUIRE_MPI=1 but MPI cannot be used: {problem} "
-                        f"(Open MPI and mpi4py come with '.[test]': {dist.INSTALL_MPI})")
-    return "skip", f"ChainerMN cannot run here: {problem}"
-
-
 @pytest.fixture(scope="module")
 def mpi():
     """The MPI tests' gate: skip with the reason, or fail in CI."""
-    verdict, reason = mpi_gate(dist.mpi_problem(), os.environ)
-    if verdict == "fail":
-        pytest.fail(reason)
-    if verdict == "skip":
-        pytest.skip(reason)
+    problem = dist.mpi_problem()
+    if problem is not None and os.environ.get("CI_REQUIRE_MPI") == "1":
+        pytest.fail(f"CI_REQUIRE_MPI=1 but MPI cannot be used: {problem} "
+                    f"(Open MPI and mpi4py come with '.[test]': {dist.INSTALL_MPI})")
+    if problem is not None:
+        pytest.skip(f"ChainerMN cannot run here: {problem}")
+
+
+def distributed_error(call, *args, **kwargs) -> DistributedError:
+    """The DistributedError that ``call(*args, **kwargs)`` raises."""
+    with pytest.raises(DistributedError) as info:
+        call(*args, **kwargs)
+    return info.value
 
 
 def _env():
@@ -72,15 +73,11 @@ def test_the_environments_own_mpiexec_is_found_without_path(monkeypatch, mpi):
 
 
 TRAIN_2_RANKS = r'''
-import json
-import numpy as np
-import chainer, chainer.links as L
-import chainermn
+import json, numpy as np, chainer, chainer.links as L, chainermn
 from chainercv.extensions import DetectionVOCEvaluator
 from medaidet.ssd.loss import multibox_loss
 from medaidet.errors import DistributedError
 from medaidet.extras import mpi as mn
-from medaidet.extras.mpi import per_rank_batchsize
 
 comm = mn.create_communicator("naive", "cpu")
 out = {"rank": comm.rank, "size": comm.size, "intra_rank": comm.intra_rank}
@@ -105,7 +102,7 @@ class Net(chainer.Chain):
 model = Net()
 optimizer = chainermn.create_multi_node_optimizer(chainer.optimizers.MomentumSGD(0.1), comm)
 optimizer.setup(model)
-batch = per_rank_batchsize(16, comm.size)
+batch = mn.per_rank_batchsize(16, comm.size)
 it = chainer.iterators.SerialIterator(share, batch, shuffle=True)
 updater = chainer.training.StandardUpdater(it, optimizer, loss_func=model)
 trainer = chainer.training.Trainer(updater, (6, "iteration"), out="result")
@@ -182,9 +179,7 @@ print("not reached", flush=True)
 
 def test_a_failing_rank_aborts_all_and_launch_reports_the_tail(mpi, tmp_path):
     # run_ranks' timeout bounds it: without abort_on_error this run never ends
-    with pytest.raises(DistributedError) as info:
-        run_ranks(tmp_path, 2, ABORT_2_RANKS, timeout=60)
-    err = info.value
+    err = distributed_error(run_ranks, tmp_path, 2, ABORT_2_RANKS, timeout=60)
     assert err.kind == "launch" and err.returncode not in (0, None), err.tail
     assert "[rank 1/2] medaidet: error: annotation 7 of BloodImage_00001.xml" in err.tail
     assert "aborting all ranks" in err.tail and "not reached" not in err.output
@@ -218,27 +213,20 @@ def test_launch_from_a_process_that_initialised_mpi(mpi):
 def test_launch_timeout_stops_the_ranks(mpi):
     start = time.perf_counter()
     program = ["-c", "import time; print('started', flush=True); time.sleep(120)"]
-    with pytest.raises(DistributedError) as info:
-        dist.launch(1, program, timeout=6, stream=io.StringIO())
-    assert info.value.kind == "launch" and info.value.returncode is None
-    assert "started" in info.value.tail and "6 s" in str(info.value)
+    err = distributed_error(dist.launch, 1, program, timeout=6, stream=io.StringIO())
+    assert err.kind == "launch" and err.returncode is None
+    assert "started" in err.tail and "6 s" in str(err)
     assert time.perf_counter() - start < 60  # stopped, not waited for
 
 
-@pytest.mark.parametrize("name", ["nccl", "pure-nccl", "", "NAIVE"])
-def test_unknown_communicator_is_named(name):
-    with pytest.raises(DistributedError) as info:
-        dist.create_communicator(name, "cpu")
-    assert info.value.kind == "communicator" and repr(name) in str(info.value)
-
-
-@pytest.mark.parametrize("name", ["pure_nccl", "non_cuda_aware", "flat"])
-@pytest.mark.parametrize("device", ["cpu", "@numpy", -1])
-def test_gpu_communicator_on_cpu(monkeypatch, name, device):
+@pytest.mark.parametrize("name, device", [
+    *((name, "cpu") for name in ("nccl", "pure-nccl", "", "NAIVE")),               # unknown
+    *((name, device) for name in ("pure_nccl", "non_cuda_aware", "flat")           # GPUs only
+      for device in ("cpu", "@numpy", -1))])
+def test_unknown_or_gpu_only_communicator_on_the_cpu_is_named(monkeypatch, name, device):
     monkeypatch.setitem(sys.modules, "mpi4py", None)   # named before MPI is looked for
-    with pytest.raises(DistributedError) as info:
-        dist.create_communicator(name, device)
-    assert info.value.kind == "communicator" and repr(name) in str(info.value)
+    err = distributed_error(dist.create_communicator, name, device)
+    assert err.kind == "communicator" and repr(name) in str(err)
 
 
 def test_nccl_communicator_without_nccl(monkeypatch):
@@ -247,9 +235,8 @@ def test_nccl_communicator_without_nccl(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", SimpleNamespace(MPI=object()))
     monkeypatch.setattr("chainermn.create_communicator", refuse)
     for name in ("pure_nccl", "non_cuda_aware"):
-        with pytest.raises(DistributedError) as info:
-            dist.create_communicator(name, "gpu")
-        assert info.value.kind == "communicator" and "libnccl.so.2 (fake)" in str(info.value)
+        err = distributed_error(dist.create_communicator, name, "gpu")
+        assert err.kind == "communicator" and "libnccl.so.2 (fake)" in str(err)
 
 
 MISSING_MPI = """
@@ -288,9 +275,8 @@ def test_no_mpiexec_on_path(monkeypatch, tmp_path):
     if problem and "cannot load" in problem:
         pytest.skip(f"no MPI library here: {problem}")
     assert "no mpiexec (or mpirun) beside" in problem and dist.INSTALL_MPI in problem
-    with pytest.raises(DistributedError) as raised:
-        dist.mpiexec_command(2, ["-m", "medaidet"])
-    assert raised.value.kind == "mpi" and dist.INSTALL_MPI in str(raised.value)
+    err = distributed_error(dist.mpiexec_command, 2, ["-m", "medaidet"])
+    assert err.kind == "mpi" and dist.INSTALL_MPI in str(err)
 
 
 @pytest.mark.parametrize("euid,root_flag", [(0, True), (1000, False)])
@@ -313,9 +299,8 @@ def test_mpich_command_and_bad_rank_counts(monkeypatch):
     mpich = dist.mpiexec_command(8, "x.py", mpiexec="mpiexec", open_mpi=False, python=None)
     assert mpich == ["mpiexec", "-n", "8", "x.py"]
     for bad in (0, -1, 1.5, True, "2"):
-        with pytest.raises(DistributedError) as info:
-            dist.mpiexec_command(bad, ["x.py"], **ompi)
-        assert info.value.kind == "ranks" and repr(bad) in str(info.value)
+        err = distributed_error(dist.mpiexec_command, bad, ["x.py"], **ompi)
+        assert err.kind == "ranks" and repr(bad) in str(err)
 
 
 def test_command_detects_the_launcher_here(mpi):
@@ -351,9 +336,8 @@ def test_per_rank_batchsize(total, ranks, per_rank):
 
 @pytest.mark.parametrize("total,ranks,suggest", [(30, 4, "28 or 32"), (1, 2, "2 or 4")])
 def test_per_rank_batchsize_that_does_not_split(total, ranks, suggest):
-    with pytest.raises(DistributedError) as info:
-        per_rank_batchsize(total, ranks)
-    assert info.value.kind == "ranks" and suggest in str(info.value)
+    err = distributed_error(per_rank_batchsize, total, ranks)
+    assert err.kind == "ranks" and suggest in str(err)
 
 
 def test_rank_device(monkeypatch):
@@ -362,22 +346,19 @@ def test_rank_device(monkeypatch):
     assert rank_device(comm, "cpu") == "cpu" and rank_device(comm, -1) == "cpu"
     assert rank_device(comm, "auto") == "cpu"
     assert rank_device(comm, "gpu") == 1  # the trainer then says CUDA is missing
-    with pytest.raises(DistributedError) as info:
-        rank_device(comm, 0)
-    assert info.value.kind == "ranks" and "--device gpu" in str(info.value)
+    err = distributed_error(rank_device, comm, 0)
+    assert err.kind == "ranks" and "--device gpu" in str(err)
     assert rank_device(fake_comm(0, 1), "@cupy:2") == 2
     monkeypatch.setattr("medaidet.extras.mpi.gpu_status", lambda: (1, ""))
     assert rank_device(fake_comm(0, 2, 0, 2), "auto") == 0
-    with pytest.raises(DistributedError) as info:
-        rank_device(comm, "gpu")
-    assert info.value.kind == "ranks" and "mpiexec -n 1" in str(info.value)
+    err = distributed_error(rank_device, comm, "gpu")
+    assert err.kind == "ranks" and "mpiexec -n 1" in str(err)
     with pytest.raises(DeviceError) as info:
         rank_device(comm, "tpu")
     assert (info.value.kind, info.value.spec) == ("spec", "tpu")
 
 
 def test_param_digest():
-    import chainer.links as L
     a, b = L.Linear(3, 2), L.Linear(3, 2)
     b.W.array[...] = a.W.array
     b.b.array[...] = a.b.array
@@ -423,10 +404,6 @@ def test_two_rank_training_with_augmentation_is_reproducible(mpi, tmp_path, bccd
 
 
 def test_resume_of_a_multi_process_run_is_refused(tmp_path):
-    from medaidet.training.config import TrainConfig
-    from medaidet.training.train import prepare_run, train
-    from medaidet.errors import ConfigError, WeightsError
-
     config = TrainConfig.profile("smoke", communicator="naive", out=str(tmp_path))
     with pytest.raises(WeightsError) as info:
         prepare_run(config, resume=tmp_path / "snapshot_latest.npz")

@@ -43,8 +43,9 @@ def one_update(model, samples, make_updater, lr=1e-3):
                 observation=observation)
 
 
-def update_once(chain, optimizer, samples, make_updater):
-    """One update of ``chain`` on all ``samples`` as one batch; what was reported."""
+def update_once(chain, optimizer, samples, make_updater, raw=False):
+    """One update of ``chain`` on all ``samples`` as one batch; what was reported (as floats
+    unless ``raw``)."""
     optimizer.setup(chain)
     iterator = chainer.iterators.SerialIterator(samples, len(samples), shuffle=False)
     updater = make_updater(iterator, optimizer)
@@ -53,7 +54,7 @@ def update_once(chain, optimizer, samples, make_updater):
     observation = {}
     with reporter.scope(observation):
         updater.update()
-    return {k: as_float(v) for k, v in observation.items()}
+    return observation if raw else {k: as_float(v) for k, v in observation.items()}
 
 
 UPDATERS = {
@@ -163,9 +164,9 @@ def stub_samples(n=6, n_prior=12):
     return out
 
 
-def stub_update(samples, make_updater):
-    chain = MultiboxTrainChain(StubModel())
-    return chain, update_once(chain, chainer.optimizers.SGD(lr=0.1), samples, make_updater)
+def stub_update(samples, make_updater, chain=None, raw=False):
+    chain = chain or MultiboxTrainChain(StubModel())
+    return chain, update_once(chain, chainer.optimizers.SGD(lr=0.1), samples, make_updater, raw)
 
 
 @pytest.mark.parametrize("n_micro", [1, 2, 3, 6])
@@ -188,11 +189,9 @@ def test_comm_is_allreduced_once_per_batch_like_the_loss():
     samples = stub_samples()
     count = sum(int((label > 0).sum()) for _, _, label in samples)
     big_comm, acc_comm = FakeComm(4, 50), FakeComm(4, 50)
-    chain = MultiboxTrainChain(StubModel(), comm=big_comm)
-    update_once(chain, chainer.optimizers.SGD(lr=0.1), samples, StandardUpdater)
-    acc_chain = MultiboxTrainChain(StubModel(), comm=acc_comm)
-    update_once(acc_chain, chainer.optimizers.SGD(lr=0.1), samples,
-                lambda it, opt: AccumulatingUpdater(it, opt, accumulate=3))
+    chain, _ = stub_update(samples, StandardUpdater, MultiboxTrainChain(StubModel(), comm=big_comm))
+    acc_chain, _ = stub_update(samples, lambda it, opt: AccumulatingUpdater(it, opt, accumulate=3),
+                               MultiboxTrainChain(StubModel(), comm=acc_comm))
     assert big_comm.received == acc_comm.received == [count]    # once, the whole batch
     for p, q in zip(chain.params(), acc_chain.params()):
         np.testing.assert_allclose(q.array, p.array, rtol=1e-5, atol=1e-7)
@@ -206,20 +205,16 @@ def test_reports_sum_losses_and_average_other_keys():
             chainer.reporter.report({"imgs": len(args[0])}, self)
             return loss
 
-    chain = Chain(StubModel())
-    optimizer = chainer.optimizers.SGD(lr=0.1)
-    optimizer.setup(chain)
-    updater = AccumulatingUpdater(chainer.iterators.SerialIterator(stub_samples(), 6),
-                                  optimizer, accumulate=3)
-    reporter = chainer.Reporter()
-    reporter.add_observer("main", chain)
-    observation = {}
-    with reporter.scope(observation):
-        updater.update()
+    updaters = []
+
+    def make_updater(iterator, optimizer):
+        updaters.append(AccumulatingUpdater(iterator, optimizer, accumulate=3))
+        return updaters[0]
+    _, observation = stub_update(stub_samples(), make_updater, Chain(StubModel()), raw=True)
     assert as_float(observation["main/imgs"]) == 2                   # a mean, not 6
     assert isinstance(observation["main/loss"], chainer.Variable)
     assert observation["main/loss"].creator is None                  # no graph kept
-    updater.update()                                                 # no reporter: fine
+    updaters[0].update()                                             # no reporter: fine
 
 
 def test_batch_size_not_divisible_is_named():

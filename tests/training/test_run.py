@@ -7,18 +7,22 @@ import subprocess
 import sys
 import time
 
+import chainer
+import chainer.functions as F
+import chainer.links as L
 import numpy as np
 import pytest
 
 from conftest import REPO
 from medaidet.device import resolve_device
-from medaidet.errors import ConfigError, DeviceError, WeightsError
+from medaidet.errors import ConfigError, DeviceError, DivergedError, WeightsError
 from medaidet import cli
 from medaidet.cli import config_from_args
+from medaidet.ssd.model import build_ssd
+from medaidet.ssd.weights import load_weights
 from medaidet.training.config import TrainConfig
-from medaidet.training.train import StopOnNonFinite
 from medaidet.training.iterators import n_processes_for
-from medaidet.training.train import train
+from medaidet.training.train import StopOnNonFinite, train
 
 # Tiny runs: SSD300 on a 2-core CPU is several seconds per image per iteration.
 TINY = dict(subset=2, batch_size=1, eval_subset=1, eval_batch_size=1, seed=0,
@@ -29,15 +33,10 @@ def _parse(argv):
     return cli.build_parser().parse_args(["train", *argv])
 
 
-def _arrays(path):
-    with np.load(path) as npz:
-        return {k: npz[k] for k in npz.files}
-
-
 def _assert_same_weights(path_a, path_b):
-    a, b = _arrays(path_a), _arrays(path_b)
-    assert b.keys() == a.keys()
-    different = [k for k in a if not np.array_equal(a[k], b[k])]
+    with np.load(path_a) as a, np.load(path_b) as b:
+        assert sorted(b.files) == sorted(a.files)
+        different = [k for k in a.files if not np.array_equal(a[k], b[k])]
     assert not different, f"{len(different)} parameters differ, e.g. {different[:3]}"
 
 
@@ -73,10 +72,6 @@ def test_config_file_json_and_flags(tmp_path):
     assert config.batch_size == 8 and config.lr_steps == (10.0, 20.0)
     assert config.eval_interval == 5 and config.seed == 7          # the flag wins
     assert config.iterations == 2 and config.subset == 2 and config.pretrained is None
-    bad = tmp_path / "bad.json"
-    bad.write_text('{"lr": "fast"}')
-    with pytest.raises(ConfigError, match="bad.json.*lr"):
-        TrainConfig.from_file(bad)
     yaml = pytest.importorskip("yaml")
     y = tmp_path / "cfg.yaml"
     y.write_text(yaml.safe_dump({"batch_size": 4, "device": 1}))
@@ -84,8 +79,7 @@ def test_config_file_json_and_flags(tmp_path):
 
 
 def test_gpu_without_cuda_is_a_named_error(tmp_path):
-    from chainer.backends import cuda
-    if cuda.available:
+    if chainer.backends.cuda.available:
         pytest.skip("CUDA is available here")
     with pytest.raises(DeviceError) as info:
         resolve_device("gpu")
@@ -107,9 +101,6 @@ def run_a(tmp_path_factory, bccd_root):
 
 @pytest.mark.slow(seconds=17)
 def test_smoke_training_writes_everything(run_a):
-    from medaidet.ssd.model import build_ssd
-    from medaidet.ssd.weights import load_weights
-
     out = run_a.out
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("iterations", "seconds", "images_per_second", "last_loss", "best_val_map",
@@ -133,20 +124,16 @@ def test_smoke_training_writes_everything(run_a):
             param.array, dict(run_a.model.namedparams())[name].array)
 
 
-def _umask_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 @pytest.mark.slow(seconds=2)
 def test_every_file_of_the_run_gets_the_usual_file_mode(run_a):
     """0666 less the umask, readable by the course's other accounts, not 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
     modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in run_a.out.iterdir()
              if p.is_file()}
     assert set(modes) >= {"snapshot_latest.npz", "metrics.json", "config.json", "loss.png",
                           "model.npz", "model.npz.sha256"}
-    assert modes == {name: oct(_umask_mode()) for name in modes}
+    assert modes == {name: oct(0o666 & ~umask) for name in modes}
 
 
 def _train_process(config: dict, cfg_path, resume=None) -> subprocess.Popen:
@@ -201,25 +188,22 @@ def test_killed_run_resumed_from_its_snapshot_ends_with_the_same_weights(run_a, 
     _assert_same_weights(run_a.weights, out / "model.npz")
 
 
-@pytest.mark.parametrize("timing, poison, match", [
-    ("pre", "input", "gradient\\(s\\) hold nan or inf, first /W"),
-    ("post", "lr", "weight array\\(s\\) hold nan or inf after this iteration's update"),
-])
-def test_stop_on_non_finite_before_and_after_the_update(timing, poison, match):
-    import chainer
-    import chainer.functions as F
-    import chainer.links as L
-
+@pytest.mark.parametrize("timing, poison", [("pre", "input"), ("post", "lr")])
+def test_stop_on_non_finite_before_and_after_the_update(timing, poison):
+    """Before: nan gradients stop it, the step not applied; after: the step made the weights
+    non-finite."""
     link = L.Linear(3, 2, initialW=np.ones((2, 3), np.float32))
     optimizer = chainer.optimizers.SGD(lr=1e38 if poison == "lr" else 0.1)
     optimizer.setup(link)
     optimizer.add_hook(StopOnNonFinite(timing))
     x = np.full((1, 3), np.nan if poison == "input" else 1e3, np.float32)
     before = link.W.array.copy()
-    with pytest.raises(FloatingPointError, match=match):
+    with pytest.raises(DivergedError) as info:
         optimizer.update(lambda: F.sum(link(x) ** 2))
+    assert info.value.kind == "training"
+    assert not np.isfinite(link.W.grad if timing == "pre" else link.W.array).all()
     if timing == "pre":
-        np.testing.assert_array_equal(link.W.array, before)      # the step was not applied
+        np.testing.assert_array_equal(link.W.array, before)
 
 
 def test_deterministic_needs_a_seed_and_means_no_workers():
