@@ -39,6 +39,18 @@ def test_split(bccd_root):
     return dataset, [dataset[i][0] for i in range(len(dataset))]
 
 
+def raw_difference(detector, model, images):
+    """The largest difference of the graph's outputs from chainer's (locs, softmax scores)."""
+    worst = 0.0
+    for image in images:
+        locs, scores, _ = detector.raw([image])
+        with chainer.using_config("train", False), chainer.no_backprop_mode():
+            mb_locs, mb_confs = model(model.xp.asarray(model._prepare(image))[None])
+        worst = max(worst, np.abs(locs - mb_locs.array).max(),
+                    np.abs(scores - chainer.functions.softmax(mb_confs, axis=2).array).max())
+    return worst
+
+
 def test_onnx_gets_its_mapping_module_back():
     onnx_compat.apply_onnx_compat()
     from onnx import TensorProto
@@ -84,17 +96,7 @@ def test_the_same_detections_as_chainer_on_every_test_image(exported, test_split
     theirs = predict_split(model, dataset, progress=False)       # the 'evaluate' preset
     detector = OnnxDetector(exported.path)
     assert (detector.score_thresh, detector.nms_thresh) == (0.01, 0.45)   # predict_split's
-
-    worst_raw = 0.0
-    for image in images[:8]:
-        locs, scores, _ = detector.raw([image])
-        with chainer.using_config("train", False), chainer.no_backprop_mode():
-            mb_locs, mb_confs = model(model.xp.asarray(model._prepare(image))[None])
-        probabilities = chainer.functions.softmax(mb_confs, axis=2).array
-        worst_raw = max(worst_raw, np.abs(locs - mb_locs.array).max(),
-                        np.abs(scores - probabilities).max())
-    assert worst_raw < 1e-4
-
+    assert raw_difference(detector, model, images[:8]) < 1e-4
     ours = [[], [], []]
     for start in range(0, len(images), 8):
         for part, found in zip(ours, detector.predict(images[start:start + 8])):
@@ -120,13 +122,7 @@ def test_ssd300_exports_with_the_same_outputs(tmp_path, test_split):
     save_weights(model, weights)
     exported = export_onnx(weights, tmp_path / "ssd300.onnx")
     assert exported.model == "ssd300" and exported.n_default_boxes == 8732
-    detector = OnnxDetector(exported.path)
-    image = test_split[1][0]
-    locs, scores, _ = detector.raw([image])
-    with chainer.using_config("train", False), chainer.no_backprop_mode():
-        mb_locs, mb_confs = model(model._prepare(image)[None])
-    assert np.abs(locs - mb_locs.array).max() < 1e-4
-    assert np.abs(scores - chainer.functions.softmax(mb_confs, axis=2).array).max() < 1e-4
+    assert raw_difference(OnnxDetector(exported.path), model, test_split[1][:1]) < 1e-4
 
 
 def test_mistakes_are_named_before_any_work(tmp_path):
@@ -159,9 +155,8 @@ def test_the_detector_refuses_what_it_cannot_use(tmp_path, exported):
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]),
         opset_imports=[onnx.helper.make_opsetid("", 11)])
     onnx.save(other, str(tmp_path / "other.onnx"))
+    (tmp_path / "text.onnx").write_text("not a model")
     for name in ("other.onnx", "text.onnx"):      # a model of another graph, not a model
-        if name == "text.onnx":
-            (tmp_path / name).write_text("not a model")
         with pytest.raises(WeightsError) as info:
             OnnxDetector(tmp_path / name)
         assert (info.value.kind, info.value.path) == ("file", tmp_path / name)
@@ -262,12 +257,11 @@ def test_read_rgb_reads_by_the_loaders_rule(tmp_path, exported, bccd_root):
     rgba = gray.convert("RGBA")
     rgba.putpixel((0, 0), (0, 0, 0, 0))
     rgba.save(tmp_path / "transparent.png")
-    with pytest.raises(DataError, match="1 transparent pixel"):
-        read_rgb(tmp_path / "transparent.png")
     Image.new("1", (15000, 15000)).save(tmp_path / "huge.png")
-    with pytest.raises(DataError) as info:
-        read_rgb(tmp_path / "huge.png")
-    assert (info.value.kind, info.value.path) == ("image", tmp_path / "huge.png")
+    for name in ("transparent.png", "huge.png"):
+        with pytest.raises(DataError) as info:
+            read_rgb(tmp_path / name)
+        assert (info.value.kind, info.value.path) == ("image", tmp_path / name)
 
 
 def _tampered(exported, tmp_path, name, change):
@@ -291,54 +285,42 @@ def _rename_input(model):
 
 
 TAMPERED = {
-    "not-json": (lambda m, g: "{not json", "metadata is not JSON"),
-    "no-insize": (lambda m, g: m.pop("insize"), "has no insize of type int"),
-    "insize-0": (lambda m, g: m.update(insize=0), "insize 0"),
-    "100-boxes": (lambda m, g: m.update(default_boxes=m["default_boxes"][:100]),
-                  r"'locs' has shape .*\(100 default boxes"),
-    "one-name": (lambda m, g: m.update(label_names=["rbc"]), r"'scores' has shape .* 1 class name"),
-    "five-names": (lambda m, g: m.update(label_names=list("abcde")),
-                   r"'scores' has shape .* 5 class name"),
-    "nan-boxes": (lambda m, g: m["default_boxes"][0].__setitem__(0, float("nan")),
-                  "finite values and positive sizes"),
-    "no-image": (lambda m, g: _rename_input(g), "graph has no 'image'"),
-    "bad-preset": (lambda m, g: m["presets"]["evaluate"].update(score_thresh=3),
-                   "preset 'evaluate' has no score_thresh"),
+    "not-json": lambda m, g: "{not json",
+    "no-insize": lambda m, g: m.pop("insize"),
+    "insize-0": lambda m, g: m.update(insize=0),
+    "100-boxes": lambda m, g: m.update(default_boxes=m["default_boxes"][:100]),
+    "one-name": lambda m, g: m.update(label_names=["rbc"]),
+    "five-names": lambda m, g: m.update(label_names=list("abcde")),
+    "nan-boxes": lambda m, g: m["default_boxes"][0].__setitem__(0, float("nan")),
+    "no-image": lambda m, g: _rename_input(g),
+    "bad-preset": lambda m, g: m["presets"]["evaluate"].update(score_thresh=3),
 }
 
 
 @pytest.mark.parametrize("case", sorted(TAMPERED))
 def test_a_tampered_model_file_is_named_not_a_traceback_or_a_wrong_count(case, exported,
                                                                          tmp_path):
-    change, message = TAMPERED[case]
-    path = _tampered(exported, tmp_path, case, change)
-    with pytest.raises(WeightsError, match=message):
+    path = _tampered(exported, tmp_path, case, TAMPERED[case])
+    with pytest.raises(WeightsError) as info:
         OnnxDetector(path)
+    assert (info.value.kind, info.value.path) == ("file", path)
 
 
 def test_the_detectors_arguments_follow_the_predictors_rules(exported):
-    for kwargs, message in (({"score_thresh": float("nan")}, "score_thresh: nan"),
-                            ({"score_thresh": 2}, "score_thresh: 2"),
-                            ({"score_thresh": -1}, "score_thresh: -1"),
-                            ({"nms_thresh": -1}, "nms_thresh: -1"),
-                            ({"nms_thresh": float("nan")}, "nms_thresh: nan"),
-                            ({"threads": "many"}, "threads: 'many' is not a number")):
-        with pytest.raises(ConfigError, match=message):
-            OnnxDetector(exported.path, **kwargs)
-    for path in (None, 3, b"model.onnx"):
-        with pytest.raises(ConfigError, match="is not a file path"):
-            OnnxDetector(path)
     detector = OnnxDetector(exported.path)
-    for images, message in ((None, "expected a list of images"),
-                            (np.zeros((3, 8, 8)), "for one image pass"),
-                            ([np.zeros((3, 0, 8))], r"shape \(3, 0, 8\)"),
-                            ([np.zeros((480, 640, 3))], r"images\[0\] has shape \(480, 640, 3\)"),
-                            ([np.zeros((3, 8, 8)), np.full((3, 8, 8), np.nan)],
-                             r"images\[1\] holds nan"),
-                            ([np.full((3, 8, 8), 0.5)], "scaled to 0-1"),
-                            ([np.full((3, 8, 8), 1e30)], "holds values 1e\\+30")):
-        with pytest.raises(ConfigError, match=message):
-            detector.predict(images)
+    calls = [(f, lambda f=f, v=v: OnnxDetector(exported.path, **{f: v})) for f, v in (
+        ("score_thresh", float("nan")), ("score_thresh", 2), ("score_thresh", -1),
+        ("nms_thresh", -1), ("nms_thresh", float("nan")), ("threads", "many"))]
+    calls += [("path", lambda p=p: OnnxDetector(p)) for p in (None, 3, b"model.onnx")]
+    calls += [(f, lambda i=i: detector.predict(i)) for i, f in (
+        (None, "images"), (np.zeros((3, 8, 8)), "images"), ([np.zeros((3, 0, 8))], "images[0]"),
+        ([np.zeros((480, 640, 3))], "images[0]"), ([np.full((3, 8, 8), 0.5)], "images[0]"),
+        ([np.full((3, 8, 8), 1e30)], "images[0]"),
+        ([np.zeros((3, 8, 8)), np.full((3, 8, 8), np.nan)], "images[1]"))]
+    for field, call in calls:
+        with pytest.raises(ConfigError) as info:
+            call()
+        assert str(info.value).split()[0].rstrip(":") == field, str(info.value)
 
 
 @pytest.mark.slow(seconds=2)

@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 
 from medaidet.data.validate import Issue
-from medaidet.evaluation.analysis import (box_outcomes, detection_scores,
-                                          images_missing_class, missed_by,
-                                          plot_detection_scores, recall_precision,
+from medaidet.errors import ConfigError
+from medaidet.evaluation.analysis import (box_outcomes, detection_scores, images_missing_class,
+                                          missed_by, plot_detection_scores, recall_precision,
                                           stage_counts)
-from medaidet.evaluation.evaluate import Predictions
-from medaidet.evaluation.evaluate import predict_weights
+from medaidet.evaluation.evaluate import Predictions, predict_weights
 from medaidet.ssd.predict import Candidates
 
 NAMES = ("rbc", "wbc", "platelets")
@@ -111,16 +110,14 @@ def test_each_missed_box_is_lost_at_its_stage():
     assert counts["rbc"]["recall"] == pytest.approx(1 / 6)
     assert counts["wbc"] == {**{s: 0 for s in counts["wbc"] if s not in ("n_gt", "recall")},
                              "no_candidate": 1, "n_gt": 1, "recall": 0.0}
-    with pytest.raises(ValueError, match="thresholds"):
-        out.stage(0.7)
-
-
-def test_stage_needs_candidates():
-    preds, _, _ = staged_image()
-    out = box_outcomes(preds, None, (0.5,), image_sizes=SIZES)
-    assert out.found[0.5].sum() == 1
-    with pytest.raises(ValueError, match="candidates"):
-        out.stage(0.5)
+    # a threshold not computed; outcomes without candidates (found, but no stage)
+    without = box_outcomes(preds, None, (0.5,), image_sizes=SIZES)
+    assert without.found[0.5].sum() == 1
+    for call, field in ((lambda: out.stage(0.7), "score_thresh"),
+                        (lambda: without.stage(0.5), "stage")):
+        with pytest.raises(ConfigError) as info:
+            call()
+        assert str(info.value).split()[0].rstrip(":") == field
 
 
 def test_size_and_crowding():

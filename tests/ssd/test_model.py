@@ -1,6 +1,7 @@
 """SSD builder and weight files, with weight files of the right shapes made here; ChainerCV's
 cache is a temporary dataset root and every server a closed port, so nothing touches the network."""
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -223,40 +224,32 @@ def with_non_finite(key, value, load=lambda path: build_ssd("ssd300", path)):
     return make
 
 
-def written(write):
+def written(write=None):
+    """A file ``write(binary file, fixture getter)`` wrote (None: no file); loading it."""
     def make(get, tmp):
         path = tmp / "weights.bin"
-        write(path, get)
+        if write:
+            with path.open("wb") as f:
+                write(f, get)
         return lambda: build_ssd("ssd300", path), dict(path=path)
     return make
 
 
-def snapshot(path, get):
+def snapshot(f, get):
     with np.load(get("bccd_file")) as npz:
         arrays = {f"updater/model:main/model/{k}": npz[k] for k in npz.files}
-    with open(path, "wb") as f:
-        np.savez(f, **arrays, **{"updater/iteration": np.array(100)})
+    np.savez(f, **arrays, **{"updater/iteration": np.array(100)})
 
 
-def npy(path, get):
-    with path.open("wb") as f:
-        np.save(f, np.zeros(3, np.float32))
+def tar_file(f, get):
+    with tarfile.open(fileobj=f, mode="w") as tar:
+        info = tarfile.TarInfo("x.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"x\n"))
 
 
-def ssd512_npz(path, get):
-    with path.open("wb") as f:
-        np.savez(f, **arrays_of(SSD512, 3, seed=5))
-
-
-def tar_file(path, get):
-    inner = path.with_suffix(".txt")
-    inner.write_text("x\n")
-    with tarfile.open(path, "w") as tar:
-        tar.add(inner, arcname="x.txt")
-
-
-def zip_of_other_files(path, get):
-    with zipfile.ZipFile(path, "w") as archive:
+def zip_of_other_files(f, get):
+    with zipfile.ZipFile(f, "w") as archive:
         archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
 
 
@@ -284,7 +277,7 @@ WEIGHTS_ERRORS = {
                                   expected=(64, 64, 3, 3), found=(64, 32, 3, 3)),
     "offline-ssd300": error(uncached("ssd300"), "missing"),
     "offline-ssd512": error(uncached("ssd512"), "missing"),
-    "no-file": error(written(lambda path, get: None), "missing"),
+    "no-file": error(written(), "missing"),
     "checksum": error(weights_copy(flip_a_byte, sidecar=True), "checksum"),
     "damaged-entry": error(weights_copy(flip_a_byte), "file"),     # no sidecar to say it first
     **{f"cut-{cut}": error(weights_copy(lambda data, cut=cut: data[:cut] if cut >= 0 else
@@ -295,7 +288,8 @@ WEIGHTS_ERRORS = {
                           dict(path=get("bccd_file"))),
         "mismatch", parameter="multibox/conf/0/W", expected=(24, 512, 3, 3),
         found=(16, 512, 3, 3)),
-    "ssd512-file": error(written(ssd512_npz), "mismatch", slow=8,
+    "ssd512-file": error(written(lambda f, get: np.savez(f, **arrays_of(SSD512, 3, seed=5))),
+                         "mismatch", slow=8,
                          parameter="extractor/conv12_1/W"),           # SSD512's extra layer
     "trainer-snapshot": error(written(snapshot), "mismatch",
                               parameter="extractor/conv10_1/W"),   # the first one missing
@@ -305,12 +299,11 @@ WEIGHTS_ERRORS = {
     "not-finite-evaluate": error(with_non_finite("extractor/conv1_1/W", np.nan,
                                                  evaluate_load_model),
                                  "not_finite", parameter="extractor/conv1_1/W"),
-    "npy": error(written(npy), "file"),
-    "text": error(written(lambda p, get: p.write_text("extractor/conv1_1/W 0.1 0.2\n")), "file"),
+    "npy": error(written(lambda f, get: np.save(f, np.zeros(3, np.float32))), "file"),
+    **{name: error(written(lambda f, get, data=data: f.write(data)), "file") for name, data in (
+        ("text", b"extractor/conv1_1/W 0.1 0.2\n"), ("pickle", b"\x80\x04\x95\x05\x00."),
+        ("hdf5", b"\x89HDF\r\n\x1a\n" + bytes(100)))},
     "tar": error(written(tar_file), "file"),
-    "pickle": error(written(lambda p, get: p.write_bytes(b"\x80\x04\x95\x05\x00.")), "file"),
-    "hdf5": error(written(lambda p, get: p.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))),
-                  "file"),
     "zip-not-npz": error(written(zip_of_other_files), "file"),
 }
 

@@ -37,11 +37,9 @@ def ssd300_coder():
 
 def network_outputs(coder, seed, spread=2.0):
     """(mb_loc, mb_conf) as an SSD would output for one image; distinct class scores."""
-    rng = np.random.RandomState(seed)
-    k = len(coder._default_bbox)
-    mb_loc = rng.normal(0, 0.5, (k, 4)).astype(np.float32)
-    mb_conf = rng.normal(0, spread, (k, N_FG + 1)).astype(np.float32)
-    return mb_loc, mb_conf
+    rng, k = np.random.RandomState(seed), len(coder._default_bbox)
+    return (rng.normal(0, 0.5, (k, 4)).astype(np.float32),
+            rng.normal(0, spread, (k, N_FG + 1)).astype(np.float32))
 
 
 def scores_of(mb_conf):
@@ -72,25 +70,26 @@ def assert_contract(bbox, label, score, n_fg=N_FG):
 @pytest.fixture
 def nms_inputs(monkeypatch):
     """Record how many boxes each NMS call receives."""
-    sizes = []
-    real = predict_mod.non_maximum_suppression
-
-    def spy(bbox, thresh, score=None, limit=None):
-        sizes.append(len(bbox))
-        return real(bbox, thresh, score, limit)
-
-    monkeypatch.setattr(predict_mod, "non_maximum_suppression", spy)
+    sizes, real = [], predict_mod.non_maximum_suppression
+    monkeypatch.setattr(predict_mod, "non_maximum_suppression",
+                        lambda bbox, *a, **kw: sizes.append(len(bbox)) or real(bbox, *a, **kw))
     return sizes
 
 
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("score_thresh", [0.01, 0.2, 0.5])
-@pytest.mark.parametrize("nms_thresh", [0.45, 0.7, None])
+@pytest.mark.parametrize("seed, score_thresh, nms_thresh", [
+    *((seed, score, nms) for nms in (0.45, 0.7, None) for score in (0.01, 0.2, 0.5)
+      for seed in range(4)),
+    # at the edges, and NumPy scalars; 1: no softmax score reaches it
+    (3, 0, 0.45), (3, 1, 0.45), (0, 1.0, 0.45), (3, np.float32(0.3), None), (3, 0.3, 1),
+    (3, np.float64(0.3), 0.45)])
 def test_identical_to_chainercv_without_caps(seed, score_thresh, nms_thresh):
     coder, mb_loc, mb_conf = small_outputs(seed)
-    expected = coder.decode(mb_loc, mb_conf, nms_thresh, score_thresh)
-    assert_same(decode_capped(coder, mb_loc, mb_conf, nms_thresh, score_thresh,
-                              top_k=None, keep_top_k=None), expected)
+    got = decode_capped(coder, mb_loc, mb_conf, nms_thresh, score_thresh, None, None)
+    assert_same(got, coder.decode(mb_loc, mb_conf, nms_thresh, score_thresh))
+    if score_thresh == 1:       # empty, with the default caps too
+        assert_contract(*got)
+        assert len(got[0]) == 0
+        assert_same(decode_capped(coder, mb_loc, mb_conf, nms_thresh, score_thresh), got)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -156,14 +155,6 @@ def test_both_caps_on_the_real_layout(nms_inputs):
     assert all((tuple(b), l, s) in ref for b, l, s in zip(bbox, label, score))
 
 
-def test_empty_result_keeps_shapes_and_dtypes():
-    coder, mb_loc, mb_conf = small_outputs(seed=0)
-    out = decode_capped(coder, mb_loc, mb_conf, 0.45, 1.0)   # no softmax score reaches 1
-    assert_contract(*out)
-    assert len(out[0]) == 0
-    assert_same(out, coder.decode(mb_loc, mb_conf, 0.45, 1.0))
-
-
 @pytest.fixture(scope="module")
 def model_and_image():
     np.random.seed(0)
@@ -175,7 +166,7 @@ def model_and_image():
     return model, img, mb_locs.array[0], mb_confs.array[0]
 
 
-def test_predict_equals_chainercv_when_no_cap_binds(model_and_image):
+def test_predict_equals_chainercv_when_no_cap_binds_and_of_no_images(model_and_image):
     model, img, _, mb_conf = model_and_image
     # random weights put every prior above 0.01; this threshold leaves <= 100 per class
     thresh = float(np.sort(scores_of(mb_conf)[:, 1:], axis=0)[-100].max())
@@ -189,6 +180,7 @@ def test_predict_equals_chainercv_when_no_cap_binds(model_and_image):
     for g, e in zip(got, expected):
         assert len(g) == 1
         assert_same(g, e)
+    assert predict(model, []) == ([], [], [])
 
 
 @pytest.mark.slow(seconds=5)
@@ -236,10 +228,6 @@ def test_capped_predictor_delegates_and_evaluates(model_and_image):
         model.use_preset("visualize")
 
 
-def test_predict_of_no_images(model_and_image):
-    assert predict(model_and_image[0], []) == ([], [], [])
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda.available, reason="needs CuPy and a GPU")
 def test_cupy_gives_the_numpy_result():
@@ -266,48 +254,45 @@ def blood_image(bccd_root):
     return img
 
 
-def among_good(make):
-    """The image made wrong by ``make``, third in a batch of good ones."""
-    return lambda img: [img, img, make(img)]
-
-
-def non_finite(where, value):
+def set_to(where, value):
     def make(img):
         img = img.copy()
         img[where] = value
         return img
-    return among_good(make)
+    return make
 
 
 BAD_IMAGES = {
-    # id: (the batch from a good image, the DataError's value)
-    "hwc": (among_good(lambda img: img.transpose(1, 2, 0)), (480, 640, 3)),   # PIL, OpenCV
-    "one-channel": (among_good(lambda img: img[:1]), (1, 480, 640)),
-    "2-d": (among_good(lambda img: img[0]), (480, 640)),
-    "rgba": (among_good(lambda img: np.concatenate([img, img[:1]])), (4, 480, 640)),
-    "hwc-gray": (among_good(lambda img: img[:1].transpose(1, 2, 0)), (480, 640, 1)),
-    "hwc-rgba": (among_good(lambda img: np.concatenate([img, img[:1]]).transpose(1, 2, 0)),
-                 (480, 640, 4)),
-    "empty": (among_good(lambda img: img[:, :0]), (3, 0, 640)),
-    "1-d": (among_good(lambda img: img[0, 0]), (640,)),
-    "strings": (among_good(lambda img: img.astype(str)), np.dtype("<U32")),
-    "list": (among_good(lambda img: img.tolist()), list),
-    "pil": (among_good(lambda img: Image.fromarray(img.transpose(1, 2, 0).astype(np.uint8))),
-            Image.Image),
-    "inf-pixel": (non_finite((1, 200, 300), np.inf), np.inf),
-    "nan-channel": (non_finite(2, np.nan), np.nan),
-    "all-nan": (non_finite(slice(None), np.nan), np.nan),
+    # id: (the image made wrong from a good one, third in a batch of good ones; DataError.value)
+    "hwc": (lambda img: img.transpose(1, 2, 0), (480, 640, 3)),   # PIL, OpenCV
+    "one-channel": (lambda img: img[:1], (1, 480, 640)),
+    "2-d": (lambda img: img[0], (480, 640)),
+    "rgba": (lambda img: np.concatenate([img, img[:1]]), (4, 480, 640)),
+    "hwc-gray": (lambda img: img[:1].transpose(1, 2, 0), (480, 640, 1)),
+    "hwc-rgba": (lambda img: np.concatenate([img, img[:1]]).transpose(1, 2, 0), (480, 640, 4)),
+    "empty": (lambda img: img[:, :0], (3, 0, 640)),
+    "1-d": (lambda img: img[0, 0], (640,)),
+    "strings": (lambda img: img.astype(str), np.dtype("<U32")),
+    "list": (lambda img: img.tolist(), list),
+    "pil": (lambda img: Image.fromarray(img.transpose(1, 2, 0).astype(np.uint8)), Image.Image),
+    "inf-pixel": (set_to((1, 200, 300), np.inf), np.inf),
+    "nan-channel": (set_to(2, np.nan), np.nan),
+    "all-nan": (set_to(slice(None), np.nan), np.nan),
+    # the batch itself
     "one-image-as-the-batch": (lambda img: img, (3, 480, 640)),
     "none": (lambda img: None, None),
 }
+BATCHES = ("one-image-as-the-batch", "none")
 
 
-@pytest.mark.parametrize("make, value", BAD_IMAGES.values(), ids=list(BAD_IMAGES))
-def test_images_of_the_wrong_form_are_named(model_and_image, blood_image, make, value):
-    model = model_and_image[0]
+@pytest.mark.parametrize("case", BAD_IMAGES)
+def test_images_of_the_wrong_form_are_named(model_and_image, blood_image, case):
+    model, (make, value) = model_and_image[0], BAD_IMAGES[case]
+    batch = make(blood_image) if case in BATCHES else [blood_image, blood_image,
+                                                       make(blood_image)]
     for call in (lambda imgs: predict(model, imgs), CappedPredictor(model).predict):
         with pytest.raises(DataError) as info:
-            call(make(blood_image))
+            call(batch)
         got = info.value.value
         assert info.value.kind == "image"
         assert got == value if value == value else np.isnan(got)
@@ -360,14 +345,6 @@ def test_settings_outside_their_range_are_named(model_and_image, blood_image, na
                 assert (model.score_thresh, model.nms_thresh) == (0.6, 0.45)
     finally:
         model.use_preset("visualize")
-
-
-@pytest.mark.parametrize("score_thresh, nms_thresh", [
-    (0, 0.45), (1, 0.45), (np.float32(0.3), None), (0.3, 1), (np.float64(0.3), 0.45)])
-def test_thresholds_at_the_edges_are_accepted_and_equal_chainercv(score_thresh, nms_thresh):
-    coder, mb_loc, mb_conf = small_outputs(seed=3)
-    got = decode_capped(coder, mb_loc, mb_conf, nms_thresh, score_thresh, None, None)
-    assert_same(got, coder.decode(mb_loc, mb_conf, nms_thresh, score_thresh))
 
 
 @pytest.mark.gpu

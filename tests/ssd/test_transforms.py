@@ -44,8 +44,7 @@ def transform(model):
 
 @pytest.fixture
 def geometry_only(monkeypatch):
-    """Pixel operations that draw the same random numbers (same geometry) but skip the pixel
-    work, making thousands of runs affordable; boxes never depend on pixel values."""
+    """Pixel operations that draw the same random numbers (same geometry), without the work."""
     def distort(img):
         return img
 
@@ -102,7 +101,7 @@ def test_for_model_takes_the_models_settings(model):
     assert transform.coder._default_bbox is model.coder._default_bbox   # still on CPU
 
 
-def test_same_seed_same_augmentation(transform, real_samples):
+def test_same_seed_same_augmentation_other_seeds_vary(transform, real_samples):
     outputs = []
     for _ in range(2):
         random.seed(123)
@@ -110,6 +109,10 @@ def test_same_seed_same_augmentation(transform, real_samples):
     for first, second in zip(*outputs):
         for a, b in zip(first, second):
             np.testing.assert_array_equal(a, b)
+    random.seed(5)
+    boxes = {tuple(np.round(transform.augment(*real_samples[0])[1][:1].ravel(), 3))
+             for _ in range(8)}
+    assert len(boxes) > 4
 
 
 @pytest.fixture
@@ -122,21 +125,13 @@ def no_crop(monkeypatch):
 def test_without_color_distortion_the_pixels_keep_their_colours(model, monkeypatch, no_crop):
     calls = []
     monkeypatch.setattr(T, "random_distort", lambda img: calls.append(1) or img * 0.5)
-    img = np.empty((3, 120, 160), dtype=np.float32)
-    img[:] = np.array([200, 120, 180], dtype=np.float32)[:, None, None]
+    img = np.broadcast_to(np.float32([200, 120, 180])[:, None, None], (3, 120, 160)).copy()
     bbox, label = np.array([[30, 40, 60, 100]], dtype=np.float32), np.array([1])
     for distort, expected in [(False, [200, 120, 180]), (True, [100, 60, 90])]:
         t = TrainTransform.for_model(model, expand_probability=0, color_distortion=distort)
         out, _, _ = t.augment(img, bbox, label)
         np.testing.assert_allclose(out.mean(axis=(1, 2)), expected, atol=0.5)
     assert len(calls) == 1
-
-
-def test_augmentations_vary(transform, real_samples):
-    random.seed(5)
-    boxes = {tuple(np.round(transform.augment(*real_samples[0])[1][:1].ravel(), 3))
-             for _ in range(8)}
-    assert len(boxes) > 4
 
 
 def test_boxes_follow_the_image_without_expansion_or_crop(transform, monkeypatch, no_crop):
@@ -256,15 +251,6 @@ def test_labels_stay_with_their_boxes(transform, geometry_only):
     assert transform.stats.too_small > 0 and kept.count(0) < kept.count(1)
 
 
-def test_sample_without_boxes(transform, real_samples):
-    img = real_samples[0][0]
-    random.seed(1)
-    out_img, mb_loc, mb_label = transform(
-        (img, np.zeros((0, 4), np.float32), np.zeros(0, np.int32)))
-    assert out_img.shape == (3, SIZE, SIZE)
-    assert (mb_label == 0).all() and np.isfinite(mb_loc).all()
-
-
 def test_recheck_boxes_clips_drops_and_keeps_labels_aligned():
     bbox = np.array([
         [10, 10, 50, 50],          # fine
@@ -303,12 +289,11 @@ def checked(bbox, label, shape=(3, 40, 40)):
 
 WRONG = {
     # id: (call(transform, a real sample), the DataError's kind and fields; {}: a ValueError)
-    **{f"label-{bad}": (lambda t, s, bad=bad: t((s[0], *relabelled(s, bad))),
-                        dict(kind="label_range", box_index=4, value=bad)) for bad in (3, -1, 7)},
-    **{f"label-{bad}-recheck": (lambda t, s, bad=bad: recheck_boxes(*relabelled(s, bad),
-                                                                    (480, 640), N_FG),
-                                dict(kind="label_range", box_index=4, value=bad))
-       for bad in (3, -1, 7)},
+    **{f"label-{bad}{via}": (call, dict(kind="label_range", box_index=4, value=bad))
+       for bad in (3, -1, 7) for via, call in [
+           ("", lambda t, s, bad=bad: t((s[0], *relabelled(s, bad)))),
+           ("-recheck", lambda t, s, bad=bad: recheck_boxes(*relabelled(s, bad), (480, 640),
+                                                            N_FG))]},
     "label-float": (checked([[0, 0, 5, 5]], [0.0]), dict(kind="label_dtype", value=np.float64)),
     "label-bool": (checked([[0, 0, 5, 5]], [True]), dict(kind="label_dtype", value=bool)),
     "more-labels": (checked([[0, 0, 5, 5]], [0, 1]), dict(kind="shape")),
@@ -330,7 +315,8 @@ def test_wrong_samples_and_settings_raise(transform, real_samples, call, fields)
     assert {name: getattr(info.value, name) for name in fields} == fields
 
 
-def test_zero_size_input_box_dropped_before_augmenting(transform):
+def test_zero_size_input_box_dropped_before_augmenting_and_no_box_is_fine(transform,
+                                                                          real_samples):
     img = np.zeros((3, 40, 40), np.float32)
     bbox = np.array([[0, 0, 10, 10], [5, 5, 5, 20], [1, 1, 30, 1]], np.float32)
     out_bbox, out_label, keep = check_sample(img, bbox, np.array([2, 1, 0]), N_FG)
@@ -338,6 +324,11 @@ def test_zero_size_input_box_dropped_before_augmenting(transform):
     random.seed(0)
     transform((img, bbox, np.array([2, 1, 0], np.int32)))
     assert transform.stats.degenerate_input == 2
+    random.seed(1)
+    out_img, mb_loc, mb_label = transform(
+        (real_samples[0][0], np.zeros((0, 4), np.float32), np.zeros(0, np.int32)))
+    assert out_img.shape == (3, SIZE, SIZE)
+    assert (mb_label == 0).all() and np.isfinite(mb_loc).all()
 
 
 def test_stats_reset_and_pickle(transform, real_samples):
