@@ -29,7 +29,9 @@ def check_number(value, name: str, rule: str = "positive", integer: bool = False
     test, expected = _RULES[rule]
     what = ("a whole " + expected.replace("a number", "number")) if integer else expected
     try:
-        number = float(None if isinstance(value, bool) else value)   # a bool is not a number
+        if isinstance(value, bool):
+            raise TypeError("a bool is not a number")
+        number = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: {value!r} is not a number; expected {what}") from None
     if not math.isfinite(number) or not test(number):

@@ -79,6 +79,9 @@ class Verdict:
 
     right: bool
 
+    def __post_init__(self):
+        self.right = bool(self.right)
+
     def __bool__(self) -> bool:
         return self.right
 

@@ -27,11 +27,17 @@ def not_a_regular_file(path) -> str | None:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return (None if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode)
-            else "a FIFO (named pipe): reading it would wait for a writer for ever"
-            if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device: reading it might never end" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "not a regular file")
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe): reading it would wait for a writer for ever"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device: reading it might never end"
+    return "not a regular file"
 
 
 def check_output(path, inputs=()) -> Path:

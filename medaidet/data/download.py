@@ -187,7 +187,8 @@ def resolve_root(root=None, source: PinnedSource = BCCD) -> Path:
         command = f"medaidet data download{cli_flag(source)}"
         raise DataError(
             f"{source.name} not found: {path} ({how}) {state}.\nRun `{command} [--root DIR]` "
-            f"(Python: download_{source.cache_name.replace('-', '_')}()) to fetch {source.repo} "
+            f"(Python: medaidet.data.download.download_{source.cache_name.replace('-', '_')}()) "
+            f"to fetch {source.repo} "
             f"at commit {source.commit}, verified, into {default_root(source)} or the --root; or "
             f"place by hand {source.layout}\nand set {source.data_env}=ROOT (`{command} --root "
             "ROOT` then verifies it offline).", "not_found")
@@ -216,11 +217,15 @@ def _refusal(member: tarfile.TarInfo, rel: str | None, staging: Path, total: int
         tarfile.data_filter(member, str(staging))
     except tarfile.FilterError as exc:
         return str(exc)
-    return (None if rel is None else
-            "it is a link or folder where the dataset has a file" if not member.isreg() else
-            "it appears twice" if (staging / rel).exists() else
-            f"it is too large ({member.size:,} bytes)"
-            if member.size > MAX_MEMBER_BYTES or total > MAX_EXTRACTED_BYTES else None)
+    if rel is None:
+        return None
+    if not member.isreg():
+        return "it is a link or folder where the dataset has a file"
+    if (staging / rel).exists():
+        return "it appears twice"
+    if member.size > MAX_MEMBER_BYTES or total > MAX_EXTRACTED_BYTES:
+        return f"it is too large ({member.size:,} bytes)"
+    return None
 
 
 def extract(source: PinnedSource, archive: Path, staging: Path, manifest: dict[str, str],

@@ -275,7 +275,8 @@ def margin_per_class(margins: dict, label_names) -> np.ndarray:
     check_type(margins, dict, "margins", "a dict {class name: guard margin in px}")
     missing = [n for n in _checked_names(label_names) if n not in margins]
     if missing:
-        raise ConfigError(f"margins: no guard margin for {', '.join(missing)}; expected one each")
+        raise ConfigError(f"margins: no guard margin for {', '.join(missing)}; give one per "
+                          f"class ({', '.join(label_names)}), in pixels")
     return np.array([check_number(margins[n], f"margins[{n!r}]", "non-negative")
                      for n in label_names], dtype=float)
 

@@ -207,14 +207,15 @@ def bad_label_error(labels, n_class, lo, hi) -> InvalidTargetsError:
     value = int(labels[b, i])
     cause = ("a negative label: this loss has no ignore label; drop the boxes -1 marks before "
              "encoding" if value < 0 else
-             "the background was forgotten: labels made 1-based before MultiboxCoder.encode "
-             "adds its +1 (remove yours), or n_fg_class one too small" if value == n_class else
+             "labels made 1-based: MultiboxCoder.encode adds the +1 for the background itself, "
+             "so remove yours (or n_fg_class is one too small)" if value == n_class else
              "the data has more classes than the model (compare label_names with n_fg_class)")
     allowed = f"[0, {n_class})"
     return InvalidTargetsError(
-        f"gt_mb_labels[{b}, {i}] = {value} is outside {allowed} (mb_confs has n_class = "
-        f"{n_class}, class 0 is background; {count} of {labels.size} labels out of range, "
-        f"span {lo}..{hi}). Likely cause: {cause}.", argument="gt_mb_labels", batch_index=b,
+        f"gt_mb_labels[{b}, {i}] = {value} (batch index {b}, prior index {i}) is outside the "
+        f"allowed range {allowed} (mb_confs has n_class = {n_class}, class 0 is background; "
+        f"{count} of {labels.size} labels out of range, span {lo}..{hi}). Likely cause: {cause}.",
+        argument="gt_mb_labels", batch_index=b,
         prior_index=i, value=value, count=count, allowed=allowed)
 
 
@@ -224,8 +225,9 @@ def bad_location_error(gt_mb_locs, labels, positive) -> InvalidTargetsError:
     count, b, i = _first(~xp.isfinite(gt_mb_locs).all(axis=-1) & positive)
     value = [float(v) for v in to_host(gt_mb_locs[b, i])]
     return InvalidTargetsError(
-        f"gt_mb_locs[{b}, {i}] = {_fmt(value)} (label {int(labels[b, i])}) is not finite at a "
-        f"positive prior ({count} such priors). Likely cause: a reversed or zero-size box, or "
+        f"gt_mb_locs[{b}, {i}] = {_fmt(value)} (batch index {b}, prior index {i}, label "
+        f"{int(labels[b, i])}) is not finite at a positive prior; allowed: finite values where "
+        f"the label is > 0 ({count} such priors). Likely cause: a reversed or zero-size box, or "
         "a nan/inf coordinate (the encoding takes the log of its size): check this image's "
         "boxes (y_min, x_min, y_max, x_max) before encoding.", argument="gt_mb_locs",
         batch_index=b, prior_index=i, value=value, count=count,
@@ -240,7 +242,8 @@ def diverged_error(mb_locs, mb_confs) -> DivergedError:
     name, array = ("mb_locs", mb_locs) if bool(bad_locs[b, i]) else ("mb_confs", mb_confs)
     value = [float(v) for v in to_host(array[b, i])]
     return DivergedError(
-        f"{name}[{b}, {i}] = {_fmt(value)} is not finite ({count} of {bad_locs.size} priors: "
+        f"{name}[{b}, {i}] = {_fmt(value)} (batch index {b}, prior index {i}) is not finite; "
+        f"allowed: finite values ({count} of {bad_locs.size} priors: "
         f"mb_locs {int(bad_locs.sum())}, mb_confs {int(bad_confs.sum())}). Likely cause: "
         "training diverged (or nan/inf images): lower the learning rate or add a warm-up, and "
         "restart from the last good snapshot.", "predictions",

@@ -95,14 +95,17 @@ def _check_image(index, img):
                            value=img.dtype)
     shape = img.shape
     if not (img.ndim == 3 and shape[0] == 3 and min(shape[1:]) >= 1):
-        problem, fix = (
-            ("channels last (H, W, C) as PIL and OpenCV give", _CHANNELS_LAST[shape[2]])
-            if img.ndim == 3 and shape[2] in (1, 3, 4) and shape[0] not in (1, 3, 4) else
-            ("one channel", "np.repeat(img, 3, axis=0)") if img.ndim == 3 and shape[0] == 1 else
-            ("four channels (RGBA?)", "img[:3]") if img.ndim == 3 and shape[0] == 4 else
-            ("a 2-D (H, W) image", "np.stack([img] * 3)") if img.ndim == 2 else ("", ""))
-        raise _image_error(index, f"has shape {shape}" + (problem and f", {problem}"),
-                           fix and f": convert with {fix}", value=shape)
+        problem, fix = "", ""
+        if img.ndim == 3 and shape[2] in (1, 3, 4) and shape[0] not in (1, 3, 4):
+            problem, fix = "channels last (H, W, C) as PIL and OpenCV give", _CHANNELS_LAST[shape[2]]
+        elif img.ndim == 3 and shape[0] == 1:
+            problem, fix = "one channel", "np.repeat(img, 3, axis=0)"
+        elif img.ndim == 3 and shape[0] == 4:
+            problem, fix = "four channels (RGBA?)", "img[:3]"
+        elif img.ndim == 2:
+            problem, fix = "a 2-D (H, W) image", "np.stack([img] * 3)"
+        raise _image_error(index, f"has shape {shape}" + (f", {problem}" if problem else ""),
+                           f": convert with {fix}" if fix else "", value=shape)
     if img.dtype.kind == "f" and not np.isfinite(img).all():
         bad = ~np.isfinite(img)
         raise DataError(f"imgs[{index}] holds {int(bad.sum())} nan/inf value(s) of {img.size}; "

@@ -88,8 +88,12 @@ class AccumulatingUpdater(StandardUpdater):
             normaliser = (n_positive if backend.get_array_module(labels) is np else
                           backend.get_device_from_array(labels).send(np.asarray(n_positive)))
             with _reports_into(observation := {}):
-                args, kwargs = ((in_arrays, {}) if isinstance(in_arrays, tuple) else ((), in_arrays)
-                                if isinstance(in_arrays, dict) else ((in_arrays,), {}))
+                if isinstance(in_arrays, dict):
+                    args, kwargs = (), in_arrays
+                elif isinstance(in_arrays, tuple):
+                    args, kwargs = in_arrays, {}
+                else:
+                    args, kwargs = (in_arrays,), {}
                 loss = loss_func(*args, **kwargs, n_positive=normaliser)
             loss.backward(loss_scale=getattr(optimizer, "_loss_scale", None))
             # the graph (every activation of this micro-batch) dies here, before the next

@@ -205,6 +205,8 @@ class StopOnNonFinite:
     call_for_each_param = False
 
     def __init__(self, timing: str = "pre", loss_key: str = "main/loss"):
+        if timing not in ("pre", "post"):
+            raise ValueError(f"timing must be 'pre' or 'post', got {timing!r}")
         self.timing, self.loss_key, self.name = timing, loss_key, f"StopOnNonFinite_{timing}"
 
     def __call__(self, optimizer):
@@ -716,7 +718,8 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
     config = config if config is not None else TrainConfig()
     if config.communicator is not None and comm is None:
         raise ConfigError(f"communicator: {config.communicator!r} needs several processes: "
-                          "run it with mpiexec (notebook 08) or medaidet.extras.mpi.train")
+                          "run `mpiexec -n N python -m medaidet train --communicator "
+                          f"{config.communicator}` (notebook 08) or medaidet.extras.mpi.train")
     out, root = prepare_run(config, resume)
     device = resolve_device(config.device) if device is None else device
     rank = 0 if comm is None else comm.rank
