@@ -269,12 +269,11 @@ def _fmt(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def _duplicates(bbox, labels, threshold):
+def _duplicates(bbox, labels, threshold, keep):
     """Yield ``(j, k, iou)`` for each box ``j`` repeating an earlier kept box ``k`` of its class
-    (IoU >= ``threshold``); ``j`` is not kept. O(R) memory, not all pairs: IoU >= t needs
+    (IoU >= ``threshold``), setting ``keep[j]`` False. O(R) memory, not all pairs: IoU >= t needs
     ``y_min`` within ``(1 - t) * h`` of each other, so only that band is compared."""
     boxes = bbox.astype(np.float64)
-    keep = np.ones(len(boxes), dtype=bool)
     band = ((1 - threshold) * float(np.max(boxes[:, 2] - boxes[:, 0], initial=0)) + 1e-6
             if threshold > 0 else np.inf)
     order = np.argsort(boxes[:, 0], kind="stable")
@@ -359,12 +358,11 @@ def check_annotation(annotation: Annotation, image_size, label_names=BCCD_LABEL_
                     dtype=np.float32).reshape(-1, 4)
     labels = np.array([obj.label for obj in kept], dtype=np.int32)
     keep = np.ones(len(kept), dtype=bool)
-    for j, k, iou in _duplicates(bbox, labels, near_duplicate_iou):
+    for j, k, iou in _duplicates(bbox, labels, near_duplicate_iou, keep):
         obj, name = kept[j], kept[j].name.strip()
         findings.append(Finding(obj.index, "near_duplicate_box",
                                 f"{item} {obj.index} ({name}) overlaps {item} {kept[k].index} "
                                 f"({name}) with IoU {iou:.2f}: the same cell boxed twice", "drop"))
-        keep[j] = False
     return CheckedAnnotation(bbox[keep], labels[keep],
                              np.array([obj.difficult for obj in kept], dtype=bool)[keep],
                              np.array([obj.index for obj in kept], dtype=np.int64)[keep],

@@ -86,8 +86,6 @@ def _matched_inputs(pred_bbox, pred_label, pred_score, gt_bbox, gt_label, gt_dif
 def voc_iou(a, b):
     """(N, M) IoU of ``a`` (N, 4) and ``b`` (M, 4), VOC's ``y_max``/``x_max`` + 1 as ChainerCV's."""
     a, b = (np.array(x).reshape(-1, 4) for x in (a, b))
-    if not len(a) or not len(b):
-        return np.zeros((len(a), len(b)))
     a[:, 2:] += 1
     b[:, 2:] += 1
     return bbox_iou(a, b)
@@ -551,7 +549,7 @@ def box_outcomes(predictions: Predictions, candidates=None, score_threshs=(0.5, 
         size = np.sqrt(np.clip((y1 - y0) * input_size / height, 0, None)
                        * np.clip((x1 - x0) * input_size / width, 0, None))
         # crowding: plain IoU of the annotated boxes (overlap as drawn), difficult ones left out
-        iou = bbox_iou(gb, gb) if len(gb) else np.zeros((0, 0))
+        iou = bbox_iou(gb, gb)
         same = (gl[:, None] == gl[None, :]) & ~np.eye(len(gl), dtype=bool)
         best = (dict.fromkeys(CANDIDATE_SETS, np.full(len(gl), np.nan)) if candidates is None
                 else _best_scores(candidates[i], gb, gl, iou_thresh))

@@ -250,8 +250,7 @@ def read_vgg16(path) -> dict[str, np.ndarray]:
     """The arrays of timm's VGG-16 safetensors file; a ``"file"`` WeightsError for anything
     else (a ``torch.save`` pickle is never read)."""
     path = Path(path)
-    why = not_a_regular_file(path)
-    if why or not path.is_file():
+    if (why := not_a_regular_file(path)) or not path.is_file():
         raise WeightsError(f"no VGG-16 weight file at {path} ({why or 'missing'})", "missing",
                            path=path)
     from safetensors import SafetensorError
@@ -347,8 +346,7 @@ _MAGIC = ((b"\x93NUMPY", "a single NumPy array (.npy)"),
 
 def what_file_is(path: Path) -> str | None:
     """What ``path`` holds, in words, when it is not a zip archive (``None`` when it is)."""
-    why = not_a_regular_file(path)
-    if why:
+    if why := not_a_regular_file(path):
         return why
     with open(path, "rb") as f:
         head = f.read(512)
@@ -590,7 +588,7 @@ class WeightsComparison:
 
 def compare_weights(a, b) -> WeightsComparison:
     """Compare two weight files (or ``{name: array}`` mappings) array by array."""
-    a, b = (x if isinstance(x, dict) else read_arrays(Path(x)) for x in (a, b))
+    a, b = (x if isinstance(x, dict) else read_arrays(x) for x in (a, b))
     common = sorted(set(a) & set(b))
     n_different, max_abs, max_rel = 0, 0.0, 0.0
     for name in common:
