@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures after the last step of docs/design.md's table: lower them with every step
-CEILINGS = {"lines": 10_257, "characters": 519_442, "core lines": 8_344}
+CEILINGS = {"lines": 10_256, "characters": 519_441, "core lines": 8_343}
 
 
 def _figures():

@@ -754,7 +754,6 @@ def train(config: TrainConfig | None = None, resume=None, progress: bool = True,
         ext.monitor.finalize()
         iterators.train.finalize()
     seconds = time.perf_counter() - start
-
     weights, snapshot = out / WEIGHTS_NAME, out / SNAPSHOT_NAME if comm is None else None
     if not recipe.main:
         return TrainResult(out, weights, "", snapshot, {"rank": rank}, model)
